@@ -1,0 +1,131 @@
+/*
+ * kettle.h - the public C API of kettle, a local LLM inference engine.
+ *
+ * A program links libkettle and uses only this header:
+ *
+ *     kt_error err;
+ *     kt_model *m = kt_model_load("model.gguf", &err);
+ *     kt_session *s = kt_session_new(m, &(kt_session_params){0}, &err);
+ *     ... kt_tokenize(), kt_session_eval(), kt_sampler_sample() ...
+ *
+ * Conventions: functions that can fail return a kt_status (or NULL) and fill
+ * the caller's kt_error with a message meant for the user. Nothing here
+ * calls exit() or prints, except where a function says so.
+ */
+#ifndef KETTLE_H
+#define KETTLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kt_status {
+    KT_OK = 0,
+    KT_ERR_IO,          /* a file could not be opened, read or written */
+    KT_ERR_FORMAT,      /* a file is malformed or hostile */
+    KT_ERR_UNSUPPORTED, /* well-formed, but kettle does not handle it yet */
+    KT_ERR_ARG,         /* a caller passed an invalid argument */
+    KT_ERR_NOMEM,       /* an allocation failed */
+    KT_ERR_CONTEXT,     /* the context window is full */
+    KT_ERR_INTERNAL     /* a bug in kettle */
+} kt_status;
+
+typedef struct kt_error {
+    kt_status status;
+    char msg[512];
+} kt_error;
+
+/* ---- models ------------------------------------------------------------ */
+
+typedef struct kt_model kt_model;
+
+typedef struct kt_model_desc {
+    const char *arch;     /* "llama", "qwen2", ... */
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train;
+    int head_dim;
+    float rope_freq_base, rms_eps;
+    uint64_t weight_bytes; /* bytes of all tensors in the file */
+    int bos_id, eos_id;    /* -1 if none */
+} kt_model_desc;
+
+kt_model *kt_model_load(const char *path, kt_error *err);
+void kt_model_free(kt_model *model);
+const kt_model_desc *kt_model_describe(const kt_model *model);
+
+/* ---- tokens ------------------------------------------------------------ */
+
+/* Tokenizes UTF-8 text; writes at most cap ids and returns the number the
+ * text needs (which may exceed cap: call again with a larger buffer), or -1
+ * with err set. `add_bos` follows the model's rule when < 0. */
+int kt_tokenize(const kt_model *model, const char *text, size_t len,
+                int32_t *ids, int cap, int add_bos, kt_error *err);
+
+/* Incremental detokenizer: feed ids one at a time, get the text that is
+ * complete so far. Never returns part of a UTF-8 sequence. */
+typedef struct kt_detok kt_detok;
+kt_detok *kt_detok_new(const kt_model *model);
+/* Returns a NUL-terminated string valid until the next call (may be ""). */
+const char *kt_detok_push(kt_detok *d, int32_t id);
+/* Whatever is left (an incomplete sequence becomes U+FFFD). */
+const char *kt_detok_flush(kt_detok *d);
+void kt_detok_free(kt_detok *d);
+
+/* ---- sessions: one sequence, its KV cache and scratch ------------------ */
+
+typedef struct kt_session kt_session;
+
+typedef struct kt_session_params {
+    int n_ctx;     /* context length in tokens; 0 = min(model, 4096) */
+    int n_threads; /* 0 = number of CPUs */
+} kt_session_params;
+
+kt_session *kt_session_new(kt_model *model, const kt_session_params *params,
+                           kt_error *err);
+void kt_session_free(kt_session *s);
+/* Positions filled so far. */
+int kt_session_n_past(const kt_session *s);
+/* Drops every position >= n_keep (e.g. 0 to start over). */
+void kt_session_truncate(kt_session *s, int n_keep);
+
+/* Appends n tokens at the end of the sequence. If `logits` is not NULL it
+ * receives n_vocab floats per token when all_logits, else the last token's
+ * n_vocab. Fails with KT_ERR_CONTEXT (and changes nothing) when the tokens
+ * do not fit in the context. */
+kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n,
+                          float *logits, bool all_logits, kt_error *err);
+
+/* ---- sampling ---------------------------------------------------------- */
+
+typedef struct kt_sampler_params {
+    float temperature;        /* <= 0: greedy */
+    int top_k;                /* <= 0: off */
+    float top_p;              /* >= 1: off */
+    float min_p;              /* <= 0: off */
+    float repeat_penalty;     /* 1: off */
+    float frequency_penalty;  /* 0: off */
+    float presence_penalty;   /* 0: off */
+    int penalty_last_n;       /* window for the penalties; 0: off */
+    uint64_t seed;
+} kt_sampler_params;
+
+/* Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties
+ * off, penalty_last_n 64, seed 0. */
+kt_sampler_params kt_sampler_defaults(void);
+
+typedef struct kt_sampler kt_sampler;
+kt_sampler *kt_sampler_new(const kt_sampler_params *params, int n_vocab,
+                           kt_error *err);
+void kt_sampler_free(kt_sampler *s);
+/* Picks a token from n_vocab logits (which it may modify). */
+int32_t kt_sampler_sample(kt_sampler *s, float *logits);
+/* Tells the sampler a token is part of the sequence (for penalties). */
+void kt_sampler_accept(kt_sampler *s, int32_t id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

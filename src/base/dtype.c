@@ -1,0 +1,55 @@
+/*
+ * dtype.c - the element type table; see dtype.h.
+ */
+#include "base/dtype.h"
+
+#include <strings.h>
+
+static const kt_dtype_info DTYPES[KT_DTYPE_COUNT] = {
+    [KT_F32] = {"F32", 1, 4},
+    [KT_F16] = {"F16", 1, 2},
+    [KT_Q4_0] = {"Q4_0", 32, 18},
+    [KT_Q4_1] = {"Q4_1", 32, 20},
+    [KT_Q5_0] = {"Q5_0", 32, 22},
+    [KT_Q5_1] = {"Q5_1", 32, 24},
+    [KT_Q8_0] = {"Q8_0", 32, 34},
+    [KT_Q8_1] = {"Q8_1", 32, 36},
+    [KT_Q2_K] = {"Q2_K", 256, 84},
+    [KT_Q3_K] = {"Q3_K", 256, 110},
+    [KT_Q4_K] = {"Q4_K", 256, 144},
+    [KT_Q5_K] = {"Q5_K", 256, 176},
+    [KT_Q6_K] = {"Q6_K", 256, 210},
+    [KT_Q8_K] = {"Q8_K", 256, 292},
+    [KT_I8] = {"I8", 1, 1},
+    [KT_I16] = {"I16", 1, 2},
+    [KT_I32] = {"I32", 1, 4},
+    [KT_I64] = {"I64", 1, 8},
+    [KT_F64] = {"F64", 1, 8},
+    [KT_BF16] = {"BF16", 1, 2},
+};
+
+static const kt_dtype_info UNKNOWN = {NULL, 0, 0};
+
+bool kt_dtype_known(uint32_t id) {
+    return id < KT_DTYPE_COUNT && DTYPES[id].name != NULL;
+}
+
+const kt_dtype_info *kt_dtype_get(uint32_t id) {
+    return kt_dtype_known(id) ? &DTYPES[id] : &UNKNOWN;
+}
+
+const char *kt_dtype_name(uint32_t id) {
+    return kt_dtype_known(id) ? DTYPES[id].name : "unknown";
+}
+
+int kt_dtype_parse(const char *name) {
+    for (int i = 0; i < KT_DTYPE_COUNT; i++)
+        if (DTYPES[i].name && strcasecmp(DTYPES[i].name, name) == 0) return i;
+    return -1;
+}
+
+size_t kt_dtype_row_bytes(kt_dtype t, int64_t n) {
+    const kt_dtype_info *d = kt_dtype_get(t);
+    if (!d->name || n < 0 || n % d->block_size) return 0;
+    return (size_t)(n / d->block_size) * (size_t)d->block_bytes;
+}

@@ -1,0 +1,54 @@
+/*
+ * dtype.h - tensor element types, with GGUF's (ggml's) numeric ids.
+ *
+ * A row of n values of a block type takes n / block_size blocks of
+ * block_bytes each; n must be a multiple of block_size. The ids are part of
+ * the GGUF format and must never change.
+ */
+#ifndef KT_BASE_DTYPE_H
+#define KT_BASE_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kt_dtype {
+    KT_F32 = 0,
+    KT_F16 = 1,
+    KT_Q4_0 = 2,
+    KT_Q4_1 = 3,
+    KT_Q5_0 = 6,
+    KT_Q5_1 = 7,
+    KT_Q8_0 = 8,
+    KT_Q8_1 = 9,
+    KT_Q2_K = 10,
+    KT_Q3_K = 11,
+    KT_Q4_K = 12,
+    KT_Q5_K = 13,
+    KT_Q6_K = 14,
+    KT_Q8_K = 15,
+    KT_I8 = 24,
+    KT_I16 = 25,
+    KT_I32 = 26,
+    KT_I64 = 27,
+    KT_F64 = 28,
+    KT_BF16 = 30,
+    KT_DTYPE_COUNT = 31
+} kt_dtype;
+
+typedef struct kt_dtype_info {
+    const char *name;   /* "Q4_0"; NULL for ids no format uses */
+    int block_size;     /* values per block (1 for plain types) */
+    int block_bytes;    /* bytes per block */
+} kt_dtype_info;
+
+/* NULL-name entry for unknown ids; check kt_dtype_known() first. */
+const kt_dtype_info *kt_dtype_get(uint32_t id);
+bool kt_dtype_known(uint32_t id);
+const char *kt_dtype_name(uint32_t id);
+/* Parses "q4_0", "Q8_0", "f16"... (case-insensitive); -1 if unknown. */
+int kt_dtype_parse(const char *name);
+/* Bytes of a row of n values; 0 if n is not a multiple of the block. */
+size_t kt_dtype_row_bytes(kt_dtype t, int64_t n);
+
+#endif

@@ -1,0 +1,60 @@
+/*
+ * ops.h - the element-wise and attention kernels of the llama forward pass.
+ *
+ * Each kernel has a scalar reference (`_ref`) that is its specification and
+ * a dispatched version (no suffix) that uses AVX2/FMA when the CPU has it.
+ * Tests compare the two on random inputs of odd sizes.
+ */
+#ifndef KT_OPS_OPS_H
+#define KT_OPS_OPS_H
+
+#include <stddef.h>
+
+#include "ops/pool.h"
+
+/* out[i] = x[i] * w[i] / sqrt(mean(x^2) + eps); out may alias x. */
+void kt_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+void kt_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps);
+
+typedef enum kt_rope_style {
+    KT_ROPE_ADJACENT, /* llama, mistral: rotate (x[2i], x[2i+1]) */
+    KT_ROPE_NEOX      /* qwen2: rotate (x[i], x[i + rope_dim/2]) */
+} kt_rope_style;
+
+/* Rotates, in place, the first rope_dim values of each of n_heads heads of
+ * head_dim values (x holds n_heads * head_dim floats) for position pos:
+ * pair i turns by pos * freq_base^(-2i/rope_dim). */
+void kt_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos,
+             float freq_base, kt_rope_style style);
+
+/* In place, numerically stable (max subtracted). */
+void kt_softmax(float *x, int n);
+void kt_softmax_ref(float *x, int n);
+
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may
+ * alias gate. */
+void kt_swiglu(float *out, const float *gate, const float *up, int n);
+void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
+
+/* Causal attention of n_tokens query tokens over a KV cache.
+ *
+ *   q:   n_tokens rows of n_head * head_dim floats (row stride q_stride)
+ *   k,v: positions [0, pos0 + n_tokens) of n_head_kv * head_dim floats each
+ *        (row stride kv_stride floats); query token t sits at pos0 + t and
+ *        attends positions [0, pos0 + t].
+ *   out: n_tokens rows of n_head * head_dim floats (row stride out_stride).
+ *
+ * Head h reads KV head h / (n_head / n_head_kv) (grouped-query attention).
+ * Scores are scaled by 1/sqrt(head_dim). The work is split over the pool by
+ * (token, head) pairs. */
+typedef struct kt_attn_args {
+    float *out;
+    const float *q, *k, *v;
+    int n_tokens, pos0, n_head, n_head_kv, head_dim;
+    size_t q_stride, kv_stride, out_stride;
+} kt_attn_args;
+
+void kt_attention(kt_pool *pool, const kt_attn_args *a);
+void kt_attention_ref(const kt_attn_args *a);
+
+#endif

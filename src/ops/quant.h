@@ -1,0 +1,42 @@
+/*
+ * quant.h - quantized block formats (bit-compatible with GGUF/ggml) and the
+ * reference conversions between them and float.
+ *
+ * The quantizers are the reference ones that ggml uses, so `kettle quantize`
+ * reproduces llama.cpp's bytes exactly (see ../shared/docs/FORMATS.md).
+ */
+#ifndef KT_OPS_QUANT_H
+#define KT_OPS_QUANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+
+#define QK8_0 32
+#define QK4_0 32
+
+typedef struct block_q8_0 {
+    uint16_t d; /* fp16 scale */
+    int8_t qs[QK8_0];
+} block_q8_0;
+
+typedef struct block_q4_0 {
+    uint16_t d; /* fp16 scale */
+    uint8_t qs[QK4_0 / 2]; /* j < 16: low nibble of qs[j]; j+16: high nibble */
+} block_q4_0;
+
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
+
+/* Types kt_quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0. */
+bool kt_quantize_supported(kt_dtype type);
+/* Types kt_dequantize_row can read: F32, F16, BF16, Q8_0, Q4_0. */
+bool kt_dequantize_supported(kt_dtype type);
+
+/* x: n floats -> out: kt_dtype_row_bytes(type, n) bytes. n must be a
+ * multiple of the block size. */
+void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n);
+void kt_dequantize_row(kt_dtype type, const void *in, float *out, int64_t n);
+
+#endif

@@ -1,0 +1,26 @@
+/*
+ * detok.h - incremental detokenization that never splits a UTF-8 sequence.
+ *
+ * Tokens arrive one at a time; their bytes may end mid-character (byte
+ * fallback tokens carry one byte each). The detokenizer holds back the
+ * incomplete tail until it is complete, and turns bytes that can never
+ * become valid UTF-8 into U+FFFD, so every string it returns is valid
+ * UTF-8 and the concatenation of all of them is the decoded text.
+ */
+#ifndef KT_TEXT_DETOK_H
+#define KT_TEXT_DETOK_H
+
+#include "text/vocab.h"
+
+typedef struct kt_text_detok kt_text_detok;
+
+/* strip_leading_space: drop one leading " " from the very first piece, as
+ * SentencePiece does for text that starts with a word. */
+kt_text_detok *kt_text_detok_new(const kt_vocab *v, bool strip_leading_space);
+/* Returns valid UTF-8 (NUL-terminated, possibly ""), valid until the next
+ * call. */
+const char *kt_text_detok_push(kt_text_detok *d, int32_t id);
+const char *kt_text_detok_flush(kt_text_detok *d);
+void kt_text_detok_free(kt_text_detok *d);
+
+#endif

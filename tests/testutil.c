@@ -1,0 +1,70 @@
+/*
+ * testutil.c - see testutil.h.
+ */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *tu_shared(const char *rel) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", KT_SHARED_DIR, rel);
+    return buf;
+}
+
+const char *tu_tmp(const char *name) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", KT_TMP_DIR, name);
+    return buf;
+}
+
+char *tu_read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return NULL; }
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = 0;
+    if (size) *size = (size_t)n;
+    return buf;
+}
+
+int tu_write_file(const char *path, const void *data, size_t size) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, size, f);
+    return (fclose(f) == 0 && w == size) ? 0 : -1;
+}
+
+int tu_run(const char *cmd, char **out, char **err_out) {
+    char errpath[4096], full[8192];
+    snprintf(errpath, sizeof errpath, "%s/stderr.%d.txt", KT_TMP_DIR, (int)getpid());
+    snprintf(full, sizeof full, "%s 2>%s", cmd, errpath);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int st = pclose(p);
+    if (buf) buf[len] = 0;
+    if (out) *out = buf; else free(buf);
+    if (err_out) *err_out = tu_read_file(errpath, NULL);
+    unlink(errpath);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

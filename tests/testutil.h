@@ -1,0 +1,27 @@
+/*
+ * testutil.h - helpers shared by the tests: paths to ../shared and to the
+ * kettle binary, reading whole files, running a command and capturing its
+ * output.
+ */
+#ifndef KT_TESTUTIL_H
+#define KT_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* "<shared>/<rel>" in a static buffer (overwritten by the next call). */
+const char *tu_shared(const char *rel);
+/* "<build>/tmp/<name>" in a static buffer (overwritten by the next call). */
+const char *tu_tmp(const char *name);
+/* Reads a whole file (NUL-terminated); NULL if it cannot. Caller frees. */
+char *tu_read_file(const char *path, size_t *size);
+/* Writes bytes to a file; 0 on success. */
+int tu_write_file(const char *path, const void *data, size_t size);
+/* Runs `sh -c cmd`, capturing stdout (and stderr separately if err_out is
+ * not NULL). Returns the exit status (or -1). Caller frees the strings. */
+int tu_run(const char *cmd, char **out, char **err_out);
+
+#endif
