@@ -1,0 +1,17 @@
+/*
+ * commands.h - the subcommands of the `kettle` program.
+ *
+ * Each takes the arguments after its name (argv[0] is the subcommand name)
+ * and returns the process exit status: 0 on success, 1 on a runtime error
+ * (message on stderr), 2 on a usage error.
+ */
+#ifndef KT_CLI_COMMANDS_H
+#define KT_CLI_COMMANDS_H
+
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_gen_model(int argc, char **argv);
+
+#endif

@@ -1,0 +1,44 @@
+/*
+ * main.c - the `kettle` program: dispatches to a subcommand.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command COMMANDS[] = {
+    {"run", cmd_run, "generate text from a prompt"},
+    {"info", cmd_info, "print a GGUF file's metadata and tensors"},
+    {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
+    {"quantize", cmd_quantize, "quantize a GGUF model (Q8_0, Q4_0)"},
+    {"gen-model", cmd_gen_model, "write a random-weight model of a real shape"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: kettle COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        fprintf(out, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].help);
+    fprintf(out, "\n'kettle COMMAND --help' describes a command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kettle: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
