@@ -1,0 +1,201 @@
+/*
+ * model.c - hyper-parameters and weights of a llama-family model from GGUF.
+ *
+ * Everything the forward pass relies on is checked here, once: each weight
+ * exists, has exactly the shape the hyper-parameters imply, and has a type
+ * the matmul kernels support; norms and biases are F32 vectors. After
+ * llm_model_load succeeds the forward pass does no validation at all.
+ */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "ops/matmul.h"
+
+/* ---- hyper-parameters ---- */
+
+/* Reads "<arch>.<suffix>" as an int in [lo, hi]; absent -> def (or error
+ * when def < 0, meaning required). */
+static kt_status read_int(const gguf_file *f, const char *arch, const char *suffix,
+                          int64_t def, int64_t lo, int64_t hi, int *out, kt_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t i = gguf_find_key(f, key), v = def;
+    if (i < 0) {
+        if (def < 0) return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key '%s'", key);
+    } else if (!gguf_kv_get_i64(f, i, &v)) {
+        return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is a %s, expected an integer",
+                            key, gguf_type_name(gguf_kv_type(f, i)));
+    }
+    if (v < lo || v > hi)
+        return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' = %lld is out of range [%lld, %lld]",
+                            key, (long long)v, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return KT_OK;
+}
+
+static kt_status read_float(const gguf_file *f, const char *arch, const char *suffix,
+                            double def, double lo, double hi, float *out, kt_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t i = gguf_find_key(f, key);
+    double v = def;
+    if (i >= 0 && !gguf_kv_get_f64(f, i, &v))
+        return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is a %s, expected a float",
+                            key, gguf_type_name(gguf_kv_type(f, i)));
+    if (!(v >= lo && v <= hi))
+        return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' = %g is out of range [%g, %g]",
+                            key, v, lo, hi);
+    *out = (float)v;
+    return KT_OK;
+}
+
+static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
+    memset(c, 0, sizeof *c);
+    if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
+        return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
+    const char *a = c->arch;
+    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2"))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2)", a);
+    const int64_t big = 1 << 20;
+    kt_status st;
+    if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
+        (st = read_int(f, a, "block_count", -1, 1, 4096, &c->n_layer, err)) ||
+        (st = read_int(f, a, "attention.head_count", -1, 1, 4096, &c->n_head, err)) ||
+        (st = read_int(f, a, "attention.head_count_kv", c->n_head, 1, c->n_head, &c->n_head_kv, err)) ||
+        (st = read_int(f, a, "feed_forward_length", -1, 1, big, &c->n_ff, err)) ||
+        (st = read_int(f, a, "context_length", 2048, 1, 1 << 24, &c->n_ctx_train, err)))
+        return st;
+    if (c->n_head % c->n_head_kv)
+        return kt_error_set(err, KT_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d",
+                            c->n_head, c->n_head_kv);
+    int def_head_dim = c->n_embd % c->n_head ? -1 : c->n_embd / c->n_head;
+    if ((st = read_int(f, a, "attention.key_length", def_head_dim, 2, 1024, &c->head_dim, err)))
+        return st;
+    int value_dim;
+    if ((st = read_int(f, a, "attention.value_length", c->head_dim, 2, 1024, &value_dim, err)))
+        return st;
+    if (value_dim != c->head_dim || c->head_dim % 2)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "head size %d / value size %d: kettle needs equal, even sizes",
+                            c->head_dim, value_dim);
+    if ((st = read_int(f, a, "rope.dimension_count", c->head_dim, 2, c->head_dim, &c->rope_dim, err)))
+        return st;
+    if (c->rope_dim % 2)
+        return kt_error_set(err, KT_ERR_FORMAT, "rope.dimension_count %d is odd", c->rope_dim);
+    if ((st = read_float(f, a, "rope.freq_base", 10000.0, 1.0, 1e12, &c->rope_freq_base, err)) ||
+        (st = read_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &c->rms_eps, err)))
+        return st;
+    c->rope_style = strcmp(a, "qwen2") == 0 ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
+    return KT_OK;
+}
+
+/* ---- weights ---- */
+
+/* Binds tensor `name` and checks it is [n_in, n_out] (n_out 0: a vector of
+ * n_in) of a type the kernels read; a missing optional tensor leaves
+ * t->data NULL. */
+static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out, bool optional,
+                      llm_tensor *t, kt_error *err) {
+    memset(t, 0, sizeof *t);
+    const gguf_tensor *g = gguf_tensor_find(f, name);
+    if (!g) {
+        if (optional) return KT_OK;
+        return kt_error_set(err, KT_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    bool vector = n_out == 0;
+    int want_dims = vector ? 1 : 2;
+    bool shape_ok = g->dims[0] == n_in && (vector ? g->n_dims == 1 : g->n_dims == 2 && g->dims[1] == n_out);
+    if (!shape_ok)
+        return kt_error_set(err, KT_ERR_FORMAT,
+                            "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, %d] (%d dims)",
+                            name, (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in,
+                            vector ? 1 : n_out, want_dims);
+    if (vector ? g->type != KT_F32 : !kt_matmul_supported(g->type))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kettle cannot %s yet",
+                            name, kt_dtype_name(g->type), vector ? "use for a norm or bias (needs F32)" : "multiply");
+    t->data = g->data;
+    t->type = g->type;
+    t->n_in = n_in;
+    t->n_out = vector ? 1 : n_out;
+    return KT_OK;
+}
+
+static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
+                            kt_error *err) {
+    int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    bool biased = strcmp(c->arch, "qwen2") == 0;
+    struct {
+        const char *name;
+        int n_in, n_out;
+        bool optional;
+        llm_tensor *t;
+    } specs[] = {
+        {"attn_norm.weight", c->n_embd, 0, false, &l->attn_norm},
+        {"attn_q.weight", c->n_embd, q_dim, false, &l->wq},
+        {"attn_k.weight", c->n_embd, kv_dim, false, &l->wk},
+        {"attn_v.weight", c->n_embd, kv_dim, false, &l->wv},
+        {"attn_output.weight", q_dim, c->n_embd, false, &l->wo},
+        {"attn_q.bias", q_dim, 0, !biased, &l->bq},
+        {"attn_k.bias", kv_dim, 0, !biased, &l->bk},
+        {"attn_v.bias", kv_dim, 0, !biased, &l->bv},
+        {"ffn_norm.weight", c->n_embd, 0, false, &l->ffn_norm},
+        {"ffn_gate.weight", c->n_embd, c->n_ff, false, &l->w_gate},
+        {"ffn_up.weight", c->n_embd, c->n_ff, false, &l->w_up},
+        {"ffn_down.weight", c->n_ff, c->n_embd, false, &l->w_down},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s", il, specs[i].name);
+        kt_status st = bind(f, name, specs[i].n_in, specs[i].n_out, specs[i].optional, specs[i].t, err);
+        if (st) return st;
+    }
+    return KT_OK;
+}
+
+static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
+    llm_config *c = &m->cfg;
+    const gguf_tensor *emb = gguf_tensor_find(f, "token_embd.weight");
+    if (!emb) return kt_error_set(err, KT_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+    if (emb->n_dims != 2 || emb->dims[1] < 1 || emb->dims[1] > (1 << 24))
+        return kt_error_set(err, KT_ERR_FORMAT, "tensor 'token_embd.weight' has a bad shape");
+    c->n_vocab = (int)emb->dims[1];
+    kt_status st;
+    if ((st = bind(f, "token_embd.weight", c->n_embd, c->n_vocab, false, &m->tok_embd, err)) ||
+        (st = bind(f, "output_norm.weight", c->n_embd, 0, false, &m->output_norm, err)) ||
+        (st = bind(f, "output.weight", c->n_embd, c->n_vocab, true, &m->output, err)))
+        return st;
+    if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    for (int il = 0; il < c->n_layer; il++)
+        if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) m->weight_bytes += gguf_tensor_at(f, i)->n_bytes;
+    return KT_OK;
+}
+
+llm_model *llm_model_load(const gguf_file *f, kt_error *err) {
+    llm_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory loading the model");
+        return NULL;
+    }
+    if (read_config(f, &m->cfg, err)) goto fail;
+    m->layers = calloc((size_t)m->cfg.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory loading the model");
+        goto fail;
+    }
+    if (bind_weights(f, m, err)) goto fail;
+    return m;
+fail:
+    llm_model_free(m);
+    return NULL;
+}
+
+void llm_model_free(llm_model *m) {
+    if (!m) return;
+    free(m->layers);
+    free(m);
+}

@@ -1,0 +1,56 @@
+/*
+ * model.h - a llama-family transformer bound to the tensors of a GGUF file.
+ *
+ * llm_model_load reads the hyper-parameters from GGUF metadata (keys are
+ * prefixed by general.architecture: "llama.embedding_length", ...), finds
+ * every weight by its llama.cpp name, and checks each one's shape and type
+ * before anything runs, so the forward pass can trust them. Weights are not
+ * copied: they point into the mapped file.
+ *
+ * Architectures: `llama` (and `mistral`-style files, which use it),
+ * `mistral`, and `qwen2` (NeoX RoPE, biases on Q, K and V).
+ */
+#ifndef KT_MODEL_MODEL_H
+#define KT_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+#include "gguf/gguf.h"
+#include "kettle.h"
+#include "ops/ops.h"
+
+/* One weight matrix (or vector): data in the mapping, n_out rows of n_in. */
+typedef struct llm_tensor {
+    const void *data;
+    kt_dtype type;
+    int n_in, n_out;
+} llm_tensor;
+
+typedef struct llm_layer {
+    llm_tensor attn_norm, wq, wk, wv, wo;
+    llm_tensor bq, bk, bv; /* qwen2 only (data NULL otherwise) */
+    llm_tensor ffn_norm, w_gate, w_up, w_down;
+} llm_layer;
+
+typedef struct llm_config {
+    char arch[32];
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train;
+    int head_dim, rope_dim;
+    float rope_freq_base, rms_eps;
+    kt_rope_style rope_style;
+} llm_config;
+
+typedef struct llm_model {
+    llm_config cfg;
+    llm_tensor tok_embd, output_norm, output; /* output may be tok_embd */
+    llm_layer *layers;                        /* cfg.n_layer of them */
+    uint64_t weight_bytes;
+} llm_model;
+
+/* Validates and binds; errors name the key or tensor at fault. */
+llm_model *llm_model_load(const gguf_file *f, kt_error *err);
+void llm_model_free(llm_model *m);
+
+#endif
