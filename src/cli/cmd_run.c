@@ -1,0 +1,261 @@
+/*
+ * cmd_run.c - `kettle run`: generate text from a prompt, streaming it.
+ *
+ * The generated text (not the prompt) goes to stdout as it is produced;
+ * timings go to stderr, so `kettle run ... > out.txt` captures exactly the
+ * continuation. Generation stops at N tokens, at the end-of-sequence token,
+ * or when the context is full (said on stderr, never silently).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timing.h"
+#include "cli/commands.h"
+#include "kettle.h"
+
+typedef struct run_opts {
+    const char *model, *prompt, *prompt_file;
+    int n_predict, n_threads, n_ctx;
+    bool no_bos;
+    kt_sampler_params sp;
+} run_opts;
+
+static void run_usage(FILE *out) {
+    fprintf(out,
+            "usage: kettle run -m MODEL (-p PROMPT | -f FILE) [options]\n"
+            "  -m, --model FILE      GGUF model\n"
+            "  -p, --prompt TEXT     prompt text\n"
+            "  -f, --file FILE       read the prompt from a file\n"
+            "  -n, --n-predict N     tokens to generate (default 128; -1: until end or full)\n"
+            "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
+            "  -t, --threads N       threads (default: all CPUs)\n"
+            "      --temp T          temperature (default 0.8; 0 = greedy)\n"
+            "      --top-k K         (default 40; 0 = off)\n"
+            "      --top-p P         (default 0.95; 1 = off)\n"
+            "      --min-p P         (default 0.05; 0 = off)\n"
+            "      --repeat-penalty R    (default 1 = off)\n"
+            "      --frequency-penalty F (default 0)\n"
+            "      --presence-penalty F  (default 0)\n"
+            "      --repeat-last-n N     penalty window (default 64)\n"
+            "      --seed S          random seed (default 0)\n"
+            "      --no-bos          do not add the beginning-of-sequence token\n");
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float lo, float hi, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+/* Returns 0 on success, 2 on a usage error (already reported), -1 after
+ * printing --help. */
+static int parse_opts(int argc, char **argv, run_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->sp = kt_sampler_defaults();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            run_usage(stdout);
+            return -1;
+        }
+        if (!strcmp(a, "--no-bos")) {
+            o->no_bos = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kettle run: option '%s' needs a value (or is unknown)\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long n = 0;
+        bool ok = true;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->prompt_file = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = parse_long(v, -1, 1 << 24, &n), o->n_predict = (int)n;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) ok = parse_long(v, 0, 1 << 24, &n), o->n_ctx = (int)n;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = parse_long(v, 1, 1024, &n), o->n_threads = (int)n;
+        else if (!strcmp(a, "--temp")) ok = parse_float(v, 0, 100, &o->sp.temperature);
+        else if (!strcmp(a, "--top-k")) ok = parse_long(v, 0, 1 << 24, &n), o->sp.top_k = (int)n;
+        else if (!strcmp(a, "--top-p")) ok = parse_float(v, 0, 1, &o->sp.top_p);
+        else if (!strcmp(a, "--min-p")) ok = parse_float(v, 0, 1, &o->sp.min_p);
+        else if (!strcmp(a, "--repeat-penalty")) ok = parse_float(v, 0, 100, &o->sp.repeat_penalty);
+        else if (!strcmp(a, "--frequency-penalty")) ok = parse_float(v, -100, 100, &o->sp.frequency_penalty);
+        else if (!strcmp(a, "--presence-penalty")) ok = parse_float(v, -100, 100, &o->sp.presence_penalty);
+        else if (!strcmp(a, "--repeat-last-n")) ok = parse_long(v, 0, 1 << 24, &n), o->sp.penalty_last_n = (int)n;
+        else if (!strcmp(a, "--seed")) ok = parse_long(v, 0, __LONG_MAX__, &n), o->sp.seed = (uint64_t)n;
+        else {
+            fprintf(stderr, "kettle run: unknown option '%s'\n", a);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kettle run: invalid value '%s' for %s\n", v, a);
+            return 2;
+        }
+    }
+    if (!o->model || (!o->prompt == !o->prompt_file)) {
+        fprintf(stderr, "kettle run: need -m MODEL and one of -p PROMPT or -f FILE\n");
+        run_usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+static char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) free(buf);
+            buf = nb;
+        }
+    }
+    bool failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Tokenizes the prompt into a malloc'ed array; returns the count or -1. */
+static int tokenize_prompt(const kt_model *m, const char *text, size_t len, int bos, int32_t **ids,
+                           kt_error *err) {
+    int n = kt_tokenize(m, text, len, NULL, 0, bos, err);
+    if (n < 0) return -1;
+    *ids = malloc(((size_t)n + 1) * sizeof **ids);
+    if (!*ids) return -1;
+    return kt_tokenize(m, text, len, *ids, n, bos, err);
+}
+
+typedef struct run_stats {
+    double load_ms, prefill_ms, ttft_ms, decode_ms;
+    int n_prompt, n_gen;
+} run_stats;
+
+static void print_stats(const run_stats *st) {
+    fprintf(stderr, "\n\nload time:     %8.1f ms\n", st->load_ms);
+    fprintf(stderr, "prompt tokens: %8d\n", st->n_prompt);
+    fprintf(stderr, "TTFT:          %8.1f ms\n", st->ttft_ms);
+    fprintf(stderr, "prefill:       %8.2f tok/s (%d tokens in %.1f ms)\n",
+            st->prefill_ms > 0 ? st->n_prompt * 1e3 / st->prefill_ms : 0.0, st->n_prompt, st->prefill_ms);
+    int n_decoded = st->n_gen > 0 ? st->n_gen - 1 : 0; /* the first token came from prefill */
+    fprintf(stderr, "decode:        %8.2f tok/s (%d tokens in %.1f ms)\n",
+            st->decode_ms > 0 ? n_decoded * 1e3 / st->decode_ms : 0.0, n_decoded, st->decode_ms);
+}
+
+/* Samples, streams and evaluates until a stop; returns 0 or 1. */
+static int generate(kt_model *m, kt_session *s, kt_sampler *smp, const run_opts *o, float *logits,
+                    double t_start, run_stats *st) {
+    const kt_model_desc *d = kt_model_describe(m);
+    kt_detok *dt = kt_detok_new(m);
+    if (!dt) {
+        fprintf(stderr, "kettle run: out of memory\n");
+        return 1;
+    }
+    kt_error err = {0};
+    double t_decode = 0;
+    int rc = 0;
+    for (int i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
+        int32_t tok = kt_sampler_sample(smp, logits);
+        if (i == 0) st->ttft_ms = kt_time_ms() - t_start, t_decode = kt_time_ms();
+        kt_sampler_accept(smp, tok);
+        st->n_gen++;
+        if (tok == d->eos_id) break;
+        fputs(kt_detok_push(dt, tok), stdout);
+        fflush(stdout);
+        if (o->n_predict >= 0 && i + 1 == o->n_predict) break;
+        if (kt_session_eval(s, &tok, 1, logits, false, &err)) {
+            if (err.status == KT_ERR_CONTEXT) fprintf(stderr, "\n[stopped: the context is full]");
+            else fprintf(stderr, "\nkettle run: %s\n", err.msg), rc = 1;
+            break;
+        }
+    }
+    fputs(kt_detok_flush(dt), stdout);
+    fflush(stdout);
+    if (st->n_gen > 0) st->decode_ms = kt_time_ms() - t_decode;
+    kt_detok_free(dt);
+    return rc;
+}
+
+static int run_model(kt_model *m, const run_opts *o, const char *text, size_t len, run_stats *st) {
+    const kt_model_desc *d = kt_model_describe(m);
+    kt_error err = {0};
+    int32_t *ids = NULL;
+    float *logits = malloc((size_t)d->n_vocab * sizeof(float));
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = o->n_ctx, .n_threads = o->n_threads}, &err);
+    kt_sampler *smp = s ? kt_sampler_new(&o->sp, d->n_vocab, &err) : NULL;
+    int rc = 1;
+    if (!logits || !s || !smp) goto done;
+    st->n_prompt = tokenize_prompt(m, text, len, o->no_bos ? 0 : -1, &ids, &err);
+    if (st->n_prompt < 0) goto done;
+    if (st->n_prompt == 0) {
+        snprintf(err.msg, sizeof err.msg, "the prompt is empty (and no BOS token is added)");
+        goto done;
+    }
+    for (int i = 0; i < st->n_prompt; i++) kt_sampler_accept(smp, ids[i]);
+    double t0 = kt_time_ms();
+    if (kt_session_eval(s, ids, st->n_prompt, logits, false, &err)) goto done;
+    st->prefill_ms = kt_time_ms() - t0;
+    rc = generate(m, s, smp, o, logits, t0, st);
+    err.msg[0] = 0;
+done:
+    if (rc && err.msg[0]) fprintf(stderr, "kettle run: %s\n", err.msg);
+    else if (rc && !logits) fprintf(stderr, "kettle run: out of memory\n");
+    free(ids);
+    free(logits);
+    kt_sampler_free(smp);
+    kt_session_free(s);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv) {
+    run_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    size_t len = 0;
+    char *file_text = NULL;
+    if (o.prompt_file && !(file_text = read_text_file(o.prompt_file, &len))) {
+        fprintf(stderr, "kettle run: cannot read prompt file '%s': %s\n", o.prompt_file, strerror(errno));
+        return 1;
+    }
+    const char *text = file_text ? file_text : o.prompt;
+    if (!file_text) len = strlen(text);
+    kt_error err = {0};
+    run_stats st = {0};
+    double t0 = kt_time_ms();
+    kt_model *m = kt_model_load(o.model, &err);
+    st.load_ms = kt_time_ms() - t0;
+    if (!m) {
+        fprintf(stderr, "kettle run: %s\n", err.msg);
+        free(file_text);
+        return 1;
+    }
+    rc = run_model(m, &o, text, len, &st);
+    if (rc == 0) print_stats(&st);
+    kt_model_free(m);
+    free(file_text);
+    return rc;
+}
