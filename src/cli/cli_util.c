@@ -1,0 +1,205 @@
+/*
+ * cli_util.c - helpers shared by the file tools; see cli_util.h.
+ */
+#include "cli/cli_util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/timing.h"
+
+/* ---- arguments ---- */
+
+bool cli_wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    return false;
+}
+
+int cli_opt(int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0) return 0;
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kettle: option %s needs a value\n", name);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
+
+bool cli_parse_u64(const char *s, uint64_t *out) {
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return false;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end) return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kettle %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see 'kettle %s --help')\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int cli_fail(const char *cmd, const kt_error *err) {
+    fprintf(stderr, "kettle %s: %s\n", cmd, err->msg[0] ? err->msg : "failed");
+    return 1;
+}
+
+/* ---- types ---- */
+
+static const kt_dtype OUT_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0};
+
+int cli_parse_out_type(const char *name) {
+    int t = kt_dtype_parse(name);
+    for (size_t i = 0; i < sizeof OUT_TYPES / sizeof OUT_TYPES[0]; i++)
+        if (t == (int)OUT_TYPES[i]) return t;
+    return -1;
+}
+
+const char *cli_out_type_list(void) {
+    return "F32, F16, BF16, Q8_0, Q4_0";
+}
+
+uint32_t cli_llama_ftype(kt_dtype t) {
+    switch (t) {
+    case KT_F16: return 1;   /* LLAMA_FTYPE_MOSTLY_F16 */
+    case KT_Q4_0: return 2;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
+    case KT_Q8_0: return 7;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
+    case KT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
+    default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
+    }
+}
+
+/* ---- output files ---- */
+
+kt_status cli_out_init(cli_out *o, const char *path, kt_error *err) {
+    o->path = path;
+    int n = snprintf(o->tmp, sizeof o->tmp, "%s.part", path);
+    if (n < 0 || (size_t)n >= sizeof o->tmp)
+        return kt_error_set(err, KT_ERR_ARG, "%s: output path too long", path);
+    return KT_OK;
+}
+
+kt_status cli_out_commit(cli_out *o, kt_error *err) {
+    if (rename(o->tmp, o->path) != 0) {
+        int e = errno;
+        cli_out_discard(o);
+        return kt_error_set(err, KT_ERR_IO, "%s: cannot rename %s into place: %s",
+                            o->path, o->tmp, strerror(e));
+    }
+    return KT_OK;
+}
+
+void cli_out_discard(cli_out *o) {
+    unlink(o->tmp);
+}
+
+/* ---- parallel rows ---- */
+
+typedef struct par_job {
+    cli_par_fn fn;
+    void *ctx;
+    int ith, nth;
+} par_job;
+
+static void *par_main(void *arg) {
+    par_job *j = arg;
+    j->fn(j->ctx, j->ith, j->nth);
+    return NULL;
+}
+
+static int par_threads(int64_t n_items) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 16) n = 16;
+    if (n_items < 64) n = 1;
+    return (int)n;
+}
+
+void cli_parallel(int64_t n_items, cli_par_fn fn, void *ctx) {
+    enum { MAX_THREADS = 16 };
+    int nth = par_threads(n_items);
+    pthread_t th[MAX_THREADS];
+    par_job jobs[MAX_THREADS];
+    int started = 1;
+    /* Create workers 1..nth-1; if creation fails, shrink nth so the work is
+     * still split exactly once over the threads that exist. */
+    for (int i = 1; i < nth; i++, started++) {
+        jobs[i] = (par_job){fn, ctx, i, nth};
+        if (pthread_create(&th[i], NULL, par_main, &jobs[i]) != 0) break;
+    }
+    if (started < nth) {
+        for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
+        fn(ctx, 0, 1); /* fn must tolerate redoing rows: it is idempotent */
+        return;
+    }
+    fn(ctx, 0, nth);
+    for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
+}
+
+void cli_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t per = n / nth, extra = n % nth;
+    *lo = ith * per + (ith < extra ? ith : extra);
+    *hi = *lo + per + (ith < extra ? 1 : 0);
+}
+
+/* ---- progress ---- */
+
+void cli_progress_start(cli_progress *p, uint64_t total) {
+    p->total = total ? total : 1;
+    p->done = 0;
+    p->last_pct = -1;
+    p->tty = isatty(STDERR_FILENO) == 1;
+    p->t0_ms = kt_time_ms();
+}
+
+void cli_progress_add(cli_progress *p, uint64_t n, const char *what) {
+    p->done += n;
+    if (!p->tty) return;
+    int pct = (int)(p->done * 100 / p->total);
+    if (pct > 100) pct = 100;
+    if (pct == p->last_pct) return;
+    p->last_pct = pct;
+    char bar[31];
+    int fill = pct * 30 / 100;
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = 0;
+    fprintf(stderr, "\r\033[K[%s] %3d%%  %.40s", bar, pct, what ? what : "");
+    fflush(stderr);
+}
+
+double cli_progress_end(cli_progress *p) {
+    if (p->tty && p->last_pct >= 0) fprintf(stderr, "\r\033[K");
+    return (kt_time_ms() - p->t0_ms) / 1e3;
+}
+
+const char *cli_human_bytes(uint64_t n, char *buf, size_t cap) {
+    static const char *UNITS[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%llu B", (unsigned long long)n);
+    else snprintf(buf, cap, "%.1f %s", v, UNITS[u]);
+    return buf;
+}

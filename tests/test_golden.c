@@ -1,0 +1,234 @@
+/*
+ * test_golden.c - kettle's forward pass against an independent
+ * implementation (../shared/golden, made with llama.cpp; see its README).
+ *
+ * For every NAME.json there: the prompt tokenizes to prompt_ids, and fed
+ * prompt_ids + gen_ids (teacher forcing), the logits at every position
+ * match the golden top entries and log-sum-exp within the README's
+ * tolerance for the model's weight type, at 1 and 2 threads; the argmax
+ * agrees wherever the golden top-1/top-2 gap exceeds twice the tolerance.
+ * Where NAME.logits.f32 exists, every logit is compared. Finally `kettle
+ * run` on stories260K (and on its conversion from llama2.c) prints exactly
+ * the golden text.
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf/gguf.h"
+#include "kettle.h"
+#include "testutil.h"
+
+/* The README's tolerance for the type of the model's attention weights. */
+static double tolerance_for(const char *model_path) {
+    kt_error err;
+    gguf_file *f = gguf_open(model_path, &err);
+    assert_non_null(f);
+    const gguf_tensor *t = gguf_tensor_find(f, "blk.0.attn_q.weight");
+    assert_non_null(t);
+    double tol = t->type == KT_F32 ? 1e-4 : t->type == KT_F16 ? 2e-3 : 2e-2;
+    gguf_close(f);
+    return tol;
+}
+
+static int32_t *json_ids(json_t *arr, int *n) {
+    *n = (int)json_array_size(arr);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    assert_non_null(ids);
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+    return ids;
+}
+
+static double log_sum_exp(const float *x, int n) {
+    double mx = x[0], s = 0;
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    return mx + log(s);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Compares one position's logits with its golden entry; returns the max
+ * absolute difference over the golden top entries. */
+static double check_position(const float *logits, int n_vocab, json_t *pos, double tol, int p) {
+    json_t *top = json_object_get(pos, "top");
+    double maxdiff = 0;
+    for (size_t j = 0; j < json_array_size(top); j++) {
+        json_t *e = json_array_get(top, j);
+        int id = (int)json_integer_value(json_array_get(e, 0));
+        double want = json_real_value(json_array_get(e, 1));
+        double d = fabs(logits[id] - want);
+        if (d > maxdiff) maxdiff = d;
+    }
+    double lse = log_sum_exp(logits, n_vocab);
+    double want_lse = json_real_value(json_object_get(pos, "lse"));
+    if (fabs(lse - want_lse) > tol * 10) {
+        fprintf(stderr, "position %d: lse %f, golden %f\n", p, lse, want_lse);
+        fail();
+    }
+    double gap = json_real_value(json_array_get(json_array_get(top, 0), 1)) -
+                 json_real_value(json_array_get(json_array_get(top, 1), 1));
+    int want_top = (int)json_integer_value(json_array_get(json_array_get(top, 0), 0));
+    if (gap > 2 * tol && argmax(logits, n_vocab) != want_top) {
+        fprintf(stderr, "position %d: argmax %d, golden %d (gap %f)\n", p, argmax(logits, n_vocab), want_top, gap);
+        fail();
+    }
+    return maxdiff;
+}
+
+/* Every logit against NAME.logits.f32, when the file exists. */
+static void check_full_logits(const char *json_path, const float *logits, size_t count, double tol) {
+    char path[4096];
+    snprintf(path, sizeof path, "%.*s.logits.f32", (int)(strlen(json_path) - 5), json_path);
+    size_t size;
+    char *golden = tu_read_file(path, &size);
+    if (!golden) return;
+    assert_int_equal(size, count * sizeof(float));
+    double maxdiff = 0;
+    for (size_t i = 0; i < count; i++) {
+        float g;
+        memcpy(&g, golden + i * 4, 4);
+        double d = fabs(logits[i] - g);
+        if (d > maxdiff) maxdiff = d;
+    }
+    printf("  all %zu logits: max |diff| %.3g (tolerance %g)\n", count, maxdiff, tol);
+    assert_true(maxdiff <= tol);
+    free(golden);
+}
+
+static void check_golden_file(const char *json_path, int n_threads) {
+    json_error_t jerr;
+    json_t *g = json_load_file(json_path, 0, &jerr);
+    assert_non_null(g);
+    char model_path[4096];
+    snprintf(model_path, sizeof model_path, "%s/models/%s", KT_SHARED_DIR,
+             json_string_value(json_object_get(g, "model")));
+    double tol = tolerance_for(model_path);
+    kt_error err = {0};
+    kt_model *m = kt_model_load(model_path, &err);
+    if (!m) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(m);
+    int n_vocab = kt_model_describe(m)->n_vocab;
+
+    int n_prompt, n_gen;
+    int32_t *prompt_ids = json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
+    int32_t *gen_ids = json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    const char *prompt = json_string_value(json_object_get(g, "prompt"));
+    int32_t mine[1024];
+    int n_mine = kt_tokenize(m, prompt, strlen(prompt), mine, 1024, -1, &err);
+    assert_int_equal(n_mine, n_prompt);
+    assert_memory_equal(mine, prompt_ids, sizeof(int32_t) * (size_t)n_prompt);
+
+    int n = n_prompt + n_gen;
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)n);
+    memcpy(all, prompt_ids, sizeof(int32_t) * (size_t)n_prompt);
+    memcpy(all + n_prompt, gen_ids, sizeof(int32_t) * (size_t)n_gen);
+    float *logits = malloc(sizeof(float) * (size_t)n * (size_t)n_vocab);
+    assert_non_null(logits);
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = n, .n_threads = n_threads}, &err);
+    assert_non_null(s);
+    assert_int_equal(kt_session_eval(s, all, n, logits, true, &err), KT_OK);
+
+    json_t *positions = json_object_get(g, "positions");
+    assert_int_equal(json_array_size(positions), (size_t)(n - 1));
+    double maxdiff = 0;
+    for (int p = 0; p < n - 1; p++) {
+        double d = check_position(logits + (size_t)p * n_vocab, n_vocab, json_array_get(positions, (size_t)p), tol, p);
+        if (d > maxdiff) maxdiff = d;
+    }
+    printf("  %s, %d threads: %d positions, max |diff| over top entries %.3g (tolerance %g)\n",
+           strrchr(json_path, '/') + 1, n_threads, n - 1, maxdiff, tol);
+    assert_true(maxdiff <= tol);
+    check_full_logits(json_path, logits, (size_t)(n - 1) * n_vocab, tol);
+
+    free(logits);
+    free(all);
+    free(prompt_ids);
+    free(gen_ids);
+    kt_session_free(s);
+    kt_model_free(m);
+    json_decref(g);
+}
+
+static void for_each_golden(int n_threads) {
+    const char *dir = tu_shared("golden");
+    char dirpath[4096];
+    snprintf(dirpath, sizeof dirpath, "%s", dir);
+    DIR *d = opendir(dirpath);
+    assert_non_null(d);
+    struct dirent *e;
+    int count = 0;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json")) continue;
+        char path[4096 + 256];
+        snprintf(path, sizeof path, "%s/%s", dirpath, e->d_name);
+        check_golden_file(path, n_threads);
+        count++;
+    }
+    closedir(d);
+    assert_true(count >= 5);
+}
+
+static void test_teacher_forcing_1_thread(void **state) {
+    (void)state;
+    for_each_golden(1);
+}
+
+static void test_teacher_forcing_2_threads(void **state) {
+    (void)state;
+    for_each_golden(2);
+}
+
+static void check_run_prints_golden(const char *model) {
+    char *want = tu_read_file(tu_shared("golden/stories260K.once.txt"), NULL);
+    assert_non_null(want);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 200 --temp 0 -t 2", KT_BIN, model);
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != 0 || strcmp(out, want)) fprintf(stderr, "rc %d\nstdout: %s\nstderr: %s\n", rc, out, err);
+    assert_int_equal(rc, 0);
+    assert_string_equal(out, want);
+    assert_non_null(strstr(err, "TTFT"));
+    assert_non_null(strstr(err, "decode:"));
+    free(want);
+    free(out);
+    free(err);
+}
+
+static void test_run_stories_gguf(void **state) {
+    (void)state;
+    char model[4096];
+    snprintf(model, sizeof model, "%s", tu_shared("models/stories260K.gguf"));
+    check_run_prints_golden(model);
+}
+
+static void test_run_converted_llama2c(void **state) {
+    (void)state;
+    char bin[4096], tok[4096], out[4096], cmd[16384];
+    snprintf(bin, sizeof bin, "%s", tu_shared("models/stories260K.bin"));
+    snprintf(tok, sizeof tok, "%s", tu_shared("models/tok512.bin"));
+    snprintf(out, sizeof out, "%s", tu_tmp("golden-stories260K-converted.gguf"));
+    snprintf(cmd, sizeof cmd, "%s convert llama2c '%s' '%s' -o '%s'", KT_BIN, bin, tok, out);
+    assert_int_equal(tu_run(cmd, NULL, NULL), 0);
+    check_run_prints_golden(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_teacher_forcing_1_thread),
+        cmocka_unit_test(test_teacher_forcing_2_threads),
+        cmocka_unit_test(test_run_stories_gguf),
+        cmocka_unit_test(test_run_converted_llama2c),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
