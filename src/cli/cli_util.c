@@ -139,20 +139,17 @@ void cli_parallel(int64_t n_items, cli_par_fn fn, void *ctx) {
     int nth = par_threads(n_items);
     pthread_t th[MAX_THREADS];
     par_job jobs[MAX_THREADS];
-    int started = 1;
-    /* Create workers 1..nth-1; if creation fails, shrink nth so the work is
-     * still split exactly once over the threads that exist. */
-    for (int i = 1; i < nth; i++, started++) {
+    bool started[MAX_THREADS] = {false};
+    for (int i = 1; i < nth; i++) {
         jobs[i] = (par_job){fn, ctx, i, nth};
-        if (pthread_create(&th[i], NULL, par_main, &jobs[i]) != 0) break;
-    }
-    if (started < nth) {
-        for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
-        fn(ctx, 0, 1); /* fn must tolerate redoing rows: it is idempotent */
-        return;
+        started[i] = pthread_create(&th[i], NULL, par_main, &jobs[i]) == 0;
     }
     fn(ctx, 0, nth);
-    for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
+    /* A share whose thread could not be created runs here instead. */
+    for (int i = 1; i < nth; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else fn(ctx, i, nth);
+    }
 }
 
 void cli_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
