@@ -88,30 +88,6 @@ uint32_t cli_llama_ftype(kt_dtype t) {
     }
 }
 
-/* ---- output files ---- */
-
-kt_status cli_out_init(cli_out *o, const char *path, kt_error *err) {
-    o->path = path;
-    int n = snprintf(o->tmp, sizeof o->tmp, "%s.part", path);
-    if (n < 0 || (size_t)n >= sizeof o->tmp)
-        return kt_error_set(err, KT_ERR_ARG, "%s: output path too long", path);
-    return KT_OK;
-}
-
-kt_status cli_out_commit(cli_out *o, kt_error *err) {
-    if (rename(o->tmp, o->path) != 0) {
-        int e = errno;
-        cli_out_discard(o);
-        return kt_error_set(err, KT_ERR_IO, "%s: cannot rename %s into place: %s",
-                            o->path, o->tmp, strerror(e));
-    }
-    return KT_OK;
-}
-
-void cli_out_discard(cli_out *o) {
-    unlink(o->tmp);
-}
-
 /* ---- parallel rows ---- */
 
 typedef struct par_job {
@@ -129,13 +105,13 @@ static void *par_main(void *arg) {
 static int par_threads(int64_t n_items) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
-    if (n > 16) n = 16;
+    if (n > CLI_MAX_THREADS) n = CLI_MAX_THREADS;
     if (n_items < 64) n = 1;
     return (int)n;
 }
 
 void cli_parallel(int64_t n_items, cli_par_fn fn, void *ctx) {
-    enum { MAX_THREADS = 16 };
+    enum { MAX_THREADS = CLI_MAX_THREADS };
     int nth = par_threads(n_items);
     pthread_t th[MAX_THREADS];
     par_job jobs[MAX_THREADS];

@@ -1,13 +1,11 @@
 /*
  * cli_util.h - helpers shared by the file tools (info, convert, quantize,
- * gen-model): argument parsing, error reporting, llama.cpp file types,
- * writing an output file safely, a parallel loop over rows, and a progress
- * bar.
+ * gen-model): argument parsing, error reporting, llama.cpp file types, a
+ * parallel loop over rows, and a progress bar.
  *
- * Outputs are written to "OUT.part" and renamed over OUT only once
- * complete, so a failed or interrupted run never leaves a half-written
- * model behind, and `kettle quantize m.gguf m.gguf Q8_0` does not clobber
- * the input it is still reading (the mapping keeps the old inode alive).
+ * (Outputs need no helper: the GGUF writer writes a temporary file and
+ * renames it into place, so a failed run leaves nothing half-written and
+ * `kettle quantize m.gguf m.gguf Q8_0` does not clobber its mapped input.)
  */
 #ifndef KT_CLI_UTIL_H
 #define KT_CLI_UTIL_H
@@ -50,24 +48,12 @@ const char *cli_out_type_list(void);
 /* llama.cpp's LLAMA_FTYPE for a file whose weights are mostly `t`. */
 uint32_t cli_llama_ftype(kt_dtype t);
 
-/* ---- output files ---- */
-
-typedef struct cli_out {
-    const char *path; /* final name */
-    char tmp[4096];   /* where it is written first */
-} cli_out;
-
-/* Prepares the temporary name; fails if the path is too long. */
-kt_status cli_out_init(cli_out *o, const char *path, kt_error *err);
-/* Renames the finished temporary file over the final path. */
-kt_status cli_out_commit(cli_out *o, kt_error *err);
-/* Removes the temporary file (after a failure). */
-void cli_out_discard(cli_out *o);
-
 /* ---- parallel rows ---- */
 
+#define CLI_MAX_THREADS 16
+
 /* Calls fn(ctx, ith, nth) on nth threads (the caller is thread 0) and waits
- * for all; nth is min(online CPUs, 16), or 1 when n_items is small. Falls
+ * for all; nth is min(online CPUs, CLI_MAX_THREADS), or 1 when n_items is small. Falls
  * back to fewer threads if they cannot be created. */
 typedef void (*cli_par_fn)(void *ctx, int ith, int nth);
 void cli_parallel(int64_t n_items, cli_par_fn fn, void *ctx);

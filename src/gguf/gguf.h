@@ -98,6 +98,12 @@ uint64_t gguf_kv_arr_n(const gguf_file *f, int64_t i);
 const void *gguf_kv_arr_data(const gguf_file *f, int64_t i);
 gguf_str gguf_kv_arr_str(const gguf_file *f, int64_t i, uint64_t j);
 
+/* Key i's value exactly as encoded in the file: the bytes after its type
+ * id (a scalar; a u64 length and the bytes of a string; an array's element
+ * type, count and elements). Lets a kv be copied verbatim (see
+ * gguf_writer_copy_kv). False if i is out of range. */
+bool gguf_kv_raw(const gguf_file *f, int64_t i, const void **data, uint64_t *n_bytes);
+
 /* Convenience by key name, with a default when the key is absent. They
  * return false (and leave *out at the default) if the key is absent or of
  * an incompatible type. */
@@ -126,6 +132,11 @@ const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name);
  * gguf_writer_write_tensor() (so a multi-GB model never needs to be held in
  * memory), then gguf_writer_finish(). Writes version 3, alignment from
  * "general.alignment" if set (u32) else 32.
+ *
+ * The bytes go to a temporary file beside `path` that gguf_writer_finish()
+ * renames to `path`, so `path` never holds a partial file (and may be a file
+ * that is still open for reading); gguf_writer_free() before finish, or a
+ * failed write, removes the temporary file.
  */
 typedef struct gguf_writer gguf_writer;
 
@@ -138,6 +149,10 @@ kt_status gguf_writer_set_u64(gguf_writer *w, const char *key, uint64_t v, kt_er
 kt_status gguf_writer_set_f32(gguf_writer *w, const char *key, float v, kt_error *err);
 kt_status gguf_writer_set_bool(gguf_writer *w, const char *key, bool v, kt_error *err);
 kt_status gguf_writer_set_str(gguf_writer *w, const char *key, const char *v, kt_error *err);
+/* Any scalar type (u8 .. f64 and bool, not STRING/ARRAY): `v` points to
+ * one value of that type (bool: a C bool). */
+kt_status gguf_writer_set_scalar(gguf_writer *w, const char *key, gguf_type type,
+                                 const void *v, kt_error *err);
 /* Numeric array: n elements of `type` (not STRING/ARRAY), copied. */
 kt_status gguf_writer_set_arr(gguf_writer *w, const char *key, gguf_type type,
                               const void *data, uint64_t n, kt_error *err);

@@ -11,6 +11,11 @@
 
 /* AVX2 + FMA + F16C, all three (the kernels assume them together). */
 bool kt_cpu_has_avx2(void);
+/* Turns the SIMD kernels off (on = true) or back on, for the whole
+ * process, like KETTLE_NO_SIMD=1 does at start-up; for tests that compare
+ * the scalar and SIMD paths end to end. Not to be called while kernels
+ * run on other threads. */
+void kt_cpu_force_scalar(bool on);
 /* Short description, e.g. "AVX2 FMA F16C". */
 const char *kt_cpu_features(void);
 

@@ -1,0 +1,300 @@
+/*
+ * cmd_quantize.c - `kettle quantize IN.gguf OUT.gguf TYPE`: rewrites a
+ * model with its weight matrices in another element type (Q8_0, Q4_0, F16,
+ * BF16 or F32).
+ *
+ * Which tensors change follows llama.cpp's `llama-quantize --pure`: every
+ * tensor whose name ends in "weight" with at least two dimensions, except
+ * norms and the few small tensors llama.cpp always keeps (MoE gate inputs,
+ * position/token-type embeddings, ...). Rows are converted by dequantizing
+ * to float and quantizing with the reference kernels of ops/quant.h, so the
+ * bytes equal llama.cpp's. Tensors whose row length is not a multiple of
+ * the target block size are copied unchanged. Quantizing an already
+ * quantized tensor is refused (the errors would compound); dequantizing one
+ * to F32/F16/BF16 is allowed, and a tensor already of the target type is
+ * copied.
+ *
+ * Memory: the input is mapped by the GGUF reader and unchanged tensors are
+ * written straight from the mapping; a converted tensor is built in one
+ * buffer, its rows split over the CPUs, so peak memory is about one
+ * tensor. All metadata is copied; general.file_type becomes llama.cpp's
+ * LLAMA_FTYPE for the target and general.quantization_version is set to 2,
+ * as llama.cpp does.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/timing.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "gguf/gguf.h"
+#include "ops/quant.h"
+
+#define CMD "quantize"
+#define GGML_QNT_VERSION 2
+#define NAME_CAP 256
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: kettle quantize IN.gguf OUT.gguf TYPE\n"
+            "\n"
+            "Writes IN with every 2-D weight tensor converted to TYPE (%s);\n"
+            "norms and other 1-D tensors stay as they are (like llama.cpp's\n"
+            "llama-quantize --pure). Source weights must be F32, F16 or BF16.\n",
+            cli_out_type_list());
+}
+
+/* ---- which tensors change ---- */
+
+static bool ends_with(gguf_str s, const char *suffix) {
+    size_t n = strlen(suffix);
+    return s.len >= n && memcmp(s.ptr + s.len - n, suffix, n) == 0;
+}
+
+static bool contains(gguf_str s, const char *needle) {
+    size_t n = strlen(needle);
+    for (uint64_t i = 0; n <= s.len && i <= s.len - n; i++)
+        if (memcmp(s.ptr + i, needle, n) == 0) return true;
+    return false;
+}
+
+/* ggml_n_dims: dimensions up to the last one larger than 1. */
+static uint32_t effective_dims(const gguf_tensor *t) {
+    uint32_t n = 1;
+    for (uint32_t d = 1; d < t->n_dims; d++)
+        if (t->dims[d] > 1) n = d + 1;
+    return n;
+}
+
+/* llama.cpp's rule (llama_model_quantize_impl) for tensors to quantize. */
+static bool is_quantizable(const gguf_tensor *t) {
+    static const char *KEEP[] = {"_norm.weight", "ffn_gate_inp.weight",
+                                 "ssm_conv1d.weight", "time_mix_first.weight",
+                                 "attn_rel_b.weight"};
+    if (!ends_with(t->name, "weight") || effective_dims(t) < 2) return false;
+    for (size_t i = 0; i < sizeof KEEP / sizeof KEEP[0]; i++)
+        if (contains(t->name, KEEP[i])) return false;
+    return !gguf_str_eq(t->name, "position_embd.weight") &&
+           !gguf_str_eq(t->name, "token_types.weight");
+}
+
+/* The type tensor t gets in the output. */
+static kt_dtype out_type(const gguf_tensor *t, kt_dtype target) {
+    if (!is_quantizable(t)) return t->type;
+    if (t->dims[0] % kt_dtype_get(target)->block_size) return t->type;
+    return target;
+}
+
+static bool is_plain_float(kt_dtype t) {
+    return t == KT_F32 || t == KT_F16 || t == KT_BF16;
+}
+
+static void copy_name(gguf_str s, char *buf) {
+    size_t n = s.len < NAME_CAP - 1 ? (size_t)s.len : NAME_CAP - 1;
+    memcpy(buf, s.ptr, n);
+    buf[n] = 0;
+}
+
+/* Checks every conversion is possible before any output is written; sets
+ * *max_bytes to the largest converted tensor's output size. */
+static kt_status check_plan(const gguf_file *f, kt_dtype target, size_t *max_bytes,
+                            kt_error *err) {
+    char name[NAME_CAP];
+    *max_bytes = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        kt_dtype to = out_type(t, target);
+        if (to == t->type) continue;
+        copy_name(t->name, name);
+        if (!is_plain_float(t->type) && (!is_plain_float(to) ||
+                                         !kt_dequantize_supported(t->type)))
+            return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                                "tensor '%s': requantizing %s is not supported "
+                                "(start from an F32, F16 or BF16 model)",
+                                name, kt_dtype_name(t->type));
+        if (t->name.len >= NAME_CAP)
+            return kt_error_set(err, KT_ERR_FORMAT, "tensor '%s...': name too long", name);
+        size_t bytes = kt_dtype_row_bytes(to, t->dims[0]) * (size_t)(t->n_bytes /
+                       kt_dtype_row_bytes(t->type, t->dims[0]));
+        if (bytes > *max_bytes) *max_bytes = bytes;
+    }
+    return KT_OK;
+}
+
+/* ---- metadata and tensor declarations ---- */
+
+static kt_status copy_metadata(gguf_writer *w, const gguf_file *f, kt_dtype target,
+                               kt_error *err) {
+    kt_status st;
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        gguf_str key = gguf_kv_key(f, i);
+        if (gguf_str_eq(key, "general.file_type") ||
+            gguf_str_eq(key, "general.quantization_version"))
+            continue;
+        if ((st = gguf_writer_copy_kv(w, f, i, err)) != KT_OK) return st;
+    }
+    st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err);
+    if (st == KT_OK)
+        st = gguf_writer_set_u32(w, "general.file_type", cli_llama_ftype(target), err);
+    return st;
+}
+
+static kt_status declare_tensors(gguf_writer *w, const gguf_file *f, kt_dtype target,
+                                 kt_error *err) {
+    char name[NAME_CAP];
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (t->name.len >= NAME_CAP)
+            return kt_error_set(err, KT_ERR_FORMAT, "tensor %" PRId64 ": name too long", i);
+        copy_name(t->name, name);
+        kt_status st = gguf_writer_add_tensor(w, name, out_type(t, target), t->n_dims,
+                                              t->dims, err);
+        if (st != KT_OK) return st;
+    }
+    return KT_OK;
+}
+
+/* ---- converting rows ---- */
+
+typedef struct conv_job {
+    const gguf_tensor *t;
+    kt_dtype to;
+    unsigned char *out;
+    float *scratch; /* CLI_MAX_THREADS rows */
+    int64_t n_rows;
+    size_t in_row, out_row;
+} conv_job;
+
+static void conv_rows(void *ctx, int ith, int nth) {
+    const conv_job *j = ctx;
+    int64_t lo, hi, n = j->t->dims[0];
+    float *row = j->scratch + (size_t)ith * (size_t)n;
+    const unsigned char *in = j->t->data;
+    cli_split(j->n_rows, ith, nth, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        kt_dequantize_row(j->t->type, in + (size_t)r * j->in_row, row, n);
+        kt_quantize_row(j->to, row, j->out + (size_t)r * j->out_row, n);
+    }
+}
+
+/* Converts tensor t into out (large enough) and returns its size. */
+static size_t convert_tensor(const gguf_tensor *t, kt_dtype to, unsigned char *out,
+                             float *scratch) {
+    conv_job j = {t, to, out, scratch, 0, kt_dtype_row_bytes(t->type, t->dims[0]),
+                  kt_dtype_row_bytes(to, t->dims[0])};
+    j.n_rows = (int64_t)(t->n_bytes / j.in_row);
+    cli_parallel(j.n_rows, conv_rows, &j);
+    return (size_t)j.n_rows * j.out_row;
+}
+
+/* Drops the input pages of a tensor already written, so resident memory
+ * stays about one tensor instead of growing to the whole input. The reader
+ * maps the file read-only (gguf.h), so this only discards clean page-cache
+ * pages; they would be read again from the file if touched. */
+static void release_input(const gguf_tensor *t) {
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    uintptr_t lo = ((uintptr_t)t->data + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)t->data + t->n_bytes) & ~(uintptr_t)(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+typedef struct quant_state {
+    gguf_file *f;
+    kt_dtype target;
+    unsigned char *buf; /* one converted tensor */
+    float *scratch;     /* per-thread rows */
+} quant_state;
+
+static kt_status write_tensors(gguf_writer *w, quant_state *q, kt_error *err) {
+    cli_progress prog;
+    uint64_t total = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(q->f); i++) total += gguf_tensor_at(q->f, i)->n_bytes;
+    cli_progress_start(&prog, total);
+    kt_status st = KT_OK;
+    char name[NAME_CAP];
+    for (int64_t i = 0; i < gguf_n_tensors(q->f) && st == KT_OK; i++) {
+        const gguf_tensor *t = gguf_tensor_at(q->f, i);
+        kt_dtype to = out_type(t, q->target);
+        if (to == t->type) {
+            st = gguf_writer_write_tensor(w, t->data, t->n_bytes, err);
+        } else {
+            size_t n = convert_tensor(t, to, q->buf, q->scratch);
+            st = gguf_writer_write_tensor(w, q->buf, n, err);
+        }
+        release_input(t);
+        copy_name(t->name, name);
+        cli_progress_add(&prog, t->n_bytes, name);
+    }
+    cli_progress_end(&prog);
+    return st;
+}
+
+/* Allocates the conversion buffers: one output tensor, and one float row
+ * per thread of the longest converted row. */
+static kt_status alloc_buffers(quant_state *q, size_t max_bytes, kt_error *err) {
+    int64_t max_row = 1;
+    for (int64_t i = 0; i < gguf_n_tensors(q->f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(q->f, i);
+        if (out_type(t, q->target) != t->type && t->dims[0] > max_row) max_row = t->dims[0];
+    }
+    q->buf = malloc(max_bytes ? max_bytes : 1);
+    q->scratch = malloc((size_t)max_row * CLI_MAX_THREADS * sizeof(float));
+    if (!q->buf || !q->scratch)
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory (%zu bytes for one tensor)",
+                            max_bytes);
+    return KT_OK;
+}
+
+static kt_status write_output(quant_state *q, const char *out, kt_error *err) {
+    gguf_writer *w = gguf_writer_new(err);
+    if (!w) return err ? err->status : KT_ERR_NOMEM;
+    kt_status st = copy_metadata(w, q->f, q->target, err);
+    if (st == KT_OK) st = declare_tensors(w, q->f, q->target, err);
+    if (st == KT_OK) st = gguf_writer_begin(w, out, err);
+    if (st == KT_OK) st = write_tensors(w, q, err);
+    if (st == KT_OK) st = gguf_writer_finish(w, err);
+    gguf_writer_free(w);
+    return st;
+}
+
+static kt_status run_quantize(const char *in, const char *out, kt_dtype target,
+                              kt_error *err) {
+    size_t max_bytes;
+    quant_state q = {gguf_open(in, err), target, NULL, NULL};
+    if (!q.f) return err ? err->status : KT_ERR_IO;
+    kt_status st = check_plan(q.f, target, &max_bytes, err);
+    if (st == KT_OK) st = alloc_buffers(&q, max_bytes, err);
+    if (st == KT_OK) st = write_output(&q, out, err);
+    free(q.buf);
+    free(q.scratch);
+    gguf_close(q.f);
+    return st;
+}
+
+int cmd_quantize(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
+    for (int i = 1; i < argc; i++)
+        if (argv[i][0] == '-' && argv[i][1])
+            return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
+    if (argc != 4) return cli_usage_error(CMD, "expected IN.gguf OUT.gguf TYPE");
+    int target = cli_parse_out_type(argv[3]);
+    if (target < 0)
+        return cli_usage_error(CMD, "unknown type '%s' (expected one of %s)", argv[3],
+                               cli_out_type_list());
+    kt_error err = {0};
+    double t0 = kt_time_ms();
+    if (run_quantize(argv[1], argv[2], (kt_dtype)target, &err) != KT_OK)
+        return cli_fail(CMD, &err);
+    fprintf(stderr, "kettle quantize: wrote %s (%s) in %.1f s\n", argv[2],
+            kt_dtype_name((uint32_t)target), (kt_time_ms() - t0) / 1e3);
+    return 0;
+}

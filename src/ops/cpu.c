@@ -1,0 +1,88 @@
+/*
+ * cpu.c - run-time CPU feature detection; see cpu.h.
+ *
+ * The AVX2 kernels need AVX2, FMA and F16C from the CPU (cpuid) and the OS
+ * saving the YMM registers on context switches (OSXSAVE set and XCR0 bits 1
+ * and 2, read with xgetbv). The answer is computed once and cached;
+ * KETTLE_NO_SIMD=1 (read at that moment) or kt_cpu_force_scalar() turns the
+ * SIMD kernels off.
+ */
+#include "ops/cpu.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define KT_X86 1
+#endif
+
+typedef struct cpu_info {
+    bool avx, avx2, fma, f16c, avx512f, os_ymm;
+} cpu_info;
+
+static cpu_info detect(void) {
+    cpu_info c = {0};
+#ifdef KT_X86
+    unsigned a, b, cx, d;
+    if (!__get_cpuid(1, &a, &b, &cx, &d)) return c;
+    bool osxsave = (cx >> 27) & 1;
+    c.avx = (cx >> 28) & 1;
+    c.fma = (cx >> 12) & 1;
+    c.f16c = (cx >> 29) & 1;
+    if (osxsave) {
+        /* xgetbv(0): XCR0; bit 1 = SSE state, bit 2 = AVX (YMM) state */
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        c.os_ymm = (lo & 6u) == 6u;
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &cx, &d)) {
+        c.avx2 = (b >> 5) & 1;
+        c.avx512f = (b >> 16) & 1;
+    }
+#endif
+    return c;
+}
+
+static bool env_no_simd(void) {
+    const char *v = getenv("KETTLE_NO_SIMD");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* -1: not yet known; 0/1: the answer */
+static _Atomic int g_has_avx2 = -1;
+static _Atomic int g_forced_scalar = 0;
+
+bool kt_cpu_has_avx2(void) {
+    if (atomic_load_explicit(&g_forced_scalar, memory_order_relaxed)) return false;
+    int v = atomic_load_explicit(&g_has_avx2, memory_order_relaxed);
+    if (v < 0) { /* racing first callers compute the same answer */
+        cpu_info c = detect();
+        v = c.avx && c.avx2 && c.fma && c.f16c && c.os_ymm && !env_no_simd();
+        atomic_store_explicit(&g_has_avx2, v, memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+void kt_cpu_force_scalar(bool on) {
+    atomic_store(&g_forced_scalar, on ? 1 : 0);
+}
+
+static char g_features[128];
+static pthread_once_t g_features_once = PTHREAD_ONCE_INIT;
+
+static void describe(void) {
+    cpu_info c = detect();
+    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
+             c.avx2 ? "AVX2 " : "", c.fma ? "FMA " : "", c.f16c ? "F16C " : "",
+             c.avx512f ? "AVX512F " : "",
+             kt_cpu_has_avx2() ? "(AVX2 kernels)" : "(scalar kernels)");
+}
+
+const char *kt_cpu_features(void) {
+    pthread_once(&g_features_once, describe);
+    return g_features;
+}

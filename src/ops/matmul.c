@@ -1,0 +1,237 @@
+/*
+ * matmul.c - the reference matmul, the scalar fallback, and the dispatcher
+ * that quantizes activations and splits rows over the pool; see matmul.h.
+ *
+ * The specification (kt_matmul_ref):
+ *   - F32/F16/BF16 weights: out = sum_i float(W[r][i]) * x[i], summed in
+ *     float in the order i = 0, 1, 2, ...
+ *   - Q8_0/Q4_0 weights: each activation row is quantized to Q8_0 blocks
+ *     with the reference quantizer (quant.c); per block b the integer dot
+ *     product isum_b of the weight and activation values is exact, and
+ *     out = sum_b (float)isum_b * (d_w[b] * d_x[b]), summed in float in
+ *     block order.
+ *
+ * The AVX2 kernels (matmul_avx2.c) compute the same quantities (the
+ * integer parts exactly) and differ only in float summation order: they
+ * keep 8 lanes per output and add them up at the end.
+ *
+ * Batch invariance: every output element is computed by one call of one
+ * kernel over its whole row, in an order that depends only on n_in -- not
+ * on n_tokens, on how rows are split over threads, or on which tile of the
+ * GEMM it falls in. So a token's outputs are bit-identical whether it is
+ * multiplied alone or in a batch. The scalar fallback used with
+ * KETTLE_NO_SIMD is bit-identical to kt_matmul_ref.
+ *
+ * Threads: rows are split into contiguous ranges whose boundaries are
+ * multiples of 16 rows (64 bytes of floats), so no two threads write the
+ * same cache line of an output row.
+ */
+#include "ops/matmul.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/fp16.h"
+#include "ops/cpu.h"
+#include "ops/internal.h"
+#include "ops/quant.h"
+
+#define ROW_GRAIN 16 /* thread row ranges start on multiples of this */
+
+bool kt_matmul_supported(kt_dtype wtype) {
+    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
+           wtype == KT_Q4_0;
+}
+
+static bool is_quant(kt_dtype t) {
+    return t == KT_Q8_0 || t == KT_Q4_0;
+}
+
+/* ---- scalar building blocks (shared by the reference and the fallback) */
+
+/* float(W[i]) of a row of a plain type */
+static float weight_at(const void *row, kt_dtype t, int i) {
+    switch (t) {
+    case KT_F16: return kt_fp16_to_fp32(((const uint16_t *)row)[i]);
+    case KT_BF16: return kt_bf16_to_fp32(((const uint16_t *)row)[i]);
+    default: return ((const float *)row)[i];
+    }
+}
+
+static float dot_float_ref(const void *row, kt_dtype t, const float *x, int n) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) sum += weight_at(row, t, i) * x[i];
+    return sum;
+}
+
+/* Integer dot product of weight block b of a row with 32 int8 activations. */
+static int32_t idot_block(const void *row, kt_dtype t, int b, const int8_t *xq) {
+    int32_t s = 0;
+    if (t == KT_Q8_0) {
+        const block_q8_0 *blk = (const block_q8_0 *)row + b;
+        for (int j = 0; j < QK8_0; j++) s += blk->qs[j] * xq[j];
+    } else {
+        const block_q4_0 *blk = (const block_q4_0 *)row + b;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            s += ((blk->qs[j] & 0x0F) - 8) * xq[j];
+            s += ((blk->qs[j] >> 4) - 8) * xq[j + QK4_0 / 2];
+        }
+    }
+    return s;
+}
+
+static float block_scale(const void *row, kt_dtype t, int b) {
+    uint16_t d = t == KT_Q8_0 ? ((const block_q8_0 *)row)[b].d : ((const block_q4_0 *)row)[b].d;
+    return kt_fp16_to_fp32(d);
+}
+
+/* One block's term: (float)isum * (d_w * d_x). */
+static float block_term(const void *row, kt_dtype t, int b, const int8_t *xq, float dx) {
+    return (float)idot_block(row, t, b, xq) * (block_scale(row, t, b) * dx);
+}
+
+/* ---- the reference --------------------------------------------------- */
+
+void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, int n_in,
+                   int n_out, int n_tokens) {
+    const size_t row_bytes = kt_dtype_row_bytes(wtype, n_in);
+    if (!kt_matmul_supported(wtype) || row_bytes == 0) {
+        for (long i = 0; i < (long)n_out * n_tokens; i++) out[i] = NAN;
+        return;
+    }
+    for (int t = 0; t < n_tokens; t++) {
+        const float *xt = x + (size_t)t * n_in;
+        float *ot = out + (size_t)t * n_out;
+        if (!is_quant(wtype)) {
+            for (int r = 0; r < n_out; r++)
+                ot[r] = dot_float_ref((const char *)w + r * row_bytes, wtype, xt, n_in);
+            continue;
+        }
+        /* Quantized: one activation block at a time (no heap), adding each
+         * block's term to every row's running sum in block order. */
+        for (int r = 0; r < n_out; r++) ot[r] = 0.0f;
+        for (int b = 0; b < n_in / QK8_0; b++) {
+            int8_t xq[QK8_0];
+            float dx;
+            kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx);
+            for (int r = 0; r < n_out; r++)
+                ot[r] += block_term((const char *)w + r * row_bytes, wtype, b, xq, dx);
+        }
+    }
+}
+
+/* ---- the scalar fallback (threaded; bit-identical to the reference) --- */
+
+static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *x,
+                        const kt_q8_act *xa, int n_in, int n_out, int n_tokens, int r0,
+                        int r1) {
+    const size_t row_bytes = kt_dtype_row_bytes(wtype, n_in);
+    for (int t = 0; t < n_tokens; t++) {
+        for (int r = r0; r < r1; r++) {
+            const void *row = (const char *)w + r * row_bytes;
+            float sum = 0.0f;
+            if (is_quant(wtype)) {
+                for (int b = 0; b < xa->nb; b++) {
+                    size_t k = (size_t)t * xa->nb + b;
+                    sum += block_term(row, wtype, b, xa->qs + k * QK8_0, xa->d[k]);
+                }
+            } else {
+                sum = dot_float_ref(row, wtype, x + (size_t)t * n_in, n_in);
+            }
+            out[(size_t)t * n_out + r] = sum;
+        }
+    }
+}
+
+/* ---- dispatch -------------------------------------------------------- */
+
+typedef struct mm_job {
+    float *out;
+    const void *w;
+    kt_dtype wtype;
+    const float *x;   /* float activations (float weights) */
+    kt_q8_act xa;     /* quantized activations (Q8_0/Q4_0 weights) */
+    int n_in, n_out, n_tokens;
+    bool simd;
+    /* activation quantization job */
+    int8_t *qs;
+    float *d;
+} mm_job;
+
+static void mm_rows(mm_job *j, int r0, int r1) {
+    if (r0 >= r1) return;
+    if (!j->simd) {
+        rows_scalar(j->out, j->w, j->wtype, j->x, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    switch (j->wtype) {
+    case KT_Q8_0:
+        kt_matmul_q8_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_Q4_0:
+        kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    default:
+        kt_matmul_float_avx2(j->out, j->w, j->wtype, j->x, j->n_in, j->n_out, j->n_tokens,
+                             r0, r1);
+        break;
+    }
+#endif
+}
+
+static void mm_task(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    long n_chunks = (j->n_out + ROW_GRAIN - 1) / ROW_GRAIN, lo, hi;
+    kt_split_range(n_chunks, ith, nth, &lo, &hi);
+    int r0 = (int)(lo * ROW_GRAIN), r1 = (int)(hi * ROW_GRAIN);
+    mm_rows(j, r0, r1 < j->n_out ? r1 : j->n_out);
+}
+
+static void quantize_tokens(mm_job *j, int t0, int t1) {
+    for (int t = t0; t < t1; t++) {
+        const float *xt = j->x + (size_t)t * j->n_in;
+        size_t k = (size_t)t * j->xa.nb;
+        if (j->simd) {
+#if defined(__x86_64__) || defined(__i386__)
+            kt_quantize_act_q8_avx2(xt, j->n_in, j->qs + k * QK8_0, j->d + k);
+#endif
+        } else {
+            kt_quantize_act_q8_ref(xt, j->n_in, j->qs + k * QK8_0, j->d + k);
+        }
+    }
+}
+
+static void quantize_task(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    long lo, hi;
+    kt_split_range(j->n_tokens, ith, nth, &lo, &hi);
+    quantize_tokens(j, (int)lo, (int)hi);
+}
+
+void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const float *x,
+               int n_in, int n_out, int n_tokens) {
+    if (n_out <= 0 || n_tokens <= 0) return;
+    if (!kt_matmul_supported(wtype) || kt_dtype_row_bytes(wtype, n_in) == 0) {
+        kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens); /* fills NaN */
+        return;
+    }
+    mm_job j = {.out = out, .w = w, .wtype = wtype, .x = x, .n_in = n_in, .n_out = n_out,
+                .n_tokens = n_tokens, .simd = kt_cpu_has_avx2()};
+    void *owned = NULL;
+    if (is_quant(wtype)) {
+        size_t need = kt_q8_act_bytes(n_in, n_tokens);
+        void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
+        if (!buf) { /* out of memory: still give the right answer, slowly */
+            kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens);
+            return;
+        }
+        j.xa = kt_q8_act_carve(buf, n_in, n_tokens, &j.qs, &j.d);
+        /* one token is ~n_in floats of work: not worth waking the pool */
+        if (n_tokens == 1) quantize_tokens(&j, 0, 1);
+        else kt_pool_run(pool, quantize_task, &j);
+    }
+    kt_pool_run(pool, mm_task, &j);
+    free(owned);
+}

@@ -1,0 +1,187 @@
+/*
+ * ops.c - the scalar reference kernels of ops.h, their dispatchers, and
+ * RoPE (scalar only: it is cheap); the AVX2 versions are in ops_avx2.c.
+ *
+ * The references follow llama.cpp's CPU operations where the golden tests
+ * compare against it:
+ *   - rmsnorm: scale = 1 / sqrtf(sum(x^2) / n + eps), out = (x * scale) * w
+ *     (the sum in float, in order);
+ *   - rope: theta_0 = pos, theta_{i+1} = theta_i * powf(base, -2/rope_dim),
+ *     cosf/sinf of each, exactly as ggml_rope_cache_init builds its table
+ *     (ggml multiplies up the angle rather than calling powf per pair; the
+ *     two differ by a few ulp of theta, which at large positions is more
+ *     than the 1e-5 we want to match llama.cpp by);
+ *   - softmax: e = expf(x - max), x = e * (1 / sum e);
+ *   - swiglu: out = gate / (1 + expf(-gate)) * up;
+ *   - attention: softmax(q.k / sqrt(head_dim)) . v, written as the textbook
+ *     three passes (max, sum, weighted sum) with nothing stored; the fast
+ *     path is the one-pass online softmax in ops_avx2.c.
+ *
+ * Every kernel works on whole rows of one token, so a token's results do
+ * not depend on the batch it is in.
+ */
+#include "ops/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "ops/cpu.h"
+#include "ops/internal.h"
+
+/* ---- rmsnorm -------------------------------------------------------- */
+
+void kt_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+void kt_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    if (kt_cpu_has_avx2()) kt_rmsnorm_avx2(out, x, w, n, eps);
+    else kt_rmsnorm_ref(out, x, w, n, eps);
+}
+
+/* ---- rope ----------------------------------------------------------- */
+
+#define ROPE_CHUNK 64 /* pairs whose cos/sin are computed at a time */
+
+void kt_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float freq_base,
+             kt_rope_style style) {
+    if (rope_dim > head_dim) rope_dim = head_dim;
+    rope_dim &= ~1;
+    const int n_pairs = rope_dim / 2;
+    const float theta_scale = powf(freq_base, -2.0f / (float)rope_dim);
+    float theta = (float)pos;
+    float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+
+    for (int c0 = 0; c0 < n_pairs; c0 += ROPE_CHUNK) {
+        const int nc = n_pairs - c0 < ROPE_CHUNK ? n_pairs - c0 : ROPE_CHUNK;
+        for (int i = 0; i < nc; i++) {
+            cs[i] = cosf(theta);
+            sn[i] = sinf(theta);
+            theta *= theta_scale;
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *xh = x + (size_t)h * head_dim;
+            for (int i = 0; i < nc; i++) {
+                /* the pair's two elements: adjacent, or half a rope_dim apart */
+                const int pi = c0 + i;
+                float *a = style == KT_ROPE_NEOX ? xh + pi : xh + 2 * pi;
+                float *b = style == KT_ROPE_NEOX ? xh + pi + n_pairs : xh + 2 * pi + 1;
+                const float x0 = *a, x1 = *b;
+                *a = x0 * cs[i] - x1 * sn[i];
+                *b = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+/* ---- softmax -------------------------------------------------------- */
+
+void kt_softmax_ref(float *x, int n) {
+    if (n <= 0) return;
+    float max = x[0];
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void kt_softmax(float *x, int n) {
+    if (kt_cpu_has_avx2()) kt_softmax_avx2(x, n);
+    else kt_softmax_ref(x, n);
+}
+
+/* ---- swiglu --------------------------------------------------------- */
+
+void kt_swiglu_ref(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kt_swiglu(float *out, const float *gate, const float *up, int n) {
+    if (kt_cpu_has_avx2()) kt_swiglu_avx2(out, gate, up, n);
+    else kt_swiglu_ref(out, gate, up, n);
+}
+
+/* ---- attention ------------------------------------------------------ */
+
+static float dot_ref(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One (token, head): three passes over the positions, nothing stored. */
+static void attention_head_ref(const kt_attn_args *a, int t, int h) {
+    const int hd = a->head_dim;
+    const int kvh = (int)((long)h * a->n_head_kv / a->n_head); /* = h / group */
+    const float *q = a->q + (size_t)t * a->q_stride + (size_t)h * hd;
+    const float *k = a->k + (size_t)kvh * hd;
+    const float *v = a->v + (size_t)kvh * hd;
+    float *o = a->out + (size_t)t * a->out_stride + (size_t)h * hd;
+    const int n_pos = a->pos0 + t + 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    float max = -INFINITY;
+    for (int p = 0; p < n_pos; p++) {
+        float s = dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale;
+        max = s > max ? s : max;
+    }
+    float sum = 0.0f;
+    for (int p = 0; p < n_pos; p++)
+        sum += expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int p = 0; p < n_pos; p++) {
+        const float e = expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
+        const float *vp = v + (size_t)p * a->kv_stride;
+        for (int d = 0; d < hd; d++) o[d] += e * vp[d];
+    }
+    const float inv = 1.0f / sum;
+    for (int d = 0; d < hd; d++) o[d] *= inv;
+}
+
+static bool attn_args_ok(const kt_attn_args *a) {
+    return a->n_tokens > 0 && a->n_head > 0 && a->n_head_kv > 0 && a->head_dim > 0 &&
+           a->pos0 >= 0 && a->n_head % a->n_head_kv == 0;
+}
+
+void kt_attention_ref(const kt_attn_args *a) {
+    if (!attn_args_ok(a)) return;
+    for (int t = 0; t < a->n_tokens; t++)
+        for (int h = 0; h < a->n_head; h++) attention_head_ref(a, t, h);
+}
+
+typedef struct attn_job {
+    const kt_attn_args *a;
+    bool simd;
+} attn_job;
+
+/* Pairs are numbered head-major (p = h * n_tokens + t) and each thread
+ * takes a contiguous range: a thread keeps to few heads, so the KV rows it
+ * reads are shared between its queries, and every thread gets a similar
+ * mix of short (early) and long (late) tokens. */
+static void attn_task(void *ctx, int ith, int nth) {
+    const attn_job *j = ctx;
+    const kt_attn_args *a = j->a;
+    long lo, hi;
+    kt_split_range((long)a->n_head * a->n_tokens, ith, nth, &lo, &hi);
+    for (long p = lo; p < hi; p++) {
+        int h = (int)(p / a->n_tokens), t = (int)(p % a->n_tokens);
+        if (j->simd) kt_attention_head_avx2(a, t, h);
+        else attention_head_ref(a, t, h);
+    }
+}
+
+void kt_attention(kt_pool *pool, const kt_attn_args *a) {
+    if (!attn_args_ok(a)) return;
+    attn_job j = {a, kt_cpu_has_avx2()};
+    kt_pool_run(pool, attn_task, &j);
+}

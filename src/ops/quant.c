@@ -1,0 +1,192 @@
+/*
+ * quant.c - reference quantizers and dequantizers; see quant.h.
+ *
+ * These are ggml's reference routines (quantize_row_q8_0_ref,
+ * quantize_row_q4_0_ref and the dequantizers) written out again, operation
+ * for operation, because `kettle quantize` must reproduce llama.cpp's bytes
+ * exactly (../shared/docs/FORMATS.md): the same float operations in the
+ * same order, fp32 -> fp16 rounded to nearest even. This file is compiled
+ * without FMA, so `x * id + 8.5f` is two roundings, as in ggml's reference.
+ *
+ * Also here: the scalar quantizer of activations for the matmul kernels
+ * (same numbers as Q8_0, laid out as values and float scales apart; see
+ * internal.h).
+ */
+#include "ops/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/fp16.h"
+#include "ops/internal.h"
+
+bool kt_quantize_supported(kt_dtype type) {
+    return type == KT_F32 || type == KT_F16 || type == KT_BF16 || type == KT_Q8_0 ||
+           type == KT_Q4_0;
+}
+
+bool kt_dequantize_supported(kt_dtype type) {
+    return kt_quantize_supported(type);
+}
+
+/* (int8_t)v for v the compiler may not assume finite: NaN (from NaN or
+ * infinite inputs) becomes 0 instead of undefined behaviour. */
+static int8_t to_i8(float v) {
+    return isnan(v) ? 0 : (int8_t)v;
+}
+
+/* ---- Q8_0 ---------------------------------------------------------------
+ *   amax = max |x|;  d = amax / 127;  id = d ? 1/d : 0;  q = roundf(x * id)
+ */
+
+/* Quantizes 32 values into qs; returns the unrounded float scale d. */
+static float q8_0_block(const float *x, int8_t *qs) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK8_0; j++) {
+        float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < QK8_0; j++) qs[j] = to_i8(roundf(x[j] * id));
+    return d;
+}
+
+static void quantize_row_q8_0(const float *x, block_q8_0 *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d = q8_0_block(x + i * QK8_0, y[i].qs);
+        y[i].d = kt_fp32_to_fp16(d);
+    }
+}
+
+static void dequantize_row_q8_0(const block_q8_0 *y, float *x, int64_t n) {
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const float d = kt_fp16_to_fp32(y[i].d);
+        for (int j = 0; j < QK8_0; j++) x[i * QK8_0 + j] = y[i].qs[j] * d;
+    }
+}
+
+void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d) {
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float di = q8_0_block(x + i * QK8_0, qs + i * QK8_0);
+        d[i] = kt_fp16_to_fp32(kt_fp32_to_fp16(di));
+    }
+}
+
+/* ---- Q4_0 ---------------------------------------------------------------
+ *   max = the x with the largest |x| (sign kept; the first on ties)
+ *   d = max / -8;  id = d ? 1/d : 0;  q = MIN(15, (int8_t)(x * id + 8.5f))
+ * Element j < 16 goes to the low nibble of qs[j], element j + 16 to its
+ * high nibble. Since d has the sign of -max, x * id lies in [-8, 8] and the
+ * nibble in [0, 16] before the clamp.
+ */
+static void quantize_row_q4_0(const float *x, block_q4_0 *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const float *xb = x + i * QK4_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK4_0; j++) {
+            if (amax < fabsf(xb[j])) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        }
+        const float d = max / -8;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kt_fp32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            const float x0 = xb[j] * id;
+            const float x1 = xb[QK4_0 / 2 + j] * id;
+            int8_t q0 = to_i8(x0 + 8.5f), q1 = to_i8(x1 + 8.5f);
+            const uint8_t xi0 = (uint8_t)(q0 < 15 ? q0 : 15);
+            const uint8_t xi1 = (uint8_t)(q1 < 15 ? q1 : 15);
+            y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
+        }
+    }
+}
+
+static void dequantize_row_q4_0(const block_q4_0 *y, float *x, int64_t n) {
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const float d = kt_fp16_to_fp32(y[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            const int x0 = (y[i].qs[j] & 0x0F) - 8;
+            const int x1 = (y[i].qs[j] >> 4) - 8;
+            x[i * QK4_0 + j] = x0 * d;
+            x[i * QK4_0 + j + QK4_0 / 2] = x1 * d;
+        }
+    }
+}
+
+/* ---- the plain types ---------------------------------------------------- */
+
+void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
+    switch (type) {
+    case KT_F32:
+        memcpy(out, x, (size_t)n * sizeof(float));
+        break;
+    case KT_F16: {
+        uint16_t *h = out;
+        for (int64_t i = 0; i < n; i++) h[i] = kt_fp32_to_fp16(x[i]);
+        break;
+    }
+    case KT_BF16: {
+        uint16_t *h = out;
+        for (int64_t i = 0; i < n; i++) h[i] = kt_fp32_to_bf16(x[i]);
+        break;
+    }
+    case KT_Q8_0:
+        quantize_row_q8_0(x, out, n);
+        break;
+    case KT_Q4_0:
+        quantize_row_q4_0(x, out, n);
+        break;
+    default:
+        break; /* unsupported: callers check kt_quantize_supported() */
+    }
+}
+
+void kt_dequantize_row(kt_dtype type, const void *in, float *out, int64_t n) {
+    switch (type) {
+    case KT_F32:
+        memcpy(out, in, (size_t)n * sizeof(float));
+        break;
+    case KT_F16: {
+        const uint16_t *h = in;
+        for (int64_t i = 0; i < n; i++) out[i] = kt_fp16_to_fp32(h[i]);
+        break;
+    }
+    case KT_BF16: {
+        const uint16_t *h = in;
+        for (int64_t i = 0; i < n; i++) out[i] = kt_bf16_to_fp32(h[i]);
+        break;
+    }
+    case KT_Q8_0:
+        dequantize_row_q8_0(in, out, n);
+        break;
+    case KT_Q4_0:
+        dequantize_row_q4_0(in, out, n);
+        break;
+    default:
+        break; /* unsupported: callers check kt_dequantize_supported() */
+    }
+}
+
+/* ---- the activation buffer layout (internal.h) ------------------------- */
+
+#define ACT_ALIGN 64
+
+static size_t align_up(size_t n) {
+    return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN;
+}
+
+size_t kt_q8_act_bytes(int n_in, int n_tokens) {
+    size_t nb = (size_t)(n_in / QK8_0) * (size_t)n_tokens;
+    return align_up(nb * QK8_0) + align_up(nb * sizeof(float)) + ACT_ALIGN;
+}
+
+kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, float **d) {
+    size_t nb = (size_t)(n_in / QK8_0) * (size_t)n_tokens;
+    uintptr_t p = ((uintptr_t)scratch + ACT_ALIGN - 1) & ~(uintptr_t)(ACT_ALIGN - 1);
+    *qs = (int8_t *)p;
+    *d = (float *)(p + align_up(nb * QK8_0));
+    return (kt_q8_act){.qs = *qs, .d = *d, .nb = n_in / QK8_0};
+}

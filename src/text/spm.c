@@ -1,0 +1,345 @@
+/*
+ * spm.c - kt_vocab_encode: SentencePiece-style BPE, as llama.cpp's
+ * llm_tokenizer_spm does it (see the contract in vocab.h).
+ *
+ * Per fragment of text the work is O(n log n) in its UTF-8 characters:
+ * the characters form a doubly linked list of symbols, and a binary
+ * max-heap holds every candidate merge (adjacent pair whose concatenation
+ * is a token), keyed by (score desc, left position asc). Merging a pair
+ * absorbs the right symbol into the left one and pushes at most two new
+ * candidates; stale candidates (a side already absorbed or grown) are
+ * recognised when popped by their recorded size and dropped.
+ *
+ * Invariants relied on:
+ * - Symbols are contiguous byte ranges of the fragment and list
+ *   neighbours are adjacent in it, so a pair's text is one range and is
+ *   looked up without copying.
+ * - Symbol 0 is never absorbed (it has no left neighbour), so the list
+ *   always starts at 0.
+ * - Pushes <= (n - 1) initial + 2 per merge, merges <= n - 1: the heap
+ *   never holds more than 3n entries, which is what is allocated.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "text/utf8.h"
+#include "text/vocab_impl.h"
+
+static const char SPM_SPACE[] = "\xE2\x96\x81"; /* U+2581 "▁" */
+
+typedef struct spm_sym {
+    int32_t prev, next; /* -1 at the ends */
+    uint32_t off, n;    /* byte range in the fragment; n == 0: absorbed */
+    int32_t id;         /* token of the range when known from a merge, else -1 */
+} spm_sym;
+
+typedef struct spm_pair {
+    float score;
+    int32_t left, right;
+    uint32_t size; /* bytes of left + right when pushed */
+    int32_t id;
+} spm_pair;
+
+typedef struct spm_work {
+    char *buf;        /* the normalized fragment */
+    size_t buf_cap;
+    spm_sym *sym;
+    spm_pair *heap;
+    size_t heap_len;
+} spm_work;
+
+/* Where ids go: the first cap are stored, all are counted. */
+typedef struct spm_out {
+    int32_t *ids;
+    int cap;
+    size_t n;
+} spm_out;
+
+static void emit(spm_out *o, int32_t id) {
+    if (o->n < (size_t)o->cap) o->ids[o->n] = id;
+    o->n++;
+}
+
+/* ---- the candidate heap ---------------------------------------------- */
+
+static bool pair_better(const spm_pair *a, const spm_pair *b) {
+    if (a->score != b->score) return a->score > b->score;
+    return a->left < b->left;
+}
+
+static void heap_push(spm_work *w, spm_pair p) {
+    size_t i = w->heap_len++;
+    w->heap[i] = p;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!pair_better(&w->heap[i], &w->heap[parent])) break;
+        spm_pair t = w->heap[i]; w->heap[i] = w->heap[parent]; w->heap[parent] = t;
+        i = parent;
+    }
+}
+
+static spm_pair heap_pop(spm_work *w) {
+    spm_pair top = w->heap[0];
+    w->heap[0] = w->heap[--w->heap_len];
+    size_t i = 0, n = w->heap_len;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && pair_better(&w->heap[l], &w->heap[m])) m = l;
+        if (r < n && pair_better(&w->heap[r], &w->heap[m])) m = r;
+        if (m == i) break;
+        spm_pair t = w->heap[i]; w->heap[i] = w->heap[m]; w->heap[m] = t;
+        i = m;
+    }
+    return top;
+}
+
+/* ---- merging --------------------------------------------------------- */
+
+/* A token that text may merge into: not control, unknown or byte. */
+static int32_t merge_token(const kt_vocab *v, const char *s, size_t n) {
+    int32_t id = kt_vocab_find(v, s, n);
+    if (id < 0) return -1;
+    uint8_t t = v->type[id];
+    if (t == KT_TOKEN_CONTROL || t == KT_TOKEN_UNKNOWN || t == KT_TOKEN_BYTE) return -1;
+    return id;
+}
+
+static void try_pair(const kt_vocab *v, spm_work *w, int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const spm_sym *l = &w->sym[left], *r = &w->sym[right];
+    uint32_t size = l->n + r->n;
+    if (size > v->max_len) return;
+    int32_t id = merge_token(v, w->buf + l->off, size);
+    if (id < 0) return;
+    heap_push(w, (spm_pair){ v->score[id], left, right, size, id });
+}
+
+/* Splits buf[0..len) into one symbol per UTF-8 character; returns how many. */
+static int32_t split_chars(spm_work *w, size_t len) {
+    int32_t n = 0;
+    for (size_t off = 0; off < len; n++) {
+        size_t k = (size_t)kt_utf8_len((uint8_t)w->buf[off]);
+        if (k > len - off) k = len - off; /* cannot happen on valid input */
+        w->sym[n] = (spm_sym){ n - 1, -1, (uint32_t)off, (uint32_t)k, -1 };
+        if (n > 0) w->sym[n - 1].next = n;
+        off += k;
+    }
+    return n;
+}
+
+static void merge_all(const kt_vocab *v, spm_work *w, int32_t n) {
+    w->heap_len = 0;
+    for (int32_t i = 1; i < n; i++) try_pair(v, w, i - 1, i);
+    while (w->heap_len > 0) {
+        spm_pair p = heap_pop(w);
+        spm_sym *l = &w->sym[p.left], *r = &w->sym[p.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != p.size) continue; /* stale */
+        l->n += r->n;
+        l->id = p.id;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0) w->sym[r->next].prev = p.left;
+        try_pair(v, w, l->prev, p.left);
+        try_pair(v, w, p.left, l->next);
+    }
+}
+
+/* A final symbol: its token, else its bytes as byte tokens, else unk. */
+static kt_status emit_symbol(const kt_vocab *v, const spm_sym *s, const char *buf,
+                             spm_out *o, kt_error *err) {
+    int32_t id = s->id >= 0 ? s->id : merge_token(v, buf + s->off, s->n);
+    if (id >= 0) {
+        emit(o, id);
+        return KT_OK;
+    }
+    bool all_bytes = true;
+    for (uint32_t j = 0; j < s->n; j++)
+        if (v->byte_token[(uint8_t)buf[s->off + j]] < 0) all_bytes = false;
+    if (all_bytes) {
+        for (uint32_t j = 0; j < s->n; j++) emit(o, v->byte_token[(uint8_t)buf[s->off + j]]);
+        return KT_OK;
+    }
+    if (v->unk < 0)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                            "cannot encode '%.*s': no token, no byte tokens and no unknown token",
+                            (int)s->n, buf + s->off);
+    emit(o, v->unk);
+    return KT_OK;
+}
+
+/* ---- fragments ------------------------------------------------------- */
+
+/* Room for a normalized fragment of `bytes` bytes: that many symbols at
+ * most, and 3 candidates per symbol (see the invariants above). */
+static bool work_reserve(spm_work *w, size_t bytes) {
+    if (bytes <= w->buf_cap) return true;
+    char *b = realloc(w->buf, bytes);
+    if (b) w->buf = b;
+    spm_sym *s = b ? realloc(w->sym, bytes * sizeof *s) : NULL;
+    if (s) w->sym = s;
+    spm_pair *h = s ? realloc(w->heap, 3 * bytes * sizeof *h) : NULL;
+    if (!h) return false;
+    w->heap = h;
+    w->buf_cap = bytes;
+    return true;
+}
+
+/* "▁"-prefixes (when asked) and escapes spaces into w->buf; returns length. */
+static size_t normalize(spm_work *w, const char *s, size_t n, bool prefix) {
+    size_t o = 0;
+    if (prefix) {
+        memcpy(w->buf, SPM_SPACE, 3);
+        o = 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(w->buf + o, SPM_SPACE, 3);
+            o += 3;
+        } else {
+            w->buf[o++] = s[i];
+        }
+    }
+    return o;
+}
+
+static kt_status encode_fragment(const kt_vocab *v, spm_work *w, const char *s, size_t n,
+                                 bool prefix, spm_out *o, kt_error *err) {
+    size_t need = 3 * n + 3; /* worst case: every byte a space, plus prefix */
+    if (!work_reserve(w, need))
+        return kt_error_set(err, KT_ERR_NOMEM, "tokenizer: out of memory (%zu bytes of text)", n);
+    size_t len = normalize(w, s, n, prefix);
+    int32_t n_sym = split_chars(w, len);
+    merge_all(v, w, n_sym);
+    for (int32_t i = 0; n_sym > 0 && i != -1; i = w->sym[i].next) {
+        kt_status st = emit_symbol(v, &w->sym[i], w->buf, o, err);
+        if (st != KT_OK) return st;
+    }
+    return KT_OK;
+}
+
+/* A piece of the input: raw text to encode, or a user-defined token. */
+typedef struct spm_frag {
+    size_t off, len;
+    int32_t id; /* -1: raw text */
+} spm_frag;
+
+typedef struct frag_list {
+    spm_frag *f;
+    size_t n, cap;
+} frag_list;
+
+static bool frag_add(frag_list *l, size_t off, size_t len, int32_t id) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        spm_frag *f = realloc(l->f, cap * sizeof *f);
+        if (!f) return false;
+        l->f = f;
+        l->cap = cap;
+    }
+    l->f[l->n++] = (spm_frag){ off, len, id };
+    return true;
+}
+
+/* Splits every raw fragment of `in` at the occurrences of token id
+ * (leftmost first, not overlapping) into `out`. */
+static bool split_on(const kt_vocab *v, const char *text, const frag_list *in, int32_t id,
+                     frag_list *out) {
+    const char *tok = v->arena + v->off[id];
+    size_t tl = v->len[id];
+    out->n = 0;
+    for (size_t k = 0; k < in->n; k++) {
+        spm_frag f = in->f[k];
+        if (f.id >= 0 || f.len < tl) {
+            if (!frag_add(out, f.off, f.len, f.id)) return false;
+            continue;
+        }
+        size_t pos = f.off, end = f.off + f.len;
+        const char *hit;
+        while (end - pos >= tl && (hit = memmem(text + pos, end - pos, tok, tl)) != NULL) {
+            size_t at = (size_t)(hit - text);
+            if (at > pos && !frag_add(out, pos, at - pos, -1)) return false;
+            if (!frag_add(out, at, tl, id)) return false;
+            pos = at + tl;
+        }
+        if (pos < end && !frag_add(out, pos, end - pos, -1)) return false;
+    }
+    return true;
+}
+
+/* The fragments of text after splitting out every user-defined token. */
+static bool partition(const kt_vocab *v, const char *text, size_t len, frag_list *res) {
+    frag_list a = { 0 }, b = { 0 };
+    if (len > 0 && !frag_add(&a, 0, len, -1)) return false;
+    for (int u = 0; u < v->n_user; u++) {
+        if (!split_on(v, text, &a, v->user[u], &b)) {
+            free(a.f);
+            free(b.f);
+            return false;
+        }
+        frag_list t = a; a = b; b = t;
+    }
+    free(b.f);
+    *res = a;
+    return true;
+}
+
+/* ---- entry point ----------------------------------------------------- */
+
+static kt_status check_args(const kt_vocab *v, const char *text, size_t len, bool add_bos,
+                            const int32_t *ids, int cap, kt_error *err) {
+    size_t bad;
+    if (!v || (!text && len > 0) || cap < 0 || (!ids && cap > 0))
+        return kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: invalid arguments");
+    if (len > (size_t)INT_MAX / 4)
+        return kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: text too long (%zu bytes)", len);
+    if (add_bos && v->bos < 0)
+        return kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: the vocabulary has no BOS token");
+    if (len > 0 && !kt_utf8_valid(text, len, &bad))
+        return kt_error_set(err, KT_ERR_ARG, "text is not valid UTF-8 (at byte offset %zu)", bad);
+    return KT_OK;
+}
+
+static kt_status encode_all(const kt_vocab *v, const char *text, const frag_list *fr,
+                            spm_out *o, kt_error *err) {
+    spm_work w = { 0 };
+    kt_status st = KT_OK;
+    bool prev_special = true; /* the first fragment is prefixed too */
+    for (size_t k = 0; k < fr->n && st == KT_OK; k++) {
+        const spm_frag *f = &fr->f[k];
+        if (f->id >= 0) {
+            emit(o, f->id);
+            prev_special = true;
+        } else {
+            st = encode_fragment(v, &w, text + f->off, f->len,
+                                 v->add_space_prefix && prev_special, o, err);
+            prev_special = false;
+        }
+    }
+    free(w.buf);
+    free(w.sym);
+    free(w.heap);
+    return st;
+}
+
+int kt_vocab_encode(const kt_vocab *v, const char *text, size_t len, bool add_bos,
+                    int32_t *ids, int cap, kt_error *err) {
+    if (check_args(v, text, len, add_bos, ids, cap, err) != KT_OK) return -1;
+    spm_out o = { ids, cap, 0 };
+    if (add_bos) emit(&o, v->bos);
+    frag_list fr = { 0 };
+    if (!partition(v, text, len, &fr)) {
+        kt_error_set(err, KT_ERR_NOMEM, "tokenizer: out of memory");
+        return -1;
+    }
+    kt_status st = encode_all(v, text, &fr, &o, err);
+    free(fr.f);
+    if (st != KT_OK) return -1;
+    /* ids <= bytes of the normalized text <= 3 * len + 3 per fragment. */
+    if (o.n > (size_t)INT_MAX) {
+        kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: too many tokens");
+        return -1;
+    }
+    return (int)o.n;
+}
