@@ -926,6 +926,18 @@ static void test_hostile_header(void **state) {
     put64(&h, h.n_tensors, UINT64_MAX);
     expect_fail(&h, KT_ERR_FORMAT, "tensor count", "absurd");
     put64(&h, h.n_tensors, 2);
+    /* Counts that fit the file but exceed the reader's limit. */
+    size_t big = 24 + 64 + 13 * ((1u << 20) + 1);
+    uint8_t *p = calloc(1, big);
+    assert_non_null(p);
+    memcpy(p, h.b.p, 24);
+    uint64_t n = (1u << 20) + 1;
+    memcpy(p + h.n_kv, &n, 8);
+    kt_error err = {0};
+    assert_null(gguf_open_buffer(p, big, "big.gguf", &err));
+    assert_int_equal(err.status, KT_ERR_UNSUPPORTED);
+    assert_contains(err.msg, "above the limit");
+    free(p);
     expect_fail_n(&h, 3, KT_ERR_FORMAT, "truncated", NULL);
     expect_fail_n(&h, 6, KT_ERR_FORMAT, "truncated", "version");
     expect_fail_n(&h, 20, KT_ERR_FORMAT, "truncated", "key count");

@@ -25,8 +25,20 @@ kt_status kt_error_wrap(kt_error *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
+    /* Compose "prefix: old" by hand, truncating the old text at the end. */
     char old[sizeof err->msg];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    old[sizeof old - 1] = 0;
+    size_t cap = sizeof err->msg - 1, n = strlen(prefix);
+    if (n > cap) n = cap;
+    memcpy(err->msg, prefix, n);
+    const char *rest[2] = {": ", old};
+    for (int i = 0; i < 2; i++) {
+        size_t m = strlen(rest[i]);
+        if (m > cap - n) m = cap - n;
+        memcpy(err->msg + n, rest[i], m);
+        n += m;
+    }
+    err->msg[n] = 0;
     return err->status;
 }

@@ -21,7 +21,8 @@ bool cli_wants_help(int argc, char **argv) {
     return false;
 }
 
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **value) {
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name,
+            const char **value) {
     const char *a = argv[*i];
     size_t n = strlen(name);
     if (strncmp(a, name, n) != 0) return 0;
@@ -31,7 +32,7 @@ int cli_opt(int argc, char **argv, int *i, const char *name, const char **value)
     }
     if (a[n] != '\0') return 0;
     if (*i + 1 >= argc) {
-        fprintf(stderr, "kettle: option %s needs a value\n", name);
+        cli_usage_error(cmd, "option %s needs a value", name);
         return -1;
     }
     *value = argv[++*i];

@@ -24,9 +24,10 @@ bool cli_wants_help(int argc, char **argv);
 
 /* Matches option `name` at argv[*i], as "--name VALUE" or "--name=VALUE".
  * Returns 1 and sets *value (advancing *i past a separate value), 0 if
- * argv[*i] is not this option, -1 if the value is missing (message
- * printed). */
-int cli_opt(int argc, char **argv, int *i, const char *name, const char **value);
+ * argv[*i] is not this option, -1 if the value is missing (usage message
+ * printed, naming command `cmd`). */
+int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name,
+            const char **value);
 
 /* Parses a whole decimal (or 0x hex) unsigned number; false if invalid. */
 bool cli_parse_u64(const char *s, uint64_t *out);

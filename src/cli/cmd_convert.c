@@ -157,8 +157,10 @@ static kt_status check_size(const l2c_file *c, kt_error *err) {
                         " bytes: %s", c->path, c->size, k->dim, k->hidden, k->n_layers,
                         k->n_heads, k->n_kv_heads, k->vocab,
                         k->shared ? "shared" : "unshared", k->seq_len, c->lay.end,
-                        (uint64_t)c->size < c->lay.end ? "truncated" : "trailing data, or not "
-                        "a llama2.c v0 float checkpoint");
+                        (uint64_t)c->size >= c->lay.end ? "trailing data, or not a llama2.c "
+                        "v0 float checkpoint" : k->shared ? "truncated" : "truncated (a "
+                        "negative vocab_size means an unshared classifier follows the "
+                        "weights)");
 }
 
 static kt_status map_file(l2c_file *c, kt_error *err) {
@@ -346,9 +348,9 @@ static int parse_args(int argc, char **argv, convert_args *a) {
     int n_pos = 0;
     for (int i = 1; i < argc; i++) {
         int r;
-        if ((r = cli_opt(argc, argv, &i, "-o", &a->out)) ||
-            (r = cli_opt(argc, argv, &i, "--output", &a->out)) ||
-            (r = cli_opt(argc, argv, &i, "--name", &a->name))) {
+        if ((r = cli_opt(CMD, argc, argv, &i, "-o", &a->out)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--output", &a->out)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--name", &a->name))) {
             if (r < 0) return 2;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_usage_error(CMD, "unknown option '%s'", argv[i]);

@@ -325,12 +325,12 @@ static kt_status run_gen(const gen_args *a, kt_error *err) {
 static int parse_opts(int argc, char **argv, gen_args *a) {
     for (int i = 1; i < argc; i++) {
         int r;
-        if ((r = cli_opt(argc, argv, &i, "--shape", &a->shape_name)) ||
-            (r = cli_opt(argc, argv, &i, "--type", &a->type_name)) ||
-            (r = cli_opt(argc, argv, &i, "--vocab", &a->vocab)) ||
-            (r = cli_opt(argc, argv, &i, "--seed", &a->seed_str)) ||
-            (r = cli_opt(argc, argv, &i, "-o", &a->out)) ||
-            (r = cli_opt(argc, argv, &i, "--output", &a->out))) {
+        if ((r = cli_opt(CMD, argc, argv, &i, "--shape", &a->shape_name)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--type", &a->type_name)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--vocab", &a->vocab)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--seed", &a->seed_str)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "-o", &a->out)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--output", &a->out))) {
             if (r < 0) return 2;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_usage_error(CMD, "unknown option '%s'", argv[i]);

@@ -38,6 +38,9 @@
 #define MIN_KV_BYTES 13    /* key length (8) + type (4) + a u8 value (1) */
 #define MIN_TENSOR_BYTES 32 /* name length, n_dims, one dim, type, offset */
 #define SHOW_MAX 64        /* bytes of a name quoted in a message */
+/* Far beyond any real model (a few hundred keys, at most some thousands of
+ * tensors); bounds what a hostile header can make us allocate. */
+#define MAX_COUNT ((uint64_t)1 << 20)
 
 /* ---- the parsed file ---------------------------------------------------- */
 
@@ -53,12 +56,15 @@ typedef struct gguf_kv {
     uint64_t *arr_str_off; /* string arrays: file offset of each length */
 } gguf_kv;
 
-/* Open addressing, linear probing; idx < 0 marks an empty slot. The table
- * has at least twice as many slots as entries, so probing ends. */
+/* Open addressing, linear probing; a slot holds entry idx1 - 1, and
+ * idx1 == 0 marks it empty, so a calloc'ed table is empty and its pages are
+ * only touched as entries arrive (a hostile count costs address space, not
+ * memory). The table has at least twice as many slots as entries, so
+ * probing ends. */
 typedef struct name_slot {
     const char *ptr;
     uint64_t len;
-    int64_t idx;
+    int64_t idx1;
 } name_slot;
 
 typedef struct name_index {
@@ -90,9 +96,8 @@ static uint64_t hash_bytes(const char *p, uint64_t len) {
 static bool index_init(name_index *ix, int64_t n) {
     uint64_t cap = 8;
     while (cap < 2 * (uint64_t)n) cap *= 2;
-    ix->slots = malloc(cap * sizeof *ix->slots);
+    ix->slots = calloc(cap, sizeof *ix->slots);
     if (!ix->slots) return false;
-    for (uint64_t i = 0; i < cap; i++) ix->slots[i].idx = -1;
     ix->mask = cap - 1;
     return true;
 }
@@ -102,7 +107,7 @@ static name_slot *index_slot(const name_index *ix, const char *p, uint64_t len) 
     uint64_t h = hash_bytes(p, len) & ix->mask;
     for (;;) {
         name_slot *s = &ix->slots[h];
-        if (s->idx < 0 || (s->len == len && memcmp(s->ptr, p, len) == 0)) return s;
+        if (s->idx1 == 0 || (s->len == len && memcmp(s->ptr, p, len) == 0)) return s;
         h = (h + 1) & ix->mask;
     }
 }
@@ -111,14 +116,14 @@ static name_slot *index_slot(const name_index *ix, const char *p, uint64_t len) 
  * already there, else -1. Relies on the table having room (index_init). */
 static int64_t index_insert(name_index *ix, gguf_str s, int64_t idx) {
     name_slot *slot = index_slot(ix, s.ptr, s.len);
-    if (slot->idx >= 0) return slot->idx;
-    *slot = (name_slot){s.ptr, s.len, idx};
+    if (slot->idx1 != 0) return slot->idx1 - 1;
+    *slot = (name_slot){s.ptr, s.len, idx + 1};
     return -1;
 }
 
 static int64_t index_find(const name_index *ix, const char *name) {
     if (!ix->slots || !name) return -1;
-    return index_slot(ix, name, strlen(name))->idx;
+    return index_slot(ix, name, strlen(name))->idx1 - 1;
 }
 
 static uint64_t rd_u64(const uint8_t *p) {
@@ -277,6 +282,10 @@ static bool read_header(reader *r, gguf_file *f) {
         return fail(r, KT_ERR_FORMAT,
                     "tensor count %" PRIu64 " and key count %" PRIu64
                     " absurd for file size %" PRIu64, nt, nkv, r->size);
+    if (nt > MAX_COUNT || nkv > MAX_COUNT)
+        return fail(r, KT_ERR_UNSUPPORTED,
+                    "tensor count %" PRIu64 " or key count %" PRIu64 " above the limit of %" PRIu64,
+                    nt, nkv, MAX_COUNT);
     f->n_tensors = (int64_t)nt;
     f->n_kv = (int64_t)nkv;
     return true;

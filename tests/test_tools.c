@@ -1,0 +1,490 @@
+/*
+ * test_tools.c - end-to-end tests of the file tools, run through the
+ * kettle binary: info, convert, quantize and gen-model.
+ *
+ * The references are independent: llama.cpp's own conversion of
+ * stories260K (convert must reproduce every tensor byte for byte, which
+ * also proves llama2.c's Q/K layout needs no permutation) and llama.cpp's
+ * --pure quantizations of test-tiny (quantize must reproduce every tensor
+ * byte for byte). Outputs are compared through our GGUF reader. Bad inputs
+ * must fail with the documented exit code and a message that says what is
+ * wrong.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf/gguf.h"
+#include "testutil.h"
+
+/* ---- helpers ---- */
+
+/* Runs "KT_BIN args", returns the exit status; *out / *err get stdout and
+ * stderr (caller frees; may be NULL). */
+static int kettle(const char *args, char **out, char **err) {
+    char cmd[16384];
+    int n = snprintf(cmd, sizeof cmd, "%s %s", KT_BIN, args);
+    assert_true(n > 0 && (size_t)n < sizeof cmd);
+    return tu_run(cmd, out, err);
+}
+
+/* Like kettle() but checks the status and that stderr contains `msg`. */
+static void expect_fail(const char *args, int status, const char *msg) {
+    char *err = NULL;
+    int rc = kettle(args, NULL, &err);
+    if (rc != status || !err || !strstr(err, msg))
+        fail_msg("kettle %s: exit %d (want %d), stderr: %s (want '%s')", args, rc, status,
+                 err ? err : "(none)", msg);
+    free(err);
+}
+
+static void expect_ok(const char *args) {
+    char *err = NULL;
+    int rc = kettle(args, NULL, &err);
+    if (rc != 0) fail_msg("kettle %s: exit %d, stderr: %s", args, rc, err ? err : "");
+    free(err);
+}
+
+static char *path_dup(const char *p) {
+    char *s = strdup(p);
+    assert_non_null(s);
+    return s;
+}
+
+static char *shared(const char *rel) { return path_dup(tu_shared(rel)); }
+static char *tmp(const char *name) { return path_dup(tu_tmp(name)); }
+
+static gguf_file *open_ok(const char *path) {
+    kt_error err = {0};
+    gguf_file *f = gguf_open(path, &err);
+    if (!f) fail_msg("gguf_open %s: %s", path, err.msg);
+    return f;
+}
+
+static bool same_shape(const gguf_tensor *a, const gguf_tensor *b) {
+    if (a->n_dims != b->n_dims || a->type != b->type || a->n_bytes != b->n_bytes) return false;
+    for (uint32_t d = 0; d < a->n_dims; d++)
+        if (a->dims[d] != b->dims[d]) return false;
+    return true;
+}
+
+/* Every tensor of ref exists in got with the same shape, type and bytes
+ * (names in `skip` excepted); returns how many were compared. */
+static int64_t expect_same_tensors(const gguf_file *got, const gguf_file *ref,
+                                   const char *skip) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(ref); i++) {
+        const gguf_tensor *r = gguf_tensor_at(ref, i);
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)r->name.len, r->name.ptr);
+        if (skip && !strcmp(name, skip)) continue;
+        const gguf_tensor *g = gguf_tensor_find(got, name);
+        if (!g) fail_msg("tensor %s missing", name);
+        if (!same_shape(g, r)) fail_msg("tensor %s: shape or type differs", name);
+        if (memcmp(g->data, r->data, r->n_bytes) != 0) fail_msg("tensor %s: bytes differ", name);
+        n++;
+    }
+    return n;
+}
+
+static int64_t get_i64(const gguf_file *f, const char *key) {
+    int64_t v = -12345;
+    if (!gguf_get_i64(f, key, -12345, &v)) fail_msg("key %s missing or not an integer", key);
+    return v;
+}
+
+static void expect_same_i64(const gguf_file *a, const gguf_file *b, const char *key) {
+    int64_t va = get_i64(a, key), vb = get_i64(b, key);
+    if (va != vb) fail_msg("%s: %lld vs %lld", key, (long long)va, (long long)vb);
+}
+
+static bool files_equal(const char *a, const char *b) {
+    size_t na, nb;
+    char *da = tu_read_file(a, &na), *db = tu_read_file(b, &nb);
+    bool eq = da && db && na == nb && memcmp(da, db, na) == 0;
+    free(da);
+    free(db);
+    return eq;
+}
+
+static bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* ---- info ---- */
+
+static void test_info(void **state) {
+    (void)state;
+    char *model = shared("models/stories260K.gguf"), args[4096], *out = NULL;
+    snprintf(args, sizeof args, "info %s", model);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    assert_non_null(out);
+    static const char *WANT[] = {
+        "version     3", "alignment   32", "general.architecture", "\"llama\"",
+        "llama.embedding_length", "tokenizer.ggml.tokens", "array[string] x 512",
+        "[\"<unk>\", \"<s>\", \"</s>\"", "9.99999975e-06", "blk.4.ffn_up.weight",
+        "64 x 172", "totals: 48 tensors, 1171200 bytes", "F32        48 tensors"};
+    for (size_t i = 0; i < sizeof WANT / sizeof WANT[0]; i++)
+        if (!strstr(out, WANT[i])) fail_msg("info output lacks '%s':\n%s", WANT[i], out);
+    free(out);
+    free(model);
+}
+
+static void test_info_errors(void **state) {
+    (void)state;
+    char *tok = shared("models/tok512.bin"), args[4096], *out = NULL;
+    expect_fail("info", 2, "expected one MODEL");
+    expect_fail("info a.gguf b.gguf", 2, "expected one MODEL");
+    expect_fail("info /nonexistent/x.gguf", 1, "/nonexistent/x.gguf");
+    snprintf(args, sizeof args, "info %s", tok);
+    expect_fail(args, 1, "tok512.bin");
+    assert_int_equal(kettle("info --help", &out, NULL), 0);
+    assert_non_null(strstr(out, "usage: kettle info"));
+    free(out);
+    free(tok);
+}
+
+/* ---- convert ---- */
+
+static void expect_same_vocab(const gguf_file *a, const gguf_file *b) {
+    int64_t ka = gguf_find_key(a, "tokenizer.ggml.tokens");
+    int64_t kb = gguf_find_key(b, "tokenizer.ggml.tokens");
+    assert_true(ka >= 0 && kb >= 0);
+    assert_int_equal(gguf_kv_arr_n(a, ka), gguf_kv_arr_n(b, kb));
+    for (uint64_t j = 0; j < gguf_kv_arr_n(a, ka); j++) {
+        gguf_str sa = gguf_kv_arr_str(a, ka, j), sb = gguf_kv_arr_str(b, kb, j);
+        if (sa.len != sb.len || memcmp(sa.ptr, sb.ptr, sa.len))
+            fail_msg("token %llu differs", (unsigned long long)j);
+    }
+    static const char *ARRAYS[] = {"tokenizer.ggml.scores", "tokenizer.ggml.token_type"};
+    for (int i = 0; i < 2; i++) {
+        ka = gguf_find_key(a, ARRAYS[i]);
+        kb = gguf_find_key(b, ARRAYS[i]);
+        assert_true(ka >= 0 && kb >= 0);
+        assert_int_equal(gguf_kv_arr_n(a, ka), gguf_kv_arr_n(b, kb));
+        assert_memory_equal(gguf_kv_arr_data(a, ka), gguf_kv_arr_data(b, kb),
+                            gguf_kv_arr_n(a, ka) * 4);
+    }
+}
+
+static void test_convert_matches_llamacpp(void **state) {
+    (void)state;
+    char *bin = shared("models/stories260K.bin"), *tok = shared("models/tok512.bin");
+    char *refp = shared("models/stories260K.gguf"), *outp = tmp("conv-stories260K.gguf");
+    char args[8192];
+    snprintf(args, sizeof args, "convert llama2c %s %s -o %s", bin, tok, outp);
+    expect_ok(args);
+    gguf_file *got = open_ok(outp), *ref = open_ok(refp);
+    /* llama.cpp's copy stores the shared classifier as output.weight; ours
+     * leaves it out (tied), so it must equal our token_embd. */
+    assert_int_equal(expect_same_tensors(got, ref, "output.weight"), gguf_n_tensors(got));
+    assert_int_equal(gguf_n_tensors(got), gguf_n_tensors(ref) - 1);
+    const gguf_tensor *out = gguf_tensor_find(ref, "output.weight");
+    const gguf_tensor *emb = gguf_tensor_find(got, "token_embd.weight");
+    assert_true(out && emb && same_shape(out, emb));
+    assert_memory_equal(out->data, emb->data, out->n_bytes);
+    static const char *KEYS[] = {
+        "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+        "llama.attention.head_count", "llama.attention.head_count_kv",
+        "llama.rope.dimension_count", "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id"};
+    for (size_t i = 0; i < sizeof KEYS / sizeof KEYS[0]; i++) expect_same_i64(got, ref, KEYS[i]);
+    double eg = 0, er = 1;
+    assert_true(gguf_get_f64(got, "llama.attention.layer_norm_rms_epsilon", 0, &eg));
+    assert_true(gguf_get_f64(ref, "llama.attention.layer_norm_rms_epsilon", 0, &er));
+    assert_true(eg == er);
+    assert_int_equal(get_i64(got, "llama.context_length"), 512); /* the checkpoint's seq_len */
+    char s[64];
+    assert_true(gguf_get_str(got, "general.architecture", s, sizeof s));
+    assert_string_equal(s, "llama");
+    expect_same_vocab(got, ref);
+    gguf_close(got);
+    gguf_close(ref);
+    free(bin), free(tok), free(refp), free(outp);
+}
+
+/* Writes stories260K.bin with header field `field` set to `value` (field
+ * < 0: unchanged) and `cut` bytes removed from the end. */
+static char *bad_checkpoint(const char *name, int field, int32_t value, size_t cut) {
+    size_t n;
+    char *data = tu_read_file(tu_shared("models/stories260K.bin"), &n);
+    assert_non_null(data);
+    if (field >= 0) memcpy(data + 4 * field, &value, 4);
+    char *p = tmp(name);
+    assert_int_equal(tu_write_file(p, data, n - cut), 0);
+    free(data);
+    return p;
+}
+
+static void convert_fails(const char *ckpt, const char *msg) {
+    char args[8192], *tok = shared("models/tok512.bin"), *outp = tmp("conv-bad.gguf");
+    unlink(outp);
+    snprintf(args, sizeof args, "convert llama2c %s %s -o %s", ckpt, tok, outp);
+    expect_fail(args, 1, msg);
+    assert_false(exists(outp));
+    free(tok);
+    free(outp);
+}
+
+static void test_convert_errors(void **state) {
+    (void)state;
+    char *p;
+    convert_fails("/nonexistent/model.bin", "/nonexistent/model.bin");
+    convert_fails((p = bad_checkpoint("trunc.bin", -1, 0, 100)), "truncated");
+    free(p);
+    convert_fails((p = bad_checkpoint("tiny.bin", -1, 0, 1056540 - 20)), "too short");
+    free(p);
+    convert_fails((p = bad_checkpoint("heads.bin", 3, 7, 0)), "n_heads 7 does not divide dim 64");
+    free(p);
+    convert_fails((p = bad_checkpoint("kvheads.bin", 4, 3, 0)),
+                  "n_kv_heads 3 does not divide n_heads 8");
+    free(p);
+    convert_fails((p = bad_checkpoint("zero.bin", 0, 0, 0)), "zero or negative");
+    free(p);
+    /* negative vocab: the header promises a classifier the file lacks */
+    convert_fails((p = bad_checkpoint("unshared.bin", 5, -512, 0)), "truncated");
+    free(p);
+    convert_fails((p = bad_checkpoint("huge.bin", 2, 0x7fffffff, 0)), "implies");
+    free(p);
+    char args[8192], *bin = shared("models/stories260K.bin");
+    snprintf(args, sizeof args, "convert llama2c %s /nonexistent/tok.bin -o %s", bin,
+             tu_tmp("x.gguf"));
+    expect_fail(args, 1, "/nonexistent/tok.bin");
+    snprintf(args, sizeof args, "convert llama2c %s %s", bin, bin);
+    expect_fail(args, 2, "missing -o");
+    expect_fail("convert safetensors a b -o c", 2, "unknown source format 'safetensors'");
+    expect_fail("convert", 2, "missing the source format");
+    free(bin);
+}
+
+static void test_convert_overflow(void **state) {
+    (void)state;
+    size_t n;
+    char *data = tu_read_file(tu_shared("models/stories260K.bin"), &n);
+    assert_non_null(data);
+    const int32_t h[7] = {0x7ffffffe, 0x7fffffff, 0x7fffffff, 1, 1, 0x7fffffff, 0x7fffffff};
+    memcpy(data, h, sizeof h);
+    char *p = tmp("overflow.bin");
+    assert_int_equal(tu_write_file(p, data, n), 0);
+    convert_fails(p, "overflow");
+    free(p);
+    free(data);
+}
+
+/* vocab_size < 0: the classifier follows the weights and becomes
+ * output.weight. */
+static void test_convert_unshared(void **state) {
+    (void)state;
+    size_t n;
+    char *data = tu_read_file(tu_shared("models/stories260K.bin"), &n);
+    assert_non_null(data);
+    const size_t emb = 512 * 64 * 4;
+    char *big = malloc(n + emb);
+    assert_non_null(big);
+    memcpy(big, data, n);
+    for (size_t i = 0; i < emb; i++) big[n + i] = (char)(i * 7 + 3); /* any floats */
+    const int32_t neg = -512;
+    memcpy(big + 20, &neg, 4);
+    char *p = tmp("unshared-ok.bin"), *outp = tmp("conv-unshared.gguf");
+    char *tok = shared("models/tok512.bin"), args[8192];
+    assert_int_equal(tu_write_file(p, big, n + emb), 0);
+    snprintf(args, sizeof args, "convert llama2c %s %s -o %s --name tiny", p, tok, outp);
+    expect_ok(args);
+    gguf_file *f = open_ok(outp);
+    const gguf_tensor *out = gguf_tensor_find(f, "output.weight");
+    assert_true(out && out->type == KT_F32 && out->dims[0] == 64 && out->dims[1] == 512);
+    assert_memory_equal(out->data, big + n, emb);
+    assert_memory_equal(gguf_tensor_find(f, "token_embd.weight")->data, data + 28, emb);
+    char name[32];
+    assert_true(gguf_get_str(f, "general.name", name, sizeof name));
+    assert_string_equal(name, "tiny");
+    gguf_close(f);
+    free(data), free(big), free(p), free(outp), free(tok);
+}
+
+/* ---- quantize ---- */
+
+static void quantize_matches(const char *type, const char *golden, int64_t ftype) {
+    char args[8192], *in = shared("models/test-tiny-F16.gguf"), *ref = shared(golden);
+    char name[64];
+    snprintf(name, sizeof name, "quant-%s.gguf", type);
+    char *outp = tmp(name);
+    snprintf(args, sizeof args, "quantize %s %s %s", in, outp, type);
+    expect_ok(args);
+    gguf_file *got = open_ok(outp), *r = open_ok(ref);
+    assert_int_equal(gguf_n_tensors(got), gguf_n_tensors(r));
+    assert_int_equal(expect_same_tensors(got, r, NULL), gguf_n_tensors(r));
+    assert_int_equal(get_i64(got, "general.file_type"), ftype);
+    assert_int_equal(get_i64(r, "general.file_type"), ftype);
+    assert_int_equal(get_i64(got, "general.quantization_version"), 2);
+    expect_same_i64(got, r, "llama.embedding_length");
+    expect_same_vocab(got, r);
+    gguf_close(got);
+    gguf_close(r);
+    free(in), free(ref), free(outp);
+}
+
+static void test_quantize_golden(void **state) {
+    (void)state;
+    quantize_matches("Q8_0", "models/test-tiny-Q8_0.gguf", 7);
+    quantize_matches("Q4_0", "models/test-tiny-Q4_0.gguf", 2);
+}
+
+/* F16 -> F32 is exact, so F32 -> Q8_0 must still give llama.cpp's bytes;
+ * BF16 output keeps norms F32 and converts every matrix. */
+static void test_quantize_other_types(void **state) {
+    (void)state;
+    char args[8192], *in = shared("models/test-tiny-F16.gguf"), *f32 = tmp("quant-f32.gguf");
+    char *q8 = tmp("quant-f32-q8.gguf"), *bf = tmp("quant-bf16.gguf");
+    char *ref = shared("models/test-tiny-Q8_0.gguf");
+    snprintf(args, sizeof args, "quantize %s %s f32", in, f32);
+    expect_ok(args);
+    snprintf(args, sizeof args, "quantize %s %s q8_0", f32, q8);
+    expect_ok(args);
+    gguf_file *got = open_ok(q8), *r = open_ok(ref);
+    assert_int_equal(expect_same_tensors(got, r, NULL), gguf_n_tensors(r));
+    gguf_close(got);
+    gguf_close(r);
+    snprintf(args, sizeof args, "quantize %s %s BF16", in, bf);
+    expect_ok(args);
+    got = open_ok(bf);
+    assert_int_equal(get_i64(got, "general.file_type"), 32);
+    assert_int_equal(gguf_tensor_find(got, "blk.0.ffn_down.weight")->type, KT_BF16);
+    assert_int_equal(gguf_tensor_find(got, "token_embd.weight")->type, KT_BF16);
+    assert_int_equal(gguf_tensor_find(got, "blk.0.ffn_norm.weight")->type, KT_F32);
+    gguf_close(got);
+    free(in), free(f32), free(q8), free(bf), free(ref);
+}
+
+static void test_quantize_errors(void **state) {
+    (void)state;
+    char args[8192], *q4 = shared("models/test-tiny-Q4_0.gguf");
+    char *f16 = shared("models/test-tiny-F16.gguf"), *outp = tmp("quant-bad.gguf");
+    unlink(outp);
+    snprintf(args, sizeof args, "quantize %s %s Q8_0", q4, outp);
+    expect_fail(args, 1, "requantizing Q4_0 is not supported");
+    assert_false(exists(outp));
+    snprintf(args, sizeof args, "quantize %s %s Q5_K", f16, outp);
+    expect_fail(args, 2, "unknown type 'Q5_K'");
+    snprintf(args, sizeof args, "quantize %s %s banana", f16, outp);
+    expect_fail(args, 2, "unknown type 'banana'");
+    snprintf(args, sizeof args, "quantize /nonexistent/in.gguf %s Q8_0", outp);
+    expect_fail(args, 1, "/nonexistent/in.gguf");
+    snprintf(args, sizeof args, "quantize %s %s", f16, outp);
+    expect_fail(args, 2, "expected IN.gguf OUT.gguf TYPE");
+    snprintf(args, sizeof args, "quantize %s /nonexistent/dir/out.gguf Q8_0", f16);
+    expect_fail(args, 1, "/nonexistent/dir/out.gguf");
+    assert_false(exists(outp));
+    free(q4), free(f16), free(outp);
+}
+
+/* ---- gen-model ---- */
+
+static void gen(const char *type, const char *out, int seed) {
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf");
+    snprintf(args, sizeof args, "gen-model --shape test-tiny --type %s --vocab %s -o %s --seed %d",
+             type, vocab, out, seed);
+    expect_ok(args);
+    free(vocab);
+}
+
+static void test_gen_model_deterministic(void **state) {
+    (void)state;
+    char *a = tmp("gen-a.gguf"), *b = tmp("gen-b.gguf"), *c = tmp("gen-c.gguf");
+    gen("Q8_0", a, 7);
+    gen("Q8_0", b, 7);
+    gen("Q8_0", c, 8);
+    assert_true(files_equal(a, b));
+    assert_false(files_equal(a, c));
+    gguf_file *f = open_ok(a);
+    assert_int_equal(gguf_n_tensors(f), 4 * 9 + 2); /* tied: no output.weight */
+    assert_int_equal(get_i64(f, "llama.embedding_length"), 256);
+    assert_int_equal(get_i64(f, "llama.block_count"), 4);
+    assert_int_equal(get_i64(f, "llama.attention.head_count_kv"), 2);
+    assert_int_equal(get_i64(f, "llama.vocab_size"), 32000);
+    assert_int_equal(get_i64(f, "general.file_type"), 7);
+    const gguf_tensor *emb = gguf_tensor_find(f, "token_embd.weight");
+    assert_true(emb && emb->type == KT_Q8_0 && emb->dims[0] == 256 && emb->dims[1] == 32000);
+    assert_null(gguf_tensor_find(f, "output.weight"));
+    gguf_file *ref = open_ok(tu_shared("models/test-tiny-Q8_0.gguf"));
+    expect_same_vocab(f, ref);
+    gguf_close(ref);
+    gguf_close(f);
+    char args[8192], *out = NULL;
+    snprintf(args, sizeof args, "info %s", a);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    assert_non_null(strstr(out, "\"test-tiny\""));
+    free(out);
+    free(a), free(b), free(c);
+}
+
+/* F32 output: weights about N(0, 0.02), norms exactly 1. */
+static void test_gen_model_values(void **state) {
+    (void)state;
+    char *p = tmp("gen-f32.gguf");
+    gen("F32", p, 1);
+    gguf_file *f = open_ok(p);
+    const gguf_tensor *q = gguf_tensor_find(f, "blk.1.ffn_down.weight");
+    const gguf_tensor *nrm = gguf_tensor_find(f, "blk.1.ffn_norm.weight");
+    assert_true(q && nrm && q->type == KT_F32 && nrm->type == KT_F32);
+    const float *x = q->data;
+    int64_t n = q->dims[0] * q->dims[1];
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < n; i++) sum += x[i], sq += (double)x[i] * x[i];
+    double mean = sum / (double)n, sd = sqrt(sq / (double)n - mean * mean);
+    if (fabs(mean) > 1e-3 || fabs(sd - 0.02) > 1e-3) fail_msg("mean %g sd %g", mean, sd);
+    const float *w = nrm->data;
+    for (int64_t i = 0; i < nrm->dims[0]; i++) assert_true(w[i] == 1.0f);
+    gguf_close(f);
+    free(p);
+}
+
+static void test_gen_model_errors(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *outp = tmp("gen-bad.gguf");
+    unlink(outp);
+    snprintf(args, sizeof args, "gen-model --shape llama-70b --type F16 --vocab %s -o %s",
+             vocab, outp);
+    expect_fail(args, 2, "unknown shape 'llama-70b'");
+    snprintf(args, sizeof args, "gen-model --shape test-tiny --type Q2_K --vocab %s -o %s",
+             vocab, outp);
+    expect_fail(args, 2, "unknown type 'Q2_K'");
+    snprintf(args, sizeof args, "gen-model --shape test-tiny --type F16 --vocab %s", vocab);
+    expect_fail(args, 2, "missing -o");
+    snprintf(args, sizeof args,
+             "gen-model --shape test-tiny --type F16 --vocab %s -o %s --seed -3", vocab, outp);
+    expect_fail(args, 2, "invalid seed");
+    snprintf(args, sizeof args, "gen-model --shape test-tiny --type F16 --vocab %s -o", vocab);
+    expect_fail(args, 2, "needs a value");
+    snprintf(args, sizeof args,
+             "gen-model --shape test-tiny --type F16 --vocab /nonexistent/v.gguf -o %s", outp);
+    expect_fail(args, 1, "/nonexistent/v.gguf");
+    /* a valid GGUF without a tokenizer: header only, no keys, no tensors */
+    static const unsigned char EMPTY[24] = {'G', 'G', 'U', 'F', 3};
+    char *empty = tmp("empty.gguf");
+    assert_int_equal(tu_write_file(empty, EMPTY, sizeof EMPTY), 0);
+    snprintf(args, sizeof args, "gen-model --shape test-tiny --type F16 --vocab %s -o %s",
+             empty, outp);
+    expect_fail(args, 1, "no tokenizer");
+    assert_false(exists(outp));
+    free(vocab), free(outp), free(empty);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_info),
+        cmocka_unit_test(test_info_errors),
+        cmocka_unit_test(test_convert_matches_llamacpp),
+        cmocka_unit_test(test_convert_errors),
+        cmocka_unit_test(test_convert_overflow),
+        cmocka_unit_test(test_convert_unshared),
+        cmocka_unit_test(test_quantize_golden),
+        cmocka_unit_test(test_quantize_other_types),
+        cmocka_unit_test(test_quantize_errors),
+        cmocka_unit_test(test_gen_model_deterministic),
+        cmocka_unit_test(test_gen_model_values),
+        cmocka_unit_test(test_gen_model_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
