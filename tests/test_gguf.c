@@ -415,7 +415,8 @@ static void write_roundtrip(const char *path) {
     fill_scalars(sc);
     OK(gguf_writer_set_str(w, "general.architecture", "test", &e_));
     OK(gguf_writer_set_u32(w, "general.alignment", 64, &e_));
-    for (int i = 0; i < 11; i++) OK(gguf_writer_set_scalar(w, sc[i].key, sc[i].type, sc[i].bytes, &e_));
+    for (int i = 0; i < 11; i++)
+        OK(gguf_writer_set_scalar(w, sc[i].key, sc[i].type, sc[i].bytes, &e_));
     OK(gguf_writer_set_u32(w, "w.u32", 123456789u, &e_));
     OK(gguf_writer_set_i32(w, "w.i32", -5, &e_));
     OK(gguf_writer_set_u64(w, "w.u64", 1ull << 40, &e_));
@@ -856,7 +857,8 @@ static void expect_fail_n(const hfile *h, size_t n, kt_status st, const char *w1
     gguf_file *f = open_copy(h->b.p, n, &err, &copy);
     if (f) fail_msg("hostile file opened (expected '%s')", w1);
     if (err.status != st) fail_msg("status %d, expected %d: %s", err.status, st, err.msg);
-    if (strncmp(err.msg, "hostile.gguf: ", 14) != 0) fail_msg("message lacks the name: %s", err.msg);
+    if (strncmp(err.msg, "hostile.gguf: ", 14) != 0)
+        fail_msg("message lacks the name: %s", err.msg);
     assert_contains(err.msg, w1);
     if (w2) assert_contains(err.msg, w2);
     assert_null(strchr(err.msg, '\n'));

@@ -114,9 +114,11 @@ static kt_status check_plan(const gguf_file *f, kt_dtype target, size_t *max_byt
         if (!is_plain_float(t->type) && (!is_plain_float(to) ||
                                          !kt_dequantize_supported(t->type)))
             return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                                "tensor '%s': requantizing %s is not supported "
-                                "(start from an F32, F16 or BF16 model)",
-                                name, kt_dtype_name(t->type));
+                                "tensor '%s': %s %s is not supported "
+                                "(start from an F32, F16 or BF16 model)", name,
+                                kt_dtype_get(t->type)->block_size > 1 ? "requantizing"
+                                                                      : "converting",
+                                kt_dtype_name(t->type));
         if (t->name.len >= NAME_CAP)
             return kt_error_set(err, KT_ERR_FORMAT, "tensor '%s...': name too long", name);
         size_t bytes = kt_dtype_row_bytes(to, t->dims[0]) * (size_t)(t->n_bytes /

@@ -318,8 +318,8 @@ static bool read_array(reader *r, gguf_kv *kv, const char *ctx) {
     if (et >= GGUF_TYPE_COUNT)
         return fail(r, KT_ERR_FORMAT, "%s: unknown array element type %" PRIu32, ctx, et);
     if (et == GGUF_ARRAY)
-        return fail(r, KT_ERR_UNSUPPORTED, "%s: nested arrays (array of array type) are not supported",
-                    ctx);
+        return fail(r, KT_ERR_UNSUPPORTED,
+                    "%s: nested arrays (array of array type) are not supported", ctx);
     if (!read_u64(r, &kv->arr_n, ctx, "array length")) return false;
     kv->arr_type = (gguf_type)et;
     kv->arr_data = r->base + r->pos;

@@ -309,15 +309,17 @@ static kt_status tensor_size(const char *name, kt_dtype type, uint32_t n_dims,
     if (!kt_dtype_known(type))
         return kt_error_set(err, KT_ERR_ARG, WHO ": tensor '%s': unknown type %d", name, (int)type);
     if (n_dims == 0 || n_dims > GGUF_MAX_DIMS || !dims)
-        return kt_error_set(err, KT_ERR_ARG, WHO ": tensor '%s': n_dims %" PRIu32 " (must be 1 to %d)",
-                            name, n_dims, GGUF_MAX_DIMS);
+        return kt_error_set(err, KT_ERR_ARG,
+                            WHO ": tensor '%s': n_dims %" PRIu32 " (must be 1 to %d)", name,
+                            n_dims, GGUF_MAX_DIMS);
     int64_t n = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
         if (dims[d] <= 0)
             return kt_error_set(err, KT_ERR_ARG, WHO ": tensor '%s': dim %" PRIu32 " is %" PRId64,
                                 name, d, dims[d]);
         if (__builtin_mul_overflow(n, dims[d], &n))
-            return kt_error_set(err, KT_ERR_ARG, WHO ": tensor '%s': element count overflows", name);
+            return kt_error_set(err, KT_ERR_ARG, WHO ": tensor '%s': element count overflows",
+                                name);
     }
     const kt_dtype_info *info = kt_dtype_get(type);
     if (dims[0] % info->block_size != 0)
@@ -452,7 +454,8 @@ static kt_status open_output(gguf_writer *w, const char *path, kt_error *err) {
 
 kt_status gguf_writer_begin(gguf_writer *w, const char *path, kt_error *err) {
     if (w->state != W_DECLARE || !path)
-        return kt_error_set(err, KT_ERR_ARG, WHO ": gguf_writer_begin called twice or without path");
+        return kt_error_set(err, KT_ERR_ARG,
+                            WHO ": gguf_writer_begin called twice or without a path");
     uint64_t data_size = 0;
     kt_status st = layout(w, &data_size, err);
     if (st == KT_OK) st = open_output(w, path, err);

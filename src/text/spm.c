@@ -10,12 +10,20 @@
  * candidates; stale candidates (a side already absorbed or grown) are
  * recognised when popped by their recorded size and dropped.
  *
+ * Long texts are cut into runs first, between two characters that occur
+ * next to each other in no token that merges can produce: no symbol can
+ * ever span such a cut, candidates never cross it, and the merges inside
+ * one run happen in the same relative order as in the whole text, so the
+ * ids are exactly those of one pass over the whole fragment. The heap
+ * then stays as small as a word, instead of as large as the text (which
+ * made long inputs crawl on cache misses).
+ *
  * Invariants relied on:
  * - Symbols are contiguous byte ranges of the fragment and list
  *   neighbours are adjacent in it, so a pair's text is one range and is
  *   looked up without copying.
- * - Symbol 0 is never absorbed (it has no left neighbour), so the list
- *   always starts at 0.
+ * - Symbol 0 (the first of a run) is never absorbed (it has no left
+ *   neighbour), so the run's list always starts there.
  * - Pushes <= (n - 1) initial + 2 per merge, merges <= n - 1: the heap
  *   never holds more than 3n entries, which is what is allocated.
  */
@@ -97,13 +105,12 @@ static spm_pair heap_pop(spm_work *w) {
 
 /* ---- merging --------------------------------------------------------- */
 
+static bool mergeable_type(uint8_t t);
+
 /* A token that text may merge into: not control, unknown or byte. */
 static int32_t merge_token(const kt_vocab *v, const char *s, size_t n) {
     int32_t id = kt_vocab_find(v, s, n);
-    if (id < 0) return -1;
-    uint8_t t = v->type[id];
-    if (t == KT_TOKEN_CONTROL || t == KT_TOKEN_UNKNOWN || t == KT_TOKEN_BYTE) return -1;
-    return id;
+    return id >= 0 && mergeable_type(v->type[id]) ? id : -1;
 }
 
 static void try_pair(const kt_vocab *v, spm_work *w, int32_t left, int32_t right) {
@@ -116,20 +123,95 @@ static void try_pair(const kt_vocab *v, spm_work *w, int32_t left, int32_t right
     heap_push(w, (spm_pair){ v->score[id], left, right, size, id });
 }
 
-/* Splits buf[0..len) into one symbol per UTF-8 character; returns how many. */
-static int32_t split_chars(spm_work *w, size_t len) {
-    int32_t n = 0;
-    for (size_t off = 0; off < len; n++) {
-        size_t k = (size_t)kt_utf8_len((uint8_t)w->buf[off]);
-        if (k > len - off) k = len - off; /* cannot happen on valid input */
-        w->sym[n] = (spm_sym){ n - 1, -1, (uint32_t)off, (uint32_t)k, -1 };
-        if (n > 0) w->sym[n - 1].next = n;
-        off += k;
+/* ---- the pair set (run cuts) ------------------------------------------ */
+
+/* One UTF-8 character (1..4 bytes) as a number; never 0xFFFFFFFF because
+ * no lead byte is 0xFF. */
+static uint32_t pack_char(const char *s, uint32_t n) {
+    uint32_t x = 0;
+    for (uint32_t i = 0; i < n; i++) x = x << 8 | (uint8_t)s[i];
+    return x;
+}
+
+static uint64_t mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static bool pair_known(const kt_vocab *v, uint64_t key) {
+    for (uint64_t i = mix64(key) & v->pair_mask;; i = (i + 1) & v->pair_mask) {
+        if (v->pairs[i] == key) return true;
+        if (v->pairs[i] == KT_SPM_NO_PAIR) return false;
     }
+}
+
+static void pair_insert(kt_vocab *v, uint64_t key) {
+    uint64_t i = mix64(key) & v->pair_mask;
+    while (v->pairs[i] != KT_SPM_NO_PAIR && v->pairs[i] != key) i = (i + 1) & v->pair_mask;
+    v->pairs[i] = key;
+}
+
+static bool mergeable_type(uint8_t t) {
+    return t != KT_TOKEN_CONTROL && t != KT_TOKEN_UNKNOWN && t != KT_TOKEN_BYTE;
+}
+
+/* Pieces of mergeable tokens are valid UTF-8 (checked at load), so they
+ * split into whole characters. */
+bool kt_spm_prepare(kt_vocab *v) {
+    uint64_t bound = 0, size = 16;
+    for (int i = 0; i < v->n; i++)
+        if (mergeable_type(v->type[i])) bound += v->len[i];
+    while (size < 2 * bound) size *= 2;
+    v->pairs = malloc(size * sizeof *v->pairs);
+    if (!v->pairs) return false;
+    memset(v->pairs, 0xff, size * sizeof *v->pairs); /* all KT_SPM_NO_PAIR */
+    v->pair_mask = size - 1;
+    for (int i = 0; i < v->n; i++) {
+        if (!mergeable_type(v->type[i])) continue;
+        const char *s = v->arena + v->off[i];
+        uint32_t n = v->len[i], prev = 0, at = 0;
+        bool first = true;
+        while (at < n) {
+            uint32_t k = (uint32_t)kt_utf8_len((uint8_t)s[at]);
+            if (k > n - at) k = n - at;
+            uint32_t c = pack_char(s + at, k);
+            if (!first) pair_insert(v, (uint64_t)prev << 32 | c);
+            prev = c;
+            first = false;
+            at += k;
+        }
+    }
+    return true;
+}
+
+/* ---- merging (continued) ------------------------------------------------- */
+
+/* Splits the run starting at buf[pos] into one symbol per UTF-8 character,
+ * up to the first cut: a pair of adjacent characters that sits side by
+ * side in no producible token, so no merge can ever join across it.
+ * Returns the number of symbols (>= 1); *end gets the run's end offset. */
+static int32_t split_run(const kt_vocab *v, spm_work *w, size_t pos, size_t len,
+                         size_t *end) {
+    int32_t n = 0;
+    uint32_t prev = 0;
+    while (pos < len) {
+        size_t k = (size_t)kt_utf8_len((uint8_t)w->buf[pos]);
+        if (k > len - pos) k = len - pos; /* cannot happen on valid input */
+        uint32_t c = pack_char(w->buf + pos, (uint32_t)k);
+        if (n > 0 && !pair_known(v, (uint64_t)prev << 32 | c)) break;
+        w->sym[n] = (spm_sym){ n - 1, n + 1, (uint32_t)pos, (uint32_t)k, -1 };
+        n++;
+        prev = c;
+        pos += k;
+    }
+    w->sym[n - 1].next = -1;
+    *end = pos;
     return n;
 }
 
-static void merge_all(const kt_vocab *v, spm_work *w, int32_t n) {
+/* Merges the symbols [0, n) of one run. */
+static void merge_run(const kt_vocab *v, spm_work *w, int32_t n) {
     w->heap_len = 0;
     for (int32_t i = 1; i < n; i++) try_pair(v, w, i - 1, i);
     while (w->heap_len > 0) {
@@ -209,12 +291,14 @@ static kt_status encode_fragment(const kt_vocab *v, spm_work *w, const char *s, 
     size_t need = 3 * n + 3; /* worst case: every byte a space, plus prefix */
     if (!work_reserve(w, need))
         return kt_error_set(err, KT_ERR_NOMEM, "tokenizer: out of memory (%zu bytes of text)", n);
-    size_t len = normalize(w, s, n, prefix);
-    int32_t n_sym = split_chars(w, len);
-    merge_all(v, w, n_sym);
-    for (int32_t i = 0; n_sym > 0 && i != -1; i = w->sym[i].next) {
-        kt_status st = emit_symbol(v, &w->sym[i], w->buf, o, err);
-        if (st != KT_OK) return st;
+    size_t len = normalize(w, s, n, prefix), end;
+    for (size_t pos = 0; pos < len; pos = end) {
+        int32_t n_sym = split_run(v, w, pos, len, &end);
+        merge_run(v, w, n_sym);
+        for (int32_t i = 0; i != -1; i = w->sym[i].next) {
+            kt_status st = emit_symbol(v, &w->sym[i], w->buf, o, err);
+            if (st != KT_OK) return st;
+        }
     }
     return KT_OK;
 }

@@ -79,6 +79,7 @@ void kt_vocab_free(kt_vocab *v) {
     free(v->type);
     free(v->slot);
     free(v->user);
+    free(v->pairs);
     free(v);
 }
 
@@ -233,7 +234,7 @@ static kt_status check_pieces(kt_vocab *v, const char *what, kt_error *err) {
 static kt_status vocab_finish(kt_vocab *v, const char *what, kt_error *err) {
     kt_status st = check_pieces(v, what, err);
     if (st != KT_OK) return st;
-    if (!build_table(v) || !build_user_list(v))
+    if (!build_table(v) || !build_user_list(v) || !kt_spm_prepare(v))
         return kt_error_set(err, KT_ERR_NOMEM, "vocabulary: out of memory (%d tokens)", v->n);
     build_byte_tokens(v);
     return KT_OK;

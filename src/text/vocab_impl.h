@@ -27,6 +27,17 @@ struct kt_vocab {
     int32_t byte_token[256]; /* id standing for each byte (<0xNN>), -1 if none */
     int32_t *user;         /* user-defined token ids, longest piece first */
     int n_user;
+
+    /* Every pair of adjacent UTF-8 characters found inside a token that
+     * merges may produce (see spm.c), packed as (char << 32 | char); open
+     * addressing, at most half full, KT_SPM_NO_PAIR marks empty slots. */
+    uint64_t *pairs;
+    uint64_t pair_mask;
 };
+
+#define KT_SPM_NO_PAIR UINT64_MAX
+
+/* Builds v->pairs once the pieces and types are final (spm.c). */
+bool kt_spm_prepare(kt_vocab *v);
 
 #endif

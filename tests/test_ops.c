@@ -1,0 +1,1039 @@
+/*
+ * test_ops.c - the kernel layer (src/ops): thread pool, CPU dispatch,
+ * quantization formats, matmul, and the element-wise and attention kernels.
+ *
+ * What is checked, and the tolerances:
+ *   - quantizers: dequantize against values written from the format
+ *     definition on hand-made blocks; quantize -> dequantize within the
+ *     format's error bound; the SIMD activation quantizer bit-identical to
+ *     the reference; and the reference quantizers reproducing llama.cpp's
+ *     bytes on ../shared/models/test-tiny-{Q8_0,Q4_0}.gguf from the F16
+ *     file (GGUF parsed by hand here, independently of src/gguf).
+ *   - matmul: every type, odd sizes, 1..3 threads. The SIMD path against
+ *     kt_matmul_ref within 1e-4 x sum|w_i x_i| (integer parts are exact;
+ *     only float summation order differs); the scalar fallback
+ *     bit-identical to the reference; and batch invariance: a token's
+ *     outputs bit-identical alone and in a batch, whatever the thread count.
+ *   - rmsnorm / softmax / swiglu / attention: SIMD against reference within
+ *     a relative 2e-6 .. 1e-5 (stated per test); attention batch invariant.
+ *   - rope against a double-precision evaluation of the same angles.
+ *
+ * KT_OPS_BENCH=1 in the environment also runs a throughput measurement
+ * (GEMV GB/s and GEMM GFLOP/s on 2048 x 5632 matrices); it is not a test.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#include "base/fp16.h"
+#include "base/rng.h"
+#include "base/timing.h"
+#include "ops/cpu.h"
+#include "ops/internal.h"
+#include "ops/matmul.h"
+#include "ops/ops.h"
+#include "ops/pool.h"
+#include "ops/quant.h"
+
+/* ---- helpers -------------------------------------------------------- */
+
+static void fill_normal(float *x, size_t n, float std, uint64_t seed) {
+    kt_rng r;
+    kt_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = kt_rng_normal(&r) * std;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* A random weight matrix of `type`, made by quantizing normal floats. */
+static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
+    size_t rb = kt_dtype_row_bytes(type, n_in);
+    char *w = xmalloc(rb * (size_t)n_out);
+    float *row = xmalloc(sizeof(float) * (size_t)n_in);
+    for (int r = 0; r < n_out; r++) {
+        fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
+        kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
+    }
+    free(row);
+    return w;
+}
+
+/* sum_i |w_i x_i| for each output, with dequantized weights: the scale of
+ * the float rounding a reordered sum can make. */
+static void abs_sums(double *s, const void *w, kt_dtype type, const float *x, int n_in,
+                     int n_out, int n_tokens) {
+    size_t rb = kt_dtype_row_bytes(type, n_in);
+    float *row = xmalloc(sizeof(float) * (size_t)n_in);
+    for (int r = 0; r < n_out; r++) {
+        kt_dequantize_row(type, (const char *)w + rb * (size_t)r, row, n_in);
+        for (int t = 0; t < n_tokens; t++) {
+            double a = 0;
+            for (int i = 0; i < n_in; i++) a += fabs((double)row[i] * x[(size_t)t * n_in + i]);
+            s[(size_t)t * n_out + r] = a;
+        }
+    }
+    free(row);
+}
+
+static bool has_simd(void) {
+    return kt_cpu_has_avx2();
+}
+
+/* ---- pool ----------------------------------------------------------- */
+
+typedef struct count_ctx {
+    int hits[16];
+    int nth_seen;
+    long sum;
+} count_ctx;
+
+static void count_fn(void *ctx, int ith, int nth) {
+    count_ctx *c = ctx;
+    c->hits[ith]++;
+    c->nth_seen = nth;
+}
+
+static void test_pool_runs_every_thread(void **state) {
+    (void)state;
+    for (int n = 1; n <= 4; n++) {
+        kt_error err;
+        kt_pool *p = kt_pool_new(n, &err);
+        assert_non_null(p);
+        assert_int_equal(kt_pool_size(p), n);
+        count_ctx c = {0};
+        for (int it = 0; it < 2000; it++) kt_pool_run(p, count_fn, &c);
+        for (int i = 0; i < n; i++) assert_int_equal(c.hits[i], 2000);
+        assert_int_equal(c.hits[n], 0);
+        assert_int_equal(c.nth_seen, n);
+        kt_pool_free(p);
+    }
+    /* NULL pool: fn(ctx, 0, 1) on the caller */
+    count_ctx c = {0};
+    kt_pool_run(NULL, count_fn, &c);
+    assert_int_equal(c.hits[0], 1);
+    assert_int_equal(c.nth_seen, 1);
+    assert_int_equal(kt_pool_size(NULL), 1);
+    /* default size */
+    kt_pool *p = kt_pool_new(0, NULL);
+    assert_non_null(p);
+    assert_true(kt_pool_size(p) >= 1);
+    kt_pool_free(p);
+}
+
+typedef struct sum_ctx {
+    const int *v;
+    long n;
+    long partial[8];
+} sum_ctx;
+
+static void sum_fn(void *ctx, int ith, int nth) {
+    sum_ctx *c = ctx;
+    long lo, hi, s = 0;
+    kt_split_range(c->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) s += c->v[i];
+    c->partial[ith] = s;
+}
+
+/* Work done by workers is visible to the caller after kt_pool_run, also
+ * after the workers have gone to sleep. */
+static void test_pool_memory_visibility(void **state) {
+    (void)state;
+    kt_pool *p = kt_pool_new(3, NULL);
+    assert_non_null(p);
+    int v[1000];
+    for (int i = 0; i < 1000; i++) v[i] = i;
+    for (int it = 0; it < 300; it++) {
+        sum_ctx c = {v, 1000 - it, {0}};
+        kt_pool_run(p, sum_fn, &c);
+        long n = 1000 - it;
+        assert_int_equal(c.partial[0] + c.partial[1] + c.partial[2], n * (n - 1) / 2);
+        if (it % 100 == 99) { /* let the workers fall asleep */
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    kt_pool_free(p);
+}
+
+static void test_split_range(void **state) {
+    (void)state;
+    for (long n = 0; n < 40; n++)
+        for (int nth = 1; nth <= 5; nth++) {
+            long prev = 0;
+            for (int i = 0; i < nth; i++) {
+                long lo, hi;
+                kt_split_range(n, i, nth, &lo, &hi);
+                assert_int_equal(lo, prev);
+                assert_true(hi - lo == n / nth || hi - lo == n / nth + 1);
+                prev = hi;
+            }
+            assert_int_equal(prev, n);
+        }
+}
+
+static void test_pool_scratch(void **state) {
+    (void)state;
+    kt_pool *p = kt_pool_new(2, NULL);
+    assert_non_null(p);
+    size_t sizes[] = {1, 100, 64, 5000, 4999, 100000, 10};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *s = kt_pool_scratch(p, sizes[i]);
+        assert_non_null(s);
+        assert_int_equal((uintptr_t)s % 64, 0);
+        memset(s, 0xab, sizes[i]); /* ASan checks the size */
+    }
+    assert_null(kt_pool_scratch(NULL, 10));
+    kt_pool_free(p);
+    kt_pool_free(NULL);
+}
+
+/* ---- cpu ------------------------------------------------------------ */
+
+static void test_cpu_dispatch(void **state) {
+    (void)state;
+    const char *f = kt_cpu_features();
+    assert_non_null(f);
+    print_message("cpu: %s\n", f);
+    bool had = kt_cpu_has_avx2();
+    kt_cpu_force_scalar(true);
+    assert_false(kt_cpu_has_avx2());
+    kt_cpu_force_scalar(false);
+    assert_int_equal(kt_cpu_has_avx2(), had);
+}
+
+/* ---- quant: formats ------------------------------------------------- */
+
+static void test_dequant_q4_0_known(void **state) {
+    (void)state;
+    block_q4_0 b[2];
+    b[0].d = kt_fp32_to_fp16(0.5f);
+    for (int j = 0; j < 16; j++) b[0].qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    b[1].d = kt_fp32_to_fp16(-2.0f);
+    for (int j = 0; j < 16; j++) b[1].qs[j] = 0x8F; /* low 15, high 8 */
+    float out[64];
+    kt_dequantize_row(KT_Q4_0, b, out, 64);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == (float)(j - 8) * 0.5f);           /* low nibble */
+        assert_true(out[j + 16] == (float)(15 - j - 8) * 0.5f); /* high nibble */
+        assert_true(out[32 + j] == 7 * -2.0f);
+        assert_true(out[48 + j] == 0.0f);
+    }
+}
+
+static void test_dequant_q8_0_known(void **state) {
+    (void)state;
+    block_q8_0 b;
+    b.d = kt_fp32_to_fp16(0.25f);
+    for (int j = 0; j < 32; j++) b.qs[j] = (int8_t)(j * 8 - 128);
+    float out[32];
+    kt_dequantize_row(KT_Q8_0, &b, out, 32);
+    for (int j = 0; j < 32; j++) assert_true(out[j] == (float)(j * 8 - 128) * 0.25f);
+}
+
+static void test_plain_types_roundtrip(void **state) {
+    (void)state;
+    float x[5] = {1.0f, -2.5f, 65504.0f, 0.0f, 3.0e-5f};
+    uint16_t h[5];
+    float y[5];
+    kt_quantize_row(KT_F16, x, h, 5);
+    kt_dequantize_row(KT_F16, h, y, 5);
+    for (int i = 0; i < 4; i++) assert_true(x[i] == y[i]);
+    assert_true(fabsf(y[4] - x[4]) < 1e-7f);
+    assert_int_equal(h[0], 0x3c00);
+    kt_quantize_row(KT_BF16, x, h, 5);
+    kt_dequantize_row(KT_BF16, h, y, 5);
+    assert_int_equal(h[0], 0x3f80);
+    assert_true(y[1] == -2.5f);
+    float z[5];
+    kt_quantize_row(KT_F32, x, z, 5);
+    kt_dequantize_row(KT_F32, z, y, 5);
+    assert_memory_equal(x, y, sizeof x);
+    assert_true(kt_quantize_supported(KT_Q4_0) && !kt_quantize_supported(KT_Q4_K));
+    assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q6_K));
+}
+
+static void test_quant_roundtrip_error(void **state) {
+    (void)state;
+    enum { N = 32 * 64 };
+    float x[N], y[N];
+    fill_normal(x, N, 1.0f, 7);
+    x[5] = 0.0f;
+    for (int j = 64; j < 96; j++) x[j] = 0.0f; /* an all-zero block */
+    block_q8_0 q8[N / 32];
+    block_q4_0 q4[N / 32];
+    kt_quantize_row(KT_Q8_0, x, q8, N);
+    kt_dequantize_row(KT_Q8_0, q8, y, N);
+    for (int b = 0; b < N / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        /* half a step, plus the fp16 rounding of d times |q| <= 127 */
+        float bound = amax / 127 * (0.5f + 127.0f / 2048) + 1e-12f;
+        for (int j = 0; j < 32; j++) assert_true(fabsf(x[b * 32 + j] - y[b * 32 + j]) <= bound);
+    }
+    kt_quantize_row(KT_Q4_0, x, q4, N);
+    kt_dequantize_row(KT_Q4_0, q4, y, N);
+    for (int b = 0; b < N / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        /* a step (the clamp at 15 on the side opposite the max), plus the
+         * fp16 rounding of d times |q| <= 8 */
+        float bound = amax / 8 * (1.0f + 8.0f / 2048) + 1e-12f;
+        for (int j = 0; j < 32; j++) assert_true(fabsf(x[b * 32 + j] - y[b * 32 + j]) <= bound);
+    }
+    for (int j = 64; j < 96; j++) assert_true(y[j] == 0.0f);
+}
+
+/* Q4_0's scale keeps the sign of the value with the largest |x|, the first
+ * one on ties; that value maps to nibble 0 exactly. */
+static void test_q4_0_max_sign_and_ties(void **state) {
+    (void)state;
+    float x[32] = {0};
+    x[3] = -2.0f;
+    x[10] = 2.0f;
+    x[20] = 1.0f;
+    block_q4_0 b;
+    kt_quantize_row(KT_Q4_0, x, &b, 32);
+    assert_true(kt_fp16_to_fp32(b.d) == 0.25f); /* -2 / -8 */
+    assert_int_equal(b.qs[3] & 0x0F, 0);        /* -2 / 0.25 + 8 = 0 */
+    assert_int_equal(b.qs[10] & 0x0F, 15);      /* 2 / 0.25 + 8.5 = 16.5 -> clamp */
+    assert_int_equal(b.qs[4] >> 4, 12);         /* x[20] = 1: 4 + 8.5 -> 12 */
+    x[3] = 2.0f;
+    x[10] = -2.0f;
+    kt_quantize_row(KT_Q4_0, x, &b, 32);
+    assert_true(kt_fp16_to_fp32(b.d) == -0.25f);
+    assert_int_equal(b.qs[3] & 0x0F, 0);
+}
+
+/* Q8_0 rounds half away from zero (roundf), not to even. */
+static void test_q8_0_rounding(void **state) {
+    (void)state;
+    float x[32] = {0};
+    x[0] = 127.0f; /* d = 1, id = 1 */
+    x[1] = 2.5f;
+    x[2] = -2.5f;
+    x[3] = 3.5f;
+    x[4] = 0.49999997f;
+    block_q8_0 b;
+    kt_quantize_row(KT_Q8_0, x, &b, 32);
+    assert_true(kt_fp16_to_fp32(b.d) == 1.0f);
+    assert_int_equal(b.qs[0], 127);
+    assert_int_equal(b.qs[1], 3);
+    assert_int_equal(b.qs[2], -3);
+    assert_int_equal(b.qs[3], 4);
+    assert_int_equal(b.qs[4], 0);
+}
+
+/* The activation quantizers (reference and SIMD) give exactly the numbers
+ * of the Q8_0 row quantizer. */
+static void test_act_quant_matches_q8_0(void **state) {
+    (void)state;
+    enum { N = 32 * 40 };
+    float x[N];
+    fill_normal(x, N, 3.0f, 11);
+    /* ties: blocks where x * id lands on k + 0.5 */
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) + 0.5f;
+    x[0] = 127.0f;
+    for (int j = 32; j < 64; j++) x[j] = 0.0f;
+    for (int j = 64; j < 96; j++) x[j] = 1e-30f * (float)(j - 80); /* tiny: subnormal d */
+    for (int j = 96; j < 128; j++) x[j] = 6e4f * (j % 2 ? 1 : -1);
+    block_q8_0 ref[N / 32];
+    kt_quantize_row(KT_Q8_0, x, ref, N);
+    int8_t qs[N], qs2[N];
+    float d[N / 32], d2[N / 32];
+    kt_quantize_act_q8_ref(x, N, qs, d);
+    for (int b = 0; b < N / 32; b++) {
+        assert_memory_equal(qs + b * 32, ref[b].qs, 32);
+        assert_true(d[b] == kt_fp16_to_fp32(ref[b].d));
+    }
+    if (!has_simd()) return;
+    kt_quantize_act_q8_avx2(x, N, qs2, d2);
+    assert_memory_equal(qs, qs2, N);
+    assert_memory_equal(d, d2, sizeof d);
+}
+
+/* ---- quant: llama.cpp's bytes on the shared model files -------------- */
+
+typedef struct gg_tensor {
+    char name[96];
+    int n_dims;
+    int64_t dims[4];
+    uint32_t type;
+    uint64_t offset;
+} gg_tensor;
+
+typedef struct gg_file {
+    unsigned char *buf;
+    size_t size;
+    uint64_t data; /* start of the data section */
+    int n_tensors;
+    gg_tensor t[64];
+} gg_file;
+
+typedef struct rd {
+    const unsigned char *p, *end;
+    bool ok;
+} rd;
+
+static uint64_t rd_n(rd *r, int n) {
+    uint64_t v = 0;
+    if (r->end - r->p < n) {
+        r->ok = false;
+        return 0;
+    }
+    for (int i = 0; i < n; i++) v |= (uint64_t)r->p[i] << (8 * i);
+    r->p += n;
+    return v;
+}
+
+static void rd_skip(rd *r, uint64_t n) {
+    if ((uint64_t)(r->end - r->p) < n) r->ok = false;
+    else r->p += n;
+}
+
+static int gg_scalar_size(uint32_t type) {
+    static const int sz[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    return type < 13 ? sz[type] : -1;
+}
+
+static void gg_skip_value(rd *r, uint32_t type, uint64_t *alignment, bool is_align) {
+    if (type == 8) {
+        rd_skip(r, rd_n(r, 8));
+    } else if (type == 9) {
+        uint32_t et = (uint32_t)rd_n(r, 4);
+        uint64_t n = rd_n(r, 8);
+        for (uint64_t i = 0; i < n && r->ok; i++) gg_skip_value(r, et, NULL, false);
+    } else if (gg_scalar_size(type) > 0) {
+        uint64_t v = rd_n(r, gg_scalar_size(type));
+        if (is_align && alignment) *alignment = v;
+    } else {
+        r->ok = false;
+    }
+}
+
+/* Reads the header and tensor infos of a GGUF file (enough for this test). */
+static bool gg_open(gg_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    f->buf = (unsigned char *)tu_read_file(path, &f->size);
+    if (!f->buf) return false;
+    rd r = {f->buf, f->buf + f->size, true};
+    if (rd_n(&r, 4) != 0x46554747u) return false; /* "GGUF" */
+    rd_n(&r, 4);
+    uint64_t nt = rd_n(&r, 8), nkv = rd_n(&r, 8), alignment = 32;
+    if (nt > 64) return false;
+    for (uint64_t i = 0; i < nkv && r.ok; i++) {
+        uint64_t klen = rd_n(&r, 8);
+        bool is_align = klen == 17 && (uint64_t)(r.end - r.p) >= 17 &&
+                        memcmp(r.p, "general.alignment", 17) == 0;
+        rd_skip(&r, klen);
+        gg_skip_value(&r, (uint32_t)rd_n(&r, 4), &alignment, is_align);
+    }
+    for (uint64_t i = 0; i < nt && r.ok; i++) {
+        gg_tensor *t = &f->t[i];
+        uint64_t nlen = rd_n(&r, 8);
+        if (nlen >= sizeof t->name || (uint64_t)(r.end - r.p) < nlen) return false;
+        memcpy(t->name, r.p, nlen);
+        rd_skip(&r, nlen);
+        t->n_dims = (int)rd_n(&r, 4);
+        if (t->n_dims < 1 || t->n_dims > 4) return false;
+        for (int d = 0; d < 4; d++) t->dims[d] = d < t->n_dims ? (int64_t)rd_n(&r, 8) : 1;
+        t->type = (uint32_t)rd_n(&r, 4);
+        t->offset = rd_n(&r, 8);
+    }
+    if (!r.ok || alignment == 0) return false;
+    f->n_tensors = (int)nt;
+    uint64_t pos = (uint64_t)(r.p - f->buf);
+    f->data = (pos + alignment - 1) / alignment * alignment;
+    return true;
+}
+
+static const gg_tensor *gg_find(const gg_file *f, const char *name) {
+    for (int i = 0; i < f->n_tensors; i++)
+        if (strcmp(f->t[i].name, name) == 0) return &f->t[i];
+    return NULL;
+}
+
+static const void *gg_data(const gg_file *f, const gg_tensor *t, size_t bytes) {
+    if (f->data + t->offset + bytes > f->size) return NULL;
+    return f->buf + f->data + t->offset;
+}
+
+/* Quantizes every 2-D F16 tensor of the F16 file to `type` and compares the
+ * bytes with llama.cpp's file. */
+static void check_llama_bytes(kt_dtype type, const char *file) {
+    gg_file src, dst;
+    if (!gg_open(&src, tu_shared("models/test-tiny-F16.gguf")) ||
+        !gg_open(&dst, tu_shared(file))) {
+        free(src.buf);
+        fail_msg("cannot read the shared test models (../shared/models)");
+    }
+    int n_checked = 0;
+    for (int i = 0; i < src.n_tensors; i++) {
+        const gg_tensor *s = &src.t[i];
+        if (s->n_dims != 2 || s->type != KT_F16) continue;
+        const gg_tensor *d = gg_find(&dst, s->name);
+        assert_non_null(d);
+        assert_int_equal(d->type, type);
+        int64_t n_in = s->dims[0], n_rows = s->dims[1];
+        size_t rb_src = kt_dtype_row_bytes(KT_F16, n_in), rb_dst = kt_dtype_row_bytes(type, n_in);
+        const unsigned char *ps = gg_data(&src, s, rb_src * (size_t)n_rows);
+        const unsigned char *pd = gg_data(&dst, d, rb_dst * (size_t)n_rows);
+        assert_non_null(ps);
+        assert_non_null(pd);
+        float *row = xmalloc(sizeof(float) * (size_t)n_in);
+        unsigned char *q = xmalloc(rb_dst);
+        for (int64_t r = 0; r < n_rows; r++) {
+            kt_dequantize_row(KT_F16, ps + rb_src * (size_t)r, row, n_in);
+            kt_quantize_row(type, row, q, n_in);
+            if (memcmp(q, pd + rb_dst * (size_t)r, rb_dst) != 0) {
+                free(row);
+                free(q);
+                fail_msg("%s: %s row %lld differs from llama.cpp's bytes", file, s->name,
+                         (long long)r);
+            }
+        }
+        free(row);
+        free(q);
+        n_checked++;
+    }
+    assert_true(n_checked >= 8);
+    free(src.buf);
+    free(dst.buf);
+}
+
+static void test_q8_0_bytes_match_llama(void **state) {
+    (void)state;
+    check_llama_bytes(KT_Q8_0, "models/test-tiny-Q8_0.gguf");
+}
+
+static void test_q4_0_bytes_match_llama(void **state) {
+    (void)state;
+    check_llama_bytes(KT_Q4_0, "models/test-tiny-Q4_0.gguf");
+}
+
+/* ---- matmul --------------------------------------------------------- */
+
+static const kt_dtype MM_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0};
+#define N_MM_TYPES 5
+
+static void test_matmul_ref_small(void **state) {
+    (void)state;
+    /* F32: a hand-checkable product */
+    float w[2 * 3] = {1, 2, 3, -1, 0, 0.5f};
+    float x[2 * 3] = {1, 1, 1, 2, 0, -2};
+    float out[4];
+    kt_matmul_ref(out, w, KT_F32, x, 3, 2, 2);
+    assert_true(out[0] == 6.0f && out[1] == -0.5f && out[2] == -4.0f && out[3] == -3.0f);
+    /* Q8_0: weights exactly representable; activations whose Q8_0 is exact */
+    float wf[32], xf[32];
+    for (int j = 0; j < 32; j++) {
+        wf[j] = (float)(j - 16) / 16.0f * 2.0f; /* multiples of 1/8 */
+        xf[j] = j == 0 ? 127.0f : (float)(j % 5); /* d = 1 */
+    }
+    block_q8_0 wq;
+    kt_quantize_row(KT_Q8_0, wf, &wq, 32);
+    double want = 0;
+    float wd[32];
+    kt_dequantize_row(KT_Q8_0, &wq, wd, 32);
+    for (int j = 0; j < 32; j++) want += (double)wd[j] * xf[j];
+    kt_matmul_ref(out, &wq, KT_Q8_0, xf, 32, 1, 1);
+    assert_true(fabs(out[0] - want) <= 1e-5 * fabs(want));
+    /* unsupported type: NaN, no crash */
+    kt_matmul_ref(out, &wq, KT_Q4_K, xf, 32, 1, 1);
+    assert_true(isnan(out[0]));
+}
+
+/* out vs want within tol * sum|terms| (plus a tiny absolute floor) */
+static void expect_close_mm(const float *out, const float *want, const double *asum, size_t n,
+                            double tol, const char *what) {
+    for (size_t i = 0; i < n; i++) {
+        double lim = tol * asum[i] + 1e-30;
+        if (!(fabs((double)out[i] - want[i]) <= lim))
+            fail_msg("%s: element %zu: %.9g vs reference %.9g (limit %.3g)", what, i, out[i],
+                     want[i], lim);
+    }
+}
+
+static void test_matmul_simd_vs_ref(void **state) {
+    (void)state;
+    static const int n_ins[] = {32, 64, 96, 2048 + 32};
+    static const int n_outs[] = {1, 3, 17, 67};
+    static const int n_toks[] = {1, 2, 5, 8, 13};
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int ti = 0; ti < N_MM_TYPES; ti++) {
+        kt_dtype type = MM_TYPES[ti];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) {
+                int n_in = n_ins[a], n_out = n_outs[b];
+                void *w = make_weights(type, n_in, n_out, (uint64_t)(ti * 100 + a * 10 + b));
+                for (int c = 0; c < 5; c++) {
+                    int nt = n_toks[c];
+                    size_t no = (size_t)nt * n_out;
+                    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
+                    float *want = xmalloc(sizeof(float) * no), *got = xmalloc(sizeof(float) * no);
+                    double *asum = xmalloc(sizeof(double) * no);
+                    fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(a * 1000 + b * 100 + c));
+                    kt_matmul_ref(want, w, type, x, n_in, n_out, nt);
+                    abs_sums(asum, w, type, x, n_in, n_out, nt);
+                    kt_matmul(pool, got, w, type, x, n_in, n_out, nt);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s n_in %d n_out %d n_tokens %d",
+                             kt_dtype_name(type), n_in, n_out, nt);
+                    expect_close_mm(got, want, asum, no, 1e-4, what);
+                    free(x);
+                    free(want);
+                    free(got);
+                    free(asum);
+                }
+                free(w);
+            }
+    }
+    kt_pool_free(pool);
+}
+
+/* Float weights allow any n_in (the SIMD tail). */
+static void test_matmul_float_odd_n_in(void **state) {
+    (void)state;
+    static const int n_ins[] = {1, 7, 9, 33, 100};
+    for (int ti = 0; ti < 3; ti++)
+        for (int a = 0; a < 5; a++) {
+            int n_in = n_ins[a], n_out = 9, nt = 5;
+            size_t no = (size_t)nt * n_out;
+            void *w = make_weights(MM_TYPES[ti], n_in, n_out, (uint64_t)(77 + a));
+            float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
+            float want[45], got[45];
+            double asum[45];
+            fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(5 + a));
+            kt_matmul_ref(want, w, MM_TYPES[ti], x, n_in, n_out, nt);
+            abs_sums(asum, w, MM_TYPES[ti], x, n_in, n_out, nt);
+            kt_matmul(NULL, got, w, MM_TYPES[ti], x, n_in, n_out, nt);
+            expect_close_mm(got, want, asum, no, 1e-5, kt_dtype_name(MM_TYPES[ti]));
+            free(x);
+            free(w);
+        }
+}
+
+/* With the SIMD kernels off, kt_matmul (threaded) is the reference,
+ * bit for bit. */
+static void test_matmul_scalar_is_ref(void **state) {
+    (void)state;
+    kt_pool *pool = kt_pool_new(3, NULL);
+    assert_non_null(pool);
+    kt_cpu_force_scalar(true);
+    for (int ti = 0; ti < N_MM_TYPES; ti++) {
+        int n_in = 96, n_out = 37, nt = 6;
+        void *w = make_weights(MM_TYPES[ti], n_in, n_out, 31);
+        float x[6 * 96], want[6 * 37], got[6 * 37];
+        fill_normal(x, sizeof x / sizeof x[0], 1.0f, 3);
+        kt_matmul_ref(want, w, MM_TYPES[ti], x, n_in, n_out, nt);
+        kt_matmul(pool, got, w, MM_TYPES[ti], x, n_in, n_out, nt);
+        assert_memory_equal(want, got, sizeof want);
+        free(w);
+    }
+    kt_cpu_force_scalar(false);
+    kt_pool_free(pool);
+}
+
+/* A token's outputs are the same bits alone and in batches of any size,
+ * with any number of threads (every type, on the path this CPU uses). */
+static void check_batch_invariance(bool scalar) {
+    kt_pool *pools[3] = {NULL, kt_pool_new(2, NULL), kt_pool_new(3, NULL)};
+    assert_non_null(pools[1]);
+    assert_non_null(pools[2]);
+    kt_cpu_force_scalar(scalar);
+    static const int batches[] = {7, 50}; /* 50: more than one token chunk */
+    for (int ti = 0; ti < N_MM_TYPES; ti++) {
+        int n_in = 256 + 32, n_out = 67;
+        void *w = make_weights(MM_TYPES[ti], n_in, n_out, 99);
+        for (int bi = 0; bi < 2; bi++) {
+            int nt = batches[bi];
+            float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
+            float *batch = xmalloc(sizeof(float) * (size_t)nt * n_out);
+            fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
+            kt_matmul(pools[bi + 1], batch, w, MM_TYPES[ti], x, n_in, n_out, nt);
+            for (int t = 0; t < nt; t += (bi ? 7 : 1)) {
+                for (int p = 0; p < 3; p++) {
+                    float alone[67];
+                    kt_matmul(pools[p], alone, w, MM_TYPES[ti], x + (size_t)t * n_in, n_in,
+                              n_out, 1);
+                    if (memcmp(alone, batch + (size_t)t * n_out, sizeof alone) != 0)
+                        fail_msg("%s%s: token %d of %d differs alone (pool %d)",
+                                 kt_dtype_name(MM_TYPES[ti]), scalar ? " (scalar)" : "", t,
+                                 nt, p);
+                }
+            }
+            /* and a sub-batch starting at token 2 */
+            float *sub = xmalloc(sizeof(float) * (size_t)5 * n_out);
+            kt_matmul(pools[2], sub, w, MM_TYPES[ti], x + (size_t)2 * n_in, n_in, n_out, 5);
+            assert_memory_equal(sub, batch + (size_t)2 * n_out, sizeof(float) * 5 * n_out);
+            free(sub);
+            free(x);
+            free(batch);
+        }
+        free(w);
+    }
+    kt_cpu_force_scalar(false);
+    kt_pool_free(pools[1]);
+    kt_pool_free(pools[2]);
+}
+
+static void test_matmul_batch_invariance(void **state) {
+    (void)state;
+    check_batch_invariance(false);
+    check_batch_invariance(true);
+}
+
+static void test_matmul_supported(void **state) {
+    (void)state;
+    for (int i = 0; i < N_MM_TYPES; i++) assert_true(kt_matmul_supported(MM_TYPES[i]));
+    assert_false(kt_matmul_supported(KT_Q4_K));
+    assert_false(kt_matmul_supported(KT_I32));
+}
+
+/* ---- element-wise kernels ------------------------------------------- */
+
+static const int EW_SIZES[] = {1, 7, 8, 31, 64, 100, 2048 + 5};
+
+static void expect_rel(const float *got, const float *want, int n, float rel, float abs_floor,
+                       const char *what) {
+    for (int i = 0; i < n; i++) {
+        float lim = rel * fabsf(want[i]) + abs_floor;
+        if (!(fabsf(got[i] - want[i]) <= lim))
+            fail_msg("%s: element %d of %d: %.9g vs reference %.9g", what, i, n, got[i], want[i]);
+    }
+}
+
+/* SIMD within 1e-5 relative: only the sum of squares is ordered
+ * differently (and the ref's sequential float sum is the less exact). */
+static void test_rmsnorm(void **state) {
+    (void)state;
+    for (int s = 0; s < 7; s++) {
+        int n = EW_SIZES[s];
+        float *x = xmalloc(sizeof(float) * n), *w = xmalloc(sizeof(float) * n);
+        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+        fill_normal(x, n, 2.0f, 1 + s);
+        fill_normal(w, n, 1.0f, 100 + s);
+        kt_rmsnorm_ref(a, x, w, n, 1e-5f);
+        kt_rmsnorm(b, x, w, n, 1e-5f);
+        expect_rel(b, a, n, 1e-5f, 0.0f, "rmsnorm");
+        /* the definition, in double */
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double sc = 1.0 / sqrt(ss / n + 1e-5);
+        for (int i = 0; i < n; i++) assert_true(fabs(a[i] - x[i] * sc * w[i]) <= 1e-5 * fabs(x[i] * sc * w[i]) + 1e-30);
+        /* in place */
+        memcpy(a, x, sizeof(float) * n);
+        kt_rmsnorm(a, a, w, n, 1e-5f);
+        assert_memory_equal(a, b, sizeof(float) * n);
+        free(x);
+        free(w);
+        free(a);
+        free(b);
+    }
+}
+
+/* SIMD exp within ~2 ulp of expf, and the sum of n terms reordered (the
+ * reference adds them one by one in float): 1e-5 relative. */
+static void test_softmax(void **state) {
+    (void)state;
+    for (int s = 0; s < 7; s++) {
+        int n = EW_SIZES[s];
+        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+        fill_normal(a, n, 5.0f, 40 + s);
+        if (n > 3) a[3] = -1e30f; /* underflows to 0 */
+        memcpy(b, a, sizeof(float) * n);
+        kt_softmax_ref(a, n);
+        kt_softmax(b, n);
+        expect_rel(b, a, n, 1e-5f, 1e-37f, "softmax");
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += b[i];
+        assert_true(fabs(sum - 1.0) < 1e-5);
+        free(a);
+        free(b);
+    }
+}
+
+static void test_swiglu(void **state) {
+    (void)state;
+    for (int s = 0; s < 7; s++) {
+        int n = EW_SIZES[s];
+        float *g = xmalloc(sizeof(float) * n), *u = xmalloc(sizeof(float) * n);
+        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
+        fill_normal(g, n, 4.0f, 60 + s);
+        fill_normal(u, n, 1.0f, 80 + s);
+        kt_swiglu_ref(a, g, u, n);
+        kt_swiglu(b, g, u, n);
+        expect_rel(b, a, n, 2e-6f, 1e-30f, "swiglu");
+        kt_swiglu(g, g, u, n); /* in place over gate */
+        assert_memory_equal(g, b, sizeof(float) * n);
+        free(g);
+        free(u);
+        free(a);
+        free(b);
+    }
+    /* the ends of exp's range, and exp's accuracy over it */
+    enum { M = 4096 };
+    float g[M], u[M], a[M], b[M];
+    for (int i = 0; i < M; i++) {
+        g[i] = -110.0f + 200.0f * (float)i / M;
+        u[i] = 1.0f;
+    }
+    g[0] = -1e4f;
+    g[1] = 1e4f;
+    g[2] = 0.0f;
+    g[3] = -88.0f;
+    g[4] = 87.0f;
+    kt_swiglu_ref(a, g, u, M);
+    kt_swiglu(b, g, u, M);
+    assert_true(b[0] == 0.0f && b[1] == 1e4f && b[2] == 0.0f);
+    /* where silu is a normal float it matches within 4 ulp-ish */
+    for (int i = 0; i < M; i++)
+        if (fabsf(a[i]) > 1e-36f) assert_true(fabsf(a[i] - b[i]) <= 5e-7f * fabsf(a[i]));
+}
+
+/* ---- rope ----------------------------------------------------------- */
+
+/* Reference angles in double: theta_i = pos * base^(-2i/d), which the
+ * float recurrence tracks within ~i ulp of theta. */
+static void test_rope(void **state) {
+    (void)state;
+    enum { H = 3, D = 64 };
+    static const int rope_dims[] = {64, 32};
+    for (int style = 0; style < 2; style++)
+        for (int rd = 0; rd < 2; rd++)
+            for (int pos = 0; pos < 300; pos += 37) {
+                int rdim = rope_dims[rd];
+                float x[H * D], y[H * D];
+                fill_normal(x, H * D, 1.0f, (uint64_t)(pos + 7 * style + rd));
+                memcpy(y, x, sizeof x);
+                kt_rope(y, H, D, rdim, pos, 10000.0f, (kt_rope_style)style);
+                for (int h = 0; h < H; h++) {
+                    for (int i = 0; i < rdim / 2; i++) {
+                        int ia = style == KT_ROPE_NEOX ? i : 2 * i;
+                        int ib = style == KT_ROPE_NEOX ? i + rdim / 2 : 2 * i + 1;
+                        double th = pos * pow(10000.0, -2.0 * i / rdim);
+                        double x0 = x[h * D + ia], x1 = x[h * D + ib];
+                        double w0 = x0 * cos(th) - x1 * sin(th), w1 = x0 * sin(th) + x1 * cos(th);
+                        /* |theta error| <= ~(i+2) ulp of pos */
+                        double tol = 1e-6 + 1.2e-7 * (i + 2) * pos * (fabs(x0) + fabs(x1));
+                        assert_true(fabs(y[h * D + ia] - w0) <= tol);
+                        assert_true(fabs(y[h * D + ib] - w1) <= tol);
+                    }
+                    for (int i = rdim; i < D; i++) assert_true(y[h * D + i] == x[h * D + i]);
+                }
+                if (pos == 0) assert_memory_equal(x, y, sizeof x);
+            }
+}
+
+/* The recurrence itself: exactly ggml_rope_cache_init's angles. */
+static void test_rope_matches_ggml_recurrence(void **state) {
+    (void)state;
+    enum { D = 128 };
+    float x[D], y[D];
+    for (int i = 0; i < D; i++) x[i] = (i % 2) ? 0.0f : 1.0f; /* (1, 0) pairs */
+    memcpy(y, x, sizeof x);
+    kt_rope(y, 1, D, D, 1000, 500000.0f, KT_ROPE_ADJACENT);
+    const float theta_scale = powf(500000.0f, -2.0f / D);
+    float theta = 1000.0f;
+    for (int i = 0; i < D / 2; i++) {
+        /* rotating (1, 0) gives (cos, sin) exactly */
+        assert_true(y[2 * i] == cosf(theta));
+        assert_true(y[2 * i + 1] == sinf(theta));
+        theta *= theta_scale;
+    }
+}
+
+/* ---- attention ------------------------------------------------------ */
+
+typedef struct attn_case {
+    int n_tokens, pos0, n_head, n_head_kv, head_dim;
+} attn_case;
+
+static void run_attention(const attn_case *c, kt_pool *pool, bool ref, float *out, const float *q,
+                          const float *k, const float *v, size_t q_stride, size_t kv_stride,
+                          size_t out_stride) {
+    kt_attn_args a = {.out = out, .q = q, .k = k, .v = v, .n_tokens = c->n_tokens,
+                      .pos0 = c->pos0, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                      .head_dim = c->head_dim, .q_stride = q_stride, .kv_stride = kv_stride,
+                      .out_stride = out_stride};
+    if (ref) kt_attention_ref(&a);
+    else kt_attention(pool, &a);
+}
+
+/* SIMD (online softmax, vector exp, reordered sums) vs the three-pass
+ * reference: within 1e-5 x max|v|. */
+static void test_attention(void **state) {
+    (void)state;
+    static const attn_case cases[] = {
+        {1, 0, 1, 1, 8},    {1, 0, 4, 2, 64},  {1, 40, 8, 2, 64}, {5, 0, 4, 4, 64},
+        {7, 30, 8, 2, 64},  {3, 100, 2, 1, 20}, {4, 3, 6, 3, 7},  {2, 70, 4, 1, 128},
+    };
+    kt_pool *pool = kt_pool_new(3, NULL);
+    assert_non_null(pool);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const attn_case *c = &cases[ci];
+        int n_pos = c->pos0 + c->n_tokens;
+        size_t q_stride = (size_t)c->n_head * c->head_dim + 3;
+        size_t kv_stride = (size_t)c->n_head_kv * c->head_dim + 5;
+        size_t out_stride = (size_t)c->n_head * c->head_dim + 1;
+        float *q = xmalloc(sizeof(float) * q_stride * c->n_tokens);
+        float *k = xmalloc(sizeof(float) * kv_stride * n_pos);
+        float *v = xmalloc(sizeof(float) * kv_stride * n_pos);
+        float *a = xmalloc(sizeof(float) * out_stride * c->n_tokens);
+        float *b = xmalloc(sizeof(float) * out_stride * c->n_tokens);
+        fill_normal(q, q_stride * c->n_tokens, 2.0f, ci * 3 + 1);
+        fill_normal(k, kv_stride * n_pos, 2.0f, ci * 3 + 2);
+        fill_normal(v, kv_stride * n_pos, 1.0f, ci * 3 + 3);
+        memset(a, 0, sizeof(float) * out_stride * c->n_tokens);
+        memset(b, 0, sizeof(float) * out_stride * c->n_tokens);
+        run_attention(c, NULL, true, a, q, k, v, q_stride, kv_stride, out_stride);
+        run_attention(c, pool, false, b, q, k, v, q_stride, kv_stride, out_stride);
+        float vmax = 0;
+        for (size_t i = 0; i < kv_stride * n_pos; i++) vmax = fmaxf(vmax, fabsf(v[i]));
+        for (int t = 0; t < c->n_tokens; t++)
+            for (int i = 0; i < c->n_head * c->head_dim; i++) {
+                float x = a[t * out_stride + i], y = b[t * out_stride + i];
+                if (!(fabsf(x - y) <= 1e-5f * vmax))
+                    fail_msg("attention case %zu token %d elem %d: %.9g vs ref %.9g", ci, t, i, y, x);
+            }
+        /* the stride padding is untouched */
+        for (int t = 0; t < c->n_tokens; t++) assert_true(b[t * out_stride + out_stride - 1] == 0.0f);
+
+        /* first token: one position, output = v_0 of its kv head */
+        if (c->pos0 == 0)
+            for (int h = 0; h < c->n_head; h++) {
+                int kvh = h / (c->n_head / c->n_head_kv);
+                for (int d = 0; d < c->head_dim; d++)
+                    assert_true(fabsf(b[h * c->head_dim + d] - v[kvh * c->head_dim + d]) <= 1e-6f);
+            }
+
+        /* batch invariance: each token alone (as a batch of one at its
+         * position) gives the same bits */
+        for (int t = 0; t < c->n_tokens; t++) {
+            attn_case one = *c;
+            one.n_tokens = 1;
+            one.pos0 = c->pos0 + t;
+            float *o1 = xmalloc(sizeof(float) * out_stride);
+            run_attention(&one, NULL, false, o1, q + t * q_stride, k, v, q_stride, kv_stride,
+                          out_stride);
+            assert_memory_equal(o1, b + t * out_stride, sizeof(float) * c->n_head * c->head_dim);
+            free(o1);
+        }
+        free(q);
+        free(k);
+        free(v);
+        free(a);
+        free(b);
+    }
+    kt_pool_free(pool);
+}
+
+/* ---- throughput (KT_OPS_BENCH=1; not a test) ------------------------ */
+
+static double bench_matmul(kt_pool *pool, kt_dtype type, int n_in, int n_out, int nt, int reps,
+                           const void *w, const float *x, float *out) {
+    kt_matmul(pool, out, w, type, x, n_in, n_out, nt); /* warm up */
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = kt_time_ms();
+        kt_matmul(pool, out, w, type, x, n_in, n_out, nt);
+        double dt = kt_time_ms() - t0;
+        best = dt < best ? dt : best;
+    }
+    return best;
+}
+
+static void test_bench(void **state) {
+    (void)state;
+    const char *e = getenv("KT_OPS_BENCH");
+    if (!e || !*e || strcmp(e, "0") == 0) skip();
+    const int n_in = 2048, n_out = 5632;
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    float *x = xmalloc(sizeof(float) * 64 * n_in);
+    float *out = xmalloc(sizeof(float) * 64 * n_out);
+    fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
+    for (int i = 0; i < 5; i++) {
+        void *w = make_weights(types[i], n_in, n_out, 1);
+        double bytes = (double)kt_dtype_row_bytes(types[i], n_in) * n_out;
+        /* several copies so that GEMV streams from memory, not cache */
+        enum { COPIES = 8 };
+        void *ws[COPIES];
+        for (int c = 0; c < COPIES; c++) {
+            ws[c] = xmalloc((size_t)bytes);
+            memcpy(ws[c], w, (size_t)bytes);
+        }
+        double best = 1e30;
+        for (int rep = 0; rep < 20; rep++)
+            for (int c = 0; c < COPIES; c++) {
+                double t0 = kt_time_ms();
+                kt_matmul(pool, out, ws[c], types[i], x, n_in, n_out, 1);
+                double dt = kt_time_ms() - t0;
+                best = dt < best ? dt : best;
+            }
+        double gemm = bench_matmul(pool, types[i], n_in, n_out, 64, 5, w, x, out);
+        double gemm1 = bench_matmul(NULL, types[i], n_in, n_out, 64, 3, w, x, out);
+        print_message("bench %-5s GEMV %4d x %4d: %.3f ms, %.1f GB/s | GEMM 64 tok: %.1f ms, "
+                      "%.1f GFLOP/s (2 thr), %.1f GFLOP/s (1 thr)\n",
+                      kt_dtype_name(types[i]), n_out, n_in, best, bytes / best / 1e6, gemm,
+                      2.0 * n_in * n_out * 64 / gemm / 1e6, 2.0 * n_in * n_out * 64 / gemm1 / 1e6);
+        /* the naive alternative: 64 GEMVs */
+        double t0 = kt_time_ms();
+        for (int t = 0; t < 64; t++)
+            kt_matmul(pool, out + (size_t)t * n_out, w, types[i], x + (size_t)t * n_in, n_in, n_out, 1);
+        double naive = kt_time_ms() - t0;
+        print_message("      64 x GEMV: %.1f ms, %.1f GFLOP/s\n", naive,
+                      2.0 * n_in * n_out * 64 / naive / 1e6);
+        for (int c = 0; c < COPIES; c++) free(ws[c]);
+        free(w);
+    }
+    /* pool overhead: back-to-back empty jobs */
+    count_ctx c = {0};
+    double t0 = kt_time_ms();
+    for (int i = 0; i < 100000; i++) kt_pool_run(pool, count_fn, &c);
+    print_message("bench pool_run (2 threads, empty job): %.2f us\n", (kt_time_ms() - t0) * 1e3 / 1e5);
+    free(x);
+    free(out);
+    kt_pool_free(pool);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_runs_every_thread),
+        cmocka_unit_test(test_pool_memory_visibility),
+        cmocka_unit_test(test_split_range),
+        cmocka_unit_test(test_pool_scratch),
+        cmocka_unit_test(test_cpu_dispatch),
+        cmocka_unit_test(test_dequant_q4_0_known),
+        cmocka_unit_test(test_dequant_q8_0_known),
+        cmocka_unit_test(test_plain_types_roundtrip),
+        cmocka_unit_test(test_quant_roundtrip_error),
+        cmocka_unit_test(test_q4_0_max_sign_and_ties),
+        cmocka_unit_test(test_q8_0_rounding),
+        cmocka_unit_test(test_act_quant_matches_q8_0),
+        cmocka_unit_test(test_q8_0_bytes_match_llama),
+        cmocka_unit_test(test_q4_0_bytes_match_llama),
+        cmocka_unit_test(test_matmul_supported),
+        cmocka_unit_test(test_matmul_ref_small),
+        cmocka_unit_test(test_matmul_simd_vs_ref),
+        cmocka_unit_test(test_matmul_float_odd_n_in),
+        cmocka_unit_test(test_matmul_scalar_is_ref),
+        cmocka_unit_test(test_matmul_batch_invariance),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_matches_ggml_recurrence),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_bench),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,221 @@
+/*
+ * test_session.c - the public API end to end: sessions, the KV cache,
+ * context limits, invariance of results to batching and threads, and
+ * clear errors for bad models and bad input.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kettle.h"
+#include "testutil.h"
+
+static kt_model *load(const char *rel) {
+    kt_error err = {0};
+    kt_model *m = kt_model_load(tu_shared(rel), &err);
+    if (!m) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(m);
+    return m;
+}
+
+static kt_session *session(kt_model *m, int n_ctx, int n_threads) {
+    kt_error err = {0};
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = n_ctx, .n_threads = n_threads}, &err);
+    assert_non_null(s);
+    return s;
+}
+
+static int32_t *some_tokens(int n, int n_vocab) {
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)n);
+    assert_non_null(t);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(1 + (i * 7919) % (n_vocab - 1));
+    return t;
+}
+
+/* Logits of n tokens fed in pieces of `step` tokens (all positions). */
+static float *eval_in_steps(kt_model *m, const int32_t *toks, int n, int step, int n_threads) {
+    int nv = kt_model_describe(m)->n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)n * (size_t)nv);
+    assert_non_null(l);
+    kt_session *s = session(m, n, n_threads);
+    kt_error err = {0};
+    for (int i = 0; i < n; i += step) {
+        int k = n - i < step ? n - i : step;
+        assert_int_equal(kt_session_eval(s, toks + i, k, l + (size_t)i * nv, true, &err), KT_OK);
+    }
+    assert_int_equal(kt_session_n_past(s), n);
+    kt_session_free(s);
+    return l;
+}
+
+/* A token's logits do not depend on how the sequence was batched or how
+ * many threads ran it: bit-identical. */
+static void check_invariance(const char *rel, int n) {
+    kt_model *m = load(rel);
+    int nv = kt_model_describe(m)->n_vocab;
+    int32_t *toks = some_tokens(n, nv);
+    float *whole = eval_in_steps(m, toks, n, n, 1);
+    float *single = eval_in_steps(m, toks, n, 1, 2);
+    float *mixed = eval_in_steps(m, toks, n, 7, 2);
+    size_t bytes = sizeof(float) * (size_t)n * (size_t)nv;
+    assert_memory_equal(whole, single, bytes);
+    assert_memory_equal(whole, mixed, bytes);
+    free(whole);
+    free(single);
+    free(mixed);
+    free(toks);
+    kt_model_free(m);
+}
+
+static void test_invariance_f32(void **state) {
+    (void)state;
+    check_invariance("models/stories260K.gguf", 40);
+}
+
+static void test_invariance_q4_0(void **state) {
+    (void)state;
+    check_invariance("models/test-tiny-Q4_0.gguf", 20);
+}
+
+static void test_invariance_q8_0(void **state) {
+    (void)state;
+    check_invariance("models/test-tiny-Q8_0.gguf", 20);
+}
+
+static void test_invariance_f16(void **state) {
+    (void)state;
+    check_invariance("models/test-tiny-F16.gguf", 20);
+}
+
+static void test_truncate_and_replay(void **state) {
+    (void)state;
+    kt_model *m = load("models/stories260K.gguf");
+    int nv = kt_model_describe(m)->n_vocab;
+    int32_t *toks = some_tokens(12, nv);
+    kt_session *s = session(m, 32, 2);
+    kt_error err = {0};
+    float *a = malloc(sizeof(float) * (size_t)nv), *b = malloc(sizeof(float) * (size_t)nv);
+    assert_int_equal(kt_session_eval(s, toks, 12, a, false, &err), KT_OK);
+    kt_session_truncate(s, 5); /* keep 5, replace the rest */
+    assert_int_equal(kt_session_n_past(s), 5);
+    assert_int_equal(kt_session_eval(s, toks + 5, 7, b, false, &err), KT_OK);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)nv);
+    free(a);
+    free(b);
+    free(toks);
+    kt_session_free(s);
+    kt_model_free(m);
+}
+
+static void test_context_full_is_an_error(void **state) {
+    (void)state;
+    kt_model *m = load("models/stories260K.gguf");
+    int32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    kt_session *s = session(m, 8, 1);
+    kt_error err = {0};
+    assert_int_equal(kt_session_eval(s, toks, 10, NULL, false, &err), KT_ERR_CONTEXT);
+    assert_non_null(strstr(err.msg, "context"));
+    assert_int_equal(kt_session_n_past(s), 0); /* nothing changed */
+    assert_int_equal(kt_session_eval(s, toks, 8, NULL, false, &err), KT_OK);
+    assert_int_equal(kt_session_eval(s, toks, 1, NULL, false, &err), KT_ERR_CONTEXT);
+    int32_t bad = 512;
+    kt_session_truncate(s, 0);
+    assert_int_equal(kt_session_eval(s, &bad, 1, NULL, false, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "512"));
+    bad = -1;
+    assert_int_equal(kt_session_eval(s, &bad, 1, NULL, false, &err), KT_ERR_ARG);
+    kt_session_free(s);
+    kt_model_free(m);
+}
+
+static void expect_load_error(const char *path, const char *words) {
+    kt_error err = {0};
+    kt_model *m = kt_model_load(path, &err);
+    assert_null(m);
+    if (!strstr(err.msg, words)) fprintf(stderr, "message: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, words));
+    assert_null(strchr(err.msg, '\n'));
+}
+
+static void test_bad_models(void **state) {
+    (void)state;
+    expect_load_error("/nonexistent/model.gguf", "/nonexistent/model.gguf");
+    /* a vocabulary-only file has no weights */
+    expect_load_error(tu_shared("vocab/ggml-vocab-llama-spm.gguf"), "missing");
+    /* a truncated model */
+    size_t size;
+    char *data = tu_read_file(tu_shared("models/stories260K.gguf"), &size);
+    assert_non_null(data);
+    assert_int_equal(tu_write_file(tu_tmp("truncated.gguf"), data, size - 1000), 0);
+    expect_load_error(tu_tmp("truncated.gguf"), "truncated.gguf");
+    free(data);
+}
+
+static void test_tokenize_detok_round_trip(void **state) {
+    (void)state;
+    kt_model *m = load("models/test-tiny-Q8_0.gguf");
+    const char *text = "Hello world, naïve café 😀 — done.";
+    int32_t ids[128];
+    kt_error err = {0};
+    int n = kt_tokenize(m, text, strlen(text), ids, 128, 1, &err);
+    assert_true(n > 2 && n < 128);
+    assert_int_equal(ids[0], kt_model_describe(m)->bos_id);
+    kt_detok *d = kt_detok_new(m);
+    char out[512] = "";
+    for (int i = 1; i < n; i++) strcat(out, kt_detok_push(d, ids[i]));
+    strcat(out, kt_detok_flush(d));
+    /* SentencePiece adds a leading space, which a continuation keeps */
+    assert_string_equal(out + 1, text);
+    kt_detok_free(d);
+    kt_model_free(m);
+}
+
+static void test_run_rejects_long_prompt(void **state) {
+    (void)state;
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time there was a girl' -c 6 -n 4",
+             KT_BIN, tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, &err), 1);
+    assert_non_null(strstr(err, "context"));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p hi -n 4 --top-p nonsense", KT_BIN,
+             tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "--top-p"));
+    free(out);
+    free(err);
+}
+
+static void test_run_is_reproducible_with_seed(void **state) {
+    (void)state;
+    char cmd[8192], *a = NULL, *b = NULL, *c = NULL;
+    const char *model = tu_shared("models/stories260K.gguf");
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 60 --temp 1 --seed 42", KT_BIN, model);
+    assert_int_equal(tu_run(cmd, &a, NULL), 0);
+    assert_int_equal(tu_run(cmd, &b, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 60 --temp 1 --seed 43", KT_BIN, model);
+    assert_int_equal(tu_run(cmd, &c, NULL), 0);
+    assert_string_equal(a, b);
+    assert_true(strlen(a) > 20);
+    assert_string_not_equal(a, c);
+    free(a);
+    free(b);
+    free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invariance_f32),
+        cmocka_unit_test(test_invariance_q4_0),
+        cmocka_unit_test(test_invariance_q8_0),
+        cmocka_unit_test(test_invariance_f16),
+        cmocka_unit_test(test_truncate_and_replay),
+        cmocka_unit_test(test_context_full_is_an_error),
+        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_tokenize_detok_round_trip),
+        cmocka_unit_test(test_run_rejects_long_prompt),
+        cmocka_unit_test(test_run_is_reproducible_with_seed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
