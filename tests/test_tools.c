@@ -6,7 +6,8 @@
  * stories260K (convert must reproduce every tensor byte for byte, which
  * also proves llama2.c's Q/K layout needs no permutation) and llama.cpp's
  * --pure quantizations of test-tiny (quantize must reproduce every tensor
- * byte for byte). Outputs are compared through our GGUF reader. Bad inputs
+ * byte for byte), and the converted model must tell llama.cpp's greedy
+ * story. Outputs are compared through our GGUF reader. Bad inputs
  * must fail with the documented exit code and a message that says what is
  * wrong.
  */
@@ -202,6 +203,23 @@ static void test_convert_matches_llamacpp(void **state) {
     gguf_close(got);
     gguf_close(ref);
     free(bin), free(tok), free(refp), free(outp);
+}
+
+/* The converted checkpoint generates llama.cpp's greedy story. */
+static void test_convert_runs(void **state) {
+    (void)state;
+    char *bin = shared("models/stories260K.bin"), *tok = shared("models/tok512.bin");
+    char *outp = tmp("conv-run.gguf"), args[8192], *out = NULL;
+    snprintf(args, sizeof args, "convert llama2c %s %s -o %s", bin, tok, outp);
+    expect_ok(args);
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 200 --temp 0", outp);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    char *want = tu_read_file(tu_shared("golden/stories260K.once.txt"), NULL);
+    assert_true(out && want);
+    size_t n = strlen(want);
+    while (n && (want[n - 1] == '\n' || want[n - 1] == ' ')) want[--n] = 0;
+    if (!strstr(out, want)) fail_msg("got:\n%s\nwant:\n%s", out, want);
+    free(out), free(want), free(bin), free(tok), free(outp);
 }
 
 /* Writes stories260K.bin with header field `field` set to `value` (field
@@ -476,6 +494,7 @@ int main(void) {
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_info_errors),
         cmocka_unit_test(test_convert_matches_llamacpp),
+        cmocka_unit_test(test_convert_runs),
         cmocka_unit_test(test_convert_errors),
         cmocka_unit_test(test_convert_overflow),
         cmocka_unit_test(test_convert_unshared),

@@ -305,7 +305,9 @@ static void assert_same_ids(const kt_vocab *a, const kt_vocab *b, const char *te
 static size_t random_text(kt_rng *r, char *buf, size_t cap) {
     static const char *parts[] = { "a", "b", "the", " ", "  ", "\n", "Once", " upon", "Lily",
                                    ".", ",", "!", "é", "世界", "😀", "<s>", "</s>", "<unk>",
-                                   "▁", "\t", "0x41", "<0x41>", "'s", "ball", "1", "23" };
+                                   "▁", "\t", "0x41", "<0x41>", "'s", "ball", "1", "23",
+                                   "ing", "er", " re", "ation", "   ", "Hello", "ü", "ß",
+                                   "приве", "т", "\xE2\x80\x8A", "™", "    }", "{" };
     size_t n = 0, k = kt_rng_u64(r) % 24;
     for (size_t i = 0; i < k; i++) {
         const char *p = parts[kt_rng_u64(r) % (sizeof parts / sizeof parts[0])];
@@ -316,6 +318,98 @@ static size_t random_text(kt_rng *r, char *buf, size_t cap) {
     }
     buf[n] = 0;
     return n;
+}
+
+/* The specification, naively (O(n^2)): normalize, then merge the best
+ * pair (highest score, leftmost on ties) until none is a token, then byte
+ * fallback. No user-defined tokens. Returns the id count. */
+static bool can_merge(const kt_vocab *v, int32_t id) {
+    kt_token_type t = kt_vocab_type(v, id);
+    return id >= 0 && t != KT_TOKEN_CONTROL && t != KT_TOKEN_UNKNOWN && t != KT_TOKEN_BYTE;
+}
+
+static int naive_encode(const kt_vocab *v, const char *text, size_t len, int32_t *out) {
+    if (len == 0) return 0; /* no fragment at all, so no "▁" either */
+    char *buf = malloc(3 * len + 3);
+    size_t *off = malloc((3 * len + 3) * sizeof *off), *n = malloc((3 * len + 3) * sizeof *n);
+    assert_true(buf && off && n);
+    size_t bl = 0;
+    memcpy(buf, "\xE2\x96\x81", 3);
+    bl = 3;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') { memcpy(buf + bl, "\xE2\x96\x81", 3); bl += 3; }
+        else buf[bl++] = text[i];
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < bl; i += n[m - 1]) {
+        off[m] = i;
+        n[m++] = (size_t)kt_utf8_len((uint8_t)buf[i]);
+    }
+    for (;;) {
+        long best = -1;
+        float best_score = 0;
+        for (size_t i = 0; i + 1 < m; i++) {
+            int32_t id = kt_vocab_find(v, buf + off[i], n[i] + n[i + 1]);
+            if (!can_merge(v, id)) continue;
+            if (best < 0 || kt_vocab_score(v, id) > best_score) {
+                best = (long)i;
+                best_score = kt_vocab_score(v, id);
+            }
+        }
+        if (best < 0) break;
+        n[best] += n[best + 1];
+        memmove(off + best + 1, off + best + 2, (m - (size_t)best - 2) * sizeof *off);
+        memmove(n + best + 1, n + best + 2, (m - (size_t)best - 2) * sizeof *n);
+        m--;
+    }
+    int k = 0;
+    for (size_t i = 0; i < m; i++) {
+        int32_t id = kt_vocab_find(v, buf + off[i], n[i]);
+        if (can_merge(v, id)) {
+            out[k++] = id;
+            continue;
+        }
+        for (size_t j = 0; j < n[i]; j++) {
+            char hex[8];
+            snprintf(hex, sizeof hex, "<0x%02X>", (uint8_t)buf[off[i] + j]);
+            out[k++] = kt_vocab_find(v, hex, 6);
+        }
+    }
+    free(buf);
+    free(off);
+    free(n);
+    return k;
+}
+
+static void check_naive(const kt_vocab *v, kt_rng *r, int n_texts) {
+    char buf[512];
+    int32_t want[2048];
+    for (int i = 0; i < n_texts; i++) {
+        size_t len = random_text(r, buf, sizeof buf);
+        int nw = naive_encode(v, buf, len, want), ng;
+        int32_t *got = encode(v, buf, len, false, &ng);
+        if (!ids_equal(got, ng, want, nw)) {
+            fprintf(stderr, "text '%s'\n", buf);
+            print_ids("  naive", want, nw);
+            print_ids("  got  ", got, ng);
+        }
+        assert_true(ids_equal(got, ng, want, nw));
+        free(got);
+    }
+}
+
+/* The run-splitting, heap-based encoder gives what the plain definition
+ * gives, on both vocabularies. */
+static void test_matches_naive(void **state) {
+    (void)state;
+    kt_rng r;
+    kt_rng_seed(&r, 77);
+    kt_vocab *v = load_tok512();
+    check_naive(v, &r, 3000);
+    kt_vocab_free(v);
+    v = load_gguf_vocab(tu_shared("vocab/ggml-vocab-llama-spm.gguf"));
+    check_naive(v, &r, 3000);
+    kt_vocab_free(v);
 }
 
 static void test_llama2c_matches_gguf(void **state) {
@@ -376,20 +470,24 @@ static void check_golden(const kt_vocab *v, json_t *doc, const char *name) {
         print_ids("  got ", got, n);
     }
     assert_true(ids_equal(got, n, want, np));
-    char *text = detok_all(v, gen, ng, false, NULL);
+    /* llama.cpp's detokenizer drops the leading space of the first piece
+     * (gen_ids alone start mid-sentence: "▁a big" reads "a big"). */
+    char *text = detok_all(v, gen, ng, true, NULL);
     if (strcmp(text, gen_text) != 0)
         fprintf(stderr, "%s: gen_text differs:\n  want '%s'\n  got  '%s'\n", name, gen_text, text);
     assert_string_equal(text, gen_text);
     free(text);
-    /* The whole sequence decodes to prompt + text (BOS gives nothing, and
-     * SentencePiece's leading space is dropped). */
+    /* The whole sequence decodes to the prompt, then the continuation as
+     * it reads after it (its leading space kept). */
+    char *cont = detok_all(v, gen, ng, false, NULL);
     int32_t *all = malloc(((size_t)np + (size_t)ng) * sizeof *all);
     assert_non_null(all);
     memcpy(all, want, (size_t)np * sizeof *all);
     memcpy(all + np, gen, (size_t)ng * sizeof *all);
     text = detok_all(v, all, np + ng, true, NULL);
     assert_int_equal(strncmp(text, prompt, strlen(prompt)), 0);
-    assert_string_equal(text + strlen(prompt), gen_text);
+    assert_string_equal(text + strlen(prompt), cont);
+    free(cont);
     free(text);
     free(all);
     free(want);
@@ -817,16 +915,20 @@ static void test_throughput(void **state) {
         memcpy(text + n, story, len);
         n += len;
     }
+    /* Best of three, so a cold cache or a busy machine does not decide. */
     kt_error err = { 0 };
-    double t0 = kt_time_ms();
-    int count = kt_vocab_encode(v, text, n, true, NULL, 0, &err);
-    double ms = kt_time_ms() - t0;
-    assert_true(count > 0);
-    /* Per-copy ids: each copy of the story follows a newline... or not, so
-     * just check the total is in the right range for English. */
+    double best = 1e30;
+    int count = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = kt_time_ms();
+        count = kt_vocab_encode(v, text, n, true, NULL, 0, &err);
+        double ms = kt_time_ms() - t0;
+        if (ms < best) best = ms;
+    }
+    /* English runs about 3 to 4 bytes per token with this vocabulary. */
     assert_true(count > (int)(n / 8) && count < (int)(n / 2));
-    printf("encode throughput: %.2f MB in %.1f ms = %.1f MB/s (%d tokens)\n",
-           (double)n / 1e6, ms, (double)n / 1e3 / ms, count);
+    printf("encode throughput (Llama 2 vocab): %.2f MB in %.1f ms = %.1f MB/s (%d tokens)\n",
+           (double)n / 1e6, best, (double)n / 1e3 / best, count);
     free(text);
     free(story);
     kt_vocab_free(v);
@@ -836,6 +938,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vocab_vectors),
         cmocka_unit_test(test_llama2c_matches_gguf),
+        cmocka_unit_test(test_matches_naive),
         cmocka_unit_test(test_golden),
         cmocka_unit_test(test_detok_split_utf8),
         cmocka_unit_test(test_detok_invalid),

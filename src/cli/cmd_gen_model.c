@@ -348,9 +348,14 @@ static int check_args(gen_args *a) {
     if (!a->out) return cli_usage_error(CMD, "missing -o OUT.gguf");
     for (size_t i = 0; i < N_SHAPES; i++)
         if (!strcmp(a->shape_name, SHAPES[i].name)) a->shape = &SHAPES[i];
-    if (!a->shape)
-        return cli_usage_error(CMD, "unknown shape '%s' (expected tinyllama-1.1b, "
-                               "smollm-135m or test-tiny)", a->shape_name);
+    if (!a->shape) {
+        char names[256] = "";
+        for (size_t i = 0; i < N_SHAPES; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                     i ? ", " : "", SHAPES[i].name);
+        return cli_usage_error(CMD, "unknown shape '%s' (expected one of %s)", a->shape_name,
+                               names);
+    }
     int t = cli_parse_out_type(a->type_name);
     if (t < 0)
         return cli_usage_error(CMD, "unknown type '%s' (expected one of %s)", a->type_name,

@@ -151,16 +151,13 @@ static void put_array(sbuf *b, const gguf_file *f, int64_t i) {
 }
 
 static void put_scalar(sbuf *b, const gguf_file *f, int64_t i, gguf_type t) {
-    int64_t iv;
-    double dv;
-    bool bv;
     gguf_str sv;
-    if (t == GGUF_BOOL && gguf_kv_get_bool(f, i, &bv)) sb_puts(b, bv ? "true" : "false");
-    else if (t == GGUF_STRING && gguf_kv_get_str(f, i, &sv)) put_str(b, sv, STR_MAX_CHARS);
-    else if (t == GGUF_F32 && gguf_kv_get_f64(f, i, &dv)) sb_printf(b, "%.9g", dv);
-    else if (t == GGUF_F64 && gguf_kv_get_f64(f, i, &dv)) sb_printf(b, "%.17g", dv);
-    else if (gguf_kv_get_i64(f, i, &iv)) sb_printf(b, "%" PRId64, iv);
-    else sb_puts(b, "(value out of range)");
+    const void *raw;
+    uint64_t n;
+    if (t == GGUF_STRING && gguf_kv_get_str(f, i, &sv)) put_str(b, sv, STR_MAX_CHARS);
+    else if (scalar_size(t) && gguf_kv_raw(f, i, &raw, &n) && n >= scalar_size(t))
+        put_raw_scalar(b, t, raw);
+    else sb_puts(b, "?");
 }
 
 /* "u32", "string", "array[f32] x 512" into buf. */
@@ -185,10 +182,12 @@ static void fmt_key(const gguf_file *f, int64_t i, char *buf, size_t cap) {
 /* ---- sections ---- */
 
 static int key_width(const gguf_file *f) {
+    char key[160];
     int w = 3;
     for (int64_t i = 0; i < gguf_n_kv(f); i++) {
-        uint64_t len = gguf_kv_key(f, i).len;
-        if (len > (uint64_t)w) w = len > 48 ? 48 : (int)len;
+        fmt_key(f, i, key, sizeof key);
+        int len = (int)strlen(key);
+        if (len > w) w = len > 48 ? 48 : len;
     }
     return w;
 }

@@ -41,7 +41,10 @@
 #define QT_TOKENS 3
 #define FT_ROWS 4       /* GEMM tile, float weights */
 #define FT_TOKENS 3
-#define TOKEN_CHUNK 48  /* tokens whose activations stay in L2 per pass */
+#define TOKEN_CHUNK 48
+#ifndef PF_BYTES
+#define PF_BYTES 512
+#endif  /* tokens whose activations stay in L2 per pass */
 
 /* The fixed horizontal sum of 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs. */
 INL float hsum8(__m256 v) {
@@ -51,11 +54,6 @@ INL float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-INL float half_at(const void *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 /* ---- activation quantizer (bit-identical to kt_quantize_act_q8_ref) -- */
 
@@ -100,31 +98,64 @@ void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d) {
 
 /* ---- quantized weights ---------------------------------------------- */
 
-/* Weight block b of a row as 32 signed bytes in element order. */
+/* Q8_0 weight block b of a row: 32 signed bytes in element order. */
 INL __m256i load_q8_0(const char *row, int b) {
     const block_q8_0 *blk = (const block_q8_0 *)row + b;
     return _mm256_loadu_si256((const __m256i *)blk->qs);
 }
 
-/* Q4_0: the 16 bytes broadcast to both halves; the high half shifted right
- * by 4 so that masking leaves low nibbles (elements 0..15) then high
- * nibbles (16..31); minus 8. */
+/* Q4_0 weight block b of a row: its 32 nibbles (0..15, not yet minus 8)
+ * in element order. The 16 bytes are broadcast to both halves, the high
+ * half shifted right by 4, and the mask keeps low nibbles (elements
+ * 0..15) then high nibbles (16..31). */
 INL __m256i load_q4_0(const char *row, int b) {
     const block_q4_0 *blk = (const block_q4_0 *)row + b;
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)blk->qs));
     v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-INL float scale_at(int q4, const char *row, int b) {
-    return q4 ? half_at(&((const block_q4_0 *)row)[b].d) : half_at(&((const block_q8_0 *)row)[b].d);
+INL uint64_t half_bits(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
 }
 
-/* 8 int32 lanes of the dot product of w (given with |w|) and x. */
-INL __m256i idot(__m256i aw, __m256i w, __m256i x) {
+/* The fp16 scales of block b of up to 4 rows, as 4 floats (0 beyond R).
+ * Gathered with integer loads and converted with one vcvtph2ps, which
+ * keeps the vector ports for the dot products. */
+INL __m128 row_scales(const char *const *rows, const int R, const int q4, int b) {
+    const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    uint64_t h = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) h |= half_bits(rows[r] + (size_t)b * bb) << (16 * r);
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
+}
+
+/* Integer dot products of 32 byte pairs as 8 int32 lanes, lane k holding
+ * products 4k .. 4k+3. Both forms below give the same exact lanes.
+ *
+ * Q8_0 (the sign trick): maddubs multiplies unsigned by signed bytes, so
+ * it gets |w| and x with w's sign moved onto it; |w| <= 128, |x| <= 127, so
+ * the pairwise int16 sums cannot saturate.
+ *
+ * Q4_0: the nibbles n are already unsigned, so maddubs(n, x) works as is
+ * (|sums| <= 2 * 15 * 127), and sum (n - 8) x = sum n x - 8 sum x; the
+ * correction 8 sum x (per lane) depends only on the activation block and
+ * is computed once per block for all rows. */
+INL __m256i idot_q8(__m256i aw, __m256i w, __m256i x) {
     __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+INL __m256i q4_correction(__m256i x) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi8(8), x);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+INL __m256i idot_q4(__m256i n, __m256i x, __m256i corr) {
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), _mm256_set1_epi16(1));
+    return _mm256_sub_epi32(p, corr);
 }
 
 typedef struct q_args {
@@ -135,14 +166,18 @@ typedef struct q_args {
     int n_out;
 } q_args;
 
-/* Outputs (r0 .. r0+R-1) x (t0 .. t0+T-1). R, T are constants after
- * inlining, so acc lives in registers. */
+/* Outputs (r0 .. r0+R-1) x (t0 .. t0+T-1). R, T <= 4 are constants after
+ * inlining, so acc lives in registers. Per block: the R x T scale products
+ * d_w * d_x go through a small array (so each is one broadcast load), each
+ * weight block is unpacked once and used for T tokens, each activation
+ * block loaded once per row. */
 INL void q_tile(const q_args *a, const int q4, const int R, const int T, int r0, int t0) {
     const int nb = a->x->nb;
     const char *rows[4];
     const int8_t *xq[4];
     const float *xd[4];
     __m256 acc[4][4];
+    float sc[4][4] __attribute__((aligned(16))); /* sc[t][r] = d_w[r] * d_x[t] */
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
 #pragma GCC unroll 4
@@ -155,17 +190,32 @@ INL void q_tile(const q_args *a, const int q4, const int R, const int T, int r0,
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
 
+    const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
     for (int b = 0; b < nb; b++) {
+        if (PF_BYTES) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) _mm_prefetch(rows[r] + (size_t)b * bb + PF_BYTES, _MM_HINT_T0);
+        }
+        const __m128 dw = row_scales(rows, R, q4, b);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(xd[t][b])));
+
+        __m256i corr[4];
+        if (q4) {
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                corr[t] = q4_correction(_mm256_load_si256((const __m256i *)(xq[t] + b * QK8_0)));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const __m256i w = q4 ? load_q4_0(rows[r], b) : load_q8_0(rows[r], b);
-            const __m256i aw = _mm256_sign_epi8(w, w);
-            const float dw = scale_at(q4, rows[r], b);
+            const __m256i aw = q4 ? w : _mm256_sign_epi8(w, w);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const __m256i xv = _mm256_load_si256((const __m256i *)(xq[t] + b * QK8_0));
-                const __m256 f = _mm256_cvtepi32_ps(idot(aw, w, xv));
-                acc[r][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(dw * xd[t][b]), acc[r][t]);
+                const __m256i dot = q4 ? idot_q4(w, xv, corr[t]) : idot_q8(aw, w, xv);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&sc[t][r]),
+                                            acc[r][t]);
             }
         }
     }

@@ -25,7 +25,8 @@
  *     logit -= c * frequency_penalty + presence_penalty;
  * top-p and min-p look at the softmax of the logits before temperature
  * (llama.cpp's order). NaN logits count as -inf. Ids passed to
- * kt_sampler_accept outside [0, n_vocab) are ignored.
+ * kt_sampler_accept outside [0, n_vocab) are ignored; kt_sampler_sample
+ * returns -1 only for a NULL sampler or logits.
  */
 
 /* The penalty stage alone, applied in place to n_vocab logits (what

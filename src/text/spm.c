@@ -10,22 +10,24 @@
  * candidates; stale candidates (a side already absorbed or grown) are
  * recognised when popped by their recorded size and dropped.
  *
- * Long texts are cut into runs first, between two characters that occur
+ * The fragment is streamed in runs, cut between two characters that occur
  * next to each other in no token that merges can produce: no symbol can
  * ever span such a cut, candidates never cross it, and the merges inside
- * one run happen in the same relative order as in the whole text, so the
- * ids are exactly those of one pass over the whole fragment. The heap
- * then stays as small as a word, instead of as large as the text (which
- * made long inputs crawl on cache misses).
+ * one run happen in the same relative order as in the whole fragment, so
+ * the ids are exactly those of one pass over the whole fragment. Runs are
+ * about a word long, so the working set (normalized bytes, symbols, heap)
+ * stays in cache whatever the length of the text; one heap over a whole
+ * megabyte made encoding ten times slower on cache misses.
  *
  * Invariants relied on:
- * - Symbols are contiguous byte ranges of the fragment and list
- *   neighbours are adjacent in it, so a pair's text is one range and is
- *   looked up without copying.
+ * - Symbols are contiguous byte ranges of the run's normalized bytes and
+ *   list neighbours are adjacent in it, so a pair's text is one range and
+ *   is looked up without copying.
  * - Symbol 0 (the first of a run) is never absorbed (it has no left
  *   neighbour), so the run's list always starts there.
  * - Pushes <= (n - 1) initial + 2 per merge, merges <= n - 1: the heap
- *   never holds more than 3n entries, which is what is allocated.
+ *   never holds more than 3n entries for n symbols, which is what is
+ *   reserved.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -51,11 +53,11 @@ typedef struct spm_pair {
 } spm_pair;
 
 typedef struct spm_work {
-    char *buf;        /* the normalized fragment */
-    size_t buf_cap;
+    char *buf;          /* the current run, normalized */
+    size_t len, buf_cap;
     spm_sym *sym;
     spm_pair *heap;
-    size_t heap_len;
+    size_t sym_cap, heap_len;
 } spm_work;
 
 /* Where ids go: the first cap are stored, all are counted. */
@@ -103,24 +105,9 @@ static spm_pair heap_pop(spm_work *w) {
     return top;
 }
 
-/* ---- merging --------------------------------------------------------- */
-
-static bool mergeable_type(uint8_t t);
-
-/* A token that text may merge into: not control, unknown or byte. */
-static int32_t merge_token(const kt_vocab *v, const char *s, size_t n) {
-    int32_t id = kt_vocab_find(v, s, n);
-    return id >= 0 && mergeable_type(v->type[id]) ? id : -1;
-}
-
-static void try_pair(const kt_vocab *v, spm_work *w, int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const spm_sym *l = &w->sym[left], *r = &w->sym[right];
-    uint32_t size = l->n + r->n;
-    if (size > v->max_len) return;
-    int32_t id = merge_token(v, w->buf + l->off, size);
-    if (id < 0) return;
-    heap_push(w, (spm_pair){ v->score[id], left, right, size, id });
+/* Tokens that merges may produce: not control, unknown or byte. */
+static bool mergeable_type(uint8_t t) {
+    return t != KT_TOKEN_CONTROL && t != KT_TOKEN_UNKNOWN && t != KT_TOKEN_BYTE;
 }
 
 /* ---- the pair set (run cuts) ------------------------------------------ */
@@ -152,10 +139,6 @@ static void pair_insert(kt_vocab *v, uint64_t key) {
     v->pairs[i] = key;
 }
 
-static bool mergeable_type(uint8_t t) {
-    return t != KT_TOKEN_CONTROL && t != KT_TOKEN_UNKNOWN && t != KT_TOKEN_BYTE;
-}
-
 /* Pieces of mergeable tokens are valid UTF-8 (checked at load), so they
  * split into whole characters. */
 bool kt_spm_prepare(kt_vocab *v) {
@@ -185,29 +168,22 @@ bool kt_spm_prepare(kt_vocab *v) {
     return true;
 }
 
-/* ---- merging (continued) ------------------------------------------------- */
+/* ---- merging --------------------------------------------------------- */
 
-/* Splits the run starting at buf[pos] into one symbol per UTF-8 character,
- * up to the first cut: a pair of adjacent characters that sits side by
- * side in no producible token, so no merge can ever join across it.
- * Returns the number of symbols (>= 1); *end gets the run's end offset. */
-static int32_t split_run(const kt_vocab *v, spm_work *w, size_t pos, size_t len,
-                         size_t *end) {
-    int32_t n = 0;
-    uint32_t prev = 0;
-    while (pos < len) {
-        size_t k = (size_t)kt_utf8_len((uint8_t)w->buf[pos]);
-        if (k > len - pos) k = len - pos; /* cannot happen on valid input */
-        uint32_t c = pack_char(w->buf + pos, (uint32_t)k);
-        if (n > 0 && !pair_known(v, (uint64_t)prev << 32 | c)) break;
-        w->sym[n] = (spm_sym){ n - 1, n + 1, (uint32_t)pos, (uint32_t)k, -1 };
-        n++;
-        prev = c;
-        pos += k;
-    }
-    w->sym[n - 1].next = -1;
-    *end = pos;
-    return n;
+/* The token the piece s[0..n) can merge into, or -1. */
+static int32_t merge_token(const kt_vocab *v, const char *s, size_t n) {
+    int32_t id = kt_vocab_find(v, s, n);
+    return id >= 0 && mergeable_type(v->type[id]) ? id : -1;
+}
+
+static void try_pair(const kt_vocab *v, spm_work *w, int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const spm_sym *l = &w->sym[left], *r = &w->sym[right];
+    uint32_t size = l->n + r->n;
+    if (size > v->max_len) return;
+    int32_t id = merge_token(v, w->buf + l->off, size);
+    if (id < 0) return;
+    heap_push(w, (spm_pair){ v->score[id], left, right, size, id });
 }
 
 /* Merges the symbols [0, n) of one run. */
@@ -251,49 +227,86 @@ static kt_status emit_symbol(const kt_vocab *v, const spm_sym *s, const char *bu
     return KT_OK;
 }
 
-/* ---- fragments ------------------------------------------------------- */
+/* ---- streaming a fragment in runs ------------------------------------- */
 
-/* Room for a normalized fragment of `bytes` bytes: that many symbols at
- * most, and 3 candidates per symbol (see the invariants above). */
-static bool work_reserve(spm_work *w, size_t bytes) {
-    if (bytes <= w->buf_cap) return true;
-    char *b = realloc(w->buf, bytes);
-    if (b) w->buf = b;
-    spm_sym *s = b ? realloc(w->sym, bytes * sizeof *s) : NULL;
-    if (s) w->sym = s;
-    spm_pair *h = s ? realloc(w->heap, 3 * bytes * sizeof *h) : NULL;
-    if (!h) return false;
-    w->heap = h;
-    w->buf_cap = bytes;
+/* Appends one normalized character of k bytes as a new symbol, growing
+ * the buffers (3 heap entries per symbol; see the invariants above). */
+static bool add_sym(spm_work *w, const char *c, uint32_t k, int32_t n) {
+    if (w->len + k > w->buf_cap) {
+        size_t cap = 2 * w->buf_cap + 64;
+        char *b = realloc(w->buf, cap);
+        if (!b) return false;
+        w->buf = b;
+        w->buf_cap = cap;
+    }
+    if ((size_t)n == w->sym_cap) {
+        size_t cap = 2 * w->sym_cap + 64;
+        spm_sym *s = realloc(w->sym, cap * sizeof *s);
+        if (!s) return false;
+        w->sym = s;
+        spm_pair *h = realloc(w->heap, 3 * cap * sizeof *h);
+        if (!h) return false;
+        w->heap = h;
+        w->sym_cap = cap; /* only once both grew */
+    }
+    memcpy(w->buf + w->len, c, k);
+    w->sym[n] = (spm_sym){ n - 1, n + 1, (uint32_t)w->len, k, -1 };
+    w->len += k;
     return true;
 }
 
-/* "▁"-prefixes (when asked) and escapes spaces into w->buf; returns length. */
-static size_t normalize(spm_work *w, const char *s, size_t n, bool prefix) {
-    size_t o = 0;
-    if (prefix) {
-        memcpy(w->buf, SPM_SPACE, 3);
-        o = 3;
+/* The fragment as a stream of normalized characters: an optional "▁"
+ * prefix, then its characters with ' ' turned into "▁". */
+typedef struct spm_reader {
+    const char *s;
+    size_t n, pos;
+    bool prefix;
+} spm_reader;
+
+/* The next character into c[0..4); its length, 0 at the end. */
+static uint32_t next_char(spm_reader *r, char c[4]) {
+    if (r->prefix || (r->pos < r->n && r->s[r->pos] == ' ')) {
+        if (r->prefix) r->prefix = false;
+        else r->pos++;
+        memcpy(c, SPM_SPACE, 3);
+        return 3;
     }
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == ' ') {
-            memcpy(w->buf + o, SPM_SPACE, 3);
-            o += 3;
-        } else {
-            w->buf[o++] = s[i];
-        }
-    }
-    return o;
+    if (r->pos >= r->n) return 0;
+    size_t k = (size_t)kt_utf8_len((uint8_t)r->s[r->pos]);
+    if (k > r->n - r->pos) k = r->n - r->pos; /* cannot happen on valid input */
+    memcpy(c, r->s + r->pos, k);
+    r->pos += k;
+    return (uint32_t)k;
+}
+
+/* Reads one run, starting with the character already in c[0..*k), into
+ * w; on return c holds the character that cut it (*k == 0 at the end of
+ * the fragment). Returns the number of symbols, or -1 out of memory. */
+static int32_t read_run(const kt_vocab *v, spm_work *w, spm_reader *r, char c[4],
+                        uint32_t *k) {
+    int32_t n = 0;
+    uint32_t prev = 0;
+    w->len = 0;
+    do {
+        uint32_t cur = pack_char(c, *k);
+        if (n > 0 && !pair_known(v, (uint64_t)prev << 32 | cur)) break;
+        if (n == INT32_MAX || !add_sym(w, c, *k, n)) return -1;
+        n++;
+        prev = cur;
+    } while ((*k = next_char(r, c)) > 0);
+    w->sym[n - 1].next = -1;
+    return n;
 }
 
 static kt_status encode_fragment(const kt_vocab *v, spm_work *w, const char *s, size_t n,
                                  bool prefix, spm_out *o, kt_error *err) {
-    size_t need = 3 * n + 3; /* worst case: every byte a space, plus prefix */
-    if (!work_reserve(w, need))
-        return kt_error_set(err, KT_ERR_NOMEM, "tokenizer: out of memory (%zu bytes of text)", n);
-    size_t len = normalize(w, s, n, prefix), end;
-    for (size_t pos = 0; pos < len; pos = end) {
-        int32_t n_sym = split_run(v, w, pos, len, &end);
+    spm_reader r = { s, n, 0, prefix };
+    char c[4];
+    uint32_t k = next_char(&r, c);
+    while (k > 0) {
+        int32_t n_sym = read_run(v, w, &r, c, &k);
+        if (n_sym < 0)
+            return kt_error_set(err, KT_ERR_NOMEM, "tokenizer: out of memory (%zu bytes)", n);
         merge_run(v, w, n_sym);
         for (int32_t i = 0; i != -1; i = w->sym[i].next) {
             kt_status st = emit_symbol(v, &w->sym[i], w->buf, o, err);
@@ -302,6 +315,8 @@ static kt_status encode_fragment(const kt_vocab *v, spm_work *w, const char *s, 
     }
     return KT_OK;
 }
+
+/* ---- fragments (user-defined tokens) ------------------------------------ */
 
 /* A piece of the input: raw text to encode, or a user-defined token. */
 typedef struct spm_frag {
