@@ -4,7 +4,6 @@
 #include "cli/cli_util.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "ops/pool.h"
 
 /* ---- arguments ---- */
 
@@ -91,18 +91,6 @@ uint32_t cli_llama_ftype(kt_dtype t) {
 
 /* ---- parallel rows ---- */
 
-typedef struct par_job {
-    cli_par_fn fn;
-    void *ctx;
-    int ith, nth;
-} par_job;
-
-static void *par_main(void *arg) {
-    par_job *j = arg;
-    j->fn(j->ctx, j->ith, j->nth);
-    return NULL;
-}
-
 static int par_threads(int64_t n_items) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
@@ -112,27 +100,11 @@ static int par_threads(int64_t n_items) {
 }
 
 void cli_parallel(int64_t n_items, cli_par_fn fn, void *ctx) {
-    enum { MAX_THREADS = CLI_MAX_THREADS };
-    int nth = par_threads(n_items);
-    pthread_t th[MAX_THREADS];
-    par_job jobs[MAX_THREADS];
-    bool started[MAX_THREADS] = {false};
-    for (int i = 1; i < nth; i++) {
-        jobs[i] = (par_job){fn, ctx, i, nth};
-        started[i] = pthread_create(&th[i], NULL, par_main, &jobs[i]) == 0;
-    }
-    fn(ctx, 0, nth);
-    /* A share whose thread could not be created runs here instead. */
-    for (int i = 1; i < nth; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
-        else fn(ctx, i, nth);
-    }
-}
-
-void cli_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
-    int64_t per = n / nth, extra = n % nth;
-    *lo = ith * per + (ith < extra ? ith : extra);
-    *hi = *lo + per + (ith < extra ? 1 : 0);
+    /* A pool per call: the tools call this once per tensor, so thread
+     * start-up is noise next to the work. Without threads, run inline. */
+    kt_pool *pool = kt_pool_new(par_threads(n_items), NULL);
+    kt_pool_run(pool, fn, ctx);
+    kt_pool_free(pool);
 }
 
 /* ---- progress ---- */

@@ -59,8 +59,6 @@ uint32_t cli_llama_ftype(kt_dtype t);
 typedef void (*cli_par_fn)(void *ctx, int ith, int nth);
 void cli_parallel(int64_t n_items, cli_par_fn fn, void *ctx);
 
-/* [lo, hi) of n items for thread ith of nth. */
-void cli_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi);
 
 /* ---- progress ---- */
 

@@ -31,6 +31,7 @@
 #include "base/rng.h"
 #include "base/timing.h"
 #include "cli/cli_util.h"
+#include "ops/pool.h"
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "ops/quant.h"
@@ -168,10 +169,11 @@ typedef struct gen_job {
 
 static void gen_rows(void *ctx, int ith, int nth) {
     const gen_job *j = ctx;
-    int64_t lo, hi, n = j->t->dims[0];
+    long lo, hi;
+    int64_t n = j->t->dims[0];
     float *row = j->scratch + (size_t)ith * (size_t)n;
     bool ones = j->t->n_dims == 1;
-    cli_split(j->t->dims[1], ith, nth, &lo, &hi);
+    kt_split_range(j->t->dims[1], ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         if (ones) {
             for (int64_t k = 0; k < n; k++) row[k] = 1.0f;

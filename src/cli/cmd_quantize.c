@@ -31,6 +31,7 @@
 #include "base/error.h"
 #include "base/timing.h"
 #include "cli/cli_util.h"
+#include "ops/pool.h"
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "ops/quant.h"
@@ -174,10 +175,11 @@ typedef struct conv_job {
 
 static void conv_rows(void *ctx, int ith, int nth) {
     const conv_job *j = ctx;
-    int64_t lo, hi, n = j->t->dims[0];
+    long lo, hi;
+    int64_t n = j->t->dims[0];
     float *row = j->scratch + (size_t)ith * (size_t)n;
     const unsigned char *in = j->t->data;
-    cli_split(j->n_rows, ith, nth, &lo, &hi);
+    kt_split_range(j->n_rows, ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         kt_dequantize_row(j->t->type, in + (size_t)r * j->in_row, row, n);
         kt_quantize_row(j->to, row, j->out + (size_t)r * j->out_row, n);
