@@ -19,32 +19,43 @@
  * values and the scales apart: the 32 values of block b of token t are the
  * 32 bytes at qs + (t * nb + b) * 32 (aligned if qs is), its scale is
  * d[t * nb + b], the fp16-rounded scale as a float. These are exactly the
- * numbers kt_quantize_row(KT_Q8_0, ...) stores, only laid out for loads. */
+ * numbers kt_quantize_row(KT_Q8_0, ...) stores, only laid out for loads.
+ * c8[t * nb + b] is 8 times the sum of the block's 32 values: Q4_0 kernels
+ * multiply the raw nibbles n and subtract it, since sum (n - 8) x =
+ * sum n x - 8 sum x. */
 typedef struct kt_q8_act {
     const int8_t *qs;
     const float *d;
+    const int32_t *c8;
     int nb; /* blocks per token: n_in / 32 */
 } kt_q8_act;
 
 /* Bytes of scratch a kt_q8_act of n_tokens x n_in needs (with alignment
- * slack), and how to carve it: qs first (64-aligned), then d. */
+ * slack); carving it gives the writable arrays and the read-only view. */
 size_t kt_q8_act_bytes(int n_in, int n_tokens);
-kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, float **d);
+kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, float **d,
+                          int32_t **c8);
 
-/* One row of n values (n a multiple of 32) -> n/32 blocks. Bit-identical
- * to the reference Q8_0 quantizer. */
-void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d);
+/* One row of n values (n a multiple of 32) -> n/32 blocks (values, scales,
+ * c8). Bit-identical to the reference Q8_0 quantizer. */
+void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
 
 /* ---- AVX2 kernels (the *_avx2.c files) --------------------------------- */
 
-void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d);
+void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
+
+/* Bytes of the per-thread work area the quantized GEMM needs for n_in
+ * (a transposed copy of 8 weight rows; 64-byte multiple). */
+size_t kt_matmul_panel_bytes(int n_in);
 
 /* Rows [r0, r1) of out for every token: out[t * n_out + r]. For Q8_0 and
- * Q4_0 weights x is the quantized activations; for float weights xf. */
+ * Q4_0 weights x is the quantized activations and panel the calling
+ * thread's own kt_matmul_panel_bytes(n_in) bytes, 64-byte aligned (unused
+ * when n_tokens == 1); for float weights xf. */
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
-                         int n_out, int n_tokens, int r0, int r1);
+                         int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
-                         int n_out, int n_tokens, int r0, int r1);
+                         int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float *xf,
                           int n_in, int n_out, int n_tokens, int r0, int r1);
 

@@ -8,17 +8,18 @@
  *   - Q8_0/Q4_0 weights: each activation row is quantized to Q8_0 blocks
  *     with the reference quantizer (quant.c); per block b the integer dot
  *     product isum_b of the weight and activation values is exact, and
- *     out = sum_b (float)isum_b * (d_w[b] * d_x[b]), summed in float in
- *     block order.
+ *         acc = 0;  for b in order: acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc)
+ *     (one rounding per block). The AVX2 kernels (matmul_avx2.c) do exactly
+ *     these operations, one output per float lane, so for the quantized
+ *     types SIMD, scalar fallback and reference agree bit for bit.
  *
- * The AVX2 kernels (matmul_avx2.c) compute the same quantities (the
- * integer parts exactly) and differ only in float summation order: they
- * keep 8 lanes per output and add them up at the end.
+ * The AVX2 kernels for float weights keep 8 lanes per output and add them
+ * up at the end, so they differ from the reference in summation order.
  *
- * Batch invariance: every output element is computed by one call of one
- * kernel over its whole row, in an order that depends only on n_in -- not
- * on n_tokens, on how rows are split over threads, or on which tile of the
- * GEMM it falls in. So a token's outputs are bit-identical whether it is
+ * Batch invariance: every output element is computed by one kernel over
+ * its whole row, in an order that depends only on n_in -- not on n_tokens,
+ * on how rows are split over threads, or on which tile of the GEMM it
+ * falls in. So a token's outputs are bit-identical whether it is
  * multiplied alone or in a batch. The scalar fallback used with
  * KETTLE_NO_SIMD is bit-identical to kt_matmul_ref.
  *
@@ -29,6 +30,7 @@
 #include "ops/matmul.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,9 +88,10 @@ static float block_scale(const void *row, kt_dtype t, int b) {
     return kt_fp16_to_fp32(d);
 }
 
-/* One block's term: (float)isum * (d_w * d_x). */
-static float block_term(const void *row, kt_dtype t, int b, const int8_t *xq, float dx) {
-    return (float)idot_block(row, t, b, xq) * (block_scale(row, t, b) * dx);
+/* Adds one block's term: fmaf((float)isum, d_w * d_x, acc). */
+static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
+                        float acc) {
+    return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
 }
 
 /* ---- the reference --------------------------------------------------- */
@@ -114,9 +117,10 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
         for (int b = 0; b < n_in / QK8_0; b++) {
             int8_t xq[QK8_0];
             float dx;
-            kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx);
+            int32_t c8;
+            kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx, &c8);
             for (int r = 0; r < n_out; r++)
-                ot[r] += block_term((const char *)w + r * row_bytes, wtype, b, xq, dx);
+                ot[r] = block_step((const char *)w + r * row_bytes, wtype, b, xq, dx, ot[r]);
         }
     }
 }
@@ -134,7 +138,7 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
             if (is_quant(wtype)) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
-                    sum += block_term(row, wtype, b, xa->qs + k * QK8_0, xa->d[k]);
+                    sum = block_step(row, wtype, b, xa->qs + k * QK8_0, xa->d[k], sum);
                 }
             } else {
                 sum = dot_float_ref(row, wtype, x + (size_t)t * n_in, n_in);
@@ -154,13 +158,17 @@ typedef struct mm_job {
     kt_q8_act xa;     /* quantized activations (Q8_0/Q4_0 weights) */
     int n_in, n_out, n_tokens;
     bool simd;
+    char *panels;       /* per-thread GEMM work areas, panel_bytes apart */
+    size_t panel_bytes;
     /* activation quantization job */
     int8_t *qs;
     float *d;
+    int32_t *c8;
 } mm_job;
 
-static void mm_rows(mm_job *j, int r0, int r1) {
+static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     if (r0 >= r1) return;
+    void *panel = j->panels ? j->panels + (size_t)ith * j->panel_bytes : NULL;
     if (!j->simd) {
         rows_scalar(j->out, j->w, j->wtype, j->x, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
         return;
@@ -168,10 +176,10 @@ static void mm_rows(mm_job *j, int r0, int r1) {
 #if defined(__x86_64__) || defined(__i386__)
     switch (j->wtype) {
     case KT_Q8_0:
-        kt_matmul_q8_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        kt_matmul_q8_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
         break;
     case KT_Q4_0:
-        kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
         break;
     default:
         kt_matmul_float_avx2(j->out, j->w, j->wtype, j->x, j->n_in, j->n_out, j->n_tokens,
@@ -186,7 +194,7 @@ static void mm_task(void *ctx, int ith, int nth) {
     long n_chunks = (j->n_out + ROW_GRAIN - 1) / ROW_GRAIN, lo, hi;
     kt_split_range(n_chunks, ith, nth, &lo, &hi);
     int r0 = (int)(lo * ROW_GRAIN), r1 = (int)(hi * ROW_GRAIN);
-    mm_rows(j, r0, r1 < j->n_out ? r1 : j->n_out);
+    mm_rows(j, ith, r0, r1 < j->n_out ? r1 : j->n_out);
 }
 
 static void quantize_tokens(mm_job *j, int t0, int t1) {
@@ -195,10 +203,10 @@ static void quantize_tokens(mm_job *j, int t0, int t1) {
         size_t k = (size_t)t * j->xa.nb;
         if (j->simd) {
 #if defined(__x86_64__) || defined(__i386__)
-            kt_quantize_act_q8_avx2(xt, j->n_in, j->qs + k * QK8_0, j->d + k);
+            kt_quantize_act_q8_avx2(xt, j->n_in, j->qs + k * QK8_0, j->d + k, j->c8 + k);
 #endif
         } else {
-            kt_quantize_act_q8_ref(xt, j->n_in, j->qs + k * QK8_0, j->d + k);
+            kt_quantize_act_q8_ref(xt, j->n_in, j->qs + k * QK8_0, j->d + k, j->c8 + k);
         }
     }
 }
@@ -221,13 +229,22 @@ void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const f
                 .n_tokens = n_tokens, .simd = kt_cpu_has_avx2()};
     void *owned = NULL;
     if (is_quant(wtype)) {
-        size_t need = kt_q8_act_bytes(n_in, n_tokens);
+        /* scratch: the quantized activations, then (SIMD GEMM) one panel
+         * per thread */
+        size_t act = (kt_q8_act_bytes(n_in, n_tokens) + 63) / 64 * 64;
+        bool panels = j.simd && n_tokens > 1;
+#if defined(__x86_64__) || defined(__i386__)
+        if (panels) j.panel_bytes = kt_matmul_panel_bytes(n_in);
+#endif
+        size_t need = act + 64 + (size_t)kt_pool_size(pool) * j.panel_bytes;
         void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
-        if (!buf) { /* out of memory: still give the right answer, slowly */
+        if (!buf) { /* out of memory: still the right answer, slowly */
             kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens);
             return;
         }
-        j.xa = kt_q8_act_carve(buf, n_in, n_tokens, &j.qs, &j.d);
+        j.xa = kt_q8_act_carve(buf, n_in, n_tokens, &j.qs, &j.d, &j.c8);
+        if (panels)
+            j.panels = (char *)(((uintptr_t)buf + act + 63) & ~(uintptr_t)63);
         /* one token is ~n_in floats of work: not worth waking the pool */
         if (n_tokens == 1) quantize_tokens(&j, 0, 1);
         else kt_pool_run(pool, quantize_task, &j);

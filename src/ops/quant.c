@@ -9,8 +9,8 @@
  * without FMA, so `x * id + 8.5f` is two roundings, as in ggml's reference.
  *
  * Also here: the scalar quantizer of activations for the matmul kernels
- * (same numbers as Q8_0, laid out as values and float scales apart; see
- * internal.h).
+ * (same numbers as Q8_0, laid out as values and float scales apart, plus
+ * each block's 8 * sum; see internal.h).
  */
 #include "ops/quant.h"
 
@@ -66,10 +66,14 @@ static void dequantize_row_q8_0(const block_q8_0 *y, float *x, int64_t n) {
     }
 }
 
-void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d) {
+void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8) {
     for (int64_t i = 0; i < n / QK8_0; i++) {
-        float di = q8_0_block(x + i * QK8_0, qs + i * QK8_0);
+        int8_t *q = qs + i * QK8_0;
+        float di = q8_0_block(x + i * QK8_0, q);
         d[i] = kt_fp16_to_fp32(kt_fp32_to_fp16(di));
+        int32_t sum = 0;
+        for (int j = 0; j < QK8_0; j++) sum += q[j];
+        c8[i] = 8 * sum;
     }
 }
 
@@ -180,13 +184,15 @@ static size_t align_up(size_t n) {
 
 size_t kt_q8_act_bytes(int n_in, int n_tokens) {
     size_t nb = (size_t)(n_in / QK8_0) * (size_t)n_tokens;
-    return align_up(nb * QK8_0) + align_up(nb * sizeof(float)) + ACT_ALIGN;
+    return align_up(nb * QK8_0) + 2 * align_up(nb * sizeof(float)) + ACT_ALIGN;
 }
 
-kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, float **d) {
+kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, float **d,
+                          int32_t **c8) {
     size_t nb = (size_t)(n_in / QK8_0) * (size_t)n_tokens;
     uintptr_t p = ((uintptr_t)scratch + ACT_ALIGN - 1) & ~(uintptr_t)(ACT_ALIGN - 1);
     *qs = (int8_t *)p;
     *d = (float *)(p + align_up(nb * QK8_0));
-    return (kt_q8_act){.qs = *qs, .d = *d, .nb = n_in / QK8_0};
+    *c8 = (int32_t *)(p + align_up(nb * QK8_0) + align_up(nb * sizeof(float)));
+    return (kt_q8_act){.qs = *qs, .d = *d, .c8 = *c8, .nb = n_in / QK8_0};
 }
