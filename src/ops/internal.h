@@ -62,7 +62,8 @@ void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void kt_softmax_avx2(float *x, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
-/* Attention of query token t, head h (one output row of head_dim). */
-void kt_attention_head_avx2(const kt_attn_args *a, int t, int h);
+/* Attention of query token t for heads [h0, h1), which must all read the
+ * same KV head, at most 16 of them. */
+void kt_attention_heads_avx2(const kt_attn_args *a, int t, int h0, int h1);
 
 #endif

@@ -6,12 +6,19 @@
  *   - F32/F16/BF16 weights: out = sum_i float(W[r][i]) * x[i], summed in
  *     float in the order i = 0, 1, 2, ...
  *   - Q8_0/Q4_0 weights: each activation row is quantized to Q8_0 blocks
- *     with the reference quantizer (quant.c); per block b the integer dot
- *     product isum_b of the weight and activation values is exact, and
- *         acc = 0;  for b in order: acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc)
- *     (one rounding per block). The AVX2 kernels (matmul_avx2.c) do exactly
- *     these operations, one output per float lane, so for the quantized
- *     types SIMD, scalar fallback and reference agree bit for bit.
+ *     with the reference quantizer (quant.c); the integer dot products are
+ *     exact, and the float steps are fixed:
+ *       Q4_0: acc = 0; per block b in order:
+ *               acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc)
+ *       Q8_0: 8 lanes, lane k summing products 4k..4k+3 of each block:
+ *               acc_k = fmaf((float)isum_b_k, d_w[b] * d_x[b], acc_k),
+ *             then ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
+ *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS), so
+ *     Q8_0 models match llama.cpp to ~1e-6; the Q4_0 order is that of
+ *     ggml's repacked Q4_0 kernels and lets the AVX2 GEMM keep one output
+ *     per lane. The AVX2 kernels (matmul_avx2.c) do exactly these
+ *     operations, so for the quantized types SIMD, scalar fallback and
+ *     reference agree bit for bit.
  *
  * The AVX2 kernels for float weights keep 8 lanes per output and add them
  * up at the end, so they differ from the reference in summation order.
@@ -88,10 +95,27 @@ static float block_scale(const void *row, kt_dtype t, int b) {
     return kt_fp16_to_fp32(d);
 }
 
-/* Adds one block's term: fmaf((float)isum, d_w * d_x, acc). */
+/* Q4_0: adds one block's term, fmaf((float)isum, d_w * d_x, acc). */
 static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                         float acc) {
     return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
+}
+
+/* Q8_0: adds one block to the 8 lane accumulators (lane k: products
+ * 4k..4k+3). */
+static void block_step_lanes(const void *row, int b, const int8_t *xq, float dx, float *acc) {
+    const block_q8_0 *blk = (const block_q8_0 *)row + b;
+    const float scale = kt_fp16_to_fp32(blk->d) * dx;
+    for (int k = 0; k < 8; k++) {
+        int32_t s = 0;
+        for (int j = 4 * k; j < 4 * k + 4; j++) s += blk->qs[j] * xq[j];
+        acc[k] = fmaf((float)s, scale, acc[k]);
+    }
+}
+
+/* The lanes' sum in the fixed order of the AVX2 horizontal add. */
+static float sum_lanes(const float *acc) {
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
 /* ---- the reference --------------------------------------------------- */
@@ -111,16 +135,20 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
                 ot[r] = dot_float_ref((const char *)w + r * row_bytes, wtype, xt, n_in);
             continue;
         }
-        /* Quantized: one activation block at a time (no heap), adding each
-         * block's term to every row's running sum in block order. */
-        for (int r = 0; r < n_out; r++) ot[r] = 0.0f;
-        for (int b = 0; b < n_in / QK8_0; b++) {
-            int8_t xq[QK8_0];
-            float dx;
-            int32_t c8;
-            kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx, &c8);
-            for (int r = 0; r < n_out; r++)
-                ot[r] = block_step((const char *)w + r * row_bytes, wtype, b, xq, dx, ot[r]);
+        /* Quantized: per row, one activation block at a time (quantized
+         * again for each row: slow, but the reference needs no heap). */
+        for (int r = 0; r < n_out; r++) {
+            const void *row = (const char *)w + r * row_bytes;
+            float acc = 0.0f, lanes[8] = {0};
+            for (int b = 0; b < n_in / QK8_0; b++) {
+                int8_t xq[QK8_0];
+                float dx;
+                int32_t c8;
+                kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx, &c8);
+                if (wtype == KT_Q8_0) block_step_lanes(row, b, xq, dx, lanes);
+                else acc = block_step(row, wtype, b, xq, dx, acc);
+            }
+            ot[r] = wtype == KT_Q8_0 ? sum_lanes(lanes) : acc;
         }
     }
 }
@@ -135,7 +163,14 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
         for (int r = r0; r < r1; r++) {
             const void *row = (const char *)w + r * row_bytes;
             float sum = 0.0f;
-            if (is_quant(wtype)) {
+            if (wtype == KT_Q8_0) {
+                float lanes[8] = {0};
+                for (int b = 0; b < xa->nb; b++) {
+                    size_t k = (size_t)t * xa->nb + b;
+                    block_step_lanes(row, b, xa->qs + k * QK8_0, xa->d[k], lanes);
+                }
+                sum = sum_lanes(lanes);
+            } else if (wtype == KT_Q4_0) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
                     sum = block_step(row, wtype, b, xa->qs + k * QK8_0, xa->d[k], sum);
@@ -229,16 +264,16 @@ void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const f
                 .n_tokens = n_tokens, .simd = kt_cpu_has_avx2()};
     void *owned = NULL;
     if (is_quant(wtype)) {
-        /* scratch: the quantized activations, then (SIMD GEMM) one panel
-         * per thread */
+        /* scratch: the quantized activations, then (Q4_0 SIMD GEMM) one
+         * panel per thread */
         size_t act = (kt_q8_act_bytes(n_in, n_tokens) + 63) / 64 * 64;
-        bool panels = j.simd && n_tokens > 1;
+        bool panels = j.simd && n_tokens > 1 && wtype == KT_Q4_0;
 #if defined(__x86_64__) || defined(__i386__)
         if (panels) j.panel_bytes = kt_matmul_panel_bytes(n_in);
 #endif
         size_t need = act + 64 + (size_t)kt_pool_size(pool) * j.panel_bytes;
         void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
-        if (!buf) { /* out of memory: still the right answer, slowly */
+        if (!buf) { /* out of memory: the same answer (bit for bit), slowly */
             kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens);
             return;
         }

@@ -7,27 +7,26 @@
  * Every output element (row r, token t) is computed the same way in every
  * path, so results are batch-invariant (see matmul.c):
  *
- *   quantized weights:  acc = 0 (8 float lanes)
- *                       for each block b in order:
- *                         lanes = isum of 4 consecutive products each
- *                         acc = fma(float(lanes), d_w * d_x, acc)
- *                       out = hsum8(acc)
- *   float weights:      acc = 0 (8 float lanes)
- *                       for each 8 values i in order: acc = fma(w, x, acc)
- *                       out = hsum8(acc) + (the n_in % 8 tail, fmaf in order)
+ *   Q8_0 weights:   8 float lanes per output, lane k holding products
+ *                   4k..4k+3 of each block: acc_k = fma(float(isum_k),
+ *                   d_w * d_x, acc_k); out = hsum8(acc)  -- ggml's order
+ *   Q4_0 weights:   one float lane per output:
+ *                   acc = fma(float(isum), d_w * d_x, acc) per block
+ *   float weights:  8 float lanes per output: acc = fma(w, x, acc) per 8
+ *                   values; out = hsum8(acc) + (the n_in % 8 tail, fmaf)
  *
- * Tiles only change how many (r, t) accumulators are live at once -- each
- * weight block loaded is used for T tokens from registers, each activation
- * block for R rows -- never the operations applied to one accumulator.
- * The integer lanes are exact, so how they are computed (see idot_q8 and
- * idot_q4) may differ between paths without changing a bit of the result.
+ * The quantized orders are also the reference's (matmul.c), so for those
+ * types SIMD and scalar agree bit for bit.
  *
- * Decode (one token) is memory-bound: GEMV_ROWS rows at a time share each
- * activation load, and software prefetch fetches the next group of rows
- * (measured: 1.5-3x over relying on the hardware prefetcher here).
- * Prefill tiles QT_ROWS x QT_TOKENS outputs over chunks of TOKEN_CHUNK
- * tokens, so a weight block is unpacked once per 3 tokens and comes from L1
- * for the rest of the chunk.
+ * Tiles only change how many outputs are computed at once, never the
+ * operations applied to one output's accumulator. Integer sums are exact,
+ * so how they are formed may differ between paths.
+ *
+ * Decode (one token) is memory-bound: rows are processed in groups that
+ * share each activation load, and software prefetch fetches the next group
+ * of rows (measured 1.5-3x over the hardware prefetcher alone here).
+ * Prefill is tiled rows x tokens over chunks of tokens whose activations
+ * stay in L2, so weights are read from memory once per chunk.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -39,15 +38,14 @@
 
 #define INL static inline __attribute__((always_inline))
 
-/* Tile shapes (measured on Zen; 4 x 3 beat 3 x 3, 4 x 2, 2 x 4, 3 x 4 and
- * 4 x 4 -- 12 accumulators leave registers for the operands). */
-#define GEMV_ROWS 4     /* float weights: rows per step when n_tokens == 1 */
-#define FT_ROWS 4       /* GEMM tile, float weights */
+/* Float weights: GEMV_ROWS rows per step for one token; GEMM tiles of
+ * FT_ROWS x FT_TOKENS (measured on Zen 5: 4 x 3 beat 3 x 3, 4 x 2, 2 x 4,
+ * 3 x 4 and 4 x 4 -- 12 accumulators leave registers for the operands).
+ * The quantized kernels' shapes are with them below. */
+#define GEMV_ROWS 4
+#define FT_ROWS 4
 #define FT_TOKENS 3
-#ifndef TOKEN_CHUNK
-#define TOKEN_CHUNK 48
-#endif
-//  /* tokens whose activations stay in L2 per pass (multiple of QT and FT_TOKENS) */
+#define CHUNK_BYTES (512 * 1024) /* activations per pass: half of a 1 MB L2 */
 
 /* The fixed horizontal sum of 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs. */
 INL float hsum8(__m256 v) {
@@ -55,6 +53,16 @@ INL float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* Tokens per pass of the GEMMs: as many as keep their activations (n_in
+ * floats or bytes each) within CHUNK_BYTES, at least 12 and at most 128 (a
+ * multiple of 12, so of both tile widths); each pass re-reads the weights
+ * (quantized: rebuilds the panels), so bigger is better up to the cache. */
+static int token_chunk(int n_in, int bytes_per_value) {
+    int n = CHUNK_BYTES / (n_in * bytes_per_value + 1);
+    n = n > 128 ? 128 : n;
+    return n < 12 ? 12 : n / 12 * 12;
 }
 
 /* ---- activation quantizer (bit-identical to kt_quantize_act_q8_ref) -- */
@@ -103,40 +111,7 @@ void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, in
     }
 }
 
-/* ---- quantized weights ----------------------------------------------
- *
- * One output per float lane: a vector holds 8 rows (QR) of one token. Per
- * block the 8 exact integer dot products land in 8 int32 lanes, then
- *   acc = fma(float(isum), d_w * d_x, acc)
- * -- the reference's operations exactly (matmul.c), in every path.
- *
- * GEMV (one token): the 8 rows' products are computed in the usual
- * layout (each row's 32 products spread over the lanes of its own vector)
- * and reduced with a tree of horizontal adds into one lane per row.
- *
- * GEMM: the 8 rows' blocks are first transposed into a panel (per block,
- * 8 vectors; vector q holds values 4q..4q+3 of each row in the row's lane),
- * so that one broadcast of 4 activation bytes against a panel vector gives
- * every row its partial sum in its own lane, with no reduction: per block
- * and token, 8 maddubs accumulate the whole dot product. The panel is built
- * once per row tile and chunk of tokens and reused for all of them.
- *
- * Integer products: maddubs multiplies unsigned by signed bytes.
- *  - Q4_0: the raw nibbles n (0..15) are the unsigned side, and
- *    sum (n - 8) x = sum n x - c8 (internal.h). The int16 pair sums are at
- *    most 2 * 15 * 127, so 8 of them still fit in int16 (30480): the GEMM
- *    accumulates a block in int16, and the GEMV's reduction tree stays in
- *    int16 until the last step.
- *  - Q8_0 (the sign trick): maddubs gets |w| and x with w's sign moved onto
- *    it; |w| <= 128 and |x| <= 127, so a pair sum fits int16 (32512) but two
- *    do not: widen with madd at once.
- */
-
-#define QR 8           /* rows per vector: one per lane */
-#ifndef QT
-#define QT 4           /* tokens per GEMM tile */
-#endif
-#define Q_MIN_GEMM 4   /* fewer tokens than this: one GEMV per token */
+/* ---- quantized weights: shared pieces ------------------------------- */
 
 /* Q8_0 weight block b of a row: 32 signed bytes in element order. */
 INL __m256i load_q8_0(const char *row, int b) {
@@ -161,47 +136,18 @@ INL uint64_t half_bits(const void *p) {
     return h;
 }
 
-/* The fp16 scales of block b of 8 rows as 8 floats: gathered with integer
- * loads, converted with one vcvtph2ps. */
-INL __m256 row_scales8(const char *const *rows, size_t block_bytes, int b) {
-    uint64_t lo = 0, hi = 0;
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-        lo |= half_bits(rows[r] + (size_t)b * block_bytes) << (16 * r);
-        hi |= half_bits(rows[r + 4] + (size_t)b * block_bytes) << (16 * r);
-    }
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
-}
-
-/* GEMV, Q4_0: lane r = sum n x of row r's block b (before - c8). The int16
- * tree: hadd 8 -> 4 -> 2 -> 1 vectors leaves, in each 128-bit half, the 8
- * rows' sums over that half's 16 products; widen and add the halves. */
-INL __m256i q4_dot8(const char *const *rows, int b, __m256i x) {
-    __m256i m[QR];
+/* A matrix streamed once (GEMV, panel building) is fetched a group of
+ * rows ahead: block b of the R rows that follow these in memory. The
+ * hardware prefetcher alone does not keep up with several short row
+ * streams here (measured 1.5-3x). One prefetch per row every 64 bytes or
+ * less: every block for Q8_0 (34 bytes), every other one for Q4_0 (18).
+ * Past the matrix's end this fetches nothing useful; prefetches never
+ * fault. */
+INL void prefetch_rows_ahead(const char *const *rows, const int R, size_t row_bytes,
+                             size_t block_bytes, int b) {
+    if (block_bytes < 32 && (b & 1)) return;
 #pragma GCC unroll 8
-    for (int r = 0; r < QR; r++) m[r] = _mm256_maddubs_epi16(load_q4_0(rows[r], b), x);
-    __m256i h01 = _mm256_hadd_epi16(m[0], m[1]), h23 = _mm256_hadd_epi16(m[2], m[3]);
-    __m256i h45 = _mm256_hadd_epi16(m[4], m[5]), h67 = _mm256_hadd_epi16(m[6], m[7]);
-    __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
-    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(h)),
-                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(h, 1)));
-}
-
-/* GEMV, Q8_0: lane r = isum of row r's block b. Each row widened to int32
- * at once, then hadd 8 -> 4 -> 2 vectors (rows 0-3 and 4-7, each half of
- * a vector summing that half's lanes) and the halves put together. */
-INL __m256i q8_dot8(const char *const *rows, int b, __m256i x) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p[QR];
-#pragma GCC unroll 8
-    for (int r = 0; r < QR; r++) {
-        const __m256i w = load_q8_0(rows[r], b);
-        p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones);
-    }
-    __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+    for (int r = 0; r < R; r++) _mm_prefetch(rows[r] + (size_t)b * block_bytes + R * row_bytes, _MM_HINT_T0);
 }
 
 typedef struct q_args {
@@ -210,17 +156,179 @@ typedef struct q_args {
     const kt_q8_act *x;
     float *out;
     int n_out;
-    int8_t *panel;       /* GEMM: nb * 8 vectors of 32 bytes */
-    float *panel_d;      /* GEMM: nb * 8 row scales */
+    int8_t *panel;       /* Q4_0 GEMM: nb * 8 vectors of 32 bytes */
+    float *panel_d;      /* Q4_0 GEMM: nb * 8 row scales */
 } q_args;
+
+/* ---- Q8_0 weights: ggml's order ------------------------------------------
+ *
+ * Each output keeps 8 float lanes, lane k holding products 4k..4k+3 of
+ * every block:  acc_k = fma(float(isum_k), d_w * d_x, acc_k), then the
+ * fixed hsum8. This is the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0
+ * and of llamafile's tinyBLAS, so kettle's Q8_0 logits match llama.cpp's
+ * to ~1e-6 (a different order flips an activation rounding in the golden
+ * test and moves logits by 0.04). matmul.c's reference does the same.
+ *
+ * Integer products (the sign trick): maddubs multiplies unsigned by signed
+ * bytes, so it gets |w| and x with w's sign moved onto it; |w| <= 128 and
+ * |x| <= 127, so the int16 pair sums cannot saturate; madd with ones then
+ * adds pairs into the 8 int32 lanes.
+ *
+ * Tiles: Q8_GEMV_ROWS rows for one token (sharing each activation load);
+ * Q8_ROWS x Q8_TOKENS outputs for many (each weight block unpacked once per
+ * Q8_TOKENS tokens).
+ */
+
+#define Q8_GEMV_ROWS 4
+#define Q8_ROWS 4
+#define Q8_TOKENS 3
+
+INL __m256i idot_q8(__m256i aw, __m256i w, __m256i x) {
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Outputs (r0 .. r0+R-1) x (t0 .. t0+T-1); R, T <= 4 are constants after
+ * inlining, so acc lives in registers. The scale products d_w * d_x go
+ * through a small array so that each is one broadcast load. */
+INL void q8_tile(const q_args *a, const int R, const int T, int r0, int t0) {
+    const int nb = a->x->nb;
+    const size_t bb = sizeof(block_q8_0);
+    const char *rows[4];
+    const int8_t *xq[4];
+    const float *xd[4];
+    __m256 acc[4][4];
+    float sc[4][4] __attribute__((aligned(16))); /* sc[t][r] = d_w[r] * d_x[t] */
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        xq[t] = a->x->qs + (size_t)(t0 + t) * nb * QK8_0;
+        xd[t] = a->x->d + (size_t)(t0 + t) * nb;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+
+    for (int b = 0; b < nb; b++) {
+        if (T == 1) prefetch_rows_ahead(rows, R, a->row_bytes, bb, b);
+        uint64_t h = 0;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) h |= half_bits(rows[r] + (size_t)b * bb) << (16 * r);
+        const __m128 dw = _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(xd[t][b])));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const __m256i w = load_q8_0(rows[r], b);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const __m256i xv = _mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * QK8_0));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(idot_q8(aw, w, xv)),
+                                            _mm256_broadcast_ss(&sc[t][r]), acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            a->out[(size_t)(t0 + t) * a->n_out + r0 + r] = hsum8(acc[r][t]);
+}
+
+static void q8_gemv(const q_args *a, int r0, int t0) { q8_tile(a, Q8_GEMV_ROWS, 1, r0, t0); }
+static void q8_one(const q_args *a, int r0, int t0) { q8_tile(a, 1, 1, r0, t0); }
+static void q8_full(const q_args *a, int r0, int t0) { q8_tile(a, Q8_ROWS, Q8_TOKENS, r0, t0); }
+static void q8_rows1(const q_args *a, int r0, int t0) { q8_tile(a, Q8_ROWS, 1, r0, t0); }
+static void q8_tokens1(const q_args *a, int r0, int t0) { q8_tile(a, 1, Q8_TOKENS, r0, t0); }
+
+static void q8_rows(const q_args *a, int n_tokens, int r0, int r1) {
+    if (n_tokens == 1) {
+        int r = r0;
+        for (; r + Q8_GEMV_ROWS <= r1; r += Q8_GEMV_ROWS) q8_gemv(a, r, 0);
+        for (; r < r1; r++) q8_one(a, r, 0);
+        return;
+    }
+    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
+        int r = r0;
+        for (; r + Q8_ROWS <= r1; r += Q8_ROWS) {
+            int t = c0;
+            for (; t + Q8_TOKENS <= c1; t += Q8_TOKENS) q8_full(a, r, t);
+            for (; t < c1; t++) q8_rows1(a, r, t);
+        }
+        for (; r < r1; r++) {
+            int t = c0;
+            for (; t + Q8_TOKENS <= c1; t += Q8_TOKENS) q8_tokens1(a, r, t);
+            for (; t < c1; t++) q8_one(a, r, t);
+        }
+    }
+}
+
+/* ---- Q4_0 weights: one output per lane -------------------------------
+ *
+ * A vector holds 8 rows (Q4_ROWS) of one token. Per block the 8 exact
+ * integer dot products land in 8 int32 lanes, then
+ *   acc = fma(float(isum), d_w * d_x, acc)
+ * -- the reference's operations (matmul.c), and the order of ggml's
+ * repacked Q4_0 8x8 AVX2 kernels.
+ *
+ * GEMV (one token): each row's 32 products are formed in its own vector
+ * and a tree of horizontal adds leaves one lane per row.
+ *
+ * GEMM: the 8 rows' blocks are first transposed into a panel (per block,
+ * 8 vectors; vector q holds values 4q..4q+3 of each row in the row's lane),
+ * so one broadcast of 4 activation bytes against a panel vector gives
+ * every row its partial sum in its own lane, with no reduction. The panel
+ * is built once per 8 rows and chunk of tokens and reused for all of them.
+ *
+ * Integer products: the raw nibbles n (0..15) are maddubs' unsigned side,
+ * and sum (n - 8) x = sum n x - c8 (internal.h). A pair sum is at most
+ * 2 * 15 * 127, so 8 of them still fit in int16 (30480): the GEMM
+ * accumulates a block in int16, and the GEMV's reduction tree stays in
+ * int16 until the last step.
+ */
+
+#define Q4_ROWS 8      /* rows per vector: one per lane */
+#define Q4_TOKENS 4    /* tokens per GEMM tile */
+#define Q4_MIN_GEMM 3  /* fewer tokens than this: one GEMV per token */
+
+/* The fp16 scales of block b of 8 rows as 8 floats: gathered with integer
+ * loads, converted with one vcvtph2ps. */
+INL __m256 q4_scales8(const char *const *rows, int b) {
+    uint64_t lo = 0, hi = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        lo |= half_bits(rows[r] + (size_t)b * sizeof(block_q4_0)) << (16 * r);
+        hi |= half_bits(rows[r + 4] + (size_t)b * sizeof(block_q4_0)) << (16 * r);
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* Lane r = sum n x over row r's block b (before - c8). The int16 tree:
+ * hadd 8 -> 4 -> 2 -> 1 vectors leaves, in each 128-bit half, the 8 rows'
+ * sums over that half's 16 products; widen and add the halves. */
+INL __m256i q4_dot8(const char *const *rows, int b, __m256i x) {
+    __m256i m[Q4_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < Q4_ROWS; r++) m[r] = _mm256_maddubs_epi16(load_q4_0(rows[r], b), x);
+    __m256i h01 = _mm256_hadd_epi16(m[0], m[1]), h23 = _mm256_hadd_epi16(m[2], m[3]);
+    __m256i h45 = _mm256_hadd_epi16(m[4], m[5]), h67 = _mm256_hadd_epi16(m[6], m[7]);
+    __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(h)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(h, 1)));
+}
 
 /* The first n lanes of v to p. */
 INL void store_lanes(float *p, __m256 v, int n) {
-    if (n == QR) {
+    if (n == Q4_ROWS) {
         _mm256_storeu_ps(p, v);
         return;
     }
-    float buf[QR];
+    float buf[Q4_ROWS];
     _mm256_storeu_ps(buf, v);
     for (int i = 0; i < n; i++) p[i] = buf[i];
 }
@@ -229,33 +337,23 @@ INL void store_lanes(float *p, __m256 v, int n) {
  * the last row, whose lanes are computed and not stored. */
 INL void tile_rows(const q_args *a, int r0, int nr, const char **rows) {
 #pragma GCC unroll 8
-    for (int r = 0; r < QR; r++) rows[r] = a->w + (size_t)(r0 + (r < nr ? r : nr - 1)) * a->row_bytes;
+    for (int r = 0; r < Q4_ROWS; r++) rows[r] = a->w + (size_t)(r0 + (r < nr ? r : nr - 1)) * a->row_bytes;
 }
 
 /* GEMV: outputs r0 .. r0+nr-1 of token t. */
-INL void q_gemv8(const q_args *a, const int q4, int r0, int nr, int t) {
+static void q4_gemv(const q_args *a, int r0, int nr, int t) {
     const int nb = a->x->nb;
-    const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
-    const char *rows[QR];
+    const char *rows[Q4_ROWS];
     tile_rows(a, r0, nr, rows);
     const int8_t *xq = a->x->qs + (size_t)t * nb * QK8_0;
     const float *xd = a->x->d + (size_t)t * nb;
     const int32_t *xc = a->x->c8 + (size_t)t * nb;
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        /* the matrix streams through once: fetch the same block of the next
-         * 8 rows (right after these in memory) a group ahead -- the
-         * hardware prefetcher alone does not keep up with 8 short streams.
-         * Q4_0 blocks are 18 bytes: every other block covers each line. */
-        if (!q4 || (b & 1) == 0) {
-#pragma GCC unroll 8
-            for (int r = 0; r < QR; r++)
-                _mm_prefetch(rows[r] + (size_t)b * bb + QR * a->row_bytes, _MM_HINT_T0);
-        }
+        prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, sizeof(block_q4_0), b);
         const __m256i x = _mm256_load_si256((const __m256i *)(xq + (size_t)b * QK8_0));
-        const __m256i isum = q4 ? _mm256_sub_epi32(q4_dot8(rows, b, x), _mm256_set1_epi32(xc[b]))
-                                : q8_dot8(rows, b, x);
-        const __m256 scale = _mm256_mul_ps(row_scales8(rows, bb, b), _mm256_set1_ps(xd[b]));
+        const __m256i isum = _mm256_sub_epi32(q4_dot8(rows, b, x), _mm256_set1_epi32(xc[b]));
+        const __m256 scale = _mm256_mul_ps(q4_scales8(rows, b), _mm256_set1_ps(xd[b]));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
     }
     store_lanes(a->out + (size_t)t * a->n_out + r0, acc, nr);
@@ -283,127 +381,114 @@ INL void transpose8_epi32(__m256i *v) {
     }
 }
 
-/* The panel of rows r0 .. r0+nr-1: per block, the 8 rows' values
- * transposed (Q4_0: raw nibbles) and their scales as floats. */
-INL void q_build_panel(const q_args *a, const int q4, int r0, int nr) {
+/* The panel of rows r0 .. r0+nr-1: per block, the 8 rows' nibbles
+ * transposed and their scales as floats. */
+static void q4_build_panel(const q_args *a, int r0, int nr) {
     const int nb = a->x->nb;
-    const size_t bb = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
-    const char *rows[QR];
+    const char *rows[Q4_ROWS];
     tile_rows(a, r0, nr, rows);
     for (int b = 0; b < nb; b++) {
-        __m256i v[QR];
+        prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, sizeof(block_q4_0), b);
+        __m256i v[Q4_ROWS];
 #pragma GCC unroll 8
-        for (int r = 0; r < QR; r++) v[r] = q4 ? load_q4_0(rows[r], b) : load_q8_0(rows[r], b);
+        for (int r = 0; r < Q4_ROWS; r++) v[r] = load_q4_0(rows[r], b);
         transpose8_epi32(v);
 #pragma GCC unroll 8
-        for (int q = 0; q < QR; q++)
-            _mm256_store_si256((__m256i *)(a->panel + ((size_t)b * QR + q) * 32), v[q]);
-        _mm256_store_ps(a->panel_d + (size_t)b * QR, row_scales8(rows, bb, b));
+        for (int q = 0; q < Q4_ROWS; q++)
+            _mm256_store_si256((__m256i *)(a->panel + ((size_t)b * Q4_ROWS + q) * 32), v[q]);
+        _mm256_store_ps(a->panel_d + (size_t)b * Q4_ROWS, q4_scales8(rows, b));
     }
 }
 
-/* GEMM: outputs (panel rows) x tokens t0 .. t0+nt-1 (nt <= QT; missing
+/* GEMM: the panel's rows x tokens t0 .. t0+nt-1 (nt <= Q4_TOKENS; missing
  * tokens repeat the last and are not stored). */
-INL void q_gemm_tile(const q_args *a, const int q4, int r0, int nr, int t0, int nt) {
+static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
     const int nb = a->x->nb;
-    const int8_t *xq[QT];
-    const float *xd[QT];
-    const int32_t *xc[QT];
+    const int8_t *xq[Q4_TOKENS];
+    const float *xd[Q4_TOKENS];
+    const int32_t *xc[Q4_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < QT; t++) {
+    for (int t = 0; t < Q4_TOKENS; t++) {
         const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
         xq[t] = a->x->qs + k * QK8_0;
         xd[t] = a->x->d + k;
         xc[t] = a->x->c8 + k;
     }
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[QT];
+    __m256 acc[Q4_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < QT; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm256_setzero_ps();
 
     for (int b = 0; b < nb; b++) {
-        const int8_t *pb = a->panel + (size_t)b * QR * 32;
-        __m256i isum[QT];
+        const int8_t *pb = a->panel + (size_t)b * Q4_ROWS * 32;
+        __m256i isum16[Q4_TOKENS];
 #pragma GCC unroll 4
-        for (int t = 0; t < QT; t++) isum[t] = _mm256_setzero_si256();
+        for (int t = 0; t < Q4_TOKENS; t++) isum16[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-        for (int q = 0; q < QR; q++) {
+        for (int q = 0; q < Q4_ROWS; q++) {
             const __m256i p = _mm256_load_si256((const __m256i *)(pb + q * 32));
-            const __m256i ap = q4 ? p : _mm256_sign_epi8(p, p);
 #pragma GCC unroll 4
-            for (int t = 0; t < QT; t++) {
+            for (int t = 0; t < Q4_TOKENS; t++) {
                 int32_t x4;
                 memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
-                const __m256i xb = _mm256_set1_epi32(x4); /* values 4q..4q+3, every lane */
-                if (q4)
-                    isum[t] = _mm256_add_epi16(isum[t], _mm256_maddubs_epi16(p, xb));
-                else
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(ap, _mm256_sign_epi8(xb, p)), ones));
+                /* activation values 4q..4q+3 in every lane */
+                isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(p, _mm256_set1_epi32(x4)));
             }
         }
-        const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * QR);
+        const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
 #pragma GCC unroll 4
-        for (int t = 0; t < QT; t++) {
-            const __m256i is = q4 ? _mm256_sub_epi32(_mm256_madd_epi16(isum[t], ones),
-                                                     _mm256_set1_epi32(xc[t][b]))
-                                  : isum[t];
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])),
-                                     acc[t]);
+        for (int t = 0; t < Q4_TOKENS; t++) {
+            const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(isum16[t], ones),
+                                                  _mm256_set1_epi32(xc[t][b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                                     _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
         }
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < QT; t++)
+    for (int t = 0; t < Q4_TOKENS; t++)
         if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
-/* One function per kernel and type (q4: 0 = Q8_0, 1 = Q4_0). */
-static void q8_gemv(const q_args *a, int r0, int nr, int t) { q_gemv8(a, 0, r0, nr, t); }
-static void q4_gemv(const q_args *a, int r0, int nr, int t) { q_gemv8(a, 1, r0, nr, t); }
-static void q8_panel(const q_args *a, int r0, int nr) { q_build_panel(a, 0, r0, nr); }
-static void q4_panel(const q_args *a, int r0, int nr) { q_build_panel(a, 1, r0, nr); }
-static void q8_tile(const q_args *a, int r0, int nr, int t0, int nt) { q_gemm_tile(a, 0, r0, nr, t0, nt); }
-static void q4_tile(const q_args *a, int r0, int nr, int t0, int nt) { q_gemm_tile(a, 1, r0, nr, t0, nt); }
-
 size_t kt_matmul_panel_bytes(int n_in) {
     size_t nb = (size_t)(n_in / QK8_0);
-    return nb * QR * 32 + nb * QR * sizeof(float); /* a multiple of 64 */
+    return nb * Q4_ROWS * 32 + nb * Q4_ROWS * sizeof(float); /* a multiple of 64 */
 }
 
-/* Rows [r0, r1) of every token: GEMV per token for few tokens; otherwise,
- * per chunk of TOKEN_CHUNK tokens and 8 rows, a panel, then QT tokens at a
- * time against it. */
-static void q_rows(q_args *a, int q4, int n_tokens, int r0, int r1, void *panel) {
-    void (*gemv)(const q_args *, int, int, int) = q4 ? q4_gemv : q8_gemv;
-    void (*build)(const q_args *, int, int) = q4 ? q4_panel : q8_panel;
-    void (*tile)(const q_args *, int, int, int, int) = q4 ? q4_tile : q8_tile;
-    if (n_tokens < Q_MIN_GEMM || !panel) {
+/* Rows [r0, r1) of every token: a GEMV per token for few tokens;
+ * otherwise, per chunk of tokens and 8 rows, a panel, then Q4_TOKENS
+ * tokens at a time against it. */
+static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
+    if (n_tokens < Q4_MIN_GEMM || !panel) {
         for (int t = 0; t < n_tokens; t++)
-            for (int r = r0; r < r1; r += QR) gemv(a, r, r1 - r < QR ? r1 - r : QR, t);
+            for (int r = r0; r < r1; r += Q4_ROWS) q4_gemv(a, r, r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS, t);
         return;
     }
     a->panel = panel;
-    a->panel_d = (float *)((char *)panel + (size_t)a->x->nb * QR * 32);
-    for (int c0 = 0; c0 < n_tokens; c0 += TOKEN_CHUNK) {
-        const int c1 = c0 + TOKEN_CHUNK < n_tokens ? c0 + TOKEN_CHUNK : n_tokens;
-        for (int r = r0; r < r1; r += QR) {
-            const int nr = r1 - r < QR ? r1 - r : QR;
-            build(a, r, nr);
-            for (int t = c0; t < c1; t += QT) tile(a, r, nr, t, c1 - t < QT ? c1 - t : QT);
+    a->panel_d = (float *)((char *)panel + (size_t)a->x->nb * Q4_ROWS * 32);
+    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
+        for (int r = r0; r < r1; r += Q4_ROWS) {
+            const int nr = r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS;
+            q4_build_panel(a, r, nr);
+            int t = c0;
+            for (; t + 1 < c1; t += Q4_TOKENS) q4_gemm_tile(a, r, nr, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            if (t < c1) q4_gemv(a, r, nr, t); /* a last single token: no 3 wasted columns */
         }
     }
 }
 
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                          int n_tokens, int r0, int r1, void *panel) {
+    (void)panel;
     q_args a = {w, kt_dtype_row_bytes(KT_Q8_0, n_in), x, out, n_out, NULL, NULL};
-    q_rows(&a, 0, n_tokens, r0, r1, panel);
+    q8_rows(&a, n_tokens, r0, r1);
 }
 
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                          int n_tokens, int r0, int r1, void *panel) {
     q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL};
-    q_rows(&a, 1, n_tokens, r0, r1, panel);
+    q4_rows(&a, n_tokens, r0, r1, panel);
 }
 
 /* ---- float weights (F32, F16, BF16) ---------------------------------- */
@@ -505,8 +590,9 @@ void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float
         for (; r < r1; r++) k->one(&a, r, 0);
         return;
     }
-    for (int c0 = 0; c0 < n_tokens; c0 += TOKEN_CHUNK) {
-        int c1 = c0 + TOKEN_CHUNK < n_tokens ? c0 + TOKEN_CHUNK : n_tokens;
+    const int chunk = token_chunk(n_in, 4);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
         int r = r0;
         for (; r + FT_ROWS <= r1; r += FT_ROWS) {
             int t = c0;

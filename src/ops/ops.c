@@ -162,26 +162,48 @@ void kt_attention_ref(const kt_attn_args *a) {
 typedef struct attn_job {
     const kt_attn_args *a;
     bool simd;
+    int per_unit; /* heads of one KV group per unit of work */
+    int n_sub;    /* units per (token, KV group) */
 } attn_job;
 
-/* Pairs are numbered head-major (p = h * n_tokens + t) and each thread
- * takes a contiguous range: a thread keeps to few heads, so the KV rows it
- * reads are shared between its queries, and every thread gets a similar
- * mix of short (early) and long (late) tokens. */
+/* Units of work are (KV group, head batch, token), numbered with the token
+ * fastest, and each thread takes a contiguous range: a thread keeps to few
+ * KV heads (their K and V rows stay in its caches) and every thread gets a
+ * similar mix of short (early) and long (late) tokens. Within a unit the
+ * SIMD kernel walks the positions once for all its heads. */
 static void attn_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const kt_attn_args *a = j->a;
+    const int group = a->n_head / a->n_head_kv;
     long lo, hi;
-    kt_split_range((long)a->n_head * a->n_tokens, ith, nth, &lo, &hi);
-    for (long p = lo; p < hi; p++) {
-        int h = (int)(p / a->n_tokens), t = (int)(p % a->n_tokens);
-        if (j->simd) kt_attention_head_avx2(a, t, h);
-        else attention_head_ref(a, t, h);
+    kt_split_range((long)a->n_head_kv * j->n_sub * a->n_tokens, ith, nth, &lo, &hi);
+    for (long u = lo; u < hi; u++) {
+        const int t = (int)(u % a->n_tokens);
+        const long gs = u / a->n_tokens; /* group * n_sub + sub */
+        const int h0 = (int)(gs / j->n_sub) * group + (int)(gs % j->n_sub) * j->per_unit;
+        int h1 = h0 + j->per_unit;
+        const int g_end = (int)(gs / j->n_sub + 1) * group;
+        h1 = h1 < g_end ? h1 : g_end;
+        if (j->simd) {
+            kt_attention_heads_avx2(a, t, h0, h1);
+        } else {
+            for (int h = h0; h < h1; h++) attention_head_ref(a, t, h);
+        }
     }
 }
 
 void kt_attention(kt_pool *pool, const kt_attn_args *a) {
     if (!attn_args_ok(a)) return;
-    attn_job j = {a, kt_cpu_has_avx2()};
+    /* Split each group's heads into batches when there are too few
+     * (token, group) pairs to keep every thread busy (decode with few KV
+     * heads), and never more than 16 heads a batch. */
+    const int group = a->n_head / a->n_head_kv, nth = kt_pool_size(pool);
+    const long pairs = (long)a->n_tokens * a->n_head_kv;
+    int n_sub = pairs >= 2L * nth ? 1 : (int)((2L * nth + pairs - 1) / pairs);
+    if (n_sub > group) n_sub = group;
+    int per_unit = (group + n_sub - 1) / n_sub;
+    if (per_unit > 16) per_unit = 16;
+    n_sub = (group + per_unit - 1) / per_unit;
+    attn_job j = {a, kt_cpu_has_avx2(), per_unit, n_sub};
     kt_pool_run(pool, attn_task, &j);
 }

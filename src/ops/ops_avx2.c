@@ -13,7 +13,9 @@
  * max m, running sum l, output accumulated unnormalized and rescaled by
  * e^(m_old - m_new) when the max grows), ATTN_CHUNK positions at a time so
  * the rescale and the exps are vectorized. Nothing n x n is stored; the
- * only buffer is ATTN_CHUNK scores on the stack.
+ * only buffer is ATTN_CHUNK scores on the stack. The heads that share a KV
+ * head (grouped-query attention) walk the positions together, chunk by
+ * chunk, so K and V are read from memory once per group, not per head.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -151,63 +153,65 @@ void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n) {
 
 /* ---- attention ------------------------------------------------------ */
 
-/* Dot products of q with 4 rows k0..k3 at once (4 independent chains). */
-INL void dot4(const float *q, const float *k0, const float *k1, const float *k2,
-              const float *k3, int n, float *s) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+/* The 8 sums of 8 vectors, as one vector: lane i = sum of a[i]'s lanes
+ * (a tree of horizontal adds; the same order for every lane). */
+INL __m256 reduce8(const __m256 *a) {
+    const __m256 h0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 h4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+/* s[0..8) = q . rows[j] (8 independent FMA chains), reduced with the
+ * head_dim % 8 tail added in order. */
+INL void dot8(const float *q, const float *const *rows, int n, float *s) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + i), acc[j]);
     }
-    s[0] = hsum8(a0);
-    s[1] = hsum8(a1);
-    s[2] = hsum8(a2);
-    s[3] = hsum8(a3);
-    for (; i < n; i++) {
-        s[0] = fmaf(q[i], k0[i], s[0]);
-        s[1] = fmaf(q[i], k1[i], s[1]);
-        s[2] = fmaf(q[i], k2[i], s[2]);
-        s[3] = fmaf(q[i], k3[i], s[3]);
-    }
+    _mm256_storeu_ps(s, reduce8(acc));
+    for (; i < n; i++)
+        for (int j = 0; j < 8; j++) s[j] = fmaf(q[i], rows[j][i], s[j]);
 }
 
-/* scores s[0..n) = q . k_p * scale for positions p0 .. p0+n-1 */
+/* scores s[0..n) = q . k_p * scale for positions p0 .. p0+n-1, 8 at a
+ * time; a last partial group repeats its last row in the missing lanes
+ * (s has room for a multiple of 8). */
 static void attn_scores(const float *q, const float *k, size_t stride, int hd, int p0, int n,
                         float scale, float *s) {
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float *kp = k + (size_t)(p0 + i) * stride;
-        dot4(q, kp, kp + stride, kp + 2 * stride, kp + 3 * stride, hd, s + i);
+    for (int i = 0; i < n; i += 8) {
+        const float *rows[8];
+        for (int j = 0; j < 8; j++)
+            rows[j] = k + (size_t)(p0 + (i + j < n ? i + j : n - 1)) * stride;
+        dot8(q, rows, hd, s + i);
     }
-    for (; i < n; i++) { /* the last 1..3: repeat the row, keep one result */
-        const float *kp = k + (size_t)(p0 + i) * stride;
-        float tmp[4];
-        dot4(q, kp, kp, kp, kp, hd, tmp);
-        s[i] = tmp[0];
-    }
-    for (i = 0; i < n; i++) s[i] *= scale;
+    for (int i = 0; i < n; i++) s[i] *= scale;
 }
 
-/* o[0..hd) = o * corr + sum_i e[i] * v_{p0+i} */
+/* o[0..hd) = o * corr + sum_i e[i] * v_{p0+i}: 64 columns at a time (8
+ * accumulators, so the FMA chains over positions overlap), then 8, then
+ * one. */
 static void attn_accumulate(float *o, const float *v, size_t stride, int hd, int p0, int n,
                             const float *e, float corr) {
     const __m256 vc = _mm256_set1_ps(corr);
     int d = 0;
-    for (; d + 16 <= hd; d += 16) {
-        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), vc);
-        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8), vc);
+    for (; d + 64 <= hd; d += 64) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8 * j), vc);
         for (int i = 0; i < n; i++) {
             const float *vp = v + (size_t)(p0 + i) * stride + d;
             const __m256 ev = _mm256_set1_ps(e[i]);
-            a0 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vp), a0);
-            a1 = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vp + 8), a1);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vp + 8 * j), acc[j]);
         }
-        _mm256_storeu_ps(o + d, a0);
-        _mm256_storeu_ps(o + d + 8, a1);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d + 8 * j, acc[j]);
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), vc);
@@ -223,45 +227,71 @@ static void attn_accumulate(float *o, const float *v, size_t stride, int hd, int
     }
 }
 
-void kt_attention_head_avx2(const kt_attn_args *a, int t, int h) {
+/* The running state of one head's online softmax. */
+typedef struct head_state {
+    const float *q;
+    float *o;
+    float m, l; /* running max and sum of exp(s - m) */
+} head_state;
+
+/* One chunk of positions [p0, p0+n) for one head: scores, new max,
+ * rescale, exps, accumulate. */
+static void attn_chunk(head_state *hs, const float *k, const float *v, size_t stride, int hd,
+                       int p0, int n, float scale) {
+    float s[ATTN_CHUNK];
+    attn_scores(hs->q, k, stride, hd, p0, n, scale, s);
+    float cmax = s[0];
+    for (int i = 1; i < n; i++) cmax = s[i] > cmax ? s[i] : cmax;
+    const float m_new = cmax > hs->m ? cmax : hs->m;
+    const float corr = expf(hs->m - m_new); /* 0 on the first chunk */
+
+    /* e = exp(s - m_new), 8 at a time; padding lanes are exp(-inf) = 0 */
+    const __m256 vm = _mm256_set1_ps(m_new);
+    __m256 vsum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        _mm256_storeu_ps(s + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (i < n) {
+        __m256 e = exp256(_mm256_sub_ps(load_partial(s + i, n - i, -INFINITY), vm));
+        store_partial(s + i, e, n - i);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    hs->l = hs->l * corr + hsum8(vsum);
+    attn_accumulate(hs->o, v, stride, hd, p0, n, s, corr);
+    hs->m = m_new;
+}
+
+#define ATTN_MAX_HEADS 16 /* heads of one group done together */
+
+/* Query token t, heads [h0, h1) (all reading the same KV head, at most
+ * ATTN_MAX_HEADS): the positions go by in chunks, and each chunk is used
+ * by every head while its K and V rows are in L1. Each head's own
+ * operations are the same whatever h0 and h1. */
+void kt_attention_heads_avx2(const kt_attn_args *a, int t, int h0, int h1) {
     const int hd = a->head_dim;
-    const int kvh = (int)((long)h * a->n_head_kv / a->n_head);
-    const float *q = a->q + (size_t)t * a->q_stride + (size_t)h * hd;
+    const int kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
     const float *k = a->k + (size_t)kvh * hd;
     const float *v = a->v + (size_t)kvh * hd;
-    float *o = a->out + (size_t)t * a->out_stride + (size_t)h * hd;
     const int n_pos = a->pos0 + t + 1;
     const float scale = 1.0f / sqrtf((float)hd);
-
-    float m = -INFINITY, l = 0.0f;
-    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    head_state hs[ATTN_MAX_HEADS];
+    const int nh = h1 - h0;
+    for (int j = 0; j < nh; j++) {
+        hs[j].q = a->q + (size_t)t * a->q_stride + (size_t)(h0 + j) * hd;
+        hs[j].o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + j) * hd;
+        hs[j].m = -INFINITY;
+        hs[j].l = 0.0f;
+        for (int d = 0; d < hd; d++) hs[j].o[d] = 0.0f;
+    }
     for (int p0 = 0; p0 < n_pos; p0 += ATTN_CHUNK) {
         const int n = n_pos - p0 < ATTN_CHUNK ? n_pos - p0 : ATTN_CHUNK;
-        float s[ATTN_CHUNK];
-        attn_scores(q, k, a->kv_stride, hd, p0, n, scale, s);
-        float cmax = s[0];
-        for (int i = 1; i < n; i++) cmax = s[i] > cmax ? s[i] : cmax;
-        const float m_new = cmax > m ? cmax : m;
-        const float corr = expf(m - m_new); /* 0 on the first chunk */
-
-        /* e = exp(s - m_new), 8 at a time; padding lanes are exp(-inf) = 0 */
-        const __m256 vm = _mm256_set1_ps(m_new);
-        __m256 vsum = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 8 <= n; i += 8) {
-            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
-            _mm256_storeu_ps(s + i, e);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        if (i < n) {
-            __m256 e = exp256(_mm256_sub_ps(load_partial(s + i, n - i, -INFINITY), vm));
-            store_partial(s + i, e, n - i);
-            vsum = _mm256_add_ps(vsum, e);
-        }
-        l = l * corr + hsum8(vsum);
-        attn_accumulate(o, v, a->kv_stride, hd, p0, n, s, corr);
-        m = m_new;
+        for (int j = 0; j < nh; j++) attn_chunk(&hs[j], k, v, a->kv_stride, hd, p0, n, scale);
     }
-    const float inv = 1.0f / l;
-    for (int d = 0; d < hd; d++) o[d] *= inv;
+    for (int j = 0; j < nh; j++) {
+        const float inv = 1.0f / hs[j].l;
+        for (int d = 0; d < hd; d++) hs[j].o[d] *= inv;
+    }
 }
