@@ -44,14 +44,15 @@ void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int
 
 void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
 
-/* Bytes of the per-thread work area the quantized GEMM needs for n_in
- * (a transposed copy of 8 weight rows; 64-byte multiple). */
+/* Bytes of the per-thread work area the Q4_0 GEMM needs for n_in (a
+ * transposed copy of 8 weight rows; a 64-byte multiple). */
 size_t kt_matmul_panel_bytes(int n_in);
 
 /* Rows [r0, r1) of out for every token: out[t * n_out + r]. For Q8_0 and
- * Q4_0 weights x is the quantized activations and panel the calling
- * thread's own kt_matmul_panel_bytes(n_in) bytes, 64-byte aligned (unused
- * when n_tokens == 1); for float weights xf. */
+ * Q4_0 weights x is the quantized activations; panel is the calling
+ * thread's own kt_matmul_panel_bytes(n_in) bytes, 64-byte aligned, used by
+ * Q4_0 with n_tokens > 1 (NULL: one GEMV per token instead). For float
+ * weights xf. */
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
                          int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
