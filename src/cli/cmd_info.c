@@ -105,20 +105,10 @@ static void put_str(sbuf *b, gguf_str s, size_t max_chars) {
 
 /* ---- values ---- */
 
-static size_t scalar_size(gguf_type t) {
-    switch (t) {
-    case GGUF_U8: case GGUF_I8: case GGUF_BOOL: return 1;
-    case GGUF_U16: case GGUF_I16: return 2;
-    case GGUF_U32: case GGUF_I32: case GGUF_F32: return 4;
-    case GGUF_U64: case GGUF_I64: case GGUF_F64: return 8;
-    default: return 0;
-    }
-}
-
 /* Appends one numeric element stored little-endian at p. */
 static void put_raw_scalar(sbuf *b, gguf_type t, const unsigned char *p) {
     uint64_t u = 0;
-    for (size_t i = scalar_size(t); i-- > 0;) u = (u << 8) | p[i];
+    for (size_t i = gguf_type_size(t); i-- > 0;) u = (u << 8) | p[i];
     switch (t) {
     case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64:
         sb_printf(b, "%" PRIu64, u); break;
@@ -143,7 +133,7 @@ static void put_array(sbuf *b, const gguf_file *f, int64_t i) {
     for (uint64_t j = 0; j < show; j++) {
         if (j) sb_puts(b, ", ");
         if (et == GGUF_STRING) put_str(b, gguf_kv_arr_str(f, i, j), ELEM_STR_CHARS);
-        else if (data && scalar_size(et)) put_raw_scalar(b, et, data + j * scalar_size(et));
+        else if (data && gguf_type_size(et)) put_raw_scalar(b, et, data + j * gguf_type_size(et));
         else sb_puts(b, "...");
     }
     if (show < n) sb_puts(b, ", ...");
@@ -155,7 +145,7 @@ static void put_scalar(sbuf *b, const gguf_file *f, int64_t i, gguf_type t) {
     const void *raw;
     uint64_t n;
     if (t == GGUF_STRING && gguf_kv_get_str(f, i, &sv)) put_str(b, sv, STR_MAX_CHARS);
-    else if (scalar_size(t) && gguf_kv_raw(f, i, &raw, &n) && n >= scalar_size(t))
+    else if (gguf_type_size(t) && gguf_kv_raw(f, i, &raw, &n) && n >= gguf_type_size(t))
         put_raw_scalar(b, t, raw);
     else sb_puts(b, "?");
 }

@@ -139,7 +139,7 @@ static uint32_t rd_u32(const uint8_t *p) {
 }
 
 /* Bytes of one scalar of type t; 0 for STRING, ARRAY and unknown types. */
-static uint64_t scalar_size(gguf_type t) {
+uint64_t gguf_type_size(gguf_type t) {
     switch (t) {
     case GGUF_U8: case GGUF_I8: case GGUF_BOOL: return 1;
     case GGUF_U16: case GGUF_I16: return 2;
@@ -324,7 +324,7 @@ static bool read_array(reader *r, gguf_kv *kv, const char *ctx) {
     kv->arr_type = (gguf_type)et;
     kv->arr_data = r->base + r->pos;
     if (et == GGUF_STRING) return read_str_array(r, kv, ctx);
-    uint64_t es = scalar_size(kv->arr_type);
+    uint64_t es = gguf_type_size(kv->arr_type);
     if (kv->arr_n > (r->size - r->pos) / es)
         return fail(r, KT_ERR_FORMAT,
                     "truncated: %s: array of %" PRIu64 " %s at offset %" PRIu64
@@ -339,8 +339,8 @@ static bool read_value(reader *r, gguf_kv *kv, const char *ctx) {
     if (kv->type == GGUF_ARRAY) return read_array(r, kv, ctx);
     char w[32];
     snprintf(w, sizeof w, "%s value", gguf_type_name(kv->type));
-    if (!need(r, scalar_size(kv->type), ctx, w)) return false;
-    r->pos += scalar_size(kv->type);
+    if (!need(r, gguf_type_size(kv->type), ctx, w)) return false;
+    r->pos += gguf_type_size(kv->type);
     return true;
 }
 

@@ -114,6 +114,8 @@ bool gguf_get_bool(const gguf_file *f, const char *key, bool def, bool *out);
  * false if absent or not a string. */
 bool gguf_get_str(const gguf_file *f, const char *key, char *buf, size_t cap);
 
+/* Bytes of one value of a scalar type; 0 for STRING, ARRAY and unknown. */
+uint64_t gguf_type_size(gguf_type t);
 /* Human-readable name of a value type ("u32", "string", "array"). */
 const char *gguf_type_name(gguf_type t);
 bool gguf_str_eq(gguf_str s, const char *cstr);

@@ -173,19 +173,9 @@ static kt_status put_kv(gguf_writer *w, const char *key, gguf_type type, uint8_t
     return KT_OK;
 }
 
-static uint64_t scalar_size(gguf_type t) {
-    switch (t) {
-    case GGUF_U8: case GGUF_I8: case GGUF_BOOL: return 1;
-    case GGUF_U16: case GGUF_I16: return 2;
-    case GGUF_U32: case GGUF_I32: case GGUF_F32: return 4;
-    case GGUF_U64: case GGUF_I64: case GGUF_F64: return 8;
-    default: return 0;
-    }
-}
-
 kt_status gguf_writer_set_scalar(gguf_writer *w, const char *key, gguf_type type, const void *v,
                                  kt_error *err) {
-    uint64_t n = scalar_size(type);
+    uint64_t n = gguf_type_size(type);
     if (n == 0 || !v)
         return kt_error_set(err, KT_ERR_ARG, WHO ": key '%s': %s is not a scalar type",
                             key ? key : "", gguf_type_name(type));
@@ -228,7 +218,7 @@ kt_status gguf_writer_set_str(gguf_writer *w, const char *key, const char *v, kt
 
 kt_status gguf_writer_set_arr(gguf_writer *w, const char *key, gguf_type type, const void *data,
                               uint64_t n, kt_error *err) {
-    uint64_t es = scalar_size(type), bytes;
+    uint64_t es = gguf_type_size(type), bytes;
     if (es == 0 || (!data && n > 0))
         return kt_error_set(err, KT_ERR_ARG, WHO ": key '%s': bad array (element type %s)",
                             key ? key : "", gguf_type_name(type));
