@@ -108,6 +108,25 @@ void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float ep
     for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
+/* x[i] = exp(x[i] - max) in place for i < n; returns their sum. The tail
+ * is loaded with -inf padding, whose lanes give exp = 0. */
+static float exp_sub_sum(float *x, int n, float max) {
+    const __m256 vm = _mm256_set1_ps(max);
+    __m256 vsum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (i < n) {
+        __m256 e = exp256(_mm256_sub_ps(load_partial(x + i, n - i, -INFINITY), vm));
+        store_partial(x + i, e, n - i);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    return hsum8(vsum);
+}
+
 /* ---- softmax -------------------------------------------------------- */
 
 void kt_softmax_avx2(float *x, int n) {
@@ -118,19 +137,7 @@ void kt_softmax_avx2(float *x, int n) {
     float max = hmax8(vmax);
     for (; i < n; i++) max = x[i] > max ? x[i] : max;
 
-    const __m256 vm = _mm256_set1_ps(max);
-    __m256 vsum = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
-        _mm256_storeu_ps(x + i, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    if (i < n) {
-        __m256 e = exp256(_mm256_sub_ps(load_partial(x + i, n - i, -INFINITY), vm));
-        store_partial(x + i, e, n - i);
-        vsum = _mm256_add_ps(vsum, e); /* the -inf lanes gave 0 */
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / hsum8(vsum));
+    const __m256 inv = _mm256_set1_ps(1.0f / exp_sub_sum(x, n, max));
     for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
     for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
 }
@@ -245,21 +252,7 @@ static void attn_chunk(head_state *hs, const float *k, const float *v, size_t st
     const float m_new = cmax > hs->m ? cmax : hs->m;
     const float corr = expf(hs->m - m_new); /* 0 on the first chunk */
 
-    /* e = exp(s - m_new), 8 at a time; padding lanes are exp(-inf) = 0 */
-    const __m256 vm = _mm256_set1_ps(m_new);
-    __m256 vsum = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
-        _mm256_storeu_ps(s + i, e);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    if (i < n) {
-        __m256 e = exp256(_mm256_sub_ps(load_partial(s + i, n - i, -INFINITY), vm));
-        store_partial(s + i, e, n - i);
-        vsum = _mm256_add_ps(vsum, e);
-    }
-    hs->l = hs->l * corr + hsum8(vsum);
+    hs->l = hs->l * corr + exp_sub_sum(s, n, m_new);
     attn_accumulate(hs->o, v, stride, hd, p0, n, s, corr);
     hs->m = m_new;
 }
