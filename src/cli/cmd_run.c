@@ -146,7 +146,10 @@ static int tokenize_prompt(const kt_model *m, const char *text, size_t len, int 
     int n = kt_tokenize(m, text, len, NULL, 0, bos, err);
     if (n < 0) return -1;
     *ids = malloc(((size_t)n + 1) * sizeof **ids);
-    if (!*ids) return -1;
+    if (!*ids) {
+        snprintf(err->msg, sizeof err->msg, "out of memory for %d prompt tokens", n);
+        return -1;
+    }
     return kt_tokenize(m, text, len, *ids, n, bos, err);
 }
 
