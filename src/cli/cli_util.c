@@ -64,6 +64,32 @@ int cli_fail(const char *cmd, const kt_error *err) {
     return 1;
 }
 
+char *cli_read_file(const char *path, size_t *len) {
+    bool is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 2) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) free(buf);
+            buf = nb;
+        }
+    }
+    int failed = !buf || ferror(f);
+    if (!is_stdin) fclose(f);
+    if (failed) {
+        free(buf);
+        if (!errno) errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
 /* ---- types ---- */
 
 static const kt_dtype OUT_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0};

@@ -39,6 +39,10 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 /* Prints "kettle CMD: err->msg" on stderr; returns 1. */
 int cli_fail(const char *cmd, const kt_error *err);
 
+/* Reads a whole file ("-": standard input) into a NUL-terminated malloc'ed
+ * buffer; *len excludes the NUL. NULL with errno set on failure. */
+char *cli_read_file(const char *path, size_t *len);
+
 /* ---- types ---- */
 
 /* The element types the tools can write: F32, F16, BF16, Q8_0, Q4_0.

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/timing.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "kettle.h"
 
@@ -117,29 +118,6 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     return 0;
 }
 
-static char *read_text_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) free(buf);
-            buf = nb;
-        }
-    }
-    bool failed = ferror(f);
-    fclose(f);
-    if (failed) {
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
 /* Tokenizes the prompt into a malloc'ed array; returns the count or -1. */
 static int tokenize_prompt(const kt_model *m, const char *text, size_t len, int bos, int32_t **ids,
                            kt_error *err) {
@@ -240,7 +218,7 @@ int cmd_run(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     size_t len = 0;
     char *file_text = NULL;
-    if (o.prompt_file && !(file_text = read_text_file(o.prompt_file, &len))) {
+    if (o.prompt_file && !(file_text = cli_read_file(o.prompt_file, &len))) {
         fprintf(stderr, "kettle run: cannot read prompt file '%s': %s\n", o.prompt_file, strerror(errno));
         return 1;
     }

@@ -13,5 +13,6 @@ int cmd_info(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #endif
