@@ -58,7 +58,7 @@ static const char MISTRAL[] =
 /* Phi-3: <|role|>\ncontent<|end|>\n; eos closes a finished conversation. */
 static const char PHI3[] =
     "{%- for message in messages -%}"
-    "{%- if message['role'] in ['system', 'user', 'assistant'] and message['content'] -%}"
+    "{%- if message['role'] in ['user', 'assistant'] or (message['role'] == 'system' and message['content']) -%}"
     "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
