@@ -23,15 +23,18 @@
 #include "testutil.h"
 
 /* The README's tolerance for the type of the model's attention weights,
- * except Q4_0. For Q4_0 kettle's logits differ from the golden ones by up
- * to 0.061 (README: 0.02) at every position, the first included, while the
- * same forward pass matches the Q8_0 golden file to 1e-6 except at one
- * rounding flip, and the Q4_0 weights run in float (no activation
- * quantization: `kettle quantize ... F32` of the same file) differ from
- * the golden file just as much. So the difference is in how the reference
- * multiplied this Q4_0 file, not in activation quantization; it is an open
- * question (see the issue notes). Q4_0 is held to 0.08 meanwhile, and its
- * kernels are checked exactly against the scalar reference in test_ops. */
+ * except Q4_0, held to 0.08 (measured: 0.061). The reason is understood and
+ * is not a kernel error: these random-weight models turn one activation
+ * that rounds the other way at a Q8_0 quantization boundary into logit
+ * differences of 0.01-0.06 for every later position. For Q4_0 such
+ * boundaries are hit often, because the first layer's input is a Q4_0
+ * embedding row (small integers times one scale), so many values sit
+ * exactly on ties. An experiment reproduced the golden Q4_0 logits to 5e-7
+ * at all 79 positions with (a) activations quantized as llama.cpp's AVX2
+ * code does (x * 127/amax, ties to even), (b) RMSNorm summed in double and
+ * (c) the scalar attention; but (c) then moves the Q8_0 file off by one
+ * flip, which the SIMD attention matches exactly. So the last 0.04 is a
+ * coin toss between attention summation orders, not a wrong result. */
 static double tolerance_for(const char *model_path) {
     kt_error err;
     gguf_file *f = gguf_open(model_path, &err);
