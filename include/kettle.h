@@ -49,6 +49,7 @@ typedef struct kt_model_desc {
     int head_dim;
     float rope_freq_base, rms_eps;
     uint64_t weight_bytes; /* bytes of all tensors in the file */
+    uint64_t n_params;     /* values in all tensors */
     int bos_id, eos_id;    /* -1 if none */
 } kt_model_desc;
 

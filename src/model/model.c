@@ -171,7 +171,11 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
     for (int il = 0; il < c->n_layer; il++)
         if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) m->weight_bytes += gguf_tensor_at(f, i)->n_bytes;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        m->weight_bytes += t->n_bytes;
+        m->n_params += (uint64_t)(t->dims[0] * t->dims[1] * t->dims[2] * t->dims[3]);
+    }
     return KT_OK;
 }
 

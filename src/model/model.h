@@ -46,7 +46,7 @@ typedef struct llm_model {
     llm_config cfg;
     llm_tensor tok_embd, output_norm, output; /* output may be tok_embd */
     llm_layer *layers;                        /* cfg.n_layer of them */
-    uint64_t weight_bytes;
+    uint64_t weight_bytes, n_params;
 } llm_model;
 
 /* Validates and binds; errors name the key or tensor at fault. */

@@ -1,0 +1,302 @@
+/*
+ * cmd_bench.c - `kettle bench`: throughput figures in the spirit of
+ * llama-bench, so kettle and llama.cpp can be set side by side.
+ *
+ *   pp N  one batch of N tokens from an empty cache (prefill, compute-bound)
+ *   tg N  N tokens one at a time from an empty cache (decode, memory-bound)
+ *
+ * Each test runs once as warm-up (not counted: page cache, clocks, thread
+ * start-up), then -r times; we report mean +- sample stddev, min and
+ * median of tokens/s, and for tg the weight bytes streamed per second
+ * (model bytes x tokens/s), to compare with `--membw`. Tokens are random
+ * ids from a fixed seed: speed depends on shape, not on which tokens.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/rng.h"
+#include "base/timing.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "kettle.h"
+#include "ops/pool.h"
+#include "ops/probe.h"
+
+#define MAX_LIST 16
+
+typedef enum out_fmt { FMT_MD, FMT_CSV, FMT_JSON } out_fmt;
+
+typedef struct int_list {
+    int v[MAX_LIST];
+    int n;
+} int_list;
+
+typedef struct bench_opts {
+    const char *models[MAX_LIST];
+    int n_models, reps;
+    int_list pp, tg, threads;
+    out_fmt fmt;
+    bool membw, peak;
+} bench_opts;
+
+typedef struct bench_result {
+    const char *model;
+    const kt_model_desc *desc;
+    int threads, n_tokens, reps;
+    bool gen;
+    double mean, sd, min, median; /* tokens/s */
+} bench_result;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: kettle bench [-m MODEL]... [options]\n"
+            "  -m, --model FILE   model to measure (repeatable)\n"
+            "  -p, --n-prompt N   prompt lengths for pp tests, comma-separated (default 512; 0: none)\n"
+            "  -n, --n-gen N      generation lengths for tg tests (default 128; 0: none)\n"
+            "  -t, --threads N    thread counts, comma-separated (default: all CPUs)\n"
+            "  -r, --repetitions N  runs of each test after the warm-up (default 5)\n"
+            "      --md | --csv | --json   output format (default md)\n"
+            "      --membw        measure memory bandwidth (read, triad)\n"
+            "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n");
+}
+
+static bool parse_list(const char *s, int lo, int hi, int_list *out) {
+    out->n = 0;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < lo || v > hi || out->n == MAX_LIST) return false;
+        out->v[out->n++] = (int)v;
+        if (*end == ',') end++;
+        else if (*end) return false;
+        s = end;
+    }
+    return out->n > 0;
+}
+
+static int parse_opts(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int r;
+        if (!strcmp(a, "--md")) o->fmt = FMT_MD;
+        else if (!strcmp(a, "--csv")) o->fmt = FMT_CSV;
+        else if (!strcmp(a, "--json")) o->fmt = FMT_JSON;
+        else if (!strcmp(a, "--membw")) o->membw = true;
+        else if (!strcmp(a, "--peak")) o->peak = true;
+        else if ((r = cli_opt("bench", argc, argv, &i, "-m", &v)) ||
+                 (r = cli_opt("bench", argc, argv, &i, "--model", &v))) {
+            if (r < 0) return 2;
+            if (o->n_models == MAX_LIST) return cli_usage_error("bench", "at most %d models", MAX_LIST);
+            o->models[o->n_models++] = v;
+        } else if ((r = cli_opt("bench", argc, argv, &i, "-p", &v)) ||
+                   (r = cli_opt("bench", argc, argv, &i, "--n-prompt", &v))) {
+            if (r < 0 || !parse_list(v, 0, 1 << 16, &o->pp)) return r < 0 ? 2 : cli_usage_error("bench", "bad -p '%s'", v);
+        } else if ((r = cli_opt("bench", argc, argv, &i, "-n", &v)) ||
+                   (r = cli_opt("bench", argc, argv, &i, "--n-gen", &v))) {
+            if (r < 0 || !parse_list(v, 0, 1 << 16, &o->tg)) return r < 0 ? 2 : cli_usage_error("bench", "bad -n '%s'", v);
+        } else if ((r = cli_opt("bench", argc, argv, &i, "-t", &v)) ||
+                   (r = cli_opt("bench", argc, argv, &i, "--threads", &v))) {
+            if (r < 0 || !parse_list(v, 1, 1024, &o->threads)) return r < 0 ? 2 : cli_usage_error("bench", "bad -t '%s'", v);
+        } else if ((r = cli_opt("bench", argc, argv, &i, "-r", &v)) ||
+                   (r = cli_opt("bench", argc, argv, &i, "--repetitions", &v))) {
+            int_list l;
+            if (r < 0 || !parse_list(v, 1, 1000, &l) || l.n != 1) return r < 0 ? 2 : cli_usage_error("bench", "bad -r '%s'", v);
+            o->reps = l.v[0];
+        } else {
+            return cli_usage_error("bench", "unknown option '%s'", a);
+        }
+    }
+    if (!o->n_models && !o->membw && !o->peak)
+        return cli_usage_error("bench", "nothing to measure: give -m MODEL, --membw or --peak");
+    return 0;
+}
+
+/* ---- statistics ---- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void summarize(double *v, int n, bench_result *r) {
+    double sum = 0, ss = 0;
+    for (int i = 0; i < n; i++) sum += v[i];
+    r->mean = sum / n;
+    for (int i = 0; i < n; i++) ss += (v[i] - r->mean) * (v[i] - r->mean);
+    r->sd = n > 1 ? sqrt(ss / (n - 1)) : 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    r->min = v[0];
+    r->median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- one test ---- */
+
+/* Seconds for one run: pp evaluates all tokens in one call, tg one by one. */
+static double run_once(kt_session *s, const int32_t *toks, int n, bool gen, float *logits, kt_error *err) {
+    kt_session_truncate(s, 0);
+    double t0 = kt_time_ms();
+    kt_status st = KT_OK;
+    if (gen) {
+        for (int i = 0; i < n && st == KT_OK; i++) st = kt_session_eval(s, toks + i, 1, logits, false, err);
+    } else {
+        st = kt_session_eval(s, toks, n, logits, false, err);
+    }
+    return st == KT_OK ? (kt_time_ms() - t0) / 1e3 : -1;
+}
+
+static kt_status run_test(kt_model *m, int threads, int n, bool gen, int reps, bench_result *r, kt_error *err) {
+    const kt_model_desc *d = kt_model_describe(m);
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = n, .n_threads = threads}, err);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+    float *logits = malloc(sizeof(float) * (size_t)d->n_vocab);
+    double *tps = malloc(sizeof(double) * (size_t)reps);
+    kt_status st = s ? KT_OK : err->status;
+    if (st == KT_OK && (!toks || !logits || !tps)) st = KT_ERR_NOMEM, snprintf(err->msg, sizeof err->msg, "out of memory");
+    if (st == KT_OK) {
+        kt_rng rng;
+        kt_rng_seed(&rng, 42);
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)(kt_rng_u64(&rng) % (uint64_t)d->n_vocab);
+        /* warm-up: llama-bench's rule, the whole prompt or one generated token */
+        if (run_once(s, toks, gen ? 1 : n, gen, logits, err) < 0) st = err->status;
+    }
+    for (int i = 0; st == KT_OK && i < reps; i++) {
+        double sec = run_once(s, toks, n, gen, logits, err);
+        if (sec < 0) st = err->status;
+        else tps[i] = n / sec;
+    }
+    if (st == KT_OK) {
+        r->threads = threads, r->n_tokens = n, r->gen = gen, r->reps = reps, r->desc = d;
+        summarize(tps, reps, r);
+    }
+    free(tps), free(logits), free(toks);
+    kt_session_free(s);
+    return st;
+}
+
+/* ---- output ---- */
+
+static const char *base_name(const char *path) {
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+/* "1.10 B", "135.0 M", "0.26 M": llama-bench's style, readable at any size. */
+static const char *params_text(uint64_t n, char *buf, size_t cap) {
+    if (n >= 1000000000ull) snprintf(buf, cap, "%.2f B", n / 1e9);
+    else snprintf(buf, cap, "%.2f M", n / 1e6);
+    return buf;
+}
+
+static void print_header(out_fmt f) {
+    if (f == FMT_MD) {
+        printf("| model | size | params | threads | test | t/s | min | median | weights GB/s |\n");
+        printf("|---|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    } else if (f == FMT_CSV) {
+        printf("model,size_bytes,n_params,threads,test,n_tokens,reps,ts_mean,ts_stddev,ts_min,ts_median,weights_gbs\n");
+    }
+}
+
+static void print_result(out_fmt f, const bench_result *r, bool first) {
+    char test[32];
+    snprintf(test, sizeof test, "%s%d", r->gen ? "tg" : "pp", r->n_tokens);
+    double gbs = r->gen ? r->median * (double)r->desc->weight_bytes / 1e9 : 0;
+    if (f == FMT_MD) {
+        char size[32], params[32];
+        printf("| %s | %s | %s | %d | %s | %.2f ± %.2f | %.2f | %.2f | ", base_name(r->model),
+               cli_human_bytes(r->desc->weight_bytes, size, sizeof size),
+               params_text(r->desc->n_params, params, sizeof params),
+               r->threads, test, r->mean, r->sd, r->min, r->median);
+        if (r->gen) printf("%.2f |\n", gbs);
+        else printf("|\n");
+    } else if (f == FMT_CSV) {
+        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f\n", base_name(r->model),
+               (unsigned long long)r->desc->weight_bytes, (unsigned long long)r->desc->n_params, r->threads,
+               test, r->n_tokens, r->reps, r->mean, r->sd, r->min, r->median, gbs);
+    } else {
+        printf("%s  {\"model\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"threads\": %d, "
+               "\"test\": \"%s\", \"n_tokens\": %d, \"reps\": %d, \"ts_mean\": %.4f, \"ts_stddev\": %.4f, "
+               "\"ts_min\": %.4f, \"ts_median\": %.4f, \"weights_gbs\": %.4f}",
+               first ? "" : ",\n", base_name(r->model), (unsigned long long)r->desc->weight_bytes,
+               (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->reps, r->mean,
+               r->sd, r->min, r->median, gbs);
+    }
+    fflush(stdout);
+}
+
+static int threads_or_default(int t) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return t > 0 ? t : n > 0 ? (int)n : 1;
+}
+
+static int bench_models(const bench_opts *o) {
+    bool first = true;
+    int rc = 0;
+    for (int mi = 0; mi < o->n_models && rc == 0; mi++) {
+        kt_error err = {0};
+        kt_model *m = kt_model_load(o->models[mi], &err);
+        if (!m) return cli_fail("bench", &err);
+        for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
+            const int_list *lists[2] = {&o->pp, &o->tg};
+            for (int g = 0; g < 2 && rc == 0; g++) {
+                for (int k = 0; k < lists[g]->n && rc == 0; k++) {
+                    if (lists[g]->v[k] == 0) continue;
+                    bench_result r = {.model = o->models[mi]};
+                    if (run_test(m, threads_or_default(o->threads.v[ti]), lists[g]->v[k], g == 1, o->reps, &r, &err))
+                        rc = cli_fail("bench", &err);
+                    else print_result(o->fmt, &r, first), first = false;
+                }
+            }
+        }
+        kt_model_free(m);
+    }
+    return rc;
+}
+
+/* ---- machine ceilings ---- */
+
+static int bench_machine(const bench_opts *o) {
+    for (int ti = 0; ti < o->threads.n; ti++) {
+        int threads = threads_or_default(o->threads.v[ti]);
+        kt_error err = {0};
+        kt_pool *pool = kt_pool_new(threads, &err);
+        if (!pool) return cli_fail("bench", &err);
+        if (o->membw) {
+            kt_membw bw;
+            if (kt_probe_membw(pool, (size_t)256 << 20, 5, &bw, &err)) {
+                kt_pool_free(pool);
+                return cli_fail("bench", &err);
+            }
+            fprintf(stderr, "memory bandwidth, %d threads: read %.1f GB/s, triad %.1f GB/s\n", threads,
+                    bw.read_gbs, bw.triad_gbs);
+        }
+        if (o->peak)
+            fprintf(stderr, "peak, %d threads: fp32 FMA %.1f GFLOP/s, int8 maddubs %.1f GOP/s\n", threads,
+                    kt_probe_peak_fma(pool), kt_probe_peak_int8(pool));
+        kt_pool_free(pool);
+    }
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
+    bench_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+    /* ceilings go to stderr, so --json/--csv output stays one document */
+    if ((o.membw || o.peak) && (rc = bench_machine(&o))) return rc;
+    if (!o.n_models) return 0;
+    if (o.fmt == FMT_JSON) printf("[\n");
+    print_header(o.fmt);
+    rc = bench_models(&o);
+    if (o.fmt == FMT_JSON) printf("\n]\n");
+    return rc;
+}

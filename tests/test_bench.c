@@ -1,0 +1,103 @@
+/*
+ * test_bench.c - `kettle bench` as a few-second smoke run: it completes,
+ * its JSON and CSV parse, and its numbers are sane (positive, ordered,
+ * consistent with each other). Benchmarks are not tests: no speed is
+ * asserted here.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static void test_bench_json(void **state) {
+    (void)state;
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 16 -n 8 -r 3 -t 1,2 --json", KT_BIN,
+             tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, &err), 0);
+    json_error_t jerr;
+    json_t *doc = json_loads(out, 0, &jerr);
+    if (!doc) fprintf(stderr, "not JSON: %s\n%s\n", jerr.text, out);
+    assert_non_null(doc);
+    assert_int_equal(json_array_size(doc), 4); /* pp16, tg8 at 1 and 2 threads */
+    for (size_t i = 0; i < 4; i++) {
+        json_t *r = json_array_get(doc, i);
+        double mean = json_real_value(json_object_get(r, "ts_mean"));
+        double mn = json_real_value(json_object_get(r, "ts_min"));
+        double med = json_real_value(json_object_get(r, "ts_median"));
+        double sd = json_real_value(json_object_get(r, "ts_stddev"));
+        const char *test = json_string_value(json_object_get(r, "test"));
+        assert_true(mn > 0 && mn <= med && mn <= mean && isfinite(mean) && sd >= 0);
+        assert_true(!strcmp(test, "pp16") || !strcmp(test, "tg8"));
+        assert_int_equal(json_integer_value(json_object_get(r, "reps")), 3);
+        double gbs = json_real_value(json_object_get(r, "weights_gbs"));
+        if (test[0] == 't') /* weights streamed per second = bytes x tokens/s */
+            assert_true(fabs(gbs - med * (double)json_integer_value(json_object_get(r, "size_bytes")) / 1e9) < 1e-3 * gbs + 1e-6);
+    }
+    json_decref(doc);
+    free(out);
+    free(err);
+}
+
+static void test_bench_csv_and_md(void **state) {
+    (void)state;
+    char cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 8 -n 0 -r 2 -t 1 --csv", KT_BIN, tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    assert_true(strncmp(out, "model,size_bytes,", 17) == 0);
+    assert_non_null(strstr(out, "\"stories260K.gguf\","));
+    assert_non_null(strstr(out, ",pp8,8,2,"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 0 -n 4 -r 2 -t 1", KT_BIN, tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    assert_non_null(strstr(out, "| model | size |"));
+    assert_non_null(strstr(out, "| tg4 |"));
+    assert_null(strstr(out, "pp"));
+    free(out);
+}
+
+static void test_bench_ceilings(void **state) {
+    (void)state;
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench --membw --peak -t 1", KT_BIN);
+    assert_int_equal(tu_run(cmd, &out, &err), 0);
+    double rd = 0, triad = 0, fma = 0, i8 = 0;
+    const char *p = strstr(err, "read ");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "read %lf GB/s, triad %lf GB/s", &rd, &triad), 2);
+    p = strstr(err, "fp32 FMA ");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "fp32 FMA %lf GFLOP/s, int8 maddubs %lf GOP/s", &fma, &i8), 2);
+    assert_true(rd > 0.5 && triad > 0.5); /* any machine streams > 0.5 GB/s */
+    assert_true(fma > 1 && i8 > 1);
+    free(out);
+    free(err);
+}
+
+static void test_bench_usage_errors(void **state) {
+    (void)state;
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench", KT_BIN);
+    assert_int_equal(tu_run(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "nothing to measure"));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s bench -m x.gguf -t 0", KT_BIN);
+    assert_int_equal(tu_run(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "-t"));
+    free(out);
+    free(err);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bench_json),
+        cmocka_unit_test(test_bench_csv_and_md),
+        cmocka_unit_test(test_bench_ceilings),
+        cmocka_unit_test(test_bench_usage_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
