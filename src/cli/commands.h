@@ -15,5 +15,6 @@ int cmd_quantize(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ static const command COMMANDS[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits a text"},
     {"bench", cmd_bench, "measure prefill/decode speed and the machine's ceilings"},
+    {"perplexity", cmd_perplexity, "score a text: perplexity, as llama-perplexity computes it"},
     {"info", cmd_info, "print a GGUF file's metadata and tensors"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"quantize", cmd_quantize, "quantize a GGUF model (Q8_0, Q4_0)"},
