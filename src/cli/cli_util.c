@@ -90,6 +90,91 @@ char *cli_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* ---- generation options ---- */
+
+void cli_gen_defaults(cli_gen_opts *g) {
+    *g = (cli_gen_opts){.n_predict = 128, .sp = kt_sampler_defaults()};
+}
+
+const char *cli_gen_usage(void) {
+    return "  -m, --model FILE      GGUF model\n"
+           "  -n, --n-predict N     tokens to generate (default 128; -1: until end or full)\n"
+           "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
+           "  -t, --threads N       threads (default: all CPUs)\n"
+           "      --temp T          temperature (default 0.8; 0 = greedy)\n"
+           "      --top-k K         (default 40; 0 = off)\n"
+           "      --top-p P         (default 0.95; 1 = off)\n"
+           "      --min-p P         (default 0.05; 0 = off)\n"
+           "      --repeat-penalty R    (default 1 = off)\n"
+           "      --frequency-penalty F (default 0)\n"
+           "      --presence-penalty F  (default 0)\n"
+           "      --repeat-last-n N     penalty window (default 64)\n"
+           "      --seed S          random seed (default 0)\n";
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float lo, float hi, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+/* An integer option: its name, bounds and where it goes. */
+typedef struct int_opt {
+    const char *name, *alias;
+    long lo, hi;
+    int *dst;
+} int_opt;
+
+typedef struct float_opt {
+    const char *name;
+    float lo, hi;
+    float *dst;
+} float_opt;
+
+int cli_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_opts *g) {
+    const char *a = argv[*i];
+    int_opt ints[] = {{"-n", "--n-predict", -1, 1 << 24, &g->n_predict},
+                      {"-c", "--ctx-size", 0, 1 << 24, &g->n_ctx},
+                      {"-t", "--threads", 1, 1024, &g->n_threads},
+                      {"--top-k", NULL, 0, 1 << 24, &g->sp.top_k},
+                      {"--repeat-last-n", NULL, 0, 1 << 24, &g->sp.penalty_last_n}};
+    float_opt floats[] = {{"--temp", 0, 100, &g->sp.temperature},
+                          {"--top-p", 0, 1, &g->sp.top_p},
+                          {"--min-p", 0, 1, &g->sp.min_p},
+                          {"--repeat-penalty", 0, 100, &g->sp.repeat_penalty},
+                          {"--frequency-penalty", -100, 100, &g->sp.frequency_penalty},
+                          {"--presence-penalty", -100, 100, &g->sp.presence_penalty}};
+    bool is_model = !strcmp(a, "-m") || !strcmp(a, "--model"), is_seed = !strcmp(a, "--seed");
+    int_opt *io = NULL;
+    float_opt *fo = NULL;
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+        if (!strcmp(a, ints[k].name) || (ints[k].alias && !strcmp(a, ints[k].alias))) io = &ints[k];
+    for (size_t k = 0; k < sizeof floats / sizeof floats[0]; k++)
+        if (!strcmp(a, floats[k].name)) fo = &floats[k];
+    if (!is_model && !is_seed && !io && !fo) return 0;
+    if (*i + 1 >= argc) return cli_usage_error(cmd, "option %s needs a value", a);
+    const char *v = argv[++*i];
+    long n = 0;
+    bool ok = true;
+    if (is_model) g->model = v;
+    else if (is_seed) ok = parse_long(v, 0, __LONG_MAX__, &n), g->sp.seed = (uint64_t)n;
+    else if (io) ok = parse_long(v, io->lo, io->hi, &n), *io->dst = (int)n;
+    else ok = parse_float(v, fo->lo, fo->hi, fo->dst);
+    return ok ? 1 : cli_usage_error(cmd, "invalid value '%s' for %s", v, a);
+}
+
 /* ---- types ---- */
 
 static const kt_dtype OUT_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0};

@@ -43,6 +43,24 @@ int cli_fail(const char *cmd, const kt_error *err);
  * buffer; *len excludes the NUL. NULL with errno set on failure. */
 char *cli_read_file(const char *path, size_t *len);
 
+/* ---- generation options (run, chat) ---- */
+
+typedef struct cli_gen_opts {
+    const char *model;
+    int n_predict, n_ctx, n_threads;
+    kt_sampler_params sp;
+} cli_gen_opts;
+
+/* n_predict 128, the model's context (at most 4096), all CPUs, and
+ * kt_sampler_defaults(). */
+void cli_gen_defaults(cli_gen_opts *g);
+/* If argv[*i] is a generation option (-m, -n, -c, -t or a sampling option)
+ * takes it and its value (advancing *i) and returns 1; returns 0 if it is
+ * not one, 2 after reporting a usage error. */
+int cli_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_opts *g);
+/* The usage lines of those options. */
+const char *cli_gen_usage(void);
+
 /* ---- types ---- */
 
 /* The element types the tools can write: F32, F16, BF16, Q8_0, Q4_0.

@@ -18,103 +18,43 @@
 #include "kettle.h"
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file;
-    int n_predict, n_threads, n_ctx;
+    cli_gen_opts g;
+    const char *prompt, *prompt_file;
     bool no_bos;
-    kt_sampler_params sp;
 } run_opts;
 
 static void run_usage(FILE *out) {
     fprintf(out,
             "usage: kettle run -m MODEL (-p PROMPT | -f FILE) [options]\n"
-            "  -m, --model FILE      GGUF model\n"
             "  -p, --prompt TEXT     prompt text\n"
-            "  -f, --file FILE       read the prompt from a file\n"
-            "  -n, --n-predict N     tokens to generate (default 128; -1: until end or full)\n"
-            "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
-            "  -t, --threads N       threads (default: all CPUs)\n"
-            "      --temp T          temperature (default 0.8; 0 = greedy)\n"
-            "      --top-k K         (default 40; 0 = off)\n"
-            "      --top-p P         (default 0.95; 1 = off)\n"
-            "      --min-p P         (default 0.05; 0 = off)\n"
-            "      --repeat-penalty R    (default 1 = off)\n"
-            "      --frequency-penalty F (default 0)\n"
-            "      --presence-penalty F  (default 0)\n"
-            "      --repeat-last-n N     penalty window (default 64)\n"
-            "      --seed S          random seed (default 0)\n"
-            "      --no-bos          do not add the beginning-of-sequence token\n");
+            "  -f, --file FILE       read the prompt from a file ('-': standard input)\n"
+            "      --no-bos          do not add the beginning-of-sequence token\n"
+            "%s",
+            cli_gen_usage());
 }
 
-static bool parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *s, float lo, float hi, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
-}
-
-/* Returns 0 on success, 2 on a usage error (already reported), -1 after
- * printing --help. */
+/* Returns 0 on success, 2 on a usage error (already reported). */
 static int parse_opts(int argc, char **argv, run_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->n_predict = 128;
-    o->sp = kt_sampler_defaults();
+    *o = (run_opts){0};
+    cli_gen_defaults(&o->g);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_usage(stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--no-bos")) {
-            o->no_bos = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kettle run: option '%s' needs a value (or is unknown)\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        long n = 0;
-        bool ok = true;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->prompt_file = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) ok = parse_long(v, -1, 1 << 24, &n), o->n_predict = (int)n;
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) ok = parse_long(v, 0, 1 << 24, &n), o->n_ctx = (int)n;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = parse_long(v, 1, 1024, &n), o->n_threads = (int)n;
-        else if (!strcmp(a, "--temp")) ok = parse_float(v, 0, 100, &o->sp.temperature);
-        else if (!strcmp(a, "--top-k")) ok = parse_long(v, 0, 1 << 24, &n), o->sp.top_k = (int)n;
-        else if (!strcmp(a, "--top-p")) ok = parse_float(v, 0, 1, &o->sp.top_p);
-        else if (!strcmp(a, "--min-p")) ok = parse_float(v, 0, 1, &o->sp.min_p);
-        else if (!strcmp(a, "--repeat-penalty")) ok = parse_float(v, 0, 100, &o->sp.repeat_penalty);
-        else if (!strcmp(a, "--frequency-penalty")) ok = parse_float(v, -100, 100, &o->sp.frequency_penalty);
-        else if (!strcmp(a, "--presence-penalty")) ok = parse_float(v, -100, 100, &o->sp.presence_penalty);
-        else if (!strcmp(a, "--repeat-last-n")) ok = parse_long(v, 0, 1 << 24, &n), o->sp.penalty_last_n = (int)n;
-        else if (!strcmp(a, "--seed")) ok = parse_long(v, 0, __LONG_MAX__, &n), o->sp.seed = (uint64_t)n;
-        else {
-            fprintf(stderr, "kettle run: unknown option '%s'\n", a);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kettle run: invalid value '%s' for %s\n", v, a);
-            return 2;
+        const char *v = NULL;
+        int r;
+        if (!strcmp(argv[i], "--no-bos")) o->no_bos = true;
+        else if ((r = cli_gen_opt("run", argc, argv, &i, &o->g))) {
+            if (r != 1) return r;
+        } else if ((r = cli_opt("run", argc, argv, &i, "-p", &v)) || (r = cli_opt("run", argc, argv, &i, "--prompt", &v))) {
+            if (r < 0) return 2;
+            o->prompt = v;
+        } else if ((r = cli_opt("run", argc, argv, &i, "-f", &v)) || (r = cli_opt("run", argc, argv, &i, "--file", &v))) {
+            if (r < 0) return 2;
+            o->prompt_file = v;
+        } else {
+            return cli_usage_error("run", "unknown option '%s'", argv[i]);
         }
     }
-    if (!o->model || (!o->prompt == !o->prompt_file)) {
-        fprintf(stderr, "kettle run: need -m MODEL and one of -p PROMPT or -f FILE\n");
-        run_usage(stderr);
-        return 2;
-    }
+    if (!o->g.model || (!o->prompt == !o->prompt_file))
+        return cli_usage_error("run", "need -m MODEL and one of -p PROMPT or -f FILE");
     return 0;
 }
 
@@ -159,7 +99,7 @@ static int generate(kt_model *m, kt_session *s, kt_sampler *smp, const run_opts 
     kt_error err = {0};
     double t_decode = 0;
     int rc = 0;
-    for (int i = 0; o->n_predict < 0 || i < o->n_predict; i++) {
+    for (int i = 0; o->g.n_predict < 0 || i < o->g.n_predict; i++) {
         int32_t tok = kt_sampler_sample(smp, logits);
         if (i == 0) st->ttft_ms = kt_time_ms() - t_start, t_decode = kt_time_ms();
         kt_sampler_accept(smp, tok);
@@ -167,7 +107,7 @@ static int generate(kt_model *m, kt_session *s, kt_sampler *smp, const run_opts 
         if (tok == d->eos_id) break;
         fputs(kt_detok_push(dt, tok), stdout);
         fflush(stdout);
-        if (o->n_predict >= 0 && i + 1 == o->n_predict) break;
+        if (o->g.n_predict >= 0 && i + 1 == o->g.n_predict) break;
         if (kt_session_eval(s, &tok, 1, logits, false, &err)) {
             if (err.status == KT_ERR_CONTEXT) fprintf(stderr, "\n[stopped: the context is full]");
             else fprintf(stderr, "\nkettle run: %s\n", err.msg), rc = 1;
@@ -186,8 +126,8 @@ static int run_model(kt_model *m, const run_opts *o, const char *text, size_t le
     kt_error err = {0};
     int32_t *ids = NULL;
     float *logits = malloc((size_t)d->n_vocab * sizeof(float));
-    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = o->n_ctx, .n_threads = o->n_threads}, &err);
-    kt_sampler *smp = s ? kt_sampler_new(&o->sp, d->n_vocab, &err) : NULL;
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = o->g.n_ctx, .n_threads = o->g.n_threads}, &err);
+    kt_sampler *smp = s ? kt_sampler_new(&o->g.sp, d->n_vocab, &err) : NULL;
     int rc = 1;
     if (!logits || !s || !smp) goto done;
     st->n_prompt = tokenize_prompt(m, text, len, o->no_bos ? 0 : -1, &ids, &err);
@@ -213,9 +153,13 @@ done:
 }
 
 int cmd_run(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        run_usage(stdout);
+        return 0;
+    }
     run_opts o;
     int rc = parse_opts(argc, argv, &o);
-    if (rc) return rc < 0 ? 0 : rc;
+    if (rc) return rc;
     size_t len = 0;
     char *file_text = NULL;
     if (o.prompt_file && !(file_text = cli_read_file(o.prompt_file, &len))) {
@@ -227,7 +171,7 @@ int cmd_run(int argc, char **argv) {
     kt_error err = {0};
     run_stats st = {0};
     double t0 = kt_time_ms();
-    kt_model *m = kt_model_load(o.model, &err);
+    kt_model *m = kt_model_load(o.g.model, &err);
     st.load_ms = kt_time_ms() - t0;
     if (!m) {
         fprintf(stderr, "kettle run: %s\n", err.msg);
