@@ -1,6 +1,7 @@
 /*
- * spm.c - kt_vocab_encode: SentencePiece-style BPE, as llama.cpp's
- * llm_tokenizer_spm does it (see the contract in vocab.h).
+ * spm.c - SentencePiece-style BPE, as llama.cpp's llm_tokenizer_spm does
+ * it (see the contract of kt_vocab_encode in vocab.h; encode.c splits out
+ * special tokens and calls kt_spm_encode_frags).
  *
  * Per fragment of text the work is O(n log n) in its UTF-8 characters:
  * the characters form a doubly linked list of symbols, and a binary
@@ -29,7 +30,6 @@
  *   never holds more than 3n entries for n symbols, which is what is
  *   reserved.
  */
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,18 +59,6 @@ typedef struct spm_work {
     spm_pair *heap;
     size_t sym_cap, heap_len;
 } spm_work;
-
-/* Where ids go: the first cap are stored, all are counted. */
-typedef struct spm_out {
-    int32_t *ids;
-    int cap;
-    size_t n;
-} spm_out;
-
-static void emit(spm_out *o, int32_t id) {
-    if (o->n < (size_t)o->cap) o->ids[o->n] = id;
-    o->n++;
-}
 
 /* ---- the candidate heap ---------------------------------------------- */
 
@@ -206,24 +194,25 @@ static void merge_run(const kt_vocab *v, spm_work *w, int32_t n) {
 
 /* A final symbol: its token, else its bytes as byte tokens, else unk. */
 static kt_status emit_symbol(const kt_vocab *v, const spm_sym *s, const char *buf,
-                             spm_out *o, kt_error *err) {
+                             kt_ids_out *o, kt_error *err) {
     int32_t id = s->id >= 0 ? s->id : merge_token(v, buf + s->off, s->n);
     if (id >= 0) {
-        emit(o, id);
+        kt_ids_emit(o, id);
         return KT_OK;
     }
     bool all_bytes = true;
     for (uint32_t j = 0; j < s->n; j++)
         if (v->byte_token[(uint8_t)buf[s->off + j]] < 0) all_bytes = false;
     if (all_bytes) {
-        for (uint32_t j = 0; j < s->n; j++) emit(o, v->byte_token[(uint8_t)buf[s->off + j]]);
+        for (uint32_t j = 0; j < s->n; j++)
+            kt_ids_emit(o, v->byte_token[(uint8_t)buf[s->off + j]]);
         return KT_OK;
     }
     if (v->unk < 0)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "cannot encode '%.*s': no token, no byte tokens and no unknown token",
                             (int)s->n, buf + s->off);
-    emit(o, v->unk);
+    kt_ids_emit(o, v->unk);
     return KT_OK;
 }
 
@@ -299,7 +288,7 @@ static int32_t read_run(const kt_vocab *v, spm_work *w, spm_reader *r, char c[4]
 }
 
 static kt_status encode_fragment(const kt_vocab *v, spm_work *w, const char *s, size_t n,
-                                 bool prefix, spm_out *o, kt_error *err) {
+                                 bool prefix, kt_ids_out *o, kt_error *err) {
     spm_reader r = { s, n, 0, prefix };
     char c[4];
     uint32_t k = next_char(&r, c);
@@ -316,99 +305,17 @@ static kt_status encode_fragment(const kt_vocab *v, spm_work *w, const char *s, 
     return KT_OK;
 }
 
-/* ---- fragments (user-defined tokens) ------------------------------------ */
+/* ---- entry point (see encode.c) ---------------------------------------- */
 
-/* A piece of the input: raw text to encode, or a user-defined token. */
-typedef struct spm_frag {
-    size_t off, len;
-    int32_t id; /* -1: raw text */
-} spm_frag;
-
-typedef struct frag_list {
-    spm_frag *f;
-    size_t n, cap;
-} frag_list;
-
-static bool frag_add(frag_list *l, size_t off, size_t len, int32_t id) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 16;
-        spm_frag *f = realloc(l->f, cap * sizeof *f);
-        if (!f) return false;
-        l->f = f;
-        l->cap = cap;
-    }
-    l->f[l->n++] = (spm_frag){ off, len, id };
-    return true;
-}
-
-/* Splits every raw fragment of `in` at the occurrences of token id
- * (leftmost first, not overlapping) into `out`. */
-static bool split_on(const kt_vocab *v, const char *text, const frag_list *in, int32_t id,
-                     frag_list *out) {
-    const char *tok = v->arena + v->off[id];
-    size_t tl = v->len[id];
-    out->n = 0;
-    for (size_t k = 0; k < in->n; k++) {
-        spm_frag f = in->f[k];
-        if (f.id >= 0 || f.len < tl) {
-            if (!frag_add(out, f.off, f.len, f.id)) return false;
-            continue;
-        }
-        size_t pos = f.off, end = f.off + f.len;
-        const char *hit;
-        while (end - pos >= tl && (hit = memmem(text + pos, end - pos, tok, tl)) != NULL) {
-            size_t at = (size_t)(hit - text);
-            if (at > pos && !frag_add(out, pos, at - pos, -1)) return false;
-            if (!frag_add(out, at, tl, id)) return false;
-            pos = at + tl;
-        }
-        if (pos < end && !frag_add(out, pos, end - pos, -1)) return false;
-    }
-    return true;
-}
-
-/* The fragments of text after splitting out every user-defined token. */
-static bool partition(const kt_vocab *v, const char *text, size_t len, frag_list *res) {
-    frag_list a = { 0 }, b = { 0 };
-    if (len > 0 && !frag_add(&a, 0, len, -1)) return false;
-    for (int u = 0; u < v->n_user; u++) {
-        if (!split_on(v, text, &a, v->user[u], &b)) {
-            free(a.f);
-            free(b.f);
-            return false;
-        }
-        frag_list t = a; a = b; b = t;
-    }
-    free(b.f);
-    *res = a;
-    return true;
-}
-
-/* ---- entry point ----------------------------------------------------- */
-
-static kt_status check_args(const kt_vocab *v, const char *text, size_t len, bool add_bos,
-                            const int32_t *ids, int cap, kt_error *err) {
-    size_t bad;
-    if (!v || (!text && len > 0) || cap < 0 || (!ids && cap > 0))
-        return kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: invalid arguments");
-    if (len > (size_t)INT_MAX / 4)
-        return kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: text too long (%zu bytes)", len);
-    if (add_bos && v->bos < 0)
-        return kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: the vocabulary has no BOS token");
-    if (len > 0 && !kt_utf8_valid(text, len, &bad))
-        return kt_error_set(err, KT_ERR_ARG, "text is not valid UTF-8 (at byte offset %zu)", bad);
-    return KT_OK;
-}
-
-static kt_status encode_all(const kt_vocab *v, const char *text, const frag_list *fr,
-                            spm_out *o, kt_error *err) {
+kt_status kt_spm_encode_frags(const kt_vocab *v, const char *text, const kt_frag *fr,
+                              size_t n_frag, kt_ids_out *o, kt_error *err) {
     spm_work w = { 0 };
     kt_status st = KT_OK;
     bool prev_special = true; /* the first fragment is prefixed too */
-    for (size_t k = 0; k < fr->n && st == KT_OK; k++) {
-        const spm_frag *f = &fr->f[k];
+    for (size_t k = 0; k < n_frag && st == KT_OK; k++) {
+        const kt_frag *f = &fr[k];
         if (f->id >= 0) {
-            emit(o, f->id);
+            kt_ids_emit(o, f->id);
             prev_special = true;
         } else {
             st = encode_fragment(v, &w, text + f->off, f->len,
@@ -420,25 +327,4 @@ static kt_status encode_all(const kt_vocab *v, const char *text, const frag_list
     free(w.sym);
     free(w.heap);
     return st;
-}
-
-int kt_vocab_encode(const kt_vocab *v, const char *text, size_t len, bool add_bos,
-                    int32_t *ids, int cap, kt_error *err) {
-    if (check_args(v, text, len, add_bos, ids, cap, err) != KT_OK) return -1;
-    spm_out o = { ids, cap, 0 };
-    if (add_bos) emit(&o, v->bos);
-    frag_list fr = { 0 };
-    if (!partition(v, text, len, &fr)) {
-        kt_error_set(err, KT_ERR_NOMEM, "tokenizer: out of memory");
-        return -1;
-    }
-    kt_status st = encode_all(v, text, &fr, &o, err);
-    free(fr.f);
-    if (st != KT_OK) return -1;
-    /* ids <= bytes of the normalized text <= 3 * len + 3 per fragment. */
-    if (o.n > (size_t)INT_MAX) {
-        kt_error_set(err, KT_ERR_ARG, "kt_vocab_encode: too many tokens");
-        return -1;
-    }
-    return (int)o.n;
 }

@@ -1,6 +1,7 @@
 /*
  * vocab.c - loading, validating, looking up, decoding and writing a
- * vocabulary (see vocab.h). Encoding (the BPE itself) lives in spm.c.
+ * vocabulary (see vocab.h). Encoding lives in encode.c (entry point,
+ * special tokens), spm.c and bpe.c (the two tokenizer models).
  *
  * Both sources end in the same kt_vocab: GGUF `tokenizer.ggml.*` metadata
  * (what llama.cpp writes) and llama2.c's tokenizer.bin. llama2.c stores
@@ -78,8 +79,10 @@ void kt_vocab_free(kt_vocab *v) {
     free(v->score);
     free(v->type);
     free(v->slot);
-    free(v->user);
+    free(v->special);
     free(v->pairs);
+    free(v->merges);
+    kt_pretok_free(v->pretok);
     free(v);
 }
 
@@ -174,7 +177,7 @@ static void build_byte_tokens(kt_vocab *v) {
     }
 }
 
-/* ---- user-defined tokens --------------------------------------------- */
+/* ---- special tokens (matched in text whole) --------------------------- */
 
 typedef struct user_key {
     uint32_t len;
@@ -187,25 +190,31 @@ static int cmp_user(const void *pa, const void *pb) {
     return a->id < b->id ? -1 : (a->id > b->id);
 }
 
+/* User-defined, control and unknown tokens (llama.cpp's special token
+ * cache); empty pieces are left out. */
+static bool is_special(const kt_vocab *v, int i) {
+    uint8_t t = v->type[i];
+    return v->len[i] > 0 &&
+           (t == KT_TOKEN_USER_DEFINED || t == KT_TOKEN_CONTROL || t == KT_TOKEN_UNKNOWN);
+}
+
 /* Longest first, so a longer token wins over one it contains (llama.cpp's
- * order; ties by id to stay deterministic). Empty pieces are left out. */
-static bool build_user_list(kt_vocab *v) {
+ * order; ties by id to stay deterministic). */
+static bool build_special_list(kt_vocab *v) {
     int n = 0;
-    for (int i = 0; i < v->n; i++)
-        if (v->type[i] == KT_TOKEN_USER_DEFINED && v->len[i] > 0) n++;
+    for (int i = 0; i < v->n; i++) n += is_special(v, i);
     if (n == 0) return true;
     user_key *keys = malloc((size_t)n * sizeof *keys);
-    v->user = malloc((size_t)n * sizeof *v->user);
-    if (!keys || !v->user) {
+    v->special = malloc((size_t)n * sizeof *v->special);
+    if (!keys || !v->special) {
         free(keys);
         return false;
     }
     for (int i = 0, k = 0; i < v->n; i++)
-        if (v->type[i] == KT_TOKEN_USER_DEFINED && v->len[i] > 0)
-            keys[k++] = (user_key){ v->len[i], i };
+        if (is_special(v, i)) keys[k++] = (user_key){ v->len[i], i };
     qsort(keys, (size_t)n, sizeof *keys, cmp_user);
-    for (int k = 0; k < n; k++) v->user[k] = keys[k].id;
-    v->n_user = n;
+    for (int k = 0; k < n; k++) v->special[k] = keys[k].id;
+    v->n_special = n;
     free(keys);
     return true;
 }
@@ -234,7 +243,8 @@ static kt_status check_pieces(kt_vocab *v, const char *what, kt_error *err) {
 static kt_status vocab_finish(kt_vocab *v, const char *what, kt_error *err) {
     kt_status st = check_pieces(v, what, err);
     if (st != KT_OK) return st;
-    if (!build_table(v) || !build_user_list(v) || !kt_spm_prepare(v))
+    if (!build_table(v) || !build_special_list(v) ||
+        (v->kind == KT_VOCAB_SPM && !kt_spm_prepare(v)))
         return kt_error_set(err, KT_ERR_NOMEM, "vocabulary: out of memory (%d tokens)", v->n);
     build_byte_tokens(v);
     return KT_OK;
@@ -242,15 +252,28 @@ static kt_status vocab_finish(kt_vocab *v, const char *what, kt_error *err) {
 
 /* ---- GGUF ------------------------------------------------------------ */
 
-static kt_status check_model(const gguf_file *f, kt_error *err) {
-    const char *key = "tokenizer.ggml.model";
+/* A string key; *found false (and KT_OK) when absent. */
+static kt_status get_str(const gguf_file *f, const char *key, gguf_str *s, bool *found,
+                         kt_error *err) {
     int64_t i = gguf_find_key(f, key);
-    gguf_str s;
-    if (i < 0) return kt_error_set(err, KT_ERR_FORMAT, "missing key %s", key);
-    if (!gguf_kv_get_str(f, i, &s))
+    *found = i >= 0;
+    if (i < 0) return KT_OK;
+    if (!gguf_kv_get_str(f, i, s))
         return kt_error_set(err, KT_ERR_FORMAT, "%s: expected a string, got %s", key,
                             gguf_type_name(gguf_kv_type(f, i)));
-    if (!gguf_str_eq(s, "llama"))
+    return KT_OK;
+}
+
+static kt_status check_model(const gguf_file *f, kt_vocab_kind *kind, kt_error *err) {
+    const char *key = "tokenizer.ggml.model";
+    gguf_str s;
+    bool found;
+    if (get_str(f, key, &s, &found, err) != KT_OK) return err->status;
+    if (!found) return kt_error_set(err, KT_ERR_FORMAT, "missing key %s", key);
+    if (gguf_str_eq(s, "llama")) *kind = KT_VOCAB_SPM;
+    else if (gguf_str_eq(s, "gpt2")) *kind = KT_VOCAB_BPE;
+    else if (gguf_str_eq(s, "bert")) *kind = KT_VOCAB_WPM;
+    else
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "tokenizer model '%.*s' is not supported yet",
                             (int)(s.len > 64 ? 64 : s.len), s.ptr);
@@ -361,12 +384,29 @@ static kt_status load_flag(const gguf_file *f, const char *key, bool *out, kt_er
     return KT_OK;
 }
 
-static kt_status load_specials(kt_vocab *v, const gguf_file *f, kt_error *err) {
-    /* llama.cpp's defaults for SentencePiece vocabularies. */
-    v->unk = v->n > 0 ? 0 : -1;
-    v->bos = v->n > 1 ? 1 : -1;
-    v->eos = v->n > 2 ? 2 : -1;
+/* Defaults before the keys, as llama.cpp's per model. */
+static void default_specials(kt_vocab *v) {
     v->pad = -1;
+    if (v->kind == KT_VOCAB_BPE) {
+        v->unk = -1;
+        v->bos = v->eos = v->n > 11 ? 11 : -1;
+        v->add_space_prefix = false; /* add_bos: the pre-tokenizer's default */
+    } else if (v->kind == KT_VOCAB_WPM) {
+        v->bos = v->n > 101 ? 101 : -1; /* [CLS] */
+        v->eos = v->n > 102 ? 102 : -1; /* [SEP] */
+        v->unk = v->n > 100 ? 100 : -1;
+        v->pad = 0;
+        v->add_eos = true;
+        v->add_space_prefix = false;
+    } else {
+        v->unk = v->n > 0 ? 0 : -1;
+        v->bos = v->n > 1 ? 1 : -1;
+        v->eos = v->n > 2 ? 2 : -1;
+    }
+}
+
+static kt_status load_specials(kt_vocab *v, const gguf_file *f, kt_error *err) {
+    default_specials(v);
     kt_status st = KT_OK;
     if (st == KT_OK) st = load_special(f, "tokenizer.ggml.bos_token_id", v->n, &v->bos, err);
     if (st == KT_OK) st = load_special(f, "tokenizer.ggml.eos_token_id", v->n, &v->eos, err);
@@ -376,16 +416,54 @@ static kt_status load_specials(kt_vocab *v, const gguf_file *f, kt_error *err) {
     if (st == KT_OK) st = load_flag(f, "tokenizer.ggml.add_eos_token", &v->add_eos, err);
     if (st == KT_OK)
         st = load_flag(f, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err);
+    if (st == KT_OK && v->kind == KT_VOCAB_WPM)
+        st = load_special(f, "tokenizer.ggml.cls_token_id", v->n, &v->bos, err);
+    if (st == KT_OK && v->kind == KT_VOCAB_WPM) /* sic: llama.cpp's spelling */
+        st = load_special(f, "tokenizer.ggml.seperator_token_id", v->n, &v->eos, err);
+    return st;
+}
+
+/* "gpt2": the pre-tokenizer ("default" when the key is absent, as
+ * llama.cpp) and its defaults. */
+static kt_status load_pretok(kt_vocab *v, const gguf_file *f, kt_error *err) {
+    gguf_str s;
+    bool found;
+    if (get_str(f, "tokenizer.ggml.pre", &s, &found, err) != KT_OK) return err->status;
+    if (!found) s = (gguf_str){ "default", 7 };
+    v->pretok = kt_pretok_new(s.ptr, (size_t)s.len, &v->ignore_merges, &v->add_bos, err);
+    return v->pretok ? KT_OK : err->status;
+}
+
+/* "gpt2": the merges, once the pieces and their table are final. */
+static kt_status load_merges(kt_vocab *v, const gguf_file *f, kt_error *err) {
+    int64_t n = -1, idx;
+    kt_status st = find_array(f, "tokenizer.ggml.merges", GGUF_STRING, GGUF_STRING, true, &n,
+                              &idx, err);
+    return st != KT_OK ? st : kt_bpe_prepare(v, f, idx, err);
+}
+
+static kt_status load_gguf(kt_vocab *v, const gguf_file *f, int64_t i_tok, int64_t i_score,
+                           int64_t i_type, kt_error *err) {
+    kt_status st = load_pieces(v, f, i_tok, err);
+    if (st == KT_OK) st = load_scores(v, f, i_score, err);
+    if (st == KT_OK) st = load_types(v, f, i_type, err);
+    if (st == KT_OK && v->kind == KT_VOCAB_BPE) st = load_pretok(v, f, err);
+    if (st == KT_OK) st = load_specials(v, f, err);
+    if (st == KT_OK) st = vocab_finish(v, "tokenizer.ggml.tokens", err);
+    if (st == KT_OK && v->kind == KT_VOCAB_BPE) st = load_merges(v, f, err);
     return st;
 }
 
 kt_vocab *kt_vocab_from_gguf(const gguf_file *f, kt_error *err) {
+    kt_error local;
+    if (!err) err = &local; /* the loaders read back err->status */
     if (!f) {
         kt_error_set(err, KT_ERR_ARG, "kt_vocab_from_gguf: no file");
         return NULL;
     }
     int64_t n = -1, i_tok, i_score, i_type;
-    if (check_model(f, err) != KT_OK ||
+    kt_vocab_kind kind = KT_VOCAB_SPM;
+    if (check_model(f, &kind, err) != KT_OK ||
         find_array(f, "tokenizer.ggml.tokens", GGUF_STRING, GGUF_STRING, true, &n, &i_tok,
                    err) != KT_OK ||
         find_array(f, "tokenizer.ggml.scores", GGUF_F32, GGUF_F32, false, &n, &i_score,
@@ -398,9 +476,8 @@ kt_vocab *kt_vocab_from_gguf(const gguf_file *f, kt_error *err) {
         kt_error_set(err, KT_ERR_NOMEM, "vocabulary: out of memory (%lld tokens)", (long long)n);
         return NULL;
     }
-    if (load_pieces(v, f, i_tok, err) != KT_OK || load_scores(v, f, i_score, err) != KT_OK ||
-        load_types(v, f, i_type, err) != KT_OK || load_specials(v, f, err) != KT_OK ||
-        vocab_finish(v, "tokenizer.ggml.tokens", err) != KT_OK) {
+    v->kind = kind;
+    if (load_gguf(v, f, i_tok, i_score, i_type, err) != KT_OK) {
         kt_vocab_free(v);
         return NULL;
     }
@@ -569,6 +646,7 @@ kt_vocab *kt_vocab_from_llama2c(const char *path, int n_vocab, kt_error *err) {
 
 static bool valid_id(const kt_vocab *v, int32_t id) { return v && id >= 0 && id < v->n; }
 
+kt_vocab_kind kt_vocab_get_kind(const kt_vocab *v) { return v ? v->kind : KT_VOCAB_SPM; }
 int kt_vocab_size(const kt_vocab *v) { return v ? v->n : 0; }
 int kt_vocab_bos(const kt_vocab *v) { return v ? v->bos : -1; }
 int kt_vocab_eos(const kt_vocab *v) { return v ? v->eos : -1; }
@@ -616,12 +694,30 @@ static int unescape_out(const char *s, size_t n, char *buf, int cap) {
     return (int)o;
 }
 
+/* A byte-level BPE piece: each GPT-2 character becomes its byte; any
+ * other character (not produced by encoding) is copied as is. */
+static int unmap_out(const char *s, size_t n, char *buf, int cap) {
+    size_t o = 0, lim = (size_t)(cap > 0 ? cap : 0);
+    for (size_t i = 0; i < n;) {
+        size_t k = (size_t)kt_utf8_len((uint8_t)s[i]);
+        if (k > n - i) k = n - i;
+        uint32_t cp = k == 1 ? (uint8_t)s[i] : 0;
+        if (k == 2) cp = ((uint32_t)(s[i] & 0x1F) << 6) | (uint32_t)(s[i + 1] & 0x3F);
+        int b = k <= 2 ? kt_bpe_char_byte(cp) : -1;
+        for (size_t j = 0; j < (b >= 0 ? 1 : k); j++, o++)
+            if (o < lim) buf[o] = b >= 0 ? (char)b : s[i + j];
+        i += k;
+    }
+    return (int)o;
+}
+
 int kt_vocab_decode_piece(const kt_vocab *v, int32_t id, char *buf, int cap) {
     if (!valid_id(v, id)) return 0;
     const char *s = v->arena + v->off[id];
     size_t n = v->len[id];
     switch ((kt_token_type)v->type[id]) {
     case KT_TOKEN_NORMAL:
+        if (v->kind == KT_VOCAB_BPE) return unmap_out(s, n, buf, cap);
         return unescape_out(s, n, buf, cap);
     case KT_TOKEN_BYTE: {
         char b = (char)byte_of_piece(s, n); /* validated at load */
@@ -669,6 +765,9 @@ static kt_status write_id(gguf_writer *w, const char *key, int32_t id, kt_error 
 
 kt_status kt_vocab_write_gguf(const kt_vocab *v, gguf_writer *w, kt_error *err) {
     if (!v || !w) return kt_error_set(err, KT_ERR_ARG, "kt_vocab_write_gguf: NULL argument");
+    if (v->kind != KT_VOCAB_SPM)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                            "kt_vocab_write_gguf: only \"llama\" vocabularies can be written");
     kt_status st = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama", err);
     if (st == KT_OK) st = write_arrays(v, w, err);
     if (st == KT_OK) st = write_id(w, "tokenizer.ggml.bos_token_id", v->bos, err);
