@@ -215,13 +215,13 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
         if (r->gen) printf("%.2f |\n", gbs);
         else printf("|\n");
     } else if (f == FMT_CSV) {
-        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f\n", base_name(r->model),
+        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%.9g,%.9g,%.9g,%.9g,%.9g\n", base_name(r->model),
                (unsigned long long)r->desc->weight_bytes, (unsigned long long)r->desc->n_params, r->threads,
                test, r->n_tokens, r->reps, r->mean, r->sd, r->min, r->median, gbs);
     } else {
         printf("%s  {\"model\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"threads\": %d, "
-               "\"test\": \"%s\", \"n_tokens\": %d, \"reps\": %d, \"ts_mean\": %.4f, \"ts_stddev\": %.4f, "
-               "\"ts_min\": %.4f, \"ts_median\": %.4f, \"weights_gbs\": %.4f}",
+               "\"test\": \"%s\", \"n_tokens\": %d, \"reps\": %d, \"ts_mean\": %.9g, \"ts_stddev\": %.9g, "
+               "\"ts_min\": %.9g, \"ts_median\": %.9g, \"weights_gbs\": %.9g}",
                first ? "" : ",\n", base_name(r->model), (unsigned long long)r->desc->weight_bytes,
                (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->reps, r->mean,
                r->sd, r->min, r->median, gbs);
