@@ -25,15 +25,15 @@ static void test_bench_json(void **state) {
     assert_int_equal(json_array_size(doc), 4); /* pp16, tg8 at 1 and 2 threads */
     for (size_t i = 0; i < 4; i++) {
         json_t *r = json_array_get(doc, i);
-        double mean = json_real_value(json_object_get(r, "ts_mean"));
-        double mn = json_real_value(json_object_get(r, "ts_min"));
-        double med = json_real_value(json_object_get(r, "ts_median"));
-        double sd = json_real_value(json_object_get(r, "ts_stddev"));
+        double mean = json_number_value(json_object_get(r, "ts_mean"));
+        double mn = json_number_value(json_object_get(r, "ts_min"));
+        double med = json_number_value(json_object_get(r, "ts_median"));
+        double sd = json_number_value(json_object_get(r, "ts_stddev"));
         const char *test = json_string_value(json_object_get(r, "test"));
         assert_true(mn > 0 && mn <= med && mn <= mean && isfinite(mean) && sd >= 0);
         assert_true(!strcmp(test, "pp16") || !strcmp(test, "tg8"));
         assert_int_equal(json_integer_value(json_object_get(r, "reps")), 3);
-        double gbs = json_real_value(json_object_get(r, "weights_gbs"));
+        double gbs = json_number_value(json_object_get(r, "weights_gbs"));
         if (test[0] == 't') /* weights streamed per second = bytes x tokens/s */
             assert_true(fabs(gbs - med * (double)json_integer_value(json_object_get(r, "size_bytes")) / 1e9) < 1e-3 * gbs + 1e-6);
     }
