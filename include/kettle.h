@@ -65,6 +65,22 @@ const kt_model_desc *kt_model_describe(const kt_model *model);
 int kt_tokenize(const kt_model *model, const char *text, size_t len,
                 int32_t *ids, int cap, int add_bos, kt_error *err);
 
+/* kt_tokenize, and with parse_specials also control tokens written in the
+ * text ("<|im_start|>") become their ids. Only for text kettle made itself
+ * (a rendered chat template), never for raw user text, which must not be
+ * able to inject control tokens. */
+int kt_tokenize_ex(const kt_model *model, const char *text, size_t len, int32_t *ids, int cap,
+                   int add_bos, bool parse_specials, kt_error *err);
+
+/* The token's text as the vocabulary stores it ("<s>", "<|im_end|>"),
+ * NUL-terminated in buf; returns the length it needs (> cap: truncated). */
+int kt_token_text(const kt_model *model, int32_t id, char *buf, int cap);
+
+/* True for tokens that end a turn: EOS, the end-of-turn / end-of-message
+ * ids GGUF names, and the end-of-turn control tokens of the common
+ * families (<|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, ...). */
+bool kt_token_is_eog(const kt_model *model, int32_t id);
+
 /* Incremental detokenizer: feed ids one at a time, get the text that is
  * complete so far. Never returns part of a UTF-8 sequence. */
 typedef struct kt_detok kt_detok;
@@ -74,6 +90,23 @@ const char *kt_detok_push(kt_detok *d, int32_t id);
 /* Whatever is left (an incomplete sequence becomes U+FFFD). */
 const char *kt_detok_flush(kt_detok *d);
 void kt_detok_free(kt_detok *d);
+
+/* ---- chat templates ------------------------------------------------- */
+
+/* The model's own chat template (GGUF tokenizer.chat_template), or NULL. */
+const char *kt_model_chat_template(const kt_model *model);
+/* A template kettle ships ("chatml", "llama2", "llama3", "mistral", "phi3",
+ * "gemma"), or NULL. */
+const char *kt_chat_builtin_template(const char *name);
+
+/* Renders an OpenAI-style message list (JSON text: an array of {role,
+ * content, tool_calls?}; tool-call arguments may be JSON strings) and
+ * optional tool definitions (JSON array text, or NULL) with a Jinja chat
+ * template (NULL: the model's own). bos_token, eos_token and date_string
+ * are set as Hugging Face does. Returns malloc'ed text (free() it), or
+ * NULL with err set (a template's raise_exception() message verbatim). */
+char *kt_chat_apply(const kt_model *model, const char *template_text, const char *messages_json,
+                    const char *tools_json, bool add_generation_prompt, kt_error *err);
 
 /* ---- sessions: one sequence, its KV cache and scratch ------------------ */
 

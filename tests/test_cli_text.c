@@ -1,7 +1,11 @@
 /*
  * test_cli_text.c - the text commands end to end through the kettle
- * binary: `kettle tokenize` (ids, pieces, files, stdin, errors).
+ * binary: `kettle tokenize` (ids, pieces, files, stdin, errors),
+ * `kettle template` (a real template against its expected rendering, a
+ * template's own refusal, built-ins) and `kettle chat` (turns reuse the KV
+ * cache; greedy replies are reproducible).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +13,7 @@
 #include "testutil.h"
 
 static int run(const char *args, char **out, char **err) {
-    char cmd[8192];
+    char cmd[32768];
     snprintf(cmd, sizeof cmd, "%s %s", KT_BIN, args);
     return tu_run(cmd, out, err);
 }
@@ -67,11 +71,100 @@ static void test_tokenize_errors(void **state) {
     free(err);
 }
 
+/* Writes case `name` of ../shared/templates/cases.json as a messages file
+ * (with tools) and the shared context as a context file. */
+static void write_case(const char *name, const char *messages_path, const char *context_path) {
+    json_error_t jerr;
+    json_t *cases = json_load_file(tu_shared("templates/cases.json"), 0, &jerr);
+    assert_non_null(cases);
+    json_t *c = json_object_get(json_object_get(cases, "cases"), name);
+    assert_non_null(c);
+    assert_int_equal(json_dump_file(c, messages_path, 0), 0);
+    assert_int_equal(json_dump_file(json_object_get(cases, "context"), context_path, 0), 0);
+    json_decref(cases);
+}
+
+static void test_template_renders_expected(void **state) {
+    (void)state;
+    char msgs[4096], ctx[4096], tmpl[4096], args[16384], *out = NULL, *err = NULL;
+    snprintf(msgs, sizeof msgs, "%s", tu_tmp("case-msgs.json"));
+    snprintf(ctx, sizeof ctx, "%s", tu_tmp("case-ctx.json"));
+    write_case("system_user", msgs, ctx);
+    snprintf(tmpl, sizeof tmpl, "%s", tu_shared("templates/Qwen-Qwen2.5-7B-Instruct.jinja"));
+    snprintf(args, sizeof args, "template --template '%s' --messages '%s' --context '%s'", tmpl, msgs, ctx);
+    assert_int_equal(run(args, &out, &err), 0);
+    char *want = tu_read_file(tu_shared("templates/expected/Qwen-Qwen2.5-7B-Instruct__system_user.txt"), NULL);
+    assert_non_null(want);
+    assert_string_equal(out, want);
+    free(want), free(out), free(err);
+    /* the template's own refusal comes back as the error, verbatim */
+    snprintf(tmpl, sizeof tmpl, "%s", tu_shared("templates/google-gemma-2-2b-it.jinja"));
+    snprintf(args, sizeof args, "template --template '%s' --messages '%s' --context '%s'", tmpl, msgs, ctx);
+    assert_int_equal(run(args, &out, &err), 1);
+    assert_non_null(strstr(err, "System role not supported"));
+    free(out), free(err);
+}
+
+static void test_template_builtin_and_errors(void **state) {
+    (void)state;
+    char args[8192], *out = NULL, *err = NULL;
+    const char *msgs = "[{\"role\": \"user\", \"content\": \"Hi\"}]";
+    assert_int_equal(tu_write_file(tu_tmp("hi.json"), msgs, strlen(msgs)), 0);
+    snprintf(args, sizeof args, "template --template chatml --messages '%s'", tu_tmp("hi.json"));
+    assert_int_equal(run(args, &out, &err), 0);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(out), free(err);
+    snprintf(args, sizeof args, "template --template chatml --messages '%s' --no-generation-prompt", tu_tmp("hi.json"));
+    assert_int_equal(run(args, &out, &err), 0);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n");
+    free(out), free(err);
+    /* a model without a template says so and names the way out */
+    snprintf(args, sizeof args, "template -m '%s' --messages '%s'", tu_shared("models/stories260K.gguf"), tu_tmp("hi.json"));
+    assert_int_equal(run(args, &out, &err), 1);
+    assert_non_null(strstr(err, "no chat template"));
+    free(out), free(err);
+    /* malformed messages JSON */
+    assert_int_equal(tu_write_file(tu_tmp("bad.json"), "[{", 2), 0);
+    snprintf(args, sizeof args, "template --template chatml --messages '%s'", tu_tmp("bad.json"));
+    assert_int_equal(run(args, &out, &err), 1);
+    assert_non_null(strstr(err, "bad.json"));
+    free(out), free(err);
+}
+
+/* Two turns with stories260K through the chatml built-in: the second turn
+ * prefills only its new tokens. */
+static void test_chat_reuses_kv_between_turns(void **state) {
+    (void)state;
+    assert_int_equal(tu_write_file(tu_tmp("chat-in.txt"), "Once upon a time\nThe dog ran\n", 29), 0);
+    char args[8192], *out = NULL, *err = NULL, *out2 = NULL;
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml --temp 0 -n 12 < '%s'",
+             tu_shared("models/stories260K.gguf"), tu_tmp("chat-in.txt"));
+    assert_int_equal(run(args, &out, &err), 0);
+    int n1, r1, p1, n2, r2, p2;
+    const char *first = strstr(err, "[prompt ");
+    assert_non_null(first);
+    assert_int_equal(sscanf(first, "[prompt %d tokens: %d reused, %d prefilled", &n1, &r1, &p1), 3);
+    const char *second = strstr(first + 1, "[prompt ");
+    assert_non_null(second);
+    assert_int_equal(sscanf(second, "[prompt %d tokens: %d reused, %d prefilled", &n2, &r2, &p2), 3);
+    assert_int_equal(r1, 0);
+    assert_true(n2 > n1);
+    assert_true(r2 >= n1); /* the whole first prompt stayed in the cache */
+    assert_int_equal(p2, n2 - r2);
+    assert_true(strlen(out) > 10);
+    assert_int_equal(run(args, &out2, NULL), 0);
+    assert_string_equal(out, out2); /* greedy: the same replies */
+    free(out), free(out2), free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_ids_match_golden),
         cmocka_unit_test(test_tokenize_table_and_pieces),
         cmocka_unit_test(test_tokenize_errors),
+        cmocka_unit_test(test_template_renders_expected),
+        cmocka_unit_test(test_template_builtin_and_errors),
+        cmocka_unit_test(test_chat_reuses_kv_between_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

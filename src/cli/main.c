@@ -15,6 +15,8 @@ typedef struct command {
 static const command COMMANDS[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits a text"},
+    {"chat", cmd_chat, "talk with a model, turn by turn, reusing its KV cache"},
+    {"template", cmd_template, "print the prompt a chat template renders for messages"},
     {"bench", cmd_bench, "measure prefill/decode speed and the machine's ceilings"},
     {"perplexity", cmd_perplexity, "score a text: perplexity, as llama-perplexity computes it"},
     {"info", cmd_info, "print a GGUF file's metadata and tensors"},

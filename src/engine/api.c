@@ -6,8 +6,10 @@
  * thread pool. Sessions of one model are independent (each may be used
  * from its own thread); the model is read-only after load.
  */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "gguf/gguf.h"
@@ -15,14 +17,21 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "ops/pool.h"
+#include "text/chat.h"
+#include "text/chat_builtin.h"
 #include "text/detok.h"
 #include "text/vocab.h"
+
+#define MAX_EOG 16
 
 struct kt_model {
     gguf_file *file;
     llm_model *llm;
     kt_vocab *vocab;
     kt_model_desc desc;
+    char *chat_template; /* NULL if the file has none */
+    int32_t eog[MAX_EOG]; /* tokens that end a turn */
+    int n_eog;
 };
 
 struct kt_session {
@@ -48,6 +57,39 @@ static void describe(kt_model *m) {
     };
 }
 
+/* End-of-turn control tokens of the common families, by text. */
+static const char *const EOG_TEXTS[] = {
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<|END_OF_TURN_TOKEN|>", "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", /* DeepSeek */
+};
+
+static void add_eog(kt_model *m, int64_t id) {
+    if (id < 0 || id >= kt_vocab_size(m->vocab) || m->n_eog == MAX_EOG) return;
+    for (int i = 0; i < m->n_eog; i++)
+        if (m->eog[i] == id) return;
+    m->eog[m->n_eog++] = (int32_t)id;
+}
+
+static void find_eog_tokens(kt_model *m) {
+    int64_t id;
+    add_eog(m, kt_vocab_eos(m->vocab));
+    if (gguf_get_i64(m->file, "tokenizer.ggml.eot_token_id", -1, &id)) add_eog(m, id);
+    if (gguf_get_i64(m->file, "tokenizer.ggml.eom_token_id", -1, &id)) add_eog(m, id);
+    for (size_t i = 0; i < sizeof EOG_TEXTS / sizeof EOG_TEXTS[0]; i++) {
+        int32_t t = kt_vocab_find(m->vocab, EOG_TEXTS[i], strlen(EOG_TEXTS[i]));
+        if (t >= 0 && kt_vocab_type(m->vocab, t) != KT_TOKEN_NORMAL) add_eog(m, t);
+    }
+}
+
+/* Copies tokenizer.chat_template, if any; false only when out of memory. */
+static bool read_chat_template(kt_model *m) {
+    int64_t k = gguf_find_key(m->file, "tokenizer.chat_template");
+    gguf_str s;
+    if (k < 0 || !gguf_kv_get_str(m->file, k, &s)) return true;
+    m->chat_template = strndup(s.ptr, s.len);
+    return m->chat_template != NULL;
+}
+
 kt_model *kt_model_load(const char *path, kt_error *err) {
     kt_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -64,6 +106,11 @@ kt_model *kt_model_load(const char *path, kt_error *err) {
                      path, kt_vocab_size(m->vocab), m->llm->cfg.n_vocab);
         goto fail;
     }
+    if (!read_chat_template(m)) {
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    find_eog_tokens(m);
     describe(m);
     return m;
 fail:
@@ -73,6 +120,7 @@ fail:
 
 void kt_model_free(kt_model *m) {
     if (!m) return;
+    free(m->chat_template);
     kt_vocab_free(m->vocab);
     llm_model_free(m->llm);
     gguf_close(m->file);
@@ -85,8 +133,96 @@ const kt_model_desc *kt_model_describe(const kt_model *m) {
 
 int kt_tokenize(const kt_model *m, const char *text, size_t len, int32_t *ids, int cap, int add_bos,
                 kt_error *err) {
+    return kt_tokenize_ex(m, text, len, ids, cap, add_bos, false, err);
+}
+
+int kt_tokenize_ex(const kt_model *m, const char *text, size_t len, int32_t *ids, int cap, int add_bos,
+                   bool parse_specials, kt_error *err) {
     bool bos = add_bos < 0 ? kt_vocab_add_bos(m->vocab) : add_bos != 0;
-    return kt_vocab_encode(m->vocab, text, len, bos, ids, cap, err);
+    return kt_vocab_encode_ex(m->vocab, text, len, bos, parse_specials, ids, cap, err);
+}
+
+int kt_token_text(const kt_model *m, int32_t id, char *buf, int cap) {
+    size_t len = 0;
+    const char *p = id >= 0 && id < kt_vocab_size(m->vocab) ? kt_vocab_piece(m->vocab, id, &len) : "";
+    if (cap > 0) {
+        size_t n = len < (size_t)cap - 1 ? len : (size_t)cap - 1;
+        memcpy(buf, p, n);
+        buf[n] = 0;
+    }
+    return (int)len;
+}
+
+bool kt_token_is_eog(const kt_model *m, int32_t id) {
+    for (int i = 0; i < m->n_eog; i++)
+        if (m->eog[i] == id) return true;
+    return false;
+}
+
+/* ---- chat templates ---- */
+
+const char *kt_model_chat_template(const kt_model *m) {
+    return m->chat_template;
+}
+
+const char *kt_chat_builtin_template(const char *name) {
+    return kt_chat_builtin(name);
+}
+
+static json_t *parse_json_arg(const char *text, const char *what, kt_error *err) {
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    if (!j || !json_is_array(j)) {
+        json_decref(j);
+        kt_error_set(err, KT_ERR_ARG, "%s: expected a JSON array (%s)", what, j ? "got another type" : jerr.text);
+        return NULL;
+    }
+    return j;
+}
+
+/* Tool-call arguments arrive as JSON strings (OpenAI); templates index
+ * them as objects. */
+static void parse_tool_arguments(json_t *messages) {
+    size_t i, j;
+    json_t *msg, *call;
+    json_array_foreach(messages, i, msg) {
+        json_array_foreach(json_object_get(msg, "tool_calls"), j, call) {
+            json_t *fn = json_object_get(call, "function");
+            const char *args = json_string_value(json_object_get(fn, "arguments"));
+            json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
+            if (json_is_object(parsed)) json_object_set_new(fn, "arguments", parsed);
+            else json_decref(parsed);
+        }
+    }
+}
+
+static json_t *chat_context(const kt_model *m) {
+    char bos[256], eos[256], date[32];
+    kt_token_text(m, kt_vocab_bos(m->vocab), bos, sizeof bos);
+    kt_token_text(m, kt_vocab_eos(m->vocab), eos, sizeof eos);
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(date, sizeof date, "%d %b %Y", localtime_r(&now, &tm));
+    return json_pack("{s:s, s:s, s:s}", "bos_token", bos, "eos_token", eos, "date_string", date);
+}
+
+char *kt_chat_apply(const kt_model *m, const char *template_text, const char *messages_json,
+                    const char *tools_json, bool add_generation_prompt, kt_error *err) {
+    const char *tmpl = template_text ? template_text : m->chat_template;
+    if (!tmpl) {
+        kt_error_set(err, KT_ERR_ARG, "the model has no chat template; give one (built-ins: %s)",
+                     kt_chat_builtin_names());
+        return NULL;
+    }
+    json_t *messages = parse_json_arg(messages_json, "messages", err), *tools = NULL, *ctx = NULL;
+    char *out = NULL;
+    if (messages && (!tools_json || (tools = parse_json_arg(tools_json, "tools", err)))) {
+        parse_tool_arguments(messages);
+        if (!(ctx = chat_context(m))) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+        else out = kt_chat_render(tmpl, messages, tools, add_generation_prompt, ctx, err);
+    }
+    json_decref(ctx), json_decref(tools), json_decref(messages);
+    return out;
 }
 
 kt_detok *kt_detok_new(const kt_model *m) {

@@ -1,0 +1,263 @@
+/*
+ * cmd_chat.c - `kettle chat`: an interactive, multi-turn conversation with
+ * the model's chat template.
+ *
+ * Each turn renders the whole conversation with the template, tokenizes it
+ * with control tokens matched (the template writes them as text), and
+ * compares it with the tokens already in the KV cache: only the part after the longest common prefix is
+ * prefilled, so a turn costs its new tokens, not the whole history. That is
+ * the agent-loop property kettle is built around; stderr shows the reuse.
+ *
+ * Lines: a message; "/reset" starts over (keeping --system); "/exit" or
+ * end of input quits.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/timing.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "kettle.h"
+
+typedef struct chat_opts {
+    cli_gen_opts g;
+    const char *template_arg, *system;
+} chat_opts;
+
+typedef struct chat {
+    kt_model *model;
+    kt_session *session;
+    kt_sampler *sampler;
+    const char *template_text; /* NULL: the model's own */
+    json_t *messages;
+    int32_t *kv;  /* the tokens in the session's KV cache, in order */
+    int n_kv, cap_kv;
+    float *logits;
+    const chat_opts *opts;
+} chat;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: kettle chat -m MODEL [options]\n"
+            "      --chat-template T  a Jinja file or a built-in name (chatml, llama2, llama3,\n"
+            "                         mistral, phi3, gemma); default: the model's own\n"
+            "      --system TEXT      a system message to start with\n"
+            "%s"
+            "Type a message per line; /reset starts over, /exit (or end of input) quits.\n",
+            cli_gen_usage());
+}
+
+static int parse_opts(int argc, char **argv, chat_opts *o) {
+    *o = (chat_opts){0};
+    cli_gen_defaults(&o->g);
+    o->g.n_predict = -1; /* a reply ends at the end of the turn */
+    for (int i = 1; i < argc; i++) {
+        int r;
+        if ((r = cli_gen_opt("chat", argc, argv, &i, &o->g))) {
+            if (r != 1) return r;
+        } else if ((r = cli_opt("chat", argc, argv, &i, "--chat-template", &o->template_arg)) ||
+                   (r = cli_opt("chat", argc, argv, &i, "--system", &o->system))) {
+            if (r < 0) return 2;
+        } else {
+            return cli_usage_error("chat", "unknown option '%s'", argv[i]);
+        }
+    }
+    if (!o->g.model) return cli_usage_error("chat", "need -m MODEL");
+    return 0;
+}
+
+/* ---- the conversation ---- */
+
+static bool add_message(json_t *messages, const char *role, const char *content) {
+    return json_array_append_new(messages, json_pack("{s:s, s:s}", "role", role, "content", content)) == 0;
+}
+
+static void reset(chat *c) {
+    json_array_clear(c->messages);
+    if (c->opts->system) add_message(c->messages, "system", c->opts->system);
+    kt_session_truncate(c->session, 0);
+    c->n_kv = 0;
+}
+
+static bool kv_push(chat *c, int32_t tok) {
+    if (c->n_kv == c->cap_kv) {
+        int cap = c->cap_kv ? 2 * c->cap_kv : 1024;
+        int32_t *kv = realloc(c->kv, sizeof *kv * (size_t)cap);
+        if (!kv) return false;
+        c->kv = kv, c->cap_kv = cap;
+    }
+    c->kv[c->n_kv++] = tok;
+    return true;
+}
+
+/* The conversation as tokens, with a generation prompt. */
+static int render_prompt(chat *c, int32_t **toks, kt_error *err) {
+    char *json = json_dumps(c->messages, JSON_COMPACT);
+    char *text = json ? kt_chat_apply(c->model, c->template_text, json, NULL, true, err) : NULL;
+    free(json);
+    if (!text) return -1;
+    /* the template writes BOS itself when it wants one */
+    char bos[64] = "";
+    int bos_id = kt_model_describe(c->model)->bos_id;
+    if (bos_id >= 0) kt_token_text(c->model, bos_id, bos, sizeof bos);
+    int add_bos = bos[0] && strncmp(text, bos, strlen(bos)) == 0 ? 0 : -1;
+    size_t len = strlen(text);
+    int n = kt_tokenize_ex(c->model, text, len, NULL, 0, add_bos, true, err);
+    *toks = n >= 0 ? malloc(sizeof(int32_t) * ((size_t)n + 1)) : NULL;
+    if (n >= 0 && *toks) n = kt_tokenize_ex(c->model, text, len, *toks, n, add_bos, true, err);
+    else if (n >= 0) n = -1, snprintf(err->msg, sizeof err->msg, "out of memory");
+    free(text);
+    return n;
+}
+
+/* Brings the KV cache to `toks` (minus what it already holds) and leaves
+ * the logits of the last token. Returns the tokens reused, or -1. */
+static int prefill(chat *c, const int32_t *toks, int n, kt_error *err) {
+    int common = 0;
+    while (common < n && common < c->n_kv && toks[common] == c->kv[common]) common++;
+    if (common == n) common = n - 1; /* re-run the last token for its logits */
+    kt_session_truncate(c->session, common);
+    c->n_kv = common;
+    if (kt_session_eval(c->session, toks + common, n - common, c->logits, false, err)) return -1;
+    for (int i = common; i < n; i++)
+        if (!kv_push(c, toks[i])) return -1;
+    return common;
+}
+
+/* Samples and streams a reply; returns it (malloc'ed) or NULL. */
+static char *generate(chat *c, int *n_gen, kt_error *err) {
+    kt_detok *dt = kt_detok_new(c->model);
+    size_t cap = 256, len = 0;
+    char *reply = malloc(cap);
+    *n_gen = 0;
+    if (!dt || !reply) goto fail;
+    reply[0] = 0;
+    for (int i = 0; c->opts->g.n_predict < 0 || i < c->opts->g.n_predict; i++) {
+        int32_t tok = kt_sampler_sample(c->sampler, c->logits);
+        kt_sampler_accept(c->sampler, tok);
+        if (kt_token_is_eog(c->model, tok)) break;
+        const char *piece = kt_detok_push(dt, tok);
+        size_t pl = strlen(piece);
+        if (len + pl + 1 > cap) {
+            char *r = realloc(reply, cap = 2 * (len + pl + 1));
+            if (!r) goto fail;
+            reply = r;
+        }
+        memcpy(reply + len, piece, pl + 1), len += pl;
+        fputs(piece, stdout);
+        fflush(stdout);
+        (*n_gen)++;
+        if (kt_session_eval(c->session, &tok, 1, c->logits, false, err)) {
+            if (err->status == KT_ERR_CONTEXT) fprintf(stderr, "\n[the context is full: /reset to start over]");
+            break;
+        }
+        if (!kv_push(c, tok)) goto fail;
+    }
+    const char *tail = kt_detok_flush(dt);
+    fputs(tail, stdout);
+    char *r = realloc(reply, len + strlen(tail) + 1);
+    if (!r) goto fail;
+    strcat(r, tail);
+    kt_detok_free(dt);
+    return r;
+fail:
+    if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "out of memory");
+    kt_detok_free(dt);
+    free(reply);
+    return NULL;
+}
+
+/* One user message -> one streamed reply. Returns false on a fatal error. */
+static bool turn(chat *c, const char *line) {
+    kt_error err = {0};
+    int32_t *toks = NULL;
+    if (!add_message(c->messages, "user", line)) return false;
+    double t0 = kt_time_ms();
+    int n = render_prompt(c, &toks, &err), reused = n > 0 ? prefill(c, toks, n, &err) : -1;
+    free(toks);
+    if (reused < 0) { /* e.g. the conversation no longer fits: drop the message */
+        fprintf(stderr, "kettle chat: %s\n", err.msg);
+        json_array_remove(c->messages, json_array_size(c->messages) - 1);
+        return err.status != KT_ERR_NOMEM;
+    }
+    double t_prefill = kt_time_ms() - t0;
+    int n_gen;
+    char *reply = generate(c, &n_gen, &err);
+    double t_gen = kt_time_ms() - t0 - t_prefill;
+    if (!reply) return false;
+    add_message(c->messages, "assistant", reply);
+    free(reply);
+    fprintf(stderr, "\n[prompt %d tokens: %d reused, %d prefilled in %.0f ms; reply %d tokens, %.1f tok/s]\n", n,
+            reused, n - reused, t_prefill, n_gen, t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
+    return true;
+}
+
+static void chat_loop(chat *c) {
+    bool tty = isatty(STDIN_FILENO);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    for (;;) {
+        if (tty) fputs("> ", stdout), fflush(stdout);
+        if ((len = getline(&line, &cap, stdin)) < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (len == 0) continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        if (!strcmp(line, "/reset")) {
+            reset(c);
+            continue;
+        }
+        if (!turn(c, line)) break;
+        putchar('\n');
+    }
+    free(line);
+}
+
+/* ---- set-up ---- */
+
+static char *load_template(const char *arg, kt_error *err) {
+    size_t len;
+    const char *builtin = kt_chat_builtin_template(arg);
+    char *text = builtin ? strdup(builtin) : cli_read_file(arg, &len);
+    if (!text)
+        snprintf(err->msg, sizeof err->msg, "chat template '%s' is neither a built-in nor a readable file (%s)", arg,
+                 strerror(errno));
+    return text;
+}
+
+int cmd_chat(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
+    chat_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+    kt_error err = {0};
+    chat c = {.opts = &o, .messages = json_array()};
+    char *tmpl = o.template_arg ? load_template(o.template_arg, &err) : NULL;
+    if ((!o.template_arg || tmpl) && (c.model = kt_model_load(o.g.model, &err))) {
+        const kt_model_desc *d = kt_model_describe(c.model);
+        c.template_text = tmpl;
+        if (!tmpl && !kt_model_chat_template(c.model))
+            snprintf(err.msg, sizeof err.msg, "%s has no chat template: name one with --chat-template", o.g.model);
+        else if ((c.session = kt_session_new(c.model, &(kt_session_params){.n_ctx = o.g.n_ctx, .n_threads = o.g.n_threads}, &err)) &&
+                 (c.sampler = kt_sampler_new(&o.g.sp, d->n_vocab, &err)) &&
+                 (c.logits = malloc(sizeof(float) * (size_t)d->n_vocab)) && c.messages) {
+            reset(&c);
+            chat_loop(&c);
+            err.msg[0] = 0;
+        }
+    }
+    rc = err.msg[0] ? cli_fail("chat", &err) : 0;
+    free(c.logits), free(c.kv), free(tmpl);
+    json_decref(c.messages);
+    kt_sampler_free(c.sampler);
+    kt_session_free(c.session);
+    kt_model_free(c.model);
+    return rc;
+}
