@@ -743,6 +743,26 @@ static void test_no_crash_on_damage(void **state) {
     json_decref(cases);
 }
 
+/* Tool-call arguments given as a JSON string (the OpenAI wire format) are
+ * parsed into the object templates index; anything else is left alone. */
+static void test_tool_arguments_parsed(void **state) {
+    (void)state;
+    json_t *m = json_loads("[{\"role\": \"assistant\", \"tool_calls\": ["
+                           "{\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}},"
+                           "{\"function\": {\"name\": \"g\", \"arguments\": \"not json\"}},"
+                           "{\"function\": {\"name\": \"h\", \"arguments\": {\"x\": 1}}}]}]", 0, NULL);
+    assert_non_null(m);
+    kt_chat_parse_tool_arguments(m);
+    json_t *calls = json_object_get(json_array_get(m, 0), "tool_calls");
+    json_t *a0 = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
+    json_t *a1 = json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments");
+    json_t *a2 = json_object_get(json_object_get(json_array_get(calls, 2), "function"), "arguments");
+    assert_string_equal(json_string_value(json_object_get(a0, "city")), "Paris");
+    assert_string_equal(json_string_value(a1), "not json");
+    assert_int_equal(json_integer_value(json_object_get(a2, "x")), 1);
+    json_decref(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_templates),
@@ -750,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_chat_api),
         cmocka_unit_test(test_no_crash_on_damage),
+        cmocka_unit_test(test_tool_arguments_parsed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

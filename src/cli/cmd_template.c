@@ -77,21 +77,6 @@ static json_t *load_json(const char *path, kt_error *err) {
     return j;
 }
 
-/* OpenAI sends tool-call arguments as a JSON string; templates index them
- * as objects. Parse in place where the string holds a JSON object. */
-static void parse_tool_arguments(json_t *messages) {
-    size_t i, j;
-    json_t *m, *call;
-    json_array_foreach(messages, i, m) {
-        json_array_foreach(json_object_get(m, "tool_calls"), j, call) {
-            json_t *fn = json_object_get(call, "function");
-            const char *args = json_string_value(json_object_get(fn, "arguments"));
-            json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
-            if (parsed && json_is_object(parsed)) json_object_set_new(fn, "arguments", parsed);
-            else json_decref(parsed);
-        }
-    }
-}
 
 static char *copy_piece(const kt_vocab *v, int id) {
     size_t len = 0;
@@ -162,7 +147,7 @@ static int render(const tmpl_opts *o, const char *tmpl, const char *bos, const c
     if (messages && (!o->tools || tools)) ctx = make_context(o, bos, eos, &err);
     char *text = NULL;
     if (ctx) {
-        parse_tool_arguments(messages);
+        kt_chat_parse_tool_arguments(messages);
         text = kt_chat_render(tmpl, messages, tools, !o->no_gen_prompt, ctx, &err);
     }
     if (text) fputs(text, stdout);

@@ -180,21 +180,6 @@ static json_t *parse_json_arg(const char *text, const char *what, kt_error *err)
     return j;
 }
 
-/* Tool-call arguments arrive as JSON strings (OpenAI); templates index
- * them as objects. */
-static void parse_tool_arguments(json_t *messages) {
-    size_t i, j;
-    json_t *msg, *call;
-    json_array_foreach(messages, i, msg) {
-        json_array_foreach(json_object_get(msg, "tool_calls"), j, call) {
-            json_t *fn = json_object_get(call, "function");
-            const char *args = json_string_value(json_object_get(fn, "arguments"));
-            json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
-            if (json_is_object(parsed)) json_object_set_new(fn, "arguments", parsed);
-            else json_decref(parsed);
-        }
-    }
-}
 
 static json_t *chat_context(const kt_model *m) {
     char bos[256], eos[256], date[32];
@@ -217,7 +202,7 @@ char *kt_chat_apply(const kt_model *m, const char *template_text, const char *me
     json_t *messages = parse_json_arg(messages_json, "messages", err), *tools = NULL, *ctx = NULL;
     char *out = NULL;
     if (messages && (!tools_json || (tools = parse_json_arg(tools_json, "tools", err)))) {
-        parse_tool_arguments(messages);
+        kt_chat_parse_tool_arguments(messages);
         if (!(ctx = chat_context(m))) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
         else out = kt_chat_render(tmpl, messages, tools, add_generation_prompt, ctx, err);
     }

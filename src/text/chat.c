@@ -53,3 +53,17 @@ char *kt_chat_render(const char *template_text, const json_t *messages,
     return kt_chat_render_at(template_text, messages, tools,
                              add_generation_prompt, context, 0, err);
 }
+
+void kt_chat_parse_tool_arguments(json_t *messages) {
+    size_t i, j;
+    json_t *msg, *call;
+    json_array_foreach(messages, i, msg) {
+        json_array_foreach(json_object_get(msg, "tool_calls"), j, call) {
+            json_t *fn = json_object_get(call, "function");
+            const char *args = json_string_value(json_object_get(fn, "arguments"));
+            json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
+            if (json_is_object(parsed)) json_object_set_new(fn, "arguments", parsed);
+            else json_decref(parsed);
+        }
+    }
+}

@@ -31,4 +31,10 @@ char *kt_chat_render_at(const char *template_text, const json_t *messages,
                         const json_t *tools, bool add_generation_prompt,
                         const json_t *context, int64_t now, kt_error *err);
 
+/* OpenAI clients send tool-call arguments as a JSON string; templates
+ * index them as objects (`tool_call.arguments.city`). Replaces, in place,
+ * every `tool_calls[].function.arguments` string that holds a JSON object
+ * by that object; other values are left as they are. */
+void kt_chat_parse_tool_arguments(json_t *messages);
+
 #endif
