@@ -50,6 +50,21 @@ static void test_tokenize_table_and_pieces(void **state) {
     free(out);
 }
 
+/* Control tokens in text are text unless --specials says otherwise. */
+static void test_tokenize_specials(void **state) {
+    (void)state;
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "tokenize --vocab '%s' --ids --no-bos 'a</s>'", tu_shared("vocab/ggml-vocab-llama-spm.gguf"));
+    assert_int_equal(run(args, &out, NULL), 0);
+    assert_null(strstr(out, ", 2]")); /* </s> (id 2) not matched */
+    free(out);
+    snprintf(args, sizeof args, "tokenize --vocab '%s' --ids --no-bos --specials 'a</s>'",
+             tu_shared("vocab/ggml-vocab-llama-spm.gguf"));
+    assert_int_equal(run(args, &out, NULL), 0);
+    assert_string_equal(out, "[263, 2]\n");
+    free(out);
+}
+
 static void test_tokenize_errors(void **state) {
     (void)state;
     char args[4096], *out = NULL, *err = NULL;
@@ -161,6 +176,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_ids_match_golden),
         cmocka_unit_test(test_tokenize_table_and_pieces),
+        cmocka_unit_test(test_tokenize_specials),
         cmocka_unit_test(test_tokenize_errors),
         cmocka_unit_test(test_template_renders_expected),
         cmocka_unit_test(test_template_builtin_and_errors),

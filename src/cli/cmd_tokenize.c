@@ -25,6 +25,7 @@ typedef struct tok_opts {
     const char *model, *text, *file;
     out_mode mode;
     int bos; /* -1: the model's rule */
+    bool specials;
 } tok_opts;
 
 static void usage(FILE *out) {
@@ -36,7 +37,10 @@ static void usage(FILE *out) {
             "      --ids           print the ids only, as a list\n"
             "      --pieces        print the pieces only, one a line\n"
             "      --no-bos        do not add the beginning-of-sequence token\n"
-            "      --bos           add it even if the model does not\n");
+            "      --bos           add it even if the model does not\n"
+            "      --specials      match control tokens written in the text (\"<|im_end|>\"),\n"
+            "                      as for a rendered chat template; off by default, so\n"
+            "                      text cannot smuggle them in\n");
 }
 
 static int parse_opts(int argc, char **argv, tok_opts *o) {
@@ -48,6 +52,7 @@ static int parse_opts(int argc, char **argv, tok_opts *o) {
         else if (!strcmp(a, "--pieces")) o->mode = OUT_PIECES;
         else if (!strcmp(a, "--no-bos")) o->bos = 0;
         else if (!strcmp(a, "--bos")) o->bos = 1;
+        else if (!strcmp(a, "--specials")) o->specials = true;
         else if ((r = cli_opt("tokenize", argc, argv, &i, "--model", &v)) ||
                  (r = cli_opt("tokenize", argc, argv, &i, "-m", &v)) ||
                  (r = cli_opt("tokenize", argc, argv, &i, "--vocab", &v))) {
@@ -110,11 +115,11 @@ static void print_tokens(const kt_vocab *v, const int32_t *ids, int n, out_mode 
 static int tokenize_text(const kt_vocab *v, const char *text, size_t len, const tok_opts *o) {
     kt_error err = {0};
     bool bos = o->bos < 0 ? kt_vocab_add_bos(v) : o->bos == 1;
-    int n = kt_vocab_encode(v, text, len, bos, NULL, 0, &err);
+    int n = kt_vocab_encode_ex(v, text, len, bos, o->specials, NULL, 0, &err);
     if (n < 0) return cli_fail("tokenize", &err);
     int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
     if (!ids) return cli_fail("tokenize", &(kt_error){KT_ERR_NOMEM, "out of memory"});
-    n = kt_vocab_encode(v, text, len, bos, ids, n, &err);
+    n = kt_vocab_encode_ex(v, text, len, bos, o->specials, ids, n, &err);
     if (n >= 0) print_tokens(v, ids, n, o->mode);
     free(ids);
     return n < 0 ? cli_fail("tokenize", &err) : 0;
