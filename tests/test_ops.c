@@ -260,8 +260,8 @@ static void test_plain_types_roundtrip(void **state) {
     kt_quantize_row(KT_F32, x, z, 5);
     kt_dequantize_row(KT_F32, z, y, 5);
     assert_memory_equal(x, y, sizeof x);
-    assert_true(kt_quantize_supported(KT_Q4_0) && !kt_quantize_supported(KT_Q4_K));
-    assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q6_K));
+    assert_true(kt_quantize_supported(KT_Q4_0) && !kt_quantize_supported(KT_Q4_1));
+    assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q2_K));
 }
 
 static void test_quant_roundtrip_error(void **state) {
@@ -555,7 +555,7 @@ static void test_matmul_ref_small(void **state) {
     kt_matmul_ref(out, &wq, KT_Q8_0, xf, 32, 1, 1);
     assert_true(fabs(out[0] - want) <= 1e-5 * fabs(want));
     /* unsupported type: NaN, no crash */
-    kt_matmul_ref(out, &wq, KT_Q4_K, xf, 32, 1, 1);
+    kt_matmul_ref(out, &wq, KT_Q2_K, xf, 32, 1, 1);
     assert_true(isnan(out[0]));
 }
 
@@ -738,7 +738,7 @@ static void test_matmul_token_chunks(void **state) {
 static void test_matmul_supported(void **state) {
     (void)state;
     for (int i = 0; i < N_MM_TYPES; i++) assert_true(kt_matmul_supported(MM_TYPES[i]));
-    assert_false(kt_matmul_supported(KT_Q4_K));
+    assert_false(kt_matmul_supported(KT_Q2_K)); /* K-quants: test_kquant.c */
     assert_false(kt_matmul_supported(KT_I32));
 }
 
@@ -1008,8 +1008,8 @@ static void run_bench(void) {
     float *x = xmalloc(sizeof(float) * 64 * n_in);
     float *out = xmalloc(sizeof(float) * 64 * n_out);
     fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
-    static const kt_dtype types[] = {KT_Q4_0, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
-    for (int i = 0; i < 5; i++) {
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_K, KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
+    for (int i = 0; i < 7; i++) {
         void *w = make_weights(types[i], n_in, n_out, 1);
         double bytes = (double)kt_dtype_row_bytes(types[i], n_in) * n_out;
         /* copies of the matrix (>= 128 MB in all, more than any L3) used in

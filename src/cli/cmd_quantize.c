@@ -1,7 +1,8 @@
 /*
  * cmd_quantize.c - `kettle quantize IN.gguf OUT.gguf TYPE`: rewrites a
- * model with its weight matrices in another element type (Q8_0, Q4_0, F16,
- * BF16 or F32).
+ * model with its weight matrices in another element type (Q8_0, Q4_0,
+ * Q4_K, Q5_K, Q6_K, F16, BF16 or F32), or in llama.cpp's Q4_K_M / Q5_K_M
+ * mixes.
  *
  * Which tensors change follows llama.cpp's `llama-quantize --pure`: every
  * tensor whose name ends in "weight" with at least two dimensions, except
@@ -20,11 +21,27 @@
  * tensor. All metadata is copied; general.file_type becomes llama.cpp's
  * LLAMA_FTYPE for the target and general.quantization_version is set to 2,
  * as llama.cpp does.
+ *
+ * The mixes follow llama.cpp's llama_tensor_get_type for dense models:
+ * every tensor gets the base type (Q4_K or Q5_K) except
+ *   - output.weight (token_embd.weight when there is no output.weight):
+ *     Q6_K;
+ *   - attn_v.weight and ffn_down.weight of the layers use_more_bits picks
+ *     (the first n/8, the last n/8 and every third in between, counted in
+ *     file order over the tensors of that name): Q6_K;
+ *   - a fused attn_qkv.weight: Q5_K (Q4_K_M) or Q6_K (Q5_K_M).
+ * Not reproduced: llama.cpp's special cases for 70B models, MoE and
+ * Falcon. A K-quant needs rows that are a multiple of 256 values; other
+ * tensors fall back to Q8_0 (llama.cpp: Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0
+ * for Q6_K -- kettle has no Q5_0/Q5_1 kernels), and the tool says so.
+ * Plain K types (TYPE Q4_K, Q5_K, Q6_K) are --pure: every tensor the base
+ * type, with the same fallback.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -40,13 +57,25 @@
 #define GGML_QNT_VERSION 2
 #define NAME_CAP 256
 
+/* What to write: a base type, whether llama.cpp's _M mix applies, and the
+ * general.file_type (LLAMA_FTYPE) to record. */
+typedef struct recipe {
+    kt_dtype base;
+    bool mix;
+    uint32_t ftype;
+} recipe;
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle quantize IN.gguf OUT.gguf TYPE\n"
             "\n"
-            "Writes IN with every 2-D weight tensor converted to TYPE (%s);\n"
-            "norms and other 1-D tensors stay as they are (like llama.cpp's\n"
-            "llama-quantize --pure). Source weights must be F32, F16 or BF16.\n",
+            "Writes IN with every 2-D weight tensor converted to TYPE (%s,\n"
+            "Q4_K, Q5_K, Q6_K); norms and other 1-D tensors stay as they are\n"
+            "(like llama.cpp's llama-quantize --pure). TYPE Q4_K_M or Q5_K_M\n"
+            "writes llama.cpp's mix instead (output, some attn_v and ffn_down\n"
+            "tensors Q6_K). K-quant tensors whose rows are not a multiple of\n"
+            "256 values are written as Q8_0. Source weights must be F32, F16\n"
+            "or BF16.\n",
             cli_out_type_list());
 }
 
@@ -84,11 +113,67 @@ static bool is_quantizable(const gguf_tensor *t) {
            !gguf_str_eq(t->name, "token_types.weight");
 }
 
-/* The type tensor t gets in the output. */
-static kt_dtype out_type(const gguf_tensor *t, kt_dtype target) {
-    if (!is_quantizable(t)) return t->type;
-    if (t->dims[0] % kt_dtype_get(target)->block_size) return t->type;
-    return target;
+static bool is_kquant(kt_dtype t) {
+    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K;
+}
+
+/* llama.cpp's use_more_bits: layer i of n gets more bits in the first and
+ * last eighth, and every third layer in between. */
+static bool use_more_bits(int i, int n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/* Counts over the file (llama.cpp's n_attention_wv, n_ffn_down) and the
+ * running indices (i_attention_wv, i_ffn_down). */
+typedef struct mix_state {
+    int n_attn_v, n_ffn_down, i_attn_v, i_ffn_down;
+    bool has_output;
+} mix_state;
+
+/* The type the _M mix gives a quantizable tensor (before the fallback). */
+static kt_dtype mix_type(const gguf_tensor *t, const recipe *r, mix_state *m) {
+    if (gguf_str_eq(t->name, "output.weight") ||
+        (!m->has_output && gguf_str_eq(t->name, "token_embd.weight")))
+        return KT_Q6_K;
+    if (contains(t->name, "attn_v.weight"))
+        return use_more_bits(m->i_attn_v++, m->n_attn_v) ? KT_Q6_K : r->base;
+    if (contains(t->name, "ffn_down"))
+        return use_more_bits(m->i_ffn_down++, m->n_ffn_down) ? KT_Q6_K : r->base;
+    if (contains(t->name, "attn_qkv.weight")) return r->base == KT_Q4_K ? KT_Q5_K : KT_Q6_K;
+    return r->base;
+}
+
+/* The type a quantizable tensor of row length n0 gets for `want`: K-quants
+ * need whole 256-value rows, else Q8_0; any type whose block does not
+ * divide the row leaves the tensor unchanged (`keep`). */
+static kt_dtype fit_type(kt_dtype want, int64_t n0, kt_dtype keep) {
+    if (is_kquant(want) && n0 % 256) want = KT_Q8_0;
+    return n0 % kt_dtype_get(want)->block_size ? keep : want;
+}
+
+/* The output type of every tensor, in file order; *n_fallback counts the
+ * K-quant tensors written as Q8_0 instead. NULL if out of memory. */
+static kt_dtype *plan_types(const gguf_file *f, const recipe *r, int *n_fallback) {
+    int64_t n = gguf_n_tensors(f);
+    kt_dtype *types = malloc(sizeof *types * (size_t)(n ? n : 1));
+    if (!types) return NULL;
+    mix_state m = {0};
+    for (int64_t i = 0; i < n; i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        m.n_attn_v += contains(t->name, "attn_v.weight");
+        m.n_ffn_down += contains(t->name, "ffn_down");
+        m.has_output |= gguf_str_eq(t->name, "output.weight");
+    }
+    *n_fallback = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        types[i] = t->type;
+        if (!is_quantizable(t)) continue;
+        kt_dtype want = r->mix ? mix_type(t, r, &m) : r->base;
+        types[i] = fit_type(want, t->dims[0], t->type);
+        *n_fallback += is_kquant(want) && types[i] == KT_Q8_0;
+    }
+    return types;
 }
 
 static bool is_plain_float(kt_dtype t) {
@@ -103,13 +188,13 @@ static void copy_name(gguf_str s, char *buf) {
 
 /* Checks every conversion is possible before any output is written; sets
  * *max_bytes to the largest converted tensor's output size. */
-static kt_status check_plan(const gguf_file *f, kt_dtype target, size_t *max_bytes,
+static kt_status check_plan(const gguf_file *f, const kt_dtype *types, size_t *max_bytes,
                             kt_error *err) {
     char name[NAME_CAP];
     *max_bytes = 0;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
-        kt_dtype to = out_type(t, target);
+        kt_dtype to = types[i];
         if (to == t->type) continue;
         copy_name(t->name, name);
         if (!is_plain_float(t->type) && (!is_plain_float(to) ||
@@ -131,7 +216,7 @@ static kt_status check_plan(const gguf_file *f, kt_dtype target, size_t *max_byt
 
 /* ---- metadata and tensor declarations ---- */
 
-static kt_status copy_metadata(gguf_writer *w, const gguf_file *f, kt_dtype target,
+static kt_status copy_metadata(gguf_writer *w, const gguf_file *f, uint32_t ftype,
                                kt_error *err) {
     kt_status st;
     for (int64_t i = 0; i < gguf_n_kv(f); i++) {
@@ -143,11 +228,11 @@ static kt_status copy_metadata(gguf_writer *w, const gguf_file *f, kt_dtype targ
     }
     st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err);
     if (st == KT_OK)
-        st = gguf_writer_set_u32(w, "general.file_type", cli_llama_ftype(target), err);
+        st = gguf_writer_set_u32(w, "general.file_type", ftype, err);
     return st;
 }
 
-static kt_status declare_tensors(gguf_writer *w, const gguf_file *f, kt_dtype target,
+static kt_status declare_tensors(gguf_writer *w, const gguf_file *f, const kt_dtype *types,
                                  kt_error *err) {
     char name[NAME_CAP];
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
@@ -155,8 +240,7 @@ static kt_status declare_tensors(gguf_writer *w, const gguf_file *f, kt_dtype ta
         if (t->name.len >= NAME_CAP)
             return kt_error_set(err, KT_ERR_FORMAT, "tensor %" PRId64 ": name too long", i);
         copy_name(t->name, name);
-        kt_status st = gguf_writer_add_tensor(w, name, out_type(t, target), t->n_dims,
-                                              t->dims, err);
+        kt_status st = gguf_writer_add_tensor(w, name, types[i], t->n_dims, t->dims, err);
         if (st != KT_OK) return st;
     }
     return KT_OK;
@@ -210,7 +294,8 @@ static void release_input(const gguf_tensor *t) {
 
 typedef struct quant_state {
     gguf_file *f;
-    kt_dtype target;
+    recipe r;
+    kt_dtype *types;    /* output type of each tensor */
     unsigned char *buf; /* one converted tensor */
     float *scratch;     /* per-thread rows */
 } quant_state;
@@ -224,7 +309,7 @@ static kt_status write_tensors(gguf_writer *w, quant_state *q, kt_error *err) {
     char name[NAME_CAP];
     for (int64_t i = 0; i < gguf_n_tensors(q->f) && st == KT_OK; i++) {
         const gguf_tensor *t = gguf_tensor_at(q->f, i);
-        kt_dtype to = out_type(t, q->target);
+        kt_dtype to = q->types[i];
         if (to == t->type) {
             st = gguf_writer_write_tensor(w, t->data, t->n_bytes, err);
         } else {
@@ -245,7 +330,7 @@ static kt_status alloc_buffers(quant_state *q, size_t max_bytes, kt_error *err) 
     int64_t max_row = 1;
     for (int64_t i = 0; i < gguf_n_tensors(q->f); i++) {
         const gguf_tensor *t = gguf_tensor_at(q->f, i);
-        if (out_type(t, q->target) != t->type && t->dims[0] > max_row) max_row = t->dims[0];
+        if (q->types[i] != t->type && t->dims[0] > max_row) max_row = t->dims[0];
     }
     q->buf = malloc(max_bytes ? max_bytes : 1);
     q->scratch = malloc((size_t)max_row * CLI_MAX_THREADS * sizeof(float));
@@ -258,8 +343,8 @@ static kt_status alloc_buffers(quant_state *q, size_t max_bytes, kt_error *err) 
 static kt_status write_output(quant_state *q, const char *out, kt_error *err) {
     gguf_writer *w = gguf_writer_new(err);
     if (!w) return err ? err->status : KT_ERR_NOMEM;
-    kt_status st = copy_metadata(w, q->f, q->target, err);
-    if (st == KT_OK) st = declare_tensors(w, q->f, q->target, err);
+    kt_status st = copy_metadata(w, q->f, q->r.ftype, err);
+    if (st == KT_OK) st = declare_tensors(w, q->f, q->types, err);
     if (st == KT_OK) st = gguf_writer_begin(w, out, err);
     if (st == KT_OK) st = write_tensors(w, q, err);
     if (st == KT_OK) st = gguf_writer_finish(w, err);
@@ -267,18 +352,48 @@ static kt_status write_output(quant_state *q, const char *out, kt_error *err) {
     return st;
 }
 
-static kt_status run_quantize(const char *in, const char *out, kt_dtype target,
+static kt_status run_quantize(const char *in, const char *out, const recipe *r,
                               kt_error *err) {
     size_t max_bytes;
-    quant_state q = {gguf_open(in, err), target, NULL, NULL};
+    int n_fallback = 0;
+    quant_state q = {gguf_open(in, err), *r, NULL, NULL, NULL};
     if (!q.f) return err ? err->status : KT_ERR_IO;
-    kt_status st = check_plan(q.f, target, &max_bytes, err);
+    kt_status st = KT_OK;
+    q.types = plan_types(q.f, r, &n_fallback);
+    if (!q.types) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    if (st == KT_OK) st = check_plan(q.f, q.types, &max_bytes, err);
+    if (st == KT_OK && n_fallback)
+        fprintf(stderr,
+                "kettle quantize: %d tensor(s) with rows not a multiple of 256 written as "
+                "Q8_0 (llama.cpp would use Q5_0/Q5_1/Q8_0)\n",
+                n_fallback);
     if (st == KT_OK) st = alloc_buffers(&q, max_bytes, err);
     if (st == KT_OK) st = write_output(&q, out, err);
+    free(q.types);
     free(q.buf);
     free(q.scratch);
     gguf_close(q.f);
     return st;
+}
+
+/* TYPE: a plain type (cli_parse_out_type or a K-quant, --pure) or a mix. */
+static bool parse_recipe(const char *name, recipe *r) {
+    static const struct { const char *name; kt_dtype base; bool mix; uint32_t ftype; } K[] = {
+        {"Q4_K_M", KT_Q4_K, true, 15}, /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
+        {"Q5_K_M", KT_Q5_K, true, 17}, /* LLAMA_FTYPE_MOSTLY_Q5_K_M */
+        {"Q4_K", KT_Q4_K, false, 14},  /* LLAMA_FTYPE_MOSTLY_Q4_K_S, as --pure writes */
+        {"Q5_K", KT_Q5_K, false, 16},  /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
+        {"Q6_K", KT_Q6_K, false, 18},  /* LLAMA_FTYPE_MOSTLY_Q6_K */
+    };
+    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++)
+        if (strcasecmp(name, K[i].name) == 0) {
+            *r = (recipe){K[i].base, K[i].mix, K[i].ftype};
+            return true;
+        }
+    int t = cli_parse_out_type(name);
+    if (t < 0) return false;
+    *r = (recipe){(kt_dtype)t, false, cli_llama_ftype((kt_dtype)t)};
+    return true;
 }
 
 int cmd_quantize(int argc, char **argv) {
@@ -290,15 +405,16 @@ int cmd_quantize(int argc, char **argv) {
         if (argv[i][0] == '-' && argv[i][1])
             return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
     if (argc != 4) return cli_usage_error(CMD, "expected IN.gguf OUT.gguf TYPE");
-    int target = cli_parse_out_type(argv[3]);
-    if (target < 0)
-        return cli_usage_error(CMD, "unknown type '%s' (expected one of %s)", argv[3],
-                               cli_out_type_list());
+    recipe r;
+    if (!parse_recipe(argv[3], &r))
+        return cli_usage_error(CMD,
+                               "unknown type '%s' (expected one of %s, Q4_K, Q5_K, Q6_K, "
+                               "Q4_K_M, Q5_K_M)",
+                               argv[3], cli_out_type_list());
     kt_error err = {0};
     double t0 = kt_time_ms();
-    if (run_quantize(argv[1], argv[2], (kt_dtype)target, &err) != KT_OK)
-        return cli_fail(CMD, &err);
-    fprintf(stderr, "kettle quantize: wrote %s (%s) in %.1f s\n", argv[2],
-            kt_dtype_name((uint32_t)target), (kt_time_ms() - t0) / 1e3);
+    if (run_quantize(argv[1], argv[2], &r, &err) != KT_OK) return cli_fail(CMD, &err);
+    fprintf(stderr, "kettle quantize: wrote %s (%s) in %.1f s\n", argv[2], argv[3],
+            (kt_time_ms() - t0) / 1e3);
     return 0;
 }

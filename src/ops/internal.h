@@ -40,6 +40,38 @@ kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, fl
  * c8). Bit-identical to the reference Q8_0 quantizer. */
 void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
 
+/* ---- Q8_K activations (K-quant weights) --------------------------------
+ *
+ * The activations of a matmul with Q4_K/Q5_K/Q6_K weights, quantized with
+ * kt_quantize_act_q8_K (kquant.h): block b of token t (nb = n_in / 256
+ * blocks per token) has its 256 values at qs + (t * nb + b) * 256 (64-byte
+ * aligned if qs is), its float scale at d[t * nb + b] and its 16 sums of
+ * 16 values at bsums + (t * nb + b) * 16. */
+typedef struct kt_q8k_act {
+    const int8_t *qs;
+    const float *d;
+    const int16_t *bsums;
+    int nb;
+} kt_q8k_act;
+
+size_t kt_q8k_act_bytes(int n_in, int n_tokens);
+kt_q8k_act kt_q8k_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, float **d,
+                            int16_t **bsums);
+
+/* The specification of the K-quant dot products (matmul_k.c): adds weight
+ * block b of `row` (type t: Q4_K, Q5_K or Q6_K) times one Q8_K activation
+ * block (values xq, scale dx, sums bs) to acc:
+ *   Q4_K/Q5_K: isum = sum_j sc[j] * sum_l q[32j+l] * xq[32j+l]   (exact)
+ *              imin = sum_j m[j] * (bs[2j] + bs[2j+1])            (exact)
+ *              acc = fmaf((float)isum, d * dx, acc)
+ *              acc = fmaf((float)-imin, dmin * dx, acc)
+ *   Q6_K:      isum = sum_g sc[g] * sum_l (q[16g+l] - 32) * xq[16g+l]
+ *              acc = fmaf((float)isum, d * dx, acc)
+ * Every path (reference, scalar fallback, AVX2) applies exactly these
+ * float operations, block after block, so they agree bit for bit. */
+float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, float dx,
+                       const int16_t *bs, float acc);
+
 /* ---- AVX2 kernels (the *_avx2.c files) --------------------------------- */
 
 void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
@@ -57,6 +89,9 @@ void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in
                          int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
                          int n_out, int n_tokens, int r0, int r1, void *panel);
+/* Rows [r0, r1) of every token for K-quant weights (Q4_K, Q5_K, Q6_K). */
+void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
+                       int n_in, int n_out, int n_tokens, int r0, int r1);
 void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float *xf,
                           int n_in, int n_out, int n_tokens, int r0, int r1);
 

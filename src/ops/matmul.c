@@ -19,6 +19,12 @@
  *     per lane. The AVX2 kernels (matmul_avx2.c) do exactly these
  *     operations, so for the quantized types SIMD, scalar fallback and
  *     reference agree bit for bit.
+ *   - Q4_K/Q5_K/Q6_K weights: each activation row is quantized to Q8_K
+ *     blocks of 256 (kquant.c, ggml's quantize_row_q8_K_ref); per weight
+ *     block, in order, the exact integer sums and one or two fmaf steps
+ *     given by kt_kq_block_step (matmul_k.c, internal.h). The AVX2 kernels
+ *     (matmul_k_avx2.c) apply the same steps: bit-identical as well. The
+ *     activation quantizer is the scalar one on every path.
  *
  * The AVX2 kernels for float weights keep 8 lanes per output and add them
  * up at the end, so they differ from the reference in summation order.
@@ -44,17 +50,23 @@
 #include "base/fp16.h"
 #include "ops/cpu.h"
 #include "ops/internal.h"
+#include "ops/kquant.h"
 #include "ops/quant.h"
 
 #define ROW_GRAIN 16 /* thread row ranges start on multiples of this */
 
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
-           wtype == KT_Q4_0;
+           wtype == KT_Q4_0 || wtype == KT_Q4_K || wtype == KT_Q5_K || wtype == KT_Q6_K;
 }
 
 static bool is_quant(kt_dtype t) {
     return t == KT_Q8_0 || t == KT_Q4_0;
+}
+
+/* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
+static bool is_kquant(kt_dtype t) {
+    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K;
 }
 
 /* ---- scalar building blocks (shared by the reference and the fallback) */
@@ -118,6 +130,20 @@ static float sum_lanes(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+/* K-quant weights: per block, the activations quantized to Q8_K, then the
+ * block's step (internal.h). */
+static float dot_kquant_ref(const void *row, kt_dtype t, const float *x, int n) {
+    float acc = 0.0f;
+    for (int b = 0; b < n / QK_K; b++) {
+        int8_t xq[QK_K];
+        int16_t bs[QK_K / 16];
+        float dx;
+        kt_quantize_act_q8_K(x + b * QK_K, QK_K, xq, &dx, bs);
+        acc = kt_kq_block_step(t, row, b, xq, dx, bs, acc);
+    }
+    return acc;
+}
+
 /* ---- the reference --------------------------------------------------- */
 
 void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, int n_in,
@@ -130,6 +156,11 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
     for (int t = 0; t < n_tokens; t++) {
         const float *xt = x + (size_t)t * n_in;
         float *ot = out + (size_t)t * n_out;
+        if (is_kquant(wtype)) {
+            for (int r = 0; r < n_out; r++)
+                ot[r] = dot_kquant_ref((const char *)w + r * row_bytes, wtype, xt, n_in);
+            continue;
+        }
         if (!is_quant(wtype)) {
             for (int r = 0; r < n_out; r++)
                 ot[r] = dot_float_ref((const char *)w + r * row_bytes, wtype, xt, n_in);
@@ -156,8 +187,8 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
 /* ---- the scalar fallback (threaded; bit-identical to the reference) --- */
 
 static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *x,
-                        const kt_q8_act *xa, int n_in, int n_out, int n_tokens, int r0,
-                        int r1) {
+                        const kt_q8_act *xa, const kt_q8k_act *xk, int n_in, int n_out,
+                        int n_tokens, int r0, int r1) {
     const size_t row_bytes = kt_dtype_row_bytes(wtype, n_in);
     for (int t = 0; t < n_tokens; t++) {
         for (int r = r0; r < r1; r++) {
@@ -175,6 +206,12 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     size_t k = (size_t)t * xa->nb + b;
                     sum = block_step(row, wtype, b, xa->qs + k * QK8_0, xa->d[k], sum);
                 }
+            } else if (is_kquant(wtype)) {
+                for (int b = 0; b < xk->nb; b++) {
+                    size_t k = (size_t)t * xk->nb + b;
+                    sum = kt_kq_block_step(wtype, row, b, xk->qs + k * QK_K, xk->d[k],
+                                           xk->bsums + k * 16, sum);
+                }
             } else {
                 sum = dot_float_ref(row, wtype, x + (size_t)t * n_in, n_in);
             }
@@ -191,6 +228,7 @@ typedef struct mm_job {
     kt_dtype wtype;
     const float *x;   /* float activations (float weights) */
     kt_q8_act xa;     /* quantized activations (Q8_0/Q4_0 weights) */
+    kt_q8k_act xk;    /* quantized activations (K-quant weights) */
     int n_in, n_out, n_tokens;
     bool simd;
     char *panels;       /* per-thread GEMM work areas, panel_bytes apart */
@@ -199,13 +237,15 @@ typedef struct mm_job {
     int8_t *qs;
     float *d;
     int32_t *c8;
+    int16_t *bsums; /* K-quants: Q8_K sums (qs, d as above) */
 } mm_job;
 
 static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     if (r0 >= r1) return;
     void *panel = j->panels ? j->panels + (size_t)ith * j->panel_bytes : NULL;
     if (!j->simd) {
-        rows_scalar(j->out, j->w, j->wtype, j->x, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        rows_scalar(j->out, j->w, j->wtype, j->x, &j->xa, &j->xk, j->n_in, j->n_out,
+                    j->n_tokens, r0, r1);
         return;
     }
 #if defined(__x86_64__) || defined(__i386__)
@@ -215,6 +255,12 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q4_0:
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
+        break;
+    case KT_Q4_K:
+    case KT_Q5_K:
+    case KT_Q6_K:
+        kt_matmul_kq_avx2(j->out, j->w, j->wtype, &j->xk, j->n_in, j->n_out, j->n_tokens, r0,
+                          r1);
         break;
     default:
         kt_matmul_float_avx2(j->out, j->w, j->wtype, j->x, j->n_in, j->n_out, j->n_tokens,
@@ -235,6 +281,11 @@ static void mm_task(void *ctx, int ith, int nth) {
 static void quantize_tokens(mm_job *j, int t0, int t1) {
     for (int t = t0; t < t1; t++) {
         const float *xt = j->x + (size_t)t * j->n_in;
+        if (is_kquant(j->wtype)) { /* one scalar quantizer for every path */
+            size_t k = (size_t)t * j->xk.nb;
+            kt_quantize_act_q8_K(xt, j->n_in, j->qs + k * QK_K, j->d + k, j->bsums + k * 16);
+            continue;
+        }
         size_t k = (size_t)t * j->xa.nb;
         if (j->simd) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -281,6 +332,16 @@ void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const f
         if (panels)
             j.panels = (char *)(((uintptr_t)buf + act + 63) & ~(uintptr_t)63);
         /* one token is ~n_in floats of work: not worth waking the pool */
+        if (n_tokens == 1) quantize_tokens(&j, 0, 1);
+        else kt_pool_run(pool, quantize_task, &j);
+    } else if (is_kquant(wtype)) {
+        size_t need = kt_q8k_act_bytes(n_in, n_tokens);
+        void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
+        if (!buf) { /* out of memory: the same answer (bit for bit), slowly */
+            kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens);
+            return;
+        }
+        j.xk = kt_q8k_act_carve(buf, n_in, n_tokens, &j.qs, &j.d, &j.bsums);
         if (n_tokens == 1) quantize_tokens(&j, 0, 1);
         else kt_pool_run(pool, quantize_task, &j);
     }

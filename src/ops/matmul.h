@@ -9,7 +9,8 @@
  * prefill GEMM (compute-bound, rows x tokens tiled).
  *
  * For Q8_0 and Q4_0 weights the activations are quantized once to Q8_0
- * blocks and the inner loop is an integer dot product. F16/BF16 weights are
+ * blocks, for the K-quants (Q4_K, Q5_K, Q6_K) to Q8_K blocks, and the
+ * inner loop is an integer dot product. F16/BF16 weights are
  * converted on the fly and multiplied in fp32.
  */
 #ifndef KT_OPS_MATMUL_H

@@ -19,10 +19,11 @@
 
 #include "base/fp16.h"
 #include "ops/internal.h"
+#include "ops/kquant.h"
 
 bool kt_quantize_supported(kt_dtype type) {
     return type == KT_F32 || type == KT_F16 || type == KT_BF16 || type == KT_Q8_0 ||
-           type == KT_Q4_0;
+           type == KT_Q4_0 || type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K;
 }
 
 bool kt_dequantize_supported(kt_dtype type) {
@@ -143,6 +144,15 @@ void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
     case KT_Q4_0:
         quantize_row_q4_0(x, out, n);
         break;
+    case KT_Q4_K:
+        kt_quantize_row_q4_K(x, out, n);
+        break;
+    case KT_Q5_K:
+        kt_quantize_row_q5_K(x, out, n);
+        break;
+    case KT_Q6_K:
+        kt_quantize_row_q6_K(x, out, n);
+        break;
     default:
         break; /* unsupported: callers check kt_quantize_supported() */
     }
@@ -168,6 +178,15 @@ void kt_dequantize_row(kt_dtype type, const void *in, float *out, int64_t n) {
         break;
     case KT_Q4_0:
         dequantize_row_q4_0(in, out, n);
+        break;
+    case KT_Q4_K:
+        kt_dequantize_row_q4_K(in, out, n);
+        break;
+    case KT_Q5_K:
+        kt_dequantize_row_q5_K(in, out, n);
+        break;
+    case KT_Q6_K:
+        kt_dequantize_row_q6_K(in, out, n);
         break;
     default:
         break; /* unsupported: callers check kt_dequantize_supported() */

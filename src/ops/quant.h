@@ -29,9 +29,10 @@ typedef struct block_q4_0 {
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
 
-/* Types kt_quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0. */
+/* Types kt_quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0, and the
+ * K-quants Q4_K, Q5_K, Q6_K (kquant.h). */
 bool kt_quantize_supported(kt_dtype type);
-/* Types kt_dequantize_row can read: F32, F16, BF16, Q8_0, Q4_0. */
+/* Types kt_dequantize_row can read: the same. */
 bool kt_dequantize_supported(kt_dtype type);
 
 /* x: n floats -> out: kt_dtype_row_bytes(type, n) bytes. n must be a
