@@ -1299,14 +1299,8 @@ static char *repeat_to_mb(const char *src, size_t len, size_t *out_len) {
     return text;
 }
 
-/* Every .c file under the source tree's src/ (found from this file's
- * path), concatenated. */
-static char *read_sources(size_t *len) {
-    char dir[4096], cmd[4300];
-    snprintf(dir, sizeof dir, "%s", __FILE__);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    snprintf(cmd, sizeof cmd, "cat %s/../src/*/*.c", dir);
+/* The output of a shell command (e.g. files concatenated). */
+static char *command_output(const char *cmd, size_t *len) {
     char *out = NULL;
     if (tu_run(cmd, &out, NULL) != 0 || !out) {
         free(out);
@@ -1357,19 +1351,32 @@ static int run_bench(void) {
     gguf_close(f);
     size_t ls = 0, lc = 0, ne = 0, nc = 0;
     char *story = tu_read_file(tu_shared("golden/stories260K.once.txt"), &ls);
-    char *src = read_sources(&lc);
+    /* every .c file of kettle's src/ (found from this file's path) */
+    char dir[4096], cmd[4300];
+    snprintf(dir, sizeof dir, "%s", __FILE__);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    snprintf(cmd, sizeof cmd, "cat %s/../src/*/*.c", dir);
+    char *src = command_output(cmd, &lc);
+    /* varied English prose: Debian's licence texts (about 300 KB) */
+    size_t ll = 0, nl = 0;
+    char *lic = command_output("cat /usr/share/common-licenses/* 2>/dev/null", &ll);
     char *en = story ? repeat_to_mb(story, ls, &ne) : NULL;
     char *c = src ? repeat_to_mb(src, lc, &nc) : NULL;
+    char *prose = lic && ll > 0 ? repeat_to_mb(lic, ll, &nl) : NULL;
     int rc = 1;
     if (v && en && c) {
         printf("byte-level BPE, GPT-2 vocabulary, one thread, best of 5\n");
         rc = bench_one(v, "English (stories)", en, ne);
+        if (prose) rc |= bench_one(v, "English (licences)", prose, nl);
         rc |= bench_one(v, "C source (src/*/*.c)", c, nc);
     } else {
         fprintf(stderr, "bench: cannot load the vocabulary or the texts: %s\n", err.msg);
     }
     free(story);
     free(src);
+    free(lic);
+    free(prose);
     free(en);
     free(c);
     kt_vocab_free(v);
