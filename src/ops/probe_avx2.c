@@ -29,8 +29,11 @@ float kt_probe_fma_avx2(long iters) {
     __m256 acc[KT_PROBE_CHAINS];
     const __m256 m = _mm256_set1_ps(0.999999f), k = _mm256_set1_ps(1e-7f);
     for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
-    for (long i = 0; i < iters; i++)
+    /* unrolled so the chains live in registers, not in memory */
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 16
         for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], m, k);
+    }
     __m256 s = acc[0];
     for (int c = 1; c < KT_PROBE_CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
     return _mm_cvtss_f32(_mm256_castps256_ps128(s));
@@ -41,8 +44,10 @@ int kt_probe_maddubs_avx2(long iters) {
     const __m256i w = _mm256_set1_epi8(1);
     for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm256_set1_epi8((char)c);
     /* each result (int16 pairs) feeds the next maddubs as bytes: a chain */
-    for (long i = 0; i < iters; i++)
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 16
         for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm256_maddubs_epi16(acc[c], w);
+    }
     __m256i s = acc[0];
     for (int c = 1; c < KT_PROBE_CHAINS; c++) s = _mm256_xor_si256(s, acc[c]);
     return _mm_cvtsi128_si32(_mm256_castsi256_si128(s));
