@@ -22,6 +22,7 @@
 
 #include "testutil.h"
 #include "text/chat.h"
+#include "text/chat_builtin.h"
 #include "text/jinja.h"
 
 #define FIXED_NOW 1721952000 /* 2024-07-26 00:00 UTC, as the reference */
@@ -89,7 +90,7 @@ static void test_reference_templates(void **state) {
     snprintf(path, sizeof path, "%s/cases.json", dir);
     json_error_t jerr;
     json_t *cases = json_load_file(path, 0, &jerr);
-    if (!cases) skip();
+    assert_non_null(cases);
     json_t *ctx = json_object_get(cases, "context");
     DIR *d = opendir(dir);
     assert_non_null(d);
@@ -119,6 +120,60 @@ static void test_reference_templates(void **state) {
                   t.expected, t.none);
     assert_true(ntemplates > 0);
     assert_int_equal(t.matched, t.expected);
+}
+
+/* kettle's built-in templates render plain conversations exactly as the
+ * published ones they stand in for: every case that published template
+ * renders (a .txt expectation) must come out the same. */
+static void check_builtin(const char *builtin, const char *published) {
+    char dir[1024], path[1400];
+    snprintf(dir, sizeof dir, "%s", tu_shared("templates"));
+    snprintf(path, sizeof path, "%s/cases.json", dir);
+    json_error_t jerr;
+    json_t *cases = json_load_file(path, 0, &jerr);
+    assert_non_null(cases);
+    const char *tpl = kt_chat_builtin(builtin);
+    assert_non_null(tpl);
+    const char *cname;
+    json_t *cv;
+    int compared = 0;
+    json_object_foreach(json_object_get(cases, "cases"), cname, cv) {
+        char *want = read_opt(dir, published, cname, "txt");
+        if (!want) continue;
+        kt_error err = {0};
+        char *out = kt_chat_render_at(tpl, json_object_get(cv, "messages"), json_object_get(cv, "tools"),
+                                      json_is_true(json_object_get(cv, "add_generation_prompt")),
+                                      json_object_get(cases, "context"), FIXED_NOW, &err);
+        if (!out || strcmp(out, want)) print_message("builtin %s, case %s: %s\n", builtin, cname, out ? out : err.msg);
+        assert_non_null(out);
+        assert_string_equal(out, want);
+        compared++;
+        free(out);
+        free(want);
+    }
+    assert_true(compared >= 2);
+    json_decref(cases);
+}
+
+static void test_builtin_templates(void **state) {
+    (void)state;
+    check_builtin("phi3", "microsoft-Phi-3.5-mini-instruct");
+    check_builtin("gemma", "google-gemma-2-2b-it");
+    /* every built-in at least renders a system + user conversation */
+    const char *names[] = {"chatml", "llama2", "llama3", "mistral", "phi3", "gemma"};
+    json_t *msgs = json_loads("[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"U\"}]", 0, NULL);
+    json_t *ctx = json_loads("{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\"}", 0, NULL);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        kt_error err = {0};
+        char *out = kt_chat_render(kt_chat_builtin(names[i]), msgs, NULL, true, ctx, &err);
+        assert_non_null(out);
+        assert_non_null(strstr(out, "S"));
+        assert_non_null(strstr(out, "U"));
+        free(out);
+    }
+    json_decref(msgs);
+    json_decref(ctx);
+    assert_null(kt_chat_builtin("nonexistent"));
 }
 
 /* ---- 2. constructs, checked against jinja2 ---------------------------- */
@@ -771,6 +826,7 @@ int main(void) {
         cmocka_unit_test(test_chat_api),
         cmocka_unit_test(test_no_crash_on_damage),
         cmocka_unit_test(test_tool_arguments_parsed),
+        cmocka_unit_test(test_builtin_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
