@@ -11,7 +11,8 @@
  *     file (GGUF parsed by hand here, independently of src/gguf).
  *   - matmul: every type, odd sizes, 1..3 threads. The SIMD path against
  *     kt_matmul_ref within 1e-4 x sum|w_i x_i| (float weights: only the
- *     summation order differs); for Q8_0/Q4_0 weights SIMD and reference
+ *     summation order differs); for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights
+ *     (more on the last three in test_q5.c) SIMD and reference
  *     are bit-identical (integer parts exact, then the same fma per block);
  *     the scalar fallback bit-identical to the reference; and batch
  *     invariance: a token's outputs bit-identical alone and in a batch,
@@ -260,7 +261,7 @@ static void test_plain_types_roundtrip(void **state) {
     kt_quantize_row(KT_F32, x, z, 5);
     kt_dequantize_row(KT_F32, z, y, 5);
     assert_memory_equal(x, y, sizeof x);
-    assert_true(kt_quantize_supported(KT_Q4_0) && !kt_quantize_supported(KT_Q4_1));
+    assert_true(kt_quantize_supported(KT_Q4_0) && !kt_quantize_supported(KT_Q8_1));
     assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q2_K));
 }
 
@@ -529,8 +530,15 @@ static void test_q4_0_bytes_match_llama(void **state) {
 
 /* ---- matmul --------------------------------------------------------- */
 
-static const kt_dtype MM_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0};
-#define N_MM_TYPES 5
+static const kt_dtype MM_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0,
+                                    KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1};
+#define N_MM_TYPES 8
+
+/* the quantized weight types whose SIMD kernels are bit-identical to the
+ * reference (all but the float types) */
+static bool is_exact_type(kt_dtype t) {
+    return t != KT_F32 && t != KT_F16 && t != KT_BF16;
+}
 
 static void test_matmul_ref_small(void **state) {
     (void)state;
@@ -600,7 +608,7 @@ static void test_matmul_simd_vs_ref(void **state) {
                     expect_close_mm(got, want, asum, no, 1e-4, what);
                     /* quantized weights: the SIMD kernels do the reference's
                      * operations exactly (one fma per block per output) */
-                    if (type == KT_Q8_0 || type == KT_Q4_0)
+                    if (is_exact_type(type))
                         if (memcmp(got, want, sizeof(float) * no) != 0)
                             fail_msg("%s: not bit-identical to the reference", what);
                     free(x);
@@ -724,7 +732,7 @@ static void test_matmul_token_chunks(void **state) {
         abs_sums(asum, w, type, x, n_in, n_out, nt);
         kt_matmul(pool, got, w, type, x, n_in, n_out, nt);
         expect_close_mm(got, want, asum, (size_t)nt * n_out, 1e-4, kt_dtype_name(type));
-        if (type == KT_Q8_0 || type == KT_Q4_0) assert_memory_equal(got, want, sizeof want);
+        if (is_exact_type(type)) assert_memory_equal(got, want, sizeof want);
         for (int t = 0; t < nt; t += 7) {
             kt_matmul(pool, one, w, type, x + (size_t)t * n_in, n_in, n_out, 1);
             assert_memory_equal(one, got + (size_t)t * n_out, sizeof one);
@@ -1008,8 +1016,9 @@ static void run_bench(void) {
     float *x = xmalloc(sizeof(float) * 64 * n_in);
     float *out = xmalloc(sizeof(float) * 64 * n_out);
     fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
-    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_K, KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
-    for (int i = 0; i < 7; i++) {
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K,
+                                     KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
+    for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         void *w = make_weights(types[i], n_in, n_out, 1);
         double bytes = (double)kt_dtype_row_bytes(types[i], n_in) * n_out;
         /* copies of the matrix (>= 128 MB in all, more than any L3) used in

@@ -1,8 +1,8 @@
 /*
  * cmd_quantize.c - `kettle quantize IN.gguf OUT.gguf TYPE`: rewrites a
  * model with its weight matrices in another element type (Q8_0, Q4_0,
- * Q4_K, Q5_K, Q6_K, F16, BF16 or F32), or in llama.cpp's Q4_K_M / Q5_K_M
- * mixes.
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16 or F32), or in llama.cpp's
+ * Q4_K_M / Q5_K_M mixes.
  *
  * Which tensors change follows llama.cpp's `llama-quantize --pure`: every
  * tensor whose name ends in "weight" with at least two dimensions, except
@@ -32,10 +32,10 @@
  *   - a fused attn_qkv.weight: Q5_K (Q4_K_M) or Q6_K (Q5_K_M).
  * Not reproduced: llama.cpp's special cases for 70B models, MoE and
  * Falcon. A K-quant needs rows that are a multiple of 256 values; other
- * tensors fall back to Q8_0 (llama.cpp: Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0
- * for Q6_K -- kettle has no Q5_0/Q5_1 kernels), and the tool says so.
- * Plain K types (TYPE Q4_K, Q5_K, Q6_K) are --pure: every tensor the base
- * type, with the same fallback.
+ * tensors get llama.cpp's fallback types (Q5_0 for Q4_K, Q5_1 for Q5_K,
+ * Q8_0 for Q6_K), and the tool says how many. Plain K types (TYPE Q4_K,
+ * Q5_K, Q6_K) are --pure: every tensor the base type, with the same
+ * fallback.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -70,12 +70,13 @@ static void usage(FILE *out) {
             "usage: kettle quantize IN.gguf OUT.gguf TYPE\n"
             "\n"
             "Writes IN with every 2-D weight tensor converted to TYPE (%s,\n"
-            "Q4_K, Q5_K, Q6_K); norms and other 1-D tensors stay as they are\n"
-            "(like llama.cpp's llama-quantize --pure). TYPE Q4_K_M or Q5_K_M\n"
-            "writes llama.cpp's mix instead (output, some attn_v and ffn_down\n"
-            "tensors Q6_K). K-quant tensors whose rows are not a multiple of\n"
-            "256 values are written as Q8_0. Source weights must be F32, F16\n"
-            "or BF16.\n",
+            "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); norms and other 1-D tensors\n"
+            "stay as they are (like llama.cpp's llama-quantize --pure). TYPE\n"
+            "Q4_K_M or Q5_K_M writes llama.cpp's mix instead (output, some\n"
+            "attn_v and ffn_down tensors Q6_K). K-quant tensors whose rows are\n"
+            "not a multiple of 256 values get llama.cpp's fallback types (Q4_K\n"
+            "-> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Source weights must be F32,\n"
+            "F16 or BF16.\n",
             cli_out_type_list());
 }
 
@@ -143,16 +144,26 @@ static kt_dtype mix_type(const gguf_tensor *t, const recipe *r, mix_state *m) {
     return r->base;
 }
 
+/* llama.cpp's type for a K-quant tensor whose rows are not a multiple of
+ * 256 (llama_tensor_get_type's convert_incompatible_tensor case). */
+static kt_dtype kquant_fallback(kt_dtype t) {
+    switch (t) {
+    case KT_Q4_K: return KT_Q5_0;
+    case KT_Q5_K: return KT_Q5_1;
+    default: return KT_Q8_0; /* Q6_K */
+    }
+}
+
 /* The type a quantizable tensor of row length n0 gets for `want`: K-quants
- * need whole 256-value rows, else Q8_0; any type whose block does not
- * divide the row leaves the tensor unchanged (`keep`). */
+ * need whole 256-value rows, else their fallback; any type whose block
+ * does not divide the row leaves the tensor unchanged (`keep`). */
 static kt_dtype fit_type(kt_dtype want, int64_t n0, kt_dtype keep) {
-    if (is_kquant(want) && n0 % 256) want = KT_Q8_0;
+    if (is_kquant(want) && n0 % 256) want = kquant_fallback(want);
     return n0 % kt_dtype_get(want)->block_size ? keep : want;
 }
 
 /* The output type of every tensor, in file order; *n_fallback counts the
- * K-quant tensors written as Q8_0 instead. NULL if out of memory. */
+ * K-quant tensors written in their fallback type. NULL if out of memory. */
 static kt_dtype *plan_types(const gguf_file *f, const recipe *r, int *n_fallback) {
     int64_t n = gguf_n_tensors(f);
     kt_dtype *types = malloc(sizeof *types * (size_t)(n ? n : 1));
@@ -171,7 +182,7 @@ static kt_dtype *plan_types(const gguf_file *f, const recipe *r, int *n_fallback
         if (!is_quantizable(t)) continue;
         kt_dtype want = r->mix ? mix_type(t, r, &m) : r->base;
         types[i] = fit_type(want, t->dims[0], t->type);
-        *n_fallback += is_kquant(want) && types[i] == KT_Q8_0;
+        *n_fallback += is_kquant(want) && types[i] == kquant_fallback(want);
     }
     return types;
 }
@@ -364,8 +375,8 @@ static kt_status run_quantize(const char *in, const char *out, const recipe *r,
     if (st == KT_OK) st = check_plan(q.f, q.types, &max_bytes, err);
     if (st == KT_OK && n_fallback)
         fprintf(stderr,
-                "kettle quantize: %d tensor(s) with rows not a multiple of 256 written as "
-                "Q8_0 (llama.cpp would use Q5_0/Q5_1/Q8_0)\n",
+                "kettle quantize: %d tensor(s) with rows not a multiple of 256 written in "
+                "llama.cpp's fallback types (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)\n",
                 n_fallback);
     if (st == KT_OK) st = alloc_buffers(&q, max_bytes, err);
     if (st == KT_OK) st = write_output(&q, out, err);
@@ -384,6 +395,9 @@ static bool parse_recipe(const char *name, recipe *r) {
         {"Q4_K", KT_Q4_K, false, 14},  /* LLAMA_FTYPE_MOSTLY_Q4_K_S, as --pure writes */
         {"Q5_K", KT_Q5_K, false, 16},  /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
         {"Q6_K", KT_Q6_K, false, 18},  /* LLAMA_FTYPE_MOSTLY_Q6_K */
+        {"Q4_1", KT_Q4_1, false, 3},   /* LLAMA_FTYPE_MOSTLY_Q4_1 */
+        {"Q5_0", KT_Q5_0, false, 8},   /* LLAMA_FTYPE_MOSTLY_Q5_0 */
+        {"Q5_1", KT_Q5_1, false, 9},   /* LLAMA_FTYPE_MOSTLY_Q5_1 */
     };
     for (size_t i = 0; i < sizeof K / sizeof K[0]; i++)
         if (strcasecmp(name, K[i].name) == 0) {
@@ -408,8 +422,8 @@ int cmd_quantize(int argc, char **argv) {
     recipe r;
     if (!parse_recipe(argv[3], &r))
         return cli_usage_error(CMD,
-                               "unknown type '%s' (expected one of %s, Q4_K, Q5_K, Q6_K, "
-                               "Q4_K_M, Q5_K_M)",
+                               "unknown type '%s' (expected one of %s, Q4_1, Q5_0, Q5_1, "
+                               "Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M)",
                                argv[3], cli_out_type_list());
     kt_error err = {0};
     double t0 = kt_time_ms();

@@ -22,7 +22,8 @@
  * numbers kt_quantize_row(KT_Q8_0, ...) stores, only laid out for loads.
  * c8[t * nb + b] is 8 times the sum of the block's 32 values: Q4_0 kernels
  * multiply the raw nibbles n and subtract it, since sum (n - 8) x =
- * sum n x - 8 sum x. */
+ * sum n x - 8 sum x (Q5_0: 2 * c8; Q4_1/Q5_1 use c8 / 8 for their
+ * minimum's term). */
 typedef struct kt_q8_act {
     const int8_t *qs;
     const float *d;
@@ -39,6 +40,11 @@ kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, fl
 /* One row of n values (n a multiple of 32) -> n/32 blocks (values, scales,
  * c8). Bit-identical to the reference Q8_0 quantizer. */
 void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
+
+/* The 32 levels of a Q4_0/Q4_1 block (0..15) or of a Q5_0/Q5_1 block
+ * (0..31, fifth bits from qh) in element order (quant.c). */
+void kt_unpack_q4(const uint8_t *qs, uint8_t *q);
+void kt_unpack_q5(const uint8_t *qs, const uint8_t *qh, uint8_t *q);
 
 /* ---- Q8_K activations (K-quant weights) --------------------------------
  *
@@ -89,6 +95,10 @@ void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in
                          int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
                          int n_out, int n_tokens, int r0, int r1, void *panel);
+/* Rows [r0, r1) of every token for Q4_1, Q5_0 or Q5_1 weights (x: the
+ * Q8_0 activations), bit-identical to the reference. */
+void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,
+                           int n_in, int n_out, int n_tokens, int r0, int r1);
 /* Rows [r0, r1) of every token for K-quant weights (Q4_K, Q5_K, Q6_K). */
 void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
                        int n_in, int n_out, int n_tokens, int r0, int r1);

@@ -5,14 +5,22 @@
  * The specification (kt_matmul_ref):
  *   - F32/F16/BF16 weights: out = sum_i float(W[r][i]) * x[i], summed in
  *     float in the order i = 0, 1, 2, ...
- *   - Q8_0/Q4_0 weights: each activation row is quantized to Q8_0 blocks
- *     with the reference quantizer (quant.c); the integer dot products are
- *     exact, and the float steps are fixed:
+ *   - Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights: each activation row is quantized
+ *     to Q8_0 blocks with the reference quantizer (quant.c); the integer
+ *     dot products are exact, and the float steps are fixed:
  *       Q4_0: acc = 0; per block b in order:
  *               acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc)
  *       Q8_0: 8 lanes, lane k summing products 4k..4k+3 of each block:
  *               acc_k = fmaf((float)isum_b_k, d_w[b] * d_x[b], acc_k),
  *             then ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
+ *       Q5_0: as Q4_0, with isum_b = sum (q - 16) * x_q over the block
+ *       Q4_1, Q5_1: acc = 0; per block b in order, with isum_b =
+ *             sum q * x_q (q the unsigned levels) and sx_b = sum x_q:
+ *               acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc)
+ *               acc = fmaf((float)sx_b, m_w[b] * d_x[b], acc)
+ *             (ggml pairs these types with Q8_1 activations and adds
+ *             m_w * s_x, s_x = fp16(d_x * sum x_q); kettle reads the exact
+ *             sum x_q from the Q8_0 activations' c8 / 8 instead.)
  *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS), so
  *     Q8_0 models match llama.cpp to ~1e-6; the Q4_0 order is that of
  *     ggml's repacked Q4_0 kernels and lets the AVX2 GEMM keep one output
@@ -55,13 +63,21 @@
 
 #define ROW_GRAIN 16 /* thread row ranges start on multiples of this */
 
-bool kt_matmul_supported(kt_dtype wtype) {
-    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
-           wtype == KT_Q4_0 || wtype == KT_Q4_K || wtype == KT_Q5_K || wtype == KT_Q6_K;
+/* Q4_1, Q5_0, Q5_1: the other 32-value types (one accumulator, Q8_0
+ * activations) */
+static bool is_legacy(kt_dtype t) {
+    return t == KT_Q4_1 || t == KT_Q5_0 || t == KT_Q5_1;
 }
 
+bool kt_matmul_supported(kt_dtype wtype) {
+    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
+           wtype == KT_Q4_0 || is_legacy(wtype) || wtype == KT_Q4_K || wtype == KT_Q5_K ||
+           wtype == KT_Q6_K;
+}
+
+/* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q4_0;
+    return t == KT_Q8_0 || t == KT_Q4_0 || is_legacy(t);
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
@@ -111,6 +127,41 @@ static float block_scale(const void *row, kt_dtype t, int b) {
 static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                         float acc) {
     return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
+}
+
+/* Q4_1/Q5_0/Q5_1 weight block b: its 32 levels, d and m (0 for Q5_0). */
+static void legacy_block(const void *row, kt_dtype t, int b, uint8_t *q, float *d, float *m) {
+    if (t == KT_Q4_1) {
+        const block_q4_1 *blk = (const block_q4_1 *)row + b;
+        kt_unpack_q4(blk->qs, q);
+        *d = kt_fp16_to_fp32(blk->d);
+        *m = kt_fp16_to_fp32(blk->m);
+    } else if (t == KT_Q5_0) {
+        const block_q5_0 *blk = (const block_q5_0 *)row + b;
+        kt_unpack_q5(blk->qs, blk->qh, q);
+        *d = kt_fp16_to_fp32(blk->d);
+        *m = 0.0f;
+    } else {
+        const block_q5_1 *blk = (const block_q5_1 *)row + b;
+        kt_unpack_q5(blk->qs, blk->qh, q);
+        *d = kt_fp16_to_fp32(blk->d);
+        *m = kt_fp16_to_fp32(blk->m);
+    }
+}
+
+/* Q4_1/Q5_0/Q5_1: adds one block's terms (see the specification above);
+ * sx is the sum of the 32 activation values (c8 / 8). */
+static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
+                               int32_t sx, float acc) {
+    uint8_t q[32];
+    float d, m;
+    legacy_block(row, t, b, q, &d, &m);
+    const int off = t == KT_Q5_0 ? 16 : 0;
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += (q[j] - off) * xq[j];
+    acc = fmaf((float)s, d * dx, acc);
+    if (t != KT_Q5_0) acc = fmaf((float)sx, m * dx, acc);
+    return acc;
 }
 
 /* Q8_0: adds one block to the 8 lane accumulators (lane k: products
@@ -177,6 +228,8 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
                 int32_t c8;
                 kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx, &c8);
                 if (wtype == KT_Q8_0) block_step_lanes(row, b, xq, dx, lanes);
+                else if (is_legacy(wtype))
+                    acc = block_step_legacy(row, wtype, b, xq, dx, c8 / 8, acc);
                 else acc = block_step(row, wtype, b, xq, dx, acc);
             }
             ot[r] = wtype == KT_Q8_0 ? sum_lanes(lanes) : acc;
@@ -206,6 +259,12 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     size_t k = (size_t)t * xa->nb + b;
                     sum = block_step(row, wtype, b, xa->qs + k * QK8_0, xa->d[k], sum);
                 }
+            } else if (is_legacy(wtype)) {
+                for (int b = 0; b < xa->nb; b++) {
+                    size_t k = (size_t)t * xa->nb + b;
+                    sum = block_step_legacy(row, wtype, b, xa->qs + k * QK8_0, xa->d[k],
+                                            xa->c8[k] / 8, sum);
+                }
             } else if (is_kquant(wtype)) {
                 for (int b = 0; b < xk->nb; b++) {
                     size_t k = (size_t)t * xk->nb + b;
@@ -227,7 +286,7 @@ typedef struct mm_job {
     const void *w;
     kt_dtype wtype;
     const float *x;   /* float activations (float weights) */
-    kt_q8_act xa;     /* quantized activations (Q8_0/Q4_0 weights) */
+    kt_q8_act xa;     /* quantized activations (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1) */
     kt_q8k_act xk;    /* quantized activations (K-quant weights) */
     int n_in, n_out, n_tokens;
     bool simd;
@@ -255,6 +314,12 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q4_0:
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
+        break;
+    case KT_Q4_1:
+    case KT_Q5_0:
+    case KT_Q5_1:
+        kt_matmul_legacy_avx2(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens,
+                              r0, r1);
         break;
     case KT_Q4_K:
     case KT_Q5_K:

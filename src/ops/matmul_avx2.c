@@ -12,6 +12,8 @@
  *                   d_w * d_x, acc_k); out = hsum8(acc)  -- ggml's order
  *   Q4_0 weights:   one float lane per output:
  *                   acc = fma(float(isum), d_w * d_x, acc) per block
+ *   Q4_1, Q5_0, Q5_1: the same, plus for Q4_1/Q5_1 per block
+ *                   acc = fma(float(sum x), m_w * d_x, acc)
  *   float weights:  8 float lanes per output: acc = fma(w, x, acc) per 8
  *                   values; out = hsum8(acc) + (the n_in % 8 tail, fmaf)
  *
@@ -489,6 +491,151 @@ void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in
                          int n_tokens, int r0, int r1, void *panel) {
     q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL};
     q4_rows(&a, n_tokens, r0, r1, panel);
+}
+
+/* ---- Q4_1, Q5_0, Q5_1 weights: one output per lane ---------------------
+ *
+ * As the Q4_0 GEMV: 8 rows of one token, row r in lane r. Per block the
+ * exact integer sums, then the reference's float steps (matmul.c):
+ *   acc = fma(float(isum), d_w * d_x, acc)
+ *   acc = fma(float(sum x), m_w * d_x, acc)         (Q4_1, Q5_1 only)
+ * with isum = sum q x for the unsigned levels q, minus 16 * sum x = 2 * c8
+ * for Q5_0. The 5-bit levels reach 31, so a maddubs pair sum is up to
+ * 7874 and 16 of them no longer fit in int16: each row's products are
+ * widened to int32 (madd) before the horizontal-add tree. Several tokens
+ * share each block's unpacked levels (LEGACY_TOKENS at a time, over
+ * chunks of tokens whose activations stay in L2); the horizontal-add tree
+ * is still per token, so this GEMM is far slower than Q4_0's panel GEMM.
+ */
+
+typedef struct legacy_fmt {
+    size_t bb;    /* block bytes */
+    int qs_off;   /* offset of the 16 nibble bytes */
+    int qh_off;   /* offset of the 4 fifth-bit bytes; -1 for Q4_1 */
+    int m_off;    /* offset of the fp16 minimum; -1 for Q5_0 */
+} legacy_fmt;
+
+static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2};
+static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1};
+static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2};
+
+#define LEGACY_TOKENS 4 /* tokens per tile: each block unpacked once for them */
+
+/* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set: byte j/8 of h is
+ * shuffled to byte j, tested against bit j%8. */
+INL __m256i fifth_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), idx);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 levels (0..15 or 0..31) of block b of a row, in element order. */
+INL __m256i load_levels(const legacy_fmt *f, const char *row, int b) {
+    const uint8_t *blk = (const uint8_t *)row + (size_t)b * f->bb;
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + f->qs_off)));
+    v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    if (f->qh_off >= 0) v = _mm256_or_si256(v, fifth_bits(blk + f->qh_off));
+    return v;
+}
+
+/* The fp16 at byte offset off of block b of 8 rows, as 8 floats. */
+INL __m256 halves8(const char *const *rows, size_t bb, int off, int b) {
+    uint64_t lo = 0, hi = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        lo |= half_bits(rows[r] + (size_t)b * bb + off) << (16 * r);
+        hi |= half_bits(rows[r + 4] + (size_t)b * bb + off) << (16 * r);
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* Lane r = sum q x over the levels lv[r] of row r's block, in int32
+ * throughout. */
+INL __m256i legacy_dot8(const __m256i *lv, __m256i x) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i m[Q4_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < Q4_ROWS; r++) m[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(lv[r], x), ones);
+    /* per 128-bit half: lanes 0..3 = rows 0..3 (h0) or 4..7 (h1) */
+    __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+    __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(m[4], m[5]), _mm256_hadd_epi32(m[6], m[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                            _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+/* Outputs r0 .. r0+nr-1 of tokens t0 .. t0+T-1 (T <= LEGACY_TOKENS, a
+ * constant after inlining): each block's levels are unpacked once for the
+ * T tokens; every output gets the same operations as alone. */
+INL void legacy_tile(const legacy_fmt *f, const q_args *a, int r0, int nr, int t0, const int T) {
+    const int nb = a->x->nb;
+    const char *rows[Q4_ROWS];
+    tile_rows(a, r0, nr, rows);
+    const int8_t *xq[LEGACY_TOKENS];
+    const float *xd[LEGACY_TOKENS];
+    const int32_t *xc[LEGACY_TOKENS];
+    __m256 acc[LEGACY_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const size_t k = (size_t)(t0 + t) * nb;
+        xq[t] = a->x->qs + k * QK8_0;
+        xd[t] = a->x->d + k;
+        xc[t] = a->x->c8 + k;
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int b = 0; b < nb; b++) {
+        prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, f->bb, b);
+        __m256i lv[Q4_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < Q4_ROWS; r++) lv[r] = load_levels(f, rows[r], b);
+        const __m256 dw = halves8(rows, f->bb, 0, b);
+        const __m256 mw = f->m_off >= 0 ? halves8(rows, f->bb, f->m_off, b) : dw;
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m256i x = _mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * QK8_0));
+            __m256i isum = legacy_dot8(lv, x);
+            if (f->m_off < 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(2 * xc[t][b]));
+            const __m256 dx = _mm256_set1_ps(xd[t][b]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[t]);
+            if (f->m_off >= 0)
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps((float)(xc[t][b] / 8)),
+                                         _mm256_mul_ps(mw, dx), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
+}
+
+/* Rows [r0, r1) of every token: per chunk of tokens whose activations stay
+ * in L2, per 8 rows, LEGACY_TOKENS tokens at a time. */
+INL void legacy_rows(const legacy_fmt *f, const q_args *a, int n_tokens, int r0, int r1) {
+    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
+        for (int r = r0; r < r1; r += Q4_ROWS) {
+            const int nr = r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS;
+            int t = c0;
+            for (; t + LEGACY_TOKENS <= c1; t += LEGACY_TOKENS) legacy_tile(f, a, r, nr, t, LEGACY_TOKENS);
+            for (; t < c1; t++) legacy_tile(f, a, r, nr, t, 1);
+        }
+    }
+}
+
+static void rows_q4_1(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FMT_Q4_1, a, nt, r0, r1); }
+static void rows_q5_0(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FMT_Q5_0, a, nt, r0, r1); }
+static void rows_q5_1(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FMT_Q5_1, a, nt, r0, r1); }
+
+void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,
+                           int n_in, int n_out, int n_tokens, int r0, int r1) {
+    q_args a = {w, kt_dtype_row_bytes(wtype, n_in), x, out, n_out, NULL, NULL};
+    if (wtype == KT_Q4_1) rows_q4_1(&a, n_tokens, r0, r1);
+    else if (wtype == KT_Q5_0) rows_q5_0(&a, n_tokens, r0, r1);
+    else rows_q5_1(&a, n_tokens, r0, r1);
 }
 
 /* ---- float weights (F32, F16, BF16) ---------------------------------- */

@@ -2,7 +2,8 @@
  * quant.c - reference quantizers and dequantizers; see quant.h.
  *
  * These are ggml's reference routines (quantize_row_q8_0_ref,
- * quantize_row_q4_0_ref and the dequantizers) written out again, operation
+ * quantize_row_q4_0_ref, _q4_1_ref, _q5_0_ref, _q5_1_ref and the
+ * dequantizers) written out again, operation
  * for operation, because `kettle quantize` must reproduce llama.cpp's bytes
  * exactly (../shared/docs/FORMATS.md): the same float operations in the
  * same order, fp32 -> fp16 rounded to nearest even. This file is compiled
@@ -14,6 +15,7 @@
  */
 #include "ops/quant.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -23,17 +25,20 @@
 
 bool kt_quantize_supported(kt_dtype type) {
     return type == KT_F32 || type == KT_F16 || type == KT_BF16 || type == KT_Q8_0 ||
-           type == KT_Q4_0 || type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K;
+           type == KT_Q4_0 || type == KT_Q4_1 || type == KT_Q5_0 || type == KT_Q5_1 ||
+           type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K;
 }
 
 bool kt_dequantize_supported(kt_dtype type) {
     return kt_quantize_supported(type);
 }
 
-/* (int8_t)v for v the compiler may not assume finite: NaN (from NaN or
- * infinite inputs) becomes 0 instead of undefined behaviour. */
+/* (int8_t)v for v the compiler may not assume finite or in range: NaN
+ * (from NaN or infinite inputs) becomes 0 and values beyond the int8 range
+ * (a subnormal scale's infinite inverse) saturate, instead of undefined
+ * behaviour; wherever the plain cast is defined the result is the same. */
 static int8_t to_i8(float v) {
-    return isnan(v) ? 0 : (int8_t)v;
+    return isnan(v) ? 0 : v >= 127.0f ? 127 : v <= -128.0f ? -128 : (int8_t)v;
 }
 
 /* ---- Q8_0 ---------------------------------------------------------------
@@ -121,6 +126,138 @@ static void dequantize_row_q4_0(const block_q4_0 *y, float *x, int64_t n) {
     }
 }
 
+/* ---- Q4_1, Q5_0, Q5_1 ---------------------------------------------------
+ * The element order of all three is Q4_0's (quant.h); the 5-bit types keep
+ * each value's fifth bit in qh, bit j for element j.
+ */
+
+void kt_unpack_q4(const uint8_t *qs, uint8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = qs[j] & 0x0F;
+        q[j + 16] = qs[j] >> 4;
+    }
+}
+
+void kt_unpack_q5(const uint8_t *qs, const uint8_t *qh, uint8_t *q) {
+    uint32_t h;
+    memcpy(&h, qh, 4); /* little-endian, like GGUF */
+    kt_unpack_q4(qs, q);
+    for (int j = 0; j < 32; j++) q[j] |= (uint8_t)(((h >> j) & 1) << 4);
+}
+
+/* The inverse of kt_unpack_q5 (and of kt_unpack_q4 for qh NULL): 32 levels
+ * whose bits above the fifth (fourth) are ignored. */
+static void pack_levels(const uint8_t *q, uint8_t *qs, uint8_t *qh) {
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
+        h |= (uint32_t)((q[j] >> 4) & 1) << j;
+        h |= (uint32_t)((q[j + 16] >> 4) & 1) << (j + 16);
+    }
+    if (qh) memcpy(qh, &h, 4);
+}
+
+/* min and max of 32 values as ggml finds them (NaN never replaces one). */
+static void block_min_max(const float *x, float *min, float *max) {
+    float lo = FLT_MAX, hi = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    *min = lo;
+    *max = hi;
+}
+
+/* Q4_1 (levels 15) and Q5_1 (levels 31), one block:
+ *   d = (max - min) / levels;  id = d ? 1/d : 0
+ *   q = (int8_t)((x - min) * id + 0.5f), clamped to 15 for Q4_1 only
+ * (ggml's Q5_1 reference has no clamp; (x - min) * id <= 31 anyway).
+ * Writes the levels to q; returns d, *m gets min. */
+static float q_1_block(const float *x, int levels, uint8_t *q, float *m) {
+    float min, max;
+    block_min_max(x, &min, &max);
+    const float d = (max - min) / levels;
+    const float id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) {
+        int8_t v = to_i8((x[j] - min) * id + 0.5f);
+        q[j] = (uint8_t)(levels == 15 && v > 15 ? 15 : v);
+    }
+    *m = min;
+    return d;
+}
+
+static void quantize_row_q4_1(const float *x, block_q4_1 *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        uint8_t q[32];
+        float m;
+        y[i].d = kt_fp32_to_fp16(q_1_block(x + i * QK4_1, 15, q, &m));
+        y[i].m = kt_fp32_to_fp16(m);
+        pack_levels(q, y[i].qs, NULL);
+    }
+}
+
+static void quantize_row_q5_1(const float *x, block_q5_1 *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        uint8_t q[32];
+        float m;
+        y[i].d = kt_fp32_to_fp16(q_1_block(x + i * QK5_1, 31, q, &m));
+        y[i].m = kt_fp32_to_fp16(m);
+        pack_levels(q, y[i].qs, y[i].qh);
+    }
+}
+
+/* Q5_0: as Q4_0 with 16 levels either side:
+ *   max = the x with the largest |x| (first on ties);  d = max / -16
+ *   q = MIN(31, (int8_t)(x * id + 16.5f)) */
+static void quantize_row_q5_0(const float *x, block_q5_0 *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        const float *xb = x + i * QK5_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK5_0; j++) {
+            if (amax < fabsf(xb[j])) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        }
+        const float d = max / -16;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kt_fp32_to_fp16(d);
+        uint8_t q[32];
+        for (int j = 0; j < QK5_0; j++) {
+            int8_t v = to_i8(xb[j] * id + 16.5f);
+            q[j] = (uint8_t)(v < 31 ? v : 31);
+        }
+        pack_levels(q, y[i].qs, y[i].qh);
+    }
+}
+
+static void dequantize_row_q4_1(const block_q4_1 *y, float *x, int64_t n) {
+    for (int64_t i = 0; i < n / QK4_1; i++) {
+        const float d = kt_fp16_to_fp32(y[i].d), m = kt_fp16_to_fp32(y[i].m);
+        uint8_t q[32];
+        kt_unpack_q4(y[i].qs, q);
+        for (int j = 0; j < 32; j++) x[i * QK4_1 + j] = q[j] * d + m;
+    }
+}
+
+static void dequantize_row_q5_0(const block_q5_0 *y, float *x, int64_t n) {
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        const float d = kt_fp16_to_fp32(y[i].d);
+        uint8_t q[32];
+        kt_unpack_q5(y[i].qs, y[i].qh, q);
+        for (int j = 0; j < 32; j++) x[i * QK5_0 + j] = (q[j] - 16) * d;
+    }
+}
+
+static void dequantize_row_q5_1(const block_q5_1 *y, float *x, int64_t n) {
+    for (int64_t i = 0; i < n / QK5_1; i++) {
+        const float d = kt_fp16_to_fp32(y[i].d), m = kt_fp16_to_fp32(y[i].m);
+        uint8_t q[32];
+        kt_unpack_q5(y[i].qs, y[i].qh, q);
+        for (int j = 0; j < 32; j++) x[i * QK5_1 + j] = q[j] * d + m;
+    }
+}
+
 /* ---- the plain types ---------------------------------------------------- */
 
 void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
@@ -143,6 +280,15 @@ void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
         break;
     case KT_Q4_0:
         quantize_row_q4_0(x, out, n);
+        break;
+    case KT_Q4_1:
+        quantize_row_q4_1(x, out, n);
+        break;
+    case KT_Q5_0:
+        quantize_row_q5_0(x, out, n);
+        break;
+    case KT_Q5_1:
+        quantize_row_q5_1(x, out, n);
         break;
     case KT_Q4_K:
         kt_quantize_row_q4_K(x, out, n);
@@ -178,6 +324,15 @@ void kt_dequantize_row(kt_dtype type, const void *in, float *out, int64_t n) {
         break;
     case KT_Q4_0:
         dequantize_row_q4_0(in, out, n);
+        break;
+    case KT_Q4_1:
+        dequantize_row_q4_1(in, out, n);
+        break;
+    case KT_Q5_0:
+        dequantize_row_q5_0(in, out, n);
+        break;
+    case KT_Q5_1:
+        dequantize_row_q5_1(in, out, n);
         break;
     case KT_Q4_K:
         kt_dequantize_row_q4_K(in, out, n);
