@@ -87,6 +87,32 @@ static void test_invariance_f16(void **state) {
     check_invariance("models/test-tiny-F16.gguf", 20);
 }
 
+/* The three ways of loading give the same model: identical logits. */
+static void test_load_modes_agree(void **state) {
+    (void)state;
+    const kt_load_mode modes[] = {KT_LOAD_MMAP, KT_LOAD_MMAP_POPULATE, KT_LOAD_COPY};
+    float *first = NULL;
+    int32_t toks[6] = {1, 403, 407, 261, 378, 300};
+    for (int i = 0; i < 3; i++) {
+        kt_error err = {0};
+        kt_model *m = kt_model_load_ex(tu_shared("models/stories260K.gguf"), modes[i], &err);
+        assert_non_null(m);
+        int nv = kt_model_describe(m)->n_vocab;
+        float *l = malloc(sizeof(float) * 6 * (size_t)nv);
+        assert_non_null(l);
+        kt_session *s = session(m, 16, 1);
+        assert_int_equal(kt_session_eval(s, toks, 6, l, true, &err), KT_OK);
+        if (first) assert_memory_equal(first, l, sizeof(float) * 6 * (size_t)nv), free(l);
+        else first = l;
+        kt_session_free(s);
+        kt_model_free(m);
+    }
+    free(first);
+    kt_error err = {0};
+    assert_null(kt_model_load_ex(tu_shared("models/stories260K.gguf"), (kt_load_mode)7, &err));
+    assert_int_equal(err.status, KT_ERR_ARG);
+}
+
 static void test_truncate_and_replay(void **state) {
     (void)state;
     kt_model *m = load("models/stories260K.gguf");
@@ -210,6 +236,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_q4_0),
         cmocka_unit_test(test_invariance_q8_0),
         cmocka_unit_test(test_invariance_f16),
+        cmocka_unit_test(test_load_modes_agree),
         cmocka_unit_test(test_truncate_and_replay),
         cmocka_unit_test(test_context_full_is_an_error),
         cmocka_unit_test(test_bad_models),

@@ -98,6 +98,8 @@ void cli_gen_defaults(cli_gen_opts *g) {
 
 const char *cli_gen_usage(void) {
     return "  -m, --model FILE      GGUF model\n"
+           "      --load MODE       mmap (default), populate (map every page at load) or\n"
+           "                        copy (read into huge pages: faster decode, more RAM)\n"
            "  -n, --n-predict N     tokens to generate (default 128; -1: until end or full)\n"
            "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
            "  -t, --threads N       threads (default: all CPUs)\n"
@@ -110,6 +112,16 @@ const char *cli_gen_usage(void) {
            "      --presence-penalty F  (default 0)\n"
            "      --repeat-last-n N     penalty window (default 64)\n"
            "      --seed S          random seed (default 0)\n";
+}
+
+bool cli_parse_load_mode(const char *s, kt_load_mode *out) {
+    static const char *const NAMES[] = {"mmap", "populate", "copy"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, NAMES[i])) {
+            *out = (kt_load_mode)i;
+            return true;
+        }
+    return false;
 }
 
 static bool parse_long(const char *s, long lo, long hi, long *out) {
@@ -157,18 +169,20 @@ int cli_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_opts *g)
                           {"--frequency-penalty", -100, 100, &g->sp.frequency_penalty},
                           {"--presence-penalty", -100, 100, &g->sp.presence_penalty}};
     bool is_model = !strcmp(a, "-m") || !strcmp(a, "--model"), is_seed = !strcmp(a, "--seed");
+    bool is_load = !strcmp(a, "--load");
     int_opt *io = NULL;
     float_opt *fo = NULL;
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
         if (!strcmp(a, ints[k].name) || (ints[k].alias && !strcmp(a, ints[k].alias))) io = &ints[k];
     for (size_t k = 0; k < sizeof floats / sizeof floats[0]; k++)
         if (!strcmp(a, floats[k].name)) fo = &floats[k];
-    if (!is_model && !is_seed && !io && !fo) return 0;
+    if (!is_model && !is_seed && !is_load && !io && !fo) return 0;
     if (*i + 1 >= argc) return cli_usage_error(cmd, "option %s needs a value", a);
     const char *v = argv[++*i];
     long n = 0;
     bool ok = true;
     if (is_model) g->model = v;
+    else if (is_load) ok = cli_parse_load_mode(v, &g->load);
     else if (is_seed) ok = parse_long(v, 0, __LONG_MAX__, &n), g->sp.seed = (uint64_t)n;
     else if (io) ok = parse_long(v, io->lo, io->hi, &n), *io->dst = (int)n;
     else ok = parse_float(v, fo->lo, fo->hi, fo->dst);

@@ -48,8 +48,12 @@ char *cli_read_file(const char *path, size_t *len);
 typedef struct cli_gen_opts {
     const char *model;
     int n_predict, n_ctx, n_threads;
+    kt_load_mode load;
     kt_sampler_params sp;
 } cli_gen_opts;
+
+/* Parses "mmap", "populate" or "copy"; false otherwise. */
+bool cli_parse_load_mode(const char *s, kt_load_mode *out);
 
 /* n_predict 128, the model's context (at most 4096), all CPUs, and
  * kt_sampler_defaults(). */

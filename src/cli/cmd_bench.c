@@ -40,6 +40,7 @@ typedef struct bench_opts {
     int n_models, reps;
     int_list pp, tg, threads;
     out_fmt fmt;
+    kt_load_mode load;
     bool membw, peak;
 } bench_opts;
 
@@ -60,6 +61,7 @@ static void usage(FILE *out) {
             "  -t, --threads N    thread counts, comma-separated (default: all CPUs)\n"
             "  -r, --repetitions N  runs of each test after the warm-up (default 5)\n"
             "      --md | --csv | --json   output format (default md)\n"
+            "      --load MODE    mmap (default), populate or copy (see 'kettle run --help')\n"
             "      --membw        measure memory bandwidth (read, triad)\n"
             "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n");
 }
@@ -103,6 +105,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         } else if ((r = cli_opt("bench", argc, argv, &i, "-t", &v)) ||
                    (r = cli_opt("bench", argc, argv, &i, "--threads", &v))) {
             if (r < 0 || !parse_list(v, 1, 1024, &o->threads)) return r < 0 ? 2 : cli_usage_error("bench", "bad -t '%s'", v);
+        } else if ((r = cli_opt("bench", argc, argv, &i, "--load", &v))) {
+            if (r < 0 || !cli_parse_load_mode(v, &o->load)) return r < 0 ? 2 : cli_usage_error("bench", "bad --load '%s'", v);
         } else if ((r = cli_opt("bench", argc, argv, &i, "-r", &v)) ||
                    (r = cli_opt("bench", argc, argv, &i, "--repetitions", &v))) {
             int_list l;
@@ -239,7 +243,7 @@ static int bench_models(const bench_opts *o) {
     int rc = 0;
     for (int mi = 0; mi < o->n_models && rc == 0; mi++) {
         kt_error err = {0};
-        kt_model *m = kt_model_load(o->models[mi], &err);
+        kt_model *m = kt_model_load_ex(o->models[mi], o->load, &err);
         if (!m) return cli_fail("bench", &err);
         for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
             const int_list *lists[2] = {&o->pp, &o->tg};

@@ -91,12 +91,21 @@ static bool read_chat_template(kt_model *m) {
 }
 
 kt_model *kt_model_load(const char *path, kt_error *err) {
+    return kt_model_load_ex(path, KT_LOAD_MMAP, err);
+}
+
+kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err) {
+    static const gguf_load_mode MODES[] = {GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY};
+    if ((unsigned)mode > KT_LOAD_COPY) {
+        kt_error_set(err, KT_ERR_ARG, "unknown load mode %d", (int)mode);
+        return NULL;
+    }
     kt_model *m = calloc(1, sizeof *m);
     if (!m) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory");
         return NULL;
     }
-    if (!(m->file = gguf_open(path, err))) goto fail;
+    if (!(m->file = gguf_open_mode(path, MODES[mode], err))) goto fail;
     if (!(m->llm = llm_model_load(m->file, err)) || !(m->vocab = kt_vocab_from_gguf(m->file, err))) {
         kt_error_wrap(err, "%s", path);
         goto fail;

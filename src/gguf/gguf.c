@@ -76,7 +76,8 @@ struct gguf_file {
     char *name;
     const uint8_t *base;
     uint64_t size;
-    void *map; /* non-NULL when gguf_open mapped the file */
+    void *map;       /* non-NULL when gguf_open mapped or copied the file */
+    size_t map_size; /* bytes to unmap */
     uint32_t version;
     uint64_t alignment, data_offset;
     int64_t n_kv, n_tensors;
@@ -526,7 +527,51 @@ gguf_file *gguf_open_buffer(const void *data, size_t size, const char *name, kt_
     return parse(data ? data : empty, size, name, err);
 }
 
+/* The whole file in anonymous memory backed by huge pages where the
+ * kernel has them, read-only once filled. NULL with err set on failure. */
+static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const char *path, kt_error *err) {
+    const size_t huge = (size_t)2 << 20;
+    *map_size = (size + huge - 1) / huge * huge;
+    char *buf = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        kt_error_set(err, KT_ERR_NOMEM, "%s: cannot allocate %zu bytes to load the file: %s", path, size,
+                     strerror(errno));
+        return NULL;
+    }
+    madvise(buf, *map_size, MADV_HUGEPAGE); /* a hint: fine if refused */
+    size_t done = 0;
+    while (done < size) {
+        ssize_t n = read(fd, buf + done, size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            kt_error_set(err, KT_ERR_IO, "%s: read failed after %zu of %zu bytes: %s", path, done, size,
+                         n < 0 ? strerror(errno) : "unexpected end of file");
+            munmap(buf, *map_size);
+            return NULL;
+        }
+        done += (size_t)n;
+    }
+    mprotect(buf, *map_size, PROT_READ); /* the same promise as a read-only map */
+    return buf;
+}
+
+static void *map_file(int fd, size_t size, gguf_load_mode mode, size_t *map_size, const char *path,
+                      kt_error *err) {
+    if (mode == GGUF_LOAD_COPY) return copy_to_huge_pages(fd, size, map_size, path, err);
+    *map_size = size;
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | (mode == GGUF_LOAD_POPULATE ? MAP_POPULATE : 0), fd, 0);
+    if (map == MAP_FAILED) {
+        kt_error_set(err, KT_ERR_IO, "%s: cannot map %zu bytes: %s", path, size, strerror(errno));
+        return NULL;
+    }
+    return map;
+}
+
 gguf_file *gguf_open(const char *path, kt_error *err) {
+    return gguf_open_mode(path, GGUF_LOAD_MAP, err);
+}
+
+gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         kt_error_set(err, KT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -540,24 +585,17 @@ gguf_file *gguf_open(const char *path, kt_error *err) {
         close(fd);
         return NULL;
     }
-    size_t size = (size_t)st.st_size;
-    void *map = NULL;
-    if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            kt_error_set(err, KT_ERR_IO, "%s: cannot map %zu bytes: %s", path, size,
-                         strerror(errno));
-            close(fd);
-            return NULL;
-        }
-    }
+    size_t size = (size_t)st.st_size, map_size = 0;
+    void *map = size > 0 ? map_file(fd, size, mode, &map_size, path, err) : NULL;
     close(fd);
+    if (size > 0 && !map) return NULL;
     gguf_file *f = gguf_open_buffer(map, size, path, err);
     if (!f) {
-        if (map) munmap(map, size);
+        if (map) munmap(map, map_size);
         return NULL;
     }
     f->map = map;
+    f->map_size = map_size;
     return f;
 }
 
@@ -568,7 +606,7 @@ void gguf_close(gguf_file *f) {
     free(f->tensors);
     free(f->key_index.slots);
     free(f->tensor_index.slots);
-    if (f->map) munmap(f->map, (size_t)f->size);
+    if (f->map) munmap(f->map, f->map_size);
     free(f->name);
     free(f);
 }
