@@ -24,6 +24,7 @@
 typedef struct ppl_opts {
     const char *model, *file;
     long n_ctx, n_threads, max_chunks;
+    kt_load_mode load;
 } ppl_opts;
 
 typedef struct ppl_sum {
@@ -36,7 +37,8 @@ static void usage(FILE *out) {
             "usage: kettle perplexity -m MODEL -f TEXT [-c CTX] [-t THREADS] [--chunks N]\n"
             "  -c, --ctx-size N   tokens per chunk (default 512)\n"
             "  -t, --threads N    threads (default: all CPUs)\n"
-            "      --chunks N     score at most N chunks (default: all)\n");
+            "      --chunks N     score at most N chunks (default: all)\n"
+            "      --load MODE    mmap (default), populate or copy (see 'kettle run --help')\n");
 }
 
 static bool parse_num(const char *cmd, const char *s, long lo, long hi, long *out) {
@@ -70,6 +72,9 @@ static int parse_opts(int argc, char **argv, ppl_opts *o) {
         } else if ((r = cli_opt("perplexity", argc, argv, &i, "-t", &v)) ||
                    (r = cli_opt("perplexity", argc, argv, &i, "--threads", &v))) {
             if (r < 0 || !parse_num("perplexity", v, 1, 1024, &o->n_threads)) return 2;
+        } else if ((r = cli_opt("perplexity", argc, argv, &i, "--load", &v))) {
+            if (r < 0) return 2;
+            if (!cli_parse_load_mode(v, &o->load)) return cli_usage_error("perplexity", "bad --load '%s'", v);
         } else if ((r = cli_opt("perplexity", argc, argv, &i, "--chunks", &v))) {
             if (r < 0 || !parse_num("perplexity", v, 1, 1L << 30, &o->max_chunks)) return 2;
         } else {
@@ -165,7 +170,7 @@ int cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     kt_error err = {0};
-    kt_model *m = kt_model_load(o.model, &err);
+    kt_model *m = kt_model_load_ex(o.model, o.load, &err);
     int32_t *toks = NULL;
     int n = m ? kt_tokenize(m, text, len, NULL, 0, 1, &err) : -1;
     if (n >= 0 && !(toks = malloc(sizeof(int32_t) * ((size_t)n + 1)))) n = -1, snprintf(err.msg, sizeof err.msg, "out of memory");
