@@ -1,7 +1,8 @@
 /*
  * api.c - the public API of kettle.h over the model, text and ops layers.
  *
- * A kt_model owns the mapped GGUF file, the bound weights and the
+ * A kt_model owns the GGUF file (mapped or copied, see kt_load_mode), the
+ * bound weights, the chat template, the end-of-turn tokens and the
  * vocabulary. A kt_session owns one sequence: its KV cache, scratch and
  * thread pool. Sessions of one model are independent (each may be used
  * from its own thread); the model is read-only after load.
