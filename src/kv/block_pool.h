@@ -1,0 +1,160 @@
+/*
+ * block_pool.h - the paged KV cache's memory: a pool of fixed-size,
+ * reference-counted blocks, and per-sequence block tables (kv_seq).
+ *
+ * Why: the server (issue 5) runs many sequences at once out of one memory
+ * budget. Giving each sequence a contiguous n_ctx cache wastes most of it;
+ * instead KV lives in blocks of `block_tokens` positions taken from one
+ * pool, and a sequence is a table of block ids. Blocks are reference
+ * counted so n > 1 choices (fork) and, later, the prefix cache share the
+ * prompt's blocks; a shared block is copied before it is written
+ * (copy-on-write, only ever needed for a partial last block in practice).
+ *
+ * Layout (one 64-byte aligned allocation, owned by the pool):
+ *
+ *     plane (layer, kind)   kind 0 = K, 1 = V; plane index = layer*2 + kind
+ *       block b             block_bytes = block_tokens * row_bytes
+ *         position p        row_bytes   = kv_dim * elem_size
+ *           element d
+ *
+ *     addr(b, layer, kind, p, d) = base + (layer*2 + kind) * plane_bytes
+ *                                + b * block_bytes + p * row_bytes
+ *                                + d * elem_size
+ *     plane_bytes = n_blocks * block_bytes
+ *
+ * so every address is O(1), one position's K (or V) row of kv_dim values
+ * (all KV heads, head after head) is contiguous, and an attention kernel
+ * for one layer needs only kv_pool_plane() and the two strides. Block
+ * memory is not zeroed: a position holds garbage until it is written.
+ *
+ * Invariants (P1-P2 checked by kv_pool_check, S1-S2 by tests/test_kv.c;
+ * alloc, release and the kv_seq functions rely on them):
+ *   P1  a block is on the free stack iff its refcount is 0, and at most once;
+ *   P2  n_free == number of blocks on the free stack, n_used = n_total - n_free;
+ *   S1  every block id in a kv_seq table has refcount >= 1 and each table
+ *       entry holds one reference, so when kv_seq tables are the only
+ *       owners, sum of refcounts == sum of table lengths;
+ *   S2  a kv_seq with len positions holds exactly ceil(len / block_tokens)
+ *       blocks; position p lives in blocks[p / block_tokens] at offset
+ *       p % block_tokens.
+ *
+ * Not thread-safe: one engine thread owns the pool and its sequences.
+ */
+#ifndef KT_KV_BLOCK_POOL_H
+#define KT_KV_BLOCK_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kettle.h"
+
+typedef enum kv_type { KV_F32 = 0, KV_F16 = 1 } kv_type;
+typedef enum kv_kind { KV_K = 0, KV_V = 1 } kv_kind;
+
+typedef struct kv_pool_params {
+    int n_blocks;     /* blocks in the pool, >= 1 */
+    int block_tokens; /* positions per block, e.g. 16 */
+    int n_layer;      /* layers, >= 1 */
+    int kv_dim;       /* n_head_kv * head_dim: values per position per K or V */
+    kv_type type;     /* element type; the pool only sizes and addresses bytes */
+} kv_pool_params;
+
+typedef struct kv_pool kv_pool;
+
+/* Bytes per element of `t` (4 or 2), 0 for an unknown type. */
+size_t kv_type_size(kv_type t);
+
+/* Allocates the whole pool; NULL with err (KT_ERR_ARG for bad parameters,
+ * KT_ERR_NOMEM when the memory is not there) on failure. */
+kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err);
+void kv_pool_free(kv_pool *pool);
+const kv_pool_params *kv_pool_get_params(const kv_pool *pool);
+
+/* Counters (for /metrics). */
+int kv_pool_n_total(const kv_pool *pool);
+int kv_pool_n_free(const kv_pool *pool);
+int kv_pool_n_used(const kv_pool *pool);
+/* True if n blocks can be allocated now. */
+bool kv_pool_can_alloc(const kv_pool *pool, int n);
+
+/* Takes a free block (refcount 1) into *id in O(1); KT_ERR_NOMEM with a
+ * message when none is free (the pool is unchanged). */
+kt_status kv_pool_alloc(kv_pool *pool, int32_t *id, kt_error *err);
+/* refcount += 1. KT_ERR_INTERNAL (nothing changed) for an invalid or free
+ * block: that is a bug in the caller. */
+kt_status kv_pool_retain(kv_pool *pool, int32_t id, kt_error *err);
+/* refcount -= 1; at 0 the block goes back on the free stack (O(1)).
+ * KT_ERR_INTERNAL (nothing changed) for an invalid or already free block. */
+kt_status kv_pool_release(kv_pool *pool, int32_t id, kt_error *err);
+/* The block's refcount, or -1 for an invalid id. */
+int kv_pool_refcount(const kv_pool *pool, int32_t id);
+
+/* Strides of the layout above. */
+size_t kv_pool_row_bytes(const kv_pool *pool);
+size_t kv_pool_block_bytes(const kv_pool *pool);
+/* Start of the (layer, kind) plane: block b of it is at + b * block_bytes. */
+void *kv_pool_plane(const kv_pool *pool, int layer, kv_kind kind);
+/* The row (kv_dim elements) of position `off` of block `id`. No checks:
+ * the caller passes ids from a table and in-range layer/off. */
+void *kv_pool_row(const kv_pool *pool, int32_t id, int layer, kv_kind kind, int off);
+/* Copies the first n_pos positions of every plane of block src to dst. */
+void kv_pool_copy_block(kv_pool *pool, int32_t dst, int32_t src, int n_pos);
+
+/* Verifies P1 and P2 in O(n_blocks); KT_ERR_INTERNAL naming the first
+ * violation. For tests and debugging. */
+kt_status kv_pool_check(const kv_pool *pool, kt_error *err);
+
+/* ---- per-sequence block tables ------------------------------------- */
+
+/* Fields are read-only outside block_pool.c. */
+typedef struct kv_seq {
+    kv_pool *pool;
+    int32_t *blocks; /* blocks[i] holds positions [i*bt, (i+1)*bt) */
+    int n_blocks;    /* == ceil(len / block_tokens) (S2) */
+    int cap;         /* allocated entries of blocks */
+    int len;         /* positions in the sequence */
+    int block_tokens; /* the pool's, copied for an inline kv_seq_locate */
+} kv_seq;
+
+typedef struct kv_loc {
+    int32_t block; /* block id */
+    int off;       /* position inside the block */
+} kv_loc;
+
+/* An empty sequence on `pool`; NULL with err on allocation failure. */
+kv_seq *kv_seq_new(kv_pool *pool, kt_error *err);
+/* Releases every block of the table and frees the sequence (NULL: no-op). */
+void kv_seq_free(kv_seq *seq);
+
+/* Makes positions [len, len + n) writable and sets len += n: copies the
+ * partial last block if it is shared (copy-on-write) and allocates new
+ * blocks as needed. All or nothing: when the blocks are not there it fails
+ * with KT_ERR_NOMEM, naming how many it needed and how many were free, and
+ * changes nothing. */
+kt_status kv_seq_append(kv_seq *seq, int n, kt_error *err);
+/* Keeps the first n positions (n >= len: no-op; n < 0 counts as 0) and
+ * releases the blocks wholly past them. */
+void kv_seq_truncate(kv_seq *seq, int n);
+/* A new sequence sharing every block of seq (each retained once more); the
+ * next write to a shared block copies it. NULL with err on failure. */
+kv_seq *kv_seq_fork(const kv_seq *seq, kt_error *err);
+/* Makes position pos (< len) private before it is overwritten: if its block
+ * is shared, the sequence gets a copy of it (positions before len only).
+ * KT_ERR_NOMEM (nothing changed) if no block is free, KT_ERR_ARG if pos is
+ * out of range. */
+kt_status kv_seq_make_writable(kv_seq *seq, int pos, kt_error *err);
+
+/* Blocks a sequence of n >= 0 positions needs. */
+int kv_blocks_for(const kv_pool *pool, int n);
+
+/* Position -> (block, offset) in O(1); pos must be in [0, len). */
+static inline kv_loc kv_seq_locate(const kv_seq *seq, int pos) {
+    kv_loc l = {seq->blocks[pos / seq->block_tokens], pos % seq->block_tokens};
+    return l;
+}
+
+/* The K or V row of position pos (in [0, len)) of the sequence. */
+void *kv_seq_row(const kv_seq *seq, int layer, kv_kind kind, int pos);
+
+#endif
