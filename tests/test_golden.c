@@ -22,28 +22,23 @@
 #include "kettle.h"
 #include "testutil.h"
 
-/* The README's tolerance for the type of the model's attention weights,
- * except Q4_0, held to 0.08 (measured: 0.061). The reason is understood and
- * is not a kernel error: these random-weight models turn one activation
- * that rounds the other way at a Q8_0 quantization boundary into logit
- * differences of 0.01-0.06 for every later position. For Q4_0 such
- * boundaries are hit often, because the first layer's input is a Q4_0
- * embedding row (small integers times one scale), so many values sit
- * exactly on ties. An experiment reproduced the golden Q4_0 logits to 5e-7
- * at all 79 positions (and Q8_0 within 0.011) with (a) activations
- * quantized as llama.cpp's AVX2 code does (x * 127/amax, ties to even),
- * (b) RMSNorm summed in double and (c) attention computed in two passes:
- * sequential score dots, expf, the normalizer summed in double, V summed
- * unnormalized in position order and scaled at the end. The current SIMD
- * attention (online softmax) flips once at position 28 instead. Moving the
- * kernels to (a)-(c) is the open work; until then Q4_0 is held to 0.08. */
+/* The README's tolerance for the type of the model's attention weights.
+ * These random-weight models turn one activation that rounds the other way
+ * at a Q8_0 quantization boundary into logit differences of 0.01-0.06 for
+ * every later position, and the Q4_0 embedding (small integers times one
+ * scale) puts many values exactly on ties. kettle stays within tolerance
+ * because its arithmetic follows llama.cpp's where it decides such ties:
+ * activations quantized as x * 127/amax with ties to even, RMSNorm summed in
+ * double, attention in two passes with the normalizer summed in double and
+ * V scaled at the end (ops/). With the online-softmax attention kettle had
+ * before, Q4_0 was off by 0.061. */
 static double tolerance_for(const char *model_path) {
     kt_error err;
     gguf_file *f = gguf_open(model_path, &err);
     assert_non_null(f);
     const gguf_tensor *t = gguf_tensor_find(f, "blk.0.attn_q.weight");
     assert_non_null(t);
-    double tol = t->type == KT_F32 ? 1e-4 : t->type == KT_F16 ? 2e-3 : t->type == KT_Q4_0 ? 8e-2 : 2e-2;
+    double tol = t->type == KT_F32 ? 1e-4 : t->type == KT_F16 ? 2e-3 : 2e-2;
     gguf_close(f);
     return tol;
 }

@@ -336,32 +336,45 @@ static void test_q8_0_rounding(void **state) {
     assert_int_equal(b.qs[4], 0);
 }
 
-/* The activation quantizers (reference and SIMD) give exactly the numbers
- * of the Q8_0 row quantizer. */
+/* The activation quantizers (reference and SIMD) follow their definition
+ * (llama.cpp's runtime one): q = x * (127 / amax) rounded to nearest with
+ * ties to even, d = fp16(amax / 127), c8 = 8 * sum(q). On ties they differ
+ * from the weight quantizer (ties away from zero), on purpose. */
 static void test_act_quant_matches_q8_0(void **state) {
     (void)state;
     enum { N = 32 * 40 };
     float x[N];
     fill_normal(x, N, 3.0f, 11);
-    /* ties: blocks where x * id lands on k + 0.5 */
+    /* ties: with amax = 127, id = 1 and x * id lands on k + 0.5 */
     for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) + 0.5f;
     x[0] = 127.0f;
     for (int j = 32; j < 64; j++) x[j] = 0.0f;
     for (int j = 64; j < 96; j++) x[j] = 1e-30f * (float)(j - 80); /* tiny: subnormal d */
     for (int j = 96; j < 128; j++) x[j] = 6e4f * (j % 2 ? 1 : -1);
-    block_q8_0 ref[N / 32];
-    kt_quantize_row(KT_Q8_0, x, ref, N);
     int8_t qs[N], qs2[N];
     float d[N / 32], d2[N / 32];
     int32_t c8[N / 32], c82[N / 32];
     kt_quantize_act_q8_ref(x, N, qs, d, c8);
     for (int b = 0; b < N / 32; b++) {
-        assert_memory_equal(qs + b * 32, ref[b].qs, 32);
-        assert_true(d[b] == kt_fp16_to_fp32(ref[b].d));
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
-        for (int j = 0; j < 32; j++) sum += ref[b].qs[j];
+        for (int j = 0; j < 32; j++) {
+            float r = nearbyintf(x[b * 32 + j] * id);
+            int want = r > 127 ? 127 : r < -128 ? -128 : (int)r;
+            assert_int_equal(qs[b * 32 + j], want);
+            sum += want;
+        }
+        assert_true(d[b] == kt_fp16_to_fp32(kt_fp32_to_fp16(amax / 127.0f)));
         assert_int_equal(c8[b], 8 * sum);
     }
+    /* the ties of block 0: x = j - 15.5 for j >= 1 */
+    assert_int_equal(qs[16], 0);  /*  0.5 ->  0 */
+    assert_int_equal(qs[17], 2);  /*  1.5 ->  2 */
+    assert_int_equal(qs[18], 2);  /*  2.5 ->  2 */
+    assert_int_equal(qs[14], -2); /* -1.5 -> -2 */
+    assert_int_equal(qs[13], -2); /* -2.5 -> -2 */
     if (!has_simd()) return;
     kt_quantize_act_q8_avx2(x, N, qs2, d2, c82);
     assert_memory_equal(qs, qs2, N);

@@ -15,11 +15,16 @@
 
 /* ---- Q8_0 activations ------------------------------------------------
  *
- * Activations quantized with the reference Q8_0 quantizer, stored with the
- * values and the scales apart: the 32 values of block b of token t are the
- * 32 bytes at qs + (t * nb + b) * 32 (aligned if qs is), its scale is
- * d[t * nb + b], the fp16-rounded scale as a float. These are exactly the
- * numbers kt_quantize_row(KT_Q8_0, ...) stores, only laid out for loads.
+ * Activations quantized to Q8_0 blocks as llama.cpp's runtime quantizes
+ * them (q = x * 127/amax rounded to nearest, ties to even; d = fp16 of
+ * amax/127), stored with the values and the scales apart: the 32 values of
+ * block b of token t are the 32 bytes at qs + (t * nb + b) * 32 (aligned
+ * if qs is), its scale is d[t * nb + b], the fp16-rounded scale as a
+ * float. (The weight quantizer, kt_quantize_row(KT_Q8_0), is ggml's
+ * reference one, x * (1/d) with ties away from zero: it must reproduce
+ * llama.cpp's files byte for byte. The two differ only on rounding ties;
+ * on ties this one is what makes kettle's logits match llama.cpp's, see
+ * tests/test_golden.c.)
  * c8[t * nb + b] is 8 times the sum of the block's 32 values: Q4_0 kernels
  * multiply the raw nibbles n and subtract it, since sum (n - 8) x =
  * sum n x - 8 sum x (Q5_0: 2 * c8; Q4_1/Q5_1 use c8 / 8 for their
@@ -38,7 +43,7 @@ kt_q8_act kt_q8_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, fl
                           int32_t **c8);
 
 /* One row of n values (n a multiple of 32) -> n/32 blocks (values, scales,
- * c8). Bit-identical to the reference Q8_0 quantizer. */
+ * c8), as described above. */
 void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
 
 /* The 32 levels of a Q4_0/Q4_1 block (0..15) or of a Q5_0/Q5_1 block
@@ -110,6 +115,8 @@ void kt_softmax_avx2(float *x, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
 /* Attention of query token t for heads [h0, h1), which must all read the
  * same KV head, at most 16 of them. */
-void kt_attention_heads_avx2(const kt_attn_args *a, int t, int h0, int h1);
+/* Heads sharing a KV head are done together, at most this many at once. */
+#define ATTN_MAX_GROUP 16
+void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float *scratch, size_t row);
 
 #endif

@@ -69,17 +69,8 @@ static int token_chunk(int n_in, int bytes_per_value) {
 
 /* ---- activation quantizer (bit-identical to kt_quantize_act_q8_ref) -- */
 
-/* roundf(v) exactly (half away from zero): trunc, then step away from zero
- * if the dropped fraction is at least 1/2. v - trunc(v) is exact. */
-INL __m256 round_half_away(__m256 v) {
-    const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    __m256 frac = _mm256_andnot_ps(sign_mask, _mm256_sub_ps(v, t));
-    __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ),
-                                _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign_mask)));
-    return _mm256_add_ps(t, step);
-}
-
+/* cvtps rounds in the default mode, to nearest with ties to even: the
+ * reference's nearbyintf. */
 void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t i = 0; i < n / QK8_0; i++) {
@@ -93,14 +84,14 @@ void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, in
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         const float amax = _mm_cvtss_f32(m4);
         const float di = amax / 127;
-        const float id = di ? 1.0f / di : 0.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         d[i] = _cvtsh_ss(_cvtss_sh(di, _MM_FROUND_TO_NEAREST_INT));
 
         const __m256 vid = _mm256_set1_ps(id);
-        __m256i i0 = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v0, vid)));
-        __m256i i1 = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v1, vid)));
-        __m256i i2 = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v2, vid)));
-        __m256i i3 = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v3, vid)));
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
         /* packs work within 128-bit lanes; the permute restores the order */
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

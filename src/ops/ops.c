@@ -23,6 +23,7 @@
 #include "ops/ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/cpu.h"
@@ -31,9 +32,11 @@
 /* ---- rmsnorm -------------------------------------------------------- */
 
 void kt_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    /* the sum of squares in double, the mean in float, as ggml computes it */
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    const float mean = (float)(ss / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
     for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
@@ -119,7 +122,13 @@ static float dot_ref(const float *a, const float *b, int n) {
     return s;
 }
 
-/* One (token, head): three passes over the positions, nothing stored. */
+/* One (token, head), the specification: scores s_p = (q . k_p) * scale,
+ * each dot summed in element order; e_p = exp(s_p - max); their sum in
+ * double; o = (sum_p e_p * v_p, in position order) * (float)(1 / sum).
+ * Three passes over the positions (the scores are recomputed), nothing
+ * stored. Every sum runs in a fixed order that does not depend on the
+ * batch, and this order reproduces llama.cpp's logits where others flip a
+ * rounding (tests/test_golden.c). */
 static void attention_head_ref(const kt_attn_args *a, int t, int h) {
     const int hd = a->head_dim;
     const int kvh = (int)((long)h * a->n_head_kv / a->n_head); /* = h / group */
@@ -135,16 +144,16 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
         float s = dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale;
         max = s > max ? s : max;
     }
-    float sum = 0.0f;
+    double sum = 0.0;
     for (int p = 0; p < n_pos; p++)
-        sum += expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
+        sum += (double)expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
     for (int p = 0; p < n_pos; p++) {
         const float e = expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
         const float *vp = v + (size_t)p * a->kv_stride;
         for (int d = 0; d < hd; d++) o[d] += e * vp[d];
     }
-    const float inv = 1.0f / sum;
+    const float inv = (float)(1.0 / sum);
     for (int d = 0; d < hd; d++) o[d] *= inv;
 }
 
@@ -162,33 +171,29 @@ void kt_attention_ref(const kt_attn_args *a) {
 typedef struct attn_job {
     const kt_attn_args *a;
     bool simd;
-    int per_unit; /* heads of one KV group per unit of work */
-    int n_sub;    /* units per (token, KV group) */
+    int per_unit;      /* heads of one KV group per unit of work */
+    int n_sub;         /* units per (token, KV group) */
+    float *scratch;    /* per thread: per_unit rows of `row` floats (SIMD) */
+    size_t row;
 } attn_job;
 
-/* Units of work are (KV group, head batch, token), numbered with the token
- * fastest, and each thread takes a contiguous range: a thread keeps to few
- * KV heads (their K and V rows stay in its caches) and every thread gets a
- * similar mix of short (early) and long (late) tokens. Within a unit the
- * SIMD kernel walks the positions once for all its heads. */
+/* Units are (token, KV group, head batch); thread ith takes units ith,
+ * ith + nth, ...: causal rows grow with the token, so striding balances
+ * the work. */
 static void attn_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
     const kt_attn_args *a = j->a;
     const int group = a->n_head / a->n_head_kv;
-    long lo, hi;
-    kt_split_range((long)a->n_head_kv * j->n_sub * a->n_tokens, ith, nth, &lo, &hi);
-    for (long u = lo; u < hi; u++) {
-        const int t = (int)(u % a->n_tokens);
-        const long gs = u / a->n_tokens; /* group * n_sub + sub */
-        const int h0 = (int)(gs / j->n_sub) * group + (int)(gs % j->n_sub) * j->per_unit;
-        int h1 = h0 + j->per_unit;
-        const int g_end = (int)(gs / j->n_sub + 1) * group;
-        h1 = h1 < g_end ? h1 : g_end;
-        if (j->simd) {
-            kt_attention_heads_avx2(a, t, h0, h1);
-        } else {
-            for (int h = h0; h < h1; h++) attention_head_ref(a, t, h);
-        }
+    const long per_token = (long)a->n_head_kv * j->n_sub;
+    float *scratch = j->scratch ? j->scratch + (size_t)ith * j->per_unit * j->row : NULL;
+    for (long u = ith; u < (long)a->n_tokens * per_token; u += nth) {
+        const int t = (int)(u / per_token);
+        const long gs = u % per_token; /* group * n_sub + sub */
+        const int g_start = (int)(gs / j->n_sub) * group;
+        const int h0 = g_start + (int)(gs % j->n_sub) * j->per_unit;
+        const int h1 = h0 + j->per_unit < g_start + group ? h0 + j->per_unit : g_start + group;
+        if (j->simd) kt_attention_group_avx2(a, t, h0, h1, scratch, j->row);
+        else for (int h = h0; h < h1; h++) attention_head_ref(a, t, h);
     }
 }
 
@@ -196,14 +201,23 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
     if (!attn_args_ok(a)) return;
     /* Split each group's heads into batches when there are too few
      * (token, group) pairs to keep every thread busy (decode with few KV
-     * heads), and never more than 16 heads a batch. */
+     * heads), never more than ATTN_MAX_GROUP heads a batch. */
     const int group = a->n_head / a->n_head_kv, nth = kt_pool_size(pool);
     const long pairs = (long)a->n_tokens * a->n_head_kv;
     int n_sub = pairs >= 2L * nth ? 1 : (int)((2L * nth + pairs - 1) / pairs);
     if (n_sub > group) n_sub = group;
     int per_unit = (group + n_sub - 1) / n_sub;
-    if (per_unit > 16) per_unit = 16;
+    if (per_unit > ATTN_MAX_GROUP) per_unit = ATTN_MAX_GROUP;
     n_sub = (group + per_unit - 1) / per_unit;
-    attn_job j = {a, kt_cpu_has_avx2(), per_unit, n_sub};
+    /* scores of the longest row, rounded to whole cache lines */
+    size_t row = ((size_t)a->pos0 + (size_t)a->n_tokens + 15) / 16 * 16;
+    attn_job j = {a, kt_cpu_has_avx2(), per_unit, n_sub, NULL, row};
+    void *owned = NULL;
+    if (j.simd) {
+        size_t bytes = row * (size_t)per_unit * (size_t)nth * sizeof(float);
+        j.scratch = pool ? kt_pool_scratch(pool, bytes) : (owned = malloc(bytes));
+        if (!j.scratch) j.simd = false; /* out of memory: the reference, slowly */
+    }
     kt_pool_run(pool, attn_task, &j);
+    free(owned);
 }

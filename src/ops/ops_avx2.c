@@ -9,13 +9,18 @@
  * normal float, overflows to +inf above ~88.72 and flushes towards 0 below
  * ~-104 (the tests check this).
  *
- * attention: one pass over the positions with an online softmax (running
- * max m, running sum l, output accumulated unnormalized and rescaled by
- * e^(m_old - m_new) when the max grows), ATTN_CHUNK positions at a time so
- * the rescale and the exps are vectorized. Nothing n x n is stored; the
- * only buffer is ATTN_CHUNK scores on the stack. The heads that share a KV
- * head (grouped-query attention) walk the positions together, chunk by
- * chunk, so K and V are read from memory once per group, not per head.
+ * attention: two passes per (token, head) over a row of n_pos scores in
+ * per-thread scratch (nothing n x n): the scores, each dot summed in
+ * element order; then the max, the exps (vector), their sum in double, and
+ * V summed unnormalized in position order, scaled at the end. Each lane
+ * does exactly the reference's float operations in the reference's order
+ * (only exp differs, within ~2 ulp); this order is the one that matches
+ * llama.cpp's logits where a different one flips a rounding (see
+ * tests/test_golden.c). The heads that share a KV head are done together,
+ * so each K row is loaded and transposed once per group, not per head.
+ * Cost: this order chains the sums, so prefill attention is slower than
+ * the online-softmax kernel it replaced (pp512 -12% on tinyllama, -21% on
+ * smollm; docs/PERFORMANCE.md).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -23,8 +28,6 @@
 #include "ops/internal.h"
 
 #define INL static inline __attribute__((always_inline))
-
-#define ATTN_CHUNK 32
 
 INL float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -80,26 +83,13 @@ INL void store_partial(float *p, __m256 v, int n) {
 /* ---- rmsnorm -------------------------------------------------------- */
 
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
-        a0 = _mm256_fmadd_ps(v0, v0, a0);
-        a1 = _mm256_fmadd_ps(v1, v1, a1);
-        a2 = _mm256_fmadd_ps(v2, v2, a2);
-        a3 = _mm256_fmadd_ps(v3, v3, a3);
-    }
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        a0 = _mm256_fmadd_ps(v, v, a0);
-    }
-    if (i < n) {
-        __m256 v = load_partial(x + i, n - i, 0.0f);
-        a1 = _mm256_fmadd_ps(v, v, a1);
-    }
-    const float ss = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    /* the reference's sum, in double and in order: n adds, cheap next to
+     * the matmuls, and the scale then equals the reference's exactly */
+    double ss = 0.0;
+    int i;
+    for (i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    const float mean = (float)(ss / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
     const __m256 vs = _mm256_set1_ps(scale);
     for (i = 0; i + 8 <= n; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
@@ -160,131 +150,121 @@ void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n) {
 
 /* ---- attention ------------------------------------------------------ */
 
-/* The 8 sums of 8 vectors, as one vector: lane i = sum of a[i]'s lanes
- * (a tree of horizontal adds; the same order for every lane). */
-INL __m256 reduce8(const __m256 *a) {
-    const __m256 h0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 h4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
-                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+/* Transposes 8 rows of 8 floats in place: r[j] lane i <-> r[i] lane j. */
+INL void transpose8(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
 }
 
-/* s[0..8) = q . rows[j] (8 independent FMA chains), reduced with the
- * head_dim % 8 tail added in order. */
-INL void dot8(const float *q, const float *const *rows, int n, float *s) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+/* Scores of 8 positions starting at p for the nh heads whose queries are
+ * qs[]: lane j of head h is (q_h . k_{p+j}) * scale, each dot summed in
+ * element order with a separate multiply and add (the reference's
+ * arithmetic, lane by lane). Eight elements of the 8 K rows are transposed
+ * once, so one vector holds element i of every row, and used by every head
+ * of the group (grouped-query attention shares K). */
+static void scores8(const float *const *qs, int nh, const float *k, size_t stride, int hd, int p,
+                    float scale, float *const *s) {
+    __m256 acc[ATTN_MAX_GROUP];
+    for (int h = 0; h < nh; h++) acc[h] = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + i), acc[j]);
+    for (; i + 8 <= hd; i += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(k + (size_t)(p + j) * stride + i);
+        transpose8(r);
+        for (int h = 0; h < nh; h++)
+            for (int e = 0; e < 8; e++)
+                acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(qs[h][i + e]), r[e]));
     }
-    _mm256_storeu_ps(s, reduce8(acc));
-    for (; i < n; i++)
-        for (int j = 0; j < 8; j++) s[j] = fmaf(q[i], rows[j][i], s[j]);
+    for (int h = 0; h < nh; h++) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[h]);
+        for (int j = 0; j < 8; j++) {
+            const float *kp = k + (size_t)(p + j) * stride;
+            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kp[e];
+            s[h][p + j] = lanes[j] * scale;
+        }
+    }
 }
 
-/* scores s[0..n) = q . k_p * scale for positions p0 .. p0+n-1, 8 at a
- * time; a last partial group repeats its last row in the missing lanes
- * (s has room for a multiple of 8). */
-static void attn_scores(const float *q, const float *k, size_t stride, int hd, int p0, int n,
-                        float scale, float *s) {
-    for (int i = 0; i < n; i += 8) {
-        const float *rows[8];
-        for (int j = 0; j < 8; j++)
-            rows[j] = k + (size_t)(p0 + (i + j < n ? i + j : n - 1)) * stride;
-        dot8(q, rows, hd, s + i);
-    }
-    for (int i = 0; i < n; i++) s[i] *= scale;
+/* s_h[p] for every head h of the group and p in [0, n_pos). */
+static void attn_scores(const float *const *qs, int nh, const float *k, size_t stride, int hd, int n_pos,
+                        float scale, float *const *s) {
+    int p = 0;
+    for (; p + 8 <= n_pos; p += 8) scores8(qs, nh, k, stride, hd, p, scale, s);
+    for (; p < n_pos; p++)
+        for (int h = 0; h < nh; h++) {
+            const float *kp = k + (size_t)p * stride;
+            float acc = 0.0f;
+            for (int d = 0; d < hd; d++) acc += qs[h][d] * kp[d];
+            s[h][p] = acc * scale;
+        }
 }
 
-/* o[0..hd) = o * corr + sum_i e[i] * v_{p0+i}: 64 columns at a time (8
- * accumulators, so the FMA chains over positions overlap), then 8, then
- * one. */
-static void attn_accumulate(float *o, const float *v, size_t stride, int hd, int p0, int n,
-                            const float *e, float corr) {
-    const __m256 vc = _mm256_set1_ps(corr);
+/* o[d] = (sum_p e[p] * v_p[d]) * inv, summed over positions in order with
+ * a separate multiply and add; 64 dims (8 independent vectors) at a time,
+ * then 8, then one. */
+static void attn_values(float *o, const float *v, size_t stride, int hd, int n_pos, const float *e, float inv) {
     int d = 0;
     for (; d + 64 <= hd; d += 64) {
         __m256 acc[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8 * j), vc);
-        for (int i = 0; i < n; i++) {
-            const float *vp = v + (size_t)(p0 + i) * stride + d;
-            const __m256 ev = _mm256_set1_ps(e[i]);
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vp + 8 * j), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int p = 0; p < n_pos; p++) {
+            const float *vp = v + (size_t)p * stride + d;
+            const __m256 ep = _mm256_set1_ps(e[p]);
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, _mm256_loadu_ps(vp + 8 * j)));
         }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d + 8 * j, acc[j]);
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d + 8 * j, _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
     }
     for (; d + 8 <= hd; d += 8) {
-        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), vc);
-        for (int i = 0; i < n; i++)
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(e[i]),
-                                 _mm256_loadu_ps(v + (size_t)(p0 + i) * stride + d), a0);
-        _mm256_storeu_ps(o + d, a0);
+        __m256 acc = _mm256_setzero_ps();
+        for (int p = 0; p < n_pos; p++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), _mm256_loadu_ps(v + (size_t)p * stride + d)));
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
     }
     for (; d < hd; d++) {
-        float a = o[d] * corr;
-        for (int i = 0; i < n; i++) a = fmaf(e[i], v[(size_t)(p0 + i) * stride + d], a);
-        o[d] = a;
+        float acc = 0.0f;
+        for (int p = 0; p < n_pos; p++) acc += e[p] * v[(size_t)p * stride + d];
+        o[d] = acc * inv;
     }
 }
 
-/* The running state of one head's online softmax. */
-typedef struct head_state {
-    const float *q;
-    float *o;
-    float m, l; /* running max and sum of exp(s - m) */
-} head_state;
-
-/* One chunk of positions [p0, p0+n) for one head: scores, new max,
- * rescale, exps, accumulate. */
-static void attn_chunk(head_state *hs, const float *k, const float *v, size_t stride, int hd,
-                       int p0, int n, float scale) {
-    float s[ATTN_CHUNK];
-    attn_scores(hs->q, k, stride, hd, p0, n, scale, s);
-    float cmax = s[0];
-    for (int i = 1; i < n; i++) cmax = s[i] > cmax ? s[i] : cmax;
-    const float m_new = cmax > hs->m ? cmax : hs->m;
-    const float corr = expf(hs->m - m_new); /* 0 on the first chunk */
-
-    hs->l = hs->l * corr + exp_sub_sum(s, n, m_new);
-    attn_accumulate(hs->o, v, stride, hd, p0, n, s, corr);
-    hs->m = m_new;
-}
-
-#define ATTN_MAX_HEADS 16 /* heads of one group done together */
-
-/* Query token t, heads [h0, h1) (all reading the same KV head, at most
- * ATTN_MAX_HEADS): the positions go by in chunks, and each chunk is used
- * by every head while its K and V rows are in L1. Each head's own
- * operations are the same whatever h0 and h1. */
-void kt_attention_heads_avx2(const kt_attn_args *a, int t, int h0, int h1) {
-    const int hd = a->head_dim;
+/* Query token t, the heads [h0, h1) of one KV group (at most
+ * ATTN_MAX_GROUP), with `scratch` holding (h1 - h0) rows of n_pos floats:
+ * the steps of attention_head_ref (ops.c) for each head, with the vector
+ * exp. */
+void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float *scratch, size_t row) {
+    const int hd = a->head_dim, nh = h1 - h0;
     const int kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
     const float *k = a->k + (size_t)kvh * hd;
     const float *v = a->v + (size_t)kvh * hd;
     const int n_pos = a->pos0 + t + 1;
-    const float scale = 1.0f / sqrtf((float)hd);
-    head_state hs[ATTN_MAX_HEADS];
-    const int nh = h1 - h0;
-    for (int j = 0; j < nh; j++) {
-        hs[j].q = a->q + (size_t)t * a->q_stride + (size_t)(h0 + j) * hd;
-        hs[j].o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + j) * hd;
-        hs[j].m = -INFINITY;
-        hs[j].l = 0.0f;
-        for (int d = 0; d < hd; d++) hs[j].o[d] = 0.0f;
+    const float *qs[ATTN_MAX_GROUP];
+    float *s[ATTN_MAX_GROUP];
+    for (int h = 0; h < nh; h++) {
+        qs[h] = a->q + (size_t)t * a->q_stride + (size_t)(h0 + h) * hd;
+        s[h] = scratch + (size_t)h * row;
     }
-    for (int p0 = 0; p0 < n_pos; p0 += ATTN_CHUNK) {
-        const int n = n_pos - p0 < ATTN_CHUNK ? n_pos - p0 : ATTN_CHUNK;
-        for (int j = 0; j < nh; j++) attn_chunk(&hs[j], k, v, a->kv_stride, hd, p0, n, scale);
-    }
-    for (int j = 0; j < nh; j++) {
-        const float inv = 1.0f / hs[j].l;
-        for (int d = 0; d < hd; d++) hs[j].o[d] *= inv;
+    attn_scores(qs, nh, k, a->kv_stride, hd, n_pos, 1.0f / sqrtf((float)hd), s);
+    for (int h = 0; h < nh; h++) {
+        float max = s[h][0];
+        for (int p = 1; p < n_pos; p++) max = s[h][p] > max ? s[h][p] : max;
+        exp_sub_sum(s[h], n_pos, max);
+        double sum = 0.0;
+        for (int p = 0; p < n_pos; p++) sum += (double)s[h][p];
+        float *o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + h) * hd;
+        attn_values(o, v, a->kv_stride, hd, n_pos, s[h], (float)(1.0 / sum));
     }
 }

@@ -75,8 +75,12 @@ static void dequantize_row_q8_0(const block_q8_0 *y, float *x, int64_t n) {
 void kt_quantize_act_q8_ref(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8) {
     for (int64_t i = 0; i < n / QK8_0; i++) {
         int8_t *q = qs + i * QK8_0;
-        float di = q8_0_block(x + i * QK8_0, q);
-        d[i] = kt_fp16_to_fp32(kt_fp32_to_fp16(di));
+        const float *xb = x + i * QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < QK8_0; j++) q[j] = to_i8(nearbyintf(xb[j] * id)); /* ties to even */
+        d[i] = kt_fp16_to_fp32(kt_fp32_to_fp16(amax / 127.0f));
         int32_t sum = 0;
         for (int j = 0; j < QK8_0; j++) sum += q[j];
         c8[i] = 8 * sum;
