@@ -39,24 +39,12 @@
 static const kt_dtype K_TYPES[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
 #define N_K_TYPES 3
 
-static void fill_normal(float *x, size_t n, float std, uint64_t seed) {
-    kt_rng r;
-    kt_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) x[i] = kt_rng_normal(&r) * std;
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
 static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
     size_t rb = kt_dtype_row_bytes(type, n_in);
-    char *w = xmalloc(rb * (size_t)n_out);
-    float *row = xmalloc(sizeof(float) * (size_t)n_in);
+    char *w = tu_xmalloc(rb * (size_t)n_out);
+    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
     for (int r = 0; r < n_out; r++) {
-        fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
+        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
         kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
     }
     free(row);
@@ -190,9 +178,9 @@ static void test_kquant_roundtrip_error(void **state) {
     (void)state;
     enum { N = 256 * 256 };
     static const double bound[N_K_TYPES] = {0.074, 0.038, 0.019};
-    float *x = xmalloc(sizeof(float) * N), *y = xmalloc(sizeof(float) * N);
-    void *q = xmalloc(kt_dtype_row_bytes(KT_Q6_K, N));
-    fill_normal(x, N, 1.0f, 7);
+    float *x = tu_xmalloc(sizeof(float) * N), *y = tu_xmalloc(sizeof(float) * N);
+    void *q = tu_xmalloc(kt_dtype_row_bytes(KT_Q6_K, N));
+    tu_fill_normal(x, N, 1.0f, 7);
     for (int j = 512; j < 768; j++) x[j] = 0.0f; /* an all-zero super-block */
     for (int i = 0; i < N_K_TYPES; i++) {
         kt_quantize_row(K_TYPES[i], x, q, N);
@@ -213,11 +201,11 @@ static void test_kquant_roundtrip_error(void **state) {
 static void test_kquant_requantize_stable(void **state) {
     (void)state;
     enum { N = 256 * 64 };
-    float *x = xmalloc(sizeof(float) * N), *y = xmalloc(sizeof(float) * N);
-    float *z = xmalloc(sizeof(float) * N);
-    void *q = xmalloc(kt_dtype_row_bytes(KT_Q6_K, N));
-    void *q2 = xmalloc(kt_dtype_row_bytes(KT_Q6_K, N));
-    fill_normal(x, N, 1.0f, 11);
+    float *x = tu_xmalloc(sizeof(float) * N), *y = tu_xmalloc(sizeof(float) * N);
+    float *z = tu_xmalloc(sizeof(float) * N);
+    void *q = tu_xmalloc(kt_dtype_row_bytes(KT_Q6_K, N));
+    void *q2 = tu_xmalloc(kt_dtype_row_bytes(KT_Q6_K, N));
+    tu_fill_normal(x, N, 1.0f, 11);
     for (int i = 0; i < N_K_TYPES; i++) {
         size_t bytes = kt_dtype_row_bytes(K_TYPES[i], N);
         kt_quantize_row(K_TYPES[i], x, q, N);
@@ -276,9 +264,9 @@ static void check_simd_vs_ref(kt_dtype type, int n_in, int n_out, int nt, kt_poo
                               uint64_t seed) {
     void *w = make_weights(type, n_in, n_out, seed);
     size_t no = (size_t)nt * n_out;
-    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
-    float *want = xmalloc(sizeof(float) * no), *got = xmalloc(sizeof(float) * no);
-    fill_normal(x, (size_t)nt * n_in, 1.0f, seed + 1);
+    float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+    float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
+    tu_fill_normal(x, (size_t)nt * n_in, 1.0f, seed + 1);
     kt_matmul_ref(want, w, type, x, n_in, n_out, nt);
     kt_matmul(pool, got, w, type, x, n_in, n_out, nt);
     if (memcmp(got, want, sizeof(float) * no) != 0) {
@@ -333,9 +321,9 @@ static void check_batch_invariance(bool scalar) {
         void *w = make_weights(K_TYPES[ti], n_in, n_out, 99);
         for (int bi = 0; bi < 2; bi++) {
             int nt = batches[bi];
-            float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
-            float *batch = xmalloc(sizeof(float) * (size_t)nt * n_out);
-            fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
+            float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+            float *batch = tu_xmalloc(sizeof(float) * (size_t)nt * n_out);
+            tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
             kt_matmul(pools[bi + 1], batch, w, K_TYPES[ti], x, n_in, n_out, nt);
             for (int t = 0; t < nt; t += (bi ? 7 : 1))
                 for (int p = 0; p < 3; p++) {
@@ -347,7 +335,7 @@ static void check_batch_invariance(bool scalar) {
                                  kt_dtype_name(K_TYPES[ti]), scalar ? " (scalar)" : "", t, nt,
                                  p);
                 }
-            float *sub = xmalloc(sizeof(float) * (size_t)5 * n_out);
+            float *sub = tu_xmalloc(sizeof(float) * (size_t)5 * n_out);
             kt_matmul(pools[2], sub, w, K_TYPES[ti], x + (size_t)2 * n_in, n_in, n_out, 5);
             assert_memory_equal(sub, batch + (size_t)2 * n_out, sizeof(float) * 5 * n_out);
             free(sub);
@@ -376,7 +364,7 @@ static void test_kq_matmul_vs_float(void **state) {
     for (int ti = 0; ti < N_K_TYPES; ti++) {
         void *w = make_weights(K_TYPES[ti], n_in, n_out, 17);
         float x[3 * 1024], got[27], row[1024];
-        fill_normal(x, sizeof x / sizeof x[0], 1.0f, 19);
+        tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 19);
         kt_matmul(NULL, got, w, K_TYPES[ti], x, n_in, n_out, nt);
         size_t rb = kt_dtype_row_bytes(K_TYPES[ti], n_in);
         for (int r = 0; r < n_out; r++) {

@@ -45,25 +45,13 @@
 
 /* ---- helpers -------------------------------------------------------- */
 
-static void fill_normal(float *x, size_t n, float std, uint64_t seed) {
-    kt_rng r;
-    kt_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) x[i] = kt_rng_normal(&r) * std;
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
 /* A random weight matrix of `type`, made by quantizing normal floats. */
 static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
     size_t rb = kt_dtype_row_bytes(type, n_in);
-    char *w = xmalloc(rb * (size_t)n_out);
-    float *row = xmalloc(sizeof(float) * (size_t)n_in);
+    char *w = tu_xmalloc(rb * (size_t)n_out);
+    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
     for (int r = 0; r < n_out; r++) {
-        fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
+        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
         kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
     }
     free(row);
@@ -75,7 +63,7 @@ static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
 static void abs_sums(double *s, const void *w, kt_dtype type, const float *x, int n_in,
                      int n_out, int n_tokens) {
     size_t rb = kt_dtype_row_bytes(type, n_in);
-    float *row = xmalloc(sizeof(float) * (size_t)n_in);
+    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
     for (int r = 0; r < n_out; r++) {
         kt_dequantize_row(type, (const char *)w + rb * (size_t)r, row, n_in);
         for (int t = 0; t < n_tokens; t++) {
@@ -269,7 +257,7 @@ static void test_quant_roundtrip_error(void **state) {
     (void)state;
     enum { N = 32 * 64 };
     float x[N], y[N];
-    fill_normal(x, N, 1.0f, 7);
+    tu_fill_normal(x, N, 1.0f, 7);
     x[5] = 0.0f;
     for (int j = 64; j < 96; j++) x[j] = 0.0f; /* an all-zero block */
     block_q8_0 q8[N / 32];
@@ -344,7 +332,7 @@ static void test_act_quant_matches_q8_0(void **state) {
     (void)state;
     enum { N = 32 * 40 };
     float x[N];
-    fill_normal(x, N, 3.0f, 11);
+    tu_fill_normal(x, N, 3.0f, 11);
     /* ties: with amax = 127, id = 1 and x * id lands on k + 0.5 */
     for (int j = 0; j < 32; j++) x[j] = (float)(j - 16) + 0.5f;
     x[0] = 127.0f;
@@ -510,8 +498,8 @@ static void check_llama_bytes(kt_dtype type, const char *file) {
         const unsigned char *pd = gg_data(&dst, d, rb_dst * (size_t)n_rows);
         assert_non_null(ps);
         assert_non_null(pd);
-        float *row = xmalloc(sizeof(float) * (size_t)n_in);
-        unsigned char *q = xmalloc(rb_dst);
+        float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
+        unsigned char *q = tu_xmalloc(rb_dst);
         for (int64_t r = 0; r < n_rows; r++) {
             kt_dequantize_row(KT_F16, ps + rb_src * (size_t)r, row, n_in);
             kt_quantize_row(type, row, q, n_in);
@@ -607,10 +595,10 @@ static void test_matmul_simd_vs_ref(void **state) {
                 for (int c = 0; c < 5; c++) {
                     int nt = n_toks[c];
                     size_t no = (size_t)nt * n_out;
-                    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
-                    float *want = xmalloc(sizeof(float) * no), *got = xmalloc(sizeof(float) * no);
-                    double *asum = xmalloc(sizeof(double) * no);
-                    fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(a * 1000 + b * 100 + c));
+                    float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+                    float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
+                    double *asum = tu_xmalloc(sizeof(double) * no);
+                    tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(a * 1000 + b * 100 + c));
                     kt_matmul_ref(want, w, type, x, n_in, n_out, nt);
                     abs_sums(asum, w, type, x, n_in, n_out, nt);
                     /* n_out 17: no pool (the kernels' own allocation) */
@@ -644,10 +632,10 @@ static void test_matmul_float_odd_n_in(void **state) {
             int n_in = n_ins[a], n_out = 9, nt = 5;
             size_t no = (size_t)nt * n_out;
             void *w = make_weights(MM_TYPES[ti], n_in, n_out, (uint64_t)(77 + a));
-            float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
+            float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
             float want[45], got[45];
             double asum[45];
-            fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(5 + a));
+            tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(5 + a));
             kt_matmul_ref(want, w, MM_TYPES[ti], x, n_in, n_out, nt);
             abs_sums(asum, w, MM_TYPES[ti], x, n_in, n_out, nt);
             kt_matmul(NULL, got, w, MM_TYPES[ti], x, n_in, n_out, nt);
@@ -668,7 +656,7 @@ static void test_matmul_scalar_is_ref(void **state) {
         int n_in = 96, n_out = 37, nt = 6;
         void *w = make_weights(MM_TYPES[ti], n_in, n_out, 31);
         float x[6 * 96], want[6 * 37], got[6 * 37];
-        fill_normal(x, sizeof x / sizeof x[0], 1.0f, 3);
+        tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 3);
         kt_matmul_ref(want, w, MM_TYPES[ti], x, n_in, n_out, nt);
         kt_matmul(pool, got, w, MM_TYPES[ti], x, n_in, n_out, nt);
         assert_memory_equal(want, got, sizeof want);
@@ -691,9 +679,9 @@ static void check_batch_invariance(bool scalar) {
         void *w = make_weights(MM_TYPES[ti], n_in, n_out, 99);
         for (int bi = 0; bi < 2; bi++) {
             int nt = batches[bi];
-            float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
-            float *batch = xmalloc(sizeof(float) * (size_t)nt * n_out);
-            fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
+            float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+            float *batch = tu_xmalloc(sizeof(float) * (size_t)nt * n_out);
+            tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
             kt_matmul(pools[bi + 1], batch, w, MM_TYPES[ti], x, n_in, n_out, nt);
             for (int t = 0; t < nt; t += (bi ? 7 : 1)) {
                 for (int p = 0; p < 3; p++) {
@@ -707,7 +695,7 @@ static void check_batch_invariance(bool scalar) {
                 }
             }
             /* and a sub-batch starting at token 2 */
-            float *sub = xmalloc(sizeof(float) * (size_t)5 * n_out);
+            float *sub = tu_xmalloc(sizeof(float) * (size_t)5 * n_out);
             kt_matmul(pools[2], sub, w, MM_TYPES[ti], x + (size_t)2 * n_in, n_in, n_out, 5);
             assert_memory_equal(sub, batch + (size_t)2 * n_out, sizeof(float) * 5 * n_out);
             free(sub);
@@ -734,8 +722,8 @@ static void test_matmul_token_chunks(void **state) {
     const int n_in = 16384, n_out = 20, nt = 30;
     kt_pool *pool = kt_pool_new(2, NULL);
     assert_non_null(pool);
-    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
-    fill_normal(x, (size_t)nt * n_in, 1.0f, 555);
+    float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+    tu_fill_normal(x, (size_t)nt * n_in, 1.0f, 555);
     float want[30 * 20], got[30 * 20], one[20];
     double asum[30 * 20];
     for (int ti = 0; ti < N_MM_TYPES; ti++) {
@@ -782,10 +770,10 @@ static void test_rmsnorm(void **state) {
     (void)state;
     for (int s = 0; s < 7; s++) {
         int n = EW_SIZES[s];
-        float *x = xmalloc(sizeof(float) * n), *w = xmalloc(sizeof(float) * n);
-        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
-        fill_normal(x, n, 2.0f, 1 + s);
-        fill_normal(w, n, 1.0f, 100 + s);
+        float *x = tu_xmalloc(sizeof(float) * n), *w = tu_xmalloc(sizeof(float) * n);
+        float *a = tu_xmalloc(sizeof(float) * n), *b = tu_xmalloc(sizeof(float) * n);
+        tu_fill_normal(x, n, 2.0f, 1 + s);
+        tu_fill_normal(w, n, 1.0f, 100 + s);
         kt_rmsnorm_ref(a, x, w, n, 1e-5f);
         kt_rmsnorm(b, x, w, n, 1e-5f);
         expect_rel(b, a, n, 1e-5f, 0.0f, "rmsnorm");
@@ -811,8 +799,8 @@ static void test_softmax(void **state) {
     (void)state;
     for (int s = 0; s < 7; s++) {
         int n = EW_SIZES[s];
-        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
-        fill_normal(a, n, 5.0f, 40 + s);
+        float *a = tu_xmalloc(sizeof(float) * n), *b = tu_xmalloc(sizeof(float) * n);
+        tu_fill_normal(a, n, 5.0f, 40 + s);
         if (n > 3) a[3] = -1e30f; /* underflows to 0 */
         memcpy(b, a, sizeof(float) * n);
         kt_softmax_ref(a, n);
@@ -830,10 +818,10 @@ static void test_swiglu(void **state) {
     (void)state;
     for (int s = 0; s < 7; s++) {
         int n = EW_SIZES[s];
-        float *g = xmalloc(sizeof(float) * n), *u = xmalloc(sizeof(float) * n);
-        float *a = xmalloc(sizeof(float) * n), *b = xmalloc(sizeof(float) * n);
-        fill_normal(g, n, 4.0f, 60 + s);
-        fill_normal(u, n, 1.0f, 80 + s);
+        float *g = tu_xmalloc(sizeof(float) * n), *u = tu_xmalloc(sizeof(float) * n);
+        float *a = tu_xmalloc(sizeof(float) * n), *b = tu_xmalloc(sizeof(float) * n);
+        tu_fill_normal(g, n, 4.0f, 60 + s);
+        tu_fill_normal(u, n, 1.0f, 80 + s);
         kt_swiglu_ref(a, g, u, n);
         kt_swiglu(b, g, u, n);
         expect_rel(b, a, n, 2e-6f, 1e-30f, "swiglu");
@@ -877,7 +865,7 @@ static void test_rope(void **state) {
             for (int pos = 0; pos < 300; pos += 37) {
                 int rdim = rope_dims[rd];
                 float x[H * D], y[H * D];
-                fill_normal(x, H * D, 1.0f, (uint64_t)(pos + 7 * style + rd));
+                tu_fill_normal(x, H * D, 1.0f, (uint64_t)(pos + 7 * style + rd));
                 memcpy(y, x, sizeof x);
                 kt_rope(y, H, D, rdim, pos, 10000.0f, (kt_rope_style)style);
                 for (int h = 0; h < H; h++) {
@@ -950,14 +938,14 @@ static void test_attention(void **state) {
         size_t q_stride = (size_t)c->n_head * c->head_dim + 3;
         size_t kv_stride = (size_t)c->n_head_kv * c->head_dim + 5;
         size_t out_stride = (size_t)c->n_head * c->head_dim + 1;
-        float *q = xmalloc(sizeof(float) * q_stride * c->n_tokens);
-        float *k = xmalloc(sizeof(float) * kv_stride * n_pos);
-        float *v = xmalloc(sizeof(float) * kv_stride * n_pos);
-        float *a = xmalloc(sizeof(float) * out_stride * c->n_tokens);
-        float *b = xmalloc(sizeof(float) * out_stride * c->n_tokens);
-        fill_normal(q, q_stride * c->n_tokens, 2.0f, ci * 3 + 1);
-        fill_normal(k, kv_stride * n_pos, 2.0f, ci * 3 + 2);
-        fill_normal(v, kv_stride * n_pos, 1.0f, ci * 3 + 3);
+        float *q = tu_xmalloc(sizeof(float) * q_stride * c->n_tokens);
+        float *k = tu_xmalloc(sizeof(float) * kv_stride * n_pos);
+        float *v = tu_xmalloc(sizeof(float) * kv_stride * n_pos);
+        float *a = tu_xmalloc(sizeof(float) * out_stride * c->n_tokens);
+        float *b = tu_xmalloc(sizeof(float) * out_stride * c->n_tokens);
+        tu_fill_normal(q, q_stride * c->n_tokens, 2.0f, ci * 3 + 1);
+        tu_fill_normal(k, kv_stride * n_pos, 2.0f, ci * 3 + 2);
+        tu_fill_normal(v, kv_stride * n_pos, 1.0f, ci * 3 + 3);
         memset(a, 0, sizeof(float) * out_stride * c->n_tokens);
         memset(b, 0, sizeof(float) * out_stride * c->n_tokens);
         run_attention(c, NULL, true, a, q, k, v, q_stride, kv_stride, out_stride);
@@ -987,7 +975,7 @@ static void test_attention(void **state) {
             attn_case one = *c;
             one.n_tokens = 1;
             one.pos0 = c->pos0 + t;
-            float *o1 = xmalloc(sizeof(float) * out_stride);
+            float *o1 = tu_xmalloc(sizeof(float) * out_stride);
             run_attention(&one, NULL, false, o1, q + t * q_stride, k, v, q_stride, kv_stride,
                           out_stride);
             assert_memory_equal(o1, b + t * out_stride, sizeof(float) * c->n_head * c->head_dim);
@@ -1026,9 +1014,9 @@ static void run_bench(void) {
     const int n_in = 2048, n_out = 5632;
     kt_pool *pool = kt_pool_new(2, NULL);
     assert_non_null(pool);
-    float *x = xmalloc(sizeof(float) * 64 * n_in);
-    float *out = xmalloc(sizeof(float) * 64 * n_out);
-    fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
+    float *x = tu_xmalloc(sizeof(float) * 64 * n_in);
+    float *out = tu_xmalloc(sizeof(float) * 64 * n_out);
+    tu_fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K,
                                      KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
@@ -1040,7 +1028,7 @@ static void run_bench(void) {
         if (copies > 16) copies = 16;
         void *ws[16];
         for (int c = 0; c < copies; c++) {
-            ws[c] = xmalloc((size_t)bytes);
+            ws[c] = tu_xmalloc((size_t)bytes);
             memcpy(ws[c], w, (size_t)bytes);
         }
         enum { REPS = 200 };
@@ -1073,11 +1061,11 @@ static void run_bench(void) {
      * (4 KV heads) of 64 */
     {
         enum { NP = 1024, NH = 32, NKV = 4, HD = 64 };
-        float *q = xmalloc(sizeof(float) * 64 * NH * HD), *o = xmalloc(sizeof(float) * 64 * NH * HD);
-        float *k = xmalloc(sizeof(float) * NP * NKV * HD), *v = xmalloc(sizeof(float) * NP * NKV * HD);
-        fill_normal(q, (size_t)64 * NH * HD, 1.0f, 1);
-        fill_normal(k, (size_t)NP * NKV * HD, 1.0f, 2);
-        fill_normal(v, (size_t)NP * NKV * HD, 1.0f, 3);
+        float *q = tu_xmalloc(sizeof(float) * 64 * NH * HD), *o = tu_xmalloc(sizeof(float) * 64 * NH * HD);
+        float *k = tu_xmalloc(sizeof(float) * NP * NKV * HD), *v = tu_xmalloc(sizeof(float) * NP * NKV * HD);
+        tu_fill_normal(q, (size_t)64 * NH * HD, 1.0f, 1);
+        tu_fill_normal(k, (size_t)NP * NKV * HD, 1.0f, 2);
+        tu_fill_normal(v, (size_t)NP * NKV * HD, 1.0f, 3);
         kt_attn_args a = {o, q, k, v, 1, NP - 1, NH, NKV, HD, NH * HD, NKV * HD, NH * HD};
         double best = 1e30, best_ref = 1e30;
         for (int rep = 0; rep < 20; rep++) {

@@ -33,24 +33,12 @@
 static const kt_dtype TYPES[] = {KT_Q4_1, KT_Q5_0, KT_Q5_1};
 #define N_TYPES 3
 
-static void fill_normal(float *x, size_t n, float std, uint64_t seed) {
-    kt_rng r;
-    kt_rng_seed(&r, seed);
-    for (size_t i = 0; i < n; i++) x[i] = kt_rng_normal(&r) * std;
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
 static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
     size_t rb = kt_dtype_row_bytes(type, n_in);
-    char *w = xmalloc(rb * (size_t)n_out);
-    float *row = xmalloc(sizeof(float) * (size_t)n_in);
+    char *w = tu_xmalloc(rb * (size_t)n_out);
+    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
     for (int r = 0; r < n_out; r++) {
-        fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
+        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
         row[r % n_in] += 0.3f; /* lopsided blocks: a minimum far from 0 */
         kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
     }
@@ -186,9 +174,9 @@ static void test_quantizer_rules(void **state) {
 static void test_roundtrip_error(void **state) {
     (void)state;
     enum { N = 32 * 256 };
-    float *x = xmalloc(sizeof(float) * N), *y = xmalloc(sizeof(float) * N);
-    uint8_t *q = xmalloc(24 * N / 32);
-    fill_normal(x, N, 1.0f, 17);
+    float *x = tu_xmalloc(sizeof(float) * N), *y = tu_xmalloc(sizeof(float) * N);
+    uint8_t *q = tu_xmalloc(24 * N / 32);
+    tu_fill_normal(x, N, 1.0f, 17);
     for (int j = 0; j < 32; j++) x[64 + j] += 3.0f; /* a block far from 0 */
     for (int i = 0; i < N_TYPES; i++) {
         kt_dtype t = TYPES[i];
@@ -235,7 +223,7 @@ static void test_ref_vs_dequantized(void **state) {
     (void)state;
     const int n_in = 256 + 64, n_out = 5;
     float x[256 + 64], xd[256 + 64], wrow[256 + 64], out[5];
-    fill_normal(x, (size_t)n_in, 1.0f, 3);
+    tu_fill_normal(x, (size_t)n_in, 1.0f, 3);
     block_q8_0 xq[(256 + 64) / 32];
     kt_quantize_row(KT_Q8_0, x, xq, n_in);
     kt_dequantize_row(KT_Q8_0, xq, xd, n_in);
@@ -271,10 +259,10 @@ static void check_vs_ref(bool scalar) {
             for (int b = 0; b < 4; b++) {
                 int n_in = n_ins[a], n_out = n_outs[b];
                 void *w = make_weights(TYPES[ti], n_in, n_out, (uint64_t)(ti * 100 + a * 10 + b));
-                float *x = xmalloc(sizeof(float) * 13 * (size_t)n_in);
-                float *want = xmalloc(sizeof(float) * 13 * (size_t)n_out);
-                float *got = xmalloc(sizeof(float) * 13 * (size_t)n_out);
-                fill_normal(x, 13 * (size_t)n_in, 1.0f, (uint64_t)(a * 7 + b));
+                float *x = tu_xmalloc(sizeof(float) * 13 * (size_t)n_in);
+                float *want = tu_xmalloc(sizeof(float) * 13 * (size_t)n_out);
+                float *got = tu_xmalloc(sizeof(float) * 13 * (size_t)n_out);
+                tu_fill_normal(x, 13 * (size_t)n_in, 1.0f, (uint64_t)(a * 7 + b));
                 kt_matmul_ref(want, w, TYPES[ti], x, n_in, n_out, 13);
                 for (int nt = 1; nt <= 13; nt++) {
                     kt_pool *p = pools[nt % 3];
@@ -308,8 +296,8 @@ static void test_avx2_kernel_row_range(void **state) {
     if (!kt_cpu_has_avx2()) skip();
     const int n_in = 64, n_out = 29, nt = 3, r0 = 5, r1 = 26;
     float x[3 * 64], want[3 * 29], got[3 * 29];
-    fill_normal(x, sizeof x / sizeof x[0], 1.0f, 9);
-    void *scratch = xmalloc(kt_q8_act_bytes(n_in, nt));
+    tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 9);
+    void *scratch = tu_xmalloc(kt_q8_act_bytes(n_in, nt));
     int8_t *qs;
     float *d;
     int32_t *c8;
@@ -341,9 +329,9 @@ static void test_batch_invariance(void **state) {
     assert_non_null(pools[1]);
     assert_non_null(pools[2]);
     const int n_in = 576, n_out = 67, nt = 21;
-    float *x = xmalloc(sizeof(float) * (size_t)nt * n_in);
-    float *batch = xmalloc(sizeof(float) * (size_t)nt * n_out), alone[67];
-    fill_normal(x, (size_t)nt * n_in, 1.0f, 4321);
+    float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+    float *batch = tu_xmalloc(sizeof(float) * (size_t)nt * n_out), alone[67];
+    tu_fill_normal(x, (size_t)nt * n_in, 1.0f, 4321);
     for (int s = 0; s < 2; s++) {
         kt_cpu_force_scalar(s == 1);
         for (int ti = 0; ti < N_TYPES; ti++) {

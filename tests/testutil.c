@@ -3,6 +3,8 @@
  */
 #include "testutil.h"
 
+#include "base/rng.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,4 +69,16 @@ int tu_run(const char *cmd, char **out, char **err_out) {
     if (err_out) *err_out = tu_read_file(errpath, NULL);
     unlink(errpath);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void tu_fill_normal(float *x, size_t n, float std, uint64_t seed) {
+    kt_rng r;
+    kt_rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = kt_rng_normal(&r) * std;
+}
+
+void *tu_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
 }

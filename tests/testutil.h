@@ -24,4 +24,10 @@ int tu_write_file(const char *path, const void *data, size_t size);
  * not NULL). Returns the exit status (or -1). Caller frees the strings. */
 int tu_run(const char *cmd, char **out, char **err_out);
 
+/* x[i] = std * normal, from a seeded generator: the same numbers on every
+ * run. */
+void tu_fill_normal(float *x, size_t n, float std, uint64_t seed);
+/* malloc that fails the test instead of returning NULL. */
+void *tu_xmalloc(size_t n);
+
 #endif
