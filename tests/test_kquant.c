@@ -17,9 +17,9 @@
  *     parts are exact and both apply the same two fmaf per block), the
  *     scalar fallback bit-identical too, odd shapes (n_out 1, 3, 17, 67;
  *     1 .. 13 tokens; 1 .. 3 threads), long rows (several token chunks),
- *     batch invariance (a token's outputs bit-identical alone and in a
- *     batch, any thread count), and the product close to the float product
- *     of the dequantized weights (within the activation quantization error).
+ *     and the product close to the float product of the dequantized
+ *     weights (within the activation quantization error). Batch invariance
+ *     is checked for every type together in test_ops.c.
  */
 #include <math.h>
 #include <stdio.h>
@@ -310,51 +310,6 @@ static void test_kq_matmul_scalar_is_ref(void **state) {
     kt_pool_free(pool);
 }
 
-static void check_batch_invariance(bool scalar) {
-    kt_pool *pools[3] = {NULL, kt_pool_new(2, NULL), kt_pool_new(3, NULL)};
-    assert_non_null(pools[1]);
-    assert_non_null(pools[2]);
-    kt_cpu_force_scalar(scalar);
-    static const int batches[] = {7, 50};
-    for (int ti = 0; ti < N_K_TYPES; ti++) {
-        const int n_in = 768, n_out = 67;
-        void *w = make_weights(K_TYPES[ti], n_in, n_out, 99);
-        for (int bi = 0; bi < 2; bi++) {
-            int nt = batches[bi];
-            float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
-            float *batch = tu_xmalloc(sizeof(float) * (size_t)nt * n_out);
-            tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
-            kt_matmul(pools[bi + 1], batch, w, K_TYPES[ti], x, n_in, n_out, nt);
-            for (int t = 0; t < nt; t += (bi ? 7 : 1))
-                for (int p = 0; p < 3; p++) {
-                    float alone[67];
-                    kt_matmul(pools[p], alone, w, K_TYPES[ti], x + (size_t)t * n_in, n_in,
-                              n_out, 1);
-                    if (memcmp(alone, batch + (size_t)t * n_out, sizeof alone) != 0)
-                        fail_msg("%s%s: token %d of %d differs alone (pool %d)",
-                                 kt_dtype_name(K_TYPES[ti]), scalar ? " (scalar)" : "", t, nt,
-                                 p);
-                }
-            float *sub = tu_xmalloc(sizeof(float) * (size_t)5 * n_out);
-            kt_matmul(pools[2], sub, w, K_TYPES[ti], x + (size_t)2 * n_in, n_in, n_out, 5);
-            assert_memory_equal(sub, batch + (size_t)2 * n_out, sizeof(float) * 5 * n_out);
-            free(sub);
-            free(x);
-            free(batch);
-        }
-        free(w);
-    }
-    kt_cpu_force_scalar(false);
-    kt_pool_free(pools[1]);
-    kt_pool_free(pools[2]);
-}
-
-static void test_kq_matmul_batch_invariance(void **state) {
-    (void)state;
-    check_batch_invariance(false);
-    check_batch_invariance(true);
-}
-
 /* The matmul is the product with the dequantized weights, up to the Q8_K
  * rounding of the activations: |err| <= sum_i |w_i| * d_x / 2 per block,
  * bounded here by 0.6 / 127 * max|x| * sum|w|, plus float noise. */
@@ -402,7 +357,6 @@ int main(void) {
         cmocka_unit_test(test_q8_K_act),
         cmocka_unit_test(test_kq_matmul_simd_vs_ref),
         cmocka_unit_test(test_kq_matmul_scalar_is_ref),
-        cmocka_unit_test(test_kq_matmul_batch_invariance),
         cmocka_unit_test(test_kq_matmul_vs_float),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -668,35 +668,39 @@ static void test_matmul_scalar_is_ref(void **state) {
 
 /* A token's outputs are the same bits alone and in batches of any size,
  * with any number of threads (every type, on the path this CPU uses). */
+/* Every matmul type, K-quants included (rows of 768: three super-blocks). */
+static const kt_dtype INV_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1,
+                                     KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q5_K, KT_Q6_K};
+
 static void check_batch_invariance(bool scalar) {
     kt_pool *pools[3] = {NULL, kt_pool_new(2, NULL), kt_pool_new(3, NULL)};
     assert_non_null(pools[1]);
     assert_non_null(pools[2]);
     kt_cpu_force_scalar(scalar);
     static const int batches[] = {7, 50}; /* 50: more than one token chunk */
-    for (int ti = 0; ti < N_MM_TYPES; ti++) {
-        int n_in = 256 + 32, n_out = 67;
-        void *w = make_weights(MM_TYPES[ti], n_in, n_out, 99);
+    for (size_t ti = 0; ti < sizeof INV_TYPES / sizeof INV_TYPES[0]; ti++) {
+        int n_in = kt_dtype_get(INV_TYPES[ti])->block_size == 256 ? 768 : 256 + 32, n_out = 67;
+        void *w = make_weights(INV_TYPES[ti], n_in, n_out, 99);
         for (int bi = 0; bi < 2; bi++) {
             int nt = batches[bi];
             float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
             float *batch = tu_xmalloc(sizeof(float) * (size_t)nt * n_out);
             tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(1234 + bi));
-            kt_matmul(pools[bi + 1], batch, w, MM_TYPES[ti], x, n_in, n_out, nt);
+            kt_matmul(pools[bi + 1], batch, w, INV_TYPES[ti], x, n_in, n_out, nt);
             for (int t = 0; t < nt; t += (bi ? 7 : 1)) {
                 for (int p = 0; p < 3; p++) {
                     float alone[67];
-                    kt_matmul(pools[p], alone, w, MM_TYPES[ti], x + (size_t)t * n_in, n_in,
+                    kt_matmul(pools[p], alone, w, INV_TYPES[ti], x + (size_t)t * n_in, n_in,
                               n_out, 1);
                     if (memcmp(alone, batch + (size_t)t * n_out, sizeof alone) != 0)
                         fail_msg("%s%s: token %d of %d differs alone (pool %d)",
-                                 kt_dtype_name(MM_TYPES[ti]), scalar ? " (scalar)" : "", t,
+                                 kt_dtype_name(INV_TYPES[ti]), scalar ? " (scalar)" : "", t,
                                  nt, p);
                 }
             }
             /* and a sub-batch starting at token 2 */
             float *sub = tu_xmalloc(sizeof(float) * (size_t)5 * n_out);
-            kt_matmul(pools[2], sub, w, MM_TYPES[ti], x + (size_t)2 * n_in, n_in, n_out, 5);
+            kt_matmul(pools[2], sub, w, INV_TYPES[ti], x + (size_t)2 * n_in, n_in, n_out, 5);
             assert_memory_equal(sub, batch + (size_t)2 * n_out, sizeof(float) * 5 * n_out);
             free(sub);
             free(x);
