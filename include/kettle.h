@@ -31,7 +31,8 @@ typedef enum kt_status {
     KT_ERR_ARG,         /* a caller passed an invalid argument */
     KT_ERR_NOMEM,       /* an allocation failed */
     KT_ERR_CONTEXT,     /* the context window is full */
-    KT_ERR_INTERNAL     /* a bug in kettle */
+    KT_ERR_INTERNAL,    /* a bug in kettle */
+    KT_ERR_BUSY         /* at capacity now (a full queue): try again later */
 } kt_status;
 
 typedef struct kt_error {

@@ -1070,7 +1070,9 @@ static void run_bench(void) {
         tu_fill_normal(q, (size_t)64 * NH * HD, 1.0f, 1);
         tu_fill_normal(k, (size_t)NP * NKV * HD, 1.0f, 2);
         tu_fill_normal(v, (size_t)NP * NKV * HD, 1.0f, 3);
-        kt_attn_args a = {o, q, k, v, 1, NP - 1, NH, NKV, HD, NH * HD, NKV * HD, NH * HD};
+        kt_attn_args a = {.out = o, .q = q, .k = k, .v = v, .n_tokens = 1, .pos0 = NP - 1, .n_head = NH,
+                          .n_head_kv = NKV, .head_dim = HD, .q_stride = NH * HD,
+                          .kv_stride = NKV * HD, .out_stride = NH * HD};
         double best = 1e30, best_ref = 1e30;
         for (int rep = 0; rep < 20; rep++) {
             double t0 = kt_time_ms();

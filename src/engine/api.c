@@ -22,24 +22,18 @@
 #include "text/chat_builtin.h"
 #include "text/detok.h"
 #include "text/vocab.h"
+#include "engine/model_internal.h"
 
-#define MAX_EOG 16
-
-struct kt_model {
-    gguf_file *file;
-    llm_model *llm;
-    kt_vocab *vocab;
-    kt_model_desc desc;
-    char *chat_template; /* NULL if the file has none */
-    int32_t eog[MAX_EOG]; /* tokens that end a turn */
-    int n_eog;
-};
-
+/* A session is one sequence on a private KV pool of one F32 block of
+ * n_ctx positions: a contiguous cache, read by the same forward pass and
+ * attention kernel as the server's paged F16 one. */
 struct kt_session {
     kt_model *model;
-    llm_state *state;
+    kv_pool *kv;
+    kv_seq *seq;
+    llm_work *work;
     kt_pool *pool;
-    int n_past;
+    int n_ctx;
 };
 
 struct kt_detok {
@@ -65,7 +59,7 @@ static const char *const EOG_TEXTS[] = {
 };
 
 static void add_eog(kt_model *m, int64_t id) {
-    if (id < 0 || id >= kt_vocab_size(m->vocab) || m->n_eog == MAX_EOG) return;
+    if (id < 0 || id >= kt_vocab_size(m->vocab) || m->n_eog == KT_MAX_EOG) return;
     for (int i = 0; i < m->n_eog; i++)
         if (m->eog[i] == id) return;
     m->eog[m->n_eog++] = (int32_t)id;
@@ -258,7 +252,10 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
         return NULL;
     }
     s->model = m;
-    if (!(s->state = llm_state_new(m->llm, n_ctx, err)) ||
+    s->n_ctx = n_ctx;
+    kv_pool_params kp = llm_kv_params(m->llm, 1, n_ctx, KV_F32);
+    if (!(s->kv = kv_pool_new(&kp, err)) || !(s->seq = kv_seq_new(s->kv, err)) ||
+        !(s->work = llm_work_new(m->llm, err)) ||
         !(s->pool = kt_pool_new(p ? p->n_threads : 0, err))) {
         kt_session_free(s);
         return NULL;
@@ -268,33 +265,57 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
 
 void kt_session_free(kt_session *s) {
     if (!s) return;
-    llm_state_free(s->state);
+    kv_seq_free(s->seq);
+    kv_pool_free(s->kv);
+    llm_work_free(s->work);
     kt_pool_free(s->pool);
     free(s);
 }
 
 int kt_session_n_past(const kt_session *s) {
-    return s->n_past;
+    return s->seq->len;
 }
 
 void kt_session_truncate(kt_session *s, int n_keep) {
-    if (n_keep >= 0 && n_keep < s->n_past) s->n_past = n_keep;
+    if (n_keep >= 0) kv_seq_truncate(s->seq, n_keep);
+}
+
+/* Tokens [0, n) at the end of the sequence, LLM_MAX_BATCH at a time. */
+static void session_forward(kt_session *s, const int32_t *tokens, int n, float *logits,
+                            bool all_logits) {
+    int pos[LLM_MAX_BATCH];
+    kv_seq *seqs[LLM_MAX_BATCH];
+    bool want[LLM_MAX_BATCH];
+    size_t n_vocab = (size_t)s->model->llm->cfg.n_vocab;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < LLM_MAX_BATCH ? n - done : LLM_MAX_BATCH;
+        int pos0 = s->seq->len - (n - done);
+        for (int i = 0; i < chunk; i++) {
+            pos[i] = pos0 + i;
+            seqs[i] = s->seq;
+            want[i] = logits && (all_logits || done + i == n - 1);
+        }
+        llm_batch b = {chunk, tokens + done, pos, seqs, want};
+        llm_forward(s->model->llm, s->work, s->pool, &b,
+                    logits && all_logits ? logits + (size_t)done * n_vocab : logits);
+        done += chunk;
+    }
 }
 
 kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *logits,
                           bool all_logits, kt_error *err) {
-    int n_ctx = llm_state_n_ctx(s->state), n_vocab = s->model->llm->cfg.n_vocab;
+    int n_ctx = s->n_ctx, n_vocab = s->model->llm->cfg.n_vocab, n_past = s->seq->len;
     if (n < 0 || (n > 0 && !tokens)) return kt_error_set(err, KT_ERR_ARG, "invalid token array");
-    if (n > n_ctx - s->n_past)
+    if (n > n_ctx - n_past)
         return kt_error_set(err, KT_ERR_CONTEXT,
                             "%d tokens do not fit: %d of the %d-token context are used (%d free)", n,
-                            s->n_past, n_ctx, n_ctx - s->n_past);
+                            n_past, n_ctx, n_ctx - n_past);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= n_vocab)
             return kt_error_set(err, KT_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
                                 tokens[i], i, n_vocab);
     if (n == 0) return KT_OK;
-    llm_forward(s->model->llm, s->state, s->pool, tokens, n, s->n_past, logits, all_logits);
-    s->n_past += n;
+    if (kv_seq_append(s->seq, n, err) != KT_OK) return err->status;
+    session_forward(s, tokens, n, logits, all_logits);
     return KT_OK;
 }

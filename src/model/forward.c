@@ -1,11 +1,14 @@
 /*
- * forward.c - the llama transformer, one chunk of tokens at a time.
+ * forward.c - the llama transformer over a ragged batch, chunk by chunk.
  *
  * For each layer:   h = x + Wo * attn(rope(Wq * norm(x)), rope(Wk * ..), Wv * ..)
  *                   x = h + Wdown * (silu(Wgate * norm(h)) * (Wup * norm(h)))
  * then logits = Wout * norm(x). Activations are row-major [token][feature].
  * Matmuls and attention are split over the thread pool; the cheap
- * element-wise steps run on the calling thread.
+ * element-wise steps run on the calling thread. K and V rows go into each
+ * token's sequence's KV blocks (F32 or F16, as the pool says) before
+ * attention reads them, so a token sees its own row as every later token
+ * does: results do not depend on how a sequence's tokens were chunked.
  */
 #include "model/forward.h"
 
@@ -13,68 +16,67 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/fp16.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
 
-struct llm_state {
-    int n_ctx, kv_dim;
-    float *k_cache, *v_cache; /* [n_layer][n_ctx][kv_dim] */
-    /* scratch, each [LLM_MAX_BATCH][width] */
+struct llm_work {
+    /* each [LLM_MAX_BATCH][width] */
     float *x, *xn, *q, *k, *v, *att, *gate, *up;
+    /* per token of a chunk: its block table and attention length */
+    const int32_t **blocks;
+    int *n_pos;
 };
 
-static size_t kv_layer_floats(const llm_state *s) {
-    return (size_t)s->n_ctx * (size_t)s->kv_dim;
-}
-
-llm_state *llm_state_new(const llm_model *m, int n_ctx, kt_error *err) {
+llm_work *llm_work_new(const llm_model *m, kt_error *err) {
     const llm_config *c = &m->cfg;
-    llm_state *s = calloc(1, sizeof *s);
-    if (!s) goto nomem;
-    s->n_ctx = n_ctx;
-    s->kv_dim = c->n_head_kv * c->head_dim;
-    size_t kv = (size_t)c->n_layer * kv_layer_floats(s);
+    llm_work *w = calloc(1, sizeof *w);
+    if (!w) goto nomem;
     size_t B = LLM_MAX_BATCH, q_dim = (size_t)c->n_head * c->head_dim;
+    size_t kv_dim = (size_t)c->n_head_kv * c->head_dim;
     size_t wide = (size_t)c->n_embd > q_dim ? (size_t)c->n_embd : q_dim;
-    s->k_cache = calloc(kv, sizeof(float));
-    s->v_cache = calloc(kv, sizeof(float));
-    s->x = malloc(B * c->n_embd * sizeof(float));
-    s->xn = malloc(B * wide * sizeof(float));
-    s->q = malloc(B * q_dim * sizeof(float));
-    s->k = malloc(B * s->kv_dim * sizeof(float));
-    s->v = malloc(B * s->kv_dim * sizeof(float));
-    s->att = malloc(B * q_dim * sizeof(float));
-    s->gate = malloc(B * c->n_ff * sizeof(float));
-    s->up = malloc(B * c->n_ff * sizeof(float));
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att ||
-        !s->gate || !s->up)
+    w->x = malloc(B * c->n_embd * sizeof(float));
+    w->xn = malloc(B * wide * sizeof(float));
+    w->q = malloc(B * q_dim * sizeof(float));
+    w->k = malloc(B * kv_dim * sizeof(float));
+    w->v = malloc(B * kv_dim * sizeof(float));
+    w->att = malloc(B * q_dim * sizeof(float));
+    w->gate = malloc(B * c->n_ff * sizeof(float));
+    w->up = malloc(B * c->n_ff * sizeof(float));
+    w->blocks = malloc(B * sizeof *w->blocks);
+    w->n_pos = malloc(B * sizeof *w->n_pos);
+    if (!w->x || !w->xn || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
+        !w->blocks || !w->n_pos)
         goto nomem;
-    return s;
+    return w;
 nomem:
-    llm_state_free(s);
-    kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating a %d-token KV cache (%.1f MiB)", n_ctx,
-                 2.0 * c->n_layer * n_ctx * c->n_head_kv * c->head_dim * 4 / 1048576.0);
+    llm_work_free(w);
+    kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating forward-pass scratch");
     return NULL;
 }
 
-void llm_state_free(llm_state *s) {
-    if (!s) return;
-    free(s->k_cache);
-    free(s->v_cache);
-    free(s->x);
-    free(s->xn);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->att);
-    free(s->gate);
-    free(s->up);
-    free(s);
+void llm_work_free(llm_work *w) {
+    if (!w) return;
+    free(w->x);
+    free(w->xn);
+    free(w->q);
+    free(w->k);
+    free(w->v);
+    free(w->att);
+    free(w->gate);
+    free(w->up);
+    free(w->blocks);
+    free(w->n_pos);
+    free(w);
 }
 
-int llm_state_n_ctx(const llm_state *s) {
-    return s->n_ctx;
+kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens, kv_type type) {
+    kv_pool_params p = {
+        .n_blocks = n_blocks, .block_tokens = block_tokens, .n_layer = m->cfg.n_layer,
+        .kv_dim = m->cfg.n_head_kv * m->cfg.head_dim, .type = type,
+    };
+    return p;
 }
 
 static void matmul(kt_pool *pool, float *out, const llm_tensor *w, const float *x, int n) {
@@ -106,74 +108,108 @@ static void embed(const llm_model *m, const int32_t *tokens, int n, float *x) {
                           x + (size_t)t * e->n_in, e->n_in);
 }
 
-static void attention_block(const llm_model *m, llm_state *s, kt_pool *pool, int il, int n, int pos0) {
+/* One (a chunk's) row of K or V into the token's KV block row. */
+static void store_kv_row(void *dst, const float *src, int n, kv_type type) {
+    if (type == KV_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = dst;
+    for (int i = 0; i < n; i++) h[i] = kt_fp32_to_fp16(src[i]);
+}
+
+static void store_kv(const llm_batch *b, int t0, int n, int il, const float *k, const float *v,
+                     int kv_dim) {
+    const kv_type type = kv_pool_get_params(b->seq[t0]->pool)->type;
+    for (int t = 0; t < n; t++) {
+        kv_seq *seq = b->seq[t0 + t];
+        store_kv_row(kv_seq_row(seq, il, KV_K, b->pos[t0 + t]), k + (size_t)t * kv_dim, kv_dim, type);
+        store_kv_row(kv_seq_row(seq, il, KV_V, b->pos[t0 + t]), v + (size_t)t * kv_dim, kv_dim, type);
+    }
+}
+
+static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                            int il, int t0, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
-    int q_dim = c->n_head * c->head_dim, kv_dim = s->kv_dim;
-    rmsnorm_rows(s->xn, s->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
-    matmul(pool, s->q, &l->wq, s->xn, n);
-    matmul(pool, s->k, &l->wk, s->xn, n);
-    matmul(pool, s->v, &l->wv, s->xn, n);
-    add_bias(s->q, &l->bq, n);
-    add_bias(s->k, &l->bk, n);
-    add_bias(s->v, &l->bv, n);
-    float *kc = s->k_cache + il * kv_layer_floats(s), *vc = s->v_cache + il * kv_layer_floats(s);
+    int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    rmsnorm_rows(w->xn, w->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
+    matmul(pool, w->q, &l->wq, w->xn, n);
+    matmul(pool, w->k, &l->wk, w->xn, n);
+    matmul(pool, w->v, &l->wv, w->xn, n);
+    add_bias(w->q, &l->bq, n);
+    add_bias(w->k, &l->bk, n);
+    add_bias(w->v, &l->bv, n);
     for (int t = 0; t < n; t++) {
-        float *q = s->q + (size_t)t * q_dim, *k = s->k + (size_t)t * kv_dim;
-        kt_rope(q, c->n_head, c->head_dim, c->rope_dim, pos0 + t, c->rope_freq_base, c->rope_style);
-        kt_rope(k, c->n_head_kv, c->head_dim, c->rope_dim, pos0 + t, c->rope_freq_base, c->rope_style);
+        const int pos = b->pos[t0 + t];
+        kt_rope(w->q + (size_t)t * q_dim, c->n_head, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
+        kt_rope(w->k + (size_t)t * kv_dim, c->n_head_kv, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
     }
-    memcpy(kc + (size_t)pos0 * kv_dim, s->k, (size_t)n * kv_dim * sizeof(float));
-    memcpy(vc + (size_t)pos0 * kv_dim, s->v, (size_t)n * kv_dim * sizeof(float));
+    store_kv(b, t0, n, il, w->k, w->v, kv_dim);
+    const kv_pool *kv = b->seq[t0]->pool;
+    const kv_pool_params *kp = kv_pool_get_params(kv);
+    const size_t elem = kv_type_size(kp->type);
     kt_attn_args a = {
-        .out = s->att, .q = s->q, .k = kc, .v = vc,
-        .n_tokens = n, .pos0 = pos0, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
-        .head_dim = c->head_dim, .q_stride = q_dim, .kv_stride = kv_dim, .out_stride = q_dim,
+        .out = w->att, .q = w->q,
+        .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
+        .n_tokens = n, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
+        .q_stride = q_dim, .kv_stride = kv_dim, .out_stride = q_dim,
+        .kv_f16 = kp->type == KV_F16, .blocks = w->blocks, .block_tokens = kp->block_tokens,
+        .block_stride = kv_pool_block_bytes(kv) / elem, .n_pos = w->n_pos,
     };
     kt_attention(pool, &a);
-    matmul(pool, s->xn, &l->wo, s->att, n);
-    add_rows(s->x, s->xn, (size_t)n * c->n_embd);
+    matmul(pool, w->xn, &l->wo, w->att, n);
+    add_rows(w->x, w->xn, (size_t)n * c->n_embd);
 }
 
-static void ffn_block(const llm_model *m, llm_state *s, kt_pool *pool, int il, int n) {
+static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
-    rmsnorm_rows(s->xn, s->x, &l->ffn_norm, n, c->n_embd, c->rms_eps);
-    matmul(pool, s->gate, &l->w_gate, s->xn, n);
-    matmul(pool, s->up, &l->w_up, s->xn, n);
-    kt_swiglu(s->gate, s->gate, s->up, n * c->n_ff);
-    matmul(pool, s->xn, &l->w_down, s->gate, n);
-    add_rows(s->x, s->xn, (size_t)n * c->n_embd);
+    rmsnorm_rows(w->xn, w->x, &l->ffn_norm, n, c->n_embd, c->rms_eps);
+    matmul(pool, w->gate, &l->w_gate, w->xn, n);
+    matmul(pool, w->up, &l->w_up, w->xn, n);
+    kt_swiglu(w->gate, w->gate, w->up, n * c->n_ff);
+    matmul(pool, w->xn, &l->w_down, w->gate, n);
+    add_rows(w->x, w->xn, (size_t)n * c->n_embd);
 }
 
-/* Logits of the chunk's tokens [first, n) into out (n_vocab each). */
-static void classify(const llm_model *m, llm_state *s, kt_pool *pool, int first, int n, float *out) {
+/* Logits of the chunk's tokens that want them, gathered into consecutive
+ * rows of xn, into out (n_vocab each); returns how many. */
+static int classify(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int t0,
+                    int n, float *out) {
     const llm_config *c = &m->cfg;
-    const float *x = s->x + (size_t)first * c->n_embd;
-    rmsnorm_rows(s->xn, x, &m->output_norm, n - first, c->n_embd, c->rms_eps);
-    matmul(pool, out, &m->output, s->xn, n - first);
-}
-
-static void forward_chunk(const llm_model *m, llm_state *s, kt_pool *pool, const int32_t *tokens,
-                          int n, int pos0, float *logits, bool all_logits) {
-    embed(m, tokens, n, s->x);
-    for (int il = 0; il < m->cfg.n_layer; il++) {
-        attention_block(m, s, pool, il, n, pos0);
-        ffn_block(m, s, pool, il, n);
+    int n_out = 0;
+    if (!out) return 0;
+    for (int t = 0; t < n; t++) {
+        if (!b->logits || !b->logits[t0 + t]) continue;
+        kt_rmsnorm(w->xn + (size_t)n_out * c->n_embd, w->x + (size_t)t * c->n_embd,
+                   m->output_norm.data, c->n_embd, c->rms_eps);
+        n_out++;
     }
-    if (logits) classify(m, s, pool, all_logits ? 0 : n - 1, n, logits);
+    if (n_out) matmul(pool, out, &m->output, w->xn, n_out);
+    return n_out;
 }
 
-void llm_forward(const llm_model *m, llm_state *s, kt_pool *pool, const int32_t *tokens, int n,
-                 int pos0, float *logits, bool all_logits) {
+static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                         int t0, int n, float *logits) {
+    for (int t = 0; t < n; t++) {
+        w->blocks[t] = b->seq[t0 + t]->blocks;
+        w->n_pos[t] = b->pos[t0 + t] + 1;
+    }
+    embed(m, b->tokens + t0, n, w->x);
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        attention_block(m, w, pool, b, il, t0, n);
+        ffn_block(m, w, pool, il, n);
+    }
+    return classify(m, w, pool, b, t0, n, logits);
+}
+
+void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                 float *logits) {
     size_t n_vocab = (size_t)m->cfg.n_vocab;
-    for (int done = 0; done < n;) {
-        int chunk = n - done < LLM_MAX_BATCH ? n - done : LLM_MAX_BATCH;
-        bool last = done + chunk == n;
-        float *out = NULL;
-        if (logits && all_logits) out = logits + (size_t)done * n_vocab;
-        else if (logits && last) out = logits;
-        forward_chunk(m, s, pool, tokens + done, chunk, pos0 + done, out, all_logits);
-        done += chunk;
+    size_t n_out = 0;
+    for (int t0 = 0; t0 < b->n_tokens; t0 += LLM_MAX_BATCH) {
+        int n = b->n_tokens - t0 < LLM_MAX_BATCH ? b->n_tokens - t0 : LLM_MAX_BATCH;
+        n_out += (size_t)forward_chunk(m, w, pool, b, t0, n, logits ? logits + n_out * n_vocab : NULL);
     }
 }

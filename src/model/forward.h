@@ -1,37 +1,57 @@
 /*
- * forward.h - the forward pass of one sequence over a contiguous KV cache.
+ * forward.h - the forward pass over a ragged batch of tokens from any
+ * number of sequences, with KV in the paged block pool (kv/block_pool.h).
  *
- * llm_forward appends n tokens at positions [pos0, pos0 + n) and writes
- * their logits. Long inputs are processed in chunks of at most
- * LLM_MAX_BATCH tokens; within a chunk every matmul is a GEMM over the
- * chunk's tokens, so weights are read once per chunk, not once per token.
+ * A batch is a list of tokens, each with its sequence (a kv_seq: the block
+ * table its K and V rows go to and are read from) and its position in that
+ * sequence. Every matmul runs over the whole batch (a GEMM: each weight is
+ * read once per chunk of up to LLM_MAX_BATCH tokens, however many
+ * sequences they come from); attention reads each token's own sequence
+ * through its block table. A token's results depend only on its own
+ * sequence, never on the others in the batch (batch invariance: the
+ * kernels' reduction orders are per row), so the engine may mix decode
+ * tokens and prefill chunks freely.
  *
- * The KV cache holds, per layer, K and V rows of n_head_kv * head_dim
- * floats for positions [0, n_ctx). F32, so results match a reference
- * implementation to 1e-4 (paged F16 KV comes with the server).
+ * Rules the caller keeps (the engine and kt_session do):
+ *   - each token's position is < its sequence's len: the blocks exist
+ *     (kv_seq_append) and are private (copy-on-write already done);
+ *   - the tokens of one sequence appear in the batch in position order,
+ *     and every position before a token's is already in the cache or
+ *     earlier in the batch; a token attends positions [0, pos].
  */
 #ifndef KT_MODEL_FORWARD_H
 #define KT_MODEL_FORWARD_H
 
 #include <stdbool.h>
 
+#include "kv/block_pool.h"
 #include "model/model.h"
 #include "ops/pool.h"
 
 #define LLM_MAX_BATCH 256
 
-typedef struct llm_state llm_state;
+typedef struct llm_batch {
+    int n_tokens;
+    const int32_t *tokens; /* ids < n_vocab */
+    const int *pos;        /* each token's position in its sequence */
+    kv_seq *const *seq;    /* each token's sequence, all on one pool */
+    const bool *logits;    /* which tokens want logits; NULL: none */
+} llm_batch;
 
-/* Allocates the KV cache for n_ctx positions and the scratch buffers. */
-llm_state *llm_state_new(const llm_model *m, int n_ctx, kt_error *err);
-void llm_state_free(llm_state *s);
-int llm_state_n_ctx(const llm_state *s);
+/* Scratch activations for one chunk; one per thread that runs forwards. */
+typedef struct llm_work llm_work;
 
-/* Runs tokens at positions [pos0, pos0 + n); the caller guarantees
- * pos0 + n <= n_ctx and every token id < n_vocab. logits (may be NULL)
- * receives n_vocab floats for each token when all_logits, else for the
- * last token only. */
-void llm_forward(const llm_model *m, llm_state *s, kt_pool *pool, const int32_t *tokens,
-                 int n, int pos0, float *logits, bool all_logits);
+llm_work *llm_work_new(const llm_model *m, kt_error *err);
+void llm_work_free(llm_work *w);
+
+/* The pool parameters that fit model m: kv_dim and n_layer from its
+ * config, the rest from the arguments. */
+kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens, kv_type type);
+
+/* Runs the batch, writing each token's K and V rows into its sequence's
+ * blocks, and n_vocab logits for each token with logits[t] set, one after
+ * another in batch order, into `logits`. */
+void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                 float *logits);
 
 #endif

@@ -113,10 +113,27 @@ void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void kt_softmax_avx2(float *x, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
-/* Attention of query token t for heads [h0, h1), which must all read the
- * same KV head, at most 16 of them. */
 /* Heads sharing a KV head are done together, at most this many at once. */
 #define ATTN_MAX_GROUP 16
+
+/* Positions query token t attends to: [0, kt_attn_n_pos). */
+static inline int kt_attn_n_pos(const kt_attn_args *a, int t) {
+    return a->n_pos ? a->n_pos[t] : a->pos0 + t + 1;
+}
+
+/* Start of position p's K or V row (base = a->k or a->v) for token t: the
+ * addressing of kt_attn_args (ops.h), in bytes. */
+static inline const char *kt_attn_row(const kt_attn_args *a, const void *base, int t, int p) {
+    const size_t elem = a->kv_f16 ? 2 : 4;
+    size_t idx = (size_t)p * a->kv_stride;
+    if (a->blocks)
+        idx = (size_t)a->blocks[t][p / a->block_tokens] * a->block_stride +
+              (size_t)(p % a->block_tokens) * a->kv_stride;
+    return (const char *)base + idx * elem;
+}
+
+/* Attention of query token t for heads [h0, h1), which must all read the
+ * same KV head, at most ATTN_MAX_GROUP of them. */
 void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float *scratch, size_t row);
 
 #endif

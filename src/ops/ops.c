@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fp16.h"
 #include "ops/cpu.h"
 #include "ops/internal.h"
 
@@ -116,9 +117,16 @@ void kt_swiglu(float *out, const float *gate, const float *up, int n) {
 
 /* ---- attention ------------------------------------------------------ */
 
-static float dot_ref(const float *a, const float *b, int n) {
+/* Element d of a K or V row (F32 or F16). */
+static float kv_elem(const kt_attn_args *a, const char *row, int d) {
+    return a->kv_f16 ? kt_fp16_to_fp32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+/* q . (head kvh of position p's K row), summed in element order. */
+static float score_ref(const kt_attn_args *a, const float *q, int t, int kvh, int p) {
+    const char *row = kt_attn_row(a, a->k, t, p);
     float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    for (int i = 0; i < a->head_dim; i++) s += q[i] * kv_elem(a, row, kvh * a->head_dim + i);
     return s;
 }
 
@@ -133,25 +141,22 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
     const int hd = a->head_dim;
     const int kvh = (int)((long)h * a->n_head_kv / a->n_head); /* = h / group */
     const float *q = a->q + (size_t)t * a->q_stride + (size_t)h * hd;
-    const float *k = a->k + (size_t)kvh * hd;
-    const float *v = a->v + (size_t)kvh * hd;
     float *o = a->out + (size_t)t * a->out_stride + (size_t)h * hd;
-    const int n_pos = a->pos0 + t + 1;
+    const int n_pos = kt_attn_n_pos(a, t);
     const float scale = 1.0f / sqrtf((float)hd);
 
     float max = -INFINITY;
     for (int p = 0; p < n_pos; p++) {
-        float s = dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale;
+        float s = score_ref(a, q, t, kvh, p) * scale;
         max = s > max ? s : max;
     }
     double sum = 0.0;
-    for (int p = 0; p < n_pos; p++)
-        sum += (double)expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
+    for (int p = 0; p < n_pos; p++) sum += (double)expf(score_ref(a, q, t, kvh, p) * scale - max);
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
     for (int p = 0; p < n_pos; p++) {
-        const float e = expf(dot_ref(q, k + (size_t)p * a->kv_stride, hd) * scale - max);
-        const float *vp = v + (size_t)p * a->kv_stride;
-        for (int d = 0; d < hd; d++) o[d] += e * vp[d];
+        const float e = expf(score_ref(a, q, t, kvh, p) * scale - max);
+        const char *vrow = kt_attn_row(a, a->v, t, p);
+        for (int d = 0; d < hd; d++) o[d] += e * kv_elem(a, vrow, kvh * hd + d);
     }
     const float inv = (float)(1.0 / sum);
     for (int d = 0; d < hd; d++) o[d] *= inv;
@@ -159,7 +164,8 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
 
 static bool attn_args_ok(const kt_attn_args *a) {
     return a->n_tokens > 0 && a->n_head > 0 && a->n_head_kv > 0 && a->head_dim > 0 &&
-           a->pos0 >= 0 && a->n_head % a->n_head_kv == 0;
+           a->pos0 >= 0 && a->n_head % a->n_head_kv == 0 &&
+           (!a->blocks || a->block_tokens > 0);
 }
 
 void kt_attention_ref(const kt_attn_args *a) {
@@ -173,7 +179,9 @@ typedef struct attn_job {
     bool simd;
     int per_unit;      /* heads of one KV group per unit of work */
     int n_sub;         /* units per (token, KV group) */
-    float *scratch;    /* per thread: per_unit rows of `row` floats (SIMD) */
+    float *scratch;    /* per thread: per_unit rows of `row` floats, then 2 * row
+                          pointers (kt_attention_group_avx2's layout) */
+    size_t per_thread; /* floats of scratch per thread */
     size_t row;
 } attn_job;
 
@@ -185,7 +193,7 @@ static void attn_task(void *ctx, int ith, int nth) {
     const kt_attn_args *a = j->a;
     const int group = a->n_head / a->n_head_kv;
     const long per_token = (long)a->n_head_kv * j->n_sub;
-    float *scratch = j->scratch ? j->scratch + (size_t)ith * j->per_unit * j->row : NULL;
+    float *scratch = j->scratch ? j->scratch + (size_t)ith * j->per_thread : NULL;
     for (long u = ith; u < (long)a->n_tokens * per_token; u += nth) {
         const int t = (int)(u / per_token);
         const long gs = u % per_token; /* group * n_sub + sub */
@@ -210,11 +218,15 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
     if (per_unit > ATTN_MAX_GROUP) per_unit = ATTN_MAX_GROUP;
     n_sub = (group + per_unit - 1) / per_unit;
     /* scores of the longest row, rounded to whole cache lines */
-    size_t row = ((size_t)a->pos0 + (size_t)a->n_tokens + 15) / 16 * 16;
-    attn_job j = {a, kt_cpu_has_avx2(), per_unit, n_sub, NULL, row};
+    int longest = 0;
+    for (int t = 0; t < a->n_tokens; t++)
+        longest = kt_attn_n_pos(a, t) > longest ? kt_attn_n_pos(a, t) : longest;
+    size_t row = ((size_t)longest + 15) / 16 * 16;
+    attn_job j = {a, kt_cpu_has_avx2(), per_unit, n_sub, NULL, 0, row};
+    j.per_thread = row * ((size_t)per_unit + 2 * sizeof(char *) / sizeof(float));
     void *owned = NULL;
     if (j.simd) {
-        size_t bytes = row * (size_t)per_unit * (size_t)nth * sizeof(float);
+        size_t bytes = j.per_thread * (size_t)nth * sizeof(float);
         j.scratch = pool ? kt_pool_scratch(pool, bytes) : (owned = malloc(bytes));
         if (!j.scratch) j.simd = false; /* out of memory: the reference, slowly */
     }

@@ -8,7 +8,9 @@
 #ifndef KT_OPS_OPS_H
 #define KT_OPS_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ops/pool.h"
 
@@ -39,19 +41,34 @@ void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
 /* Causal attention of n_tokens query tokens over a KV cache.
  *
  *   q:   n_tokens rows of n_head * head_dim floats (row stride q_stride)
- *   k,v: positions [0, pos0 + n_tokens) of n_head_kv * head_dim floats each
- *        (row stride kv_stride floats); query token t sits at pos0 + t and
- *        attends positions [0, pos0 + t].
+ *   k,v: per position, a row of n_head_kv * head_dim values, F32 or F16
+ *        (kv_f16). Query token t attends positions [0, n_pos[t]) of its
+ *        sequence (n_pos NULL: [0, pos0 + t], one causal run).
  *   out: n_tokens rows of n_head * head_dim floats (row stride out_stride).
+ *
+ * Where position p's row is (in elements from k or v):
+ *   blocks NULL: one contiguous cache, p * kv_stride;
+ *   paged:       blocks[t][p / block_tokens] * block_stride
+ *                + (p % block_tokens) * kv_stride,
+ * blocks[t] being token t's sequence's block table (kv/block_pool.h), so
+ * one call serves a ragged batch of tokens from many sequences.
  *
  * Head h reads KV head h / (n_head / n_head_kv) (grouped-query attention).
  * Scores are scaled by 1/sqrt(head_dim). The work is split over the pool by
- * (token, head) pairs. */
+ * (token, KV group) units; each unit's arithmetic depends only on its own
+ * token's query and KV rows, never on the rest of the batch. */
 typedef struct kt_attn_args {
     float *out;
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;
     int n_tokens, pos0, n_head, n_head_kv, head_dim;
     size_t q_stride, kv_stride, out_stride;
+    /* paged KV (zero: contiguous F32) */
+    bool kv_f16;
+    const int32_t *const *blocks; /* per token; NULL: contiguous */
+    int block_tokens;             /* a multiple of 8 when paged */
+    size_t block_stride;          /* elements from one block to the next */
+    const int *n_pos;             /* per token; NULL: pos0 + t + 1 */
 } kt_attn_args;
 
 void kt_attention(kt_pool *pool, const kt_attn_args *a);

@@ -169,20 +169,48 @@ INL void transpose8(__m256 *r) {
     }
 }
 
+/* 8 values of a K or V row from element i: F32, or F16 widened exactly. */
+INL __m256 kv_load8(const char *row, int i, bool f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + (size_t)i * 2)));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+INL float kv_elem(const char *row, int i, bool f16) {
+    if (f16) return _cvtsh_ss(((const uint16_t *)row)[i]);
+    return ((const float *)row)[i];
+}
+
+/* One query token's KV head: the address of every position's K and V row
+ * (head offset included), computed once per unit of work so the inner
+ * loops do no block arithmetic. */
+typedef struct kv_view {
+    const char **k, **v; /* [n_pos] */
+    bool f16;
+} kv_view;
+
+static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, int n_pos) {
+    const size_t head_bytes = (size_t)kvh * a->head_dim * (a->kv_f16 ? 2 : 4);
+    for (int p = 0; p < n_pos; p++) {
+        kv->k[p] = kt_attn_row(a, a->k, t, p) + head_bytes;
+        kv->v[p] = kt_attn_row(a, a->v, t, p) + head_bytes;
+    }
+}
+
 /* Scores of 8 positions starting at p for the nh heads whose queries are
  * qs[]: lane j of head h is (q_h . k_{p+j}) * scale, each dot summed in
  * element order with a separate multiply and add (the reference's
  * arithmetic, lane by lane). Eight elements of the 8 K rows are transposed
  * once, so one vector holds element i of every row, and used by every head
  * of the group (grouped-query attention shares K). */
-static void scores8(const float *const *qs, int nh, const float *k, size_t stride, int hd, int p,
-                    float scale, float *const *s) {
+static void scores8(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                    float *const *s) {
+    const char *const *rows = kv->k + p;
     __m256 acc[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) acc[h] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= hd; i += 8) {
         __m256 r[8];
-        for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(k + (size_t)(p + j) * stride + i);
+        for (int j = 0; j < 8; j++) r[j] = kv_load8(rows[j], i, kv->f16);
         transpose8(r);
         for (int h = 0; h < nh; h++)
             for (int e = 0; e < 8; e++)
@@ -192,51 +220,52 @@ static void scores8(const float *const *qs, int nh, const float *k, size_t strid
         float lanes[8];
         _mm256_storeu_ps(lanes, acc[h]);
         for (int j = 0; j < 8; j++) {
-            const float *kp = k + (size_t)(p + j) * stride;
-            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kp[e];
+            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kv_elem(rows[j], e, kv->f16);
             s[h][p + j] = lanes[j] * scale;
         }
     }
 }
 
 /* s_h[p] for every head h of the group and p in [0, n_pos). */
-static void attn_scores(const float *const *qs, int nh, const float *k, size_t stride, int hd, int n_pos,
+static void attn_scores(const float *const *qs, int nh, const kv_view *kv, int hd, int n_pos,
                         float scale, float *const *s) {
     int p = 0;
-    for (; p + 8 <= n_pos; p += 8) scores8(qs, nh, k, stride, hd, p, scale, s);
-    for (; p < n_pos; p++)
+    for (; p + 8 <= n_pos; p += 8) scores8(qs, nh, kv, hd, p, scale, s);
+    for (; p < n_pos; p++) {
+        const char *kp = kv->k[p];
         for (int h = 0; h < nh; h++) {
-            const float *kp = k + (size_t)p * stride;
             float acc = 0.0f;
-            for (int d = 0; d < hd; d++) acc += qs[h][d] * kp[d];
+            for (int d = 0; d < hd; d++) acc += qs[h][d] * kv_elem(kp, d, kv->f16);
             s[h][p] = acc * scale;
         }
+    }
 }
 
 /* o[d] = (sum_p e[p] * v_p[d]) * inv, summed over positions in order with
  * a separate multiply and add; 64 dims (8 independent vectors) at a time,
  * then 8, then one. */
-static void attn_values(float *o, const float *v, size_t stride, int hd, int n_pos, const float *e, float inv) {
+static void attn_values(float *o, const kv_view *kv, int hd, int n_pos, const float *e, float inv) {
     int d = 0;
     for (; d + 64 <= hd; d += 64) {
         __m256 acc[8];
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
         for (int p = 0; p < n_pos; p++) {
-            const float *vp = v + (size_t)p * stride + d;
+            const char *vp = kv->v[p];
             const __m256 ep = _mm256_set1_ps(e[p]);
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, _mm256_loadu_ps(vp + 8 * j)));
+            for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, kv_load8(vp, d + 8 * j, kv->f16)));
         }
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d + 8 * j, _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int p = 0; p < n_pos; p++)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), _mm256_loadu_ps(v + (size_t)p * stride + d)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), kv_load8(kv->v[p], d, kv->f16)));
         _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
     }
     for (; d < hd; d++) {
         float acc = 0.0f;
-        for (int p = 0; p < n_pos; p++) acc += e[p] * v[(size_t)p * stride + d];
+        for (int p = 0; p < n_pos; p++) acc += e[p] * kv_elem(kv->v[p], d, kv->f16);
         o[d] = acc * inv;
     }
 }
@@ -248,16 +277,18 @@ static void attn_values(float *o, const float *v, size_t stride, int hd, int n_p
 void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float *scratch, size_t row) {
     const int hd = a->head_dim, nh = h1 - h0;
     const int kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
-    const float *k = a->k + (size_t)kvh * hd;
-    const float *v = a->v + (size_t)kvh * hd;
-    const int n_pos = a->pos0 + t + 1;
+    const int n_pos = kt_attn_n_pos(a, t);
+    /* scratch: nh score rows, then the K and V row addresses */
+    kv_view kv = {(const char **)(scratch + (size_t)nh * row), NULL, a->kv_f16};
+    kv.v = kv.k + row;
+    kv_view_build(&kv, a, t, kvh, n_pos);
     const float *qs[ATTN_MAX_GROUP];
     float *s[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) {
         qs[h] = a->q + (size_t)t * a->q_stride + (size_t)(h0 + h) * hd;
         s[h] = scratch + (size_t)h * row;
     }
-    attn_scores(qs, nh, k, a->kv_stride, hd, n_pos, 1.0f / sqrtf((float)hd), s);
+    attn_scores(qs, nh, &kv, hd, n_pos, 1.0f / sqrtf((float)hd), s);
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
         for (int p = 1; p < n_pos; p++) max = s[h][p] > max ? s[h][p] : max;
@@ -265,6 +296,6 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
         double sum = 0.0;
         for (int p = 0; p < n_pos; p++) sum += (double)s[h][p];
         float *o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + h) * hd;
-        attn_values(o, v, a->kv_stride, hd, n_pos, s[h], (float)(1.0 / sum));
+        attn_values(o, &kv, hd, n_pos, s[h], (float)(1.0 / sum));
     }
 }
