@@ -1,0 +1,811 @@
+/*
+ * engine.c - the step loop: admission, continuous batching with chunked
+ * prefill, sampling, stop strings and cancellation (see engine.h).
+ *
+ * One engine thread runs engine_step() while any request is waiting or
+ * running. A step:
+ *   1. finishes cancelled requests (their KV blocks go back to the pool);
+ *   2. admits waiting requests, best priority first, while their worst-case
+ *      KV blocks fit beside what running requests have reserved (so a
+ *      running sequence never runs out of blocks and is never evicted);
+ *   3. builds one ragged batch: the next token of every decoding choice,
+ *      then prefill chunks of admitted prompts in admission order;
+ *   4. runs the forward pass once for the whole batch;
+ *   5. samples each choice whose logits came out, queues its events, and
+ *      retires requests whose choices have all finished.
+ *
+ * Prefill chunk size: alone, a prompt takes the whole token budget. Beside
+ * decoding sequences, a step's prefill is sized from measured costs so the
+ * step takes about max_itl_stretch times a decode-only step: streams keep
+ * their inter-token latency while a long prompt is read, and the prompt
+ * still gets a fixed share of the machine.
+ *
+ * Invariant (relied on by admission and by the decode step): the sum of
+ * blocks_reserved over running requests is <= the pool's blocks, and each
+ * request's sequences never hold more than its reservation.
+ */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/error.h"
+#include "engine/model_internal.h"
+#include "engine/request.h"
+#include "model/forward.h"
+#include "ops/pool.h"
+
+#define KV_BLOCK_TOKENS 16
+
+const double kt_lat_bucket_ms[KT_LAT_N_BUCKETS - 1] = {1,   2.5,  5,    10,   25,   50,   100,
+                                                      250, 500, 1000, 2500, 5000, 10000};
+
+struct kt_engine {
+    kt_model *model;
+    const llm_model *llm;
+    kt_engine_params p;
+    kv_pool *kv;
+    llm_work *work;
+    kt_pool *pool;
+    pthread_t thread;
+    bool thread_started;
+
+    /* under mu: the wait queue, the stop flag, the stats */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    kt_request **waiting; /* sorted: best priority first, then arrival */
+    int n_waiting;
+    uint64_t next_arrival;
+    kt_engine_stats stats;
+
+    /* engine thread only */
+    kt_request **active; /* admission order */
+    int n_active, seqs_running, blocks_reserved;
+    int batch_cap;
+    int32_t *b_tokens;
+    int *b_pos;
+    kv_seq **b_seq;
+    bool *b_logits;
+    kt_request **b_req; /* per batch token: whose */
+    int *b_choice;      /* per batch token: which choice, -1 for prefill */
+    float *logits;      /* one row per token with b_logits set */
+    float *row;         /* one choice's logits, biased, for sampling */
+    double t_decode_ms; /* measured cost of a decode-only step (EMA; 0: unknown) */
+    int t_decode_n;     /* ... with this many decode tokens */
+    double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+kt_engine_params kt_engine_defaults(void) {
+    kt_engine_params p = {
+        .n_ctx = 0, .n_parallel = 16, .kv_bytes = 0, .batch_tokens = 256, .n_threads = 0,
+        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f,
+    };
+    return p;
+}
+
+kt_gen_params kt_gen_defaults(void) {
+    kt_gen_params p = {0};
+    p.n_choices = 1;
+    p.sampling = kt_sampler_defaults();
+    p.sampling.temperature = 0.0f;
+    p.top_logprobs = -1;
+    return p;
+}
+
+const char *kt_finish_name(kt_finish f) {
+    switch (f) {
+    case KT_FINISH_STOP: return "stop";
+    case KT_FINISH_LENGTH: return "length";
+    case KT_FINISH_CANCELLED: return "cancelled";
+    case KT_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+/* ---- stats ----------------------------------------------------------- */
+
+static void hist_add(kt_latency_hist *h, double ms) {
+    int b = 0;
+    while (b < KT_LAT_N_BUCKETS - 1 && ms > kt_lat_bucket_ms[b]) b++;
+    h->counts[b]++;
+    h->n++;
+    h->sum_ms += ms;
+}
+
+/* Copies the engine thread's counts into the stats (mu held). */
+static void publish_counts_locked(kt_engine *e) {
+    e->stats.running = e->seqs_running;
+    e->stats.kv_blocks_total = kv_pool_n_total(e->kv);
+    e->stats.kv_blocks_free = kv_pool_n_free(e->kv);
+    e->stats.kv_blocks_used = e->stats.kv_blocks_total - e->stats.kv_blocks_free;
+}
+
+void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats; /* the pool's counts as the engine thread last published them */
+    out->queue_depth = e->n_waiting;
+    out->kv_block_tokens = KV_BLOCK_TOKENS;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- setup ----------------------------------------------------------- */
+
+static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error *err) {
+    kt_engine_params p = in ? *in : kt_engine_defaults();
+    const llm_config *c = &e->llm->cfg;
+    if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train < 4096 ? c->n_ctx_train : 4096;
+    if (p.n_parallel <= 0) p.n_parallel = 16;
+    if (p.batch_tokens <= 0) p.batch_tokens = 256;
+    if (p.queue_max <= 0) p.queue_max = 64;
+    if (p.n_ctx < 2 || p.n_ctx > (1 << 22))
+        return kt_error_set(err, KT_ERR_ARG, "context length %d is out of range [2, %d]", p.n_ctx, 1 << 22);
+    if (p.n_parallel > 1024)
+        return kt_error_set(err, KT_ERR_ARG, "--parallel %d is out of range [1, 1024]", p.n_parallel);
+    if (p.batch_tokens <= p.n_parallel)
+        return kt_error_set(err, KT_ERR_ARG,
+                            "--batch-tokens %d must exceed --parallel %d: every step decodes one "
+                            "token of each running sequence and needs room for prefill",
+                            p.batch_tokens, p.n_parallel);
+    e->p = p;
+    return KT_OK;
+}
+
+static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
+    const kt_engine_params *p = &e->p;
+    kv_type type = p->kv_type == KT_KV_F32 ? KV_F32 : KV_F16;
+    kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
+    size_t block_bytes = (size_t)KV_BLOCK_TOKENS * kp.kv_dim * kv_type_size(type) * 2 * kp.n_layer;
+    size_t want = p->kv_bytes;
+    if (want == 0) want = (size_t)p->n_parallel * (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) * block_bytes;
+    size_t n_blocks = want / block_bytes;
+    if (n_blocks < 1 || n_blocks > (size_t)1 << 30) {
+        kt_error_set(err, KT_ERR_ARG, "a KV budget of %.1f MiB holds %zu blocks of %d positions (%.2f MiB each); give at least one",
+                     want / 1048576.0, n_blocks, KV_BLOCK_TOKENS, block_bytes / 1048576.0);
+        return NULL;
+    }
+    kp.n_blocks = (int)n_blocks;
+    return kv_pool_new(&kp, err);
+}
+
+static bool alloc_batch(kt_engine *e) {
+    int cap = e->p.batch_tokens, rows = 2 * e->p.n_parallel;
+    size_t n_vocab = (size_t)e->llm->cfg.n_vocab;
+    e->batch_cap = cap;
+    e->b_tokens = malloc(sizeof *e->b_tokens * (size_t)cap);
+    e->b_pos = malloc(sizeof *e->b_pos * (size_t)cap);
+    e->b_seq = malloc(sizeof *e->b_seq * (size_t)cap);
+    e->b_logits = malloc(sizeof *e->b_logits * (size_t)cap);
+    e->b_req = malloc(sizeof *e->b_req * (size_t)cap);
+    e->b_choice = malloc(sizeof *e->b_choice * (size_t)cap);
+    e->logits = malloc(sizeof(float) * n_vocab * (size_t)rows);
+    e->row = malloc(sizeof(float) * n_vocab);
+    e->active = malloc(sizeof *e->active * (size_t)e->p.n_parallel);
+    e->waiting = malloc(sizeof *e->waiting * (size_t)e->p.queue_max);
+    return e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
+           e->logits && e->row && e->active && e->waiting;
+}
+
+static void *engine_main(void *arg);
+
+kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_error *err) {
+    kt_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    e->model = model;
+    e->llm = model->llm;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
+        !(e->work = llm_work_new(e->llm, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
+        goto fail;
+    publish_counts_locked(e); /* no thread yet: no lock needed */
+    if (!alloc_batch(e)) {
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating the engine's batch");
+        goto fail;
+    }
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        kt_error_set(err, KT_ERR_INTERNAL, "could not start the engine thread");
+        goto fail;
+    }
+    e->thread_started = true;
+    return e;
+fail:
+    kt_engine_free(e);
+    return NULL;
+}
+
+const kt_engine_params *kt_engine_get_params(const kt_engine *e) {
+    return &e->p;
+}
+
+/* ---- finishing ------------------------------------------------------- */
+
+static void choice_release(gen_choice *c) {
+    kv_seq_free(c->seq);
+    kt_sampler_free(c->sampler);
+    kt_detok_free(c->detok);
+    free(c->held);
+    memset(c, 0, sizeof *c);
+}
+
+/* Queues an event; if the queue cannot grow the choice ends in error
+ * (the client learns that much from req_finish). */
+static void push_event(kt_request *r, const kt_event *ev) {
+    if (!req_push(r, ev)) atomic_store(&r->cancel, true);
+}
+
+static void finish_only_event(kt_request *r, int choice, kt_finish f, const char *msg) {
+    kt_event ev = {.choice = choice, .token = -1, .text = "", .finish = f, .t_ns = now_ns()};
+    if (msg) snprintf(ev.error, sizeof ev.error, "%s", msg);
+    push_event(r, &ev);
+}
+
+/* All choices done: the request leaves the engine. */
+static void retire(kt_engine *e, kt_request *r) {
+    kt_finish worst = KT_FINISH_STOP;
+    for (int i = 0; i < r->n_choices; i++) {
+        if (r->choices[i].finish > worst || i == 0) worst = r->choices[i].finish;
+        choice_release(&r->choices[i]);
+    }
+    if (r->state != REQ_WAITING) {
+        e->blocks_reserved -= r->blocks_reserved;
+        e->seqs_running -= r->n_choices;
+    }
+    r->state = REQ_DONE;
+    pthread_mutex_lock(&r->mu);
+    r->usage.done_ns = now_ns();
+    pthread_mutex_unlock(&r->mu);
+    /* the stats first, so a client that sees the end sees the blocks back */
+    pthread_mutex_lock(&e->mu);
+    e->stats.requests_finished[worst]++;
+    publish_counts_locked(e);
+    pthread_mutex_unlock(&e->mu);
+    req_finish(r);
+    req_notify(r);
+    req_release(r);
+}
+
+/* Ends every unfinished choice with f and retires the request. */
+static void end_request(kt_engine *e, kt_request *r, kt_finish f, const char *msg) {
+    for (int i = 0; i < r->n_choices; i++) {
+        if (r->choices[i].finish != KT_FINISH_NONE) continue;
+        r->choices[i].finish = f;
+        finish_only_event(r, i, f, msg);
+    }
+    retire(e, r);
+}
+
+static void remove_active(kt_engine *e, int i) {
+    memmove(e->active + i, e->active + i + 1, sizeof *e->active * (size_t)(e->n_active - i - 1));
+    e->n_active--;
+}
+
+static void reap_cancelled(kt_engine *e) {
+    for (int i = 0; i < e->n_active;) {
+        kt_request *r = e->active[i];
+        if (!atomic_load(&r->cancel)) {
+            i++;
+            continue;
+        }
+        remove_active(e, i);
+        end_request(e, r, KT_FINISH_CANCELLED, NULL);
+    }
+    /* waiting ones: take them out under the lock, end them outside it */
+    kt_request *gone[64];
+    int n_gone = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_waiting && n_gone < 64;) {
+        if (atomic_load(&e->waiting[i]->cancel)) {
+            gone[n_gone++] = e->waiting[i];
+            memmove(e->waiting + i, e->waiting + i + 1, sizeof *e->waiting * (size_t)(e->n_waiting - i - 1));
+            e->n_waiting--;
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n_gone; i++) end_request(e, gone[i], KT_FINISH_CANCELLED, NULL);
+}
+
+/* ---- admission ------------------------------------------------------- */
+
+/* Worst-case blocks of a request: the prompt's, shared, plus for each
+ * choice its own growth and a copy of the shared partial last block. */
+static int blocks_needed(const kv_pool *kv, int n_prompt, int max_tokens, int n_choices) {
+    int prompt = kv_blocks_for(kv, n_prompt);
+    int total = kv_blocks_for(kv, n_prompt + max_tokens);
+    return prompt + n_choices * (total - prompt + 1);
+}
+
+static bool start_request(kt_engine *e, kt_request *r) {
+    kt_error err;
+    gen_choice *c0 = &r->choices[0];
+    if (!(c0->seq = kv_seq_new(e->kv, &err))) return false;
+    r->state = REQ_PREFILL;
+    r->n_prefilled = 0;
+    return true;
+}
+
+static void admit(kt_engine *e) {
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        kt_request *r = e->n_waiting ? e->waiting[0] : NULL;
+        bool fits = r && e->seqs_running + r->n_choices <= e->p.n_parallel &&
+                    e->n_active < e->p.n_parallel &&
+                    e->blocks_reserved + r->blocks_reserved <= kv_pool_n_total(e->kv);
+        if (fits) {
+            memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)(e->n_waiting - 1));
+            e->n_waiting--;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!fits) return;
+        e->blocks_reserved += r->blocks_reserved;
+        e->seqs_running += r->n_choices;
+        e->active[e->n_active++] = r;
+        if (!start_request(e, r)) {
+            remove_active(e, e->n_active - 1);
+            end_request(e, r, KT_FINISH_ERROR, "out of memory starting the request");
+        }
+    }
+}
+
+/* ---- submit ---------------------------------------------------------- */
+
+static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max_tokens, kt_error *err) {
+    const int n_ctx = e->p.n_ctx, n_vocab = e->llm->cfg.n_vocab;
+    if (!p->prompt || p->n_prompt < 1) return kt_error_set(err, KT_ERR_ARG, "the prompt is empty");
+    if (p->n_prompt >= n_ctx)
+        return kt_error_set(err, KT_ERR_CONTEXT,
+                            "the prompt has %d tokens but the context holds %d, and at least one "
+                            "must be left to generate",
+                            p->n_prompt, n_ctx);
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab)
+            return kt_error_set(err, KT_ERR_ARG, "prompt token %d at index %d is outside the vocabulary [0, %d)",
+                                p->prompt[i], i, n_vocab);
+    *max_tokens = p->max_tokens > 0 ? p->max_tokens : n_ctx - p->n_prompt;
+    if (*max_tokens > n_ctx - p->n_prompt)
+        return kt_error_set(err, KT_ERR_ARG,
+                            "max_tokens %d is too large: the prompt has %d tokens and the context "
+                            "holds %d, so at most %d can be generated",
+                            p->max_tokens, p->n_prompt, n_ctx, n_ctx - p->n_prompt);
+    if (p->n_choices < 1 || p->n_choices > KT_MAX_CHOICES || p->n_choices > e->p.n_parallel)
+        return kt_error_set(err, KT_ERR_ARG, "n = %d is out of range [1, %d]", p->n_choices,
+                            KT_MAX_CHOICES < e->p.n_parallel ? KT_MAX_CHOICES : e->p.n_parallel);
+    if (p->n_stop < 0 || p->n_stop > KT_MAX_STOP || (p->n_stop > 0 && !p->stop))
+        return kt_error_set(err, KT_ERR_ARG, "at most %d stop strings are allowed (got %d)", KT_MAX_STOP, p->n_stop);
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i] || !p->stop[i][0]) return kt_error_set(err, KT_ERR_ARG, "stop string %d is empty", i);
+    if (p->top_logprobs < -1 || p->top_logprobs > KT_MAX_TOP_LOGPROBS)
+        return kt_error_set(err, KT_ERR_ARG, "top_logprobs %d is out of range [0, %d]", p->top_logprobs,
+                            KT_MAX_TOP_LOGPROBS);
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= n_vocab)
+            return kt_error_set(err, KT_ERR_ARG, "logit_bias token %d is outside the vocabulary [0, %d)",
+                                p->logit_bias[i].token, n_vocab);
+    int need = blocks_needed(e->kv, p->n_prompt, *max_tokens, p->n_choices);
+    if (need > kv_pool_n_total(e->kv))
+        return kt_error_set(err, KT_ERR_ARG,
+                            "the request needs up to %d KV blocks of %d positions (%d prompt + %d new "
+                            "tokens, %d choices) but the KV pool has %d; lower max_tokens or n, or "
+                            "start the server with a larger --kv-mb",
+                            need, KV_BLOCK_TOKENS, p->n_prompt, *max_tokens, p->n_choices,
+                            kv_pool_n_total(e->kv));
+    return KT_OK;
+}
+
+/* Sorted insert: best priority first, then arrival order. */
+static void enqueue_locked(kt_engine *e, kt_request *r) {
+    int i = e->n_waiting;
+    while (i > 0 && e->waiting[i - 1]->priority < r->priority) i--;
+    memmove(e->waiting + i + 1, e->waiting + i, sizeof *e->waiting * (size_t)(e->n_waiting - i));
+    e->waiting[i] = r;
+    e->n_waiting++;
+}
+
+kt_status kt_engine_submit(kt_engine *e, const kt_gen_params *p, kt_request **out, kt_error *err) {
+    int max_tokens = 0;
+    *out = NULL;
+    if (check_gen_params(e, p, &max_tokens, err) != KT_OK) return err->status;
+    kt_request *r = req_new(p, err);
+    if (!r) return err->status;
+    r->max_tokens = max_tokens;
+    r->blocks_reserved = blocks_needed(e->kv, p->n_prompt, max_tokens, p->n_choices);
+    r->usage.submit_ns = now_ns();
+    pthread_mutex_lock(&e->mu);
+    if (e->stop || e->n_waiting >= e->p.queue_max) {
+        bool stopping = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        req_release(r), req_release(r);
+        return stopping ? kt_error_set(err, KT_ERR_BUSY, "the server is shutting down")
+                        : kt_error_set(err, KT_ERR_BUSY, "the server is busy: %d requests are already waiting",
+                                       e->p.queue_max);
+    }
+    r->arrival = e->next_arrival++;
+    enqueue_locked(e, r);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return KT_OK;
+}
+
+/* ---- sampling and output --------------------------------------------- */
+
+static bool start_choice(kt_engine *e, kt_request *r, int i) {
+    gen_choice *c = &r->choices[i];
+    kt_error err;
+    kt_sampler_params sp = r->sampling;
+    sp.seed += (uint64_t)i;
+    if (i > 0 && !(c->seq = kv_seq_fork(r->choices[0].seq, &err))) return false;
+    c->sampler = kt_sampler_new(&sp, e->llm->cfg.n_vocab, &err);
+    c->detok = kt_detok_new(e->model);
+    return c->sampler && c->detok;
+}
+
+/* ln p of every token from biased logits: the log-sum-exp in double. */
+static double log_normalizer(const float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - max);
+    return max + log(sum);
+}
+
+/* The k most likely tokens, best first (ties: lower id first). */
+static int top_tokens(const float *x, int n, int k, double lse, kt_token_logprob *top) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m == k && x[i] <= x[top[m - 1].token]) continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && x[top[j - 1].token] < x[i]) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].token = i;
+    }
+    for (int j = 0; j < m; j++) top[j].logprob = (float)(x[top[j].token] - lse);
+    return m;
+}
+
+/* Length of the longest suffix of s[0, n) that is a proper prefix of a
+ * stop string: that much must be held back. */
+static size_t stop_prefix_tail(const kt_request *r, const char *s, size_t n) {
+    size_t best = 0;
+    for (int k = 0; k < r->n_stop; k++) {
+        size_t max = r->stop_len[k] - 1 < n ? r->stop_len[k] - 1 : n;
+        for (size_t len = max; len > best; len--)
+            if (memcmp(s + n - len, r->stop[k], len) == 0) {
+                best = len;
+                break;
+            }
+    }
+    return best;
+}
+
+static bool held_append(gen_choice *c, const char *s, size_t n) {
+    if (c->held_len + n + 1 > c->held_cap) {
+        size_t cap = (c->held_len + n + 1) * 2;
+        char *h = realloc(c->held, cap);
+        if (!h) return false;
+        c->held = h, c->held_cap = cap;
+    }
+    memcpy(c->held + c->held_len, s, n);
+    c->held_len += n;
+    c->held[c->held_len] = 0;
+    return true;
+}
+
+/* Takes the releasable part of the held text: all of it when the choice
+ * is ending, else all but a tail that may start a stop string; up to a
+ * stop string when one has completed (ev->finish becomes STOP). Returns a
+ * malloc'd copy (NULL: out of memory). */
+static char *release_text(const kt_request *r, gen_choice *c, kt_event *ev) {
+    size_t emit = c->held_len, keep = 0;
+    for (int k = 0; k < r->n_stop; k++) {
+        const char *hit = memmem(c->held, c->held_len, r->stop[k], r->stop_len[k]);
+        if (hit && (size_t)(hit - c->held) <= emit) {
+            emit = (size_t)(hit - c->held);
+            ev->finish = KT_FINISH_STOP;
+        }
+    }
+    bool stopped_here = emit < c->held_len || (ev->finish == KT_FINISH_STOP && c->held_len > 0);
+    if (ev->finish == KT_FINISH_NONE) keep = stop_prefix_tail(r, c->held, c->held_len), emit -= keep;
+    char *out = malloc(emit + 1);
+    if (!out) return NULL;
+    memcpy(out, c->held, emit);
+    out[emit] = 0;
+    if (stopped_here || ev->finish != KT_FINISH_NONE) keep = 0;
+    memmove(c->held, c->held + c->held_len - keep, keep);
+    c->held_len = keep;
+    return out;
+}
+
+static void record_latency(kt_engine *e, kt_request *r, gen_choice *c, uint64_t t) {
+    pthread_mutex_lock(&r->mu);
+    bool first = r->usage.first_token_ns == 0;
+    if (first) r->usage.first_token_ns = t;
+    r->usage.completion_tokens++;
+    uint64_t submit = r->usage.submit_ns;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    if (first) hist_add(&e->stats.ttft, (double)(t - submit) / 1e6);
+    else if (c->last_token_ns) hist_add(&e->stats.itl, (double)(t - c->last_token_ns) / 1e6);
+    e->stats.generated_tokens++;
+    pthread_mutex_unlock(&e->mu);
+    c->last_token_ns = t;
+}
+
+static float bias_of(const kt_request *r, int32_t id) {
+    float b = 0.0f;
+    for (int i = 0; i < r->n_bias; i++)
+        if (r->bias[i].token == id) b += r->bias[i].bias;
+    return b;
+}
+
+/* Queues the event of a sampled token: its text (through the stop-string
+ * hold-back), and the choice's end if it ended. */
+static void emit_token(kt_engine *e, kt_request *r, int i, kt_event *ev) {
+    gen_choice *c = &r->choices[i];
+    const int32_t id = ev->token;
+    bool ok = true;
+    if (!r->ignore_eos && kt_token_is_eog(e->model, id)) {
+        ev->token = -1; /* the end-of-turn token itself is not output */
+        ev->has_logprob = false, ev->n_top = 0;
+        ev->finish = KT_FINISH_STOP;
+    } else {
+        const char *piece = kt_detok_push(c->detok, id);
+        ok = held_append(c, piece, strlen(piece));
+        if (c->n_generated >= r->max_tokens || r->n_prompt + c->n_generated >= e->p.n_ctx)
+            ev->finish = KT_FINISH_LENGTH;
+    }
+    if (ok && ev->finish != KT_FINISH_NONE) {
+        const char *tail = kt_detok_flush(c->detok);
+        ok = held_append(c, tail, strlen(tail));
+    }
+    char *text = ok ? release_text(r, c, ev) : NULL;
+    if (!text) {
+        ev->finish = KT_FINISH_ERROR;
+        snprintf(ev->error, sizeof ev->error, "out of memory holding generated text");
+    }
+    ev->text = text ? text : "";
+    ev->text_len = text ? strlen(text) : 0;
+    push_event(r, ev);
+    free(text);
+    c->finish = ev->finish;
+}
+
+/* Samples choice i of r from its logits row and queues the event. */
+static void sample_choice(kt_engine *e, kt_request *r, int i, const float *logits) {
+    gen_choice *c = &r->choices[i];
+    const int n_vocab = e->llm->cfg.n_vocab;
+    float *x = e->row;
+    memcpy(x, logits, sizeof(float) * (size_t)n_vocab);
+    for (int b = 0; b < r->n_bias; b++) x[r->bias[b].token] += r->bias[b].bias;
+    kt_event ev = {.choice = i};
+    double lse = 0.0;
+    if (r->top_logprobs >= 0) {
+        lse = log_normalizer(x, n_vocab);
+        ev.n_top = top_tokens(x, n_vocab, r->top_logprobs, lse, ev.top);
+    }
+    const int32_t id = kt_sampler_sample(c->sampler, x); /* edits x */
+    kt_sampler_accept(c->sampler, id);
+    ev.token = id;
+    ev.t_ns = now_ns();
+    if (r->top_logprobs >= 0) {
+        ev.has_logprob = true;
+        ev.logprob.token = id;
+        ev.logprob.logprob = (float)((double)logits[id] + bias_of(r, id) - lse);
+    }
+    record_latency(e, r, c, ev.t_ns);
+    c->n_generated++;
+    c->next_token = id;
+    emit_token(e, r, i, &ev);
+}
+
+/* ---- the step -------------------------------------------------------- */
+
+static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *seq, int32_t tok, bool logits) {
+    e->b_tokens[*n] = tok;
+    e->b_pos[*n] = seq->len - 1;
+    e->b_seq[*n] = seq;
+    e->b_logits[*n] = logits;
+    e->b_req[*n] = r;
+    e->b_choice[*n] = choice;
+    (*n)++;
+}
+
+/* Tokens of prefill the step may carry beside n_decode decode tokens. */
+static int prefill_budget(const kt_engine *e, int n_decode) {
+    int budget = e->batch_cap - n_decode;
+    if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return budget;
+    /* a decode-only step first whenever the decode cost is unknown for
+     * this many decoders, then a small chunk to learn the prefill cost */
+    if (e->t_decode_ms <= 0.0 || e->t_decode_n != n_decode) return 0;
+    if (e->t_token_ms <= 0.0) return budget < 8 ? budget : 8;
+    double n = (e->p.max_itl_stretch - 1.0) * e->t_decode_ms / e->t_token_ms;
+    if (n < 1.0) n = 1.0;
+    return n < budget ? (int)n : budget;
+}
+
+/* Appends the decode tokens, then prefill chunks; returns the batch size
+ * and the number of prefill tokens in *n_prefill. A sequence that cannot
+ * grow (which the reservation rules out) ends its request with an error. */
+static int build_batch(kt_engine *e, int *n_prefill) {
+    int n = 0;
+    kt_error err;
+    for (int a = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        if (r->state != REQ_DECODE) continue;
+        for (int i = 0; i < r->n_choices; i++) {
+            gen_choice *c = &r->choices[i];
+            if (c->finish != KT_FINISH_NONE) continue;
+            if (kv_seq_append(c->seq, 1, &err) != KT_OK) {
+                atomic_store(&r->cancel, true); /* retired below, as an error */
+                c->finish = KT_FINISH_ERROR;
+                finish_only_event(r, i, KT_FINISH_ERROR, err.msg);
+                continue;
+            }
+            batch_add(e, &n, r, i, c->seq, c->next_token, true);
+        }
+    }
+    int budget = prefill_budget(e, n), n_decode = n;
+    for (int a = 0; a < e->n_active && n - n_decode < budget; a++) {
+        kt_request *r = e->active[a];
+        if (r->state != REQ_PREFILL) continue;
+        int chunk = r->n_prompt - r->n_prefilled;
+        if (chunk > budget - (n - n_decode)) chunk = budget - (n - n_decode);
+        kv_seq *seq = r->choices[0].seq;
+        if (kv_seq_append(seq, chunk, &err) != KT_OK) {
+            atomic_store(&r->cancel, true);
+            continue;
+        }
+        for (int j = 0; j < chunk; j++) {
+            int k = r->n_prefilled + j;
+            e->b_tokens[n] = r->prompt[k];
+            e->b_pos[n] = k;
+            e->b_seq[n] = seq;
+            e->b_logits[n] = k == r->n_prompt - 1;
+            e->b_req[n] = r;
+            e->b_choice[n] = -1;
+            n++;
+        }
+        r->n_prefilled += chunk;
+    }
+    *n_prefill = n - n_decode;
+    return n;
+}
+
+/* The prompt is in: fork the choices and sample each one's first token. */
+static void prompt_done(kt_engine *e, kt_request *r, const float *logits) {
+    for (int i = 0; i < r->n_choices; i++)
+        if (!start_choice(e, r, i)) {
+            atomic_store(&r->cancel, true);
+            r->choices[i].finish = KT_FINISH_ERROR;
+            finish_only_event(r, i, KT_FINISH_ERROR, "out of memory starting a choice");
+            return;
+        }
+    r->state = REQ_DECODE;
+    for (int i = 0; i < r->n_choices; i++) sample_choice(e, r, i, logits);
+}
+
+static void consume_logits(kt_engine *e, int n) {
+    const size_t n_vocab = (size_t)e->llm->cfg.n_vocab;
+    int row = 0;
+    for (int t = 0; t < n; t++) {
+        if (!e->b_logits[t]) continue;
+        const float *logits = e->logits + (size_t)row++ * n_vocab;
+        kt_request *r = e->b_req[t];
+        if (atomic_load(&r->cancel)) continue;
+        if (e->b_choice[t] < 0) prompt_done(e, r, logits);
+        else sample_choice(e, r, e->b_choice[t], logits);
+    }
+}
+
+/* Requests whose choices have all ended leave; the rest hear of their new
+ * events. */
+static void retire_finished(kt_engine *e) {
+    for (int a = 0; a < e->n_active;) {
+        kt_request *r = e->active[a];
+        bool all_done = r->state == REQ_DECODE;
+        for (int i = 0; i < r->n_choices && all_done; i++) all_done = r->choices[i].finish != KT_FINISH_NONE;
+        if (all_done) {
+            remove_active(e, a);
+            retire(e, r);
+        } else {
+            req_notify(r);
+            a++;
+        }
+    }
+}
+
+static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
+    const double alpha = 0.25;
+    if (n_prefill == 0 && n_decode > 0) {
+        bool same = e->t_decode_n == n_decode && e->t_decode_ms > 0;
+        e->t_decode_ms = same ? (1 - alpha) * e->t_decode_ms + alpha * ms : ms;
+        e->t_decode_n = n_decode;
+    } else if (n_prefill > 0 && n_decode > 0 && e->t_decode_ms > 0) {
+        double per = (ms - e->t_decode_ms) / n_prefill;
+        if (per < 0.0) per = 0.0;
+        e->t_token_ms = e->t_token_ms > 0 ? (1 - alpha) * e->t_token_ms + alpha * per : per;
+    } else if (n_prefill > 0 && e->t_token_ms <= 0) {
+        e->t_token_ms = ms / n_prefill; /* a first guess, refined beside decoding */
+    }
+}
+
+static void engine_step(kt_engine *e) {
+    reap_cancelled(e);
+    admit(e);
+    if (e->n_active == 0) return;
+    int n_prefill = 0, n = build_batch(e, &n_prefill);
+    if (n > 0) {
+        double t0 = now_ns() / 1e6;
+        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits};
+        llm_forward(e->llm, e->work, e->pool, &b, e->logits);
+        update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t0);
+        consume_logits(e, n);
+        pthread_mutex_lock(&e->mu);
+        e->stats.steps++;
+        e->stats.prompt_tokens += (uint64_t)n_prefill;
+        pthread_mutex_unlock(&e->mu);
+    }
+    retire_finished(e);
+    pthread_mutex_lock(&e->mu);
+    publish_counts_locked(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_main(void *arg) {
+    kt_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        if (e->n_active == 0 && e->n_waiting == 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        engine_step(e);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+void kt_engine_free(kt_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    while (e->n_active > 0) {
+        kt_request *r = e->active[0];
+        remove_active(e, 0);
+        end_request(e, r, KT_FINISH_CANCELLED, NULL);
+    }
+    while (e->n_waiting > 0) end_request(e, e->waiting[--e->n_waiting], KT_FINISH_CANCELLED, NULL);
+    kv_pool_free(e->kv);
+    llm_work_free(e->work);
+    kt_pool_free(e->pool);
+    free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits);
+    free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
+    free(e->active), free(e->waiting);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}

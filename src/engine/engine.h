@@ -1,0 +1,189 @@
+/*
+ * engine.h - many generation requests over one model: the step loop.
+ *
+ * One engine thread owns the model's forward pass, the paged KV pool and
+ * every running sequence. Other threads (the HTTP server, the bench) only
+ * submit requests and read their events; they never touch the model or
+ * the KV pool. Each engine step runs, in one forward pass, one decode
+ * token of every running sequence plus prefill chunks of waiting ones,
+ * under a token budget (continuous batching with chunked prefill).
+ *
+ * Requests wait in a priority queue (higher priority first, then arrival
+ * order) until the KV blocks their prompt needs are free; a running
+ * sequence is never evicted to admit another. When the queue is full,
+ * submit fails with KT_ERR_BUSY (the server answers 503 + Retry-After).
+ *
+ * Batch invariance: every per-token computation (matmul rows, attention,
+ * sampling) has a reduction order that does not depend on which other
+ * tokens share the step, so at temperature 0 a request gets the same
+ * tokens alone or beside 15 others (tests/test_engine.c checks it).
+ *
+ * Threading contract of a kt_request: submit, poll/wait, cancel and free
+ * may be called from any client thread (one at a time per request); the
+ * notify callback is called from the engine thread (keep it short and
+ * non-blocking, e.g. MHD_resume_connection) after each step that queued
+ * events for the request, and once when it finishes. Once kt_request_free
+ * has returned, notify is never called again for that request.
+ */
+#ifndef KT_ENGINE_ENGINE_H
+#define KT_ENGINE_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kettle.h"
+
+typedef enum kt_kv_type { KT_KV_F16 = 0, KT_KV_F32 = 1 } kt_kv_type;
+
+typedef struct kt_engine_params {
+    int n_ctx;         /* positions per sequence (prompt + output); <= 0: model's n_ctx_train */
+    int n_parallel;    /* sequences decoding at once (choices count each); default 16 */
+    size_t kv_bytes;   /* KV pool budget in bytes; 0: n_parallel * n_ctx positions */
+    int batch_tokens;  /* tokens per step (decode + prefill); default 256 */
+    int n_threads;     /* forward-pass threads; <= 0: all CPUs */
+    int queue_max;     /* requests waiting for admission before KT_ERR_BUSY; default 64 */
+    kt_kv_type kv_type;
+    /* Beside decoding sequences, a step that also carries prefill is sized
+     * (from measured costs) to take about this times a decode-only step,
+     * so running streams keep their inter-token latency while a long
+     * prompt is read. Default 1.8; <= 1: prefill takes the whole token
+     * budget every step. */
+    float max_itl_stretch;
+} kt_engine_params;
+
+kt_engine_params kt_engine_defaults(void);
+
+typedef struct kt_engine kt_engine;
+
+/* Starts the engine thread. The model must outlive the engine. */
+kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_error *err);
+/* Cancels everything still running, stops the thread, frees the pool.
+ * Requests not yet freed by their clients stay valid (finished with
+ * KT_FINISH_CANCELLED) until kt_request_free. */
+void kt_engine_free(kt_engine *e);
+/* The parameters in effect (defaults filled in). */
+const kt_engine_params *kt_engine_get_params(const kt_engine *e);
+
+typedef struct kt_logit_bias {
+    int32_t token;
+    float bias; /* added to the logit; -INFINITY bans the token */
+} kt_logit_bias;
+
+#define KT_MAX_TOP_LOGPROBS 20
+#define KT_MAX_STOP 8
+#define KT_MAX_CHOICES 16
+
+typedef struct kt_gen_params {
+    const int32_t *prompt;  /* copied by submit; n_prompt >= 1 */
+    int n_prompt;
+    int max_tokens;         /* generated tokens per choice; <= 0: until the context is full */
+    int n_choices;          /* 1..KT_MAX_CHOICES, sharing the prompt's KV blocks */
+    kt_sampler_params sampling; /* choice i samples with seed + i */
+    const char *const *stop; /* up to KT_MAX_STOP non-empty strings, copied */
+    int n_stop;
+    int top_logprobs;       /* -1: no logprobs; 0..KT_MAX_TOP_LOGPROBS: the sampled
+                               token's logprob plus that many alternatives */
+    const kt_logit_bias *logit_bias; /* copied */
+    int n_logit_bias;
+    int priority;           /* higher runs first; ties in arrival order */
+    bool ignore_eos;        /* do not stop at end-of-generation tokens */
+    /* Called from the engine thread when events are queued or the request
+     * finishes; may be NULL (then poll or wait). */
+    void (*notify)(void *ctx);
+    void *notify_ctx;
+} kt_gen_params;
+
+kt_gen_params kt_gen_defaults(void); /* 1 choice, greedy, no stop, no logprobs */
+
+typedef enum kt_finish {
+    KT_FINISH_NONE = 0,  /* still generating */
+    KT_FINISH_STOP,      /* end-of-generation token or a stop string */
+    KT_FINISH_LENGTH,    /* max_tokens or the context is full */
+    KT_FINISH_CANCELLED, /* kt_request_cancel, or the engine shut down */
+    KT_FINISH_ERROR,     /* the engine failed (message in the event) */
+} kt_finish;
+
+const char *kt_finish_name(kt_finish f); /* "stop", "length", "cancelled", "error" */
+
+typedef struct kt_token_logprob {
+    int32_t token;
+    float logprob; /* natural log of the model's probability (after logit_bias) */
+} kt_token_logprob;
+
+/* One event: a sampled token of one choice, and/or the end of that choice.
+ * Text is UTF-8, complete characters only; text held back because it might
+ * start a stop string is released by a later event, or dropped if the stop
+ * string completes (stop strings never appear in the output). The event's
+ * text stays valid until the next poll/wait/free on the request. */
+typedef struct kt_event {
+    int choice;
+    int32_t token;          /* -1: no token (a finish-only event) */
+    const char *text;       /* NUL-terminated, may be "" */
+    size_t text_len;
+    bool has_logprob;
+    kt_token_logprob logprob; /* the sampled token's */
+    int n_top;
+    kt_token_logprob top[KT_MAX_TOP_LOGPROBS]; /* most likely first */
+    kt_finish finish;       /* != NONE: this choice is done, no more events for it */
+    char error[160];        /* with KT_FINISH_ERROR */
+    uint64_t t_ns;          /* engine's monotonic clock when the token was sampled */
+} kt_event;
+
+typedef struct kt_request kt_request;
+
+typedef struct kt_request_usage {
+    int prompt_tokens;
+    int completion_tokens;  /* all choices together */
+    uint64_t submit_ns, first_token_ns, done_ns; /* 0 until they happen */
+} kt_request_usage;
+
+/* Queues a request. Errors: KT_ERR_CONTEXT when the prompt does not fit
+ * the context (the message says both numbers); KT_ERR_ARG with a message
+ * naming the value (max_tokens past the context; bad n_choices / stop /
+ * logprobs / token ids; more KV than the whole pool); KT_ERR_BUSY when the
+ * wait queue is full or the engine is shutting down. */
+kt_status kt_engine_submit(kt_engine *e, const kt_gen_params *p, kt_request **out,
+                           kt_error *err);
+
+/* Next event without blocking: 1 and *ev filled, 0 if none yet, -1 when
+ * the request is finished and every event has been read. */
+int kt_request_poll(kt_request *r, kt_event *ev);
+/* Like poll, but waits up to timeout_ms (< 0: forever) for an event. */
+int kt_request_wait(kt_request *r, kt_event *ev, int timeout_ms);
+/* Asks the engine to stop the request: its sequences and KV blocks are
+ * freed within one step, and each unfinished choice ends with
+ * KT_FINISH_CANCELLED. Safe to call more than once. */
+void kt_request_cancel(kt_request *r);
+/* Counts so far (final once poll returned -1). */
+kt_request_usage kt_request_get_usage(kt_request *r);
+/* Cancels if needed and releases the client's reference; the engine frees
+ * the memory once it has let go too. */
+void kt_request_free(kt_request *r);
+
+/* Latency histogram buckets, in milliseconds (the last bucket is +Inf). */
+#define KT_LAT_N_BUCKETS 14
+extern const double kt_lat_bucket_ms[KT_LAT_N_BUCKETS - 1];
+
+typedef struct kt_latency_hist {
+    uint64_t counts[KT_LAT_N_BUCKETS]; /* non-cumulative */
+    uint64_t n;
+    double sum_ms;
+} kt_latency_hist;
+
+typedef struct kt_engine_stats {
+    int queue_depth;        /* waiting for admission */
+    int running;            /* sequences prefilling or decoding */
+    int kv_blocks_total, kv_blocks_used, kv_blocks_free;
+    int kv_block_tokens;
+    uint64_t requests_finished[5]; /* by kt_finish */
+    uint64_t prompt_tokens, generated_tokens;
+    uint64_t steps;
+    kt_latency_hist ttft;   /* submit -> first token */
+    kt_latency_hist itl;    /* between consecutive tokens of one choice */
+} kt_engine_stats;
+
+/* A consistent snapshot; any thread. */
+void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out);
+
+#endif

@@ -1,0 +1,178 @@
+/*
+ * request.c - the client's side of a generation request: copying what
+ * was asked, the event FIFO the engine fills and the client drains, and
+ * the two-owner lifetime (see request.h).
+ */
+#include "engine/request.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/error.h"
+
+static char *dup_bytes(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n), d[n] = 0;
+    return d;
+}
+
+static void req_free_memory(kt_request *r) {
+    if (!r) return;
+    for (int i = 0; i < r->ev_len; i++) free(r->events[(r->ev_head + i) % r->ev_cap].text);
+    free(r->events);
+    free(r->client_text);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->prompt);
+    free(r->bias);
+    free(r->choices);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->notify_mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+kt_request *req_new(const kt_gen_params *p, kt_error *err) {
+    kt_request *r = calloc(1, sizeof *r);
+    if (!r) goto nomem;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->notify_mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->refs = 2; /* the client's and the engine's */
+    r->n_prompt = p->n_prompt;
+    r->max_tokens = p->max_tokens;
+    r->n_choices = p->n_choices;
+    r->top_logprobs = p->top_logprobs;
+    r->priority = p->priority;
+    r->sampling = p->sampling;
+    r->ignore_eos = p->ignore_eos;
+    r->notify = p->notify;
+    r->notify_ctx = p->notify_ctx;
+    r->usage.prompt_tokens = p->n_prompt;
+    if (!(r->prompt = malloc(sizeof(int32_t) * (size_t)p->n_prompt))) goto nomem;
+    memcpy(r->prompt, p->prompt, sizeof(int32_t) * (size_t)p->n_prompt);
+    for (int i = 0; i < p->n_stop; i++) {
+        r->stop_len[i] = strlen(p->stop[i]);
+        if (!(r->stop[i] = dup_bytes(p->stop[i], r->stop_len[i]))) goto nomem;
+        r->n_stop = i + 1;
+    }
+    if (p->n_logit_bias > 0) {
+        if (!(r->bias = malloc(sizeof *r->bias * (size_t)p->n_logit_bias))) goto nomem;
+        memcpy(r->bias, p->logit_bias, sizeof *r->bias * (size_t)p->n_logit_bias);
+        r->n_bias = p->n_logit_bias;
+    }
+    if (!(r->choices = calloc((size_t)p->n_choices, sizeof *r->choices))) goto nomem;
+    return r;
+nomem:
+    req_free_memory(r);
+    kt_error_set(err, KT_ERR_NOMEM, "out of memory queuing a request");
+    return NULL;
+}
+
+bool req_push(kt_request *r, const kt_event *ev) {
+    char *text = dup_bytes(ev->text ? ev->text : "", ev->text ? ev->text_len : 0);
+    if (!text) return false;
+    pthread_mutex_lock(&r->mu);
+    if (r->ev_len == r->ev_cap) {
+        int cap = r->ev_cap ? 2 * r->ev_cap : 16;
+        queued_event *q = malloc(sizeof *q * (size_t)cap);
+        if (!q) {
+            pthread_mutex_unlock(&r->mu);
+            free(text);
+            return false;
+        }
+        for (int i = 0; i < r->ev_len; i++) q[i] = r->events[(r->ev_head + i) % r->ev_cap];
+        free(r->events);
+        r->events = q, r->ev_cap = cap, r->ev_head = 0;
+    }
+    queued_event *slot = &r->events[(r->ev_head + r->ev_len) % r->ev_cap];
+    slot->ev = *ev;
+    slot->text = text;
+    slot->ev.text = text;
+    r->ev_len++;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    r->events_pending = true;
+    return true;
+}
+
+void req_finish(kt_request *r) {
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    r->events_pending = true;
+}
+
+void req_notify(kt_request *r) {
+    if (!r->events_pending) return;
+    r->events_pending = false;
+    pthread_mutex_lock(&r->notify_mu);
+    if (r->notify) r->notify(r->notify_ctx);
+    pthread_mutex_unlock(&r->notify_mu);
+}
+
+void req_release(kt_request *r) {
+    pthread_mutex_lock(&r->mu);
+    bool last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (last) req_free_memory(r);
+}
+
+/* Pops the oldest event into *ev (mu held); its text now belongs to the
+ * client until the next pop. */
+static int pop_locked(kt_request *r, kt_event *ev) {
+    if (r->ev_len == 0) return r->done ? -1 : 0;
+    queued_event *q = &r->events[r->ev_head];
+    free(r->client_text);
+    r->client_text = q->text;
+    *ev = q->ev;
+    r->ev_head = (r->ev_head + 1) % r->ev_cap;
+    r->ev_len--;
+    return 1;
+}
+
+int kt_request_poll(kt_request *r, kt_event *ev) {
+    pthread_mutex_lock(&r->mu);
+    int rc = pop_locked(r, ev);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int kt_request_wait(kt_request *r, kt_event *ev, int timeout_ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    int rc;
+    while ((rc = pop_locked(r, ev)) == 0 && timeout_ms != 0) {
+        if (timeout_ms < 0) pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0) break;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void kt_request_cancel(kt_request *r) {
+    if (r) atomic_store(&r->cancel, true);
+}
+
+kt_request_usage kt_request_get_usage(kt_request *r) {
+    pthread_mutex_lock(&r->mu);
+    kt_request_usage u = r->usage;
+    pthread_mutex_unlock(&r->mu);
+    return u;
+}
+
+void kt_request_free(kt_request *r) {
+    if (!r) return;
+    kt_request_cancel(r);
+    pthread_mutex_lock(&r->notify_mu);
+    r->notify = NULL;
+    pthread_mutex_unlock(&r->notify_mu);
+    req_release(r);
+}

@@ -1,0 +1,95 @@
+/*
+ * request.h - a kt_request inside engine/: what the client asked for, the
+ * event queue between the engine thread and the client, and the shared
+ * ownership of the two.
+ *
+ * Ownership: a request starts with two references, the client's and the
+ * engine's. kt_request_free drops the client's (cancelling first); the
+ * engine drops its own once every choice has finished and the last event
+ * is queued. Whoever drops the last one frees the memory.
+ *
+ * Locking: `mu` guards the event queue, `refs`, `done` and `usage`; the
+ * cancel flag is atomic so the engine can read it without the lock.
+ * `notify_mu` guards only the notify callback: the engine calls it with
+ * notify_mu held and kt_request_free clears it under notify_mu, so once
+ * kt_request_free returns the callback is never called again (its context
+ * may be gone). No other lock is taken while notify_mu is held. The
+ * fields under "engine only" are touched by the engine thread alone.
+ */
+#ifndef KT_ENGINE_REQUEST_H
+#define KT_ENGINE_REQUEST_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "engine/engine.h"
+#include "kv/block_pool.h"
+
+/* One choice's generation state (engine only). */
+typedef struct gen_choice {
+    kv_seq *seq;
+    kt_sampler *sampler;
+    kt_detok *detok;
+    int32_t next_token;  /* sampled, to be fed at the next decode step */
+    int n_generated;
+    kt_finish finish;
+    char *held;          /* decoded text not yet released: may start a stop string */
+    size_t held_len, held_cap;
+    uint64_t last_token_ns;
+} gen_choice;
+
+typedef enum req_state { REQ_WAITING, REQ_PREFILL, REQ_DECODE, REQ_DONE } req_state;
+
+typedef struct queued_event {
+    kt_event ev;  /* ev.text points into text */
+    char *text;
+} queued_event;
+
+struct kt_request {
+    /* what was asked (immutable after submit) */
+    int32_t *prompt;
+    int n_prompt, max_tokens, n_choices, top_logprobs, priority;
+    kt_sampler_params sampling;
+    char *stop[KT_MAX_STOP];
+    size_t stop_len[KT_MAX_STOP];
+    int n_stop;
+    kt_logit_bias *bias;
+    int n_bias;
+    bool ignore_eos;
+    void (*notify)(void *ctx); /* under notify_mu */
+    void *notify_ctx;
+    uint64_t arrival;     /* submit order, for ties in priority */
+    int blocks_reserved;  /* KV blocks committed to it at admission */
+
+    pthread_mutex_t notify_mu;
+
+    /* shared with the client, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    queued_event *events;
+    int ev_head, ev_len, ev_cap; /* a FIFO: events[ev_head .. ev_head + ev_len) */
+    int refs;
+    bool done;            /* the engine queued its last event */
+    kt_request_usage usage;
+    char *client_text;    /* text of the event the client read last */
+    atomic_bool cancel;
+
+    /* engine only */
+    req_state state;
+    int n_prefilled;
+    gen_choice *choices;
+    bool events_pending;  /* queued since the last notify */
+};
+
+/* A request with its parameters copied; NULL with err. */
+kt_request *req_new(const kt_gen_params *p, kt_error *err);
+/* Queues an event (text copied); false if out of memory. */
+bool req_push(kt_request *r, const kt_event *ev);
+/* Marks the request finished (no more events) and wakes the client. */
+void req_finish(kt_request *r);
+/* Calls the client's notify if events were queued since the last call. */
+void req_notify(kt_request *r);
+/* Drops one reference; frees at zero. */
+void req_release(kt_request *r);
+
+#endif

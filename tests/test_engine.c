@@ -1,0 +1,433 @@
+/*
+ * test_engine.c - the engine's step loop: the same tokens as a plain
+ * session, batch invariance (16 requests at once give each one's tokens
+ * alone, bit for bit, logprobs included), chunked prefill, n > 1 choices
+ * sharing the prompt's blocks, stop strings across token boundaries,
+ * priorities, cancellation freeing KV blocks, and clear errors.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "kettle.h"
+#include "testutil.h"
+
+#define WAIT_MS 60000 /* a hung engine fails the test instead of hanging it */
+#define MAX_OUT 256
+
+static kt_model *g_model; /* stories260K, F32 weights */
+static kt_model *g_tok;   /* the model requests are tokenized for */
+
+static int setup(void **state) {
+    (void)state;
+    kt_error err = {0};
+    g_model = kt_model_load(tu_shared("models/stories260K.gguf"), &err);
+    if (!g_model) fprintf(stderr, "%s\n", err.msg);
+    return g_model ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    kt_model_free(g_model);
+    return 0;
+}
+
+static kt_engine *engine_on(kt_model *m, int n_parallel, int batch_tokens, kt_kv_type kv, float stretch) {
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 256;
+    p.n_parallel = n_parallel;
+    p.batch_tokens = batch_tokens;
+    p.kv_type = kv;
+    p.n_threads = 2;
+    p.max_itl_stretch = stretch;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(m, &p, &err);
+    if (!e) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(e);
+    return e;
+}
+
+static kt_engine *engine(int n_parallel, int batch_tokens, kt_kv_type kv, float stretch) {
+    return engine_on(g_model, n_parallel, batch_tokens, kv, stretch);
+}
+
+/* Text to tokens with BOS. */
+static int tokenize(const char *text, int32_t *ids, int cap) {
+    kt_error err = {0};
+    int n = kt_tokenize(g_tok ? g_tok : g_model, text, strlen(text), ids, cap, true, &err);
+    assert_true(n > 0 && n <= cap);
+    return n;
+}
+
+/* What one choice produced. */
+typedef struct output {
+    int32_t tokens[MAX_OUT];
+    float logprobs[MAX_OUT];
+    int n;
+    char text[4096];
+    kt_finish finish;
+} output;
+
+static kt_request *submit(kt_engine *e, const char *prompt, int max_tokens, int n_choices) {
+    int32_t ids[256];
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids;
+    p.n_prompt = tokenize(prompt, ids, 256);
+    p.max_tokens = max_tokens;
+    p.n_choices = n_choices;
+    p.top_logprobs = 2;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    return r;
+}
+
+/* Reads every event of r into out[choice] until it finishes. */
+static void drain(kt_request *r, output *out) {
+    kt_event ev;
+    int rc;
+    while ((rc = kt_request_wait(r, &ev, WAIT_MS)) == 1) {
+        output *o = &out[ev.choice];
+        if (ev.token >= 0) {
+            assert_true(o->n < MAX_OUT);
+            assert_true(ev.has_logprob);
+            assert_int_equal(ev.logprob.token, ev.token);
+            o->logprobs[o->n] = ev.logprob.logprob;
+            o->tokens[o->n++] = ev.token;
+        }
+        assert_true(strlen(o->text) + ev.text_len < sizeof o->text);
+        strcat(o->text, ev.text);
+        if (ev.finish != KT_FINISH_NONE) {
+            assert_int_equal(o->finish, KT_FINISH_NONE);
+            o->finish = ev.finish;
+        }
+    }
+    assert_int_equal(rc, -1); /* finished, not timed out */
+}
+
+static void run_alone(kt_engine *e, const char *prompt, int max_tokens, output *out) {
+    memset(out, 0, sizeof *out);
+    kt_request *r = submit(e, prompt, max_tokens, 1);
+    drain(r, out);
+    kt_request_free(r);
+}
+
+/* Greedy tokens from a plain kt_session, the reference. */
+static int session_greedy(const char *prompt, int max_tokens, int32_t *out) {
+    int32_t ids[256];
+    int n = tokenize(prompt, ids, 256);
+    kt_error err = {0};
+    kt_session *s = kt_session_new(g_model, &(kt_session_params){.n_ctx = 256, .n_threads = 2}, &err);
+    assert_non_null(s);
+    int nv = kt_model_describe(g_model)->n_vocab;
+    float *logits = tu_xmalloc(sizeof(float) * (size_t)nv);
+    assert_int_equal(kt_session_eval(s, ids, n, logits, false, &err), KT_OK);
+    int k = 0;
+    while (k < max_tokens) {
+        int32_t best = 0;
+        for (int i = 1; i < nv; i++) best = logits[i] > logits[best] ? i : best;
+        if (kt_token_is_eog(g_model, best)) break;
+        out[k++] = best;
+        if (k == max_tokens) break;
+        assert_int_equal(kt_session_eval(s, &best, 1, logits, false, &err), KT_OK);
+    }
+    free(logits);
+    kt_session_free(s);
+    return k;
+}
+
+static const char *PROMPTS[16] = {
+    "Once upon a time", "Lily had a red ball", "The cat sat on the mat", "Tom was sad because",
+    "One day, a little bird", "The sun was hot and", "Mom said to Ben", "There was a big tree",
+    "The dog ran to the park", "Sue liked to paint", "A boy found a box", "The fish swam fast",
+    "It was a rainy day", "Max and Mia played", "The king had a crown", "At night the stars",
+};
+
+/* With F32 KV the engine's paged attention does the session's arithmetic
+ * exactly, so greedy tokens match a plain session's. */
+static void test_engine_matches_session(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F32, 0.0f);
+    for (int i = 0; i < 3; i++) {
+        int32_t ref[64];
+        int n_ref = session_greedy(PROMPTS[i], 40, ref);
+        output o;
+        run_alone(e, PROMPTS[i], 40, &o);
+        assert_int_equal(o.n, n_ref);
+        assert_memory_equal(o.tokens, ref, sizeof(int32_t) * (size_t)n_ref);
+        assert_true(o.finish == KT_FINISH_LENGTH || o.finish == KT_FINISH_STOP);
+        assert_true(strlen(o.text) > 0);
+    }
+    kt_engine_free(e);
+}
+
+/* 16 concurrent greedy requests give each request's tokens and logprobs
+ * alone, bit for bit (F16 KV, chunked prefill on). */
+static void check_batch_invariance_16(kt_model *m) {
+    kt_engine *e = engine_on(m, 16, 48, KT_KV_F16, 1.8f);
+    static output alone[16], together[16];
+    for (int i = 0; i < 16; i++) run_alone(e, PROMPTS[i], 48, &alone[i]);
+    kt_request *r[16];
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < 16; i++) r[i] = submit(e, PROMPTS[i], 48, 1);
+    for (int i = 0; i < 16; i++) drain(r[i], &together[i]);
+    int distinct = 0;
+    for (int i = 0; i < 16; i++) {
+        assert_true(alone[i].n > 0);
+        assert_int_equal(together[i].n, alone[i].n);
+        assert_memory_equal(together[i].tokens, alone[i].tokens, sizeof(int32_t) * (size_t)alone[i].n);
+        assert_memory_equal(together[i].logprobs, alone[i].logprobs, sizeof(float) * (size_t)alone[i].n);
+        assert_string_equal(together[i].text, alone[i].text);
+        distinct += i > 0 && memcmp(alone[i].tokens, alone[0].tokens, sizeof(int32_t) * 4) != 0;
+        kt_request_free(r[i]);
+    }
+    assert_true(distinct >= 8); /* the requests really are different */
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_true(st.ttft.n >= 32 && st.itl.n > 0);
+    kt_engine_free(e);
+}
+
+static void test_batch_invariance_16(void **state) {
+    (void)state;
+    check_batch_invariance_16(g_model);
+}
+
+/* The same with Q4_0 weights: activations are quantized per token row,
+ * and the GEMM tiles tokens, yet nothing leaks between rows. */
+static void test_batch_invariance_16_q4_0(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_model *m = kt_model_load(tu_shared("models/test-tiny-Q4_0.gguf"), &err);
+    assert_non_null(m);
+    g_tok = m;
+    check_batch_invariance_16(m);
+    g_tok = NULL;
+    kt_model_free(m);
+}
+
+/* A prompt read in chunks of 8 tokens gives the tokens of one read whole. */
+static void test_chunked_prefill_invariance(void **state) {
+    (void)state;
+    const char *long_prompt =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "sun with her friends. One day, she found a big red ball in the park";
+    kt_engine *whole = engine(2, 200, KT_KV_F16, 0.0f), *chunked = engine(2, 10, KT_KV_F16, 0.0f);
+    output a, b;
+    run_alone(whole, long_prompt, 30, &a);
+    run_alone(chunked, long_prompt, 30, &b);
+    assert_true(a.n > 0);
+    assert_int_equal(a.n, b.n);
+    assert_memory_equal(a.tokens, b.tokens, sizeof(int32_t) * (size_t)a.n);
+    assert_memory_equal(a.logprobs, b.logprobs, sizeof(float) * (size_t)a.n);
+    kt_engine_free(whole);
+    kt_engine_free(chunked);
+}
+
+/* n = 3 greedy choices share the prompt and each equals n = 1. */
+static void test_choices_share_prompt(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F16, 0.0f);
+    output one, three[3];
+    run_alone(e, PROMPTS[0], 30, &one);
+    memset(three, 0, sizeof three);
+    kt_request *r = submit(e, PROMPTS[0], 30, 3);
+    drain(r, three);
+    kt_request_free(r);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(three[i].n, one.n);
+        assert_memory_equal(three[i].tokens, one.tokens, sizeof(int32_t) * (size_t)one.n);
+        assert_string_equal(three[i].text, one.text);
+    }
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    kt_engine_free(e);
+}
+
+/* Stop strings cut the text before them, even when they span tokens, and
+ * the choice ends with "stop"; no part of the stop string is output. */
+static void test_stop_strings(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F16, 0.0f);
+    output full;
+    run_alone(e, PROMPTS[0], 60, &full);
+    size_t len = strlen(full.text);
+    assert_true(len > 20);
+    /* a stop string from the middle of the text, 5 bytes straddling tokens */
+    char stop[8];
+    size_t at = len / 2;
+    memcpy(stop, full.text + at, 5);
+    stop[5] = 0;
+    size_t first = (size_t)(strstr(full.text, stop) - full.text);
+    int32_t ids[256];
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids;
+    p.n_prompt = tokenize(PROMPTS[0], ids, 256);
+    p.max_tokens = 60;
+    const char *stops[2] = {"zzzzqqq", stop};
+    p.stop = stops;
+    p.n_stop = 2;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    output o;
+    memset(&o, 0, sizeof o);
+    p.top_logprobs = -1;
+    kt_event ev;
+    int rc;
+    while ((rc = kt_request_wait(r, &ev, WAIT_MS)) == 1) {
+        strcat(o.text, ev.text);
+        if (ev.finish) o.finish = ev.finish;
+    }
+    assert_int_equal(rc, -1);
+    assert_int_equal(o.finish, KT_FINISH_STOP);
+    assert_int_equal(strlen(o.text), first);
+    assert_memory_equal(o.text, full.text, first);
+    kt_request_free(r);
+    kt_engine_free(e);
+}
+
+/* A cancelled request ends with "cancelled" and its blocks come back. */
+static void test_cancel_frees_blocks(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F16, 0.0f);
+    kt_request *r = submit(e, PROMPTS[1], 200, 2);
+    kt_event ev;
+    assert_int_equal(kt_request_wait(r, &ev, WAIT_MS), 1);
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
+    assert_true(st.kv_blocks_used > 0);
+    kt_request_cancel(r);
+    int rc, cancelled = 0;
+    while ((rc = kt_request_wait(r, &ev, WAIT_MS)) == 1) cancelled += ev.finish == KT_FINISH_CANCELLED;
+    assert_int_equal(rc, -1);
+    assert_int_equal(cancelled, 2);
+    kt_engine_get_stats(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.running, 0);
+    kt_request_free(r);
+    /* freeing without reading: the engine lets go by itself */
+    r = submit(e, PROMPTS[2], 200, 1);
+    kt_request_free(r);
+    for (int i = 0; i < 200; i++) {
+        kt_engine_get_stats(e, &st);
+        if (st.kv_blocks_used == 0 && st.running == 0 && st.queue_depth == 0) break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(st.kv_blocks_used, 0);
+    kt_engine_free(e);
+}
+
+/* With one sequence at a time, the waiting request of higher priority
+ * starts first; a full queue says busy. */
+static void test_priority_and_busy(void **state) {
+    (void)state;
+    kt_engine_params prm = kt_engine_defaults();
+    prm.n_ctx = 256, prm.n_parallel = 1, prm.batch_tokens = 64, prm.queue_max = 2, prm.n_threads = 2;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(g_model, &prm, &err);
+    assert_non_null(e);
+    int32_t ids[64];
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids;
+    p.n_prompt = tokenize(PROMPTS[3], ids, 64);
+    p.max_tokens = 120;
+    p.ignore_eos = true;
+    p.top_logprobs = 0;
+    kt_request *running = NULL, *low = NULL, *high = NULL, *extra = NULL;
+    assert_int_equal(kt_engine_submit(e, &p, &running, &err), KT_OK);
+    kt_event ev;
+    assert_int_equal(kt_request_wait(running, &ev, WAIT_MS), 1); /* it is running */
+    p.max_tokens = 5;
+    p.priority = 0;
+    assert_int_equal(kt_engine_submit(e, &p, &low, &err), KT_OK);
+    p.priority = 5;
+    assert_int_equal(kt_engine_submit(e, &p, &high, &err), KT_OK);
+    assert_int_equal(kt_engine_submit(e, &p, &extra, &err), KT_ERR_BUSY);
+    assert_null(extra);
+    assert_non_null(strstr(err.msg, "busy"));
+    output o[1];
+    memset(o, 0, sizeof o);
+    drain(high, o);
+    /* high finished while low had not started */
+    kt_request_usage ul = kt_request_get_usage(low), uh = kt_request_get_usage(high);
+    assert_true(uh.done_ns > 0);
+    assert_true(ul.first_token_ns == 0 || ul.first_token_ns > uh.first_token_ns);
+    kt_request_free(high);
+    kt_request_free(low);
+    kt_request_free(running);
+    kt_engine_free(e);
+}
+
+/* Bad requests get errors that say what is wrong, with the numbers. */
+static void test_errors(void **state) {
+    (void)state;
+    kt_engine *e = engine(2, 64, KT_KV_F16, 0.0f);
+    int32_t *ids = tu_xmalloc(sizeof(int32_t) * 300);
+    for (int i = 0; i < 300; i++) ids[i] = 1 + i % 100;
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids;
+    p.n_prompt = 300;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_CONTEXT);
+    assert_non_null(strstr(err.msg, "300"));
+    assert_non_null(strstr(err.msg, "256"));
+    p.n_prompt = 100;
+    p.max_tokens = 200;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "max_tokens 200"));
+    assert_non_null(strstr(err.msg, "156"));
+    p.max_tokens = 10;
+    ids[5] = 99999;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "99999"));
+    ids[5] = 1;
+    p.n_choices = 0;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    p.n_choices = 1;
+    const char *empty[1] = {""};
+    p.stop = empty, p.n_stop = 1;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    assert_null(r);
+    free(ids);
+    kt_engine_free(e);
+}
+
+/* Shutting down with requests in flight ends them as cancelled; clients
+ * can still read and free them. */
+static void test_shutdown_in_flight(void **state) {
+    (void)state;
+    kt_engine *e = engine(2, 64, KT_KV_F16, 0.0f);
+    kt_request *r = submit(e, PROMPTS[4], 200, 1);
+    kt_event ev;
+    assert_int_equal(kt_request_wait(r, &ev, WAIT_MS), 1);
+    kt_engine_free(e);
+    int rc, cancelled = 0;
+    while ((rc = kt_request_wait(r, &ev, WAIT_MS)) == 1) cancelled += ev.finish == KT_FINISH_CANCELLED;
+    assert_int_equal(rc, -1);
+    assert_int_equal(cancelled, 1);
+    kt_request_free(r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_engine_matches_session),
+        cmocka_unit_test(test_batch_invariance_16),
+        cmocka_unit_test(test_batch_invariance_16_q4_0),
+        cmocka_unit_test(test_chunked_prefill_invariance),
+        cmocka_unit_test(test_choices_share_prompt),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_cancel_frees_blocks),
+        cmocka_unit_test(test_priority_and_busy),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_shutdown_in_flight),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
