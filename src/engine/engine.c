@@ -752,15 +752,17 @@ static void engine_step(kt_engine *e) {
     if (e->n_active == 0) return;
     int n_prefill = 0, n = build_batch(e, &n_prefill);
     if (n > 0) {
+        /* published before any event of the step can be read */
+        pthread_mutex_lock(&e->mu);
+        e->stats.steps++;
+        e->stats.prompt_tokens += (uint64_t)n_prefill;
+        publish_counts_locked(e);
+        pthread_mutex_unlock(&e->mu);
         double t0 = now_ns() / 1e6;
         llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t0);
         consume_logits(e, n);
-        pthread_mutex_lock(&e->mu);
-        e->stats.steps++;
-        e->stats.prompt_tokens += (uint64_t)n_prefill;
-        pthread_mutex_unlock(&e->mu);
     }
     retire_finished(e);
     pthread_mutex_lock(&e->mu);
