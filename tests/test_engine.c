@@ -416,7 +416,62 @@ static void test_shutdown_in_flight(void **state) {
     kt_request_free(r);
 }
 
+/* KT_ENGINE_BENCH=MODEL ./test_engine: aggregate decode tokens/s with
+ * 1..16 concurrent greedy streams (not a test; figures for
+ * docs/PERFORMANCE.md). The window is from the moment every stream has its
+ * first token to the moment the first one ends: all decode together. */
+static int bench(const char *path, int n_threads) {
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(path, KT_LOAD_COPY, &err);
+    if (!m) return fprintf(stderr, "%s\n", err.msg), 1;
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 512, p.n_parallel = 16, p.n_threads = n_threads;
+    kt_engine *e = kt_engine_new(m, &p, &err);
+    if (!e) return fprintf(stderr, "%s\n", err.msg), 1;
+    int32_t prompt[32];
+    int nv = kt_model_describe(m)->n_vocab;
+    double single = 0.0;
+    printf("| streams | decode t/s (aggregate) | per stream | vs 1 stream |\n|---|---|---|---|\n");
+    for (int streams = 1; streams <= 16; streams *= 2) {
+        kt_request *r[16];
+        for (int i = 0; i < streams; i++) {
+            for (int k = 0; k < 32; k++) prompt[k] = 1 + (i * 131 + k * 17) % (nv - 1);
+            kt_gen_params g = kt_gen_defaults();
+            g.prompt = prompt, g.n_prompt = 32, g.max_tokens = 64, g.ignore_eos = true;
+            if (kt_engine_submit(e, &g, &r[i], &err) != KT_OK) return fprintf(stderr, "%s\n", err.msg), 1;
+        }
+        static uint64_t t[16][64];
+        int n[16] = {0};
+        for (int i = 0; i < streams; i++) {
+            kt_event ev;
+            while (kt_request_wait(r[i], &ev, -1) == 1)
+                if (ev.token >= 0 && n[i] < 64) t[i][n[i]++] = ev.t_ns;
+            kt_request_free(r[i]);
+        }
+        uint64_t start = 0, end = UINT64_MAX;
+        for (int i = 0; i < streams; i++) {
+            start = t[i][0] > start ? t[i][0] : start;
+            end = t[i][n[i] - 1] < end ? t[i][n[i] - 1] : end;
+        }
+        long tokens = 0;
+        for (int i = 0; i < streams; i++)
+            for (int k = 0; k < n[i]; k++) tokens += t[i][k] > start && t[i][k] <= end;
+        double tps = end > start ? tokens / ((end - start) / 1e9) : 0.0;
+        if (streams == 1) single = tps;
+        printf("| %d | %.1f | %.1f | %.2fx |\n", streams, tps, tps / streams, single > 0 ? tps / single : 0.0);
+        fflush(stdout);
+    }
+    kt_engine_free(e);
+    kt_model_free(m);
+    return 0;
+}
+
 int main(void) {
+    const char *bench_model = getenv("KT_ENGINE_BENCH");
+    if (bench_model) {
+        const char *t = getenv("KT_THREADS");
+        return bench(bench_model, t ? atoi(t) : 2);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_matches_session),
         cmocka_unit_test(test_batch_invariance_16),

@@ -16,6 +16,7 @@ static const command COMMANDS[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits a text"},
     {"chat", cmd_chat, "talk with a model, turn by turn, reusing its KV cache"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (streaming, many clients at once)"},
     {"template", cmd_template, "print the prompt a chat template renders for messages"},
     {"bench", cmd_bench, "measure prefill/decode speed and the machine's ceilings"},
     {"perplexity", cmd_perplexity, "score a text: perplexity, as llama-perplexity computes it"},

@@ -1,0 +1,199 @@
+/*
+ * cmd_serve.c - `kettle serve`: the OpenAI-compatible HTTP server.
+ *
+ * Loads the model, starts the engine (one thread owning the model and the
+ * paged KV cache) and the HTTP server (src/server/), prints one line
+ * "kettle serve: listening on http://HOST:PORT" to stderr when requests
+ * can be sent, and runs until SIGINT or SIGTERM, then shuts down in order:
+ * no new requests, engine stopped (streams end as "cancelled"), daemon
+ * stopped, model freed.
+ *
+ * SIGINT/SIGTERM are blocked before any thread starts and taken with
+ * sigwait, so no thread is interrupted by them and no handler runs in a
+ * signal context.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "kettle.h"
+#include "server/http.h"
+
+typedef struct serve_opts {
+    const char *model, *host, *api_key, *alias, *template_arg, *kv_type;
+    int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads;
+    kt_load_mode load;
+} serve_opts;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: kettle serve -m MODEL [options]\n"
+            "  -m, --model FILE        GGUF model\n"
+            "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
+            "      --port N            port (default 8080; 0: any free port, printed)\n"
+            "  -c, --ctx N             positions per sequence, prompt + output (default: the model's)\n"
+            "      --parallel N        sequences decoding at once; each choice counts (default 16)\n"
+            "      --kv-mb N           KV cache budget in MiB (default: parallel x ctx positions)\n"
+            "      --batch-tokens N    tokens per engine step, decode + prefill (default 256)\n"
+            "      --queue N           requests waiting before 503 (default 64)\n"
+            "      --kv-type T         KV cache element type: f16 (default) or f32\n"
+            "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
+            "      --http-threads N    HTTP worker threads (default 4)\n"
+            "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
+            "      --alias NAME        the model's name in the API (default: the file's name)\n"
+            "      --chat-template T   a Jinja file or a built-in name (chatml, llama2, llama3,\n"
+            "                          mistral, phi3, gemma); default: the model's own\n"
+            "      --load MODE         mmap, populate or copy (default copy)\n"
+            "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
+            "GET /v1/models, /health, /metrics.\n");
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+typedef struct int_option {
+    const char *name, *alias;
+    long lo, hi;
+    int *dst;
+} int_option;
+
+/* One option at argv[*i]: 1 taken, 0 unknown, 2 usage error (reported). */
+static int take_option(int argc, char **argv, int *i, serve_opts *o) {
+    int_option ints[] = {{"--port", NULL, 0, 65535, &o->port},          {"--ctx", "-c", 0, 1 << 24, &o->n_ctx},
+                         {"--parallel", NULL, 1, 1024, &o->n_parallel}, {"--kv-mb", NULL, 0, 1 << 24, &o->kv_mb},
+                         {"--batch-tokens", NULL, 1, 1 << 20, &o->batch_tokens}, {"--threads", "-t", 1, 1024, &o->n_threads},
+                         {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads}};
+    struct { const char *name, *alias; const char **dst; } strs[] = {
+        {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
+        {"--alias", NULL, &o->alias}, {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type}};
+    const char *v = NULL;
+    int r;
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+        if ((r = cli_opt("serve", argc, argv, i, ints[k].name, &v)) ||
+            (ints[k].alias && (r = cli_opt("serve", argc, argv, i, ints[k].alias, &v)))) {
+            if (r < 0) return 2;
+            return parse_int(v, ints[k].lo, ints[k].hi, ints[k].dst)
+                       ? 1
+                       : cli_usage_error("serve", "invalid value '%s' for %s (%ld..%ld)", v, ints[k].name, ints[k].lo,
+                                         ints[k].hi);
+        }
+    for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++)
+        if ((r = cli_opt("serve", argc, argv, i, strs[k].name, strs[k].dst)) ||
+            (strs[k].alias && (r = cli_opt("serve", argc, argv, i, strs[k].alias, strs[k].dst))))
+            return r < 0 ? 2 : 1;
+    if ((r = cli_opt("serve", argc, argv, i, "--load", &v))) {
+        if (r < 0) return 2;
+        return cli_parse_load_mode(v, &o->load) ? 1 : cli_usage_error("serve", "invalid --load '%s' (mmap, populate, copy)", v);
+    }
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, serve_opts *o) {
+    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_COPY};
+    for (int i = 1; i < argc; i++) {
+        int r = take_option(argc, argv, &i, o);
+        if (r == 2) return 2;
+        if (r == 0) return cli_usage_error("serve", "unknown option '%s'", argv[i]);
+    }
+    if (!o->model) return cli_usage_error("serve", "need -m MODEL");
+    if (o->api_key && !o->api_key[0]) return cli_usage_error("serve", "--api-key must not be empty");
+    if (o->kv_type && strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32"))
+        return cli_usage_error("serve", "invalid --kv-type '%s' (f16, f32)", o->kv_type);
+    return 0;
+}
+
+static char *load_template(const char *arg, kt_error *err) {
+    size_t len;
+    const char *builtin = kt_chat_builtin_template(arg);
+    char *text = builtin ? strdup(builtin) : cli_read_file(arg, &len);
+    if (!text)
+        snprintf(err->msg, sizeof err->msg, "chat template '%s' is neither a built-in nor a readable file (%s)", arg,
+                 strerror(errno));
+    return text;
+}
+
+static kt_engine_params engine_params(const serve_opts *o) {
+    kt_engine_params p = kt_engine_defaults();
+    if (o->n_ctx) p.n_ctx = o->n_ctx;
+    if (o->n_parallel) p.n_parallel = o->n_parallel;
+    if (o->kv_mb) p.kv_bytes = (size_t)o->kv_mb << 20;
+    if (o->batch_tokens) p.batch_tokens = o->batch_tokens;
+    if (o->n_threads) p.n_threads = o->n_threads;
+    if (o->queue_max) p.queue_max = o->queue_max;
+    if (o->kv_type) p.kv_type = strcmp(o->kv_type, "f32") ? KT_KV_F16 : KT_KV_F32;
+    return p;
+}
+
+/* Blocks until SIGINT or SIGTERM (blocked in every thread). */
+static void wait_for_signal(const sigset_t *set) {
+    int sig = 0;
+    while (sigwait(set, &sig) != 0) {}
+    fprintf(stderr, "kettle serve: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
+}
+
+static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const sigset_t *set) {
+    kt_error err = {0};
+    kt_engine_params ep = engine_params(o);
+    kt_engine *engine = kt_engine_new(model, &ep, &err);
+    if (!engine) return cli_fail("serve", &err);
+    const char *base = strrchr(o->model, '/');
+    srv_config cfg = {.host = o->host, .port = o->port, .api_key = o->api_key,
+                      .model_name = o->alias ? o->alias : base ? base + 1 : o->model, .template_text = tmpl,
+                      .http_threads = o->http_threads};
+    srv_server *srv = srv_start(model, engine, &cfg, &err);
+    if (!srv) {
+        kt_engine_free(engine);
+        return cli_fail("serve", &err);
+    }
+    const kt_engine_params *ap = kt_engine_get_params(engine);
+    fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg.model_name, ap->n_ctx,
+            ap->n_parallel, ap->batch_tokens);
+    bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
+    fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
+    wait_for_signal(set);
+    srv_stop(srv); /* frees the engine too */
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
+    serve_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc) return rc;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    kt_error err = {0};
+    char *tmpl = o.template_arg ? load_template(o.template_arg, &err) : NULL;
+    if (o.template_arg && !tmpl) return cli_fail("serve", &err);
+    kt_model *model = kt_model_load_ex(o.model, o.load, &err);
+    if (!model) {
+        free(tmpl);
+        return cli_fail("serve", &err);
+    }
+    if (!tmpl && !kt_model_chat_template(model))
+        fprintf(stderr, "kettle serve: %s has no chat template: /v1/chat/completions will fail "
+                        "(name one with --chat-template)\n", o.model);
+    rc = serve(model, tmpl, &o, &set);
+    kt_model_free(model);
+    free(tmpl);
+    return rc;
+}

@@ -1,0 +1,307 @@
+/*
+ * gen.c - generation requests over HTTP: validate, tokenize, submit to the
+ * engine, and hand the events to the client without ever blocking an MHD
+ * thread.
+ *
+ * The wait is a suspend/resume handshake on the connection's srv_link:
+ *
+ *   MHD thread                          engine thread (notify)
+ *   lock; notified = false; unlock      lock; notified = true;
+ *   poll every ready event              if suspended: suspended = false,
+ *   nothing? lock;                          MHD_resume_connection
+ *     notified? -> poll again           unlock
+ *     else suspended = true,
+ *          MHD_suspend_connection
+ *   unlock
+ *
+ * An event queued between the poll and the suspend sets `notified`, so the
+ * connection polls again instead of sleeping through it. Streaming replies
+ * suspend from MHD's content-reader callback (returning 0 bytes), others
+ * from the access handler; MHD calls either again after the resume.
+ *
+ * A client that goes away makes MHD call the request-completed callback,
+ * which (through srv_gen_release) cancels and frees the engine request, so
+ * the engine drops the sequence and its KV blocks within a step. MHD sees
+ * a disconnect only on a resumed connection, i.e. at the next event.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/http_internal.h"
+
+/* ---- links ---- */
+
+static srv_link *link_acquire(srv_server *s, struct MHD_Connection *mc) {
+    pthread_mutex_lock(&s->link_mu);
+    srv_link *l = s->free_links;
+    if (l) s->free_links = l->next_free;
+    else if ((l = calloc(1, sizeof *l))) l->s = s, l->next_all = s->all_links, s->all_links = l;
+    if (l) l->mc = mc, l->suspended = false, l->notified = false, s->n_links_used++;
+    pthread_mutex_unlock(&s->link_mu);
+    return l;
+}
+
+static void link_release(srv_link *l) {
+    srv_server *s = l->s;
+    pthread_mutex_lock(&s->link_mu);
+    l->mc = NULL, l->suspended = false;
+    l->next_free = s->free_links, s->free_links = l;
+    s->n_links_used--;
+    pthread_mutex_unlock(&s->link_mu);
+}
+
+void srv_link_notify(void *ctx) {
+    srv_link *l = ctx;
+    pthread_mutex_lock(&l->s->link_mu);
+    l->notified = true;
+    if (l->suspended && l->mc) {
+        l->suspended = false;
+        MHD_resume_connection(l->mc);
+    }
+    pthread_mutex_unlock(&l->s->link_mu);
+}
+
+static void link_arm(srv_link *l) {
+    pthread_mutex_lock(&l->s->link_mu);
+    l->notified = false;
+    pthread_mutex_unlock(&l->s->link_mu);
+}
+
+typedef enum { WAIT_SUSPENDED, WAIT_RETRY, WAIT_SHUTDOWN } wait_result;
+
+/* Suspends the connection unless news came since link_arm. */
+static wait_result link_suspend(srv_link *l) {
+    wait_result r = WAIT_SUSPENDED;
+    pthread_mutex_lock(&l->s->link_mu);
+    if (l->s->shutting) r = WAIT_SHUTDOWN;
+    else if (l->notified) r = WAIT_RETRY;
+    else l->suspended = true, MHD_suspend_connection(l->mc);
+    pthread_mutex_unlock(&l->s->link_mu);
+    return r;
+}
+
+void srv_links_wake_all(srv_server *s) {
+    pthread_mutex_lock(&s->link_mu);
+    s->shutting = true;
+    for (srv_link *l = s->all_links; l; l = l->next_all)
+        if (l->suspended && l->mc) l->suspended = false, MHD_resume_connection(l->mc);
+    pthread_mutex_unlock(&s->link_mu);
+}
+
+bool srv_links_idle(srv_server *s) {
+    pthread_mutex_lock(&s->link_mu);
+    bool idle = s->n_links_used == 0;
+    pthread_mutex_unlock(&s->link_mu);
+    return idle;
+}
+
+void srv_links_free(srv_server *s) {
+    while (s->all_links) {
+        srv_link *next = s->all_links->next_all;
+        free(s->all_links);
+        s->all_links = next;
+    }
+    s->free_links = NULL;
+}
+
+/* ---- events ---- */
+
+static bool sse_error(srv_buf *out, const char *msg) {
+    srv_error e;
+    srv_fail(&e, 500, "server_error", NULL, NULL, "%s", msg[0] ? msg : "the engine failed");
+    char *j = srv_error_json(&e);
+    bool ok = j && srv_buf_append(out, "data: ", 6) && srv_buf_append(out, j, strlen(j)) && srv_buf_append(out, "\n\n", 2);
+    free(j);
+    return ok;
+}
+
+/* One event as stream chunks: the delta, then the finish chunk (and an
+ * error object when the engine failed). */
+static bool stream_event(srv_conn *c, const kt_event *ev) {
+    bool iu = c->gen.include_usage;
+    json_t *j = srv_chunk_event(&c->reply, ev, iu);
+    if (j && !srv_buf_sse(&c->out, j)) return false;
+    if (ev->finish == KT_FINISH_NONE) return true;
+    if (!srv_buf_sse(&c->out, srv_chunk_finish(&c->reply, ev->choice, ev->finish, iu))) return false;
+    return ev->finish != KT_FINISH_ERROR || sse_error(&c->out, ev->error);
+}
+
+/* Takes every ready event: 1 when the request is finished, 0 when more
+ * will come, -1 out of memory. */
+static int drain(srv_conn *c) {
+    kt_event ev;
+    int r;
+    while ((r = kt_request_poll(c->req, &ev)) == 1) {
+        bool ok = c->gen.stream ? stream_event(c, &ev) : srv_reply_add(&c->reply, &ev);
+        if (!ok) return -1;
+    }
+    return r < 0 ? 1 : 0;
+}
+
+static bool stream_end(srv_conn *c) {
+    if (c->gen.include_usage) {
+        kt_request_usage u = kt_request_get_usage(c->req);
+        if (!srv_buf_sse(&c->out, srv_chunk_usage(&c->reply, &u))) return false;
+    }
+    return srv_buf_append(&c->out, "data: [DONE]\n\n", 14);
+}
+
+/* MHD's content reader for a stream: bytes ready, or suspend until the
+ * engine has more. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    srv_conn *c = cls;
+    for (;;) {
+        if (c->out_pos < c->out.len) {
+            size_t n = c->out.len - c->out_pos < max ? c->out.len - c->out_pos : max;
+            memcpy(buf, c->out.data + c->out_pos, n);
+            c->out_pos += n;
+            return (ssize_t)n;
+        }
+        c->out.len = c->out_pos = 0;
+        if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+        link_arm(c->link);
+        int r = drain(c);
+        if (r < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (r == 1) {
+            if (!stream_end(c)) return MHD_CONTENT_READER_END_WITH_ERROR;
+            c->stream_done = true;
+            continue;
+        }
+        if (c->out.len) continue;
+        wait_result w = link_suspend(c->link);
+        if (w == WAIT_SUSPENDED) return 0;
+        if (w == WAIT_SHUTDOWN) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+/* ---- starting ---- */
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t fresh_random(srv_server *s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long n = __atomic_fetch_add(&s->n_requests, 1, __ATOMIC_RELAXED);
+    return mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ mix64(n));
+}
+
+static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n, srv_link *link) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n;
+    p.max_tokens = g->max_tokens, p.n_choices = g->n_choices, p.sampling = g->sampling;
+    p.stop = g->stop, p.n_stop = g->n_stop, p.top_logprobs = g->top_logprobs;
+    p.logit_bias = g->logit_bias, p.n_logit_bias = g->n_logit_bias, p.priority = g->priority;
+    p.notify = srv_link_notify, p.notify_ctx = link;
+    return p;
+}
+
+/* Submits under engine_mu so srv_stop cannot free the engine meanwhile. */
+static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
+    srv_server *s = c->s;
+    kt_gen_params p = gen_params(&c->gen, ids, n, c->link);
+    kt_error err = {0};
+    pthread_mutex_lock(&s->engine_mu);
+    kt_status st = s->engine ? kt_engine_submit(s->engine, &p, &c->req, &err) : KT_ERR_BUSY;
+    pthread_mutex_unlock(&s->engine_mu);
+    if (st == KT_OK) return true;
+    if (!s->engine) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
+    err.status = st;
+    srv_submit_error(&err, c->gen.kind, e);
+    return false;
+}
+
+static bool start_reply(srv_conn *c, srv_error *e) {
+    srv_server *s = c->s;
+    char id[48];
+    snprintf(id, sizeof id, "%s%016llx", c->gen.kind == SRV_CHAT ? "chatcmpl-" : "cmpl-",
+             (unsigned long long)fresh_random(s));
+    c->have_reply = true;
+    if (!srv_reply_init(&c->reply, &c->gen, s->model, s->cfg.model_name, id, (long long)time(NULL)))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (!c->gen.stream || c->gen.kind != SRV_CHAT) return true;
+    for (int i = 0; i < c->gen.n_choices; i++)
+        if (!srv_buf_sse(&c->out, srv_chunk_role(&c->reply, i, c->gen.include_usage)))
+            return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return true;
+}
+
+static enum MHD_Result start_stream(srv_conn *c) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, c, NULL);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result q = MHD_queue_response(c->mc, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    c->status = MHD_HTTP_OK;
+    return q;
+}
+
+/* Parse, tokenize, submit; on success the connection owns a request. */
+static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
+    srv_server *s = c->s;
+    const kt_model_desc *d = kt_model_describe(s->model);
+    srv_model_info mi = {.name = s->cfg.model_name, .n_vocab = d->n_vocab};
+    if (!(c->json = srv_parse_body(c, e))) return false;
+    if (!srv_parse_gen(c->json, kind, &mi, fresh_random(s), &c->gen, e)) return false;
+    c->have_gen = true;
+    int32_t *ids = NULL;
+    int n = srv_prompt_tokens(s->model, s->cfg.template_text, &c->gen, &ids, e);
+    if (n < 0) return false;
+    bool ok = (c->link = link_acquire(s, c->mc)) != NULL;
+    if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    ok = ok && submit(c, ids, n, e) && start_reply(c, e);
+    free(ids);
+    return ok;
+}
+
+enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
+    srv_error e;
+    c->started = true;
+    if (!prepare(c, kind, &e)) return srv_respond_error(c, &e);
+    return c->gen.stream ? start_stream(c) : srv_gen_continue(c);
+}
+
+/* A non-streaming request: gather events; answer once finished. */
+enum MHD_Result srv_gen_continue(srv_conn *c) {
+    srv_error e;
+    for (;;) {
+        link_arm(c->link);
+        int r = drain(c);
+        if (r < 0) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
+        if (r == 1) break;
+        wait_result w = link_suspend(c->link);
+        if (w == WAIT_SUSPENDED) return MHD_YES;
+        if (w == WAIT_SHUTDOWN)
+            return srv_fail(&e, 503, "server_error", NULL, NULL, "the server is shutting down"), srv_respond_error(c, &e);
+    }
+    int bad = srv_reply_error_choice(&c->reply);
+    if (bad >= 0) {
+        srv_fail(&e, 500, "server_error", NULL, NULL, "%s", c->reply.choices[bad].error[0] ? c->reply.choices[bad].error : "the engine failed");
+        return srv_respond_error(c, &e);
+    }
+    kt_request_usage u = kt_request_get_usage(c->req);
+    json_t *j = srv_reply_json(&c->reply, &u);
+    if (!j) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
+    return srv_respond_json(c, 200, j);
+}
+
+void srv_gen_release(srv_conn *c) {
+    if (c->req) {
+        kt_request_cancel(c->req);
+        kt_request_free(c->req);
+        c->req = NULL;
+    }
+    if (c->link) link_release(c->link), c->link = NULL;
+    if (c->have_reply) srv_reply_free(&c->reply), c->have_reply = false;
+    if (c->have_gen) srv_gen_req_free(&c->gen), c->have_gen = false;
+    json_decref(c->json), c->json = NULL;
+    srv_buf_free(&c->out);
+}

@@ -1,0 +1,324 @@
+/*
+ * http.c - the libmicrohttpd daemon of `kettle serve` (see http.h):
+ * binding, routing, body limits, API-key checks, the small endpoints
+ * (/health, /v1/models, /metrics, /tokenize, /detokenize) and the JSON /
+ * error responses every endpoint uses. Generation requests go to gen.c.
+ *
+ * MHD runs its own worker threads (a small pool, epoll each) and calls
+ * on_request once when the headers are in, once per piece of body, then
+ * once more when the body is complete: that last call answers. Errors are
+ * decided from the whole request, except a Content-Length over the limit,
+ * which is answered 413 at once without reading the body.
+ */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "server/http_internal.h"
+
+#define DEFAULT_MAX_BODY (8u << 20)
+
+/* ---- routing ---- */
+
+typedef struct route {
+    const char *path, *method;
+    srv_endpoint ep;
+} route;
+
+static const route ROUTES[] = {
+    {"/health", "GET", EP_HEALTH},
+    {"/v1/models", "GET", EP_MODELS},
+    {"/metrics", "GET", EP_METRICS},
+    {"/tokenize", "POST", EP_TOKENIZE},
+    {"/detokenize", "POST", EP_DETOKENIZE},
+    {"/v1/chat/completions", "POST", EP_CHAT},
+    {"/v1/completions", "POST", EP_COMPLETIONS},
+};
+
+static const char *endpoint_name(srv_endpoint ep) {
+    static const char *const NAMES[] = {"health", "models", "metrics", "tokenize", "detokenize", "chat_completions",
+                                        "completions", "other"};
+    return NAMES[ep];
+}
+
+/* The endpoint for url+method; *status 404 (no such path) or 405. */
+static srv_endpoint route_of(const char *url, const char *method, int *status) {
+    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++) {
+        if (strcmp(url, ROUTES[i].path)) continue;
+        *status = strcmp(method, ROUTES[i].method) ? 405 : 0;
+        return ROUTES[i].ep;
+    }
+    *status = 404;
+    return EP_OTHER;
+}
+
+/* ---- responses ---- */
+
+enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == 405)
+        for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
+            if (ROUTES[i].ep == c->ep) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ROUTES[i].method);
+    enum MHD_Result q = MHD_queue_response(c->mc, (unsigned)status, r);
+    MHD_destroy_response(r);
+    c->status = status;
+    return q;
+}
+
+enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        srv_error e;
+        srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return srv_respond_error(c, &e);
+    }
+    return srv_respond(c, status, "application/json", s, strlen(s));
+}
+
+enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e) {
+    char *s = srv_error_json(e);
+    if (!s) return MHD_NO;
+    return srv_respond(c, e->status, "application/json", s, strlen(s));
+}
+
+/* ---- requests ---- */
+
+json_t *srv_parse_body(srv_conn *c, srv_error *e) {
+    json_error_t je;
+    if (!c->body.len) return srv_fail(e, 400, "invalid_request_error", NULL, NULL, "the request body is empty; send JSON"), NULL;
+    json_t *j = json_loadb(c->body.data, c->body.len, 0, &je);
+    if (j) return j;
+    if (json_error_code(&je) == json_error_invalid_utf8)
+        srv_fail(e, 400, "invalid_request_error", NULL, NULL, "the request body is not valid UTF-8 (%s at byte %d)",
+                 je.text, je.position);
+    else
+        srv_fail(e, 400, "invalid_request_error", NULL, NULL, "malformed JSON in the request body: %s (line %d, column %d)",
+                 je.text, je.line, je.column);
+    return NULL;
+}
+
+static enum MHD_Result health(srv_conn *c) {
+    pthread_mutex_lock(&c->s->engine_mu);
+    bool up = c->s->engine != NULL;
+    pthread_mutex_unlock(&c->s->engine_mu);
+    return srv_respond_json(c, up ? 200 : 503, json_pack("{s:s}", "status", up ? "ok" : "shutting down"));
+}
+
+static enum MHD_Result models(srv_conn *c) {
+    srv_server *s = c->s;
+    return srv_respond_json(c, 200,
+                            json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", s->cfg.model_name,
+                                      "object", "model", "created", (json_int_t)s->started, "owned_by", "kettle"));
+}
+
+static enum MHD_Result metrics(srv_conn *c) {
+    srv_server *s = c->s;
+    kt_engine_stats st = {0};
+    pthread_mutex_lock(&s->engine_mu);
+    if (s->engine) kt_engine_get_stats(s->engine, &st);
+    pthread_mutex_unlock(&s->engine_mu);
+    char *text = srv_metrics_text(&s->metrics, &st);
+    if (!text) return MHD_NO;
+    return srv_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
+}
+
+static enum MHD_Result tokens(srv_conn *c, bool tokenize) {
+    srv_error e;
+    json_t *body = srv_parse_body(c, &e), *out = NULL;
+    if (body && !json_is_object(body))
+        srv_fail(&e, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
+    else if (body)
+        out = tokenize ? srv_tokenize(c->s->model, body, &e) : srv_detokenize(c->s->model, body, &e);
+    json_decref(body);
+    return out ? srv_respond_json(c, 200, out) : srv_respond_error(c, &e);
+}
+
+/* Constant-time comparison, so the key cannot be guessed byte by byte. */
+static bool same_secret(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned diff = (unsigned)(la ^ lb);
+    for (size_t i = 0; i < la; i++) diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (lb ? lb : 1)];
+    return diff == 0 && lb > 0;
+}
+
+static bool authorized(srv_conn *c) {
+    const char *key = c->s->cfg.api_key;
+    if (!key || c->ep == EP_HEALTH) return true;
+    const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    return h && !strncmp(h, "Bearer ", 7) && same_secret(h + 7, key);
+}
+
+static enum MHD_Result dispatch(srv_conn *c) {
+    srv_error e;
+    if (c->too_big)
+        srv_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                 "the request body is larger than the limit of %zu bytes", c->s->cfg.max_body);
+    else if (c->route_status == 404)
+        srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
+                 "no such endpoint: %s (there are /v1/chat/completions, /v1/completions, /v1/models, /health, "
+                 "/metrics, /tokenize and /detokenize)", c->url);
+    else if (c->route_status == 405)
+        srv_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s does not accept %s", c->url,
+                 c->method);
+    else if (!authorized(c))
+        srv_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+                 "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+    else
+        e.status = 0;
+    if (e.status) return srv_respond_error(c, &e);
+    switch (c->ep) {
+    case EP_HEALTH: return health(c);
+    case EP_MODELS: return models(c);
+    case EP_METRICS: return metrics(c);
+    case EP_TOKENIZE: return tokens(c, true);
+    case EP_DETOKENIZE: return tokens(c, false);
+    case EP_CHAT: return srv_gen_start(c, SRV_CHAT);
+    case EP_COMPLETIONS: return srv_gen_start(c, SRV_COMPLETION);
+    default: return MHD_NO;
+    }
+}
+
+/* The first call for a request: headers only. */
+static enum MHD_Result begin(srv_server *s, struct MHD_Connection *mc, const char *url, const char *method,
+                             void **con_cls) {
+    srv_conn *c = calloc(1, sizeof *c);
+    if (!c) return MHD_NO;
+    c->s = s, c->mc = mc;
+    snprintf(c->url, sizeof c->url, "%s", srv_utf8_valid(url, strlen(url)) ? url : "(a path that is not UTF-8)");
+    snprintf(c->method, sizeof c->method, "%s", srv_utf8_valid(method, strlen(method)) ? method : "?");
+    c->ep = route_of(url, method, &c->route_status);
+    *con_cls = c;
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {
+        c->too_big = true;
+        return dispatch(c);
+    }
+    return MHD_YES;
+}
+
+static void take_body(srv_conn *c, const char *data, size_t n) {
+    if (c->too_big || c->body.len + n > c->s->cfg.max_body) {
+        c->too_big = true;
+        srv_buf_free(&c->body);
+    } else if (!srv_buf_append(&c->body, data, n)) {
+        c->too_big = true; /* out of memory for it: as good as too big */
+    }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version;
+    srv_conn *c = *con_cls;
+    if (!c) return begin(cls, mc, url, method, con_cls);
+    if (*upload_size) {
+        take_body(c, upload_data, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (c->status) return MHD_YES; /* answered already (413 at the headers) */
+    return c->started ? srv_gen_continue(c) : dispatch(c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)mc, (void)toe;
+    srv_server *s = cls;
+    srv_conn *c = *con_cls;
+    if (!c) return;
+    /* 499 (nginx's "client closed request"): it left before any answer */
+    srv_metrics_count(&s->metrics, endpoint_name(c->ep), c->status ? c->status : 499);
+    srv_gen_release(c);
+    srv_buf_free(&c->body);
+    free(c);
+    *con_cls = NULL;
+}
+
+/* ---- the daemon ---- */
+
+static bool resolve(const char *host, int port, struct sockaddr_storage *addr, kt_error *err) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = getaddrinfo(host, service, &hints, &res);
+    if (rc || !res) {
+        snprintf(err->msg, sizeof err->msg, "cannot resolve --host '%s': %s", host, gai_strerror(rc));
+        err->status = KT_ERR_ARG;
+        return false;
+    }
+    memcpy(addr, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return true;
+}
+
+static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
+    struct sockaddr_storage addr = {0};
+    const char *host = s->cfg.host ? s->cfg.host : "127.0.0.1";
+    if (!resolve(host, s->cfg.port, &addr, err)) return NULL;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_END);
+    if (!d) {
+        err->status = KT_ERR_IO;
+        snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d (in use, or not an address of this machine?)",
+                 host, s->cfg.port);
+    }
+    return d;
+}
+
+srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg, kt_error *err) {
+    srv_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return NULL;
+    }
+    s->model = model, s->engine = engine, s->cfg = *cfg, s->started = (long long)time(NULL);
+    if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
+    pthread_mutex_init(&s->engine_mu, NULL);
+    pthread_mutex_init(&s->link_mu, NULL);
+    if (!srv_metrics_init(&s->metrics) || !(s->daemon = start_daemon(s, err))) {
+        if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
+        s->engine = NULL; /* still the caller's */
+        srv_stop(s);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : cfg->port;
+    return s;
+}
+
+int srv_port(const srv_server *s) {
+    return s->port;
+}
+
+void srv_stop(srv_server *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->engine_mu);
+    kt_engine *e = s->engine;
+    s->engine = NULL;
+    pthread_mutex_unlock(&s->engine_mu);
+    if (e) kt_engine_free(e); /* every request ends as cancelled and notifies */
+    srv_links_wake_all(s);
+    /* let the woken streams send their last chunks and [DONE] (up to 3 s) */
+    for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_links_free(s);
+    srv_metrics_destroy(&s->metrics);
+    pthread_mutex_destroy(&s->engine_mu);
+    pthread_mutex_destroy(&s->link_mu);
+    free(s);
+}

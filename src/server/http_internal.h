@@ -1,0 +1,88 @@
+/*
+ * http_internal.h - what http.c (daemon, routing, simple endpoints) and
+ * gen.c (generation requests: submit, suspend/resume, streaming) share.
+ * Not part of the server's interface (http.h).
+ */
+#ifndef KT_SERVER_HTTP_INTERNAL_H
+#define KT_SERVER_HTTP_INTERNAL_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+
+/* The engine's way back to a connection. The engine thread calls
+ * link_notify(link) when a request has news; if the connection is
+ * suspended it is resumed, otherwise `notified` tells it not to suspend.
+ * Links are pooled and freed only after the engine is gone, so a late
+ * notify can never touch freed memory (at worst it wakes a connection that
+ * then finds nothing new and suspends again). */
+typedef struct srv_link {
+    struct srv_server *s;
+    struct MHD_Connection *mc; /* NULL while in the free pool */
+    bool suspended, notified;
+    struct srv_link *next_free, *next_all;
+} srv_link;
+
+typedef enum srv_endpoint {
+    EP_HEALTH, EP_MODELS, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS, EP_OTHER
+} srv_endpoint;
+
+struct srv_server {
+    kt_model *model;
+    kt_engine *engine;      /* NULL once srv_stop began */
+    srv_config cfg;
+    struct MHD_Daemon *daemon;
+    int port;
+    long long started;      /* unix time, for /v1/models */
+    pthread_mutex_t engine_mu; /* guards `engine` against srv_stop */
+    pthread_mutex_t link_mu;   /* guards every link and the pools */
+    srv_link *free_links, *all_links;
+    int n_links_used;       /* generation requests still being answered */
+    bool shutting;          /* under link_mu: no more suspending */
+    srv_metrics metrics;
+    unsigned long long n_requests; /* for ids and default seeds (atomic) */
+};
+
+typedef struct srv_conn {
+    srv_server *s;
+    struct MHD_Connection *mc;
+    srv_endpoint ep;
+    int route_status;       /* 0, or 404 / 405 decided from the URL */
+    char url[160], method[16]; /* for messages (cut) */
+    srv_buf body;
+    bool too_big;
+    int status;             /* the status queued, for /metrics */
+    /* generation requests (gen.c) */
+    json_t *json;
+    srv_gen_req gen;
+    bool have_gen, have_reply, started, stream_done;
+    kt_request *req;
+    srv_link *link;
+    srv_reply reply;
+    srv_buf out;            /* stream bytes not yet handed to MHD */
+    size_t out_pos;
+} srv_conn;
+
+/* http.c */
+enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, char *body, size_t len);
+enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j);
+enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e);
+/* The body parsed as JSON, or NULL with e filled (400, saying where). */
+json_t *srv_parse_body(srv_conn *c, srv_error *e);
+
+/* gen.c */
+enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind);
+enum MHD_Result srv_gen_continue(srv_conn *c);
+void srv_gen_release(srv_conn *c);
+void srv_link_notify(void *link);
+/* At shutdown: resumes every suspended connection (under link_mu). */
+void srv_links_wake_all(srv_server *s);
+/* True when no generation request is being answered any more. */
+bool srv_links_idle(srv_server *s);
+void srv_links_free(srv_server *s);
+
+#endif

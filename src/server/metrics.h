@@ -1,0 +1,36 @@
+/*
+ * metrics.h - the server's counters and the Prometheus text of /metrics.
+ *
+ * HTTP requests are counted here by endpoint and status (any thread); the
+ * engine's figures (tokens, latency histograms, queue, KV blocks) come
+ * from one kt_engine_get_stats snapshot per scrape, so a scrape never
+ * waits on the engine thread.
+ */
+#ifndef KT_SERVER_METRICS_H
+#define KT_SERVER_METRICS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "engine/engine.h"
+
+#define SRV_METRICS_MAX 96
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    struct {
+        const char *endpoint; /* a static string */
+        int status;
+        unsigned long long count;
+    } rows[SRV_METRICS_MAX];
+    int n_rows;
+} srv_metrics;
+
+bool srv_metrics_init(srv_metrics *m);
+void srv_metrics_destroy(srv_metrics *m);
+/* Counts one finished HTTP request; `endpoint` must be a static string. */
+void srv_metrics_count(srv_metrics *m, const char *endpoint, int status);
+/* The Prometheus text exposition (malloc'ed), or NULL when out of memory. */
+char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st);
+
+#endif

@@ -1,0 +1,504 @@
+/*
+ * openai.c - request validation and response building for the OpenAI API
+ * (see openai.h).
+ *
+ * Validation is strict about types (a string where a number belongs is a
+ * 400 naming the field) and lenient about fields kettle does not use
+ * (ignored, as OpenAI-compatible servers do). Defaults are OpenAI's, not
+ * `kettle run`'s: temperature 1, top_p 1, no top_k / min_p unless given,
+ * max_tokens 16 for completions and "until the context is full" for chat.
+ */
+#include "server/openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INVALID "invalid_request_error"
+
+bool srv_fail(srv_error *e, int status, const char *type, const char *param, const char *code,
+              const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+char *srv_error_json(const srv_error *e) {
+    /* messages may quote user text cut at a byte limit: keep them valid */
+    char msg[sizeof e->msg];
+    snprintf(msg, sizeof msg, "%s", srv_utf8_valid(e->msg, strlen(e->msg)) ? e->msg : "invalid request");
+    json_t *j = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type",
+                          e->type ? e->type : "server_error", "param",
+                          e->param[0] ? json_string(e->param) : json_null(), "code",
+                          e->code ? json_string(e->code) : json_null());
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
+/* ---- field readers: absent or null -> untouched and true ---- */
+
+static json_t *field(json_t *body, const char *key) {
+    json_t *v = json_object_get(body, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static bool read_int(json_t *body, const char *key, long long lo, long long hi, long long *out,
+                     srv_error *e) {
+    json_t *v = field(body, key);
+    if (!v) return true;
+    if (!json_is_integer(v)) return srv_fail(e, 400, INVALID, key, NULL, "'%s' must be an integer", key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return srv_fail(e, 400, INVALID, key, NULL, "'%s' is %lld; it must be between %lld and %lld", key, x, lo,
+                        hi);
+    *out = x;
+    return true;
+}
+
+static bool read_float(json_t *body, const char *key, double lo, double hi, float *out, srv_error *e) {
+    json_t *v = field(body, key);
+    if (!v) return true;
+    if (!json_is_number(v)) return srv_fail(e, 400, INVALID, key, NULL, "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return srv_fail(e, 400, INVALID, key, NULL, "'%s' is %g; it must be between %g and %g", key, x, lo, hi);
+    *out = (float)x;
+    return true;
+}
+
+static bool read_bool(json_t *body, const char *key, bool *out, srv_error *e) {
+    json_t *v = field(body, key);
+    if (!v) return true;
+    if (!json_is_boolean(v)) return srv_fail(e, 400, INVALID, key, NULL, "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return true;
+}
+
+/* ---- the parts of a generation request ---- */
+
+static bool parse_model(json_t *body, const srv_model_info *mi, srv_error *e) {
+    json_t *v = field(body, "model");
+    if (!v) return true;
+    if (!json_is_string(v)) return srv_fail(e, 400, INVALID, "model", NULL, "'model' must be a string");
+    if (strcmp(json_string_value(v), mi->name))
+        return srv_fail(e, 404, INVALID, "model", "model_not_found",
+                        "The model '%.200s' does not exist; this server serves '%.200s'", json_string_value(v),
+                        mi->name);
+    return true;
+}
+
+/* OpenAI content parts ([{"type":"text","text":...}]) joined into one
+ * string, which is what chat templates expect. NULL if not text parts. */
+static json_t *join_text_parts(json_t *parts) {
+    srv_buf b = {0};
+    size_t i;
+    json_t *p;
+    json_array_foreach(parts, i, p) {
+        json_t *type = json_object_get(p, "type"), *text = json_object_get(p, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text) ||
+            !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
+            srv_buf_free(&b);
+            return NULL;
+        }
+    }
+    json_t *s = json_stringn(b.data ? b.data : "", b.len);
+    srv_buf_free(&b);
+    return s;
+}
+
+static bool check_message(json_t *msg, size_t i, srv_error *e) {
+    if (!json_is_object(msg))
+        return srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu]' must be an object", i);
+    json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
+    if (!json_is_string(role))
+        return srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu].role' must be a string", i);
+    if (content && !json_is_null(content) && !json_is_string(content) && !json_is_array(content))
+        return srv_fail(e, 400, INVALID, "messages", NULL,
+                        "'messages[%zu].content' must be a string or an array of text parts", i);
+    if (json_is_array(content)) {
+        json_t *joined = join_text_parts(content);
+        if (!joined)
+            return srv_fail(e, 400, INVALID, "messages", NULL,
+                            "'messages[%zu].content': only parts of type \"text\" are supported", i);
+        json_object_set_new(msg, "content", joined);
+    }
+    return true;
+}
+
+static bool parse_messages(json_t *body, srv_gen_req *r, srv_error *e) {
+    json_t *v = field(body, "messages");
+    if (!v) return srv_fail(e, 400, INVALID, "messages", NULL, "'messages' is required");
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return srv_fail(e, 400, INVALID, "messages", NULL, "'messages' must be a non-empty array");
+    size_t i;
+    json_t *msg;
+    json_array_foreach(v, i, msg) if (!check_message(msg, i, e)) return false;
+    r->messages = v;
+    json_t *tools = field(body, "tools");
+    if (tools && !json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array");
+    r->tools = tools && json_array_size(tools) ? tools : NULL;
+    return true;
+}
+
+static bool parse_prompt(json_t *body, srv_gen_req *r, srv_error *e) {
+    json_t *v = field(body, "prompt");
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+        v = json_array_get(v, 0);
+    if (!v) return srv_fail(e, 400, INVALID, "prompt", NULL, "'prompt' is required");
+    if (json_is_array(v))
+        return srv_fail(e, 400, INVALID, "prompt", NULL,
+                        "'prompt' as an array (several prompts, or token ids) is not supported; send one string");
+    if (!json_is_string(v)) return srv_fail(e, 400, INVALID, "prompt", NULL, "'prompt' must be a string");
+    r->prompt = json_string_value(v);
+    bool echo = false;
+    if (!read_bool(body, "echo", &echo, e)) return false;
+    if (echo) return srv_fail(e, 400, INVALID, "echo", NULL, "'echo' is not supported");
+    return true;
+}
+
+static bool parse_stop(json_t *body, srv_gen_req *r, srv_error *e) {
+    json_t *v = field(body, "stop");
+    if (!v) return true;
+    if (json_is_string(v)) {
+        if (json_string_length(v)) r->stop[r->n_stop++] = json_string_value(v);
+        return true;
+    }
+    if (!json_is_array(v)) return srv_fail(e, 400, INVALID, "stop", NULL, "'stop' must be a string or an array of strings");
+    if (json_array_size(v) > KT_MAX_STOP)
+        return srv_fail(e, 400, INVALID, "stop", NULL, "'stop' has %zu strings; at most %d are allowed",
+                        json_array_size(v), KT_MAX_STOP);
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) {
+        if (!json_is_string(s)) return srv_fail(e, 400, INVALID, "stop", NULL, "'stop[%zu]' must be a string", i);
+        if (json_string_length(s)) r->stop[r->n_stop++] = json_string_value(s);
+    }
+    return true;
+}
+
+static bool parse_token_id(const char *key, int n_vocab, int32_t *out) {
+    char *end;
+    long v = strtol(key, &end, 10);
+    if (end == key || *end || v < 0 || v >= n_vocab) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool parse_logit_bias(json_t *body, const srv_model_info *mi, srv_gen_req *r, srv_error *e) {
+    json_t *v = field(body, "logit_bias");
+    if (!v) return true;
+    if (!json_is_object(v))
+        return srv_fail(e, 400, INVALID, "logit_bias", NULL, "'logit_bias' must be an object of token id -> bias");
+    size_t n = json_object_size(v);
+    if (n == 0) return true;
+    if (!(r->logit_bias = calloc(n, sizeof *r->logit_bias)))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b) {
+        kt_logit_bias *lb = &r->logit_bias[r->n_logit_bias];
+        if (!parse_token_id(key, mi->n_vocab, &lb->token))
+            return srv_fail(e, 400, INVALID, "logit_bias", NULL,
+                            "'logit_bias' key '%.40s' is not a token id (0..%d)", key, mi->n_vocab - 1);
+        double x = json_is_number(b) ? json_number_value(b) : NAN;
+        if (!(x >= -100 && x <= 100))
+            return srv_fail(e, 400, INVALID, "logit_bias", NULL,
+                            "'logit_bias' of token %s must be a number between -100 and 100", key);
+        lb->bias = x <= -100 ? -INFINITY : (float)x;
+        r->n_logit_bias++;
+    }
+    return true;
+}
+
+static bool parse_logprobs(json_t *body, srv_gen_req *r, srv_error *e) {
+    long long top = 0;
+    r->top_logprobs = -1;
+    if (r->kind == SRV_COMPLETION) { /* "logprobs": N alternatives */
+        long long n = -1;
+        if (!read_int(body, "logprobs", 0, KT_MAX_TOP_LOGPROBS, &n, e)) return false;
+        r->logprobs = n >= 0;
+        r->top_logprobs = (int)n;
+        return true;
+    }
+    if (!read_bool(body, "logprobs", &r->logprobs, e)) return false;
+    if (!read_int(body, "top_logprobs", 0, KT_MAX_TOP_LOGPROBS, &top, e)) return false;
+    if (field(body, "top_logprobs") && !r->logprobs)
+        return srv_fail(e, 400, INVALID, "top_logprobs", NULL, "'top_logprobs' needs 'logprobs': true");
+    if (r->logprobs) r->top_logprobs = (int)top;
+    return true;
+}
+
+/* OpenAI's sampling defaults, then the request's values. */
+static bool parse_sampling(json_t *body, uint64_t random_seed, srv_gen_req *r, srv_error *e) {
+    kt_sampler_params *sp = &r->sampling;
+    *sp = kt_sampler_defaults();
+    sp->temperature = 1.0f, sp->top_p = 1.0f, sp->top_k = 0, sp->min_p = 0.0f, sp->seed = random_seed;
+    long long top_k = 0, seed = 0;
+    if (!read_float(body, "temperature", 0, 2, &sp->temperature, e) || !read_float(body, "top_p", 0, 1, &sp->top_p, e) ||
+        !read_float(body, "min_p", 0, 1, &sp->min_p, e) || !read_int(body, "top_k", 0, 1 << 24, &top_k, e) ||
+        !read_float(body, "presence_penalty", -2, 2, &sp->presence_penalty, e) ||
+        !read_float(body, "frequency_penalty", -2, 2, &sp->frequency_penalty, e))
+        return false;
+    sp->top_k = (int)top_k;
+    if (field(body, "seed")) {
+        if (!read_int(body, "seed", INT64_MIN, INT64_MAX, &seed, e)) return false;
+        sp->seed = (uint64_t)seed;
+    }
+    return true;
+}
+
+static bool parse_lengths(json_t *body, srv_gen_req *r, srv_error *e) {
+    long long max = r->kind == SRV_COMPLETION ? 16 : -1, n = 1, prio = 0;
+    if (!read_int(body, "max_tokens", 1, 1 << 30, &max, e) ||
+        !read_int(body, "max_completion_tokens", 1, 1 << 30, &max, e) ||
+        !read_int(body, "n", 1, KT_MAX_CHOICES, &n, e) || !read_int(body, "priority", -1000000, 1000000, &prio, e))
+        return false;
+    r->max_tokens = (int)max, r->n_choices = (int)n, r->priority = (int)prio;
+    return true;
+}
+
+static bool parse_stream(json_t *body, srv_gen_req *r, srv_error *e) {
+    if (!read_bool(body, "stream", &r->stream, e)) return false;
+    json_t *so = field(body, "stream_options");
+    if (!so) return true;
+    if (!json_is_object(so)) return srv_fail(e, 400, INVALID, "stream_options", NULL, "'stream_options' must be an object");
+    json_t *iu = field(so, "include_usage");
+    if (iu && !json_is_boolean(iu))
+        return srv_fail(e, 400, INVALID, "stream_options", NULL, "'stream_options.include_usage' must be true or false");
+    r->include_usage = json_is_true(iu);
+    return true;
+}
+
+bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64_t random_seed,
+                   srv_gen_req *out, srv_error *e) {
+    *out = (srv_gen_req){.kind = kind};
+    if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the request body must be a JSON object");
+    bool ok = parse_model(body, mi, e) &&
+              (kind == SRV_CHAT ? parse_messages(body, out, e) : parse_prompt(body, out, e)) &&
+              parse_lengths(body, out, e) && parse_sampling(body, random_seed, out, e) &&
+              parse_stop(body, out, e) && parse_logprobs(body, out, e) && parse_logit_bias(body, mi, out, e) &&
+              parse_stream(body, out, e);
+    if (!ok) srv_gen_req_free(out);
+    return ok;
+}
+
+void srv_gen_req_free(srv_gen_req *r) {
+    free(r->logit_bias);
+    r->logit_bias = NULL;
+    r->n_logit_bias = 0;
+}
+
+/* ---- prompts ---- */
+
+static int tokenize_alloc(const kt_model *m, const char *text, int add_bos, bool specials, int32_t **ids,
+                          srv_error *e) {
+    kt_error err = {0};
+    size_t len = strlen(text);
+    int n = kt_tokenize_ex(m, text, len, NULL, 0, add_bos, specials, &err);
+    if (n < 0) return srv_fail(e, 400, INVALID, NULL, NULL, "%s", err.msg), -1;
+    if (!(*ids = malloc(sizeof(int32_t) * ((size_t)n + 1))))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory for %d prompt tokens", n), -1;
+    n = kt_tokenize_ex(m, text, len, *ids, n, add_bos, specials, &err);
+    if (n < 0) {
+        free(*ids), *ids = NULL;
+        return srv_fail(e, 400, INVALID, NULL, NULL, "%s", err.msg), -1;
+    }
+    return n;
+}
+
+/* As `kettle chat` does: the template writes BOS itself when it wants one. */
+static int chat_tokens(const kt_model *m, const char *tmpl, const srv_gen_req *r, int32_t **ids, srv_error *e) {
+    kt_error err = {0};
+    char *msgs = json_dumps(r->messages, JSON_COMPACT), *tools = r->tools ? json_dumps(r->tools, JSON_COMPACT) : NULL;
+    char *text = msgs && (!r->tools || tools) ? kt_chat_apply(m, tmpl, msgs, tools, true, &err) : NULL;
+    free(msgs), free(tools);
+    if (!text)
+        return srv_fail(e, 400, INVALID, "messages", NULL, "%s", err.msg[0] ? err.msg : "out of memory"), -1;
+    char bos[64] = "";
+    int bos_id = kt_model_describe(m)->bos_id;
+    if (bos_id >= 0) kt_token_text(m, bos_id, bos, sizeof bos);
+    int add_bos = bos[0] && strncmp(text, bos, strlen(bos)) == 0 ? 0 : -1;
+    int n = tokenize_alloc(m, text, add_bos, true, ids, e);
+    free(text);
+    return n;
+}
+
+int srv_prompt_tokens(const kt_model *m, const char *template_text, const srv_gen_req *r, int32_t **ids,
+                      srv_error *e) {
+    *ids = NULL;
+    int n = r->kind == SRV_CHAT ? chat_tokens(m, template_text, r, ids, e) : tokenize_alloc(m, r->prompt, -1, false, ids, e);
+    if (n == 0) {
+        free(*ids), *ids = NULL;
+        return srv_fail(e, 400, INVALID, r->kind == SRV_CHAT ? "messages" : "prompt", NULL,
+                        "the prompt is empty (and the model adds no BOS token)"), -1;
+    }
+    return n;
+}
+
+void srv_submit_error(const kt_error *err, srv_kind kind, srv_error *e) {
+    const char *what = kind == SRV_CHAT ? "messages" : "prompt";
+    if (err->status == KT_ERR_BUSY) {
+        srv_fail(e, 503, "server_error", NULL, "server_busy", "%s", err->msg[0] ? err->msg : "the server is busy; retry");
+    } else if (err->status == KT_ERR_ARG || err->status == KT_ERR_CONTEXT) {
+        bool max = strstr(err->msg, "max_tokens") != NULL;
+        bool ctx = !max && (strstr(err->msg, "context") || strstr(err->msg, "prompt"));
+        srv_fail(e, 400, INVALID, max ? "max_tokens" : ctx ? what : NULL, ctx ? "context_length_exceeded" : NULL, "%s",
+                 err->msg);
+    } else {
+        srv_fail(e, 500, "server_error", NULL, NULL, "%s", err->msg[0] ? err->msg : "the engine failed");
+    }
+}
+
+/* ---- buffers ---- */
+
+bool srv_buf_append(srv_buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d) return false;
+        b->data = d, b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = 0;
+    return true;
+}
+
+bool srv_buf_sse(srv_buf *b, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    bool ok = s && srv_buf_append(b, "data: ", 6) && srv_buf_append(b, s, strlen(s)) && srv_buf_append(b, "\n\n", 2);
+    free(s);
+    return ok;
+}
+
+void srv_buf_free(srv_buf *b) {
+    free(b->data);
+    *b = (srv_buf){0};
+}
+
+/* ---- UTF-8 and tokens ---- */
+
+/* Length of the valid UTF-8 sequence at s (RFC 3629), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (!len || len > n || (len == 2 && c < 0xC2)) return len == 1 ? 1 : 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (len == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
+    if (len == 4 && ((c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] >= 0x90) || c > 0xF4)) return 0;
+    return len;
+}
+
+bool srv_utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_seq((const unsigned char *)s + i, n - i);
+        if (!l) return false;
+        i += l;
+    }
+    return true;
+}
+
+/* The token decoded alone (what it adds to the text); control tokens,
+ * which decode to nothing, show their vocabulary text. */
+static bool token_bytes(const kt_model *m, int32_t token, srv_buf *b) {
+    kt_detok *d = kt_detok_new(m);
+    if (!d) return false;
+    const char *a = kt_detok_push(d, token);
+    bool ok = srv_buf_append(b, a, strlen(a));
+    const char *rest = kt_detok_flush(d);
+    ok = ok && srv_buf_append(b, rest, strlen(rest));
+    kt_detok_free(d);
+    if (ok && b->len == 0) {
+        char piece[256];
+        int n = kt_token_text(m, token, piece, sizeof piece);
+        if (n > 0 && n < (int)sizeof piece && srv_utf8_valid(piece, (size_t)n)) ok = srv_buf_append(b, piece, (size_t)n);
+    }
+    return ok;
+}
+
+json_t *srv_token_json(const kt_model *m, int32_t token, json_t **bytes) {
+    srv_buf b = {0};
+    json_t *s = NULL;
+    if (token_bytes(m, token, &b)) s = json_stringn(b.data ? b.data : "", b.len);
+    if (s && bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; *bytes && i < b.len; i++) json_array_append_new(*bytes, json_integer((unsigned char)b.data[i]));
+        if (!*bytes) json_decref(s), s = NULL;
+    }
+    srv_buf_free(&b);
+    return s;
+}
+
+/* ---- /tokenize, /detokenize ---- */
+
+json_t *srv_tokenize(const kt_model *m, json_t *body, srv_error *e) {
+    json_t *content = json_object_get(body, "content");
+    bool add_special = true, with_pieces = false;
+    if (!json_is_string(content))
+        return srv_fail(e, 400, INVALID, "content", NULL, "'content' must be a string"), NULL;
+    if (!read_bool(body, "add_special", &add_special, e) || !read_bool(body, "with_pieces", &with_pieces, e)) return NULL;
+    kt_error err = {0};
+    const char *text = json_string_value(content);
+    size_t len = json_string_length(content);
+    int n = kt_tokenize(m, text, len, NULL, 0, add_special ? -1 : 0, &err);
+    int32_t *ids = n >= 0 ? malloc(sizeof(int32_t) * ((size_t)n + 1)) : NULL;
+    if (ids) n = kt_tokenize(m, text, len, ids, n, add_special ? -1 : 0, &err);
+    json_t *arr = ids && n >= 0 ? json_array() : NULL;
+    for (int i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    if (!arr) return srv_fail(e, n < 0 ? 400 : 500, INVALID, "content", NULL, "%s", n < 0 ? err.msg : "out of memory"), NULL;
+    return json_pack("{s:o}", "tokens", arr);
+}
+
+/* True for SentencePiece-style vocabularies, which tokenize "a" as "▁a":
+ * /detokenize then drops the one leading space the tokenizer added, so
+ * that detokenize(tokenize(text)) == text. */
+static bool adds_prefix_space(const kt_model *m) {
+    int32_t ids[4];
+    int n = kt_tokenize(m, "a", 1, ids, 4, 0, NULL);
+    if (n != 1) return false;
+    json_t *t = srv_token_json(m, ids[0], NULL);
+    bool yes = t && !strcmp(json_string_value(t), " a");
+    json_decref(t);
+    return yes;
+}
+
+json_t *srv_detokenize(const kt_model *m, json_t *body, srv_error *e) {
+    json_t *tokens = json_object_get(body, "tokens");
+    int n_vocab = kt_model_describe(m)->n_vocab;
+    if (!json_is_array(tokens))
+        return srv_fail(e, 400, INVALID, "tokens", NULL, "'tokens' must be an array of token ids"), NULL;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tokens, i, t) {
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= n_vocab)
+            return srv_fail(e, 400, INVALID, "tokens", NULL, "'tokens[%zu]' is not a token id (0..%d)", i, n_vocab - 1), NULL;
+    }
+    kt_detok *d = kt_detok_new(m);
+    srv_buf b = {0};
+    bool ok = d != NULL;
+    json_array_foreach(tokens, i, t) {
+        const char *s = ok ? kt_detok_push(d, (int32_t)json_integer_value(t)) : "";
+        ok = ok && srv_buf_append(&b, s, strlen(s));
+    }
+    const char *rest = ok ? kt_detok_flush(d) : "";
+    ok = ok && srv_buf_append(&b, rest, strlen(rest));
+    size_t skip = ok && b.len && b.data[0] == ' ' && adds_prefix_space(m) ? 1 : 0;
+    json_t *out = ok ? json_pack("{s:s%}", "content", b.data ? b.data + skip : "", b.len - skip) : NULL;
+    kt_detok_free(d);
+    srv_buf_free(&b);
+    if (!out) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return out;
+}

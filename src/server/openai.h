@@ -1,0 +1,157 @@
+/*
+ * openai.h - the OpenAI API's JSON, without any HTTP: request bodies parsed
+ * and validated into generation parameters, prompts rendered and
+ * tokenized, and the response / stream-chunk / error objects built in
+ * OpenAI's exact shapes.
+ *
+ * Kept apart from the HTTP layer (http.c) so that every rule about what a
+ * request may contain, and every byte of what is answered, can be unit
+ * tested without a socket. Nothing here touches the engine thread: the
+ * only engine types used are the plain structs of engine.h.
+ */
+#ifndef KT_SERVER_OPENAI_H
+#define KT_SERVER_OPENAI_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "kettle.h"
+
+/* An error answered to the client: HTTP status and OpenAI's error object. */
+typedef struct srv_error {
+    int status;        /* 400, 401, 404, 405, 413, 500, 503 */
+    const char *type;  /* "invalid_request_error", "authentication_error", "server_error" */
+    const char *code;  /* NULL or e.g. "model_not_found", "context_length_exceeded" */
+    char param[64];    /* the offending field, or "" */
+    char msg[640];
+} srv_error;
+
+/* Fills e (status, type, param, code, message); returns false so that
+ * parsers can `return srv_fail(...)`. */
+bool srv_fail(srv_error *e, int status, const char *type, const char *param, const char *code,
+              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* {"error":{"message","type","param","code"}} as malloc'ed compact text. */
+char *srv_error_json(const srv_error *e);
+
+typedef enum srv_kind { SRV_CHAT = 0, SRV_COMPLETION = 1 } srv_kind;
+
+/* A validated generation request. Strings point into the parsed body,
+ * which must outlive it. */
+typedef struct srv_gen_req {
+    srv_kind kind;
+    bool stream, include_usage;
+    const char *prompt;        /* completions: the raw prompt */
+    json_t *messages, *tools;  /* chat: borrowed from the body */
+    int max_tokens;            /* <= 0: until the context is full */
+    int n_choices;
+    kt_sampler_params sampling;
+    const char *stop[KT_MAX_STOP];
+    int n_stop;
+    bool logprobs;
+    int top_logprobs;          /* engine value: -1 none, else 0..KT_MAX_TOP_LOGPROBS */
+    kt_logit_bias *logit_bias; /* malloc'ed (srv_gen_req_free) */
+    int n_logit_bias;
+    int priority;
+} srv_gen_req;
+
+/* What the parser needs to know about the served model. */
+typedef struct srv_model_info {
+    const char *name; /* the alias or the file's basename */
+    int n_vocab;
+} srv_model_info;
+
+/* Validates a chat / completion body. `random_seed` is used when the
+ * request names none. Returns false with e filled (400/404). */
+bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64_t random_seed,
+                   srv_gen_req *out, srv_error *e);
+void srv_gen_req_free(srv_gen_req *r);
+
+/* The prompt as tokens: chat messages rendered with `template_text`
+ * (NULL: the model's own) and tokenized with control tokens matched (BOS
+ * added unless the template wrote it), or the raw completion prompt with
+ * the model's BOS rule. Returns the count (>= 1) and a malloc'ed array, or
+ * -1 with e filled. */
+int srv_prompt_tokens(const kt_model *m, const char *template_text, const srv_gen_req *r,
+                      int32_t **ids, srv_error *e);
+
+/* Maps a failed kt_engine_submit to the answer: KT_ERR_ARG 400 (message
+ * kept), KT_ERR_BUSY 503, anything else 500. */
+void srv_submit_error(const kt_error *err, srv_kind kind, srv_error *e);
+
+/* ---- responses ---- */
+
+/* One choice's output, gathered event by event. */
+typedef struct srv_choice {
+    char *text;
+    size_t len, cap;
+    kt_finish finish;
+    char error[160];
+    json_t *lp_content;          /* chat: logprobs.content[] */
+    json_t *lp_tokens, *lp_token_logprobs, *lp_top, *lp_offsets; /* completions */
+    size_t text_offset;          /* completions: where the next token starts */
+} srv_choice;
+
+/* The response being built for one request. */
+typedef struct srv_reply {
+    srv_kind kind;
+    const kt_model *model;
+    const char *model_name;
+    char id[48];
+    long long created;
+    int n_choices;
+    bool logprobs;
+    size_t prompt_chars;  /* completions: text_offset of the first token */
+    srv_choice choices[KT_MAX_CHOICES];
+} srv_reply;
+
+/* Returns false on allocation failure. */
+bool srv_reply_init(srv_reply *rp, const srv_gen_req *r, const kt_model *m, const char *model_name,
+                    const char *id, long long created);
+void srv_reply_free(srv_reply *rp);
+/* Adds an event's text, logprobs and finish to its choice; false on
+ * allocation failure. */
+bool srv_reply_add(srv_reply *rp, const kt_event *ev);
+/* The first choice that ended in KT_FINISH_ERROR, or -1. */
+int srv_reply_error_choice(const srv_reply *rp);
+
+/* The whole non-streaming answer (chat.completion / text_completion). */
+json_t *srv_reply_json(const srv_reply *rp, const kt_request_usage *u);
+
+/* Streaming: the role chunk a chat stream opens each choice with. */
+json_t *srv_chunk_role(const srv_reply *rp, int choice, bool include_usage);
+/* The chunk for one event's text delta and logprobs, or NULL when it
+ * carries neither (completions: advances the choice's text_offset). */
+json_t *srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage);
+/* The chunk that ends choice i: empty delta and its finish_reason. */
+json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_usage);
+/* The final usage chunk: "choices":[] and "usage". */
+json_t *srv_chunk_usage(const srv_reply *rp, const kt_request_usage *u);
+
+/* Appends "data: JSON\n\n" to a growable buffer (steals `j`); false on
+ * allocation failure. */
+typedef struct srv_buf {
+    char *data;
+    size_t len, cap;
+} srv_buf;
+bool srv_buf_append(srv_buf *b, const char *s, size_t n);
+bool srv_buf_sse(srv_buf *b, json_t *j);
+void srv_buf_free(srv_buf *b);
+
+/* A token as OpenAI shows it: its text (SentencePiece's U+2581 as a space,
+ * <0xNN> byte tokens as that byte, invalid UTF-8 as U+FFFD) and its raw
+ * bytes. Returns a new json_t string; *bytes (may be NULL) gets the array. */
+json_t *srv_token_json(const kt_model *m, int32_t token, json_t **bytes);
+
+/* /tokenize and /detokenize bodies -> answers (NULL with e filled). */
+json_t *srv_tokenize(const kt_model *m, json_t *body, srv_error *e);
+json_t *srv_detokenize(const kt_model *m, json_t *body, srv_error *e);
+
+/* True if s[0..n) is valid UTF-8 (jansson already rejects invalid input
+ * text; this guards text kettle builds, such as error messages). */
+bool srv_utf8_valid(const char *s, size_t n);
+
+#endif

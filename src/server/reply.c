@@ -1,0 +1,219 @@
+/*
+ * reply.c - OpenAI's response objects built from engine events (see
+ * openai.h): whole answers (chat.completion, text_completion) gathered
+ * choice by choice, and stream chunks (chat.completion.chunk,
+ * text_completion) made one event at a time.
+ *
+ * Shapes follow OpenAI's API reference: chat logprobs are
+ * logprobs.content[] of {token, logprob, bytes, top_logprobs[]}; legacy
+ * completion logprobs are four parallel arrays (tokens, token_logprobs,
+ * top_logprobs as {token: logprob} objects, text_offset counted from the
+ * start of the prompt). Token strings are each token decoded alone.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/openai.h"
+
+/* ---- logprobs ---- */
+
+/* {token, logprob, bytes}, plus top_logprobs when `top` is given. */
+static json_t *chat_lp_item(const kt_model *m, const kt_token_logprob *lp, const kt_event *top) {
+    json_t *bytes = NULL, *tok = srv_token_json(m, lp->token, &bytes);
+    json_t *o = tok ? json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp->logprob, "bytes", bytes) : NULL;
+    if (!o || !top) return o;
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < top->n_top; i++) json_array_append_new(arr, chat_lp_item(m, &top->top[i], NULL));
+    if (!arr || json_object_set_new(o, "top_logprobs", arr)) json_decref(o), o = NULL;
+    return o;
+}
+
+/* Appends one token to the four completion arrays; `offset` advances. */
+static bool completion_lp_add(const kt_model *m, const kt_event *ev, json_t *tokens, json_t *tlps, json_t *tops,
+                              json_t *offsets, size_t *offset) {
+    json_t *tok = srv_token_json(m, ev->logprob.token, NULL), *top = json_object();
+    if (!tok || !top) return json_decref(tok), json_decref(top), false;
+    for (int i = 0; i < ev->n_top; i++) {
+        json_t *t = srv_token_json(m, ev->top[i].token, NULL);
+        if (t) json_object_set_new(top, json_string_value(t), json_real(ev->top[i].logprob));
+        json_decref(t);
+    }
+    json_array_append_new(offsets, json_integer((json_int_t)*offset));
+    *offset += json_string_length(tok);
+    return !json_array_append_new(tokens, tok) && !json_array_append_new(tlps, json_real(ev->logprob.logprob)) &&
+           !json_array_append_new(tops, top);
+}
+
+/* ---- gathering a whole answer ---- */
+
+bool srv_reply_init(srv_reply *rp, const srv_gen_req *r, const kt_model *m, const char *model_name, const char *id,
+                    long long created) {
+    *rp = (srv_reply){.kind = r->kind, .model = m, .model_name = model_name, .created = created,
+                      .n_choices = r->n_choices, .logprobs = r->top_logprobs >= 0,
+                      .prompt_chars = r->prompt ? strlen(r->prompt) : 0};
+    snprintf(rp->id, sizeof rp->id, "%s", id);
+    for (int i = 0; i < rp->n_choices; i++) {
+        srv_choice *c = &rp->choices[i];
+        c->text_offset = rp->prompt_chars;
+        if (!rp->logprobs) continue;
+        if (r->kind == SRV_CHAT) {
+            if (!(c->lp_content = json_array())) return false;
+        } else if (!(c->lp_tokens = json_array()) || !(c->lp_token_logprobs = json_array()) ||
+                   !(c->lp_top = json_array()) || !(c->lp_offsets = json_array())) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void srv_reply_free(srv_reply *rp) {
+    for (int i = 0; i < rp->n_choices; i++) {
+        srv_choice *c = &rp->choices[i];
+        free(c->text);
+        json_decref(c->lp_content), json_decref(c->lp_tokens), json_decref(c->lp_token_logprobs);
+        json_decref(c->lp_top), json_decref(c->lp_offsets);
+    }
+    rp->n_choices = 0;
+}
+
+static bool choice_append(srv_choice *c, const char *s, size_t n) {
+    srv_buf b = {c->text, c->len, c->cap};
+    bool ok = srv_buf_append(&b, s, n);
+    c->text = b.data, c->len = b.len, c->cap = b.cap;
+    return ok;
+}
+
+bool srv_reply_add(srv_reply *rp, const kt_event *ev) {
+    if (ev->choice < 0 || ev->choice >= rp->n_choices) return true;
+    srv_choice *c = &rp->choices[ev->choice];
+    if (ev->text_len && !choice_append(c, ev->text, ev->text_len)) return false;
+    if (ev->token >= 0 && ev->has_logprob && rp->logprobs) {
+        bool ok = rp->kind == SRV_CHAT
+                      ? !json_array_append_new(c->lp_content, chat_lp_item(rp->model, &ev->logprob, ev))
+                      : completion_lp_add(rp->model, ev, c->lp_tokens, c->lp_token_logprobs, c->lp_top,
+                                          c->lp_offsets, &c->text_offset);
+        if (!ok) return false;
+    }
+    if (ev->finish != KT_FINISH_NONE) {
+        c->finish = ev->finish;
+        snprintf(c->error, sizeof c->error, "%s", ev->error);
+    }
+    return true;
+}
+
+int srv_reply_error_choice(const srv_reply *rp) {
+    for (int i = 0; i < rp->n_choices; i++)
+        if (rp->choices[i].finish == KT_FINISH_ERROR) return i;
+    return -1;
+}
+
+static json_t *usage_json(const kt_request_usage *u) {
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", u->prompt_tokens, "completion_tokens", u->completion_tokens,
+                     "total_tokens", u->prompt_tokens + u->completion_tokens);
+}
+
+static json_t *finish_json(kt_finish f) {
+    return f == KT_FINISH_NONE ? json_null() : json_string(kt_finish_name(f));
+}
+
+static json_t *choice_logprobs(const srv_reply *rp, const srv_choice *c) {
+    if (!rp->logprobs) return json_null();
+    if (rp->kind == SRV_CHAT) return json_pack("{s:O}", "content", c->lp_content);
+    return json_pack("{s:O, s:O, s:O, s:O}", "tokens", c->lp_tokens, "token_logprobs", c->lp_token_logprobs,
+                     "top_logprobs", c->lp_top, "text_offset", c->lp_offsets);
+}
+
+static json_t *choice_json(const srv_reply *rp, int i) {
+    const srv_choice *c = &rp->choices[i];
+    const char *text = c->text ? c->text : "";
+    if (rp->kind == SRV_CHAT)
+        return json_pack("{s:i, s:{s:s, s:s%}, s:o, s:o}", "index", i, "message", "role", "assistant", "content", text,
+                         c->len, "logprobs", choice_logprobs(rp, c), "finish_reason", finish_json(c->finish));
+    return json_pack("{s:s%, s:i, s:o, s:o}", "text", text, c->len, "index", i, "logprobs", choice_logprobs(rp, c),
+                     "finish_reason", finish_json(c->finish));
+}
+
+static json_t *envelope(const srv_reply *rp, const char *object) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", rp->id, "object", object, "created", (json_int_t)rp->created,
+                     "model", rp->model_name, "system_fingerprint", "kettle");
+}
+
+json_t *srv_reply_json(const srv_reply *rp, const kt_request_usage *u) {
+    json_t *o = envelope(rp, rp->kind == SRV_CHAT ? "chat.completion" : "text_completion"), *choices = json_array();
+    for (int i = 0; choices && i < rp->n_choices; i++) {
+        json_t *c = choice_json(rp, i);
+        if (!c || json_array_append_new(choices, c)) json_decref(choices), choices = NULL;
+    }
+    if (!o || !choices || json_object_set_new(o, "choices", choices) ||
+        json_object_set_new(o, "usage", usage_json(u))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* ---- stream chunks ---- */
+
+/* The chunk envelope with one choice. */
+static json_t *chunk(const srv_reply *rp, json_t *choice, bool include_usage) {
+    json_t *o = envelope(rp, rp->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    if (!o || !choice || json_object_set_new(o, "choices", json_pack("[o]", choice)) ||
+        (include_usage && json_object_set_new(o, "usage", json_null()))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+json_t *srv_chunk_role(const srv_reply *rp, int i, bool include_usage) {
+    return chunk(rp,
+                 json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role", "assistant", "content", "",
+                           "logprobs", "finish_reason"),
+                 include_usage);
+}
+
+/* A chunk's logprobs for one event, or null. */
+static json_t *event_logprobs(srv_reply *rp, const kt_event *ev) {
+    if (!rp->logprobs || ev->token < 0 || !ev->has_logprob) return json_null();
+    if (rp->kind == SRV_CHAT) return json_pack("{s:[o]}", "content", chat_lp_item(rp->model, &ev->logprob, ev));
+    json_t *t = json_array(), *l = json_array(), *top = json_array(), *off = json_array();
+    json_t *o = t && l && top && off ? json_pack("{s:O, s:O, s:O, s:O}", "tokens", t, "token_logprobs", l,
+                                                 "top_logprobs", top, "text_offset", off)
+                                     : NULL;
+    if (o && !completion_lp_add(rp->model, ev, t, l, top, off, &rp->choices[ev->choice].text_offset))
+        json_decref(o), o = NULL;
+    json_decref(t), json_decref(l), json_decref(top), json_decref(off);
+    return o;
+}
+
+json_t *srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage) {
+    if (ev->choice < 0 || ev->choice >= rp->n_choices) return NULL;
+    bool has_lp = rp->logprobs && ev->token >= 0 && ev->has_logprob;
+    if (!ev->text_len && !has_lp) return NULL;
+    json_t *lp = event_logprobs(rp, ev), *c;
+    if (rp->kind == SRV_CHAT)
+        c = json_pack("{s:i, s:{s:s%}, s:o, s:n}", "index", ev->choice, "delta", "content", ev->text, ev->text_len,
+                      "logprobs", lp, "finish_reason");
+    else
+        c = json_pack("{s:s%, s:i, s:o, s:n}", "text", ev->text, ev->text_len, "index", ev->choice, "logprobs", lp,
+                      "finish_reason");
+    return chunk(rp, c, include_usage);
+}
+
+json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_usage) {
+    json_t *c = rp->kind == SRV_CHAT
+                    ? json_pack("{s:i, s:{}, s:n, s:o}", "index", i, "delta", "logprobs", "finish_reason", finish_json(f))
+                    : json_pack("{s:s, s:i, s:n, s:o}", "text", "", "index", i, "logprobs", "finish_reason",
+                                finish_json(f));
+    return chunk(rp, c, include_usage);
+}
+
+json_t *srv_chunk_usage(const srv_reply *rp, const kt_request_usage *u) {
+    json_t *o = envelope(rp, rp->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    if (!o || json_object_set_new(o, "choices", json_array()) || json_object_set_new(o, "usage", usage_json(u))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}

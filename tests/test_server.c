@@ -1,0 +1,785 @@
+/*
+ * test_server.c - `kettle serve` end to end, plus the server's JSON layer
+ * (src/server/openai.h, metrics.h) directly.
+ *
+ * The end-to-end tests start `kettle serve --port 0` on stories260K as a
+ * child process, read the port from its "listening" line and talk to it
+ * with libcurl, checking content, not just status codes: at temperature 0
+ * a completion equals `kettle run --temp 0`, streamed deltas add up to the
+ * non-streamed text, stop strings cut, logprobs are sorted, usage adds up,
+ * and every bad input gets its status and a message that names the
+ * problem. Each server is stopped with SIGTERM and must exit 0 (a clean
+ * shutdown) within a few seconds, or it is killed and the test fails; so
+ * no server outlives the test and a hung server fails rather than hangs.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kettle.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "testutil.h"
+
+#define PROMPT "Once upon a time"
+
+/* ---- the server process ---- */
+
+typedef struct server {
+    pid_t pid;
+    int port;
+    char log[512];
+} server;
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The port from "kettle serve: listening on http://HOST:PORT", or 0. */
+static int port_from_log(const char *path) {
+    char *log = tu_read_file(path, NULL);
+    const char *p = log ? strstr(log, "listening on http://") : NULL;
+    const char *colon = p ? strchr(p + 20, ':') : NULL;
+    int port = colon && strchr(colon, '\n') ? atoi(colon + 1) : 0;
+    free(log);
+    return port;
+}
+
+static server start_server(const char *name, const char *args) {
+    server s = {0};
+    snprintf(s.log, sizeof s.log, "%s", tu_tmp(name));
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec %s serve -m %s --port 0 -t 1 %s 2>%s >/dev/null", KT_BIN,
+             tu_shared("models/stories260K.gguf"), args, s.log);
+    unlink(s.log);
+    s.pid = fork();
+    assert_true(s.pid >= 0);
+    if (s.pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600 && !s.port; i++) { /* up to 30 s */
+        int status;
+        if (waitpid(s.pid, &status, WNOHANG) == s.pid) {
+            char *log = tu_read_file(s.log, NULL);
+            fail_msg("kettle serve exited early: %s", log ? log : "(no log)");
+        }
+        s.port = port_from_log(s.log);
+        if (!s.port) sleep_ms(50);
+    }
+    if (!s.port) {
+        kill(s.pid, SIGKILL), waitpid(s.pid, NULL, 0);
+        fail_msg("kettle serve did not print its listening line within 30 s");
+    }
+    return s;
+}
+
+/* SIGTERM; the server must exit 0 within 10 s (else SIGKILL and fail). */
+static void stop_server(server *s) {
+    if (s->pid <= 0) return;
+    kill(s->pid, SIGTERM);
+    int status = 0;
+    pid_t r = 0;
+    for (int i = 0; i < 200 && (r = waitpid(s->pid, &status, WNOHANG)) == 0; i++) sleep_ms(50);
+    if (r == 0) {
+        kill(s->pid, SIGKILL), waitpid(s->pid, NULL, 0);
+        s->pid = 0;
+        fail_msg("kettle serve did not stop within 10 s of SIGTERM");
+    }
+    s->pid = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char *log = tu_read_file(s->log, NULL);
+        fail_msg("kettle serve exited with status %d: %s", status, log ? log : "");
+    }
+}
+
+/* ---- HTTP ---- */
+
+typedef struct reply {
+    long status;
+    char *body;
+    size_t len;
+    char retry_after[16];
+    size_t abort_after; /* > 0: drop the connection after this many bytes */
+} reply;
+
+static size_t on_body(char *data, size_t size, size_t n, void *ctx) {
+    reply *r = ctx;
+    size_t add = size * n;
+    char *b = realloc(r->body, r->len + add + 1);
+    if (!b) return 0;
+    memcpy(b + r->len, data, add);
+    r->body = b, r->len += add, r->body[r->len] = 0;
+    return r->abort_after && r->len >= r->abort_after ? 0 : add;
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *ctx) {
+    reply *r = ctx;
+    if (size * n > 13 && !strncasecmp(data, "Retry-After: ", 13))
+        snprintf(r->retry_after, sizeof r->retry_after, "%.*s", (int)strcspn(data + 13, "\r\n"), data + 13);
+    return size * n;
+}
+
+static CURL *make_easy(const server *s, const char *method, const char *path, const char *body, size_t body_len,
+                       struct curl_slist *headers, reply *r) {
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
+    CURL *c = curl_easy_init();
+    assert_non_null(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+    }
+    return c;
+}
+
+static reply http_full(const server *s, const char *method, const char *path, const char *body, size_t body_len,
+                       const char *header) {
+    reply r = {0};
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    if (header) h = curl_slist_append(h, header);
+    CURL *c = make_easy(s, method, path, body, body_len, h, &r);
+    CURLcode rc = curl_easy_perform(c);
+    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    if (!r.body) r.body = calloc(1, 1);
+    return r;
+}
+
+static reply post(const server *s, const char *path, const char *body) {
+    return http_full(s, "POST", path, body, strlen(body), NULL);
+}
+
+static reply get(const server *s, const char *path) {
+    return http_full(s, "GET", path, NULL, 0, NULL);
+}
+
+static json_t *parse(const char *text) {
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    if (!j) fail_msg("not JSON (%s): %s", e.text, text);
+    return j;
+}
+
+/* POSTs, expects 200 and returns the parsed body. */
+static json_t *post_ok(const server *s, const char *path, const char *body) {
+    reply r = post(s, path, body);
+    if (r.status != 200) fail_msg("POST %s %s: %ld %s", path, body, r.status, r.body);
+    json_t *j = parse(r.body);
+    free(r.body);
+    return j;
+}
+
+static void expect_error(const server *s, const char *path, const char *body, long status, const char *msg) {
+    reply r = post(s, path, body);
+    json_t *j = parse(r.body);
+    const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    if (r.status != status || !m || !strstr(m, msg))
+        fail_msg("POST %s %.200s: %ld %s (want %ld, '%s')", path, body, r.status, r.body, status, msg);
+    json_decref(j);
+    free(r.body);
+}
+
+/* The SSE events of a stream body, each parsed; "[DONE]" must end it. */
+static json_t *sse_events(const char *body) {
+    json_t *events = json_array();
+    const char *p = body;
+    bool done = false;
+    while ((p = strstr(p, "data: "))) {
+        p += 6;
+        const char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        assert_false(done); /* nothing after [DONE] */
+        if (!strncmp(p, "[DONE]", 6)) done = true;
+        else {
+            char *one = strndup(p, (size_t)(end - p));
+            json_array_append_new(events, parse(one));
+            free(one);
+        }
+        p = end + 2;
+    }
+    assert_true(done);
+    return events;
+}
+
+static const char *jstr(json_t *o, const char *path0, const char *path1) {
+    json_t *v = json_object_get(o, path0);
+    if (path1) v = json_object_get(v, path1);
+    return json_string_value(v);
+}
+
+/* ---- shared server for most tests ---- */
+
+static server S;
+static char *GREEDY; /* `kettle run --temp 0 -n 24` of PROMPT */
+
+static int group_setup(void **state) {
+    (void)state;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p '%s' -n 24 --temp 0 -t 1", KT_BIN, tu_shared("models/stories260K.gguf"),
+             PROMPT);
+    if (tu_run(cmd, &GREEDY, NULL) != 0 || !GREEDY || !GREEDY[0]) return -1;
+    S = start_server("serve-main.log", "--chat-template chatml --ctx 256");
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    stop_server(&S);
+    free(GREEDY);
+    curl_global_cleanup();
+    return 0;
+}
+
+/* ---- completions ---- */
+
+static void test_completion_greedy_matches_run(void **state) {
+    (void)state;
+    json_t *j = post_ok(&S, "/v1/completions", "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,\"temperature\":0}");
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_string_equal(json_string_value(json_object_get(c0, "text")), GREEDY);
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "length");
+    json_t *u = json_object_get(j, "usage");
+    json_t *tok = post_ok(&S, "/tokenize", "{\"content\":\"" PROMPT "\"}");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), json_array_size(json_object_get(tok, "tokens")));
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 24);
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")),
+                     json_integer_value(json_object_get(u, "prompt_tokens")) + 24);
+    json_decref(tok);
+    json_decref(j);
+}
+
+static void test_completion_stream_matches(void **state) {
+    (void)state;
+    reply r = post(&S, "/v1/completions",
+                   "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,\"temperature\":0,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true}}");
+    assert_int_equal(r.status, 200);
+    json_t *ev = sse_events(r.body);
+    char text[4096] = "";
+    size_t i, n = json_array_size(ev);
+    json_t *e;
+    const char *finish = NULL;
+    json_array_foreach(ev, i, e) {
+        json_t *choices = json_object_get(e, "choices");
+        assert_string_equal(jstr(e, "object", NULL), "text_completion");
+        if (i + 1 == n) { /* usage chunk */
+            assert_int_equal(json_array_size(choices), 0);
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(e, "usage"), "completion_tokens")), 24);
+            continue;
+        }
+        json_t *c = json_array_get(choices, 0);
+        strncat(text, json_string_value(json_object_get(c, "text")), sizeof text - strlen(text) - 1);
+        if (json_is_string(json_object_get(c, "finish_reason"))) finish = json_string_value(json_object_get(c, "finish_reason"));
+    }
+    assert_string_equal(text, GREEDY);
+    assert_non_null(finish);
+    assert_string_equal(finish, "length");
+    json_decref(ev);
+    free(r.body);
+}
+
+static void test_completion_stop(void **state) {
+    (void)state;
+    /* a stop string from the middle of the greedy text */
+    size_t len = strlen(GREEDY);
+    assert_true(len > 12);
+    char stop[8];
+    snprintf(stop, sizeof stop, "%.3s", GREEDY + len / 2);
+    const char *at = strstr(GREEDY, stop);
+    json_t *req = json_pack("{s:s, s:i, s:i, s:[s,s]}", "prompt", PROMPT, "max_tokens", 24, "temperature", 0, "stop",
+                            "zzzq", stop);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_t *j = post_ok(&S, "/v1/completions", body);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(c0, "text"));
+    assert_int_equal(strlen(text), (size_t)(at - GREEDY));
+    assert_memory_equal(text, GREEDY, strlen(text));
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "stop");
+    json_decref(j);
+    free(body);
+    /* streamed: the stop text never appears */
+    json_object_set_new(req, "stream", json_true());
+    json_object_set_new(req, "stop", json_string(stop));
+    body = json_dumps(req, JSON_COMPACT);
+    reply r = post(&S, "/v1/completions", body);
+    free(body);
+    json_decref(req);
+    json_t *ev = sse_events(r.body);
+    char all[4096] = "";
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e) strncat(all, json_string_value(json_object_get(json_array_get(json_object_get(e, "choices"), 0), "text")), sizeof all - strlen(all) - 1);
+    assert_int_equal(strlen(all), (size_t)(at - GREEDY));
+    json_decref(ev);
+    free(r.body);
+}
+
+static void test_completion_logprobs(void **state) {
+    (void)state;
+    json_t *j = post_ok(&S, "/v1/completions", "{\"prompt\":\"" PROMPT "\",\"max_tokens\":8,\"temperature\":0,\"logprobs\":3}");
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *toks = json_object_get(lp, "tokens"), *tlp = json_object_get(lp, "token_logprobs");
+    json_t *top = json_object_get(lp, "top_logprobs"), *off = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(toks), 8);
+    assert_int_equal(json_array_size(tlp), 8);
+    assert_int_equal(json_array_size(top), 8);
+    assert_int_equal(json_array_size(off), 8);
+    assert_int_equal(json_integer_value(json_array_get(off, 0)), strlen(PROMPT));
+    char joined[1024] = "";
+    for (size_t i = 0; i < 8; i++) {
+        double l = json_number_value(json_array_get(tlp, i));
+        assert_true(l <= 0);
+        json_t *t = json_array_get(top, i);
+        assert_true(json_object_size(t) >= 1 && json_object_size(t) <= 3);
+        /* greedy: the sampled token is the most likely one */
+        const char *k;
+        json_t *v;
+        double best = -INFINITY;
+        json_object_foreach(t, k, v) best = fmax(best, json_number_value(v));
+        assert_true(fabs(best - l) < 1e-6);
+        if (i) assert_true(json_integer_value(json_array_get(off, i)) >= json_integer_value(json_array_get(off, i - 1)));
+        strncat(joined, json_string_value(json_array_get(toks, i)), sizeof joined - strlen(joined) - 1);
+    }
+    assert_string_equal(joined, json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")));
+    json_decref(j);
+}
+
+/* ---- chat ---- */
+
+#define CHAT_MSGS "\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},{\"role\":\"user\",\"content\":\"Once\"}]"
+
+static void test_chat_stream_equals_plain(void **state) {
+    (void)state;
+    json_t *j = post_ok(&S, "/v1/chat/completions", "{" CHAT_MSGS ",\"max_tokens\":16,\"temperature\":0}");
+    assert_string_equal(jstr(j, "object", NULL), "chat.completion");
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(jstr(c0, "message", "role"), "assistant");
+    const char *plain = jstr(c0, "message", "content");
+    assert_non_null(plain);
+    assert_true(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")) > 5);
+
+    reply r = post(&S, "/v1/chat/completions", "{" CHAT_MSGS ",\"max_tokens\":16,\"temperature\":0,\"stream\":true}");
+    assert_int_equal(r.status, 200);
+    json_t *ev = sse_events(r.body);
+    char text[4096] = "";
+    size_t i, n = json_array_size(ev);
+    json_t *e;
+    assert_true(n >= 2);
+    json_array_foreach(ev, i, e) {
+        assert_string_equal(jstr(e, "object", NULL), "chat.completion.chunk");
+        json_t *c = json_array_get(json_object_get(e, "choices"), 0), *delta = json_object_get(c, "delta");
+        if (i == 0) assert_string_equal(jstr(delta, "role", NULL), "assistant");
+        else assert_null(json_object_get(delta, "role"));
+        if (jstr(delta, "content", NULL)) strncat(text, jstr(delta, "content", NULL), sizeof text - strlen(text) - 1);
+        if (i + 1 == n) assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), json_string_value(json_object_get(c0, "finish_reason")));
+        else assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    }
+    assert_string_equal(text, plain);
+    json_decref(ev);
+    free(r.body);
+    json_decref(j);
+}
+
+static void test_chat_n2_logprobs(void **state) {
+    (void)state;
+    json_t *j = post_ok(&S, "/v1/chat/completions",
+                        "{" CHAT_MSGS ",\"max_tokens\":8,\"temperature\":0,\"n\":2,\"logprobs\":true,\"top_logprobs\":4}");
+    json_t *ch = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(ch), 2);
+    json_t *a = json_array_get(ch, 0), *b = json_array_get(ch, 1);
+    assert_int_equal(json_integer_value(json_object_get(a, "index")), 0);
+    assert_int_equal(json_integer_value(json_object_get(b, "index")), 1);
+    assert_string_equal(jstr(a, "message", "content"), jstr(b, "message", "content"));
+    json_t *content = json_object_get(json_object_get(a, "logprobs"), "content");
+    long long completion = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+    assert_int_equal(completion, 2 * json_array_size(content)); /* both choices count */
+    size_t i;
+    json_t *item;
+    json_array_foreach(content, i, item) {
+        json_t *top = json_object_get(item, "top_logprobs");
+        assert_int_equal(json_array_size(top), 4);
+        assert_true(json_is_array(json_object_get(item, "bytes")));
+        for (size_t k = 1; k < 4; k++)
+            assert_true(json_number_value(json_object_get(json_array_get(top, k - 1), "logprob")) >=
+                        json_number_value(json_object_get(json_array_get(top, k), "logprob")));
+        assert_true(fabs(json_number_value(json_object_get(json_array_get(top, 0), "logprob")) -
+                         json_number_value(json_object_get(item, "logprob"))) < 1e-6);
+    }
+    json_decref(j);
+}
+
+/* ---- other endpoints ---- */
+
+static void test_health_models_metrics(void **state) {
+    (void)state;
+    reply r = get(&S, "/health");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"ok\""));
+    free(r.body);
+    r = get(&S, "/v1/models");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"stories260K.gguf\""));
+    free(r.body);
+    r = get(&S, "/metrics");
+    assert_int_equal(r.status, 200);
+    const char *families[] = {"kettle_http_requests_total{endpoint=\"health\",status=\"200\"} ",
+                              "kettle_prompt_tokens_total ", "kettle_generated_tokens_total ",
+                              "kettle_time_to_first_token_seconds_bucket{le=\"+Inf\"} ",
+                              "kettle_time_to_first_token_seconds_sum ", "kettle_time_to_first_token_seconds_count ",
+                              "kettle_inter_token_latency_seconds_bucket{le=\"+Inf\"} ", "kettle_queue_depth ",
+                              "kettle_running_sequences ", "kettle_kv_blocks_used ", "kettle_kv_blocks_free ",
+                              "kettle_kv_blocks_total "};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!strstr(r.body, families[i])) fail_msg("/metrics lacks %s:\n%s", families[i], r.body);
+    free(r.body);
+}
+
+static void test_tokenize_roundtrip(void **state) {
+    (void)state;
+    json_t *t = post_ok(&S, "/tokenize", "{\"content\":\"Hello world, again.\",\"add_special\":false}");
+    json_t *toks = json_object_get(t, "tokens");
+    assert_true(json_array_size(toks) >= 3);
+    json_t *body = json_pack("{s:O}", "tokens", toks);
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_t *d = post_ok(&S, "/detokenize", s);
+    assert_string_equal(jstr(d, "content", NULL), "Hello world, again.");
+    free(s);
+    json_decref(body), json_decref(t), json_decref(d);
+}
+
+/* ---- errors ---- */
+
+static void test_errors(void **state) {
+    (void)state;
+    const char *C = "/v1/completions", *CH = "/v1/chat/completions";
+    expect_error(&S, C, "{\"prompt\": ", 400, "malformed JSON");
+    expect_error(&S, C, "[1,2]", 400, "JSON object");
+    expect_error(&S, C, "{\"prompt\": 7}", 400, "'prompt' must be a string");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "'temperature' must be a number");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"max_tokens\":\"5\"}", 400, "'max_tokens' must be an integer");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"n\":99}", 400, "'n' is 99");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"stop\":[1]}", 400, "'stop[0]' must be a string");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "not a token id");
+    expect_error(&S, C, "{\"prompt\":[\"a\",\"b\"]}", 400, "not supported");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"model\":\"gpt-9\"}", 404, "gpt-9");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"max_tokens\":100000}", 400, "max_tokens");
+    expect_error(&S, CH, "{\"messages\":\"hi\"}", 400, "'messages' must be a non-empty array");
+    expect_error(&S, CH, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "'messages[0].role'");
+    /* invalid UTF-8 inside a string */
+    reply r = http_full(&S, "POST", C, "{\"prompt\":\"\xff\xfe\"}", 14, NULL);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "UTF-8"));
+    free(r.body);
+    /* a prompt longer than the context (256): the message gives both numbers */
+    size_t n = 4000;
+    char *big = malloc(n + 64);
+    strcpy(big, "{\"prompt\":\"");
+    for (size_t i = 0; i < 600; i++) strcat(big, "a b ");
+    strcat(big, "\"}");
+    r = post(&S, C, big);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "256"));
+    assert_non_null(strstr(r.body, "context"));
+    free(r.body), free(big);
+    /* a body over the 8 MiB limit */
+    size_t huge = (8u << 20) + 100;
+    char *h = malloc(huge);
+    memset(h, ' ', huge);
+    r = http_full(&S, "POST", C, h, huge, NULL);
+    assert_int_equal(r.status, 413);
+    free(r.body), free(h);
+    r = get(&S, "/v2/nothing");
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.body, "/v2/nothing"));
+    free(r.body);
+    r = http_full(&S, "DELETE", "/v1/models", NULL, 0, NULL);
+    assert_int_equal(r.status, 405);
+    free(r.body);
+    r = get(&S, "/v1/completions");
+    assert_int_equal(r.status, 405);
+    free(r.body);
+}
+
+/* ---- a client that leaves mid-stream ---- */
+
+static long long metric(const server *s, const char *name) {
+    reply r = get(s, "/metrics");
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(r.body, key);
+    long long v = p ? atoll(p + strlen(key)) : -1;
+    free(r.body);
+    return v;
+}
+
+static void test_disconnect_frees_kv(void **state) {
+    (void)state;
+    kt_error err;
+    kt_model *m = kt_model_load(tu_shared("models/stories260K.gguf"), &err);
+    assert_non_null(m);
+    int eos = kt_model_describe(m)->eos_id;
+    kt_model_free(m);
+    long long before = metric(&S, "kettle_requests_finished_total{reason=\"cancelled\"}");
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"" PROMPT "\",\"max_tokens\":200,\"temperature\":1,\"stream\":true,\"logit_bias\":{\"%d\":-100}}", eos);
+    reply r = {.abort_after = 1};
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    CURL *c = make_easy(&S, "POST", "/v1/completions", body, strlen(body), h, &r);
+    CURLcode rc = curl_easy_perform(c);
+    assert_int_equal(rc, CURLE_WRITE_ERROR); /* we hung up */
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    free(r.body);
+    long long used = -1, running = -1;
+    for (int i = 0; i < 100; i++) { /* 5 s */
+        used = metric(&S, "kettle_kv_blocks_used"), running = metric(&S, "kettle_running_sequences");
+        if (used == 0 && running == 0) break;
+        sleep_ms(50);
+    }
+    assert_int_equal(used, 0);
+    assert_int_equal(running, 0);
+    assert_true(metric(&S, "kettle_requests_finished_total{reason=\"cancelled\"}") > before);
+}
+
+/* ---- servers of their own ---- */
+
+/* A template file that shows the tools it is given. */
+static const char *tools_template(void) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("tools.jinja"));
+    const char *t = "{% for t in tools %}[tool {{ t.function.name }}]{% endfor %}"
+                    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:";
+    assert_int_equal(tu_write_file(path, t, strlen(t)), 0);
+    return path;
+}
+
+static long long prompt_tokens(const server *s, const char *body) {
+    reply r = http_full(s, "POST", "/v1/chat/completions", body, strlen(body), "Authorization: Bearer sekrit");
+    if (r.status != 200) fail_msg("%ld %s", r.status, r.body);
+    json_t *j = parse(r.body);
+    long long n = json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    free(r.body);
+    return n;
+}
+
+/* --api-key, --alias and a template file that gets the request's tools. */
+static void test_api_key_alias_tools(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "--api-key sekrit --alias tiny --chat-template %s", tools_template());
+    server s = start_server("serve-key.log", args);
+    long long plain = prompt_tokens(&s, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}");
+    long long tools = prompt_tokens(&s, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"
+                                        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{}}}]}");
+    assert_true(tools > plain + 2); /* "[tool get_weather]" reached the prompt */
+    reply r = get(&s, "/v1/models");
+    assert_int_equal(r.status, 401);
+    assert_non_null(strstr(r.body, "API key"));
+    free(r.body);
+    r = http_full(&s, "GET", "/v1/models", NULL, 0, "Authorization: Bearer wrong");
+    assert_int_equal(r.status, 401);
+    free(r.body);
+    r = http_full(&s, "GET", "/v1/models", NULL, 0, "Authorization: Bearer sekrit");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"tiny\""));
+    free(r.body);
+    r = get(&s, "/health");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    stop_server(&s);
+}
+
+/* With one sequence at a time and a queue of one, a burst of long
+ * requests gets 503 + Retry-After for the ones that do not fit. */
+static void test_queue_full(void **state) {
+    (void)state;
+    server s = start_server("serve-busy.log", "--parallel 1 --queue 1 --ctx 512");
+    enum { N = 6 };
+    const char *body = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":400,\"temperature\":1,\"logit_bias\":{\"2\":-100}}";
+    reply r[N] = {{0}};
+    CURL *easy[N];
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    CURLM *multi = curl_multi_init();
+    for (int i = 0; i < N; i++) {
+        easy[i] = make_easy(&s, "POST", "/v1/completions", body, strlen(body), h, &r[i]);
+        curl_multi_add_handle(multi, easy[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(multi, &running);
+        if (running) curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    int busy = 0, ok = 0;
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(easy[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        if (r[i].status == 503) {
+            busy++;
+            assert_string_equal(r[i].retry_after, "1");
+            assert_non_null(strstr(r[i].body, "\"error\""));
+        }
+        if (r[i].status == 200) ok++;
+        curl_multi_remove_handle(multi, easy[i]);
+        curl_easy_cleanup(easy[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(multi);
+    curl_slist_free_all(h);
+    assert_true(ok >= 1);
+    assert_true(busy >= 1);
+    assert_int_equal(ok + busy, N);
+    stop_server(&s);
+}
+
+/* SIGTERM while a stream runs: the stream ends as "cancelled" with
+ * [DONE], and the server still exits 0. */
+static void test_shutdown_mid_stream(void **state) {
+    (void)state;
+    server s = start_server("serve-term.log", "--ctx 2048");
+    const char *body = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":2000,\"stream\":true,\"logit_bias\":{\"2\":-100}}";
+    reply r = {0};
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    CURL *c = make_easy(&s, "POST", "/v1/completions", body, strlen(body), h, &r);
+    CURLM *multi = curl_multi_init();
+    curl_multi_add_handle(multi, c);
+    int running = 1;
+    bool sent = false;
+    while (running) {
+        curl_multi_perform(multi, &running);
+        if (!sent && r.len > 0) kill(s.pid, SIGTERM), sent = true;
+        if (running) curl_multi_poll(multi, NULL, 0, 50, NULL);
+    }
+    assert_true(sent);
+    if (!strstr(r.body, "\"finish_reason\":\"cancelled\""))
+        fail_msg("no cancelled finish in: ...%s", r.len > 600 ? r.body + r.len - 600 : r.body);
+    json_decref(sse_events(r.body)); /* well-formed, ends with [DONE] */
+    curl_multi_remove_handle(multi, c);
+    curl_easy_cleanup(c);
+    curl_multi_cleanup(multi);
+    curl_slist_free_all(h);
+    free(r.body);
+    stop_server(&s);
+}
+
+/* ---- the JSON layer without HTTP ---- */
+
+static void test_parse_defaults_and_bias(void **state) {
+    (void)state;
+    srv_model_info mi = {.name = "m", .n_vocab = 100};
+    srv_gen_req r;
+    srv_error e;
+    json_t *b = json_loads("{\"prompt\":\"hi\",\"logit_bias\":{\"5\":-100,\"7\":2.5},\"stop\":\"\\n\"}", 0, NULL);
+    assert_true(srv_parse_gen(b, SRV_COMPLETION, &mi, 42, &r, &e));
+    assert_true(r.sampling.temperature == 1.0f && r.sampling.top_p == 1.0f);
+    assert_int_equal(r.sampling.top_k, 0);
+    assert_true(r.sampling.min_p == 0.0f);
+    assert_int_equal(r.sampling.seed, 42);
+    assert_int_equal(r.max_tokens, 16); /* OpenAI's default for completions */
+    assert_int_equal(r.top_logprobs, -1);
+    assert_int_equal(r.n_stop, 1);
+    assert_int_equal(r.n_logit_bias, 2);
+    for (int i = 0; i < 2; i++) {
+        if (r.logit_bias[i].token == 5) assert_true(isinf(r.logit_bias[i].bias) && r.logit_bias[i].bias < 0);
+        else assert_true(r.logit_bias[i].token == 7 && r.logit_bias[i].bias == 2.5f);
+    }
+    srv_gen_req_free(&r);
+    json_decref(b);
+    b = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],"
+                   "\"max_completion_tokens\":3,\"top_logprobs\":2,\"logprobs\":true,\"seed\":-1}", 0, NULL);
+    assert_true(srv_parse_gen(b, SRV_CHAT, &mi, 0, &r, &e));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r.messages, 0), "content")), "ab");
+    assert_int_equal(r.max_tokens, 3);
+    assert_int_equal(r.top_logprobs, 2);
+    assert_true(r.sampling.seed == UINT64_MAX);
+    srv_gen_req_free(&r);
+    json_decref(b);
+    b = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 0, NULL);
+    assert_false(srv_parse_gen(b, SRV_CHAT, &mi, 0, &r, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "top_logprobs");
+    json_decref(b);
+}
+
+static void test_error_json_and_utf8(void **state) {
+    (void)state;
+    srv_error e;
+    srv_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "no %s", "such");
+    char *s = srv_error_json(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"no such\",\"type\":\"invalid_request_error\",\"param\":\"model\",\"code\":\"model_not_found\"}}");
+    free(s);
+    { const char *ok = "h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80"; assert_true(srv_utf8_valid(ok, strlen(ok))); }
+    assert_false(srv_utf8_valid("\xff", 1));
+    assert_false(srv_utf8_valid("\xc3", 1));
+    assert_false(srv_utf8_valid("\xed\xa0\x80", 3)); /* a surrogate */
+    assert_false(srv_utf8_valid("\xc0\xaf", 2));     /* overlong */
+}
+
+static void test_metrics_histogram_cumulative(void **state) {
+    (void)state;
+    srv_metrics m;
+    assert_true(srv_metrics_init(&m));
+    srv_metrics_count(&m, "health", 200);
+    srv_metrics_count(&m, "health", 200);
+    kt_engine_stats st = {0};
+    st.ttft.counts[0] = 2, st.ttft.counts[3] = 1, st.ttft.counts[KT_LAT_N_BUCKETS - 1] = 4;
+    st.ttft.n = 7, st.ttft.sum_ms = 1500;
+    char *t = srv_metrics_text(&m, &st);
+    assert_non_null(strstr(t, "kettle_http_requests_total{endpoint=\"health\",status=\"200\"} 2\n"));
+    char want[128];
+    snprintf(want, sizeof want, "kettle_time_to_first_token_seconds_bucket{le=\"%g\"} 3\n", kt_lat_bucket_ms[3] / 1e3);
+    assert_non_null(strstr(t, want));
+    assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_bucket{le=\"+Inf\"} 7\n"));
+    assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_sum 1.5\n"));
+    assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_count 7\n"));
+    free(t);
+    srv_metrics_destroy(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest unit[] = {
+        cmocka_unit_test(test_parse_defaults_and_bias),
+        cmocka_unit_test(test_error_json_and_utf8),
+        cmocka_unit_test(test_metrics_histogram_cumulative),
+    };
+    const struct CMUnitTest e2e[] = {
+        cmocka_unit_test(test_completion_greedy_matches_run),
+        cmocka_unit_test(test_completion_stream_matches),
+        cmocka_unit_test(test_completion_stop),
+        cmocka_unit_test(test_completion_logprobs),
+        cmocka_unit_test(test_chat_stream_equals_plain),
+        cmocka_unit_test(test_chat_n2_logprobs),
+        cmocka_unit_test(test_health_models_metrics),
+        cmocka_unit_test(test_tokenize_roundtrip),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_disconnect_frees_kv),
+        cmocka_unit_test(test_api_key_alias_tools),
+        cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_shutdown_mid_stream),
+    };
+    int failed = cmocka_run_group_tests_name("server json", unit, NULL, NULL);
+    return failed + cmocka_run_group_tests_name("kettle serve", e2e, group_setup, group_teardown);
+}
