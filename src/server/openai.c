@@ -9,6 +9,7 @@
  * max_tokens 16 for completions and "until the context is full" for chat.
  */
 #include "server/openai.h"
+#include "text/utf8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -389,25 +390,8 @@ void srv_buf_free(srv_buf *b) {
 
 /* ---- UTF-8 and tokens ---- */
 
-/* Length of the valid UTF-8 sequence at s (RFC 3629), or 0. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!len || len > n || (len == 2 && c < 0xC2)) return len == 1 ? 1 : 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (len == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
-    if (len == 4 && ((c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] >= 0x90) || c > 0xF4)) return 0;
-    return len;
-}
-
 bool srv_utf8_valid(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        size_t l = utf8_seq((const unsigned char *)s + i, n - i);
-        if (!l) return false;
-        i += l;
-    }
-    return true;
+    return kt_utf8_valid(s, n, NULL);
 }
 
 /* The token decoded alone (what it adds to the text); control tokens,
