@@ -210,6 +210,42 @@ static void test_batch_invariance_16_q4_0(void **state) {
     kt_model_free(m);
 }
 
+/* Q8_0 KV: runs, frees its blocks, and its first token's distribution is
+ * close to F32 KV's (the prompt's K/V rounded to 8 bits). A model whose
+ * head size is not a multiple of 32 cannot use it and says so. */
+static void test_q8_0_kv(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_model *m = kt_model_load(tu_shared("models/test-tiny-Q8_0.gguf"), &err);
+    assert_non_null(m);
+    g_tok = m;
+    kt_engine *f32 = engine_on(m, 4, 64, KT_KV_F32, 0.0f), *q8 = engine_on(m, 4, 64, KT_KV_Q8_0, 0.0f);
+    int same_first = 0;
+    for (int i = 0; i < 4; i++) {
+        output a, b;
+        run_alone(f32, PROMPTS[i], 8, &a);
+        run_alone(q8, PROMPTS[i], 8, &b);
+        assert_true(b.n > 0 && b.finish != KT_FINISH_ERROR);
+        if (a.tokens[0] != b.tokens[0]) continue;
+        same_first++;
+        assert_true(fabsf(a.logprobs[0] - b.logprobs[0]) < 0.05f);
+    }
+    assert_true(same_first >= 3);
+    kt_engine_stats st;
+    kt_engine_get_stats(q8, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    kt_engine_free(f32);
+    kt_engine_free(q8);
+    g_tok = NULL;
+    kt_model_free(m);
+    /* stories260K: head size 8 */
+    kt_engine_params p = kt_engine_defaults();
+    p.kv_type = KT_KV_Q8_0;
+    p.n_ctx = 64;
+    assert_null(kt_engine_new(g_model, &p, &err));
+    assert_non_null(strstr(err.msg, "multiple of 32"));
+}
+
 /* A prompt read in chunks of 8 tokens gives the tokens of one read whole. */
 static void test_chunked_prefill_invariance(void **state) {
     (void)state;
@@ -477,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance_16),
         cmocka_unit_test(test_batch_invariance_16_q4_0),
         cmocka_unit_test(test_chunked_prefill_invariance),
+        cmocka_unit_test(test_q8_0_kv),
         cmocka_unit_test(test_choices_share_prompt),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_cancel_frees_blocks),

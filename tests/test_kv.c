@@ -94,8 +94,10 @@ static void test_layout(void **state) {
     enum { NB = 5, BT = 4, NL = 3, DIM = 7 };
     kv_pool *pool = make_pool(NB, BT, NL, DIM, KV_F16);
     size_t row = (size_t)DIM * 2, block = row * BT, plane = block * NB;
-    assert_int_equal(kv_type_size(KV_F32), 4);
-    assert_int_equal(kv_type_size(KV_F16), 2);
+    assert_int_equal(kv_row_bytes(KV_F32, 64), 256);
+    assert_int_equal(kv_row_bytes(KV_F16, 64), 128);
+    assert_int_equal(kv_row_bytes(KV_Q8_0, 64), 68);
+    assert_int_equal(kv_row_bytes(KV_Q8_0, 48), 0); /* not whole blocks */
     assert_int_equal(kv_pool_row_bytes(pool), row);
     assert_int_equal(kv_pool_block_bytes(pool), block);
     uint8_t *base = kv_pool_plane(pool, 0, KV_K);
@@ -176,7 +178,10 @@ static void test_bad_params(void **state) {
     p = (kv_pool_params){4, 16, 2, 4, (kv_type)7};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
-    assert_non_null(strstr(err.msg, "unknown element type"));
+    assert_non_null(strstr(err.msg, "element type 7"));
+    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0}; /* rows not whole Q8_0 blocks */
+    assert_null(kv_pool_new(&p, &err));
+    assert_non_null(strstr(err.msg, "multiple of 32"));
     p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32};
     memset(&err, 0, sizeof err);
     assert_null(kv_pool_new(&p, &err));

@@ -994,6 +994,125 @@ static void test_attention(void **state) {
     kt_pool_free(pool);
 }
 
+/* Paged attention: a ragged batch of tokens from 3 sequences whose
+ * positions live in shuffled blocks of 16, with F32, F16 and Q8_0 rows.
+ * Checks: SIMD vs the reference (each reading the same stored values);
+ * paged F32 vs the contiguous kernel, bit for bit; every token of the
+ * ragged batch vs the same token run alone, bit for bit. */
+typedef struct paged_kv {
+    kt_dtype type;
+    int n_seq, n_blocks, bt, kv_dim;
+    size_t row_bytes, block_bytes;
+    char *k, *v;          /* n_blocks * block_bytes each */
+    int32_t table[3][16]; /* each sequence's blocks */
+} paged_kv;
+
+static void paged_store(paged_kv *pk, char *plane, int s, int p, const float *row) {
+    char *dst = plane + (size_t)pk->table[s][p / pk->bt] * pk->block_bytes + (size_t)(p % pk->bt) * pk->row_bytes;
+    if (pk->type == KT_F32) memcpy(dst, row, sizeof(float) * (size_t)pk->kv_dim);
+    else kt_quantize_row(pk->type, row, dst, pk->kv_dim);
+}
+
+static void test_attention_paged(void **state) {
+    (void)state;
+    const int NH = 8, NKV = 2, HD = 64, BT = 16, NSEQ = 3;
+    const int len[3] = {37, 5, 70}; /* positions per sequence */
+    const int kv_dim = NKV * HD, q_dim = NH * HD;
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    /* per sequence, contiguous F32 K/V as the source of truth */
+    float *ck[3], *cv[3];
+    for (int s = 0; s < NSEQ; s++) {
+        ck[s] = tu_xmalloc(sizeof(float) * (size_t)len[s] * kv_dim);
+        cv[s] = tu_xmalloc(sizeof(float) * (size_t)len[s] * kv_dim);
+        tu_fill_normal(ck[s], (size_t)len[s] * kv_dim, 1.5f, 100 + s);
+        tu_fill_normal(cv[s], (size_t)len[s] * kv_dim, 1.0f, 200 + s);
+    }
+    /* the batch: the last 4 positions of seq 0, 1 of seq 1, 6 of seq 2 */
+    enum { NT = 11 };
+    const int tok_seq[NT] = {0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2};
+    int n_pos[NT];
+    for (int t = 0; t < NT; t++) { /* a sequence's batch tokens end at its last position */
+        int after = 0;
+        for (int u = t + 1; u < NT && tok_seq[u] == tok_seq[t]; u++) after++;
+        n_pos[t] = len[tok_seq[t]] - after;
+    }
+    float *q = tu_xmalloc(sizeof(float) * NT * q_dim);
+    tu_fill_normal(q, (size_t)NT * q_dim, 1.5f, 300);
+    const kt_dtype types[3] = {KT_F32, KT_F16, KT_Q8_0};
+    for (int ti = 0; ti < 3; ti++) {
+        paged_kv pk = {.type = types[ti], .n_seq = NSEQ, .bt = BT, .kv_dim = kv_dim, .n_blocks = 12};
+        pk.row_bytes = kt_dtype_row_bytes(pk.type, kv_dim);
+        pk.block_bytes = pk.row_bytes * BT;
+        pk.k = tu_xmalloc(pk.block_bytes * pk.n_blocks);
+        pk.v = tu_xmalloc(pk.block_bytes * pk.n_blocks);
+        /* blocks handed out in a scrambled order: 7, 2, 11, 0, ... */
+        for (int s = 0, next = 0; s < NSEQ; s++)
+            for (int b = 0; b * BT < len[s]; b++, next++) pk.table[s][b] = (next * 7 + 3) % pk.n_blocks;
+        for (int s = 0; s < NSEQ; s++)
+            for (int p = 0; p < len[s]; p++) {
+                paged_store(&pk, pk.k, s, p, ck[s] + (size_t)p * kv_dim);
+                paged_store(&pk, pk.v, s, p, cv[s] + (size_t)p * kv_dim);
+            }
+        const int32_t *blocks[NT];
+        for (int t = 0; t < NT; t++) blocks[t] = pk.table[tok_seq[t]];
+        kt_attn_args a = {.q = q, .k = pk.k, .v = pk.v, .n_tokens = NT, .n_head = NH, .n_head_kv = NKV,
+                          .head_dim = HD, .q_stride = q_dim, .out_stride = q_dim, .kv_type = pk.type,
+                          .blocks = blocks, .block_tokens = BT, .row_bytes = pk.row_bytes,
+                          .block_bytes = pk.block_bytes, .n_pos = n_pos};
+        float *ref = tu_xmalloc(sizeof(float) * NT * q_dim), *fast = tu_xmalloc(sizeof(float) * NT * q_dim);
+        a.out = ref;
+        kt_attention_ref(&a);
+        a.out = fast;
+        kt_attention(pool, &a);
+        for (int i = 0; i < NT * q_dim; i++)
+            if (!(fabsf(ref[i] - fast[i]) <= 1e-5f * 4.0f))
+                fail_msg("paged attention type %d elem %d: %.9g vs ref %.9g", (int)pk.type, i, fast[i], ref[i]);
+        /* each token alone: the same bits */
+        for (int t = 0; t < NT; t++) {
+            float one[8 * 64];
+            kt_attn_args a1 = a;
+            a1.q = q + (size_t)t * q_dim, a1.out = one, a1.n_tokens = 1;
+            a1.blocks = blocks + t, a1.n_pos = n_pos + t;
+            kt_attention(pool, &a1);
+            assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
+        }
+        if (pk.type == KT_F32) {
+            /* the contiguous kernel on each sequence's own rows: same bits */
+            for (int t = 0; t < NT; t++) {
+                int s = tok_seq[t];
+                float one[8 * 64];
+                kt_attn_args c = {.out = one, .q = q + (size_t)t * q_dim, .k = ck[s], .v = cv[s],
+                                  .n_tokens = 1, .pos0 = n_pos[t] - 1, .n_head = NH, .n_head_kv = NKV,
+                                  .head_dim = HD, .q_stride = q_dim, .kv_stride = kv_dim,
+                                  .out_stride = q_dim};
+                kt_attention(pool, &c);
+                assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
+            }
+        } else {
+            /* against F32 storage: the rounding of the stored values only */
+            float tol = pk.type == KT_F16 ? 5e-3f : 5e-2f;
+            for (int t = 0; t < NT; t++) {
+                int s = tok_seq[t];
+                float one[8 * 64];
+                kt_attn_args c = {.out = one, .q = q + (size_t)t * q_dim, .k = ck[s], .v = cv[s],
+                                  .n_tokens = 1, .pos0 = n_pos[t] - 1, .n_head = NH, .n_head_kv = NKV,
+                                  .head_dim = HD, .q_stride = q_dim, .kv_stride = kv_dim,
+                                  .out_stride = q_dim};
+                kt_attention(pool, &c);
+                for (int i = 0; i < q_dim; i++)
+                    if (!(fabsf(one[i] - fast[(size_t)t * q_dim + i]) <= tol))
+                        fail_msg("type %d token %d elem %d: %.6g vs F32 %.6g", (int)pk.type, t, i,
+                                 fast[(size_t)t * q_dim + i], one[i]);
+            }
+        }
+        free(ref), free(fast), free(pk.k), free(pk.v);
+    }
+    for (int s = 0; s < NSEQ; s++) free(ck[s]), free(cv[s]);
+    free(q);
+    kt_pool_free(pool);
+}
+
 /* ---- throughput (KT_OPS_BENCH=1; not a test) ------------------------ */
 
 static int cmp_double(const void *a, const void *b) {
@@ -1139,6 +1258,7 @@ int main(void) {
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_paged),
     };
     /* The throughput measurement is not a test: it runs instead of the
      * tests when asked for, and never shows up as a skipped test. */

@@ -42,7 +42,8 @@ static void usage(FILE *out) {
             "      --kv-mb N           KV cache budget in MiB (default: parallel x ctx positions)\n"
             "      --batch-tokens N    tokens per engine step, decode + prefill (default 256)\n"
             "      --queue N           requests waiting before 503 (default 64)\n"
-            "      --kv-type T         KV cache element type: f16 (default) or f32\n"
+            "      --kv-type T         KV cache element type: f16 (default), q8_0 (half the\n"
+            "                          memory; head size a multiple of 32) or f32\n"
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
             "      --http-threads N    HTTP worker threads (default 4)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
@@ -109,8 +110,8 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     }
     if (!o->model) return cli_usage_error("serve", "need -m MODEL");
     if (o->api_key && !o->api_key[0]) return cli_usage_error("serve", "--api-key must not be empty");
-    if (o->kv_type && strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32"))
-        return cli_usage_error("serve", "invalid --kv-type '%s' (f16, f32)", o->kv_type);
+    if (o->kv_type && strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32") && strcmp(o->kv_type, "q8_0"))
+        return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
     return 0;
 }
 
@@ -132,7 +133,8 @@ static kt_engine_params engine_params(const serve_opts *o) {
     if (o->batch_tokens) p.batch_tokens = o->batch_tokens;
     if (o->n_threads) p.n_threads = o->n_threads;
     if (o->queue_max) p.queue_max = o->queue_max;
-    if (o->kv_type) p.kv_type = strcmp(o->kv_type, "f32") ? KT_KV_F16 : KT_KV_F32;
+    if (o->kv_type)
+        p.kv_type = !strcmp(o->kv_type, "f32") ? KT_KV_F32 : !strcmp(o->kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     return p;
 }
 

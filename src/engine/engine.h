@@ -34,7 +34,9 @@
 
 #include "kettle.h"
 
-typedef enum kt_kv_type { KT_KV_F16 = 0, KT_KV_F32 = 1 } kt_kv_type;
+/* KV element type: F16 (default), F32, or Q8_0 (half F16's memory; needs
+ * head_dim % 32 == 0). */
+typedef enum kt_kv_type { KT_KV_F16 = 0, KT_KV_F32 = 1, KT_KV_Q8_0 = 2 } kt_kv_type;
 
 typedef struct kt_engine_params {
     int n_ctx;         /* positions per sequence (prompt + output); <= 0: model's n_ctx_train */

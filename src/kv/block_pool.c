@@ -19,19 +19,25 @@
 
 struct kv_pool {
     kv_pool_params p;
-    size_t elem_size, row_bytes, block_bytes, plane_bytes;
+    size_t row_bytes, block_bytes, plane_bytes;
     uint8_t *mem;       /* 2 * n_layer planes of plane_bytes */
     int32_t *refcount;  /* per block */
     int32_t *free_stack; /* free block ids; the top is free_stack[n_free-1] */
     int n_free;
 };
 
-size_t kv_type_size(kv_type t) {
+size_t kv_row_bytes(kv_type t, int kv_dim) {
+    if (kv_dim < 1) return 0;
     switch (t) {
-    case KV_F32: return 4;
-    case KV_F16: return 2;
+    case KV_F32: return (size_t)kv_dim * 4;
+    case KV_F16: return (size_t)kv_dim * 2;
+    case KV_Q8_0: return kv_dim % 32 ? 0 : kt_dtype_row_bytes(KT_Q8_0, kv_dim);
     }
     return 0;
+}
+
+kt_dtype kv_type_dtype(kv_type t) {
+    return t == KV_F16 ? KT_F16 : t == KV_Q8_0 ? KT_Q8_0 : KT_F32;
 }
 
 /* *out = a * b; false on size_t overflow. */
@@ -45,17 +51,18 @@ static kt_status check_params(const kv_pool_params *p, kt_error *err) {
     if (!p || p->n_blocks < 1 || p->block_tokens < 1 || p->n_layer < 1 || p->kv_dim < 1)
         return kt_error_set(err, KT_ERR_ARG,
                             "kv pool: n_blocks, block_tokens, n_layer and kv_dim must be >= 1");
-    if (kv_type_size(p->type) == 0)
-        return kt_error_set(err, KT_ERR_ARG, "kv pool: unknown element type %d", (int)p->type);
+    if (kv_row_bytes(p->type, p->kv_dim) == 0)
+        return kt_error_set(err, KT_ERR_ARG,
+                            "kv pool: element type %d cannot hold rows of %d values (Q8_0 needs a "
+                            "multiple of 32)", (int)p->type, p->kv_dim);
     return KT_OK;
 }
 
 /* Fills the strides; the total size in *total. False on overflow. */
 static bool compute_layout(kv_pool *pool, size_t *total) {
     const kv_pool_params *p = &pool->p;
-    pool->elem_size = kv_type_size(p->type);
-    return mul_size((size_t)p->kv_dim, pool->elem_size, &pool->row_bytes) &&
-           mul_size(pool->row_bytes, (size_t)p->block_tokens, &pool->block_bytes) &&
+    pool->row_bytes = kv_row_bytes(p->type, p->kv_dim);
+    return mul_size(pool->row_bytes, (size_t)p->block_tokens, &pool->block_bytes) &&
            mul_size(pool->block_bytes, (size_t)p->n_blocks, &pool->plane_bytes) &&
            mul_size(pool->plane_bytes, 2 * (size_t)p->n_layer, total) &&
            *total <= SIZE_MAX - KV_ALIGN;

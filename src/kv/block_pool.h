@@ -14,12 +14,11 @@
  *
  *     plane (layer, kind)   kind 0 = K, 1 = V; plane index = layer*2 + kind
  *       block b             block_bytes = block_tokens * row_bytes
- *         position p        row_bytes   = kv_dim * elem_size
- *           element d
+ *         position p        row_bytes   = kv_row_bytes(type, kv_dim)
+ *           values          (F32, F16, or Q8_0 blocks of 32)
  *
- *     addr(b, layer, kind, p, d) = base + (layer*2 + kind) * plane_bytes
- *                                + b * block_bytes + p * row_bytes
- *                                + d * elem_size
+ *     addr(b, layer, kind, p) = base + (layer*2 + kind) * plane_bytes
+ *                             + b * block_bytes + p * row_bytes
  *     plane_bytes = n_blocks * block_bytes
  *
  * so every address is O(1), one position's K (or V) row of kv_dim values
@@ -47,9 +46,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "kettle.h"
 
-typedef enum kv_type { KV_F32 = 0, KV_F16 = 1 } kv_type;
+/* KV_Q8_0 rows are ggml Q8_0 blocks (32 values: fp16 scale + 32 int8),
+ * so kv_dim must be a multiple of 32. */
+typedef enum kv_type { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 } kv_type;
 typedef enum kv_kind { KV_K = 0, KV_V = 1 } kv_kind;
 
 typedef struct kv_pool_params {
@@ -62,8 +64,11 @@ typedef struct kv_pool_params {
 
 typedef struct kv_pool kv_pool;
 
-/* Bytes per element of `t` (4 or 2), 0 for an unknown type. */
-size_t kv_type_size(kv_type t);
+/* Bytes of one position's row of kv_dim values of type t; 0 for an
+ * unknown type or a kv_dim the type cannot hold (Q8_0: kv_dim % 32). */
+size_t kv_row_bytes(kv_type t, int kv_dim);
+/* The element type as the kernels name it (KT_F32, F16, Q8_0). */
+kt_dtype kv_type_dtype(kv_type t);
 
 /* Allocates the whole pool; NULL with err (KT_ERR_ARG for bad parameters,
  * KT_ERR_NOMEM when the memory is not there) on failure. */

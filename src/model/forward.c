@@ -108,14 +108,16 @@ static void embed(const llm_model *m, const int32_t *tokens, int n, float *x) {
                           x + (size_t)t * e->n_in, e->n_in);
 }
 
-/* One (a chunk's) row of K or V into the token's KV block row. */
+/* One row of K or V into the token's KV block row, in the pool's type. */
 static void store_kv_row(void *dst, const float *src, int n, kv_type type) {
     if (type == KV_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
-        return;
+    } else if (type == KV_F16) {
+        uint16_t *h = dst;
+        for (int i = 0; i < n; i++) h[i] = kt_fp32_to_fp16(src[i]);
+    } else {
+        kt_quantize_row(KT_Q8_0, src, dst, n);
     }
-    uint16_t *h = dst;
-    for (int i = 0; i < n; i++) h[i] = kt_fp32_to_fp16(src[i]);
 }
 
 static void store_kv(const llm_batch *b, int t0, int n, int il, const float *k, const float *v,
@@ -148,14 +150,13 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     store_kv(b, t0, n, il, w->k, w->v, kv_dim);
     const kv_pool *kv = b->seq[t0]->pool;
     const kv_pool_params *kp = kv_pool_get_params(kv);
-    const size_t elem = kv_type_size(kp->type);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
         .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
         .n_tokens = n, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
-        .q_stride = q_dim, .kv_stride = kv_dim, .out_stride = q_dim,
-        .kv_f16 = kp->type == KV_F16, .blocks = w->blocks, .block_tokens = kp->block_tokens,
-        .block_stride = kv_pool_block_bytes(kv) / elem, .n_pos = w->n_pos,
+        .q_stride = q_dim, .out_stride = q_dim,
+        .kv_type = kv_type_dtype(kp->type), .blocks = w->blocks, .block_tokens = kp->block_tokens,
+        .row_bytes = kv_pool_row_bytes(kv), .block_bytes = kv_pool_block_bytes(kv), .n_pos = w->n_pos,
     };
     kt_attention(pool, &a);
     matmul(pool, w->xn, &l->wo, w->att, n);

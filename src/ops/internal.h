@@ -122,14 +122,11 @@ static inline int kt_attn_n_pos(const kt_attn_args *a, int t) {
 }
 
 /* Start of position p's K or V row (base = a->k or a->v) for token t: the
- * addressing of kt_attn_args (ops.h), in bytes. */
+ * addressing of kt_attn_args (ops.h). */
 static inline const char *kt_attn_row(const kt_attn_args *a, const void *base, int t, int p) {
-    const size_t elem = a->kv_f16 ? 2 : 4;
-    size_t idx = (size_t)p * a->kv_stride;
-    if (a->blocks)
-        idx = (size_t)a->blocks[t][p / a->block_tokens] * a->block_stride +
-              (size_t)(p % a->block_tokens) * a->kv_stride;
-    return (const char *)base + idx * elem;
+    if (!a->blocks) return (const char *)base + (size_t)p * a->kv_stride * sizeof(float);
+    return (const char *)base + (size_t)a->blocks[t][p / a->block_tokens] * a->block_bytes +
+           (size_t)(p % a->block_tokens) * a->row_bytes;
 }
 
 /* Attention of query token t for heads [h0, h1), which must all read the

@@ -29,6 +29,7 @@
 #include "base/fp16.h"
 #include "ops/cpu.h"
 #include "ops/internal.h"
+#include "ops/quant.h"
 
 /* ---- rmsnorm -------------------------------------------------------- */
 
@@ -117,9 +118,17 @@ void kt_swiglu(float *out, const float *gate, const float *up, int n) {
 
 /* ---- attention ------------------------------------------------------ */
 
-/* Element d of a K or V row (F32 or F16). */
+/* Element d of a K or V row: F32, F16, or Q8_0 (scale * level, the
+ * product in float). */
 static float kv_elem(const kt_attn_args *a, const char *row, int d) {
-    return a->kv_f16 ? kt_fp16_to_fp32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+    switch (a->kv_type) {
+    case KT_F16: return kt_fp16_to_fp32(((const uint16_t *)row)[d]);
+    case KT_Q8_0: {
+        const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
+        return kt_fp16_to_fp32(b->d) * (float)b->qs[d % QK8_0];
+    }
+    default: return ((const float *)row)[d];
+    }
 }
 
 /* q . (head kvh of position p's K row), summed in element order. */
@@ -165,7 +174,9 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
 static bool attn_args_ok(const kt_attn_args *a) {
     return a->n_tokens > 0 && a->n_head > 0 && a->n_head_kv > 0 && a->head_dim > 0 &&
            a->pos0 >= 0 && a->n_head % a->n_head_kv == 0 &&
-           (!a->blocks || a->block_tokens > 0);
+           (!a->blocks || a->block_tokens > 0) && (!a->blocks || a->kv_type == KT_F32 ||
+           a->kv_type == KT_F16 || (a->kv_type == KT_Q8_0 && a->head_dim % QK8_0 == 0)) &&
+           (a->blocks || a->kv_type == KT_F32);
 }
 
 void kt_attention_ref(const kt_attn_args *a) {

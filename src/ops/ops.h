@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "ops/pool.h"
 
 /* out[i] = x[i] * w[i] / sqrt(mean(x^2) + eps); out may alias x. */
@@ -41,15 +42,16 @@ void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
 /* Causal attention of n_tokens query tokens over a KV cache.
  *
  *   q:   n_tokens rows of n_head * head_dim floats (row stride q_stride)
- *   k,v: per position, a row of n_head_kv * head_dim values, F32 or F16
- *        (kv_f16). Query token t attends positions [0, n_pos[t]) of its
- *        sequence (n_pos NULL: [0, pos0 + t], one causal run).
+ *   k,v: per position, a row of n_head_kv * head_dim values of kv_type:
+ *        F32, F16, or Q8_0 (blocks of 32, so head_dim % 32 == 0). Query
+ *        token t attends positions [0, n_pos[t]) of its sequence (n_pos
+ *        NULL: [0, pos0 + t], one causal run).
  *   out: n_tokens rows of n_head * head_dim floats (row stride out_stride).
  *
- * Where position p's row is (in elements from k or v):
- *   blocks NULL: one contiguous cache, p * kv_stride;
- *   paged:       blocks[t][p / block_tokens] * block_stride
- *                + (p % block_tokens) * kv_stride,
+ * Where position p's row starts:
+ *   blocks NULL: one contiguous F32 cache, p * kv_stride floats from k/v;
+ *   paged:       blocks[t][p / block_tokens] * block_bytes
+ *                + (p % block_tokens) * row_bytes bytes from k/v,
  * blocks[t] being token t's sequence's block table (kv/block_pool.h), so
  * one call serves a ragged batch of tokens from many sequences.
  *
@@ -64,10 +66,10 @@ typedef struct kt_attn_args {
     int n_tokens, pos0, n_head, n_head_kv, head_dim;
     size_t q_stride, kv_stride, out_stride;
     /* paged KV (zero: contiguous F32) */
-    bool kv_f16;
+    kt_dtype kv_type;             /* KT_F32 (0), F16 or Q8_0 */
     const int32_t *const *blocks; /* per token; NULL: contiguous */
-    int block_tokens;             /* a multiple of 8 when paged */
-    size_t block_stride;          /* elements from one block to the next */
+    int block_tokens;
+    size_t row_bytes, block_bytes;
     const int *n_pos;             /* per token; NULL: pos0 + t + 1 */
 } kt_attn_args;
 

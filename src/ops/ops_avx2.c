@@ -26,6 +26,7 @@
 #include <math.h>
 
 #include "ops/internal.h"
+#include "ops/quant.h"
 
 #define INL static inline __attribute__((always_inline))
 
@@ -169,14 +170,26 @@ INL void transpose8(__m256 *r) {
     }
 }
 
-/* 8 values of a K or V row from element i: F32, or F16 widened exactly. */
-INL __m256 kv_load8(const char *row, int i, bool f16) {
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + (size_t)i * 2)));
+/* 8 values of a K or V row from element i (a multiple of 8): F32, F16
+ * widened exactly, or Q8_0 levels times their block's scale (the same
+ * float product as the reference). */
+INL __m256 kv_load8(const char *row, int i, kt_dtype type) {
+    if (type == KT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + (size_t)i * 2)));
+    if (type == KT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + i / QK8_0;
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(b->qs + i % QK8_0));
+        const __m256 lv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), lv);
+    }
     return _mm256_loadu_ps((const float *)row + i);
 }
 
-INL float kv_elem(const char *row, int i, bool f16) {
-    if (f16) return _cvtsh_ss(((const uint16_t *)row)[i]);
+INL float kv_elem(const char *row, int i, kt_dtype type) {
+    if (type == KT_F16) return _cvtsh_ss(((const uint16_t *)row)[i]);
+    if (type == KT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + i / QK8_0;
+        return _cvtsh_ss(b->d) * (float)b->qs[i % QK8_0];
+    }
     return ((const float *)row)[i];
 }
 
@@ -185,11 +198,11 @@ INL float kv_elem(const char *row, int i, bool f16) {
  * loops do no block arithmetic. */
 typedef struct kv_view {
     const char **k, **v; /* [n_pos] */
-    bool f16;
+    kt_dtype type;
 } kv_view;
 
 static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, int n_pos) {
-    const size_t head_bytes = (size_t)kvh * a->head_dim * (a->kv_f16 ? 2 : 4);
+    const size_t head_bytes = kt_dtype_row_bytes(a->kv_type, (int64_t)kvh * a->head_dim);
     for (int p = 0; p < n_pos; p++) {
         kv->k[p] = kt_attn_row(a, a->k, t, p) + head_bytes;
         kv->v[p] = kt_attn_row(a, a->v, t, p) + head_bytes;
@@ -210,7 +223,7 @@ static void scores8(const float *const *qs, int nh, const kv_view *kv, int hd, i
     int i = 0;
     for (; i + 8 <= hd; i += 8) {
         __m256 r[8];
-        for (int j = 0; j < 8; j++) r[j] = kv_load8(rows[j], i, kv->f16);
+        for (int j = 0; j < 8; j++) r[j] = kv_load8(rows[j], i, kv->type);
         transpose8(r);
         for (int h = 0; h < nh; h++)
             for (int e = 0; e < 8; e++)
@@ -220,7 +233,7 @@ static void scores8(const float *const *qs, int nh, const kv_view *kv, int hd, i
         float lanes[8];
         _mm256_storeu_ps(lanes, acc[h]);
         for (int j = 0; j < 8; j++) {
-            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kv_elem(rows[j], e, kv->f16);
+            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kv_elem(rows[j], e, kv->type);
             s[h][p + j] = lanes[j] * scale;
         }
     }
@@ -235,7 +248,7 @@ static void attn_scores(const float *const *qs, int nh, const kv_view *kv, int h
         const char *kp = kv->k[p];
         for (int h = 0; h < nh; h++) {
             float acc = 0.0f;
-            for (int d = 0; d < hd; d++) acc += qs[h][d] * kv_elem(kp, d, kv->f16);
+            for (int d = 0; d < hd; d++) acc += qs[h][d] * kv_elem(kp, d, kv->type);
             s[h][p] = acc * scale;
         }
     }
@@ -253,19 +266,19 @@ static void attn_values(float *o, const kv_view *kv, int hd, int n_pos, const fl
             const char *vp = kv->v[p];
             const __m256 ep = _mm256_set1_ps(e[p]);
             for (int j = 0; j < 8; j++)
-                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, kv_load8(vp, d + 8 * j, kv->f16)));
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, kv_load8(vp, d + 8 * j, kv->type)));
         }
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d + 8 * j, _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int p = 0; p < n_pos; p++)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), kv_load8(kv->v[p], d, kv->f16)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), kv_load8(kv->v[p], d, kv->type)));
         _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
     }
     for (; d < hd; d++) {
         float acc = 0.0f;
-        for (int p = 0; p < n_pos; p++) acc += e[p] * kv_elem(kv->v[p], d, kv->f16);
+        for (int p = 0; p < n_pos; p++) acc += e[p] * kv_elem(kv->v[p], d, kv->type);
         o[d] = acc * inv;
     }
 }
@@ -279,7 +292,7 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     const int kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
     const int n_pos = kt_attn_n_pos(a, t);
     /* scratch: nh score rows, then the K and V row addresses */
-    kv_view kv = {(const char **)(scratch + (size_t)nh * row), NULL, a->kv_f16};
+    kv_view kv = {(const char **)(scratch + (size_t)nh * row), NULL, a->kv_type};
     kv.v = kv.k + row;
     kv_view_build(&kv, a, t, kvh, n_pos);
     const float *qs[ATTN_MAX_GROUP];
