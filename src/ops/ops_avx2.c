@@ -18,6 +18,10 @@
  * llama.cpp's logits where a different one flips a rounding (see
  * tests/test_golden.c). The heads that share a KV head are done together,
  * so each K row is loaded and transposed once per group, not per head.
+ * K/V rows are F32, F16 or Q8_0, found through the token's block table
+ * (paged KV); each unit first lists its rows' addresses, so the inner
+ * loops do no block arithmetic, and widens F16 / Q8_0 values exactly as
+ * the reference does.
  * Cost: this order chains the sums, so prefill attention is slower than
  * the online-softmax kernel it replaced (pp512 -12% on tinyllama, -21% on
  * smollm; docs/PERFORMANCE.md).
