@@ -452,8 +452,10 @@ size_t kt_matmul_panel_bytes(int n_in) {
  * tokens at a time against it. */
 static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
     if (n_tokens < Q4_MIN_GEMM || !panel) {
-        for (int t = 0; t < n_tokens; t++)
-            for (int r = r0; r < r1; r += Q4_ROWS) q4_gemv(a, r, r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS, t);
+        /* rows outer: the 8 rows stay in L1 for every token, so a batch of
+         * decode tokens streams the matrix once, not once per token */
+        for (int r = r0; r < r1; r += Q4_ROWS)
+            for (int t = 0; t < n_tokens; t++) q4_gemv(a, r, r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS, t);
         return;
     }
     a->panel = panel;
