@@ -454,6 +454,7 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     kt_error err;
     kt_sampler_params sp = r->sampling;
     sp.seed += (uint64_t)i;
+    sp.penalty_last_n = r->max_tokens; /* penalties see the whole output (OpenAI's rule) */
     if (i > 0 && !(c->seq = kv_seq_fork(r->choices[0].seq, &err))) return false;
     c->sampler = kt_sampler_new(&sp, e->llm->cfg.n_vocab, &err);
     c->detok = kt_detok_new(e->model);

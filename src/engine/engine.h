@@ -81,7 +81,9 @@ typedef struct kt_gen_params {
     int n_prompt;
     int max_tokens;         /* generated tokens per choice; <= 0: until the context is full */
     int n_choices;          /* 1..KT_MAX_CHOICES, sharing the prompt's KV blocks */
-    kt_sampler_params sampling; /* choice i samples with seed + i */
+    kt_sampler_params sampling; /* choice i samples with seed + i; penalties
+                                   count every token the choice generated
+                                   (penalty_last_n is ignored) */
     const char *const *stop; /* up to KT_MAX_STOP non-empty strings, copied */
     int n_stop;
     int top_logprobs;       /* -1: no logprobs; 0..KT_MAX_TOP_LOGPROBS: the sampled
