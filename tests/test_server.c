@@ -655,6 +655,80 @@ static void test_queue_full(void **state) {
     stop_server(&s);
 }
 
+/* The text of a completions stream: the deltas joined. */
+static char *stream_text(const char *body) {
+    json_t *events = sse_events(body);
+    size_t cap = 1, n = 0;
+    char *text = calloc(1, cap);
+    assert_non_null(text);
+    size_t i;
+    json_t *ev;
+    json_array_foreach(events, i, ev) {
+        const char *t = json_string_value(json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "text"));
+        if (!t) continue;
+        size_t add = strlen(t);
+        text = realloc(text, cap = n + add + 1);
+        assert_non_null(text);
+        memcpy(text + n, t, add + 1);
+        n += add;
+    }
+    json_decref(events);
+    return text;
+}
+
+/* 16 streaming requests at once, temperature 0, different prompts: each
+ * one's text is exactly what it produces alone. */
+static void test_sixteen_concurrent_streams(void **state) {
+    (void)state;
+    enum { N = 16 };
+    static const char *const PROMPTS16[N] = {
+        "Once upon a time", "Lily had a red ball", "The cat sat on the mat", "Tom was sad because",
+        "One day, a little bird", "The sun was hot and", "Mom said to Ben", "There was a big tree",
+        "The dog ran to the park", "Sue liked to paint", "A boy found a box", "The fish swam fast",
+        "It was a rainy day", "Max and Mia played", "The king had a crown", "At night the stars",
+    };
+    char bodies[N][256], *alone[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(bodies[i], sizeof bodies[i],
+                 "{\"prompt\":\"%s\",\"max_tokens\":40,\"temperature\":0,\"stream\":true}", PROMPTS16[i]);
+        reply r = post(&S, "/v1/completions", bodies[i]);
+        assert_int_equal(r.status, 200);
+        alone[i] = stream_text(r.body);
+        free(r.body);
+    }
+    reply r[N];
+    memset(r, 0, sizeof r);
+    CURL *easy[N];
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    CURLM *multi = curl_multi_init();
+    for (int i = 0; i < N; i++) {
+        easy[i] = make_easy(&S, "POST", "/v1/completions", bodies[i], strlen(bodies[i]), h, &r[i]);
+        curl_multi_add_handle(multi, easy[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(multi, &running);
+        if (running) curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    int distinct = 0;
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(easy[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        char *together = stream_text(r[i].body);
+        assert_true(strlen(alone[i]) > 0);
+        assert_string_equal(together, alone[i]);
+        distinct += i > 0 && strcmp(alone[i], alone[0]) != 0;
+        free(together);
+        free(alone[i]);
+        curl_multi_remove_handle(multi, easy[i]);
+        curl_easy_cleanup(easy[i]);
+        free(r[i].body);
+    }
+    assert_true(distinct >= 8);
+    curl_multi_cleanup(multi);
+    curl_slist_free_all(h);
+}
+
 /* SIGTERM while a stream runs: the stream ends as "cancelled" with
  * [DONE], and the server still exits 0. */
 static void test_shutdown_mid_stream(void **state) {
@@ -776,6 +850,7 @@ int main(void) {
         cmocka_unit_test(test_tokenize_roundtrip),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_disconnect_frees_kv),
+        cmocka_unit_test(test_sixteen_concurrent_streams),
         cmocka_unit_test(test_api_key_alias_tools),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_shutdown_mid_stream),
