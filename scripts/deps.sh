@@ -8,6 +8,11 @@ for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
     || missing="$missing $p"
 done
+# Node.js and npm run tests/js (the `openai` npm package against kettle serve).
+# Checked by command, not by package: a nodesource nodejs ships its own npm,
+# and Debian's npm must not be installed beside it.
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 [ -z "$missing" ] && exit 0
 echo "deps.sh: installing$missing" >&2
 SUDO=""

@@ -4,6 +4,11 @@
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
+# The openai npm package for test_openai_js, when missing or older than the lockfile.
+if [ ! -f tests/js/node_modules/.package-lock.json ] ||
+   [ -n "$(find tests/js/package-lock.json -newer tests/js/node_modules/.package-lock.json)" ]; then
+  npm ci --prefix tests/js --no-audit --no-fund
+fi
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"

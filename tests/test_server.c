@@ -719,12 +719,12 @@ static void test_sixteen_concurrent_streams(void **state) {
         assert_string_equal(together, alone[i]);
         distinct += i > 0 && strcmp(alone[i], alone[0]) != 0;
         free(together);
-        free(alone[i]);
         curl_multi_remove_handle(multi, easy[i]);
         curl_easy_cleanup(easy[i]);
         free(r[i].body);
     }
     assert_true(distinct >= 8);
+    for (int i = 0; i < N; i++) free(alone[i]);
     curl_multi_cleanup(multi);
     curl_slist_free_all(h);
 }
