@@ -774,6 +774,7 @@ static void test_parse_defaults_and_bias(void **state) {
     assert_int_equal(r.sampling.seed, 42);
     assert_int_equal(r.max_tokens, 16); /* OpenAI's default for completions */
     assert_int_equal(r.top_logprobs, -1);
+    assert_false(r.ignore_eos);
     assert_int_equal(r.n_stop, 1);
     assert_int_equal(r.n_logit_bias, 2);
     for (int i = 0; i < 2; i++) {
@@ -790,6 +791,15 @@ static void test_parse_defaults_and_bias(void **state) {
     assert_int_equal(r.top_logprobs, 2);
     assert_true(r.sampling.seed == UINT64_MAX);
     srv_gen_req_free(&r);
+    json_decref(b);
+    b = json_loads("{\"prompt\":\"hi\",\"ignore_eos\":true}", 0, NULL);
+    assert_true(srv_parse_gen(b, SRV_COMPLETION, &mi, 0, &r, &e));
+    assert_true(r.ignore_eos);
+    srv_gen_req_free(&r);
+    json_decref(b);
+    b = json_loads("{\"prompt\":\"hi\",\"ignore_eos\":1}", 0, NULL);
+    assert_false(srv_parse_gen(b, SRV_COMPLETION, &mi, 0, &r, &e));
+    assert_string_equal(e.param, "ignore_eos");
     json_decref(b);
     b = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 0, NULL);
     assert_false(srv_parse_gen(b, SRV_CHAT, &mi, 0, &r, &e));

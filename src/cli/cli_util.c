@@ -4,6 +4,7 @@
 #include "cli/cli_util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,13 @@ static bool parse_long(const char *s, long lo, long hi, long *out) {
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi) return false;
     *out = v;
+    return true;
+}
+
+bool cli_parse_int(const char *s, long lo, long hi, int *out) {
+    long v;
+    if (lo < INT_MIN || hi > INT_MAX || !parse_long(s, lo, hi, &v)) return false;
+    *out = (int)v;
     return true;
 }
 

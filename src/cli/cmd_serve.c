@@ -55,15 +55,6 @@ static void usage(FILE *out) {
             "GET /v1/models, /health, /metrics.\n");
 }
 
-static bool parse_int(const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
 typedef struct int_option {
     const char *name, *alias;
     long lo, hi;
@@ -85,7 +76,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         if ((r = cli_opt("serve", argc, argv, i, ints[k].name, &v)) ||
             (ints[k].alias && (r = cli_opt("serve", argc, argv, i, ints[k].alias, &v)))) {
             if (r < 0) return 2;
-            return parse_int(v, ints[k].lo, ints[k].hi, ints[k].dst)
+            return cli_parse_int(v, ints[k].lo, ints[k].hi, ints[k].dst)
                        ? 1
                        : cli_usage_error("serve", "invalid value '%s' for %s (%ld..%ld)", v, ints[k].name, ints[k].lo,
                                          ints[k].hi);

@@ -199,6 +199,7 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
     p.max_tokens = g->max_tokens, p.n_choices = g->n_choices, p.sampling = g->sampling;
     p.stop = g->stop, p.n_stop = g->n_stop, p.top_logprobs = g->top_logprobs;
     p.logit_bias = g->logit_bias, p.n_logit_bias = g->n_logit_bias, p.priority = g->priority;
+    p.ignore_eos = g->ignore_eos;
     p.notify = srv_link_notify, p.notify_ctx = link;
     return p;
 }

@@ -264,7 +264,9 @@ static bool parse_lengths(json_t *body, srv_gen_req *r, srv_error *e) {
         !read_int(body, "n", 1, KT_MAX_CHOICES, &n, e) || !read_int(body, "priority", -1000000, 1000000, &prio, e))
         return false;
     r->max_tokens = (int)max, r->n_choices = (int)n, r->priority = (int)prio;
-    return true;
+    /* kettle's extension (as llama.cpp's server): generate past end-of-turn
+     * tokens, for benchmarks that need exactly max_tokens */
+    return read_bool(body, "ignore_eos", &r->ignore_eos, e);
 }
 
 static bool parse_stream(json_t *body, srv_gen_req *r, srv_error *e) {

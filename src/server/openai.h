@@ -56,6 +56,7 @@ typedef struct srv_gen_req {
     kt_logit_bias *logit_bias; /* malloc'ed (srv_gen_req_free) */
     int n_logit_bias;
     int priority;
+    bool ignore_eos;           /* extension: do not stop at end-of-turn tokens */
 } srv_gen_req;
 
 /* What the parser needs to know about the served model. */
