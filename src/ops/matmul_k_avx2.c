@@ -7,10 +7,12 @@
  * bit, whatever the number of tokens or the thread split (batch
  * invariance: each output is one accumulator running over its row).
  *
- * Per weight block the 256 levels are unpacked into 8 vectors of 32
- * unsigned bytes (vector j = values 32j .. 32j+31) with, for each, an
- * int16 multiplier vector (the sub-block scale; Q6_K: two scales, one per
- * 128-bit half, since its scales cover 16 values). Then per token:
+ * Decode (one token, kq_gemv): rows one after another, the matrix
+ * streamed once; each block prefetches the block PF_BYTES ahead. Per
+ * weight block the 256 levels are unpacked into 8 vectors of 32 unsigned
+ * bytes (vector j = values 32j .. 32j+31) with, for each, an int16
+ * multiplier vector (the sub-block scale; Q6_K: two scales, one per
+ * 128-bit half, since its scales cover 16 values), and
  *   isum = hsum( sum_j madd(maddubs(q_j, x_j), scale_j) )
  * maddubs pairs stay below 2 * 63 * 128 = 16128, so int16 never
  * saturates. Q6_K's levels are q + 32: the offset is taken off with the
@@ -20,14 +22,26 @@
  * isum. Scales are decoded with 32-bit masks and broadcast per vector with
  * byte shuffles.
  *
- * Decode (one token): rows one after another, the matrix streamed once;
- * each block prefetches the block PF_BYTES ahead in the stream. Prefill:
- * per row, tokens in tiles of KQ_TOKENS share each unpacked block (the row
- * stays in L1 across the tile loop), over chunks of tokens whose
- * activations stay in L2.
+ * Prefill (2 or more tokens): a register-tiled GEMM like the Q4_0 one
+ * (matmul_avx2.c). Unpacking a block per row and reducing every (row,
+ * token, block) sum horizontally cost about as much as the products; so
+ * instead 8 rows' blocks are unpacked once into a panel, transposed so
+ * that int32 lane r belongs to row r (vector v: values 4v .. 4v+3 of each
+ * row), with the scales as per-lane (s, s) int16 pairs. One broadcast of 4
+ * activation bytes against a panel vector gives all 8 rows their partial
+ * sums; a tile of 8 rows x 4 tokens loads each panel vector once for 4
+ * tokens and each activation broadcast once for 8 rows, and nothing is
+ * reduced across lanes. maddubs pairs are summed in int16 for as long as
+ * they cannot overflow (8 for Q4_K, 4 for Q5_K, 2 for Q6_K), then one madd
+ * by the scale widens and scales them. The per-block float steps are the
+ * reference's, one lane per row (vector fma = fmaf). The panel covers
+ * KQ_KBLOCKS blocks (11.5 KB, in L1); the 8 rows' accumulators for a
+ * chunk of KQ_CHUNK tokens live in a stack buffer between panels, so each
+ * output still runs over its blocks in order in one float accumulator.
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -37,9 +51,12 @@
 
 #define INL static inline __attribute__((always_inline))
 
-#define KQ_TOKENS 8              /* tokens per prefill tile */
-#define PF_BYTES 1024            /* decode prefetch distance in the stream */
-#define CHUNK_BYTES (256 * 1024) /* activation bytes per prefill pass */
+#define PF_BYTES 1024 /* decode prefetch distance in the stream */
+#define KQ_ROWS 8      /* rows per panel: one per int32 lane */
+#define KQ_TOKENS 4    /* tokens per register tile */
+#define KQ_KBLOCKS 4   /* weight blocks per panel: 11.5 KB, stays in L1 */
+#define KQ_CHUNK 256   /* tokens per pass: 256 KB of activations per panel */
+#define KQ_MIN_GEMM 2  /* fewer tokens: one GEMV per token */
 
 typedef struct kq_block {
     __m256i q[8];  /* levels of values 32j .. 32j+31 */
@@ -69,12 +86,13 @@ INL __m256i pick16(__m256i v, int k, int k2) {
     return _mm256_shuffle_epi8(v, idx);
 }
 
-/* The 6-bit scales and mins of a Q4_K/Q5_K block into u (kt_kq_scale_min
- * on 32-bit words: u0, u1, u2 = bytes 0-3, 4-7, 8-11):
+/* The 6-bit scales and mins of a Q4_K/Q5_K block as 16 bytes sc[0..7],
+ * m[0..7] (kt_kq_scale_min on 32-bit words: u0, u1, u2 = bytes 0-3, 4-7,
+ * 8-11):
  *   sc[0..3] = u0 & 63            m[0..3] = u1 & 63
  *   sc[4..7] = (u2 & 15) | (u0 >> 6) << 4
  *   m[4..7]  = (u2 >> 4 & 15) | (u1 >> 6) << 4      (per byte) */
-INL void unpack_scales(const uint8_t *q, kq_block *u) {
+INL __m128i scale_min_bytes(const uint8_t *q) {
     uint32_t u0, u1, u2;
     memcpy(&u0, q, 4);
     memcpy(&u1, q + 4, 4);
@@ -82,7 +100,12 @@ INL void unpack_scales(const uint8_t *q, kq_block *u) {
     const uint32_t sc_lo = u0 & 0x3f3f3f3f, m_lo = u1 & 0x3f3f3f3f;
     const uint32_t sc_hi = (u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4);
     const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4);
-    const __m128i b = _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
+}
+
+/* The scales and mins as kq_block's multiplier vectors. */
+INL void unpack_scales(const uint8_t *q, kq_block *u) {
+    const __m128i b = scale_min_bytes(q);
     const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) u->sc[j] = pick16(sc, j, j);
@@ -90,14 +113,19 @@ INL void unpack_scales(const uint8_t *q, kq_block *u) {
     u->m2 = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
 }
 
-INL void unpack_q4_K(const block_q4_K *blk, kq_block *u) {
+/* Levels of a block: q[j] = values 32j .. 32j+31 as unsigned bytes. */
+INL void levels_q4_K(const block_q4_K *blk, __m256i *lv) {
     const __m256i low = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * k));
-        u->q[2 * k] = _mm256_and_si256(q, low);
-        u->q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        lv[2 * k] = _mm256_and_si256(q, low);
+        lv[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
     }
+}
+
+INL void unpack_q4_K(const block_q4_K *blk, kq_block *u) {
+    levels_q4_K(blk, u->q);
     unpack_scales(blk->scales, u);
     u->d = half_at(&blk->d);
     u->dmin = half_at(&blk->dmin);
@@ -105,7 +133,7 @@ INL void unpack_q4_K(const block_q4_K *blk, kq_block *u) {
 
 /* Q5_K: bit 2k of qh[l] is the fifth bit of value 64k + l, bit 2k+1 that
  * of value 64k + 32 + l; shifted down to bit 0, masked, moved to bit 4. */
-INL void unpack_q5_K(const block_q5_K *blk, kq_block *u) {
+INL void levels_q5_K(const block_q5_K *blk, __m256i *lv) {
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)blk->qh);
 #pragma GCC unroll 4
@@ -113,10 +141,14 @@ INL void unpack_q5_K(const block_q5_K *blk, kq_block *u) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * k));
         const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), one);
         const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k + 1)), one);
-        u->q[2 * k] = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
-        u->q[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
-                                          _mm256_slli_epi16(h1, 4));
+        lv[2 * k] = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
+        lv[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
+                                        _mm256_slli_epi16(h1, 4));
     }
+}
+
+INL void unpack_q5_K(const block_q5_K *blk, kq_block *u) {
+    levels_q5_K(blk, u->q);
     unpack_scales(blk->scales, u);
     u->d = half_at(&blk->d);
     u->dmin = half_at(&blk->dmin);
@@ -126,22 +158,26 @@ INL void unpack_q5_K(const block_q5_K *blk, kq_block *u) {
  * from ql (low nibbles of ql[0..31] for k = 0, of ql[32..63] for k = 1,
  * high nibbles for k = 2, 3), high bits from qh bits 2k, 2k+1 (moved to
  * bits 4, 5; the 16-bit shifts only move a byte's own bits into 4-5). */
-INL void unpack_q6_K(const block_q6_K *blk, kq_block *u) {
+INL void levels_q6_K(const block_q6_K *blk, __m256i *lv) {
     const __m256i low = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m256i qa = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h));
         const __m256i qb = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h));
-        u->q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(qa, low),
-                                          _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
-        u->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(qb, low),
-                                          _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
-        u->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), low),
-                                          _mm256_and_si256(qh, hi2));
-        u->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low),
-                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+        lv[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(qa, low),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+        lv[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(qb, low),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+        lv[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), low),
+                                        _mm256_and_si256(qh, hi2));
+        lv[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), low),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
     }
+}
+
+INL void unpack_q6_K(const block_q6_K *blk, kq_block *u) {
+    levels_q6_K(blk, u->q);
     const __m128i s8 = _mm_loadu_si128((const __m128i *)blk->scales);
     u->sc16 = _mm256_cvtepi8_epi16(s8);
     /* vector j: scale 2j in its low 128 bits, 2j+1 in its high ones */
@@ -194,63 +230,334 @@ typedef struct kq_args {
     int n_out;
 } kq_args;
 
-/* Row r times tokens t0 .. t0+T-1 (T a constant after inlining). */
-INL void kq_tile(const kq_args *a, const kt_dtype t, const int T, int r, int t0) {
+/* ---- decode: one row times one token ----------------------------------- */
+
+INL void kq_gemv(const kq_args *a, const kt_dtype t, int r, int tok) {
     const int nb = a->x->nb;
     const char *row = a->w + (size_t)r * a->row_bytes;
-    float acc[KQ_TOKENS] = {0};
+    float acc = 0.0f;
     for (int b = 0; b < nb; b++) {
-        if (T == 1) {
-            const char *p = row + (size_t)b * a->block_bytes + PF_BYTES;
-            _mm_prefetch(p, _MM_HINT_T0);
-            _mm_prefetch(p + 64, _MM_HINT_T0);
-            _mm_prefetch(p + 128, _MM_HINT_T0);
-            if (a->block_bytes > 192) _mm_prefetch(p + 192, _MM_HINT_T0);
-        }
+        const char *p = row + (size_t)b * a->block_bytes + PF_BYTES;
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 64, _MM_HINT_T0);
+        _mm_prefetch(p + 128, _MM_HINT_T0);
+        if (a->block_bytes > 192) _mm_prefetch(p + 192, _MM_HINT_T0);
         kq_block u;
         unpack(t, row, b, &u);
-#pragma GCC unroll 4
-        for (int k = 0; k < T; k++) {
-            const size_t i = (size_t)(t0 + k) * nb + b;
-            acc[k] = block_step(t, &u, a->x->qs + i * QK_K, a->x->d[i], a->x->bsums + i * 16,
-                                acc[k]);
-        }
+        const size_t i = (size_t)tok * nb + b;
+        acc = block_step(t, &u, a->x->qs + i * QK_K, a->x->d[i], a->x->bsums + i * 16, acc);
     }
-#pragma GCC unroll 4
-    for (int k = 0; k < T; k++) a->out[(size_t)(t0 + k) * a->n_out + r] = acc[k];
+    a->out[(size_t)tok * a->n_out + r] = acc;
 }
 
-#define KQ_KERNELS(ty, wt)                                                               \
-    static void ty##_one(const kq_args *a, int r, int t0) { kq_tile(a, wt, 1, r, t0); }   \
-    static void ty##_tile(const kq_args *a, int r, int t0) {                              \
-        kq_tile(a, wt, KQ_TOKENS, r, t0);                                                 \
+/* ---- prefill: panels of 8 rows, register tiles of 8 rows x T tokens ---- */
+
+/* One weight block of KQ_ROWS rows, transposed so that int32 lane r is
+ * row r: one broadcast of 4 activation bytes against q[v] gives each row
+ * its partial sum in its own lane. */
+typedef struct kq_pblock {
+    __m256i q[64];  /* values 4v .. 4v+3 of each row */
+    __m256i sc[16]; /* (s, s) int16 pairs: the scale of vector v is
+                       sc[v / 8] (Q4_K/Q5_K) or sc[v / 4] (Q6_K) */
+    __m256i mp[8];  /* Q4_K/Q5_K (m[2k], m[2k+1]) against the pair
+                       (bs[4k] + bs[4k+1], bs[4k+2] + bs[4k+3]), k < 4;
+                       Q6_K (sc[2k], sc[2k+1]) against (bs[2k], bs[2k+1]) */
+    __m256 d, dmin;
+} kq_pblock;
+
+/* 8 x 8 transpose of 32-bit elements: v[q] lane r = old v[r] lane q. */
+INL void transpose8_epi32(__m256i *v) {
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* The fp16 at byte offset off of block b of 8 rows, as 8 floats. */
+INL __m256 halves8(const char *const *rows, size_t bb, size_t off, int b) {
+    uint16_t h[KQ_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < KQ_ROWS; r++) memcpy(&h[r], rows[r] + (size_t)b * bb + off, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* A block's 16 scale words as int16: Q4_K/Q5_K sc[0..7], m[0..7];
+ * Q6_K its 16 signed scales. */
+INL __m256i scale_words(const kt_dtype t, const char *row, int b) {
+    if (t == KT_Q6_K) {
+        const int8_t *sc = ((const block_q6_K *)row + b)->scales;
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    }
+    const uint8_t *sc = t == KT_Q4_K ? ((const block_q4_K *)row + b)->scales
+                                     : ((const block_q5_K *)row + b)->scales;
+    return _mm256_cvtepu8_epi16(scale_min_bytes(sc));
+}
+
+INL void levels(const kt_dtype t, const char *row, int b, __m256i *lv) {
+    if (t == KT_Q4_K) levels_q4_K((const block_q4_K *)row + b, lv);
+    else if (t == KT_Q5_K) levels_q5_K((const block_q5_K *)row + b, lv);
+    else levels_q6_K((const block_q6_K *)row + b, lv);
+}
+
+/* Scales: transposing the 8 rows' 16 words as 8 dwords gives w[k] lane r
+ * = (s_r[2k], s_r[2k+1]); each word repeated over its pair is the
+ * multiplier of a madd that also widens. */
+INL void panel_scales(const kt_dtype t, const char *const *rows, int b, kq_pblock *p) {
+    const __m256i dup_lo = _mm256_set_epi64x(0x0d0c0d0c09080908, 0x0504050401000100,
+                                             0x0d0c0d0c09080908, 0x0504050401000100);
+    const __m256i dup_hi = _mm256_set_epi64x(0x0f0e0f0e0b0a0b0a, 0x0706070603020302,
+                                             0x0f0e0f0e0b0a0b0a, 0x0706070603020302);
+    __m256i w[KQ_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < KQ_ROWS; r++) w[r] = scale_words(t, rows[r], b);
+    transpose8_epi32(w);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const __m256i lo = _mm256_shuffle_epi8(w[k], dup_lo);
+        const __m256i hi = _mm256_shuffle_epi8(w[k], dup_hi);
+        if (t == KT_Q6_K) {
+            p->sc[2 * k] = lo;
+            p->sc[2 * k + 1] = hi;
+            p->mp[k] = w[k];
+        } else if (k < 4) {
+            p->sc[2 * k] = lo;
+            p->sc[2 * k + 1] = hi;
+        } else {
+            p->mp[k - 4] = w[k];
+        }
+    }
+}
+
+/* Block b of the 8 rows into p: levels transposed 32 values at a time. */
+INL void panel_block(const kt_dtype t, const char *const *rows, size_t bb, int b, kq_pblock *p) {
+    __m256i lv[KQ_ROWS][8];
+#pragma GCC unroll 8
+    for (int r = 0; r < KQ_ROWS; r++) levels(t, rows[r], b, lv[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        __m256i v[KQ_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < KQ_ROWS; r++) v[r] = lv[r][j];
+        transpose8_epi32(v);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) p->q[8 * j + i] = v[i];
+    }
+    panel_scales(t, rows, b, p);
+    if (t == KT_Q6_K) {
+        p->d = halves8(rows, bb, offsetof(block_q6_K, d), b);
+    } else {
+        p->d = halves8(rows, bb, offsetof(block_q4_K, d), b); /* same offsets in Q5_K */
+        p->dmin = halves8(rows, bb, offsetof(block_q4_K, dmin), b);
+    }
+}
+
+typedef struct kq_gemm {
+    const kq_args *a;
+    const kq_pblock *panel; /* blocks b0 .. b0+nkb-1 */
+    int b0, nkb;
+    int c0;                /* first token of the chunk */
+    float (*acc)[KQ_ROWS]; /* the chunk's accumulators, token t at t - c0 */
+} kq_gemm;
+
+/* sum_v sc(v) * <q[v], x[4v .. 4v+3]> for T tokens. maddubs pairs are at
+ * most 2 * 63 * 128 = 16128 (Q6_K), 7936 (Q5_K), 3840 (Q4_K), so 2, 4 or
+ * 8 of them are summed in int16 before the madd that scales and widens. */
+INL void tile_isum(const kt_dtype t, const int T, const kq_pblock *p, const int8_t *const *xq,
+                   __m256i *isum) {
+    const int run = t == KT_Q4_K ? 8 : t == KT_Q5_K ? 4 : 2;
+    const int per_scale = t == KT_Q6_K ? 4 : 8;
+    for (int v = 0; v < 64; v += run) {
+        __m256i s16[KQ_TOKENS];
+#pragma GCC unroll 8
+        for (int i = 0; i < run; i++) {
+            const __m256i w = _mm256_load_si256(&p->q[v + i]);
+#pragma GCC unroll 4
+            for (int k = 0; k < T; k++) {
+                int32_t x4;
+                memcpy(&x4, xq[k] + 4 * (v + i), 4);
+                const __m256i m = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4));
+                s16[k] = i == 0 ? m : _mm256_add_epi16(s16[k], m);
+                /* keep the sum a chain: reassociated into a tree, GCC
+                   holds all 4 x 8 products at once and spills */
+                __asm__("" : "+x"(s16[k]));
+            }
+        }
+        const __m256i sc = _mm256_load_si256(&p->sc[v / per_scale]);
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++)
+            isum[k] = _mm256_add_epi32(isum[k], _mm256_madd_epi16(s16[k], sc));
+    }
+}
+
+/* Q6_K: sum_g sc[g] * bs[g], 16 terms as 8 madds of int16 pairs. */
+INL void tile_offset(const int T, const kq_pblock *p, const int16_t *const *bs, __m256i *imin) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m256i mp = _mm256_load_si256(&p->mp[j]);
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) {
+            int32_t b2;
+            memcpy(&b2, bs[k] + 2 * j, 4);
+            imin[k] = _mm256_add_epi32(imin[k], _mm256_madd_epi16(mp, _mm256_set1_epi32(b2)));
+        }
+    }
+}
+
+/* Q4_K/Q5_K: sum_j m[j] * (bs[2j] + bs[2j+1]). hadd forms the 8 pair
+ * sums (at most 32 * 128, no saturation) in dwords 0, 1, 4, 5; each dword
+ * broadcast meets 2 mins: 4 madds where 8 would take the bsums as they
+ * are. */
+INL void tile_mins(const int T, const kq_pblock *p, const int16_t *const *bs, __m256i *imin) {
+    __m256i h[KQ_TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)bs[k]);
+        h[k] = _mm256_hadd_epi16(v, v);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m256i mp = _mm256_load_si256(&p->mp[j]);
+        const __m256i idx = _mm256_set1_epi32(j < 2 ? j : j + 2);
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) {
+            const __m256i pairs = _mm256_permutevar8x32_epi32(h[k], idx);
+            imin[k] = _mm256_add_epi32(imin[k], _mm256_madd_epi16(mp, pairs));
+        }
+    }
+}
+
+/* One panel block for T tokens: the integer sums, then the reference's
+ * fmaf steps, lane by lane (fnmadd(i, m, a) = fmaf(-i, m, a) exactly). */
+INL void tile_block(const kt_dtype t, const int T, const kq_pblock *p, const int8_t *const *xq,
+                    const float *dx, const int16_t *const *bs, __m256 *acc) {
+    __m256i isum[KQ_TOKENS], imin[KQ_TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) isum[k] = imin[k] = _mm256_setzero_si256();
+    tile_isum(t, T, p, xq, isum);
+    if (t == KT_Q6_K) tile_offset(T, p, bs, imin);
+    else tile_mins(T, p, bs, imin);
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) {
+        const __m256 x = _mm256_set1_ps(dx[k]);
+        if (t == KT_Q6_K) { /* levels are q + 32 */
+            const __m256i s = _mm256_sub_epi32(isum[k], _mm256_slli_epi32(imin[k], 5));
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(p->d, x), acc[k]);
+        } else {
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_mul_ps(p->d, x), acc[k]);
+            acc[k] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin[k]), _mm256_mul_ps(p->dmin, x),
+                                      acc[k]);
+        }
+    }
+}
+
+/* Tokens tok .. tok+T-1 over the panel's blocks, continuing their
+ * accumulators. */
+INL void gemm_tile(const kq_gemm *g, const kt_dtype t, const int T, int tok) {
+    const kt_q8k_act *x = g->a->x;
+    const int8_t *xq[KQ_TOKENS];
+    const float *dx[KQ_TOKENS];
+    const int16_t *bs[KQ_TOKENS];
+    __m256 acc[KQ_TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) {
+        const size_t i = (size_t)(tok + k) * x->nb + g->b0;
+        xq[k] = x->qs + i * QK_K;
+        dx[k] = x->d + i;
+        bs[k] = x->bsums + i * 16;
+        acc[k] = _mm256_load_ps(g->acc[tok + k - g->c0]);
+    }
+    for (int b = 0; b < g->nkb; b++) {
+        float d[KQ_TOKENS];
+        const int8_t *q[KQ_TOKENS];
+        const int16_t *s[KQ_TOKENS];
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) {
+            q[k] = xq[k] + (size_t)b * QK_K;
+            d[k] = dx[k][b];
+            s[k] = bs[k] + (size_t)b * 16;
+        }
+        tile_block(t, T, &g->panel[b], q, d, s, acc);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) _mm256_store_ps(g->acc[tok + k - g->c0], acc[k]);
+}
+
+/* Tokens tok .. tok+nt-1 (nt <= KQ_TOKENS), T a constant in each tile. */
+_Static_assert(KQ_TOKENS == 4, "gemm_tokens dispatches 1 .. 4 tokens");
+INL void gemm_tokens(const kq_gemm *g, const kt_dtype t, int tok, int nt) {
+    if (nt == 4) gemm_tile(g, t, 4, tok);
+    else if (nt == 3) gemm_tile(g, t, 3, tok);
+    else if (nt == 2) gemm_tile(g, t, 2, tok);
+    else gemm_tile(g, t, 1, tok);
+}
+
+/* Rows r .. r+nr-1 (nr <= 8; missing rows repeat the last, computed and
+ * not stored) times tokens c0 .. c1-1: per KQ_KBLOCKS blocks a panel (it
+ * stays in L1), then every token tile over it; the accumulators stay in
+ * acc between panels. */
+INL void gemm_rows(const kq_args *a, const kt_dtype t, int r, int nr, int c0, int c1) {
+    kq_pblock panel[KQ_KBLOCKS];
+    _Alignas(32) float acc[KQ_CHUNK][KQ_ROWS];
+    const char *rows[KQ_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < KQ_ROWS; i++)
+        rows[i] = a->w + (size_t)(r + (i < nr ? i : nr - 1)) * a->row_bytes;
+    memset(acc, 0, sizeof(float) * KQ_ROWS * (size_t)(c1 - c0));
+    kq_gemm g = {a, panel, 0, 0, c0, acc};
+    for (g.b0 = 0; g.b0 < a->x->nb; g.b0 += KQ_KBLOCKS) {
+        g.nkb = a->x->nb - g.b0 < KQ_KBLOCKS ? a->x->nb - g.b0 : KQ_KBLOCKS;
+        for (int b = 0; b < g.nkb; b++) panel_block(t, rows, a->block_bytes, g.b0 + b, &panel[b]);
+        for (int tok = c0; tok < c1; tok += KQ_TOKENS)
+            gemm_tokens(&g, t, tok, c1 - tok < KQ_TOKENS ? c1 - tok : KQ_TOKENS);
+    }
+    for (int tok = c0; tok < c1; tok++)
+        for (int i = 0; i < nr; i++) a->out[(size_t)tok * a->n_out + r + i] = acc[tok - c0][i];
+}
+
+#define KQ_KERNELS(ty, wt)                                                                   \
+    static void ty##_gemv(const kq_args *a, int r, int tok) { kq_gemv(a, wt, r, tok); }      \
+    static void ty##_gemm(const kq_args *a, int r, int nr, int c0, int c1) {                 \
+        gemm_rows(a, wt, r, nr, c0, c1);                                                     \
     }
 KQ_KERNELS(q4k, KT_Q4_K)
 KQ_KERNELS(q5k, KT_Q5_K)
 KQ_KERNELS(q6k, KT_Q6_K)
 
-typedef void (*kq_fn)(const kq_args *a, int r, int t0);
-
 void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
                        int n_in, int n_out, int n_tokens, int r0, int r1) {
-    kq_fn one = q4k_one, tile = q4k_tile;
+    void (*gemv)(const kq_args *, int, int) = q4k_gemv;
+    void (*gemm)(const kq_args *, int, int, int, int) = q4k_gemm;
     if (wtype == KT_Q5_K) {
-        one = q5k_one;
-        tile = q5k_tile;
+        gemv = q5k_gemv;
+        gemm = q5k_gemm;
     } else if (wtype == KT_Q6_K) {
-        one = q6k_one;
-        tile = q6k_tile;
+        gemv = q6k_gemv;
+        gemm = q6k_gemm;
     }
     const size_t bb = (size_t)kt_dtype_get(wtype)->block_bytes;
     kq_args a = {w, kt_dtype_row_bytes(wtype, n_in), bb, x, out, n_out};
-    int chunk = CHUNK_BYTES / (n_in + 1);
-    chunk = chunk < KQ_TOKENS ? KQ_TOKENS : chunk / KQ_TOKENS * KQ_TOKENS;
-    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
-        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        for (int r = r0; r < r1; r++) {
-            int t = c0;
-            for (; t + KQ_TOKENS <= c1; t += KQ_TOKENS) tile(&a, r, t);
-            for (; t < c1; t++) one(&a, r, t);
-        }
+    if (n_tokens < KQ_MIN_GEMM) {
+        for (int tok = 0; tok < n_tokens; tok++)
+            for (int r = r0; r < r1; r++) gemv(&a, r, tok);
+        return;
+    }
+    for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
+        const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
+        for (int r = r0; r < r1; r += KQ_ROWS)
+            gemm(&a, r, r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS, c0, c1);
     }
 }
