@@ -579,8 +579,7 @@ static void expect_close_mm(const float *out, const float *want, const double *a
     }
 }
 
-static void test_matmul_simd_vs_ref(void **state) {
-    (void)state;
+static void check_simd_vs_ref(void) {
     static const int n_ins[] = {32, 64, 96, 2048 + 32};
     static const int n_outs[] = {1, 3, 17, 67};
     static const int n_toks[] = {1, 2, 5, 8, 13};
@@ -621,6 +620,16 @@ static void test_matmul_simd_vs_ref(void **state) {
             }
     }
     kt_pool_free(pool);
+}
+
+/* Both int8 GEMM paths where the CPU has AVX-VNNI: with it and without. */
+static void test_matmul_simd_vs_ref(void **state) {
+    (void)state;
+    check_simd_vs_ref();
+    if (!kt_cpu_has_avx_vnni()) return;
+    kt_cpu_force_no_vnni(true);
+    check_simd_vs_ref();
+    kt_cpu_force_no_vnni(false);
 }
 
 /* Float weights allow any n_in (the SIMD tail). */
@@ -717,6 +726,9 @@ static void test_matmul_batch_invariance(void **state) {
     (void)state;
     check_batch_invariance(false);
     check_batch_invariance(true);
+    kt_cpu_force_no_vnni(true);
+    check_batch_invariance(false);
+    kt_cpu_force_no_vnni(false);
 }
 
 /* Long rows make the GEMMs split the tokens into several passes (the

@@ -21,7 +21,7 @@
 #endif
 
 typedef struct cpu_info {
-    bool avx, avx2, fma, f16c, avx512f, os_ymm;
+    bool avx, avx2, fma, f16c, avx512f, avx_vnni, os_ymm;
 } cpu_info;
 
 static cpu_info detect(void) {
@@ -43,6 +43,7 @@ static cpu_info detect(void) {
         c.avx2 = (b >> 5) & 1;
         c.avx512f = (b >> 16) & 1;
     }
+    if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) c.avx_vnni = (a >> 4) & 1; /* leaf 7.1 EAX bit 4 */
 #endif
     return c;
 }
@@ -71,14 +72,32 @@ void kt_cpu_force_scalar(bool on) {
     atomic_store(&g_forced_scalar, on ? 1 : 0);
 }
 
+static _Atomic int g_has_vnni = -1;
+static _Atomic int g_forced_no_vnni = 0;
+
+bool kt_cpu_has_avx_vnni(void) {
+    if (!kt_cpu_has_avx2() || atomic_load_explicit(&g_forced_no_vnni, memory_order_relaxed)) return false;
+    int v = atomic_load_explicit(&g_has_vnni, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("KETTLE_NO_VNNI");
+        v = detect().avx_vnni && !(env && *env && strcmp(env, "0") != 0);
+        atomic_store_explicit(&g_has_vnni, v, memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+void kt_cpu_force_no_vnni(bool on) {
+    atomic_store(&g_forced_no_vnni, on ? 1 : 0);
+}
+
 static char g_features[128];
 static pthread_once_t g_features_once = PTHREAD_ONCE_INIT;
 
 static void describe(void) {
     cpu_info c = detect();
-    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
+    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
              c.avx2 ? "AVX2 " : "", c.fma ? "FMA " : "", c.f16c ? "F16C " : "",
-             c.avx512f ? "AVX512F " : "",
+             c.avx_vnni ? "AVX-VNNI " : "", c.avx512f ? "AVX512F " : "",
              kt_cpu_has_avx2() ? "(AVX2 kernels)" : "(scalar kernels)");
 }
 

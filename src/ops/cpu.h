@@ -11,6 +11,12 @@
 
 /* AVX2 + FMA + F16C, all three (the kernels assume them together). */
 bool kt_cpu_has_avx2(void);
+/* AVX-VNNI (vpdpbusd on 256-bit vectors) on top of kt_cpu_has_avx2: the
+ * int8 GEMM tiles use it when present. KETTLE_NO_VNNI=1 turns it off. */
+bool kt_cpu_has_avx_vnni(void);
+/* Turns AVX-VNNI off (on = true) or back on, for tests that check both
+ * GEMM paths; same rules as kt_cpu_force_scalar. */
+void kt_cpu_force_no_vnni(bool on);
 /* Turns the SIMD kernels off (on = true) or back on, for the whole
  * process, like KETTLE_NO_SIMD=1 does at start-up; for tests that compare
  * the scalar and SIMD paths end to end. Not to be called while kernels

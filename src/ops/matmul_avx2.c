@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/quant.h"
 
@@ -442,6 +443,56 @@ static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
         if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
+/* The same tile with AVX-VNNI: vpdpbusd adds the 4 products of each lane
+ * straight into int32, one instruction where AVX2 needs maddubs + an
+ * int16 add (and a madd per block). The integer sums are exact both ways
+ * (no int16 saturation is possible, see above) and the float steps are
+ * the same, so the two tiles give the same bits: which one runs depends on
+ * the CPU, never on the batch. */
+__attribute__((target("avx2,fma,f16c,avxvnni")))
+static void q4_gemm_tile_vnni(const q_args *a, int r0, int nr, int t0, int nt) {
+    const int nb = a->x->nb;
+    const int8_t *xq[Q4_TOKENS];
+    const float *xd[Q4_TOKENS];
+    const int32_t *xc[Q4_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++) {
+        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
+        xq[t] = a->x->qs + k * QK8_0;
+        xd[t] = a->x->d + k;
+        xc[t] = a->x->c8 + k;
+    }
+    __m256 acc[Q4_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm256_setzero_ps();
+
+    for (int b = 0; b < nb; b++) {
+        const int8_t *pb = a->panel + (size_t)b * Q4_ROWS * 32;
+        __m256i isum[Q4_TOKENS];
+#pragma GCC unroll 4
+        for (int t = 0; t < Q4_TOKENS; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int q = 0; q < Q4_ROWS; q++) {
+            const __m256i p = _mm256_load_si256((const __m256i *)(pb + q * 32));
+#pragma GCC unroll 4
+            for (int t = 0; t < Q4_TOKENS; t++) {
+                int32_t x4;
+                memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
+                isum[t] = _mm256_dpbusd_avx_epi32(isum[t], p, _mm256_set1_epi32(x4));
+            }
+        }
+        const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
+#pragma GCC unroll 4
+        for (int t = 0; t < Q4_TOKENS; t++) {
+            const __m256i is = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(xc[t][b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++)
+        if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
+}
+
 size_t kt_matmul_panel_bytes(int n_in) {
     size_t nb = (size_t)(n_in / QK8_0);
     return nb * Q4_ROWS * 32 + nb * Q4_ROWS * sizeof(float); /* a multiple of 64 */
@@ -451,7 +502,10 @@ size_t kt_matmul_panel_bytes(int n_in) {
  * otherwise, per chunk of tokens and 8 rows, a panel, then Q4_TOKENS
  * tokens at a time against it. */
 static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
-    if (n_tokens < Q4_MIN_GEMM || !panel) {
+    /* with VNNI, 2 tokens already pay for a panel (a 4-token tile costs
+     * less than two GEMVs); without, from 3 */
+    const int min_gemm = kt_cpu_has_avx_vnni() ? 2 : Q4_MIN_GEMM;
+    if (n_tokens < min_gemm || !panel) {
         /* rows outer: the 8 rows stay in L1 for every token, so a batch of
          * decode tokens streams the matrix once, not once per token */
         for (int r = r0; r < r1; r += Q4_ROWS)
@@ -461,13 +515,14 @@ static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
     a->panel = panel;
     a->panel_d = (float *)((char *)panel + (size_t)a->x->nb * Q4_ROWS * 32);
     const int chunk = token_chunk(a->x->nb * QK8_0, 1);
+    void (*tile)(const q_args *, int, int, int, int) = kt_cpu_has_avx_vnni() ? q4_gemm_tile_vnni : q4_gemm_tile;
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
         for (int r = r0; r < r1; r += Q4_ROWS) {
             const int nr = r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS;
             q4_build_panel(a, r, nr);
             int t = c0;
-            for (; t + 1 < c1; t += Q4_TOKENS) q4_gemm_tile(a, r, nr, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            for (; t + 1 < c1; t += Q4_TOKENS) tile(a, r, nr, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
             if (t < c1) q4_gemv(a, r, nr, t); /* a last single token: no 3 wasted columns */
         }
     }
