@@ -75,9 +75,10 @@ struct kt_engine {
     int *b_choice;      /* per batch token: which choice, -1 for prefill */
     float *logits;      /* one row per token with b_logits set */
     float *row;         /* one choice's logits, biased, for sampling */
-    double t_decode_ms; /* measured cost of a decode-only step (EMA; 0: unknown) */
-    int t_decode_n;     /* ... with this many decode tokens */
+    double *t_decode_ms; /* [n_parallel + 1]: measured cost of a decode-only step
+                            by its number of decode tokens (EMA; 0: unknown) */
     double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
+    bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
 };
 
 static uint64_t now_ns(void) {
@@ -197,7 +198,8 @@ static bool alloc_batch(kt_engine *e) {
     e->row = malloc(sizeof(float) * n_vocab);
     e->active = malloc(sizeof *e->active * (size_t)e->p.n_parallel);
     e->waiting = malloc(sizeof *e->waiting * (size_t)e->p.queue_max);
-    return e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
+    e->t_decode_ms = calloc((size_t)e->p.n_parallel + 1, sizeof *e->t_decode_ms);
+    return e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
            e->logits && e->row && e->active && e->waiting;
 }
 
@@ -211,6 +213,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     }
     e->model = model;
     e->llm = model->llm;
+    e->trace = getenv("KT_ENGINE_TRACE") && strcmp(getenv("KT_ENGINE_TRACE"), "0") != 0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
@@ -633,15 +636,24 @@ static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *s
     (*n)++;
 }
 
+/* The measured cost of a decode-only step of n tokens; 0 while unknown.
+ * Per n, because it grows with n, and an estimate borrowed from another n
+ * sizes prefill chunks wrongly; every n is learned once (one decode-only
+ * step) and then kept current by later decode-only steps. */
+static double decode_cost_ms(const kt_engine *e, int n) {
+    return e->t_decode_ms[n < e->p.n_parallel ? n : e->p.n_parallel];
+}
+
 /* Tokens of prefill the step may carry beside n_decode decode tokens. */
 static int prefill_budget(const kt_engine *e, int n_decode) {
     int budget = e->batch_cap - n_decode;
     if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return budget;
-    /* a decode-only step first whenever the decode cost is unknown for
-     * this many decoders, then a small chunk to learn the prefill cost */
-    if (e->t_decode_ms <= 0.0 || e->t_decode_n != n_decode) return 0;
+    /* a decode-only step first while this decode cost is unknown, then a
+     * small chunk to learn the prefill cost */
+    const double t_decode = decode_cost_ms(e, n_decode);
+    if (t_decode <= 0.0) return 0;
     if (e->t_token_ms <= 0.0) return budget < 8 ? budget : 8;
-    double n = (e->p.max_itl_stretch - 1.0) * e->t_decode_ms / e->t_token_ms;
+    double n = (e->p.max_itl_stretch - 1.0) * t_decode / e->t_token_ms;
     if (n < 1.0) n = 1.0;
     return n < budget ? (int)n : budget;
 }
@@ -739,12 +751,12 @@ static void retire_finished(kt_engine *e) {
 
 static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
     const double alpha = 0.25;
+    const int k = n_decode < e->p.n_parallel ? n_decode : e->p.n_parallel;
     if (n_prefill == 0 && n_decode > 0) {
-        bool same = e->t_decode_n == n_decode && e->t_decode_ms > 0;
-        e->t_decode_ms = same ? (1 - alpha) * e->t_decode_ms + alpha * ms : ms;
-        e->t_decode_n = n_decode;
-    } else if (n_prefill > 0 && n_decode > 0 && e->t_decode_ms > 0) {
-        double per = (ms - e->t_decode_ms) / n_prefill;
+        double *t = &e->t_decode_ms[k];
+        *t = *t > 0 ? (1 - alpha) * *t + alpha * ms : ms;
+    } else if (n_prefill > 0 && n_decode > 0 && decode_cost_ms(e, k) > 0) {
+        double per = (ms - decode_cost_ms(e, k)) / n_prefill;
         if (per < 0.0) per = 0.0;
         e->t_token_ms = e->t_token_ms > 0 ? (1 - alpha) * e->t_token_ms + alpha * per : per;
     } else if (n_prefill > 0 && e->t_token_ms <= 0) {
@@ -767,7 +779,11 @@ static void engine_step(kt_engine *e) {
         double t0 = now_ns() / 1e6;
         llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
-        update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t0);
+        const double ms = now_ns() / 1e6 - t0;
+        update_costs(e, n - n_prefill, n_prefill, ms);
+        if (e->trace)
+            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, %.1f ms (prefill token ~%.2f ms)\n",
+                    n - n_prefill, n_prefill, ms, e->t_token_ms);
         consume_logits(e, n);
     }
     retire_finished(e);
@@ -812,7 +828,7 @@ void kt_engine_free(kt_engine *e) {
     kt_pool_free(e->pool);
     free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits);
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
-    free(e->active), free(e->waiting);
+    free(e->active), free(e->waiting), free(e->t_decode_ms);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
