@@ -729,6 +729,60 @@ static void test_sixteen_concurrent_streams(void **state) {
     curl_slist_free_all(h);
 }
 
+/* Threads of process pid (from /proc), or -1. */
+static int thread_count(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    int n = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Threads:", 8)) n = atoi(line + 8);
+    if (f) fclose(f);
+    return n;
+}
+
+/* 120 streams open at once (16 decoding, the rest waiting, suspended):
+ * the server holds them with a handful of threads, and every one ends
+ * with [DONE]. */
+static void test_many_open_streams(void **state) {
+    (void)state;
+    enum { N = 120 };
+    server s = start_server("serve-many.log", "--parallel 16 --queue 128 --ctx 256");
+    const char *body = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":60,\"temperature\":0,\"stream\":true,\"ignore_eos\":true}";
+    static reply r[N];
+    memset(r, 0, sizeof r);
+    CURL *easy[N];
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    CURLM *multi = curl_multi_init();
+    for (int i = 0; i < N; i++) {
+        easy[i] = make_easy(&s, "POST", "/v1/completions", body, strlen(body), h, &r[i]);
+        curl_multi_add_handle(multi, easy[i]);
+    }
+    int running = 1, max_threads = 0, polls = 0;
+    while (running) {
+        curl_multi_perform(multi, &running);
+        if (running) curl_multi_poll(multi, NULL, 0, 20, NULL);
+        int t = thread_count(s.pid);
+        max_threads = t > max_threads ? t : max_threads;
+        polls++;
+    }
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(easy[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        assert_non_null(strstr(r[i].body, "data: [DONE]"));
+        curl_multi_remove_handle(multi, easy[i]);
+        curl_easy_cleanup(easy[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(multi);
+    curl_slist_free_all(h);
+    /* main + engine + MHD's pool (4) and its listener; -t 1: no workers */
+    assert_true(max_threads > 0 && polls > 0);
+    print_message("%d open streams: at most %d server threads\n", N, max_threads);
+    if (max_threads > 12) fail_msg("%d threads for %d open streams", max_threads, N);
+    stop_server(&s);
+}
+
 /* SIGTERM while a stream runs: the stream ends as "cancelled" with
  * [DONE], and the server still exits 0. */
 static void test_shutdown_mid_stream(void **state) {
@@ -863,6 +917,7 @@ int main(void) {
         cmocka_unit_test(test_sixteen_concurrent_streams),
         cmocka_unit_test(test_api_key_alias_tools),
         cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_many_open_streams),
         cmocka_unit_test(test_shutdown_mid_stream),
     };
     int failed = cmocka_run_group_tests_name("server json", unit, NULL, NULL);
