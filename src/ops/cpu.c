@@ -21,7 +21,7 @@
 #endif
 
 typedef struct cpu_info {
-    bool avx, avx2, fma, f16c, avx512f, avx_vnni, os_ymm;
+    bool avx, avx2, fma, f16c, avx512f, avx512bw, avx512vnni, avx_vnni, os_ymm, os_zmm;
 } cpu_info;
 
 static cpu_info detect(void) {
@@ -38,10 +38,13 @@ static cpu_info detect(void) {
         unsigned lo, hi;
         __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
         c.os_ymm = (lo & 6u) == 6u;
+        c.os_zmm = (lo & 0xe6u) == 0xe6u; /* + opmask, ZMM0-15 upper, ZMM16-31 */
     }
     if (__get_cpuid_count(7, 0, &a, &b, &cx, &d)) {
         c.avx2 = (b >> 5) & 1;
         c.avx512f = (b >> 16) & 1;
+        c.avx512bw = (b >> 30) & 1;
+        c.avx512vnni = (cx >> 11) & 1;
     }
     if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) c.avx_vnni = (a >> 4) & 1; /* leaf 7.1 EAX bit 4 */
 #endif
@@ -88,6 +91,20 @@ bool kt_cpu_has_avx_vnni(void) {
 
 void kt_cpu_force_no_vnni(bool on) {
     atomic_store(&g_forced_no_vnni, on ? 1 : 0);
+}
+
+static _Atomic int g_has_vnni512 = -1;
+
+bool kt_cpu_has_avx512_vnni(void) {
+    if (!kt_cpu_has_avx_vnni()) return false; /* the same switches turn it off */
+    int v = atomic_load_explicit(&g_has_vnni512, memory_order_relaxed);
+    if (v < 0) {
+        cpu_info c = detect();
+        const char *env = getenv("KETTLE_NO_AVX512");
+        v = c.avx512f && c.avx512bw && c.avx512vnni && c.os_zmm && !(env && *env && strcmp(env, "0") != 0);
+        atomic_store_explicit(&g_has_vnni512, v, memory_order_relaxed);
+    }
+    return v == 1;
 }
 
 static char g_features[128];

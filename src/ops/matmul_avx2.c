@@ -152,6 +152,8 @@ typedef struct q_args {
     int n_out;
     int8_t *panel;       /* Q4_0 GEMM: nb * 8 vectors of 32 bytes */
     float *panel_d;      /* Q4_0 GEMM: nb * 8 row scales */
+    int8_t *panel2;      /* Q4_0 AVX-512 GEMM: the next 8 rows' panel */
+    float *panel_d2;
 } q_args;
 
 /* ---- Q8_0 weights: ggml's order ------------------------------------------
@@ -493,9 +495,62 @@ static void q4_gemm_tile_vnni(const q_args *a, int r0, int nr, int t0, int nt) {
         if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
+/* AVX-512 VNNI: two 8-row panels side by side in one 512-bit vector, so
+ * one vpdpbusd serves 16 rows (lanes 0-7: the first panel's rows, 8-15:
+ * the second's) and each broadcast activation is used for 16 rows. Lane
+ * by lane the same integer sums and float steps as the 8-row tiles: the
+ * same bits. */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+static void q4_gemm_tile_512(const q_args *a, int r0, int t0, int nt) {
+    const int nb = a->x->nb;
+    const int8_t *xq[Q4_TOKENS];
+    const float *xd[Q4_TOKENS];
+    const int32_t *xc[Q4_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++) {
+        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
+        xq[t] = a->x->qs + k * QK8_0;
+        xd[t] = a->x->d + k;
+        xc[t] = a->x->c8 + k;
+    }
+    __m512 acc[Q4_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm512_setzero_ps();
+
+    for (int b = 0; b < nb; b++) {
+        const int8_t *pa = a->panel + (size_t)b * Q4_ROWS * 32, *pb = a->panel2 + (size_t)b * Q4_ROWS * 32;
+        __m512i isum[Q4_TOKENS];
+#pragma GCC unroll 4
+        for (int t = 0; t < Q4_TOKENS; t++) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int q = 0; q < Q4_ROWS; q++) {
+            const __m512i p = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(pa + q * 32))),
+                                                 _mm256_load_si256((const __m256i *)(pb + q * 32)), 1);
+#pragma GCC unroll 4
+            for (int t = 0; t < Q4_TOKENS; t++) {
+                int32_t x4;
+                memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
+                isum[t] = _mm512_dpbusd_epi32(isum[t], p, _mm512_set1_epi32(x4));
+            }
+        }
+        const __m256 da = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
+        const __m256 db = _mm256_load_ps(a->panel_d2 + (size_t)b * Q4_ROWS);
+        const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(da)),
+                                                              _mm256_castps_pd(db), 1));
+#pragma GCC unroll 4
+        for (int t = 0; t < Q4_TOKENS; t++) {
+            const __m512i is = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(xc[t][b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++)
+        if (t < nt) _mm512_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
+}
+
 size_t kt_matmul_panel_bytes(int n_in) {
     size_t nb = (size_t)(n_in / QK8_0);
-    return nb * Q4_ROWS * 32 + nb * Q4_ROWS * sizeof(float); /* a multiple of 64 */
+    return 2 * (nb * Q4_ROWS * 32 + nb * Q4_ROWS * sizeof(float)); /* two panels; a multiple of 64 */
 }
 
 /* Rows [r0, r1) of every token: a GEMV per token for few tokens;
@@ -512,13 +567,27 @@ static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
             for (int t = 0; t < n_tokens; t++) q4_gemv(a, r, r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS, t);
         return;
     }
+    const size_t panel_bytes = kt_matmul_panel_bytes(a->x->nb * QK8_0) / 2;
     a->panel = panel;
     a->panel_d = (float *)((char *)panel + (size_t)a->x->nb * Q4_ROWS * 32);
+    a->panel2 = (int8_t *)((char *)panel + panel_bytes);
+    a->panel_d2 = (float *)((char *)a->panel2 + (size_t)a->x->nb * Q4_ROWS * 32);
+    const bool wide = kt_cpu_has_avx512_vnni();
     const int chunk = token_chunk(a->x->nb * QK8_0, 1);
     void (*tile)(const q_args *, int, int, int, int) = kt_cpu_has_avx_vnni() ? q4_gemm_tile_vnni : q4_gemm_tile;
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        for (int r = r0; r < r1; r += Q4_ROWS) {
+        int r = r0;
+        for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS) {
+            q_args second = *a; /* the next 8 rows, built into the second panel */
+            second.panel = a->panel2, second.panel_d = a->panel_d2;
+            q4_build_panel(a, r, Q4_ROWS);
+            q4_build_panel(&second, r + Q4_ROWS, Q4_ROWS);
+            int t = c0;
+            for (; t + 1 < c1; t += Q4_TOKENS) q4_gemm_tile_512(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            if (t < c1) q4_gemv(a, r, Q4_ROWS, t), q4_gemv(a, r + Q4_ROWS, Q4_ROWS, t);
+        }
+        for (; r < r1; r += Q4_ROWS) {
             const int nr = r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS;
             q4_build_panel(a, r, nr);
             int t = c0;
@@ -531,13 +600,13 @@ static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                          int n_tokens, int r0, int r1, void *panel) {
     (void)panel;
-    q_args a = {w, kt_dtype_row_bytes(KT_Q8_0, n_in), x, out, n_out, NULL, NULL};
+    q_args a = {w, kt_dtype_row_bytes(KT_Q8_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
     q8_rows(&a, n_tokens, r0, r1);
 }
 
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                          int n_tokens, int r0, int r1, void *panel) {
-    q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL};
+    q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
     q4_rows(&a, n_tokens, r0, r1, panel);
 }
 
@@ -680,7 +749,7 @@ static void rows_q5_1(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FM
 
 void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,
                            int n_in, int n_out, int n_tokens, int r0, int r1) {
-    q_args a = {w, kt_dtype_row_bytes(wtype, n_in), x, out, n_out, NULL, NULL};
+    q_args a = {w, kt_dtype_row_bytes(wtype, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
     if (wtype == KT_Q4_1) rows_q4_1(&a, n_tokens, r0, r1);
     else if (wtype == KT_Q5_0) rows_q5_0(&a, n_tokens, r0, r1);
     else rows_q5_1(&a, n_tokens, r0, r1);
