@@ -500,34 +500,36 @@ static void q4_gemm_tile_vnni(const q_args *a, int r0, int nr, int t0, int nt) {
  * the second's) and each broadcast activation is used for 16 rows. Lane
  * by lane the same integer sums and float steps as the 8-row tiles: the
  * same bits. */
-__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
-static void q4_gemm_tile_512(const q_args *a, int r0, int t0, int nt) {
+#define Q4_TOKENS512 8 /* tokens per 16-row tile: 32 vector registers hold 8 */
+#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, const int T) {
     const int nb = a->x->nb;
-    const int8_t *xq[Q4_TOKENS];
-    const float *xd[Q4_TOKENS];
-    const int32_t *xc[Q4_TOKENS];
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++) {
+    const int8_t *xq[Q4_TOKENS512];
+    const float *xd[Q4_TOKENS512];
+    const int32_t *xc[Q4_TOKENS512];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
         const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
         xq[t] = a->x->qs + k * QK8_0;
         xd[t] = a->x->d + k;
         xc[t] = a->x->c8 + k;
     }
-    __m512 acc[Q4_TOKENS];
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm512_setzero_ps();
+    __m512 acc[Q4_TOKENS512];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
 
     for (int b = 0; b < nb; b++) {
         const int8_t *pa = a->panel + (size_t)b * Q4_ROWS * 32, *pb = a->panel2 + (size_t)b * Q4_ROWS * 32;
-        __m512i isum[Q4_TOKENS];
-#pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) isum[t] = _mm512_setzero_si512();
+        __m512i isum[Q4_TOKENS512];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int q = 0; q < Q4_ROWS; q++) {
             const __m512i p = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(pa + q * 32))),
                                                  _mm256_load_si256((const __m256i *)(pb + q * 32)), 1);
-#pragma GCC unroll 4
-            for (int t = 0; t < Q4_TOKENS; t++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
                 int32_t x4;
                 memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
                 isum[t] = _mm512_dpbusd_epi32(isum[t], p, _mm512_set1_epi32(x4));
@@ -537,15 +539,23 @@ static void q4_gemm_tile_512(const q_args *a, int r0, int t0, int nt) {
         const __m256 db = _mm256_load_ps(a->panel_d2 + (size_t)b * Q4_ROWS);
         const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(da)),
                                                               _mm256_castps_pd(db), 1));
-#pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
             const __m512i is = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(xc[t][b]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
         }
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
         if (t < nt) _mm512_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
+}
+
+/* T is a constant in each: the accumulators stay in registers. */
+TARGET_512 static void q4_gemm_tile_512x4(const q_args *a, int r0, int t0, int nt) {
+    q4_gemm_tile_512_t(a, r0, t0, nt, 4);
+}
+TARGET_512 static void q4_gemm_tile_512x8(const q_args *a, int r0, int t0, int nt) {
+    q4_gemm_tile_512_t(a, r0, t0, nt, 8);
 }
 
 size_t kt_matmul_panel_bytes(int n_in) {
@@ -584,7 +594,8 @@ static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
             q4_build_panel(a, r, Q4_ROWS);
             q4_build_panel(&second, r + Q4_ROWS, Q4_ROWS);
             int t = c0;
-            for (; t + 1 < c1; t += Q4_TOKENS) q4_gemm_tile_512(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            for (; t + Q4_TOKENS512 <= c1; t += Q4_TOKENS512) q4_gemm_tile_512x8(a, r, t, Q4_TOKENS512);
+            for (; t + 1 < c1; t += Q4_TOKENS) q4_gemm_tile_512x4(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
             if (t < c1) q4_gemv(a, r, Q4_ROWS, t), q4_gemv(a, r + Q4_ROWS, Q4_ROWS, t);
         }
         for (; r < r1; r += Q4_ROWS) {
