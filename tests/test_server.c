@@ -747,7 +747,7 @@ static int thread_count(pid_t pid) {
 static void test_many_open_streams(void **state) {
     (void)state;
     enum { N = 120 };
-    server s = start_server("serve-many.log", "--parallel 16 --queue 128 --ctx 256");
+    server s = start_server("serve-many.log", "--parallel 16 --queue 128 --ctx 256 --itl-stretch 1.5");
     const char *body = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":60,\"temperature\":0,\"stream\":true,\"ignore_eos\":true}";
     static reply r[N];
     memset(r, 0, sizeof r);
@@ -781,6 +781,22 @@ static void test_many_open_streams(void **state) {
     print_message("%d open streams: at most %d server threads\n", N, max_threads);
     if (max_threads > 12) fail_msg("%d threads for %d open streams", max_threads, N);
     stop_server(&s);
+}
+
+/* Bad command-line values are refused before anything starts. */
+static void test_bad_options(void **state) {
+    (void)state;
+    static const char *const CASES[][2] = {
+        {"--itl-stretch -1", "--itl-stretch"}, {"--itl-stretch fast", "--itl-stretch"},
+        {"--kv-type q4", "--kv-type"}, {"--parallel 0", "--parallel"}, {"--load disk", "--load"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char cmd[1024], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "%s serve -m %s --port 0 %s", KT_BIN, tu_shared("models/stories260K.gguf"), CASES[i][0]);
+        int rc = tu_run(cmd, &out, &err);
+        if (rc != 2 || !err || !strstr(err, CASES[i][1])) fail_msg("%s: exit %d, stderr '%s'", CASES[i][0], rc, err ? err : "");
+        free(out), free(err);
+    }
 }
 
 /* SIGTERM while a stream runs: the stream ends as "cancelled" with
@@ -918,6 +934,7 @@ int main(void) {
         cmocka_unit_test(test_api_key_alias_tools),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_many_open_streams),
+        cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_shutdown_mid_stream),
     };
     int failed = cmocka_run_group_tests_name("server json", unit, NULL, NULL);

@@ -150,6 +150,10 @@ static bool parse_float(const char *s, float lo, float hi, float *out) {
     return true;
 }
 
+bool cli_parse_float(const char *s, float lo, float hi, float *out) {
+    return parse_float(s, lo, hi, out);
+}
+
 /* An integer option: its name, bounds and where it goes. */
 typedef struct int_opt {
     const char *name, *alias;

@@ -33,6 +33,8 @@ int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name,
 bool cli_parse_u64(const char *s, uint64_t *out);
 /* A decimal integer in [lo, hi] (within int's range), the whole string. */
 bool cli_parse_int(const char *s, long lo, long hi, int *out);
+/* A decimal number in [lo, hi], the whole string. */
+bool cli_parse_float(const char *s, float lo, float hi, float *out);
 
 /* Prints "kettle CMD: MESSAGE" on stderr for a usage error; returns 2. */
 int cli_usage_error(const char *cmd, const char *fmt, ...)

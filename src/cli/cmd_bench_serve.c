@@ -66,7 +66,7 @@ static void usage(FILE *out) {
             "  --url URL            a running server, e.g. http://127.0.0.1:8080\n"
             "  -m, --model FILE     start 'kettle serve -m FILE --port 0' for the run (stopped at the end);\n"
             "                       passed on to it: -t/--threads, --ctx, --parallel, --kv-mb, --batch-tokens,\n"
-            "                       --queue, --kv-type, --http-threads, --load\n"
+            "                       --queue, --kv-type, --http-threads, --load, --itl-stretch\n"
             "  -c LIST              concurrency levels, comma-separated (default 1,2,4,8,16)\n"
             "  --requests N         requests per level (default 2 x c, at least 4)\n"
             "  -p N                 prompt length, about N tokens (default 128)\n"
@@ -101,7 +101,8 @@ static bool parse_levels(const char *s, bs_opts *o) {
 /* Server options taken with their value and handed to `kettle serve`. */
 static int take_server_opt(int argc, char **argv, int *i, bs_opts *o) {
     static const char *const NAMES[] = {"-t", "--threads", "--ctx", "--parallel", "--kv-mb", "--batch-tokens",
-                                        "--queue", "--kv-type", "--http-threads", "--load"};
+                                        "--queue", "--kv-type", "--http-threads", "--load",
+                                        "--itl-stretch"};
     for (size_t k = 0; k < sizeof NAMES / sizeof NAMES[0]; k++) {
         const char *v = NULL;
         int r = cli_opt(CMD, argc, argv, i, NAMES[k], &v);

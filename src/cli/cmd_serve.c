@@ -29,6 +29,8 @@ typedef struct serve_opts {
     const char *model, *host, *api_key, *alias, *template_arg, *kv_type;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads;
     kt_load_mode load;
+    float itl_stretch;
+    bool has_stretch;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -42,6 +44,9 @@ static void usage(FILE *out) {
             "      --kv-mb N           KV cache budget in MiB (default: parallel x ctx positions)\n"
             "      --batch-tokens N    tokens per engine step, decode + prefill (default 256)\n"
             "      --queue N           requests waiting before 503 (default 64)\n"
+            "      --itl-stretch X     beside decoding streams, size prefill so a step takes about\n"
+            "                          X times a decode-only step (default 1.8; lower: smoother\n"
+            "                          streams, slower first token of new prompts; 0: off)\n"
             "      --kv-type T         KV cache element type: f16 (default), q8_0 (half the\n"
             "                          memory; head size a multiple of 32) or f32\n"
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
@@ -85,6 +90,13 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         if ((r = cli_opt("serve", argc, argv, i, strs[k].name, strs[k].dst)) ||
             (strs[k].alias && (r = cli_opt("serve", argc, argv, i, strs[k].alias, strs[k].dst))))
             return r < 0 ? 2 : 1;
+    if ((r = cli_opt("serve", argc, argv, i, "--itl-stretch", &v))) {
+        if (r < 0) return 2;
+        o->has_stretch = true;
+        return cli_parse_float(v, 0.0f, 100.0f, &o->itl_stretch)
+                   ? 1
+                   : cli_usage_error("serve", "invalid --itl-stretch '%s' (0 = off, or a factor >= 1, e.g. 1.8)", v);
+    }
     if ((r = cli_opt("serve", argc, argv, i, "--load", &v))) {
         if (r < 0) return 2;
         return cli_parse_load_mode(v, &o->load) ? 1 : cli_usage_error("serve", "invalid --load '%s' (mmap, populate, copy)", v);
@@ -124,6 +136,7 @@ static kt_engine_params engine_params(const serve_opts *o) {
     if (o->batch_tokens) p.batch_tokens = o->batch_tokens;
     if (o->n_threads) p.n_threads = o->n_threads;
     if (o->queue_max) p.queue_max = o->queue_max;
+    if (o->has_stretch) p.max_itl_stretch = o->itl_stretch;
     if (o->kv_type)
         p.kv_type = !strcmp(o->kv_type, "f32") ? KT_KV_F32 : !strcmp(o->kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     return p;
