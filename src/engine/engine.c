@@ -40,6 +40,7 @@
 #include "ops/pool.h"
 
 #define KV_BLOCK_TOKENS 16
+#define SHORT_PROMPT_TOKENS 32 /* prompts this short are never chunked */
 
 const double kt_lat_bucket_ms[KT_LAT_N_BUCKETS - 1] = {1,   2.5,  5,    10,   25,   50,   100,
                                                       250, 500, 1000, 2500, 5000, 10000};
@@ -680,11 +681,16 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         }
     }
     int budget = prefill_budget(e, n), n_decode = n;
-    for (int a = 0; a < e->n_active && n - n_decode < budget; a++) {
+    for (int a = 0; a < e->n_active && budget > 0; a++) {
         kt_request *r = e->active[a];
         if (r->state != REQ_PREFILL) continue;
-        int chunk = r->n_prompt - r->n_prefilled;
-        if (chunk > budget - (n - n_decode)) chunk = budget - (n - n_decode);
+        const int left = r->n_prompt - r->n_prefilled;
+        int room = budget - (n - n_decode);
+        /* a short prompt goes in whole: one step a little longer beats its
+         * first token waiting a step per token or two */
+        if (left <= SHORT_PROMPT_TOKENS && left <= e->batch_cap - n && left > room) room = left;
+        if (room <= 0) continue;
+        int chunk = left < room ? left : room;
         kv_seq *seq = r->choices[0].seq;
         if (kv_seq_append(seq, chunk, &err) != KT_OK) {
             atomic_store(&r->cancel, true);
