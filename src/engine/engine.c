@@ -523,7 +523,7 @@ static bool held_append(gen_choice *c, const char *s, size_t n) {
  * stop string when one has completed (ev->finish becomes STOP). Returns a
  * malloc'd copy (NULL: out of memory). */
 static char *release_text(const kt_request *r, gen_choice *c, kt_event *ev) {
-    size_t emit = c->held_len, keep = 0;
+    size_t emit = c->held_len;
     for (int k = 0; k < r->n_stop; k++) {
         const char *hit = memmem(c->held, c->held_len, r->stop[k], r->stop_len[k]);
         if (hit && (size_t)(hit - c->held) <= emit) {
@@ -531,13 +531,13 @@ static char *release_text(const kt_request *r, gen_choice *c, kt_event *ev) {
             ev->finish = KT_FINISH_STOP;
         }
     }
-    bool stopped_here = emit < c->held_len || (ev->finish == KT_FINISH_STOP && c->held_len > 0);
-    if (ev->finish == KT_FINISH_NONE) keep = stop_prefix_tail(r, c->held, c->held_len), emit -= keep;
+    /* an ending choice releases everything before any stop string */
+    const size_t keep = ev->finish == KT_FINISH_NONE ? stop_prefix_tail(r, c->held, c->held_len) : 0;
+    emit -= keep;
     char *out = malloc(emit + 1);
     if (!out) return NULL;
     memcpy(out, c->held, emit);
     out[emit] = 0;
-    if (stopped_here || ev->finish != KT_FINISH_NONE) keep = 0;
     memmove(c->held, c->held + c->held_len - keep, keep);
     c->held_len = keep;
     return out;
