@@ -286,3 +286,13 @@ const char *cli_human_bytes(uint64_t n, char *buf, size_t cap) {
     else snprintf(buf, cap, "%.1f %s", v, UNITS[u]);
     return buf;
 }
+
+char *cli_load_template(const char *arg, kt_error *err) {
+    size_t len;
+    const char *builtin = kt_chat_builtin_template(arg);
+    char *text = builtin ? strdup(builtin) : cli_read_file(arg, &len);
+    if (!text)
+        snprintf(err->msg, sizeof err->msg, "chat template '%s' is neither a built-in nor a readable file (%s)", arg,
+                 strerror(errno));
+    return text;
+}

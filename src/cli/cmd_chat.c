@@ -219,16 +219,6 @@ static void chat_loop(chat *c) {
 
 /* ---- set-up ---- */
 
-static char *load_template(const char *arg, kt_error *err) {
-    size_t len;
-    const char *builtin = kt_chat_builtin_template(arg);
-    char *text = builtin ? strdup(builtin) : cli_read_file(arg, &len);
-    if (!text)
-        snprintf(err->msg, sizeof err->msg, "chat template '%s' is neither a built-in nor a readable file (%s)", arg,
-                 strerror(errno));
-    return text;
-}
-
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
@@ -239,7 +229,7 @@ int cmd_chat(int argc, char **argv) {
     if (rc) return rc;
     kt_error err = {0};
     chat c = {.opts = &o, .messages = json_array()};
-    char *tmpl = o.template_arg ? load_template(o.template_arg, &err) : NULL;
+    char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
     if ((!o.template_arg || tmpl) && (c.model = kt_model_load_ex(o.g.model, o.g.load, &err))) {
         const kt_model_desc *d = kt_model_describe(c.model);
         c.template_text = tmpl;

@@ -118,16 +118,6 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     return 0;
 }
 
-static char *load_template(const char *arg, kt_error *err) {
-    size_t len;
-    const char *builtin = kt_chat_builtin_template(arg);
-    char *text = builtin ? strdup(builtin) : cli_read_file(arg, &len);
-    if (!text)
-        snprintf(err->msg, sizeof err->msg, "chat template '%s' is neither a built-in nor a readable file (%s)", arg,
-                 strerror(errno));
-    return text;
-}
-
 static kt_engine_params engine_params(const serve_opts *o) {
     kt_engine_params p = kt_engine_defaults();
     if (o->n_ctx) p.n_ctx = o->n_ctx;
@@ -188,7 +178,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     kt_error err = {0};
-    char *tmpl = o.template_arg ? load_template(o.template_arg, &err) : NULL;
+    char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
     if (o.template_arg && !tmpl) return cli_fail("serve", &err);
     kt_model *model = kt_model_load_ex(o.model, o.load, &err);
     if (!model) {

@@ -38,8 +38,8 @@
 #include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/quant.h"
+#include "ops/simd_avx2.h"
 
-#define INL static inline __attribute__((always_inline))
 
 /* Float weights: GEMV_ROWS rows per step for one token; GEMM tiles of
  * FT_ROWS x FT_TOKENS (measured on Zen 5: 4 x 3 beat 3 x 3, 4 x 2, 2 x 4,
@@ -49,14 +49,6 @@
 #define FT_ROWS 4
 #define FT_TOKENS 3
 #define CHUNK_BYTES (512 * 1024) /* activations per pass: half of a 1 MB L2 */
-
-/* The fixed horizontal sum of 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs. */
-INL float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Tokens per pass of the GEMMs: as many as keep their activations (n_in
  * floats or bytes each) within CHUNK_BYTES, at least 12 and at most 128 (a
@@ -122,12 +114,6 @@ INL __m256i load_q4_0(const char *row, int b) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)blk->qs));
     v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-INL uint64_t half_bits(const void *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
 }
 
 /* A matrix streamed once (GEMV, panel building) is fetched a group of
@@ -292,18 +278,6 @@ static void q8_rows(const q_args *a, int n_tokens, int r0, int r1) {
 #define Q4_TOKENS 4    /* tokens per GEMM tile */
 #define Q4_MIN_GEMM 3  /* fewer tokens than this: one GEMV per token */
 
-/* The fp16 scales of block b of 8 rows as 8 floats: gathered with integer
- * loads, converted with one vcvtph2ps. */
-INL __m256 q4_scales8(const char *const *rows, int b) {
-    uint64_t lo = 0, hi = 0;
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-        lo |= half_bits(rows[r] + (size_t)b * sizeof(block_q4_0)) << (16 * r);
-        hi |= half_bits(rows[r + 4] + (size_t)b * sizeof(block_q4_0)) << (16 * r);
-    }
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
-}
-
 /* Lane r = sum n x over row r's block b (before - c8). The int16 tree:
  * hadd 8 -> 4 -> 2 -> 1 vectors leaves, in each 128-bit half, the 8 rows'
  * sums over that half's 16 products; widen and add the halves. */
@@ -349,32 +323,10 @@ static void q4_gemv(const q_args *a, int r0, int nr, int t) {
         prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, sizeof(block_q4_0), b);
         const __m256i x = _mm256_load_si256((const __m256i *)(xq + (size_t)b * QK8_0));
         const __m256i isum = _mm256_sub_epi32(q4_dot8(rows, b, x), _mm256_set1_epi32(xc[b]));
-        const __m256 scale = _mm256_mul_ps(q4_scales8(rows, b), _mm256_set1_ps(xd[b]));
+        const __m256 scale = _mm256_mul_ps(halves8(rows, sizeof(block_q4_0), 0, b), _mm256_set1_ps(xd[b]));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
     }
     store_lanes(a->out + (size_t)t * a->n_out + r0, acc, nr);
-}
-
-/* 8 x 8 transpose of 32-bit elements: v[q] lane r = old v[r] lane q. */
-INL void transpose8_epi32(__m256i *v) {
-    __m256i t[8], u[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
-        v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
-    }
 }
 
 /* The panel of rows r0 .. r0+nr-1: per block, the 8 rows' nibbles
@@ -392,7 +344,7 @@ static void q4_build_panel(const q_args *a, int r0, int nr) {
 #pragma GCC unroll 8
         for (int q = 0; q < Q4_ROWS; q++)
             _mm256_store_si256((__m256i *)(a->panel + ((size_t)b * Q4_ROWS + q) * 32), v[q]);
-        _mm256_store_ps(a->panel_d + (size_t)b * Q4_ROWS, q4_scales8(rows, b));
+        _mm256_store_ps(a->panel_d + (size_t)b * Q4_ROWS, halves8(rows, sizeof(block_q4_0), 0, b));
     }
 }
 
@@ -670,17 +622,6 @@ INL __m256i load_levels(const legacy_fmt *f, const char *row, int b) {
     v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
     if (f->qh_off >= 0) v = _mm256_or_si256(v, fifth_bits(blk + f->qh_off));
     return v;
-}
-
-/* The fp16 at byte offset off of block b of 8 rows, as 8 floats. */
-INL __m256 halves8(const char *const *rows, size_t bb, int off, int b) {
-    uint64_t lo = 0, hi = 0;
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-        lo |= half_bits(rows[r] + (size_t)b * bb + off) << (16 * r);
-        hi |= half_bits(rows[r + 4] + (size_t)b * bb + off) << (16 * r);
-    }
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
 }
 
 /* Lane r = sum q x over the levels lv[r] of row r's block, in int32

@@ -48,8 +48,8 @@
 #include "base/fp16.h"
 #include "ops/internal.h"
 #include "ops/kquant.h"
+#include "ops/simd_avx2.h"
 
-#define INL static inline __attribute__((always_inline))
 
 #define PF_BYTES 1024 /* decode prefetch distance in the stream */
 #define KQ_ROWS 8      /* rows per panel: one per int32 lane */
@@ -264,36 +264,6 @@ typedef struct kq_pblock {
                        Q6_K (sc[2k], sc[2k+1]) against (bs[2k], bs[2k+1]) */
     __m256 d, dmin;
 } kq_pblock;
-
-/* 8 x 8 transpose of 32-bit elements: v[q] lane r = old v[r] lane q. */
-INL void transpose8_epi32(__m256i *v) {
-    __m256i t[8], u[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
-        v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
-    }
-}
-
-/* The fp16 at byte offset off of block b of 8 rows, as 8 floats. */
-INL __m256 halves8(const char *const *rows, size_t bb, size_t off, int b) {
-    uint16_t h[KQ_ROWS];
-#pragma GCC unroll 8
-    for (int r = 0; r < KQ_ROWS; r++) memcpy(&h[r], rows[r] + (size_t)b * bb + off, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
 
 /* A block's 16 scale words as int16: Q4_K/Q5_K sc[0..7], m[0..7];
  * Q6_K its 16 signed scales. */

@@ -1,0 +1,67 @@
+/*
+ * simd_avx2.h - small AVX2 building blocks shared by the *_avx2.c kernel
+ * files (each compiled with -mavx2 -mfma -mf16c; never include this from
+ * a file that is not). One copy of each, so the kernels that rely on the
+ * same lane order (horizontal sums, panel transposes) agree by
+ * construction.
+ */
+#ifndef KT_OPS_SIMD_AVX2_H
+#define KT_OPS_SIMD_AVX2_H
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INL static inline __attribute__((always_inline))
+
+/* Lanes 0..7 summed in a fixed order: (lo + hi) halves, then pairs. */
+INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 x 8 transpose of 32-bit elements: v[q] lane r = old v[r] lane q. */
+INL void transpose8_epi32(__m256i *v) {
+    __m256i t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* The 16 bits at p (an fp16), unaligned. */
+INL uint64_t half_bits(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+/* The fp16 at byte offset off of block b (blocks of bb bytes) of 8 rows,
+ * as 8 floats: gathered with integer loads, one vcvtph2ps. */
+INL __m256 halves8(const char *const *rows, size_t bb, size_t off, int b) {
+    uint64_t lo = 0, hi = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        lo |= half_bits(rows[r] + (size_t)b * bb + off) << (16 * r);
+        hi |= half_bits(rows[r + 4] + (size_t)b * bb + off) << (16 * r);
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+#endif
