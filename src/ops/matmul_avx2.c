@@ -348,26 +348,58 @@ static void q4_build_panel(const q_args *a, int r0, int nr) {
     }
 }
 
-/* GEMM: the panel's rows x tokens t0 .. t0+nt-1 (nt <= Q4_TOKENS; missing
- * tokens repeat the last and are not stored). */
-static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
+#define Q4_TOKENS512 8 /* tokens per 16-row AVX-512 tile: 32 registers hold 8 */
+
+/* The activations of a tile's tokens t0 .. t0+T-1; tokens past nt repeat
+ * the last one (computed, not stored). */
+typedef struct tile_x {
+    const int8_t *q[Q4_TOKENS512];
+    const float *d[Q4_TOKENS512];
+    const int32_t *c8[Q4_TOKENS512];
+} tile_x;
+
+INL void tile_x_init(tile_x *x, const q_args *a, int t0, int nt, const int T) {
     const int nb = a->x->nb;
-    const int8_t *xq[Q4_TOKENS];
-    const float *xd[Q4_TOKENS];
-    const int32_t *xc[Q4_TOKENS];
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
         const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
-        xq[t] = a->x->qs + k * QK8_0;
-        xd[t] = a->x->d + k;
-        xc[t] = a->x->c8 + k;
+        x->q[t] = a->x->qs + k * QK8_0;
+        x->d[t] = a->x->d + k;
+        x->c8[t] = a->x->c8 + k;
     }
+}
+
+/* Activation values 4q..4q+3 of block b of token t, as one int32 (to be
+ * broadcast to every lane). */
+INL int32_t tile_x4(const tile_x *x, int t, int b, int q) {
+    int32_t v;
+    memcpy(&v, x->q[t] + (size_t)b * QK8_0 + 4 * q, 4);
+    return v;
+}
+
+/* One block's float step for 8 rows, the reference's:
+ * acc = fma(float(isum - c8), d_w * d_x, acc). */
+INL __m256 q4_block_step(__m256 acc, __m256i isum, __m256 dw, const tile_x *x, int t, int b) {
+    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(x->c8[t][b]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[t][b])), acc);
+}
+
+INL void tile_store8(const q_args *a, const __m256 *acc, int r0, int nr, int t0, int nt) {
+#pragma GCC unroll 4
+    for (int t = 0; t < Q4_TOKENS; t++)
+        if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
+}
+
+/* GEMM: the panel's rows x tokens t0 .. t0+nt-1 (nt <= Q4_TOKENS). */
+static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
+    tile_x x;
+    tile_x_init(&x, a, t0, nt, Q4_TOKENS);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[Q4_TOKENS];
 #pragma GCC unroll 4
     for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm256_setzero_ps();
 
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < a->x->nb; b++) {
         const int8_t *pb = a->panel + (size_t)b * Q4_ROWS * 32;
         __m256i isum16[Q4_TOKENS];
 #pragma GCC unroll 4
@@ -376,25 +408,14 @@ static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
         for (int q = 0; q < Q4_ROWS; q++) {
             const __m256i p = _mm256_load_si256((const __m256i *)(pb + q * 32));
 #pragma GCC unroll 4
-            for (int t = 0; t < Q4_TOKENS; t++) {
-                int32_t x4;
-                memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
-                /* activation values 4q..4q+3 in every lane */
-                isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(p, _mm256_set1_epi32(x4)));
-            }
+            for (int t = 0; t < Q4_TOKENS; t++)
+                isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(p, _mm256_set1_epi32(tile_x4(&x, t, b, q))));
         }
         const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
 #pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) {
-            const __m256i isum = _mm256_sub_epi32(_mm256_madd_epi16(isum16[t], ones),
-                                                  _mm256_set1_epi32(xc[t][b]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
-                                     _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
-        }
+        for (int t = 0; t < Q4_TOKENS; t++) acc[t] = q4_block_step(acc[t], _mm256_madd_epi16(isum16[t], ones), dw, &x, t, b);
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++)
-        if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
+    tile_store8(a, acc, r0, nr, t0, nt);
 }
 
 /* The same tile with AVX-VNNI: vpdpbusd adds the 4 products of each lane
@@ -405,22 +426,13 @@ static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
  * the CPU, never on the batch. */
 __attribute__((target("avx2,fma,f16c,avxvnni")))
 static void q4_gemm_tile_vnni(const q_args *a, int r0, int nr, int t0, int nt) {
-    const int nb = a->x->nb;
-    const int8_t *xq[Q4_TOKENS];
-    const float *xd[Q4_TOKENS];
-    const int32_t *xc[Q4_TOKENS];
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++) {
-        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
-        xq[t] = a->x->qs + k * QK8_0;
-        xd[t] = a->x->d + k;
-        xc[t] = a->x->c8 + k;
-    }
+    tile_x x;
+    tile_x_init(&x, a, t0, nt, Q4_TOKENS);
     __m256 acc[Q4_TOKENS];
 #pragma GCC unroll 4
     for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm256_setzero_ps();
 
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < a->x->nb; b++) {
         const int8_t *pb = a->panel + (size_t)b * Q4_ROWS * 32;
         __m256i isum[Q4_TOKENS];
 #pragma GCC unroll 4
@@ -429,49 +441,32 @@ static void q4_gemm_tile_vnni(const q_args *a, int r0, int nr, int t0, int nt) {
         for (int q = 0; q < Q4_ROWS; q++) {
             const __m256i p = _mm256_load_si256((const __m256i *)(pb + q * 32));
 #pragma GCC unroll 4
-            for (int t = 0; t < Q4_TOKENS; t++) {
-                int32_t x4;
-                memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
-                isum[t] = _mm256_dpbusd_avx_epi32(isum[t], p, _mm256_set1_epi32(x4));
-            }
+            for (int t = 0; t < Q4_TOKENS; t++)
+                isum[t] = _mm256_dpbusd_avx_epi32(isum[t], p, _mm256_set1_epi32(tile_x4(&x, t, b, q)));
         }
         const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
 #pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) {
-            const __m256i is = _mm256_sub_epi32(isum[t], _mm256_set1_epi32(xc[t][b]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(xd[t][b])), acc[t]);
-        }
+        for (int t = 0; t < Q4_TOKENS; t++) acc[t] = q4_block_step(acc[t], isum[t], dw, &x, t, b);
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++)
-        if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
+    tile_store8(a, acc, r0, nr, t0, nt);
 }
 
 /* AVX-512 VNNI: two 8-row panels side by side in one 512-bit vector, so
  * one vpdpbusd serves 16 rows (lanes 0-7: the first panel's rows, 8-15:
  * the second's) and each broadcast activation is used for 16 rows. Lane
  * by lane the same integer sums and float steps as the 8-row tiles: the
- * same bits. */
-#define Q4_TOKENS512 8 /* tokens per 16-row tile: 32 vector registers hold 8 */
+ * same bits. T tokens (a constant in each caller, so the accumulators stay
+ * in registers). */
 #define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, const int T) {
-    const int nb = a->x->nb;
-    const int8_t *xq[Q4_TOKENS512];
-    const float *xd[Q4_TOKENS512];
-    const int32_t *xc[Q4_TOKENS512];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
-        xq[t] = a->x->qs + k * QK8_0;
-        xd[t] = a->x->d + k;
-        xc[t] = a->x->c8 + k;
-    }
+    tile_x x;
+    tile_x_init(&x, a, t0, nt, T);
     __m512 acc[Q4_TOKENS512];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
 
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < a->x->nb; b++) {
         const int8_t *pa = a->panel + (size_t)b * Q4_ROWS * 32, *pb = a->panel2 + (size_t)b * Q4_ROWS * 32;
         __m512i isum[Q4_TOKENS512];
 #pragma GCC unroll 8
@@ -481,11 +476,7 @@ TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, 
             const __m512i p = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(pa + q * 32))),
                                                  _mm256_load_si256((const __m256i *)(pb + q * 32)), 1);
 #pragma GCC unroll 8
-            for (int t = 0; t < T; t++) {
-                int32_t x4;
-                memcpy(&x4, xq[t] + (size_t)b * QK8_0 + 4 * q, 4);
-                isum[t] = _mm512_dpbusd_epi32(isum[t], p, _mm512_set1_epi32(x4));
-            }
+            for (int t = 0; t < T; t++) isum[t] = _mm512_dpbusd_epi32(isum[t], p, _mm512_set1_epi32(tile_x4(&x, t, b, q)));
         }
         const __m256 da = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
         const __m256 db = _mm256_load_ps(a->panel_d2 + (size_t)b * Q4_ROWS);
@@ -493,8 +484,8 @@ TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, 
                                                               _mm256_castps_pd(db), 1));
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            const __m512i is = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(xc[t][b]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b])), acc[t]);
+            const __m512i is = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(x.c8[t][b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
         }
     }
 #pragma GCC unroll 8
@@ -502,7 +493,6 @@ TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, 
         if (t < nt) _mm512_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
 }
 
-/* T is a constant in each: the accumulators stay in registers. */
 TARGET_512 static void q4_gemm_tile_512x4(const q_args *a, int r0, int t0, int nt) {
     q4_gemm_tile_512_t(a, r0, t0, nt, 4);
 }
