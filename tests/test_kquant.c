@@ -39,18 +39,6 @@
 static const kt_dtype K_TYPES[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
 #define N_K_TYPES 3
 
-static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
-    size_t rb = kt_dtype_row_bytes(type, n_in);
-    char *w = tu_xmalloc(rb * (size_t)n_out);
-    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
-    for (int r = 0; r < n_out; r++) {
-        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
-        kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
-    }
-    free(row);
-    return w;
-}
-
 /* ---- formats -------------------------------------------------------- */
 
 /* Six-bit scales sc[8] and mins m[8] laid out as the format says: bytes
@@ -262,7 +250,7 @@ static void test_q8_K_act(void **state) {
 
 static void check_simd_vs_ref(kt_dtype type, int n_in, int n_out, int nt, kt_pool *pool,
                               uint64_t seed) {
-    void *w = make_weights(type, n_in, n_out, seed);
+    void *w = tu_make_weights(type, n_in, n_out, seed, 0.0f);
     size_t no = (size_t)nt * n_out;
     float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
     float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
@@ -317,7 +305,7 @@ static void test_kq_matmul_vs_float(void **state) {
     (void)state;
     const int n_in = 1024, n_out = 9, nt = 3;
     for (int ti = 0; ti < N_K_TYPES; ti++) {
-        void *w = make_weights(K_TYPES[ti], n_in, n_out, 17);
+        void *w = tu_make_weights(K_TYPES[ti], n_in, n_out, 17, 0.0f);
         float x[3 * 1024], got[27], row[1024];
         tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 19);
         kt_matmul(NULL, got, w, K_TYPES[ti], x, n_in, n_out, nt);

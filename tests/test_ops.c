@@ -45,19 +45,6 @@
 
 /* ---- helpers -------------------------------------------------------- */
 
-/* A random weight matrix of `type`, made by quantizing normal floats. */
-static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
-    size_t rb = kt_dtype_row_bytes(type, n_in);
-    char *w = tu_xmalloc(rb * (size_t)n_out);
-    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
-    for (int r = 0; r < n_out; r++) {
-        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
-        kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
-    }
-    free(row);
-    return w;
-}
-
 /* sum_i |w_i x_i| for each output, with dequantized weights: the scale of
  * the float rounding a reordered sum can make. */
 static void abs_sums(double *s, const void *w, kt_dtype type, const float *x, int n_in,
@@ -590,7 +577,7 @@ static void check_simd_vs_ref(void) {
         for (int a = 0; a < 4; a++)
             for (int b = 0; b < 4; b++) {
                 int n_in = n_ins[a], n_out = n_outs[b];
-                void *w = make_weights(type, n_in, n_out, (uint64_t)(ti * 100 + a * 10 + b));
+                void *w = tu_make_weights(type, n_in, n_out, (uint64_t)(ti * 100 + a * 10 + b), 0.0f);
                 for (int c = 0; c < 5; c++) {
                     int nt = n_toks[c];
                     size_t no = (size_t)nt * n_out;
@@ -640,7 +627,7 @@ static void test_matmul_float_odd_n_in(void **state) {
         for (int a = 0; a < 5; a++) {
             int n_in = n_ins[a], n_out = 9, nt = 5;
             size_t no = (size_t)nt * n_out;
-            void *w = make_weights(MM_TYPES[ti], n_in, n_out, (uint64_t)(77 + a));
+            void *w = tu_make_weights(MM_TYPES[ti], n_in, n_out, (uint64_t)(77 + a), 0.0f);
             float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
             float want[45], got[45];
             double asum[45];
@@ -663,7 +650,7 @@ static void test_matmul_scalar_is_ref(void **state) {
     kt_cpu_force_scalar(true);
     for (int ti = 0; ti < N_MM_TYPES; ti++) {
         int n_in = 96, n_out = 37, nt = 6;
-        void *w = make_weights(MM_TYPES[ti], n_in, n_out, 31);
+        void *w = tu_make_weights(MM_TYPES[ti], n_in, n_out, 31, 0.0f);
         float x[6 * 96], want[6 * 37], got[6 * 37];
         tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 3);
         kt_matmul_ref(want, w, MM_TYPES[ti], x, n_in, n_out, nt);
@@ -689,7 +676,7 @@ static void check_batch_invariance(bool scalar) {
     static const int batches[] = {7, 50}; /* 50: more than one token chunk */
     for (size_t ti = 0; ti < sizeof INV_TYPES / sizeof INV_TYPES[0]; ti++) {
         int n_in = kt_dtype_get(INV_TYPES[ti])->block_size == 256 ? 768 : 256 + 32, n_out = 67;
-        void *w = make_weights(INV_TYPES[ti], n_in, n_out, 99);
+        void *w = tu_make_weights(INV_TYPES[ti], n_in, n_out, 99, 0.0f);
         for (int bi = 0; bi < 2; bi++) {
             int nt = batches[bi];
             float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
@@ -744,7 +731,7 @@ static void test_matmul_token_chunks(void **state) {
     double asum[30 * 20];
     for (int ti = 0; ti < N_MM_TYPES; ti++) {
         kt_dtype type = MM_TYPES[ti];
-        void *w = make_weights(type, n_in, n_out, 4242);
+        void *w = tu_make_weights(type, n_in, n_out, 4242, 0.0f);
         kt_matmul_ref(want, w, type, x, n_in, n_out, nt);
         abs_sums(asum, w, type, x, n_in, n_out, nt);
         kt_matmul(pool, got, w, type, x, n_in, n_out, nt);
@@ -1089,34 +1076,22 @@ static void test_attention_paged(void **state) {
             kt_attention(pool, &a1);
             assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
         }
-        if (pk.type == KT_F32) {
-            /* the contiguous kernel on each sequence's own rows: same bits */
-            for (int t = 0; t < NT; t++) {
-                int s = tok_seq[t];
-                float one[8 * 64];
-                kt_attn_args c = {.out = one, .q = q + (size_t)t * q_dim, .k = ck[s], .v = cv[s],
-                                  .n_tokens = 1, .pos0 = n_pos[t] - 1, .n_head = NH, .n_head_kv = NKV,
-                                  .head_dim = HD, .q_stride = q_dim, .kv_stride = kv_dim,
-                                  .out_stride = q_dim};
-                kt_attention(pool, &c);
-                assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
-            }
-        } else {
-            /* against F32 storage: the rounding of the stored values only */
-            float tol = pk.type == KT_F16 ? 5e-3f : 5e-2f;
-            for (int t = 0; t < NT; t++) {
-                int s = tok_seq[t];
-                float one[8 * 64];
-                kt_attn_args c = {.out = one, .q = q + (size_t)t * q_dim, .k = ck[s], .v = cv[s],
-                                  .n_tokens = 1, .pos0 = n_pos[t] - 1, .n_head = NH, .n_head_kv = NKV,
-                                  .head_dim = HD, .q_stride = q_dim, .kv_stride = kv_dim,
-                                  .out_stride = q_dim};
-                kt_attention(pool, &c);
-                for (int i = 0; i < q_dim; i++)
-                    if (!(fabsf(one[i] - fast[(size_t)t * q_dim + i]) <= tol))
-                        fail_msg("type %d token %d elem %d: %.6g vs F32 %.6g", (int)pk.type, t, i,
-                                 fast[(size_t)t * q_dim + i], one[i]);
-            }
+        /* the contiguous kernel on each sequence's own F32 rows: the same
+         * bits from F32 storage, F16 / Q8_0 within their rounding */
+        const float tol = pk.type == KT_F32 ? 0.0f : pk.type == KT_F16 ? 5e-3f : 5e-2f;
+        for (int t = 0; t < NT; t++) {
+            int s = tok_seq[t];
+            float one[8 * 64];
+            kt_attn_args c = {.out = one, .q = q + (size_t)t * q_dim, .k = ck[s], .v = cv[s],
+                              .n_tokens = 1, .pos0 = n_pos[t] - 1, .n_head = NH, .n_head_kv = NKV,
+                              .head_dim = HD, .q_stride = q_dim, .kv_stride = kv_dim,
+                              .out_stride = q_dim};
+            kt_attention(pool, &c);
+            if (pk.type == KT_F32) assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
+            for (int i = 0; i < q_dim; i++)
+                if (!(fabsf(one[i] - fast[(size_t)t * q_dim + i]) <= tol))
+                    fail_msg("type %d token %d elem %d: %.6g vs F32 %.6g", (int)pk.type, t, i,
+                             fast[(size_t)t * q_dim + i], one[i]);
         }
         free(ref), free(fast), free(pk.k), free(pk.v);
     }
@@ -1155,7 +1130,7 @@ static void run_bench(void) {
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K,
                                      KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
-        void *w = make_weights(types[i], n_in, n_out, 1);
+        void *w = tu_make_weights(types[i], n_in, n_out, 1, 0.0f);
         double bytes = (double)kt_dtype_row_bytes(types[i], n_in) * n_out;
         /* copies of the matrix (>= 128 MB in all, more than any L3) used in
          * turn, so that each GEMV streams its weights from DRAM */

@@ -33,19 +33,6 @@
 static const kt_dtype TYPES[] = {KT_Q4_1, KT_Q5_0, KT_Q5_1};
 #define N_TYPES 3
 
-static void *make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
-    size_t rb = kt_dtype_row_bytes(type, n_in);
-    char *w = tu_xmalloc(rb * (size_t)n_out);
-    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
-    for (int r = 0; r < n_out; r++) {
-        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
-        row[r % n_in] += 0.3f; /* lopsided blocks: a minimum far from 0 */
-        kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
-    }
-    free(row);
-    return w;
-}
-
 /* The 5-bit level of element j, read straight from the format definition. */
 static int level5(const uint8_t *qs, const uint8_t *qh, int j) {
     uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
@@ -228,7 +215,7 @@ static void test_ref_vs_dequantized(void **state) {
     kt_quantize_row(KT_Q8_0, x, xq, n_in);
     kt_dequantize_row(KT_Q8_0, xq, xd, n_in);
     for (int i = 0; i < N_TYPES; i++) {
-        void *w = make_weights(TYPES[i], n_in, n_out, 11);
+        void *w = tu_make_weights(TYPES[i], n_in, n_out, 11, 0.3f);
         kt_matmul_ref(out, w, TYPES[i], x, n_in, n_out, 1);
         size_t rb = kt_dtype_row_bytes(TYPES[i], n_in);
         for (int r = 0; r < n_out; r++) {
@@ -258,7 +245,7 @@ static void check_vs_ref(bool scalar) {
         for (int a = 0; a < 3; a++)
             for (int b = 0; b < 4; b++) {
                 int n_in = n_ins[a], n_out = n_outs[b];
-                void *w = make_weights(TYPES[ti], n_in, n_out, (uint64_t)(ti * 100 + a * 10 + b));
+                void *w = tu_make_weights(TYPES[ti], n_in, n_out, (uint64_t)(ti * 100 + a * 10 + b), 0.3f);
                 float *x = tu_xmalloc(sizeof(float) * 13 * (size_t)n_in);
                 float *want = tu_xmalloc(sizeof(float) * 13 * (size_t)n_out);
                 float *got = tu_xmalloc(sizeof(float) * 13 * (size_t)n_out);
@@ -305,7 +292,7 @@ static void test_avx2_kernel_row_range(void **state) {
     for (int t = 0; t < nt; t++)
         kt_quantize_act_q8_ref(x + t * n_in, n_in, qs + t * n_in, d + t * 2, c8 + t * 2);
     for (int ti = 0; ti < N_TYPES; ti++) {
-        void *w = make_weights(TYPES[ti], n_in, n_out, 5);
+        void *w = tu_make_weights(TYPES[ti], n_in, n_out, 5, 0.3f);
         kt_matmul_ref(want, w, TYPES[ti], x, n_in, n_out, nt);
         for (int i = 0; i < 3 * 29; i++) got[i] = -1.0f;
         kt_matmul_legacy_avx2(got, w, TYPES[ti], &xa, n_in, n_out, nt, r0, r1);
@@ -335,7 +322,7 @@ static void test_batch_invariance(void **state) {
     for (int s = 0; s < 2; s++) {
         kt_cpu_force_scalar(s == 1);
         for (int ti = 0; ti < N_TYPES; ti++) {
-            void *w = make_weights(TYPES[ti], n_in, n_out, 77);
+            void *w = tu_make_weights(TYPES[ti], n_in, n_out, 77, 0.3f);
             kt_matmul(pools[2], batch, w, TYPES[ti], x, n_in, n_out, nt);
             for (int t = 0; t < nt; t += 4)
                 for (int p = 0; p < 3; p++) {

@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include "base/rng.h"
+#include "ops/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,4 +82,17 @@ void *tu_xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     assert_non_null(p);
     return p;
+}
+
+void *tu_make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed, float lopsided) {
+    size_t rb = kt_dtype_row_bytes(type, n_in);
+    char *w = tu_xmalloc(rb * (size_t)n_out);
+    float *row = tu_xmalloc(sizeof(float) * (size_t)n_in);
+    for (int r = 0; r < n_out; r++) {
+        tu_fill_normal(row, (size_t)n_in, 0.1f, seed * 1000003u + (uint64_t)r);
+        row[r % n_in] += lopsided;
+        kt_quantize_row(type, row, w + rb * (size_t)r, n_in);
+    }
+    free(row);
+    return w;
 }

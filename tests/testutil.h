@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "base/dtype.h"
+
 /* "<shared>/<rel>" in a static buffer (overwritten by the next call). */
 const char *tu_shared(const char *rel);
 /* "<build>/tmp/<name>" in a static buffer (overwritten by the next call). */
@@ -27,6 +29,10 @@ int tu_run(const char *cmd, char **out, char **err_out);
 /* x[i] = std * normal, from a seeded generator: the same numbers on every
  * run. */
 void tu_fill_normal(float *x, size_t n, float std, uint64_t seed);
+/* A random n_out x n_in weight matrix of `type` (caller frees), made by
+ * quantizing normal floats (std 0.1, from the seed); lopsided > 0 adds it
+ * to one element of each row, so blocks get a minimum far from 0. */
+void *tu_make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed, float lopsided);
 /* malloc that fails the test instead of returning NULL. */
 void *tu_xmalloc(size_t n);
 
