@@ -67,7 +67,6 @@ struct kt_engine {
     /* engine thread only */
     kt_request **active; /* admission order */
     int n_active, seqs_running, blocks_reserved;
-    int batch_cap;
     int32_t *b_tokens;
     int *b_pos;
     kv_seq **b_seq;
@@ -188,7 +187,6 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
 static bool alloc_batch(kt_engine *e) {
     int cap = e->p.batch_tokens, rows = 2 * e->p.n_parallel;
     size_t n_vocab = (size_t)e->llm->cfg.n_vocab;
-    e->batch_cap = cap;
     e->b_tokens = malloc(sizeof *e->b_tokens * (size_t)cap);
     e->b_pos = malloc(sizeof *e->b_pos * (size_t)cap);
     e->b_seq = malloc(sizeof *e->b_seq * (size_t)cap);
@@ -647,7 +645,7 @@ static double decode_cost_ms(const kt_engine *e, int n) {
 
 /* Tokens of prefill the step may carry beside n_decode decode tokens. */
 static int prefill_budget(const kt_engine *e, int n_decode) {
-    int budget = e->batch_cap - n_decode;
+    int budget = e->p.batch_tokens - n_decode;
     if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return budget;
     /* a decode-only step first while this decode cost is unknown, then a
      * small chunk to learn the prefill cost */
@@ -688,7 +686,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         int room = budget - (n - n_decode);
         /* a short prompt goes in whole: one step a little longer beats its
          * first token waiting a step per token or two */
-        if (left <= SHORT_PROMPT_TOKENS && left <= e->batch_cap - n && left > room) room = left;
+        if (left <= SHORT_PROMPT_TOKENS && left <= e->p.batch_tokens - n && left > room) room = left;
         if (room <= 0) continue;
         int chunk = left < room ? left : room;
         kv_seq *seq = r->choices[0].seq;

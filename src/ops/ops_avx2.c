@@ -200,9 +200,17 @@ typedef struct kv_view {
 
 static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, int n_pos) {
     const size_t head_bytes = kt_dtype_row_bytes(a->kv_type, (int64_t)kvh * a->head_dim);
-    for (int p = 0; p < n_pos; p++) {
-        kv->k[p] = kt_attn_row(a, a->k, t, p) + head_bytes;
-        kv->v[p] = kt_attn_row(a, a->v, t, p) + head_bytes;
+    const size_t stride = a->blocks ? a->row_bytes : a->kv_stride * sizeof(float);
+    /* a block (or the whole contiguous cache) at a time: one lookup each */
+    for (int p = 0; p < n_pos;) {
+        int run = a->blocks ? a->block_tokens - p % a->block_tokens : n_pos - p;
+        if (run > n_pos - p) run = n_pos - p;
+        const char *k = kt_attn_row(a, a->k, t, p) + head_bytes, *v = kt_attn_row(a, a->v, t, p) + head_bytes;
+        for (int i = 0; i < run; i++) {
+            kv->k[p + i] = k + (size_t)i * stride;
+            kv->v[p + i] = v + (size_t)i * stride;
+        }
+        p += run;
     }
 }
 
