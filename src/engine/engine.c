@@ -248,8 +248,8 @@ static void choice_release(gen_choice *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* Queues an event; if the queue cannot grow the choice ends in error
- * (the client learns that much from req_finish). */
+/* Queues an event; if the queue cannot grow (out of memory) the request
+ * is cancelled at the next step, and the client sees it end. */
 static void push_event(kt_request *r, const kt_event *ev) {
     if (!req_push(r, ev)) atomic_store(&r->cancel, true);
 }
@@ -258,6 +258,18 @@ static void finish_only_event(kt_request *r, int choice, kt_finish f, const char
     kt_event ev = {.choice = choice, .token = -1, .text = "", .finish = f, .t_ns = now_ns()};
     if (msg) snprintf(ev.error, sizeof ev.error, "%s", msg);
     push_event(r, &ev);
+}
+
+/* The engine could not go on with r (which the block reservation should
+ * rule out): every unfinished choice ends in error, and the next step's
+ * reap retires the request. */
+static void fail_request(kt_request *r, const char *msg) {
+    for (int i = 0; i < r->n_choices; i++) {
+        if (r->choices[i].finish != KT_FINISH_NONE) continue;
+        r->choices[i].finish = KT_FINISH_ERROR;
+        finish_only_event(r, i, KT_FINISH_ERROR, msg);
+    }
+    atomic_store(&r->cancel, true);
 }
 
 /* All choices done: the request leaves the engine. */
@@ -670,10 +682,8 @@ static int build_batch(kt_engine *e, int *n_prefill) {
             gen_choice *c = &r->choices[i];
             if (c->finish != KT_FINISH_NONE) continue;
             if (kv_seq_append(c->seq, 1, &err) != KT_OK) {
-                atomic_store(&r->cancel, true); /* retired below, as an error */
-                c->finish = KT_FINISH_ERROR;
-                finish_only_event(r, i, KT_FINISH_ERROR, err.msg);
-                continue;
+                fail_request(r, err.msg);
+                break;
             }
             batch_add(e, &n, r, i, c->seq, c->next_token, true);
         }
@@ -691,7 +701,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         int chunk = left < room ? left : room;
         kv_seq *seq = r->choices[0].seq;
         if (kv_seq_append(seq, chunk, &err) != KT_OK) {
-            atomic_store(&r->cancel, true);
+            fail_request(r, err.msg);
             continue;
         }
         for (int j = 0; j < chunk; j++) {
@@ -714,9 +724,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
 static void prompt_done(kt_engine *e, kt_request *r, const float *logits) {
     for (int i = 0; i < r->n_choices; i++)
         if (!start_choice(e, r, i)) {
-            atomic_store(&r->cancel, true);
-            r->choices[i].finish = KT_FINISH_ERROR;
-            finish_only_event(r, i, KT_FINISH_ERROR, "out of memory starting a choice");
+            fail_request(r, "out of memory starting a choice");
             return;
         }
     r->state = REQ_DECODE;
