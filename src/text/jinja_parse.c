@@ -550,6 +550,26 @@ static bool parse_targets(parser *P, jnode *n) {
     return true;
 }
 
+/* The body up to {% end %} into body, then that closing tag: n, or NULL. */
+static jnode *body_then_end(parser *P, jnode *n, jlist *body, const char *end) {
+    const char *const ends[] = {end, NULL};
+    if (!parse_body(P, body, ends)) return NULL;
+    advance(P);
+    return expect_block_end(P) ? n : NULL;
+}
+
+/* After an if's or a for's body: an {% else %} body up to {% end %} (into
+ * n->kwvals), then the closing tag. */
+static jnode *else_then_end(parser *P, jnode *n, const char *end) {
+    if (!is_name(cur(P), "else")) {
+        advance(P); /* end */
+        return expect_block_end(P) ? n : NULL;
+    }
+    advance(P);
+    if (!expect_block_end(P)) return NULL;
+    return body_then_end(P, n, &n->kwvals, end);
+}
+
 static jnode *parse_if(parser *P) {
     jnode *n = node(P, S_IF);
     if (!n) return NULL;
@@ -561,14 +581,7 @@ static jnode *parse_if(parser *P) {
         jnode *e = parse_if(P);
         return e && push(P, &n->kwvals, e) ? n : NULL;
     }
-    if (is_name(cur(P), "else")) {
-        advance(P);
-        if (!expect_block_end(P)) return NULL;
-        static const char *const ends2[] = {"endif", NULL};
-        if (!parse_body(P, &n->kwvals, ends2)) return NULL;
-    }
-    advance(P); /* endif */
-    return expect_block_end(P) ? n : NULL;
+    return else_then_end(P, n, "endif");
 }
 
 static jnode *parse_for(parser *P) {
@@ -590,15 +603,7 @@ static jnode *parse_for(parser *P) {
     P->loops++;
     bool ok = parse_body(P, &n->args, ends);
     P->loops--;
-    if (!ok) return NULL;
-    if (is_name(cur(P), "else")) {
-        advance(P);
-        if (!expect_block_end(P)) return NULL;
-        static const char *const ends2[] = {"endfor", NULL};
-        if (!parse_body(P, &n->kwvals, ends2)) return NULL;
-    }
-    advance(P);
-    return expect_block_end(P) ? n : NULL;
+    return ok ? else_then_end(P, n, "endfor") : NULL;
 }
 
 static jnode *parse_set(parser *P) {
@@ -627,10 +632,7 @@ static jnode *parse_set(parser *P) {
     while (is_op(cur(P), "|")) if (!(f = parse_filter(P, f))) return NULL;
     n->b = f;
     if (!expect_block_end(P)) return NULL;
-    static const char *const ends[] = {"endset", NULL};
-    if (!parse_body(P, &n->args, ends)) return NULL;
-    advance(P);
-    return expect_block_end(P) ? n : NULL;
+    return body_then_end(P, n, &n->args, "endset");
 }
 
 static jnode *parse_macro(parser *P) {
@@ -690,10 +692,7 @@ static jnode *parse_simple_block(parser *P, jn_kind k, const char *end) {
         }
     }
     if (!expect_block_end(P)) return NULL;
-    const char *ends[] = {end, NULL};
-    if (!parse_body(P, &n->args, ends)) return NULL;
-    advance(P);
-    return expect_block_end(P) ? n : NULL;
+    return body_then_end(P, n, &n->args, end);
 }
 
 static jnode *parse_statement(parser *P) {
