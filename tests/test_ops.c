@@ -609,14 +609,30 @@ static void check_simd_vs_ref(void) {
     kt_pool_free(pool);
 }
 
-/* Both int8 GEMM paths where the CPU has AVX-VNNI: with it and without. */
+/* Runs check on every int8 tile tier this CPU has: AVX-512 VNNI, AVX-VNNI
+ * alone, and plain AVX2. */
+static void on_every_int8_tier(void (*check)(bool), bool arg) {
+    check(arg);
+    if (kt_cpu_has_avx512_vnni()) {
+        kt_cpu_force_no_avx512(true);
+        check(arg);
+        kt_cpu_force_no_avx512(false);
+    }
+    if (kt_cpu_has_avx_vnni()) {
+        kt_cpu_force_no_vnni(true);
+        check(arg);
+        kt_cpu_force_no_vnni(false);
+    }
+}
+
+static void check_simd_vs_ref_tier(bool unused) {
+    (void)unused;
+    check_simd_vs_ref();
+}
+
 static void test_matmul_simd_vs_ref(void **state) {
     (void)state;
-    check_simd_vs_ref();
-    if (!kt_cpu_has_avx_vnni()) return;
-    kt_cpu_force_no_vnni(true);
-    check_simd_vs_ref();
-    kt_cpu_force_no_vnni(false);
+    on_every_int8_tier(check_simd_vs_ref_tier, false);
 }
 
 /* Float weights allow any n_in (the SIMD tail). */
@@ -711,11 +727,8 @@ static void check_batch_invariance(bool scalar) {
 
 static void test_matmul_batch_invariance(void **state) {
     (void)state;
-    check_batch_invariance(false);
     check_batch_invariance(true);
-    kt_cpu_force_no_vnni(true);
-    check_batch_invariance(false);
-    kt_cpu_force_no_vnni(false);
+    on_every_int8_tier(check_batch_invariance, false);
 }
 
 /* Long rows make the GEMMs split the tokens into several passes (the
@@ -1120,7 +1133,8 @@ static double bench_matmul(kt_pool *pool, kt_dtype type, int n_in, int n_out, in
     return best;
 }
 
-static void run_bench(void) {
+/* only: a type name (KT_OPS_BENCH=Q8_0) to time just that type's matmul */
+static void run_bench(const char *only) {
     const int n_in = 2048, n_out = 5632;
     kt_pool *pool = kt_pool_new(2, NULL);
     assert_non_null(pool);
@@ -1130,6 +1144,7 @@ static void run_bench(void) {
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K,
                                      KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
+        if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
         void *w = tu_make_weights(types[i], n_in, n_out, 1, 0.0f);
         double bytes = (double)kt_dtype_row_bytes(types[i], n_in) * n_out;
         /* copies of the matrix (>= 128 MB in all, more than any L3) used in
@@ -1169,7 +1184,7 @@ static void run_bench(void) {
     }
     /* attention: decode at position 1023 and a 64-token prefill, 32 heads
      * (4 KV heads) of 64 */
-    {
+    if (!only) {
         enum { NP = 1024, NH = 32, NKV = 4, HD = 64 };
         float *q = tu_xmalloc(sizeof(float) * 64 * NH * HD), *o = tu_xmalloc(sizeof(float) * 64 * NH * HD);
         float *k = tu_xmalloc(sizeof(float) * NP * NKV * HD), *v = tu_xmalloc(sizeof(float) * NP * NKV * HD);
@@ -1251,7 +1266,7 @@ int main(void) {
      * tests when asked for, and never shows up as a skipped test. */
     const char *bench = getenv("KT_OPS_BENCH");
     if (bench && *bench && strcmp(bench, "0") != 0) {
-        run_bench();
+        run_bench(strcmp(bench, "1") == 0 ? NULL : bench);
         return 0;
     }
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -94,9 +94,11 @@ void kt_cpu_force_no_vnni(bool on) {
 }
 
 static _Atomic int g_has_vnni512 = -1;
+static _Atomic int g_forced_no_avx512 = 0;
 
 bool kt_cpu_has_avx512_vnni(void) {
     if (!kt_cpu_has_avx_vnni()) return false; /* the same switches turn it off */
+    if (atomic_load_explicit(&g_forced_no_avx512, memory_order_relaxed)) return false;
     int v = atomic_load_explicit(&g_has_vnni512, memory_order_relaxed);
     if (v < 0) {
         cpu_info c = detect();
@@ -105,6 +107,10 @@ bool kt_cpu_has_avx512_vnni(void) {
         atomic_store_explicit(&g_has_vnni512, v, memory_order_relaxed);
     }
     return v == 1;
+}
+
+void kt_cpu_force_no_avx512(bool on) {
+    atomic_store(&g_forced_no_avx512, on ? 1 : 0);
 }
 
 static char g_features[128];

@@ -15,12 +15,15 @@ bool kt_cpu_has_avx2(void);
  * int8 GEMM tiles use it when present. KETTLE_NO_VNNI=1 turns it off. */
 bool kt_cpu_has_avx_vnni(void);
 /* AVX-512 F + BW + VNNI with the OS saving ZMM state, on top of AVX-VNNI:
- * the Q4_0 GEMM then runs 16 rows per vector. KETTLE_NO_AVX512=1, or
+ * the Q4_0 GEMM then runs 16 rows per vector, the Q8_0 tiles two outputs. KETTLE_NO_AVX512=1, or
  * anything that turns AVX-VNNI off, turns it off. */
 bool kt_cpu_has_avx512_vnni(void);
 /* Turns AVX-VNNI off (on = true) or back on, for tests that check both
  * GEMM paths; same rules as kt_cpu_force_scalar. */
 void kt_cpu_force_no_vnni(bool on);
+/* Turns the AVX-512 tiles off (on = true) or back on, leaving AVX-VNNI;
+ * same rules as kt_cpu_force_scalar. */
+void kt_cpu_force_no_avx512(bool on);
 /* Turns the SIMD kernels off (on = true) or back on, for the whole
  * process, like KETTLE_NO_SIMD=1 does at start-up; for tests that compare
  * the scalar and SIMD paths end to end. Not to be called while kernels
