@@ -52,6 +52,7 @@ typedef struct kt_model_desc {
     uint64_t weight_bytes; /* bytes of all tensors in the file */
     uint64_t n_params;     /* values in all tensors */
     int bos_id, eos_id;    /* -1 if none */
+    int n_repacked;        /* matrices rewritten at load (KT_LOAD_REPACK) */
 } kt_model_desc;
 
 /* Memory-maps the file (zero-copy; pages load on first use). */
@@ -60,8 +61,11 @@ kt_model *kt_model_load(const char *path, kt_error *err);
 typedef enum kt_load_mode {
     KT_LOAD_MMAP = 0,     /* map; pages fault in during the first forward pass */
     KT_LOAD_MMAP_POPULATE, /* map every page at load: slower load, faster first token */
-    KT_LOAD_COPY          /* read into huge-page memory: a copy and the file's size
+    KT_LOAD_COPY,         /* read into huge-page memory: a copy and the file's size
                              in RAM, up to 2x faster decode of large F16 models */
+    KT_LOAD_REPACK        /* copy, then rewrite Q4_0 matrices in place in the
+                             interleaved layout the kernels read fastest (same
+                             RAM as copy; same results, bit for bit) */
 } kt_load_mode;
 
 kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err);

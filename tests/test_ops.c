@@ -42,6 +42,7 @@
 #include "ops/ops.h"
 #include "ops/pool.h"
 #include "ops/quant.h"
+#include "ops/repack.h"
 
 /* ---- helpers -------------------------------------------------------- */
 
@@ -731,6 +732,90 @@ static void test_matmul_batch_invariance(void **state) {
     on_every_int8_tier(check_batch_invariance, false);
 }
 
+/* ---- Q4_0x8: the repacked layout ------------------------------------- */
+
+/* Repacking keeps every block (read back through kt_q4_0_x8_block) and
+ * the matrix size; only Q4_0 with rows in multiples of 8 qualifies. */
+static void test_repack_layout(void **state) {
+    (void)state;
+    const int n_in = 96, n_out = 24, nb = n_in / QK4_0;
+    const size_t row_bytes = kt_dtype_row_bytes(KT_Q4_0, n_in);
+    block_q4_0 *w = tu_make_weights(KT_Q4_0, n_in, n_out, 7, 0.0f);
+    block_q4_0 *x8 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(row_bytes * KT_X8_ROWS);
+    memcpy(x8, w, row_bytes * n_out);
+    kt_repack_q4_0_x8(x8, n_in, n_out, tmp);
+    assert_true(memcmp(x8, w, row_bytes * n_out) != 0); /* the layout did change */
+    for (int r = 0; r < n_out; r++)
+        for (int b = 0; b < nb; b++) {
+            block_q4_0 got;
+            kt_q4_0_x8_block(x8, n_in, r, b, &got);
+            assert_memory_equal(&got, &w[(size_t)r * nb + b], sizeof got);
+        }
+    assert_true(kt_repack_supported(KT_Q4_0, 64, 8));
+    assert_false(kt_repack_supported(KT_Q4_0, 64, 12));
+    assert_false(kt_repack_supported(KT_Q8_0, 64, 8));
+    assert_false(kt_repack_supported(KT_Q4_0, 48, 8));
+    assert_false(kt_dtype_known(KT_Q4_0_X8)); /* never accepted from a file */
+    assert_string_equal(kt_dtype_name(KT_Q4_0_X8), "Q4_0x8");
+    assert_int_equal(kt_dtype_row_bytes(KT_Q4_0_X8, n_in), row_bytes);
+    free(w);
+    free(x8);
+    free(tmp);
+}
+
+/* Every Q4_0x8 path (each SIMD tier, the scalar fallback, the reference)
+ * gives the bits of the Q4_0 reference on the original matrix, for one
+ * token, decode-sized batches, and batches that span token chunks. */
+static void check_repacked_matmul(bool unused) {
+    (void)unused;
+    static const int n_ins[] = {32, 96, 2048 + 32};
+    static const int n_outs[] = {8, 24, 48, 136};
+    static const int n_toks[] = {1, 2, 3, 5, 8, 9, 13, 140};
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 4; b++) {
+            const int n_in = n_ins[a], n_out = n_outs[b];
+            const size_t row_bytes = kt_dtype_row_bytes(KT_Q4_0, n_in);
+            void *w = tu_make_weights(KT_Q4_0, n_in, n_out, (uint64_t)(a * 10 + b), 0.0f);
+            void *x8 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(row_bytes * KT_X8_ROWS);
+            memcpy(x8, w, row_bytes * n_out);
+            kt_repack_q4_0_x8(x8, n_in, n_out, tmp);
+            for (int c = 0; c < 8; c++) {
+                const int nt = n_toks[c];
+                if (nt > 13 && n_in < 2048) continue; /* chunks need long rows */
+                const size_t no = (size_t)nt * n_out;
+                float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+                float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
+                tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(100 * a + 10 * b + c));
+                kt_matmul_ref(want, w, KT_Q4_0, x, n_in, n_out, nt);
+                kt_matmul(b == 0 ? NULL : pool, got, x8, KT_Q4_0_X8, x, n_in, n_out, nt);
+                if (memcmp(got, want, sizeof(float) * no) != 0)
+                    fail_msg("Q4_0x8 n_in %d n_out %d n_tokens %d: not the Q4_0 reference's bits", n_in, n_out, nt);
+                if (nt <= 3) {
+                    kt_matmul_ref(got, x8, KT_Q4_0_X8, x, n_in, n_out, nt);
+                    assert_memory_equal(got, want, sizeof(float) * no);
+                    kt_cpu_force_scalar(true);
+                    kt_matmul(pool, got, x8, KT_Q4_0_X8, x, n_in, n_out, nt);
+                    kt_cpu_force_scalar(false);
+                    assert_memory_equal(got, want, sizeof(float) * no);
+                }
+                free(x);
+                free(want);
+                free(got);
+            }
+            free(w);
+            free(x8);
+            free(tmp);
+        }
+    kt_pool_free(pool);
+}
+
+static void test_repacked_matmul(void **state) {
+    (void)state;
+    on_every_int8_tier(check_repacked_matmul, false);
+}
+
 /* Long rows make the GEMMs split the tokens into several passes (the
  * chunk shrinks as n_in grows); results must not notice. */
 static void test_matmul_token_chunks(void **state) {
@@ -1254,6 +1339,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_scalar_is_ref),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_token_chunks),
+        cmocka_unit_test(test_repack_layout),
+        cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_swiglu),

@@ -87,20 +87,22 @@ static void test_invariance_f16(void **state) {
     check_invariance("models/test-tiny-F16.gguf", 20);
 }
 
-/* The three ways of loading give the same model: identical logits. */
-static void test_load_modes_agree(void **state) {
-    (void)state;
-    const kt_load_mode modes[] = {KT_LOAD_MMAP, KT_LOAD_MMAP_POPULATE, KT_LOAD_COPY};
+/* Every way of loading gives the same model: identical logits. The Q4_0
+ * model's matrices are repacked (KT_LOAD_REPACK) and still give the bits
+ * of the file as it is; the F32 one has nothing to repack. */
+static void check_load_modes_agree(const char *path, int want_repacked) {
+    const kt_load_mode modes[] = {KT_LOAD_MMAP, KT_LOAD_MMAP_POPULATE, KT_LOAD_COPY, KT_LOAD_REPACK};
     float *first = NULL;
     int32_t toks[6] = {1, 403, 407, 261, 378, 300};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         kt_error err = {0};
-        kt_model *m = kt_model_load_ex(tu_shared("models/stories260K.gguf"), modes[i], &err);
+        kt_model *m = kt_model_load_ex(tu_shared(path), modes[i], &err);
         assert_non_null(m);
+        assert_int_equal(kt_model_describe(m)->n_repacked, modes[i] == KT_LOAD_REPACK ? want_repacked : 0);
         int nv = kt_model_describe(m)->n_vocab;
         float *l = malloc(sizeof(float) * 6 * (size_t)nv);
         assert_non_null(l);
-        kt_session *s = session(m, 16, 1);
+        kt_session *s = session(m, 16, 2);
         assert_int_equal(kt_session_eval(s, toks, 6, l, true, &err), KT_OK);
         if (first) assert_memory_equal(first, l, sizeof(float) * 6 * (size_t)nv), free(l);
         else first = l;
@@ -108,6 +110,12 @@ static void test_load_modes_agree(void **state) {
         kt_model_free(m);
     }
     free(first);
+}
+
+static void test_load_modes_agree(void **state) {
+    (void)state;
+    check_load_modes_agree("models/stories260K.gguf", 0);
+    check_load_modes_agree("models/test-tiny-Q4_0.gguf", 4 * 7); /* output is tied to token_embd */
     kt_error err = {0};
     assert_null(kt_model_load_ex(tu_shared("models/stories260K.gguf"), (kt_load_mode)7, &err));
     assert_int_equal(err.status, KT_ERR_ARG);

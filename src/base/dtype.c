@@ -29,17 +29,20 @@ static const kt_dtype_info DTYPES[KT_DTYPE_COUNT] = {
 };
 
 static const kt_dtype_info UNKNOWN = {NULL, 0, 0};
+static const kt_dtype_info Q4_0_X8 = {"Q4_0x8", 32, 18}; /* per row: Q4_0's bytes */
 
 bool kt_dtype_known(uint32_t id) {
     return id < KT_DTYPE_COUNT && DTYPES[id].name != NULL;
 }
 
 const kt_dtype_info *kt_dtype_get(uint32_t id) {
+    if (id == KT_Q4_0_X8) return &Q4_0_X8;
     return kt_dtype_known(id) ? &DTYPES[id] : &UNKNOWN;
 }
 
 const char *kt_dtype_name(uint32_t id) {
-    return kt_dtype_known(id) ? DTYPES[id].name : "unknown";
+    const kt_dtype_info *d = kt_dtype_get(id);
+    return d->name ? d->name : "unknown";
 }
 
 int kt_dtype_parse(const char *name) {

@@ -33,7 +33,11 @@ typedef enum kt_dtype {
     KT_I64 = 27,
     KT_F64 = 28,
     KT_BF16 = 30,
-    KT_DTYPE_COUNT = 31
+    KT_DTYPE_COUNT = 31,
+    /* kettle's in-memory layouts: never read from or written to a file
+     * (past KT_DTYPE_COUNT, so kt_dtype_known() rejects them in a GGUF
+     * header), but kt_dtype_get/name/row_bytes describe them */
+    KT_Q4_0_X8 = 64 /* Q4_0 repacked by groups of 8 rows (ops/repack.h) */
 } kt_dtype;
 
 typedef struct kt_dtype_info {
@@ -42,7 +46,8 @@ typedef struct kt_dtype_info {
     int block_bytes;    /* bytes per block */
 } kt_dtype_info;
 
-/* NULL-name entry for unknown ids; check kt_dtype_known() first. */
+/* NULL-name entry for unknown ids; check kt_dtype_known() first (a file
+ * type) -- the in-memory layouts are described but not "known". */
 const kt_dtype_info *kt_dtype_get(uint32_t id);
 bool kt_dtype_known(uint32_t id);
 const char *kt_dtype_name(uint32_t id);

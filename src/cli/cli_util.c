@@ -99,8 +99,9 @@ void cli_gen_defaults(cli_gen_opts *g) {
 
 const char *cli_gen_usage(void) {
     return "  -m, --model FILE      GGUF model\n"
-           "      --load MODE       mmap (default), populate (map every page at load) or\n"
-           "                        copy (read into huge pages: faster decode, more RAM)\n"
+           "      --load MODE       mmap (default), populate (map every page at load),\n"
+           "                        copy (read into huge pages: faster decode, more RAM) or\n"
+           "                        repack (copy, Q4_0 rewritten for the kernels: faster)\n"
            "  -n, --n-predict N     tokens to generate (default 128; -1: until end or full)\n"
            "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
            "  -t, --threads N       threads (default: all CPUs)\n"
@@ -116,8 +117,8 @@ const char *cli_gen_usage(void) {
 }
 
 bool cli_parse_load_mode(const char *s, kt_load_mode *out) {
-    static const char *const NAMES[] = {"mmap", "populate", "copy"};
-    for (int i = 0; i < 3; i++)
+    static const char *const NAMES[] = {"mmap", "populate", "copy", "repack"};
+    for (int i = 0; i < 4; i++)
         if (!strcmp(s, NAMES[i])) {
             *out = (kt_load_mode)i;
             return true;

@@ -62,7 +62,7 @@ static void usage(FILE *out) {
             "  -t, --threads N    thread counts, comma-separated (default: all CPUs)\n"
             "  -r, --repetitions N  runs of each test after the warm-up (default 5)\n"
             "      --md | --csv | --json   output format (default md)\n"
-            "      --load MODE    mmap (default), populate or copy (see 'kettle run --help')\n"
+            "      --load MODE    mmap (default), populate, copy or repack (see 'kettle run --help')\n"
             "      --membw        measure memory bandwidth (read, triad)\n"
             "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n");
 }

@@ -38,7 +38,7 @@ static void usage(FILE *out) {
             "  -c, --ctx-size N   tokens per chunk (default 512)\n"
             "  -t, --threads N    threads (default: all CPUs)\n"
             "      --chunks N     score at most N chunks (default: all)\n"
-            "      --load MODE    mmap (default), populate or copy (see 'kettle run --help')\n");
+            "      --load MODE    mmap (default), populate, copy or repack (see 'kettle run --help')\n");
 }
 
 static bool parse_num(const char *cmd, const char *s, long lo, long hi, long *out) {

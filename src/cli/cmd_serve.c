@@ -55,7 +55,7 @@ static void usage(FILE *out) {
             "      --alias NAME        the model's name in the API (default: the file's name)\n"
             "      --chat-template T   a Jinja file or a built-in name (chatml, llama2, llama3,\n"
             "                          mistral, phi3, gemma); default: the model's own\n"
-            "      --load MODE         mmap, populate or copy (default copy)\n"
+            "      --load MODE         mmap, populate, copy or repack (default copy)\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
             "GET /v1/models, /health, /metrics.\n");
 }
@@ -99,7 +99,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     }
     if ((r = cli_opt("serve", argc, argv, i, "--load", &v))) {
         if (r < 0) return 2;
-        return cli_parse_load_mode(v, &o->load) ? 1 : cli_usage_error("serve", "invalid --load '%s' (mmap, populate, copy)", v);
+        return cli_parse_load_mode(v, &o->load) ? 1 : cli_usage_error("serve", "invalid --load '%s' (mmap, populate, copy, repack)", v);
     }
     return 0;
 }

@@ -49,6 +49,7 @@ static void describe(kt_model *m) {
         .rope_freq_base = c->rope_freq_base, .rms_eps = c->rms_eps,
         .weight_bytes = m->llm->weight_bytes, .n_params = m->llm->n_params,
         .bos_id = kt_vocab_bos(m->vocab), .eos_id = kt_vocab_eos(m->vocab),
+        .n_repacked = m->n_repacked,
     };
 }
 
@@ -85,13 +86,26 @@ static bool read_chat_template(kt_model *m) {
     return m->chat_template != NULL;
 }
 
+/* KT_LOAD_REPACK: the weights are our copy of the file; rewritten while
+ * writable, then read-only again like any other load. */
+static bool repack(kt_model *m, const char *path, kt_error *err) {
+    if (!gguf_set_writable(m->file, true)) {
+        kt_error_set(err, KT_ERR_IO, "%s: cannot make the loaded copy writable to repack it", path);
+        return false;
+    }
+    m->n_repacked = llm_model_repack(m->llm, err);
+    gguf_set_writable(m->file, false);
+    if (m->n_repacked < 0) kt_error_wrap(err, "%s", path);
+    return m->n_repacked >= 0;
+}
+
 kt_model *kt_model_load(const char *path, kt_error *err) {
     return kt_model_load_ex(path, KT_LOAD_MMAP, err);
 }
 
 kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err) {
-    static const gguf_load_mode MODES[] = {GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY};
-    if ((unsigned)mode > KT_LOAD_COPY) {
+    static const gguf_load_mode MODES[] = {GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY, GGUF_LOAD_COPY};
+    if ((unsigned)mode > KT_LOAD_REPACK) {
         kt_error_set(err, KT_ERR_ARG, "unknown load mode %d", (int)mode);
         return NULL;
     }
@@ -105,6 +119,7 @@ kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err) {
         kt_error_wrap(err, "%s", path);
         goto fail;
     }
+    if (mode == KT_LOAD_REPACK && !repack(m, path, err)) goto fail;
     if (kt_vocab_size(m->vocab) != m->llm->cfg.n_vocab) {
         kt_error_set(err, KT_ERR_FORMAT, "%s: the tokenizer has %d tokens but the weights have %d rows",
                      path, kt_vocab_size(m->vocab), m->llm->cfg.n_vocab);

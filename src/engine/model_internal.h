@@ -21,6 +21,7 @@ struct kt_model {
     char *chat_template; /* NULL if the file has none */
     int32_t eog[KT_MAX_EOG]; /* tokens that end a turn */
     int n_eog;
+    int n_repacked; /* matrices repacked at load (KT_LOAD_REPACK) */
 };
 
 #endif

@@ -78,6 +78,7 @@ struct gguf_file {
     uint64_t size;
     void *map;       /* non-NULL when gguf_open mapped or copied the file */
     size_t map_size; /* bytes to unmap */
+    bool copied;     /* map is our anonymous copy (GGUF_LOAD_COPY) */
     uint32_t version;
     uint64_t alignment, data_offset;
     int64_t n_kv, n_tensors;
@@ -596,7 +597,13 @@ gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err) 
     }
     f->map = map;
     f->map_size = map_size;
+    f->copied = mode == GGUF_LOAD_COPY;
     return f;
+}
+
+bool gguf_set_writable(gguf_file *f, bool writable) {
+    if (!f->copied || !f->map) return false;
+    return mprotect(f->map, f->map_size, writable ? PROT_READ | PROT_WRITE : PROT_READ) == 0;
 }
 
 void gguf_close(gguf_file *f) {

@@ -78,6 +78,11 @@ typedef enum gguf_load_mode { GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY 
 
 gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err);
 
+/* A copied file (GGUF_LOAD_COPY) made writable, so that the loader can
+ * rewrite tensor data in place (weight repacking), then read-only again.
+ * False for mapped files and buffers, or if mprotect fails. */
+bool gguf_set_writable(gguf_file *f, bool writable);
+
 /* Same over a caller-owned buffer (tests, fuzzing); `name` is used in
  * messages. The buffer must outlive the gguf_file. */
 gguf_file *gguf_open_buffer(const void *data, size_t size, const char *name,

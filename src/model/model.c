@@ -8,12 +8,14 @@
  */
 #include "model/model.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "ops/matmul.h"
+#include "ops/repack.h"
 
 /* ---- hyper-parameters ---- */
 
@@ -196,6 +198,48 @@ llm_model *llm_model_load(const gguf_file *f, kt_error *err) {
 fail:
     llm_model_free(m);
     return NULL;
+}
+
+/* Every matrix the forward pass only multiplies by (not the embedding
+ * table, which is also read by rows); n at most 7 per layer + 1. */
+static int matmul_weights(llm_model *m, llm_tensor **out) {
+    int n = 0;
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        llm_layer *l = &m->layers[il];
+        llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) out[n++] = ts[i];
+    }
+    if (m->output.data != m->tok_embd.data) out[n++] = &m->output;
+    return n;
+}
+
+int llm_model_repack(llm_model *m, kt_error *err) {
+    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * 7 + 1));
+    if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
+    const int n = matmul_weights(m, ts);
+    size_t tmp_bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (kt_repack_supported(ts[i]->type, ts[i]->n_in, ts[i]->n_out)) {
+            size_t b = KT_X8_ROWS * kt_dtype_row_bytes(ts[i]->type, ts[i]->n_in);
+            tmp_bytes = b > tmp_bytes ? b : tmp_bytes;
+        }
+    void *tmp = tmp_bytes ? malloc(tmp_bytes) : NULL;
+    if (tmp_bytes && !tmp) {
+        free(ts);
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
+    }
+    int repacked = 0;
+    for (int i = 0; i < n; i++) {
+        llm_tensor *t = ts[i];
+        if (!kt_repack_supported(t->type, t->n_in, t->n_out)) continue;
+        /* the caller made the file's copy writable; the tensor is ours */
+        kt_repack_q4_0_x8((void *)(uintptr_t)t->data, t->n_in, t->n_out, tmp);
+        t->type = KT_Q4_0_X8;
+        repacked++;
+    }
+    free(tmp);
+    free(ts);
+    return repacked;
 }
 
 void llm_model_free(llm_model *m) {

@@ -60,6 +60,7 @@
 #include "ops/internal.h"
 #include "ops/kquant.h"
 #include "ops/quant.h"
+#include "ops/repack.h"
 
 #define ROW_GRAIN 16 /* thread row ranges start on multiples of this */
 
@@ -71,13 +72,13 @@ static bool is_legacy(kt_dtype t) {
 
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
-           wtype == KT_Q4_0 || is_legacy(wtype) || wtype == KT_Q4_K || wtype == KT_Q5_K ||
-           wtype == KT_Q6_K;
+           wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy(wtype) || wtype == KT_Q4_K ||
+           wtype == KT_Q5_K || wtype == KT_Q6_K;
 }
 
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q4_0 || is_legacy(t);
+    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy(t);
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
@@ -127,6 +128,17 @@ static float block_scale(const void *row, kt_dtype t, int b) {
 static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                         float acc) {
     return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
+}
+
+/* Q8_0, Q4_0 and Q4_0x8: block step for block b of row r of w (Q4_0x8
+ * read back as Q4_0, so both layouts take the same operations). */
+static float row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
+                            float dx, float acc) {
+    if (t != KT_Q4_0_X8)
+        return block_step((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, acc);
+    block_q4_0 blk;
+    kt_q4_0_x8_block(w, n_in, r, b, &blk);
+    return block_step(&blk, KT_Q4_0, 0, xq, dx, acc);
 }
 
 /* Q4_1/Q5_0/Q5_1 weight block b: its 32 levels, d and m (0 for Q5_0). */
@@ -230,7 +242,7 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
                 if (wtype == KT_Q8_0) block_step_lanes(row, b, xq, dx, lanes);
                 else if (is_legacy(wtype))
                     acc = block_step_legacy(row, wtype, b, xq, dx, c8 / 8, acc);
-                else acc = block_step(row, wtype, b, xq, dx, acc);
+                else acc = row_block_step(w, wtype, n_in, r, b, xq, dx, acc);
             }
             ot[r] = wtype == KT_Q8_0 ? sum_lanes(lanes) : acc;
         }
@@ -254,10 +266,10 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     block_step_lanes(row, b, xa->qs + k * QK8_0, xa->d[k], lanes);
                 }
                 sum = sum_lanes(lanes);
-            } else if (wtype == KT_Q4_0) {
+            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
-                    sum = block_step(row, wtype, b, xa->qs + k * QK8_0, xa->d[k], sum);
+                    sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
                 }
             } else if (is_legacy(wtype)) {
                 for (int b = 0; b < xa->nb; b++) {
@@ -314,6 +326,9 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q4_0:
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
+        break;
+    case KT_Q4_0_X8:
+        kt_matmul_q4_0_x8_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_1:
     case KT_Q5_0:

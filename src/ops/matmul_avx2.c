@@ -581,99 +581,169 @@ INL __m256 q4_block_step(__m256 acc, __m256i isum, __m256 dw, const tile_x *x, i
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[t][b])), acc);
 }
 
-INL void tile_store8(const q_args *a, const __m256 *acc, int r0, int nr, int t0, int nt) {
+INL void tile_store8(const q_args *a, const __m256 *acc, const int T, int r0, int nr, int t0, int nt) {
 #pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++)
+    for (int t = 0; t < T; t++)
         if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
-/* GEMM: the panel's rows x tokens t0 .. t0+nt-1 (nt <= Q4_TOKENS). */
-static void q4_gemm_tile(const q_args *a, int r0, int nr, int t0, int nt) {
+/* ---- the Q4_0 tiles, over a panel or over Q4_0x8 rows -----------------
+ *
+ * A tile reads its 8 (or 16) rows either from the panel built for this
+ * chunk of tokens (plain Q4_0) or straight from the rows' Q4_0x8 group
+ * (ops/repack.h), whose packed vector v gives the panel's vectors v (low
+ * nibbles) and v + 4 (high nibbles) with an and and a shift: no panel to
+ * build, and the scales are 8 contiguous fp16. `packed` is a constant in
+ * every caller. The integer sums are exact in any order and the float
+ * steps are the same, so both sources give the same bits. */
+
+/* Group of rows r0 .. r0+7 of a Q4_0x8 matrix (r0 a multiple of 8). */
+INL const uint8_t *x8_group(const q_args *a, int r0) {
+    return (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+}
+
+/* Values 4v..4v+3 (lo) and 16+4v..16+4v+3 (hi) of block b of the 8 rows,
+ * one row per 32-bit lane. */
+INL void q4_vecs(const q_args *a, const uint8_t *grp, const int8_t *panel, int b, int v,
+                 __m256i *lo, __m256i *hi) {
+    if (grp) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * 128 + 32 * v));
+        *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
+        *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
+    } else {
+        (void)a;
+        *lo = _mm256_load_si256((const __m256i *)(panel + ((size_t)b * Q4_ROWS + v) * 32));
+        *hi = _mm256_load_si256((const __m256i *)(panel + ((size_t)b * Q4_ROWS + v + 4) * 32));
+    }
+}
+
+/* The 8 rows' scales of block b. */
+INL __m256 q4_scales(const q_args *a, const uint8_t *grp, const float *panel_d, int b) {
+    if (grp) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + (size_t)a->x->nb * 128 + (size_t)b * 16)));
+    return _mm256_load_ps(panel_d + (size_t)b * Q4_ROWS);
+}
+
+/* One token streaming Q4_0x8 groups: fetch block b of the group `ahead`
+ * bytes on (its nibbles every block, its scales every 4th). */
+INL void x8_prefetch(const q_args *a, const uint8_t *grp, size_t ahead, int b) {
+    const uint8_t *next = grp + ahead;
+    _mm_prefetch((const char *)next + (size_t)b * 128, _MM_HINT_T0);
+    _mm_prefetch((const char *)next + (size_t)b * 128 + 64, _MM_HINT_T0);
+    if ((b & 3) == 0) _mm_prefetch((const char *)next + (size_t)a->x->nb * 128 + (size_t)b * 16, _MM_HINT_T0);
+}
+
+/* AVX2: 8 rows x T tokens (T <= Q4_TOKENS); maddubs pairs summed in int16
+ * over the block (no overflow, see above), widened once. */
+INL void q4_tile_avx2(const q_args *a, const bool packed, const int T, int r0, int nr, int t0, int nt) {
     tile_x x;
-    tile_x_init(&x, a, t0, nt, Q4_TOKENS);
+    tile_x_init(&x, a, t0, nt, T);
+    const uint8_t *grp = packed ? x8_group(a, r0) : NULL;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[Q4_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        const int8_t *pb = a->panel + (size_t)b * Q4_ROWS * 32;
+        if (packed && T == 1) x8_prefetch(a, grp, Q4_ROWS * a->row_bytes, b);
         __m256i isum16[Q4_TOKENS];
 #pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) isum16[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int q = 0; q < Q4_ROWS; q++) {
-            const __m256i p = _mm256_load_si256((const __m256i *)(pb + q * 32));
+        for (int t = 0; t < T; t++) isum16[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-            for (int t = 0; t < Q4_TOKENS; t++)
-                isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(p, _mm256_set1_epi32(tile_x4(&x, t, b, q))));
+        for (int v = 0; v < 4; v++) {
+            __m256i lo, hi;
+            q4_vecs(a, grp, a->panel, b, v, &lo, &hi);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(tile_x4(&x, t, b, v))));
+                isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(tile_x4(&x, t, b, v + 4))));
+            }
         }
-        const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
+        const __m256 dw = q4_scales(a, grp, a->panel_d, b);
 #pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) acc[t] = q4_block_step(acc[t], _mm256_madd_epi16(isum16[t], ones), dw, &x, t, b);
+        for (int t = 0; t < T; t++) acc[t] = q4_block_step(acc[t], _mm256_madd_epi16(isum16[t], ones), dw, &x, t, b);
     }
-    tile_store8(a, acc, r0, nr, t0, nt);
+    tile_store8(a, acc, T, r0, nr, t0, nt);
 }
 
 /* The same tile with AVX-VNNI: vpdpbusd adds the 4 products of each lane
  * straight into int32, one instruction where AVX2 needs maddubs + an
  * int16 add (and a madd per block). The integer sums are exact both ways
- * (no int16 saturation is possible, see above) and the float steps are
- * the same, so the two tiles give the same bits: which one runs depends on
- * the CPU, never on the batch. */
-TARGET_VNNI static void q4_gemm_tile_vnni(const q_args *a, int r0, int nr, int t0, int nt) {
-    tile_x x;
-    tile_x_init(&x, a, t0, nt, Q4_TOKENS);
-    __m256 acc[Q4_TOKENS];
-#pragma GCC unroll 4
-    for (int t = 0; t < Q4_TOKENS; t++) acc[t] = _mm256_setzero_ps();
-
-    for (int b = 0; b < a->x->nb; b++) {
-        const int8_t *pb = a->panel + (size_t)b * Q4_ROWS * 32;
-        __m256i isum[Q4_TOKENS];
-#pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) isum[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int q = 0; q < Q4_ROWS; q++) {
-            const __m256i p = _mm256_load_si256((const __m256i *)(pb + q * 32));
-#pragma GCC unroll 4
-            for (int t = 0; t < Q4_TOKENS; t++)
-                isum[t] = _mm256_dpbusd_avx_epi32(isum[t], p, _mm256_set1_epi32(tile_x4(&x, t, b, q)));
-        }
-        const __m256 dw = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
-#pragma GCC unroll 4
-        for (int t = 0; t < Q4_TOKENS; t++) acc[t] = q4_block_step(acc[t], isum[t], dw, &x, t, b);
-    }
-    tile_store8(a, acc, r0, nr, t0, nt);
-}
-
-/* AVX-512 VNNI: two 8-row panels side by side in one 512-bit vector, so
- * one vpdpbusd serves 16 rows (lanes 0-7: the first panel's rows, 8-15:
- * the second's) and each broadcast activation is used for 16 rows. Lane
- * by lane the same integer sums and float steps as the 8-row tiles: the
- * same bits. T tokens (a constant in each caller, so the accumulators stay
- * in registers). */
-TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, const int T) {
+ * and the float steps are the same, so the two tiles give the same bits:
+ * which one runs depends on the CPU, never on the batch. */
+TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const bool packed, const int T, int r0, int nr, int t0, int nt) {
     tile_x x;
     tile_x_init(&x, a, t0, nt, T);
+    const uint8_t *grp = packed ? x8_group(a, r0) : NULL;
+    __m256 acc[Q4_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+
+    for (int b = 0; b < a->x->nb; b++) {
+        if (packed && T == 1) x8_prefetch(a, grp, Q4_ROWS * a->row_bytes, b);
+        __m256i isum[Q4_TOKENS];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m256i lo, hi;
+            q4_vecs(a, grp, a->panel, b, v, &lo, &hi);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                isum[t] = _mm256_dpbusd_avx_epi32(isum[t], lo, _mm256_set1_epi32(tile_x4(&x, t, b, v)));
+                isum[t] = _mm256_dpbusd_avx_epi32(isum[t], hi, _mm256_set1_epi32(tile_x4(&x, t, b, v + 4)));
+            }
+        }
+        const __m256 dw = q4_scales(a, grp, a->panel_d, b);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[t] = q4_block_step(acc[t], isum[t], dw, &x, t, b);
+    }
+    tile_store8(a, acc, T, r0, nr, t0, nt);
+}
+
+/* AVX-512 VNNI: two 8-row sources side by side in one 512-bit vector, so
+ * one vpdpbusd serves 16 rows (lanes 0-7: rows r0.., 8-15: rows r0+8..)
+ * and each broadcast activation is used for 16 rows. Lane by lane the
+ * same integer sums and float steps as the 8-row tiles: the same bits. */
+TARGET_512 INL void q4_tile_512(const q_args *a, const bool packed, const int T, int r0, int t0, int nt) {
+    tile_x x;
+    tile_x_init(&x, a, t0, nt, T);
+    const uint8_t *g0 = packed ? x8_group(a, r0) : NULL, *g1 = packed ? x8_group(a, r0 + Q4_ROWS) : NULL;
+    const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[Q4_TOKENS512];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        const int8_t *pa = a->panel + (size_t)b * Q4_ROWS * 32, *pb = a->panel2 + (size_t)b * Q4_ROWS * 32;
+        if (packed && T == 1) {
+            x8_prefetch(a, g0, 2 * Q4_ROWS * a->row_bytes, b);
+            x8_prefetch(a, g1, 2 * Q4_ROWS * a->row_bytes, b);
+        }
         __m512i isum[Q4_TOKENS512];
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            __m512i lo, hi;
+            if (packed) { /* both groups' packed vectors, unpacked at once */
+                const __m512i p = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * 128 + 32 * v))),
+                    _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * 128 + 32 * v)), 1);
+                lo = _mm512_and_si512(p, low);
+                hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+            } else {
+                __m256i lo0, hi0, lo1, hi1;
+                q4_vecs(a, NULL, a->panel, b, v, &lo0, &hi0);
+                q4_vecs(a, NULL, a->panel2, b, v, &lo1, &hi1);
+                lo = _mm512_inserti64x4(_mm512_castsi256_si512(lo0), lo1, 1);
+                hi = _mm512_inserti64x4(_mm512_castsi256_si512(hi0), hi1, 1);
+            }
 #pragma GCC unroll 8
-        for (int q = 0; q < Q4_ROWS; q++) {
-            const __m512i p = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)(pa + q * 32))),
-                                                 _mm256_load_si256((const __m256i *)(pb + q * 32)), 1);
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) isum[t] = _mm512_dpbusd_epi32(isum[t], p, _mm512_set1_epi32(tile_x4(&x, t, b, q)));
+            for (int t = 0; t < T; t++) {
+                isum[t] = _mm512_dpbusd_epi32(isum[t], lo, _mm512_set1_epi32(tile_x4(&x, t, b, v)));
+                isum[t] = _mm512_dpbusd_epi32(isum[t], hi, _mm512_set1_epi32(tile_x4(&x, t, b, v + 4)));
+            }
         }
-        const __m256 da = _mm256_load_ps(a->panel_d + (size_t)b * Q4_ROWS);
-        const __m256 db = _mm256_load_ps(a->panel_d2 + (size_t)b * Q4_ROWS);
+        const __m256 da = q4_scales(a, g0, a->panel_d, b), db = q4_scales(a, g1, a->panel_d2, b);
         const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(da)),
                                                               _mm256_castps_pd(db), 1));
 #pragma GCC unroll 8
@@ -687,12 +757,21 @@ TARGET_512 INL void q4_gemm_tile_512_t(const q_args *a, int r0, int t0, int nt, 
         if (t < nt) _mm512_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
 }
 
-TARGET_512 static void q4_gemm_tile_512x4(const q_args *a, int r0, int t0, int nt) {
-    q4_gemm_tile_512_t(a, r0, t0, nt, 4);
-}
-TARGET_512 static void q4_gemm_tile_512x8(const q_args *a, int r0, int t0, int nt) {
-    q4_gemm_tile_512_t(a, r0, t0, nt, 8);
-}
+/* The instances: source (panel / Q4_0x8) x tokens per tile. */
+typedef void (*q4_tile8_fn)(const q_args *, int r0, int nr, int t0, int nt);
+typedef void (*q4_tile16_fn)(const q_args *, int r0, int t0, int nt);
+
+static void q4_panel_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, false, Q4_TOKENS, r0, nr, t0, nt); }
+static void q4_x8_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, Q4_TOKENS, r0, nr, t0, nt); }
+static void q4_x8_avx2_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, 1, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_panel_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, false, Q4_TOKENS, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_x8_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, Q4_TOKENS, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_x8_vnni_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, 1, r0, nr, t0, nt); }
+TARGET_512 static void q4_panel_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, false, 4, r0, t0, nt); }
+TARGET_512 static void q4_panel_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, false, 8, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x1(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 1, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 4, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 8, r0, t0, nt); }
 
 size_t kt_matmul_panel_bytes(int n_in) {
     size_t nb = (size_t)(n_in / QK8_0);
@@ -720,7 +799,7 @@ static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
     a->panel_d2 = (float *)((char *)a->panel2 + (size_t)a->x->nb * Q4_ROWS * 32);
     const bool wide = kt_cpu_has_avx512_vnni();
     const int chunk = token_chunk(a->x->nb * QK8_0, 1);
-    void (*tile)(const q_args *, int, int, int, int) = kt_cpu_has_avx_vnni() ? q4_gemm_tile_vnni : q4_gemm_tile;
+    q4_tile8_fn tile = kt_cpu_has_avx_vnni() ? q4_panel_vnni : q4_panel_avx2;
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
         int r = r0;
@@ -730,8 +809,8 @@ static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
             q4_build_panel(a, r, Q4_ROWS);
             q4_build_panel(&second, r + Q4_ROWS, Q4_ROWS);
             int t = c0;
-            for (; t + Q4_TOKENS512 <= c1; t += Q4_TOKENS512) q4_gemm_tile_512x8(a, r, t, Q4_TOKENS512);
-            for (; t + 1 < c1; t += Q4_TOKENS) q4_gemm_tile_512x4(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            for (; t + Q4_TOKENS512 <= c1; t += Q4_TOKENS512) q4_panel_512x8(a, r, t, Q4_TOKENS512);
+            for (; t + 1 < c1; t += Q4_TOKENS) q4_panel_512x4(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
             if (t < c1) q4_gemv(a, r, Q4_ROWS, t), q4_gemv(a, r + Q4_ROWS, Q4_ROWS, t);
         }
         for (; r < r1; r += Q4_ROWS) {
@@ -756,6 +835,35 @@ void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in
                          int n_tokens, int r0, int r1, void *panel) {
     q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
     q4_rows(&a, n_tokens, r0, r1, panel);
+}
+
+/* Q4_0x8 rows [r0, r1) (multiples of 8): the tiles read the groups as
+ * stored, so one token takes the 1-token tiles and more take the wide
+ * ones directly, with no panel. Tokens go in chunks whose activations
+ * stay in L2, as for the panel GEMM. */
+void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1) {
+    const q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
+    const bool vnni = kt_cpu_has_avx_vnni(), wide = kt_cpu_has_avx512_vnni();
+    const q4_tile8_fn tile1 = vnni ? q4_x8_vnni_1 : q4_x8_avx2_1, tile4 = vnni ? q4_x8_vnni : q4_x8_avx2;
+    const int chunk = token_chunk(n_in, 1);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
+        int r = r0;
+        for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS)
+            for (int t = c0; t < c1;) {
+                const int n = c1 - t;
+                if (n >= Q4_TOKENS512) q4_x8_512x8(&a, r, t, Q4_TOKENS512), t += Q4_TOKENS512;
+                else if (n >= 2) q4_x8_512x4(&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else q4_x8_512x1(&a, r, t, 1), t++;
+            }
+        for (; r < r1; r += Q4_ROWS)
+            for (int t = c0; t < c1;) {
+                const int n = c1 - t;
+                if (n >= 2) tile4(&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else tile1(&a, r, Q4_ROWS, t, 1), t++;
+            }
+    }
 }
 
 /* ---- Q4_1, Q5_0, Q5_1 weights: one output per lane ---------------------
@@ -981,12 +1089,101 @@ F_TILES(f32, KT_F32)
 F_TILES(f16, KT_F16)
 F_TILES(bf16, KT_BF16)
 
+/* AVX-512: two outputs per 512-bit vector, each keeping its own 8 lanes
+ * (lanes 0-7: row 2p, 8-15: row 2p+1, same token), as the Q8_0 tile does:
+ * every lane takes the AVX2 tile's fma sequence, then the same hsum8 and
+ * tail, so the bits are those of the AVX2 tiles while each fma does 16
+ * multiply-adds. FW_PAIRS row pairs x FW_TOKENS tokens per GEMM tile. */
+#ifndef FW_PAIRS
+#define FW_PAIRS 4
+#endif
+#ifndef FW_TOKENS
+#define FW_TOKENS 6
+#endif
+#define FW_PAIRS_MAX 4
+#define FW_TOKENS_MAX 8
+
+/* Values i .. i+7 of rows r0 (lanes 0-7) and r1 (lanes 8-15). */
+TARGET_512 INL __m512 load_w16(kt_dtype wt, const char *r0, const char *r1, int i) {
+    if (wt == KT_F32)
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps((const float *)r0 + i))),
+                                                   _mm256_castps_pd(_mm256_loadu_ps((const float *)r1 + i)), 1));
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)r0 + i))),
+                                              _mm_loadu_si128((const __m128i *)((const uint16_t *)r1 + i)), 1);
+    if (wt == KT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* BF16 */
+}
+
+TARGET_512 INL void f_tile_512(const f_args *a, const kt_dtype wt, const int P, const int T, int r0, int t0) {
+    const int n_in = a->n_in, n8 = n_in & ~7;
+    const char *rows[2 * FW_PAIRS_MAX];
+    const float *xs[FW_TOKENS_MAX];
+    __m512 acc[FW_PAIRS_MAX][FW_TOKENS_MAX];
+#pragma GCC unroll 8
+    for (int r = 0; r < 2 * P; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) xs[t] = a->x + (size_t)(t0 + t) * n_in;
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+
+    const int esz = wt == KT_F32 ? 4 : 2;
+    for (int i = 0; i < n8; i += 8) {
+        if (T == 1 && (i & (64 / esz - 1)) == 0) { /* one line ahead of the next 2P rows */
+#pragma GCC unroll 8
+            for (int r = 0; r < 2 * P; r++)
+                _mm_prefetch(rows[r] + (size_t)i * esz + (size_t)2 * P * a->row_bytes, _MM_HINT_T0);
+        }
+        __m512 w[FW_PAIRS_MAX];
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++) w[p] = load_w16(wt, rows[2 * p], rows[2 * p + 1], i);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(xs[t] + i))));
+#pragma GCC unroll 4
+            for (int p = 0; p < P; p++) acc[p][t] = _mm512_fmadd_ps(w[p], x, acc[p][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const char *row = rows[2 * p + h];
+                float tail = 0.0f;
+                for (int i = n8; i < n_in; i++) tail = fmaf(load_w1(wt, row, i), xs[t][i], tail);
+                const __m256 lanes = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][t]), h));
+                a->out[(size_t)(t0 + t) * a->n_out + r0 + 2 * p + h] = hsum8(lanes) + tail;
+            }
+}
+
+typedef struct f_tiles512 {
+    void (*gemv)(const f_args *a, int r0, int t0);  /* 8 rows x 1 token */
+    void (*full)(const f_args *a, int r0, int t0);  /* 2 FW_PAIRS rows x FW_TOKENS tokens */
+} f_tiles512;
+
+#define F_TILES512(ty, wt)                                                                         \
+    TARGET_512 static void ty##_gemv512(const f_args *a, int r0, int t0) { f_tile_512(a, wt, 4, 1, r0, t0); } \
+    TARGET_512 static void ty##_full512(const f_args *a, int r0, int t0) {                         \
+        f_tile_512(a, wt, FW_PAIRS, FW_TOKENS, r0, t0);                                            \
+    }                                                                                              \
+    static const f_tiles512 F_TILES512_##ty = {ty##_gemv512, ty##_full512};
+
+F_TILES512(f32, KT_F32)
+F_TILES512(f16, KT_F16)
+F_TILES512(bf16, KT_BF16)
+
 void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float *xf, int n_in,
                           int n_out, int n_tokens, int r0, int r1) {
     const f_tiles *k = wtype == KT_F16 ? &F_TILES_f16 : wtype == KT_BF16 ? &F_TILES_bf16 : &F_TILES_f32;
+    const f_tiles512 *k512 = !kt_cpu_has_avx512_vnni() ? NULL
+                             : wtype == KT_F16 ? &F_TILES512_f16 : wtype == KT_BF16 ? &F_TILES512_bf16 : &F_TILES512_f32;
     f_args a = {w, kt_dtype_row_bytes(wtype, n_in), xf, out, n_in, n_out};
     if (n_tokens == 1) {
         int r = r0;
+        for (; k512 && r + 8 <= r1; r += 8) k512->gemv(&a, r, 0);
         for (; r + GEMV_ROWS <= r1; r += GEMV_ROWS) k->gemv(&a, r, 0);
         for (; r < r1; r++) k->one(&a, r, 0);
         return;
@@ -995,6 +1192,12 @@ void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
         int r = r0;
+        for (; k512 && r + 2 * FW_PAIRS <= r1; r += 2 * FW_PAIRS) {
+            int t = c0;
+            for (; t + FW_TOKENS <= c1; t += FW_TOKENS) k512->full(&a, r, t);
+            for (; t < c1; t++) /* the AVX2 tiles: the same bits */
+                for (int rr = r; rr < r + 2 * FW_PAIRS; rr += FT_ROWS) k->rows1(&a, rr, t);
+        }
         for (; r + FT_ROWS <= r1; r += FT_ROWS) {
             int t = c0;
             for (; t + FT_TOKENS <= c1; t += FT_TOKENS) k->full(&a, r, t);

@@ -1,0 +1,44 @@
+/*
+ * repack.c - the Q4_0x8 layout (see repack.h): writing it and reading a
+ * block back. Scalar and simple: it runs once per matrix at load (about
+ * 0.1 s for a 1B model) and in the reference kernels.
+ */
+#include "ops/repack.h"
+
+#include <string.h>
+
+#define X8_QS_BYTES (KT_X8_ROWS * QK4_0 / 2) /* 128: one block of 8 rows' nibbles */
+#define X8_D_BYTES (KT_X8_ROWS * 2)          /* 16: their fp16 scales */
+
+bool kt_repack_supported(kt_dtype type, int n_in, int n_out) {
+    return type == KT_Q4_0 && n_in > 0 && n_in % QK4_0 == 0 && n_out > 0 && n_out % KT_X8_ROWS == 0;
+}
+
+/* Group g's bytes (8 rows' worth). */
+static size_t group_bytes(int n_in) {
+    return KT_X8_ROWS * kt_dtype_row_bytes(KT_Q4_0, n_in);
+}
+
+void kt_repack_q4_0_x8(void *w, int n_in, int n_out, void *tmp) {
+    const int nb = n_in / QK4_0;
+    const size_t gb = group_bytes(n_in);
+    for (int g = 0; g < n_out / KT_X8_ROWS; g++) {
+        uint8_t *grp = (uint8_t *)w + (size_t)g * gb;
+        const block_q4_0 *rows = tmp; /* the group's 8 rows, as they were */
+        memcpy(tmp, grp, gb);
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < KT_X8_ROWS; r++) {
+                const block_q4_0 *blk = &rows[(size_t)r * nb + b];
+                for (int v = 0; v < 4; v++)
+                    memcpy(grp + (size_t)b * X8_QS_BYTES + 32 * v + 4 * r, blk->qs + 4 * v, 4);
+                memcpy(grp + (size_t)nb * X8_QS_BYTES + (size_t)b * X8_D_BYTES + 2 * r, &blk->d, 2);
+            }
+    }
+}
+
+void kt_q4_0_x8_block(const void *w, int n_in, int r, int b, block_q4_0 *out) {
+    const int nb = n_in / QK4_0, lane = r % KT_X8_ROWS;
+    const uint8_t *grp = (const uint8_t *)w + (size_t)(r / KT_X8_ROWS) * group_bytes(n_in);
+    for (int v = 0; v < 4; v++) memcpy(out->qs + 4 * v, grp + (size_t)b * X8_QS_BYTES + 32 * v + 4 * lane, 4);
+    memcpy(&out->d, grp + (size_t)nb * X8_QS_BYTES + (size_t)b * X8_D_BYTES + 2 * lane, 2);
+}
