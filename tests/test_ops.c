@@ -658,6 +658,41 @@ static void test_matmul_float_odd_n_in(void **state) {
         }
 }
 
+/* The AVX-512 float tiles keep each output's 8 lanes and the AVX2 tiles'
+ * operations: with AVX-512 on and off the bits are the same (where the
+ * CPU has no AVX-512 both runs take the AVX2 tiles). */
+static void test_matmul_float_tiers_agree(void **state) {
+    (void)state;
+    static const int n_ins[] = {8, 100, 2048 + 7};
+    static const int n_outs[] = {8, 17, 67};
+    static const int n_toks[] = {1, 5, 13};
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int ti = 0; ti < 3; ti++)
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++)
+                for (int c = 0; c < 3; c++) {
+                    const int n_in = n_ins[a], n_out = n_outs[b], nt = n_toks[c];
+                    const size_t no = (size_t)nt * n_out;
+                    void *w = tu_make_weights(MM_TYPES[ti], n_in, n_out, (uint64_t)(a + 3 * b), 0.0f);
+                    float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+                    float *wide = tu_xmalloc(sizeof(float) * no), *narrow = tu_xmalloc(sizeof(float) * no);
+                    tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(a + b + c));
+                    kt_matmul(pool, wide, w, MM_TYPES[ti], x, n_in, n_out, nt);
+                    kt_cpu_force_no_avx512(true);
+                    kt_matmul(pool, narrow, w, MM_TYPES[ti], x, n_in, n_out, nt);
+                    kt_cpu_force_no_avx512(false);
+                    if (memcmp(wide, narrow, sizeof(float) * no) != 0)
+                        fail_msg("%s n_in %d n_out %d n_tokens %d: AVX-512 and AVX2 tiles differ",
+                                 kt_dtype_name(MM_TYPES[ti]), n_in, n_out, nt);
+                    free(w);
+                    free(x);
+                    free(wide);
+                    free(narrow);
+                }
+    kt_pool_free(pool);
+}
+
 /* With the SIMD kernels off, kt_matmul (threaded) is the reference,
  * bit for bit. */
 static void test_matmul_scalar_is_ref(void **state) {
@@ -1336,6 +1371,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_ref_small),
         cmocka_unit_test(test_matmul_simd_vs_ref),
         cmocka_unit_test(test_matmul_float_odd_n_in),
+        cmocka_unit_test(test_matmul_float_tiers_agree),
         cmocka_unit_test(test_matmul_scalar_is_ref),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_token_chunks),
