@@ -1117,6 +1117,13 @@ static void test_attention(void **state) {
             assert_memory_equal(o1, b + t * out_stride, sizeof(float) * c->n_head * c->head_dim);
             free(o1);
         }
+        /* the AVX-512 kernels do the AVX2 ones' lane arithmetic: the same
+         * bits (both runs take AVX2 where the CPU has no AVX-512) */
+        kt_cpu_force_no_avx512(true);
+        run_attention(c, pool, false, a, q, k, v, q_stride, kv_stride, out_stride);
+        kt_cpu_force_no_avx512(false);
+        for (int t = 0; t < c->n_tokens; t++)
+            assert_memory_equal(a + t * out_stride, b + t * out_stride, sizeof(float) * c->n_head * c->head_dim);
         free(q);
         free(k);
         free(v);
@@ -1200,6 +1207,13 @@ static void test_attention_paged(void **state) {
         for (int i = 0; i < NT * q_dim; i++)
             if (!(fabsf(ref[i] - fast[i]) <= 1e-5f * 4.0f))
                 fail_msg("paged attention type %d elem %d: %.9g vs ref %.9g", (int)pk.type, i, fast[i], ref[i]);
+        /* the AVX-512 kernels do the AVX2 ones' lane arithmetic */
+        a.out = ref;
+        kt_cpu_force_no_avx512(true);
+        kt_attention(pool, &a);
+        kt_cpu_force_no_avx512(false);
+        a.out = fast;
+        assert_memory_equal(ref, fast, sizeof(float) * NT * q_dim);
         /* each token alone: the same bits */
         for (int t = 0; t < NT; t++) {
             float one[8 * 64];
@@ -1253,7 +1267,8 @@ static double bench_matmul(kt_pool *pool, kt_dtype type, int n_in, int n_out, in
     return best;
 }
 
-/* only: a type name (KT_OPS_BENCH=Q8_0) to time just that type's matmul */
+/* only: a type name (KT_OPS_BENCH=Q8_0) to time just that type's matmul,
+ * or "attention" */
 static void run_bench(const char *only) {
     const int n_in = 2048, n_out = 5632;
     kt_pool *pool = kt_pool_new(2, NULL);
@@ -1304,7 +1319,7 @@ static void run_bench(const char *only) {
     }
     /* attention: decode at position 1023 and a 64-token prefill, 32 heads
      * (4 KV heads) of 64 */
-    if (!only) {
+    if (!only || strcmp(only, "attention") == 0) {
         enum { NP = 1024, NH = 32, NKV = 4, HD = 64 };
         float *q = tu_xmalloc(sizeof(float) * 64 * NH * HD), *o = tu_xmalloc(sizeof(float) * 64 * NH * HD);
         float *k = tu_xmalloc(sizeof(float) * NP * NKV * HD), *v = tu_xmalloc(sizeof(float) * NP * NKV * HD);

@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/simd_avx2.h"
 #include "ops/quant.h"
@@ -244,10 +245,11 @@ static void scores8(const float *const *qs, int nh, const kv_view *kv, int hd, i
     }
 }
 
-/* s_h[p] for every head h of the group and p in [0, n_pos). */
-static void attn_scores(const float *const *qs, int nh, const kv_view *kv, int hd, int n_pos,
+/* s_h[p] for every head h of the group and p in [0, n_pos), from p0 on
+ * (the positions before were done by scores16). */
+static void attn_scores(const float *const *qs, int nh, const kv_view *kv, int hd, int p0, int n_pos,
                         float scale, float *const *s) {
-    int p = 0;
+    int p = p0;
     for (; p + 8 <= n_pos; p += 8) scores8(qs, nh, kv, hd, p, scale, s);
     for (; p < n_pos; p++) {
         const char *kp = kv->k[p];
@@ -259,11 +261,11 @@ static void attn_scores(const float *const *qs, int nh, const kv_view *kv, int h
     }
 }
 
-/* o[d] = (sum_p e[p] * v_p[d]) * inv, summed over positions in order with
- * a separate multiply and add; 64 dims (8 independent vectors) at a time,
- * then 8, then one. */
-static void attn_values(float *o, const kv_view *kv, int hd, int n_pos, const float *e, float inv) {
-    int d = 0;
+/* o[d] = (sum_p e[p] * v_p[d]) * inv for d in [d0, hd), summed over
+ * positions in order with a separate multiply and add; 64 dims (8
+ * independent vectors) at a time, then 8, then one. */
+static void attn_values(float *o, const kv_view *kv, int hd, int d0, int n_pos, const float *e, float inv) {
+    int d = d0;
     for (; d + 64 <= hd; d += 64) {
         __m256 acc[8];
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
@@ -288,6 +290,82 @@ static void attn_values(float *o, const kv_view *kv, int hd, int n_pos, const fl
     }
 }
 
+/* ---- AVX-512 attention: the same lane arithmetic, twice as wide ------
+ *
+ * scores16 does scores8's operations for 16 positions (a 16 x 16
+ * transpose of K values), attn_values_512 those of attn_values for 16
+ * dims per vector: each lane still multiplies and adds separately in the
+ * reference's order, so the results are the AVX2 kernels' bits. */
+#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw")))
+
+/* 16 values of a K or V row from element i (a multiple of 16). */
+TARGET_512 INL __m512 kv_load16(const char *row, int i, kt_dtype type) {
+    if (type == KT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + (size_t)i * 2)));
+    if (type == KT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + i / QK8_0;
+        const __m512 lv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + i % QK8_0))));
+        return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b->d)), lv);
+    }
+    return _mm512_loadu_ps((const float *)row + i);
+}
+
+/* 16 x 16 transpose: r[j] lane i <-> r[i] lane j. In-lane 4 x 4
+ * transposes (as transpose8), then the 128-bit lanes regrouped. */
+TARGET_512 INL void transpose16(__m512 *r) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    /* u[4g + m], 128-bit lane k: element 4k + m of rows 4g .. 4g+3 */
+    for (int m = 0; m < 4; m++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), v1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88), w1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+        r[m] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(v0, w0, 0xdd);
+        r[4 + m] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(v1, w1, 0xdd);
+    }
+}
+
+/* scores8 for 16 positions; hd a multiple of 16. */
+TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                                float *const *s) {
+    const char *const *rows = kv->k + p;
+    __m512 acc[ATTN_MAX_GROUP];
+    for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i += 16) {
+        __m512 r[16];
+        for (int j = 0; j < 16; j++) r[j] = kv_load16(rows[j], i, kv->type);
+        transpose16(r);
+        for (int h = 0; h < nh; h++)
+            for (int e = 0; e < 16; e++)
+                acc[h] = _mm512_add_ps(acc[h], _mm512_mul_ps(_mm512_set1_ps(qs[h][i + e]), r[e]));
+    }
+    for (int h = 0; h < nh; h++) _mm512_storeu_ps(s[h] + p, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
+}
+
+/* attn_values' sums for dims [0, d_end) (d_end a multiple of 64). */
+TARGET_512 static void attn_values_512(float *o, const kv_view *kv, int d_end, int n_pos, const float *e, float inv) {
+    for (int d = 0; d < d_end; d += 64) {
+        __m512 acc[4];
+        for (int j = 0; j < 4; j++) acc[j] = _mm512_setzero_ps();
+        for (int p = 0; p < n_pos; p++) {
+            const char *vp = kv->v[p];
+            const __m512 ep = _mm512_set1_ps(e[p]);
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(ep, kv_load16(vp, d + 16 * j, kv->type)));
+        }
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(o + d + 16 * j, _mm512_mul_ps(acc[j], _mm512_set1_ps(inv)));
+    }
+}
+
 /* Query token t, the heads [h0, h1) of one KV group (at most
  * ATTN_MAX_GROUP), with `scratch` holding (h1 - h0) rows of n_pos floats:
  * the steps of attention_head_ref (ops.c) for each head, with the vector
@@ -306,7 +384,12 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
         qs[h] = a->q + (size_t)t * a->q_stride + (size_t)(h0 + h) * hd;
         s[h] = scratch + (size_t)h * row;
     }
-    attn_scores(qs, nh, &kv, hd, n_pos, 1.0f / sqrtf((float)hd), s);
+    const bool wide = hd % 16 == 0 && kt_cpu_has_avx512_vnni();
+    const float scale = 1.0f / sqrtf((float)hd);
+    int p0 = 0;
+    if (wide)
+        for (; p0 + 16 <= n_pos; p0 += 16) scores16(qs, nh, &kv, hd, p0, scale, s);
+    attn_scores(qs, nh, &kv, hd, p0, n_pos, scale, s);
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
         for (int p = 1; p < n_pos; p++) max = s[h][p] > max ? s[h][p] : max;
@@ -314,6 +397,9 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
         double sum = 0.0;
         for (int p = 0; p < n_pos; p++) sum += (double)s[h][p];
         float *o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + h) * hd;
-        attn_values(o, &kv, hd, n_pos, s[h], (float)(1.0 / sum));
+        const float inv = (float)(1.0 / sum);
+        const int d0 = wide ? hd / 64 * 64 : 0;
+        if (d0) attn_values_512(o, &kv, d0, n_pos, s[h], inv);
+        attn_values(o, &kv, hd, d0, n_pos, s[h], inv);
     }
 }
