@@ -543,6 +543,69 @@ static void test_quantize_q4_k_m(void **state) {
     free(ref), free(in), free(outp), free(q4_0), free(q8_0), free(q5k), free(q6k);
 }
 
+/* llama.cpp decides the Q4_K_M mix in its loader's tensor order (layer
+ * number, then name), not file order, and gives a fused attn_qkv attn_v's
+ * rule (checked against llama-quantize of llama.cpp de3ff815). A file
+ * written with its layers in name order (blk.0, blk.1, blk.10, ..., blk.9)
+ * must get the same layers in Q6_K as one in numeric order, and the output
+ * lists the tensors in llama.cpp's order. */
+static int str_cmp(const void *a, const void *b) {
+    return strcmp(a, b);
+}
+
+static bool more_bits(int i, int n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+static void write_name_ordered(const char *path, int n_layer) {
+    enum { ROW = 256, ROWS = 2 };
+    static const char *KINDS[] = {"ffn_down", "attn_qkv"};
+    float x[ROW * ROWS];
+    for (int i = 0; i < ROW * ROWS; i++) x[i] = sinf(0.37f * (float)i);
+    kt_error e = {0};
+    gguf_writer *w = gguf_writer_new(&e);
+    assert_non_null(w);
+    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama", &e), KT_OK);
+    char layers[64][4];
+    for (int l = 0; l < n_layer; l++) snprintf(layers[l], sizeof layers[l], "%d", l);
+    qsort(layers, (size_t)n_layer, sizeof layers[0], str_cmp);
+    const int64_t dims[2] = {ROW, ROWS};
+    for (int l = 0; l < n_layer; l++)
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%.3s.%s.weight", layers[l], KINDS[k]);
+            assert_int_equal(gguf_writer_add_tensor(w, name, KT_F32, 2, dims, &e), KT_OK);
+        }
+    assert_int_equal(gguf_writer_begin(w, path, &e), KT_OK);
+    for (int t = 0; t < 2 * n_layer; t++)
+        assert_int_equal(gguf_writer_write_tensor(w, x, sizeof x, &e), KT_OK);
+    assert_int_equal(gguf_writer_finish(w, &e), KT_OK);
+    gguf_writer_free(w);
+}
+
+static void test_quantize_mix_order(void **state) {
+    (void)state;
+    enum { NL = 16 };
+    char args[8192], *in = tmp("name-order.gguf"), *outp = tmp("name-order-q4km.gguf");
+    write_name_ordered(in, NL);
+    snprintf(args, sizeof args, "quantize %s %s Q4_K_M", in, outp);
+    expect_ok(args);
+    gguf_file *f = open_ok(outp);
+    assert_int_equal(gguf_n_tensors(f), 2 * NL);
+    for (int l = 0; l < NL; l++) {
+        char qkv[64], down[64];
+        snprintf(qkv, sizeof qkv, "blk.%d.attn_qkv.weight", l);
+        snprintf(down, sizeof down, "blk.%d.ffn_down.weight", l);
+        const kt_dtype want = more_bits(l, NL) ? KT_Q6_K : KT_Q4_K;
+        assert_int_equal(gguf_tensor_find(f, qkv)->type, want);
+        assert_int_equal(gguf_tensor_find(f, down)->type, want);
+        assert_true(gguf_str_eq(gguf_tensor_at(f, 2 * l)->name, qkv));
+        assert_true(gguf_str_eq(gguf_tensor_at(f, 2 * l + 1)->name, down));
+    }
+    gguf_close(f);
+    free(in), free(outp);
+}
+
 /* The legacy types as plain targets (--pure): file types 3, 8, 9, every
  * weight matrix of that type, and the model runs close to the F16 one.
  * Measured on the 24 tokens of test_quantize_q4_k_m, max |logit diff| and
@@ -694,6 +757,7 @@ int main(void) {
         cmocka_unit_test(test_convert_unshared),
         cmocka_unit_test(test_quantize_golden),
         cmocka_unit_test(test_quantize_q4_k_m),
+        cmocka_unit_test(test_quantize_mix_order),
         cmocka_unit_test(test_quantize_legacy_types),
         cmocka_unit_test(test_quantize_other_types),
         cmocka_unit_test(test_quantize_errors),

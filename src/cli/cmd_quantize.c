@@ -15,6 +15,11 @@
  * to F32/F16/BF16 is allowed, and a tensor already of the target type is
  * copied.
  *
+ * Tensors are processed and written in llama.cpp's order (llama_model_loader's
+ * weights_map): by layer number ("blk.N."; other tensors first), then by
+ * name. The mix counters below run in that order, and with the same tensor
+ * order the output file is byte-identical to llama-quantize's.
+ *
  * Memory: the input is mapped by the GGUF reader and unchanged tensors are
  * written straight from the mapping; a converted tensor is built in one
  * buffer, its rows split over the CPUs, so peak memory is about one
@@ -26,10 +31,12 @@
  * every tensor gets the base type (Q4_K or Q5_K) except
  *   - output.weight (token_embd.weight when there is no output.weight):
  *     Q6_K;
- *   - attn_v.weight and ffn_down.weight of the layers use_more_bits picks
- *     (the first n/8, the last n/8 and every third in between, counted in
- *     file order over the tensors of that name): Q6_K;
- *   - a fused attn_qkv.weight: Q5_K (Q4_K_M) or Q6_K (Q5_K_M).
+ *   - the attn_v-like tensors (attn_v, a fused attn_qkv, MLA's attn_kv_b)
+ *     and ffn_down.weight of the layers use_more_bits picks (the first n/8,
+ *     the last n/8 and every third in between, counted in llama.cpp's
+ *     tensor order over the tensors of that kind): Q6_K. llama.cpp's
+ *     category_is_attn_v sends attn_qkv down the attn_v branch, so its
+ *     later Q5_K (Q4_K_M) / Q6_K (Q5_K_M) rule for attn_qkv never applies.
  * Not reproduced: llama.cpp's special cases for 70B models, MoE and
  * Falcon. A K-quant needs rows that are a multiple of 256 values; other
  * tensors get llama.cpp's fallback types (Q5_0 for Q4_K, Q5_1 for Q5_K,
@@ -118,6 +125,13 @@ static bool is_kquant(kt_dtype t) {
     return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K;
 }
 
+/* llama.cpp's category_is_attn_v: tensors that take attn_v's rule and
+ * share its counter. */
+static bool is_attn_v_like(gguf_str name) {
+    return contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight") ||
+           contains(name, "attn_kv_b.weight");
+}
+
 /* llama.cpp's use_more_bits: layer i of n gets more bits in the first and
  * last eighth, and every third layer in between. */
 static bool use_more_bits(int i, int n) {
@@ -136,11 +150,10 @@ static kt_dtype mix_type(const gguf_tensor *t, const recipe *r, mix_state *m) {
     if (gguf_str_eq(t->name, "output.weight") ||
         (!m->has_output && gguf_str_eq(t->name, "token_embd.weight")))
         return KT_Q6_K;
-    if (contains(t->name, "attn_v.weight"))
+    if (is_attn_v_like(t->name))
         return use_more_bits(m->i_attn_v++, m->n_attn_v) ? KT_Q6_K : r->base;
     if (contains(t->name, "ffn_down"))
         return use_more_bits(m->i_ffn_down++, m->n_ffn_down) ? KT_Q6_K : r->base;
-    if (contains(t->name, "attn_qkv.weight")) return r->base == KT_Q4_K ? KT_Q5_K : KT_Q6_K;
     return r->base;
 }
 
@@ -162,21 +175,81 @@ static kt_dtype fit_type(kt_dtype want, int64_t n0, kt_dtype keep) {
     return n0 % kt_dtype_get(want)->block_size ? keep : want;
 }
 
-/* The output type of every tensor, in file order; *n_fallback counts the
- * K-quant tensors written in their fallback type. NULL if out of memory. */
-static kt_dtype *plan_types(const gguf_file *f, const recipe *r, int *n_fallback) {
+/* ---- llama.cpp's tensor order ----
+ * llama-quantize visits tensors in its loader's map order, sorted by the
+ * layer number that sscanf("blk.%d.") reads (-1 for other tensors), then
+ * by name. The counters of the mix follow that order, so a file whose
+ * tensors come in another order (blk.0, blk.1, blk.10, ..., blk.2, ...)
+ * must be walked the same way or use_more_bits picks other layers. */
+
+/* The layer of "blk.N...", or -1 (digits only: sscanf would also take a
+ * sign or spaces, which no real tensor name has). */
+static long layer_of(gguf_str s) {
+    const size_t n = 4; /* "blk." */
+    if (s.len <= n || memcmp(s.ptr, "blk.", n) != 0) return -1;
+    long v = 0;
+    size_t i = n;
+    for (; i < s.len && s.ptr[i] >= '0' && s.ptr[i] <= '9' && v < 100000000L; i++)
+        v = 10 * v + (s.ptr[i] - '0');
+    return i > n ? v : -1;
+}
+
+/* std::string's operator<: bytes compared unsigned, a prefix first. */
+static int name_cmp(gguf_str a, gguf_str b) {
+    int c = memcmp(a.ptr, b.ptr, a.len < b.len ? (size_t)a.len : (size_t)b.len);
+    return c ? c : (a.len > b.len) - (a.len < b.len);
+}
+
+typedef struct order_key {
+    long layer;
+    gguf_str name;
+    int64_t index;
+} order_key;
+
+static int order_cmp(const void *pa, const void *pb) {
+    const order_key *a = pa, *b = pb;
+    if (a->layer != b->layer) return (a->layer > b->layer) - (a->layer < b->layer);
+    return name_cmp(a->name, b->name); /* names are unique */
+}
+
+/* Tensor indices in llama.cpp's order; NULL if out of memory. */
+static int64_t *tensor_order(const gguf_file *f) {
+    int64_t n = gguf_n_tensors(f);
+    int64_t *order = malloc(sizeof *order * (size_t)(n ? n : 1));
+    order_key *keys = malloc(sizeof *keys * (size_t)(n ? n : 1));
+    if (!order || !keys) {
+        free(order);
+        free(keys);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        gguf_str name = gguf_tensor_at(f, i)->name;
+        keys[i] = (order_key){layer_of(name), name, i};
+    }
+    qsort(keys, (size_t)n, sizeof *keys, order_cmp);
+    for (int64_t i = 0; i < n; i++) order[i] = keys[i].index;
+    free(keys);
+    return order;
+}
+
+/* The output type of every tensor (indexed as in the file), decided in
+ * llama.cpp's order; *n_fallback counts the K-quant tensors written in
+ * their fallback type. NULL if out of memory. */
+static kt_dtype *plan_types(const gguf_file *f, const int64_t *order, const recipe *r,
+                            int *n_fallback) {
     int64_t n = gguf_n_tensors(f);
     kt_dtype *types = malloc(sizeof *types * (size_t)(n ? n : 1));
     if (!types) return NULL;
     mix_state m = {0};
     for (int64_t i = 0; i < n; i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
-        m.n_attn_v += contains(t->name, "attn_v.weight");
+        m.n_attn_v += is_attn_v_like(t->name);
         m.n_ffn_down += contains(t->name, "ffn_down");
         m.has_output |= gguf_str_eq(t->name, "output.weight");
     }
     *n_fallback = 0;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t i = order[k];
         const gguf_tensor *t = gguf_tensor_at(f, i);
         types[i] = t->type;
         if (!is_quantizable(t)) continue;
@@ -243,10 +316,11 @@ static kt_status copy_metadata(gguf_writer *w, const gguf_file *f, uint32_t ftyp
     return st;
 }
 
-static kt_status declare_tensors(gguf_writer *w, const gguf_file *f, const kt_dtype *types,
-                                 kt_error *err) {
+static kt_status declare_tensors(gguf_writer *w, const gguf_file *f, const int64_t *order,
+                                 const kt_dtype *types, kt_error *err) {
     char name[NAME_CAP];
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+    for (int64_t k = 0; k < gguf_n_tensors(f); k++) {
+        const int64_t i = order[k];
         const gguf_tensor *t = gguf_tensor_at(f, i);
         if (t->name.len >= NAME_CAP)
             return kt_error_set(err, KT_ERR_FORMAT, "tensor %" PRId64 ": name too long", i);
@@ -306,6 +380,7 @@ static void release_input(const gguf_tensor *t) {
 typedef struct quant_state {
     gguf_file *f;
     recipe r;
+    int64_t *order;     /* tensor indices in writing order */
     kt_dtype *types;    /* output type of each tensor */
     unsigned char *buf; /* one converted tensor */
     float *scratch;     /* per-thread rows */
@@ -318,7 +393,8 @@ static kt_status write_tensors(gguf_writer *w, quant_state *q, kt_error *err) {
     cli_progress_start(&prog, total);
     kt_status st = KT_OK;
     char name[NAME_CAP];
-    for (int64_t i = 0; i < gguf_n_tensors(q->f) && st == KT_OK; i++) {
+    for (int64_t k = 0; k < gguf_n_tensors(q->f) && st == KT_OK; k++) {
+        const int64_t i = q->order[k];
         const gguf_tensor *t = gguf_tensor_at(q->f, i);
         kt_dtype to = q->types[i];
         if (to == t->type) {
@@ -355,7 +431,7 @@ static kt_status write_output(quant_state *q, const char *out, kt_error *err) {
     gguf_writer *w = gguf_writer_new(err);
     if (!w) return err ? err->status : KT_ERR_NOMEM;
     kt_status st = copy_metadata(w, q->f, q->r.ftype, err);
-    if (st == KT_OK) st = declare_tensors(w, q->f, q->types, err);
+    if (st == KT_OK) st = declare_tensors(w, q->f, q->order, q->types, err);
     if (st == KT_OK) st = gguf_writer_begin(w, out, err);
     if (st == KT_OK) st = write_tensors(w, q, err);
     if (st == KT_OK) st = gguf_writer_finish(w, err);
@@ -367,10 +443,11 @@ static kt_status run_quantize(const char *in, const char *out, const recipe *r,
                               kt_error *err) {
     size_t max_bytes;
     int n_fallback = 0;
-    quant_state q = {gguf_open(in, err), *r, NULL, NULL, NULL};
+    quant_state q = {gguf_open(in, err), *r, NULL, NULL, NULL, NULL};
     if (!q.f) return err ? err->status : KT_ERR_IO;
     kt_status st = KT_OK;
-    q.types = plan_types(q.f, r, &n_fallback);
+    q.order = tensor_order(q.f);
+    q.types = q.order ? plan_types(q.f, q.order, r, &n_fallback) : NULL;
     if (!q.types) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     if (st == KT_OK) st = check_plan(q.f, q.types, &max_bytes, err);
     if (st == KT_OK && n_fallback)
@@ -380,6 +457,7 @@ static kt_status run_quantize(const char *in, const char *out, const recipe *r,
                 n_fallback);
     if (st == KT_OK) st = alloc_buffers(&q, max_bytes, err);
     if (st == KT_OK) st = write_output(&q, out, err);
+    free(q.order);
     free(q.types);
     free(q.buf);
     free(q.scratch);
