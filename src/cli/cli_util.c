@@ -94,14 +94,15 @@ char *cli_read_file(const char *path, size_t *len) {
 /* ---- generation options ---- */
 
 void cli_gen_defaults(cli_gen_opts *g) {
-    *g = (cli_gen_opts){.n_predict = 128, .sp = kt_sampler_defaults()};
+    *g = (cli_gen_opts){.n_predict = 128, .sp = kt_sampler_defaults(), .load = KT_LOAD_REPACK};
 }
 
 const char *cli_gen_usage(void) {
     return "  -m, --model FILE      GGUF model\n"
-           "      --load MODE       mmap (default), populate (map every page at load),\n"
-           "                        copy (read into huge pages: faster decode, more RAM) or\n"
-           "                        repack (copy, Q4_0 rewritten for the kernels: faster)\n"
+           "      --load MODE       repack (default: read into huge pages, Q4_0 rewritten\n"
+           "                        for the kernels; fastest, RAM = file size), copy (the\n"
+           "                        same without the rewrite), mmap (zero-copy: least RAM,\n"
+           "                        fastest start) or populate (mmap, every page at load)\n"
            "  -n, --n-predict N     tokens to generate (default 128; -1: until end or full)\n"
            "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
            "  -t, --threads N       threads (default: all CPUs)\n"

@@ -62,7 +62,7 @@ static void usage(FILE *out) {
             "  -t, --threads N    thread counts, comma-separated (default: all CPUs)\n"
             "  -r, --repetitions N  runs of each test after the warm-up (default 5)\n"
             "      --md | --csv | --json   output format (default md)\n"
-            "      --load MODE    mmap (default), populate, copy or repack (see 'kettle run --help')\n"
+            "      --load MODE    repack (default), copy, mmap or populate (see 'kettle run --help')\n"
             "      --membw        measure memory bandwidth (read, triad)\n"
             "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n");
 }
@@ -83,7 +83,7 @@ static bool parse_list(const char *s, int lo, int hi, int_list *out) {
 }
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1}};
+    *o = (bench_opts){.load = KT_LOAD_REPACK, .reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int r;

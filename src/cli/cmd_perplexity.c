@@ -38,7 +38,7 @@ static void usage(FILE *out) {
             "  -c, --ctx-size N   tokens per chunk (default 512)\n"
             "  -t, --threads N    threads (default: all CPUs)\n"
             "      --chunks N     score at most N chunks (default: all)\n"
-            "      --load MODE    mmap (default), populate, copy or repack (see 'kettle run --help')\n");
+            "      --load MODE    repack (default), copy, mmap or populate (see 'kettle run --help')\n");
 }
 
 static bool parse_num(const char *cmd, const char *s, long lo, long hi, long *out) {
@@ -54,7 +54,7 @@ static bool parse_num(const char *cmd, const char *s, long lo, long hi, long *ou
 }
 
 static int parse_opts(int argc, char **argv, ppl_opts *o) {
-    *o = (ppl_opts){.n_ctx = 512};
+    *o = (ppl_opts){.n_ctx = 512, .load = KT_LOAD_REPACK};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;

@@ -55,7 +55,7 @@ static void usage(FILE *out) {
             "      --alias NAME        the model's name in the API (default: the file's name)\n"
             "      --chat-template T   a Jinja file or a built-in name (chatml, llama2, llama3,\n"
             "                          mistral, phi3, gemma); default: the model's own\n"
-            "      --load MODE         mmap, populate, copy or repack (default copy)\n"
+            "      --load MODE         repack, copy, mmap or populate (default repack)\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
             "GET /v1/models, /health, /metrics.\n");
 }
@@ -105,7 +105,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
 }
 
 static int parse_opts(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_COPY};
+    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK};
     for (int i = 1; i < argc; i++) {
         int r = take_option(argc, argv, &i, o);
         if (r == 2) return 2;

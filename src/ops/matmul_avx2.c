@@ -1195,8 +1195,11 @@ void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float
         for (; k512 && r + 2 * FW_PAIRS <= r1; r += 2 * FW_PAIRS) {
             int t = c0;
             for (; t + FW_TOKENS <= c1; t += FW_TOKENS) k512->full(&a, r, t);
-            for (; t < c1; t++) /* the AVX2 tiles: the same bits */
-                for (int rr = r; rr < r + 2 * FW_PAIRS; rr += FT_ROWS) k->rows1(&a, rr, t);
+            for (; t < c1; t++) { /* the AVX2 tiles: the same bits */
+                int rr = r;
+                for (; rr + FT_ROWS <= r + 2 * FW_PAIRS; rr += FT_ROWS) k->rows1(&a, rr, t);
+                for (; rr < r + 2 * FW_PAIRS; rr++) k->one(&a, rr, t);
+            }
         }
         for (; r + FT_ROWS <= r1; r += FT_ROWS) {
             int t = c0;

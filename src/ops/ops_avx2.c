@@ -221,28 +221,40 @@ static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, in
  * arithmetic, lane by lane). Eight elements of the 8 K rows are transposed
  * once, so one vector holds element i of every row, and used by every head
  * of the group (grouped-query attention shares K). */
-static void scores8(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                    float *const *s) {
+INL void scores8_t(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                   float *const *s, const kt_dtype type) {
     const char *const *rows = kv->k + p;
     __m256 acc[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) acc[h] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= hd; i += 8) {
         __m256 r[8];
-        for (int j = 0; j < 8; j++) r[j] = kv_load8(rows[j], i, kv->type);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) r[j] = kv_load8(rows[j], i, type);
         transpose8(r);
-        for (int h = 0; h < nh; h++)
-            for (int e = 0; e < 8; e++)
-                acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_set1_ps(qs[h][i + e]), r[e]));
+        for (int h = 0; h < nh; h++) { /* one register chain per head */
+            __m256 ah = acc[h];
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) ah = _mm256_add_ps(ah, _mm256_mul_ps(_mm256_set1_ps(qs[h][i + e]), r[e]));
+            acc[h] = ah;
+        }
     }
     for (int h = 0; h < nh; h++) {
         float lanes[8];
         _mm256_storeu_ps(lanes, acc[h]);
         for (int j = 0; j < 8; j++) {
-            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kv_elem(rows[j], e, kv->type);
+            for (int e = i; e < hd; e++) lanes[j] += qs[h][e] * kv_elem(rows[j], e, type);
             s[h][p + j] = lanes[j] * scale;
         }
     }
+}
+
+/* One instance per KV type, so the loads inline without a type test. */
+static void scores8(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                    float *const *s) {
+    if (kv->type == KT_F16) scores8_t(qs, nh, kv, hd, p, scale, s, KT_F16);
+    else if (kv->type == KT_Q8_0) scores8_t(qs, nh, kv, hd, p, scale, s, KT_Q8_0);
+    else scores8_t(qs, nh, kv, hd, p, scale, s, KT_F32);
 }
 
 /* s_h[p] for every head h of the group and p in [0, n_pos), from p0 on
@@ -264,30 +276,40 @@ static void attn_scores(const float *const *qs, int nh, const kv_view *kv, int h
 /* o[d] = (sum_p e[p] * v_p[d]) * inv for d in [d0, hd), summed over
  * positions in order with a separate multiply and add; 64 dims (8
  * independent vectors) at a time, then 8, then one. */
-static void attn_values(float *o, const kv_view *kv, int hd, int d0, int n_pos, const float *e, float inv) {
+INL void attn_values_t(float *o, const kv_view *kv, int hd, int d0, int n_pos, const float *e, float inv,
+                       const kt_dtype type) {
     int d = d0;
     for (; d + 64 <= hd; d += 64) {
         __m256 acc[8];
+#pragma GCC unroll 8
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
         for (int p = 0; p < n_pos; p++) {
             const char *vp = kv->v[p];
             const __m256 ep = _mm256_set1_ps(e[p]);
+#pragma GCC unroll 8
             for (int j = 0; j < 8; j++)
-                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, kv_load8(vp, d + 8 * j, kv->type)));
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(ep, kv_load8(vp, d + 8 * j, type)));
         }
+#pragma GCC unroll 8
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d + 8 * j, _mm256_mul_ps(acc[j], _mm256_set1_ps(inv)));
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int p = 0; p < n_pos; p++)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), kv_load8(kv->v[p], d, kv->type)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(e[p]), kv_load8(kv->v[p], d, type)));
         _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
     }
     for (; d < hd; d++) {
         float acc = 0.0f;
-        for (int p = 0; p < n_pos; p++) acc += e[p] * kv_elem(kv->v[p], d, kv->type);
+        for (int p = 0; p < n_pos; p++) acc += e[p] * kv_elem(kv->v[p], d, type);
         o[d] = acc * inv;
     }
+}
+
+static void attn_values(float *o, const kv_view *kv, int hd, int d0, int n_pos, const float *e, float inv) {
+    if (kv->type == KT_F16) attn_values_t(o, kv, hd, d0, n_pos, e, inv, KT_F16);
+    else if (kv->type == KT_Q8_0) attn_values_t(o, kv, hd, d0, n_pos, e, inv, KT_Q8_0);
+    else attn_values_t(o, kv, hd, d0, n_pos, e, inv, KT_F32);
 }
 
 /* ---- AVX-512 attention: the same lane arithmetic, twice as wide ------
@@ -335,35 +357,56 @@ TARGET_512 INL void transpose16(__m512 *r) {
 }
 
 /* scores8 for 16 positions; hd a multiple of 16. */
-TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                                float *const *s) {
+TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                               float *const *s, const kt_dtype type) {
     const char *const *rows = kv->k + p;
     __m512 acc[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
     for (int i = 0; i < hd; i += 16) {
         __m512 r[16];
-        for (int j = 0; j < 16; j++) r[j] = kv_load16(rows[j], i, kv->type);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) r[j] = kv_load16(rows[j], i, type);
         transpose16(r);
-        for (int h = 0; h < nh; h++)
-            for (int e = 0; e < 16; e++)
-                acc[h] = _mm512_add_ps(acc[h], _mm512_mul_ps(_mm512_set1_ps(qs[h][i + e]), r[e]));
+        for (int h = 0; h < nh; h++) { /* one register chain per head */
+            __m512 ah = acc[h];
+#pragma GCC unroll 16
+            for (int e = 0; e < 16; e++) ah = _mm512_add_ps(ah, _mm512_mul_ps(_mm512_set1_ps(qs[h][i + e]), r[e]));
+            acc[h] = ah;
+        }
     }
     for (int h = 0; h < nh; h++) _mm512_storeu_ps(s[h] + p, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
 }
 
+TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                                float *const *s) {
+    if (kv->type == KT_F16) scores16_t(qs, nh, kv, hd, p, scale, s, KT_F16);
+    else if (kv->type == KT_Q8_0) scores16_t(qs, nh, kv, hd, p, scale, s, KT_Q8_0);
+    else scores16_t(qs, nh, kv, hd, p, scale, s, KT_F32);
+}
+
 /* attn_values' sums for dims [0, d_end) (d_end a multiple of 64). */
-TARGET_512 static void attn_values_512(float *o, const kv_view *kv, int d_end, int n_pos, const float *e, float inv) {
+TARGET_512 INL void attn_values_512_t(float *o, const kv_view *kv, int d_end, int n_pos, const float *e, float inv,
+                                      const kt_dtype type) {
     for (int d = 0; d < d_end; d += 64) {
         __m512 acc[4];
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[j] = _mm512_setzero_ps();
         for (int p = 0; p < n_pos; p++) {
             const char *vp = kv->v[p];
             const __m512 ep = _mm512_set1_ps(e[p]);
+#pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(ep, kv_load16(vp, d + 16 * j, kv->type)));
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(ep, kv_load16(vp, d + 16 * j, type)));
         }
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) _mm512_storeu_ps(o + d + 16 * j, _mm512_mul_ps(acc[j], _mm512_set1_ps(inv)));
     }
+}
+
+TARGET_512 static void attn_values_512(float *o, const kv_view *kv, int d_end, int n_pos, const float *e, float inv) {
+    if (kv->type == KT_F16) attn_values_512_t(o, kv, d_end, n_pos, e, inv, KT_F16);
+    else if (kv->type == KT_Q8_0) attn_values_512_t(o, kv, d_end, n_pos, e, inv, KT_Q8_0);
+    else attn_values_512_t(o, kv, d_end, n_pos, e, inv, KT_F32);
 }
 
 /* Query token t, the heads [h0, h1) of one KV group (at most
