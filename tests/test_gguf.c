@@ -641,6 +641,8 @@ static void test_writer_arg_errors(void **state) {
     int64_t d4[4] = {32, 2, 1, 1}, d0[2] = {0, 4}, dbig[2] = {1ll << 32, 1ll << 32};
     int64_t d33[1] = {33};
     expect_arg(gguf_writer_add_tensor(w, "t", (kt_dtype)4, 1, d4, &err), &err, "unknown type");
+    /* kettle's in-memory layouts never reach a file */
+    expect_arg(gguf_writer_add_tensor(w, "t", KT_Q4_0_X8, 1, d4, &err), &err, "unknown type");
     expect_arg(gguf_writer_add_tensor(w, "t", KT_F32, 0, d4, &err), &err, "n_dims");
     expect_arg(gguf_writer_add_tensor(w, "t", KT_F32, 5, d4, &err), &err, "n_dims");
     expect_arg(gguf_writer_add_tensor(w, "t", KT_F32, 2, d0, &err), &err, "dim 0");
@@ -1016,6 +1018,8 @@ static void test_hostile_tensors(void **state) {
     expect_fail(&h, KT_ERR_FORMAT, "unknown tensor type 4", NULL);
     put32(&h, h.t0_type, 99);
     expect_fail(&h, KT_ERR_FORMAT, "unknown tensor type 99", NULL);
+    put32(&h, h.t0_type, KT_Q4_0_X8); /* an in-memory layout, not a file type */
+    expect_fail(&h, KT_ERR_FORMAT, "unknown tensor type 64", NULL);
     put32(&h, h.t0_type, KT_Q4_0);
     expect_fail(&h, KT_ERR_FORMAT, "dim 0 (8) is not a multiple of the Q4_0 block size 32", NULL);
     put32(&h, h.t0_type, KT_F32);

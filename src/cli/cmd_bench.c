@@ -23,6 +23,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "kettle.h"
+#include "ops/cpu.h"
 #include "ops/pool.h"
 #include "ops/probe.h"
 
@@ -281,8 +282,9 @@ static int bench_machine(const bench_opts *o) {
                     bw.read_gbs, bw.triad_gbs);
         }
         if (o->peak)
-            fprintf(stderr, "peak, %d threads: fp32 FMA %.1f GFLOP/s, int8 maddubs %.1f GOP/s\n", threads,
-                    kt_probe_peak_fma(pool), kt_probe_peak_int8(pool));
+            fprintf(stderr, "peak, %d threads: fp32 FMA %.1f GFLOP/s, int8 multiply-add %.1f GOP/s (%s)\n",
+                    threads, kt_probe_peak_fma(pool), kt_probe_peak_int8(pool),
+                    kt_cpu_has_avx512_vnni() ? "512-bit FMA, vpdpbusd" : "256-bit FMA, maddubs");
         kt_pool_free(pool);
     }
     return 0;

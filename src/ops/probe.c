@@ -77,24 +77,25 @@ kt_status kt_probe_membw(kt_pool *pool, size_t bytes, int reps, kt_membw *out, k
 
 typedef struct peak_job {
     long iters;
-    bool int8;
+    bool int8, wide; /* wide: the 512-bit loops (AVX-512 tier) */
     volatile int sink;
 } peak_job;
 
 static void peak_task(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     peak_job *j = ctx;
-    if (j->int8) j->sink += kt_probe_maddubs_avx2(j->iters);
-    else j->sink += (int)kt_probe_fma_avx2(j->iters);
+    if (j->int8) j->sink += j->wide ? kt_probe_dpbusd_512(j->iters) : kt_probe_maddubs_avx2(j->iters);
+    else j->sink += (int)(j->wide ? kt_probe_fma_512(j->iters) : kt_probe_fma_avx2(j->iters));
 }
 
-/* ops per iteration per thread: 12 chains x 8 lanes x 2 (fp32 FMA), or
- * 12 chains x 32 byte products x 2 (maddubs). */
+/* ops per iteration per thread: 12 chains x 8 (16) lanes x 2 (fp32 FMA),
+ * or 12 chains x 32 (64) byte products x 2 (maddubs; vpdpbusd). The
+ * widest tier the kernels use on this CPU is the ceiling they are held to. */
 static double peak(kt_pool *pool, bool int8) {
     if (!kt_cpu_has_avx2()) return 0;
-    peak_job j = {.iters = 2000, .int8 = int8};
+    peak_job j = {.iters = 2000, .int8 = int8, .wide = kt_cpu_has_avx512_vnni()};
     kt_pool_run(pool, peak_task, &j); /* warm-up (clocks, caches) */
-    double per_iter = KT_PROBE_CHAINS * (int8 ? 32 : 8) * 2.0, best = 0;
+    double per_iter = KT_PROBE_CHAINS * (int8 ? 32 : 8) * (j.wide ? 2 : 1) * 2.0, best = 0;
     for (int r = 0; r < 5; r++) {
         j.iters = 2000000;
         double t0 = kt_time_ms();

@@ -11,7 +11,9 @@
  * Peak arithmetic runs independent register-only chains on every thread:
  * fp32 FMA (2 flops per lane) and int8 multiply-add with `maddubs`
  * (2 ops per byte product: the multiply and the add), the instruction the
- * quantized matmul kernels are built on. Without AVX2 the peaks are 0.
+ * quantized matmul kernels are built on -- or, where the CPU has the
+ * AVX-512 tier the kernels use, 512-bit FMA and vpdpbusd. Without AVX2
+ * the peaks are 0.
  */
 #ifndef KT_OPS_PROBE_H
 #define KT_OPS_PROBE_H

@@ -52,3 +52,32 @@ int kt_probe_maddubs_avx2(long iters) {
     for (int c = 1; c < KT_PROBE_CHAINS; c++) s = _mm256_xor_si256(s, acc[c]);
     return _mm_cvtsi128_si32(_mm256_castsi256_si128(s));
 }
+
+#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+TARGET_512 float kt_probe_fma_512(long iters) {
+    __m512 acc[KT_PROBE_CHAINS];
+    const __m512 m = _mm512_set1_ps(0.999999f), k = _mm512_set1_ps(1e-7f);
+    for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 16
+        for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], m, k);
+    }
+    __m512 s = acc[0];
+    for (int c = 1; c < KT_PROBE_CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
+}
+
+TARGET_512 int kt_probe_dpbusd_512(long iters) {
+    __m512i acc[KT_PROBE_CHAINS];
+    const __m512i u = _mm512_set1_epi8(1), w = _mm512_set1_epi8(-1);
+    for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm512_set1_epi32(c);
+    /* 64 byte products (4 per int32 lane) added into each accumulator */
+    for (long i = 0; i < iters; i++) {
+#pragma GCC unroll 16
+        for (int c = 0; c < KT_PROBE_CHAINS; c++) acc[c] = _mm512_dpbusd_epi32(acc[c], u, w);
+    }
+    __m512i s = acc[0];
+    for (int c = 1; c < KT_PROBE_CHAINS; c++) s = _mm512_xor_si512(s, acc[c]);
+    return _mm512_reduce_add_epi32(s);
+}

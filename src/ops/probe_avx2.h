@@ -16,6 +16,10 @@ void kt_probe_triad_avx2(float *a, const float *b, const float *c, float s, size
  * returns a value derived from the results so the work is not removed. */
 float kt_probe_fma_avx2(long iters);
 int kt_probe_maddubs_avx2(long iters);
+/* The same with 512-bit FMA and vpdpbusd (AVX-512 F + VNNI; only call
+ * where kt_cpu_has_avx512_vnni()): the kernels' widest tier. */
+float kt_probe_fma_512(long iters);
+int kt_probe_dpbusd_512(long iters);
 
 #define KT_PROBE_CHAINS 12
 
