@@ -786,6 +786,27 @@ static void test_repack_layout(void **state) {
             kt_q4_0_x8_block(x8, n_in, r, b, &got);
             assert_memory_equal(&got, &w[(size_t)r * nb + b], sizeof got);
         }
+    /* Q4_K: the same, block by block */
+    {
+        const int kin = 512, knb = kin / QK_K;
+        const size_t kb = kt_dtype_row_bytes(KT_Q4_K, kin);
+        block_q4_K *kw = tu_make_weights(KT_Q4_K, kin, 16, 9, 0.0f);
+        block_q4_K *k8 = tu_xmalloc(kb * 16), *ktmp = tu_xmalloc(kb * KT_X8_ROWS);
+        memcpy(k8, kw, kb * 16);
+        kt_repack(k8, KT_Q4_K, kin, 16, ktmp);
+        assert_true(memcmp(k8, kw, kb * 16) != 0);
+        for (int r = 0; r < 16; r++)
+            for (int b = 0; b < knb; b++) {
+                block_q4_K got;
+                kt_q4_K_x8_block(k8, kin, r, b, &got);
+                assert_memory_equal(&got, &kw[(size_t)r * knb + b], sizeof got);
+            }
+        assert_int_equal(kt_repack_type(KT_Q4_K, kin, 16), KT_Q4_K_X8);
+        assert_int_equal(kt_repack_type(KT_Q4_K, kin, 12), KT_Q4_K);
+        assert_int_equal(kt_repack_type(KT_Q6_K, kin, 16), KT_Q6_K);
+        assert_false(kt_dtype_known(KT_Q4_K_X8));
+        free(kw), free(k8), free(ktmp);
+    }
     assert_true(kt_repack_supported(KT_Q4_0, 64, 8));
     assert_false(kt_repack_supported(KT_Q4_0, 64, 12));
     assert_false(kt_repack_supported(KT_Q8_0, 64, 8));
@@ -801,9 +822,10 @@ static void test_repack_layout(void **state) {
 /* Every Q4_0x8 path (each SIMD tier, the scalar fallback, the reference)
  * gives the bits of the Q4_0 reference on the original matrix, for one
  * token, decode-sized batches, and batches that span token chunks. */
-static void check_repacked_matmul(bool unused) {
-    (void)unused;
-    static const int n_ins[] = {32, 96, 2048 + 32};
+static void check_repacked_type(kt_dtype type) {
+    const kt_dtype x8_type = kt_repack_type(type, 256, 8);
+    const int unit = type == KT_Q4_K ? 256 : 32;
+    const int n_ins[] = {unit, 3 * unit, 2048 + unit};
     static const int n_outs[] = {8, 24, 48, 136};
     static const int n_toks[] = {1, 2, 3, 5, 8, 9, 13, 140};
     kt_pool *pool = kt_pool_new(2, NULL);
@@ -811,11 +833,11 @@ static void check_repacked_matmul(bool unused) {
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 4; b++) {
             const int n_in = n_ins[a], n_out = n_outs[b];
-            const size_t row_bytes = kt_dtype_row_bytes(KT_Q4_0, n_in);
-            void *w = tu_make_weights(KT_Q4_0, n_in, n_out, (uint64_t)(a * 10 + b), 0.0f);
+            const size_t row_bytes = kt_dtype_row_bytes(type, n_in);
+            void *w = tu_make_weights(type, n_in, n_out, (uint64_t)(a * 10 + b), 0.0f);
             void *x8 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(row_bytes * KT_X8_ROWS);
             memcpy(x8, w, row_bytes * n_out);
-            kt_repack_q4_0_x8(x8, n_in, n_out, tmp);
+            kt_repack(x8, type, n_in, n_out, tmp);
             for (int c = 0; c < 8; c++) {
                 const int nt = n_toks[c];
                 if (nt > 13 && n_in < 2048) continue; /* chunks need long rows */
@@ -823,15 +845,16 @@ static void check_repacked_matmul(bool unused) {
                 float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
                 float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
                 tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(100 * a + 10 * b + c));
-                kt_matmul_ref(want, w, KT_Q4_0, x, n_in, n_out, nt);
-                kt_matmul(b == 0 ? NULL : pool, got, x8, KT_Q4_0_X8, x, n_in, n_out, nt);
+                kt_matmul_ref(want, w, type, x, n_in, n_out, nt);
+                kt_matmul(b == 0 ? NULL : pool, got, x8, x8_type, x, n_in, n_out, nt);
                 if (memcmp(got, want, sizeof(float) * no) != 0)
-                    fail_msg("Q4_0x8 n_in %d n_out %d n_tokens %d: not the Q4_0 reference's bits", n_in, n_out, nt);
+                    fail_msg("%s n_in %d n_out %d n_tokens %d: not the %s reference's bits", kt_dtype_name(x8_type),
+                             n_in, n_out, nt, kt_dtype_name(type));
                 if (nt <= 3) {
-                    kt_matmul_ref(got, x8, KT_Q4_0_X8, x, n_in, n_out, nt);
+                    kt_matmul_ref(got, x8, x8_type, x, n_in, n_out, nt);
                     assert_memory_equal(got, want, sizeof(float) * no);
                     kt_cpu_force_scalar(true);
-                    kt_matmul(pool, got, x8, KT_Q4_0_X8, x, n_in, n_out, nt);
+                    kt_matmul(pool, got, x8, x8_type, x, n_in, n_out, nt);
                     kt_cpu_force_scalar(false);
                     assert_memory_equal(got, want, sizeof(float) * no);
                 }
@@ -844,6 +867,12 @@ static void check_repacked_matmul(bool unused) {
             free(tmp);
         }
     kt_pool_free(pool);
+}
+
+static void check_repacked_matmul(bool unused) {
+    (void)unused;
+    check_repacked_type(KT_Q4_0);
+    check_repacked_type(KT_Q4_K);
 }
 
 static void test_repacked_matmul(void **state) {

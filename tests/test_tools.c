@@ -398,12 +398,15 @@ static void test_quantize_errors(void **state) {
     free(q4), free(f16), free(outp);
 }
 
-/* All-position logits of `tokens` through model `path`. */
-static float *model_logits(const char *path, const int32_t *tokens, int n, int *n_vocab) {
+/* All-position logits of `tokens` through model `path`, loaded `mode`;
+ * *n_repacked (if not NULL): the matrices repacked at load. */
+static float *model_logits_mode(const char *path, kt_load_mode mode, const int32_t *tokens, int n,
+                                int *n_vocab, int *n_repacked) {
     kt_error err = {0};
-    kt_model *m = kt_model_load(path, &err);
+    kt_model *m = kt_model_load_ex(path, mode, &err);
     if (!m) fail_msg("loading %s: %s", path, err.msg);
     *n_vocab = kt_model_describe(m)->n_vocab;
+    if (n_repacked) *n_repacked = kt_model_describe(m)->n_repacked;
     kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = 64, .n_threads = 2}, &err);
     assert_non_null(s);
     float *logits = malloc(sizeof(float) * (size_t)n * (size_t)*n_vocab);
@@ -412,6 +415,10 @@ static float *model_logits(const char *path, const int32_t *tokens, int n, int *
     kt_session_free(s);
     kt_model_free(m);
     return logits;
+}
+
+static float *model_logits(const char *path, const int32_t *tokens, int n, int *n_vocab) {
+    return model_logits_mode(path, KT_LOAD_MMAP, tokens, n, n_vocab, NULL);
 }
 
 static int argmax(const float *x, int n) {
@@ -516,6 +523,16 @@ static void test_quantize_q4_k_m(void **state) {
         print_message("%s vs F16: max |logit diff| %.4f (max |logit| %.2f), top-1 %d / %d\n",
                       names[k], max_diff[k], range, agree[k], N);
         free(got);
+    }
+    /* repacked at load (the Q4_K matrices with rows in 8s: 5 a layer but
+     * attn_v in layers 2, 3): the same bits */
+    {
+        int nv2, n_repacked;
+        float *plain = model_logits(outp, tokens, N, &nv2);
+        float *packed = model_logits_mode(outp, KT_LOAD_REPACK, tokens, N, &nv2, &n_repacked);
+        assert_int_equal(n_repacked, 4 * 5 + 2);
+        assert_memory_equal(plain, packed, sizeof(float) * (size_t)N * nv2);
+        free(plain), free(packed);
     }
     /* the K-quants beat Q4_0 and improve with bits */
     assert_true(max_diff[0] < 1.1 && max_diff[0] < max_diff[1] && agree[0] >= agree[1]);

@@ -37,7 +37,8 @@ typedef enum kt_dtype {
     /* kettle's in-memory layouts: never read from or written to a file
      * (past KT_DTYPE_COUNT, so kt_dtype_known() rejects them in a GGUF
      * header), but kt_dtype_get/name/row_bytes describe them */
-    KT_Q4_0_X8 = 64 /* Q4_0 repacked by groups of 8 rows (ops/repack.h) */
+    KT_Q4_0_X8 = 64, /* Q4_0 repacked by groups of 8 rows (ops/repack.h) */
+    KT_Q4_K_X8 = 65  /* Q4_K likewise */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

@@ -233,8 +233,8 @@ int llm_model_repack(llm_model *m, kt_error *err) {
         llm_tensor *t = ts[i];
         if (!kt_repack_supported(t->type, t->n_in, t->n_out)) continue;
         /* the caller made the file's copy writable; the tensor is ours */
-        kt_repack_q4_0_x8((void *)(uintptr_t)t->data, t->n_in, t->n_out, tmp);
-        t->type = KT_Q4_0_X8;
+        kt_repack((void *)(uintptr_t)t->data, t->type, t->n_in, t->n_out, tmp);
+        t->type = kt_repack_type(t->type, t->n_in, t->n_out);
         repacked++;
     }
     free(tmp);

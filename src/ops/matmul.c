@@ -73,7 +73,7 @@ static bool is_legacy(kt_dtype t) {
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy(wtype) || wtype == KT_Q4_K ||
-           wtype == KT_Q5_K || wtype == KT_Q6_K;
+           wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8;
 }
 
 /* weights whose activations are quantized to Q8_0 blocks */
@@ -83,7 +83,7 @@ static bool is_quant(kt_dtype t) {
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
 static bool is_kquant(kt_dtype t) {
-    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K;
+    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q4_K_X8;
 }
 
 /* ---- scalar building blocks (shared by the reference and the fallback) */
@@ -195,14 +195,25 @@ static float sum_lanes(const float *acc) {
 
 /* K-quant weights: per block, the activations quantized to Q8_K, then the
  * block's step (internal.h). */
-static float dot_kquant_ref(const void *row, kt_dtype t, const float *x, int n) {
+/* K-quant block step for block b of row r of w (Q4_Kx8 read back as
+ * Q4_K: the same operations in both layouts). */
+static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
+                               float dx, const int16_t *bs, float acc) {
+    if (t != KT_Q4_K_X8)
+        return kt_kq_block_step(t, (const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), b, xq, dx, bs, acc);
+    block_q4_K blk;
+    kt_q4_K_x8_block(w, n_in, r, b, &blk);
+    return kt_kq_block_step(KT_Q4_K, &blk, 0, xq, dx, bs, acc);
+}
+
+static float dot_kquant_ref(const void *w, kt_dtype t, int r, const float *x, int n) {
     float acc = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {
         int8_t xq[QK_K];
         int16_t bs[QK_K / 16];
         float dx;
         kt_quantize_act_q8_K(x + b * QK_K, QK_K, xq, &dx, bs);
-        acc = kt_kq_block_step(t, row, b, xq, dx, bs, acc);
+        acc = kq_row_block_step(w, t, n, r, b, xq, dx, bs, acc);
     }
     return acc;
 }
@@ -221,7 +232,7 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
         float *ot = out + (size_t)t * n_out;
         if (is_kquant(wtype)) {
             for (int r = 0; r < n_out; r++)
-                ot[r] = dot_kquant_ref((const char *)w + r * row_bytes, wtype, xt, n_in);
+                ot[r] = dot_kquant_ref(w, wtype, r, xt, n_in);
             continue;
         }
         if (!is_quant(wtype)) {
@@ -280,8 +291,8 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
             } else if (is_kquant(wtype)) {
                 for (int b = 0; b < xk->nb; b++) {
                     size_t k = (size_t)t * xk->nb + b;
-                    sum = kt_kq_block_step(wtype, row, b, xk->qs + k * QK_K, xk->d[k],
-                                           xk->bsums + k * 16, sum);
+                    sum = kq_row_block_step(w, wtype, n_in, r, b, xk->qs + k * QK_K, xk->d[k],
+                                            xk->bsums + k * 16, sum);
                 }
             } else {
                 sum = dot_float_ref(row, wtype, x + (size_t)t * n_in, n_in);
@@ -335,6 +346,9 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     case KT_Q5_1:
         kt_matmul_legacy_avx2(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens,
                               r0, r1);
+        break;
+    case KT_Q4_K_X8:
+        kt_matmul_q4_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_K:
     case KT_Q5_K:

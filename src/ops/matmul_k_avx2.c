@@ -43,11 +43,14 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/fp16.h"
+#include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/kquant.h"
+#include "ops/repack.h"
 #include "ops/simd_avx2.h"
 
 
@@ -529,5 +532,197 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
         const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
         for (int r = r0; r < r1; r += KQ_ROWS)
             gemm(&a, r, r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS, c0, c1);
+    }
+}
+
+/* ---- Q4_Kx8: 8 rows per vector, read as repacked ------------------------
+ *
+ * The rows of a Q4_Kx8 group (ops/repack.h) sit one per int32 lane, so a
+ * broadcast of 4 activation bytes against a packed vector's low (high)
+ * nibbles gives 8 rows' partial sums of sub-block 2k (2k + 1) with no
+ * reduction across lanes. Per token and block, the reference's integers
+ * (matmul_k.c) lane by lane:
+ *   isum = sum_j sc[j] * (sum over sub-block j of q * x)     (exact int32)
+ *   imin = sum_j m[j] * (bsums[2j] + bsums[2j + 1])
+ * then its two fmaf steps, so the bits are those of the reference and of
+ * the row-at-a-time kernels above. sc and m are decoded from the packed
+ * 6-bit form once per block for all 8 rows (one row per lane). With more
+ * than one token the nibbles are unpacked once per block into a buffer
+ * that every token then reads. Tiers: AVX2 (maddubs, int16 sums of at
+ * most 8 pairs of 15 * 128: no overflow), AVX-VNNI (vpdpbusd), AVX-512
+ * (two groups, 16 rows, per 512-bit vector). */
+
+#define TARGET_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+#define X8_TOKENS 4 /* tokens per tile */
+
+/* Byte i of each 32-bit lane of v. */
+INL __m256i lane_byte(__m256i v, int i) {
+    return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF));
+}
+
+/* Sub-block j's scale and min of 8 rows (one per lane) from the packed
+ * words u[0..2] (kt_kq_scale_min, lane by lane). */
+INL void x8_scale_min(const __m256i *u, int j, __m256i *sc, __m256i *m) {
+    const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
+    if (j < 4) {
+        *sc = _mm256_and_si256(lane_byte(u[0], j), m63);
+        *m = _mm256_and_si256(lane_byte(u[1], j), m63);
+        return;
+    }
+    const __m256i q8 = lane_byte(u[2], j - 4);
+    *sc = _mm256_or_si256(_mm256_and_si256(q8, m15), _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(u[0], j - 4), 6), 4));
+    *m = _mm256_or_si256(_mm256_srli_epi32(q8, 4), _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(u[1], j - 4), 6), 4));
+}
+
+/* The 8 rows' values of vector 8k + c of block o, low (sub-block 2k)
+ * and high (2k + 1) nibbles. */
+INL void x8_nibbles(const uint8_t *o, int v, __m256i *lo, __m256i *hi) {
+    const __m256i p = _mm256_loadu_si256((const __m256i *)(o + 32 * v));
+    *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
+    *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
+}
+
+/* vpdpbusd (AVX-VNNI, VEX-encoded) as inline assembly: the tile below is
+ * one body for both the AVX2 and the VNNI tier, and an intrinsic would
+ * need the VNNI target on the AVX2 instance too (where this branch is
+ * dead and removed). Only executed where kt_cpu_has_avx_vnni(). */
+INL __m256i x8_dot_vnni(__m256i acc, __m256i q, __m256i x) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(q), "x"(x));
+    return acc;
+}
+
+/* 8 rows x T tokens (T <= X8_TOKENS) of one group, tokens past nt
+ * repeating the last; vnni a constant (the callers' target allows it). */
+INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int t0, int nt) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    __m256i unpacked[64] __attribute__((aligned(32))); /* T > 1: [2v] lo, [2v + 1] hi */
+    __m256 acc[X8_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_Q4KX8_BLOCK_BYTES;
+        if (T == 1)
+            for (int l = 0; l < KT_Q4KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+        __m256i u[3], sc[8], mn[8];
+        for (int i = 0; i < 3; i++) u[i] = _mm256_loadu_si256((const __m256i *)(o + KT_Q4KX8_SCALES + 32 * i));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) x8_scale_min(u, j, &sc[j], &mn[j]);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q4KX8_D)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q4KX8_DMIN)));
+        if (T > 1)
+            for (int v = 0; v < 32; v++) x8_nibbles(o, v, &unpacked[2 * v], &unpacked[2 * v + 1]);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const size_t i = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb + b;
+            const int8_t *xq = a->x->qs + i * QK_K;
+            const int16_t *bs = a->x->bsums + i * 16;
+            __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m256i lo, hi;
+                    if (T == 1) x8_nibbles(o, 8 * k + c, &lo, &hi);
+                    else lo = unpacked[2 * (8 * k + c)], hi = unpacked[2 * (8 * k + c) + 1];
+                    int32_t xl, xh;
+                    memcpy(&xl, xq + 64 * k + 4 * c, 4);
+                    memcpy(&xh, xq + 64 * k + 32 + 4 * c, 4);
+                    if (vnni) {
+                        slo = x8_dot_vnni(slo, lo, _mm256_set1_epi32(xl));
+                        shi = x8_dot_vnni(shi, hi, _mm256_set1_epi32(xh));
+                    } else {
+                        slo = _mm256_add_epi16(slo, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+                        shi = _mm256_add_epi16(shi, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+                    }
+                }
+                if (!vnni) {
+                    slo = _mm256_madd_epi16(slo, _mm256_set1_epi16(1));
+                    shi = _mm256_madd_epi16(shi, _mm256_set1_epi16(1));
+                }
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(slo, sc[2 * k]));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                imin = _mm256_add_epi32(imin, _mm256_mullo_epi32(mn[j], _mm256_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
+            const __m256 dx = _mm256_set1_ps(a->x->d[i]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), imin)),
+                                     _mm256_mul_ps(dmin, dx), acc[t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        if (t < nt) _mm256_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
+}
+
+static void q4kx8_avx2_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, 1, r0, t0, nt); }
+static void q4kx8_avx2_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, X8_TOKENS, r0, t0, nt); }
+static void q4kx8_vnni_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, 1, r0, t0, nt); }
+static void q4kx8_vnni_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, X8_TOKENS, r0, t0, nt); }
+
+/* Prefill: the 8-row tiles above redo the per-token scale products that
+ * the panel GEMM (gemm_rows) folds into its madds, and measured 30%
+ * slower on pp512; so for many tokens each group is turned back into 8
+ * plain Q4_K rows (the repacking's transposes undone with transpose8) and
+ * given to gemm_rows. Same bits either way. */
+#define X8_MIN_GEMM 8
+
+/* Rows r0 .. r0+7 of a Q4_Kx8 matrix as 8 Q4_K rows at dst. */
+static void x8_unrepack(const kq_args *a, int r0, block_q4_K *dst) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_Q4KX8_BLOCK_BYTES;
+        for (int k = 0; k < 4; k++) { /* vectors 8k .. 8k+7: qs[32k ..] of every row */
+            __m256i v[8];
+            for (int c = 0; c < 8; c++) v[c] = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * k + c)));
+            transpose8_epi32(v);
+            for (int r = 0; r < KT_X8_ROWS; r++) _mm256_storeu_si256((__m256i *)(dst[(size_t)r * nb + b].qs + 32 * k), v[r]);
+        }
+        for (int r = 0; r < KT_X8_ROWS; r++) {
+            block_q4_K *blk = &dst[(size_t)r * nb + b];
+            for (int u = 0; u < 3; u++) memcpy(blk->scales + 4 * u, o + KT_Q4KX8_SCALES + 32 * u + 4 * r, 4);
+            memcpy(&blk->d, o + KT_Q4KX8_D + 2 * r, 2);
+            memcpy(&blk->dmin, o + KT_Q4KX8_DMIN + 2 * r, 2);
+        }
+    }
+}
+
+/* Rows [r0, r1) through gemm_rows on unrepacked groups; false if out of
+ * memory (the caller then takes the tiles). */
+static bool x8_gemm(const kq_args *a, int n_tokens, int r0, int r1) {
+    block_q4_K *rows = malloc(KT_X8_ROWS * a->row_bytes);
+    if (!rows) return false;
+    for (int r = r0; r < r1; r += KT_X8_ROWS) {
+        x8_unrepack(a, r, rows);
+        kq_args g = *a;
+        g.w = (const char *)rows;
+        g.out = a->out + r;
+        for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK)
+            q4k_gemm(&g, 0, KT_X8_ROWS, c0, c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens);
+    }
+    free(rows);
+    return true;
+}
+
+void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1) {
+    const kq_args a = {w, kt_dtype_row_bytes(KT_Q4_K, n_in), sizeof(block_q4_K), x, out, n_out};
+    if (n_tokens >= X8_MIN_GEMM && x8_gemm(&a, n_tokens, r0, r1)) return;
+    const bool vnni = kt_cpu_has_avx_vnni();
+    void (*tile1)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_1 : q4kx8_avx2_1;
+    void (*tile4)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_4 : q4kx8_avx2_4;
+    for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
+        const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
+        for (int r = r0; r < r1; r += KT_X8_ROWS)
+            for (int t = c0; t < c1;) {
+                const int n = c1 - t < X8_TOKENS ? c1 - t : X8_TOKENS;
+                if (n == 1) tile1(&a, r, t, 1);
+                else tile4(&a, r, t, n);
+                t += n;
+            }
     }
 }

@@ -18,10 +18,21 @@
  *       rows' fp16 d in row order.
  *
  * Same size as the Q4_0 matrix (8 x 18 = 128 + 16 bytes per block of 8
- * rows), so it is rewritten in place. Matrices whose row count is not a
- * multiple of 8 stay Q4_0. The values are the same; every kernel computes
- * the same bits from either layout (matmul.c), so repacking changes speed,
- * never results.
+ * rows), so it is rewritten in place.
+ *
+ * Q4_Kx8 does the same for Q4_K (super-blocks of 256 values): group g at
+ * g * 8 * row_bytes holds, per block b, 1152 bytes at b * 1152:
+ *     32 vectors of 32 bytes of nibbles: vector 8k + c, bytes 4r .. 4r+3
+ *       = qs[32k + 4c .. 32k + 4c + 3] of row 8g+r (low nibbles: values
+ *       64k + 4c .., of sub-block 2k; high: 64k + 32 + 4c .., of 2k + 1)
+ *     3 vectors of 32 bytes of 6-bit scales and mins: vector u, bytes
+ *       4r .. 4r+3 = scales[4u .. 4u+3] of row 8g+r (still packed)
+ *     the 8 rows' fp16 d, then their fp16 dmin.
+ * 8 x 144 bytes: in place as well.
+ *
+ * Matrices whose row count is not a multiple of 8 keep their type. The
+ * values are the same; every kernel computes the same bits from either
+ * layout (matmul.c), so repacking changes speed, never results.
  */
 #ifndef KT_OPS_REPACK_H
 #define KT_OPS_REPACK_H
@@ -30,19 +41,33 @@
 #include <stddef.h>
 
 #include "base/dtype.h"
+#include "ops/kquant.h"
 #include "ops/quant.h"
 
 #define KT_X8_ROWS 8
 
-/* Can a matrix of this type and shape be stored as Q4_0x8? */
-bool kt_repack_supported(kt_dtype type, int n_in, int n_out);
+/* The repacked type of a matrix of this type and shape, or the type
+ * itself when it is not repacked. */
+kt_dtype kt_repack_type(kt_dtype type, int n_in, int n_out);
+static inline bool kt_repack_supported(kt_dtype type, int n_in, int n_out) {
+    return kt_repack_type(type, n_in, n_out) != type;
+}
 
-/* Rewrites a Q4_0 matrix (kt_repack_supported) in place as Q4_0x8. tmp:
- * KT_X8_ROWS rows of scratch, kt_dtype_row_bytes(KT_Q4_0, n_in) each. */
+/* Rewrites a matrix (kt_repack_supported) in place in its repacked layout.
+ * tmp: KT_X8_ROWS rows of scratch, kt_dtype_row_bytes(type, n_in) each. */
+void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp);
 void kt_repack_q4_0_x8(void *w, int n_in, int n_out, void *tmp);
+void kt_repack_q4_K_x8(void *w, int n_in, int n_out, void *tmp);
 
 /* Block b of row r of a Q4_0x8 matrix, in Q4_0 form (the reference reads
  * the layout through this). */
 void kt_q4_0_x8_block(const void *w, int n_in, int r, int b, block_q4_0 *out);
+void kt_q4_K_x8_block(const void *w, int n_in, int r, int b, block_q4_K *out);
+
+/* Bytes of one block of a Q4_Kx8 group, and the offsets in it. */
+#define KT_Q4KX8_BLOCK_BYTES (KT_X8_ROWS * 144)
+#define KT_Q4KX8_SCALES 1024
+#define KT_Q4KX8_D (1024 + 96)
+#define KT_Q4KX8_DMIN (1024 + 96 + 16)
 
 #endif
