@@ -1124,8 +1124,21 @@ static void test_fuzz(void **state) {
     free(h.b.p);
 }
 
+/* A copy is made only when the file fits in 90% of the available memory;
+ * otherwise the loader maps (gguf.h). */
+static void test_copy_fits(void **state) {
+    (void)state;
+    assert_true(gguf_copy_fits(900, 1000));
+    assert_false(gguf_copy_fits(901, 1000));
+    assert_true(gguf_copy_fits(0, 0));
+    assert_false(gguf_copy_fits(1, 0));
+    assert_true(gguf_copy_fits((uint64_t)20 << 30, UINT64_MAX)); /* unknown: assumed to fit */
+    assert_false(gguf_copy_fits((uint64_t)20 << 30, (uint64_t)16 << 30));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copy_fits),
         cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_tiny_models),
         cmocka_unit_test(test_all_real_files),

@@ -89,10 +89,8 @@ static bool read_chat_template(kt_model *m) {
 /* KT_LOAD_REPACK: the weights are our copy of the file; rewritten while
  * writable, then read-only again like any other load. */
 static bool repack(kt_model *m, const char *path, kt_error *err) {
-    if (!gguf_set_writable(m->file, true)) {
-        kt_error_set(err, KT_ERR_IO, "%s: cannot make the loaded copy writable to repack it", path);
-        return false;
-    }
+    /* a file too large to copy was mapped (gguf.h): it runs as it is */
+    if (!gguf_set_writable(m->file, true)) return true;
     m->n_repacked = llm_model_repack(m->llm, err);
     gguf_set_writable(m->file, false);
     if (m->n_repacked < 0) kt_error_wrap(err, "%s", path);

@@ -556,9 +556,31 @@ static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const cha
     return buf;
 }
 
-static void *map_file(int fd, size_t size, gguf_load_mode mode, size_t *map_size, const char *path,
-                      kt_error *err) {
-    if (mode == GGUF_LOAD_COPY) return copy_to_huge_pages(fd, size, map_size, path, err);
+/* Bytes the kernel says can be allocated without swapping (MemAvailable),
+ * or UINT64_MAX where that is unknown. */
+static uint64_t mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return UINT64_MAX;
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    return found ? (uint64_t)kb * 1024 : UINT64_MAX;
+}
+
+bool gguf_copy_fits(uint64_t file_bytes, uint64_t available_bytes) {
+    return file_bytes <= available_bytes / 10 * 9;
+}
+
+/* *copied: whether the result is our copy (GGUF_LOAD_COPY that fits). */
+static void *map_file(int fd, size_t size, gguf_load_mode mode, size_t *map_size, bool *copied,
+                      const char *path, kt_error *err) {
+    /* a copy that does not fit would push the machine into swap or the
+     * OOM killer; the mapping pages in from the file instead */
+    *copied = mode == GGUF_LOAD_COPY && gguf_copy_fits(size, mem_available_bytes());
+    if (*copied) return copy_to_huge_pages(fd, size, map_size, path, err);
+    if (mode == GGUF_LOAD_COPY) mode = GGUF_LOAD_MAP;
     *map_size = size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | (mode == GGUF_LOAD_POPULATE ? MAP_POPULATE : 0), fd, 0);
     if (map == MAP_FAILED) {
@@ -587,7 +609,8 @@ gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err) 
         return NULL;
     }
     size_t size = (size_t)st.st_size, map_size = 0;
-    void *map = size > 0 ? map_file(fd, size, mode, &map_size, path, err) : NULL;
+    bool copied = false;
+    void *map = size > 0 ? map_file(fd, size, mode, &map_size, &copied, path, err) : NULL;
     close(fd);
     if (size > 0 && !map) return NULL;
     gguf_file *f = gguf_open_buffer(map, size, path, err);
@@ -597,7 +620,7 @@ gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err) 
     }
     f->map = map;
     f->map_size = map_size;
-    f->copied = mode == GGUF_LOAD_COPY;
+    f->copied = copied;
     return f;
 }
 

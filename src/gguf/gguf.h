@@ -73,10 +73,15 @@ gguf_file *gguf_open(const char *path, kt_error *err);
  *             kernel allows: costs a copy at open and memory of the file's
  *             size, and decode of large F16 models reads up to 2x faster
  *             (fewer TLB misses). Never combine with madvise(DONTNEED) on
- *             tensor data: on anonymous memory that discards it. */
+ *             tensor data: on anonymous memory that discards it. A file
+ *             larger than 90% of the memory available (MemAvailable) is
+ *             mapped instead (gguf_copy_fits). */
 typedef enum gguf_load_mode { GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY } gguf_load_mode;
 
 gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err);
+
+/* Whether a copy of file_bytes fits in available_bytes (with a margin). */
+bool gguf_copy_fits(uint64_t file_bytes, uint64_t available_bytes);
 
 /* A copied file (GGUF_LOAD_COPY) made writable, so that the loader can
  * rewrite tensor data in place (weight repacking), then read-only again.
