@@ -764,12 +764,15 @@ typedef void (*q4_tile16_fn)(const q_args *, int r0, int t0, int nt);
 static void q4_panel_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, false, Q4_TOKENS, r0, nr, t0, nt); }
 static void q4_x8_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, Q4_TOKENS, r0, nr, t0, nt); }
 static void q4_x8_avx2_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, 1, r0, nr, t0, nt); }
+static void q4_x8_avx2_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, 2, r0, nr, t0, nt); }
 TARGET_VNNI static void q4_panel_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, false, Q4_TOKENS, r0, nr, t0, nt); }
 TARGET_VNNI static void q4_x8_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, Q4_TOKENS, r0, nr, t0, nt); }
 TARGET_VNNI static void q4_x8_vnni_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, 1, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_x8_vnni_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, 2, r0, nr, t0, nt); }
 TARGET_512 static void q4_panel_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, false, 4, r0, t0, nt); }
 TARGET_512 static void q4_panel_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, false, 8, r0, t0, nt); }
 TARGET_512 static void q4_x8_512x1(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 1, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x2(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 2, r0, t0, nt); }
 TARGET_512 static void q4_x8_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 4, r0, t0, nt); }
 TARGET_512 static void q4_x8_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 8, r0, t0, nt); }
 
@@ -845,7 +848,8 @@ void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n
                             int n_tokens, int r0, int r1) {
     const q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
     const bool vnni = kt_cpu_has_avx_vnni(), wide = kt_cpu_has_avx512_vnni();
-    const q4_tile8_fn tile1 = vnni ? q4_x8_vnni_1 : q4_x8_avx2_1, tile4 = vnni ? q4_x8_vnni : q4_x8_avx2;
+    const q4_tile8_fn tile1 = vnni ? q4_x8_vnni_1 : q4_x8_avx2_1, tile2 = vnni ? q4_x8_vnni_2 : q4_x8_avx2_2;
+    const q4_tile8_fn tile4 = vnni ? q4_x8_vnni : q4_x8_avx2;
     const int chunk = token_chunk(n_in, 1);
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
@@ -854,13 +858,15 @@ void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n
             for (int t = c0; t < c1;) {
                 const int n = c1 - t;
                 if (n >= Q4_TOKENS512) q4_x8_512x8(&a, r, t, Q4_TOKENS512), t += Q4_TOKENS512;
-                else if (n >= 2) q4_x8_512x4(&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n >= 3) q4_x8_512x4(&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n == 2) q4_x8_512x2(&a, r, t, 2), t += 2; /* decode of 2 streams */
                 else q4_x8_512x1(&a, r, t, 1), t++;
             }
         for (; r < r1; r += Q4_ROWS)
             for (int t = c0; t < c1;) {
                 const int n = c1 - t;
-                if (n >= 2) tile4(&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                if (n >= 3) tile4(&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n == 2) tile2(&a, r, Q4_ROWS, t, 2), t += 2;
                 else tile1(&a, r, Q4_ROWS, t, 1), t++;
             }
     }
