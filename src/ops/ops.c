@@ -14,8 +14,10 @@
  *   - softmax: e = expf(x - max), x = e * (1 / sum e);
  *   - swiglu: out = gate / (1 + expf(-gate)) * up;
  *   - attention: softmax(q.k / sqrt(head_dim)) . v, written as the textbook
- *     three passes (max, sum, weighted sum) with nothing stored; the fast
- *     path is the one-pass online softmax in ops_avx2.c.
+ *     three passes (max, sum, weighted sum) with nothing stored; the SIMD
+ *     kernels in ops_avx2.c keep its order (scores stored, then the exps
+ *     and their sum, then V), per token or, in prefill with AVX-512, per
+ *     block of 16 tokens of one sequence.
  *
  * Every kernel works on whole rows of one token, so a token's results do
  * not depend on the batch it is in.
@@ -185,62 +187,107 @@ void kt_attention_ref(const kt_attn_args *a) {
         for (int h = 0; h < a->n_head; h++) attention_head_ref(a, t, h);
 }
 
+/* A unit of attention work: query tokens [t0, t0 + nt) (nt > 1: a block
+ * of one sequence for kt_attention_block_avx512) and heads [h0, h1) of one
+ * KV group. */
+typedef struct attn_unit {
+    int t0, nt, h0, h1;
+} attn_unit;
+
 typedef struct attn_job {
     const kt_attn_args *a;
     bool simd;
-    int per_unit;      /* heads of one KV group per unit of work */
-    int n_sub;         /* units per (token, KV group) */
-    float *scratch;    /* per thread: per_unit rows of `row` floats, then 2 * row
-                          pointers (kt_attention_group_avx2's layout) */
-    size_t per_thread; /* floats of scratch per thread */
-    size_t row;
+    attn_unit *units;
+    long n_units;
+    float *scratch;    /* per thread: per_thread floats */
+    size_t per_thread;
+    size_t row;        /* kt_attention_group_avx2's score row length */
 } attn_job;
 
-/* Units are (token, KV group, head batch); thread ith takes units ith,
- * ith + nth, ...: causal rows grow with the token, so striding balances
- * the work. */
+/* Thread ith takes units ith, ith + nth, ...: causal rows grow with the
+ * token, so striding balances the work. */
 static void attn_task(void *ctx, int ith, int nth) {
     const attn_job *j = ctx;
-    const kt_attn_args *a = j->a;
-    const int group = a->n_head / a->n_head_kv;
-    const long per_token = (long)a->n_head_kv * j->n_sub;
     float *scratch = j->scratch ? j->scratch + (size_t)ith * j->per_thread : NULL;
-    for (long u = ith; u < (long)a->n_tokens * per_token; u += nth) {
-        const int t = (int)(u / per_token);
-        const long gs = u % per_token; /* group * n_sub + sub */
-        const int g_start = (int)(gs / j->n_sub) * group;
-        const int h0 = g_start + (int)(gs % j->n_sub) * j->per_unit;
-        const int h1 = h0 + j->per_unit < g_start + group ? h0 + j->per_unit : g_start + group;
-        if (j->simd) kt_attention_group_avx2(a, t, h0, h1, scratch, j->row);
-        else for (int h = h0; h < h1; h++) attention_head_ref(a, t, h);
+    for (long u = ith; u < j->n_units; u += nth) {
+        const attn_unit *w = &j->units[u];
+        if (!j->simd)
+            for (int h = w->h0; h < w->h1; h++) attention_head_ref(j->a, w->t0, h);
+        else if (w->nt > 1)
+            kt_attention_block_avx512(j->a, w->t0, w->nt, w->h0, w->h1 - w->h0, scratch);
+        else
+            kt_attention_group_avx2(j->a, w->t0, w->h0, w->h1, scratch, j->row);
     }
 }
 
-void kt_attention(kt_pool *pool, const kt_attn_args *a) {
-    if (!attn_args_ok(a)) return;
-    /* Split each group's heads into batches when there are too few
-     * (token, group) pairs to keep every thread busy (decode with few KV
-     * heads), never more than ATTN_MAX_GROUP heads a batch. */
-    const int group = a->n_head / a->n_head_kv, nth = kt_pool_size(pool);
-    const long pairs = (long)a->n_tokens * a->n_head_kv;
+/* Tokens from t that share t's KV rows (contiguous cache, or the same
+ * block table), at most KT_ATTN_BLOCK_TOKENS. */
+static int run_length(const kt_attn_args *a, int t) {
+    int n = 1;
+    while (n < KT_ATTN_BLOCK_TOKENS && t + n < a->n_tokens && (!a->blocks || a->blocks[t + n] == a->blocks[t])) n++;
+    return n;
+}
+
+/* The units: per run of tokens (blocks of a sequence's prefill where the
+ * AVX-512 block kernel applies, else single tokens) and KV group, the
+ * group's heads in batches -- more batches when there are too few units
+ * to keep every thread busy (decode with few KV heads), never more than
+ * ATTN_MAX_GROUP heads a batch. NULL if out of memory. */
+static attn_unit *plan_units(const kt_attn_args *a, bool blocks, int nth, long *n_units) {
+    const int group = a->n_head / a->n_head_kv;
+    long runs = 0;
+    for (int t = 0; t < a->n_tokens; runs++) t += blocks && run_length(a, t) >= 4 ? run_length(a, t) : 1;
+    const long pairs = runs * a->n_head_kv;
     int n_sub = pairs >= 2L * nth ? 1 : (int)((2L * nth + pairs - 1) / pairs);
     if (n_sub > group) n_sub = group;
     int per_unit = (group + n_sub - 1) / n_sub;
     if (per_unit > ATTN_MAX_GROUP) per_unit = ATTN_MAX_GROUP;
     n_sub = (group + per_unit - 1) / per_unit;
+    attn_unit *u = malloc(sizeof *u * (size_t)(pairs * n_sub));
+    if (!u) return NULL;
+    long n = 0;
+    for (int t = 0; t < a->n_tokens;) {
+        const int nt = blocks && run_length(a, t) >= 4 ? run_length(a, t) : 1;
+        for (int g = 0; g < a->n_head_kv; g++)
+            for (int s = 0; s < n_sub; s++) {
+                const int h0 = g * group + s * per_unit, h1 = h0 + per_unit < (g + 1) * group ? h0 + per_unit : (g + 1) * group;
+                u[n++] = (attn_unit){t, nt, h0, h1};
+            }
+        t += nt;
+    }
+    *n_units = n;
+    return u;
+}
+
+void kt_attention(kt_pool *pool, const kt_attn_args *a) {
+    if (!attn_args_ok(a)) return;
+    const int nth = kt_pool_size(pool), group = a->n_head / a->n_head_kv;
+    const int per_unit_max = group < ATTN_MAX_GROUP ? group : ATTN_MAX_GROUP;
     /* scores of the longest row, rounded to whole cache lines */
     int longest = 0;
     for (int t = 0; t < a->n_tokens; t++)
         longest = kt_attn_n_pos(a, t) > longest ? kt_attn_n_pos(a, t) : longest;
-    size_t row = ((size_t)longest + 15) / 16 * 16;
-    attn_job j = {a, kt_cpu_has_avx2(), per_unit, n_sub, NULL, 0, row};
-    j.per_thread = row * ((size_t)per_unit + 2 * sizeof(char *) / sizeof(float));
+    attn_job j = {.a = a, .simd = kt_cpu_has_avx2(), .row = ((size_t)longest + 15) / 16 * 16};
+    const bool blocks = j.simd && kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 && a->head_dim <= 256 &&
+                        a->n_tokens >= 4;
+    j.units = plan_units(a, blocks, nth, &j.n_units);
+    j.per_thread = j.row * ((size_t)per_unit_max + 2 * sizeof(char *) / sizeof(float));
+    if (blocks) {
+        const size_t b = kt_attention_block_floats(a->head_dim, per_unit_max, longest);
+        j.per_thread = b > j.per_thread ? b : j.per_thread;
+    }
     void *owned = NULL;
     if (j.simd) {
         size_t bytes = j.per_thread * (size_t)nth * sizeof(float);
         j.scratch = pool ? kt_pool_scratch(pool, bytes) : (owned = malloc(bytes));
-        if (!j.scratch) j.simd = false; /* out of memory: the reference, slowly */
+    }
+    if (!j.units || (j.simd && !j.scratch)) { /* out of memory: the reference, slowly */
+        free(j.units);
+        free(owned);
+        kt_attention_ref(a);
+        return;
     }
     kt_pool_run(pool, attn_task, &j);
+    free(j.units);
     free(owned);
 }
