@@ -557,23 +557,45 @@ TARGET_512 static void block_softmax(float *S, int nh, int np_pad, int np_max, _
 /* acc[(h * AB_TOKENS + i) * hd ..] += sum over p in [c0, c1) of lane i of
  * S[h][p] times V row p, for heads h0, h0 + 1 (H = 2) or h0 alone; V rows
  * of the chunk in v[p - c0]. */
-TARGET_512 INL void block_values_h(const float *S, int np_pad, int hd, int h0, const int H, int i, int c0, int c1,
-                                   const float *const *v, float *acc) {
-    __m512 a[2][16];
-    const int nv = hd / 16;
+TARGET_512 INL void block_values_h(const float *S, int np_pad, const int nv, int h0, const int H, int i, int c0,
+                                   int c1, const float *const *v, float *acc) {
+    const int hd = 16 * nv;
+    __m512 a[2][16] = {{_mm512_setzero_ps()}}; /* the lanes used are all loaded below */
+#pragma GCC unroll 2
     for (int h = 0; h < H; h++)
+#pragma GCC unroll 16
         for (int j = 0; j < nv; j++) a[h][j] = _mm512_load_ps(acc + ((size_t)(h0 + h) * AB_TOKENS + i) * hd + 16 * j);
     for (int p = c0; p < c1; p++) {
         const float *vp = v[p - c0];
         __m512 ep[2];
+#pragma GCC unroll 2
         for (int h = 0; h < H; h++) ep[h] = _mm512_set1_ps(S[((size_t)(h0 + h) * np_pad + p) * AB_TOKENS + i]);
+#pragma GCC unroll 16
         for (int j = 0; j < nv; j++) {
             const __m512 vv = _mm512_loadu_ps(vp + 16 * j);
+#pragma GCC unroll 2
             for (int h = 0; h < H; h++) a[h][j] = _mm512_add_ps(a[h][j], _mm512_mul_ps(ep[h], vv));
         }
     }
+#pragma GCC unroll 2
     for (int h = 0; h < H; h++)
+#pragma GCC unroll 16
         for (int j = 0; j < nv; j++) _mm512_store_ps(acc + ((size_t)(h0 + h) * AB_TOKENS + i) * hd + 16 * j, a[h][j]);
+}
+
+/* block_values_h with the vector count a constant for the common head
+ * sizes (64, 128), so the accumulators stay in registers. */
+TARGET_512 static void block_values(const float *S, int np_pad, int hd, int nh, int i, int c0, int c1,
+                                    const float *const *v, float *acc) {
+    int h = 0;
+    if (hd == 64) {
+        for (; h + 2 <= nh; h += 2) block_values_h(S, np_pad, 4, h, 2, i, c0, c1, v, acc);
+        if (h < nh) block_values_h(S, np_pad, 4, h, 1, i, c0, c1, v, acc);
+    } else if (hd == 128) {
+        for (; h < nh; h++) block_values_h(S, np_pad, 8, h, 1, i, c0, c1, v, acc);
+    } else {
+        for (; h < nh; h++) block_values_h(S, np_pad, hd / 16, h, 1, i, c0, c1, v, acc);
+    }
 }
 
 TARGET_512 void kt_attention_block_avx512(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
@@ -614,9 +636,7 @@ TARGET_512 void kt_attention_block_avx512(const kt_attn_args *a, int t0, int nt,
         for (int i = 0; i < nt; i++) {
             const int end = c1 < np[i] ? c1 : np[i];
             if (end <= c0) continue;
-            int h = 0;
-            for (; h + 2 <= nh; h += 2) block_values_h(S, np_pad, hd, h, 2, i, c0, end, v, acc);
-            if (h < nh) block_values_h(S, np_pad, hd, h, 1, i, c0, end, v, acc);
+            block_values(S, np_pad, hd, nh, i, c0, end, v, acc);
         }
     }
     for (int i = 0; i < nt; i++)
