@@ -139,13 +139,13 @@ static inline const char *kt_attn_row(const kt_attn_args *a, const void *base, i
  * same KV head, at most ATTN_MAX_GROUP of them. */
 void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float *scratch, size_t row);
 
-/* Prefill with AVX-512 (head_dim a multiple of 16, at most 256): query
- * tokens t0 .. t0+nt-1 (nt <= 16, one sequence: the same block table) and
- * heads h0 .. h0+nh-1 of one KV group (nh <= ATTN_MAX_GROUP) together,
- * with the per-token kernel's bits. scratch: kt_attention_block_floats
- * floats for the longest of the tokens' n_pos. */
+/* Prefill: query tokens t0 .. t0+nt-1 (nt <= 8 with AVX2, 16 with
+ * AVX-512; one sequence: the same block table) and heads h0 .. h0+nh-1 of
+ * one KV group (nh <= ATTN_MAX_GROUP) together, with the per-token
+ * kernel's bits; head_dim a multiple of 8 (16), at most 256. scratch:
+ * kt_attention_block_floats floats for the longest of the tokens' n_pos. */
+void kt_attention_block_avx2(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch);
 void kt_attention_block_avx512(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch);
 size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max);
-#define KT_ATTN_BLOCK_TOKENS 16
 
 #endif

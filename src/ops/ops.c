@@ -197,6 +197,7 @@ typedef struct attn_unit {
 typedef struct attn_job {
     const kt_attn_args *a;
     bool simd;
+    int block_tokens;  /* the block kernel's width (8, 16), or 0: none */
     attn_unit *units;
     long n_units;
     float *scratch;    /* per thread: per_thread floats */
@@ -213,18 +214,20 @@ static void attn_task(void *ctx, int ith, int nth) {
         const attn_unit *w = &j->units[u];
         if (!j->simd)
             for (int h = w->h0; h < w->h1; h++) attention_head_ref(j->a, w->t0, h);
-        else if (w->nt > 1)
+        else if (w->nt > 1 && j->block_tokens == 16)
             kt_attention_block_avx512(j->a, w->t0, w->nt, w->h0, w->h1 - w->h0, scratch);
+        else if (w->nt > 1)
+            kt_attention_block_avx2(j->a, w->t0, w->nt, w->h0, w->h1 - w->h0, scratch);
         else
             kt_attention_group_avx2(j->a, w->t0, w->h0, w->h1, scratch, j->row);
     }
 }
 
 /* Tokens from t that share t's KV rows (contiguous cache, or the same
- * block table), at most KT_ATTN_BLOCK_TOKENS. */
-static int run_length(const kt_attn_args *a, int t) {
+ * block table), at most w. */
+static int run_length(const kt_attn_args *a, int t, int w) {
     int n = 1;
-    while (n < KT_ATTN_BLOCK_TOKENS && t + n < a->n_tokens && (!a->blocks || a->blocks[t + n] == a->blocks[t])) n++;
+    while (n < w && t + n < a->n_tokens && (!a->blocks || a->blocks[t + n] == a->blocks[t])) n++;
     return n;
 }
 
@@ -233,10 +236,15 @@ static int run_length(const kt_attn_args *a, int t) {
  * group's heads in batches -- more batches when there are too few units
  * to keep every thread busy (decode with few KV heads), never more than
  * ATTN_MAX_GROUP heads a batch. NULL if out of memory. */
-static attn_unit *plan_units(const kt_attn_args *a, bool blocks, int nth, long *n_units) {
+static int unit_tokens(const kt_attn_args *a, int t, int w) {
+    const int n = w ? run_length(a, t, w) : 1;
+    return n >= 4 ? n : 1; /* shorter runs: a block would be mostly empty lanes */
+}
+
+static attn_unit *plan_units(const kt_attn_args *a, int w, int nth, long *n_units) {
     const int group = a->n_head / a->n_head_kv;
     long runs = 0;
-    for (int t = 0; t < a->n_tokens; runs++) t += blocks && run_length(a, t) >= 4 ? run_length(a, t) : 1;
+    for (int t = 0; t < a->n_tokens; runs++) t += unit_tokens(a, t, w);
     const long pairs = runs * a->n_head_kv;
     int n_sub = pairs >= 2L * nth ? 1 : (int)((2L * nth + pairs - 1) / pairs);
     if (n_sub > group) n_sub = group;
@@ -247,7 +255,7 @@ static attn_unit *plan_units(const kt_attn_args *a, bool blocks, int nth, long *
     if (!u) return NULL;
     long n = 0;
     for (int t = 0; t < a->n_tokens;) {
-        const int nt = blocks && run_length(a, t) >= 4 ? run_length(a, t) : 1;
+        const int nt = unit_tokens(a, t, w);
         for (int g = 0; g < a->n_head_kv; g++)
             for (int s = 0; s < n_sub; s++) {
                 const int h0 = g * group + s * per_unit, h1 = h0 + per_unit < (g + 1) * group ? h0 + per_unit : (g + 1) * group;
@@ -268,11 +276,14 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
     for (int t = 0; t < a->n_tokens; t++)
         longest = kt_attn_n_pos(a, t) > longest ? kt_attn_n_pos(a, t) : longest;
     attn_job j = {.a = a, .simd = kt_cpu_has_avx2(), .row = ((size_t)longest + 15) / 16 * 16};
-    const bool blocks = j.simd && kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 && a->head_dim <= 256 &&
-                        a->n_tokens >= 4;
-    j.units = plan_units(a, blocks, nth, &j.n_units);
+    /* prefill: blocks of 16 (AVX-512) or 8 (AVX2) query tokens */
+    const int w = !j.simd || a->n_tokens < 4 || a->head_dim > 256 ? 0
+                  : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16
+                  : a->head_dim % 8 == 0 ? 8 : 0;
+    j.block_tokens = w;
+    j.units = plan_units(a, w, nth, &j.n_units);
     j.per_thread = j.row * ((size_t)per_unit_max + 2 * sizeof(char *) / sizeof(float));
-    if (blocks) {
+    if (w) {
         const size_t b = kt_attention_block_floats(a->head_dim, per_unit_max, longest);
         j.per_thread = b > j.per_thread ? b : j.per_thread;
     }

@@ -449,14 +449,15 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     }
 }
 
-/* ---- prefill: blocks of query tokens (AVX-512) ---------------------------
+/* ---- prefill: blocks of query tokens -----------------------------------
  *
  * Token by token, every (token, head) streams its KV head's whole K and V
  * rows: at 2,000 positions that is megabytes per token from L3, and
  * attention was over half of a long prefill while doing a tenth of the
- * arithmetic the core can. Here up to 16 query tokens of one sequence and
- * the heads of one KV group are done together, each K and V row read once
- * for all of them, with the tokens in the 16 lanes:
+ * arithmetic the core can. kt_attention_block_* instead take up to W
+ * query tokens of one sequence (W = 8 with AVX2, 16 with AVX-512) and the
+ * heads of one KV group together, each K and V row read once for all of
+ * them, with the tokens in the W lanes:
  *   scores  lane i of S[h][p] = (q_i,h . k_p) * scale, summed over the
  *           elements in order (Q transposed once per block, k_p broadcast)
  *   softmax per lane: the max, the exps, their sum in double in position
@@ -464,10 +465,11 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
  *   values  per (token, head), dims in lanes: sum_p e_p * v_p in position
  *           order, V read in chunks that stay in L1 for every (token, head)
  * Lane by lane these are the operations of the per-token kernels above
- * (exp512 is exp256 on 16 lanes), so the bits are theirs. */
+ * (exp512 is exp256 on 16 lanes), so the bits are theirs. The body is
+ * written once, in attn_block_impl.h, over a small vocabulary of vector
+ * operations defined below for each width. */
 
-#define AB_TOKENS 16 /* query tokens per block: one per lane */
-#define AB_CHUNK 64  /* positions per values pass */
+#define AB_CHUNK 64 /* positions per values pass */
 
 /* exp256, op for op, on 16 lanes. */
 TARGET_512 INL __m512 exp512(__m512 x) {
@@ -500,150 +502,64 @@ INL const float *kv_row_f32(const char *row, kt_dtype type, int hd, float *buf) 
 }
 
 size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
-    const size_t np_pad = ((size_t)n_pos_max + 7) / 8 * 8;
-    return (size_t)heads * head_dim * AB_TOKENS * 2 /* Qt, acc */ + (size_t)heads * np_pad * AB_TOKENS /* S */ +
+    const size_t np_pad = ((size_t)n_pos_max + 7) / 8 * 8, w = 16; /* the wider block */
+    return (size_t)heads * head_dim * w * 2 /* Qt, acc */ + (size_t)heads * np_pad * w /* S */ +
            (size_t)(8 + AB_CHUNK) * head_dim /* K, V widened */ + 2 * np_pad * (sizeof(char *) / sizeof(float)) + 64;
 }
 
-/* S[h][p] for p in [0, np_pad), 8 positions at a time per head. */
-TARGET_512 static void block_scores(const float *qt, int nh, int hd, const kv_view *kv, int np_pad, float scale,
-                                    float *kbuf, float *S) {
-    for (int p = 0; p < np_pad; p += 8) {
-        const float *k[8];
-        for (int j = 0; j < 8; j++) k[j] = kv_row_f32(kv->k[p + j], kv->type, hd, kbuf + (size_t)j * hd);
-        for (int h = 0; h < nh; h++) {
-            const float *q = qt + (size_t)h * hd * AB_TOKENS;
-            __m512 acc[8];
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
-            for (int e = 0; e < hd; e++) {
-                const __m512 qv = _mm512_load_ps(q + (size_t)e * AB_TOKENS);
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(qv, _mm512_set1_ps(k[j][e])));
-            }
-            float *s = S + ((size_t)h * np_pad + p) * AB_TOKENS;
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) _mm512_store_ps(s + (size_t)j * AB_TOKENS, _mm512_mul_ps(acc[j], _mm512_set1_ps(scale)));
-        }
-    }
-}
+/* 8 lanes, AVX2. Lane masks are all-ones / zero float lanes. */
+#define AB_W 8
+#define AB_TARGET
+#define AB_NAME(x) x##_avx2
+#define AB_F __m256
+#define AB_D __m256d
+#define AB_M __m256
+#define ab_set1 _mm256_set1_ps
+#define ab_zero _mm256_setzero_ps
+#define ab_load _mm256_load_ps
+#define ab_loadu _mm256_loadu_ps
+#define ab_store _mm256_store_ps
+#define ab_storeu _mm256_storeu_ps
+#define ab_add _mm256_add_ps
+#define ab_sub _mm256_sub_ps
+#define ab_mul _mm256_mul_ps
+#define ab_exp exp256
+#define ab_live(np, p) _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(np)), _mm256_set1_epi32(p)))
+#define ab_max_live(acc, m, v) _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), m)
+#define ab_keep(m, v) _mm256_and_ps(v, m)
+#define ab_dzero _mm256_setzero_pd
+#define ab_dlo(v) _mm256_cvtps_pd(_mm256_castps256_ps128(v))
+#define ab_dhi(v) _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))
+#define ab_dadd _mm256_add_pd
+#define ab_inv(lo, hi) _mm256_set_m128(_mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), hi)), \
+                                       _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), lo)))
+#include "ops/attn_block_impl.h"
 
-/* In place over S[h][0 .. np_max): the exps (0 where p >= the lane's
- * n_pos); inv[h] lane i = 1 / (their sum), as float. */
-TARGET_512 static void block_softmax(float *S, int nh, int np_pad, int np_max, __m512i npv, float *inv) {
-    for (int h = 0; h < nh; h++) {
-        float *s = S + (size_t)h * np_pad * AB_TOKENS;
-        __m512 vmax = _mm512_set1_ps(-INFINITY);
-        for (int p = 0; p < np_max; p++) {
-            const __mmask16 live = _mm512_cmpgt_epi32_mask(npv, _mm512_set1_epi32(p));
-            vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_load_ps(s + (size_t)p * AB_TOKENS));
-        }
-        __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-        for (int p = 0; p < np_max; p++) {
-            const __mmask16 live = _mm512_cmpgt_epi32_mask(npv, _mm512_set1_epi32(p));
-            float *sp = s + (size_t)p * AB_TOKENS;
-            const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(sp), vmax)));
-            _mm512_store_ps(sp, e);
-            lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-            hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-        }
-        const __m512d one = _mm512_set1_pd(1.0);
-        const __m256 ilo = _mm512_cvtpd_ps(_mm512_div_pd(one, lo)), ihi = _mm512_cvtpd_ps(_mm512_div_pd(one, hi));
-        _mm512_storeu_ps(inv + (size_t)h * AB_TOKENS,
-                         _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(ilo)), _mm256_castps_pd(ihi), 1)));
-    }
-}
-
-/* acc[(h * AB_TOKENS + i) * hd ..] += sum over p in [c0, c1) of lane i of
- * S[h][p] times V row p, for heads h0, h0 + 1 (H = 2) or h0 alone; V rows
- * of the chunk in v[p - c0]. */
-TARGET_512 INL void block_values_h(const float *S, int np_pad, const int nv, int h0, const int H, int i, int c0,
-                                   int c1, const float *const *v, float *acc) {
-    const int hd = 16 * nv;
-    __m512 a[2][16] = {{_mm512_setzero_ps()}}; /* the lanes used are all loaded below */
-#pragma GCC unroll 2
-    for (int h = 0; h < H; h++)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++) a[h][j] = _mm512_load_ps(acc + ((size_t)(h0 + h) * AB_TOKENS + i) * hd + 16 * j);
-    for (int p = c0; p < c1; p++) {
-        const float *vp = v[p - c0];
-        __m512 ep[2];
-#pragma GCC unroll 2
-        for (int h = 0; h < H; h++) ep[h] = _mm512_set1_ps(S[((size_t)(h0 + h) * np_pad + p) * AB_TOKENS + i]);
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++) {
-            const __m512 vv = _mm512_loadu_ps(vp + 16 * j);
-#pragma GCC unroll 2
-            for (int h = 0; h < H; h++) a[h][j] = _mm512_add_ps(a[h][j], _mm512_mul_ps(ep[h], vv));
-        }
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < H; h++)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++) _mm512_store_ps(acc + ((size_t)(h0 + h) * AB_TOKENS + i) * hd + 16 * j, a[h][j]);
-}
-
-/* block_values_h with the vector count a constant for the common head
- * sizes (64, 128), so the accumulators stay in registers. */
-TARGET_512 static void block_values(const float *S, int np_pad, int hd, int nh, int i, int c0, int c1,
-                                    const float *const *v, float *acc) {
-    int h = 0;
-    if (hd == 64) {
-        for (; h + 2 <= nh; h += 2) block_values_h(S, np_pad, 4, h, 2, i, c0, c1, v, acc);
-        if (h < nh) block_values_h(S, np_pad, 4, h, 1, i, c0, c1, v, acc);
-    } else if (hd == 128) {
-        for (; h < nh; h++) block_values_h(S, np_pad, 8, h, 1, i, c0, c1, v, acc);
-    } else {
-        for (; h < nh; h++) block_values_h(S, np_pad, hd / 16, h, 1, i, c0, c1, v, acc);
-    }
-}
-
-TARGET_512 void kt_attention_block_avx512(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
-    const int hd = a->head_dim, kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
-    int np[AB_TOKENS], np_max = 0;
-    for (int i = 0; i < nt; i++) {
-        np[i] = kt_attn_n_pos(a, t0 + i);
-        np_max = np[i] > np_max ? np[i] : np_max;
-    }
-    const int np_pad = (np_max + 7) / 8 * 8;
-    /* scratch (64-byte aligned): Qt, acc, S, K/V widened, row addresses */
-    float *qt = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float *acc = qt + (size_t)nh * hd * AB_TOKENS;
-    float *S = acc + (size_t)nh * hd * AB_TOKENS;
-    float *kbuf = S + (size_t)nh * np_pad * AB_TOKENS, *vbuf = kbuf + (size_t)8 * hd;
-    kv_view kv = {(const char **)(vbuf + (size_t)AB_CHUNK * hd), NULL, a->kv_type};
-    kv.v = kv.k + np_pad;
-    kv_view_build(&kv, a, t0 + nt - 1, kvh, np_max); /* one sequence: one block table */
-    for (int p = np_max; p < np_pad; p++) kv.k[p] = kv.k[np_max - 1], kv.v[p] = kv.v[np_max - 1];
-
-    for (int h = 0; h < nh; h++)
-        for (int e = 0; e < hd; e++)
-            for (int i = 0; i < AB_TOKENS; i++)
-                qt[((size_t)h * hd + e) * AB_TOKENS + i] =
-                    i < nt ? a->q[(size_t)(t0 + i) * a->q_stride + (size_t)(h0 + h) * hd + e] : 0.0f;
-    memset(acc, 0, sizeof(float) * (size_t)nh * hd * AB_TOKENS);
-
-    block_scores(qt, nh, hd, &kv, np_pad, 1.0f / sqrtf((float)hd), kbuf, S);
-    int npl[AB_TOKENS];
-    for (int i = 0; i < AB_TOKENS; i++) npl[i] = i < nt ? np[i] : 0;
-    float inv[ATTN_MAX_GROUP * AB_TOKENS];
-    block_softmax(S, nh, np_pad, np_max, _mm512_loadu_si512(npl), inv);
-
-    const float *v[AB_CHUNK];
-    for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
-        const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
-        for (int p = c0; p < c1; p++) v[p - c0] = kv_row_f32(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
-        for (int i = 0; i < nt; i++) {
-            const int end = c1 < np[i] ? c1 : np[i];
-            if (end <= c0) continue;
-            block_values(S, np_pad, hd, nh, i, c0, end, v, acc);
-        }
-    }
-    for (int i = 0; i < nt; i++)
-        for (int h = 0; h < nh; h++) {
-            float *o = a->out + (size_t)(t0 + i) * a->out_stride + (size_t)(h0 + h) * hd;
-            const __m512 s = _mm512_set1_ps(inv[h * AB_TOKENS + i]);
-            for (int j = 0; j < hd / 16; j++)
-                _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(_mm512_load_ps(acc + ((size_t)h * AB_TOKENS + i) * hd + 16 * j), s));
-        }
-}
+/* 16 lanes, AVX-512. */
+#define AB_W 16
+#define AB_TARGET TARGET_512
+#define AB_NAME(x) x##_avx512
+#define AB_F __m512
+#define AB_D __m512d
+#define AB_M __mmask16
+#define ab_set1 _mm512_set1_ps
+#define ab_zero _mm512_setzero_ps
+#define ab_load _mm512_load_ps
+#define ab_loadu _mm512_loadu_ps
+#define ab_store _mm512_store_ps
+#define ab_storeu _mm512_storeu_ps
+#define ab_add _mm512_add_ps
+#define ab_sub _mm512_sub_ps
+#define ab_mul _mm512_mul_ps
+#define ab_exp exp512
+#define ab_live(np, p) _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(np), _mm512_set1_epi32(p))
+#define ab_max_live(acc, m, v) _mm512_mask_max_ps(acc, m, acc, v)
+#define ab_keep(m, v) _mm512_maskz_mov_ps(m, v)
+#define ab_dzero _mm512_setzero_pd
+#define ab_dlo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
+#define ab_dhi(v) _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
+#define ab_dadd _mm512_add_pd
+#define ab_inv(lo, hi) _mm512_castpd_ps(_mm512_insertf64x4(                                                   \
+    _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), lo)))),        \
+    _mm256_castps_pd(_mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), hi))), 1))
+#include "ops/attn_block_impl.h"

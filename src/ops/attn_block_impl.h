@@ -1,0 +1,181 @@
+/*
+ * attn_block_impl.h - the body of kt_attention_block_avx2 / _avx512 (see
+ * "prefill: blocks of query tokens" in ops_avx2.c), written once over a
+ * vocabulary of vector operations. ops_avx2.c includes it twice, after
+ * defining that vocabulary for 8 lanes (AVX2) and for 16 (AVX-512):
+ *   AB_W lanes, AB_TARGET (function attribute), AB_NAME(x) (suffixed name),
+ *   AB_F float vector, AB_D vector of AB_W / 2 doubles, AB_M lane mask,
+ *   ab_set1 ab_zero ab_load ab_loadu ab_store ab_storeu ab_add ab_sub
+ *   ab_mul ab_exp (exp256 / exp512, the same per lane),
+ *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
+ *   ab_max_live(acc, m, v), ab_keep(m, v) (dead lanes 0),
+ *   ab_dzero ab_dlo ab_dhi ab_dadd (halves widened to double, summed),
+ *   ab_inv(lo, hi): lanes of (float)(1.0 / sum).
+ * Not a header to include anywhere else; it undefines the vocabulary at
+ * the end so the next width can define it again.
+ */
+
+/* S[h][p] for p in [0, np_pad), 8 positions at a time per head: lane i is
+ * token i's dot, summed over the elements in order, times scale. */
+AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, const kv_view *kv, int np_pad,
+                                            float scale, float *kbuf, float *S) {
+    for (int p = 0; p < np_pad; p += 8) {
+        const float *k[8];
+        for (int j = 0; j < 8; j++) k[j] = kv_row_f32(kv->k[p + j], kv->type, hd, kbuf + (size_t)j * hd);
+        for (int h = 0; h < nh; h++) {
+            const float *q = qt + (size_t)h * hd * AB_W;
+            AB_F acc[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) acc[j] = ab_zero();
+            for (int e = 0; e < hd; e++) {
+                const AB_F qv = ab_load(q + (size_t)e * AB_W);
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) acc[j] = ab_add(acc[j], ab_mul(qv, ab_set1(k[j][e])));
+            }
+            float *s = S + ((size_t)h * np_pad + p) * AB_W;
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) ab_store(s + (size_t)j * AB_W, ab_mul(acc[j], ab_set1(scale)));
+        }
+    }
+}
+
+/* In place over S[h][0 .. np_max): the exps (0 where p >= the lane's
+ * n_pos); inv[h * AB_W + i] = 1 / (lane i's sum), as float. */
+AB_TARGET static void AB_NAME(block_softmax)(float *S, int nh, int np_pad, int np_max, const int32_t *np,
+                                             float *inv) {
+    for (int h = 0; h < nh; h++) {
+        float *s = S + (size_t)h * np_pad * AB_W;
+        AB_F vmax = ab_set1(-INFINITY);
+        for (int p = 0; p < np_max; p++) vmax = ab_max_live(vmax, ab_live(np, p), ab_load(s + (size_t)p * AB_W));
+        AB_D lo = ab_dzero(), hi = ab_dzero();
+        for (int p = 0; p < np_max; p++) {
+            float *sp = s + (size_t)p * AB_W;
+            const AB_F e = ab_keep(ab_live(np, p), ab_exp(ab_sub(ab_load(sp), vmax)));
+            ab_store(sp, e);
+            lo = ab_dadd(lo, ab_dlo(e));
+            hi = ab_dadd(hi, ab_dhi(e));
+        }
+        ab_storeu(inv + (size_t)h * AB_W, ab_inv(lo, hi));
+    }
+}
+
+/* acc[(h * AB_W + i) * hd ..] += sum over p in [c0, c1) of lane i of
+ * S[h][p] times V row p (v[p - c0]), for heads h0 .. h0 + H - 1; nv = hd /
+ * AB_W vectors a row (constants in the callers, so the sums stay in
+ * registers). */
+AB_TARGET static inline __attribute__((always_inline)) void
+AB_NAME(block_values_h)(const float *S, int np_pad, const int nv, int h0, const int H, int i, int c0, int c1,
+                        const float *const *v, float *acc) {
+    const int hd = AB_W * nv;
+    AB_F a[2][16] = {{ab_zero()}}; /* the lanes used are all loaded below */
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 16
+        for (int j = 0; j < nv; j++) a[h][j] = ab_load(acc + ((size_t)(h0 + h) * AB_W + i) * hd + AB_W * j);
+    for (int p = c0; p < c1; p++) {
+        const float *vp = v[p - c0];
+        AB_F ep[2];
+#pragma GCC unroll 2
+        for (int h = 0; h < H; h++) ep[h] = ab_set1(S[((size_t)(h0 + h) * np_pad + p) * AB_W + i]);
+#pragma GCC unroll 16
+        for (int j = 0; j < nv; j++) {
+            const AB_F vv = ab_loadu(vp + AB_W * j);
+#pragma GCC unroll 2
+            for (int h = 0; h < H; h++) a[h][j] = ab_add(a[h][j], ab_mul(ep[h], vv));
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 16
+        for (int j = 0; j < nv; j++) ab_store(acc + ((size_t)(h0 + h) * AB_W + i) * hd + AB_W * j, a[h][j]);
+}
+
+/* The common head sizes (64, 128) with nv constant; two heads at a time
+ * where their sums fit in the registers. */
+AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, int nh, int i, int c0, int c1,
+                                            const float *const *v, float *acc) {
+    int h = 0;
+    if (hd == 64 && AB_W == 16) {
+        for (; h + 2 <= nh; h += 2) AB_NAME(block_values_h)(S, np_pad, 64 / AB_W, h, 2, i, c0, c1, v, acc);
+        if (h < nh) AB_NAME(block_values_h)(S, np_pad, 64 / AB_W, h, 1, i, c0, c1, v, acc);
+    } else if (hd == 64) {
+        for (; h < nh; h++) AB_NAME(block_values_h)(S, np_pad, 64 / AB_W, h, 1, i, c0, c1, v, acc);
+    } else if (hd == 128) {
+        for (; h < nh; h++) AB_NAME(block_values_h)(S, np_pad, 128 / AB_W, h, 1, i, c0, c1, v, acc);
+    } else {
+        for (; h < nh; h++) AB_NAME(block_values_h)(S, np_pad, hd / AB_W, h, 1, i, c0, c1, v, acc);
+    }
+}
+
+AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
+    const int hd = a->head_dim, kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
+    int32_t np[AB_W];
+    int np_max = 0;
+    for (int i = 0; i < AB_W; i++) {
+        np[i] = i < nt ? kt_attn_n_pos(a, t0 + i) : 0; /* lanes past nt: no positions */
+        np_max = np[i] > np_max ? np[i] : np_max;
+    }
+    const int np_pad = (np_max + 7) / 8 * 8;
+    /* scratch (64-byte aligned): Qt, acc, S, K/V widened, row addresses */
+    float *qt = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *acc = qt + (size_t)nh * hd * AB_W;
+    float *S = acc + (size_t)nh * hd * AB_W;
+    float *kbuf = S + (size_t)nh * np_pad * AB_W, *vbuf = kbuf + (size_t)8 * hd;
+    kv_view kv = {(const char **)(vbuf + (size_t)AB_CHUNK * hd), NULL, a->kv_type};
+    kv.v = kv.k + np_pad;
+    kv_view_build(&kv, a, t0 + nt - 1, kvh, np_max); /* one sequence: one block table */
+    for (int p = np_max; p < np_pad; p++) kv.k[p] = kv.k[np_max - 1], kv.v[p] = kv.v[np_max - 1];
+
+    for (int h = 0; h < nh; h++)
+        for (int e = 0; e < hd; e++)
+            for (int i = 0; i < AB_W; i++)
+                qt[((size_t)h * hd + e) * AB_W + i] =
+                    i < nt ? a->q[(size_t)(t0 + i) * a->q_stride + (size_t)(h0 + h) * hd + e] : 0.0f;
+    memset(acc, 0, sizeof(float) * (size_t)nh * hd * AB_W);
+
+    AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, 1.0f / sqrtf((float)hd), kbuf, S);
+    float inv[ATTN_MAX_GROUP * AB_W];
+    AB_NAME(block_softmax)(S, nh, np_pad, np_max, np, inv);
+
+    const float *v[AB_CHUNK];
+    for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
+        const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
+        for (int p = c0; p < c1; p++) v[p - c0] = kv_row_f32(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
+        for (int i = 0; i < nt; i++) {
+            const int end = c1 < np[i] ? c1 : np[i];
+            if (end > c0) AB_NAME(block_values)(S, np_pad, hd, nh, i, c0, end, v, acc);
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        for (int h = 0; h < nh; h++) {
+            float *o = a->out + (size_t)(t0 + i) * a->out_stride + (size_t)(h0 + h) * hd;
+            const AB_F s = ab_set1(inv[h * AB_W + i]);
+            for (int j = 0; j < hd / AB_W; j++)
+                ab_storeu(o + AB_W * j, ab_mul(ab_load(acc + ((size_t)h * AB_W + i) * hd + AB_W * j), s));
+        }
+}
+
+#undef AB_W
+#undef AB_TARGET
+#undef AB_NAME
+#undef AB_F
+#undef AB_D
+#undef AB_M
+#undef ab_set1
+#undef ab_zero
+#undef ab_load
+#undef ab_loadu
+#undef ab_store
+#undef ab_storeu
+#undef ab_add
+#undef ab_sub
+#undef ab_mul
+#undef ab_exp
+#undef ab_live
+#undef ab_max_live
+#undef ab_keep
+#undef ab_dzero
+#undef ab_dlo
+#undef ab_dhi
+#undef ab_dadd
+#undef ab_inv
