@@ -24,9 +24,9 @@
  * the reference does.
  * Cost: this order chains the sums, so prefill attention is slower than
  * the online-softmax kernel it replaced (pp512 -12% on tinyllama, -21% on
- * smollm; docs/PERFORMANCE.md). With AVX-512, prefill goes by blocks of 16
- * query tokens that share each K and V row read (kt_attention_block_avx512,
- * at the end of this file): the same bits, pp2048 1.4x faster.
+ * smollm; docs/PERFORMANCE.md). Prefill goes by blocks of 8 or 16 query
+ * tokens that share each K and V row read (kt_attention_block_*, at the
+ * end of this file): the same bits, pp2048 1.2x (AVX2) to 1.8x faster.
  */
 #include <immintrin.h>
 #include <math.h>
