@@ -583,7 +583,7 @@ static void write_name_ordered(const char *path, int n_layer) {
     gguf_writer *w = gguf_writer_new(&e);
     assert_non_null(w);
     assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama", &e), KT_OK);
-    char layers[64][4];
+    char layers[64][12];
     for (int l = 0; l < n_layer; l++) snprintf(layers[l], sizeof layers[l], "%d", l);
     qsort(layers, (size_t)n_layer, sizeof layers[0], str_cmp);
     const int64_t dims[2] = {ROW, ROWS};

@@ -34,6 +34,11 @@
  *     (matmul_k_avx2.c) apply the same steps: bit-identical as well. The
  *     activation quantizer is the scalar one on every path.
  *
+ * Q4_0x8 and Q4_Kx8 (ops/repack.h) are Q4_0 and Q4_K with 8 rows'
+ * blocks interleaved at load; the reference reads their blocks back and
+ * applies the plain type's steps, and the SIMD kernels must (and do, per
+ * the tests) give the same bits from either layout.
+ *
  * The AVX2 kernels for float weights keep 8 lanes per output and add them
  * up at the end, so they differ from the reference in summation order.
  *
@@ -193,8 +198,6 @@ static float sum_lanes(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* K-quant weights: per block, the activations quantized to Q8_K, then the
- * block's step (internal.h). */
 /* K-quant block step for block b of row r of w (Q4_Kx8 read back as
  * Q4_K: the same operations in both layouts). */
 static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
@@ -206,6 +209,8 @@ static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b
     return kt_kq_block_step(KT_Q4_K, &blk, 0, xq, dx, bs, acc);
 }
 
+/* K-quant weights, row r: per block, the activations quantized to Q8_K,
+ * then the block's step (internal.h). */
 static float dot_kquant_ref(const void *w, kt_dtype t, int r, const float *x, int n) {
     float acc = 0.0f;
     for (int b = 0; b < n / QK_K; b++) {

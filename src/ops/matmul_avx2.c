@@ -1160,7 +1160,9 @@ TARGET_512 INL void f_tile_512(const f_args *a, const kt_dtype wt, const int P, 
                 const char *row = rows[2 * p + h];
                 float tail = 0.0f;
                 for (int i = n8; i < n_in; i++) tail = fmaf(load_w1(wt, row, i), xs[t][i], tail);
-                const __m256 lanes = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][t]), h));
+                /* the intrinsic needs a constant half: no loop variable */
+                const __m256 lanes = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][t]), 1))
+                                       : _mm512_castps512_ps256(acc[p][t]);
                 a->out[(size_t)(t0 + t) * a->n_out + r0 + 2 * p + h] = hsum8(lanes) + tail;
             }
 }
