@@ -269,8 +269,7 @@ static void check_simd_vs_ref(kt_dtype type, int n_in, int n_out, int nt, kt_poo
     free(w);
 }
 
-static void test_kq_matmul_simd_vs_ref(void **state) {
-    (void)state;
+static void kq_simd_vs_ref_all(void) {
     static const int n_ins[] = {256, 512, 256 * 9};
     static const int n_outs[] = {1, 3, 17, 67};
     static const int n_toks[] = {1, 2, 5, 8, 13};
@@ -286,6 +285,16 @@ static void test_kq_matmul_simd_vs_ref(void **state) {
     /* long rows: several passes of token chunks */
     for (int ti = 0; ti < N_K_TYPES; ti++) check_simd_vs_ref(K_TYPES[ti], 16384, 20, 30, pool, 5);
     kt_pool_free(pool);
+}
+
+/* With the VNNI tiles (where the CPU has them) and without. */
+static void test_kq_matmul_simd_vs_ref(void **state) {
+    (void)state;
+    kq_simd_vs_ref_all();
+    if (!kt_cpu_has_avx_vnni()) return;
+    kt_cpu_force_no_vnni(true);
+    kq_simd_vs_ref_all();
+    kt_cpu_force_no_vnni(false);
 }
 
 static void test_kq_matmul_scalar_is_ref(void **state) {

@@ -69,6 +69,16 @@ typedef struct kq_block {
     float d, dmin;
 } kq_block;
 
+/* vpdpbusd (AVX-VNNI, VEX-encoded) as inline assembly: the tiles are one
+ * body for the AVX2 and the VNNI tier (a constant flag picks the
+ * instructions), and an intrinsic would need the VNNI target on the AVX2
+ * instance too, where this branch is dead and removed. Only executed
+ * where kt_cpu_has_avx_vnni(). */
+INL __m256i vnni_dot(__m256i acc, __m256i q, __m256i x) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(q), "x"(x));
+    return acc;
+}
+
 INL int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -262,6 +272,7 @@ typedef struct kq_pblock {
     __m256i q[64];  /* values 4v .. 4v+3 of each row */
     __m256i sc[16]; /* (s, s) int16 pairs: the scale of vector v is
                        sc[v / 8] (Q4_K/Q5_K) or sc[v / 4] (Q6_K) */
+    __m256i sc32[16]; /* the scales of sc as int32 lanes (the VNNI tiles) */
     __m256i mp[8];  /* Q4_K/Q5_K (m[2k], m[2k+1]) against the pair
                        (bs[4k] + bs[4k+1], bs[4k+2] + bs[4k+3]), k < 4;
                        Q6_K (sc[2k], sc[2k+1]) against (bs[2k], bs[2k+1]) */
@@ -313,6 +324,9 @@ INL void panel_scales(const kt_dtype t, const char *const *rows, int b, kq_pbloc
             p->mp[k - 4] = w[k];
         }
     }
+    /* (s, s) madd (1, 0) = s, sign kept (Q6_K's scales are signed) */
+    const int n_sc = t == KT_Q6_K ? 16 : 8;
+    for (int i = 0; i < n_sc; i++) p->sc32[i] = _mm256_madd_epi16(p->sc[i], _mm256_set1_epi32(1));
 }
 
 /* Block b of the 8 rows into p: levels transposed 32 values at a time. */
@@ -349,10 +363,31 @@ typedef struct kq_gemm {
 /* sum_v sc(v) * <q[v], x[4v .. 4v+3]> for T tokens. maddubs pairs are at
  * most 2 * 63 * 128 = 16128 (Q6_K), 7936 (Q5_K), 3840 (Q4_K), so 2, 4 or
  * 8 of them are summed in int16 before the madd that scales and widens. */
-INL void tile_isum(const kt_dtype t, const int T, const kq_pblock *p, const int8_t *const *xq,
+INL void tile_isum(const kt_dtype t, const bool vnni, const int T, const kq_pblock *p, const int8_t *const *xq,
                    __m256i *isum) {
     const int run = t == KT_Q4_K ? 8 : t == KT_Q5_K ? 4 : 2;
     const int per_scale = t == KT_Q6_K ? 4 : 8;
+    if (vnni) { /* exact int32 sums per scale group (at most 8 * 4 * 63 * 128), then times the scale */
+        for (int v = 0; v < 64; v += per_scale) {
+            __m256i s32[KQ_TOKENS];
+#pragma GCC unroll 4
+            for (int k = 0; k < T; k++) s32[k] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int i = 0; i < per_scale; i++) {
+                const __m256i w = _mm256_load_si256(&p->q[v + i]);
+#pragma GCC unroll 4
+                for (int k = 0; k < T; k++) {
+                    int32_t x4;
+                    memcpy(&x4, xq[k] + 4 * (v + i), 4);
+                    s32[k] = vnni_dot(s32[k], w, _mm256_set1_epi32(x4));
+                }
+            }
+            const __m256i sc = _mm256_load_si256(&p->sc32[v / per_scale]);
+#pragma GCC unroll 4
+            for (int k = 0; k < T; k++) isum[k] = _mm256_add_epi32(isum[k], _mm256_mullo_epi32(s32[k], sc));
+        }
+        return;
+    }
     for (int v = 0; v < 64; v += run) {
         __m256i s16[KQ_TOKENS];
 #pragma GCC unroll 8
@@ -415,12 +450,12 @@ INL void tile_mins(const int T, const kq_pblock *p, const int16_t *const *bs, __
 
 /* One panel block for T tokens: the integer sums, then the reference's
  * fmaf steps, lane by lane (fnmadd(i, m, a) = fmaf(-i, m, a) exactly). */
-INL void tile_block(const kt_dtype t, const int T, const kq_pblock *p, const int8_t *const *xq,
+INL void tile_block(const kt_dtype t, const bool vnni, const int T, const kq_pblock *p, const int8_t *const *xq,
                     const float *dx, const int16_t *const *bs, __m256 *acc) {
     __m256i isum[KQ_TOKENS], imin[KQ_TOKENS];
 #pragma GCC unroll 4
     for (int k = 0; k < T; k++) isum[k] = imin[k] = _mm256_setzero_si256();
-    tile_isum(t, T, p, xq, isum);
+    tile_isum(t, vnni, T, p, xq, isum);
     if (t == KT_Q6_K) tile_offset(T, p, bs, imin);
     else tile_mins(T, p, bs, imin);
 #pragma GCC unroll 4
@@ -439,7 +474,7 @@ INL void tile_block(const kt_dtype t, const int T, const kq_pblock *p, const int
 
 /* Tokens tok .. tok+T-1 over the panel's blocks, continuing their
  * accumulators. */
-INL void gemm_tile(const kq_gemm *g, const kt_dtype t, const int T, int tok) {
+INL void gemm_tile(const kq_gemm *g, const kt_dtype t, const bool vnni, const int T, int tok) {
     const kt_q8k_act *x = g->a->x;
     const int8_t *xq[KQ_TOKENS];
     const float *dx[KQ_TOKENS];
@@ -463,7 +498,7 @@ INL void gemm_tile(const kq_gemm *g, const kt_dtype t, const int T, int tok) {
             d[k] = dx[k][b];
             s[k] = bs[k] + (size_t)b * 16;
         }
-        tile_block(t, T, &g->panel[b], q, d, s, acc);
+        tile_block(t, vnni, T, &g->panel[b], q, d, s, acc);
     }
 #pragma GCC unroll 4
     for (int k = 0; k < T; k++) _mm256_store_ps(g->acc[tok + k - g->c0], acc[k]);
@@ -471,18 +506,18 @@ INL void gemm_tile(const kq_gemm *g, const kt_dtype t, const int T, int tok) {
 
 /* Tokens tok .. tok+nt-1 (nt <= KQ_TOKENS), T a constant in each tile. */
 _Static_assert(KQ_TOKENS == 4, "gemm_tokens dispatches 1 .. 4 tokens");
-INL void gemm_tokens(const kq_gemm *g, const kt_dtype t, int tok, int nt) {
-    if (nt == 4) gemm_tile(g, t, 4, tok);
-    else if (nt == 3) gemm_tile(g, t, 3, tok);
-    else if (nt == 2) gemm_tile(g, t, 2, tok);
-    else gemm_tile(g, t, 1, tok);
+INL void gemm_tokens(const kq_gemm *g, const kt_dtype t, const bool vnni, int tok, int nt) {
+    if (nt == 4) gemm_tile(g, t, vnni, 4, tok);
+    else if (nt == 3) gemm_tile(g, t, vnni, 3, tok);
+    else if (nt == 2) gemm_tile(g, t, vnni, 2, tok);
+    else gemm_tile(g, t, vnni, 1, tok);
 }
 
 /* Rows r .. r+nr-1 (nr <= 8; missing rows repeat the last, computed and
  * not stored) times tokens c0 .. c1-1: per KQ_KBLOCKS blocks a panel (it
  * stays in L1), then every token tile over it; the accumulators stay in
  * acc between panels. */
-INL void gemm_rows(const kq_args *a, const kt_dtype t, int r, int nr, int c0, int c1) {
+INL void gemm_rows(const kq_args *a, const kt_dtype t, const bool vnni, int r, int nr, int c0, int c1) {
     kq_pblock panel[KQ_KBLOCKS];
     _Alignas(32) float acc[KQ_CHUNK][KQ_ROWS];
     const char *rows[KQ_ROWS];
@@ -495,7 +530,7 @@ INL void gemm_rows(const kq_args *a, const kt_dtype t, int r, int nr, int c0, in
         g.nkb = a->x->nb - g.b0 < KQ_KBLOCKS ? a->x->nb - g.b0 : KQ_KBLOCKS;
         for (int b = 0; b < g.nkb; b++) panel_block(t, rows, a->block_bytes, g.b0 + b, &panel[b]);
         for (int tok = c0; tok < c1; tok += KQ_TOKENS)
-            gemm_tokens(&g, t, tok, c1 - tok < KQ_TOKENS ? c1 - tok : KQ_TOKENS);
+            gemm_tokens(&g, t, vnni, tok, c1 - tok < KQ_TOKENS ? c1 - tok : KQ_TOKENS);
     }
     for (int tok = c0; tok < c1; tok++)
         for (int i = 0; i < nr; i++) a->out[(size_t)tok * a->n_out + r + i] = acc[tok - c0][i];
@@ -504,7 +539,10 @@ INL void gemm_rows(const kq_args *a, const kt_dtype t, int r, int nr, int c0, in
 #define KQ_KERNELS(ty, wt)                                                                   \
     static void ty##_gemv(const kq_args *a, int r, int tok) { kq_gemv(a, wt, r, tok); }      \
     static void ty##_gemm(const kq_args *a, int r, int nr, int c0, int c1) {                 \
-        gemm_rows(a, wt, r, nr, c0, c1);                                                     \
+        gemm_rows(a, wt, false, r, nr, c0, c1);                                              \
+    }                                                                                        \
+    static void ty##_gemm_vnni(const kq_args *a, int r, int nr, int c0, int c1) {            \
+        gemm_rows(a, wt, true, r, nr, c0, c1);                                               \
     }
 KQ_KERNELS(q4k, KT_Q4_K)
 KQ_KERNELS(q5k, KT_Q5_K)
@@ -512,14 +550,15 @@ KQ_KERNELS(q6k, KT_Q6_K)
 
 void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
                        int n_in, int n_out, int n_tokens, int r0, int r1) {
+    const bool vnni = kt_cpu_has_avx_vnni();
     void (*gemv)(const kq_args *, int, int) = q4k_gemv;
-    void (*gemm)(const kq_args *, int, int, int, int) = q4k_gemm;
+    void (*gemm)(const kq_args *, int, int, int, int) = vnni ? q4k_gemm_vnni : q4k_gemm;
     if (wtype == KT_Q5_K) {
         gemv = q5k_gemv;
-        gemm = q5k_gemm;
+        gemm = vnni ? q5k_gemm_vnni : q5k_gemm;
     } else if (wtype == KT_Q6_K) {
         gemv = q6k_gemv;
-        gemm = q6k_gemm;
+        gemm = vnni ? q6k_gemm_vnni : q6k_gemm;
     }
     const size_t bb = (size_t)kt_dtype_get(wtype)->block_bytes;
     kq_args a = {w, kt_dtype_row_bytes(wtype, n_in), bb, x, out, n_out};
@@ -583,14 +622,6 @@ INL void x8_nibbles(const uint8_t *o, int v, __m256i *lo, __m256i *hi) {
     *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
 }
 
-/* vpdpbusd (AVX-VNNI, VEX-encoded) as inline assembly: the tile below is
- * one body for both the AVX2 and the VNNI tier, and an intrinsic would
- * need the VNNI target on the AVX2 instance too (where this branch is
- * dead and removed). Only executed where kt_cpu_has_avx_vnni(). */
-INL __m256i x8_dot_vnni(__m256i acc, __m256i q, __m256i x) {
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(q), "x"(x));
-    return acc;
-}
 
 /* 8 rows x T tokens (T <= X8_TOKENS) of one group, tokens past nt
  * repeating the last; vnni a constant (the callers' target allows it). */
@@ -630,8 +661,8 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
                     memcpy(&xl, xq + 64 * k + 4 * c, 4);
                     memcpy(&xh, xq + 64 * k + 32 + 4 * c, 4);
                     if (vnni) {
-                        slo = x8_dot_vnni(slo, lo, _mm256_set1_epi32(xl));
-                        shi = x8_dot_vnni(shi, hi, _mm256_set1_epi32(xh));
+                        slo = vnni_dot(slo, lo, _mm256_set1_epi32(xl));
+                        shi = vnni_dot(shi, hi, _mm256_set1_epi32(xh));
                     } else {
                         slo = _mm256_add_epi16(slo, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
                         shi = _mm256_add_epi16(shi, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
@@ -702,7 +733,8 @@ static bool x8_gemm(const kq_args *a, int n_tokens, int r0, int r1) {
         g.w = (const char *)rows;
         g.out = a->out + r;
         for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK)
-            q4k_gemm(&g, 0, KT_X8_ROWS, c0, c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens);
+            (kt_cpu_has_avx_vnni() ? q4k_gemm_vnni : q4k_gemm)(&g, 0, KT_X8_ROWS, c0,
+                                                               c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens);
     }
     free(rows);
     return true;
