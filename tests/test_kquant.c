@@ -287,10 +287,15 @@ static void kq_simd_vs_ref_all(void) {
     kt_pool_free(pool);
 }
 
-/* With the VNNI tiles (where the CPU has them) and without. */
+/* On every tier the CPU has: AVX-512, AVX-VNNI, AVX2. */
 static void test_kq_matmul_simd_vs_ref(void **state) {
     (void)state;
     kq_simd_vs_ref_all();
+    if (kt_cpu_has_avx512_vnni()) {
+        kt_cpu_force_no_avx512(true);
+        kq_simd_vs_ref_all();
+        kt_cpu_force_no_avx512(false);
+    }
     if (!kt_cpu_has_avx_vnni()) return;
     kt_cpu_force_no_vnni(true);
     kq_simd_vs_ref_all();

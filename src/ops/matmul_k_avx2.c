@@ -536,6 +536,139 @@ INL void gemm_rows(const kq_args *a, const kt_dtype t, const bool vnni, int r, i
         for (int i = 0; i < nr; i++) a->out[(size_t)tok * a->n_out + r + i] = acc[tok - c0][i];
 }
 
+
+/* ---- prefill, AVX-512 VNNI: two panels side by side, 16 rows ------------
+ *
+ * As the VNNI tiles above, with the first panel's 8 rows in lanes 0-7 and
+ * the second's in 8-15 of each 512-bit vector: one vpdpbusd, multiply and
+ * float step serve 16 rows, lane by lane the same operations (same bits;
+ * the activations' bsums are the same for every row, broadcast to both
+ * halves). */
+
+#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
+
+TARGET_512 INL __m512i join_i(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+TARGET_512 INL __m512 join_f(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+TARGET_512 INL void tile_block_512(const kt_dtype t, const int T, const kq_pblock *pa, const kq_pblock *pb,
+                                   const int8_t *const *xq, const float *dx, const int16_t *const *bs, __m512 *acc) {
+    const int per_scale = t == KT_Q6_K ? 4 : 8;
+    __m512i isum[KQ_TOKENS], imin[KQ_TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) isum[k] = imin[k] = _mm512_setzero_si512();
+    for (int v = 0; v < 64; v += per_scale) {
+        __m512i s32[KQ_TOKENS];
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) s32[k] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int i = 0; i < per_scale; i++) {
+            const __m512i w = join_i(_mm256_load_si256(&pa->q[v + i]), _mm256_load_si256(&pb->q[v + i]));
+#pragma GCC unroll 4
+            for (int k = 0; k < T; k++) {
+                int32_t x4;
+                memcpy(&x4, xq[k] + 4 * (v + i), 4);
+                s32[k] = _mm512_dpbusd_epi32(s32[k], w, _mm512_set1_epi32(x4));
+            }
+        }
+        const __m512i sc = join_i(pa->sc32[v / per_scale], pb->sc32[v / per_scale]);
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(s32[k], sc));
+    }
+    if (t == KT_Q6_K) { /* tile_offset */
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512i mp = join_i(pa->mp[j], pb->mp[j]);
+#pragma GCC unroll 4
+            for (int k = 0; k < T; k++) {
+                int32_t b2;
+                memcpy(&b2, bs[k] + 2 * j, 4);
+                imin[k] = _mm512_add_epi32(imin[k], _mm512_madd_epi16(mp, _mm512_set1_epi32(b2)));
+            }
+        }
+    } else { /* tile_mins */
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)bs[k]), h = _mm256_hadd_epi16(v, v);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m256i pairs = _mm256_permutevar8x32_epi32(h, _mm256_set1_epi32(j < 2 ? j : j + 2));
+                imin[k] = _mm512_add_epi32(imin[k], _mm512_madd_epi16(join_i(pa->mp[j], pb->mp[j]), join_i(pairs, pairs)));
+            }
+        }
+    }
+    const __m512 d = join_f(pa->d, pb->d), dmin = join_f(pa->dmin, pb->dmin);
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) {
+        const __m512 x = _mm512_set1_ps(dx[k]);
+        if (t == KT_Q6_K) {
+            const __m512i s = _mm512_sub_epi32(isum[k], _mm512_slli_epi32(imin[k], 5));
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, x), acc[k]);
+        } else {
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[k]), _mm512_mul_ps(d, x), acc[k]);
+            acc[k] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[k]), _mm512_mul_ps(dmin, x), acc[k]);
+        }
+    }
+}
+
+/* Tokens tok .. tok+T-1 over both panels' blocks b0 .. b0+nkb-1. */
+TARGET_512 INL void gemm_tile_512(const kq_args *a, const kt_dtype t, const int T, const kq_pblock *pa,
+                                  const kq_pblock *pb, int b0, int nkb, int tok, float (*acc16)[2 * KQ_ROWS]) {
+    const kt_q8k_act *x = a->x;
+    __m512 acc[KQ_TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) acc[k] = _mm512_loadu_ps(acc16[k]);
+    for (int b = 0; b < nkb; b++) {
+        const int8_t *q[KQ_TOKENS];
+        float d[KQ_TOKENS];
+        const int16_t *s[KQ_TOKENS];
+#pragma GCC unroll 4
+        for (int k = 0; k < T; k++) {
+            const size_t i = (size_t)(tok + k) * x->nb + b0 + b;
+            q[k] = x->qs + i * QK_K;
+            d[k] = x->d[i];
+            s[k] = x->bsums + i * 16;
+        }
+        tile_block_512(t, T, &pa[b], &pb[b], q, d, s, acc);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < T; k++) _mm512_storeu_ps(acc16[k], acc[k]);
+}
+
+/* Rows r .. r+15 (all present) times tokens c0 .. c1-1, as gemm_rows. */
+TARGET_512 INL void gemm_rows_512(const kq_args *a, const kt_dtype t, int r, int c0, int c1) {
+    kq_pblock pa[KQ_KBLOCKS], pb[KQ_KBLOCKS];
+    float acc[KQ_CHUNK][2 * KQ_ROWS];
+    const char *ra[KQ_ROWS], *rb[KQ_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < KQ_ROWS; i++) {
+        ra[i] = a->w + (size_t)(r + i) * a->row_bytes;
+        rb[i] = a->w + (size_t)(r + KQ_ROWS + i) * a->row_bytes;
+    }
+    memset(acc, 0, sizeof(float) * 2 * KQ_ROWS * (size_t)(c1 - c0));
+    for (int b0 = 0; b0 < a->x->nb; b0 += KQ_KBLOCKS) {
+        const int nkb = a->x->nb - b0 < KQ_KBLOCKS ? a->x->nb - b0 : KQ_KBLOCKS;
+        for (int b = 0; b < nkb; b++) {
+            panel_block(t, ra, a->block_bytes, b0 + b, &pa[b]);
+            panel_block(t, rb, a->block_bytes, b0 + b, &pb[b]);
+        }
+        for (int tok = c0; tok < c1; tok += KQ_TOKENS) {
+            const int nt = c1 - tok < KQ_TOKENS ? c1 - tok : KQ_TOKENS;
+            float (*ac)[2 * KQ_ROWS] = acc + (tok - c0);
+            if (nt == 4) gemm_tile_512(a, t, 4, pa, pb, b0, nkb, tok, ac);
+            else if (nt == 3) gemm_tile_512(a, t, 3, pa, pb, b0, nkb, tok, ac);
+            else if (nt == 2) gemm_tile_512(a, t, 2, pa, pb, b0, nkb, tok, ac);
+            else gemm_tile_512(a, t, 1, pa, pb, b0, nkb, tok, ac);
+        }
+    }
+    for (int tok = c0; tok < c1; tok++)
+        memcpy(a->out + (size_t)tok * a->n_out + r, acc[tok - c0], sizeof(float) * 2 * KQ_ROWS);
+}
+
 #define KQ_KERNELS(ty, wt)                                                                   \
     static void ty##_gemv(const kq_args *a, int r, int tok) { kq_gemv(a, wt, r, tok); }      \
     static void ty##_gemm(const kq_args *a, int r, int nr, int c0, int c1) {                 \
@@ -543,6 +676,9 @@ INL void gemm_rows(const kq_args *a, const kt_dtype t, const bool vnni, int r, i
     }                                                                                        \
     static void ty##_gemm_vnni(const kq_args *a, int r, int nr, int c0, int c1) {            \
         gemm_rows(a, wt, true, r, nr, c0, c1);                                               \
+    }                                                                                        \
+    TARGET_512 static void ty##_gemm16(const kq_args *a, int r, int c0, int c1) {            \
+        gemm_rows_512(a, wt, r, c0, c1);                                                     \
     }
 KQ_KERNELS(q4k, KT_Q4_K)
 KQ_KERNELS(q5k, KT_Q5_K)
@@ -553,13 +689,17 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
     const bool vnni = kt_cpu_has_avx_vnni();
     void (*gemv)(const kq_args *, int, int) = q4k_gemv;
     void (*gemm)(const kq_args *, int, int, int, int) = vnni ? q4k_gemm_vnni : q4k_gemm;
+    void (*gemm16)(const kq_args *, int, int, int) = q4k_gemm16;
     if (wtype == KT_Q5_K) {
         gemv = q5k_gemv;
         gemm = vnni ? q5k_gemm_vnni : q5k_gemm;
+        gemm16 = q5k_gemm16;
     } else if (wtype == KT_Q6_K) {
         gemv = q6k_gemv;
         gemm = vnni ? q6k_gemm_vnni : q6k_gemm;
+        gemm16 = q6k_gemm16;
     }
+    if (!kt_cpu_has_avx512_vnni()) gemm16 = NULL;
     const size_t bb = (size_t)kt_dtype_get(wtype)->block_bytes;
     kq_args a = {w, kt_dtype_row_bytes(wtype, n_in), bb, x, out, n_out};
     if (n_tokens < KQ_MIN_GEMM) {
@@ -569,8 +709,9 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
     }
     for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
         const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
-        for (int r = r0; r < r1; r += KQ_ROWS)
-            gemm(&a, r, r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS, c0, c1);
+        int r = r0;
+        for (; gemm16 && r + 2 * KQ_ROWS <= r1; r += 2 * KQ_ROWS) gemm16(&a, r, c0, c1);
+        for (; r < r1; r += KQ_ROWS) gemm(&a, r, r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS, c0, c1);
     }
 }
 
@@ -588,11 +729,11 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
  * 6-bit form once per block for all 8 rows (one row per lane). With more
  * than one token the nibbles are unpacked once per block into a buffer
  * that every token then reads. Tiers: AVX2 (maddubs, int16 sums of at
- * most 8 pairs of 15 * 128: no overflow), AVX-VNNI (vpdpbusd), AVX-512
- * (two groups, 16 rows, per 512-bit vector). */
+ * most 8 pairs of 15 * 128: no overflow) and AVX-VNNI (vpdpbusd), which
+ * AVX-512 CPUs take as well: this decode already streams memory at ~80%
+ * of the bandwidth; prefill (8 tokens or more) goes to the panel GEMMs,
+ * 16 rows at a time with AVX-512. */
 
-#define TARGET_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 #define X8_TOKENS 4 /* tokens per tile */
 
 /* Byte i of each 32-bit lane of v. */
@@ -725,16 +866,21 @@ static void x8_unrepack(const kq_args *a, int r0, block_q4_K *dst) {
 /* Rows [r0, r1) through gemm_rows on unrepacked groups; false if out of
  * memory (the caller then takes the tiles). */
 static bool x8_gemm(const kq_args *a, int n_tokens, int r0, int r1) {
-    block_q4_K *rows = malloc(KT_X8_ROWS * a->row_bytes);
+    block_q4_K *rows = malloc(2 * KT_X8_ROWS * a->row_bytes);
     if (!rows) return false;
-    for (int r = r0; r < r1; r += KT_X8_ROWS) {
-        x8_unrepack(a, r, rows);
+    const bool wide = kt_cpu_has_avx512_vnni();
+    for (int r = r0; r < r1;) {
+        const int n = wide && r + 2 * KT_X8_ROWS <= r1 ? 2 * KT_X8_ROWS : KT_X8_ROWS;
+        for (int g8 = 0; g8 < n; g8 += KT_X8_ROWS) x8_unrepack(a, r + g8, rows + (size_t)g8 * a->x->nb);
         kq_args g = *a;
         g.w = (const char *)rows;
         g.out = a->out + r;
-        for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK)
-            (kt_cpu_has_avx_vnni() ? q4k_gemm_vnni : q4k_gemm)(&g, 0, KT_X8_ROWS, c0,
-                                                               c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens);
+        for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
+            const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
+            if (n == 2 * KT_X8_ROWS) q4k_gemm16(&g, 0, c0, c1);
+            else (kt_cpu_has_avx_vnni() ? q4k_gemm_vnni : q4k_gemm)(&g, 0, KT_X8_ROWS, c0, c1);
+        }
+        r += n;
     }
     free(rows);
     return true;
