@@ -63,7 +63,7 @@ typedef enum kt_load_mode {
     KT_LOAD_MMAP_POPULATE, /* map every page at load: slower load, faster first token */
     KT_LOAD_COPY,         /* read into huge-page memory: a copy and the file's size
                              in RAM, up to 2x faster decode of large F16 models */
-    KT_LOAD_REPACK        /* copy, then rewrite Q4_0 and Q4_K matrices in place
+    KT_LOAD_REPACK        /* copy, then rewrite Q4_0, Q4_K and Q6_K matrices in place
                              in the interleaved layout the kernels read fastest
                              (same RAM as copy; same results, bit for bit).
                              copy and repack map a file that does not fit in

@@ -769,6 +769,33 @@ static void test_matmul_batch_invariance(void **state) {
 
 /* ---- Q4_0x8: the repacked layout ------------------------------------- */
 
+static void read_q4_K_x8(const void *w, int n_in, int r, int b, void *out) {
+    kt_q4_K_x8_block(w, n_in, r, b, out);
+}
+
+static void read_q6_K_x8(const void *w, int n_in, int r, int b, void *out) {
+    kt_q6_K_x8_block(w, n_in, r, b, out);
+}
+
+/* A K-quant matrix of 16 rows of 512, repacked, reads back block by block
+ * (read: the layout's block reader). */
+static void check_kq_layout(kt_dtype type, void (*read)(const void *, int, int, int, void *)) {
+    const int n_in = 512, n_out = 16, nb = n_in / QK_K;
+    const size_t row_bytes = kt_dtype_row_bytes(type, n_in), bb = (size_t)kt_dtype_get(type)->block_bytes;
+    uint8_t *w = tu_make_weights(type, n_in, n_out, 9, 0.0f);
+    uint8_t *x8 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(row_bytes * KT_X8_ROWS);
+    memcpy(x8, w, row_bytes * n_out);
+    kt_repack(x8, type, n_in, n_out, tmp);
+    assert_true(memcmp(x8, w, row_bytes * n_out) != 0);
+    for (int r = 0; r < n_out; r++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t got[256];
+            read(x8, n_in, r, b, got);
+            assert_memory_equal(got, w + ((size_t)r * nb + b) * bb, bb);
+        }
+    free(w), free(x8), free(tmp);
+}
+
 /* Repacking keeps every block (read back through kt_q4_0_x8_block) and
  * the matrix size; only Q4_0 with rows in multiples of 8 qualifies. */
 static void test_repack_layout(void **state) {
@@ -786,27 +813,15 @@ static void test_repack_layout(void **state) {
             kt_q4_0_x8_block(x8, n_in, r, b, &got);
             assert_memory_equal(&got, &w[(size_t)r * nb + b], sizeof got);
         }
-    /* Q4_K: the same, block by block */
-    {
-        const int kin = 512, knb = kin / QK_K;
-        const size_t kb = kt_dtype_row_bytes(KT_Q4_K, kin);
-        block_q4_K *kw = tu_make_weights(KT_Q4_K, kin, 16, 9, 0.0f);
-        block_q4_K *k8 = tu_xmalloc(kb * 16), *ktmp = tu_xmalloc(kb * KT_X8_ROWS);
-        memcpy(k8, kw, kb * 16);
-        kt_repack(k8, KT_Q4_K, kin, 16, ktmp);
-        assert_true(memcmp(k8, kw, kb * 16) != 0);
-        for (int r = 0; r < 16; r++)
-            for (int b = 0; b < knb; b++) {
-                block_q4_K got;
-                kt_q4_K_x8_block(k8, kin, r, b, &got);
-                assert_memory_equal(&got, &kw[(size_t)r * knb + b], sizeof got);
-            }
-        assert_int_equal(kt_repack_type(KT_Q4_K, kin, 16), KT_Q4_K_X8);
-        assert_int_equal(kt_repack_type(KT_Q4_K, kin, 12), KT_Q4_K);
-        assert_int_equal(kt_repack_type(KT_Q6_K, kin, 16), KT_Q6_K);
-        assert_false(kt_dtype_known(KT_Q4_K_X8));
-        free(kw), free(k8), free(ktmp);
-    }
+    /* the K-quants: the same, block by block */
+    check_kq_layout(KT_Q4_K, read_q4_K_x8);
+    check_kq_layout(KT_Q6_K, read_q6_K_x8);
+    assert_int_equal(kt_repack_type(KT_Q4_K, 512, 16), KT_Q4_K_X8);
+    assert_int_equal(kt_repack_type(KT_Q4_K, 512, 12), KT_Q4_K);
+    assert_int_equal(kt_repack_type(KT_Q6_K, 512, 16), KT_Q6_K_X8);
+    assert_int_equal(kt_repack_type(KT_Q5_K, 512, 16), KT_Q5_K);
+    assert_false(kt_dtype_known(KT_Q4_K_X8));
+    assert_false(kt_dtype_known(KT_Q6_K_X8));
     assert_true(kt_repack_supported(KT_Q4_0, 64, 8));
     assert_false(kt_repack_supported(KT_Q4_0, 64, 12));
     assert_false(kt_repack_supported(KT_Q8_0, 64, 8));
@@ -824,7 +839,7 @@ static void test_repack_layout(void **state) {
  * token, decode-sized batches, and batches that span token chunks. */
 static void check_repacked_type(kt_dtype type) {
     const kt_dtype x8_type = kt_repack_type(type, 256, 8);
-    const int unit = type == KT_Q4_K ? 256 : 32;
+    const int unit = kt_dtype_get(type)->block_size;
     const int n_ins[] = {unit, 3 * unit, 2048 + unit};
     static const int n_outs[] = {8, 24, 48, 136};
     static const int n_toks[] = {1, 2, 3, 5, 8, 9, 13, 140};
@@ -873,6 +888,7 @@ static void check_repacked_matmul(bool unused) {
     (void)unused;
     check_repacked_type(KT_Q4_0);
     check_repacked_type(KT_Q4_K);
+    check_repacked_type(KT_Q6_K);
 }
 
 static void test_repacked_matmul(void **state) {

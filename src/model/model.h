@@ -53,10 +53,9 @@ typedef struct llm_model {
 llm_model *llm_model_load(const gguf_file *f, kt_error *err);
 void llm_model_free(llm_model *m);
 
-/* Rewrites every Q4_0 and Q4_K matrix the forward pass multiplies by
- * (rows in multiples of 8; not the embedding table) in place as Q4_0x8 /
- * Q4_Kx8
- * (ops/repack.h) and retypes it. The weights must be writable: the caller
+/* Rewrites every Q4_0, Q4_K and Q6_K matrix the forward pass multiplies
+ * by (rows in multiples of 8; not the embedding table) in place in its x8
+ * layout (ops/repack.h) and retypes it. The weights must be writable: the caller
  * owns a copy of the file. Returns how many were repacked, or -1 with err
  * set (out of memory; nothing half-done: each matrix is all or nothing). */
 int llm_model_repack(llm_model *m, kt_error *err);

@@ -103,6 +103,8 @@ void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in
 /* Q4_Kx8 weights (ops/repack.h); rows r0, r1 multiples of 8. */
 void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);
+void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1);
 /* Q4_0x8 weights (ops/repack.h); rows r0, r1 multiples of 8. */
 void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);

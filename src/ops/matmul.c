@@ -78,7 +78,7 @@ static bool is_legacy(kt_dtype t) {
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy(wtype) || wtype == KT_Q4_K ||
-           wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8;
+           wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8 || wtype == KT_Q6_K_X8;
 }
 
 /* weights whose activations are quantized to Q8_0 blocks */
@@ -88,7 +88,7 @@ static bool is_quant(kt_dtype t) {
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
 static bool is_kquant(kt_dtype t) {
-    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q4_K_X8;
+    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q4_K_X8 || t == KT_Q6_K_X8;
 }
 
 /* ---- scalar building blocks (shared by the reference and the fallback) */
@@ -202,6 +202,11 @@ static float sum_lanes(const float *acc) {
  * Q4_K: the same operations in both layouts). */
 static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                                float dx, const int16_t *bs, float acc) {
+    if (t == KT_Q6_K_X8) {
+        block_q6_K blk;
+        kt_q6_K_x8_block(w, n_in, r, b, &blk);
+        return kt_kq_block_step(KT_Q6_K, &blk, 0, xq, dx, bs, acc);
+    }
     if (t != KT_Q4_K_X8)
         return kt_kq_block_step(t, (const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), b, xq, dx, bs, acc);
     block_q4_K blk;
@@ -354,6 +359,9 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q4_K_X8:
         kt_matmul_q4_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_Q6_K_X8:
+        kt_matmul_q6_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_K:
     case KT_Q5_K:

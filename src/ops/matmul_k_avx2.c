@@ -904,3 +904,132 @@ void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
             }
     }
 }
+
+/* ---- Q6_Kx8: decode on the repacked groups ------------------------------
+ *
+ * As Q4_Kx8: 8 rows in the int32 lanes, per block the reference's integers
+ * lane by lane (matmul_k.c): per group g of 16 values, s_g = sum q x over
+ * the 6-bit levels q (low nibble from ql, 2 bits from qh), then
+ *   isum = sum_g sc_g * s_g - 32 * sum_g sc_g * bsums_g
+ * and the one fmaf step. With AVX2 a maddubs pair can reach 2 * 63 * 128,
+ * so each step is widened with madd before adding. Prefill (8 tokens or
+ * more) undoes the transposes and runs the panel GEMM. */
+
+/* Signed scale byte i of each lane of v, as int32. */
+INL __m256i lane_sbyte(__m256i v, int i) {
+    return _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i), 24);
+}
+
+INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
+    if (vnni) return vnni_dot(acc, q, x);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+}
+
+INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_Q6KX8_BLOCK_BYTES;
+        for (int l = 0; l < KT_Q6KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+        const size_t i = (size_t)tok * nb + b;
+        const int8_t *xq = a->x->qs + i * QK_K;
+        const int16_t *bs = a->x->bsums + i * 16;
+        __m256i scw[4];
+        for (int u = 0; u < 4; u++) scw[u] = _mm256_loadu_si256((const __m256i *)(o + KT_Q6KX8_SCALES + 32 * u));
+        __m256i isum = _mm256_setzero_si256(), off = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++)
+            for (int half = 0; half < 2; half++) { /* groups 8h + 2qq + half */
+                __m256i s[4];
+#pragma GCC unroll 4
+                for (int qq = 0; qq < 4; qq++) s[qq] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 4 * half; c < 4 * half + 4; c++) {
+                    const __m256i A = _mm256_loadu_si256((const __m256i *)(o + 32 * (16 * h + c)));
+                    const __m256i B = _mm256_loadu_si256((const __m256i *)(o + 32 * (16 * h + 8 + c)));
+                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(o + KT_Q6KX8_QH + 32 * (8 * h + c)));
+                    __m256i q[4];
+                    q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_slli_epi16(_mm256_and_si256(Q, m2), 4));
+                    q[1] = _mm256_or_si256(_mm256_and_si256(B, m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 2), m2), 4));
+                    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m2), 4));
+                    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 6), m2), 4));
+#pragma GCC unroll 4
+                    for (int qq = 0; qq < 4; qq++) {
+                        int32_t x4;
+                        memcpy(&x4, xq + 128 * h + 32 * qq + 4 * c, 4);
+                        s[qq] = q6_dot(vnni, s[qq], q[qq], _mm256_set1_epi32(x4));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int qq = 0; qq < 4; qq++) {
+                    const int g = 8 * h + 2 * qq + half;
+                    const __m256i sc = lane_sbyte(scw[g / 4], g % 4);
+                    isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(s[qq], sc));
+                    off = _mm256_add_epi32(off, _mm256_mullo_epi32(sc, _mm256_set1_epi32(bs[g])));
+                }
+            }
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q6KX8_D)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(a->x->d[i])), acc);
+    }
+    _mm256_storeu_ps(a->out + (size_t)tok * a->n_out + r0, acc);
+}
+
+static void q6kx8_avx2(const kq_args *a, int r0, int tok) { q6kx8_tile(a, false, r0, tok); }
+static void q6kx8_vnni(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, r0, tok); }
+
+/* Rows r0 .. r0+7 of a Q6_Kx8 matrix as 8 Q6_K rows at dst: ql and qh by
+ * 8 x 8 transposes of 32-bit words (as x8_unrepack), scales and d by the
+ * block reader. */
+static void q6x8_unrepack(const kq_args *a, int r0, block_q6_K *dst) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_Q6KX8_BLOCK_BYTES;
+        for (int k = 0; k < 6; k++) { /* vectors 8k .. 8k+7: ql (k < 4), then qh */
+            __m256i v[8];
+            for (int c = 0; c < 8; c++) v[c] = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * k + c)));
+            transpose8_epi32(v);
+            for (int r = 0; r < KT_X8_ROWS; r++) {
+                block_q6_K *blk = &dst[(size_t)r * nb + b];
+                _mm256_storeu_si256((__m256i *)(k < 4 ? blk->ql + 32 * k : blk->qh + 32 * (k - 4)), v[r]);
+            }
+        }
+        for (int r = 0; r < KT_X8_ROWS; r++) {
+            block_q6_K *blk = &dst[(size_t)r * nb + b];
+            for (int u = 0; u < 4; u++) memcpy(blk->scales + 4 * u, o + KT_Q6KX8_SCALES + 32 * u + 4 * r, 4);
+            memcpy(&blk->d, o + KT_Q6KX8_D + 2 * r, 2);
+        }
+    }
+}
+
+void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1) {
+    const kq_args a = {w, kt_dtype_row_bytes(KT_Q6_K, n_in), sizeof(block_q6_K), x, out, n_out};
+    block_q6_K *rows = n_tokens >= X8_MIN_GEMM ? malloc(2 * KT_X8_ROWS * a.row_bytes) : NULL;
+    if (rows) { /* prefill: the panel GEMMs on unrepacked groups, 16 rows where they can */
+        const bool wide = kt_cpu_has_avx512_vnni();
+        for (int r = r0; r < r1;) {
+            const int n = wide && r + 2 * KT_X8_ROWS <= r1 ? 2 * KT_X8_ROWS : KT_X8_ROWS;
+            for (int g8 = 0; g8 < n; g8 += KT_X8_ROWS) q6x8_unrepack(&a, r + g8, rows + (size_t)g8 * a.x->nb);
+            kq_args g = a;
+            g.w = (const char *)rows;
+            g.out = a.out + r;
+            for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
+                const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
+                if (n == 2 * KT_X8_ROWS) q6k_gemm16(&g, 0, c0, c1);
+                else (kt_cpu_has_avx_vnni() ? q6k_gemm_vnni : q6k_gemm)(&g, 0, KT_X8_ROWS, c0, c1);
+            }
+            r += n;
+        }
+        free(rows);
+        return;
+    }
+    void (*tile)(const kq_args *, int, int) = kt_cpu_has_avx_vnni() ? q6kx8_vnni : q6kx8_avx2;
+    for (int r = r0; r < r1; r += KT_X8_ROWS)
+        for (int t = 0; t < n_tokens; t++) tile(&a, r, t);
+}

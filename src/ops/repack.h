@@ -1,7 +1,7 @@
 /*
- * repack.h - Q4_0 weights rewritten at load into the layout the SIMD
- * kernels read fastest (KT_Q4_0_X8), when the user asks for it
- * (kt_load_mode KT_LOAD_REPACK).
+ * repack.h - Q4_0, Q4_K and Q6_K weights rewritten at load into the layout
+ * the SIMD kernels read fastest (KT_Q4_0_X8, KT_Q4_K_X8, KT_Q6_K_X8), with
+ * kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
  * scale, then 16 bytes of nibbles), so a kernel computing 8 rows at once
@@ -29,6 +29,10 @@
  *       4r .. 4r+3 = scales[4u .. 4u+3] of row 8g+r (still packed)
  *     the 8 rows' fp16 d, then their fp16 dmin.
  * 8 x 144 bytes: in place as well.
+ *
+ * Q6_Kx8 likewise for Q6_K, per block b 1680 bytes at b * 1680: 32
+ * vectors of ql (vector w, bytes 4r .. 4r+3 = ql[4w .. 4w+3] of row r),
+ * 16 of qh (qh[4w ..]), 4 of scales (scales[4u ..]), then the 8 fp16 d.
  *
  * Matrices whose row count is not a multiple of 8 keep their type. The
  * values are the same; every kernel computes the same bits from either
@@ -58,16 +62,22 @@ static inline bool kt_repack_supported(kt_dtype type, int n_in, int n_out) {
 void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp);
 void kt_repack_q4_0_x8(void *w, int n_in, int n_out, void *tmp);
 void kt_repack_q4_K_x8(void *w, int n_in, int n_out, void *tmp);
+void kt_repack_q6_K_x8(void *w, int n_in, int n_out, void *tmp);
 
 /* Block b of row r of a Q4_0x8 matrix, in Q4_0 form (the reference reads
  * the layout through this). */
 void kt_q4_0_x8_block(const void *w, int n_in, int r, int b, block_q4_0 *out);
 void kt_q4_K_x8_block(const void *w, int n_in, int r, int b, block_q4_K *out);
+void kt_q6_K_x8_block(const void *w, int n_in, int r, int b, block_q6_K *out);
 
 /* Bytes of one block of a Q4_Kx8 group, and the offsets in it. */
 #define KT_Q4KX8_BLOCK_BYTES (KT_X8_ROWS * 144)
 #define KT_Q4KX8_SCALES 1024
 #define KT_Q4KX8_D (1024 + 96)
 #define KT_Q4KX8_DMIN (1024 + 96 + 16)
+#define KT_Q6KX8_BLOCK_BYTES (KT_X8_ROWS * 210)
+#define KT_Q6KX8_QH 1024
+#define KT_Q6KX8_SCALES (1024 + 512)
+#define KT_Q6KX8_D (1024 + 512 + 128)
 
 #endif
