@@ -842,17 +842,26 @@ static void q4kx8_vnni_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(
  * given to gemm_rows. Same bits either way. */
 #define X8_MIN_GEMM 8
 
+/* 8 repacked vectors at src (32-bit lane r: row r's next 4 bytes) back
+ * in row order: the 32 bytes of row r to dst[r]. */
+INL void x8_words_to_rows(const uint8_t *src, uint8_t *const *dst) {
+    __m256i v[8];
+    for (int c = 0; c < 8; c++) v[c] = _mm256_loadu_si256((const __m256i *)(src + 32 * c));
+    transpose8_epi32(v);
+    for (int r = 0; r < KT_X8_ROWS; r++) _mm256_storeu_si256((__m256i *)dst[r], v[r]);
+}
+
 /* Rows r0 .. r0+7 of a Q4_Kx8 matrix as 8 Q4_K rows at dst. */
-static void x8_unrepack(const kq_args *a, int r0, block_q4_K *dst) {
+static void q4x8_unrepack(const kq_args *a, int r0, void *dst_rows) {
+    block_q4_K *dst = dst_rows;
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * KT_Q4KX8_BLOCK_BYTES;
         for (int k = 0; k < 4; k++) { /* vectors 8k .. 8k+7: qs[32k ..] of every row */
-            __m256i v[8];
-            for (int c = 0; c < 8; c++) v[c] = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * k + c)));
-            transpose8_epi32(v);
-            for (int r = 0; r < KT_X8_ROWS; r++) _mm256_storeu_si256((__m256i *)(dst[(size_t)r * nb + b].qs + 32 * k), v[r]);
+            uint8_t *to[KT_X8_ROWS];
+            for (int r = 0; r < KT_X8_ROWS; r++) to[r] = dst[(size_t)r * nb + b].qs + 32 * k;
+            x8_words_to_rows(o + 256 * k, to);
         }
         for (int r = 0; r < KT_X8_ROWS; r++) {
             block_q4_K *blk = &dst[(size_t)r * nb + b];
@@ -863,22 +872,33 @@ static void x8_unrepack(const kq_args *a, int r0, block_q4_K *dst) {
     }
 }
 
-/* Rows [r0, r1) through gemm_rows on unrepacked groups; false if out of
- * memory (the caller then takes the tiles). */
-static bool x8_gemm(const kq_args *a, int n_tokens, int r0, int r1) {
-    block_q4_K *rows = malloc(2 * KT_X8_ROWS * a->row_bytes);
+/* How a repacked type's prefill runs: its groups turned back into plain
+ * rows (unrepack: 8 rows from r0 into dst), then the plain type's panel
+ * GEMMs, 16 rows at a time with AVX-512. */
+typedef struct x8_prefill {
+    void (*unrepack)(const kq_args *a, int r0, void *dst);
+    void (*gemm16)(const kq_args *a, int r, int c0, int c1);
+    void (*gemm_vnni)(const kq_args *a, int r, int nr, int c0, int c1);
+    void (*gemm)(const kq_args *a, int r, int nr, int c0, int c1);
+} x8_prefill;
+
+/* Rows [r0, r1) of every token through the panel GEMMs on unrepacked
+ * groups; false if out of memory (the caller then takes the tiles). */
+static bool x8_gemm(const x8_prefill *k, const kq_args *a, int n_tokens, int r0, int r1) {
+    char *rows = malloc(2 * KT_X8_ROWS * a->row_bytes);
     if (!rows) return false;
     const bool wide = kt_cpu_has_avx512_vnni();
+    void (*gemm8)(const kq_args *, int, int, int, int) = kt_cpu_has_avx_vnni() ? k->gemm_vnni : k->gemm;
     for (int r = r0; r < r1;) {
         const int n = wide && r + 2 * KT_X8_ROWS <= r1 ? 2 * KT_X8_ROWS : KT_X8_ROWS;
-        for (int g8 = 0; g8 < n; g8 += KT_X8_ROWS) x8_unrepack(a, r + g8, rows + (size_t)g8 * a->x->nb);
+        for (int g8 = 0; g8 < n; g8 += KT_X8_ROWS) k->unrepack(a, r + g8, rows + (size_t)g8 * a->row_bytes);
         kq_args g = *a;
-        g.w = (const char *)rows;
+        g.w = rows;
         g.out = a->out + r;
         for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
             const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
-            if (n == 2 * KT_X8_ROWS) q4k_gemm16(&g, 0, c0, c1);
-            else (kt_cpu_has_avx_vnni() ? q4k_gemm_vnni : q4k_gemm)(&g, 0, KT_X8_ROWS, c0, c1);
+            if (n == 2 * KT_X8_ROWS) k->gemm16(&g, 0, c0, c1);
+            else gemm8(&g, 0, KT_X8_ROWS, c0, c1);
         }
         r += n;
     }
@@ -886,10 +906,12 @@ static bool x8_gemm(const kq_args *a, int n_tokens, int r0, int r1) {
     return true;
 }
 
+static const x8_prefill Q4K_PREFILL = {q4x8_unrepack, q4k_gemm16, q4k_gemm_vnni, q4k_gemm};
+
 void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1) {
     const kq_args a = {w, kt_dtype_row_bytes(KT_Q4_K, n_in), sizeof(block_q4_K), x, out, n_out};
-    if (n_tokens >= X8_MIN_GEMM && x8_gemm(&a, n_tokens, r0, r1)) return;
+    if (n_tokens >= X8_MIN_GEMM && x8_gemm(&Q4K_PREFILL, &a, n_tokens, r0, r1)) return;
     const bool vnni = kt_cpu_has_avx_vnni();
     void (*tile1)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_1 : q4kx8_avx2_1;
     void (*tile4)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_4 : q4kx8_avx2_4;
@@ -983,21 +1005,21 @@ static void q6kx8_avx2(const kq_args *a, int r0, int tok) { q6kx8_tile(a, false,
 static void q6kx8_vnni(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, r0, tok); }
 
 /* Rows r0 .. r0+7 of a Q6_Kx8 matrix as 8 Q6_K rows at dst: ql and qh by
- * 8 x 8 transposes of 32-bit words (as x8_unrepack), scales and d by the
- * block reader. */
-static void q6x8_unrepack(const kq_args *a, int r0, block_q6_K *dst) {
+ * 8 x 8 transposes of 32-bit words (as q4x8_unrepack), scales and d word by
+ * word. */
+static void q6x8_unrepack(const kq_args *a, int r0, void *dst_rows) {
+    block_q6_K *dst = dst_rows;
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * KT_Q6KX8_BLOCK_BYTES;
         for (int k = 0; k < 6; k++) { /* vectors 8k .. 8k+7: ql (k < 4), then qh */
-            __m256i v[8];
-            for (int c = 0; c < 8; c++) v[c] = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * k + c)));
-            transpose8_epi32(v);
+            uint8_t *to[KT_X8_ROWS];
             for (int r = 0; r < KT_X8_ROWS; r++) {
                 block_q6_K *blk = &dst[(size_t)r * nb + b];
-                _mm256_storeu_si256((__m256i *)(k < 4 ? blk->ql + 32 * k : blk->qh + 32 * (k - 4)), v[r]);
+                to[r] = k < 4 ? blk->ql + 32 * k : blk->qh + 32 * (k - 4);
             }
+            x8_words_to_rows(o + 256 * k, to);
         }
         for (int r = 0; r < KT_X8_ROWS; r++) {
             block_q6_K *blk = &dst[(size_t)r * nb + b];
@@ -1007,28 +1029,12 @@ static void q6x8_unrepack(const kq_args *a, int r0, block_q6_K *dst) {
     }
 }
 
+static const x8_prefill Q6K_PREFILL = {q6x8_unrepack, q6k_gemm16, q6k_gemm_vnni, q6k_gemm};
+
 void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1) {
     const kq_args a = {w, kt_dtype_row_bytes(KT_Q6_K, n_in), sizeof(block_q6_K), x, out, n_out};
-    block_q6_K *rows = n_tokens >= X8_MIN_GEMM ? malloc(2 * KT_X8_ROWS * a.row_bytes) : NULL;
-    if (rows) { /* prefill: the panel GEMMs on unrepacked groups, 16 rows where they can */
-        const bool wide = kt_cpu_has_avx512_vnni();
-        for (int r = r0; r < r1;) {
-            const int n = wide && r + 2 * KT_X8_ROWS <= r1 ? 2 * KT_X8_ROWS : KT_X8_ROWS;
-            for (int g8 = 0; g8 < n; g8 += KT_X8_ROWS) q6x8_unrepack(&a, r + g8, rows + (size_t)g8 * a.x->nb);
-            kq_args g = a;
-            g.w = (const char *)rows;
-            g.out = a.out + r;
-            for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
-                const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
-                if (n == 2 * KT_X8_ROWS) q6k_gemm16(&g, 0, c0, c1);
-                else (kt_cpu_has_avx_vnni() ? q6k_gemm_vnni : q6k_gemm)(&g, 0, KT_X8_ROWS, c0, c1);
-            }
-            r += n;
-        }
-        free(rows);
-        return;
-    }
+    if (n_tokens >= X8_MIN_GEMM && x8_gemm(&Q6K_PREFILL, &a, n_tokens, r0, r1)) return;
     void (*tile)(const kq_args *, int, int) = kt_cpu_has_avx_vnni() ? q6kx8_vnni : q6kx8_avx2;
     for (int r = r0; r < r1; r += KT_X8_ROWS)
         for (int t = 0; t < n_tokens; t++) tile(&a, r, t);
