@@ -142,6 +142,27 @@ typedef struct q_args {
     float *panel_d2;
 } q_args;
 
+#define TILE_TOKENS_MAX 8 /* the widest token tile of any type */
+
+/* The activations of a tile's tokens t0 .. t0+T-1; tokens past nt repeat
+ * the last one (computed, not stored). */
+typedef struct tile_x {
+    const int8_t *q[TILE_TOKENS_MAX];
+    const float *d[TILE_TOKENS_MAX];
+    const int32_t *c8[TILE_TOKENS_MAX];
+} tile_x;
+
+INL void tile_x_init(tile_x *x, const q_args *a, int t0, int nt, const int T) {
+    const int nb = a->x->nb;
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
+        x->q[t] = a->x->qs + k * QK8_0;
+        x->d[t] = a->x->d + k;
+        x->c8[t] = a->x->c8 + k;
+    }
+}
+
 /* ---- Q8_0 weights: ggml's order ------------------------------------------
  *
  * Each output keeps 8 float lanes, lane k holding products 4k..4k+3 of
@@ -177,17 +198,12 @@ INL void q8_tile(const q_args *a, const int R, const int T, int r0, int t0) {
     const int nb = a->x->nb;
     const size_t bb = sizeof(block_q8_0);
     const char *rows[4];
-    const int8_t *xq[4];
-    const float *xd[4];
+    tile_x x;
+    tile_x_init(&x, a, t0, T, T);
     __m256 acc[4][4];
     float sc[4][4] __attribute__((aligned(16))); /* sc[t][r] = d_w[r] * d_x[t] */
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        xq[t] = a->x->qs + (size_t)(t0 + t) * nb * QK8_0;
-        xd[t] = a->x->d + (size_t)(t0 + t) * nb;
-    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -200,14 +216,14 @@ INL void q8_tile(const q_args *a, const int R, const int T, int r0, int t0) {
         for (int r = 0; r < R; r++) h |= half_bits(rows[r] + (size_t)b * bb) << (16 * r);
         const __m128 dw = _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h));
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(xd[t][b])));
+        for (int t = 0; t < T; t++) _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(x.d[t][b])));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const __m256i w = load_q8_0(rows[r], b);
             const __m256i aw = _mm256_sign_epi8(w, w);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                const __m256i xv = _mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * QK8_0));
+                const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(idot_q8(aw, w, xv)),
                                             _mm256_broadcast_ss(&sc[t][r]), acc[r][t]);
             }
@@ -271,18 +287,12 @@ TARGET_VNNI INL void q8_tile_vnni(const q_args *a, const int T, int r0, int t0, 
     const size_t bb = sizeof(block_q8_0);
     const __m256i c80 = _mm256_set1_epi8((char)0x80);
     const char *rows[Q8V_ROWS];
-    const int8_t *xq[Q8V_TOKENS];
-    const float *xd[Q8V_TOKENS];
+    tile_x x;
+    tile_x_init(&x, a, t0, nt, T);
     __m256 acc[Q8V_ROWS][Q8V_TOKENS];
     float sc[Q8V_TOKENS][4] __attribute__((aligned(16)));
 #pragma GCC unroll 4
     for (int r = 0; r < Q8V_ROWS; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
-#pragma GCC unroll 2
-    for (int t = 0; t < T; t++) {
-        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
-        xq[t] = a->x->qs + k * QK8_0;
-        xd[t] = a->x->d + k;
-    }
 #pragma GCC unroll 4
     for (int r = 0; r < Q8V_ROWS; r++)
 #pragma GCC unroll 2
@@ -297,8 +307,8 @@ TARGET_VNNI INL void q8_tile_vnni(const q_args *a, const int T, int r0, int t0, 
         __m256i xu[Q8V_TOKENS];
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
-            _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(xd[t][b])));
-            xu[t] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * QK8_0)), c80);
+            _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(x.d[t][b])));
+            xu[t] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0)), c80);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < Q8V_ROWS; r++) {
@@ -332,8 +342,8 @@ TARGET_512 INL void q8_tile_512(const q_args *a, const int P, const int T, int r
     const size_t bb = sizeof(block_q8_0);
     const __m512i c80 = _mm512_set1_epi8((char)0x80);
     const char *rows[2 * Q8W_PAIRS_MAX];
-    const int8_t *xq[Q8W_TOKENS];
-    const float *xd[Q8W_TOKENS];
+    tile_x x;
+    tile_x_init(&x, a, t0, nt, T);
     __m512 acc[Q8W_PAIRS_MAX][Q8W_TOKENS];
     /* lane i of pair p takes row 2p's scale (i < 8) or row 2p+1's */
     __m512i pick[Q8W_PAIRS_MAX];
@@ -343,12 +353,6 @@ TARGET_512 INL void q8_tile_512(const q_args *a, const int P, const int T, int r
                                    _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
 #pragma GCC unroll 8
     for (int r = 0; r < 2 * P; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
-        xq[t] = a->x->qs + k * QK8_0;
-        xd[t] = a->x->d + k;
-    }
 #pragma GCC unroll 4
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 8
@@ -377,8 +381,8 @@ TARGET_512 INL void q8_tile_512(const q_args *a, const int P, const int T, int r
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             const __m512i xu = _mm512_xor_si512(
-                _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * QK8_0))), c80);
-            const __m512 dx = _mm512_set1_ps(xd[t][b]);
+                _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0))), c80);
+            const __m512 dx = _mm512_set1_ps(x.d[t][b]);
 #pragma GCC unroll 4
             for (int p = 0; p < P; p++)
                 acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr[p], xu, w[p])),
@@ -546,25 +550,6 @@ static void q4_build_panel(const q_args *a, int r0, int nr) {
 }
 
 #define Q4_TOKENS512 8 /* tokens per 16-row AVX-512 tile: 32 registers hold 8 */
-
-/* The activations of a tile's tokens t0 .. t0+T-1; tokens past nt repeat
- * the last one (computed, not stored). */
-typedef struct tile_x {
-    const int8_t *q[Q4_TOKENS512];
-    const float *d[Q4_TOKENS512];
-    const int32_t *c8[Q4_TOKENS512];
-} tile_x;
-
-INL void tile_x_init(tile_x *x, const q_args *a, int t0, int nt, const int T) {
-    const int nb = a->x->nb;
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const size_t k = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb;
-        x->q[t] = a->x->qs + k * QK8_0;
-        x->d[t] = a->x->d + k;
-        x->c8[t] = a->x->c8 + k;
-    }
-}
 
 /* Activation values 4q..4q+3 of block b of token t, as one int32 (to be
  * broadcast to every lane). */
@@ -944,18 +929,11 @@ INL void legacy_tile(const legacy_fmt *f, const q_args *a, int r0, int nr, int t
     const int nb = a->x->nb;
     const char *rows[Q4_ROWS];
     tile_rows(a, r0, nr, rows);
-    const int8_t *xq[LEGACY_TOKENS];
-    const float *xd[LEGACY_TOKENS];
-    const int32_t *xc[LEGACY_TOKENS];
+    tile_x x;
+    tile_x_init(&x, a, t0, T, T);
     __m256 acc[LEGACY_TOKENS];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        const size_t k = (size_t)(t0 + t) * nb;
-        xq[t] = a->x->qs + k * QK8_0;
-        xd[t] = a->x->d + k;
-        xc[t] = a->x->c8 + k;
-        acc[t] = _mm256_setzero_ps();
-    }
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, f->bb, b);
         __m256i lv[Q4_ROWS];
@@ -965,13 +943,13 @@ INL void legacy_tile(const legacy_fmt *f, const q_args *a, int r0, int nr, int t
         const __m256 mw = f->m_off >= 0 ? halves8(rows, f->bb, f->m_off, b) : dw;
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            const __m256i x = _mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * QK8_0));
-            __m256i isum = legacy_dot8(lv, x);
-            if (f->m_off < 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(2 * xc[t][b]));
-            const __m256 dx = _mm256_set1_ps(xd[t][b]);
+            const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
+            __m256i isum = legacy_dot8(lv, xv);
+            if (f->m_off < 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(2 * x.c8[t][b]));
+            const __m256 dx = _mm256_set1_ps(x.d[t][b]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[t]);
             if (f->m_off >= 0)
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps((float)(xc[t][b] / 8)),
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps((float)(x.c8[t][b] / 8)),
                                          _mm256_mul_ps(mw, dx), acc[t]);
         }
     }
