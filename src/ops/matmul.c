@@ -142,7 +142,7 @@ static float row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, c
     if (t != KT_Q4_0_X8)
         return block_step((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, acc);
     block_q4_0 blk;
-    kt_q4_0_x8_block(w, n_in, r, b, &blk);
+    kt_x8_block(w, KT_Q4_0, n_in, r, b, &blk);
     return block_step(&blk, KT_Q4_0, 0, xq, dx, acc);
 }
 
@@ -204,13 +204,13 @@ static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b
                                float dx, const int16_t *bs, float acc) {
     if (t == KT_Q6_K_X8) {
         block_q6_K blk;
-        kt_q6_K_x8_block(w, n_in, r, b, &blk);
+        kt_x8_block(w, KT_Q6_K, n_in, r, b, &blk);
         return kt_kq_block_step(KT_Q6_K, &blk, 0, xq, dx, bs, acc);
     }
     if (t != KT_Q4_K_X8)
         return kt_kq_block_step(t, (const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), b, xq, dx, bs, acc);
     block_q4_K blk;
-    kt_q4_K_x8_block(w, n_in, r, b, &blk);
+    kt_x8_block(w, KT_Q4_K, n_in, r, b, &blk);
     return kt_kq_block_step(KT_Q4_K, &blk, 0, xq, dx, bs, acc);
 }
 

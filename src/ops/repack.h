@@ -60,17 +60,13 @@ static inline bool kt_repack_supported(kt_dtype type, int n_in, int n_out) {
 /* Rewrites a matrix (kt_repack_supported) in place in its repacked layout.
  * tmp: KT_X8_ROWS rows of scratch, kt_dtype_row_bytes(type, n_in) each. */
 void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp);
-void kt_repack_q4_0_x8(void *w, int n_in, int n_out, void *tmp);
-void kt_repack_q4_K_x8(void *w, int n_in, int n_out, void *tmp);
-void kt_repack_q6_K_x8(void *w, int n_in, int n_out, void *tmp);
 
-/* Block b of row r of a Q4_0x8 matrix, in Q4_0 form (the reference reads
- * the layout through this). */
-void kt_q4_0_x8_block(const void *w, int n_in, int r, int b, block_q4_0 *out);
-void kt_q4_K_x8_block(const void *w, int n_in, int r, int b, block_q4_K *out);
-void kt_q6_K_x8_block(const void *w, int n_in, int r, int b, block_q6_K *out);
+/* Block b of row r of a repacked matrix whose plain type is `type`, back
+ * in that type's form at out (the reference reads the layouts through
+ * this). */
+void kt_x8_block(const void *w, kt_dtype type, int n_in, int r, int b, void *out);
 
-/* Bytes of one block of a Q4_Kx8 group, and the offsets in it. */
+/* Bytes of one block of a Q4_Kx8 / Q6_Kx8 group, and the offsets in it. */
 #define KT_Q4KX8_BLOCK_BYTES (KT_X8_ROWS * 144)
 #define KT_Q4KX8_SCALES 1024
 #define KT_Q4KX8_D (1024 + 96)
