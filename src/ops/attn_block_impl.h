@@ -4,7 +4,7 @@
  * vocabulary of vector operations. ops_avx2.c includes it twice, after
  * defining that vocabulary for 8 lanes (AVX2) and for 16 (AVX-512):
  *   AB_W lanes, AB_TARGET (function attribute), AB_NAME(x) (suffixed name),
- *   AB_F float vector, AB_D vector of AB_W / 2 doubles, AB_M lane mask,
+ *   AB_F float vector, AB_D vector of AB_W / 2 doubles,
  *   ab_set1 ab_zero ab_load ab_loadu ab_store ab_storeu ab_add ab_sub
  *   ab_mul ab_exp (exp256 / exp512, the same per lane),
  *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
@@ -160,7 +160,6 @@ AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt
 #undef AB_NAME
 #undef AB_F
 #undef AB_D
-#undef AB_M
 #undef ab_set1
 #undef ab_zero
 #undef ab_load

@@ -513,7 +513,6 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define AB_NAME(x) x##_avx2
 #define AB_F __m256
 #define AB_D __m256d
-#define AB_M __m256
 #define ab_set1 _mm256_set1_ps
 #define ab_zero _mm256_setzero_ps
 #define ab_load _mm256_load_ps
@@ -541,7 +540,6 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define AB_NAME(x) x##_avx512
 #define AB_F __m512
 #define AB_D __m512d
-#define AB_M __mmask16
 #define ab_set1 _mm512_set1_ps
 #define ab_zero _mm512_setzero_ps
 #define ab_load _mm512_load_ps
