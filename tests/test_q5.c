@@ -277,14 +277,17 @@ static void test_matmul_vs_ref(void **state) {
 
 #if defined(__x86_64__) || defined(__i386__)
 /* The AVX2 kernel called directly on a row range that does not start at 0
- * and is not a multiple of 8 rows, against the reference. */
-static void test_avx2_kernel_row_range(void **state) {
-    (void)state;
-    if (!kt_cpu_has_avx2()) skip();
-    const int n_in = 64, n_out = 29, nt = 3, r0 = 5, r1 = 26;
-    float x[3 * 64], want[3 * 29], got[3 * 29];
+ * and is not a multiple of 8 rows, against the reference: without a panel
+ * (the GEMV tiles) and with one (the panel tiles: 16 rows x 8 and 4
+ * tokens with AVX-512, 8 x 4 otherwise, a last token alone), on every
+ * int8 tier this CPU has. */
+static void check_kernel_row_range(void) {
+    enum { n_in = 64, n_out = 29, nt = 11, r0 = 5, r1 = 26 };
+    float x[nt * n_in], want[nt * n_out], got[nt * n_out];
     tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 9);
     void *scratch = tu_xmalloc(kt_q8_act_bytes(n_in, nt));
+    void *panel = aligned_alloc(64, kt_matmul_panel_bytes(n_in));
+    assert_non_null(panel);
     int8_t *qs;
     float *d;
     int32_t *c8;
@@ -294,17 +297,39 @@ static void test_avx2_kernel_row_range(void **state) {
     for (int ti = 0; ti < N_TYPES; ti++) {
         void *w = tu_make_weights(TYPES[ti], n_in, n_out, 5, 0.3f);
         kt_matmul_ref(want, w, TYPES[ti], x, n_in, n_out, nt);
-        for (int i = 0; i < 3 * 29; i++) got[i] = -1.0f;
-        kt_matmul_legacy_avx2(got, w, TYPES[ti], &xa, n_in, n_out, nt, r0, r1);
-        for (int t = 0; t < nt; t++)
-            for (int r = 0; r < n_out; r++) {
-                float g = got[t * n_out + r];
-                if (r < r0 || r >= r1) assert_true(g == -1.0f); /* untouched */
-                else assert_memory_equal(&g, &want[t * n_out + r], sizeof g);
-            }
+        for (int p = 0; p < 2; p++) {
+            for (int i = 0; i < nt * n_out; i++) got[i] = -1.0f;
+            kt_matmul_legacy_avx2(got, w, TYPES[ti], &xa, n_in, n_out, nt, r0, r1, p ? panel : NULL);
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < n_out; r++) {
+                    float g = got[t * n_out + r];
+                    if (r < r0 || r >= r1) assert_true(g == -1.0f); /* untouched */
+                    else if (memcmp(&g, &want[t * n_out + r], sizeof g) != 0)
+                        fail_msg("%s %s panel, token %d row %d: %.9g, reference %.9g",
+                                 kt_dtype_name(TYPES[ti]), p ? "with a" : "without a", t, r, g,
+                                 want[t * n_out + r]);
+                }
+        }
         free(w);
     }
+    free(panel);
     free(scratch);
+}
+
+static void test_avx2_kernel_row_range(void **state) {
+    (void)state;
+    if (!kt_cpu_has_avx2()) skip();
+    check_kernel_row_range();
+    if (kt_cpu_has_avx512_vnni()) {
+        kt_cpu_force_no_avx512(true);
+        check_kernel_row_range();
+        kt_cpu_force_no_avx512(false);
+    }
+    if (kt_cpu_has_avx_vnni()) {
+        kt_cpu_force_no_vnni(true);
+        check_kernel_row_range();
+        kt_cpu_force_no_vnni(false);
+    }
 }
 #endif
 

@@ -87,15 +87,15 @@ float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, flo
 
 void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
 
-/* Bytes of the per-thread work area the Q4_0 GEMM needs for n_in (a
- * transposed copy of 8 weight rows; a 64-byte multiple). */
+/* Bytes of the per-thread work area the Q4_0/Q4_1/Q5_0/Q5_1 GEMM needs
+ * for n_in (transposed copies of 16 weight rows; a 64-byte multiple). */
 size_t kt_matmul_panel_bytes(int n_in);
 
 /* Rows [r0, r1) of out for every token: out[t * n_out + r]. For Q8_0 and
  * Q4_0 weights x is the quantized activations; panel is the calling
  * thread's own kt_matmul_panel_bytes(n_in) bytes, 64-byte aligned, used by
- * Q4_0 with n_tokens > 1 (NULL: one GEMV per token instead). For float
- * weights xf. */
+ * Q4_0 (and the other 32-value formats) with n_tokens > 1 (NULL: one GEMV
+ * per token instead). For float weights xf. */
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
                          int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
@@ -109,9 +109,9 @@ void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
 void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);
 /* Rows [r0, r1) of every token for Q4_1, Q5_0 or Q5_1 weights (x: the
- * Q8_0 activations), bit-identical to the reference. */
+ * Q8_0 activations), bit-identical to the reference; panel as for Q4_0. */
 void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,
-                           int n_in, int n_out, int n_tokens, int r0, int r1);
+                           int n_in, int n_out, int n_tokens, int r0, int r1, void *panel);
 /* Rows [r0, r1) of every token for K-quant weights (Q4_K, Q5_K, Q6_K). */
 void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
                        int n_in, int n_out, int n_tokens, int r0, int r1);

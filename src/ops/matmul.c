@@ -355,7 +355,7 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     case KT_Q5_0:
     case KT_Q5_1:
         kt_matmul_legacy_avx2(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens,
-                              r0, r1);
+                              r0, r1, panel);
         break;
     case KT_Q4_K_X8:
         kt_matmul_q4_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
@@ -422,10 +422,10 @@ void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const f
                 .n_tokens = n_tokens, .simd = kt_cpu_has_avx2()};
     void *owned = NULL;
     if (is_quant(wtype)) {
-        /* scratch: the quantized activations, then (Q4_0 SIMD GEMM) one
-         * panel per thread */
+        /* scratch: the quantized activations, then (the SIMD GEMM of the
+         * 32-value formats but Q8_0) one panel per thread */
         size_t act = (kt_q8_act_bytes(n_in, n_tokens) + 63) / 64 * 64;
-        bool panels = j.simd && n_tokens > 1 && wtype == KT_Q4_0;
+        bool panels = j.simd && n_tokens > 1 && (wtype == KT_Q4_0 || is_legacy(wtype));
 #if defined(__x86_64__) || defined(__i386__)
         if (panels) j.panel_bytes = kt_matmul_panel_bytes(n_in);
 #endif

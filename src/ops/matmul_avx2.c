@@ -105,15 +105,54 @@ INL __m256i load_q8_0(const char *row, int b) {
     return _mm256_loadu_si256((const __m256i *)blk->qs);
 }
 
-/* Q4_0 weight block b of a row: its 32 nibbles (0..15, not minus 8) in
- * element order. The 16 bytes are broadcast to both halves, the high half
- * shifted right by 4, and the mask keeps low nibbles (elements 0..15) then
- * high nibbles (16..31). */
-INL __m256i load_q4_0(const char *row, int b) {
-    const block_q4_0 *blk = (const block_q4_0 *)row + b;
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)blk->qs));
+/* ---- the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1 ---------------
+ *
+ * A block holds 32 unsigned levels q (4 bits; Q5_0/Q5_1 add a fifth bit
+ * from a 32-bit word), a scale d and, for Q4_1/Q5_1, a minimum m. Per
+ * block the reference's float steps (matmul.c) are
+ *   acc = fma(float(isum), d_w * d_x, acc)
+ *   acc = fma(float(sum x), m_w * d_x, acc)         (Q4_1, Q5_1 only)
+ * with isum = sum q x minus, for the formats whose levels are offset,
+ * the offset times sum x: 8 sum x = c8 for Q4_0, 16 sum x = 2 c8 for Q5_0
+ * (internal.h: c8 = 8 sum x). One description per format drives the
+ * GEMV, the panel and every tile, so they cannot disagree. */
+typedef struct legacy_fmt {
+    size_t bb;    /* block bytes */
+    int qs_off;   /* offset of the 16 nibble bytes */
+    int qh_off;   /* offset of the 4 fifth-bit bytes; -1 for 4-bit levels */
+    int m_off;    /* offset of the fp16 minimum; -1 for Q4_0/Q5_0 */
+    int c8_mul;   /* isum -= c8_mul * c8 (the level offset) */
+} legacy_fmt;
+
+static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1};
+static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0};
+static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2};
+static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0};
+
+/* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set: byte j/8 of h is
+ * shuffled to byte j, tested against bit j%8. */
+INL __m256i fifth_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), idx);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 levels (0..15 or 0..31) of block b of a row, in element order:
+ * the 16 nibble bytes broadcast to both halves, the high half shifted
+ * right by 4, the mask keeping low nibbles (elements 0..15) then high
+ * nibbles (16..31); then the fifth bits. */
+INL __m256i load_levels(const legacy_fmt *f, const char *row, int b) {
+    const uint8_t *blk = (const uint8_t *)row + (size_t)b * f->bb;
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + f->qs_off)));
     v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    if (f->qh_off >= 0) v = _mm256_or_si256(v, fifth_bits(blk + f->qh_off));
+    return v;
 }
 
 /* A matrix streamed once (GEMV, panel building) is fetched a group of
@@ -136,10 +175,12 @@ typedef struct q_args {
     const kt_q8_act *x;
     float *out;
     int n_out;
-    int8_t *panel;       /* Q4_0 GEMM: nb * 8 vectors of 32 bytes */
-    float *panel_d;      /* Q4_0 GEMM: nb * 8 row scales */
-    int8_t *panel2;      /* Q4_0 AVX-512 GEMM: the next 8 rows' panel */
+    int8_t *panel;       /* panel GEMM: nb * 8 vectors of 32 bytes */
+    float *panel_d;      /* panel GEMM: nb * 8 row scales */
+    int8_t *panel2;      /* AVX-512 panel GEMM: the next 8 rows' panel */
     float *panel_d2;
+    float *panel_m;      /* Q4_1/Q5_1 panel GEMM: nb * 8 row minima */
+    float *panel_m2;
 } q_args;
 
 #define TILE_TOKENS_MAX 8 /* the widest token tile of any type */
@@ -451,28 +492,30 @@ static void q8_rows_vnni(const q_args *a, int n_tokens, int r0, int r1) {
     }
 }
 
-/* ---- Q4_0 weights: one output per lane -------------------------------
+/* ---- the 32-value formats: one output per lane ------------------------
  *
  * A vector holds 8 rows (Q4_ROWS) of one token. Per block the 8 exact
- * integer dot products land in 8 int32 lanes, then
- *   acc = fma(float(isum), d_w * d_x, acc)
- * -- the reference's operations (matmul.c), and the order of ggml's
- * repacked Q4_0 8x8 AVX2 kernels.
+ * integer dot products land in 8 int32 lanes, then the format's float
+ * steps (above) -- the reference's operations (matmul.c), and for Q4_0
+ * the order of ggml's repacked Q4_0 8x8 AVX2 kernels.
  *
  * GEMV (one token): each row's 32 products are formed in its own vector
  * and a tree of horizontal adds leaves one lane per row.
  *
  * GEMM: the 8 rows' blocks are first transposed into a panel (per block,
- * 8 vectors; vector q holds values 4q..4q+3 of each row in the row's lane),
- * so one broadcast of 4 activation bytes against a panel vector gives
- * every row its partial sum in its own lane, with no reduction. The panel
- * is built once per 8 rows and chunk of tokens and reused for all of them.
+ * 8 vectors; vector q holds levels 4q..4q+3 of each row in the row's
+ * lane, then the rows' scales and, for Q4_1/Q5_1, minima as floats), so
+ * one broadcast of 4 activation bytes against a panel vector gives every
+ * row its partial sum in its own lane, with no reduction. The panel is
+ * built once per 8 rows and chunk of tokens and reused for all of them;
+ * from it every format runs the same tiles.
  *
- * Integer products: the raw nibbles n (0..15) are maddubs' unsigned side,
- * and sum (n - 8) x = sum n x - c8 (internal.h). A pair sum is at most
- * 2 * 15 * 127, so 8 of them still fit in int16 (30480): the GEMM
- * accumulates a block in int16, and the GEMV's reduction tree stays in
- * int16 until the last step.
+ * Integer products: the levels q are maddubs' (and vpdpbusd's) unsigned
+ * side and the activations the signed one. A pair sum is at most
+ * 2 * 15 * 127 for 4-bit levels, so a block's 8 pairs per lane still fit
+ * in int16 (30480); 5-bit levels reach 2 * 31 * 127 = 7874 per pair, so
+ * the AVX2 tile widens every 2 pairs, and the GEMV widens each row's
+ * products before its reduction tree.
  */
 
 #define Q4_ROWS 8      /* rows per vector: one per lane */
@@ -485,7 +528,7 @@ static void q8_rows_vnni(const q_args *a, int n_tokens, int r0, int r1) {
 INL __m256i q4_dot8(const char *const *rows, int b, __m256i x) {
     __m256i m[Q4_ROWS];
 #pragma GCC unroll 8
-    for (int r = 0; r < Q4_ROWS; r++) m[r] = _mm256_maddubs_epi16(load_q4_0(rows[r], b), x);
+    for (int r = 0; r < Q4_ROWS; r++) m[r] = _mm256_maddubs_epi16(load_levels(&FMT_Q4_0, rows[r], b), x);
     __m256i h01 = _mm256_hadd_epi16(m[0], m[1]), h23 = _mm256_hadd_epi16(m[2], m[3]);
     __m256i h45 = _mm256_hadd_epi16(m[4], m[5]), h67 = _mm256_hadd_epi16(m[6], m[7]);
     __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
@@ -530,22 +573,24 @@ static void q4_gemv(const q_args *a, int r0, int nr, int t) {
     store_lanes(a->out + (size_t)t * a->n_out + r0, acc, nr);
 }
 
-/* The panel of rows r0 .. r0+nr-1: per block, the 8 rows' nibbles
- * transposed and their scales as floats. */
-static void q4_build_panel(const q_args *a, int r0, int nr) {
+/* The panel of rows r0 .. r0+nr-1 of format f: per block, the 8 rows'
+ * levels transposed, their scales (and minima) as floats. */
+static void panel_build(const q_args *a, const legacy_fmt *f, int r0, int nr) {
     const int nb = a->x->nb;
     const char *rows[Q4_ROWS];
     tile_rows(a, r0, nr, rows);
     for (int b = 0; b < nb; b++) {
-        prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, sizeof(block_q4_0), b);
+        prefetch_rows_ahead(rows, Q4_ROWS, a->row_bytes, f->bb, b);
         __m256i v[Q4_ROWS];
 #pragma GCC unroll 8
-        for (int r = 0; r < Q4_ROWS; r++) v[r] = load_q4_0(rows[r], b);
+        for (int r = 0; r < Q4_ROWS; r++) v[r] = load_levels(f, rows[r], b);
         transpose8_epi32(v);
 #pragma GCC unroll 8
         for (int q = 0; q < Q4_ROWS; q++)
             _mm256_store_si256((__m256i *)(a->panel + ((size_t)b * Q4_ROWS + q) * 32), v[q]);
-        _mm256_store_ps(a->panel_d + (size_t)b * Q4_ROWS, halves8(rows, sizeof(block_q4_0), 0, b));
+        _mm256_store_ps(a->panel_d + (size_t)b * Q4_ROWS, halves8(rows, f->bb, 0, b));
+        if (f->m_off >= 0)
+            _mm256_store_ps(a->panel_m + (size_t)b * Q4_ROWS, halves8(rows, f->bb, (size_t)f->m_off, b));
     }
 }
 
@@ -559,11 +604,16 @@ INL int32_t tile_x4(const tile_x *x, int t, int b, int q) {
     return v;
 }
 
-/* One block's float step for 8 rows, the reference's:
- * acc = fma(float(isum - c8), d_w * d_x, acc). */
-INL __m256 q4_block_step(__m256 acc, __m256i isum, __m256 dw, const tile_x *x, int t, int b) {
-    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(x->c8[t][b]));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[t][b])), acc);
+/* One block's float steps for 8 rows, the reference's (the formats'
+ * comment above); mw is used only by formats with a minimum. */
+INL __m256 q4_block_step(const legacy_fmt *f, __m256 acc, __m256i isum, __m256 dw, __m256 mw,
+                         const tile_x *x, int t, int b) {
+    if (f->c8_mul) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(f->c8_mul * x->c8[t][b]));
+    const __m256 dx = _mm256_set1_ps(x->d[t][b]);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
+    if (f->m_off >= 0)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps((float)(x->c8[t][b] / 8)), _mm256_mul_ps(mw, dx), acc);
+    return acc;
 }
 
 INL void tile_store8(const q_args *a, const __m256 *acc, const int T, int r0, int nr, int t0, int nt) {
@@ -572,10 +622,11 @@ INL void tile_store8(const q_args *a, const __m256 *acc, const int T, int r0, in
         if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
-/* ---- the Q4_0 tiles, over a panel or over Q4_0x8 rows -----------------
+/* ---- the tiles, over a panel or over Q4_0x8 rows -----------------------
  *
  * A tile reads its 8 (or 16) rows either from the panel built for this
- * chunk of tokens (plain Q4_0) or straight from the rows' Q4_0x8 group
+ * chunk of tokens (any of the four formats) or straight from the rows'
+ * Q4_0x8 group
  * (ops/repack.h), whose packed vector v gives the panel's vectors v (low
  * nibbles) and v + 4 (high nibbles) with an and and a shift: no panel to
  * build, and the scales are 8 contiguous fp16. `packed` is a constant in
@@ -608,6 +659,12 @@ INL __m256 q4_scales(const q_args *a, const uint8_t *grp, const float *panel_d, 
     return _mm256_load_ps(panel_d + (size_t)b * Q4_ROWS);
 }
 
+/* The 8 rows' minima of block b (panel of a format with one), else 0. */
+INL __m256 panel_mins(const legacy_fmt *f, const float *panel_m, int b) {
+    if (f->m_off < 0) return _mm256_setzero_ps();
+    return _mm256_load_ps(panel_m + (size_t)b * Q4_ROWS);
+}
+
 /* One token streaming Q4_0x8 groups: fetch block b of the group `ahead`
  * bytes on (its nibbles every block, its scales every 4th). */
 INL void x8_prefetch(const q_args *a, const uint8_t *grp, size_t ahead, int b) {
@@ -617,9 +674,11 @@ INL void x8_prefetch(const q_args *a, const uint8_t *grp, size_t ahead, int b) {
     if ((b & 3) == 0) _mm_prefetch((const char *)next + (size_t)a->x->nb * 128 + (size_t)b * 16, _MM_HINT_T0);
 }
 
-/* AVX2: 8 rows x T tokens (T <= Q4_TOKENS); maddubs pairs summed in int16
- * over the block (no overflow, see above), widened once. */
-INL void q4_tile_avx2(const q_args *a, const bool packed, const int T, int r0, int nr, int t0, int nt) {
+/* AVX2: 8 rows x T tokens (T <= Q4_TOKENS) of format f (packed: Q4_0x8,
+ * f is Q4_0); maddubs pairs summed in int16 (no overflow, see above) and
+ * widened once per block, or every 2 pairs for 5-bit levels. */
+INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, const int T, int r0, int nr,
+                      int t0, int nt) {
     tile_x x;
     tile_x_init(&x, a, t0, nt, T);
     const uint8_t *grp = packed ? x8_group(a, r0) : NULL;
@@ -630,9 +689,9 @@ INL void q4_tile_avx2(const q_args *a, const bool packed, const int T, int r0, i
 
     for (int b = 0; b < a->x->nb; b++) {
         if (packed && T == 1) x8_prefetch(a, grp, Q4_ROWS * a->row_bytes, b);
-        __m256i isum16[Q4_TOKENS];
+        __m256i isum[Q4_TOKENS], isum16[Q4_TOKENS];
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) isum16[t] = _mm256_setzero_si256();
+        for (int t = 0; t < T; t++) isum[t] = isum16[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             __m256i lo, hi;
@@ -641,11 +700,15 @@ INL void q4_tile_avx2(const q_args *a, const bool packed, const int T, int r0, i
             for (int t = 0; t < T; t++) {
                 isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(tile_x4(&x, t, b, v))));
                 isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(tile_x4(&x, t, b, v + 4))));
+                if (f->qh_off >= 0 || v == 3) {
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(isum16[t], ones));
+                    isum16[t] = _mm256_setzero_si256();
+                }
             }
         }
-        const __m256 dw = q4_scales(a, grp, a->panel_d, b);
+        const __m256 dw = q4_scales(a, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[t] = q4_block_step(acc[t], _mm256_madd_epi16(isum16[t], ones), dw, &x, t, b);
+        for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
     }
     tile_store8(a, acc, T, r0, nr, t0, nt);
 }
@@ -655,7 +718,8 @@ INL void q4_tile_avx2(const q_args *a, const bool packed, const int T, int r0, i
  * int16 add (and a madd per block). The integer sums are exact both ways
  * and the float steps are the same, so the two tiles give the same bits:
  * which one runs depends on the CPU, never on the batch. */
-TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const bool packed, const int T, int r0, int nr, int t0, int nt) {
+TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const legacy_fmt *f, const bool packed, const int T, int r0,
+                                  int nr, int t0, int nt) {
     tile_x x;
     tile_x_init(&x, a, t0, nt, T);
     const uint8_t *grp = packed ? x8_group(a, r0) : NULL;
@@ -678,9 +742,9 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const bool packed, const int 
                 isum[t] = _mm256_dpbusd_avx_epi32(isum[t], hi, _mm256_set1_epi32(tile_x4(&x, t, b, v + 4)));
             }
         }
-        const __m256 dw = q4_scales(a, grp, a->panel_d, b);
+        const __m256 dw = q4_scales(a, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[t] = q4_block_step(acc[t], isum[t], dw, &x, t, b);
+        for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
     }
     tile_store8(a, acc, T, r0, nr, t0, nt);
 }
@@ -689,7 +753,12 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const bool packed, const int 
  * one vpdpbusd serves 16 rows (lanes 0-7: rows r0.., 8-15: rows r0+8..)
  * and each broadcast activation is used for 16 rows. Lane by lane the
  * same integer sums and float steps as the 8-row tiles: the same bits. */
-TARGET_512 INL void q4_tile_512(const q_args *a, const bool packed, const int T, int r0, int t0, int nt) {
+TARGET_512 INL __m512 join_ps(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool packed, const int T, int r0,
+                                int t0, int nt) {
     tile_x x;
     tile_x_init(&x, a, t0, nt, T);
     const uint8_t *g0 = packed ? x8_group(a, r0) : NULL, *g1 = packed ? x8_group(a, r0 + Q4_ROWS) : NULL;
@@ -728,13 +797,16 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const bool packed, const int T,
                 isum[t] = _mm512_dpbusd_epi32(isum[t], hi, _mm512_set1_epi32(tile_x4(&x, t, b, v + 4)));
             }
         }
-        const __m256 da = q4_scales(a, g0, a->panel_d, b), db = q4_scales(a, g1, a->panel_d2, b);
-        const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(da)),
-                                                              _mm256_castps_pd(db), 1));
+        const __m512 dw = join_ps(q4_scales(a, g0, a->panel_d, b), q4_scales(a, g1, a->panel_d2, b));
+        const __m512 mw = join_ps(panel_mins(f, a->panel_m, b), panel_mins(f, a->panel_m2, b));
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const __m512i is = _mm512_sub_epi32(isum[t], _mm512_set1_epi32(x.c8[t][b]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[t][b])), acc[t]);
+        for (int t = 0; t < T; t++) { /* q4_block_step, 16 lanes */
+            __m512i is = isum[t];
+            if (f->c8_mul) is = _mm512_sub_epi32(is, _mm512_set1_epi32(f->c8_mul * x.c8[t][b]));
+            const __m512 dx = _mm512_set1_ps(x.d[t][b]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx), acc[t]);
+            if (f->m_off >= 0)
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps((float)(x.c8[t][b] / 8)), _mm512_mul_ps(mw, dx), acc[t]);
         }
     }
 #pragma GCC unroll 8
@@ -742,171 +814,16 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const bool packed, const int T,
         if (t < nt) _mm512_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
 }
 
-/* The instances: source (panel / Q4_0x8) x tokens per tile. */
-typedef void (*q4_tile8_fn)(const q_args *, int r0, int nr, int t0, int nt);
-typedef void (*q4_tile16_fn)(const q_args *, int r0, int t0, int nt);
-
-static void q4_panel_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, false, Q4_TOKENS, r0, nr, t0, nt); }
-static void q4_x8_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, Q4_TOKENS, r0, nr, t0, nt); }
-static void q4_x8_avx2_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, 1, r0, nr, t0, nt); }
-static void q4_x8_avx2_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, true, 2, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_panel_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, false, Q4_TOKENS, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_x8_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, Q4_TOKENS, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_x8_vnni_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, 1, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_x8_vnni_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, true, 2, r0, nr, t0, nt); }
-TARGET_512 static void q4_panel_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, false, 4, r0, t0, nt); }
-TARGET_512 static void q4_panel_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, false, 8, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x1(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 1, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x2(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 2, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 4, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, true, 8, r0, t0, nt); }
-
-size_t kt_matmul_panel_bytes(int n_in) {
-    size_t nb = (size_t)(n_in / QK8_0);
-    return 2 * (nb * Q4_ROWS * 32 + nb * Q4_ROWS * sizeof(float)); /* two panels; a multiple of 64 */
-}
-
-/* Rows [r0, r1) of every token: a GEMV per token for few tokens;
- * otherwise, per chunk of tokens and 8 rows, a panel, then Q4_TOKENS
- * tokens at a time against it. */
-static void q4_rows(q_args *a, int n_tokens, int r0, int r1, void *panel) {
-    /* with VNNI, 2 tokens already pay for a panel (a 4-token tile costs
-     * less than two GEMVs); without, from 3 */
-    const int min_gemm = kt_cpu_has_avx_vnni() ? 2 : Q4_MIN_GEMM;
-    if (n_tokens < min_gemm || !panel) {
-        /* rows outer: the 8 rows stay in L1 for every token, so a batch of
-         * decode tokens streams the matrix once, not once per token */
-        for (int r = r0; r < r1; r += Q4_ROWS)
-            for (int t = 0; t < n_tokens; t++) q4_gemv(a, r, r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS, t);
-        return;
-    }
-    const size_t panel_bytes = kt_matmul_panel_bytes(a->x->nb * QK8_0) / 2;
-    a->panel = panel;
-    a->panel_d = (float *)((char *)panel + (size_t)a->x->nb * Q4_ROWS * 32);
-    a->panel2 = (int8_t *)((char *)panel + panel_bytes);
-    a->panel_d2 = (float *)((char *)a->panel2 + (size_t)a->x->nb * Q4_ROWS * 32);
-    const bool wide = kt_cpu_has_avx512_vnni();
-    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
-    q4_tile8_fn tile = kt_cpu_has_avx_vnni() ? q4_panel_vnni : q4_panel_avx2;
-    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
-        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        int r = r0;
-        for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS) {
-            q_args second = *a; /* the next 8 rows, built into the second panel */
-            second.panel = a->panel2, second.panel_d = a->panel_d2;
-            q4_build_panel(a, r, Q4_ROWS);
-            q4_build_panel(&second, r + Q4_ROWS, Q4_ROWS);
-            int t = c0;
-            for (; t + Q4_TOKENS512 <= c1; t += Q4_TOKENS512) q4_panel_512x8(a, r, t, Q4_TOKENS512);
-            for (; t + 1 < c1; t += Q4_TOKENS) q4_panel_512x4(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
-            if (t < c1) q4_gemv(a, r, Q4_ROWS, t), q4_gemv(a, r + Q4_ROWS, Q4_ROWS, t);
-        }
-        for (; r < r1; r += Q4_ROWS) {
-            const int nr = r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS;
-            q4_build_panel(a, r, nr);
-            int t = c0;
-            for (; t + 1 < c1; t += Q4_TOKENS) tile(a, r, nr, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
-            if (t < c1) q4_gemv(a, r, nr, t); /* a last single token: no 3 wasted columns */
-        }
-    }
-}
-
-void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
-                         int n_tokens, int r0, int r1, void *panel) {
-    (void)panel;
-    q_args a = {w, kt_dtype_row_bytes(KT_Q8_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
-    if (kt_cpu_has_avx_vnni()) q8_rows_vnni(&a, n_tokens, r0, r1);
-    else q8_rows(&a, n_tokens, r0, r1);
-}
-
-void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
-                         int n_tokens, int r0, int r1, void *panel) {
-    q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
-    q4_rows(&a, n_tokens, r0, r1, panel);
-}
-
-/* Q4_0x8 rows [r0, r1) (multiples of 8): the tiles read the groups as
- * stored, so one token takes the 1-token tiles and more take the wide
- * ones directly, with no panel. Tokens go in chunks whose activations
- * stay in L2, as for the panel GEMM. */
-void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
-                            int n_tokens, int r0, int r1) {
-    const q_args a = {w, kt_dtype_row_bytes(KT_Q4_0, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
-    const bool vnni = kt_cpu_has_avx_vnni(), wide = kt_cpu_has_avx512_vnni();
-    const q4_tile8_fn tile1 = vnni ? q4_x8_vnni_1 : q4_x8_avx2_1, tile2 = vnni ? q4_x8_vnni_2 : q4_x8_avx2_2;
-    const q4_tile8_fn tile4 = vnni ? q4_x8_vnni : q4_x8_avx2;
-    const int chunk = token_chunk(n_in, 1);
-    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
-        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        int r = r0;
-        for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS)
-            for (int t = c0; t < c1;) {
-                const int n = c1 - t;
-                if (n >= Q4_TOKENS512) q4_x8_512x8(&a, r, t, Q4_TOKENS512), t += Q4_TOKENS512;
-                else if (n >= 3) q4_x8_512x4(&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
-                else if (n == 2) q4_x8_512x2(&a, r, t, 2), t += 2; /* decode of 2 streams */
-                else q4_x8_512x1(&a, r, t, 1), t++;
-            }
-        for (; r < r1; r += Q4_ROWS)
-            for (int t = c0; t < c1;) {
-                const int n = c1 - t;
-                if (n >= 3) tile4(&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
-                else if (n == 2) tile2(&a, r, Q4_ROWS, t, 2), t += 2;
-                else tile1(&a, r, Q4_ROWS, t, 1), t++;
-            }
-    }
-}
-
-/* ---- Q4_1, Q5_0, Q5_1 weights: one output per lane ---------------------
+/* ---- Q4_1, Q5_0, Q5_1: the GEMV ----------------------------------------
  *
- * As the Q4_0 GEMV: 8 rows of one token, row r in lane r. Per block the
- * exact integer sums, then the reference's float steps (matmul.c):
- *   acc = fma(float(isum), d_w * d_x, acc)
- *   acc = fma(float(sum x), m_w * d_x, acc)         (Q4_1, Q5_1 only)
- * with isum = sum q x for the unsigned levels q, minus 16 * sum x = 2 * c8
- * for Q5_0. The 5-bit levels reach 31, so a maddubs pair sum is up to
- * 7874 and 16 of them no longer fit in int16: each row's products are
- * widened to int32 (madd) before the horizontal-add tree. Several tokens
- * share each block's unpacked levels (LEGACY_TOKENS at a time, over
- * chunks of tokens whose activations stay in L2); the horizontal-add tree
- * is still per token, so this GEMM is far slower than Q4_0's panel GEMM.
+ * As the Q4_0 GEMV: 8 rows of one token, row r in lane r. The 5-bit
+ * levels' pair sums (up to 7874) no longer fit 16 of them in int16, so
+ * each row's products are widened to int32 (madd) before the
+ * horizontal-add tree. Few tokens (no panel, or too few to pay for one)
+ * share each block's unpacked levels, LEGACY_TOKENS at a time.
  */
 
-typedef struct legacy_fmt {
-    size_t bb;    /* block bytes */
-    int qs_off;   /* offset of the 16 nibble bytes */
-    int qh_off;   /* offset of the 4 fifth-bit bytes; -1 for Q4_1 */
-    int m_off;    /* offset of the fp16 minimum; -1 for Q5_0 */
-} legacy_fmt;
-
-static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2};
-static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1};
-static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2};
-
 #define LEGACY_TOKENS 4 /* tokens per tile: each block unpacked once for them */
-
-/* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set: byte j/8 of h is
- * shuffled to byte j, tested against bit j%8. */
-INL __m256i fifth_bits(const uint8_t *qh) {
-    uint32_t h;
-    memcpy(&h, qh, 4);
-    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), idx);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
-
-/* The 32 levels (0..15 or 0..31) of block b of a row, in element order. */
-INL __m256i load_levels(const legacy_fmt *f, const char *row, int b) {
-    const uint8_t *blk = (const uint8_t *)row + (size_t)b * f->bb;
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + f->qs_off)));
-    v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-    if (f->qh_off >= 0) v = _mm256_or_si256(v, fifth_bits(blk + f->qh_off));
-    return v;
-}
 
 /* Lane r = sum q x over the levels lv[r] of row r's block, in int32
  * throughout. */
@@ -940,25 +857,19 @@ INL void legacy_tile(const legacy_fmt *f, const q_args *a, int r0, int nr, int t
 #pragma GCC unroll 8
         for (int r = 0; r < Q4_ROWS; r++) lv[r] = load_levels(f, rows[r], b);
         const __m256 dw = halves8(rows, f->bb, 0, b);
-        const __m256 mw = f->m_off >= 0 ? halves8(rows, f->bb, f->m_off, b) : dw;
+        const __m256 mw = f->m_off >= 0 ? halves8(rows, f->bb, (size_t)f->m_off, b) : dw;
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
-            __m256i isum = legacy_dot8(lv, xv);
-            if (f->m_off < 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(2 * x.c8[t][b]));
-            const __m256 dx = _mm256_set1_ps(x.d[t][b]);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[t]);
-            if (f->m_off >= 0)
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps((float)(x.c8[t][b] / 8)),
-                                         _mm256_mul_ps(mw, dx), acc[t]);
+            acc[t] = q4_block_step(f, acc[t], legacy_dot8(lv, xv), dw, mw, &x, t, b);
         }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
-/* Rows [r0, r1) of every token: per chunk of tokens whose activations stay
- * in L2, per 8 rows, LEGACY_TOKENS tokens at a time. */
+/* Rows [r0, r1) of every token without a panel: per chunk of tokens whose
+ * activations stay in L2, per 8 rows, LEGACY_TOKENS tokens at a time. */
 INL void legacy_rows(const legacy_fmt *f, const q_args *a, int n_tokens, int r0, int r1) {
     const int chunk = token_chunk(a->x->nb * QK8_0, 1);
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
@@ -972,16 +883,176 @@ INL void legacy_rows(const legacy_fmt *f, const q_args *a, int n_tokens, int r0,
     }
 }
 
-static void rows_q4_1(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FMT_Q4_1, a, nt, r0, r1); }
-static void rows_q5_0(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FMT_Q5_0, a, nt, r0, r1); }
-static void rows_q5_1(const q_args *a, int nt, int r0, int r1) { legacy_rows(&FMT_Q5_1, a, nt, r0, r1); }
+/* Q4_0 without a panel: rows outer, so the 8 rows stay in L1 for every
+ * token and a batch of decode tokens streams the matrix once. */
+static void q4_few(const q_args *a, int n_tokens, int r0, int r1) {
+    for (int r = r0; r < r1; r += Q4_ROWS)
+        for (int t = 0; t < n_tokens; t++) q4_gemv(a, r, r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS, t);
+}
+
+/* ---- the instances -------------------------------------------------------
+ *
+ * Q4_0x8: tokens per tile. Panels: per format, a `panel_kind` with its
+ * tiles (constant format, so each compiles to that format's code) and
+ * its no-panel path. */
+typedef void (*q4_tile8_fn)(const q_args *, int r0, int nr, int t0, int nt);
+typedef void (*q4_tile16_fn)(const q_args *, int r0, int t0, int nt);
+
+static void q4_x8_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT_Q4_0, true, Q4_TOKENS, r0, nr, t0, nt); }
+static void q4_x8_avx2_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT_Q4_0, true, 1, r0, nr, t0, nt); }
+static void q4_x8_avx2_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT_Q4_0, true, 2, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_x8_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT_Q4_0, true, Q4_TOKENS, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_x8_vnni_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT_Q4_0, true, 1, r0, nr, t0, nt); }
+TARGET_VNNI static void q4_x8_vnni_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT_Q4_0, true, 2, r0, nr, t0, nt); }
+TARGET_512 static void q4_x8_512x1(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 1, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x2(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 2, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 4, r0, t0, nt); }
+TARGET_512 static void q4_x8_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 8, r0, t0, nt); }
+
+typedef struct panel_kind {
+    const legacy_fmt *f;
+    void (*few)(const q_args *, int n_tokens, int r0, int r1); /* no panel */
+    void (*one)(const q_args *, int r0, int nr, int t);        /* one token, 8 rows */
+    q4_tile8_fn avx2, vnni;                                     /* 8 rows x Q4_TOKENS */
+    q4_tile16_fn w4, w8;                                        /* AVX-512: 16 rows x 4, x 8 */
+} panel_kind;
+
+#define PANEL_KIND(ty, FMT, FEW, ONE)                                                              \
+    static void ty##_avx2(const q_args *a, int r0, int nr, int t0, int nt) {                       \
+        q4_tile_avx2(a, &FMT, false, Q4_TOKENS, r0, nr, t0, nt);                                   \
+    }                                                                                              \
+    TARGET_VNNI static void ty##_vnni(const q_args *a, int r0, int nr, int t0, int nt) {           \
+        q4_tile_vnni(a, &FMT, false, Q4_TOKENS, r0, nr, t0, nt);                                   \
+    }                                                                                              \
+    TARGET_512 static void ty##_w4(const q_args *a, int r0, int t0, int nt) {                      \
+        q4_tile_512(a, &FMT, false, 4, r0, t0, nt);                                                \
+    }                                                                                              \
+    TARGET_512 static void ty##_w8(const q_args *a, int r0, int t0, int nt) {                      \
+        q4_tile_512(a, &FMT, false, Q4_TOKENS512, r0, t0, nt);                                     \
+    }                                                                                              \
+    static const panel_kind PANEL_##ty = {&FMT, FEW, ONE, ty##_avx2, ty##_vnni, ty##_w4, ty##_w8};
+
+#define LEGACY_PATHS(ty, FMT)                                                                      \
+    static void ty##_few(const q_args *a, int n_tokens, int r0, int r1) {                          \
+        legacy_rows(&FMT, a, n_tokens, r0, r1);                                                    \
+    }                                                                                              \
+    static void ty##_one(const q_args *a, int r0, int nr, int t) { legacy_tile(&FMT, a, r0, nr, t, 1); }
+
+LEGACY_PATHS(q4_1, FMT_Q4_1)
+LEGACY_PATHS(q5_0, FMT_Q5_0)
+LEGACY_PATHS(q5_1, FMT_Q5_1)
+PANEL_KIND(q4_0, FMT_Q4_0, q4_few, q4_gemv)
+PANEL_KIND(q4_1, FMT_Q4_1, q4_1_few, q4_1_one)
+PANEL_KIND(q5_0, FMT_Q5_0, q5_0_few, q5_0_one)
+PANEL_KIND(q5_1, FMT_Q5_1, q5_1_few, q5_1_one)
+
+/* One panel: levels, scales, minima; two of them (the AVX-512 tiles'
+ * 16 rows). */
+static size_t panel_one_bytes(int nb) { return (size_t)nb * Q4_ROWS * (32 + 2 * sizeof(float)); }
+
+size_t kt_matmul_panel_bytes(int n_in) {
+    return 2 * panel_one_bytes(n_in / QK8_0); /* a multiple of 64 */
+}
+
+/* Points a at panel p (0 or 1) of the work area. */
+static void panel_carve(q_args *a, void *area, int p) {
+    const size_t nb = (size_t)a->x->nb;
+    int8_t *q = (int8_t *)((char *)area + (size_t)p * panel_one_bytes(a->x->nb));
+    float *d = (float *)(q + nb * Q4_ROWS * 32), *m = d + nb * Q4_ROWS;
+    if (p == 0) a->panel = q, a->panel_d = d, a->panel_m = m;
+    else a->panel2 = q, a->panel_d2 = d, a->panel_m2 = m;
+}
+
+/* Rows [r0, r1) of every token: the no-panel path for few tokens;
+ * otherwise, per chunk of tokens and 8 (AVX-512: 16) rows, a panel, then
+ * the widest tiles that fit the tokens against it. */
+static void panel_rows(q_args *a, const panel_kind *k, int n_tokens, int r0, int r1, void *area) {
+    /* with VNNI, 2 tokens already pay for a panel (a 4-token tile costs
+     * less than two GEMVs); without, from 3 */
+    const int min_gemm = kt_cpu_has_avx_vnni() ? 2 : Q4_MIN_GEMM;
+    if (n_tokens < min_gemm || !area) {
+        k->few(a, n_tokens, r0, r1);
+        return;
+    }
+    panel_carve(a, area, 0);
+    panel_carve(a, area, 1);
+    q_args second = *a; /* the next 8 rows, built into the second panel */
+    second.panel = a->panel2, second.panel_d = a->panel_d2, second.panel_m = a->panel_m2;
+    const bool wide = kt_cpu_has_avx512_vnni();
+    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
+    const q4_tile8_fn tile = kt_cpu_has_avx_vnni() ? k->vnni : k->avx2;
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
+        int r = r0;
+        for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS) {
+            panel_build(a, k->f, r, Q4_ROWS);
+            panel_build(&second, k->f, r + Q4_ROWS, Q4_ROWS);
+            int t = c0;
+            for (; t + Q4_TOKENS512 <= c1; t += Q4_TOKENS512) k->w8(a, r, t, Q4_TOKENS512);
+            for (; t + 1 < c1; t += Q4_TOKENS) k->w4(a, r, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            if (t < c1) k->one(a, r, Q4_ROWS, t), k->one(a, r + Q4_ROWS, Q4_ROWS, t);
+        }
+        for (; r < r1; r += Q4_ROWS) {
+            const int nr = r1 - r < Q4_ROWS ? r1 - r : Q4_ROWS;
+            panel_build(a, k->f, r, nr);
+            int t = c0;
+            for (; t + 1 < c1; t += Q4_TOKENS) tile(a, r, nr, t, c1 - t < Q4_TOKENS ? c1 - t : Q4_TOKENS);
+            if (t < c1) k->one(a, r, nr, t); /* a last single token: no 3 wasted columns */
+        }
+    }
+}
+
+void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                         int n_tokens, int r0, int r1, void *panel) {
+    (void)panel;
+    q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(KT_Q8_0, n_in), .x = x, .out = out, .n_out = n_out};
+    if (kt_cpu_has_avx_vnni()) q8_rows_vnni(&a, n_tokens, r0, r1);
+    else q8_rows(&a, n_tokens, r0, r1);
+}
+
+void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                         int n_tokens, int r0, int r1, void *panel) {
+    q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(KT_Q4_0, n_in), .x = x, .out = out, .n_out = n_out};
+    panel_rows(&a, &PANEL_q4_0, n_tokens, r0, r1, panel);
+}
 
 void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,
-                           int n_in, int n_out, int n_tokens, int r0, int r1) {
-    q_args a = {w, kt_dtype_row_bytes(wtype, n_in), x, out, n_out, NULL, NULL, NULL, NULL};
-    if (wtype == KT_Q4_1) rows_q4_1(&a, n_tokens, r0, r1);
-    else if (wtype == KT_Q5_0) rows_q5_0(&a, n_tokens, r0, r1);
-    else rows_q5_1(&a, n_tokens, r0, r1);
+                           int n_in, int n_out, int n_tokens, int r0, int r1, void *panel) {
+    q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(wtype, n_in), .x = x, .out = out, .n_out = n_out};
+    const panel_kind *k = wtype == KT_Q4_1 ? &PANEL_q4_1 : wtype == KT_Q5_0 ? &PANEL_q5_0 : &PANEL_q5_1;
+    panel_rows(&a, k, n_tokens, r0, r1, panel);
+}
+
+/* Q4_0x8 rows [r0, r1) (multiples of 8): the tiles read the groups as
+ * stored, so one token takes the 1-token tiles and more take the wide
+ * ones directly, with no panel. Tokens go in chunks whose activations
+ * stay in L2, as for the panel GEMM. */
+void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1) {
+    const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(KT_Q4_0, n_in), .x = x, .out = out, .n_out = n_out};
+    const bool vnni = kt_cpu_has_avx_vnni(), wide = kt_cpu_has_avx512_vnni();
+    const q4_tile8_fn tile1 = vnni ? q4_x8_vnni_1 : q4_x8_avx2_1, tile2 = vnni ? q4_x8_vnni_2 : q4_x8_avx2_2;
+    const q4_tile8_fn tile4 = vnni ? q4_x8_vnni : q4_x8_avx2;
+    const int chunk = token_chunk(n_in, 1);
+    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
+        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
+        int r = r0;
+        for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS)
+            for (int t = c0; t < c1;) {
+                const int n = c1 - t;
+                if (n >= Q4_TOKENS512) q4_x8_512x8(&a, r, t, Q4_TOKENS512), t += Q4_TOKENS512;
+                else if (n >= 3) q4_x8_512x4(&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n == 2) q4_x8_512x2(&a, r, t, 2), t += 2; /* decode of 2 streams */
+                else q4_x8_512x1(&a, r, t, 1), t++;
+            }
+        for (; r < r1; r += Q4_ROWS)
+            for (int t = c0; t < c1;) {
+                const int n = c1 - t;
+                if (n >= 3) tile4(&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n == 2) tile2(&a, r, Q4_ROWS, t, 2), t += 2;
+                else tile1(&a, r, Q4_ROWS, t, 1), t++;
+            }
+    }
 }
 
 /* ---- float weights (F32, F16, BF16) ---------------------------------- */
