@@ -1298,12 +1298,20 @@ static void run_bench(const char *only) {
     float *x = tu_xmalloc(sizeof(float) * 64 * n_in);
     float *out = tu_xmalloc(sizeof(float) * 64 * n_out);
     tu_fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
-    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K,
-                                     KT_Q6_K, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
+    /* the repacked layouts (Q4_0x8, ...) follow their plain types */
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q4_K_X8,
+                                     KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
-        void *w = tu_make_weights(types[i], n_in, n_out, 1, 0.0f);
-        double bytes = (double)kt_dtype_row_bytes(types[i], n_in) * n_out;
+        const bool x8 = types[i] == KT_Q4_0_X8 || types[i] == KT_Q4_K_X8 || types[i] == KT_Q6_K_X8;
+        const kt_dtype plain = x8 ? types[i - 1] : types[i];
+        void *w = tu_make_weights(plain, n_in, n_out, 1, 0.0f);
+        if (x8) {
+            void *tmp = tu_xmalloc(kt_dtype_row_bytes(plain, n_in) * KT_X8_ROWS);
+            kt_repack(w, plain, n_in, n_out, tmp);
+            free(tmp);
+        }
+        double bytes = (double)kt_dtype_row_bytes(plain, n_in) * n_out;
         /* copies of the matrix (>= 128 MB in all, more than any L3) used in
          * turn, so that each GEMV streams its weights from DRAM */
         int copies = (int)(128e6 / bytes) + 1;
