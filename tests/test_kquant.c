@@ -31,6 +31,7 @@
 #include "base/fp16.h"
 #include "base/rng.h"
 #include "ops/cpu.h"
+#include "ops/internal.h"
 #include "ops/kquant.h"
 #include "ops/matmul.h"
 #include "ops/pool.h"
@@ -246,6 +247,42 @@ static void test_q8_K_act(void **state) {
     for (int g = 16; g < 32; g++) assert_int_equal(bs[g], 0);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* The AVX2 Q8_K quantizer gives the scalar one's bytes, scales and sums:
+ * on random blocks, a block of zeros, a block whose largest magnitude
+ * comes twice with both signs (the first sets the sign), exact ties at
+ * .5 after scaling, and blocks holding inf and NaN. */
+static void test_q8_K_act_avx2_is_scalar(void **state) {
+    (void)state;
+    if (!kt_cpu_has_avx2()) skip();
+    enum { NB = 8, N = NB * 256 };
+    float *x = tu_xmalloc(sizeof(float) * N);
+    tu_fill_normal(x, N, 3.0f, 77);
+    for (int j = 256; j < 512; j++) x[j] = 0.0f;                    /* block 1: zeros */
+    x[512 + 40] = 9.5f, x[512 + 200] = -9.5f;                       /* block 2: +-max, + first */
+    x[768 + 3] = -9.5f, x[768 + 100] = 9.5f;                        /* block 3: -+max, - first */
+    for (int j = 1024; j < 1280; j++) x[j] = (float)(j % 9 - 4) * 0.5f; /* block 4: halves */
+    x[1024 + 7] = -127.0f / 50.0f;                                  /* iscale 50: x.5 ties */
+    x[1280 + 11] = INFINITY;                                        /* block 5 */
+    x[1536 + 5] = NAN, x[1536 + 9] = -NAN;                          /* block 6 */
+    for (int j = 1792; j < 2048; j++) x[j] = NAN;                   /* block 7: all NaN */
+    int8_t qa[N], qb[N];
+    float da[NB], db[NB];
+    int16_t ba[NB * 16], bb[NB * 16];
+    kt_quantize_act_q8_K(x, N, qa, da, ba);
+    kt_quantize_act_q8_K_avx2(x, N, qb, db, bb);
+    for (int b = 0; b < NB; b++) {
+        if (memcmp(&da[b], &db[b], sizeof da[b]) != 0) fail_msg("block %d: d %g, scalar %g", b, db[b], da[b]);
+        for (int j = 0; j < 256; j++)
+            if (qa[b * 256 + j] != qb[b * 256 + j])
+                fail_msg("block %d value %d: %d, scalar %d", b, j, qb[b * 256 + j], qa[b * 256 + j]);
+        for (int g = 0; g < 16; g++)
+            if (ba[b * 16 + g] != bb[b * 16 + g]) fail_msg("block %d sum %d: %d, scalar %d", b, g, bb[b * 16 + g], ba[b * 16 + g]);
+    }
+    free(x);
+}
+#endif
+
 /* ---- matmul --------------------------------------------------------- */
 
 static void check_simd_vs_ref(kt_dtype type, int n_in, int n_out, int nt, kt_pool *pool,
@@ -357,6 +394,9 @@ int main(void) {
         cmocka_unit_test(test_kquant_roundtrip_error),
         cmocka_unit_test(test_kquant_requantize_stable),
         cmocka_unit_test(test_q8_K_act),
+#if defined(__x86_64__) || defined(__i386__)
+        cmocka_unit_test(test_q8_K_act_avx2_is_scalar),
+#endif
         cmocka_unit_test(test_kq_matmul_simd_vs_ref),
         cmocka_unit_test(test_kq_matmul_scalar_is_ref),
         cmocka_unit_test(test_kq_matmul_vs_float),

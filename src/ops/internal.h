@@ -86,6 +86,8 @@ float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, flo
 /* ---- AVX2 kernels (the *_avx2.c files) --------------------------------- */
 
 void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, int32_t *c8);
+/* kt_quantize_act_q8_K (kquant.h), bit for bit. */
+void kt_quantize_act_q8_K_avx2(const float *x, int64_t n, int8_t *qs, float *d, int16_t *bsums);
 
 /* Bytes of the per-thread work area the Q4_0/Q4_1/Q5_0/Q5_1 GEMM needs
  * for n_in (transposed copies of 16 weight rows; a 64-byte multiple). */

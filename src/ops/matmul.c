@@ -388,8 +388,14 @@ static void mm_task(void *ctx, int ith, int nth) {
 static void quantize_tokens(mm_job *j, int t0, int t1) {
     for (int t = t0; t < t1; t++) {
         const float *xt = j->x + (size_t)t * j->n_in;
-        if (is_kquant(j->wtype)) { /* one scalar quantizer for every path */
+        if (is_kquant(j->wtype)) { /* the SIMD quantizer gives the scalar one's bits */
             size_t k = (size_t)t * j->xk.nb;
+#if defined(__x86_64__) || defined(__i386__)
+            if (j->simd) {
+                kt_quantize_act_q8_K_avx2(xt, j->n_in, j->qs + k * QK_K, j->d + k, j->bsums + k * 16);
+                continue;
+            }
+#endif
             kt_quantize_act_q8_K(xt, j->n_in, j->qs + k * QK_K, j->d + k, j->bsums + k * 16);
             continue;
         }

@@ -715,6 +715,69 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
     }
 }
 
+/* ---- the Q8_K activation quantizer ----------------------------------
+ *
+ * kt_quantize_act_q8_K (kquant.c) with 8 values per instruction and the
+ * same bits: the first value of largest magnitude sets iscale = -127 / max
+ * (max_ps keeps its first operand's NaN out, as the scalar comparison
+ * does), iscale * x is the same single multiply, ggml's nearest_int is
+ * done the same way (add 1.5 * 2^23, read the mantissa), and the
+ * saturating packs are the clamp to [-128, 127]. */
+void kt_quantize_act_q8_K_avx2(const float *x, int64_t n, int8_t *qs, float *d, int16_t *bsums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), magic = _mm256_set1_ps(12582912.f);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float *xb = x + i * QK_K;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)), m);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        int8_t *q = qs + i * QK_K;
+        if (!amax) {
+            d[i] = 0;
+            memset(q, 0, QK_K);
+            memset(bsums + i * 16, 0, 16 * sizeof *bsums);
+            continue;
+        }
+        int first = 0; /* the first j with |x[j]| == amax: the scalar loop's max */
+        for (int j = 0; j < QK_K; j += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)),
+                                                             _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) {
+                first = j + __builtin_ctz((unsigned)hit);
+                break;
+            }
+        }
+        const float iscale = -127.f / xb[first];
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256i v[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256 f = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(xb + j + 8 * k)), magic);
+                v[k] = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(f), _mm256_set1_epi32(0x007fffff)),
+                                        _mm256_set1_epi32(0x00400000));
+            }
+            /* packs work within 128-bit lanes; the permute restores the order */
+            const __m256i p16a = _mm256_packs_epi32(v[0], v[1]), p16b = _mm256_packs_epi32(v[2], v[3]);
+            const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(q + j), p);
+            /* the two groups of 16: sums of the stored bytes */
+            const __m256i w = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p); /* pairs, int16 */
+            const __m256i s32 = _mm256_madd_epi16(w, _mm256_set1_epi16(1)); /* quads */
+            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm_shuffle_epi32(_mm256_castsi256_si128(s32), 0x4e));
+            __m128i t = _mm_add_epi32(_mm256_extracti128_si256(s32, 1), _mm_shuffle_epi32(_mm256_extracti128_si256(s32, 1), 0x4e));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+            bsums[i * 16 + j / 16] = (int16_t)_mm_cvtsi128_si32(s);
+            bsums[i * 16 + j / 16 + 1] = (int16_t)_mm_cvtsi128_si32(t);
+        }
+        d[i] = 1 / iscale;
+    }
+}
+
 /* ---- Q4_Kx8: 8 rows per vector, read as repacked ------------------------
  *
  * The rows of a Q4_Kx8 group (ops/repack.h) sit one per int32 lane, so a
@@ -736,23 +799,43 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
 
 #define X8_TOKENS 4 /* tokens per tile */
 
-/* Byte i of each 32-bit lane of v. */
-INL __m256i lane_byte(__m256i v, int i) {
-    return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(0xFF));
+/* Byte i of each 32-bit lane of v, zero-extended; with pair, bytes i and
+ * i + 1 as the lane's two int16 halves. One byte shuffle. */
+INL __m256i lane_bytes(__m256i v, int i, bool pair) {
+    const uint32_t hi = pair ? (uint32_t)(i + 1) << 16 | 0x80000000u : 0x80800000u;
+    const __m256i ctl = _mm256_set1_epi32((int)(hi | 0x8000u | (uint32_t)i));
+    const __m256i off = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12); /* the lane's own bytes */
+    return _mm256_shuffle_epi8(v, _mm256_add_epi32(ctl, _mm256_add_epi32(off, pair ? _mm256_slli_epi32(off, 16) : _mm256_setzero_si256())));
+}
+INL __m256i lane_byte(__m256i v, int i) { return lane_bytes(v, i, false); }
+
+/* Sub-block j's 6-bit scale of 8 rows (one per lane) from the packed
+ * words u[0..2] (kt_kq_scale_min, lane by lane). */
+INL __m256i x8_scale(const __m256i *u, int j) {
+    if (j < 4) return _mm256_and_si256(lane_byte(u[0], j), _mm256_set1_epi32(63));
+    const __m256i lo = _mm256_and_si256(lane_byte(u[2], j - 4), _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_srli_epi32(_mm256_and_si256(lane_byte(u[0], j - 4), _mm256_set1_epi32(0xC0)), 2);
+    return _mm256_or_si256(lo, hi);
 }
 
-/* Sub-block j's scale and min of 8 rows (one per lane) from the packed
- * words u[0..2] (kt_kq_scale_min, lane by lane). */
-INL void x8_scale_min(const __m256i *u, int j, __m256i *sc, __m256i *m) {
-    const __m256i m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
-    if (j < 4) {
-        *sc = _mm256_and_si256(lane_byte(u[0], j), m63);
-        *m = _mm256_and_si256(lane_byte(u[1], j), m63);
-        return;
-    }
-    const __m256i q8 = lane_byte(u[2], j - 4);
-    *sc = _mm256_or_si256(_mm256_and_si256(q8, m15), _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(u[0], j - 4), 6), 4));
-    *m = _mm256_or_si256(_mm256_srli_epi32(q8, 4), _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(u[1], j - 4), 6), 4));
+/* The mins of sub-blocks 2i and 2i + 1 of 8 rows as int16 pairs (low:
+ * m[2i], high: m[2i + 1]) per lane, for one madd against the
+ * activations' matching pair of sums. */
+INL __m256i x8_min_pair(const __m256i *u, int i) {
+    if (i < 2) return _mm256_and_si256(lane_bytes(u[1], 2 * i, true), _mm256_set1_epi32(63 << 16 | 63));
+    const int k = 2 * i - 4; /* m[4 + k] = (u2 byte k >> 4) | (u1 byte k >> 6) << 4 */
+    const __m256i q8 = lane_bytes(u[2], k, true), q6 = lane_bytes(u[1], k, true);
+    return _mm256_or_si256(_mm256_srli_epi16(q8, 4), _mm256_srli_epi16(_mm256_and_si256(q6, _mm256_set1_epi32(0x00C000C0)), 2));
+}
+
+/* A token's block of Q8_K sums as pairs for x8_min_pair: word i of the
+ * result = (bsums[4i] + bsums[4i + 1]) | (bsums[4i + 2] + bsums[4i + 3]) << 16
+ * (each at most 2 * 32 * 128: int16 holds it). */
+INL void bsum_pairs(const int16_t *bs, int32_t *pairs) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)bs);
+    const __m256i h = _mm256_hadd_epi16(v, v); /* per 128-bit half: the 4 sums of its 8, twice */
+    pairs[0] = _mm256_extract_epi32(h, 0), pairs[1] = _mm256_extract_epi32(h, 1);
+    pairs[2] = _mm256_extract_epi32(h, 4), pairs[3] = _mm256_extract_epi32(h, 5);
 }
 
 /* The 8 rows' values of vector 8k + c of block o, low (sub-block 2k)
@@ -776,11 +859,14 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * KT_Q4KX8_BLOCK_BYTES;
         if (T == 1)
+#pragma GCC unroll 18
             for (int l = 0; l < KT_Q4KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
-        __m256i u[3], sc[8], mn[8];
+        __m256i u[3], sc[8], mp[4];
         for (int i = 0; i < 3; i++) u[i] = _mm256_loadu_si256((const __m256i *)(o + KT_Q4KX8_SCALES + 32 * i));
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) x8_scale_min(u, j, &sc[j], &mn[j]);
+        for (int j = 0; j < 8; j++) sc[j] = x8_scale(u, j);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) mp[i] = x8_min_pair(u, i);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q4KX8_D)));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q4KX8_DMIN)));
         if (T > 1)
@@ -790,13 +876,17 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
             const size_t i = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb + b;
             const int8_t *xq = a->x->qs + i * QK_K;
             const int16_t *bs = a->x->bsums + i * 16;
-            __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256();
+            __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256(), isum16 = _mm256_setzero_si256();
             for (int k = 0; k < 4; k++) {
                 __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) {
                     __m256i lo, hi;
-                    if (T == 1) x8_nibbles(o, 8 * k + c, &lo, &hi);
+                    if (T == 1 && vnni) { /* hi as 16 * nibble: one and, no shift (see below) */
+                        const __m256i p = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * k + c)));
+                        lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
+                        hi = _mm256_and_si256(p, _mm256_set1_epi8((char)0xF0));
+                    } else if (T == 1) x8_nibbles(o, 8 * k + c, &lo, &hi);
                     else lo = unpacked[2 * (8 * k + c)], hi = unpacked[2 * (8 * k + c) + 1];
                     int32_t xl, xh;
                     memcpy(&xl, xq + 64 * k + 4 * c, 4);
@@ -814,11 +904,15 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
                     shi = _mm256_madd_epi16(shi, _mm256_set1_epi16(1));
                 }
                 isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(slo, sc[2 * k]));
-                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
+                if (T == 1 && vnni) isum16 = _mm256_add_epi32(isum16, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
+                else isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
             }
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++)
-                imin = _mm256_add_epi32(imin, _mm256_mullo_epi32(mn[j], _mm256_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
+            /* 16 * the high nibbles' exact sum: a multiple of 16 */
+            if (T == 1 && vnni) isum = _mm256_add_epi32(isum, _mm256_srai_epi32(isum16, 4));
+            int32_t bp[4];
+            bsum_pairs(bs, bp);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mp[i], _mm256_set1_epi32(bp[i])));
             const __m256 dx = _mm256_set1_ps(a->x->d[i]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), imin)),
