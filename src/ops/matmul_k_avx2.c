@@ -1031,11 +1031,6 @@ void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
  * so each step is widened with madd before adding. Prefill (8 tokens or
  * more) undoes the transposes and runs the panel GEMM. */
 
-/* Signed scale byte i of each lane of v, as int32. */
-INL __m256i lane_sbyte(__m256i v, int i) {
-    return _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * i), 24);
-}
-
 INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
     if (vnni) return vnni_dot(acc, q, x);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
@@ -1044,17 +1039,27 @@ INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
 INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * KT_Q6KX8_BLOCK_BYTES;
+#pragma GCC unroll 27
         for (int l = 0; l < KT_Q6KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
         const size_t i = (size_t)tok * nb + b;
         const int8_t *xq = a->x->qs + i * QK_K;
         const int16_t *bs = a->x->bsums + i * 16;
-        __m256i scw[4];
-        for (int u = 0; u < 4; u++) scw[u] = _mm256_loadu_si256((const __m256i *)(o + KT_Q6KX8_SCALES + 32 * u));
-        __m256i isum = _mm256_setzero_si256(), off = _mm256_setzero_si256();
+        /* the scales of groups 2p and 2p + 1 as sign-extended int16 pairs:
+         * the offset term is one madd per pair against bsums[2p], [2p + 1] */
+        __m256i scp[8], off = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(o + KT_Q6KX8_SCALES + 32 * (p / 2)));
+            scp[p] = _mm256_srai_epi16(_mm256_slli_epi16(lane_bytes(w, 2 * p % 4, true), 8), 8);
+            int32_t b2;
+            memcpy(&b2, bs + 2 * p, 4);
+            off = _mm256_add_epi32(off, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(b2)));
+        }
+        __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++)
             for (int half = 0; half < 2; half++) { /* groups 8h + 2qq + half */
                 __m256i s[4];
@@ -1066,13 +1071,13 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
                     const __m256i B = _mm256_loadu_si256((const __m256i *)(o + 32 * (16 * h + 8 + c)));
                     const __m256i Q = _mm256_loadu_si256((const __m256i *)(o + KT_Q6KX8_QH + 32 * (8 * h + c)));
                     __m256i q[4];
-                    q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_slli_epi16(_mm256_and_si256(Q, m2), 4));
-                    q[1] = _mm256_or_si256(_mm256_and_si256(B, m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 2), m2), 4));
-                    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m2), 4));
+                    /* level = low nibble | 2 high bits << 4; the 16-bit
+                     * shifts move bits across bytes only where the and drops them */
+                    q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(Q, 4), m30));
+                    q[1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi16(Q, 2), m30));
+                    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4), _mm256_and_si256(Q, m30));
                     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
-                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 6), m2), 4));
+                                           _mm256_and_si256(_mm256_srli_epi16(Q, 2), m30));
 #pragma GCC unroll 4
                     for (int qq = 0; qq < 4; qq++) {
                         int32_t x4;
@@ -1081,11 +1086,10 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
                     }
                 }
 #pragma GCC unroll 4
-                for (int qq = 0; qq < 4; qq++) {
-                    const int g = 8 * h + 2 * qq + half;
-                    const __m256i sc = lane_sbyte(scw[g / 4], g % 4);
+                for (int qq = 0; qq < 4; qq++) { /* group g = 8h + 2qq + half: pair 4h + qq */
+                    const __m256i pr = scp[4 * h + qq];
+                    const __m256i sc = half ? _mm256_srai_epi32(pr, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16);
                     isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(s[qq], sc));
-                    off = _mm256_add_epi32(off, _mm256_mullo_epi32(sc, _mm256_set1_epi32(bs[g])));
                 }
             }
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
