@@ -767,6 +767,46 @@ static void test_matmul_batch_invariance(void **state) {
     on_every_int8_tier(check_batch_invariance, false);
 }
 
+/* kt_matmul_many gives each part kt_matmul's bits: parts sharing one job
+ * (K-quants together, Q8_0-activation types together, floats together,
+ * with different heights) and parts that cannot (mixed kinds, run one by
+ * one), for one token and a batch, with and without a pool. */
+static void test_matmul_many(void **state) {
+    (void)state;
+    static const kt_dtype sets[][3] = {{KT_Q4_K, KT_Q4_K, KT_Q6_K}, {KT_Q5_0, KT_Q5_0, KT_Q8_0},
+                                       {KT_Q4_0, KT_Q4_1, KT_Q5_1}, {KT_F16, KT_F16, KT_F32},
+                                       {KT_Q4_0, KT_F16, KT_Q6_K}};
+    static const int heights[3] = {64, 24, 40};
+    const int n_in = 512;
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    float *x = tu_xmalloc(sizeof(float) * 9 * n_in);
+    tu_fill_normal(x, (size_t)9 * n_in, 1.0f, 31);
+    for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++)
+        for (int c = 0; c < 4; c++) {
+            const int nt = c % 2 ? 9 : 1;
+            kt_pool *p = c < 2 ? pool : NULL;
+            kt_matmul_part parts[3];
+            void *w[3];
+            float *want[3];
+            for (int i = 0; i < 3; i++) {
+                w[i] = tu_make_weights(sets[s][i], n_in, heights[i], (uint64_t)(s * 10 + i), 0.0f);
+                want[i] = tu_xmalloc(sizeof(float) * (size_t)nt * heights[i]);
+                kt_matmul(p, want[i], w[i], sets[s][i], x, n_in, heights[i], nt);
+                parts[i] = (kt_matmul_part){tu_xmalloc(sizeof(float) * (size_t)nt * heights[i]), w[i], sets[s][i], heights[i]};
+            }
+            kt_matmul_many(p, parts, 3, x, n_in, nt);
+            for (int i = 0; i < 3; i++) {
+                if (memcmp(parts[i].out, want[i], sizeof(float) * (size_t)nt * heights[i]) != 0)
+                    fail_msg("set %zu part %d (%s), %d tokens: not kt_matmul's bits", s, i,
+                             kt_dtype_name(sets[s][i]), nt);
+                free(parts[i].out), free(want[i]), free(w[i]);
+            }
+        }
+    free(x);
+    kt_pool_free(pool);
+}
+
 /* ---- the repacked (x8) layouts --------------------------------------- */
 
 /* A matrix of n_out rows of n_in, repacked, reads back block by block
@@ -1420,6 +1460,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_scalar_is_ref),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_matmul_token_chunks),
+        cmocka_unit_test(test_matmul_many),
         cmocka_unit_test(test_repack_layout),
         cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_rmsnorm),

@@ -136,9 +136,10 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     const llm_layer *l = &m->layers[il];
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     rmsnorm_rows(w->xn, w->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
-    matmul(pool, w->q, &l->wq, w->xn, n);
-    matmul(pool, w->k, &l->wk, w->xn, n);
-    matmul(pool, w->v, &l->wv, w->xn, n);
+    const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
+                                  {w->k, l->wk.data, l->wk.type, l->wk.n_out},
+                                  {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
+    kt_matmul_many(pool, qkv, 3, w->xn, l->wq.n_in, n);
     add_bias(w->q, &l->bq, n);
     add_bias(w->k, &l->bk, n);
     add_bias(w->v, &l->bv, n);
@@ -167,8 +168,9 @@ static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
     rmsnorm_rows(w->xn, w->x, &l->ffn_norm, n, c->n_embd, c->rms_eps);
-    matmul(pool, w->gate, &l->w_gate, w->xn, n);
-    matmul(pool, w->up, &l->w_up, w->xn, n);
+    const kt_matmul_part gate_up[] = {{w->gate, l->w_gate.data, l->w_gate.type, l->w_gate.n_out},
+                                      {w->up, l->w_up.data, l->w_up.type, l->w_up.n_out}};
+    kt_matmul_many(pool, gate_up, 2, w->xn, l->w_gate.n_in, n);
     kt_swiglu(w->gate, w->gate, w->up, n * c->n_ff);
     matmul(pool, w->xn, &l->w_down, w->gate, n);
     add_rows(w->x, w->xn, (size_t)n * c->n_embd);

@@ -330,6 +330,10 @@ typedef struct mm_job {
     float *d;
     int32_t *c8;
     int16_t *bsums; /* K-quants: Q8_K sums (qs, d as above) */
+    /* kt_matmul_many: the matrices sharing x (out, w, wtype, n_out above
+     * are parts[0]'s) */
+    kt_matmul_part parts[KT_MATMUL_MAX_PARTS];
+    int n_parts;
 } mm_job;
 
 static void mm_rows(mm_job *j, int ith, int r0, int r1) {
@@ -377,12 +381,19 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
 #endif
 }
 
+/* Each part's rows are split evenly between the threads (in grains of
+ * ROW_GRAIN), so each thread does its share of every part in turn; the
+ * job is copied with the part's matrix in place of the first. */
 static void mm_task(void *ctx, int ith, int nth) {
-    mm_job *j = ctx;
-    long n_chunks = (j->n_out + ROW_GRAIN - 1) / ROW_GRAIN, lo, hi;
-    kt_split_range(n_chunks, ith, nth, &lo, &hi);
-    int r0 = (int)(lo * ROW_GRAIN), r1 = (int)(hi * ROW_GRAIN);
-    mm_rows(j, ith, r0, r1 < j->n_out ? r1 : j->n_out);
+    const mm_job *j = ctx;
+    for (int p = 0; p < j->n_parts; p++) {
+        mm_job jp = *j;
+        jp.out = j->parts[p].out, jp.w = j->parts[p].w, jp.wtype = j->parts[p].wtype, jp.n_out = j->parts[p].n_out;
+        long n_chunks = (jp.n_out + ROW_GRAIN - 1) / ROW_GRAIN, lo, hi;
+        kt_split_range(n_chunks, ith, nth, &lo, &hi);
+        int r0 = (int)(lo * ROW_GRAIN), r1 = (int)(hi * ROW_GRAIN);
+        mm_rows(&jp, ith, r0, r1 < jp.n_out ? r1 : jp.n_out);
+    }
 }
 
 static void quantize_tokens(mm_job *j, int t0, int t1) {
@@ -417,28 +428,55 @@ static void quantize_task(void *ctx, int ith, int nth) {
     quantize_tokens(j, (int)lo, (int)hi);
 }
 
-void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const float *x,
-               int n_in, int n_out, int n_tokens) {
-    if (n_out <= 0 || n_tokens <= 0) return;
-    if (!kt_matmul_supported(wtype) || kt_dtype_row_bytes(wtype, n_in) == 0) {
-        kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens); /* fills NaN */
+/* How a weight type wants its activations: 2 Q8_K blocks (K-quants), 1
+ * Q8_0 blocks, 0 floats as they are. */
+static int act_kind(kt_dtype t) {
+    return is_kquant(t) ? 2 : is_quant(t) ? 1 : 0;
+}
+
+/* Every part runs on its own if they cannot share one job. */
+static bool parts_share(const kt_matmul_part *parts, int n_parts, int n_in) {
+    if (n_parts > KT_MATMUL_MAX_PARTS) return false;
+    for (int p = 0; p < n_parts; p++)
+        if (!kt_matmul_supported(parts[p].wtype) || kt_dtype_row_bytes(parts[p].wtype, n_in) == 0 ||
+            parts[p].n_out <= 0 || act_kind(parts[p].wtype) != act_kind(parts[0].wtype))
+            return false;
+    return true;
+}
+
+/* out of memory: the same answer (bit for bit), slowly */
+static void parts_ref(const kt_matmul_part *parts, int n_parts, const float *x, int n_in, int n_tokens) {
+    for (int p = 0; p < n_parts; p++)
+        kt_matmul_ref(parts[p].out, parts[p].w, parts[p].wtype, x, n_in, parts[p].n_out, n_tokens);
+}
+
+void kt_matmul_many(kt_pool *pool, const kt_matmul_part *parts, int n_parts, const float *x, int n_in,
+                    int n_tokens) {
+    if (n_parts <= 0 || n_tokens <= 0) return;
+    if (!parts_share(parts, n_parts, n_in)) {
+        for (int p = 0; p < n_parts; p++)
+            kt_matmul(pool, parts[p].out, parts[p].w, parts[p].wtype, x, n_in, parts[p].n_out, n_tokens);
         return;
     }
-    mm_job j = {.out = out, .w = w, .wtype = wtype, .x = x, .n_in = n_in, .n_out = n_out,
-                .n_tokens = n_tokens, .simd = kt_cpu_has_avx2()};
+    const kt_dtype wtype = parts[0].wtype;
+    mm_job j = {.out = parts[0].out, .w = parts[0].w, .wtype = wtype, .x = x, .n_in = n_in,
+                .n_out = parts[0].n_out, .n_tokens = n_tokens, .simd = kt_cpu_has_avx2(), .n_parts = n_parts};
+    memcpy(j.parts, parts, sizeof *parts * (size_t)n_parts);
     void *owned = NULL;
     if (is_quant(wtype)) {
         /* scratch: the quantized activations, then (the SIMD GEMM of the
          * 32-value formats but Q8_0) one panel per thread */
         size_t act = (kt_q8_act_bytes(n_in, n_tokens) + 63) / 64 * 64;
-        bool panels = j.simd && n_tokens > 1 && (wtype == KT_Q4_0 || is_legacy(wtype));
+        bool panels = false;
+        for (int p = 0; p < n_parts; p++)
+            panels |= j.simd && n_tokens > 1 && (parts[p].wtype == KT_Q4_0 || is_legacy(parts[p].wtype));
 #if defined(__x86_64__) || defined(__i386__)
         if (panels) j.panel_bytes = kt_matmul_panel_bytes(n_in);
 #endif
         size_t need = act + 64 + (size_t)kt_pool_size(pool) * j.panel_bytes;
         void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
-        if (!buf) { /* out of memory: the same answer (bit for bit), slowly */
-            kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens);
+        if (!buf) {
+            parts_ref(parts, n_parts, x, n_in, n_tokens);
             return;
         }
         j.xa = kt_q8_act_carve(buf, n_in, n_tokens, &j.qs, &j.d, &j.c8);
@@ -450,8 +488,8 @@ void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const f
     } else if (is_kquant(wtype)) {
         size_t need = kt_q8k_act_bytes(n_in, n_tokens);
         void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
-        if (!buf) { /* out of memory: the same answer (bit for bit), slowly */
-            kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens);
+        if (!buf) {
+            parts_ref(parts, n_parts, x, n_in, n_tokens);
             return;
         }
         j.xk = kt_q8k_act_carve(buf, n_in, n_tokens, &j.qs, &j.d, &j.bsums);
@@ -460,4 +498,15 @@ void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const f
     }
     kt_pool_run(pool, mm_task, &j);
     free(owned);
+}
+
+void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const float *x,
+               int n_in, int n_out, int n_tokens) {
+    if (n_out <= 0 || n_tokens <= 0) return;
+    if (!kt_matmul_supported(wtype) || kt_dtype_row_bytes(wtype, n_in) == 0) {
+        kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens); /* fills NaN */
+        return;
+    }
+    const kt_matmul_part part = {out, w, wtype, n_out};
+    kt_matmul_many(pool, &part, 1, x, n_in, n_tokens);
 }

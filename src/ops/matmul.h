@@ -27,6 +27,26 @@ bool kt_matmul_supported(kt_dtype wtype);
 void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype,
                const float *x, int n_in, int n_out, int n_tokens);
 
+/* One of several matrices multiplied by the same activations. */
+typedef struct kt_matmul_part {
+    float *out;
+    const void *w;
+    kt_dtype wtype;
+    int n_out;
+} kt_matmul_part;
+
+#define KT_MATMUL_MAX_PARTS 3
+
+/* kt_matmul for each part, all with the same x, n_in and n_tokens (a
+ * layer's Q, K and V; its gate and up): the activations are quantized once
+ * and the threads meet once instead of once per matrix, which counts in
+ * decode, where a small model's matmuls take microseconds. Parts whose
+ * types want their activations differently (Q8_0 blocks, Q8_K blocks,
+ * floats) run one after another, as do more than KT_MATMUL_MAX_PARTS.
+ * Every output has the bits kt_matmul gives it. */
+void kt_matmul_many(kt_pool *pool, const kt_matmul_part *parts, int n_parts, const float *x, int n_in,
+                    int n_tokens);
+
 /* The scalar reference: same contract, single thread, plain C. The
  * specification every SIMD path is tested against. */
 void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x,
