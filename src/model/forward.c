@@ -4,8 +4,10 @@
  * For each layer:   h = x + Wo * attn(rope(Wq * norm(x)), rope(Wk * ..), Wv * ..)
  *                   x = h + Wdown * (silu(Wgate * norm(h)) * (Wup * norm(h)))
  * then logits = Wout * norm(x). Activations are row-major [token][feature].
- * Matmuls and attention are split over the thread pool; the cheap
- * element-wise steps run on the calling thread. K and V rows go into each
+ * Matmuls and attention are split over the thread pool; so are the
+ * element-wise steps of a chunk of many tokens (by tokens: each token's
+ * steps are the same whichever thread runs them), while a few tokens'
+ * run on the calling thread, where waking the pool would cost more. K and V rows go into each
  * token's sequence's KV blocks (F32 or F16, as the pool says) before
  * attention reads them, so a token sees its own row as every later token
  * does: results do not depend on how a sequence's tokens were chunked.
@@ -79,13 +81,83 @@ kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens,
     return p;
 }
 
+/* ---- element-wise steps, by tokens ----------------------------------- */
+
+#define PAR_MIN_TOKENS 16 /* fewer: the calling thread does it alone */
+
+typedef void (*tokens_fn)(void *ctx, int t0, int t1);
+
+typedef struct tokens_job {
+    tokens_fn fn;
+    void *ctx;
+    int n;
+} tokens_job;
+
+static void tokens_task(void *p, int ith, int nth) {
+    const tokens_job *j = p;
+    long lo, hi;
+    kt_split_range(j->n, ith, nth, &lo, &hi);
+    if (lo < hi) j->fn(j->ctx, (int)lo, (int)hi);
+}
+
+/* fn over tokens [0, n), split between the pool's threads when n is large. */
+static void over_tokens(kt_pool *pool, int n, tokens_fn fn, void *ctx) {
+    if (n < PAR_MIN_TOKENS || kt_pool_size(pool) == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    tokens_job j = {fn, ctx, n};
+    kt_pool_run(pool, tokens_task, &j);
+}
+
 static void matmul(kt_pool *pool, float *out, const llm_tensor *w, const float *x, int n) {
     kt_matmul(pool, out, w->data, w->type, x, w->n_in, w->n_out, n);
 }
 
-static void rmsnorm_rows(float *out, const float *x, const llm_tensor *w, int n, int dim, float eps) {
-    for (int t = 0; t < n; t++)
-        kt_rmsnorm(out + (size_t)t * dim, x + (size_t)t * dim, w->data, dim, eps);
+typedef struct rows_ctx {
+    float *out;
+    const float *x;
+    const float *w;
+    int dim;
+    float eps;
+} rows_ctx;
+
+static void rmsnorm_some(void *p, int t0, int t1) {
+    const rows_ctx *c = p;
+    for (int t = t0; t < t1; t++)
+        kt_rmsnorm(c->out + (size_t)t * c->dim, c->x + (size_t)t * c->dim, c->w, c->dim, c->eps);
+}
+
+static void rmsnorm_rows(kt_pool *pool, float *out, const float *x, const llm_tensor *w, int n, int dim,
+                         float eps) {
+    rows_ctx c = {out, x, w->data, dim, eps};
+    over_tokens(pool, n, rmsnorm_some, &c);
+}
+
+/* out += x, row by row */
+static void add_some(void *p, int t0, int t1) {
+    const rows_ctx *c = p;
+    for (size_t i = (size_t)t0 * c->dim; i < (size_t)t1 * c->dim; i++) c->out[i] += c->x[i];
+}
+
+static void add_rows(kt_pool *pool, float *out, const float *x, int n, int dim) {
+    rows_ctx c = {out, x, NULL, dim, 0};
+    over_tokens(pool, n, add_some, &c);
+}
+
+/* out = silu(out) * x (the gate, in place), row by row: a row's values
+ * take the same SIMD and tail steps however the rows are split */
+static void swiglu_some(void *p, int t0, int t1) {
+    const rows_ctx *c = p;
+    for (int t = t0; t < t1; t++) {
+        float *g = c->out + (size_t)t * c->dim;
+        kt_swiglu(g, g, c->x + (size_t)t * c->dim, c->dim);
+    }
+}
+
+static void swiglu_rows(kt_pool *pool, float *gate, const float *up, int n, int dim) {
+    rows_ctx c = {gate, up, NULL, dim, 0};
+    over_tokens(pool, n, swiglu_some, &c);
 }
 
 static void add_bias(float *x, const llm_tensor *b, int n) {
@@ -93,10 +165,6 @@ static void add_bias(float *x, const llm_tensor *b, int n) {
     const float *bias = b->data;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < b->n_in; i++) x[(size_t)t * b->n_in + i] += bias[i];
-}
-
-static void add_rows(float *x, const float *y, size_t count) {
-    for (size_t i = 0; i < count; i++) x[i] += y[i];
 }
 
 /* Embedding lookup: token_embd rows may be quantized, so dequantize. */
@@ -120,13 +188,29 @@ static void store_kv_row(void *dst, const float *src, int n, kv_type type) {
     }
 }
 
-static void store_kv(const llm_batch *b, int t0, int n, int il, const float *k, const float *v,
-                     int kv_dim) {
-    const kv_type type = kv_pool_get_params(b->seq[t0]->pool)->type;
-    for (int t = 0; t < n; t++) {
-        kv_seq *seq = b->seq[t0 + t];
-        store_kv_row(kv_seq_row(seq, il, KV_K, b->pos[t0 + t]), k + (size_t)t * kv_dim, kv_dim, type);
-        store_kv_row(kv_seq_row(seq, il, KV_V, b->pos[t0 + t]), v + (size_t)t * kv_dim, kv_dim, type);
+/* Per token: RoPE on its Q and K rows, then its K and V rows into its
+ * sequence's KV blocks (each token writes its own position's rows). */
+typedef struct rope_store_ctx {
+    const llm_config *c;
+    const llm_batch *b;
+    int t0, il;
+    float *q, *k;
+    const float *v;
+    kv_type type;
+} rope_store_ctx;
+
+static void rope_store_some(void *p, int s0, int s1) {
+    const rope_store_ctx *r = p;
+    const llm_config *c = r->c;
+    const int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    for (int t = s0; t < s1; t++) {
+        const int pos = r->b->pos[r->t0 + t];
+        float *q = r->q + (size_t)t * q_dim, *k = r->k + (size_t)t * kv_dim;
+        kt_rope(q, c->n_head, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
+        kt_rope(k, c->n_head_kv, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
+        kv_seq *seq = r->b->seq[r->t0 + t];
+        store_kv_row(kv_seq_row(seq, r->il, KV_K, pos), k, kv_dim, r->type);
+        store_kv_row(kv_seq_row(seq, r->il, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
     }
 }
 
@@ -134,8 +218,8 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
                             int il, int t0, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
-    int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
-    rmsnorm_rows(w->xn, w->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
+    const int q_dim = c->n_head * c->head_dim;
+    rmsnorm_rows(pool, w->xn, w->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
     const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
                                   {w->k, l->wk.data, l->wk.type, l->wk.n_out},
                                   {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
@@ -143,14 +227,10 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     add_bias(w->q, &l->bq, n);
     add_bias(w->k, &l->bk, n);
     add_bias(w->v, &l->bv, n);
-    for (int t = 0; t < n; t++) {
-        const int pos = b->pos[t0 + t];
-        kt_rope(w->q + (size_t)t * q_dim, c->n_head, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
-        kt_rope(w->k + (size_t)t * kv_dim, c->n_head_kv, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
-    }
-    store_kv(b, t0, n, il, w->k, w->v, kv_dim);
-    const kv_pool *kv = b->seq[t0]->pool;
+    const kv_pool *kv = b->seq[t0]->pool; /* every sequence of a batch uses one pool */
     const kv_pool_params *kp = kv_pool_get_params(kv);
+    rope_store_ctx rs = {c, b, t0, il, w->q, w->k, w->v, kp->type};
+    over_tokens(pool, n, rope_store_some, &rs);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
         .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
@@ -161,19 +241,19 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     };
     kt_attention(pool, &a);
     matmul(pool, w->xn, &l->wo, w->att, n);
-    add_rows(w->x, w->xn, (size_t)n * c->n_embd);
+    add_rows(pool, w->x, w->xn, n, c->n_embd);
 }
 
 static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
-    rmsnorm_rows(w->xn, w->x, &l->ffn_norm, n, c->n_embd, c->rms_eps);
+    rmsnorm_rows(pool, w->xn, w->x, &l->ffn_norm, n, c->n_embd, c->rms_eps);
     const kt_matmul_part gate_up[] = {{w->gate, l->w_gate.data, l->w_gate.type, l->w_gate.n_out},
                                       {w->up, l->w_up.data, l->w_up.type, l->w_up.n_out}};
     kt_matmul_many(pool, gate_up, 2, w->xn, l->w_gate.n_in, n);
-    kt_swiglu(w->gate, w->gate, w->up, n * c->n_ff);
+    swiglu_rows(pool, w->gate, w->up, n, c->n_ff);
     matmul(pool, w->xn, &l->w_down, w->gate, n);
-    add_rows(w->x, w->xn, (size_t)n * c->n_embd);
+    add_rows(pool, w->x, w->xn, n, c->n_embd);
 }
 
 /* Logits of the chunk's tokens that want them, gathered into consecutive
