@@ -7,10 +7,11 @@
  * Matmuls and attention are split over the thread pool; so are the
  * element-wise steps of a chunk of many tokens (by tokens: each token's
  * steps are the same whichever thread runs them), while a few tokens'
- * run on the calling thread, where waking the pool would cost more. K and V rows go into each
- * token's sequence's KV blocks (F32 or F16, as the pool says) before
- * attention reads them, so a token sees its own row as every later token
- * does: results do not depend on how a sequence's tokens were chunked.
+ * run on the calling thread, where waking the pool would cost more.
+ * K and V rows go into each token's sequence's KV blocks (F32 or F16, as
+ * the pool says) before attention reads them, so a token sees its own row
+ * as every later token does: results do not depend on how a sequence's
+ * tokens were chunked.
  */
 #include "model/forward.h"
 
