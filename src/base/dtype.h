@@ -39,7 +39,8 @@ typedef enum kt_dtype {
      * header), but kt_dtype_get/name/row_bytes describe them */
     KT_Q4_0_X8 = 64, /* Q4_0 repacked by groups of 8 rows (ops/repack.h) */
     KT_Q4_K_X8 = 65, /* Q4_K likewise */
-    KT_Q6_K_X8 = 66  /* Q6_K likewise */
+    KT_Q6_K_X8 = 66, /* Q6_K likewise */
+    KT_Q5_0_X8 = 67  /* Q5_0 likewise */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

@@ -107,9 +107,10 @@ void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
                             int n_tokens, int r0, int r1);
 void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);
-/* Q4_0x8 weights (ops/repack.h); rows r0, r1 multiples of 8. */
-void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
-                            int n_tokens, int r0, int r1);
+/* Q4_0x8 or Q5_0x8 weights (wtype; ops/repack.h); rows r0, r1 multiples
+ * of 8. */
+void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,
+                       int n_tokens, int r0, int r1);
 /* Rows [r0, r1) of every token for Q4_1, Q5_0 or Q5_1 weights (x: the
  * Q8_0 activations), bit-identical to the reference; panel as for Q4_0. */
 void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,

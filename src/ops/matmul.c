@@ -70,20 +70,24 @@
 #define ROW_GRAIN 16 /* thread row ranges start on multiples of this */
 
 /* Q4_1, Q5_0, Q5_1: the other 32-value types (one accumulator, Q8_0
- * activations) */
+ * activations); Q5_0x8 is Q5_0 repacked */
 static bool is_legacy(kt_dtype t) {
     return t == KT_Q4_1 || t == KT_Q5_0 || t == KT_Q5_1;
 }
 
+static bool is_legacy_any(kt_dtype t) {
+    return is_legacy(t) || t == KT_Q5_0_X8;
+}
+
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
-           wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy(wtype) || wtype == KT_Q4_K ||
+           wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_Q4_K ||
            wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8 || wtype == KT_Q6_K_X8;
 }
 
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy(t);
+    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t);
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
@@ -168,6 +172,20 @@ static void legacy_block(const void *row, kt_dtype t, int b, uint8_t *q, float *
 
 /* Q4_1/Q5_0/Q5_1: adds one block's terms (see the specification above);
  * sx is the sum of the 32 activation values (c8 / 8). */
+static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
+                               int32_t sx, float acc);
+
+/* The same for block b of row r of w, Q5_0x8 read back as Q5_0 (the same
+ * operations in both layouts). */
+static float row_block_step_legacy(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
+                                   float dx, int32_t sx, float acc) {
+    if (t != KT_Q5_0_X8)
+        return block_step_legacy((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, sx, acc);
+    block_q5_0 blk;
+    kt_x8_block(w, KT_Q5_0, n_in, r, b, &blk);
+    return block_step_legacy(&blk, KT_Q5_0, 0, xq, dx, sx, acc);
+}
+
 static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                                int32_t sx, float acc) {
     uint8_t q[32];
@@ -261,8 +279,8 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
                 int32_t c8;
                 kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx, &c8);
                 if (wtype == KT_Q8_0) block_step_lanes(row, b, xq, dx, lanes);
-                else if (is_legacy(wtype))
-                    acc = block_step_legacy(row, wtype, b, xq, dx, c8 / 8, acc);
+                else if (is_legacy_any(wtype))
+                    acc = row_block_step_legacy(w, wtype, n_in, r, b, xq, dx, c8 / 8, acc);
                 else acc = row_block_step(w, wtype, n_in, r, b, xq, dx, acc);
             }
             ot[r] = wtype == KT_Q8_0 ? sum_lanes(lanes) : acc;
@@ -292,11 +310,11 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     size_t k = (size_t)t * xa->nb + b;
                     sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
                 }
-            } else if (is_legacy(wtype)) {
+            } else if (is_legacy_any(wtype)) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
-                    sum = block_step_legacy(row, wtype, b, xa->qs + k * QK8_0, xa->d[k],
-                                            xa->c8[k] / 8, sum);
+                    sum = row_block_step_legacy(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k],
+                                                xa->c8[k] / 8, sum);
                 }
             } else if (is_kquant(wtype)) {
                 for (int b = 0; b < xk->nb; b++) {
@@ -353,7 +371,8 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
         break;
     case KT_Q4_0_X8:
-        kt_matmul_q4_0_x8_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+    case KT_Q5_0_X8:
+        kt_matmul_x8_avx2(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_1:
     case KT_Q5_0:

@@ -633,19 +633,38 @@ INL void tile_store8(const q_args *a, const __m256 *acc, const int T, int r0, in
  * every caller. The integer sums are exact in any order and the float
  * steps are the same, so both sources give the same bits. */
 
-/* Group of rows r0 .. r0+7 of a Q4_0x8 matrix (r0 a multiple of 8). */
+/* Group of rows r0 .. r0+7 of a Q4_0x8 / Q5_0x8 matrix (r0 a multiple of 8). */
 INL const uint8_t *x8_group(const q_args *a, int r0) {
     return (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
 }
 
+/* A group's regions (repack.h): nb x 128 bytes of nibbles, (Q5_0x8) nb x
+ * 32 bytes of fifth-bit masks, nb x 16 bytes of scales. */
+#define X8_QS 128
+#define X8_QH 32
+INL size_t x8_scales_at(const legacy_fmt *f, int nb) {
+    return (size_t)nb * (X8_QS + (f->qh_off >= 0 ? X8_QH : 0));
+}
+
+/* Q5_0x8: the mask word of vector v (0..3: low nibbles, 4..7: high) of
+ * block b, bit 4r + k set where value k of the vector's 4 in row r has
+ * its fifth bit. */
+INL const uint8_t *x8_mask(const q_args *a, const uint8_t *grp, int b, int v) {
+    return grp + (size_t)a->x->nb * X8_QS + (size_t)b * X8_QH + 4 * v;
+}
+
 /* Values 4v..4v+3 (lo) and 16+4v..16+4v+3 (hi) of block b of the 8 rows,
  * one row per 32-bit lane. */
-INL void q4_vecs(const q_args *a, const uint8_t *grp, const int8_t *panel, int b, int v,
+INL void q4_vecs(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const int8_t *panel, int b, int v,
                  __m256i *lo, __m256i *hi) {
     if (grp) {
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * 128 + 32 * v));
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * X8_QS + 32 * v));
         *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
         *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
+        if (f->qh_off >= 0) { /* the byte of each value is bit 4r + k of its mask */
+            *lo = _mm256_or_si256(*lo, fifth_bits(x8_mask(a, grp, b, v)));
+            *hi = _mm256_or_si256(*hi, fifth_bits(x8_mask(a, grp, b, v + 4)));
+        }
     } else {
         (void)a;
         *lo = _mm256_load_si256((const __m256i *)(panel + ((size_t)b * Q4_ROWS + v) * 32));
@@ -654,8 +673,8 @@ INL void q4_vecs(const q_args *a, const uint8_t *grp, const int8_t *panel, int b
 }
 
 /* The 8 rows' scales of block b. */
-INL __m256 q4_scales(const q_args *a, const uint8_t *grp, const float *panel_d, int b) {
-    if (grp) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + (size_t)a->x->nb * 128 + (size_t)b * 16)));
+INL __m256 q4_scales(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const float *panel_d, int b) {
+    if (grp) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + x8_scales_at(f, a->x->nb) + (size_t)b * 16)));
     return _mm256_load_ps(panel_d + (size_t)b * Q4_ROWS);
 }
 
@@ -665,13 +684,15 @@ INL __m256 panel_mins(const legacy_fmt *f, const float *panel_m, int b) {
     return _mm256_load_ps(panel_m + (size_t)b * Q4_ROWS);
 }
 
-/* One token streaming Q4_0x8 groups: fetch block b of the group `ahead`
- * bytes on (its nibbles every block, its scales every 4th). */
-INL void x8_prefetch(const q_args *a, const uint8_t *grp, size_t ahead, int b) {
+/* One token streaming x8 groups: fetch block b of the group `ahead`
+ * bytes on (its nibbles every block, its masks every 2nd, its scales
+ * every 4th). */
+INL void x8_prefetch(const q_args *a, const legacy_fmt *f, const uint8_t *grp, size_t ahead, int b) {
     const uint8_t *next = grp + ahead;
-    _mm_prefetch((const char *)next + (size_t)b * 128, _MM_HINT_T0);
-    _mm_prefetch((const char *)next + (size_t)b * 128 + 64, _MM_HINT_T0);
-    if ((b & 3) == 0) _mm_prefetch((const char *)next + (size_t)a->x->nb * 128 + (size_t)b * 16, _MM_HINT_T0);
+    _mm_prefetch((const char *)next + (size_t)b * X8_QS, _MM_HINT_T0);
+    _mm_prefetch((const char *)next + (size_t)b * X8_QS + 64, _MM_HINT_T0);
+    if (f->qh_off >= 0 && (b & 1) == 0) _mm_prefetch((const char *)x8_mask(a, next, b, 0), _MM_HINT_T0);
+    if ((b & 3) == 0) _mm_prefetch((const char *)next + x8_scales_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T0);
 }
 
 /* AVX2: 8 rows x T tokens (T <= Q4_TOKENS) of format f (packed: Q4_0x8,
@@ -688,14 +709,14 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        if (packed && T == 1) x8_prefetch(a, grp, Q4_ROWS * a->row_bytes, b);
+        if (packed && T == 1) x8_prefetch(a, f, grp, Q4_ROWS * a->row_bytes, b);
         __m256i isum[Q4_TOKENS], isum16[Q4_TOKENS];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) isum[t] = isum16[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             __m256i lo, hi;
-            q4_vecs(a, grp, a->panel, b, v, &lo, &hi);
+            q4_vecs(a, f, grp, a->panel, b, v, &lo, &hi);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(tile_x4(&x, t, b, v))));
@@ -706,7 +727,7 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
                 }
             }
         }
-        const __m256 dw = q4_scales(a, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
+        const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
     }
@@ -728,21 +749,21 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const legacy_fmt *f, const bo
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        if (packed && T == 1) x8_prefetch(a, grp, Q4_ROWS * a->row_bytes, b);
+        if (packed && T == 1) x8_prefetch(a, f, grp, Q4_ROWS * a->row_bytes, b);
         __m256i isum[Q4_TOKENS];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             __m256i lo, hi;
-            q4_vecs(a, grp, a->panel, b, v, &lo, &hi);
+            q4_vecs(a, f, grp, a->panel, b, v, &lo, &hi);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 isum[t] = _mm256_dpbusd_avx_epi32(isum[t], lo, _mm256_set1_epi32(tile_x4(&x, t, b, v)));
                 isum[t] = _mm256_dpbusd_avx_epi32(isum[t], hi, _mm256_set1_epi32(tile_x4(&x, t, b, v + 4)));
             }
         }
-        const __m256 dw = q4_scales(a, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
+        const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
     }
@@ -753,6 +774,15 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const legacy_fmt *f, const bo
  * one vpdpbusd serves 16 rows (lanes 0-7: rows r0.., 8-15: rows r0+8..)
  * and each broadcast activation is used for 16 rows. Lane by lane the
  * same integer sums and float steps as the 8-row tiles: the same bits. */
+/* Q5_0x8: the mask words of vector v of block b of two groups as one
+ * 64-bit mask (bytes 0-31: g0's, 32-63: g1's). */
+TARGET_512 INL __mmask64 x8_mask64(const q_args *a, const uint8_t *g0, const uint8_t *g1, int b, int v) {
+    uint32_t m0, m1;
+    memcpy(&m0, x8_mask(a, g0, b, v), 4);
+    memcpy(&m1, x8_mask(a, g1, b, v), 4);
+    return _cvtu64_mask64((uint64_t)m1 << 32 | m0);
+}
+
 TARGET_512 INL __m512 join_ps(__m256 lo, __m256 hi) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
@@ -769,8 +799,8 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
 
     for (int b = 0; b < a->x->nb; b++) {
         if (packed && T == 1) {
-            x8_prefetch(a, g0, 2 * Q4_ROWS * a->row_bytes, b);
-            x8_prefetch(a, g1, 2 * Q4_ROWS * a->row_bytes, b);
+            x8_prefetch(a, f, g0, 2 * Q4_ROWS * a->row_bytes, b);
+            x8_prefetch(a, f, g1, 2 * Q4_ROWS * a->row_bytes, b);
         }
         __m512i isum[Q4_TOKENS512];
 #pragma GCC unroll 8
@@ -780,14 +810,18 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
             __m512i lo, hi;
             if (packed) { /* both groups' packed vectors, unpacked at once */
                 const __m512i p = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * 128 + 32 * v))),
-                    _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * 128 + 32 * v)), 1);
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * X8_QS + 32 * v))),
+                    _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * X8_QS + 32 * v)), 1);
                 lo = _mm512_and_si512(p, low);
                 hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                if (f->qh_off >= 0) { /* 16 added where the two groups' masks have the bit */
+                    lo = _mm512_mask_add_epi8(lo, x8_mask64(a, g0, g1, b, v), lo, _mm512_set1_epi8(16));
+                    hi = _mm512_mask_add_epi8(hi, x8_mask64(a, g0, g1, b, v + 4), hi, _mm512_set1_epi8(16));
+                }
             } else {
                 __m256i lo0, hi0, lo1, hi1;
-                q4_vecs(a, NULL, a->panel, b, v, &lo0, &hi0);
-                q4_vecs(a, NULL, a->panel2, b, v, &lo1, &hi1);
+                q4_vecs(a, f, NULL, a->panel, b, v, &lo0, &hi0);
+                q4_vecs(a, f, NULL, a->panel2, b, v, &lo1, &hi1);
                 lo = _mm512_inserti64x4(_mm512_castsi256_si512(lo0), lo1, 1);
                 hi = _mm512_inserti64x4(_mm512_castsi256_si512(hi0), hi1, 1);
             }
@@ -797,7 +831,7 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
                 isum[t] = _mm512_dpbusd_epi32(isum[t], hi, _mm512_set1_epi32(tile_x4(&x, t, b, v + 4)));
             }
         }
-        const __m512 dw = join_ps(q4_scales(a, g0, a->panel_d, b), q4_scales(a, g1, a->panel_d2, b));
+        const __m512 dw = join_ps(q4_scales(a, f, g0, a->panel_d, b), q4_scales(a, f, g1, a->panel_d2, b));
         const __m512 mw = join_ps(panel_mins(f, a->panel_m, b), panel_mins(f, a->panel_m2, b));
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) { /* q4_block_step, 16 lanes */
@@ -892,22 +926,35 @@ static void q4_few(const q_args *a, int n_tokens, int r0, int r1) {
 
 /* ---- the instances -------------------------------------------------------
  *
- * Q4_0x8: tokens per tile. Panels: per format, a `panel_kind` with its
+ * Q4_0x8, Q5_0x8: tokens per tile. Panels: per format, a `panel_kind` with its
  * tiles (constant format, so each compiles to that format's code) and
  * its no-panel path. */
 typedef void (*q4_tile8_fn)(const q_args *, int r0, int nr, int t0, int nt);
 typedef void (*q4_tile16_fn)(const q_args *, int r0, int t0, int nt);
 
-static void q4_x8_avx2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT_Q4_0, true, Q4_TOKENS, r0, nr, t0, nt); }
-static void q4_x8_avx2_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT_Q4_0, true, 1, r0, nr, t0, nt); }
-static void q4_x8_avx2_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT_Q4_0, true, 2, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_x8_vnni(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT_Q4_0, true, Q4_TOKENS, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_x8_vnni_1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT_Q4_0, true, 1, r0, nr, t0, nt); }
-TARGET_VNNI static void q4_x8_vnni_2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT_Q4_0, true, 2, r0, nr, t0, nt); }
-TARGET_512 static void q4_x8_512x1(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 1, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x2(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 2, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 4, r0, t0, nt); }
-TARGET_512 static void q4_x8_512x8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT_Q4_0, true, 8, r0, t0, nt); }
+/* The x8 tiles of one format: AVX2 and AVX-VNNI 8 rows x 1, 2, 4 tokens;
+ * AVX-512 16 rows x 1, 2, 4, 8 tokens. */
+typedef struct x8_kind {
+    q4_tile8_fn avx2[3], vnni[3]; /* 1, 2, Q4_TOKENS tokens */
+    q4_tile16_fn w[4];            /* 1, 2, 4, Q4_TOKENS512 tokens */
+} x8_kind;
+
+#define X8_KIND(ty, FMT)                                                                           \
+    static void ty##_a1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT, true, 1, r0, nr, t0, nt); } \
+    static void ty##_a2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT, true, 2, r0, nr, t0, nt); } \
+    static void ty##_a4(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_avx2(a, &FMT, true, Q4_TOKENS, r0, nr, t0, nt); } \
+    TARGET_VNNI static void ty##_v1(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT, true, 1, r0, nr, t0, nt); } \
+    TARGET_VNNI static void ty##_v2(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT, true, 2, r0, nr, t0, nt); } \
+    TARGET_VNNI static void ty##_v4(const q_args *a, int r0, int nr, int t0, int nt) { q4_tile_vnni(a, &FMT, true, Q4_TOKENS, r0, nr, t0, nt); } \
+    TARGET_512 static void ty##_w1(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT, true, 1, r0, t0, nt); } \
+    TARGET_512 static void ty##_w2(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT, true, 2, r0, t0, nt); } \
+    TARGET_512 static void ty##_w4(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT, true, 4, r0, t0, nt); } \
+    TARGET_512 static void ty##_w8(const q_args *a, int r0, int t0, int nt) { q4_tile_512(a, &FMT, true, Q4_TOKENS512, r0, t0, nt); } \
+    static const x8_kind ty = {{ty##_a1, ty##_a2, ty##_a4}, {ty##_v1, ty##_v2, ty##_v4},              \
+                               {ty##_w1, ty##_w2, ty##_w4, ty##_w8}};
+
+X8_KIND(X8_Q4_0, FMT_Q4_0)
+X8_KIND(X8_Q5_0, FMT_Q5_0)
 
 typedef struct panel_kind {
     const legacy_fmt *f;
@@ -1023,16 +1070,17 @@ void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q
     panel_rows(&a, k, n_tokens, r0, r1, panel);
 }
 
-/* Q4_0x8 rows [r0, r1) (multiples of 8): the tiles read the groups as
- * stored, so one token takes the 1-token tiles and more take the wide
- * ones directly, with no panel. Tokens go in chunks whose activations
- * stay in L2, as for the panel GEMM. */
-void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
-                            int n_tokens, int r0, int r1) {
-    const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(KT_Q4_0, n_in), .x = x, .out = out, .n_out = n_out};
-    const bool vnni = kt_cpu_has_avx_vnni(), wide = kt_cpu_has_avx512_vnni();
-    const q4_tile8_fn tile1 = vnni ? q4_x8_vnni_1 : q4_x8_avx2_1, tile2 = vnni ? q4_x8_vnni_2 : q4_x8_avx2_2;
-    const q4_tile8_fn tile4 = vnni ? q4_x8_vnni : q4_x8_avx2;
+/* Q4_0x8 / Q5_0x8 rows [r0, r1) (multiples of 8): the tiles read the
+ * groups as stored, so one token takes the 1-token tiles and more take
+ * the wide ones directly, with no panel. Tokens go in chunks whose
+ * activations stay in L2, as for the panel GEMM. */
+void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,
+                       int n_tokens, int r0, int r1) {
+    const kt_dtype plain = wtype == KT_Q5_0_X8 ? KT_Q5_0 : KT_Q4_0;
+    const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(plain, n_in), .x = x, .out = out, .n_out = n_out};
+    const x8_kind *k = wtype == KT_Q5_0_X8 ? &X8_Q5_0 : &X8_Q4_0;
+    const bool wide = kt_cpu_has_avx512_vnni();
+    const q4_tile8_fn *tile = kt_cpu_has_avx_vnni() ? k->vnni : k->avx2;
     const int chunk = token_chunk(n_in, 1);
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
@@ -1040,17 +1088,17 @@ void kt_matmul_q4_0_x8_avx2(float *out, const void *w, const kt_q8_act *x, int n
         for (; wide && r + 2 * Q4_ROWS <= r1; r += 2 * Q4_ROWS)
             for (int t = c0; t < c1;) {
                 const int n = c1 - t;
-                if (n >= Q4_TOKENS512) q4_x8_512x8(&a, r, t, Q4_TOKENS512), t += Q4_TOKENS512;
-                else if (n >= 3) q4_x8_512x4(&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
-                else if (n == 2) q4_x8_512x2(&a, r, t, 2), t += 2; /* decode of 2 streams */
-                else q4_x8_512x1(&a, r, t, 1), t++;
+                if (n >= Q4_TOKENS512) k->w[3](&a, r, t, Q4_TOKENS512), t += Q4_TOKENS512;
+                else if (n >= 3) k->w[2](&a, r, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n == 2) k->w[1](&a, r, t, 2), t += 2; /* decode of 2 streams */
+                else k->w[0](&a, r, t, 1), t++;
             }
         for (; r < r1; r += Q4_ROWS)
             for (int t = c0; t < c1;) {
                 const int n = c1 - t;
-                if (n >= 3) tile4(&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
-                else if (n == 2) tile2(&a, r, Q4_ROWS, t, 2), t += 2;
-                else tile1(&a, r, Q4_ROWS, t, 1), t++;
+                if (n >= 3) tile[2](&a, r, Q4_ROWS, t, n < 4 ? n : 4), t += n < 4 ? n : 4;
+                else if (n == 2) tile[1](&a, r, Q4_ROWS, t, 2), t += 2;
+                else tile[0](&a, r, Q4_ROWS, t, 1), t++;
             }
     }
 }

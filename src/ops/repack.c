@@ -24,24 +24,32 @@ typedef struct x8_part {
 } x8_part;
 
 typedef struct x8_layout {
-    kt_dtype plain;
+    kt_dtype plain, packed;
     int n_parts;
     x8_part parts[4];
+    /* Q5_0's fifth bits, which move by nibbles: offset of qh in the plain
+     * block, and of the block's 8 mask words in the group (per_nb, per_b);
+     * no qh part when per_b is 0 */
+    size_t qh_off, qh_per_nb, qh_per_b;
 } x8_layout;
 
 #define Q4_0_QS (KT_X8_ROWS * QK4_0 / 2) /* 128: one block of 8 rows' nibbles */
+#define Q5_0_QH (KT_X8_ROWS * 4)         /* 32: one block of 8 rows' fifth bits */
 
 static const x8_layout LAYOUTS[] = {
-    {KT_Q4_0, 2, {{offsetof(block_q4_0, qs), 4, 4, 0, Q4_0_QS, 0},
-                  {offsetof(block_q4_0, d), 1, 2, Q4_0_QS, 2 * KT_X8_ROWS, 0}}},
-    {KT_Q4_K, 4, {{offsetof(block_q4_K, qs), 32, 4, 0, KT_Q4KX8_BLOCK_BYTES, 0},
+    {KT_Q4_0, KT_Q4_0_X8, 2, {{offsetof(block_q4_0, qs), 4, 4, 0, Q4_0_QS, 0},
+                              {offsetof(block_q4_0, d), 1, 2, Q4_0_QS, 2 * KT_X8_ROWS, 0}}, 0, 0, 0},
+    {KT_Q5_0, KT_Q5_0_X8, 2, {{offsetof(block_q5_0, qs), 4, 4, 0, Q4_0_QS, 0},
+                              {offsetof(block_q5_0, d), 1, 2, Q4_0_QS + Q5_0_QH, 2 * KT_X8_ROWS, 0}},
+     offsetof(block_q5_0, qh), Q4_0_QS, Q5_0_QH},
+    {KT_Q4_K, KT_Q4_K_X8, 4, {{offsetof(block_q4_K, qs), 32, 4, 0, KT_Q4KX8_BLOCK_BYTES, 0},
                   {offsetof(block_q4_K, scales), 3, 4, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_SCALES},
                   {offsetof(block_q4_K, d), 1, 2, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_D},
-                  {offsetof(block_q4_K, dmin), 1, 2, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_DMIN}}},
-    {KT_Q6_K, 4, {{offsetof(block_q6_K, ql), 32, 4, 0, KT_Q6KX8_BLOCK_BYTES, 0},
+                  {offsetof(block_q4_K, dmin), 1, 2, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_DMIN}}, 0, 0, 0},
+    {KT_Q6_K, KT_Q6_K_X8, 4, {{offsetof(block_q6_K, ql), 32, 4, 0, KT_Q6KX8_BLOCK_BYTES, 0},
                   {offsetof(block_q6_K, qh), 16, 4, 0, KT_Q6KX8_BLOCK_BYTES, KT_Q6KX8_QH},
                   {offsetof(block_q6_K, scales), 4, 4, 0, KT_Q6KX8_BLOCK_BYTES, KT_Q6KX8_SCALES},
-                  {offsetof(block_q6_K, d), 1, 2, 0, KT_Q6KX8_BLOCK_BYTES, KT_Q6KX8_D}}},
+                  {offsetof(block_q6_K, d), 1, 2, 0, KT_Q6KX8_BLOCK_BYTES, KT_Q6KX8_D}}, 0, 0, 0},
 };
 
 static const x8_layout *layout_of(kt_dtype plain) {
@@ -53,7 +61,7 @@ static const x8_layout *layout_of(kt_dtype plain) {
 kt_dtype kt_repack_type(kt_dtype type, int n_in, int n_out) {
     if (n_in <= 0 || n_out <= 0 || n_out % KT_X8_ROWS != 0 || !layout_of(type)) return type;
     if (n_in % kt_dtype_get(type)->block_size != 0) return type;
-    return type == KT_Q4_0 ? KT_Q4_0_X8 : type == KT_Q4_K ? KT_Q4_K_X8 : KT_Q6_K_X8;
+    return layout_of(type)->packed;
 }
 
 /* n units of `width` bytes (a constant in each call, so memcpy is one
@@ -65,8 +73,30 @@ static inline void move_units(uint8_t *g, uint8_t *x, int n, const int width, bo
     }
 }
 
+/* Q5_0's 32 fifth bits of lane r (a little-endian word, bit j: value j)
+ * and the group's 8 mask words M[v], either way: nibble v of the row's
+ * word is nibble r of M[v] (repack.h). */
+static void move_fifth_bits(uint8_t *m, int r, uint8_t *qh, bool to_group) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    uint32_t out = 0;
+    for (int v = 0; v < KT_X8_ROWS; v++) {
+        uint32_t word;
+        memcpy(&word, m + 4 * v, 4);
+        if (to_group) {
+            word = (word & ~(0xFu << 4 * r)) | ((h >> 4 * v) & 0xFu) << 4 * r;
+            memcpy(m + 4 * v, &word, 4);
+        } else {
+            out |= ((word >> 4 * r) & 0xFu) << 4 * v;
+        }
+    }
+    if (!to_group) memcpy(qh, &out, 4);
+}
+
 /* Block b of lane r between the plain block blk and group grp, either way. */
 static void move_block(const x8_layout *l, uint8_t *grp, int nb, int b, int r, uint8_t *blk, bool to_group) {
+    if (l->qh_per_b)
+        move_fifth_bits(grp + (size_t)nb * l->qh_per_nb + (size_t)b * l->qh_per_b, r, blk + l->qh_off, to_group);
     for (int p = 0; p < l->n_parts; p++) {
         const x8_part *q = &l->parts[p];
         uint8_t *at = grp + (size_t)nb * q->per_nb + (size_t)b * q->per_b + q->at + (size_t)q->width * r;

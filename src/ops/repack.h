@@ -1,6 +1,6 @@
 /*
  * repack.h - Q4_0, Q4_K and Q6_K weights rewritten at load into the layout
- * the SIMD kernels read fastest (KT_Q4_0_X8, KT_Q4_K_X8, KT_Q6_K_X8), with
+ * the SIMD kernels read fastest (KT_Q4_0_X8, KT_Q5_0_X8, KT_Q4_K_X8, KT_Q6_K_X8), with
  * kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
@@ -33,6 +33,15 @@
  * Q6_Kx8 likewise for Q6_K, per block b 1680 bytes at b * 1680: 32
  * vectors of ql (vector w, bytes 4r .. 4r+3 = ql[4w .. 4w+3] of row r),
  * 16 of qh (qh[4w ..]), 4 of scales (scales[4u ..]), then the 8 fp16 d.
+ *
+ * Q5_0x8 is Q4_0x8 plus the fifth bits: nb x 128 bytes of nibbles as
+ * Q4_0x8's, then nb x 32 bytes of masks, then nb x 16 bytes of scales.
+ * Block b's masks are 8 little-endian words M[0..7] at nb * 128 + b * 32:
+ * bit 4r + k of M[v] is the fifth bit of value 4v + k of row 8g+r (qh
+ * bit 4v + k), so M[v] lines up byte for byte with nibble vector v (v <
+ * 4: low nibbles; v >= 4: high nibbles of vector v - 4): a mask-add, or
+ * AVX2's byte shuffle and compare, puts the bits in place. 8 x 22 bytes
+ * per block: in place too.
  *
  * Matrices whose row count is not a multiple of 8 keep their type. The
  * values are the same; every kernel computes the same bits from either
