@@ -828,15 +828,17 @@ static void check_layout(kt_dtype type, int n_in, int n_out) {
     free(w), free(x8), free(tmp);
 }
 
-/* Repacking keeps every block and the matrix size; only Q4_0, Q5_0, Q4_K
- * and Q6_K with rows in multiples of 8 qualify, and the in-memory types
- * never count as file types. */
+/* Repacking keeps every block and the matrix size; only Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K and Q6_K with rows in multiples of 8 qualify, and the
+ * in-memory types never count as file types. */
 static void test_repack_layout(void **state) {
     (void)state;
     check_layout(KT_Q4_0, 96, 24);
     check_layout(KT_Q4_K, 512, 16);
     check_layout(KT_Q6_K, 512, 16);
     check_layout(KT_Q5_0, 96, 24);
+    check_layout(KT_Q4_1, 96, 24);
+    check_layout(KT_Q5_1, 96, 24);
     assert_int_equal(kt_repack_type(KT_Q4_K, 512, 16), KT_Q4_K_X8);
     assert_int_equal(kt_repack_type(KT_Q4_K, 512, 12), KT_Q4_K);
     assert_int_equal(kt_repack_type(KT_Q6_K, 512, 16), KT_Q6_K_X8);
@@ -845,7 +847,10 @@ static void test_repack_layout(void **state) {
     assert_false(kt_dtype_known(KT_Q6_K_X8));
     assert_false(kt_dtype_known(KT_Q5_0_X8));
     assert_int_equal(kt_repack_type(KT_Q5_0, 64, 8), KT_Q5_0_X8);
-    assert_int_equal(kt_repack_type(KT_Q5_1, 64, 8), KT_Q5_1);
+    assert_int_equal(kt_repack_type(KT_Q5_1, 64, 8), KT_Q5_1_X8);
+    assert_int_equal(kt_repack_type(KT_Q4_1, 64, 8), KT_Q4_1_X8);
+    assert_false(kt_dtype_known(KT_Q4_1_X8));
+    assert_false(kt_dtype_known(KT_Q5_1_X8));
     assert_true(kt_repack_supported(KT_Q4_0, 64, 8));
     assert_false(kt_repack_supported(KT_Q4_0, 64, 12));
     assert_false(kt_repack_supported(KT_Q8_0, 64, 8));
@@ -911,6 +916,8 @@ static void check_repacked_matmul(bool unused) {
     check_repacked_type(KT_Q4_K);
     check_repacked_type(KT_Q6_K);
     check_repacked_type(KT_Q5_0);
+    check_repacked_type(KT_Q4_1);
+    check_repacked_type(KT_Q5_1);
 }
 
 static void test_repacked_matmul(void **state) {
@@ -1344,12 +1351,13 @@ static void run_bench(const char *only) {
     float *out = tu_xmalloc(sizeof(float) * 64 * n_out);
     tu_fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
     /* the repacked layouts (Q4_0x8, ...) follow their plain types */
-    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q5_0, KT_Q5_0_X8, KT_Q5_1, KT_Q4_K, KT_Q4_K_X8,
-                                     KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16, KT_BF16, KT_F32};
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q4_1_X8, KT_Q5_0, KT_Q5_0_X8, KT_Q5_1,
+                                     KT_Q5_1_X8, KT_Q4_K, KT_Q4_K_X8, KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16,
+                                     KT_BF16, KT_F32};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
         const bool x8 = types[i] == KT_Q4_0_X8 || types[i] == KT_Q4_K_X8 || types[i] == KT_Q6_K_X8 ||
-                        types[i] == KT_Q5_0_X8;
+                        types[i] == KT_Q5_0_X8 || types[i] == KT_Q4_1_X8 || types[i] == KT_Q5_1_X8;
         const kt_dtype plain = x8 ? types[i - 1] : types[i];
         void *w = tu_make_weights(plain, n_in, n_out, 1, 0.0f);
         if (x8) {

@@ -33,6 +33,8 @@ static const kt_dtype_info Q4_0_X8 = {"Q4_0x8", 32, 18}; /* per row: Q4_0's byte
 static const kt_dtype_info Q4_K_X8 = {"Q4_Kx8", 256, 144}; /* per row: Q4_K's */
 static const kt_dtype_info Q6_K_X8 = {"Q6_Kx8", 256, 210}; /* per row: Q6_K's */
 static const kt_dtype_info Q5_0_X8 = {"Q5_0x8", 32, 22}; /* per row: Q5_0's */
+static const kt_dtype_info Q4_1_X8 = {"Q4_1x8", 32, 20}; /* per row: Q4_1's */
+static const kt_dtype_info Q5_1_X8 = {"Q5_1x8", 32, 24}; /* per row: Q5_1's */
 
 bool kt_dtype_known(uint32_t id) {
     return id < KT_DTYPE_COUNT && DTYPES[id].name != NULL;
@@ -43,6 +45,8 @@ const kt_dtype_info *kt_dtype_get(uint32_t id) {
     if (id == KT_Q4_K_X8) return &Q4_K_X8;
     if (id == KT_Q6_K_X8) return &Q6_K_X8;
     if (id == KT_Q5_0_X8) return &Q5_0_X8;
+    if (id == KT_Q4_1_X8) return &Q4_1_X8;
+    if (id == KT_Q5_1_X8) return &Q5_1_X8;
     return kt_dtype_known(id) ? &DTYPES[id] : &UNKNOWN;
 }
 

@@ -40,7 +40,9 @@ typedef enum kt_dtype {
     KT_Q4_0_X8 = 64, /* Q4_0 repacked by groups of 8 rows (ops/repack.h) */
     KT_Q4_K_X8 = 65, /* Q4_K likewise */
     KT_Q6_K_X8 = 66, /* Q6_K likewise */
-    KT_Q5_0_X8 = 67  /* Q5_0 likewise */
+    KT_Q5_0_X8 = 67, /* Q5_0 likewise */
+    KT_Q4_1_X8 = 68, /* Q4_1 likewise */
+    KT_Q5_1_X8 = 69  /* Q5_1 likewise */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

@@ -75,8 +75,17 @@ static bool is_legacy(kt_dtype t) {
     return t == KT_Q4_1 || t == KT_Q5_0 || t == KT_Q5_1;
 }
 
+/* their repacked forms, and the plain type of each */
+static bool is_legacy_x8(kt_dtype t) {
+    return t == KT_Q4_1_X8 || t == KT_Q5_0_X8 || t == KT_Q5_1_X8;
+}
+
+static kt_dtype legacy_plain(kt_dtype t) {
+    return t == KT_Q4_1_X8 ? KT_Q4_1 : t == KT_Q5_0_X8 ? KT_Q5_0 : t == KT_Q5_1_X8 ? KT_Q5_1 : t;
+}
+
 static bool is_legacy_any(kt_dtype t) {
-    return is_legacy(t) || t == KT_Q5_0_X8;
+    return is_legacy(t) || is_legacy_x8(t);
 }
 
 bool kt_matmul_supported(kt_dtype wtype) {
@@ -175,15 +184,15 @@ static void legacy_block(const void *row, kt_dtype t, int b, uint8_t *q, float *
 static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                                int32_t sx, float acc);
 
-/* The same for block b of row r of w, Q5_0x8 read back as Q5_0 (the same
- * operations in both layouts). */
+/* The same for block b of row r of w, a repacked matrix read back as its
+ * plain type (the same operations in both layouts). */
 static float row_block_step_legacy(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                                    float dx, int32_t sx, float acc) {
-    if (t != KT_Q5_0_X8)
+    if (!is_legacy_x8(t))
         return block_step_legacy((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, sx, acc);
-    block_q5_0 blk;
-    kt_x8_block(w, KT_Q5_0, n_in, r, b, &blk);
-    return block_step_legacy(&blk, KT_Q5_0, 0, xq, dx, sx, acc);
+    union { block_q4_1 q4_1; block_q5_0 q5_0; block_q5_1 q5_1; } blk; /* aligned for each */
+    kt_x8_block(w, legacy_plain(t), n_in, r, b, &blk);
+    return block_step_legacy(&blk, legacy_plain(t), 0, xq, dx, sx, acc);
 }
 
 static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
@@ -371,7 +380,9 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
         break;
     case KT_Q4_0_X8:
+    case KT_Q4_1_X8:
     case KT_Q5_0_X8:
+    case KT_Q5_1_X8:
         kt_matmul_x8_avx2(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_1:

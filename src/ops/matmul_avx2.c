@@ -638,12 +638,17 @@ INL const uint8_t *x8_group(const q_args *a, int r0) {
     return (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
 }
 
-/* A group's regions (repack.h): nb x 128 bytes of nibbles, (Q5_0x8) nb x
- * 32 bytes of fifth-bit masks, nb x 16 bytes of scales. */
+/* A group's regions (repack.h): nb x 128 bytes of nibbles, (Q5_0x8,
+ * Q5_1x8) nb x 32 bytes of fifth-bit masks, nb x 16 bytes of scales,
+ * (Q4_1x8, Q5_1x8) nb x 16 bytes of minima. */
 #define X8_QS 128
 #define X8_QH 32
 INL size_t x8_scales_at(const legacy_fmt *f, int nb) {
     return (size_t)nb * (X8_QS + (f->qh_off >= 0 ? X8_QH : 0));
+}
+
+INL size_t x8_mins_at(const legacy_fmt *f, int nb) {
+    return x8_scales_at(f, nb) + (size_t)nb * 16;
 }
 
 /* Q5_0x8: the mask word of vector v (0..3: low nibbles, 4..7: high) of
@@ -678,9 +683,10 @@ INL __m256 q4_scales(const q_args *a, const legacy_fmt *f, const uint8_t *grp, c
     return _mm256_load_ps(panel_d + (size_t)b * Q4_ROWS);
 }
 
-/* The 8 rows' minima of block b (panel of a format with one), else 0. */
-INL __m256 panel_mins(const legacy_fmt *f, const float *panel_m, int b) {
+/* The 8 rows' minima of block b (of a format with one), else 0. */
+INL __m256 q4_mins(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const float *panel_m, int b) {
     if (f->m_off < 0) return _mm256_setzero_ps();
+    if (grp) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + x8_mins_at(f, a->x->nb) + (size_t)b * 16)));
     return _mm256_load_ps(panel_m + (size_t)b * Q4_ROWS);
 }
 
@@ -693,6 +699,7 @@ INL void x8_prefetch(const q_args *a, const legacy_fmt *f, const uint8_t *grp, s
     _mm_prefetch((const char *)next + (size_t)b * X8_QS + 64, _MM_HINT_T0);
     if (f->qh_off >= 0 && (b & 1) == 0) _mm_prefetch((const char *)x8_mask(a, next, b, 0), _MM_HINT_T0);
     if ((b & 3) == 0) _mm_prefetch((const char *)next + x8_scales_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T0);
+    if (f->m_off >= 0 && (b & 3) == 0) _mm_prefetch((const char *)next + x8_mins_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T0);
 }
 
 /* AVX2: 8 rows x T tokens (T <= Q4_TOKENS) of format f (packed: Q4_0x8,
@@ -727,7 +734,7 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
                 }
             }
         }
-        const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
+        const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = q4_mins(a, f, grp, a->panel_m, b);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
     }
@@ -763,7 +770,7 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const legacy_fmt *f, const bo
                 isum[t] = _mm256_dpbusd_avx_epi32(isum[t], hi, _mm256_set1_epi32(tile_x4(&x, t, b, v + 4)));
             }
         }
-        const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = panel_mins(f, a->panel_m, b);
+        const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = q4_mins(a, f, grp, a->panel_m, b);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
     }
@@ -832,7 +839,7 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
             }
         }
         const __m512 dw = join_ps(q4_scales(a, f, g0, a->panel_d, b), q4_scales(a, f, g1, a->panel_d2, b));
-        const __m512 mw = join_ps(panel_mins(f, a->panel_m, b), panel_mins(f, a->panel_m2, b));
+        const __m512 mw = join_ps(q4_mins(a, f, g0, a->panel_m, b), q4_mins(a, f, g1, a->panel_m2, b));
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) { /* q4_block_step, 16 lanes */
             __m512i is = isum[t];
@@ -954,7 +961,9 @@ typedef struct x8_kind {
                                {ty##_w1, ty##_w2, ty##_w4, ty##_w8}};
 
 X8_KIND(X8_Q4_0, FMT_Q4_0)
+X8_KIND(X8_Q4_1, FMT_Q4_1)
 X8_KIND(X8_Q5_0, FMT_Q5_0)
+X8_KIND(X8_Q5_1, FMT_Q5_1)
 
 typedef struct panel_kind {
     const legacy_fmt *f;
@@ -1070,15 +1079,16 @@ void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q
     panel_rows(&a, k, n_tokens, r0, r1, panel);
 }
 
-/* Q4_0x8 / Q5_0x8 rows [r0, r1) (multiples of 8): the tiles read the
+/* Q4_0x8, Q4_1x8, Q5_0x8, Q5_1x8 rows [r0, r1) (multiples of 8): the tiles read the
  * groups as stored, so one token takes the 1-token tiles and more take
  * the wide ones directly, with no panel. Tokens go in chunks whose
  * activations stay in L2, as for the panel GEMM. */
 void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,
                        int n_tokens, int r0, int r1) {
-    const kt_dtype plain = wtype == KT_Q5_0_X8 ? KT_Q5_0 : KT_Q4_0;
+    const kt_dtype plain = wtype == KT_Q4_1_X8 ? KT_Q4_1 : wtype == KT_Q5_0_X8 ? KT_Q5_0
+                         : wtype == KT_Q5_1_X8 ? KT_Q5_1 : KT_Q4_0;
     const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(plain, n_in), .x = x, .out = out, .n_out = n_out};
-    const x8_kind *k = wtype == KT_Q5_0_X8 ? &X8_Q5_0 : &X8_Q4_0;
+    const x8_kind *k = plain == KT_Q4_1 ? &X8_Q4_1 : plain == KT_Q5_0 ? &X8_Q5_0 : plain == KT_Q5_1 ? &X8_Q5_1 : &X8_Q4_0;
     const bool wide = kt_cpu_has_avx512_vnni();
     const q4_tile8_fn *tile = kt_cpu_has_avx_vnni() ? k->vnni : k->avx2;
     const int chunk = token_chunk(n_in, 1);

@@ -1,7 +1,7 @@
 /*
- * repack.h - Q4_0, Q4_K and Q6_K weights rewritten at load into the layout
- * the SIMD kernels read fastest (KT_Q4_0_X8, KT_Q5_0_X8, KT_Q4_K_X8, KT_Q6_K_X8), with
- * kt_load_mode KT_LOAD_REPACK (the CLI's default).
+ * repack.h - Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights rewritten at
+ * load into the layout the SIMD kernels read fastest (KT_Q4_0_X8, ...,
+ * KT_Q6_K_X8), with kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
  * scale, then 16 bytes of nibbles), so a kernel computing 8 rows at once
@@ -41,7 +41,9 @@
  * bit 4v + k), so M[v] lines up byte for byte with nibble vector v (v <
  * 4: low nibbles; v >= 4: high nibbles of vector v - 4): a mask-add, or
  * AVX2's byte shuffle and compare, puts the bits in place. 8 x 22 bytes
- * per block: in place too.
+ * per block: in place too. Q4_1x8 and Q5_1x8 are Q4_0x8 and Q5_0x8 with
+ * nb x 16 bytes of the 8 rows' fp16 minima after the scales (8 x 20 and
+ * 8 x 24 bytes per block).
  *
  * Matrices whose row count is not a multiple of 8 keep their type. The
  * values are the same; every kernel computes the same bits from either
