@@ -622,18 +622,19 @@ INL void tile_store8(const q_args *a, const __m256 *acc, const int T, int r0, in
         if (t < nt) store_lanes(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t], nr);
 }
 
-/* ---- the tiles, over a panel or over Q4_0x8 rows -----------------------
+/* ---- the tiles, over a panel or over x8 groups ----------------------------
  *
  * A tile reads its 8 (or 16) rows either from the panel built for this
  * chunk of tokens (any of the four formats) or straight from the rows'
- * Q4_0x8 group
- * (ops/repack.h), whose packed vector v gives the panel's vectors v (low
- * nibbles) and v + 4 (high nibbles) with an and and a shift: no panel to
- * build, and the scales are 8 contiguous fp16. `packed` is a constant in
+ * x8 group (Q4_0x8, Q4_1x8, Q5_0x8, Q5_1x8; ops/repack.h), whose packed
+ * vector v gives the panel's vectors v (low nibbles) and v + 4 (high
+ * nibbles) with an and and a shift, plus, for the 5-bit formats, the
+ * fifth bits from the vector's mask word: no panel to build, and the
+ * scales (and minima) are 8 contiguous fp16. `packed` is a constant in
  * every caller. The integer sums are exact in any order and the float
  * steps are the same, so both sources give the same bits. */
 
-/* Group of rows r0 .. r0+7 of a Q4_0x8 / Q5_0x8 matrix (r0 a multiple of 8). */
+/* Group of rows r0 .. r0+7 of an x8 matrix (r0 a multiple of 8). */
 INL const uint8_t *x8_group(const q_args *a, int r0) {
     return (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
 }
@@ -651,7 +652,7 @@ INL size_t x8_mins_at(const legacy_fmt *f, int nb) {
     return x8_scales_at(f, nb) + (size_t)nb * 16;
 }
 
-/* Q5_0x8: the mask word of vector v (0..3: low nibbles, 4..7: high) of
+/* Q5_0x8, Q5_1x8: the mask word of vector v (0..3: low nibbles, 4..7: high) of
  * block b, bit 4r + k set where value k of the vector's 4 in row r has
  * its fifth bit. */
 INL const uint8_t *x8_mask(const q_args *a, const uint8_t *grp, int b, int v) {
@@ -702,8 +703,8 @@ INL void x8_prefetch(const q_args *a, const legacy_fmt *f, const uint8_t *grp, s
     if (f->m_off >= 0 && (b & 3) == 0) _mm_prefetch((const char *)next + x8_mins_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T0);
 }
 
-/* AVX2: 8 rows x T tokens (T <= Q4_TOKENS) of format f (packed: Q4_0x8,
- * f is Q4_0); maddubs pairs summed in int16 (no overflow, see above) and
+/* AVX2: 8 rows x T tokens (T <= Q4_TOKENS) of format f (packed: its x8
+ * layout); maddubs pairs summed in int16 (no overflow, see above) and
  * widened once per block, or every 2 pairs for 5-bit levels. */
 INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, const int T, int r0, int nr,
                       int t0, int nt) {
@@ -781,7 +782,7 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const legacy_fmt *f, const bo
  * one vpdpbusd serves 16 rows (lanes 0-7: rows r0.., 8-15: rows r0+8..)
  * and each broadcast activation is used for 16 rows. Lane by lane the
  * same integer sums and float steps as the 8-row tiles: the same bits. */
-/* Q5_0x8: the mask words of vector v of block b of two groups as one
+/* Q5_0x8, Q5_1x8: the mask words of vector v of block b of two groups as one
  * 64-bit mask (bytes 0-31: g0's, 32-63: g1's). */
 TARGET_512 INL __mmask64 x8_mask64(const q_args *a, const uint8_t *g0, const uint8_t *g1, int b, int v) {
     uint32_t m0, m1;
