@@ -411,11 +411,13 @@ INL void tile_isum(const kt_dtype t, const bool vnni, const int T, const kq_pblo
     }
 }
 
-/* Q6_K: sum_g sc[g] * bs[g], 16 terms as 8 madds of int16 pairs. */
-INL void tile_offset(const int T, const kq_pblock *p, const int16_t *const *bs, __m256i *imin) {
+/* Q6_K: sum_g sc[g] * bs[g], 16 terms as 8 madds of int16 pairs; mp[j]
+ * holds (sc[2j], sc[2j+1]) per lane. Shared by the panel GEMM and the
+ * Q6_Kx8 decode tile. */
+INL void tile_offset(const int T, const __m256i *mps, const int16_t *const *bs, __m256i *imin) {
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        const __m256i mp = _mm256_load_si256(&p->mp[j]);
+        const __m256i mp = _mm256_load_si256(&mps[j]);
 #pragma GCC unroll 4
         for (int k = 0; k < T; k++) {
             int32_t b2;
@@ -427,9 +429,10 @@ INL void tile_offset(const int T, const kq_pblock *p, const int16_t *const *bs, 
 
 /* Q4_K/Q5_K: sum_j m[j] * (bs[2j] + bs[2j+1]). hadd forms the 8 pair
  * sums (at most 32 * 128, no saturation) in dwords 0, 1, 4, 5; each dword
- * broadcast meets 2 mins: 4 madds where 8 would take the bsums as they
- * are. */
-INL void tile_mins(const int T, const kq_pblock *p, const int16_t *const *bs, __m256i *imin) {
+ * broadcast meets 2 mins (mp[j]: (m[2j], m[2j+1]) per lane): 4 madds
+ * where 8 would take the bsums as they are. Shared by the panel GEMM and
+ * the Q4_Kx8 decode tile. */
+INL void tile_mins(const int T, const __m256i *mps, const int16_t *const *bs, __m256i *imin) {
     __m256i h[KQ_TOKENS];
 #pragma GCC unroll 4
     for (int k = 0; k < T; k++) {
@@ -438,7 +441,7 @@ INL void tile_mins(const int T, const kq_pblock *p, const int16_t *const *bs, __
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
-        const __m256i mp = _mm256_load_si256(&p->mp[j]);
+        const __m256i mp = _mm256_load_si256(&mps[j]);
         const __m256i idx = _mm256_set1_epi32(j < 2 ? j : j + 2);
 #pragma GCC unroll 4
         for (int k = 0; k < T; k++) {
@@ -456,8 +459,8 @@ INL void tile_block(const kt_dtype t, const bool vnni, const int T, const kq_pbl
 #pragma GCC unroll 4
     for (int k = 0; k < T; k++) isum[k] = imin[k] = _mm256_setzero_si256();
     tile_isum(t, vnni, T, p, xq, isum);
-    if (t == KT_Q6_K) tile_offset(T, p, bs, imin);
-    else tile_mins(T, p, bs, imin);
+    if (t == KT_Q6_K) tile_offset(T, p->mp, bs, imin);
+    else tile_mins(T, p->mp, bs, imin);
 #pragma GCC unroll 4
     for (int k = 0; k < T; k++) {
         const __m256 x = _mm256_set1_ps(dx[k]);
@@ -819,23 +822,12 @@ INL __m256i x8_scale(const __m256i *u, int j) {
 }
 
 /* The mins of sub-blocks 2i and 2i + 1 of 8 rows as int16 pairs (low:
- * m[2i], high: m[2i + 1]) per lane, for one madd against the
- * activations' matching pair of sums. */
+ * m[2i], high: m[2i + 1]) per lane: tile_mins' pair vectors. */
 INL __m256i x8_min_pair(const __m256i *u, int i) {
     if (i < 2) return _mm256_and_si256(lane_bytes(u[1], 2 * i, true), _mm256_set1_epi32(63 << 16 | 63));
     const int k = 2 * i - 4; /* m[4 + k] = (u2 byte k >> 4) | (u1 byte k >> 6) << 4 */
     const __m256i q8 = lane_bytes(u[2], k, true), q6 = lane_bytes(u[1], k, true);
     return _mm256_or_si256(_mm256_srli_epi16(q8, 4), _mm256_srli_epi16(_mm256_and_si256(q6, _mm256_set1_epi32(0x00C000C0)), 2));
-}
-
-/* A token's block of Q8_K sums as pairs for x8_min_pair: word i of the
- * result = (bsums[4i] + bsums[4i + 1]) | (bsums[4i + 2] + bsums[4i + 3]) << 16
- * (each at most 2 * 32 * 128: int16 holds it). */
-INL void bsum_pairs(const int16_t *bs, int32_t *pairs) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)bs);
-    const __m256i h = _mm256_hadd_epi16(v, v); /* per 128-bit half: the 4 sums of its 8, twice */
-    pairs[0] = _mm256_extract_epi32(h, 0), pairs[1] = _mm256_extract_epi32(h, 1);
-    pairs[2] = _mm256_extract_epi32(h, 4), pairs[3] = _mm256_extract_epi32(h, 5);
 }
 
 /* The 8 rows' values of vector 8k + c of block o, low (sub-block 2k)
@@ -909,10 +901,7 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
             }
             /* 16 * the high nibbles' exact sum: a multiple of 16 */
             if (T == 1 && vnni) isum = _mm256_add_epi32(isum, _mm256_srai_epi32(isum16, 4));
-            int32_t bp[4];
-            bsum_pairs(bs, bp);
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mp[i], _mm256_set1_epi32(bp[i])));
+            tile_mins(1, mp, &bs, &imin);
             const __m256 dx = _mm256_set1_ps(a->x->d[i]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), acc[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), imin)),
@@ -1055,10 +1044,8 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
         for (int p = 0; p < 8; p++) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(o + KT_Q6KX8_SCALES + 32 * (p / 2)));
             scp[p] = _mm256_srai_epi16(_mm256_slli_epi16(lane_bytes(w, 2 * p % 4, true), 8), 8);
-            int32_t b2;
-            memcpy(&b2, bs + 2 * p, 4);
-            off = _mm256_add_epi32(off, _mm256_madd_epi16(scp[p], _mm256_set1_epi32(b2)));
         }
+        tile_offset(1, scp, &bs, &off);
         __m256i isum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++)
             for (int half = 0; half < 2; half++) { /* groups 8h + 2qq + half */
