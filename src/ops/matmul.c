@@ -182,20 +182,6 @@ static void legacy_block(const void *row, kt_dtype t, int b, uint8_t *q, float *
 /* Q4_1/Q5_0/Q5_1: adds one block's terms (see the specification above);
  * sx is the sum of the 32 activation values (c8 / 8). */
 static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
-                               int32_t sx, float acc);
-
-/* The same for block b of row r of w, a repacked matrix read back as its
- * plain type (the same operations in both layouts). */
-static float row_block_step_legacy(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
-                                   float dx, int32_t sx, float acc) {
-    if (!is_legacy_x8(t))
-        return block_step_legacy((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, sx, acc);
-    union { block_q4_1 q4_1; block_q5_0 q5_0; block_q5_1 q5_1; } blk; /* aligned for each */
-    kt_x8_block(w, legacy_plain(t), n_in, r, b, &blk);
-    return block_step_legacy(&blk, legacy_plain(t), 0, xq, dx, sx, acc);
-}
-
-static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                                int32_t sx, float acc) {
     uint8_t q[32];
     float d, m;
@@ -206,6 +192,17 @@ static float block_step_legacy(const void *row, kt_dtype t, int b, const int8_t 
     acc = fmaf((float)s, d * dx, acc);
     if (t != KT_Q5_0) acc = fmaf((float)sx, m * dx, acc);
     return acc;
+}
+
+/* The same for block b of row r of w, a repacked matrix read back as its
+ * plain type (the same operations in both layouts). */
+static float row_block_step_legacy(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
+                                   float dx, int32_t sx, float acc) {
+    if (!is_legacy_x8(t))
+        return block_step_legacy((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, sx, acc);
+    union { block_q4_1 q4_1; block_q5_0 q5_0; block_q5_1 q5_1; } blk; /* aligned for each */
+    kt_x8_block(w, legacy_plain(t), n_in, r, b, &blk);
+    return block_step_legacy(&blk, legacy_plain(t), 0, xq, dx, sx, acc);
 }
 
 /* Q8_0: adds one block to the 8 lane accumulators (lane k: products
@@ -357,8 +354,9 @@ typedef struct mm_job {
     float *d;
     int32_t *c8;
     int16_t *bsums; /* K-quants: Q8_K sums (qs, d as above) */
-    /* kt_matmul_many: the matrices sharing x (out, w, wtype, n_out above
-     * are parts[0]'s) */
+    /* the matrices sharing x; out, w, wtype and n_out above are set from
+     * each in turn by mm_task (wtype is parts[0]'s until then, which
+     * quantize_tokens reads: every part wants the same activations) */
     kt_matmul_part parts[KT_MATMUL_MAX_PARTS];
     int n_parts;
 } mm_job;
@@ -489,8 +487,8 @@ void kt_matmul_many(kt_pool *pool, const kt_matmul_part *parts, int n_parts, con
         return;
     }
     const kt_dtype wtype = parts[0].wtype;
-    mm_job j = {.out = parts[0].out, .w = parts[0].w, .wtype = wtype, .x = x, .n_in = n_in,
-                .n_out = parts[0].n_out, .n_tokens = n_tokens, .simd = kt_cpu_has_avx2(), .n_parts = n_parts};
+    mm_job j = {.wtype = wtype, .x = x, .n_in = n_in, .n_tokens = n_tokens, .simd = kt_cpu_has_avx2(),
+                .n_parts = n_parts};
     memcpy(j.parts, parts, sizeof *parts * (size_t)n_parts);
     void *owned = NULL;
     if (is_quant(wtype)) {

@@ -38,6 +38,7 @@
 #include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/quant.h"
+#include "ops/repack.h"
 #include "ops/simd_avx2.h"
 
 
@@ -642,10 +643,8 @@ INL const uint8_t *x8_group(const q_args *a, int r0) {
 /* A group's regions (repack.h): nb x 128 bytes of nibbles, (Q5_0x8,
  * Q5_1x8) nb x 32 bytes of fifth-bit masks, nb x 16 bytes of scales,
  * (Q4_1x8, Q5_1x8) nb x 16 bytes of minima. */
-#define X8_QS 128
-#define X8_QH 32
 INL size_t x8_scales_at(const legacy_fmt *f, int nb) {
-    return (size_t)nb * (X8_QS + (f->qh_off >= 0 ? X8_QH : 0));
+    return (size_t)nb * (KT_X8_QS_BYTES + (f->qh_off >= 0 ? KT_X8_QH_BYTES : 0));
 }
 
 INL size_t x8_mins_at(const legacy_fmt *f, int nb) {
@@ -656,7 +655,7 @@ INL size_t x8_mins_at(const legacy_fmt *f, int nb) {
  * block b, bit 4r + k set where value k of the vector's 4 in row r has
  * its fifth bit. */
 INL const uint8_t *x8_mask(const q_args *a, const uint8_t *grp, int b, int v) {
-    return grp + (size_t)a->x->nb * X8_QS + (size_t)b * X8_QH + 4 * v;
+    return grp + (size_t)a->x->nb * KT_X8_QS_BYTES + (size_t)b * KT_X8_QH_BYTES + 4 * v;
 }
 
 /* Values 4v..4v+3 (lo) and 16+4v..16+4v+3 (hi) of block b of the 8 rows,
@@ -664,7 +663,7 @@ INL const uint8_t *x8_mask(const q_args *a, const uint8_t *grp, int b, int v) {
 INL void q4_vecs(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const int8_t *panel, int b, int v,
                  __m256i *lo, __m256i *hi) {
     if (grp) {
-        const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * X8_QS + 32 * v));
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * KT_X8_QS_BYTES + 32 * v));
         *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
         *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
         if (f->qh_off >= 0) { /* the byte of each value is bit 4r + k of its mask */
@@ -696,8 +695,8 @@ INL __m256 q4_mins(const q_args *a, const legacy_fmt *f, const uint8_t *grp, con
  * every 4th). */
 INL void x8_prefetch(const q_args *a, const legacy_fmt *f, const uint8_t *grp, size_t ahead, int b) {
     const uint8_t *next = grp + ahead;
-    _mm_prefetch((const char *)next + (size_t)b * X8_QS, _MM_HINT_T0);
-    _mm_prefetch((const char *)next + (size_t)b * X8_QS + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)next + (size_t)b * KT_X8_QS_BYTES, _MM_HINT_T0);
+    _mm_prefetch((const char *)next + (size_t)b * KT_X8_QS_BYTES + 64, _MM_HINT_T0);
     if (f->qh_off >= 0 && (b & 1) == 0) _mm_prefetch((const char *)x8_mask(a, next, b, 0), _MM_HINT_T0);
     if ((b & 3) == 0) _mm_prefetch((const char *)next + x8_scales_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T0);
     if (f->m_off >= 0 && (b & 3) == 0) _mm_prefetch((const char *)next + x8_mins_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T0);
@@ -818,8 +817,8 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
             __m512i lo, hi;
             if (packed) { /* both groups' packed vectors, unpacked at once */
                 const __m512i p = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * X8_QS + 32 * v))),
-                    _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * X8_QS + 32 * v)), 1);
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * KT_X8_QS_BYTES + 32 * v))),
+                    _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * KT_X8_QS_BYTES + 32 * v)), 1);
                 lo = _mm512_and_si512(p, low);
                 hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
                 if (f->qh_off >= 0) { /* 16 added where the two groups' masks have the bit */

@@ -33,8 +33,8 @@ typedef struct x8_layout {
     size_t qh_off, qh_per_nb, qh_per_b;
 } x8_layout;
 
-#define Q4_0_QS (KT_X8_ROWS * QK4_0 / 2) /* 128: one block of 8 rows' nibbles */
-#define Q5_0_QH (KT_X8_ROWS * 4)         /* 32: one block of 8 rows' fifth bits */
+#define Q4_0_QS KT_X8_QS_BYTES /* 128: one block of 8 rows' nibbles */
+#define Q5_0_QH KT_X8_QH_BYTES /* 32: one block of 8 rows' fifth bits */
 
 static const x8_layout LAYOUTS[] = {
     {KT_Q4_0, KT_Q4_0_X8, 2, {{offsetof(block_q4_0, qs), 4, 4, 0, Q4_0_QS, 0},

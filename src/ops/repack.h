@@ -77,6 +77,11 @@ void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp);
  * this). */
 void kt_x8_block(const void *w, kt_dtype type, int n_in, int r, int b, void *out);
 
+/* Bytes per block of the 32-value x8 layouts' regions (see above): 8 rows'
+ * nibbles, and (Q5_0x8, Q5_1x8) their fifth-bit masks. */
+#define KT_X8_QS_BYTES (KT_X8_ROWS * QK4_0 / 2)
+#define KT_X8_QH_BYTES (KT_X8_ROWS * 4)
+
 /* Bytes of one block of a Q4_Kx8 / Q6_Kx8 group, and the offsets in it. */
 #define KT_Q4KX8_BLOCK_BYTES (KT_X8_ROWS * 144)
 #define KT_Q4KX8_SCALES 1024
