@@ -5,7 +5,8 @@
  * For every NAME.json there: the prompt tokenizes to prompt_ids, and fed
  * prompt_ids + gen_ids (teacher forcing), the logits at every position
  * match the golden top entries and log-sum-exp within the README's
- * tolerance for the model's weight type, at 1 and 2 threads; the argmax
+ * tolerance for the model's weight type, at 1 and 2 threads, with the
+ * file mapped as it is and with its matrices repacked; the argmax
  * agrees wherever the golden top-1/top-2 gap exceeds twice the tolerance.
  * Where NAME.logits.f32 exists, every logit is compared. Finally `kettle
  * run` on stories260K (and on its conversion from llama2.c) prints exactly
@@ -115,7 +116,7 @@ static void check_full_logits(const char *json_path, const float *logits, size_t
     free(golden);
 }
 
-static void check_golden_file(const char *json_path, int n_threads) {
+static void check_golden_file(const char *json_path, int n_threads, kt_load_mode mode) {
     json_error_t jerr;
     json_t *g = json_load_file(json_path, 0, &jerr);
     assert_non_null(g);
@@ -123,9 +124,10 @@ static void check_golden_file(const char *json_path, int n_threads) {
     snprintf(model_path, sizeof model_path, "%s/models/%s", KT_SHARED_DIR,
              json_string_value(json_object_get(g, "model")));
     double tol = tolerance_for(model_path);
-    printf("  %s (model %s, %d threads)\n", strrchr(json_path, '/') + 1, model_path, n_threads);
+    printf("  %s (model %s, %d threads, %s)\n", strrchr(json_path, '/') + 1, model_path, n_threads,
+           mode == KT_LOAD_REPACK ? "repacked" : "mapped");
     kt_error err = {0};
-    kt_model *m = kt_model_load(model_path, &err);
+    kt_model *m = kt_model_load_ex(model_path, mode, &err);
     if (!m) fprintf(stderr, "%s\n", err.msg);
     assert_non_null(m);
     int n_vocab = kt_model_describe(m)->n_vocab;
@@ -183,7 +185,8 @@ static void for_each_golden(int n_threads) {
         if (len < 6 || strcmp(e->d_name + len - 5, ".json")) continue;
         char path[4096 + 256];
         snprintf(path, sizeof path, "%s/%s", dirpath, e->d_name);
-        check_golden_file(path, n_threads);
+        check_golden_file(path, n_threads, KT_LOAD_MMAP);
+        check_golden_file(path, n_threads, KT_LOAD_REPACK); /* x8 / x16 layouts */
         count++;
     }
     closedir(d);

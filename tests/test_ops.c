@@ -925,6 +925,97 @@ static void test_repacked_matmul(void **state) {
     on_every_int8_tier(check_repacked_matmul, false);
 }
 
+/* ---- the x16 layouts (float weights) ---------------------------------- */
+
+/* A float matrix repacked to x16 keeps every value where kt_x16_at says
+ * (the bytes themselves: no conversion), in place and at the same size. */
+static void check_x16_layout(kt_dtype type, int n_in, int n_out) {
+    const size_t row_bytes = kt_dtype_row_bytes(type, n_in), esz = (size_t)kt_dtype_get(type)->block_bytes;
+    uint8_t *w = tu_make_weights(type, n_in, n_out, 7, 0.0f);
+    uint8_t *x16 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
+    memcpy(x16, w, row_bytes * n_out);
+    kt_repack(x16, type, n_in, n_out, tmp);
+    assert_true(memcmp(x16, w, row_bytes * n_out) != 0);
+    for (int r = 0; r < n_out; r++)
+        for (int i = 0; i < n_in; i++)
+            assert_memory_equal(kt_x16_at(x16, (int)esz, n_in, r, i), w + (size_t)r * row_bytes + (size_t)i * esz, esz);
+    free(w), free(x16), free(tmp);
+}
+
+static void test_x16_layout(void **state) {
+    (void)state;
+    check_x16_layout(KT_F16, 40, 32);
+    check_x16_layout(KT_BF16, 7, 48);
+    check_x16_layout(KT_F32, 33, 16);
+    assert_int_equal(kt_repack_type(KT_F16, 40, 32), KT_F16_X16);
+    assert_int_equal(kt_repack_type(KT_BF16, 1, 16), KT_BF16_X16);
+    assert_int_equal(kt_repack_type(KT_F32, 5, 64), KT_F32_X16);
+    assert_int_equal(kt_repack_type(KT_F16, 40, 24), KT_F16); /* not whole groups */
+    assert_int_equal(kt_repack_tmp_bytes(KT_F16, 40), 16 * 80);
+    assert_int_equal(kt_repack_tmp_bytes(KT_Q4_0, 64), 8 * 36);
+    assert_false(kt_dtype_known(KT_F16_X16));
+    assert_false(kt_dtype_known(KT_BF16_X16));
+    assert_false(kt_dtype_known(KT_F32_X16));
+    assert_string_equal(kt_dtype_name(KT_F16_X16), "F16x16");
+    assert_int_equal(kt_dtype_row_bytes(KT_F16_X16, 40), kt_dtype_row_bytes(KT_F16, 40));
+    assert_int_equal(kt_dtype_row_bytes(KT_F32_X16, 40), kt_dtype_row_bytes(KT_F32, 40));
+}
+
+/* Every x16 path (both SIMD tiers, the scalar fallback, 1 or 2 threads)
+ * gives the x16 reference's bits, one fma chain per output, for one token,
+ * every GEMM tile width, and batches that span token chunks; and that
+ * reference is the plain type's product within float rounding. */
+static void check_x16_type(kt_dtype type) {
+    const kt_dtype x16_type = kt_repack_type(type, 16, 16);
+    static const int n_ins[] = {1, 7, 40, 2048 + 5};
+    static const int n_outs[] = {16, 48, 144, 272};
+    static const int n_toks[] = {1, 2, 3, 5, 6, 7, 11, 12, 13, 25, 140};
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            const int n_in = n_ins[a], n_out = n_outs[b];
+            const size_t row_bytes = kt_dtype_row_bytes(type, n_in);
+            void *w = tu_make_weights(type, n_in, n_out, (uint64_t)(a * 10 + b), 0.0f);
+            void *x16 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
+            memcpy(x16, w, row_bytes * n_out);
+            kt_repack(x16, type, n_in, n_out, tmp);
+            for (size_t c = 0; c < sizeof n_toks / sizeof n_toks[0]; c++) {
+                const int nt = n_toks[c];
+                if (nt > 13 && n_in < 2048 && b != 1) continue; /* chunks need long rows */
+                const size_t no = (size_t)nt * n_out;
+                float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+                float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
+                double *asum = tu_xmalloc(sizeof(double) * no);
+                tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(100 * a + 10 * b + (int)c));
+                kt_matmul_ref(want, x16, x16_type, x, n_in, n_out, nt);
+                kt_matmul_ref(got, w, type, x, n_in, n_out, nt);
+                abs_sums(asum, w, type, x, n_in, n_out, nt);
+                expect_close_mm(want, got, asum, no, 1e-5, kt_dtype_name(x16_type));
+                for (int path = 0; path < 4; path++) {
+                    kt_cpu_force_no_avx512(path == 1);
+                    kt_cpu_force_scalar(path == 2);
+                    kt_matmul(path == 3 ? NULL : pool, got, x16, x16_type, x, n_in, n_out, nt);
+                    kt_cpu_force_no_avx512(false);
+                    kt_cpu_force_scalar(false);
+                    if (memcmp(got, want, sizeof(float) * no) != 0)
+                        fail_msg("%s n_in %d n_out %d n_tokens %d path %d: not the reference's bits",
+                                 kt_dtype_name(x16_type), n_in, n_out, nt, path);
+                }
+                free(x), free(want), free(got), free(asum);
+            }
+            free(w), free(x16), free(tmp);
+        }
+    kt_pool_free(pool);
+}
+
+static void test_x16_matmul(void **state) {
+    (void)state;
+    check_x16_type(KT_F16);
+    check_x16_type(KT_BF16);
+    check_x16_type(KT_F32);
+}
+
 /* Long rows make the GEMMs split the tokens into several passes (the
  * chunk shrinks as n_in grows); results must not notice. */
 static void test_matmul_token_chunks(void **state) {
@@ -1350,18 +1441,19 @@ static void run_bench(const char *only) {
     float *x = tu_xmalloc(sizeof(float) * 64 * n_in);
     float *out = tu_xmalloc(sizeof(float) * 64 * n_out);
     tu_fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
-    /* the repacked layouts (Q4_0x8, ...) follow their plain types */
+    /* the repacked layouts (Q4_0x8, ..., F16x16, ...) follow their plain types */
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q4_1_X8, KT_Q5_0, KT_Q5_0_X8, KT_Q5_1,
                                      KT_Q5_1_X8, KT_Q4_K, KT_Q4_K_X8, KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16,
-                                     KT_BF16, KT_F32};
+                                     KT_F16_X16, KT_BF16, KT_BF16_X16, KT_F32, KT_F32_X16};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
         const bool x8 = types[i] == KT_Q4_0_X8 || types[i] == KT_Q4_K_X8 || types[i] == KT_Q6_K_X8 ||
-                        types[i] == KT_Q5_0_X8 || types[i] == KT_Q4_1_X8 || types[i] == KT_Q5_1_X8;
+                        types[i] == KT_Q5_0_X8 || types[i] == KT_Q4_1_X8 || types[i] == KT_Q5_1_X8 ||
+                        types[i] == KT_F16_X16 || types[i] == KT_BF16_X16 || types[i] == KT_F32_X16;
         const kt_dtype plain = x8 ? types[i - 1] : types[i];
         void *w = tu_make_weights(plain, n_in, n_out, 1, 0.0f);
         if (x8) {
-            void *tmp = tu_xmalloc(kt_dtype_row_bytes(plain, n_in) * KT_X8_ROWS);
+            void *tmp = tu_xmalloc(kt_repack_tmp_bytes(plain, n_in));
             kt_repack(w, plain, n_in, n_out, tmp);
             free(tmp);
         }
@@ -1486,6 +1578,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_many),
         cmocka_unit_test(test_repack_layout),
         cmocka_unit_test(test_repacked_matmul),
+        cmocka_unit_test(test_x16_layout),
+        cmocka_unit_test(test_x16_matmul),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_swiglu),

@@ -42,7 +42,10 @@ typedef enum kt_dtype {
     KT_Q6_K_X8 = 66, /* Q6_K likewise */
     KT_Q5_0_X8 = 67, /* Q5_0 likewise */
     KT_Q4_1_X8 = 68, /* Q4_1 likewise */
-    KT_Q5_1_X8 = 69  /* Q5_1 likewise */
+    KT_Q5_1_X8 = 69, /* Q5_1 likewise */
+    KT_F32_X16 = 70,  /* F32 with 16 rows side by side (ops/repack.h) */
+    KT_F16_X16 = 71,  /* F16 likewise */
+    KT_BF16_X16 = 72  /* BF16 likewise */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

@@ -220,7 +220,7 @@ int llm_model_repack(llm_model *m, kt_error *err) {
     size_t tmp_bytes = 0;
     for (int i = 0; i < n; i++)
         if (kt_repack_supported(ts[i]->type, ts[i]->n_in, ts[i]->n_out)) {
-            size_t b = KT_X8_ROWS * kt_dtype_row_bytes(ts[i]->type, ts[i]->n_in);
+            size_t b = kt_repack_tmp_bytes(ts[i]->type, ts[i]->n_in);
             tmp_bytes = b > tmp_bytes ? b : tmp_bytes;
         }
     void *tmp = tmp_bytes ? malloc(tmp_bytes) : NULL;

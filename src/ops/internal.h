@@ -120,6 +120,11 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
                        int n_in, int n_out, int n_tokens, int r0, int r1);
 void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float *xf,
                           int n_in, int n_out, int n_tokens, int r0, int r1);
+/* Float weights in an x16 layout (repack.h) whose plain type is plain
+ * (F32, F16 or BF16), rows r0 .. r1 - 1: multiples of 16, as are n_out's
+ * (matmul_x16_avx2.c). */
+void kt_matmul_x16_avx2(float *out, const void *w, kt_dtype plain, const float *x, int n_in, int n_out,
+                        int n_tokens, int r0, int r1);
 
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void kt_softmax_avx2(float *x, int n);

@@ -42,6 +42,12 @@
  * The AVX2 kernels for float weights keep 8 lanes per output and add them
  * up at the end, so they differ from the reference in summation order.
  *
+ * F32x16/F16x16/BF16x16 (float weights, 16 rows side by side; repack.h)
+ * have their own specification, which every path follows bit for bit:
+ *     acc = 0; per value i in order: acc = fmaf(float(W[r][i]), x[i], acc)
+ * (one fma chain per output: the outer-product GEMM of
+ * matmul_x16_avx2.c computes exactly that).
+ *
  * Batch invariance: every output element is computed by one kernel over
  * its whole row, in an order that depends only on n_in -- not on n_tokens,
  * on how rows are split over threads, or on which tile of the GEMM it
@@ -67,7 +73,8 @@
 #include "ops/quant.h"
 #include "ops/repack.h"
 
-#define ROW_GRAIN 16 /* thread row ranges start on multiples of this */
+#define ROW_GRAIN 16 /* thread row ranges start on multiples of this (and
+                        * of KT_X16_ROWS, which the x16 kernels rely on) */
 
 /* Q4_1, Q5_0, Q5_1: the other 32-value types (one accumulator, Q8_0
  * activations); Q5_0x8 is Q5_0 repacked */
@@ -88,8 +95,17 @@ static bool is_legacy_any(kt_dtype t) {
     return is_legacy(t) || is_legacy_x8(t);
 }
 
+/* float weights with 16 rows side by side, and the plain type of each */
+static bool is_x16(kt_dtype t) {
+    return t == KT_F32_X16 || t == KT_F16_X16 || t == KT_BF16_X16;
+}
+
+static kt_dtype x16_plain(kt_dtype t) {
+    return t == KT_F16_X16 ? KT_F16 : t == KT_BF16_X16 ? KT_BF16 : KT_F32;
+}
+
 bool kt_matmul_supported(kt_dtype wtype) {
-    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || wtype == KT_Q8_0 ||
+    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_Q4_K ||
            wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8 || wtype == KT_Q6_K_X8;
 }
@@ -119,6 +135,15 @@ static float dot_float_ref(const void *row, kt_dtype t, const float *x, int n) {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) sum += weight_at(row, t, i) * x[i];
     return sum;
+}
+
+/* Row r of an x16 matrix (type t) times x: the x16 specification. */
+static float dot_x16_ref(const void *w, kt_dtype t, int n_in, int r, const float *x) {
+    const kt_dtype plain = x16_plain(t);
+    const int esz = (int)kt_dtype_get(plain)->block_bytes;
+    float acc = 0.0f;
+    for (int i = 0; i < n_in; i++) acc = fmaf(weight_at(kt_x16_at(w, esz, n_in, r, i), plain, 0), x[i], acc);
+    return acc;
 }
 
 /* Integer dot product of weight block b of a row with 32 int8 activations. */
@@ -269,6 +294,10 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
                 ot[r] = dot_kquant_ref(w, wtype, r, xt, n_in);
             continue;
         }
+        if (is_x16(wtype)) {
+            for (int r = 0; r < n_out; r++) ot[r] = dot_x16_ref(w, wtype, n_in, r, xt);
+            continue;
+        }
         if (!is_quant(wtype)) {
             for (int r = 0; r < n_out; r++)
                 ot[r] = dot_float_ref((const char *)w + r * row_bytes, wtype, xt, n_in);
@@ -328,6 +357,8 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     sum = kq_row_block_step(w, wtype, n_in, r, b, xk->qs + k * QK_K, xk->d[k],
                                             xk->bsums + k * 16, sum);
                 }
+            } else if (is_x16(wtype)) {
+                sum = dot_x16_ref(w, wtype, n_in, r, x + (size_t)t * n_in);
             } else {
                 sum = dot_float_ref(row, wtype, x + (size_t)t * n_in, n_in);
             }
@@ -394,6 +425,11 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q6_K_X8:
         kt_matmul_q6_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_F32_X16:
+    case KT_F16_X16:
+    case KT_BF16_X16:
+        kt_matmul_x16_avx2(j->out, j->w, x16_plain(j->wtype), j->x, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_K:
     case KT_Q5_K:

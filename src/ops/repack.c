@@ -1,8 +1,10 @@
 /*
- * repack.c - the x8 layouts (see repack.h): writing them and reading a
- * block back. One table per layout says where each part of a plain block
+ * repack.c - the x8 and x16 layouts (see repack.h): writing them, and
+ * reading an x8 block back (kt_x16_at finds an x16 value). For the x8
+ * layouts, one table per layout says where each part of a plain block
  * (its packed values as 4-byte words, its fp16 scales) goes in a group of
- * 8 rows; one pair of loops moves the parts either way. Scalar and
+ * 8 rows; one pair of loops moves the parts either way. The x16 layouts
+ * are a transposition of each group of 16 rows. Scalar and
  * simple: it runs once per matrix at load (about 0.1 s for a 636 MB
  * Q4_K_M file: `kettle run` load time 285-290 ms with --load repack,
  * 167-225 with copy, file in the page cache) and in the reference
@@ -65,10 +67,23 @@ static const x8_layout *layout_of(kt_dtype plain) {
     return NULL;
 }
 
+/* the x16 form of a float type, or KT_DTYPE_COUNT */
+static kt_dtype x16_of(kt_dtype plain) {
+    return plain == KT_F32 ? KT_F32_X16 : plain == KT_F16 ? KT_F16_X16 : plain == KT_BF16 ? KT_BF16_X16
+                                                                                         : KT_DTYPE_COUNT;
+}
+
 kt_dtype kt_repack_type(kt_dtype type, int n_in, int n_out) {
-    if (n_in <= 0 || n_out <= 0 || n_out % KT_X8_ROWS != 0 || !layout_of(type)) return type;
+    if (n_in <= 0 || n_out <= 0) return type;
+    if (x16_of(type) != KT_DTYPE_COUNT) return n_out % KT_X16_ROWS == 0 ? x16_of(type) : type;
+    if (n_out % KT_X8_ROWS != 0 || !layout_of(type)) return type;
     if (n_in % kt_dtype_get(type)->block_size != 0) return type;
     return layout_of(type)->packed;
+}
+
+size_t kt_repack_tmp_bytes(kt_dtype type, int n_in) {
+    const size_t rows = x16_of(type) != KT_DTYPE_COUNT ? KT_X16_ROWS : KT_X8_ROWS;
+    return rows * kt_dtype_row_bytes(type, n_in);
 }
 
 /* n units of `width` bytes (a constant in each call, so memcpy is one
@@ -112,7 +127,32 @@ static void move_block(const x8_layout *l, uint8_t *grp, int nb, int b, int r, u
     }
 }
 
+/* One group of 16 rows of esz-byte values (tmp: the rows as they were)
+ * into its x16 order: value i of row r at i * 16 + r. Row by row, so
+ * the reads are sequential and the writes fall in a few lines at a time. */
+static void transpose_x16(uint8_t *grp, const uint8_t *tmp, int n_in, const int esz) {
+    for (int r = 0; r < KT_X16_ROWS; r++) {
+        const uint8_t *row = tmp + (size_t)r * n_in * esz;
+        uint8_t *at = grp + (size_t)r * esz;
+        for (int i = 0; i < n_in; i++) memcpy(at + (size_t)i * KT_X16_ROWS * esz, row + (size_t)i * esz, (size_t)esz);
+    }
+}
+
+static void repack_x16(void *w, kt_dtype type, int n_in, int n_out, void *tmp) {
+    const size_t gb = kt_repack_tmp_bytes(type, n_in);
+    for (int g = 0; g < n_out / KT_X16_ROWS; g++) {
+        uint8_t *grp = (uint8_t *)w + (size_t)g * gb;
+        memcpy(tmp, grp, gb);
+        if (type == KT_F32) transpose_x16(grp, tmp, n_in, 4);
+        else transpose_x16(grp, tmp, n_in, 2);
+    }
+}
+
 void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp) {
+    if (x16_of(type) != KT_DTYPE_COUNT) {
+        repack_x16(w, type, n_in, n_out, tmp);
+        return;
+    }
     const x8_layout *l = layout_of(type);
     const kt_dtype_info *info = kt_dtype_get(type);
     const int nb = n_in / info->block_size;

@@ -1,7 +1,8 @@
 /*
- * repack.h - Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K weights rewritten at
- * load into the layout the SIMD kernels read fastest (KT_Q4_0_X8, ...,
- * KT_Q6_K_X8), with kt_load_mode KT_LOAD_REPACK (the CLI's default).
+ * repack.h - Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K and float weights
+ * rewritten at load into the layout the SIMD kernels read fastest
+ * (KT_Q4_0_X8, ..., KT_Q6_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
+ * with kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
  * scale, then 16 bytes of nibbles), so a kernel computing 8 rows at once
@@ -47,7 +48,20 @@
  *
  * Matrices whose row count is not a multiple of 8 keep their type. The
  * values are the same; every kernel computes the same bits from either
- * layout (matmul.c), so repacking changes speed, never results.
+ * layout (matmul.c), so repacking quantized weights changes speed, never
+ * results.
+ *
+ * F32x16, F16x16 and BF16x16 put 16 rows of float weights side by side:
+ * group g (rows 16g .. 16g+15) at g * 16 * row_bytes holds, for i = 0 ..
+ * n_in - 1, value i of its 16 rows in row order (32 bytes, 64 for F32).
+ * One load is then one column of 16 rows, which the GEMM multiplies by
+ * one activation of each of its tokens (an outer product; see
+ * matmul_x16_avx2.c for why that is faster). Any n_in; rows in multiples
+ * of 16, in place. Their kernels sum each output with one fma per value
+ * in the order i = 0, 1, ... (matmul.c), which is not the order of the
+ * plain float kernels: repacking float weights changes the last bits of
+ * the results (within the tolerance the tests state), not their values'
+ * meaning. Every path over an x16 layout gives the same bits.
  */
 #ifndef KT_OPS_REPACK_H
 #define KT_OPS_REPACK_H
@@ -60,6 +74,7 @@
 #include "ops/quant.h"
 
 #define KT_X8_ROWS 8
+#define KT_X16_ROWS 16
 
 /* The repacked type of a matrix of this type and shape, or the type
  * itself when it is not repacked. */
@@ -68,14 +83,25 @@ static inline bool kt_repack_supported(kt_dtype type, int n_in, int n_out) {
     return kt_repack_type(type, n_in, n_out) != type;
 }
 
+/* Bytes of scratch kt_repack needs for a matrix of this type and row
+ * length: one group of rows. */
+size_t kt_repack_tmp_bytes(kt_dtype type, int n_in);
+
 /* Rewrites a matrix (kt_repack_supported) in place in its repacked layout.
- * tmp: KT_X8_ROWS rows of scratch, kt_dtype_row_bytes(type, n_in) each. */
+ * tmp: kt_repack_tmp_bytes(type, n_in) bytes of scratch. */
 void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp);
 
 /* Block b of row r of a repacked matrix whose plain type is `type`, back
  * in that type's form at out (the reference reads the layouts through
  * this). */
 void kt_x8_block(const void *w, kt_dtype type, int n_in, int r, int b, void *out);
+
+/* Value i of row r of an x16 matrix whose plain type (F32, F16 or BF16)
+ * has elements of esz bytes: where it is. */
+static inline const void *kt_x16_at(const void *w, int esz, int n_in, int r, int i) {
+    return (const char *)w + ((size_t)(r / KT_X16_ROWS) * KT_X16_ROWS * (size_t)n_in +
+                              (size_t)i * KT_X16_ROWS + (size_t)(r % KT_X16_ROWS)) * (size_t)esz;
+}
 
 /* Bytes per block of the 32-value x8 layouts' regions (see above): 8 rows'
  * nibbles, and (Q5_0x8, Q5_1x8) their fifth-bit masks. */
