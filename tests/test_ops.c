@@ -1009,11 +1009,39 @@ static void check_x16_type(kt_dtype type) {
     kt_pool_free(pool);
 }
 
+/* Rows this long make the x16 GEMM take 70 tokens in two passes: every
+ * path still gives the reference's bits, and one token alone its row of
+ * the batch. */
+static void check_x16_chunks(kt_dtype type) {
+    const int n_in = 16384 + 3, n_out = 32, nt = 70;
+    const kt_dtype x16_type = kt_repack_type(type, n_in, n_out);
+    void *w = tu_make_weights(type, n_in, n_out, 77, 0.0f);
+    void *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
+    kt_repack(w, type, n_in, n_out, tmp);
+    float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+    float *want = tu_xmalloc(sizeof(float) * (size_t)nt * n_out), *got = tu_xmalloc(sizeof(float) * (size_t)nt * n_out);
+    tu_fill_normal(x, (size_t)nt * n_in, 1.0f, 78);
+    kt_matmul_ref(want, w, x16_type, x, n_in, n_out, nt);
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int path = 0; path < 2; path++) {
+        kt_cpu_force_no_avx512(path == 1);
+        kt_matmul(pool, got, w, x16_type, x, n_in, n_out, nt);
+        assert_memory_equal(got, want, sizeof(float) * (size_t)nt * n_out);
+        kt_matmul(pool, got, w, x16_type, x + (size_t)69 * n_in, n_in, n_out, 1);
+        assert_memory_equal(got, want + (size_t)69 * n_out, sizeof(float) * n_out);
+        kt_cpu_force_no_avx512(false);
+    }
+    kt_pool_free(pool);
+    free(w), free(tmp), free(x), free(want), free(got);
+}
+
 static void test_x16_matmul(void **state) {
     (void)state;
     check_x16_type(KT_F16);
     check_x16_type(KT_BF16);
     check_x16_type(KT_F32);
+    check_x16_chunks(KT_F16);
 }
 
 /* Long rows make the GEMMs split the tokens into several passes (the

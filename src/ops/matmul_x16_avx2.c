@@ -21,8 +21,9 @@
  *
  * The price of one chain per output: a chain cannot be split, so a tile
  * must hold enough independent chains to cover the fma latency (4 cycles
- * x 2 pipes: 8 or more). The GEMM tile has 2 x 12 (AVX-512) or 2 x 6
- * (AVX2: 8 rows per vector); the GEMV runs 8 groups, 128 rows, at once.
+ * x 2 pipes: 8 or more). The GEMM tile has 3 groups x 8 tokens (AVX-512)
+ * or 1 group, two vectors of 8 rows, x 6 tokens (AVX2); the GEMV runs 8
+ * groups, 128 rows, at once (AVX2: 4).
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -37,10 +38,18 @@
 
 #define G KT_X16_ROWS    /* rows per group: one column */
 #define GEMV_GROUPS 8    /* groups per GEMV step: 8 chains */
-#define TOKENS_512 12    /* GEMM tile, AVX-512: 2 groups x 12 tokens */
+/* GEMM tile, AVX-512: 3 groups x 8 tokens (pp512 at 2 threads, smollm
+ * F16: 1236-1330 t/s against 1117-1263 for 2 x 12 and 1201-1267 for 2 x
+ * 8; tinyllama F16: 170-179 against 143-166; 4 x 6 level with 3 x 8) */
+#define GROUPS_512 3
+#define TOKENS_512 8
 #define TOKENS_256 6     /* AVX2: 1 group (two vectors) x 6 tokens */
 #define CHUNK_BYTES (4096 * 1024) /* activations per pass */
-#define PREFETCH_BYTES 512 /* GEMV: how far ahead of each group's stream */
+/* GEMV: how far ahead in each group's stream to prefetch (ops bench, F16
+ * GEMV 5632 x 2048 streamed: AVX-512, 8 streams: 256 B beat 128 B to 2 KB
+ * and the next step's groups; AVX2, 4 streams: 2 KB beat 256 B to 1 KB) */
+#define PREFETCH_512 256
+#define PREFETCH_256 2048
 
 typedef struct x16_args {
     const char *w;   /* the matrix, group g at g * G * n_in * esz */
@@ -74,22 +83,22 @@ TARGET_512 INL void tile_512(const x16_args *a, const kt_dtype wt, const int P, 
     __m512 acc[GEMV_GROUPS][TOKENS_512];
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++) g[p] = group_at(a, wt, r0 + G * p);
-#pragma GCC unroll 12
+#pragma GCC unroll 8
     for (int t = 0; t < T; t++) xs[t] = a->x + (size_t)(t0 + t) * a->n_in;
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++)
-#pragma GCC unroll 12
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
     const int col_bytes = G * elem_bytes(wt);
     for (int i = 0; i < a->n_in; i++) {
         if (T == 1 && (i * col_bytes) % 64 == 0) { /* a line of each stream, ahead */
 #pragma GCC unroll 8
-            for (int p = 0; p < P; p++) _mm_prefetch(g[p] + (size_t)i * col_bytes + PREFETCH_BYTES, _MM_HINT_T0);
+            for (int p = 0; p < P; p++) _mm_prefetch(g[p] + (size_t)i * col_bytes + PREFETCH_512, _MM_HINT_T0);
         }
         __m512 w[GEMV_GROUPS];
 #pragma GCC unroll 8
         for (int p = 0; p < P; p++) w[p] = col_512(wt, g[p], i);
-#pragma GCC unroll 12
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             const __m512 xb = _mm512_set1_ps(xs[t][i]);
 #pragma GCC unroll 8
@@ -98,7 +107,7 @@ TARGET_512 INL void tile_512(const x16_args *a, const kt_dtype wt, const int P, 
     }
 #pragma GCC unroll 8
     for (int p = 0; p < P; p++)
-#pragma GCC unroll 12
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) _mm512_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0 + G * p, acc[p][t]);
 }
 
@@ -138,7 +147,7 @@ INL void tile_256(const x16_args *a, const kt_dtype wt, const int P, const int T
     for (int i = 0; i < a->n_in; i++) {
         if (T == 1 && (i * col_bytes) % 64 == 0) {
 #pragma GCC unroll 4
-            for (int p = 0; p < P; p++) _mm_prefetch(g[p] + (size_t)i * col_bytes + PREFETCH_BYTES, _MM_HINT_T0);
+            for (int p = 0; p < P; p++) _mm_prefetch(g[p] + (size_t)i * col_bytes + PREFETCH_256, _MM_HINT_T0);
         }
         __m256 w[8];
 #pragma GCC unroll 4
@@ -159,16 +168,16 @@ INL void tile_256(const x16_args *a, const kt_dtype wt, const int P, const int T
 /* ---- the tiles of each type and tier ---------------------------------- */
 
 /* The GEMM tiles with nt (1 .. the tier's maximum) as a constant, so each
- * width is unrolled; groups: 1 or 2 (AVX2: 1). */
+ * width is unrolled; groups: 1 or the tier's maximum. */
 TARGET_512 INL void gemm_512(const x16_args *a, const kt_dtype wt, int groups, int r0, int t0, int nt) {
 #define T512(n)                                                                                         \
     case n:                                                                                             \
-        if (groups == 2) tile_512(a, wt, 2, n, r0, t0);                                                 \
-        else tile_512(a, wt, 1, n, r0, t0);                                                             \
+        if (groups == 1) tile_512(a, wt, 1, n, r0, t0);                                                 \
+        else tile_512(a, wt, GROUPS_512, n, r0, t0);                                                    \
         break;
     switch (nt) {
-        T512(1) T512(2) T512(3) T512(4) T512(5) T512(6) T512(7) T512(8) T512(9) T512(10) T512(11)
-        default: T512(12)
+        T512(1) T512(2) T512(3) T512(4) T512(5) T512(6) T512(7)
+        default: T512(8)
     }
 #undef T512
 }
@@ -184,7 +193,7 @@ INL void gemm_256(const x16_args *a, const kt_dtype wt, int r0, int t0, int nt) 
 }
 
 /* gemv: GEMV_GROUPS groups (AVX2: 4), one token; one: one group, one
- * token; gemm: groups (1 .. max_groups) x nt tokens (1 .. max_tokens). */
+ * token; gemm: groups (1 or max_groups) x nt tokens (1 .. max_tokens). */
 typedef struct x16_tiles {
     void (*gemv)(const x16_args *a, int r0);
     void (*one)(const x16_args *a, int r0);
@@ -206,7 +215,7 @@ typedef struct x16_tiles {
     }                                                                                                   \
     static const x16_tiles ty##_TILES[2] = {                                                            \
         {ty##_gemv_256, ty##_one_256, ty##_gemm_256, 4, 1, TOKENS_256},                                 \
-        {ty##_gemv_512, ty##_one_512, ty##_gemm_512, GEMV_GROUPS, 2, TOKENS_512}};
+        {ty##_gemv_512, ty##_one_512, ty##_gemm_512, GEMV_GROUPS, GROUPS_512, TOKENS_512}};
 
 X16_TILES(f32, KT_F32)
 X16_TILES(f16, KT_F16)
@@ -236,7 +245,7 @@ void kt_matmul_x16_avx2(float *out, const void *w, kt_dtype plain, const float *
     for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
         const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
         for (int r = r0; r < r1;) {
-            const int groups = (r1 - r) / G < k->max_groups ? (r1 - r) / G : k->max_groups;
+            const int groups = (r1 - r) / G >= k->max_groups ? k->max_groups : 1;
             for (int t = c0; t < c1;) {
                 const int nt = c1 - t < k->max_tokens ? c1 - t : k->max_tokens;
                 k->gemm(&a, groups, r, t, nt);
