@@ -21,7 +21,7 @@
 #endif
 
 typedef struct cpu_info {
-    bool avx, avx2, fma, f16c, avx512f, avx512bw, avx512vnni, avx_vnni, os_ymm, os_zmm;
+    bool avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avx_vnni, os_ymm, os_zmm;
 } cpu_info;
 
 static cpu_info detect(void) {
@@ -44,6 +44,7 @@ static cpu_info detect(void) {
         c.avx2 = (b >> 5) & 1;
         c.avx512f = (b >> 16) & 1;
         c.avx512bw = (b >> 30) & 1;
+        c.avx512vl = (b >> 31) & 1;
         c.avx512vnni = (cx >> 11) & 1;
     }
     if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) c.avx_vnni = (a >> 4) & 1; /* leaf 7.1 EAX bit 4 */
@@ -103,7 +104,7 @@ bool kt_cpu_has_avx512_vnni(void) {
     if (v < 0) {
         cpu_info c = detect();
         const char *env = getenv("KETTLE_NO_AVX512");
-        v = c.avx512f && c.avx512bw && c.avx512vnni && c.os_zmm && !(env && *env && strcmp(env, "0") != 0);
+        v = c.avx512f && c.avx512bw && c.avx512vl && c.avx512vnni && c.os_zmm && !(env && *env && strcmp(env, "0") != 0);
         atomic_store_explicit(&g_has_vnni512, v, memory_order_relaxed);
     }
     return v == 1;

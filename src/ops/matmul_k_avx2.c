@@ -79,6 +79,16 @@ INL __m256i vnni_dot(__m256i acc, __m256i q, __m256i x) {
     return acc;
 }
 
+/* vpdpbusd (AVX-512 VNNI + VL, EVEX-encoded) of q with the 4 bytes at x4
+ * broadcast from memory: the broadcast costs no instruction of its own.
+ * Only in functions compiled with TARGET_EVEX, executed where
+ * kt_cpu_has_avx512_vnni(). */
+INL __m256i vnni_dot_bcast(__m256i acc, __m256i q, const int8_t *x4) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t *)x4));
+    return acc;
+}
+#define TARGET_EVEX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
 INL int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -841,7 +851,7 @@ INL void x8_nibbles(const uint8_t *o, int v, __m256i *lo, __m256i *hi) {
 
 /* 8 rows x T tokens (T <= X8_TOKENS) of one group, tokens past nt
  * repeating the last; vnni a constant (the callers' target allows it). */
-INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int t0, int nt) {
+INL void q4kx8_tile(const kq_args *a, const bool vnni, const bool evex, const int T, int r0, int t0, int nt) {
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     __m256i unpacked[64] __attribute__((aligned(32))); /* T > 1: [2v] lo, [2v + 1] hi */
@@ -883,7 +893,10 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
                     int32_t xl, xh;
                     memcpy(&xl, xq + 64 * k + 4 * c, 4);
                     memcpy(&xh, xq + 64 * k + 32 + 4 * c, 4);
-                    if (vnni) {
+                    if (evex) {
+                        slo = vnni_dot_bcast(slo, lo, xq + 64 * k + 4 * c);
+                        shi = vnni_dot_bcast(shi, hi, xq + 64 * k + 32 + 4 * c);
+                    } else if (vnni) {
                         slo = vnni_dot(slo, lo, _mm256_set1_epi32(xl));
                         shi = vnni_dot(shi, hi, _mm256_set1_epi32(xh));
                     } else {
@@ -913,10 +926,11 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const int T, int r0, int 
         if (t < nt) _mm256_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
 }
 
-static void q4kx8_avx2_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, 1, r0, t0, nt); }
-static void q4kx8_avx2_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, X8_TOKENS, r0, t0, nt); }
-static void q4kx8_vnni_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, 1, r0, t0, nt); }
-static void q4kx8_vnni_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, X8_TOKENS, r0, t0, nt); }
+static void q4kx8_avx2_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, false, 1, r0, t0, nt); }
+static void q4kx8_avx2_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, false, X8_TOKENS, r0, t0, nt); }
+static void q4kx8_vnni_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, false, 1, r0, t0, nt); }
+static void q4kx8_vnni_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, false, X8_TOKENS, r0, t0, nt); }
+TARGET_EVEX static void q4kx8_evex_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, true, 1, r0, t0, nt); }
 
 /* Prefill: the 8-row tiles above redo the per-token scale products that
  * the panel GEMM (gemm_rows) folds into its madds, and measured 30%
@@ -996,7 +1010,7 @@ void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
     const kq_args a = {w, kt_dtype_row_bytes(KT_Q4_K, n_in), sizeof(block_q4_K), x, out, n_out};
     if (n_tokens >= X8_MIN_GEMM && x8_gemm(&Q4K_PREFILL, &a, n_tokens, r0, r1)) return;
     const bool vnni = kt_cpu_has_avx_vnni();
-    void (*tile1)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_1 : q4kx8_avx2_1;
+    void (*tile1)(const kq_args *, int, int, int) = kt_cpu_has_avx512_vnni() ? q4kx8_evex_1 : vnni ? q4kx8_vnni_1 : q4kx8_avx2_1;
     void (*tile4)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_4 : q4kx8_avx2_4;
     for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
         const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
@@ -1025,7 +1039,7 @@ INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
 }
 
-INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
+INL void q6kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, int tok) {
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -1067,9 +1081,10 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
                                            _mm256_and_si256(_mm256_srli_epi16(Q, 2), m30));
 #pragma GCC unroll 4
                     for (int qq = 0; qq < 4; qq++) {
+                        const int8_t *x = xq + 128 * h + 32 * qq + 4 * c;
                         int32_t x4;
-                        memcpy(&x4, xq + 128 * h + 32 * qq + 4 * c, 4);
-                        s[qq] = q6_dot(vnni, s[qq], q[qq], _mm256_set1_epi32(x4));
+                        memcpy(&x4, x, 4);
+                        s[qq] = evex ? vnni_dot_bcast(s[qq], q[qq], x) : q6_dot(vnni, s[qq], q[qq], _mm256_set1_epi32(x4));
                     }
                 }
 #pragma GCC unroll 4
@@ -1086,8 +1101,9 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, int r0, int tok) {
     _mm256_storeu_ps(a->out + (size_t)tok * a->n_out + r0, acc);
 }
 
-static void q6kx8_avx2(const kq_args *a, int r0, int tok) { q6kx8_tile(a, false, r0, tok); }
-static void q6kx8_vnni(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, r0, tok); }
+static void q6kx8_avx2(const kq_args *a, int r0, int tok) { q6kx8_tile(a, false, false, r0, tok); }
+static void q6kx8_vnni(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, false, r0, tok); }
+TARGET_EVEX static void q6kx8_evex(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, true, r0, tok); }
 
 /* Rows r0 .. r0+7 of a Q6_Kx8 matrix as 8 Q6_K rows at dst: ql and qh by
  * 8 x 8 transposes of 32-bit words (as q4x8_unrepack), scales and d word by
@@ -1120,7 +1136,7 @@ void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
                             int n_tokens, int r0, int r1) {
     const kq_args a = {w, kt_dtype_row_bytes(KT_Q6_K, n_in), sizeof(block_q6_K), x, out, n_out};
     if (n_tokens >= X8_MIN_GEMM && x8_gemm(&Q6K_PREFILL, &a, n_tokens, r0, r1)) return;
-    void (*tile)(const kq_args *, int, int) = kt_cpu_has_avx_vnni() ? q6kx8_vnni : q6kx8_avx2;
+    void (*tile)(const kq_args *, int, int) = kt_cpu_has_avx512_vnni() ? q6kx8_evex : kt_cpu_has_avx_vnni() ? q6kx8_vnni : q6kx8_avx2;
     for (int r = r0; r < r1; r += KT_X8_ROWS)
         for (int t = 0; t < n_tokens; t++) tile(&a, r, t);
 }
