@@ -1520,6 +1520,26 @@ static void run_bench(const char *only) {
                       kt_dtype_name(types[i]), n_out, n_in, median, bytes / median / 1e6,
                       bytes / best / 1e6, bytes / n_out * 512 / hot / 1e6, gemm,
                       2.0 * n_in * n_out * 64 / gemm / 1e6, 2.0 * n_in * n_out * 64 / gemm1 / 1e6);
+        /* a thread's share of a small model's K or V (96 rows of 576):
+         * what the tiles do with few rows, one thread, hot */
+        {
+            const int sn_in = 576, sn_out = 96;
+            void *sw = tu_make_weights(plain, sn_in, sn_out, 2, 0.0f);
+            if (x8) {
+                void *tmp = tu_xmalloc(kt_repack_tmp_bytes(plain, sn_in));
+                kt_repack(sw, plain, sn_in, sn_out, tmp);
+                free(tmp);
+            }
+            double small = 1e30;
+            for (int rep = 0; rep < 20; rep++) {
+                double t0 = kt_time_ms();
+                for (int k = 0; k < 1000; k++) kt_matmul(NULL, out, sw, types[i], x, sn_in, sn_out, 1);
+                double dt = (kt_time_ms() - t0) / 1000;
+                small = dt < small ? dt : small;
+            }
+            print_message("      GEMV 96 x 576, 1 thr, hot: %.2f us\n", small * 1e3);
+            free(sw);
+        }
         /* the naive alternative: 64 GEMVs */
         double t0 = kt_time_ms();
         for (int t = 0; t < 64; t++)

@@ -192,30 +192,53 @@ INL void gemm_256(const x16_args *a, const kt_dtype wt, int r0, int t0, int nt) 
 #undef T256
 }
 
-/* gemv: GEMV_GROUPS groups (AVX2: 4), one token; one: one group, one
+/* The GEMV on the groups left after the full steps (1 .. the step's
+ * groups - 1) as one tile: their chains interleave instead of waiting on
+ * each other's fma latency one group at a time. */
+TARGET_512 INL void gemv_rest_512(const x16_args *a, const kt_dtype wt, int r0, int groups) {
+#define R512(n) case n: tile_512(a, wt, n, 1, r0, 0); break;
+    switch (groups) {
+        R512(2) R512(3) R512(4) R512(5) R512(6) R512(7)
+        default: R512(1)
+    }
+#undef R512
+}
+
+INL void gemv_rest_256(const x16_args *a, const kt_dtype wt, int r0, int groups) {
+#define R256(n) case n: tile_256(a, wt, n, 1, r0, 0); break;
+    switch (groups) {
+        R256(2) R256(3)
+        default: R256(1)
+    }
+#undef R256
+}
+
+/* gemv: gemv_groups groups, one token; gemv_rest: fewer groups, one
  * token; gemm: groups (1 or max_groups) x nt tokens (1 .. max_tokens). */
 typedef struct x16_tiles {
     void (*gemv)(const x16_args *a, int r0);
-    void (*one)(const x16_args *a, int r0);
+    void (*gemv_rest)(const x16_args *a, int r0, int groups);
     void (*gemm)(const x16_args *a, int groups, int r0, int t0, int nt);
     int gemv_groups, max_groups, max_tokens;
 } x16_tiles;
 
 #define X16_TILES(ty, wt)                                                                               \
     TARGET_512 static void ty##_gemv_512(const x16_args *a, int r0) { tile_512(a, wt, GEMV_GROUPS, 1, r0, 0); } \
-    TARGET_512 static void ty##_one_512(const x16_args *a, int r0) { tile_512(a, wt, 1, 1, r0, 0); }    \
+    TARGET_512 static void ty##_rest_512(const x16_args *a, int r0, int groups) {                        \
+        gemv_rest_512(a, wt, r0, groups);                                                               \
+    }                                                                                                   \
     TARGET_512 static void ty##_gemm_512(const x16_args *a, int groups, int r0, int t0, int nt) {         \
         gemm_512(a, wt, groups, r0, t0, nt);                                                            \
     }                                                                                                   \
     static void ty##_gemv_256(const x16_args *a, int r0) { tile_256(a, wt, 4, 1, r0, 0); }             \
-    static void ty##_one_256(const x16_args *a, int r0) { tile_256(a, wt, 1, 1, r0, 0); }              \
+    static void ty##_rest_256(const x16_args *a, int r0, int groups) { gemv_rest_256(a, wt, r0, groups); } \
     static void ty##_gemm_256(const x16_args *a, int groups, int r0, int t0, int nt) {                  \
         (void)groups;                                                                                   \
         gemm_256(a, wt, r0, t0, nt);                                                                    \
     }                                                                                                   \
     static const x16_tiles ty##_TILES[2] = {                                                            \
-        {ty##_gemv_256, ty##_one_256, ty##_gemm_256, 4, 1, TOKENS_256},                                 \
-        {ty##_gemv_512, ty##_one_512, ty##_gemm_512, GEMV_GROUPS, GROUPS_512, TOKENS_512}};
+        {ty##_gemv_256, ty##_rest_256, ty##_gemm_256, 4, 1, TOKENS_256},                                \
+        {ty##_gemv_512, ty##_rest_512, ty##_gemm_512, GEMV_GROUPS, GROUPS_512, TOKENS_512}};
 
 X16_TILES(f32, KT_F32)
 X16_TILES(f16, KT_F16)
@@ -238,7 +261,7 @@ void kt_matmul_x16_avx2(float *out, const void *w, kt_dtype plain, const float *
     if (n_tokens == 1) {
         int r = r0;
         for (; r + k->gemv_groups * G <= r1; r += k->gemv_groups * G) k->gemv(&a, r);
-        for (; r < r1; r += G) k->one(&a, r);
+        if (r < r1) k->gemv_rest(&a, r, (r1 - r) / G);
         return;
     }
     const int chunk = token_chunk(n_in);
