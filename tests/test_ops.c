@@ -1520,10 +1520,11 @@ static void run_bench(const char *only) {
                       kt_dtype_name(types[i]), n_out, n_in, median, bytes / median / 1e6,
                       bytes / best / 1e6, bytes / n_out * 512 / hot / 1e6, gemm,
                       2.0 * n_in * n_out * 64 / gemm / 1e6, 2.0 * n_in * n_out * 64 / gemm1 / 1e6);
-        /* a thread's share of a small model's K or V (96 rows of 576):
-         * what the tiles do with few rows, one thread, hot */
+        /* a thread's share of a small model's K or V (96 rows of 576;
+         * the K-quants, whose blocks are 256 values: of 512): what the
+         * tiles do with few rows, one thread, hot */
         {
-            const int sn_in = 576, sn_out = 96;
+            const int sn_in = 576 % kt_dtype_get(plain)->block_size == 0 ? 576 : 512, sn_out = 96;
             void *sw = tu_make_weights(plain, sn_in, sn_out, 2, 0.0f);
             if (x8) {
                 void *tmp = tu_xmalloc(kt_repack_tmp_bytes(plain, sn_in));
@@ -1537,7 +1538,7 @@ static void run_bench(const char *only) {
                 double dt = (kt_time_ms() - t0) / 1000;
                 small = dt < small ? dt : small;
             }
-            print_message("      GEMV 96 x 576, 1 thr, hot: %.2f us\n", small * 1e3);
+            print_message("      GEMV 96 x %d, 1 thr, hot: %.2f us\n", sn_in, small * 1e3);
             free(sw);
         }
         /* the naive alternative: 64 GEMVs */
