@@ -942,6 +942,36 @@ static void check_x16_layout(kt_dtype type, int n_in, int n_out) {
     free(w), free(x16), free(tmp);
 }
 
+/* kt_repack_row_f32 reads every row of a repacked matrix back as the
+ * plain type's dequantized row, and a plain matrix's rows as they are. */
+static void check_row_f32(kt_dtype type, int n_in, int n_out) {
+    const size_t row_bytes = kt_dtype_row_bytes(type, n_in);
+    uint8_t *w = tu_make_weights(type, n_in, n_out, 11, 0.0f);
+    uint8_t *packed = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
+    memcpy(packed, w, row_bytes * n_out);
+    kt_repack(packed, type, n_in, n_out, tmp);
+    const kt_dtype packed_type = kt_repack_type(type, n_in, n_out);
+    assert_int_not_equal(packed_type, type);
+    assert_int_equal(kt_repack_plain(packed_type), type);
+    float *want = tu_xmalloc(sizeof(float) * n_in), *got = tu_xmalloc(sizeof(float) * n_in);
+    for (int r = 0; r < n_out; r++) {
+        kt_dequantize_row(type, w + (size_t)r * row_bytes, want, n_in);
+        kt_repack_row_f32(packed, packed_type, n_in, r, got);
+        assert_memory_equal(got, want, sizeof(float) * n_in);
+        kt_repack_row_f32(w, type, n_in, r, got);
+        assert_memory_equal(got, want, sizeof(float) * n_in);
+    }
+    free(w), free(packed), free(tmp), free(want), free(got);
+}
+
+static void test_repacked_rows(void **state) {
+    (void)state;
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q6_K, KT_F16, KT_BF16, KT_F32};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        check_row_f32(types[i], kt_dtype_get(types[i])->block_size == 256 ? 512 : 96, 48);
+    assert_int_equal(kt_repack_plain(KT_Q8_0), KT_Q8_0);
+}
+
 static void test_x16_layout(void **state) {
     (void)state;
     check_x16_layout(KT_F16, 40, 32);
@@ -1628,6 +1658,7 @@ int main(void) {
         cmocka_unit_test(test_repack_layout),
         cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_x16_layout),
+        cmocka_unit_test(test_repacked_rows),
         cmocka_unit_test(test_x16_matmul),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_softmax),

@@ -22,6 +22,7 @@
 #include "base/fp16.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
+#include "ops/repack.h"
 #include "ops/quant.h"
 
 struct llm_work {
@@ -168,13 +169,11 @@ static void add_bias(float *x, const llm_tensor *b, int n) {
         for (int i = 0; i < b->n_in; i++) x[(size_t)t * b->n_in + i] += bias[i];
 }
 
-/* Embedding lookup: token_embd rows may be quantized, so dequantize. */
+/* Embedding lookup: token_embd rows may be quantized, and repacked when
+ * the table is also the output matrix, so read them back as floats. */
 static void embed(const llm_model *m, const int32_t *tokens, int n, float *x) {
     const llm_tensor *e = &m->tok_embd;
-    size_t row_bytes = kt_dtype_row_bytes(e->type, e->n_in);
-    for (int t = 0; t < n; t++)
-        kt_dequantize_row(e->type, (const char *)e->data + (size_t)tokens[t] * row_bytes,
-                          x + (size_t)t * e->n_in, e->n_in);
+    for (int t = 0; t < n; t++) kt_repack_row_f32(e->data, e->type, e->n_in, tokens[t], x + (size_t)t * e->n_in);
 }
 
 /* One row of K or V into the token's KV block row, in the pool's type. */

@@ -200,8 +200,9 @@ fail:
     return NULL;
 }
 
-/* Every matrix the forward pass only multiplies by (not the embedding
- * table, which is also read by rows); n at most 7 per layer + 1. */
+/* Every matrix the forward pass multiplies by, n at most 7 per layer + 1:
+ * the output matrix too when it is the embedding table (tied), whose
+ * rows the lookup then reads back through kt_repack_row_f32. */
 static int matmul_weights(llm_model *m, llm_tensor **out) {
     int n = 0;
     for (int il = 0; il < m->cfg.n_layer; il++) {
@@ -209,7 +210,7 @@ static int matmul_weights(llm_model *m, llm_tensor **out) {
         llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) out[n++] = ts[i];
     }
-    if (m->output.data != m->tok_embd.data) out[n++] = &m->output;
+    out[n++] = &m->output;
     return n;
 }
 
@@ -235,6 +236,7 @@ int llm_model_repack(llm_model *m, kt_error *err) {
         /* the caller made the file's copy writable; the tensor is ours */
         kt_repack((void *)(uintptr_t)t->data, t->type, t->n_in, t->n_out, tmp);
         t->type = kt_repack_type(t->type, t->n_in, t->n_out);
+        if (t->data == m->tok_embd.data) m->tok_embd.type = t->type; /* tied: one table */
         repacked++;
     }
     free(tmp);

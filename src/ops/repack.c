@@ -166,6 +166,30 @@ void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp) {
     }
 }
 
+kt_dtype kt_repack_plain(kt_dtype packed) {
+    for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++)
+        if (LAYOUTS[i].packed == packed) return LAYOUTS[i].plain;
+    return packed == KT_F32_X16 ? KT_F32 : packed == KT_F16_X16 ? KT_F16 : packed == KT_BF16_X16 ? KT_BF16 : packed;
+}
+
+void kt_repack_row_f32(const void *w, kt_dtype type, int n_in, int r, float *out) {
+    const kt_dtype plain = kt_repack_plain(type);
+    const kt_dtype_info *info = kt_dtype_get(plain);
+    if (plain == type) { /* not repacked */
+        kt_dequantize_row(type, (const char *)w + (size_t)r * kt_dtype_row_bytes(type, n_in), out, n_in);
+        return;
+    }
+    if (x16_of(plain) == type) { /* one value every 16 */
+        for (int i = 0; i < n_in; i++) kt_dequantize_row(plain, kt_x16_at(w, info->block_bytes, n_in, r, i), out + i, 1);
+        return;
+    }
+    _Alignas(16) uint8_t blk[256]; /* the largest block: Q6_K's 210 bytes */
+    for (int b = 0; b < n_in / info->block_size; b++) {
+        kt_x8_block(w, plain, n_in, r, b, blk);
+        kt_dequantize_row(plain, blk, out + (size_t)b * info->block_size, info->block_size);
+    }
+}
+
 void kt_x8_block(const void *w, kt_dtype type, int n_in, int r, int b, void *out) {
     const int nb = n_in / kt_dtype_get(type)->block_size;
     uint8_t *grp = (uint8_t *)w + (size_t)(r / KT_X8_ROWS) * KT_X8_ROWS * kt_dtype_row_bytes(type, n_in);

@@ -96,6 +96,15 @@ void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp);
  * this). */
 void kt_x8_block(const void *w, kt_dtype type, int n_in, int r, int b, void *out);
 
+/* The plain type a repacked type was made from; the type itself when it
+ * is not a repacked one. */
+kt_dtype kt_repack_plain(kt_dtype packed);
+
+/* Row r of a matrix of type `type` (plain or repacked, n_in values a row)
+ * as floats: the embedding lookup of a table that is also the output
+ * matrix (tied embeddings), repacked for the output's GEMV. */
+void kt_repack_row_f32(const void *w, kt_dtype type, int n_in, int r, float *out);
+
 /* Value i of row r of an x16 matrix whose plain type (F32, F16 or BF16)
  * has elements of esz bytes: where it is. */
 static inline const void *kt_x16_at(const void *w, int esz, int n_in, int r, int i) {
