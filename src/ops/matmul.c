@@ -95,13 +95,9 @@ static bool is_legacy_any(kt_dtype t) {
     return is_legacy(t) || is_legacy_x8(t);
 }
 
-/* float weights with 16 rows side by side, and the plain type of each */
+/* float weights with 16 rows side by side (kt_repack_plain: which) */
 static bool is_x16(kt_dtype t) {
     return t == KT_F32_X16 || t == KT_F16_X16 || t == KT_BF16_X16;
-}
-
-static kt_dtype x16_plain(kt_dtype t) {
-    return t == KT_F16_X16 ? KT_F16 : t == KT_BF16_X16 ? KT_BF16 : KT_F32;
 }
 
 bool kt_matmul_supported(kt_dtype wtype) {
@@ -139,7 +135,7 @@ static float dot_float_ref(const void *row, kt_dtype t, const float *x, int n) {
 
 /* Row r of an x16 matrix (type t) times x: the x16 specification. */
 static float dot_x16_ref(const void *w, kt_dtype t, int n_in, int r, const float *x) {
-    const kt_dtype plain = x16_plain(t);
+    const kt_dtype plain = kt_repack_plain(t);
     const int esz = (int)kt_dtype_get(plain)->block_bytes;
     float acc = 0.0f;
     for (int i = 0; i < n_in; i++) acc = fmaf(weight_at(kt_x16_at(w, esz, n_in, r, i), plain, 0), x[i], acc);
@@ -429,7 +425,7 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     case KT_F32_X16:
     case KT_F16_X16:
     case KT_BF16_X16:
-        kt_matmul_x16_avx2(j->out, j->w, x16_plain(j->wtype), j->x, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        kt_matmul_x16_avx2(j->out, j->w, kt_repack_plain(j->wtype), j->x, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q4_K:
     case KT_Q5_K:
