@@ -989,6 +989,22 @@ static void test_x16_layout(void **state) {
     assert_string_equal(kt_dtype_name(KT_F16_X16), "F16x16");
     assert_int_equal(kt_dtype_row_bytes(KT_F16_X16, 40), kt_dtype_row_bytes(KT_F16, 40));
     assert_int_equal(kt_dtype_row_bytes(KT_F32_X16, 40), kt_dtype_row_bytes(KT_F32, 40));
+    /* an x16 matrix must come in whole groups: other shapes give NaN and
+     * write nothing past out (the canary) */
+    const int n_in = 40, n_out = 20;
+    uint16_t *w = tu_xmalloc(sizeof(uint16_t) * 32 * n_in);
+    memset(w, 0, sizeof(uint16_t) * 32 * n_in);
+    float x[40] = {0}, out[21];
+    out[20] = 123.0f;
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    kt_matmul(pool, out, w, KT_F16_X16, x, n_in, n_out, 1);
+    for (int r = 0; r < n_out; r++) assert_true(isnan(out[r]));
+    kt_matmul_ref(out, w, KT_F16_X16, x, n_in, n_out, 1);
+    for (int r = 0; r < n_out; r++) assert_true(isnan(out[r]));
+    assert_true(out[20] == 123.0f);
+    kt_pool_free(pool);
+    free(w);
 }
 
 /* Every x16 path (both SIMD tiers, the scalar fallback, 1 or 2 threads)

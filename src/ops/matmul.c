@@ -106,6 +106,15 @@ bool kt_matmul_supported(kt_dtype wtype) {
            wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8 || wtype == KT_Q6_K_X8;
 }
 
+/* A matrix kt_matmul can multiply: a supported type, whole blocks a row,
+ * and for the x16 layouts whole groups of 16 rows (which repacking
+ * guarantees; a caller passing anything else gets NaN, not a write past
+ * out). */
+static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
+    return kt_matmul_supported(wtype) && kt_dtype_row_bytes(wtype, n_in) != 0 &&
+           (!is_x16(wtype) || n_out % KT_X16_ROWS == 0);
+}
+
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
     return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t);
@@ -278,7 +287,7 @@ static float dot_kquant_ref(const void *w, kt_dtype t, int r, const float *x, in
 void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, int n_in,
                    int n_out, int n_tokens) {
     const size_t row_bytes = kt_dtype_row_bytes(wtype, n_in);
-    if (!kt_matmul_supported(wtype) || row_bytes == 0) {
+    if (!shape_ok(wtype, n_in, n_out)) {
         for (long i = 0; i < (long)n_out * n_tokens; i++) out[i] = NAN;
         return;
     }
@@ -498,7 +507,7 @@ static int act_kind(kt_dtype t) {
 static bool parts_share(const kt_matmul_part *parts, int n_parts, int n_in) {
     if (n_parts > KT_MATMUL_MAX_PARTS) return false;
     for (int p = 0; p < n_parts; p++)
-        if (!kt_matmul_supported(parts[p].wtype) || kt_dtype_row_bytes(parts[p].wtype, n_in) == 0 ||
+        if (!shape_ok(parts[p].wtype, n_in, parts[p].n_out) ||
             parts[p].n_out <= 0 || act_kind(parts[p].wtype) != act_kind(parts[0].wtype))
             return false;
     return true;
@@ -563,7 +572,7 @@ void kt_matmul_many(kt_pool *pool, const kt_matmul_part *parts, int n_parts, con
 void kt_matmul(kt_pool *pool, float *out, const void *w, kt_dtype wtype, const float *x,
                int n_in, int n_out, int n_tokens) {
     if (n_out <= 0 || n_tokens <= 0) return;
-    if (!kt_matmul_supported(wtype) || kt_dtype_row_bytes(wtype, n_in) == 0) {
+    if (!shape_ok(wtype, n_in, n_out)) {
         kt_matmul_ref(out, w, wtype, x, n_in, n_out, n_tokens); /* fills NaN */
         return;
     }
