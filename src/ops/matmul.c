@@ -82,13 +82,9 @@ static bool is_legacy(kt_dtype t) {
     return t == KT_Q4_1 || t == KT_Q5_0 || t == KT_Q5_1;
 }
 
-/* their repacked forms, and the plain type of each */
+/* their repacked forms (kt_repack_plain: which) */
 static bool is_legacy_x8(kt_dtype t) {
     return t == KT_Q4_1_X8 || t == KT_Q5_0_X8 || t == KT_Q5_1_X8;
-}
-
-static kt_dtype legacy_plain(kt_dtype t) {
-    return t == KT_Q4_1_X8 ? KT_Q4_1 : t == KT_Q5_0_X8 ? KT_Q5_0 : t == KT_Q5_1_X8 ? KT_Q5_1 : t;
 }
 
 static bool is_legacy_any(kt_dtype t) {
@@ -231,8 +227,8 @@ static float row_block_step_legacy(const void *w, kt_dtype t, int n_in, int r, i
     if (!is_legacy_x8(t))
         return block_step_legacy((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, sx, acc);
     union { block_q4_1 q4_1; block_q5_0 q5_0; block_q5_1 q5_1; } blk; /* aligned for each */
-    kt_x8_block(w, legacy_plain(t), n_in, r, b, &blk);
-    return block_step_legacy(&blk, legacy_plain(t), 0, xq, dx, sx, acc);
+    kt_x8_block(w, kt_repack_plain(t), n_in, r, b, &blk);
+    return block_step_legacy(&blk, kt_repack_plain(t), 0, xq, dx, sx, acc);
 }
 
 /* Q8_0: adds one block to the 8 lane accumulators (lane k: products

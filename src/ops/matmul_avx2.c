@@ -317,7 +317,6 @@ static void q8_rows(const q_args *a, int n_tokens, int r0, int r1) {
  * every tile gives the reference's bits. */
 
 #define TARGET_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 #define Q8V_ROWS 4   /* AVX-VNNI tile: 4 x 2 leaves registers for x' and corr */
 #define Q8V_TOKENS 2
@@ -933,7 +932,7 @@ static void q4_few(const q_args *a, int n_tokens, int r0, int r1) {
 
 /* ---- the instances -------------------------------------------------------
  *
- * Q4_0x8, Q5_0x8: tokens per tile. Panels: per format, a `panel_kind` with its
+ * The x8 layouts: tokens per tile. Panels: per format, a `panel_kind` with its
  * tiles (constant format, so each compiles to that format's code) and
  * its no-panel path. */
 typedef void (*q4_tile8_fn)(const q_args *, int r0, int nr, int t0, int nt);
@@ -1085,8 +1084,7 @@ void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q
  * activations stay in L2, as for the panel GEMM. */
 void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,
                        int n_tokens, int r0, int r1) {
-    const kt_dtype plain = wtype == KT_Q4_1_X8 ? KT_Q4_1 : wtype == KT_Q5_0_X8 ? KT_Q5_0
-                         : wtype == KT_Q5_1_X8 ? KT_Q5_1 : KT_Q4_0;
+    const kt_dtype plain = kt_repack_plain(wtype);
     const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(plain, n_in), .x = x, .out = out, .n_out = n_out};
     const x8_kind *k = plain == KT_Q4_1 ? &X8_Q4_1 : plain == KT_Q5_0 ? &X8_Q5_0 : plain == KT_Q5_1 ? &X8_Q5_1 : &X8_Q4_0;
     const bool wide = kt_cpu_has_avx512_vnni();

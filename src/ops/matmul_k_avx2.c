@@ -81,13 +81,11 @@ INL __m256i vnni_dot(__m256i acc, __m256i q, __m256i x) {
 
 /* vpdpbusd (AVX-512 VNNI + VL, EVEX-encoded) of q with the 4 bytes at x4
  * broadcast from memory: the broadcast costs no instruction of its own.
- * Only in functions compiled with TARGET_EVEX, executed where
- * kt_cpu_has_avx512_vnni(). */
+ * Only in TARGET_512 functions. */
 INL __m256i vnni_dot_bcast(__m256i acc, __m256i q, const int8_t *x4) {
     __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t *)x4));
     return acc;
 }
-#define TARGET_EVEX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 INL int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -558,7 +556,6 @@ INL void gemm_rows(const kq_args *a, const kt_dtype t, const bool vnni, int r, i
  * the activations' bsums are the same for every row, broadcast to both
  * halves). */
 
-#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 TARGET_512 INL __m512i join_i(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -890,12 +887,13 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const bool evex, const in
                         hi = _mm256_and_si256(p, _mm256_set1_epi8((char)0xF0));
                     } else if (T == 1) x8_nibbles(o, 8 * k + c, &lo, &hi);
                     else lo = unpacked[2 * (8 * k + c)], hi = unpacked[2 * (8 * k + c) + 1];
+                    const int8_t *pl = xq + 64 * k + 4 * c, *ph = pl + 32; /* activation words */
                     int32_t xl, xh;
-                    memcpy(&xl, xq + 64 * k + 4 * c, 4);
-                    memcpy(&xh, xq + 64 * k + 32 + 4 * c, 4);
+                    memcpy(&xl, pl, 4);
+                    memcpy(&xh, ph, 4);
                     if (evex) {
-                        slo = vnni_dot_bcast(slo, lo, xq + 64 * k + 4 * c);
-                        shi = vnni_dot_bcast(shi, hi, xq + 64 * k + 32 + 4 * c);
+                        slo = vnni_dot_bcast(slo, lo, pl);
+                        shi = vnni_dot_bcast(shi, hi, ph);
                     } else if (vnni) {
                         slo = vnni_dot(slo, lo, _mm256_set1_epi32(xl));
                         shi = vnni_dot(shi, hi, _mm256_set1_epi32(xh));
@@ -930,7 +928,7 @@ static void q4kx8_avx2_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(
 static void q4kx8_avx2_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, false, X8_TOKENS, r0, t0, nt); }
 static void q4kx8_vnni_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, false, 1, r0, t0, nt); }
 static void q4kx8_vnni_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, false, X8_TOKENS, r0, t0, nt); }
-TARGET_EVEX static void q4kx8_evex_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, true, 1, r0, t0, nt); }
+TARGET_512 static void q4kx8_evex_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, true, 1, r0, t0, nt); }
 
 /* Prefill: the 8-row tiles above redo the per-token scale products that
  * the panel GEMM (gemm_rows) folds into its madds, and measured 30%
@@ -1103,7 +1101,7 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, 
 
 static void q6kx8_avx2(const kq_args *a, int r0, int tok) { q6kx8_tile(a, false, false, r0, tok); }
 static void q6kx8_vnni(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, false, r0, tok); }
-TARGET_EVEX static void q6kx8_evex(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, true, r0, tok); }
+TARGET_512 static void q6kx8_evex(const kq_args *a, int r0, int tok) { q6kx8_tile(a, true, true, r0, tok); }
 
 /* Rows r0 .. r0+7 of a Q6_Kx8 matrix as 8 Q6_K rows at dst: ql and qh by
  * 8 x 8 transposes of 32-bit words (as q4x8_unrepack), scales and d word by

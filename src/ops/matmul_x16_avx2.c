@@ -34,7 +34,6 @@
 #include "ops/repack.h"
 #include "ops/simd_avx2.h"
 
-#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw")))
 
 #define G KT_X16_ROWS    /* rows per group: one column */
 #define GEMV_GROUPS 8    /* groups per GEMV step: 8 chains */

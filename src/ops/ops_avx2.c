@@ -320,7 +320,6 @@ static void attn_values(float *o, const kv_view *kv, int hd, int d0, int n_pos, 
  * transpose of K values), attn_values_512 those of attn_values for 16
  * dims per vector: each lane still multiplies and adds separately in the
  * reference's order, so the results are the AVX2 kernels' bits. */
-#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw")))
 
 /* 16 values of a K or V row from element i (a multiple of 16). */
 TARGET_512 INL __m512 kv_load16(const char *row, int i, kt_dtype type) {

@@ -5,6 +5,8 @@
 
 #include <immintrin.h>
 
+#include "ops/simd_avx2.h"
+
 float kt_probe_read_avx2(const float *x, size_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (size_t i = 0; i < n; i += 32) {
@@ -53,7 +55,6 @@ int kt_probe_maddubs_avx2(long iters) {
     return _mm_cvtsi128_si32(_mm256_castsi256_si128(s));
 }
 
-#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vnni")))
 
 TARGET_512 float kt_probe_fma_512(long iters) {
     __m512 acc[KT_PROBE_CHAINS];

@@ -169,7 +169,10 @@ void kt_repack(void *w, kt_dtype type, int n_in, int n_out, void *tmp) {
 kt_dtype kt_repack_plain(kt_dtype packed) {
     for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++)
         if (LAYOUTS[i].packed == packed) return LAYOUTS[i].plain;
-    return packed == KT_F32_X16 ? KT_F32 : packed == KT_F16_X16 ? KT_F16 : packed == KT_BF16_X16 ? KT_BF16 : packed;
+    static const kt_dtype FLOATS[] = {KT_F32, KT_F16, KT_BF16};
+    for (size_t i = 0; i < sizeof FLOATS / sizeof FLOATS[0]; i++)
+        if (x16_of(FLOATS[i]) == packed) return FLOATS[i];
+    return packed;
 }
 
 void kt_repack_row_f32(const void *w, kt_dtype type, int n_in, int r, float *out) {

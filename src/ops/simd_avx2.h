@@ -15,6 +15,12 @@
 
 #define INL static inline __attribute__((always_inline))
 
+/* The AVX-512 tier's target: exactly the features kt_cpu_has_avx512_vnni()
+ * checks (cpu.h), so a function with it runs only where that said yes,
+ * and the compiler may use any of them (EVEX forms of 256-bit ops and
+ * their memory broadcasts included). */
+#define TARGET_512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
 /* Lanes 0..7 summed in a fixed order: (lo + hi) halves, then pairs. */
 INL float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
