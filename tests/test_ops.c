@@ -809,15 +809,23 @@ static void test_matmul_many(void **state) {
 
 /* ---- the repacked (x8) layouts --------------------------------------- */
 
+/* A copy of w (n_out rows of n_in values of type) in its repacked layout. */
+static void *repacked_copy(const void *w, kt_dtype type, int n_in, int n_out) {
+    const size_t bytes = kt_dtype_row_bytes(type, n_in) * (size_t)n_out;
+    void *c = tu_xmalloc(bytes), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
+    memcpy(c, w, bytes);
+    kt_repack(c, type, n_in, n_out, tmp);
+    free(tmp);
+    return c;
+}
+
 /* A matrix of n_out rows of n_in, repacked, reads back block by block
  * through kt_x8_block, and the layout did change. */
 static void check_layout(kt_dtype type, int n_in, int n_out) {
     const int nb = n_in / kt_dtype_get(type)->block_size;
     const size_t row_bytes = kt_dtype_row_bytes(type, n_in), bb = (size_t)kt_dtype_get(type)->block_bytes;
     uint8_t *w = tu_make_weights(type, n_in, n_out, 9, 0.0f);
-    uint8_t *x8 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(row_bytes * KT_X8_ROWS);
-    memcpy(x8, w, row_bytes * n_out);
-    kt_repack(x8, type, n_in, n_out, tmp);
+    uint8_t *x8 = repacked_copy(w, type, n_in, n_out);
     assert_true(memcmp(x8, w, row_bytes * n_out) != 0);
     for (int r = 0; r < n_out; r++)
         for (int b = 0; b < nb; b++) {
@@ -825,7 +833,7 @@ static void check_layout(kt_dtype type, int n_in, int n_out) {
             kt_x8_block(x8, type, n_in, r, b, got);
             assert_memory_equal(got, w + ((size_t)r * nb + b) * bb, bb);
         }
-    free(w), free(x8), free(tmp);
+    free(w), free(x8);
 }
 
 /* Repacking keeps every block and the matrix size; only Q4_0, Q4_1, Q5_0,
@@ -874,11 +882,8 @@ static void check_repacked_type(kt_dtype type) {
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 4; b++) {
             const int n_in = n_ins[a], n_out = n_outs[b];
-            const size_t row_bytes = kt_dtype_row_bytes(type, n_in);
             void *w = tu_make_weights(type, n_in, n_out, (uint64_t)(a * 10 + b), 0.0f);
-            void *x8 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(row_bytes * KT_X8_ROWS);
-            memcpy(x8, w, row_bytes * n_out);
-            kt_repack(x8, type, n_in, n_out, tmp);
+            void *x8 = repacked_copy(w, type, n_in, n_out);
             for (int c = 0; c < 8; c++) {
                 const int nt = n_toks[c];
                 if (nt > 13 && n_in < 2048) continue; /* chunks need long rows */
@@ -905,7 +910,6 @@ static void check_repacked_type(kt_dtype type) {
             }
             free(w);
             free(x8);
-            free(tmp);
         }
     kt_pool_free(pool);
 }
@@ -932,14 +936,12 @@ static void test_repacked_matmul(void **state) {
 static void check_x16_layout(kt_dtype type, int n_in, int n_out) {
     const size_t row_bytes = kt_dtype_row_bytes(type, n_in), esz = (size_t)kt_dtype_get(type)->block_bytes;
     uint8_t *w = tu_make_weights(type, n_in, n_out, 7, 0.0f);
-    uint8_t *x16 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
-    memcpy(x16, w, row_bytes * n_out);
-    kt_repack(x16, type, n_in, n_out, tmp);
+    uint8_t *x16 = repacked_copy(w, type, n_in, n_out);
     assert_true(memcmp(x16, w, row_bytes * n_out) != 0);
     for (int r = 0; r < n_out; r++)
         for (int i = 0; i < n_in; i++)
             assert_memory_equal(kt_x16_at(x16, (int)esz, n_in, r, i), w + (size_t)r * row_bytes + (size_t)i * esz, esz);
-    free(w), free(x16), free(tmp);
+    free(w), free(x16);
 }
 
 /* kt_repack_row_f32 reads every row of a repacked matrix back as the
@@ -947,9 +949,7 @@ static void check_x16_layout(kt_dtype type, int n_in, int n_out) {
 static void check_row_f32(kt_dtype type, int n_in, int n_out) {
     const size_t row_bytes = kt_dtype_row_bytes(type, n_in);
     uint8_t *w = tu_make_weights(type, n_in, n_out, 11, 0.0f);
-    uint8_t *packed = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
-    memcpy(packed, w, row_bytes * n_out);
-    kt_repack(packed, type, n_in, n_out, tmp);
+    uint8_t *packed = repacked_copy(w, type, n_in, n_out);
     const kt_dtype packed_type = kt_repack_type(type, n_in, n_out);
     assert_int_not_equal(packed_type, type);
     assert_int_equal(kt_repack_plain(packed_type), type);
@@ -961,7 +961,7 @@ static void check_row_f32(kt_dtype type, int n_in, int n_out) {
         kt_repack_row_f32(w, type, n_in, r, got);
         assert_memory_equal(got, want, sizeof(float) * n_in);
     }
-    free(w), free(packed), free(tmp), free(want), free(got);
+    free(w), free(packed), free(want), free(got);
 }
 
 static void test_repacked_rows(void **state) {
@@ -1021,11 +1021,8 @@ static void check_x16_type(kt_dtype type) {
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 4; b++) {
             const int n_in = n_ins[a], n_out = n_outs[b];
-            const size_t row_bytes = kt_dtype_row_bytes(type, n_in);
             void *w = tu_make_weights(type, n_in, n_out, (uint64_t)(a * 10 + b), 0.0f);
-            void *x16 = tu_xmalloc(row_bytes * n_out), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
-            memcpy(x16, w, row_bytes * n_out);
-            kt_repack(x16, type, n_in, n_out, tmp);
+            void *x16 = repacked_copy(w, type, n_in, n_out);
             for (size_t c = 0; c < sizeof n_toks / sizeof n_toks[0]; c++) {
                 const int nt = n_toks[c];
                 if (nt > 13 && n_in < 2048 && b != 1) continue; /* chunks need long rows */
@@ -1050,7 +1047,7 @@ static void check_x16_type(kt_dtype type) {
                 }
                 free(x), free(want), free(got), free(asum);
             }
-            free(w), free(x16), free(tmp);
+            free(w), free(x16);
         }
     kt_pool_free(pool);
 }
@@ -1061,9 +1058,9 @@ static void check_x16_type(kt_dtype type) {
 static void check_x16_chunks(kt_dtype type) {
     const int n_in = 16384 + 3, n_out = 32, nt = 70;
     const kt_dtype x16_type = kt_repack_type(type, n_in, n_out);
-    void *w = tu_make_weights(type, n_in, n_out, 77, 0.0f);
-    void *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
-    kt_repack(w, type, n_in, n_out, tmp);
+    void *plain = tu_make_weights(type, n_in, n_out, 77, 0.0f);
+    void *w = repacked_copy(plain, type, n_in, n_out);
+    free(plain);
     float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
     float *want = tu_xmalloc(sizeof(float) * (size_t)nt * n_out), *got = tu_xmalloc(sizeof(float) * (size_t)nt * n_out);
     tu_fill_normal(x, (size_t)nt * n_in, 1.0f, 78);
@@ -1079,7 +1076,7 @@ static void check_x16_chunks(kt_dtype type) {
         kt_cpu_force_no_avx512(false);
     }
     kt_pool_free(pool);
-    free(w), free(tmp), free(x), free(want), free(got);
+    free(w), free(x), free(want), free(got);
 }
 
 static void test_x16_matmul(void **state) {
@@ -1506,6 +1503,16 @@ static double bench_matmul(kt_pool *pool, kt_dtype type, int n_in, int n_out, in
     return best;
 }
 
+/* A matrix of type (plain or repacked) with random values. */
+static void *bench_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
+    const kt_dtype plain = kt_repack_plain(type);
+    void *w = tu_make_weights(plain, n_in, n_out, seed, 0.0f);
+    if (plain == type) return w;
+    void *packed = repacked_copy(w, plain, n_in, n_out);
+    free(w);
+    return packed;
+}
+
 /* only: a type name (KT_OPS_BENCH=Q8_0) to time just that type's matmul,
  * or "attention" */
 static void run_bench(const char *only) {
@@ -1521,16 +1528,8 @@ static void run_bench(const char *only) {
                                      KT_F16_X16, KT_BF16, KT_BF16_X16, KT_F32, KT_F32_X16};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
-        const bool x8 = types[i] == KT_Q4_0_X8 || types[i] == KT_Q4_K_X8 || types[i] == KT_Q6_K_X8 ||
-                        types[i] == KT_Q5_0_X8 || types[i] == KT_Q4_1_X8 || types[i] == KT_Q5_1_X8 ||
-                        types[i] == KT_F16_X16 || types[i] == KT_BF16_X16 || types[i] == KT_F32_X16;
-        const kt_dtype plain = x8 ? types[i - 1] : types[i];
-        void *w = tu_make_weights(plain, n_in, n_out, 1, 0.0f);
-        if (x8) {
-            void *tmp = tu_xmalloc(kt_repack_tmp_bytes(plain, n_in));
-            kt_repack(w, plain, n_in, n_out, tmp);
-            free(tmp);
-        }
+        const kt_dtype plain = kt_repack_plain(types[i]);
+        void *w = bench_weights(types[i], n_in, n_out, 1);
         double bytes = (double)kt_dtype_row_bytes(plain, n_in) * n_out;
         /* copies of the matrix (>= 128 MB in all, more than any L3) used in
          * turn, so that each GEMV streams its weights from DRAM */
@@ -1571,12 +1570,7 @@ static void run_bench(const char *only) {
          * tiles do with few rows, one thread, hot */
         {
             const int sn_in = 576 % kt_dtype_get(plain)->block_size == 0 ? 576 : 512, sn_out = 96;
-            void *sw = tu_make_weights(plain, sn_in, sn_out, 2, 0.0f);
-            if (x8) {
-                void *tmp = tu_xmalloc(kt_repack_tmp_bytes(plain, sn_in));
-                kt_repack(sw, plain, sn_in, sn_out, tmp);
-                free(tmp);
-            }
+            void *sw = bench_weights(types[i], sn_in, sn_out, 2);
             double small = 1e30;
             for (int rep = 0; rep < 20; rep++) {
                 double t0 = kt_time_ms();
