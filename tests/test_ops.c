@@ -1301,6 +1301,8 @@ static void test_attention(void **state) {
         {1, 0, 1, 1, 8},    {1, 0, 4, 2, 64},  {1, 40, 8, 2, 64}, {5, 0, 4, 4, 64},
         {7, 30, 8, 2, 64},  {3, 100, 2, 1, 20}, {4, 3, 6, 3, 7},  {2, 70, 4, 1, 128},
         {2, 5, 20, 1, 16},  {1, 33, 40, 2, 8}, /* groups of 20: split in batches of <= 16 */
+        /* whole blocks of query tokens, values in several chunks of 64 positions */
+        {40, 50, 6, 2, 64}, {20, 0, 4, 1, 128}, {33, 70, 4, 2, 32},
     };
     kt_pool *pool = kt_pool_new(3, NULL);
     assert_non_null(pool);
@@ -1365,6 +1367,33 @@ static void test_attention(void **state) {
         free(v);
         free(a);
         free(b);
+    }
+    kt_pool_free(pool);
+}
+
+/* A token's output does not depend on the positions after its own, even
+ * when one holds an infinite V element (an F16 cache overflows to inf):
+ * the prefill blocks run the lanes of several tokens together over the
+ * block's positions, and 0 x inf would be NaN in a lane that should not
+ * see that position at all. */
+static void test_attention_future_inf(void **state) {
+    (void)state;
+    const attn_case c = {16, 0, 2, 1, 16};
+    const size_t q_stride = 32, kv_stride = 16, out_stride = 32;
+    float q[16 * 32], k[16 * 16], v[16 * 16], out[16 * 32], one[32];
+    tu_fill_normal(q, 16 * 32, 1.0f, 41);
+    tu_fill_normal(k, 16 * 16, 1.0f, 42);
+    tu_fill_normal(v, 16 * 16, 1.0f, 43);
+    v[15 * kv_stride + 3] = INFINITY; /* the last position only */
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    run_attention(&c, pool, false, out, q, k, v, q_stride, kv_stride, out_stride);
+    for (int t = 0; t < 15; t++) {
+        attn_case alone = c;
+        alone.n_tokens = 1, alone.pos0 = t;
+        run_attention(&alone, NULL, false, one, q + t * q_stride, k, v, q_stride, kv_stride, out_stride);
+        for (int i = 0; i < 32; i++) assert_true(isfinite(out[t * out_stride + i]));
+        assert_memory_equal(one, out + t * out_stride, sizeof one);
     }
     kt_pool_free(pool);
 }
@@ -1513,6 +1542,44 @@ static void *bench_weights(kt_dtype type, int n_in, int n_out, uint64_t seed) {
     return packed;
 }
 
+/* pp512's attention: 512 tokens from position 0 over an F16 cache in one
+ * block (as the engine stores it), head_dim 64; GFLOP/s counts the causal
+ * pairs' 4 x head_dim flops (scores and values). */
+static void bench_attention_pp512(int n_head, int n_head_kv, kt_pool *pool2) {
+    enum { NT = 512, HD = 64 };
+    const size_t q_dim = (size_t)n_head * HD, kv_dim = (size_t)n_head_kv * HD;
+    float *q = tu_xmalloc(sizeof(float) * NT * q_dim), *o = tu_xmalloc(sizeof(float) * NT * q_dim);
+    float *row = tu_xmalloc(sizeof(float) * kv_dim);
+    char *k = tu_xmalloc(2 * NT * kv_dim), *v = tu_xmalloc(2 * NT * kv_dim);
+    tu_fill_normal(q, NT * q_dim, 1.0f, 1);
+    for (int p = 0; p < NT; p++) {
+        tu_fill_normal(row, kv_dim, 1.0f, 2 + p);
+        kt_quantize_row(KT_F16, row, k + 2 * p * kv_dim, (int)kv_dim);
+        tu_fill_normal(row, kv_dim, 1.0f, 1000 + p);
+        kt_quantize_row(KT_F16, row, v + 2 * p * kv_dim, (int)kv_dim);
+    }
+    static const int32_t block0 = 0;
+    const int32_t *blocks[NT];
+    for (int t = 0; t < NT; t++) blocks[t] = &block0;
+    const kt_attn_args a = {.out = o, .q = q, .k = k, .v = v, .n_tokens = NT, .n_head = n_head,
+                            .n_head_kv = n_head_kv, .head_dim = HD, .q_stride = q_dim, .out_stride = q_dim,
+                            .kv_type = KT_F16, .blocks = blocks, .block_tokens = NT,
+                            .row_bytes = 2 * kv_dim, .block_bytes = 2 * kv_dim * NT};
+    const double gflop = 4.0 * HD * n_head * (NT * (NT + 1) / 2.0) * 1e-9;
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 10; rep++)
+        for (int pi = 0; pi < 2; pi++) {
+            double t0 = kt_time_ms();
+            kt_attention(pi ? pool2 : NULL, &a);
+            double dt = kt_time_ms() - t0;
+            best[pi] = dt < best[pi] ? dt : best[pi];
+        }
+    print_message("bench attention pp512, %d heads (%d KV) of %d, F16 cache: %.2f ms = %.1f GFLOP/s (1 thr), "
+                  "%.2f ms = %.1f GFLOP/s (2 thr)\n",
+                  n_head, n_head_kv, HD, best[0], gflop / best[0] * 1e3, best[1], gflop / best[1] * 1e3);
+    free(q), free(o), free(row), free(k), free(v);
+}
+
 /* only: a type name (KT_OPS_BENCH=Q8_0) to time just that type's matmul,
  * or "attention" */
 static void run_bench(const char *only) {
@@ -1630,6 +1697,10 @@ static void run_bench(const char *only) {
         free(k);
         free(v);
     }
+    if (!only || strcmp(only, "attention") == 0) {
+        bench_attention_pp512(9, 3, pool);  /* smollm-135m */
+        bench_attention_pp512(32, 4, pool); /* tinyllama-1.1b */
+    }
     /* pool overhead: back-to-back empty jobs */
     count_ctx c = {0};
     double t0 = kt_time_ms();
@@ -1676,6 +1747,7 @@ int main(void) {
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_future_inf),
         cmocka_unit_test(test_attention_paged),
     };
     /* The throughput measurement is not a test: it runs instead of the

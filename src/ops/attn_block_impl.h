@@ -7,8 +7,11 @@
  *   AB_F float vector, AB_D vector of AB_W / 2 doubles,
  *   ab_set1 ab_zero ab_load ab_loadu ab_store ab_storeu ab_add ab_sub
  *   ab_mul ab_exp (exp256 / exp512, the same per lane),
+ *   AB_DT dims a values tile (hd a multiple), AB_M lane mask,
  *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
  *   ab_max_live(acc, m, v), ab_keep(m, v) (dead lanes 0),
+ *   ab_add_live(acc, m, v) (dead lanes: acc unchanged),
+ *   ab_transpose(r) (AB_W vectors r[0 .. AB_W), as an AB_W x AB_W matrix),
  *   ab_dzero ab_dlo ab_dhi ab_dadd (halves widened to double, summed),
  *   ab_inv(lo, hi): lanes of (float)(1.0 / sum).
  * Not a header to include anywhere else; it undefines the vocabulary at
@@ -59,61 +62,50 @@ AB_TARGET static void AB_NAME(block_softmax)(float *S, int nh, int np_pad, int n
     }
 }
 
-/* acc[(h * AB_W + i) * hd ..] += sum over p in [c0, c1) of lane i of
- * S[h][p] times V row p (v[p - c0]), for heads h0 .. h0 + H - 1; nv = hd /
- * AB_W vectors a row (constants in the callers, so the sums stay in
- * registers). */
-AB_TARGET static inline __attribute__((always_inline)) void
-AB_NAME(block_values_h)(const float *S, int np_pad, const int nv, int h0, const int H, int i, int c0, int c1,
-                        const float *const *v, float *acc) {
-    const int hd = AB_W * nv;
-    AB_F a[2][16] = {{ab_zero()}}; /* the lanes used are all loaded below */
-#pragma GCC unroll 2
-    for (int h = 0; h < H; h++)
+/* acc[(h * hd + d) * AB_W + i] += sum over p in [c0, c1) of lane i of
+ * S[h][p] times v_p[d] (row p - c0 of vb, hd floats each), in position
+ * order: the tokens in the
+ * lanes, as in the scores, so a position costs one load of S[h][p] and
+ * one broadcast per dim, and AB_DT dims' sums stay in registers. From
+ * position all_live on, lanes whose token has n_pos <= p take nothing
+ * (their S is 0, but 0 x an infinite v would not be). */
+AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, int nh, int c0, int c1,
+                                            int all_live, const int32_t *np, const float *vb, float *acc) {
+    const int mid = all_live < c0 ? c0 : all_live > c1 ? c1 : all_live;
+    for (int h = 0; h < nh; h++) {
+        const float *sh = S + (size_t)h * np_pad * AB_W;
+        for (int d0 = 0; d0 < hd; d0 += AB_DT) {
+            float *at = acc + ((size_t)h * hd + d0) * AB_W;
+            AB_F a[AB_DT];
 #pragma GCC unroll 16
-        for (int j = 0; j < nv; j++) a[h][j] = ab_load(acc + ((size_t)(h0 + h) * AB_W + i) * hd + AB_W * j);
-    for (int p = c0; p < c1; p++) {
-        const float *vp = v[p - c0];
-        AB_F ep[2];
-#pragma GCC unroll 2
-        for (int h = 0; h < H; h++) ep[h] = ab_set1(S[((size_t)(h0 + h) * np_pad + p) * AB_W + i]);
+            for (int j = 0; j < AB_DT; j++) a[j] = ab_load(at + (size_t)j * AB_W);
+            for (int p = c0; p < mid; p++) {
+                const AB_F sp = ab_load(sh + (size_t)p * AB_W);
+                const float *vp = vb + (size_t)(p - c0) * hd + d0;
 #pragma GCC unroll 16
-        for (int j = 0; j < nv; j++) {
-            const AB_F vv = ab_loadu(vp + AB_W * j);
-#pragma GCC unroll 2
-            for (int h = 0; h < H; h++) a[h][j] = ab_add(a[h][j], ab_mul(ep[h], vv));
+                for (int j = 0; j < AB_DT; j++) a[j] = ab_add(a[j], ab_mul(sp, ab_set1(vp[j])));
+            }
+            for (int p = mid; p < c1; p++) {
+                const AB_F sp = ab_load(sh + (size_t)p * AB_W);
+                const AB_M live = ab_live(np, p);
+                const float *vp = vb + (size_t)(p - c0) * hd + d0;
+#pragma GCC unroll 16
+                for (int j = 0; j < AB_DT; j++) a[j] = ab_add_live(a[j], live, ab_mul(sp, ab_set1(vp[j])));
+            }
+#pragma GCC unroll 16
+            for (int j = 0; j < AB_DT; j++) ab_store(at + (size_t)j * AB_W, a[j]);
         }
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < H; h++)
-#pragma GCC unroll 16
-        for (int j = 0; j < nv; j++) ab_store(acc + ((size_t)(h0 + h) * AB_W + i) * hd + AB_W * j, a[h][j]);
-}
-
-/* The common head sizes (64, 128) with nv constant; two heads at a time
- * where their sums fit in the registers. */
-AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, int nh, int i, int c0, int c1,
-                                            const float *const *v, float *acc) {
-    int h = 0;
-    if (hd == 64 && AB_W == 16) {
-        for (; h + 2 <= nh; h += 2) AB_NAME(block_values_h)(S, np_pad, 64 / AB_W, h, 2, i, c0, c1, v, acc);
-        if (h < nh) AB_NAME(block_values_h)(S, np_pad, 64 / AB_W, h, 1, i, c0, c1, v, acc);
-    } else if (hd == 64) {
-        for (; h < nh; h++) AB_NAME(block_values_h)(S, np_pad, 64 / AB_W, h, 1, i, c0, c1, v, acc);
-    } else if (hd == 128) {
-        for (; h < nh; h++) AB_NAME(block_values_h)(S, np_pad, 128 / AB_W, h, 1, i, c0, c1, v, acc);
-    } else {
-        for (; h < nh; h++) AB_NAME(block_values_h)(S, np_pad, hd / AB_W, h, 1, i, c0, c1, v, acc);
     }
 }
 
 AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
     const int hd = a->head_dim, kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
     int32_t np[AB_W];
-    int np_max = 0;
+    int np_max = 0, all_live = INT_MAX; /* positions below all_live: every lane's */
     for (int i = 0; i < AB_W; i++) {
         np[i] = i < nt ? kt_attn_n_pos(a, t0 + i) : 0; /* lanes past nt: no positions */
         np_max = np[i] > np_max ? np[i] : np_max;
+        all_live = np[i] < all_live ? np[i] : all_live;
     }
     const int np_pad = (np_max + 7) / 8 * 8;
     /* scratch (64-byte aligned): Qt, acc, S, K/V widened, row addresses */
@@ -126,33 +118,37 @@ AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt
     kv_view_build(&kv, a, t0 + nt - 1, kvh, np_max); /* one sequence: one block table */
     for (int p = np_max; p < np_pad; p++) kv.k[p] = kv.k[np_max - 1], kv.v[p] = kv.v[np_max - 1];
 
+    /* Qt[h][e] = lane i: token i's q (0 past nt), AB_W elements at a time */
     for (int h = 0; h < nh; h++)
-        for (int e = 0; e < hd; e++)
+        for (int e0 = 0; e0 < hd; e0 += AB_W) {
+            AB_F r[AB_W];
             for (int i = 0; i < AB_W; i++)
-                qt[((size_t)h * hd + e) * AB_W + i] =
-                    i < nt ? a->q[(size_t)(t0 + i) * a->q_stride + (size_t)(h0 + h) * hd + e] : 0.0f;
+                r[i] = i < nt ? ab_loadu(a->q + (size_t)(t0 + i) * a->q_stride + (size_t)(h0 + h) * hd + e0) : ab_zero();
+            ab_transpose(r);
+            for (int k = 0; k < AB_W; k++) ab_store(qt + ((size_t)h * hd + e0 + k) * AB_W, r[k]);
+        }
     memset(acc, 0, sizeof(float) * (size_t)nh * hd * AB_W);
 
     AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, 1.0f / sqrtf((float)hd), kbuf, S);
     float inv[ATTN_MAX_GROUP * AB_W];
     AB_NAME(block_softmax)(S, nh, np_pad, np_max, np, inv);
 
-    const float *v[AB_CHUNK];
     for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
         const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
-        for (int p = c0; p < c1; p++) v[p - c0] = kv_row_f32(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
-        for (int i = 0; i < nt; i++) {
-            const int end = c1 < np[i] ? c1 : np[i];
-            if (end > c0) AB_NAME(block_values)(S, np_pad, hd, nh, i, c0, end, v, acc);
+        for (int p = c0; p < c1; p++) kv_row_widen(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
+        AB_NAME(block_values)(S, np_pad, hd, nh, c0, c1, all_live, np, vbuf, acc);
+    }
+    /* out = acc x inv, the lanes back into the tokens' rows */
+    float *o = a->out + (size_t)t0 * a->out_stride + (size_t)h0 * hd;
+    for (int h = 0; h < nh; h++) {
+        const AB_F s = ab_loadu(inv + h * AB_W);
+        for (int d0 = 0; d0 < hd; d0 += AB_W) {
+            AB_F r[AB_W];
+            for (int k = 0; k < AB_W; k++) r[k] = ab_mul(ab_load(acc + ((size_t)h * hd + d0 + k) * AB_W), s);
+            ab_transpose(r);
+            for (int i = 0; i < nt; i++) ab_storeu(o + (size_t)i * a->out_stride + (size_t)h * hd + d0, r[i]);
         }
     }
-    for (int i = 0; i < nt; i++)
-        for (int h = 0; h < nh; h++) {
-            float *o = a->out + (size_t)(t0 + i) * a->out_stride + (size_t)(h0 + h) * hd;
-            const AB_F s = ab_set1(inv[h * AB_W + i]);
-            for (int j = 0; j < hd / AB_W; j++)
-                ab_storeu(o + AB_W * j, ab_mul(ab_load(acc + ((size_t)h * AB_W + i) * hd + AB_W * j), s));
-        }
 }
 
 #undef AB_W
@@ -173,6 +169,10 @@ AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt
 #undef ab_live
 #undef ab_max_live
 #undef ab_keep
+#undef ab_add_live
+#undef ab_transpose
+#undef AB_M
+#undef AB_DT
 #undef ab_dzero
 #undef ab_dlo
 #undef ab_dhi

@@ -29,6 +29,7 @@
  * end of this file): the same bits, pp2048 1.2x (AVX2) to 1.8x faster.
  */
 #include <immintrin.h>
+#include <limits.h>
 #include <math.h>
 
 #include "ops/cpu.h"
@@ -461,10 +462,15 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
  *           elements in order (Q transposed once per block, k_p broadcast)
  *   softmax per lane: the max, the exps, their sum in double in position
  *           order over the token's own positions (masked lanes: exp 0)
- *   values  per (token, head), dims in lanes: sum_p e_p * v_p in position
- *           order, V read in chunks that stay in L1 for every (token, head)
- * Lane by lane these are the operations of the per-token kernels above
- * (exp512 is exp256 on 16 lanes), so the bits are theirs. The body is
+ *   values  lane i of acc[h][d] = sum_p e_p,i * v_p[d] in position order:
+ *           the tokens in the lanes again, v_p[d] broadcast, V widened in
+ *           chunks of AB_CHUNK rows that stay in L1 (dims in lanes, one
+ *           token at a time, ran at half the speed: a scalar broadcast of
+ *           e per position and token, and too few sums in flight)
+ * Q goes into the lanes and the outputs come back out by AB_W x AB_W
+ * register transposes. Lane by lane these are the operations of the
+ * per-token kernels above (exp512 is exp256 on 16 lanes), so the bits are
+ * theirs. The body is
  * written once, in attn_block_impl.h, over a small vocabulary of vector
  * operations defined below for each width. */
 
@@ -492,11 +498,30 @@ TARGET_512 INL __m512 exp512(__m512 x) {
     return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
 }
 
-/* Row p of a K or V view as floats: the row itself (F32) or widened into
- * buf exactly as kv_elem does. */
+/* Row p of a K or V view as floats, written to buf exactly as kv_elem
+ * widens each element (the same conversion and product, 8 at a time). */
+INL void kv_row_widen(const char *row, kt_dtype type, int hd, float *buf) {
+    int e = 0;
+    if (type == KT_F32) {
+        memcpy(buf, row, sizeof(float) * (size_t)hd);
+        return;
+    }
+    if (type == KT_F16)
+        for (; e + 8 <= hd; e += 8)
+            _mm256_storeu_ps(buf + e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e))));
+    if (type == KT_Q8_0)
+        for (; e + 8 <= hd; e += 8) {
+            const block_q8_0 *b = (const block_q8_0 *)row + e / QK8_0;
+            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + e % QK8_0))));
+            _mm256_storeu_ps(buf + e, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), q));
+        }
+    for (; e < hd; e++) buf[e] = kv_elem(row, e, type);
+}
+
+/* The row itself (F32) or widened into buf. */
 INL const float *kv_row_f32(const char *row, kt_dtype type, int hd, float *buf) {
     if (type == KT_F32) return (const float *)row;
-    for (int e = 0; e < hd; e++) buf[e] = kv_elem(row, e, type);
+    kv_row_widen(row, type, hd, buf);
     return buf;
 }
 
@@ -504,6 +529,33 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
     const size_t np_pad = ((size_t)n_pos_max + 7) / 8 * 8, w = 16; /* the wider block */
     return (size_t)heads * head_dim * w * 2 /* Qt, acc */ + (size_t)heads * np_pad * w /* S */ +
            (size_t)(8 + AB_CHUNK) * head_dim /* K, V widened */ + 2 * np_pad * (sizeof(char *) / sizeof(float)) + 64;
+}
+
+/* r[i][j] <- r[j][i]: interleave pairs, then pairs of pairs, then halves. */
+INL void transpose8x8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+}
+
+/* r[i][j] <- r[j][i] by swapping the off-diagonal blocks of 8, 4, 2 and
+ * then 1: rows a = r[i], b = r[i + s] (bit s of i clear) become, lane j,
+ * a' = j & s ? b[j - s] : a[j] and b' = j & s ? b[j] : a[j + s]. */
+TARGET_512 INL void transpose16x16(__m512 r[16]) {
+    for (int s = 8; s >= 1; s /= 2) {
+        int32_t ia[16], ib[16];
+        for (int j = 0; j < 16; j++) ia[j] = j & s ? 16 + j - s : j, ib[j] = j & s ? 16 + j : j + s;
+        const __m512i xa = _mm512_loadu_si512(ia), xb = _mm512_loadu_si512(ib);
+        for (int i = 0; i < 16; i++)
+            if (!(i & s)) {
+                const __m512 a = r[i], b = r[i + s];
+                r[i] = _mm512_permutex2var_ps(a, xa, b), r[i + s] = _mm512_permutex2var_ps(a, xb, b);
+            }
+    }
 }
 
 /* 8 lanes, AVX2. Lane masks are all-ones / zero float lanes. */
@@ -525,6 +577,11 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define ab_live(np, p) _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(np)), _mm256_set1_epi32(p)))
 #define ab_max_live(acc, m, v) _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), m)
 #define ab_keep(m, v) _mm256_and_ps(v, m)
+#define AB_M __m256
+#define AB_DT 8
+/* + 0 leaves every sum as it is: they start at +0 and never become -0 */
+#define ab_add_live(acc, m, v) _mm256_add_ps(acc, _mm256_and_ps(v, m))
+#define ab_transpose transpose8x8
 #define ab_dzero _mm256_setzero_pd
 #define ab_dlo(v) _mm256_cvtps_pd(_mm256_castps256_ps128(v))
 #define ab_dhi(v) _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))
@@ -552,6 +609,10 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define ab_live(np, p) _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(np), _mm512_set1_epi32(p))
 #define ab_max_live(acc, m, v) _mm512_mask_max_ps(acc, m, acc, v)
 #define ab_keep(m, v) _mm512_maskz_mov_ps(m, v)
+#define AB_M __mmask16
+#define AB_DT 16
+#define ab_add_live(acc, m, v) _mm512_mask_add_ps(acc, m, acc, v)
+#define ab_transpose transpose16x16
 #define ab_dzero _mm512_setzero_pd
 #define ab_dlo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
 #define ab_dhi(v) _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
