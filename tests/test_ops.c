@@ -241,6 +241,33 @@ static void test_plain_types_roundtrip(void **state) {
     assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q2_K));
 }
 
+/* F16 rows (the KV cache's stores): kt_quantize_row's SIMD conversion
+ * gives kt_fp32_to_fp16's bits on every kind of float: a sweep over all
+ * exponents, and every pattern around where rounding, subnormals,
+ * overflow and NaNs begin, both signs; odd lengths for the tail. */
+static void test_f16_row_matches_scalar(void **state) {
+    (void)state;
+    static const uint32_t edges[] = {0x00000000u, 0x33000000u, 0x38800000u, 0x477fe000u, 0x477ff000u,
+                                     0x7f7fffffu, 0x7f800000u, 0x7fc00000u, 0x7fffffffu};
+    enum { SWEEP = 65521, SPAN = 8192 };
+    const size_t n = SWEEP + 2 * SPAN * (sizeof edges / sizeof edges[0]);
+    uint32_t *bits = tu_xmalloc(sizeof(uint32_t) * n);
+    size_t k = 0;
+    for (uint32_t i = 0; i < SWEEP; i++) bits[k++] = i * 65521u; /* strides through every exponent */
+    for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++)
+        for (int d = -SPAN; d < SPAN; d++) bits[k++] = (edges[e] + (uint32_t)d) ^ (d & 1 ? 0x80000000u : 0);
+    float *x = tu_xmalloc(sizeof(float) * n);
+    memcpy(x, bits, sizeof(float) * n);
+    uint16_t *fast = tu_xmalloc(sizeof(uint16_t) * n);
+    for (size_t len = n; len > n - 9; len -= 3) { /* lengths with every tail */
+        kt_quantize_row(KT_F16, x, fast, (int64_t)len);
+        for (size_t i = 0; i < len; i++)
+            if (fast[i] != kt_fp32_to_fp16(x[i]))
+                fail_msg("F16 of 0x%08x: 0x%04x, scalar 0x%04x", bits[i], fast[i], kt_fp32_to_fp16(x[i]));
+    }
+    free(bits), free(x), free(fast);
+}
+
 static void test_quant_roundtrip_error(void **state) {
     (void)state;
     enum { N = 32 * 64 };
@@ -1228,6 +1255,28 @@ static void test_swiglu(void **state) {
 
 /* Reference angles in double: theta_i = pos * base^(-2i/d), which the
  * float recurrence tracks within ~i ulp of theta. */
+/* The angles computed once and applied (the forward pass's way) give
+ * kt_rope's bits: both styles, partial, odd and oversized rope_dim, and
+ * head_dim 256 (more pairs than kt_rope computes at a time). */
+static void test_rope_angles_apply(void **state) {
+    (void)state;
+    static const int shapes[][2] = {{64, 64}, {64, 32}, {64, 33}, {64, 80}, {256, 256}, {128, 96}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int style = 0; style < 2; style++)
+            for (int pos = 0; pos < 5000; pos += 977) {
+                enum { H = 3 };
+                const int D = shapes[si][0], rdim = shapes[si][1];
+                float x[H * 256], y[H * 256], cs[128], sn[128];
+                tu_fill_normal(x, (size_t)H * D, 1.0f, (uint64_t)(pos + 11 * si + style));
+                memcpy(y, x, sizeof(float) * H * D);
+                kt_rope(x, H, D, rdim, pos, 500000.0f, (kt_rope_style)style);
+                kt_rope_angles(cs, sn, D, rdim, pos, 500000.0f);
+                kt_rope_apply(y, H, D, rdim, cs, sn, (kt_rope_style)style);
+                assert_int_equal(kt_rope_pairs(D, rdim), (rdim < D ? rdim : D) / 2);
+                assert_memory_equal(x, y, sizeof(float) * H * D);
+            }
+}
+
 static void test_rope(void **state) {
     (void)state;
     enum { H = 3, D = 64 };
@@ -1721,6 +1770,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_q4_0_known),
         cmocka_unit_test(test_dequant_q8_0_known),
         cmocka_unit_test(test_plain_types_roundtrip),
+        cmocka_unit_test(test_f16_row_matches_scalar),
         cmocka_unit_test(test_quant_roundtrip_error),
         cmocka_unit_test(test_q4_0_max_sign_and_ties),
         cmocka_unit_test(test_q8_0_rounding),
@@ -1745,6 +1795,7 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_angles_apply),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_future_inf),

@@ -19,7 +19,6 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "base/fp16.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
 #include "ops/repack.h"
@@ -28,9 +27,11 @@
 struct llm_work {
     /* each [LLM_MAX_BATCH][width] */
     float *x, *xn, *q, *k, *v, *att, *gate, *up;
-    /* per token of a chunk: its block table and attention length */
+    /* per token of a chunk: its block table and attention length, and
+     * the cos / sin of its rope angles ([LLM_MAX_BATCH][rope pairs]) */
     const int32_t **blocks;
     int *n_pos;
+    float *rope_cs, *rope_sn;
 };
 
 llm_work *llm_work_new(const llm_model *m, kt_error *err) {
@@ -50,8 +51,11 @@ llm_work *llm_work_new(const llm_model *m, kt_error *err) {
     w->up = malloc(B * c->n_ff * sizeof(float));
     w->blocks = malloc(B * sizeof *w->blocks);
     w->n_pos = malloc(B * sizeof *w->n_pos);
+    const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim) + 1; /* + 1: never 0 bytes */
+    w->rope_cs = malloc(B * pairs * sizeof(float));
+    w->rope_sn = malloc(B * pairs * sizeof(float));
     if (!w->x || !w->xn || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
-        !w->blocks || !w->n_pos)
+        !w->blocks || !w->n_pos || !w->rope_cs || !w->rope_sn)
         goto nomem;
     return w;
 nomem:
@@ -72,6 +76,8 @@ void llm_work_free(llm_work *w) {
     free(w->up);
     free(w->blocks);
     free(w->n_pos);
+    free(w->rope_cs);
+    free(w->rope_sn);
     free(w);
 }
 
@@ -181,11 +187,28 @@ static void store_kv_row(void *dst, const float *src, int n, kv_type type) {
     if (type == KV_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
     } else if (type == KV_F16) {
-        uint16_t *h = dst;
-        for (int i = 0; i < n; i++) h[i] = kt_fp32_to_fp16(src[i]);
+        kt_quantize_row(KT_F16, src, dst, n);
     } else {
         kt_quantize_row(KT_Q8_0, src, dst, n);
     }
+}
+
+/* Per token: the cos / sin of its rope angles, once per chunk for every
+ * layer. */
+typedef struct angles_ctx {
+    const llm_config *c;
+    const llm_batch *b;
+    int t0;
+    llm_work *w;
+} angles_ctx;
+
+static void rope_angles_some(void *p, int s0, int s1) {
+    const angles_ctx *a = p;
+    const llm_config *c = a->c;
+    const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
+    for (int t = s0; t < s1; t++)
+        kt_rope_angles(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim,
+                       a->b->pos[a->t0 + t], c->rope_freq_base);
 }
 
 /* Per token: RoPE on its Q and K rows, then its K and V rows into its
@@ -196,6 +219,7 @@ typedef struct rope_store_ctx {
     int t0, il;
     float *q, *k;
     const float *v;
+    const float *cs, *sn; /* the chunk's angles */
     kv_type type;
 } rope_store_ctx;
 
@@ -203,11 +227,13 @@ static void rope_store_some(void *p, int s0, int s1) {
     const rope_store_ctx *r = p;
     const llm_config *c = r->c;
     const int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     for (int t = s0; t < s1; t++) {
         const int pos = r->b->pos[r->t0 + t];
         float *q = r->q + (size_t)t * q_dim, *k = r->k + (size_t)t * kv_dim;
-        kt_rope(q, c->n_head, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
-        kt_rope(k, c->n_head_kv, c->head_dim, c->rope_dim, pos, c->rope_freq_base, c->rope_style);
+        const float *cs = r->cs + t * pairs, *sn = r->sn + t * pairs;
+        kt_rope_apply(q, c->n_head, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+        kt_rope_apply(k, c->n_head_kv, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
         kv_seq *seq = r->b->seq[r->t0 + t];
         store_kv_row(kv_seq_row(seq, r->il, KV_K, pos), k, kv_dim, r->type);
         store_kv_row(kv_seq_row(seq, r->il, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
@@ -229,7 +255,7 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     add_bias(w->v, &l->bv, n);
     const kv_pool *kv = b->seq[t0]->pool; /* every sequence of a batch uses one pool */
     const kv_pool_params *kp = kv_pool_get_params(kv);
-    rope_store_ctx rs = {c, b, t0, il, w->q, w->k, w->v, kp->type};
+    rope_store_ctx rs = {c, b, t0, il, w->q, w->k, w->v, w->rope_cs, w->rope_sn, kp->type};
     over_tokens(pool, n, rope_store_some, &rs);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
@@ -280,6 +306,8 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         w->n_pos[t] = b->pos[t0 + t] + 1;
     }
     embed(m, b->tokens + t0, n, w->x);
+    angles_ctx ac = {&m->cfg, b, t0, w};
+    over_tokens(pool, n, rope_angles_some, &ac);
     for (int il = 0; il < m->cfg.n_layer; il++) {
         attention_block(m, w, pool, b, il, t0, n);
         ffn_block(m, w, pool, il, n);

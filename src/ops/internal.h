@@ -126,6 +126,7 @@ void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float
 void kt_matmul_x16_avx2(float *out, const void *w, kt_dtype plain, const float *x, int n_in, int n_out,
                         int n_tokens, int r0, int r1);
 
+void kt_fp32_to_fp16_row_avx2(const float *x, uint16_t *out, int64_t n);
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void kt_softmax_avx2(float *x, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);

@@ -51,37 +51,67 @@ void kt_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
 
 /* ---- rope ----------------------------------------------------------- */
 
-#define ROPE_CHUNK 64 /* pairs whose cos/sin are computed at a time */
+#define ROPE_CHUNK 64 /* pairs whose cos/sin kt_rope computes at a time */
+
+int kt_rope_pairs(int head_dim, int rope_dim) {
+    if (rope_dim > head_dim) rope_dim = head_dim;
+    return rope_dim / 2;
+}
+
+/* Pairs [p0, p0 + n) at angles theta, theta * scale, ...; returns the
+ * angle after the last, so chunks continue the same product chain. */
+static float rope_angles_from(float *cs, float *sn, int n, float theta, float theta_scale) {
+    for (int i = 0; i < n; i++) {
+        cs[i] = cosf(theta);
+        sn[i] = sinf(theta);
+        theta *= theta_scale;
+    }
+    return theta;
+}
+
+static float rope_theta_scale(int n_pairs, float freq_base) {
+    return powf(freq_base, -2.0f / (float)(2 * n_pairs));
+}
+
+/* Pairs [p0, p0 + nc) of every head, cs/sn indexed from p0. */
+static void rope_turn(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
+                      const float *sn, kt_rope_style style) {
+    for (int h = 0; h < n_heads; h++) {
+        float *xh = x + (size_t)h * head_dim;
+        for (int i = 0; i < nc; i++) {
+            /* the pair's two elements: adjacent, or half a rope_dim apart */
+            const int pi = p0 + i;
+            float *a = style == KT_ROPE_NEOX ? xh + pi : xh + 2 * pi;
+            float *b = style == KT_ROPE_NEOX ? xh + pi + n_pairs : xh + 2 * pi + 1;
+            const float x0 = *a, x1 = *b;
+            *a = x0 * cs[i] - x1 * sn[i];
+            *b = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
 
 void kt_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos, float freq_base,
              kt_rope_style style) {
-    if (rope_dim > head_dim) rope_dim = head_dim;
-    rope_dim &= ~1;
-    const int n_pairs = rope_dim / 2;
-    const float theta_scale = powf(freq_base, -2.0f / (float)rope_dim);
+    const int n_pairs = kt_rope_pairs(head_dim, rope_dim);
+    const float theta_scale = rope_theta_scale(n_pairs, freq_base);
     float theta = (float)pos;
     float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
-
     for (int c0 = 0; c0 < n_pairs; c0 += ROPE_CHUNK) {
         const int nc = n_pairs - c0 < ROPE_CHUNK ? n_pairs - c0 : ROPE_CHUNK;
-        for (int i = 0; i < nc; i++) {
-            cs[i] = cosf(theta);
-            sn[i] = sinf(theta);
-            theta *= theta_scale;
-        }
-        for (int h = 0; h < n_heads; h++) {
-            float *xh = x + (size_t)h * head_dim;
-            for (int i = 0; i < nc; i++) {
-                /* the pair's two elements: adjacent, or half a rope_dim apart */
-                const int pi = c0 + i;
-                float *a = style == KT_ROPE_NEOX ? xh + pi : xh + 2 * pi;
-                float *b = style == KT_ROPE_NEOX ? xh + pi + n_pairs : xh + 2 * pi + 1;
-                const float x0 = *a, x1 = *b;
-                *a = x0 * cs[i] - x1 * sn[i];
-                *b = x0 * sn[i] + x1 * cs[i];
-            }
-        }
+        theta = rope_angles_from(cs, sn, nc, theta, theta_scale);
+        rope_turn(x, n_heads, head_dim, n_pairs, c0, nc, cs, sn, style);
     }
+}
+
+void kt_rope_angles(float *cs, float *sn, int head_dim, int rope_dim, int pos, float freq_base) {
+    const int n_pairs = kt_rope_pairs(head_dim, rope_dim);
+    rope_angles_from(cs, sn, n_pairs, (float)pos, rope_theta_scale(n_pairs, freq_base));
+}
+
+void kt_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn,
+                   kt_rope_style style) {
+    const int n_pairs = kt_rope_pairs(head_dim, rope_dim);
+    rope_turn(x, n_heads, head_dim, n_pairs, 0, n_pairs, cs, sn, style);
 }
 
 /* ---- softmax -------------------------------------------------------- */

@@ -30,6 +30,16 @@ typedef enum kt_rope_style {
 void kt_rope(float *x, int n_heads, int head_dim, int rope_dim, int pos,
              float freq_base, kt_rope_style style);
 
+/* kt_rope in two steps, so a token's angles are computed once for every
+ * layer's Q and K (the trigonometry was most of a small model's rope):
+ * kt_rope_angles writes the cos and sin of each of the kt_rope_pairs
+ * pairs' angles at pos, kt_rope_apply turns the heads by them. Together
+ * they give kt_rope's bits. */
+int kt_rope_pairs(int head_dim, int rope_dim);
+void kt_rope_angles(float *cs, float *sn, int head_dim, int rope_dim, int pos, float freq_base);
+void kt_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn,
+                   kt_rope_style style);
+
 /* In place, numerically stable (max subtracted). */
 void kt_softmax(float *x, int n);
 void kt_softmax_ref(float *x, int n);

@@ -32,6 +32,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "base/fp16.h"
 #include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/simd_avx2.h"
@@ -80,6 +81,18 @@ INL void store_partial(float *p, __m256 v, int n) {
     float buf[8];
     _mm256_storeu_ps(buf, v);
     for (int i = 0; i < n; i++) p[i] = buf[i];
+}
+
+/* ---- F16 rows -------------------------------------------------------- */
+
+/* F16C rounds to nearest even, makes infinities of what overflows, keeps
+ * subnormals and quiets NaNs keeping the payload's top bits, exactly as
+ * kt_fp32_to_fp16 does (test_ops checks every case). */
+void kt_fp32_to_fp16_row_avx2(const float *x, uint16_t *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = kt_fp32_to_fp16(x[i]);
 }
 
 /* ---- rmsnorm -------------------------------------------------------- */

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/fp16.h"
+#include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/kquant.h"
 
@@ -271,6 +272,12 @@ void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
         break;
     case KT_F16: {
         uint16_t *h = out;
+#if defined(__x86_64__) || defined(__i386__)
+        if (kt_cpu_has_avx2()) {
+            kt_fp32_to_fp16_row_avx2(x, h, n);
+            break;
+        }
+#endif
         for (int64_t i = 0; i < n; i++) h[i] = kt_fp32_to_fp16(x[i]);
         break;
     }
