@@ -49,13 +49,35 @@ static void test_bench_csv_and_md(void **state) {
     assert_int_equal(tu_run(cmd, &out, NULL), 0);
     assert_true(strncmp(out, "model,size_bytes,", 17) == 0);
     assert_non_null(strstr(out, "\"stories260K.gguf\","));
-    assert_non_null(strstr(out, ",pp8,8,2,"));
+    assert_non_null(strstr(out, ",pp8,8,0,2,")); /* n_tokens, n_depth, reps */
     free(out);
     snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 0 -n 4 -r 2 -t 1", KT_BIN, tu_shared("models/stories260K.gguf"));
     assert_int_equal(tu_run(cmd, &out, NULL), 0);
     assert_non_null(strstr(out, "| model | size |"));
     assert_non_null(strstr(out, "| tg4 |"));
     assert_null(strstr(out, "pp"));
+    free(out);
+}
+
+/* -d: each test after D tokens of context, named like llama-bench's
+ * ("tg4 @ d32"), with n_depth in the JSON. */
+static void test_bench_depth(void **state) {
+    (void)state;
+    char cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 8 -n 4 -d 0,32 -r 2 -t 1 --json", KT_BIN,
+             tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    json_t *doc = json_loads(out, 0, NULL);
+    assert_non_null(doc);
+    assert_int_equal(json_array_size(doc), 4);
+    static const char *names[4] = {"pp8", "tg4", "pp8 @ d32", "tg4 @ d32"};
+    for (size_t i = 0; i < 4; i++) {
+        json_t *r = json_array_get(doc, i);
+        assert_string_equal(json_string_value(json_object_get(r, "test")), names[i]);
+        assert_int_equal(json_integer_value(json_object_get(r, "n_depth")), i < 2 ? 0 : 32);
+        assert_true(json_number_value(json_object_get(r, "ts_min")) > 0);
+    }
+    json_decref(doc);
     free(out);
 }
 
@@ -90,12 +112,18 @@ static void test_bench_usage_errors(void **state) {
     assert_non_null(strstr(err, "-t"));
     free(out);
     free(err);
+    snprintf(cmd, sizeof cmd, "%s bench -m x.gguf -d -1", KT_BIN);
+    assert_int_equal(tu_run(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "-d"));
+    free(out);
+    free(err);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bench_json),
         cmocka_unit_test(test_bench_csv_and_md),
+        cmocka_unit_test(test_bench_depth),
         cmocka_unit_test(test_bench_ceilings),
         cmocka_unit_test(test_bench_usage_errors),
     };

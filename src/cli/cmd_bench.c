@@ -4,6 +4,8 @@
  *
  *   pp N  one batch of N tokens from an empty cache (prefill, compute-bound)
  *   tg N  N tokens one at a time from an empty cache (decode, memory-bound)
+ *   ... @ dD  the same after D tokens of context (-d): what an agent's
+ *         later turns feel, where attention reads a long KV cache
  *
  * Each test runs once as warm-up (not counted: page cache, clocks, thread
  * start-up), then -r times; we report mean +- sample stddev, min and
@@ -39,7 +41,7 @@ typedef struct int_list {
 typedef struct bench_opts {
     const char *models[MAX_LIST];
     int n_models, reps;
-    int_list pp, tg, threads;
+    int_list pp, tg, threads, depth;
     out_fmt fmt;
     kt_load_mode load;
     bool membw, peak;
@@ -48,7 +50,7 @@ typedef struct bench_opts {
 typedef struct bench_result {
     const char *model;
     const kt_model_desc *desc;
-    int threads, n_tokens, reps;
+    int threads, n_tokens, n_depth, reps;
     bool gen;
     double mean, sd, min, median; /* tokens/s */
 } bench_result;
@@ -60,6 +62,8 @@ static void usage(FILE *out) {
             "  -m, --model FILE   model to measure (repeatable)\n"
             "  -p, --n-prompt N   prompt lengths for pp tests, comma-separated (default 512; 0: none)\n"
             "  -n, --n-gen N      generation lengths for tg tests (default 128; 0: none)\n"
+            "  -d, --n-depth N    context already in the cache before each test, comma-separated\n"
+            "                     (default 0; the context is filled once per test, untimed)\n"
             "  -t, --threads N    thread counts, comma-separated (default: all CPUs)\n"
             "  -r, --repetitions N  runs of each test after the warm-up (default 5)\n"
             "      --md | --csv | --json   output format (default md)\n"
@@ -84,7 +88,8 @@ static bool parse_list(const char *s, int lo, int hi, int_list *out) {
 }
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.load = KT_LOAD_REPACK, .reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1}};
+    *o = (bench_opts){.load = KT_LOAD_REPACK, .reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1},
+                        .depth = {{0}, 1}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int r;
@@ -104,6 +109,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         } else if ((r = cli_opt("bench", argc, argv, &i, "-n", &v)) ||
                    (r = cli_opt("bench", argc, argv, &i, "--n-gen", &v))) {
             if (r < 0 || !parse_list(v, 0, 1 << 16, &o->tg)) return r < 0 ? 2 : cli_usage_error("bench", "bad -n '%s'", v);
+        } else if ((r = cli_opt("bench", argc, argv, &i, "-d", &v)) ||
+                   (r = cli_opt("bench", argc, argv, &i, "--n-depth", &v))) {
+            if (r < 0 || !parse_list(v, 0, 1 << 20, &o->depth)) return r < 0 ? 2 : cli_usage_error("bench", "bad -d '%s'", v);
         } else if ((r = cli_opt("bench", argc, argv, &i, "-t", &v)) ||
                    (r = cli_opt("bench", argc, argv, &i, "--threads", &v))) {
             if (r < 0 || !parse_list(v, 1, 1024, &o->threads)) return r < 0 ? 2 : cli_usage_error("bench", "bad -t '%s'", v);
@@ -143,9 +151,12 @@ static void summarize(double *v, int n, bench_result *r) {
 
 /* ---- one test ---- */
 
-/* Seconds for one run: pp evaluates all tokens in one call, tg one by one. */
-static double run_once(kt_session *s, const int32_t *toks, int n, bool gen, float *logits, kt_error *err) {
-    kt_session_truncate(s, 0);
+/* Seconds for one run after `depth` tokens of context (already in the
+ * cache: truncating to it keeps them): pp evaluates all tokens in one
+ * call, tg one by one. */
+static double run_once(kt_session *s, int depth, const int32_t *toks, int n, bool gen, float *logits,
+                       kt_error *err) {
+    kt_session_truncate(s, depth);
     double t0 = kt_time_ms();
     kt_status st = KT_OK;
     if (gen) {
@@ -156,10 +167,11 @@ static double run_once(kt_session *s, const int32_t *toks, int n, bool gen, floa
     return st == KT_OK ? (kt_time_ms() - t0) / 1e3 : -1;
 }
 
-static kt_status run_test(kt_model *m, int threads, int n, bool gen, int reps, bench_result *r, kt_error *err) {
+static kt_status run_test(kt_model *m, int threads, int n, int depth, bool gen, int reps, bench_result *r,
+                          kt_error *err) {
     const kt_model_desc *d = kt_model_describe(m);
-    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = n, .n_threads = threads}, err);
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = depth + n, .n_threads = threads}, err);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(depth + n));
     float *logits = malloc(sizeof(float) * (size_t)d->n_vocab);
     double *tps = malloc(sizeof(double) * (size_t)reps);
     kt_status st = s ? KT_OK : err->status;
@@ -167,17 +179,18 @@ static kt_status run_test(kt_model *m, int threads, int n, bool gen, int reps, b
     if (st == KT_OK) {
         kt_rng rng;
         kt_rng_seed(&rng, 42);
-        for (int i = 0; i < n; i++) toks[i] = (int32_t)(kt_rng_u64(&rng) % (uint64_t)d->n_vocab);
-        /* warm-up: llama-bench's rule, the whole prompt or one generated token */
-        if (run_once(s, toks, gen ? 1 : n, gen, logits, err) < 0) st = err->status;
+        for (int i = 0; i < depth + n; i++) toks[i] = (int32_t)(kt_rng_u64(&rng) % (uint64_t)d->n_vocab);
+        if (depth > 0) st = kt_session_eval(s, toks + n, depth, NULL, false, err); /* the context, once */
     }
+    /* warm-up: llama-bench's rule, the whole prompt or one generated token */
+    if (st == KT_OK && run_once(s, depth, toks, gen ? 1 : n, gen, logits, err) < 0) st = err->status;
     for (int i = 0; st == KT_OK && i < reps; i++) {
-        double sec = run_once(s, toks, n, gen, logits, err);
+        double sec = run_once(s, depth, toks, n, gen, logits, err);
         if (sec < 0) st = err->status;
         else tps[i] = n / sec;
     }
     if (st == KT_OK) {
-        r->threads = threads, r->n_tokens = n, r->gen = gen, r->reps = reps, r->desc = d;
+        r->threads = threads, r->n_tokens = n, r->n_depth = depth, r->gen = gen, r->reps = reps, r->desc = d;
         summarize(tps, reps, r);
     }
     free(tps), free(logits), free(toks);
@@ -204,13 +217,14 @@ static void print_header(out_fmt f) {
         printf("| model | size | params | threads | test | t/s | min | median | weights GB/s |\n");
         printf("|---|---:|---:|---:|---|---:|---:|---:|---:|\n");
     } else if (f == FMT_CSV) {
-        printf("model,size_bytes,n_params,threads,test,n_tokens,reps,ts_mean,ts_stddev,ts_min,ts_median,weights_gbs\n");
+        printf("model,size_bytes,n_params,threads,test,n_tokens,n_depth,reps,ts_mean,ts_stddev,ts_min,ts_median,weights_gbs\n");
     }
 }
 
 static void print_result(out_fmt f, const bench_result *r, bool first) {
-    char test[32];
-    snprintf(test, sizeof test, "%s%d", r->gen ? "tg" : "pp", r->n_tokens);
+    char test[48];
+    if (r->n_depth) snprintf(test, sizeof test, "%s%d @ d%d", r->gen ? "tg" : "pp", r->n_tokens, r->n_depth);
+    else snprintf(test, sizeof test, "%s%d", r->gen ? "tg" : "pp", r->n_tokens);
     double gbs = r->gen ? r->median * (double)r->desc->weight_bytes / 1e9 : 0;
     if (f == FMT_MD) {
         char size[32], params[32];
@@ -221,15 +235,15 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
         if (r->gen) printf("%.2f |\n", gbs);
         else printf("|\n");
     } else if (f == FMT_CSV) {
-        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%.9g,%.9g,%.9g,%.9g,%.9g\n", base_name(r->model),
+        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%d,%.9g,%.9g,%.9g,%.9g,%.9g\n", base_name(r->model),
                (unsigned long long)r->desc->weight_bytes, (unsigned long long)r->desc->n_params, r->threads,
-               test, r->n_tokens, r->reps, r->mean, r->sd, r->min, r->median, gbs);
+               test, r->n_tokens, r->n_depth, r->reps, r->mean, r->sd, r->min, r->median, gbs);
     } else {
         printf("%s  {\"model\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"threads\": %d, "
-               "\"test\": \"%s\", \"n_tokens\": %d, \"reps\": %d, \"ts_mean\": %.9g, \"ts_stddev\": %.9g, "
+               "\"test\": \"%s\", \"n_tokens\": %d, \"n_depth\": %d, \"reps\": %d, \"ts_mean\": %.9g, \"ts_stddev\": %.9g, "
                "\"ts_min\": %.9g, \"ts_median\": %.9g, \"weights_gbs\": %.9g}",
                first ? "" : ",\n", base_name(r->model), (unsigned long long)r->desc->weight_bytes,
-               (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->reps, r->mean,
+               (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->n_depth, r->reps, r->mean,
                r->sd, r->min, r->median, gbs);
     }
     fflush(stdout);
@@ -249,15 +263,16 @@ static int bench_models(const bench_opts *o) {
         if (!m) return cli_fail("bench", &err);
         for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
             const int_list *lists[2] = {&o->pp, &o->tg};
-            for (int g = 0; g < 2 && rc == 0; g++) {
-                for (int k = 0; k < lists[g]->n && rc == 0; k++) {
-                    if (lists[g]->v[k] == 0) continue;
-                    bench_result r = {.model = o->models[mi]};
-                    if (run_test(m, threads_or_default(o->threads.v[ti]), lists[g]->v[k], g == 1, o->reps, &r, &err))
-                        rc = cli_fail("bench", &err);
-                    else print_result(o->fmt, &r, first), first = false;
-                }
-            }
+            for (int di = 0; di < o->depth.n && rc == 0; di++)
+                for (int g = 0; g < 2 && rc == 0; g++)
+                    for (int k = 0; k < lists[g]->n && rc == 0; k++) {
+                        if (lists[g]->v[k] == 0) continue;
+                        bench_result r = {.model = o->models[mi]};
+                        if (run_test(m, threads_or_default(o->threads.v[ti]), lists[g]->v[k], o->depth.v[di], g == 1,
+                                     o->reps, &r, &err))
+                            rc = cli_fail("bench", &err);
+                        else print_result(o->fmt, &r, first), first = false;
+                    }
         }
         kt_model_free(m);
     }
