@@ -22,9 +22,13 @@
  * token i's dot, summed over the elements in order, times scale. */
 AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, const kv_view *kv, int np_pad,
                                             float scale, float *kbuf, float *S) {
+    const int row_bytes = (int)kt_dtype_row_bytes(kv->type, hd);
     for (int p = 0; p < np_pad; p += 8) {
         const float *k[8];
-        for (int j = 0; j < 8; j++) k[j] = kv_row_f32(kv->k[p + j], kv->type, hd, kbuf + (size_t)j * hd);
+        for (int j = 0; j < 8; j++) {
+            if (p + j + KV_PREFETCH < np_pad) kv_prefetch(kv->k[p + j + KV_PREFETCH], row_bytes);
+            k[j] = kv_row_f32(kv->k[p + j], kv->type, hd, kbuf + (size_t)j * hd);
+        }
         for (int h = 0; h < nh; h++) {
             const float *q = qt + (size_t)h * hd * AB_W;
             AB_F acc[8];
@@ -98,16 +102,27 @@ AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, 
     }
 }
 
-AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
-    const int hd = a->head_dim, kvh = (int)((long)h0 * a->n_head_kv / a->n_head);
+/* The lanes of one call: lane i's q for head h of the batch at q + i *
+ * q_lane + h * hd, its output likewise in out; n_lanes of the AB_W used,
+ * nh heads each, np[i] positions (0 past n_lanes), all reading KV head
+ * kvh's rows of token t_kv's sequence. */
+typedef struct AB_NAME(lanes) {
+    const float *q;
+    float *out;
+    size_t q_lane, out_lane;
+    int n_lanes, nh, t_kv, kvh;
     int32_t np[AB_W];
+} AB_NAME(lanes);
+
+AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME(lanes) *L, float *scratch) {
+    const int hd = a->head_dim, nh = L->nh, nt = L->n_lanes;
+    const int32_t *np = L->np;
     int np_max = 0, all_live = INT_MAX; /* positions below all_live: every lane's */
     for (int i = 0; i < AB_W; i++) {
-        np[i] = i < nt ? kt_attn_n_pos(a, t0 + i) : 0; /* lanes past nt: no positions */
         np_max = np[i] > np_max ? np[i] : np_max;
         all_live = np[i] < all_live ? np[i] : all_live;
     }
-    const int np_pad = (np_max + 7) / 8 * 8;
+    const int np_pad = (np_max + 7) / 8 * 8, row_bytes = (int)kt_dtype_row_bytes(a->kv_type, hd);
     /* scratch (64-byte aligned): Qt, acc, S, K/V widened, row addresses */
     float *qt = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *acc = qt + (size_t)nh * hd * AB_W;
@@ -115,15 +130,15 @@ AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt
     float *kbuf = S + (size_t)nh * np_pad * AB_W, *vbuf = kbuf + (size_t)8 * hd;
     kv_view kv = {(const char **)(vbuf + (size_t)AB_CHUNK * hd), NULL, a->kv_type};
     kv.v = kv.k + np_pad;
-    kv_view_build(&kv, a, t0 + nt - 1, kvh, np_max); /* one sequence: one block table */
+    kv_view_build(&kv, a, L->t_kv, L->kvh, np_max);
     for (int p = np_max; p < np_pad; p++) kv.k[p] = kv.k[np_max - 1], kv.v[p] = kv.v[np_max - 1];
 
-    /* Qt[h][e] = lane i: token i's q (0 past nt), AB_W elements at a time */
+    /* Qt[h][e] = lane i: lane i's q (0 past nt), AB_W elements at a time */
     for (int h = 0; h < nh; h++)
         for (int e0 = 0; e0 < hd; e0 += AB_W) {
             AB_F r[AB_W];
             for (int i = 0; i < AB_W; i++)
-                r[i] = i < nt ? ab_loadu(a->q + (size_t)(t0 + i) * a->q_stride + (size_t)(h0 + h) * hd + e0) : ab_zero();
+                r[i] = i < nt ? ab_loadu(L->q + (size_t)i * L->q_lane + (size_t)h * hd + e0) : ab_zero();
             ab_transpose(r);
             for (int k = 0; k < AB_W; k++) ab_store(qt + ((size_t)h * hd + e0 + k) * AB_W, r[k]);
         }
@@ -135,20 +150,44 @@ AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt
 
     for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
         const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
-        for (int p = c0; p < c1; p++) kv_row_widen(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
+        for (int p = c0; p < c1; p++) {
+            if (p + KV_PREFETCH < np_max) kv_prefetch(kv.v[p + KV_PREFETCH], row_bytes);
+            kv_row_widen(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
+        }
         AB_NAME(block_values)(S, np_pad, hd, nh, c0, c1, all_live, np, vbuf, acc);
     }
-    /* out = acc x inv, the lanes back into the tokens' rows */
-    float *o = a->out + (size_t)t0 * a->out_stride + (size_t)h0 * hd;
+    /* out = acc x inv, the lanes back into their rows */
     for (int h = 0; h < nh; h++) {
         const AB_F s = ab_loadu(inv + h * AB_W);
         for (int d0 = 0; d0 < hd; d0 += AB_W) {
             AB_F r[AB_W];
             for (int k = 0; k < AB_W; k++) r[k] = ab_mul(ab_load(acc + ((size_t)h * hd + d0 + k) * AB_W), s);
             ab_transpose(r);
-            for (int i = 0; i < nt; i++) ab_storeu(o + (size_t)i * a->out_stride + (size_t)h * hd + d0, r[i]);
+            for (int i = 0; i < nt; i++) ab_storeu(L->out + (size_t)i * L->out_lane + (size_t)h * hd + d0, r[i]);
         }
     }
+}
+
+/* Prefill: the lanes are tokens t0 .. t0 + nt - 1, each with heads h0 ..
+ * h0 + nh - 1. */
+AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
+    AB_NAME(lanes) L = {a->q + (size_t)t0 * a->q_stride + (size_t)h0 * a->head_dim,
+                        a->out + (size_t)t0 * a->out_stride + (size_t)h0 * a->head_dim,
+                        a->q_stride, a->out_stride, nt, nh, t0 + nt - 1, /* one sequence: one block table */
+                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}};
+    for (int i = 0; i < nt; i++) L.np[i] = kt_attn_n_pos(a, t0 + i);
+    AB_NAME(attend_lanes)(a, &L, scratch);
+}
+
+/* One token: the lanes are its heads h0 .. h0 + nh - 1 (nh <= AB_W) of
+ * one KV group, which read the same K and V rows. */
+AB_TARGET void AB_NAME(kt_attention_heads)(const kt_attn_args *a, int t, int h0, int nh, float *scratch) {
+    AB_NAME(lanes) L = {a->q + (size_t)t * a->q_stride + (size_t)h0 * a->head_dim,
+                        a->out + (size_t)t * a->out_stride + (size_t)h0 * a->head_dim,
+                        (size_t)a->head_dim, (size_t)a->head_dim, nh, 1, t,
+                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}};
+    for (int i = 0; i < nh; i++) L.np[i] = kt_attn_n_pos(a, t);
+    AB_NAME(attend_lanes)(a, &L, scratch);
 }
 
 #undef AB_W

@@ -132,6 +132,11 @@ void kt_softmax_avx2(float *x, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
 /* Heads sharing a KV head are done together, at most this many at once. */
 #define ATTN_MAX_GROUP 16
+/* heads of a group from which one token's attention runs them in the
+ * lanes of the block kernel (kt_attention_heads_*) */
+#ifndef ATTN_HEADS_MIN
+#define ATTN_HEADS_MIN 4
+#endif
 
 /* Positions query token t attends to: [0, kt_attn_n_pos). */
 static inline int kt_attn_n_pos(const kt_attn_args *a, int t) {
@@ -157,6 +162,12 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
  * kt_attention_block_floats floats for the longest of the tokens' n_pos. */
 void kt_attention_block_avx2(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch);
 void kt_attention_block_avx512(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch);
+/* Decode: token t's heads h0 .. h0+nh-1 of one KV group (nh <= 8 with
+ * AVX2, 16 with AVX-512) as the lanes of the same kernel, with the same
+ * bits; for groups of 4 or more heads (grouped-query attention), where
+ * the lanes are mostly used. scratch as for the block kernel with 1 head. */
+void kt_attention_heads_avx2(const kt_attn_args *a, int t, int h0, int nh, float *scratch);
+void kt_attention_heads_avx512(const kt_attn_args *a, int t, int h0, int nh, float *scratch);
 size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max);
 
 #endif

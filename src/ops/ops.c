@@ -228,12 +228,23 @@ typedef struct attn_job {
     const kt_attn_args *a;
     bool simd;
     int block_tokens;  /* the block kernel's width (8, 16), or 0: none */
+    int heads_lanes;   /* single tokens: the heads kernel's widest (8, 16), or 0: none */
     attn_unit *units;
     long n_units;
     float *scratch;    /* per thread: per_thread floats */
     size_t per_thread;
     size_t row;        /* kt_attention_group_avx2's score row length */
 } attn_job;
+
+/* One token's heads [h0, h1) of a KV group in the lanes of the block
+ * kernel: 16 lanes where there are more than 8 heads, else 8. */
+static void attention_heads(const attn_job *j, int t, int h0, int h1, float *scratch) {
+    if (h1 - h0 > 8 && j->heads_lanes == 16) {
+        kt_attention_heads_avx512(j->a, t, h0, h1 - h0, scratch);
+        return;
+    }
+    for (; h0 < h1; h0 += 8) kt_attention_heads_avx2(j->a, t, h0, h1 - h0 < 8 ? h1 - h0 : 8, scratch);
+}
 
 /* Thread ith takes units ith, ith + nth, ...: causal rows grow with the
  * token, so striding balances the work. */
@@ -248,6 +259,8 @@ static void attn_task(void *ctx, int ith, int nth) {
             kt_attention_block_avx512(j->a, w->t0, w->nt, w->h0, w->h1 - w->h0, scratch);
         else if (w->nt > 1)
             kt_attention_block_avx2(j->a, w->t0, w->nt, w->h0, w->h1 - w->h0, scratch);
+        else if (j->heads_lanes && w->h1 - w->h0 >= ATTN_HEADS_MIN)
+            attention_heads(j, w->t0, w->h0, w->h1, scratch);
         else
             kt_attention_group_avx2(j->a, w->t0, w->h0, w->h1, scratch, j->row);
     }
@@ -311,12 +324,12 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
                   : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16
                   : a->head_dim % 8 == 0 ? 8 : 0;
     j.block_tokens = w;
+    j.heads_lanes = !j.simd || a->head_dim % 8 != 0 || a->head_dim > 256 ? 0 : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16 : 8;
     j.units = plan_units(a, w, nth, &j.n_units);
     j.per_thread = j.row * ((size_t)per_unit_max + 2 * sizeof(char *) / sizeof(float));
-    if (w) {
-        const size_t b = kt_attention_block_floats(a->head_dim, per_unit_max, longest);
-        j.per_thread = b > j.per_thread ? b : j.per_thread;
-    }
+    const size_t b = w ? kt_attention_block_floats(a->head_dim, per_unit_max, longest)
+                     : j.heads_lanes ? kt_attention_block_floats(a->head_dim, 1, longest) : 0;
+    j.per_thread = b > j.per_thread ? b : j.per_thread;
     void *owned = NULL;
     if (j.simd) {
         size_t bytes = j.per_thread * (size_t)nth * sizeof(float);

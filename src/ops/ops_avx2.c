@@ -531,6 +531,16 @@ INL void kv_row_widen(const char *row, kt_dtype type, int hd, float *buf) {
     for (; e < hd; e++) buf[e] = kv_elem(row, e, type);
 }
 
+/* How many positions ahead the block kernel asks for K and V rows: a
+ * position's rows are a few cache lines, one per block of 16 positions
+ * apart from the next block's, where the hardware prefetcher stops. */
+#define KV_PREFETCH 16
+
+INL void kv_prefetch(const char *row, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);
+}
+
 /* The row itself (F32) or widened into buf. */
 INL const float *kv_row_f32(const char *row, kt_dtype type, int hd, float *buf) {
     if (type == KT_F32) return (const float *)row;
