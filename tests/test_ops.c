@@ -1257,10 +1257,12 @@ static void test_swiglu(void **state) {
  * float recurrence tracks within ~i ulp of theta. */
 /* The angles computed once and applied (the forward pass's way) give
  * kt_rope's bits: both styles, partial, odd and oversized rope_dim, and
- * head_dim 256 (more pairs than kt_rope computes at a time). */
+ * head_dim 256 (more pairs than kt_rope computes at a time); and the
+ * SIMD turn gives its scalar twin's bits (pair counts with every tail). */
 static void test_rope_angles_apply(void **state) {
     (void)state;
-    static const int shapes[][2] = {{64, 64}, {64, 32}, {64, 33}, {64, 80}, {256, 256}, {128, 96}};
+    static const int shapes[][2] = {{64, 64}, {64, 32}, {64, 33}, {64, 80}, {256, 256}, {128, 96},
+                                    {64, 14}, {64, 22}, {40, 40}, {6, 6}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int style = 0; style < 2; style++)
             for (int pos = 0; pos < 5000; pos += 977) {
@@ -1271,9 +1273,16 @@ static void test_rope_angles_apply(void **state) {
                 memcpy(y, x, sizeof(float) * H * D);
                 kt_rope(x, H, D, rdim, pos, 500000.0f, (kt_rope_style)style);
                 kt_rope_angles(cs, sn, D, rdim, pos, 500000.0f);
+                float z[H * 256];
+                memcpy(z, y, sizeof(float) * H * D);
                 kt_rope_apply(y, H, D, rdim, cs, sn, (kt_rope_style)style);
                 assert_int_equal(kt_rope_pairs(D, rdim), (rdim < D ? rdim : D) / 2);
                 assert_memory_equal(x, y, sizeof(float) * H * D);
+                /* the scalar twin of the SIMD turn: the same bits */
+                kt_cpu_force_scalar(true);
+                kt_rope_apply(z, H, D, rdim, cs, sn, (kt_rope_style)style);
+                kt_cpu_force_scalar(false);
+                assert_memory_equal(y, z, sizeof(float) * H * D);
             }
 }
 

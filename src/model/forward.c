@@ -142,15 +142,29 @@ static void rmsnorm_rows(kt_pool *pool, float *out, const float *x, const llm_te
     over_tokens(pool, n, rmsnorm_some, &c);
 }
 
-/* out += x, row by row */
-static void add_some(void *p, int t0, int t1) {
-    const rows_ctx *c = p;
-    for (size_t i = (size_t)t0 * c->dim; i < (size_t)t1 * c->dim; i++) c->out[i] += c->x[i];
+/* The residual step between blocks, fused with the next block's norm:
+ * per token, x += y, then y = rmsnorm(x) * w (w NULL: after the last
+ * layer, the add alone). One pass over the rows instead of two, and the
+ * same operations as an add followed by a norm. */
+typedef struct add_norm_ctx {
+    float *x, *y;
+    const float *w;
+    int dim;
+    float eps;
+} add_norm_ctx;
+
+static void add_norm_some(void *p, int t0, int t1) {
+    const add_norm_ctx *c = p;
+    for (int t = t0; t < t1; t++) {
+        float *x = c->x + (size_t)t * c->dim, *y = c->y + (size_t)t * c->dim;
+        for (int i = 0; i < c->dim; i++) x[i] += y[i];
+        if (c->w) kt_rmsnorm(y, x, c->w, c->dim, c->eps);
+    }
 }
 
-static void add_rows(kt_pool *pool, float *out, const float *x, int n, int dim) {
-    rows_ctx c = {out, x, NULL, dim, 0};
-    over_tokens(pool, n, add_some, &c);
+static void add_norm_rows(kt_pool *pool, float *x, float *y, const llm_tensor *w, int n, int dim, float eps) {
+    add_norm_ctx c = {x, y, w ? w->data : NULL, dim, eps};
+    over_tokens(pool, n, add_norm_some, &c);
 }
 
 /* out = silu(out) * x (the gate, in place), row by row: a row's values
@@ -245,7 +259,6 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
     const int q_dim = c->n_head * c->head_dim;
-    rmsnorm_rows(pool, w->xn, w->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
     const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
                                   {w->k, l->wk.data, l->wk.type, l->wk.n_out},
                                   {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
@@ -267,19 +280,16 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     };
     kt_attention(pool, &a);
     matmul(pool, w->xn, &l->wo, w->att, n);
-    add_rows(pool, w->x, w->xn, n, c->n_embd);
 }
 
 static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
-    rmsnorm_rows(pool, w->xn, w->x, &l->ffn_norm, n, c->n_embd, c->rms_eps);
     const kt_matmul_part gate_up[] = {{w->gate, l->w_gate.data, l->w_gate.type, l->w_gate.n_out},
                                       {w->up, l->w_up.data, l->w_up.type, l->w_up.n_out}};
     kt_matmul_many(pool, gate_up, 2, w->xn, l->w_gate.n_in, n);
     swiglu_rows(pool, w->gate, w->up, n, c->n_ff);
     matmul(pool, w->xn, &l->w_down, w->gate, n);
-    add_rows(pool, w->x, w->xn, n, c->n_embd);
 }
 
 /* Logits of the chunk's tokens that want them, gathered into consecutive
@@ -308,9 +318,15 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
     embed(m, b->tokens + t0, n, w->x);
     angles_ctx ac = {&m->cfg, b, t0, w};
     over_tokens(pool, n, rope_angles_some, &ac);
-    for (int il = 0; il < m->cfg.n_layer; il++) {
+    const llm_config *c = &m->cfg;
+    rmsnorm_rows(pool, w->xn, w->x, &m->layers[0].attn_norm, n, c->n_embd, c->rms_eps);
+    for (int il = 0; il < c->n_layer; il++) {
+        /* each block takes norm(x) in xn and leaves its output there */
         attention_block(m, w, pool, b, il, t0, n);
+        add_norm_rows(pool, w->x, w->xn, &m->layers[il].ffn_norm, n, c->n_embd, c->rms_eps);
         ffn_block(m, w, pool, il, n);
+        add_norm_rows(pool, w->x, w->xn, il + 1 < c->n_layer ? &m->layers[il + 1].attn_norm : NULL, n, c->n_embd,
+                      c->rms_eps);
     }
     return classify(m, w, pool, b, t0, n, logits);
 }

@@ -127,6 +127,12 @@ void kt_matmul_x16_avx2(float *out, const void *w, kt_dtype plain, const float *
                         int n_tokens, int r0, int r1);
 
 void kt_fp32_to_fp16_row_avx2(const float *x, uint16_t *out, int64_t n);
+/* RoPE's turn of pairs [p0, p0 + nc) of every head by the angles cs/sn
+ * (indexed from p0): the scalar twin and its AVX2 kernel, same bits. */
+void kt_rope_turn_ref(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
+                      const float *sn, kt_rope_style style);
+void kt_rope_turn_avx2(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
+                       const float *sn, kt_rope_style style);
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void kt_softmax_avx2(float *x, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);

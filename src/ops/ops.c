@@ -76,6 +76,17 @@ static float rope_theta_scale(int n_pairs, float freq_base) {
 /* Pairs [p0, p0 + nc) of every head, cs/sn indexed from p0. */
 static void rope_turn(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
                       const float *sn, kt_rope_style style) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (kt_cpu_has_avx2()) {
+        kt_rope_turn_avx2(x, n_heads, head_dim, n_pairs, p0, nc, cs, sn, style);
+        return;
+    }
+#endif
+    kt_rope_turn_ref(x, n_heads, head_dim, n_pairs, p0, nc, cs, sn, style);
+}
+
+void kt_rope_turn_ref(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
+                      const float *sn, kt_rope_style style) {
     for (int h = 0; h < n_heads; h++) {
         float *xh = x + (size_t)h * head_dim;
         for (int i = 0; i < nc; i++) {

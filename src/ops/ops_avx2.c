@@ -95,6 +95,42 @@ void kt_fp32_to_fp16_row_avx2(const float *x, uint16_t *out, int64_t n) {
     for (; i < n; i++) out[i] = kt_fp32_to_fp16(x[i]);
 }
 
+/* ---- rope ---------------------------------------------------------------
+ *
+ * Each pair (a, b) turns to (a c - b s, a s + b c), each product rounded
+ * and then the sum, as kt_rope_turn_ref does (no fma). Adjacent pairs:
+ * 4 pairs a vector, with c and s duplicated per pair and the pair's
+ * elements swapped: v * (c c) + swap(v) * (-s s) gives both results (a c +
+ * b (-s) is a c - b s exactly). Pairs half a rope_dim apart: 8 pairs a
+ * vector, a and b from the two halves. */
+void kt_rope_turn_avx2(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
+                       const float *sn, kt_rope_style style) {
+    const __m256 neg_even = _mm256_castsi256_ps(_mm256_setr_epi32(INT_MIN, 0, INT_MIN, 0, INT_MIN, 0, INT_MIN, 0));
+    for (int h = 0; h < n_heads; h++) {
+        float *xh = x + (size_t)h * head_dim;
+        int i = 0;
+        if (style == KT_ROPE_NEOX) {
+            for (; i + 8 <= nc; i += 8) {
+                float *pa = xh + p0 + i, *pb = pa + n_pairs;
+                const __m256 a = _mm256_loadu_ps(pa), b = _mm256_loadu_ps(pb);
+                const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+                _mm256_storeu_ps(pa, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+                _mm256_storeu_ps(pb, _mm256_add_ps(_mm256_mul_ps(a, s), _mm256_mul_ps(b, c)));
+            }
+        } else {
+            for (; i + 4 <= nc; i += 4) {
+                float *pv = xh + 2 * (p0 + i);
+                const __m128 c4 = _mm_loadu_ps(cs + i), s4 = _mm_loadu_ps(sn + i);
+                const __m256 c = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
+                const __m256 s = _mm256_xor_ps(_mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4)), neg_even);
+                const __m256 v = _mm256_loadu_ps(pv), swapped = _mm256_permute_ps(v, 0xB1);
+                _mm256_storeu_ps(pv, _mm256_add_ps(_mm256_mul_ps(v, c), _mm256_mul_ps(swapped, s)));
+            }
+        }
+        if (i < nc) kt_rope_turn_ref(xh, 1, head_dim, n_pairs, p0 + i, nc - i, cs + i, sn + i, style);
+    }
+}
+
 /* ---- rmsnorm -------------------------------------------------------- */
 
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps) {
