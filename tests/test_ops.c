@@ -1456,6 +1456,65 @@ static void test_attention_future_inf(void **state) {
     kt_pool_free(pool);
 }
 
+/* Decode at long contexts (one token, 512 positions or more, groups of
+ * fewer than 4 heads) runs in three passes split by positions, heads and
+ * dims: the same bits as the (token, group) kernel that a batch of two
+ * sequences' tokens takes, and close to the reference; paged F32, F16
+ * and Q8_0 rows in blocks of 16, head sizes 64 and 128, groups of 1-3. */
+static void test_attention_decode_long(void **state) {
+    (void)state;
+    enum { BT = 16, NPOS = 700, NB = (NPOS + BT - 1) / BT };
+    static const int shapes[][3] = {{4, 4, 64}, {4, 2, 64}, {6, 2, 64}, {3, 1, 128}}; /* heads, KV heads, dim */
+    static const kt_dtype types[] = {KT_F32, KT_F16, KT_Q8_0};
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const int nh = shapes[si][0], nkv = shapes[si][1], hd = shapes[si][2];
+            const int q_dim = nh * hd, kv_dim = nkv * hd;
+            const size_t row_bytes = kt_dtype_row_bytes(types[ti], kv_dim), block_bytes = row_bytes * BT;
+            char *k = tu_xmalloc(block_bytes * 2 * NB), *v = tu_xmalloc(block_bytes * 2 * NB);
+            int32_t table[2][NB];
+            for (int b = 0; b < 2 * NB; b++) table[b % 2][b / 2] = (b * 37 + 5) % (2 * NB); /* scrambled */
+            float *row = tu_xmalloc(sizeof(float) * kv_dim);
+            for (int sq = 0; sq < 2; sq++)
+                for (int p = 0; p < NPOS; p++) {
+                    const size_t at = (size_t)table[sq][p / BT] * block_bytes + (size_t)(p % BT) * row_bytes;
+                    tu_fill_normal(row, kv_dim, 1.5f, 1000 * sq + p);
+                    kt_quantize_row(types[ti], row, k + at, kv_dim);
+                    tu_fill_normal(row, kv_dim, 1.0f, 7000 + 1000 * sq + p);
+                    kt_quantize_row(types[ti], row, v + at, kv_dim);
+                }
+            float *q = tu_xmalloc(sizeof(float) * 2 * q_dim);
+            tu_fill_normal(q, 2 * (size_t)q_dim, 1.5f, 99 + si);
+            const int32_t *blocks[2] = {table[0], table[1]};
+            int n_pos[2] = {NPOS, NPOS - 77};
+            float *batch = tu_xmalloc(sizeof(float) * 2 * q_dim), *alone = tu_xmalloc(sizeof(float) * q_dim);
+            float *ref = tu_xmalloc(sizeof(float) * 2 * q_dim);
+            kt_attn_args a = {.out = batch, .q = q, .k = k, .v = v, .n_tokens = 2, .n_head = nh, .n_head_kv = nkv,
+                              .head_dim = hd, .q_stride = q_dim, .out_stride = q_dim, .kv_type = types[ti],
+                              .blocks = blocks, .block_tokens = BT, .row_bytes = row_bytes,
+                              .block_bytes = block_bytes, .n_pos = n_pos};
+            kt_attention(pool, &a);
+            a.out = ref;
+            kt_attention_ref(&a);
+            for (int i = 0; i < 2 * q_dim; i++)
+                if (!(fabsf(ref[i] - batch[i]) <= 1e-5f * 4.0f))
+                    fail_msg("shape %zu type %d elem %d: %.9g vs ref %.9g", si, (int)types[ti], i, batch[i], ref[i]);
+            for (int t = 0; t < 2; t++) {
+                kt_attn_args a1 = a;
+                a1.out = alone, a1.q = q + (size_t)t * q_dim, a1.n_tokens = 1, a1.blocks = blocks + t,
+                a1.n_pos = n_pos + t;
+                kt_attention(pool, &a1);
+                assert_memory_equal(alone, batch + (size_t)t * q_dim, sizeof(float) * q_dim);
+                kt_attention(NULL, &a1); /* no pool: the same passes on the calling thread */
+                assert_memory_equal(alone, batch + (size_t)t * q_dim, sizeof(float) * q_dim);
+            }
+            free(k), free(v), free(row), free(q), free(batch), free(alone), free(ref);
+        }
+    kt_pool_free(pool);
+}
+
 /* Paged attention: a ragged batch of tokens from 3 sequences whose
  * positions live in shuffled blocks of 16, with F32, F16 and Q8_0 rows.
  * Checks: SIMD vs the reference (each reading the same stored values);
@@ -1809,6 +1868,7 @@ int main(void) {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_future_inf),
         cmocka_unit_test(test_attention_paged),
+        cmocka_unit_test(test_attention_decode_long),
     };
     /* The throughput measurement is not a test: it runs instead of the
      * tests when asked for, and never shows up as a skipped test. */

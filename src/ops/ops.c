@@ -321,8 +321,77 @@ static attn_unit *plan_units(const kt_attn_args *a, int w, int nth, long *n_unit
     return u;
 }
 
+/* ---- decode at long contexts ------------------------------------------ */
+
+#define DECODE_CHUNK 256   /* positions per scores unit */
+#ifndef DECODE_MIN_POS
+#define DECODE_MIN_POS 512 /* shorter: the (token, group) units cost less */
+#endif
+
+typedef struct decode_job {
+    const kt_attn_args *a;
+    float *S, *inv;  /* n_head rows of s_row scores (then exps); n_head inverse sums */
+    size_t s_row;
+    float *scratch;  /* per thread: per_thread floats */
+    size_t per_thread;
+    int n_pos, n_chunks;
+} decode_job;
+
+static float *decode_scratch(const decode_job *j, int ith) {
+    return j->scratch + (size_t)ith * j->per_thread;
+}
+
+static void decode_scores_task(void *ctx, int ith, int nth) {
+    const decode_job *j = ctx;
+    for (long u = ith; u < (long)j->a->n_head_kv * j->n_chunks; u += nth) {
+        const int g = (int)(u / j->n_chunks), p0 = (int)(u % j->n_chunks) * DECODE_CHUNK;
+        const int p1 = p0 + DECODE_CHUNK < j->n_pos ? p0 + DECODE_CHUNK : j->n_pos;
+        kt_attn_decode_scores_avx2(j->a, g, p0, p1, j->S, j->s_row, decode_scratch(j, ith));
+    }
+}
+
+static void decode_softmax_task(void *ctx, int ith, int nth) {
+    const decode_job *j = ctx;
+    for (int h = ith; h < j->a->n_head; h += nth) j->inv[h] = kt_attn_decode_softmax_avx2(j->S + (size_t)h * j->s_row, j->n_pos);
+}
+
+static void decode_values_task(void *ctx, int ith, int nth) {
+    const decode_job *j = ctx;
+    const int slices = j->a->head_dim / 32;
+    for (long u = ith; u < (long)j->a->n_head_kv * slices; u += nth)
+        kt_attn_decode_values_avx2(j->a, (int)(u / slices), (int)(u % slices) * 32, j->S, j->s_row, j->inv,
+                                   decode_scratch(j, ith));
+}
+
+/* One token over a long context: the three passes, when the scratch can
+ * be had; false leaves the work to the (token, group) units. */
+static bool attention_decode(kt_pool *pool, const kt_attn_args *a) {
+    const int n_pos = kt_attn_n_pos(a, 0), nth = kt_pool_size(pool);
+    /* groups of ATTN_HEADS_MIN heads or more: the heads kernel does better */
+    if (a->n_tokens != 1 || n_pos < DECODE_MIN_POS || a->head_dim % 32 != 0 || !kt_cpu_has_avx2() ||
+        a->n_head / a->n_head_kv >= ATTN_HEADS_MIN)
+        return false;
+    decode_job j = {.a = a, .n_pos = n_pos, .s_row = ((size_t)n_pos + 15) / 16 * 16,
+                    .n_chunks = (n_pos + DECODE_CHUNK - 1) / DECODE_CHUNK,
+                    .per_thread = (kt_attn_decode_thread_floats(n_pos) + 15) / 16 * 16};
+    const size_t shared = (size_t)a->n_head * j.s_row + ((size_t)a->n_head + 15) / 16 * 16;
+    void *owned = NULL;
+    const size_t bytes = sizeof(float) * (shared + (size_t)nth * j.per_thread) + 64;
+    void *buf = pool ? kt_pool_scratch(pool, bytes) : (owned = malloc(bytes));
+    if (!buf) return false;
+    j.S = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    j.inv = j.S + (size_t)a->n_head * j.s_row;
+    j.scratch = j.S + shared;
+    kt_pool_run(pool, decode_scores_task, &j);
+    kt_pool_run(pool, decode_softmax_task, &j);
+    kt_pool_run(pool, decode_values_task, &j);
+    free(owned);
+    return true;
+}
+
 void kt_attention(kt_pool *pool, const kt_attn_args *a) {
     if (!attn_args_ok(a)) return;
+    if (attention_decode(pool, a)) return;
     const int nth = kt_pool_size(pool), group = a->n_head / a->n_head_kv;
     const int per_unit_max = group < ATTN_MAX_GROUP ? group : ATTN_MAX_GROUP;
     /* scores of the longest row, rounded to whole cache lines */

@@ -243,6 +243,18 @@ INL float kv_elem(const char *row, int i, kt_dtype type) {
     return ((const float *)row)[i];
 }
 
+/* How many positions ahead the attention kernels ask for K and V rows: a
+ * position's rows are a few cache lines, a whole position row (every KV
+ * head) apart, and one block of positions apart from the next block's,
+ * where the hardware prefetcher stops. At long contexts the KV cache
+ * comes from memory, and without these the kernels wait on it. */
+#define KV_PREFETCH 16
+
+INL void kv_prefetch(const char *row, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);
+}
+
 /* One query token's KV head: the address of every position's K and V row
  * (head offset included), computed once per unit of work so the inner
  * loops do no block arithmetic. */
@@ -251,13 +263,14 @@ typedef struct kv_view {
     kt_dtype type;
 } kv_view;
 
-static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, int n_pos) {
+/* Positions [p0, p1) of the view (indexed by position). */
+static void kv_view_range(kv_view *kv, const kt_attn_args *a, int t, int kvh, int p0, int p1) {
     const size_t head_bytes = kt_dtype_row_bytes(a->kv_type, (int64_t)kvh * a->head_dim);
     const size_t stride = a->blocks ? a->row_bytes : a->kv_stride * sizeof(float);
     /* a block (or the whole contiguous cache) at a time: one lookup each */
-    for (int p = 0; p < n_pos;) {
-        int run = a->blocks ? a->block_tokens - p % a->block_tokens : n_pos - p;
-        if (run > n_pos - p) run = n_pos - p;
+    for (int p = p0; p < p1;) {
+        int run = a->blocks ? a->block_tokens - p % a->block_tokens : p1 - p;
+        if (run > p1 - p) run = p1 - p;
         const char *k = kt_attn_row(a, a->k, t, p) + head_bytes, *v = kt_attn_row(a, a->v, t, p) + head_bytes;
         for (int i = 0; i < run; i++) {
             kv->k[p + i] = k + (size_t)i * stride;
@@ -265,6 +278,10 @@ static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, in
         }
         p += run;
     }
+}
+
+static void kv_view_build(kv_view *kv, const kt_attn_args *a, int t, int kvh, int n_pos) {
+    kv_view_range(kv, a, t, kvh, 0, n_pos);
 }
 
 /* Scores of 8 positions starting at p for the nh heads whose queries are
@@ -409,10 +426,12 @@ TARGET_512 INL void transpose16(__m512 *r) {
 
 /* scores8 for 16 positions; hd a multiple of 16. */
 TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                               float *const *s, const kt_dtype type) {
+                               float *const *s, const kt_dtype type, int n_pos_pf, int row_bytes_pf) {
     const char *const *rows = kv->k + p;
     __m512 acc[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
+    if (p + 64 <= n_pos_pf) /* three steps ahead: a step is a few hundred cycles */
+        for (int j = 48; j < 64; j++) kv_prefetch(rows[j], row_bytes_pf);
     for (int i = 0; i < hd; i += 16) {
         __m512 r[16];
 #pragma GCC unroll 16
@@ -429,10 +448,11 @@ TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv
 }
 
 TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                                float *const *s) {
-    if (kv->type == KT_F16) scores16_t(qs, nh, kv, hd, p, scale, s, KT_F16);
-    else if (kv->type == KT_Q8_0) scores16_t(qs, nh, kv, hd, p, scale, s, KT_Q8_0);
-    else scores16_t(qs, nh, kv, hd, p, scale, s, KT_F32);
+                                float *const *s, int n_pos) {
+    const int rb = (int)kt_dtype_row_bytes(kv->type, hd);
+    if (kv->type == KT_F16) scores16_t(qs, nh, kv, hd, p, scale, s, KT_F16, n_pos, rb);
+    else if (kv->type == KT_Q8_0) scores16_t(qs, nh, kv, hd, p, scale, s, KT_Q8_0, n_pos, rb);
+    else scores16_t(qs, nh, kv, hd, p, scale, s, KT_F32, n_pos, rb);
 }
 
 /* attn_values' sums for dims [0, d_end) (d_end a multiple of 64). */
@@ -444,6 +464,7 @@ TARGET_512 INL void attn_values_512_t(float *o, const kv_view *kv, int d_end, in
         for (int j = 0; j < 4; j++) acc[j] = _mm512_setzero_ps();
         for (int p = 0; p < n_pos; p++) {
             const char *vp = kv->v[p];
+            if (p + 16 < n_pos) kv_prefetch(kv->v[p + 16] + kt_dtype_row_bytes(type, d), (int)kt_dtype_row_bytes(type, 64));
             const __m512 ep = _mm512_set1_ps(e[p]);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
@@ -482,7 +503,7 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     const float scale = 1.0f / sqrtf((float)hd);
     int p0 = 0;
     if (wide)
-        for (; p0 + 16 <= n_pos; p0 += 16) scores16(qs, nh, &kv, hd, p0, scale, s);
+        for (; p0 + 16 <= n_pos; p0 += 16) scores16(qs, nh, &kv, hd, p0, scale, s, n_pos);
     attn_scores(qs, nh, &kv, hd, p0, n_pos, scale, s);
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
@@ -495,6 +516,106 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
         const int d0 = wide ? hd / 64 * 64 : 0;
         if (d0) attn_values_512(o, &kv, d0, n_pos, s[h], inv);
         attn_values(o, &kv, hd, d0, n_pos, s[h], inv);
+    }
+}
+
+/* ---- decode at long contexts: three passes over the pool ---------------
+ *
+ * One query token at thousands of positions reads megabytes of K and V
+ * per layer, from memory, and units of (KV group, heads) leave threads
+ * idle where there are fewer groups than threads (or read a group's rows
+ * once per batch of its heads). ops.c splits the work where it is
+ * independent instead: the scores by positions, the softmax by heads, the
+ * values by dims (each output dim is its own sum). Each pass does the
+ * group kernel's operations on its share, so the bits are its bits. */
+
+size_t kt_attn_decode_thread_floats(int n_pos) {
+    return (size_t)2 * n_pos * (sizeof(char *) / sizeof(float)) + 16; /* a K and a V view */
+}
+
+/* S[h * s_row + p] for the heads of KV group kvh, positions [p0, p1). */
+void kt_attn_decode_scores_avx2(const kt_attn_args *a, int kvh, int p0, int p1, float *S, size_t s_row,
+                                float *scratch) {
+    const int hd = a->head_dim, group = a->n_head / a->n_head_kv, n_pos = kt_attn_n_pos(a, 0);
+    kv_view kv = {(const char **)(((uintptr_t)scratch + 7) & ~(uintptr_t)7), NULL, a->kv_type};
+    kv.v = kv.k + n_pos;
+    kv_view_range(&kv, a, 0, kvh, p0, p1);
+    const bool wide = hd % 16 == 0 && kt_cpu_has_avx512_vnni();
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += ATTN_MAX_GROUP) {
+        const int nh = (kvh + 1) * group - h0 < ATTN_MAX_GROUP ? (kvh + 1) * group - h0 : ATTN_MAX_GROUP;
+        const float *qs[ATTN_MAX_GROUP];
+        float *s[ATTN_MAX_GROUP];
+        for (int h = 0; h < nh; h++) qs[h] = a->q + (size_t)(h0 + h) * hd, s[h] = S + (size_t)(h0 + h) * s_row;
+        int p = p0;
+        if (wide)
+            for (; p + 16 <= p1; p += 16) scores16(qs, nh, &kv, hd, p, scale, s, p1);
+        attn_scores(qs, nh, &kv, hd, p, p1, scale, s);
+    }
+}
+
+/* Head h's scores into exps in place; returns (float)(1 / their sum). */
+float kt_attn_decode_softmax_avx2(float *s, int n_pos) {
+    float max = s[0];
+    for (int p = 1; p < n_pos; p++) max = s[p] > max ? s[p] : max;
+    exp_sub_sum(s, n_pos, max);
+    double sum = 0.0;
+    for (int p = 0; p < n_pos; p++) sum += (double)s[p];
+    return (float)(1.0 / sum);
+}
+
+/* Dims [d0, d0 + 32) of the outputs of heads [h0, h0 + H) (one KV group,
+ * H <= 2: 8 sums, 4 V vectors and a broadcast fit the 16 registers):
+ * (sum_p e_h[p] * v_p[d] in position order) * inv[h]. */
+#define DECODE_PREFETCH 64 /* positions: a position's work is a few dozen cycles */
+INL void decode_values_t(const kt_attn_args *a, const kv_view *kv, int n_pos, int h0, const int H, int d0,
+                         const float *S, size_t s_row, const float *inv, const kt_dtype type) {
+    const size_t off = kt_dtype_row_bytes(type, d0);
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[h][j] = _mm256_setzero_ps();
+    for (int p = 0; p < n_pos; p++) {
+        const char *vp = kv->v[p];
+        if (p + DECODE_PREFETCH < n_pos) _mm_prefetch(kv->v[p + DECODE_PREFETCH] + off, _MM_HINT_T0);
+        __m256 v[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) v[j] = kv_load8(vp, d0 + 8 * j, type);
+#pragma GCC unroll 2
+        for (int h = 0; h < H; h++) {
+            const __m256 e = _mm256_set1_ps(S[(size_t)(h0 + h) * s_row + p]);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[h][j] = _mm256_add_ps(acc[h][j], _mm256_mul_ps(e, v[j]));
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(a->out + (size_t)(h0 + h) * a->head_dim + d0 + 8 * j,
+                             _mm256_mul_ps(acc[h][j], _mm256_set1_ps(inv[h0 + h])));
+}
+
+INL void decode_values_type(const kt_attn_args *a, const kv_view *kv, int n_pos, int h0, int H, int d0,
+                            const float *S, size_t s_row, const float *inv, const kt_dtype type) {
+    if (H == 1) decode_values_t(a, kv, n_pos, h0, 1, d0, S, s_row, inv, type);
+    else decode_values_t(a, kv, n_pos, h0, 2, d0, S, s_row, inv, type);
+}
+
+/* Dims [d0, d0 + 32) of every head of KV group kvh (head_dim a multiple
+ * of 32), two heads at a time. */
+void kt_attn_decode_values_avx2(const kt_attn_args *a, int kvh, int d0, const float *S, size_t s_row,
+                                const float *inv, float *scratch) {
+    const int group = a->n_head / a->n_head_kv, n_pos = kt_attn_n_pos(a, 0);
+    kv_view kv = {(const char **)(((uintptr_t)scratch + 7) & ~(uintptr_t)7), NULL, a->kv_type};
+    kv.v = kv.k + n_pos;
+    kv_view_build(&kv, a, 0, kvh, n_pos);
+    for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += 2) {
+        const int H = (kvh + 1) * group - h0 < 2 ? (kvh + 1) * group - h0 : 2;
+        if (a->kv_type == KT_F16) decode_values_type(a, &kv, n_pos, h0, H, d0, S, s_row, inv, KT_F16);
+        else if (a->kv_type == KT_Q8_0) decode_values_type(a, &kv, n_pos, h0, H, d0, S, s_row, inv, KT_Q8_0);
+        else decode_values_type(a, &kv, n_pos, h0, H, d0, S, s_row, inv, KT_F32);
     }
 }
 
@@ -565,16 +686,6 @@ INL void kv_row_widen(const char *row, kt_dtype type, int hd, float *buf) {
             _mm256_storeu_ps(buf + e, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), q));
         }
     for (; e < hd; e++) buf[e] = kv_elem(row, e, type);
-}
-
-/* How many positions ahead the block kernel asks for K and V rows: a
- * position's rows are a few cache lines, one per block of 16 positions
- * apart from the next block's, where the hardware prefetcher stops. */
-#define KV_PREFETCH 16
-
-INL void kv_prefetch(const char *row, int bytes) {
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
-    _mm_prefetch(row + bytes - 1, _MM_HINT_T0);
 }
 
 /* The row itself (F32) or widened into buf. */
