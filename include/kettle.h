@@ -130,9 +130,15 @@ char *kt_chat_apply(const kt_model *model, const char *template_text, const char
 
 typedef struct kt_session kt_session;
 
+/* KV cache element type: F16, F32, or Q8_0 (half F16's memory; needs
+ * head_dim % 32 == 0). The default is F32 for a session (the exact
+ * cache) and F16 for the server (half the memory, what llama.cpp keeps). */
+typedef enum kt_kv_type { KT_KV_DEFAULT = 0, KT_KV_F16, KT_KV_F32, KT_KV_Q8_0 } kt_kv_type;
+
 typedef struct kt_session_params {
-    int n_ctx;     /* context length in tokens; 0 = min(model, 4096) */
-    int n_threads; /* 0 = number of CPUs */
+    int n_ctx;          /* context length in tokens; 0 = min(model, 4096) */
+    int n_threads;      /* 0 = number of CPUs */
+    kt_kv_type kv_type; /* KT_KV_DEFAULT: F32 */
 } kt_session_params;
 
 kt_session *kt_session_new(kt_model *model, const kt_session_params *params,

@@ -76,9 +76,23 @@ static void test_bench_depth(void **state) {
         assert_string_equal(json_string_value(json_object_get(r, "test")), names[i]);
         assert_int_equal(json_integer_value(json_object_get(r, "n_depth")), i < 2 ? 0 : 32);
         assert_true(json_number_value(json_object_get(r, "ts_min")) > 0);
+        assert_string_equal(json_string_value(json_object_get(r, "kv_type")), "f16"); /* the default */
     }
     json_decref(doc);
     free(out);
+    /* --kv-type: the cache's type, and a clear error for one the model cannot take */
+    snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 8 -n 0 -r 1 -t 1 --kv-type f32 --csv", KT_BIN,
+             tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    assert_non_null(strstr(out, ",f32\n"));
+    free(out);
+    char *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench -m '%s' -p 8 -n 0 -r 1 -t 1 --kv-type q8_0", KT_BIN,
+             tu_shared("models/stories260K.gguf"));
+    assert_int_equal(tu_run(cmd, &out, &err), 1);
+    assert_non_null(strstr(err, "multiple of 32"));
+    free(out);
+    free(err);
 }
 
 static void test_bench_ceilings(void **state) {

@@ -162,6 +162,43 @@ static void test_truncate_and_replay(void **state) {
     kt_model_free(m);
 }
 
+/* The KV cache's type: F16 and Q8_0 give logits close to the F32 cache's
+ * (their rounding of K and V only), and Q8_0 on a head size that is not a
+ * multiple of 32 is refused with a message. */
+static void test_kv_types(void **state) {
+    (void)state;
+    kt_model *m = load("models/test-tiny-F16.gguf");
+    const int nv = kt_model_describe(m)->n_vocab, n = 40;
+    int32_t *toks = some_tokens(n, nv);
+    float *logits[3];
+    static const kt_kv_type types[3] = {KT_KV_DEFAULT, KT_KV_F16, KT_KV_Q8_0};
+    kt_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = n, .n_threads = 2, .kv_type = types[i]}, &err);
+        assert_non_null(s);
+        logits[i] = malloc(sizeof(float) * (size_t)nv);
+        assert_non_null(logits[i]);
+        assert_int_equal(kt_session_eval(s, toks, n, logits[i], false, &err), KT_OK);
+        kt_session_free(s);
+    }
+    float max = 0, d16 = 0, d8 = 0;
+    for (int j = 0; j < nv; j++) {
+        max = fmaxf(max, fabsf(logits[0][j]));
+        d16 = fmaxf(d16, fabsf(logits[1][j] - logits[0][j]));
+        d8 = fmaxf(d8, fabsf(logits[2][j] - logits[0][j]));
+    }
+    assert_true(d16 > 0 && d16 <= 1e-2f * max); /* different, and close */
+    assert_true(d8 > 0 && d8 <= 5e-2f * max);
+    for (int i = 0; i < 3; i++) free(logits[i]);
+    free(toks);
+    kt_model_free(m);
+    m = load("models/stories260K.gguf"); /* head size 8 */
+    assert_null(kt_session_new(m, &(kt_session_params){.n_ctx = 16, .kv_type = KT_KV_Q8_0}, &err));
+    assert_int_equal(err.status, KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "multiple of 32"));
+    kt_model_free(m);
+}
+
 static void test_context_full_is_an_error(void **state) {
     (void)state;
     kt_model *m = load("models/stories260K.gguf");
@@ -267,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_f16),
         cmocka_unit_test(test_load_modes_agree),
         cmocka_unit_test(test_truncate_and_replay),
+        cmocka_unit_test(test_kv_types),
         cmocka_unit_test(test_context_full_is_an_error),
         cmocka_unit_test(test_bad_models),
         cmocka_unit_test(test_tokenize_detok_round_trip),

@@ -7,6 +7,8 @@
  *   ... @ dD  the same after D tokens of context (-d): what an agent's
  *         later turns feel, where attention reads a long KV cache
  *
+ * The KV cache is F16 unless --kv-type says otherwise, as in kettle serve
+ * and llama-bench.
  * Each test runs once as warm-up (not counted: page cache, clocks, thread
  * start-up), then -r times; we report mean +- sample stddev, min and
  * median of tokens/s, and for tg the weight bytes streamed per second
@@ -44,6 +46,7 @@ typedef struct bench_opts {
     int_list pp, tg, threads, depth;
     out_fmt fmt;
     kt_load_mode load;
+    kt_kv_type kv_type;
     bool membw, peak;
 } bench_opts;
 
@@ -51,6 +54,7 @@ typedef struct bench_result {
     const char *model;
     const kt_model_desc *desc;
     int threads, n_tokens, n_depth, reps;
+    const char *kv; /* the KV cache's type */
     bool gen;
     double mean, sd, min, median; /* tokens/s */
 } bench_result;
@@ -68,6 +72,8 @@ static void usage(FILE *out) {
             "  -r, --repetitions N  runs of each test after the warm-up (default 5)\n"
             "      --md | --csv | --json   output format (default md)\n"
             "      --load MODE    repack (default), copy, mmap or populate (see 'kettle run --help')\n"
+            "      --kv-type T    KV cache element type: f16 (default, as kettle serve and llama-bench\n"
+            "                     keep it), f32 or q8_0\n"
             "      --membw        measure memory bandwidth (read, triad)\n"
             "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n");
 }
@@ -88,7 +94,7 @@ static bool parse_list(const char *s, int lo, int hi, int_list *out) {
 }
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.load = KT_LOAD_REPACK, .reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1},
+    *o = (bench_opts){.load = KT_LOAD_REPACK, .kv_type = KT_KV_F16, .reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1},
                         .depth = {{0}, 1}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -115,6 +121,12 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         } else if ((r = cli_opt("bench", argc, argv, &i, "-t", &v)) ||
                    (r = cli_opt("bench", argc, argv, &i, "--threads", &v))) {
             if (r < 0 || !parse_list(v, 1, 1024, &o->threads)) return r < 0 ? 2 : cli_usage_error("bench", "bad -t '%s'", v);
+        } else if ((r = cli_opt("bench", argc, argv, &i, "--kv-type", &v))) {
+            if (r < 0) return 2;
+            if (!strcmp(v, "f16")) o->kv_type = KT_KV_F16;
+            else if (!strcmp(v, "f32")) o->kv_type = KT_KV_F32;
+            else if (!strcmp(v, "q8_0")) o->kv_type = KT_KV_Q8_0;
+            else return cli_usage_error("bench", "bad --kv-type '%s' (f16, f32, q8_0)", v);
         } else if ((r = cli_opt("bench", argc, argv, &i, "--load", &v))) {
             if (r < 0 || !cli_parse_load_mode(v, &o->load)) return r < 0 ? 2 : cli_usage_error("bench", "bad --load '%s'", v);
         } else if ((r = cli_opt("bench", argc, argv, &i, "-r", &v)) ||
@@ -167,10 +179,10 @@ static double run_once(kt_session *s, int depth, const int32_t *toks, int n, boo
     return st == KT_OK ? (kt_time_ms() - t0) / 1e3 : -1;
 }
 
-static kt_status run_test(kt_model *m, int threads, int n, int depth, bool gen, int reps, bench_result *r,
-                          kt_error *err) {
+static kt_status run_test(kt_model *m, int threads, int n, int depth, kt_kv_type kv, bool gen, int reps,
+                          bench_result *r, kt_error *err) {
     const kt_model_desc *d = kt_model_describe(m);
-    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = depth + n, .n_threads = threads}, err);
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = depth + n, .n_threads = threads, .kv_type = kv}, err);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)(depth + n));
     float *logits = malloc(sizeof(float) * (size_t)d->n_vocab);
     double *tps = malloc(sizeof(double) * (size_t)reps);
@@ -191,6 +203,7 @@ static kt_status run_test(kt_model *m, int threads, int n, int depth, bool gen, 
     }
     if (st == KT_OK) {
         r->threads = threads, r->n_tokens = n, r->n_depth = depth, r->gen = gen, r->reps = reps, r->desc = d;
+        r->kv = kv == KT_KV_F32 ? "f32" : kv == KT_KV_Q8_0 ? "q8_0" : "f16";
         summarize(tps, reps, r);
     }
     free(tps), free(logits), free(toks);
@@ -217,7 +230,7 @@ static void print_header(out_fmt f) {
         printf("| model | size | params | threads | test | t/s | min | median | weights GB/s |\n");
         printf("|---|---:|---:|---:|---|---:|---:|---:|---:|\n");
     } else if (f == FMT_CSV) {
-        printf("model,size_bytes,n_params,threads,test,n_tokens,n_depth,reps,ts_mean,ts_stddev,ts_min,ts_median,weights_gbs\n");
+        printf("model,size_bytes,n_params,threads,test,n_tokens,n_depth,reps,ts_mean,ts_stddev,ts_min,ts_median,weights_gbs,kv_type\n");
     }
 }
 
@@ -235,16 +248,16 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
         if (r->gen) printf("%.2f |\n", gbs);
         else printf("|\n");
     } else if (f == FMT_CSV) {
-        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%d,%.9g,%.9g,%.9g,%.9g,%.9g\n", base_name(r->model),
+        printf("\"%s\",%llu,%llu,%d,%s,%d,%d,%d,%.9g,%.9g,%.9g,%.9g,%.9g,%s\n", base_name(r->model),
                (unsigned long long)r->desc->weight_bytes, (unsigned long long)r->desc->n_params, r->threads,
-               test, r->n_tokens, r->n_depth, r->reps, r->mean, r->sd, r->min, r->median, gbs);
+               test, r->n_tokens, r->n_depth, r->reps, r->mean, r->sd, r->min, r->median, gbs, r->kv);
     } else {
         printf("%s  {\"model\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"threads\": %d, "
                "\"test\": \"%s\", \"n_tokens\": %d, \"n_depth\": %d, \"reps\": %d, \"ts_mean\": %.9g, \"ts_stddev\": %.9g, "
-               "\"ts_min\": %.9g, \"ts_median\": %.9g, \"weights_gbs\": %.9g}",
+               "\"ts_min\": %.9g, \"ts_median\": %.9g, \"weights_gbs\": %.9g, \"kv_type\": \"%s\"}",
                first ? "" : ",\n", base_name(r->model), (unsigned long long)r->desc->weight_bytes,
                (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->n_depth, r->reps, r->mean,
-               r->sd, r->min, r->median, gbs);
+               r->sd, r->min, r->median, gbs, r->kv);
     }
     fflush(stdout);
 }
@@ -268,8 +281,8 @@ static int bench_models(const bench_opts *o) {
                     for (int k = 0; k < lists[g]->n && rc == 0; k++) {
                         if (lists[g]->v[k] == 0) continue;
                         bench_result r = {.model = o->models[mi]};
-                        if (run_test(m, threads_or_default(o->threads.v[ti]), lists[g]->v[k], o->depth.v[di], g == 1,
-                                     o->reps, &r, &err))
+                        if (run_test(m, threads_or_default(o->threads.v[ti]), lists[g]->v[k], o->depth.v[di],
+                                     o->kv_type, g == 1, o->reps, &r, &err))
                             rc = cli_fail("bench", &err);
                         else print_result(o->fmt, &r, first), first = false;
                     }

@@ -266,7 +266,14 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     }
     s->model = m;
     s->n_ctx = n_ctx;
-    kv_pool_params kp = llm_kv_params(m->llm, 1, n_ctx, KV_F32);
+    const kt_kv_type kt = p ? p->kv_type : KT_KV_DEFAULT;
+    if (kt == KT_KV_Q8_0 && m->llm->cfg.head_dim % 32 != 0) {
+        kt_error_set(err, KT_ERR_ARG, "a Q8_0 KV cache needs a head size that is a multiple of 32 (this model's: %d)",
+                     m->llm->cfg.head_dim);
+        return NULL;
+    }
+    const kv_type type = kt == KT_KV_F16 ? KV_F16 : kt == KT_KV_Q8_0 ? KV_Q8_0 : KV_F32;
+    kv_pool_params kp = llm_kv_params(m->llm, 1, n_ctx, type);
     if (!(s->kv = kv_pool_new(&kp, err)) || !(s->seq = kv_seq_new(s->kv, err)) ||
         !(s->work = llm_work_new(m->llm, err)) ||
         !(s->pool = kt_pool_new(p ? p->n_threads : 0, err))) {

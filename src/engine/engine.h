@@ -34,10 +34,6 @@
 
 #include "kettle.h"
 
-/* KV element type: F16 (default), F32, or Q8_0 (half F16's memory; needs
- * head_dim % 32 == 0). */
-typedef enum kt_kv_type { KT_KV_F16 = 0, KT_KV_F32 = 1, KT_KV_Q8_0 = 2 } kt_kv_type;
-
 typedef struct kt_engine_params {
     int n_ctx;         /* positions per sequence (prompt + output); <= 0: model's n_ctx_train */
     int n_parallel;    /* sequences decoding at once (choices count each); default 16 */
@@ -45,7 +41,7 @@ typedef struct kt_engine_params {
     int batch_tokens;  /* tokens per step (decode + prefill); default 256 */
     int n_threads;     /* forward-pass threads; <= 0: all CPUs */
     int queue_max;     /* requests waiting for admission before KT_ERR_BUSY; default 64 */
-    kt_kv_type kv_type;
+    kt_kv_type kv_type; /* default (KT_KV_DEFAULT): F16 */
     /* Beside decoding sequences, a step that also carries prefill is sized
      * (from measured costs) to take about this times a decode-only step,
      * so running streams keep their inter-token latency while a long
