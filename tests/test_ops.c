@@ -1509,6 +1509,10 @@ static void test_attention_decode_long(void **state) {
                 assert_memory_equal(alone, batch + (size_t)t * q_dim, sizeof(float) * q_dim);
                 kt_attention(NULL, &a1); /* no pool: the same passes on the calling thread */
                 assert_memory_equal(alone, batch + (size_t)t * q_dim, sizeof(float) * q_dim);
+                kt_cpu_force_no_avx512(true); /* the AVX2 passes: the same bits */
+                kt_attention(pool, &a1);
+                kt_cpu_force_no_avx512(false);
+                assert_memory_equal(alone, batch + (size_t)t * q_dim, sizeof(float) * q_dim);
             }
             free(k), free(v), free(row), free(q), free(batch), free(alone), free(ref);
         }

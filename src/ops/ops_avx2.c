@@ -603,14 +603,63 @@ INL void decode_values_type(const kt_attn_args *a, const kv_view *kv, int n_pos,
     else decode_values_t(a, kv, n_pos, h0, 2, d0, S, s_row, inv, type);
 }
 
+/* decode_values_t on 16 lanes: 2 vectors a head, so 8 heads' sums (16
+ * registers of 32) run together and each V slice is read once for them. */
+TARGET_512 INL void decode_values_512_t(const kt_attn_args *a, const kv_view *kv, int n_pos, int h0, const int H,
+                                        int d0, const float *S, size_t s_row, const float *inv, const kt_dtype type) {
+    const size_t off = kt_dtype_row_bytes(type, d0);
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
+    for (int p = 0; p < n_pos; p++) {
+        const char *vp = kv->v[p];
+        if (p + DECODE_PREFETCH < n_pos) _mm_prefetch(kv->v[p + DECODE_PREFETCH] + off, _MM_HINT_T0);
+        const __m512 v0 = kv_load16(vp, d0, type), v1 = kv_load16(vp, d0 + 16, type);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            const __m512 e = _mm512_set1_ps(S[(size_t)(h0 + h) * s_row + p]);
+            acc[h][0] = _mm512_add_ps(acc[h][0], _mm512_mul_ps(e, v0));
+            acc[h][1] = _mm512_add_ps(acc[h][1], _mm512_mul_ps(e, v1));
+        }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++) {
+        float *o = a->out + (size_t)(h0 + h) * a->head_dim + d0;
+        const __m512 s = _mm512_set1_ps(inv[h0 + h]);
+        _mm512_storeu_ps(o, _mm512_mul_ps(acc[h][0], s));
+        _mm512_storeu_ps(o + 16, _mm512_mul_ps(acc[h][1], s));
+    }
+}
+
+TARGET_512 static void decode_values_512(const kt_attn_args *a, const kv_view *kv, int n_pos, int h0, int H, int d0,
+                                         const float *S, size_t s_row, const float *inv) {
+#define DV512(n)                                                                                        \
+    case n:                                                                                             \
+        if (a->kv_type == KT_F16) decode_values_512_t(a, kv, n_pos, h0, n, d0, S, s_row, inv, KT_F16);   \
+        else if (a->kv_type == KT_Q8_0) decode_values_512_t(a, kv, n_pos, h0, n, d0, S, s_row, inv, KT_Q8_0); \
+        else decode_values_512_t(a, kv, n_pos, h0, n, d0, S, s_row, inv, KT_F32);                       \
+        break;
+    switch (H) {
+        DV512(1) DV512(2) DV512(3) DV512(4) DV512(5) DV512(6) DV512(7)
+        default: DV512(8)
+    }
+#undef DV512
+}
+
 /* Dims [d0, d0 + 32) of every head of KV group kvh (head_dim a multiple
- * of 32), two heads at a time. */
+ * of 32): eight heads at a time with AVX-512, else two. */
 void kt_attn_decode_values_avx2(const kt_attn_args *a, int kvh, int d0, const float *S, size_t s_row,
                                 const float *inv, float *scratch) {
     const int group = a->n_head / a->n_head_kv, n_pos = kt_attn_n_pos(a, 0);
     kv_view kv = {(const char **)(((uintptr_t)scratch + 7) & ~(uintptr_t)7), NULL, a->kv_type};
     kv.v = kv.k + n_pos;
     kv_view_build(&kv, a, 0, kvh, n_pos);
+    if (kt_cpu_has_avx512_vnni()) {
+        for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += 8)
+            decode_values_512(a, &kv, n_pos, h0, (kvh + 1) * group - h0 < 8 ? (kvh + 1) * group - h0 : 8, d0, S,
+                              s_row, inv);
+        return;
+    }
     for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += 2) {
         const int H = (kvh + 1) * group - h0 < 2 ? (kvh + 1) * group - h0 : 2;
         if (a->kv_type == KT_F16) decode_values_type(a, &kv, n_pos, h0, H, d0, S, s_row, inv, KT_F16);
