@@ -447,12 +447,25 @@ TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv
     for (int h = 0; h < nh; h++) _mm512_storeu_ps(s[h] + p, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
 }
 
+TARGET_512 INL void scores16_type(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
+                                  float *const *s, int n_pos, const kt_dtype type) {
+    const int rb = (int)kt_dtype_row_bytes(type, hd);
+    /* groups of 1-3 heads (where decode at long contexts spends its time
+     * in these scores) with the head count a constant: their sums stay in
+     * registers */
+    switch (nh) {
+    case 1: scores16_t(qs, 1, kv, hd, p, scale, s, type, n_pos, rb); break;
+    case 2: scores16_t(qs, 2, kv, hd, p, scale, s, type, n_pos, rb); break;
+    case 3: scores16_t(qs, 3, kv, hd, p, scale, s, type, n_pos, rb); break;
+    default: scores16_t(qs, nh, kv, hd, p, scale, s, type, n_pos, rb); break;
+    }
+}
+
 TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
                                 float *const *s, int n_pos) {
-    const int rb = (int)kt_dtype_row_bytes(kv->type, hd);
-    if (kv->type == KT_F16) scores16_t(qs, nh, kv, hd, p, scale, s, KT_F16, n_pos, rb);
-    else if (kv->type == KT_Q8_0) scores16_t(qs, nh, kv, hd, p, scale, s, KT_Q8_0, n_pos, rb);
-    else scores16_t(qs, nh, kv, hd, p, scale, s, KT_F32, n_pos, rb);
+    if (kv->type == KT_F16) scores16_type(qs, nh, kv, hd, p, scale, s, n_pos, KT_F16);
+    else if (kv->type == KT_Q8_0) scores16_type(qs, nh, kv, hd, p, scale, s, n_pos, KT_Q8_0);
+    else scores16_type(qs, nh, kv, hd, p, scale, s, n_pos, KT_F32);
 }
 
 /* attn_values' sums for dims [0, d_end) (d_end a multiple of 64). */
