@@ -259,12 +259,8 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
         kt_error_set(err, KT_ERR_ARG, "context length %d is out of range", n_ctx);
         return NULL;
     }
-    const kt_kv_type kt = p ? p->kv_type : KT_KV_DEFAULT;
-    if (kt == KT_KV_Q8_0 && m->llm->cfg.head_dim % 32 != 0) {
-        kt_error_set(err, KT_ERR_ARG, "a Q8_0 KV cache needs a head size that is a multiple of 32 (this model's: %d)",
-                     m->llm->cfg.head_dim);
-        return NULL;
-    }
+    kv_type type;
+    if (llm_kv_type(m->llm, p ? p->kv_type : KT_KV_DEFAULT, KV_F32, &type, err) != KT_OK) return NULL;
     kt_session *s = calloc(1, sizeof *s);
     if (!s) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory");
@@ -272,7 +268,6 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     }
     s->model = m;
     s->n_ctx = n_ctx;
-    const kv_type type = kt == KT_KV_F16 ? KV_F16 : kt == KT_KV_Q8_0 ? KV_Q8_0 : KV_F32;
     kv_pool_params kp = llm_kv_params(m->llm, 1, n_ctx, type);
     if (!(s->kv = kv_pool_new(&kp, err)) || !(s->seq = kv_seq_new(s->kv, err)) ||
         !(s->work = llm_work_new(m->llm, err)) ||

@@ -164,12 +164,8 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
 
 static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     const kt_engine_params *p = &e->p;
-    kv_type type = p->kv_type == KT_KV_F32 ? KV_F32 : p->kv_type == KT_KV_Q8_0 ? KV_Q8_0 : KV_F16;
-    if (type == KV_Q8_0 && e->llm->cfg.head_dim % 32 != 0) {
-        kt_error_set(err, KT_ERR_ARG, "Q8_0 KV needs a head size that is a multiple of 32; this model's is %d (use f16)",
-                     e->llm->cfg.head_dim);
-        return NULL;
-    }
+    kv_type type;
+    if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
     size_t block_bytes = (size_t)KV_BLOCK_TOKENS * kv_row_bytes(type, kp.kv_dim) * 2 * kp.n_layer;
     size_t want = p->kv_bytes;

@@ -89,6 +89,15 @@ kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens,
     return p;
 }
 
+kt_status llm_kv_type(const llm_model *m, kt_kv_type asked, kv_type dflt, kv_type *out, kt_error *err) {
+    *out = asked == KT_KV_F16 ? KV_F16 : asked == KT_KV_F32 ? KV_F32 : asked == KT_KV_Q8_0 ? KV_Q8_0 : dflt;
+    if (*out == KV_Q8_0 && m->cfg.head_dim % 32 != 0)
+        return kt_error_set(err, KT_ERR_ARG,
+                            "a Q8_0 KV cache needs a head size that is a multiple of 32; this model's is %d (use f16)",
+                            m->cfg.head_dim);
+    return KT_OK;
+}
+
 /* ---- element-wise steps, by tokens ----------------------------------- */
 
 #define PAR_MIN_TOKENS 16 /* fewer: the calling thread does it alone */
@@ -198,13 +207,7 @@ static void embed(const llm_model *m, const int32_t *tokens, int n, float *x) {
 
 /* One row of K or V into the token's KV block row, in the pool's type. */
 static void store_kv_row(void *dst, const float *src, int n, kv_type type) {
-    if (type == KV_F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (type == KV_F16) {
-        kt_quantize_row(KT_F16, src, dst, n);
-    } else {
-        kt_quantize_row(KT_Q8_0, src, dst, n);
-    }
+    kt_quantize_row(kv_type_dtype(type), src, dst, n);
 }
 
 /* Per token: the cos / sin of its rope angles, once per chunk for every

@@ -48,6 +48,11 @@ void llm_work_free(llm_work *w);
  * config, the rest from the arguments. */
 kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens, kv_type type);
 
+/* The cache element type asked for (KT_KV_DEFAULT: dflt) as the pool's
+ * type, or KT_ERR_ARG with a message where model m cannot keep it (Q8_0
+ * needs a head size that is a multiple of 32). */
+kt_status llm_kv_type(const llm_model *m, kt_kv_type asked, kv_type dflt, kv_type *out, kt_error *err);
+
 /* Runs the batch, writing each token's K and V rows into its sequence's
  * blocks, and n_vocab logits for each token with logits[t] set, one after
  * another in batch order, into `logits`. */

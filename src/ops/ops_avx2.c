@@ -477,7 +477,6 @@ TARGET_512 INL void attn_values_512_t(float *o, const kv_view *kv, int d_end, in
         for (int j = 0; j < 4; j++) acc[j] = _mm512_setzero_ps();
         for (int p = 0; p < n_pos; p++) {
             const char *vp = kv->v[p];
-            if (p + 16 < n_pos) kv_prefetch(kv->v[p + 16] + kt_dtype_row_bytes(type, d), (int)kt_dtype_row_bytes(type, 64));
             const __m512 ep = _mm512_set1_ps(e[p]);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
@@ -730,23 +729,11 @@ TARGET_512 INL __m512 exp512(__m512 x) {
     return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
 }
 
-/* Row p of a K or V view as floats, written to buf exactly as kv_elem
- * widens each element (the same conversion and product, 8 at a time). */
+/* Row p of a K or V view as floats, written to buf as kv_load8 / kv_elem
+ * widen it (the same conversion and product, 8 at a time). */
 INL void kv_row_widen(const char *row, kt_dtype type, int hd, float *buf) {
     int e = 0;
-    if (type == KT_F32) {
-        memcpy(buf, row, sizeof(float) * (size_t)hd);
-        return;
-    }
-    if (type == KT_F16)
-        for (; e + 8 <= hd; e += 8)
-            _mm256_storeu_ps(buf + e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e))));
-    if (type == KT_Q8_0)
-        for (; e + 8 <= hd; e += 8) {
-            const block_q8_0 *b = (const block_q8_0 *)row + e / QK8_0;
-            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + e % QK8_0))));
-            _mm256_storeu_ps(buf + e, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), q));
-        }
+    for (; e + 8 <= hd; e += 8) _mm256_storeu_ps(buf + e, kv_load8(row, e, type));
     for (; e < hd; e++) buf[e] = kv_elem(row, e, type);
 }
 
