@@ -49,6 +49,25 @@ static float *eval_in_steps(kt_model *m, const int32_t *toks, int n, int step, i
     return l;
 }
 
+/* Fed in pieces of `step` tokens asking only each piece's last logits
+ * (so the last layer runs for that token alone, forward.c): those rows
+ * must be the bits of the same positions in `all`, which asked for every
+ * position's. Later pieces read the K and V rows the skipped tokens left. */
+static void check_last_only(kt_model *m, const int32_t *toks, int n, int step, const float *all) {
+    int nv = kt_model_describe(m)->n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv);
+    assert_non_null(l);
+    kt_session *s = session(m, n, 2);
+    kt_error err = {0};
+    for (int i = 0; i < n; i += step) {
+        int k = n - i < step ? n - i : step;
+        assert_int_equal(kt_session_eval(s, toks + i, k, l, false, &err), KT_OK);
+        assert_memory_equal(l, all + (size_t)(i + k - 1) * nv, sizeof(float) * (size_t)nv);
+    }
+    kt_session_free(s);
+    free(l);
+}
+
 /* A token's logits do not depend on how the sequence was batched or how
  * many threads ran it: bit-identical. n >= 16, so the whole batch on 2
  * threads also splits the element-wise steps between them. */
@@ -64,6 +83,7 @@ static void check_invariance(const char *rel, int n) {
     assert_memory_equal(whole, whole2, bytes);
     assert_memory_equal(whole, single, bytes);
     assert_memory_equal(whole, mixed, bytes);
+    check_last_only(m, toks, n, 7, whole);
     free(whole);
     free(whole2);
     free(single);
@@ -75,6 +95,21 @@ static void check_invariance(const char *rel, int n) {
 static void test_invariance_f32(void **state) {
     (void)state;
     check_invariance("models/stories260K.gguf", 40);
+}
+
+/* More tokens than one forward chunk (LLM_MAX_BATCH): the first chunk of
+ * a piece wants no logits at all, so its last layer only stores K and V. */
+static void test_last_only_across_chunks(void **state) {
+    (void)state;
+    kt_model *m = load("models/stories260K.gguf");
+    const int n = 300;
+    int32_t *toks = some_tokens(n, kt_model_describe(m)->n_vocab);
+    float *whole = eval_in_steps(m, toks, n, n, 2);
+    check_last_only(m, toks, n, 290, whole);
+    check_last_only(m, toks, n, n, whole);
+    free(whole);
+    free(toks);
+    kt_model_free(m);
 }
 
 static void test_invariance_q4_0(void **state) {
@@ -299,6 +334,7 @@ static void test_run_is_reproducible_with_seed(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariance_f32),
+        cmocka_unit_test(test_last_only_across_chunks),
         cmocka_unit_test(test_invariance_q4_0),
         cmocka_unit_test(test_invariance_q8_0),
         cmocka_unit_test(test_invariance_f16),

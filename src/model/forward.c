@@ -4,6 +4,9 @@
  * For each layer:   h = x + Wo * attn(rope(Wq * norm(x)), rope(Wk * ..), Wv * ..)
  *                   x = h + Wdown * (silu(Wgate * norm(h)) * (Wup * norm(h)))
  * then logits = Wout * norm(x). Activations are row-major [token][feature].
+ * Only the tokens that want logits go past the last layer's K and V: the
+ * others' last outputs reach nothing (in a pp512 that is 511 tokens' Q,
+ * attention, Wo and FFN of one layer, 1/n_layer of the work).
  * Matmuls and attention are split over the thread pool; so are the
  * element-wise steps of a chunk of many tokens (by tokens: each token's
  * steps are the same whichever thread runs them), while a few tokens'
@@ -229,7 +232,8 @@ static void rope_angles_some(void *p, int s0, int s1) {
 }
 
 /* Per token: RoPE on its Q and K rows, then its K and V rows into its
- * sequence's KV blocks (each token writes its own position's rows). */
+ * sequence's KV blocks (each token writes its own position's rows).
+ * q NULL: K and V only; k NULL: Q only (rows already in the cache). */
 typedef struct rope_store_ctx {
     const llm_config *c;
     const llm_batch *b;
@@ -246,33 +250,24 @@ static void rope_store_some(void *p, int s0, int s1) {
     const int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     for (int t = s0; t < s1; t++) {
-        const int pos = r->b->pos[r->t0 + t];
-        float *q = r->q + (size_t)t * q_dim, *k = r->k + (size_t)t * kv_dim;
         const float *cs = r->cs + t * pairs, *sn = r->sn + t * pairs;
-        kt_rope_apply(q, c->n_head, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+        if (r->q) kt_rope_apply(r->q + (size_t)t * q_dim, c->n_head, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+        if (!r->k) continue;
+        float *k = r->k + (size_t)t * kv_dim;
         kt_rope_apply(k, c->n_head_kv, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+        const int pos = r->b->pos[r->t0 + t];
         kv_seq *seq = r->b->seq[r->t0 + t];
         store_kv_row(kv_seq_row(seq, r->il, KV_K, pos), k, kv_dim, r->type);
         store_kv_row(kv_seq_row(seq, r->il, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
     }
 }
 
-static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
-                            int il, int t0, int n) {
+/* The chunk's first n tokens attend (Q in w->q, roped; their K and V rows
+ * already stored), then out = Wo * attention, into xn. */
+static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool *kv, int il, int n) {
     const llm_config *c = &m->cfg;
-    const llm_layer *l = &m->layers[il];
     const int q_dim = c->n_head * c->head_dim;
-    const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
-                                  {w->k, l->wk.data, l->wk.type, l->wk.n_out},
-                                  {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
-    kt_matmul_many(pool, qkv, 3, w->xn, l->wq.n_in, n);
-    add_bias(w->q, &l->bq, n);
-    add_bias(w->k, &l->bk, n);
-    add_bias(w->v, &l->bv, n);
-    const kv_pool *kv = b->seq[t0]->pool; /* every sequence of a batch uses one pool */
     const kv_pool_params *kp = kv_pool_get_params(kv);
-    rope_store_ctx rs = {c, b, t0, il, w->q, w->k, w->v, w->rope_cs, w->rope_sn, kp->type};
-    over_tokens(pool, n, rope_store_some, &rs);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
         .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
@@ -282,7 +277,75 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
         .row_bytes = kv_pool_row_bytes(kv), .block_bytes = kv_pool_block_bytes(kv), .n_pos = w->n_pos,
     };
     kt_attention(pool, &a);
-    matmul(pool, w->xn, &l->wo, w->att, n);
+    matmul(pool, w->xn, &m->layers[il].wo, w->att, n);
+}
+
+static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                            int il, int t0, int n) {
+    const llm_layer *l = &m->layers[il];
+    const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
+                                  {w->k, l->wk.data, l->wk.type, l->wk.n_out},
+                                  {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
+    kt_matmul_many(pool, qkv, 3, w->xn, l->wq.n_in, n);
+    add_bias(w->q, &l->bq, n);
+    add_bias(w->k, &l->bk, n);
+    add_bias(w->v, &l->bv, n);
+    const kv_pool *kv = b->seq[t0]->pool; /* every sequence of a batch uses one pool */
+    rope_store_ctx rs = {&m->cfg, b, t0, il, w->q, w->k, w->v, w->rope_cs, w->rope_sn, kv_pool_get_params(kv)->type};
+    over_tokens(pool, n, rope_store_some, &rs);
+    attend(m, w, pool, kv, il, n);
+}
+
+/* Moves the rows of the chunk's tokens that want logits (out non-NULL and
+ * b->logits set) to the front: their x and xn rows, block tables,
+ * attention lengths and rope angles. Returns how many. Kept rows only move
+ * down (row t to row j <= t), so the copy is safe in place. */
+static int keep_output_rows(const llm_config *c, llm_work *w, const llm_batch *b, int t0, int n,
+                            const float *out) {
+    const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
+    const size_t embd_bytes = (size_t)c->n_embd * sizeof(float), pair_bytes = pairs * sizeof(float);
+    int j = 0;
+    if (!out || !b->logits) return 0;
+    for (int t = 0; t < n; t++) {
+        if (!b->logits[t0 + t]) continue;
+        if (j != t) {
+            memcpy(w->x + (size_t)j * c->n_embd, w->x + (size_t)t * c->n_embd, embd_bytes);
+            memcpy(w->xn + (size_t)j * c->n_embd, w->xn + (size_t)t * c->n_embd, embd_bytes);
+            memcpy(w->rope_cs + j * pairs, w->rope_cs + t * pairs, pair_bytes);
+            memcpy(w->rope_sn + j * pairs, w->rope_sn + t * pairs, pair_bytes);
+            w->blocks[j] = w->blocks[t];
+            w->n_pos[j] = w->n_pos[t];
+        }
+        j++;
+    }
+    return j;
+}
+
+/* The last layer's attention: every token's K and V rows go to the cache
+ * (later tokens read them), but only the tokens that want logits go on:
+ * the others' outputs of this layer reach nothing. Their Q, attention, Wo
+ * and FFN are skipped. Returns how many go on, in rows 0 .. n_keep - 1
+ * (keep_output_rows). Each kept row gets the bits it would get in a full
+ * pass: every kernel's result for a token depends on that token alone. */
+static int last_attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                                int il, int t0, int n, const float *out) {
+    const llm_layer *l = &m->layers[il];
+    const kt_matmul_part kv_parts[] = {{w->k, l->wk.data, l->wk.type, l->wk.n_out},
+                                       {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
+    kt_matmul_many(pool, kv_parts, 2, w->xn, l->wk.n_in, n);
+    add_bias(w->k, &l->bk, n);
+    add_bias(w->v, &l->bv, n);
+    const kv_pool *kv = b->seq[t0]->pool;
+    rope_store_ctx rs = {&m->cfg, b, t0, il, NULL, w->k, w->v, w->rope_cs, w->rope_sn, kv_pool_get_params(kv)->type};
+    over_tokens(pool, n, rope_store_some, &rs);
+    const int n_keep = keep_output_rows(&m->cfg, w, b, t0, n, out);
+    if (!n_keep) return 0;
+    matmul(pool, w->q, &l->wq, w->xn, n_keep);
+    add_bias(w->q, &l->bq, n_keep);
+    rs.q = w->q, rs.k = NULL;
+    over_tokens(pool, n_keep, rope_store_some, &rs);
+    attend(m, w, pool, kv, il, n_keep);
+    return n_keep;
 }
 
 static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
@@ -295,43 +358,34 @@ static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     matmul(pool, w->xn, &l->w_down, w->gate, n);
 }
 
-/* Logits of the chunk's tokens that want them, gathered into consecutive
- * rows of xn, into out (n_vocab each); returns how many. */
-static int classify(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int t0,
-                    int n, float *out) {
-    const llm_config *c = &m->cfg;
-    int n_out = 0;
-    if (!out) return 0;
-    for (int t = 0; t < n; t++) {
-        if (!b->logits || !b->logits[t0 + t]) continue;
-        kt_rmsnorm(w->xn + (size_t)n_out * c->n_embd, w->x + (size_t)t * c->n_embd,
-                   m->output_norm.data, c->n_embd, c->rms_eps);
-        n_out++;
-    }
-    if (n_out) matmul(pool, out, &m->output, w->xn, n_out);
-    return n_out;
-}
-
+/* Runs the chunk's tokens through every layer; returns how many logits
+ * rows it wrote to out (the tokens with b->logits set, in batch order). */
 static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
-                         int t0, int n, float *logits) {
+                         int t0, int n, float *out) {
+    const llm_config *c = &m->cfg;
     for (int t = 0; t < n; t++) {
         w->blocks[t] = b->seq[t0 + t]->blocks;
         w->n_pos[t] = b->pos[t0 + t] + 1;
     }
     embed(m, b->tokens + t0, n, w->x);
-    angles_ctx ac = {&m->cfg, b, t0, w};
+    angles_ctx ac = {c, b, t0, w};
     over_tokens(pool, n, rope_angles_some, &ac);
-    const llm_config *c = &m->cfg;
     rmsnorm_rows(pool, w->xn, w->x, &m->layers[0].attn_norm, n, c->n_embd, c->rms_eps);
     for (int il = 0; il < c->n_layer; il++) {
         /* each block takes norm(x) in xn and leaves its output there */
-        attention_block(m, w, pool, b, il, t0, n);
+        const bool last = il == c->n_layer - 1;
+        if (!last)
+            attention_block(m, w, pool, b, il, t0, n);
+        else if (!(n = last_attention_block(m, w, pool, b, il, t0, n, out)))
+            return 0;
         add_norm_rows(pool, w->x, w->xn, &m->layers[il].ffn_norm, n, c->n_embd, c->rms_eps);
         ffn_block(m, w, pool, il, n);
-        add_norm_rows(pool, w->x, w->xn, il + 1 < c->n_layer ? &m->layers[il + 1].attn_norm : NULL, n, c->n_embd,
+        /* after the last layer, xn = the output norm of x: the classifier's input */
+        add_norm_rows(pool, w->x, w->xn, last ? &m->output_norm : &m->layers[il + 1].attn_norm, n, c->n_embd,
                       c->rms_eps);
     }
-    return classify(m, w, pool, b, t0, n, logits);
+    matmul(pool, out, &m->output, w->xn, n);
+    return n;
 }
 
 void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
