@@ -7,7 +7,9 @@
  *   AB_F float vector, AB_D vector of AB_W / 2 doubles,
  *   ab_set1 ab_zero ab_load ab_loadu ab_store ab_storeu ab_add ab_sub
  *   ab_mul ab_exp (exp256 / exp512, the same per lane),
- *   AB_DT dims a values tile (hd a multiple), AB_M lane mask,
+ *   AB_HB heads a scores or values tile (2 or more), AB_PB positions a
+ *   scores tile (divides 8), AB_DT dims a values tile (hd a multiple),
+ *   AB_M lane mask,
  *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
  *   ab_max_live(acc, m, v), ab_keep(m, v) (dead lanes 0),
  *   ab_add_live(acc, m, v) (dead lanes: acc unchanged),
@@ -18,8 +20,38 @@
  * the end so the next width can define it again.
  */
 
-/* S[h][p] for p in [0, np_pad), 8 positions at a time per head: lane i is
- * token i's dot, summed over the elements in order, times scale. */
+/* S[h + b][p + j] for b < HB heads and j < AB_PB positions: one load of
+ * each k_p element, broadcast, serves the HB heads (the heads of a group
+ * read the same K), so a tile of HB x AB_PB sums costs HB + AB_PB loads a
+ * step where one head at a time cost 1 + AB_PB (load-bound). Each lane's
+ * dot is summed over the elements in order, then times scale. */
+AB_TARGET INL void AB_NAME(scores_tile)(const float *qt, int hd, const float *const *k, float scale, float *S,
+                                        int np_pad, int h, int p, const int HB) {
+    AB_F acc[AB_HB][AB_PB];
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++)
+#pragma GCC unroll 8
+        for (int j = 0; j < AB_PB; j++) acc[b][j] = ab_zero();
+    for (int e = 0; e < hd; e++) {
+        AB_F qv[AB_HB];
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) qv[b] = ab_load(qt + ((size_t)(h + b) * hd + e) * AB_W);
+#pragma GCC unroll 8
+        for (int j = 0; j < AB_PB; j++) {
+            const AB_F kv = ab_set1(k[j][e]);
+#pragma GCC unroll 4
+            for (int b = 0; b < HB; b++) acc[b][j] = ab_add(acc[b][j], ab_mul(qv[b], kv));
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++)
+#pragma GCC unroll 8
+        for (int j = 0; j < AB_PB; j++)
+            ab_store(S + ((size_t)(h + b) * np_pad + p + j) * AB_W, ab_mul(acc[b][j], ab_set1(scale)));
+}
+
+/* S[h][p] for p in [0, np_pad): lane i is token i's dot with k_p. K rows
+ * are widened 8 at a time, then every head's tiles run over them. */
 AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, const kv_view *kv, int np_pad,
                                             float scale, float *kbuf, float *S) {
     const int row_bytes = (int)kt_dtype_row_bytes(kv->type, hd);
@@ -29,20 +61,13 @@ AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, con
             if (p + j + KV_PREFETCH < np_pad) kv_prefetch(kv->k[p + j + KV_PREFETCH], row_bytes);
             k[j] = kv_row_f32(kv->k[p + j], kv->type, hd, kbuf + (size_t)j * hd);
         }
-        for (int h = 0; h < nh; h++) {
-            const float *q = qt + (size_t)h * hd * AB_W;
-            AB_F acc[8];
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) acc[j] = ab_zero();
-            for (int e = 0; e < hd; e++) {
-                const AB_F qv = ab_load(q + (size_t)e * AB_W);
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) acc[j] = ab_add(acc[j], ab_mul(qv, ab_set1(k[j][e])));
+        for (int j = 0; j < 8; j += AB_PB)
+            for (int h = 0; h < nh;) {
+                const int left = nh - h;
+                if (left >= AB_HB) AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, h, p + j, AB_HB), h += AB_HB;
+                else if (left >= 2) AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, h, p + j, 2), h += 2;
+                else AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, h, p + j, 1), h += 1;
             }
-            float *s = S + ((size_t)h * np_pad + p) * AB_W;
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) ab_store(s + (size_t)j * AB_W, ab_mul(acc[j], ab_set1(scale)));
-        }
     }
 }
 
@@ -66,39 +91,61 @@ AB_TARGET static void AB_NAME(block_softmax)(float *S, int nh, int np_pad, int n
     }
 }
 
-/* acc[(h * hd + d) * AB_W + i] += sum over p in [c0, c1) of lane i of
- * S[h][p] times v_p[d] (row p - c0 of vb, hd floats each), in position
- * order: the tokens in the
- * lanes, as in the scores, so a position costs one load of S[h][p] and
- * one broadcast per dim, and AB_DT dims' sums stay in registers. From
- * position all_live on, lanes whose token has n_pos <= p take nothing
- * (their S is 0, but 0 x an infinite v would not be). */
+/* acc[((h + b) * hd + d0 + j) * AB_W + i] += sum over p in [c0, c1) of
+ * lane i of S[h + b][p] times v_p[d0 + j], for b < HB heads and j < AB_DT
+ * dims, in position order: the tokens in the lanes, as in the scores, so
+ * a position costs HB loads of S and one broadcast per dim, shared by the
+ * HB heads (they read the same V). From position mid on, lanes whose
+ * token has n_pos <= p take nothing (their S is 0, but 0 x an infinite v
+ * would not be). */
+AB_TARGET INL void AB_NAME(values_tile)(const float *S, int np_pad, int hd, int h, int d0, int c0, int mid, int c1,
+                                        const int32_t *np, const float *vb, float *acc, const int HB) {
+    AB_F a[AB_HB][AB_DT], sp[AB_HB];
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++)
+#pragma GCC unroll 16
+        for (int j = 0; j < AB_DT; j++) a[b][j] = ab_load(acc + ((size_t)(h + b) * hd + d0 + j) * AB_W);
+    for (int p = c0; p < mid; p++) {
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) sp[b] = ab_load(S + ((size_t)(h + b) * np_pad + p) * AB_W);
+        const float *vp = vb + (size_t)(p - c0) * hd + d0;
+#pragma GCC unroll 16
+        for (int j = 0; j < AB_DT; j++) {
+            const AB_F v = ab_set1(vp[j]);
+#pragma GCC unroll 4
+            for (int b = 0; b < HB; b++) a[b][j] = ab_add(a[b][j], ab_mul(sp[b], v));
+        }
+    }
+    for (int p = mid; p < c1; p++) {
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) sp[b] = ab_load(S + ((size_t)(h + b) * np_pad + p) * AB_W);
+        const AB_M live = ab_live(np, p);
+        const float *vp = vb + (size_t)(p - c0) * hd + d0;
+#pragma GCC unroll 16
+        for (int j = 0; j < AB_DT; j++) {
+            const AB_F v = ab_set1(vp[j]);
+#pragma GCC unroll 4
+            for (int b = 0; b < HB; b++) a[b][j] = ab_add_live(a[b][j], live, ab_mul(sp[b], v));
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++)
+#pragma GCC unroll 16
+        for (int j = 0; j < AB_DT; j++) ab_store(acc + ((size_t)(h + b) * hd + d0 + j) * AB_W, a[b][j]);
+}
+
+/* The values of positions [c0, c1) (rows of vb), every head and dim. */
 AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, int nh, int c0, int c1,
                                             int all_live, const int32_t *np, const float *vb, float *acc) {
     const int mid = all_live < c0 ? c0 : all_live > c1 ? c1 : all_live;
-    for (int h = 0; h < nh; h++) {
-        const float *sh = S + (size_t)h * np_pad * AB_W;
+    for (int h = 0; h < nh;) {
+        const int hb = nh - h >= AB_HB ? AB_HB : nh - h >= 2 ? 2 : 1;
         for (int d0 = 0; d0 < hd; d0 += AB_DT) {
-            float *at = acc + ((size_t)h * hd + d0) * AB_W;
-            AB_F a[AB_DT];
-#pragma GCC unroll 16
-            for (int j = 0; j < AB_DT; j++) a[j] = ab_load(at + (size_t)j * AB_W);
-            for (int p = c0; p < mid; p++) {
-                const AB_F sp = ab_load(sh + (size_t)p * AB_W);
-                const float *vp = vb + (size_t)(p - c0) * hd + d0;
-#pragma GCC unroll 16
-                for (int j = 0; j < AB_DT; j++) a[j] = ab_add(a[j], ab_mul(sp, ab_set1(vp[j])));
-            }
-            for (int p = mid; p < c1; p++) {
-                const AB_F sp = ab_load(sh + (size_t)p * AB_W);
-                const AB_M live = ab_live(np, p);
-                const float *vp = vb + (size_t)(p - c0) * hd + d0;
-#pragma GCC unroll 16
-                for (int j = 0; j < AB_DT; j++) a[j] = ab_add_live(a[j], live, ab_mul(sp, ab_set1(vp[j])));
-            }
-#pragma GCC unroll 16
-            for (int j = 0; j < AB_DT; j++) ab_store(at + (size_t)j * AB_W, a[j]);
+            if (hb == AB_HB) AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, mid, c1, np, vb, acc, AB_HB);
+            else if (hb == 2) AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, mid, c1, np, vb, acc, 2);
+            else AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, mid, c1, np, vb, acc, 1);
         }
+        h += hb;
     }
 }
 
@@ -137,9 +184,11 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
     for (int h = 0; h < nh; h++)
         for (int e0 = 0; e0 < hd; e0 += AB_W) {
             AB_F r[AB_W];
+#pragma GCC unroll 16
             for (int i = 0; i < AB_W; i++)
                 r[i] = i < nt ? ab_loadu(L->q + (size_t)i * L->q_lane + (size_t)h * hd + e0) : ab_zero();
             ab_transpose(r);
+#pragma GCC unroll 16
             for (int k = 0; k < AB_W; k++) ab_store(qt + ((size_t)h * hd + e0 + k) * AB_W, r[k]);
         }
     memset(acc, 0, sizeof(float) * (size_t)nh * hd * AB_W);
@@ -161,9 +210,12 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
         const AB_F s = ab_loadu(inv + h * AB_W);
         for (int d0 = 0; d0 < hd; d0 += AB_W) {
             AB_F r[AB_W];
+#pragma GCC unroll 16
             for (int k = 0; k < AB_W; k++) r[k] = ab_mul(ab_load(acc + ((size_t)h * hd + d0 + k) * AB_W), s);
             ab_transpose(r);
-            for (int i = 0; i < nt; i++) ab_storeu(L->out + (size_t)i * L->out_lane + (size_t)h * hd + d0, r[i]);
+#pragma GCC unroll 16
+            for (int i = 0; i < AB_W; i++)
+                if (i < nt) ab_storeu(L->out + (size_t)i * L->out_lane + (size_t)h * hd + d0, r[i]);
         }
     }
 }
@@ -212,6 +264,8 @@ AB_TARGET void AB_NAME(kt_attention_heads)(const kt_attn_args *a, int t, int h0,
 #undef ab_transpose
 #undef AB_M
 #undef AB_DT
+#undef AB_HB
+#undef AB_PB
 #undef ab_dzero
 #undef ab_dlo
 #undef ab_dhi

@@ -761,20 +761,26 @@ INL void transpose8x8(__m256 r[8]) {
     for (int i = 0; i < 4; i++) r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
 }
 
-/* r[i][j] <- r[j][i] by swapping the off-diagonal blocks of 8, 4, 2 and
- * then 1: rows a = r[i], b = r[i + s] (bit s of i clear) become, lane j,
- * a' = j & s ? b[j - s] : a[j] and b' = j & s ? b[j] : a[j + s]. */
+/* r[i][j] <- r[j][i], all in registers: interleave pairs of rows and then
+ * pairs of pairs (4 x 4 blocks transposed within each 128-bit lane), then
+ * move whole lanes twice (which 4 x 4 block goes where). */
 TARGET_512 INL void transpose16x16(__m512 r[16]) {
-    for (int s = 8; s >= 1; s /= 2) {
-        int32_t ia[16], ib[16];
-        for (int j = 0; j < 16; j++) ia[j] = j & s ? 16 + j - s : j, ib[j] = j & s ? 16 + j : j + s;
-        const __m512i xa = _mm512_loadu_si512(ia), xb = _mm512_loadu_si512(ib);
-        for (int i = 0; i < 16; i++)
-            if (!(i & s)) {
-                const __m512 a = r[i], b = r[i + s];
-                r[i] = _mm512_permutex2var_ps(a, xa, b), r[i + s] = _mm512_permutex2var_ps(a, xb, b);
-            }
+    __m512 t[16], u[16];
+#pragma GCC unroll 8
+    for (int k = 0; k < 16; k += 2) t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]), t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+#pragma GCC unroll 4
+    for (int k = 0; k < 16; k += 4) {
+        u[k] = _mm512_shuffle_ps(t[k], t[k + 2], 0x44), u[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], 0xEE);
+        u[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0x44), u[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
     }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_f32x4(u[k], u[k + 4], 0x88), t[k + 4] = _mm512_shuffle_f32x4(u[k], u[k + 4], 0xDD);
+        t[k + 8] = _mm512_shuffle_f32x4(u[k + 8], u[k + 12], 0x88);
+        t[k + 12] = _mm512_shuffle_f32x4(u[k + 8], u[k + 12], 0xDD);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88), r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
 }
 
 /* 8 lanes, AVX2. Lane masks are all-ones / zero float lanes. */
@@ -797,7 +803,9 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define ab_max_live(acc, m, v) _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), m)
 #define ab_keep(m, v) _mm256_and_ps(v, m)
 #define AB_M __m256
-#define AB_DT 8
+#define AB_DT 4 /* 16 registers: 2 heads x 4 dims, 2 heads x 4 positions */
+#define AB_HB 2
+#define AB_PB 4
 /* + 0 leaves every sum as it is: they start at +0 and never become -0 */
 #define ab_add_live(acc, m, v) _mm256_add_ps(acc, _mm256_and_ps(v, m))
 #define ab_transpose transpose8x8
@@ -829,7 +837,9 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define ab_max_live(acc, m, v) _mm512_mask_max_ps(acc, m, acc, v)
 #define ab_keep(m, v) _mm512_maskz_mov_ps(m, v)
 #define AB_M __mmask16
-#define AB_DT 16
+#define AB_DT 8 /* 3 heads x 8 dims or positions: 24 sums of 32 registers */
+#define AB_HB 3
+#define AB_PB 8
 #define ab_add_live(acc, m, v) _mm512_mask_add_ps(acc, m, acc, v)
 #define ab_transpose transpose16x16
 #define ab_dzero _mm512_setzero_pd
