@@ -10,7 +10,7 @@
  *   AB_HB heads a scores or values tile (2 or more), AB_PB positions a
  *   scores tile (divides 8), AB_DT dims a values tile (hd a multiple),
  *   AB_M lane mask,
- *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
+ *   ab_max, ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
  *   ab_max_live(acc, m, v), ab_keep(m, v) (dead lanes 0),
  *   ab_add_live(acc, m, v) (dead lanes: acc unchanged),
  *   ab_transpose(r) (AB_W vectors r[0 .. AB_W), as an AB_W x AB_W matrix),
@@ -71,23 +71,63 @@ AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, con
     }
 }
 
-/* In place over S[h][0 .. np_max): the exps (0 where p >= the lane's
- * n_pos); inv[h * AB_W + i] = 1 / (lane i's sum), as float. */
+/* In place over S[h + b][0 .. np_max) for b < HB heads: the exps (0 where
+ * p >= the lane's n_pos); inv[(h + b) * AB_W + i] = 1 / (lane i's sum),
+ * as float. Each sum is one chain of double adds in position order, so
+ * HB heads run side by side to keep several chains in flight; each max
+ * is two chains (even and odd positions), then their max: the same value
+ * as one chain (max is exact; a +0 / -0 difference leaves every s - max
+ * the same). */
+AB_TARGET INL void AB_NAME(softmax_tile)(float *S, int np_pad, int np_max, const int32_t *np, float *inv, int h,
+                                         const int HB) {
+    float *s[AB_HB];
+    AB_F m0[AB_HB], m1[AB_HB];
+    AB_D lo[AB_HB], hi[AB_HB];
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++) {
+        s[b] = S + (size_t)(h + b) * np_pad * AB_W;
+        m0[b] = m1[b] = ab_set1(-INFINITY);
+        lo[b] = hi[b] = ab_dzero();
+    }
+    int p = 0;
+    for (; p + 2 <= np_max; p += 2) {
+        const AB_M l0 = ab_live(np, p), l1 = ab_live(np, p + 1);
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) {
+            m0[b] = ab_max_live(m0[b], l0, ab_load(s[b] + (size_t)p * AB_W));
+            m1[b] = ab_max_live(m1[b], l1, ab_load(s[b] + (size_t)(p + 1) * AB_W));
+        }
+    }
+    if (p < np_max) {
+        const AB_M l0 = ab_live(np, p);
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) m0[b] = ab_max_live(m0[b], l0, ab_load(s[b] + (size_t)p * AB_W));
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++) m0[b] = ab_max(m0[b], m1[b]);
+    for (p = 0; p < np_max; p++) {
+        const AB_M live = ab_live(np, p);
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) {
+            float *sp = s[b] + (size_t)p * AB_W;
+            const AB_F e = ab_keep(live, ab_exp(ab_sub(ab_load(sp), m0[b])));
+            ab_store(sp, e);
+            lo[b] = ab_dadd(lo[b], ab_dlo(e));
+            hi[b] = ab_dadd(hi[b], ab_dhi(e));
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < HB; b++) ab_storeu(inv + (size_t)(h + b) * AB_W, ab_inv(lo[b], hi[b]));
+}
+
 AB_TARGET static void AB_NAME(block_softmax)(float *S, int nh, int np_pad, int np_max, const int32_t *np,
                                              float *inv) {
-    for (int h = 0; h < nh; h++) {
-        float *s = S + (size_t)h * np_pad * AB_W;
-        AB_F vmax = ab_set1(-INFINITY);
-        for (int p = 0; p < np_max; p++) vmax = ab_max_live(vmax, ab_live(np, p), ab_load(s + (size_t)p * AB_W));
-        AB_D lo = ab_dzero(), hi = ab_dzero();
-        for (int p = 0; p < np_max; p++) {
-            float *sp = s + (size_t)p * AB_W;
-            const AB_F e = ab_keep(ab_live(np, p), ab_exp(ab_sub(ab_load(sp), vmax)));
-            ab_store(sp, e);
-            lo = ab_dadd(lo, ab_dlo(e));
-            hi = ab_dadd(hi, ab_dhi(e));
-        }
-        ab_storeu(inv + (size_t)h * AB_W, ab_inv(lo, hi));
+    for (int h = 0; h < nh;) {
+        const int hb = nh - h >= AB_HB ? AB_HB : nh - h >= 2 ? 2 : 1;
+        if (hb == AB_HB) AB_NAME(softmax_tile)(S, np_pad, np_max, np, inv, h, AB_HB);
+        else if (hb == 2) AB_NAME(softmax_tile)(S, np_pad, np_max, np, inv, h, 2);
+        else AB_NAME(softmax_tile)(S, np_pad, np_max, np, inv, h, 1);
+        h += hb;
     }
 }
 
@@ -258,6 +298,7 @@ AB_TARGET void AB_NAME(kt_attention_heads)(const kt_attn_args *a, int t, int h0,
 #undef ab_mul
 #undef ab_exp
 #undef ab_live
+#undef ab_max
 #undef ab_max_live
 #undef ab_keep
 #undef ab_add_live

@@ -801,6 +801,7 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define ab_exp exp256
 #define ab_live(np, p) _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(np)), _mm256_set1_epi32(p)))
 #define ab_max_live(acc, m, v) _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), m)
+#define ab_max _mm256_max_ps
 #define ab_keep(m, v) _mm256_and_ps(v, m)
 #define AB_M __m256
 #define AB_DT 4 /* 16 registers: 2 heads x 4 dims, 2 heads x 4 positions */
@@ -835,6 +836,7 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define ab_exp exp512
 #define ab_live(np, p) _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(np), _mm512_set1_epi32(p))
 #define ab_max_live(acc, m, v) _mm512_mask_max_ps(acc, m, acc, v)
+#define ab_max _mm512_max_ps
 #define ab_keep(m, v) _mm512_maskz_mov_ps(m, v)
 #define AB_M __mmask16
 #define AB_DT 8 /* 3 heads x 8 dims or positions: 24 sums of 32 registers */
