@@ -25,6 +25,7 @@
 #include "ops/ops.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,6 +246,7 @@ typedef struct attn_job {
     float *scratch;    /* per thread: per_thread floats */
     size_t per_thread;
     size_t row;        /* kt_attention_group_avx2's score row length */
+    atomic_long taken; /* units claimed so far */
 } attn_job;
 
 /* One token's heads [h0, h1) of a KV group in the lanes of the block
@@ -259,11 +261,16 @@ static void attention_heads(const attn_job *j, int t, int h0, int h1, float *scr
 
 /* Thread ith takes units ith, ith + nth, ...: causal rows grow with the
  * token, so striding balances the work. */
+/* Threads claim units one at a time, the last (the longest rows: later
+ * tokens attend more positions) first, so that a thread slowed by the
+ * host or by a longer unit leaves the rest to the others; every unit's
+ * result is the same whichever thread runs it. */
 static void attn_task(void *ctx, int ith, int nth) {
-    const attn_job *j = ctx;
+    attn_job *j = ctx;
+    (void)nth;
     float *scratch = j->scratch ? j->scratch + (size_t)ith * j->per_thread : NULL;
-    for (long u = ith; u < j->n_units; u += nth) {
-        const attn_unit *w = &j->units[u];
+    for (long k; (k = atomic_fetch_add_explicit(&j->taken, 1, memory_order_relaxed)) < j->n_units;) {
+        const attn_unit *w = &j->units[j->n_units - 1 - k];
         if (!j->simd)
             for (int h = w->h0; h < w->h1; h++) attention_head_ref(j->a, w->t0, h);
         else if (w->nt > 1 && j->block_tokens == 16)
@@ -399,6 +406,7 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
     for (int t = 0; t < a->n_tokens; t++)
         longest = kt_attn_n_pos(a, t) > longest ? kt_attn_n_pos(a, t) : longest;
     attn_job j = {.a = a, .simd = kt_cpu_has_avx2(), .row = ((size_t)longest + 15) / 16 * 16};
+    atomic_init(&j.taken, 0);
     /* prefill: blocks of 16 (AVX-512) or 8 (AVX2) query tokens */
     const int w = !j.simd || a->n_tokens < 4 || a->head_dim > 256 ? 0
                   : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16
