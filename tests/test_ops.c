@@ -26,6 +26,7 @@
  * KT_OPS_BENCH=1 in the environment runs a throughput measurement instead
  * (GEMV GB/s and GEMM GFLOP/s on 2048 x 5632 matrices); it is not a test.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +267,27 @@ static void test_f16_row_matches_scalar(void **state) {
                 fail_msg("F16 of 0x%08x: 0x%04x, scalar 0x%04x", bits[i], fast[i], kt_fp32_to_fp16(x[i]));
     }
     free(bits), free(x), free(fast);
+}
+
+/* exp512 (AVX-512) scales by 2^n in one step where exp256 takes two: the
+ * same bits on every input the kernels can see, over [-110, 95] (past
+ * both clamps) in steps of 1/4096, through the subnormal results, and on
+ * the infinities and a NaN. */
+static void test_exp_tiers_agree(void **state) {
+    (void)state;
+    if (!kt_cpu_has_avx2() || !kt_cpu_has_avx512_vnni()) skip();
+    enum { N = 205 * 4096 + 16 };
+    float *x = tu_xmalloc(sizeof(float) * N), *a = tu_xmalloc(sizeof(float) * N), *b = tu_xmalloc(sizeof(float) * N);
+    for (int i = 0; i < N - 16; i++) x[i] = -110.0f + (float)i / 4096.0f;
+    for (int i = N - 16; i < N; i++) x[i] = i % 3 == 0 ? INFINITY : i % 3 == 1 ? -INFINITY : NAN;
+    kt_exp_rows_avx2(x, a, N);
+    kt_exp_rows_avx512(x, b, N);
+    for (int i = 0; i < N; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) fail_msg("exp(%.9g): %.9g (8 lanes), %.9g (16)", x[i], a[i], b[i]);
+    int subnormal = 0;
+    for (int i = 0; i < N; i++) subnormal += a[i] > 0 && a[i] < FLT_MIN;
+    assert_true(subnormal > 1000); /* the sweep reaches them */
+    free(x), free(a), free(b);
 }
 
 static void test_quant_roundtrip_error(void **state) {
@@ -1868,6 +1890,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_angles_apply),
+        cmocka_unit_test(test_exp_tiers_agree),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_future_inf),

@@ -10,7 +10,7 @@
  *   AB_HB heads a scores or values tile (2 or more), AB_PB positions a
  *   scores tile (divides 8), AB_DT dims a values tile (hd a multiple),
  *   AB_M lane mask,
- *   ab_max, ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
+ *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
  *   ab_max_live(acc, m, v), ab_keep(m, v) (dead lanes 0),
  *   ab_add_live(acc, m, v) (dead lanes: acc unchanged),
  *   ab_transpose(r) (AB_W vectors r[0 .. AB_W), as an AB_W x AB_W matrix),
@@ -26,7 +26,7 @@
  * step where one head at a time cost 1 + AB_PB (load-bound). Each lane's
  * dot is summed over the elements in order, then times scale. */
 AB_TARGET INL void AB_NAME(scores_tile)(const float *qt, int hd, const float *const *k, float scale, float *S,
-                                        int np_pad, int h, int p, const int HB) {
+                                        int np_pad, const int32_t *np, AB_F *vmax, int h, int p, const int HB) {
     AB_F acc[AB_HB][AB_PB];
 #pragma GCC unroll 4
     for (int b = 0; b < HB; b++)
@@ -43,17 +43,24 @@ AB_TARGET INL void AB_NAME(scores_tile)(const float *qt, int hd, const float *co
             for (int b = 0; b < HB; b++) acc[b][j] = ab_add(acc[b][j], ab_mul(qv[b], kv));
         }
     }
-#pragma GCC unroll 4
-    for (int b = 0; b < HB; b++)
 #pragma GCC unroll 8
-        for (int j = 0; j < AB_PB; j++)
-            ab_store(S + ((size_t)(h + b) * np_pad + p + j) * AB_W, ab_mul(acc[b][j], ab_set1(scale)));
+    for (int j = 0; j < AB_PB; j++) {
+        const AB_M live = ab_live(np, p + j);
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) {
+            const AB_F sv = ab_mul(acc[b][j], ab_set1(scale));
+            ab_store(S + ((size_t)(h + b) * np_pad + p + j) * AB_W, sv);
+            vmax[h + b] = ab_max_live(vmax[h + b], live, sv);
+        }
+    }
 }
 
-/* S[h][p] for p in [0, np_pad): lane i is token i's dot with k_p. K rows
- * are widened 8 at a time, then every head's tiles run over them. */
+/* S[h][p] for p in [0, np_pad): lane i is token i's dot with k_p; and
+ * vmax[h], lane i: the max of its live scores (p < the lane's n_pos; max
+ * is exact in any order). K rows are widened 8 at a time, then every
+ * head's tiles run over them. */
 AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, const kv_view *kv, int np_pad,
-                                            float scale, float *kbuf, float *S) {
+                                            const int32_t *np, float scale, float *kbuf, float *S, AB_F *vmax) {
     const int row_bytes = (int)kt_dtype_row_bytes(kv->type, hd);
     for (int p = 0; p < np_pad; p += 8) {
         const float *k[8];
@@ -64,69 +71,48 @@ AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, con
         for (int j = 0; j < 8; j += AB_PB)
             for (int h = 0; h < nh;) {
                 const int left = nh - h;
-                if (left >= AB_HB) AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, h, p + j, AB_HB), h += AB_HB;
-                else if (left >= 2) AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, h, p + j, 2), h += 2;
-                else AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, h, p + j, 1), h += 1;
+                if (left >= AB_HB)
+                    AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, np, vmax, h, p + j, AB_HB), h += AB_HB;
+                else if (left >= 2) AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, np, vmax, h, p + j, 2), h += 2;
+                else AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, np, vmax, h, p + j, 1), h += 1;
             }
     }
 }
 
-/* In place over S[h + b][0 .. np_max) for b < HB heads: the exps (0 where
- * p >= the lane's n_pos); inv[(h + b) * AB_W + i] = 1 / (lane i's sum),
- * as float. Each sum is one chain of double adds in position order, so
- * HB heads run side by side to keep several chains in flight; each max
- * is two chains (even and odd positions), then their max: the same value
- * as one chain (max is exact; a +0 / -0 difference leaves every s - max
- * the same). */
-AB_TARGET INL void AB_NAME(softmax_tile)(float *S, int np_pad, int np_max, const int32_t *np, float *inv, int h,
-                                         const int HB) {
+/* In place over S[h + b][c0 .. c1) for b < HB heads: the exps
+ * exp(s - vmax) (0 where p >= the lane's n_pos), added to the heads'
+ * sums in double (lo, hi: the low and high lanes), in position order:
+ * one chain per head and half, so HB heads run side by side. Called
+ * chunk by chunk just before the chunk's values, while its scores are in
+ * L1 (a pass over all of S, MBs at long contexts, went through L3). */
+AB_TARGET INL void AB_NAME(exps_tile)(float *S, int np_pad, int c0, int c1, const int32_t *np, const AB_F *vmax,
+                                      AB_D *lo, AB_D *hi, int h, const int HB) {
     float *s[AB_HB];
-    AB_F m0[AB_HB], m1[AB_HB];
-    AB_D lo[AB_HB], hi[AB_HB];
+    AB_D l[AB_HB], u[AB_HB];
 #pragma GCC unroll 4
-    for (int b = 0; b < HB; b++) {
-        s[b] = S + (size_t)(h + b) * np_pad * AB_W;
-        m0[b] = m1[b] = ab_set1(-INFINITY);
-        lo[b] = hi[b] = ab_dzero();
-    }
-    int p = 0;
-    for (; p + 2 <= np_max; p += 2) {
-        const AB_M l0 = ab_live(np, p), l1 = ab_live(np, p + 1);
-#pragma GCC unroll 4
-        for (int b = 0; b < HB; b++) {
-            m0[b] = ab_max_live(m0[b], l0, ab_load(s[b] + (size_t)p * AB_W));
-            m1[b] = ab_max_live(m1[b], l1, ab_load(s[b] + (size_t)(p + 1) * AB_W));
-        }
-    }
-    if (p < np_max) {
-        const AB_M l0 = ab_live(np, p);
-#pragma GCC unroll 4
-        for (int b = 0; b < HB; b++) m0[b] = ab_max_live(m0[b], l0, ab_load(s[b] + (size_t)p * AB_W));
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < HB; b++) m0[b] = ab_max(m0[b], m1[b]);
-    for (p = 0; p < np_max; p++) {
+    for (int b = 0; b < HB; b++) s[b] = S + (size_t)(h + b) * np_pad * AB_W, l[b] = lo[h + b], u[b] = hi[h + b];
+    for (int p = c0; p < c1; p++) {
         const AB_M live = ab_live(np, p);
 #pragma GCC unroll 4
         for (int b = 0; b < HB; b++) {
             float *sp = s[b] + (size_t)p * AB_W;
-            const AB_F e = ab_keep(live, ab_exp(ab_sub(ab_load(sp), m0[b])));
+            const AB_F e = ab_keep(live, ab_exp(ab_sub(ab_load(sp), vmax[h + b])));
             ab_store(sp, e);
-            lo[b] = ab_dadd(lo[b], ab_dlo(e));
-            hi[b] = ab_dadd(hi[b], ab_dhi(e));
+            l[b] = ab_dadd(l[b], ab_dlo(e));
+            u[b] = ab_dadd(u[b], ab_dhi(e));
         }
     }
 #pragma GCC unroll 4
-    for (int b = 0; b < HB; b++) ab_storeu(inv + (size_t)(h + b) * AB_W, ab_inv(lo[b], hi[b]));
+    for (int b = 0; b < HB; b++) lo[h + b] = l[b], hi[h + b] = u[b];
 }
 
-AB_TARGET static void AB_NAME(block_softmax)(float *S, int nh, int np_pad, int np_max, const int32_t *np,
-                                             float *inv) {
+AB_TARGET static void AB_NAME(block_exps)(float *S, int nh, int np_pad, int c0, int c1, const int32_t *np,
+                                          const AB_F *vmax, AB_D *lo, AB_D *hi) {
     for (int h = 0; h < nh;) {
         const int hb = nh - h >= AB_HB ? AB_HB : nh - h >= 2 ? 2 : 1;
-        if (hb == AB_HB) AB_NAME(softmax_tile)(S, np_pad, np_max, np, inv, h, AB_HB);
-        else if (hb == 2) AB_NAME(softmax_tile)(S, np_pad, np_max, np, inv, h, 2);
-        else AB_NAME(softmax_tile)(S, np_pad, np_max, np, inv, h, 1);
+        if (hb == AB_HB) AB_NAME(exps_tile)(S, np_pad, c0, c1, np, vmax, lo, hi, h, AB_HB);
+        else if (hb == 2) AB_NAME(exps_tile)(S, np_pad, c0, c1, np, vmax, lo, hi, h, 2);
+        else AB_NAME(exps_tile)(S, np_pad, c0, c1, np, vmax, lo, hi, h, 1);
         h += hb;
     }
 }
@@ -233,9 +219,10 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
         }
     memset(acc, 0, sizeof(float) * (size_t)nh * hd * AB_W);
 
-    AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, 1.0f / sqrtf((float)hd), kbuf, S);
-    float inv[ATTN_MAX_GROUP * AB_W];
-    AB_NAME(block_softmax)(S, nh, np_pad, np_max, np, inv);
+    AB_F vmax[ATTN_MAX_GROUP];
+    AB_D lo[ATTN_MAX_GROUP], hi[ATTN_MAX_GROUP];
+    for (int h = 0; h < nh; h++) vmax[h] = ab_set1(-INFINITY), lo[h] = hi[h] = ab_dzero();
+    AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, np, 1.0f / sqrtf((float)hd), kbuf, S, vmax);
 
     for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
         const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
@@ -243,8 +230,11 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
             if (p + KV_PREFETCH < np_max) kv_prefetch(kv.v[p + KV_PREFETCH], row_bytes);
             kv_row_widen(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
         }
+        AB_NAME(block_exps)(S, nh, np_pad, c0, c1, np, vmax, lo, hi);
         AB_NAME(block_values)(S, np_pad, hd, nh, c0, c1, all_live, np, vbuf, acc);
     }
+    float inv[ATTN_MAX_GROUP * AB_W];
+    for (int h = 0; h < nh; h++) ab_storeu(inv + (size_t)h * AB_W, ab_inv(lo[h], hi[h]));
     /* out = acc x inv, the lanes back into their rows */
     for (int h = 0; h < nh; h++) {
         const AB_F s = ab_loadu(inv + h * AB_W);
@@ -298,7 +288,6 @@ AB_TARGET void AB_NAME(kt_attention_heads)(const kt_attn_args *a, int t, int h0,
 #undef ab_mul
 #undef ab_exp
 #undef ab_live
-#undef ab_max
 #undef ab_max_live
 #undef ab_keep
 #undef ab_add_live

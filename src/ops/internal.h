@@ -135,6 +135,11 @@ void kt_rope_turn_avx2(float *x, int n_heads, int head_dim, int n_pairs, int p0,
                        const float *sn, kt_rope_style style);
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void kt_softmax_avx2(float *x, int n);
+/* The attention kernels' exp, 8 and 16 lanes at a time (n a multiple of
+ * 16): the same bits, which the kernels' agreement across tiers relies on
+ * (a test holds them to it). */
+void kt_exp_rows_avx2(const float *x, float *out, int n);
+void kt_exp_rows_avx512(const float *x, float *out, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
 /* Heads sharing a KV head are done together, at most this many at once. */
 #define ATTN_MAX_GROUP 16

@@ -690,24 +690,27 @@ void kt_attn_decode_values_avx2(const kt_attn_args *a, int kvh, int d0, const fl
  * heads of one KV group together, each K and V row read once for all of
  * them, with the tokens in the W lanes:
  *   scores  lane i of S[h][p] = (q_i,h . k_p) * scale, summed over the
- *           elements in order (Q transposed once per block, k_p broadcast)
- *   softmax per lane: the max, the exps, their sum in double in position
- *           order over the token's own positions (masked lanes: exp 0)
+ *           elements in order (Q transposed once per block, k_p broadcast
+ *           once for several heads), and each lane's max as they go
+ *   softmax per lane: the exps, their sum in double in position order
+ *           over the token's own positions (masked lanes: exp 0), chunk
+ *           by chunk just before the chunk's values
  *   values  lane i of acc[h][d] = sum_p e_p,i * v_p[d] in position order:
- *           the tokens in the lanes again, v_p[d] broadcast, V widened in
- *           chunks of AB_CHUNK rows that stay in L1 (dims in lanes, one
- *           token at a time, ran at half the speed: a scalar broadcast of
- *           e per position and token, and too few sums in flight)
+ *           the tokens in the lanes again, v_p[d] broadcast once for
+ *           several heads, V widened in chunks of AB_CHUNK rows that stay
+ *           in L1 (dims in lanes, one token at a time, ran at half the
+ *           speed: a scalar broadcast of e per position and token, and
+ *           too few sums in flight)
  * Q goes into the lanes and the outputs come back out by AB_W x AB_W
  * register transposes. Lane by lane these are the operations of the
- * per-token kernels above (exp512 is exp256 on 16 lanes), so the bits are
- * theirs. The body is
+ * per-token kernels above (exp512 gives exp256's bits on 16 lanes), so
+ * the bits are theirs. The body is
  * written once, in attn_block_impl.h, over a small vocabulary of vector
  * operations defined below for each width. */
 
 #define AB_CHUNK 64 /* positions per values pass */
 
-/* exp256, op for op, on 16 lanes. */
+/* exp256 on 16 lanes: its operations, but for the final scaling (below). */
 TARGET_512 INL __m512 exp512(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.8f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -721,12 +724,10 @@ TARGET_512 INL __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i ni = _mm512_cvtps_epi32(n);
-    const __m512i n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
-    const __m512i bias = _mm512_set1_epi32(127);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    /* p x 2^n in one instruction. exp256 multiplies by 2^(n/2) and then
+     * by 2^(n - n/2): the first product is exact (p is near 1 and the
+     * factor >= 2^-76), so both round p x 2^n once: the same bits. */
+    return _mm512_scalef_ps(p, n);
 }
 
 /* Row p of a K or V view as floats, written to buf as kv_load8 / kv_elem
@@ -742,6 +743,14 @@ INL const float *kv_row_f32(const char *row, kt_dtype type, int hd, float *buf) 
     if (type == KT_F32) return (const float *)row;
     kv_row_widen(row, type, hd, buf);
     return buf;
+}
+
+void kt_exp_rows_avx2(const float *x, float *out, int n) {
+    for (int i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp256(_mm256_loadu_ps(x + i)));
+}
+
+TARGET_512 void kt_exp_rows_avx512(const float *x, float *out, int n) {
+    for (int i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, exp512(_mm512_loadu_ps(x + i)));
 }
 
 size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
@@ -801,7 +810,6 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define ab_exp exp256
 #define ab_live(np, p) _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(np)), _mm256_set1_epi32(p)))
 #define ab_max_live(acc, m, v) _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), m)
-#define ab_max _mm256_max_ps
 #define ab_keep(m, v) _mm256_and_ps(v, m)
 #define AB_M __m256
 #define AB_DT 4 /* 16 registers: 2 heads x 4 dims, 2 heads x 4 positions */
@@ -836,7 +844,6 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define ab_exp exp512
 #define ab_live(np, p) _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(np), _mm512_set1_epi32(p))
 #define ab_max_live(acc, m, v) _mm512_mask_max_ps(acc, m, acc, v)
-#define ab_max _mm512_max_ps
 #define ab_keep(m, v) _mm512_maskz_mov_ps(m, v)
 #define AB_M __mmask16
 #define AB_DT 8 /* 3 heads x 8 dims or positions: 24 sums of 32 registers */
