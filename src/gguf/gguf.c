@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/huge.h"
 #include "base/error.h"
 
 #define HEADER_BYTES 24    /* magic, version, n_tensors, n_kv */
@@ -531,15 +532,12 @@ gguf_file *gguf_open_buffer(const void *data, size_t size, const char *name, kt_
 /* The whole file in anonymous memory backed by huge pages where the
  * kernel has them, read-only once filled. NULL with err set on failure. */
 static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const char *path, kt_error *err) {
-    const size_t huge = (size_t)2 << 20;
-    *map_size = (size + huge - 1) / huge * huge;
-    char *buf = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED) {
+    char *buf = kt_huge_alloc(size, map_size);
+    if (!buf) {
         kt_error_set(err, KT_ERR_NOMEM, "%s: cannot allocate %zu bytes to load the file: %s", path, size,
                      strerror(errno));
         return NULL;
     }
-    madvise(buf, *map_size, MADV_HUGEPAGE); /* a hint: fine if refused */
     size_t done = 0;
     while (done < size) {
         ssize_t n = read(fd, buf + done, size - done);

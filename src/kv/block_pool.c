@@ -14,13 +14,14 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/huge.h"
 
-#define KV_ALIGN 64
 
 struct kv_pool {
     kv_pool_params p;
     size_t row_bytes, block_bytes, plane_bytes;
-    uint8_t *mem;       /* 2 * n_layer planes of plane_bytes */
+    uint8_t *mem;       /* 2 * n_layer planes of plane_bytes, page-aligned */
+    size_t mem_bytes;   /* as mapped (kt_huge_alloc) */
     int32_t *refcount;  /* per block */
     int32_t *free_stack; /* free block ids; the top is free_stack[n_free-1] */
     int n_free;
@@ -64,8 +65,7 @@ static bool compute_layout(kv_pool *pool, size_t *total) {
     pool->row_bytes = kv_row_bytes(p->type, p->kv_dim);
     return mul_size(pool->row_bytes, (size_t)p->block_tokens, &pool->block_bytes) &&
            mul_size(pool->block_bytes, (size_t)p->n_blocks, &pool->plane_bytes) &&
-           mul_size(pool->plane_bytes, 2 * (size_t)p->n_layer, total) &&
-           *total <= SIZE_MAX - KV_ALIGN;
+           mul_size(pool->plane_bytes, 2 * (size_t)p->n_layer, total);
 }
 
 kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err) {
@@ -84,8 +84,7 @@ kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err) {
         free(pool);
         return NULL;
     }
-    total = (total + KV_ALIGN - 1) / KV_ALIGN * KV_ALIGN; /* aligned_alloc wants a multiple */
-    pool->mem = aligned_alloc(KV_ALIGN, total);
+    pool->mem = kt_huge_alloc(total, &pool->mem_bytes); /* huge pages: decode at depth walks it all */
     pool->refcount = calloc((size_t)params->n_blocks, sizeof *pool->refcount);
     pool->free_stack = malloc((size_t)params->n_blocks * sizeof *pool->free_stack);
     if (!pool->mem || !pool->refcount || !pool->free_stack) {
@@ -102,7 +101,7 @@ kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err) {
 
 void kv_pool_free(kv_pool *pool) {
     if (!pool) return;
-    free(pool->mem);
+    kt_huge_free(pool->mem, pool->mem_bytes);
     free(pool->refcount);
     free(pool->free_stack);
     free(pool);

@@ -424,14 +424,17 @@ TARGET_512 INL void transpose16(__m512 *r) {
     }
 }
 
+#ifndef SCORES_PREFETCH
+#define SCORES_PREFETCH 48
+#endif
 /* scores8 for 16 positions; hd a multiple of 16. */
 TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
                                float *const *s, const kt_dtype type, int n_pos_pf, int row_bytes_pf) {
     const char *const *rows = kv->k + p;
     __m512 acc[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
-    if (p + 64 <= n_pos_pf) /* three steps ahead: a step is a few hundred cycles */
-        for (int j = 48; j < 64; j++) kv_prefetch(rows[j], row_bytes_pf);
+    if (p + SCORES_PREFETCH + 16 <= n_pos_pf) /* three steps ahead: a step is a few hundred cycles */
+        for (int j = SCORES_PREFETCH; j < SCORES_PREFETCH + 16; j++) kv_prefetch(rows[j], row_bytes_pf);
     for (int i = 0; i < hd; i += 16) {
         __m512 r[16];
 #pragma GCC unroll 16
@@ -579,7 +582,9 @@ float kt_attn_decode_softmax_avx2(float *s, int n_pos) {
 /* Dims [d0, d0 + 32) of the outputs of heads [h0, h0 + H) (one KV group,
  * H <= 2: 8 sums, 4 V vectors and a broadcast fit the 16 registers):
  * (sum_p e_h[p] * v_p[d] in position order) * inv[h]. */
+#ifndef DECODE_PREFETCH
 #define DECODE_PREFETCH 64 /* positions: a position's work is a few dozen cycles */
+#endif
 INL void decode_values_t(const kt_attn_args *a, const kv_view *kv, int n_pos, int h0, const int H, int d0,
                          const float *S, size_t s_row, const float *inv, const kt_dtype type) {
     const size_t off = kt_dtype_row_bytes(type, d0);

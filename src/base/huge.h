@@ -1,0 +1,24 @@
+/*
+ * huge.h - big buffers (the model copy, the KV cache) in anonymous memory
+ * that the kernel may back with 2 MB pages.
+ *
+ * Why: a decode step at a long context reads hundreds of MB of K and V,
+ * a few hundred bytes per 4 KB page, so with 4 KB pages nearly every row
+ * costs a TLB miss and its page walk (decode attention over a 4096-token
+ * cache: a quarter of its time). Linux grants huge pages to an anonymous
+ * mapping that asks with madvise where transparent huge pages are in
+ * "madvise" mode (the common default); malloc's memory does not ask.
+ * Elsewhere the hint is ignored and the buffer works the same.
+ */
+#ifndef KT_BASE_HUGE_H
+#define KT_BASE_HUGE_H
+
+#include <stddef.h>
+
+/* A zeroed, page-aligned buffer of at least `bytes` (rounded up to 2 MB;
+ * the rounded size in *mapped, for kt_huge_free). NULL if the mapping
+ * fails (errno says why). */
+void *kt_huge_alloc(size_t bytes, size_t *mapped);
+void kt_huge_free(void *p, size_t mapped);
+
+#endif
