@@ -342,15 +342,25 @@ typedef struct decode_job {
     float *scratch;  /* per thread: per_thread floats */
     size_t per_thread;
     int n_pos, n_chunks;
+    atomic_long taken[3]; /* per pass: units claimed so far */
 } decode_job;
+
+/* The next unit of pass `pass` for the calling thread, or -1: threads
+ * claim units one at a time, so a thread the host slows leaves the rest
+ * to the others (a unit's result does not depend on who runs it). */
+static long decode_claim(decode_job *j, int pass, long n_units) {
+    const long u = atomic_fetch_add_explicit(&j->taken[pass], 1, memory_order_relaxed);
+    return u < n_units ? u : -1;
+}
 
 static float *decode_scratch(const decode_job *j, int ith) {
     return j->scratch + (size_t)ith * j->per_thread;
 }
 
 static void decode_scores_task(void *ctx, int ith, int nth) {
-    const decode_job *j = ctx;
-    for (long u = ith; u < (long)j->a->n_head_kv * j->n_chunks; u += nth) {
+    decode_job *j = ctx;
+    (void)nth;
+    for (long u; (u = decode_claim(j, 0, (long)j->a->n_head_kv * j->n_chunks)) >= 0;) {
         const int g = (int)(u / j->n_chunks), p0 = (int)(u % j->n_chunks) * DECODE_CHUNK;
         const int p1 = p0 + DECODE_CHUNK < j->n_pos ? p0 + DECODE_CHUNK : j->n_pos;
         kt_attn_decode_scores_avx2(j->a, g, p0, p1, j->S, j->s_row, decode_scratch(j, ith));
@@ -358,14 +368,17 @@ static void decode_scores_task(void *ctx, int ith, int nth) {
 }
 
 static void decode_softmax_task(void *ctx, int ith, int nth) {
-    const decode_job *j = ctx;
-    for (int h = ith; h < j->a->n_head; h += nth) j->inv[h] = kt_attn_decode_softmax_avx2(j->S + (size_t)h * j->s_row, j->n_pos);
+    decode_job *j = ctx;
+    (void)ith, (void)nth;
+    for (long h; (h = decode_claim(j, 1, j->a->n_head)) >= 0;)
+        j->inv[h] = kt_attn_decode_softmax_avx2(j->S + (size_t)h * j->s_row, j->n_pos);
 }
 
 static void decode_values_task(void *ctx, int ith, int nth) {
-    const decode_job *j = ctx;
+    decode_job *j = ctx;
+    (void)nth;
     const int slices = j->a->head_dim / 32;
-    for (long u = ith; u < (long)j->a->n_head_kv * slices; u += nth)
+    for (long u; (u = decode_claim(j, 2, (long)j->a->n_head_kv * slices)) >= 0;)
         kt_attn_decode_values_avx2(j->a, (int)(u / slices), (int)(u % slices) * 32, j->S, j->s_row, j->inv,
                                    decode_scratch(j, ith));
 }
@@ -381,6 +394,7 @@ static bool attention_decode(kt_pool *pool, const kt_attn_args *a) {
     decode_job j = {.a = a, .n_pos = n_pos, .s_row = ((size_t)n_pos + 15) / 16 * 16,
                     .n_chunks = (n_pos + DECODE_CHUNK - 1) / DECODE_CHUNK,
                     .per_thread = (kt_attn_decode_thread_floats(n_pos) + 15) / 16 * 16};
+    for (int pass = 0; pass < 3; pass++) atomic_init(&j.taken[pass], 0);
     const size_t shared = (size_t)a->n_head * j.s_row + ((size_t)a->n_head + 15) / 16 * 16;
     void *owned = NULL;
     const size_t bytes = sizeof(float) * (shared + (size_t)nth * j.per_thread) + 64;
