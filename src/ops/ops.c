@@ -367,11 +367,18 @@ static void decode_scores_task(void *ctx, int ith, int nth) {
     }
 }
 
+/* Heads in units of up to 8, one unit per thread where that is enough:
+ * a unit runs its heads' sums side by side (each is a chain of adds). */
 static void decode_softmax_task(void *ctx, int ith, int nth) {
     decode_job *j = ctx;
-    (void)ith, (void)nth;
-    for (long h; (h = decode_claim(j, 1, j->a->n_head)) >= 0;)
-        j->inv[h] = kt_attn_decode_softmax_avx2(j->S + (size_t)h * j->s_row, j->n_pos);
+    (void)ith;
+    const int n_head = j->a->n_head;
+    int per = (n_head + nth - 1) / nth;
+    per = per > 8 ? 8 : per;
+    for (long u; (u = decode_claim(j, 1, (n_head + per - 1) / per)) >= 0;) {
+        const int h0 = (int)u * per;
+        kt_attn_decode_softmax_avx2(j->S, j->s_row, h0, n_head - h0 < per ? n_head - h0 : per, j->n_pos, j->inv);
+    }
 }
 
 static void decode_values_task(void *ctx, int ith, int nth) {

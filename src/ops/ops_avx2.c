@@ -569,14 +569,47 @@ void kt_attn_decode_scores_avx2(const kt_attn_args *a, int kvh, int p0, int p1, 
     }
 }
 
-/* Head h's scores into exps in place; returns (float)(1 / their sum). */
-float kt_attn_decode_softmax_avx2(float *s, int n_pos) {
-    float max = s[0];
-    for (int p = 1; p < n_pos; p++) max = s[p] > max ? s[p] : max;
-    exp_sub_sum(s, n_pos, max);
-    double sum = 0.0;
-    for (int p = 0; p < n_pos; p++) sum += (double)s[p];
-    return (float)(1.0 / sum);
+/* The max of s[0 .. n): the scalar scan's value (max is exact in any
+ * order; a +0 / -0 difference leaves every s - max the same). */
+static float row_max(const float *s, int n) {
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    int p = 0;
+    for (; p + 16 <= n; p += 16)
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + p)), m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + p + 8));
+    float max = hmax8(_mm256_max_ps(m0, m1));
+    for (; p < n; p++) max = s[p] > max ? s[p] : max;
+    return max;
+}
+
+/* inv[k] = (float)(1 / sum of row k in double, in position order) for K
+ * rows side by side: each sum is one chain of adds, so K run at once. */
+INL void sum_rows_t(float *const *r, int n, float *inv, const int K) {
+    double sum[8] = {0};
+    for (int p = 0; p < n; p++)
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) sum[k] += (double)r[k][p];
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) inv[k] = (float)(1.0 / sum[k]);
+}
+
+/* Heads h0 .. h0 + nh - 1 (nh <= 8; rows of s_row in S): the scores into
+ * exps in place, and inv[h] = (float)(1 / their sum). */
+void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, float *inv) {
+    float *r[8];
+    for (int k = 0; k < nh; k++) {
+        r[k] = S + (size_t)(h0 + k) * s_row;
+        exp_sub_sum(r[k], n_pos, row_max(r[k], n_pos));
+    }
+    switch (nh) {
+    case 1: sum_rows_t(r, n_pos, inv + h0, 1); break;
+    case 2: sum_rows_t(r, n_pos, inv + h0, 2); break;
+    case 3: sum_rows_t(r, n_pos, inv + h0, 3); break;
+    case 4: sum_rows_t(r, n_pos, inv + h0, 4); break;
+    case 5: sum_rows_t(r, n_pos, inv + h0, 5); break;
+    case 6: sum_rows_t(r, n_pos, inv + h0, 6); break;
+    case 7: sum_rows_t(r, n_pos, inv + h0, 7); break;
+    default: sum_rows_t(r, n_pos, inv + h0, 8); break;
+    }
 }
 
 /* Dims [d0, d0 + 32) of the outputs of heads [h0, h0 + H) (one KV group,
