@@ -181,16 +181,15 @@ void kt_attention_heads_avx2(const kt_attn_args *a, int t, int h0, int nh, float
 void kt_attention_heads_avx512(const kt_attn_args *a, int t, int h0, int nh, float *scratch);
 
 /* Decode of one token (n_tokens 1) at long contexts in three passes,
- * split where the work is independent (see ops_avx2.c): the scores of KV
- * group kvh's heads at positions [p0, p1) into S (row h at h * s_row);
+ * split where the work is independent (see ops_avx2.c): the scores of
+ * every head at positions [p0, p1) into S (row h at h * s_row);
  * then for up to 8 heads the exps in place and 1 / their sums (the sums'
  * chains side by side); then dims [d0, d0 +
  * 32) of the group's outputs (head_dim a multiple of 32). scratch: per
  * thread, kt_attn_decode_thread_floats(n_pos) floats. Same bits as
  * kt_attention_group_avx2. */
 size_t kt_attn_decode_thread_floats(int n_pos);
-void kt_attn_decode_scores_avx2(const kt_attn_args *a, int kvh, int p0, int p1, float *S, size_t s_row,
-                                float *scratch);
+void kt_attn_decode_scores_avx2(const kt_attn_args *a, int p0, int p1, float *S, size_t s_row, float *scratch);
 void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, float *inv);
 void kt_attn_decode_values_avx2(const kt_attn_args *a, int kvh, int d0, const float *S, size_t s_row,
                                 const float *inv, float *scratch);

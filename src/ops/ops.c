@@ -362,8 +362,7 @@ static void decode_scores_task(void *ctx, int ith, int nth) {
     (void)nth;
     for (long u; (u = decode_claim(j, 0, j->n_chunks)) >= 0;) {
         const int p0 = (int)u * DECODE_CHUNK, p1 = p0 + DECODE_CHUNK < j->n_pos ? p0 + DECODE_CHUNK : j->n_pos;
-        for (int g = 0; g < j->a->n_head_kv; g++)
-            kt_attn_decode_scores_avx2(j->a, g, p0, p1, j->S, j->s_row, decode_scratch(j, ith));
+        kt_attn_decode_scores_avx2(j->a, p0, p1, j->S, j->s_row, decode_scratch(j, ith));
     }
 }
 

@@ -428,17 +428,17 @@ TARGET_512 INL void transpose16(__m512 *r) {
 #define SCORES_PREFETCH 48
 #endif
 /* scores8 for 16 positions; hd a multiple of 16. */
-TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                               float *const *s, const kt_dtype type, int n_pos_pf, int row_bytes_pf) {
+TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv, size_t off, int hd, int p,
+                               float scale, float *const *s, const kt_dtype type, int n_pos_pf, int row_bytes_pf) {
     const char *const *rows = kv->k + p;
     __m512 acc[ATTN_MAX_GROUP];
     for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
     if (p + SCORES_PREFETCH + 16 <= n_pos_pf) /* three steps ahead: a step is a few hundred cycles */
-        for (int j = SCORES_PREFETCH; j < SCORES_PREFETCH + 16; j++) kv_prefetch(rows[j], row_bytes_pf);
+        for (int j = SCORES_PREFETCH; j < SCORES_PREFETCH + 16; j++) kv_prefetch(rows[j] + off, row_bytes_pf);
     for (int i = 0; i < hd; i += 16) {
         __m512 r[16];
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) r[j] = kv_load16(rows[j], i, type);
+        for (int j = 0; j < 16; j++) r[j] = kv_load16(rows[j] + off, i, type);
         transpose16(r);
         for (int h = 0; h < nh; h++) { /* one register chain per head */
             __m512 ah = acc[h];
@@ -450,25 +450,27 @@ TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv
     for (int h = 0; h < nh; h++) _mm512_storeu_ps(s[h] + p, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
 }
 
-TARGET_512 INL void scores16_type(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                                  float *const *s, int n_pos, const kt_dtype type) {
+TARGET_512 INL void scores16_type(const float *const *qs, int nh, const kv_view *kv, size_t off, int hd, int p,
+                                  float scale, float *const *s, int n_pos, const kt_dtype type) {
     const int rb = (int)kt_dtype_row_bytes(type, hd);
     /* groups of 1-3 heads (where decode at long contexts spends its time
      * in these scores) with the head count a constant: their sums stay in
      * registers */
     switch (nh) {
-    case 1: scores16_t(qs, 1, kv, hd, p, scale, s, type, n_pos, rb); break;
-    case 2: scores16_t(qs, 2, kv, hd, p, scale, s, type, n_pos, rb); break;
-    case 3: scores16_t(qs, 3, kv, hd, p, scale, s, type, n_pos, rb); break;
-    default: scores16_t(qs, nh, kv, hd, p, scale, s, type, n_pos, rb); break;
+    case 1: scores16_t(qs, 1, kv, off, hd, p, scale, s, type, n_pos, rb); break;
+    case 2: scores16_t(qs, 2, kv, off, hd, p, scale, s, type, n_pos, rb); break;
+    case 3: scores16_t(qs, 3, kv, off, hd, p, scale, s, type, n_pos, rb); break;
+    default: scores16_t(qs, nh, kv, off, hd, p, scale, s, type, n_pos, rb); break;
     }
 }
 
-TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, int hd, int p, float scale,
-                                float *const *s, int n_pos) {
-    if (kv->type == KT_F16) scores16_type(qs, nh, kv, hd, p, scale, s, n_pos, KT_F16);
-    else if (kv->type == KT_Q8_0) scores16_type(qs, nh, kv, hd, p, scale, s, n_pos, KT_Q8_0);
-    else scores16_type(qs, nh, kv, hd, p, scale, s, n_pos, KT_F32);
+/* off: bytes from each view row to the K head read (0: the view's own;
+ * the decode pass reads every group's head through group 0's view). */
+TARGET_512 static void scores16(const float *const *qs, int nh, const kv_view *kv, size_t off, int hd, int p,
+                                float scale, float *const *s, int n_pos) {
+    if (kv->type == KT_F16) scores16_type(qs, nh, kv, off, hd, p, scale, s, n_pos, KT_F16);
+    else if (kv->type == KT_Q8_0) scores16_type(qs, nh, kv, off, hd, p, scale, s, n_pos, KT_Q8_0);
+    else scores16_type(qs, nh, kv, off, hd, p, scale, s, n_pos, KT_F32);
 }
 
 /* attn_values' sums for dims [0, d_end) (d_end a multiple of 64). */
@@ -518,7 +520,7 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     const float scale = 1.0f / sqrtf((float)hd);
     int p0 = 0;
     if (wide)
-        for (; p0 + 16 <= n_pos; p0 += 16) scores16(qs, nh, &kv, hd, p0, scale, s, n_pos);
+        for (; p0 + 16 <= n_pos; p0 += 16) scores16(qs, nh, &kv, 0, hd, p0, scale, s, n_pos);
     attn_scores(qs, nh, &kv, hd, p0, n_pos, scale, s);
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
@@ -548,25 +550,36 @@ size_t kt_attn_decode_thread_floats(int n_pos) {
     return (size_t)2 * n_pos * (sizeof(char *) / sizeof(float)) + 16; /* a K and a V view */
 }
 
-/* S[h * s_row + p] for the heads of KV group kvh, positions [p0, p1). */
-void kt_attn_decode_scores_avx2(const kt_attn_args *a, int kvh, int p0, int p1, float *S, size_t s_row,
-                                float *scratch) {
+/* S[h * s_row + p] for every head, positions [p0, p1). Each block of 16
+ * positions runs every KV group before the next block: the groups' K
+ * heads are neighbours in a position's row, so the pass streams whole
+ * rows (one group at a time read 128 of every 384 bytes, three times). */
+void kt_attn_decode_scores_avx2(const kt_attn_args *a, int p0, int p1, float *S, size_t s_row, float *scratch) {
     const int hd = a->head_dim, group = a->n_head / a->n_head_kv, n_pos = kt_attn_n_pos(a, 0);
     kv_view kv = {(const char **)(((uintptr_t)scratch + 7) & ~(uintptr_t)7), NULL, a->kv_type};
     kv.v = kv.k + n_pos;
-    kv_view_range(&kv, a, 0, kvh, p0, p1);
-    const bool wide = hd % 16 == 0 && kt_cpu_has_avx512_vnni();
+    const bool wide = hd % 16 == 0 && kt_cpu_has_avx512_vnni() && group <= ATTN_MAX_GROUP;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += ATTN_MAX_GROUP) {
-        const int nh = (kvh + 1) * group - h0 < ATTN_MAX_GROUP ? (kvh + 1) * group - h0 : ATTN_MAX_GROUP;
-        const float *qs[ATTN_MAX_GROUP];
-        float *s[ATTN_MAX_GROUP];
-        for (int h = 0; h < nh; h++) qs[h] = a->q + (size_t)(h0 + h) * hd, s[h] = S + (size_t)(h0 + h) * s_row;
-        int p = p0;
-        if (wide)
-            for (; p + 16 <= p1; p += 16) scores16(qs, nh, &kv, hd, p, scale, s, p1);
-        attn_scores(qs, nh, &kv, hd, p, p1, scale, s);
+    const size_t head_bytes = kt_dtype_row_bytes(a->kv_type, hd);
+    const float *qs[ATTN_MAX_GROUP];
+    float *s[ATTN_MAX_GROUP];
+    int p = p0;
+    if (wide) {
+        kv_view_range(&kv, a, 0, 0, p0, p1);
+        for (; p + 16 <= p1; p += 16)
+            for (int g = 0; g < a->n_head_kv; g++) {
+                for (int h = 0; h < group; h++)
+                    qs[h] = a->q + (size_t)(g * group + h) * hd, s[h] = S + (size_t)(g * group + h) * s_row;
+                scores16(qs, group, &kv, (size_t)g * head_bytes, hd, p, scale, s, p1);
+            }
     }
+    for (int g = 0; g < a->n_head_kv && p < p1; g++) /* the rest, a group at a time */
+        for (int h0 = g * group; h0 < (g + 1) * group; h0 += ATTN_MAX_GROUP) {
+            const int nh = (g + 1) * group - h0 < ATTN_MAX_GROUP ? (g + 1) * group - h0 : ATTN_MAX_GROUP;
+            for (int h = 0; h < nh; h++) qs[h] = a->q + (size_t)(h0 + h) * hd, s[h] = S + (size_t)(h0 + h) * s_row;
+            kv_view_range(&kv, a, 0, g, p, p1);
+            attn_scores(qs, nh, &kv, hd, p, p1, scale, s);
+        }
 }
 
 /* The max of s[0 .. n): the scalar scan's value (max is exact in any
