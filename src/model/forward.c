@@ -280,20 +280,29 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
     matmul(pool, w->xn, &m->layers[il].wo, w->att, n);
 }
 
-static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
-                            int il, int t0, int n) {
+/* Q (with_q), K and V of the chunk's n tokens from norm(x) in xn, with
+ * their biases; RoPE, and K and V into the cache. Returns the cache's
+ * pool (every sequence of a batch uses one). */
+static const kv_pool *project_and_store(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                                        int il, int t0, int n, bool with_q) {
     const llm_layer *l = &m->layers[il];
     const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
                                   {w->k, l->wk.data, l->wk.type, l->wk.n_out},
                                   {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
-    kt_matmul_many(pool, qkv, 3, w->xn, l->wq.n_in, n);
-    add_bias(w->q, &l->bq, n);
+    kt_matmul_many(pool, qkv + !with_q, 3 - !with_q, w->xn, l->wk.n_in, n);
+    if (with_q) add_bias(w->q, &l->bq, n);
     add_bias(w->k, &l->bk, n);
     add_bias(w->v, &l->bv, n);
-    const kv_pool *kv = b->seq[t0]->pool; /* every sequence of a batch uses one pool */
-    rope_store_ctx rs = {&m->cfg, b, t0, il, w->q, w->k, w->v, w->rope_cs, w->rope_sn, kv_pool_get_params(kv)->type};
+    const kv_pool *kv = b->seq[t0]->pool;
+    rope_store_ctx rs = {&m->cfg, b, t0, il, with_q ? w->q : NULL, w->k, w->v, w->rope_cs, w->rope_sn,
+                         kv_pool_get_params(kv)->type};
     over_tokens(pool, n, rope_store_some, &rs);
-    attend(m, w, pool, kv, il, n);
+    return kv;
+}
+
+static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
+                            int il, int t0, int n) {
+    attend(m, w, pool, project_and_store(m, w, pool, b, il, t0, n, true), il, n);
 }
 
 /* Moves the rows of the chunk's tokens that want logits (out non-NULL and
@@ -330,20 +339,13 @@ static int keep_output_rows(const llm_config *c, llm_work *w, const llm_batch *b
 static int last_attention_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
                                 int il, int t0, int n, const float *out) {
     const llm_layer *l = &m->layers[il];
-    const kt_matmul_part kv_parts[] = {{w->k, l->wk.data, l->wk.type, l->wk.n_out},
-                                       {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
-    kt_matmul_many(pool, kv_parts, 2, w->xn, l->wk.n_in, n);
-    add_bias(w->k, &l->bk, n);
-    add_bias(w->v, &l->bv, n);
-    const kv_pool *kv = b->seq[t0]->pool;
-    rope_store_ctx rs = {&m->cfg, b, t0, il, NULL, w->k, w->v, w->rope_cs, w->rope_sn, kv_pool_get_params(kv)->type};
-    over_tokens(pool, n, rope_store_some, &rs);
+    const kv_pool *kv = project_and_store(m, w, pool, b, il, t0, n, false);
     const int n_keep = keep_output_rows(&m->cfg, w, b, t0, n, out);
     if (!n_keep) return 0;
     matmul(pool, w->q, &l->wq, w->xn, n_keep);
     add_bias(w->q, &l->bq, n_keep);
-    rs.q = w->q, rs.k = NULL;
-    over_tokens(pool, n_keep, rope_store_some, &rs);
+    rope_store_ctx rq = {&m->cfg, b, t0, il, w->q, NULL, NULL, w->rope_cs, w->rope_sn, KV_F32}; /* Q only */
+    over_tokens(pool, n_keep, rope_store_some, &rq);
     attend(m, w, pool, kv, il, n_keep);
     return n_keep;
 }

@@ -259,17 +259,22 @@ static void attention_heads(const attn_job *j, int t, int h0, int h1, float *scr
     for (; h0 < h1; h0 += 8) kt_attention_heads_avx2(j->a, t, h0, h1 - h0 < 8 ? h1 - h0 : 8, scratch);
 }
 
-/* Thread ith takes units ith, ith + nth, ...: causal rows grow with the
- * token, so striding balances the work. */
-/* Threads claim units one at a time, the last (the longest rows: later
- * tokens attend more positions) first, so that a thread slowed by the
- * host or by a longer unit leaves the rest to the others; every unit's
- * result is the same whichever thread runs it. */
+/* The next of n_units units for the calling thread, or -1. Threads
+ * claim units one at a time, so a thread slowed by the host or by a
+ * longer unit leaves the rest to the others; a unit's result is the same
+ * whichever thread runs it. */
+static long claim_unit(atomic_long *taken, long n_units) {
+    const long u = atomic_fetch_add_explicit(taken, 1, memory_order_relaxed);
+    return u < n_units ? u : -1;
+}
+
+/* Units are claimed last first: the longest rows (later tokens attend
+ * more positions) go before the short ones fill the gaps. */
 static void attn_task(void *ctx, int ith, int nth) {
     attn_job *j = ctx;
     (void)nth;
     float *scratch = j->scratch ? j->scratch + (size_t)ith * j->per_thread : NULL;
-    for (long k; (k = atomic_fetch_add_explicit(&j->taken, 1, memory_order_relaxed)) < j->n_units;) {
+    for (long k; (k = claim_unit(&j->taken, j->n_units)) >= 0;) {
         const attn_unit *w = &j->units[j->n_units - 1 - k];
         if (!j->simd)
             for (int h = w->h0; h < w->h1; h++) attention_head_ref(j->a, w->t0, h);
@@ -345,14 +350,6 @@ typedef struct decode_job {
     atomic_long taken[3]; /* per pass: units claimed so far */
 } decode_job;
 
-/* The next unit of pass `pass` for the calling thread, or -1: threads
- * claim units one at a time, so a thread the host slows leaves the rest
- * to the others (a unit's result does not depend on who runs it). */
-static long decode_claim(decode_job *j, int pass, long n_units) {
-    const long u = atomic_fetch_add_explicit(&j->taken[pass], 1, memory_order_relaxed);
-    return u < n_units ? u : -1;
-}
-
 static float *decode_scratch(const decode_job *j, int ith) {
     return j->scratch + (size_t)ith * j->per_thread;
 }
@@ -360,7 +357,7 @@ static float *decode_scratch(const decode_job *j, int ith) {
 static void decode_scores_task(void *ctx, int ith, int nth) {
     decode_job *j = ctx;
     (void)nth;
-    for (long u; (u = decode_claim(j, 0, j->n_chunks)) >= 0;) {
+    for (long u; (u = claim_unit(&j->taken[0], j->n_chunks)) >= 0;) {
         const int p0 = (int)u * DECODE_CHUNK, p1 = p0 + DECODE_CHUNK < j->n_pos ? p0 + DECODE_CHUNK : j->n_pos;
         kt_attn_decode_scores_avx2(j->a, p0, p1, j->S, j->s_row, decode_scratch(j, ith));
     }
@@ -374,7 +371,7 @@ static void decode_softmax_task(void *ctx, int ith, int nth) {
     const int n_head = j->a->n_head;
     int per = (n_head + nth - 1) / nth;
     per = per > 8 ? 8 : per;
-    for (long u; (u = decode_claim(j, 1, (n_head + per - 1) / per)) >= 0;) {
+    for (long u; (u = claim_unit(&j->taken[1], (n_head + per - 1) / per)) >= 0;) {
         const int h0 = (int)u * per;
         kt_attn_decode_softmax_avx2(j->S, j->s_row, h0, n_head - h0 < per ? n_head - h0 : per, j->n_pos, j->inv);
     }
@@ -384,7 +381,7 @@ static void decode_values_task(void *ctx, int ith, int nth) {
     decode_job *j = ctx;
     (void)nth;
     const int slices = j->a->head_dim / 32;
-    for (long u; (u = decode_claim(j, 2, (long)j->a->n_head_kv * slices)) >= 0;)
+    for (long u; (u = claim_unit(&j->taken[2], (long)j->a->n_head_kv * slices)) >= 0;)
         kt_attn_decode_values_avx2(j->a, (int)(u / slices), (int)(u % slices) * 32, j->S, j->s_row, j->inv,
                                    decode_scratch(j, ith));
 }

@@ -204,16 +204,19 @@ void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n) {
 /* Transposes 8 rows of 8 floats in place: r[j] lane i <-> r[i] lane j. */
 INL void transpose8(__m256 *r) {
     __m256 t[8], u[8];
+#pragma GCC unroll 4
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
     }
+#pragma GCC unroll 2
     for (int i = 0; i < 8; i += 4) {
         u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
         u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
         u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
         u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
         r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
@@ -403,10 +406,12 @@ TARGET_512 INL __m512 kv_load16(const char *row, int i, kt_dtype type) {
  * transposes (as transpose8), then the 128-bit lanes regrouped. */
 TARGET_512 INL void transpose16(__m512 *r) {
     __m512 t[16], u[16];
+#pragma GCC unroll 8
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 16; i += 4) {
         u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
         u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
@@ -414,6 +419,7 @@ TARGET_512 INL void transpose16(__m512 *r) {
         u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
     /* u[4g + m], 128-bit lane k: element 4k + m of rows 4g .. 4g+3 */
+#pragma GCC unroll 4
     for (int m = 0; m < 4; m++) {
         const __m512 v0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), v1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
         const __m512 w0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88), w1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
@@ -424,9 +430,7 @@ TARGET_512 INL void transpose16(__m512 *r) {
     }
 }
 
-#ifndef SCORES_PREFETCH
-#define SCORES_PREFETCH 48
-#endif
+#define SCORES_PREFETCH 48 /* positions ahead */
 /* scores8 for 16 positions; hd a multiple of 16. */
 TARGET_512 INL void scores16_t(const float *const *qs, int nh, const kv_view *kv, size_t off, int hd, int p,
                                float scale, float *const *s, const kt_dtype type, int n_pos_pf, int row_bytes_pf) {
@@ -628,9 +632,7 @@ void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_p
 /* Dims [d0, d0 + 32) of the outputs of heads [h0, h0 + H) (one KV group,
  * H <= 2: 8 sums, 4 V vectors and a broadcast fit the 16 registers):
  * (sum_p e_h[p] * v_p[d] in position order) * inv[h]. */
-#ifndef DECODE_PREFETCH
 #define DECODE_PREFETCH 64 /* positions: a position's work is a few dozen cycles */
-#endif
 INL void decode_values_t(const kt_attn_args *a, const kv_view *kv, int n_pos, int h0, const int H, int d0,
                          const float *S, size_t s_row, const float *inv, const kt_dtype type) {
     const size_t off = kt_dtype_row_bytes(type, d0);
@@ -810,39 +812,6 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
            (size_t)(8 + AB_CHUNK) * head_dim /* K, V widened */ + 2 * np_pad * (sizeof(char *) / sizeof(float)) + 64;
 }
 
-/* r[i][j] <- r[j][i]: interleave pairs, then pairs of pairs, then halves. */
-INL void transpose8x8(__m256 r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-}
-
-/* r[i][j] <- r[j][i], all in registers: interleave pairs of rows and then
- * pairs of pairs (4 x 4 blocks transposed within each 128-bit lane), then
- * move whole lanes twice (which 4 x 4 block goes where). */
-TARGET_512 INL void transpose16x16(__m512 r[16]) {
-    __m512 t[16], u[16];
-#pragma GCC unroll 8
-    for (int k = 0; k < 16; k += 2) t[k] = _mm512_unpacklo_ps(r[k], r[k + 1]), t[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
-#pragma GCC unroll 4
-    for (int k = 0; k < 16; k += 4) {
-        u[k] = _mm512_shuffle_ps(t[k], t[k + 2], 0x44), u[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], 0xEE);
-        u[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0x44), u[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        t[k] = _mm512_shuffle_f32x4(u[k], u[k + 4], 0x88), t[k + 4] = _mm512_shuffle_f32x4(u[k], u[k + 4], 0xDD);
-        t[k + 8] = _mm512_shuffle_f32x4(u[k + 8], u[k + 12], 0x88);
-        t[k + 12] = _mm512_shuffle_f32x4(u[k + 8], u[k + 12], 0xDD);
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88), r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
-}
-
 /* 8 lanes, AVX2. Lane masks are all-ones / zero float lanes. */
 #define AB_W 8
 #define AB_TARGET
@@ -868,7 +837,7 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define AB_PB 4
 /* + 0 leaves every sum as it is: they start at +0 and never become -0 */
 #define ab_add_live(acc, m, v) _mm256_add_ps(acc, _mm256_and_ps(v, m))
-#define ab_transpose transpose8x8
+#define ab_transpose transpose8
 #define ab_dzero _mm256_setzero_pd
 #define ab_dlo(v) _mm256_cvtps_pd(_mm256_castps256_ps128(v))
 #define ab_dhi(v) _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))
@@ -901,7 +870,7 @@ TARGET_512 INL void transpose16x16(__m512 r[16]) {
 #define AB_HB 3
 #define AB_PB 8
 #define ab_add_live(acc, m, v) _mm512_mask_add_ps(acc, m, acc, v)
-#define ab_transpose transpose16x16
+#define ab_transpose transpose16
 #define ab_dzero _mm512_setzero_pd
 #define ab_dlo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
 #define ab_dhi(v) _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
