@@ -886,12 +886,13 @@ static void check_layout(kt_dtype type, int n_in, int n_out) {
 }
 
 /* Repacking keeps every block and the matrix size; only Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K and Q6_K with rows in multiples of 8 qualify, and the
+ * Q5_1, Q4_K, Q5_K and Q6_K with rows in multiples of 8 qualify, and the
  * in-memory types never count as file types. */
 static void test_repack_layout(void **state) {
     (void)state;
     check_layout(KT_Q4_0, 96, 24);
     check_layout(KT_Q4_K, 512, 16);
+    check_layout(KT_Q5_K, 512, 16);
     check_layout(KT_Q6_K, 512, 16);
     check_layout(KT_Q5_0, 96, 24);
     check_layout(KT_Q4_1, 96, 24);
@@ -899,8 +900,10 @@ static void test_repack_layout(void **state) {
     assert_int_equal(kt_repack_type(KT_Q4_K, 512, 16), KT_Q4_K_X8);
     assert_int_equal(kt_repack_type(KT_Q4_K, 512, 12), KT_Q4_K);
     assert_int_equal(kt_repack_type(KT_Q6_K, 512, 16), KT_Q6_K_X8);
-    assert_int_equal(kt_repack_type(KT_Q5_K, 512, 16), KT_Q5_K);
+    assert_int_equal(kt_repack_type(KT_Q5_K, 512, 16), KT_Q5_K_X8);
+    assert_int_equal(kt_repack_type(KT_Q5_K, 512, 20), KT_Q5_K);
     assert_false(kt_dtype_known(KT_Q4_K_X8));
+    assert_false(kt_dtype_known(KT_Q5_K_X8));
     assert_false(kt_dtype_known(KT_Q6_K_X8));
     assert_false(kt_dtype_known(KT_Q5_0_X8));
     assert_int_equal(kt_repack_type(KT_Q5_0, 64, 8), KT_Q5_0_X8);
@@ -967,6 +970,7 @@ static void check_repacked_matmul(bool unused) {
     (void)unused;
     check_repacked_type(KT_Q4_0);
     check_repacked_type(KT_Q4_K);
+    check_repacked_type(KT_Q5_K);
     check_repacked_type(KT_Q6_K);
     check_repacked_type(KT_Q5_0);
     check_repacked_type(KT_Q4_1);
@@ -1738,7 +1742,7 @@ static void run_bench(const char *only) {
     tu_fill_normal(x, (size_t)64 * n_in, 1.0f, 5);
     /* the repacked layouts (Q4_0x8, ..., F16x16, ...) follow their plain types */
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q4_1_X8, KT_Q5_0, KT_Q5_0_X8, KT_Q5_1,
-                                     KT_Q5_1_X8, KT_Q4_K, KT_Q4_K_X8, KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16,
+                                     KT_Q5_1_X8, KT_Q4_K, KT_Q4_K_X8, KT_Q5_K, KT_Q5_K_X8, KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16,
                                      KT_F16_X16, KT_BF16, KT_BF16_X16, KT_F32, KT_F32_X16};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;

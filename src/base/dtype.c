@@ -31,6 +31,7 @@ static const kt_dtype_info DTYPES[KT_DTYPE_COUNT] = {
 static const kt_dtype_info UNKNOWN = {NULL, 0, 0};
 static const kt_dtype_info Q4_0_X8 = {"Q4_0x8", 32, 18}; /* per row: Q4_0's bytes */
 static const kt_dtype_info Q4_K_X8 = {"Q4_Kx8", 256, 144}; /* per row: Q4_K's */
+static const kt_dtype_info Q5_K_X8 = {"Q5_Kx8", 256, 176}; /* per row: Q5_K's */
 static const kt_dtype_info Q6_K_X8 = {"Q6_Kx8", 256, 210}; /* per row: Q6_K's */
 static const kt_dtype_info Q5_0_X8 = {"Q5_0x8", 32, 22}; /* per row: Q5_0's */
 static const kt_dtype_info Q4_1_X8 = {"Q4_1x8", 32, 20}; /* per row: Q4_1's */
@@ -46,6 +47,7 @@ bool kt_dtype_known(uint32_t id) {
 const kt_dtype_info *kt_dtype_get(uint32_t id) {
     if (id == KT_Q4_0_X8) return &Q4_0_X8;
     if (id == KT_Q4_K_X8) return &Q4_K_X8;
+    if (id == KT_Q5_K_X8) return &Q5_K_X8;
     if (id == KT_Q6_K_X8) return &Q6_K_X8;
     if (id == KT_Q5_0_X8) return &Q5_0_X8;
     if (id == KT_Q4_1_X8) return &Q4_1_X8;

@@ -45,7 +45,8 @@ typedef enum kt_dtype {
     KT_Q5_1_X8 = 69, /* Q5_1 likewise */
     KT_F32_X16 = 70,  /* F32 with 16 rows side by side (ops/repack.h) */
     KT_F16_X16 = 71,  /* F16 likewise */
-    KT_BF16_X16 = 72  /* BF16 likewise */
+    KT_BF16_X16 = 72, /* BF16 likewise */
+    KT_Q5_K_X8 = 73   /* Q5_K repacked by groups of 8 rows (ops/repack.h) */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

@@ -102,8 +102,11 @@ void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in
                          int n_out, int n_tokens, int r0, int r1, void *panel);
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
                          int n_out, int n_tokens, int r0, int r1, void *panel);
-/* Q4_Kx8 weights (ops/repack.h); rows r0, r1 multiples of 8. */
+/* Q4_Kx8, Q5_Kx8, Q6_Kx8 weights (ops/repack.h); rows r0, r1 multiples
+ * of 8. */
 void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1);
+void kt_matmul_q5_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);
 void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);

@@ -96,10 +96,15 @@ static bool is_x16(kt_dtype t) {
     return t == KT_F32_X16 || t == KT_F16_X16 || t == KT_BF16_X16;
 }
 
+/* K-quant weights repacked by groups of 8 rows */
+static bool is_kquant_x8(kt_dtype t) {
+    return t == KT_Q4_K_X8 || t == KT_Q5_K_X8 || t == KT_Q6_K_X8;
+}
+
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_Q4_K ||
-           wtype == KT_Q5_K || wtype == KT_Q6_K || wtype == KT_Q4_K_X8 || wtype == KT_Q6_K_X8;
+           wtype == KT_Q5_K || wtype == KT_Q6_K || is_kquant_x8(wtype);
 }
 
 /* A matrix kt_matmul can multiply: a supported type, whole blocks a row,
@@ -118,7 +123,7 @@ static bool is_quant(kt_dtype t) {
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
 static bool is_kquant(kt_dtype t) {
-    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_Q4_K_X8 || t == KT_Q6_K_X8;
+    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || is_kquant_x8(t);
 }
 
 /* ---- scalar building blocks (shared by the reference and the fallback) */
@@ -248,20 +253,16 @@ static float sum_lanes(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* K-quant block step for block b of row r of w (Q4_Kx8 read back as
- * Q4_K: the same operations in both layouts). */
+/* K-quant block step for block b of row r of w (a repacked block read
+ * back in its plain form: the same operations in both layouts). */
 static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                                float dx, const int16_t *bs, float acc) {
-    if (t == KT_Q6_K_X8) {
-        block_q6_K blk;
-        kt_x8_block(w, KT_Q6_K, n_in, r, b, &blk);
-        return kt_kq_block_step(KT_Q6_K, &blk, 0, xq, dx, bs, acc);
-    }
-    if (t != KT_Q4_K_X8)
+    if (!is_kquant_x8(t))
         return kt_kq_block_step(t, (const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), b, xq, dx, bs, acc);
-    block_q4_K blk;
-    kt_x8_block(w, KT_Q4_K, n_in, r, b, &blk);
-    return kt_kq_block_step(KT_Q4_K, &blk, 0, xq, dx, bs, acc);
+    const kt_dtype plain = kt_repack_plain(t);
+    _Alignas(16) uint8_t blk[sizeof(block_q6_K)]; /* the largest K-quant block */
+    kt_x8_block(w, plain, n_in, r, b, blk);
+    return kt_kq_block_step(plain, blk, 0, xq, dx, bs, acc);
 }
 
 /* K-quant weights, row r: per block, the activations quantized to Q8_K,
@@ -423,6 +424,9 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q4_K_X8:
         kt_matmul_q4_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_Q5_K_X8:
+        kt_matmul_q5_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q6_K_X8:
         kt_matmul_q6_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);

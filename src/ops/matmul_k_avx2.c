@@ -87,6 +87,14 @@ INL __m256i vnni_dot_bcast(__m256i acc, __m256i q, const int8_t *x4) {
     return acc;
 }
 
+/* acc + the int32 sums of q * x over each lane's 4 bytes: vpdpbusd, or
+ * maddubs widened at once (for levels whose pairs may not be summed in
+ * int16). */
+INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
+    if (vnni) return vnni_dot(acc, q, x);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+}
+
 INL int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -788,7 +796,7 @@ void kt_quantize_act_q8_K_avx2(const float *x, int64_t n, int8_t *qs, float *d, 
     }
 }
 
-/* ---- Q4_Kx8: 8 rows per vector, read as repacked ------------------------
+/* ---- Q4_Kx8 and Q5_Kx8: 8 rows per vector, read as repacked ------------
  *
  * The rows of a Q4_Kx8 group (ops/repack.h) sit one per int32 lane, so a
  * broadcast of 4 activation bytes against a packed vector's low (high)
@@ -805,7 +813,15 @@ void kt_quantize_act_q8_K_avx2(const float *x, int64_t n, int8_t *qs, float *d, 
  * most 8 pairs of 15 * 128: no overflow) and AVX-VNNI (vpdpbusd), which
  * AVX-512 CPUs take as well: this decode already streams memory at ~80%
  * of the bandwidth; prefill (8 tokens or more) goes to the panel GEMMs,
- * 16 rows at a time with AVX-512. */
+ * 16 rows at a time with AVX-512.
+ *
+ * Q5_Kx8 is the same tile with each level's fifth bit or-ed in from the
+ * block's qh vectors (bit 2k of qh vector c for the low nibbles of
+ * nibble vector 8k + c, bit 2k + 1 for the high ones). Its levels reach
+ * 31, so AVX2's maddubs pairs (up to 2 * 31 * 127) are widened at once
+ * instead of summed 8 at a time in int16, and the VNNI tier takes the
+ * high nibbles shifted down (16 times a 5-bit level does not fit a
+ * byte). */
 
 #define X8_TOKENS 4 /* tokens per tile */
 
@@ -846,30 +862,60 @@ INL void x8_nibbles(const uint8_t *o, int v, __m256i *lo, __m256i *hi) {
 }
 
 
-/* 8 rows x T tokens (T <= X8_TOKENS) of one group, tokens past nt
- * repeating the last; vnni a constant (the callers' target allows it). */
-INL void q4kx8_tile(const kq_args *a, const bool vnni, const bool evex, const int T, int r0, int t0, int nt) {
+/* Where the parts of a Q4_Kx8 or Q5_Kx8 block sit (qh: Q5_Kx8 only). */
+typedef struct kx8_fmt {
+    int block_bytes, qh, scales, d, dmin;
+} kx8_fmt;
+
+static const kx8_fmt Q4KX8 = {KT_Q4KX8_BLOCK_BYTES, 0, KT_Q4KX8_SCALES, KT_Q4KX8_D, KT_Q4KX8_DMIN};
+static const kx8_fmt Q5KX8 = {KT_Q5KX8_BLOCK_BYTES, KT_Q5KX8_QH, KT_Q5KX8_SCALES, KT_Q5KX8_D, KT_Q5KX8_DMIN};
+
+/* Bit `bit` of each byte of qh moved to bit 4 (0x10 or 0). The 16-bit
+ * shifts move no other byte's bit onto bit 4 (at most 4 places). */
+INL __m256i fifth_bit(__m256i qh, const int bit) {
+    const __m256i at4 = bit < 4 ? _mm256_slli_epi16(qh, 4 - bit) : bit > 4 ? _mm256_srli_epi16(qh, bit - 4) : qh;
+    return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+}
+
+/* The 8 rows' levels of nibble vector 8k + c of block o: x8_nibbles,
+ * plus (q5) the fifth bits. */
+INL void kx8_levels(const uint8_t *o, const bool q5, int k, int c, __m256i *lo, __m256i *hi) {
+    x8_nibbles(o, 8 * k + c, lo, hi);
+    if (!q5) return;
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(o + KT_Q5KX8_QH + 32 * c));
+    *lo = _mm256_or_si256(*lo, fifth_bit(qh, 2 * k));
+    *hi = _mm256_or_si256(*hi, fifth_bit(qh, 2 * k + 1));
+}
+
+/* 8 rows x T tokens (T <= X8_TOKENS) of one Q4_Kx8 (q5: Q5_Kx8) group,
+ * tokens past nt repeating the last; vnni a constant (the callers'
+ * target allows it). */
+INL void kx8_tile(const kq_args *a, const bool q5, const bool vnni, const bool evex, const int T, int r0, int t0,
+                  int nt) {
     const int nb = a->x->nb;
+    const kx8_fmt *f = q5 ? &Q5KX8 : &Q4KX8;
+    const bool hi16 = T == 1 && vnni && !q5; /* high nibbles as 16 * level */
+    const bool wide = q5 && !vnni;          /* maddubs pairs widened at once */
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     __m256i unpacked[64] __attribute__((aligned(32))); /* T > 1: [2v] lo, [2v + 1] hi */
     __m256 acc[X8_TOKENS];
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *o = grp + (size_t)b * KT_Q4KX8_BLOCK_BYTES;
+        const uint8_t *o = grp + (size_t)b * f->block_bytes;
         if (T == 1)
-#pragma GCC unroll 18
-            for (int l = 0; l < KT_Q4KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+#pragma GCC unroll 22
+            for (int l = 0; l < f->block_bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
         __m256i u[3], sc[8], mp[4];
-        for (int i = 0; i < 3; i++) u[i] = _mm256_loadu_si256((const __m256i *)(o + KT_Q4KX8_SCALES + 32 * i));
+        for (int i = 0; i < 3; i++) u[i] = _mm256_loadu_si256((const __m256i *)(o + f->scales + 32 * i));
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) sc[j] = x8_scale(u, j);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) mp[i] = x8_min_pair(u, i);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q4KX8_D)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q4KX8_DMIN)));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + f->d)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + f->dmin)));
         if (T > 1)
-            for (int v = 0; v < 32; v++) x8_nibbles(o, v, &unpacked[2 * v], &unpacked[2 * v + 1]);
+            for (int v = 0; v < 32; v++) kx8_levels(o, q5, v / 8, v % 8, &unpacked[2 * v], &unpacked[2 * v + 1]);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const size_t i = (size_t)(t0 + (t < nt ? t : nt - 1)) * nb + b;
@@ -881,11 +927,11 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const bool evex, const in
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) {
                     __m256i lo, hi;
-                    if (T == 1 && vnni) { /* hi as 16 * nibble: one and, no shift (see below) */
+                    if (hi16) { /* hi as 16 * nibble: one and, no shift (see below) */
                         const __m256i p = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * k + c)));
                         lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
                         hi = _mm256_and_si256(p, _mm256_set1_epi8((char)0xF0));
-                    } else if (T == 1) x8_nibbles(o, 8 * k + c, &lo, &hi);
+                    } else if (T == 1) kx8_levels(o, q5, k, c, &lo, &hi);
                     else lo = unpacked[2 * (8 * k + c)], hi = unpacked[2 * (8 * k + c) + 1];
                     const int8_t *pl = xq + 64 * k + 4 * c, *ph = pl + 32; /* activation words */
                     int32_t xl, xh;
@@ -897,21 +943,24 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const bool evex, const in
                     } else if (vnni) {
                         slo = vnni_dot(slo, lo, _mm256_set1_epi32(xl));
                         shi = vnni_dot(shi, hi, _mm256_set1_epi32(xh));
+                    } else if (wide) {
+                        slo = q6_dot(false, slo, lo, _mm256_set1_epi32(xl));
+                        shi = q6_dot(false, shi, hi, _mm256_set1_epi32(xh));
                     } else {
                         slo = _mm256_add_epi16(slo, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
                         shi = _mm256_add_epi16(shi, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
                     }
                 }
-                if (!vnni) {
+                if (!vnni && !wide) {
                     slo = _mm256_madd_epi16(slo, _mm256_set1_epi16(1));
                     shi = _mm256_madd_epi16(shi, _mm256_set1_epi16(1));
                 }
                 isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(slo, sc[2 * k]));
-                if (T == 1 && vnni) isum16 = _mm256_add_epi32(isum16, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
+                if (hi16) isum16 = _mm256_add_epi32(isum16, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
                 else isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(shi, sc[2 * k + 1]));
             }
             /* 16 * the high nibbles' exact sum: a multiple of 16 */
-            if (T == 1 && vnni) isum = _mm256_add_epi32(isum, _mm256_srai_epi32(isum16, 4));
+            if (hi16) isum = _mm256_add_epi32(isum, _mm256_srai_epi32(isum16, 4));
             tile_mins(1, mp, &bs, &imin);
             const __m256 dx = _mm256_set1_ps(a->x->d[i]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), acc[t]);
@@ -924,17 +973,35 @@ INL void q4kx8_tile(const kq_args *a, const bool vnni, const bool evex, const in
         if (t < nt) _mm256_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
 }
 
-static void q4kx8_avx2_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, false, 1, r0, t0, nt); }
-static void q4kx8_avx2_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, false, false, X8_TOKENS, r0, t0, nt); }
-static void q4kx8_vnni_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, false, 1, r0, t0, nt); }
-static void q4kx8_vnni_4(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, false, X8_TOKENS, r0, t0, nt); }
-TARGET_512 static void q4kx8_evex_1(const kq_args *a, int r0, int t0, int nt) { q4kx8_tile(a, true, true, 1, r0, t0, nt); }
+/* The tiles of one format: 1 and X8_TOKENS tokens, AVX2 and VNNI; one
+ * token with AVX-512's broadcast vpdpbusd. */
+typedef void (*kx8_tile_fn)(const kq_args *a, int r0, int t0, int nt);
+typedef struct kx8_tiles {
+    kx8_tile_fn avx2_1, avx2_4, vnni_1, vnni_4, evex_1;
+} kx8_tiles;
+
+#define KX8_TILES(ty, Q5)                                                                                  \
+    static void ty##_avx2_1(const kq_args *a, int r0, int t0, int nt) { kx8_tile(a, Q5, false, false, 1, r0, t0, nt); } \
+    static void ty##_avx2_4(const kq_args *a, int r0, int t0, int nt) {                                    \
+        kx8_tile(a, Q5, false, false, X8_TOKENS, r0, t0, nt);                                              \
+    }                                                                                                      \
+    static void ty##_vnni_1(const kq_args *a, int r0, int t0, int nt) { kx8_tile(a, Q5, true, false, 1, r0, t0, nt); } \
+    static void ty##_vnni_4(const kq_args *a, int r0, int t0, int nt) {                                    \
+        kx8_tile(a, Q5, true, false, X8_TOKENS, r0, t0, nt);                                               \
+    }                                                                                                      \
+    TARGET_512 static void ty##_evex_1(const kq_args *a, int r0, int t0, int nt) {                         \
+        kx8_tile(a, Q5, true, true, 1, r0, t0, nt);                                                        \
+    }                                                                                                      \
+    static const kx8_tiles ty = {ty##_avx2_1, ty##_avx2_4, ty##_vnni_1, ty##_vnni_4, ty##_evex_1};
+
+KX8_TILES(Q4KX8_TILES, false)
+KX8_TILES(Q5KX8_TILES, true)
 
 /* Prefill: the 8-row tiles above redo the per-token scale products that
  * the panel GEMM (gemm_rows) folds into its madds, and measured 30%
  * slower on pp512; so for many tokens each group is turned back into 8
- * plain Q4_K rows (the repacking's transposes undone with transpose8) and
- * given to gemm_rows. Same bits either way. */
+ * plain Q4_K (Q5_K) rows (the repacking's transposes undone with
+ * transpose8) and given to gemm_rows. Same bits either way. */
 #define X8_MIN_GEMM 8
 
 /* 8 repacked vectors at src (32-bit lane r: row r's next 4 bytes) back
@@ -946,25 +1013,40 @@ INL void x8_words_to_rows(const uint8_t *src, uint8_t *const *dst) {
     for (int r = 0; r < KT_X8_ROWS; r++) _mm256_storeu_si256((__m256i *)dst[r], v[r]);
 }
 
-/* Rows r0 .. r0+7 of a Q4_Kx8 matrix as 8 Q4_K rows at dst. */
-static void q4x8_unrepack(const kq_args *a, int r0, void *dst_rows) {
-    block_q4_K *dst = dst_rows;
+/* Rows r0 .. r0+7 of a Q4_Kx8 (q5: Q5_Kx8) matrix as 8 plain rows at dst
+ * (blocks of bb bytes; qs, qh: where the nibbles and fifth bits sit in
+ * one). Both plain blocks start with d, dmin and the 12 scale bytes. */
+INL void kx8_unrepack(const kq_args *a, const bool q5, int r0, uint8_t *dst, size_t bb, size_t qs, size_t qh) {
+    const kx8_fmt *f = q5 ? &Q5KX8 : &Q4KX8;
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *o = grp + (size_t)b * KT_Q4KX8_BLOCK_BYTES;
+        const uint8_t *o = grp + (size_t)b * f->block_bytes;
+        uint8_t *blk[KT_X8_ROWS], *to[KT_X8_ROWS];
+        for (int r = 0; r < KT_X8_ROWS; r++) blk[r] = dst + ((size_t)r * nb + b) * bb;
         for (int k = 0; k < 4; k++) { /* vectors 8k .. 8k+7: qs[32k ..] of every row */
-            uint8_t *to[KT_X8_ROWS];
-            for (int r = 0; r < KT_X8_ROWS; r++) to[r] = dst[(size_t)r * nb + b].qs + 32 * k;
+            for (int r = 0; r < KT_X8_ROWS; r++) to[r] = blk[r] + qs + 32 * k;
             x8_words_to_rows(o + 256 * k, to);
         }
+        if (q5) {
+            for (int r = 0; r < KT_X8_ROWS; r++) to[r] = blk[r] + qh;
+            x8_words_to_rows(o + f->qh, to);
+        }
         for (int r = 0; r < KT_X8_ROWS; r++) {
-            block_q4_K *blk = &dst[(size_t)r * nb + b];
-            for (int u = 0; u < 3; u++) memcpy(blk->scales + 4 * u, o + KT_Q4KX8_SCALES + 32 * u + 4 * r, 4);
-            memcpy(&blk->d, o + KT_Q4KX8_D + 2 * r, 2);
-            memcpy(&blk->dmin, o + KT_Q4KX8_DMIN + 2 * r, 2);
+            block_q4_K *head = (block_q4_K *)blk[r]; /* d, dmin, scales: where Q5_K has them */
+            for (int u = 0; u < 3; u++) memcpy(head->scales + 4 * u, o + f->scales + 32 * u + 4 * r, 4);
+            memcpy(&head->d, o + f->d + 2 * r, 2);
+            memcpy(&head->dmin, o + f->dmin + 2 * r, 2);
         }
     }
+}
+
+static void q4x8_unrepack(const kq_args *a, int r0, void *dst) {
+    kx8_unrepack(a, false, r0, dst, sizeof(block_q4_K), offsetof(block_q4_K, qs), 0);
+}
+
+static void q5x8_unrepack(const kq_args *a, int r0, void *dst) {
+    kx8_unrepack(a, true, r0, dst, sizeof(block_q5_K), offsetof(block_q5_K, qs), offsetof(block_q5_K, qh));
 }
 
 /* How a repacked type's prefill runs: its groups turned back into plain
@@ -1002,14 +1084,17 @@ static bool x8_gemm(const x8_prefill *k, const kq_args *a, int n_tokens, int r0,
 }
 
 static const x8_prefill Q4K_PREFILL = {q4x8_unrepack, q4k_gemm16, q4k_gemm_vnni, q4k_gemm};
+static const x8_prefill Q5K_PREFILL = {q5x8_unrepack, q5k_gemm16, q5k_gemm_vnni, q5k_gemm};
 
-void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
-                            int n_tokens, int r0, int r1) {
-    const kq_args a = {w, kt_dtype_row_bytes(KT_Q4_K, n_in), sizeof(block_q4_K), x, out, n_out};
-    if (n_tokens >= X8_MIN_GEMM && x8_gemm(&Q4K_PREFILL, &a, n_tokens, r0, r1)) return;
+/* Q4_Kx8 or Q5_Kx8 (plain: which): the panel GEMMs for 8 tokens or more,
+ * else the tiles. */
+static void kx8_matmul(kt_dtype plain, const kx8_tiles *k, const x8_prefill *pf, float *out, const void *w,
+                       const kt_q8k_act *x, int n_in, int n_out, int n_tokens, int r0, int r1) {
+    const kq_args a = {w, kt_dtype_row_bytes(plain, n_in), kt_dtype_get(plain)->block_bytes, x, out, n_out};
+    if (n_tokens >= X8_MIN_GEMM && x8_gemm(pf, &a, n_tokens, r0, r1)) return;
     const bool vnni = kt_cpu_has_avx_vnni();
-    void (*tile1)(const kq_args *, int, int, int) = kt_cpu_has_avx512_vnni() ? q4kx8_evex_1 : vnni ? q4kx8_vnni_1 : q4kx8_avx2_1;
-    void (*tile4)(const kq_args *, int, int, int) = vnni ? q4kx8_vnni_4 : q4kx8_avx2_4;
+    kx8_tile_fn tile1 = kt_cpu_has_avx512_vnni() ? k->evex_1 : vnni ? k->vnni_1 : k->avx2_1;
+    kx8_tile_fn tile4 = vnni ? k->vnni_4 : k->avx2_4;
     for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
         const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
         for (int r = r0; r < r1; r += KT_X8_ROWS)
@@ -1022,6 +1107,16 @@ void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
     }
 }
 
+void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1) {
+    kx8_matmul(KT_Q4_K, &Q4KX8_TILES, &Q4K_PREFILL, out, w, x, n_in, n_out, n_tokens, r0, r1);
+}
+
+void kt_matmul_q5_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
+                            int n_tokens, int r0, int r1) {
+    kx8_matmul(KT_Q5_K, &Q5KX8_TILES, &Q5K_PREFILL, out, w, x, n_in, n_out, n_tokens, r0, r1);
+}
+
 /* ---- Q6_Kx8: decode on the repacked groups ------------------------------
  *
  * As Q4_Kx8: 8 rows in the int32 lanes, per block the reference's integers
@@ -1031,11 +1126,6 @@ void kt_matmul_q4_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
  * and the one fmaf step. With AVX2 a maddubs pair can reach 2 * 63 * 128,
  * so each step is widened with madd before adding. Prefill (8 tokens or
  * more) undoes the transposes and runs the panel GEMM. */
-
-INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
-    if (vnni) return vnni_dot(acc, q, x);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
-}
 
 INL void q6kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, int tok) {
     const int nb = a->x->nb;

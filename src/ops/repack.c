@@ -28,7 +28,7 @@ typedef struct x8_part {
 typedef struct x8_layout {
     kt_dtype plain, packed;
     int n_parts;
-    x8_part parts[4];
+    x8_part parts[5];
     /* Q5_0's fifth bits, which move by nibbles: offset of qh in the plain
      * block, and of the block's 8 mask words in the group (per_nb, per_b);
      * no qh part when per_b is 0 */
@@ -55,6 +55,11 @@ static const x8_layout LAYOUTS[] = {
                   {offsetof(block_q4_K, scales), 3, 4, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_SCALES},
                   {offsetof(block_q4_K, d), 1, 2, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_D},
                   {offsetof(block_q4_K, dmin), 1, 2, 0, KT_Q4KX8_BLOCK_BYTES, KT_Q4KX8_DMIN}}, 0, 0, 0},
+    {KT_Q5_K, KT_Q5_K_X8, 5, {{offsetof(block_q5_K, qs), 32, 4, 0, KT_Q5KX8_BLOCK_BYTES, 0},
+                  {offsetof(block_q5_K, qh), 8, 4, 0, KT_Q5KX8_BLOCK_BYTES, KT_Q5KX8_QH},
+                  {offsetof(block_q5_K, scales), 3, 4, 0, KT_Q5KX8_BLOCK_BYTES, KT_Q5KX8_SCALES},
+                  {offsetof(block_q5_K, d), 1, 2, 0, KT_Q5KX8_BLOCK_BYTES, KT_Q5KX8_D},
+                  {offsetof(block_q5_K, dmin), 1, 2, 0, KT_Q5KX8_BLOCK_BYTES, KT_Q5KX8_DMIN}}, 0, 0, 0},
     {KT_Q6_K, KT_Q6_K_X8, 4, {{offsetof(block_q6_K, ql), 32, 4, 0, KT_Q6KX8_BLOCK_BYTES, 0},
                   {offsetof(block_q6_K, qh), 16, 4, 0, KT_Q6KX8_BLOCK_BYTES, KT_Q6KX8_QH},
                   {offsetof(block_q6_K, scales), 4, 4, 0, KT_Q6KX8_BLOCK_BYTES, KT_Q6KX8_SCALES},

@@ -1,7 +1,7 @@
 /*
- * repack.h - Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K and float weights
+ * repack.h - Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
  * rewritten at load into the layout the SIMD kernels read fastest
- * (KT_Q4_0_X8, ..., KT_Q6_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
+ * (KT_Q4_0_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
  * with kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
@@ -30,6 +30,13 @@
  *       4r .. 4r+3 = scales[4u .. 4u+3] of row 8g+r (still packed)
  *     the 8 rows' fp16 d, then their fp16 dmin.
  * 8 x 144 bytes: in place as well.
+ *
+ * Q5_Kx8 is Q4_Kx8 with the fifth bits after the nibbles: per block b,
+ * 1408 bytes at b * 1408: the 32 nibble vectors as Q4_Kx8's, 8 vectors of
+ * qh (vector c, bytes 4r .. 4r+3 = qh[4c .. 4c+3] of row r: bit 2k of
+ * each byte is the fifth bit of the same byte's low nibble in nibble
+ * vector 8k + c, bit 2k + 1 of its high nibble), then the scales, d and
+ * dmin as Q4_Kx8's. 8 x 176 bytes.
  *
  * Q6_Kx8 likewise for Q6_K, per block b 1680 bytes at b * 1680: 32
  * vectors of ql (vector w, bytes 4r .. 4r+3 = ql[4w .. 4w+3] of row r),
@@ -117,11 +124,17 @@ static inline const void *kt_x16_at(const void *w, int esz, int n_in, int r, int
 #define KT_X8_QS_BYTES (KT_X8_ROWS * QK4_0 / 2)
 #define KT_X8_QH_BYTES (KT_X8_ROWS * 4)
 
-/* Bytes of one block of a Q4_Kx8 / Q6_Kx8 group, and the offsets in it. */
+/* Bytes of one block of a Q4_Kx8 / Q5_Kx8 / Q6_Kx8 group, and the
+ * offsets in it. */
 #define KT_Q4KX8_BLOCK_BYTES (KT_X8_ROWS * 144)
 #define KT_Q4KX8_SCALES 1024
 #define KT_Q4KX8_D (1024 + 96)
 #define KT_Q4KX8_DMIN (1024 + 96 + 16)
+#define KT_Q5KX8_BLOCK_BYTES (KT_X8_ROWS * 176)
+#define KT_Q5KX8_QH 1024
+#define KT_Q5KX8_SCALES (1024 + 256)
+#define KT_Q5KX8_D (1024 + 256 + 96)
+#define KT_Q5KX8_DMIN (1024 + 256 + 96 + 16)
 #define KT_Q6KX8_BLOCK_BYTES (KT_X8_ROWS * 210)
 #define KT_Q6KX8_QH 1024
 #define KT_Q6KX8_SCALES (1024 + 512)
