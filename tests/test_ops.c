@@ -982,6 +982,60 @@ static void test_repacked_matmul(void **state) {
     on_every_int8_tier(check_repacked_matmul, false);
 }
 
+/* K-quant matrices at their top levels (every level byte 0xFF) against
+ * activations all at one extreme: the largest integer sums any tile
+ * forms. AVX2 adds maddubs pairs in int16 where they cannot overflow (8
+ * of Q4_K's 2 x 15 x 127, not of Q5_K's 2 x 31 x 127); random data
+ * never comes near that bound, this does. Plain and repacked, against
+ * the reference. */
+static void check_kquant_extremes(bool unused) {
+    (void)unused;
+    static const kt_dtype types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
+    static const int n_toks[] = {1, 2, 5, 9};
+    enum { N_IN = 512, N_OUT = 16 };
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int ti = 0; ti < 3; ti++) {
+        const kt_dtype type = types[ti];
+        const size_t bb = (size_t)kt_dtype_get(type)->block_bytes, n_blocks = (size_t)N_OUT * N_IN / QK_K;
+        uint8_t *w = tu_xmalloc(bb * n_blocks);
+        memset(w, 0xFF, bb * n_blocks);
+        const uint16_t one = 0x3C00; /* fp16 1.0 for d (and dmin): 0xFFFF is a NaN */
+        for (size_t b = 0; b < n_blocks; b++) {
+            uint8_t *blk = w + b * bb;
+            if (type == KT_Q6_K) {
+                memcpy(blk + offsetof(block_q6_K, d), &one, 2);
+                continue;
+            }
+            memcpy(blk + offsetof(block_q4_K, d), &one, 2); /* Q5_K's d, dmin sit there too */
+            memcpy(blk + offsetof(block_q4_K, dmin), &one, 2);
+        }
+        void *x8 = repacked_copy(w, type, N_IN, N_OUT);
+        const kt_dtype x8_type = kt_repack_type(type, N_IN, N_OUT);
+        for (int c = 0; c < 4; c++) {
+            const int nt = n_toks[c];
+            float *x = tu_xmalloc(sizeof(float) * nt * N_IN), *want = tu_xmalloc(sizeof(float) * nt * N_OUT),
+                  *got = tu_xmalloc(sizeof(float) * nt * N_OUT);
+            for (int i = 0; i < nt * N_IN; i++) x[i] = c % 2 ? -1.0f : 1.0f;
+            kt_matmul_ref(want, w, type, x, N_IN, N_OUT, nt);
+            for (int packed = 0; packed < 2; packed++) {
+                kt_matmul(pool, got, packed ? x8 : w, packed ? x8_type : type, x, N_IN, N_OUT, nt);
+                if (memcmp(got, want, sizeof(float) * nt * N_OUT) != 0)
+                    fail_msg("%s, %d tokens at the extremes: %.9g, reference %.9g", kt_dtype_name(packed ? x8_type : type),
+                             nt, got[0], want[0]);
+            }
+            free(x), free(want), free(got);
+        }
+        free(w), free(x8);
+    }
+    kt_pool_free(pool);
+}
+
+static void test_kquant_extremes(void **state) {
+    (void)state;
+    on_every_int8_tier(check_kquant_extremes, false);
+}
+
 /* ---- the x16 layouts (float weights) ---------------------------------- */
 
 /* A float matrix repacked to x16 keeps every value where kt_x16_at says
@@ -1890,6 +1944,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_many),
         cmocka_unit_test(test_repack_layout),
         cmocka_unit_test(test_repacked_matmul),
+        cmocka_unit_test(test_kquant_extremes),
         cmocka_unit_test(test_x16_layout),
         cmocka_unit_test(test_repacked_rows),
         cmocka_unit_test(test_x16_matmul),
