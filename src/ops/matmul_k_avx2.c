@@ -974,94 +974,11 @@ INL void kx8_tile(const kq_args *a, const bool q5, const bool vnni, const bool e
         if (t < nt) _mm256_storeu_ps(a->out + (size_t)(t0 + t) * a->n_out + r0, acc[t]);
 }
 
-/* AVX-512, one token: two groups side by side, 16 rows (lanes 0-7: rows
- * r0 .., 8-15: rows r0 + 8 ..), so each instruction and each broadcast
- * activation word serves twice the rows of kx8_tile. Lane by lane the
- * same integer sums and float steps: the same bits. The scales and mins
- * are decoded per group with kx8_tile's 256-bit steps and joined. */
-TARGET_512 INL __m512i fifth_bit_512(__m512i qh, const int bit) {
-    const __m512i at4 = bit < 4 ? _mm512_slli_epi16(qh, 4 - bit) : bit > 4 ? _mm512_srli_epi16(qh, bit - 4) : qh;
-    return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
-}
-
-TARGET_512 INL __m512i load_pair(const uint8_t *o0, const uint8_t *o1, int at) {
-    return join_i(_mm256_loadu_si256((const __m256i *)(o0 + at)), _mm256_loadu_si256((const __m256i *)(o1 + at)));
-}
-
-TARGET_512 INL void kx8_tile_512(const kq_args *a, const bool q5, int r0, int tok) {
-    const int nb = a->x->nb;
-    const kx8_fmt *f = q5 ? &Q5KX8 : &Q4KX8;
-    const uint8_t *g0 = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes, *g1 = g0 + 8 * a->row_bytes;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *o0 = g0 + (size_t)b * f->block_bytes, *o1 = g1 + (size_t)b * f->block_bytes;
-#pragma GCC unroll 22
-        for (int l = 0; l < f->block_bytes; l += 64) { /* the next two groups' block b */
-            _mm_prefetch((const char *)o0 + 16 * a->row_bytes + l, _MM_HINT_T0);
-            _mm_prefetch((const char *)o1 + 16 * a->row_bytes + l, _MM_HINT_T0);
-        }
-        __m256i u0[3], u1[3], mp0[4], mp1[4];
-        __m512i sc[8];
-        for (int i = 0; i < 3; i++) {
-            u0[i] = _mm256_loadu_si256((const __m256i *)(o0 + f->scales + 32 * i));
-            u1[i] = _mm256_loadu_si256((const __m256i *)(o1 + f->scales + 32 * i));
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) sc[j] = join_i(x8_scale(u0, j), x8_scale(u1, j));
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) mp0[i] = x8_min_pair(u0, i), mp1[i] = x8_min_pair(u1, i);
-        const __m512 d = join_f(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o0 + f->d))),
-                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o1 + f->d))));
-        const __m512 dmin = join_f(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o0 + f->dmin))),
-                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o1 + f->dmin))));
-        const size_t i = (size_t)tok * nb + b;
-        const int8_t *xq = a->x->qs + i * QK_K;
-        const int16_t *bs = a->x->bsums + i * 16;
-        __m512i isum = _mm512_setzero_si512(), isum16 = _mm512_setzero_si512();
-        for (int k = 0; k < 4; k++) {
-            __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                const __m512i p = load_pair(o0, o1, 32 * (8 * k + c));
-                __m512i lo = _mm512_and_si512(p, m4), hi;
-                if (q5) {
-                    const __m512i qh = load_pair(o0, o1, f->qh + 32 * c);
-                    hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
-                    lo = _mm512_or_si512(lo, fifth_bit_512(qh, 2 * k));
-                    hi = _mm512_or_si512(hi, fifth_bit_512(qh, 2 * k + 1));
-                } else {
-                    hi = _mm512_and_si512(p, _mm512_set1_epi8((char)0xF0)); /* 16 * nibble, as kx8_tile */
-                }
-                int32_t xl, xh;
-                memcpy(&xl, xq + 64 * k + 4 * c, 4);
-                memcpy(&xh, xq + 64 * k + 32 + 4 * c, 4);
-                slo = _mm512_dpbusd_epi32(slo, lo, _mm512_set1_epi32(xl));
-                shi = _mm512_dpbusd_epi32(shi, hi, _mm512_set1_epi32(xh));
-            }
-            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(slo, sc[2 * k]));
-            if (q5) isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(shi, sc[2 * k + 1]));
-            else isum16 = _mm512_add_epi32(isum16, _mm512_mullo_epi32(shi, sc[2 * k + 1]));
-        }
-        if (!q5) isum = _mm512_add_epi32(isum, _mm512_srai_epi32(isum16, 4));
-        __m256i im0 = _mm256_setzero_si256(), im1 = _mm256_setzero_si256();
-        tile_mins(1, mp0, &bs, &im0);
-        tile_mins(1, mp1, &bs, &im1);
-        const __m512i imin = join_i(im0, im1);
-        const __m512 dx = _mm512_set1_ps(a->x->d[i]);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), imin)), _mm512_mul_ps(dmin, dx),
-                              acc);
-    }
-    _mm512_storeu_ps(a->out + (size_t)tok * a->n_out + r0, acc);
-}
-
 /* The tiles of one format: 1 and X8_TOKENS tokens, AVX2 and VNNI; one
- * token with AVX-512's broadcast vpdpbusd, and 16 rows of one token. */
+ * token with AVX-512's broadcast vpdpbusd. */
 typedef void (*kx8_tile_fn)(const kq_args *a, int r0, int t0, int nt);
 typedef struct kx8_tiles {
     kx8_tile_fn avx2_1, avx2_4, vnni_1, vnni_4, evex_1;
-    void (*evex_16)(const kq_args *a, int r0, int tok);
 } kx8_tiles;
 
 #define KX8_TILES(ty, Q5)                                                                                  \
@@ -1076,8 +993,7 @@ typedef struct kx8_tiles {
     TARGET_512 static void ty##_evex_1(const kq_args *a, int r0, int t0, int nt) {                         \
         kx8_tile(a, Q5, true, true, 1, r0, t0, nt);                                                        \
     }                                                                                                      \
-    TARGET_512 static void ty##_evex_16(const kq_args *a, int r0, int tok) { kx8_tile_512(a, Q5, r0, tok); } \
-    static const kx8_tiles ty = {ty##_avx2_1, ty##_avx2_4, ty##_vnni_1, ty##_vnni_4, ty##_evex_1, ty##_evex_16};
+    static const kx8_tiles ty = {ty##_avx2_1, ty##_avx2_4, ty##_vnni_1, ty##_vnni_4, ty##_evex_1};
 
 KX8_TILES(Q4KX8_TILES, false)
 KX8_TILES(Q5KX8_TILES, true)
@@ -1177,15 +1093,9 @@ static void kx8_matmul(kt_dtype plain, const kx8_tiles *k, const x8_prefill *pf,
                        const kt_q8k_act *x, int n_in, int n_out, int n_tokens, int r0, int r1) {
     const kq_args a = {w, kt_dtype_row_bytes(plain, n_in), kt_dtype_get(plain)->block_bytes, x, out, n_out};
     if (n_tokens >= X8_MIN_GEMM && x8_gemm(pf, &a, n_tokens, r0, r1)) return;
-    const bool vnni = kt_cpu_has_avx_vnni(), wide = kt_cpu_has_avx512_vnni();
-    kx8_tile_fn tile1 = wide ? k->evex_1 : vnni ? k->vnni_1 : k->avx2_1;
+    const bool vnni = kt_cpu_has_avx_vnni();
+    kx8_tile_fn tile1 = kt_cpu_has_avx512_vnni() ? k->evex_1 : vnni ? k->vnni_1 : k->avx2_1;
     kx8_tile_fn tile4 = vnni ? k->vnni_4 : k->avx2_4;
-    if (n_tokens == 1 && wide) { /* decode: 16 rows at a time, then a last 8 */
-        int r = r0;
-        for (; r + 2 * KT_X8_ROWS <= r1; r += 2 * KT_X8_ROWS) k->evex_16(&a, r, 0);
-        if (r < r1) tile1(&a, r, 0, 1);
-        return;
-    }
     for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK) {
         const int c1 = c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens;
         for (int r = r0; r < r1; r += KT_X8_ROWS)
