@@ -810,11 +810,13 @@ void kt_quantize_act_q8_K_avx2(const float *x, int64_t n, int8_t *qs, float *d, 
  * 6-bit form once per block for all 8 rows (one row per lane). With more
  * than one token the nibbles are unpacked once per block into a buffer
  * that every token then reads. Tiers: AVX2 (maddubs, int16 sums of at
- * most 8 pairs of 15 * 128: no overflow) and AVX-VNNI (vpdpbusd); with
- * AVX-512 one token's decode takes two groups at once (kx8_tile_512: the
- * 8-row tile ran at 40 GB/s a core from L2, short of what two cores can
- * stream here); prefill (8 tokens or more) goes to the panel GEMMs, 16
- * rows at a time with AVX-512.
+ * most 8 pairs of 15 * 128: no overflow) and AVX-VNNI (vpdpbusd), which
+ * AVX-512 CPUs take as well, with the activation words broadcast from
+ * memory. A 16-row AVX-512 tile (two groups side by side) ran 41-46%
+ * faster from L2 but streamed 10-15% slower in the model (its prefetch
+ * runs two groups ahead), so decode stays 8 rows a tile; prefill (8
+ * tokens or more) goes to the panel GEMMs, 16 rows at a time with
+ * AVX-512.
  *
  * Q5_Kx8 is the same tile with each level's fifth bit or-ed in from the
  * block's qh vectors (bit 2k of qh vector c for the low nibbles of
