@@ -13,6 +13,8 @@
 # bandwidth of the moment (decode ratios shrink when the host's bandwidth
 # falls and both engines meet it), each llama.cpp's pp512/tg128 (after a
 # line naming the binary) and kettle's (2 threads, means of 3 runs).
+# `node bench/llamacpp/ratios.mjs OUTPUT...` turns the output into the
+# kettle / llama.cpp table.
 set -euo pipefail
 if [ $# -lt 4 ]; then
     echo "usage: $0 LLAMA_BENCH[,LLAMA_BENCH...] KETTLE PASSES MODEL.gguf..." >&2
