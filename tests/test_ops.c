@@ -1566,9 +1566,11 @@ static void test_attention_decode_long(void **state) {
                     kt_quantize_row(types[ti], row, v + at, kv_dim);
                 }
             float *q = tu_xmalloc(sizeof(float) * 2 * q_dim);
-            /* the first token's scores spread over a few nats, so the
-             * sums of the exps are exact in double in any order; the
-             * second's over tens, so the order of the sums shows */
+            /* the first token's scores spread over a few nats; the
+             * second's over tens, so most of its exps are tiny or
+             * underflow (the max and the masking show; the order of the
+             * double sums does not: reversing it still rounds 1 / sum to
+             * the same float, as a mutation showed) */
             tu_fill_normal(q, (size_t)q_dim, 1.5f, 99 + si);
             tu_fill_normal(q + q_dim, (size_t)q_dim, 8.0f, 199 + si);
             const int32_t *blocks[2] = {table[0], table[1]};

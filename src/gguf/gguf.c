@@ -32,8 +32,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/huge.h"
 #include "base/error.h"
+#include "base/huge.h"
 
 #define HEADER_BYTES 24    /* magic, version, n_tensors, n_kv */
 #define MIN_KV_BYTES 13    /* key length (8) + type (4) + a u8 value (1) */

@@ -16,7 +16,6 @@
 #include "base/error.h"
 #include "base/huge.h"
 
-
 struct kv_pool {
     kv_pool_params p;
     size_t row_bytes, block_bytes, plane_bytes;

@@ -260,7 +260,9 @@ static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b
     if (!is_kquant_x8(t))
         return kt_kq_block_step(t, (const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), b, xq, dx, bs, acc);
     const kt_dtype plain = kt_repack_plain(t);
-    _Alignas(16) uint8_t blk[sizeof(block_q6_K)]; /* the largest K-quant block */
+    _Static_assert(sizeof(block_q6_K) >= sizeof(block_q5_K) && sizeof(block_q6_K) >= sizeof(block_q4_K),
+                   "blk holds any K-quant block");
+    _Alignas(16) uint8_t blk[sizeof(block_q6_K)];
     kt_x8_block(w, plain, n_in, r, b, blk);
     return kt_kq_block_step(plain, blk, 0, xq, dx, bs, acc);
 }

@@ -90,7 +90,7 @@ INL __m256i vnni_dot_bcast(__m256i acc, __m256i q, const int8_t *x4) {
 /* acc + the int32 sums of q * x over each lane's 4 bytes: vpdpbusd, or
  * maddubs widened at once (for levels whose pairs may not be summed in
  * int16). */
-INL __m256i q6_dot(const bool vnni, __m256i acc, __m256i q, __m256i x) {
+INL __m256i dot_i32(const bool vnni, __m256i acc, __m256i q, __m256i x) {
     if (vnni) return vnni_dot(acc, q, x);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
 }
@@ -947,8 +947,8 @@ INL void kx8_tile(const kq_args *a, const bool q5, const bool vnni, const bool e
                         slo = vnni_dot(slo, lo, _mm256_set1_epi32(xl));
                         shi = vnni_dot(shi, hi, _mm256_set1_epi32(xh));
                     } else if (wide) {
-                        slo = q6_dot(false, slo, lo, _mm256_set1_epi32(xl));
-                        shi = q6_dot(false, shi, hi, _mm256_set1_epi32(xh));
+                        slo = dot_i32(false, slo, lo, _mm256_set1_epi32(xl));
+                        shi = dot_i32(false, shi, hi, _mm256_set1_epi32(xh));
                     } else {
                         slo = _mm256_add_epi16(slo, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
                         shi = _mm256_add_epi16(shi, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
@@ -1016,11 +1016,19 @@ INL void x8_words_to_rows(const uint8_t *src, uint8_t *const *dst) {
     for (int r = 0; r < KT_X8_ROWS; r++) _mm256_storeu_si256((__m256i *)dst[r], v[r]);
 }
 
-/* Rows r0 .. r0+7 of a Q4_Kx8 (q5: Q5_Kx8) matrix as 8 plain rows at dst
- * (blocks of bb bytes; qs, qh: where the nibbles and fifth bits sit in
- * one). Both plain blocks start with d, dmin and the 12 scale bytes. */
-INL void kx8_unrepack(const kq_args *a, const bool q5, int r0, uint8_t *dst, size_t bb, size_t qs, size_t qh) {
+/* kx8_unrepack writes a Q5_K block's d, dmin and scales through a
+ * block_q4_K: they sit at the same offsets in both. */
+_Static_assert(offsetof(block_q4_K, d) == offsetof(block_q5_K, d) &&
+                   offsetof(block_q4_K, dmin) == offsetof(block_q5_K, dmin) &&
+                   offsetof(block_q4_K, scales) == offsetof(block_q5_K, scales),
+               "Q4_K and Q5_K blocks start alike");
+
+/* Rows r0 .. r0+7 of a Q4_Kx8 (q5: Q5_Kx8) matrix as 8 plain Q4_K (Q5_K)
+ * rows at dst. */
+INL void kx8_unrepack(const kq_args *a, const bool q5, int r0, uint8_t *dst) {
     const kx8_fmt *f = q5 ? &Q5KX8 : &Q4KX8;
+    const size_t bb = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const size_t qs = q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs), qh = offsetof(block_q5_K, qh);
     const int nb = a->x->nb;
     const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
     for (int b = 0; b < nb; b++) {
@@ -1036,7 +1044,7 @@ INL void kx8_unrepack(const kq_args *a, const bool q5, int r0, uint8_t *dst, siz
             x8_words_to_rows(o + f->qh, to);
         }
         for (int r = 0; r < KT_X8_ROWS; r++) {
-            block_q4_K *head = (block_q4_K *)blk[r]; /* d, dmin, scales: where Q5_K has them */
+            block_q4_K *head = (block_q4_K *)blk[r]; /* d, dmin, scales: where Q5_K has them too */
             for (int u = 0; u < 3; u++) memcpy(head->scales + 4 * u, o + f->scales + 32 * u + 4 * r, 4);
             memcpy(&head->d, o + f->d + 2 * r, 2);
             memcpy(&head->dmin, o + f->dmin + 2 * r, 2);
@@ -1044,13 +1052,8 @@ INL void kx8_unrepack(const kq_args *a, const bool q5, int r0, uint8_t *dst, siz
     }
 }
 
-static void q4x8_unrepack(const kq_args *a, int r0, void *dst) {
-    kx8_unrepack(a, false, r0, dst, sizeof(block_q4_K), offsetof(block_q4_K, qs), 0);
-}
-
-static void q5x8_unrepack(const kq_args *a, int r0, void *dst) {
-    kx8_unrepack(a, true, r0, dst, sizeof(block_q5_K), offsetof(block_q5_K, qs), offsetof(block_q5_K, qh));
-}
+static void q4x8_unrepack(const kq_args *a, int r0, void *dst) { kx8_unrepack(a, false, r0, dst); }
+static void q5x8_unrepack(const kq_args *a, int r0, void *dst) { kx8_unrepack(a, true, r0, dst); }
 
 /* How a repacked type's prefill runs: its groups turned back into plain
  * rows (unrepack: 8 rows from r0 into dst), then the plain type's panel
@@ -1175,7 +1178,7 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, 
                         const int8_t *x = xq + 128 * h + 32 * qq + 4 * c;
                         int32_t x4;
                         memcpy(&x4, x, 4);
-                        s[qq] = evex ? vnni_dot_bcast(s[qq], q[qq], x) : q6_dot(vnni, s[qq], q[qq], _mm256_set1_epi32(x4));
+                        s[qq] = evex ? vnni_dot_bcast(s[qq], q[qq], x) : dot_i32(vnni, s[qq], q[qq], _mm256_set1_epi32(x4));
                     }
                 }
 #pragma GCC unroll 4
