@@ -1,9 +1,13 @@
 /*
  * test_engine.c - the engine's step loop: the same tokens as a plain
- * session, batch invariance (16 requests at once give each one's tokens
- * alone, bit for bit, logprobs included), chunked prefill, n > 1 choices
- * sharing the prompt's blocks, stop strings across token boundaries,
- * priorities, cancellation freeing KV blocks, and clear errors.
+ * session, batch invariance (16 requests at once, seen to share steps,
+ * give each one's tokens alone, bit for bit, logprobs included), chunked
+ * prefill, n > 1 choices sharing the prompt's blocks (greedy, and sampled
+ * against each choice's seed alone), admission of --parallel full-context
+ * requests, stop strings across token boundaries, priorities,
+ * cancellation at each stage freeing KV blocks and reservations, and
+ * clear errors. Tests that need a request at a given stage hold the
+ * engine (kt_engine_hold) and grant it steps, so none depends on timing.
  */
 #include <math.h>
 #include <stdio.h>
@@ -71,7 +75,8 @@ typedef struct output {
     kt_finish finish;
 } output;
 
-static kt_request *submit(kt_engine *e, const char *prompt, int max_tokens, int n_choices) {
+static kt_request *submit_with(kt_engine *e, const char *prompt, int max_tokens, int n_choices,
+                               float temperature, uint64_t seed) {
     int32_t ids[256];
     kt_gen_params p = kt_gen_defaults();
     p.prompt = ids;
@@ -79,10 +84,33 @@ static kt_request *submit(kt_engine *e, const char *prompt, int max_tokens, int 
     p.max_tokens = max_tokens;
     p.n_choices = n_choices;
     p.top_logprobs = 2;
+    p.sampling.temperature = temperature;
+    p.sampling.seed = seed;
     kt_request *r = NULL;
     kt_error err = {0};
-    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
     return r;
+}
+
+static kt_request *submit(kt_engine *e, const char *prompt, int max_tokens, int n_choices) {
+    return submit_with(e, prompt, max_tokens, n_choices, 0.0f, 0);
+}
+
+/* A request that runs until cancelled: ignore_eos, and max_tokens (0) up
+ * to the context's end. */
+static kt_request *submit_long(kt_engine *e, const int32_t *ids, int n, int n_choices) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n, p.n_choices = n_choices, p.ignore_eos = true;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    return r;
+}
+
+static kt_engine_stats stats_of(kt_engine *e) {
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
+    return st;
 }
 
 /* Reads every event of r into out[choice] until it finishes. */
@@ -172,7 +200,10 @@ static void check_batch_invariance_16(kt_model *m) {
     for (int i = 0; i < 16; i++) run_alone(e, PROMPTS[i], 48, &alone[i]);
     kt_request *r[16];
     memset(together, 0, sizeof together);
+    /* all 16 wait before the first step, so they run together */
+    kt_engine_hold(e, true);
     for (int i = 0; i < 16; i++) r[i] = submit(e, PROMPTS[i], 48, 1);
+    kt_engine_hold(e, false);
     for (int i = 0; i < 16; i++) drain(r[i], &together[i]);
     int distinct = 0;
     for (int i = 0; i < 16; i++) {
@@ -189,6 +220,9 @@ static void check_batch_invariance_16(kt_model *m) {
     kt_engine_get_stats(e, &st);
     assert_int_equal(st.kv_blocks_used, 0);
     assert_true(st.ttft.n >= 32 && st.itl.n > 0);
+    /* and they really ran together: steps decoded all 16 at once */
+    assert_int_equal(st.max_step_seqs, 16);
+    assert_true(st.steps_multi_seq >= 40);
     kt_engine_free(e);
 }
 
@@ -285,6 +319,69 @@ static void test_choices_share_prompt(void **state) {
     kt_engine_free(e);
 }
 
+/* n = 4 sampled choices (temperature 1): choice i equals a request of one
+ * choice with seed + i, token for token. The prompt ends inside a KV
+ * block, so the choices share that block and each must write into a copy
+ * of it (copy-on-write): without the copies they would read each other's
+ * K/V and drift apart from their single-choice twins. */
+static void test_choices_sampled(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F16, 0.0f);
+    int32_t ids[256];
+    assert_true(tokenize(PROMPTS[2], ids, 256) % 16 != 0);
+    const uint64_t seed = 1234;
+    static output alone[4], four[4];
+    memset(alone, 0, sizeof alone), memset(four, 0, sizeof four);
+    for (int i = 0; i < 4; i++) {
+        kt_request *r = submit_with(e, PROMPTS[2], 40, 1, 1.0f, seed + (uint64_t)i);
+        drain(r, &alone[i]);
+        kt_request_free(r);
+    }
+    kt_request *r = submit_with(e, PROMPTS[2], 40, 4, 1.0f, seed);
+    drain(r, four);
+    kt_request_free(r);
+    int differ = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_true(alone[i].n > 0);
+        assert_int_equal(four[i].n, alone[i].n);
+        assert_memory_equal(four[i].tokens, alone[i].tokens, sizeof(int32_t) * (size_t)alone[i].n);
+        assert_memory_equal(four[i].logprobs, alone[i].logprobs, sizeof(float) * (size_t)alone[i].n);
+        assert_string_equal(four[i].text, alone[i].text);
+        differ += i > 0 && strcmp(alone[i].text, alone[0].text) != 0;
+    }
+    assert_true(differ >= 2); /* sampling really did choose differently */
+    assert_int_equal(stats_of(e).kv_blocks_used, 0);
+    kt_engine_free(e);
+}
+
+/* The default KV pool holds n_parallel full contexts, and that many
+ * single-choice requests of a full context (max_tokens unset) run at once:
+ * one choice needs no copy-on-write block. */
+static void test_parallel_full_context(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F16, 0.0f);
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = 1 + i;
+    kt_engine_hold(e, true);
+    kt_request *r[4];
+    for (int i = 0; i < 4; i++) r[i] = submit_long(e, ids, 20, 1);
+    kt_engine_run_steps(e, 1);
+    kt_engine_stats st = stats_of(e);
+    assert_int_equal(st.queue_depth, 0);
+    assert_int_equal(st.requests_running, 4);
+    assert_int_equal(st.running, 4);
+    assert_int_equal(st.kv_blocks_reserved, st.kv_blocks_total); /* 4 x 256 / 16 */
+    assert_int_equal(st.kv_blocks_total, 4 * 256 / 16);
+    for (int i = 0; i < 4; i++) kt_request_free(r[i]);
+    kt_engine_run_steps(e, 1);
+    st = stats_of(e);
+    assert_int_equal(st.requests_running, 0);
+    assert_int_equal(st.kv_blocks_reserved, 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    kt_engine_hold(e, false);
+    kt_engine_free(e);
+}
+
 /* Stop strings cut the text before them, even when they span tokens, and
  * the choice ends with "stop"; no part of the stop string is output. */
 static void test_stop_strings(void **state) {
@@ -328,35 +425,88 @@ static void test_stop_strings(void **state) {
     kt_engine_free(e);
 }
 
-/* A cancelled request ends with "cancelled" and its blocks come back. */
-static void test_cancel_frees_blocks(void **state) {
-    (void)state;
-    kt_engine *e = engine(4, 64, KT_KV_F16, 0.0f);
-    kt_request *r = submit(e, PROMPTS[1], 200, 2);
+/* Events until the request has finished: how many choices ended
+ * cancelled. */
+static int drain_cancelled(kt_request *r) {
     kt_event ev;
-    assert_int_equal(kt_request_wait(r, &ev, WAIT_MS), 1);
-    kt_engine_stats st;
-    kt_engine_get_stats(e, &st);
-    assert_true(st.kv_blocks_used > 0);
-    kt_request_cancel(r);
     int rc, cancelled = 0;
-    while ((rc = kt_request_wait(r, &ev, WAIT_MS)) == 1) cancelled += ev.finish == KT_FINISH_CANCELLED;
-    assert_int_equal(rc, -1);
-    assert_int_equal(cancelled, 2);
-    kt_engine_get_stats(e, &st);
-    assert_int_equal(st.kv_blocks_used, 0);
+    while ((rc = kt_request_poll(r, &ev)) == 1) cancelled += ev.finish == KT_FINISH_CANCELLED;
+    assert_int_equal(rc, -1); /* finished: the step that reaped it has run */
+    return cancelled;
+}
+
+/* The engine is back to empty: no request, sequence, block or reservation. */
+static void assert_empty(kt_engine *e) {
+    kt_engine_stats st = stats_of(e);
+    assert_int_equal(st.queue_depth, 0);
+    assert_int_equal(st.requests_running, 0);
     assert_int_equal(st.running, 0);
-    kt_request_free(r);
-    /* freeing without reading: the engine lets go by itself */
-    r = submit(e, PROMPTS[2], 200, 1);
-    kt_request_free(r);
-    for (int i = 0; i < 200; i++) {
-        kt_engine_get_stats(e, &st);
-        if (st.kv_blocks_used == 0 && st.running == 0 && st.queue_depth == 0) break;
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
     assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.kv_blocks_reserved, 0);
+}
+
+/* Cancelling at each stage (queued, prefilling, decoding, and a request
+ * freed unread) ends it with "cancelled" in the next step and gives back
+ * its blocks and its reservation. One sequence at a time and 16-token
+ * steps, so a second request queues and a 100-token prompt takes 7 steps. */
+static void test_cancel_stages(void **state) {
+    (void)state;
+    kt_engine_params prm = kt_engine_defaults();
+    prm.n_ctx = 256, prm.n_parallel = 2, prm.batch_tokens = 16, prm.n_threads = 2;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(g_model, &prm, &err);
+    assert_non_null(e);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = 1 + (i * 7) % 500;
+    kt_engine_hold(e, true);
+
+    /* prefilling, n = 2: the shared prompt and the choices' reservation */
+    kt_request *a = submit_long(e, ids, 100, 2);
+    kt_request *q = submit_long(e, ids, 10, 1); /* queued: two sequences are running */
+    kt_engine_run_steps(e, 2);
+    kt_engine_stats st = stats_of(e);
+    assert_int_equal(st.requests_running, 1);
+    assert_int_equal(st.queue_depth, 1);
+    assert_int_equal(st.prompt_tokens, 32);
+    assert_true(st.kv_blocks_reserved > 0 && st.kv_blocks_used == 2);
+    assert_int_equal(st.generated_tokens, 0);
+
+    /* queued */
+    kt_request_cancel(q);
+    kt_engine_run_steps(e, 1);
+    assert_int_equal(drain_cancelled(q), 1);
+    assert_int_equal(stats_of(e).queue_depth, 0);
+    assert_int_equal(stats_of(e).requests_running, 1);
+    kt_request_free(q);
+
+    /* prefilling */
+    assert_int_equal(stats_of(e).generated_tokens, 0);
+    kt_request_cancel(a);
+    kt_engine_run_steps(e, 1);
+    assert_int_equal(drain_cancelled(a), 2);
+    assert_empty(e);
+    kt_request_free(a);
+
+    /* decoding */
+    a = submit_long(e, ids, 10, 2);
+    kt_engine_run_steps(e, 3);
+    assert_true(stats_of(e).generated_tokens >= 4);
+    assert_int_equal(stats_of(e).requests_running, 1);
+    kt_request_cancel(a);
+    kt_engine_run_steps(e, 1);
+    assert_int_equal(drain_cancelled(a), 2);
+    assert_empty(e);
+    kt_request_free(a);
+
+    /* freed without reading, while prefilling: the engine lets go by itself */
+    a = submit_long(e, ids, 100, 1);
+    kt_engine_run_steps(e, 1);
+    assert_int_equal(stats_of(e).requests_running, 1);
+    kt_request_free(a);
+    kt_engine_run_steps(e, 1);
+    assert_empty(e);
+
+    kt_engine_hold(e, false);
     kt_engine_free(e);
 }
 
@@ -377,9 +527,10 @@ static void test_priority_and_busy(void **state) {
     p.ignore_eos = true;
     p.top_logprobs = 0;
     kt_request *running = NULL, *low = NULL, *high = NULL, *extra = NULL;
+    kt_engine_hold(e, true); /* low and high both wait before either can start */
     assert_int_equal(kt_engine_submit(e, &p, &running, &err), KT_OK);
-    kt_event ev;
-    assert_int_equal(kt_request_wait(running, &ev, WAIT_MS), 1); /* it is running */
+    kt_engine_run_steps(e, 2);
+    assert_int_equal(stats_of(e).requests_running, 1); /* it is running */
     p.max_tokens = 5;
     p.priority = 0;
     assert_int_equal(kt_engine_submit(e, &p, &low, &err), KT_OK);
@@ -388,13 +539,15 @@ static void test_priority_and_busy(void **state) {
     assert_int_equal(kt_engine_submit(e, &p, &extra, &err), KT_ERR_BUSY);
     assert_null(extra);
     assert_non_null(strstr(err.msg, "busy"));
-    output o[1];
+    kt_engine_hold(e, false);
+    output o[2];
     memset(o, 0, sizeof o);
-    drain(high, o);
-    /* high finished while low had not started */
+    drain(high, &o[0]);
+    drain(low, &o[1]);
+    /* high went first though it came later */
     kt_request_usage ul = kt_request_get_usage(low), uh = kt_request_get_usage(high);
-    assert_true(uh.done_ns > 0);
-    assert_true(ul.first_token_ns == 0 || ul.first_token_ns > uh.first_token_ns);
+    assert_true(uh.done_ns > 0 && ul.first_token_ns > 0);
+    assert_true(ul.first_token_ns > uh.done_ns);
     kt_request_free(high);
     kt_request_free(low);
     kt_request_free(running);
@@ -441,15 +594,22 @@ static void test_errors(void **state) {
 static void test_shutdown_in_flight(void **state) {
     (void)state;
     kt_engine *e = engine(2, 64, KT_KV_F16, 0.0f);
-    kt_request *r = submit(e, PROMPTS[4], 200, 1);
-    kt_event ev;
-    assert_int_equal(kt_request_wait(r, &ev, WAIT_MS), 1);
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    kt_engine_hold(e, true);
+    kt_request *r = submit_long(e, ids, 8, 1), *queued = submit_long(e, ids, 8, 2);
+    kt_engine_run_steps(e, 3); /* r decodes; queued waits (n_parallel 2) */
+    assert_true(stats_of(e).generated_tokens >= 2);
+    assert_int_equal(stats_of(e).queue_depth, 1);
     kt_engine_free(e);
-    int rc, cancelled = 0;
-    while ((rc = kt_request_wait(r, &ev, WAIT_MS)) == 1) cancelled += ev.finish == KT_FINISH_CANCELLED;
+    kt_event ev;
+    int rc, cancelled = 0, tokens = 0;
+    while ((rc = kt_request_poll(r, &ev)) == 1) cancelled += ev.finish == KT_FINISH_CANCELLED, tokens += ev.token >= 0;
     assert_int_equal(rc, -1);
     assert_int_equal(cancelled, 1);
+    assert_true(tokens >= 2);
+    assert_int_equal(drain_cancelled(queued), 2);
     kt_request_free(r);
+    kt_request_free(queued);
 }
 
 /* KT_ENGINE_BENCH=MODEL ./test_engine: aggregate decode tokens/s with
@@ -517,7 +677,9 @@ int main(void) {
         cmocka_unit_test(test_q8_0_kv),
         cmocka_unit_test(test_choices_share_prompt),
         cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_cancel_frees_blocks),
+        cmocka_unit_test(test_choices_sampled),
+        cmocka_unit_test(test_parallel_full_context),
+        cmocka_unit_test(test_cancel_stages),
         cmocka_unit_test(test_priority_and_busy),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_shutdown_in_flight),

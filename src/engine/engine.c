@@ -55,10 +55,14 @@ struct kt_engine {
     pthread_t thread;
     bool thread_started;
 
-    /* under mu: the wait queue, the stop flag, the stats */
+    /* under mu: the wait queue, the stop flag, the stats, the hold */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;      /* the engine thread waits on it for work */
+    pthread_cond_t cv_step; /* kt_engine_run_steps waits on it for steps */
     bool stop;
+    bool held;              /* kt_engine_hold: run only granted steps */
+    long steps_granted;     /* while held: steps the engine may still run */
+    bool in_step;           /* the engine thread is running a step */
     kt_request **waiting; /* sorted: best priority first, then arrival */
     int n_waiting;
     uint64_t next_arrival;
@@ -127,6 +131,8 @@ static void hist_add(kt_latency_hist *h, double ms) {
 /* Copies the engine thread's counts into the stats (mu held). */
 static void publish_counts_locked(kt_engine *e) {
     e->stats.running = e->seqs_running;
+    e->stats.requests_running = e->n_active;
+    e->stats.kv_blocks_reserved = e->blocks_reserved;
     e->stats.kv_blocks_total = kv_pool_n_total(e->kv);
     e->stats.kv_blocks_free = kv_pool_n_free(e->kv);
     e->stats.kv_blocks_used = e->stats.kv_blocks_total - e->stats.kv_blocks_free;
@@ -211,6 +217,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     e->trace = getenv("KT_ENGINE_TRACE") && strcmp(getenv("KT_ENGINE_TRACE"), "0") != 0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->cv_step, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
         !(e->work = llm_work_new(e->llm, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
         goto fail;
@@ -308,10 +315,28 @@ static void remove_active(kt_engine *e, int i) {
     e->n_active--;
 }
 
+/* A request whose client has hung up is cancelled like any other. */
+static bool cancelled(kt_request *r) {
+    if (!atomic_load(&r->cancel) && req_client_gone(r)) atomic_store(&r->cancel, true);
+    return atomic_load(&r->cancel);
+}
+
+/* Asks each waiting request's client whether it is still there. The
+ * callbacks run outside e->mu (they take the client's locks); a waiting
+ * request cannot be freed meanwhile: the engine holds a reference. */
+static void check_waiting_clients(kt_engine *e) {
+    kt_request *snap[64];
+    int n = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_waiting && n < 64; i++) snap[n++] = e->waiting[i];
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < n; i++) cancelled(snap[i]);
+}
+
 static void reap_cancelled(kt_engine *e) {
     for (int i = 0; i < e->n_active;) {
         kt_request *r = e->active[i];
-        if (!atomic_load(&r->cancel)) {
+        if (!cancelled(r)) {
             i++;
             continue;
         }
@@ -319,6 +344,7 @@ static void reap_cancelled(kt_engine *e) {
         end_request(e, r, KT_FINISH_CANCELLED, NULL);
     }
     /* waiting ones: take them out under the lock, end them outside it */
+    check_waiting_clients(e);
     kt_request *gone[64];
     int n_gone = 0;
     pthread_mutex_lock(&e->mu);
@@ -338,11 +364,16 @@ static void reap_cancelled(kt_engine *e) {
 /* ---- admission ------------------------------------------------------- */
 
 /* Worst-case blocks of a request: the prompt's, shared, plus for each
- * choice its own growth and a copy of the shared partial last block. */
+ * choice its own growth, plus the copies of a shared partial last block:
+ * the first n - 1 choices to write into it copy it (copy-on-write), the
+ * last finds it unshared and writes in place. One choice, or a prompt
+ * that ends on a block boundary, copies nothing, so --parallel requests
+ * of a full context fit the default pool of --parallel contexts. */
 static int blocks_needed(const kv_pool *kv, int n_prompt, int max_tokens, int n_choices) {
     int prompt = kv_blocks_for(kv, n_prompt);
     int total = kv_blocks_for(kv, n_prompt + max_tokens);
-    return prompt + n_choices * (total - prompt + 1);
+    bool partial = n_prompt % KV_BLOCK_TOKENS != 0;
+    return prompt + n_choices * (total - prompt) + (partial ? n_choices - 1 : 0);
 }
 
 static bool start_request(kt_engine *e, kt_request *r) {
@@ -379,8 +410,11 @@ static void admit(kt_engine *e) {
 
 /* ---- submit ---------------------------------------------------------- */
 
-static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max_tokens, kt_error *err) {
+/* Checks what a request asks for; *field names the parameter at fault. */
+static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max_tokens, kt_gen_field *field,
+                                  kt_error *err) {
     const int n_ctx = e->p.n_ctx, n_vocab = e->llm->cfg.n_vocab;
+    *field = KT_FIELD_PROMPT;
     if (!p->prompt || p->n_prompt < 1) return kt_error_set(err, KT_ERR_ARG, "the prompt is empty");
     if (p->n_prompt >= n_ctx)
         return kt_error_set(err, KT_ERR_CONTEXT,
@@ -391,26 +425,32 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
         if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab)
             return kt_error_set(err, KT_ERR_ARG, "prompt token %d at index %d is outside the vocabulary [0, %d)",
                                 p->prompt[i], i, n_vocab);
+    *field = KT_FIELD_MAX_TOKENS;
     *max_tokens = p->max_tokens > 0 ? p->max_tokens : n_ctx - p->n_prompt;
     if (*max_tokens > n_ctx - p->n_prompt)
         return kt_error_set(err, KT_ERR_ARG,
                             "max_tokens %d is too large: the prompt has %d tokens and the context "
                             "holds %d, so at most %d can be generated",
                             p->max_tokens, p->n_prompt, n_ctx, n_ctx - p->n_prompt);
+    *field = KT_FIELD_N_CHOICES;
     if (p->n_choices < 1 || p->n_choices > KT_MAX_CHOICES || p->n_choices > e->p.n_parallel)
         return kt_error_set(err, KT_ERR_ARG, "n = %d is out of range [1, %d]", p->n_choices,
                             KT_MAX_CHOICES < e->p.n_parallel ? KT_MAX_CHOICES : e->p.n_parallel);
+    *field = KT_FIELD_STOP;
     if (p->n_stop < 0 || p->n_stop > KT_MAX_STOP || (p->n_stop > 0 && !p->stop))
         return kt_error_set(err, KT_ERR_ARG, "at most %d stop strings are allowed (got %d)", KT_MAX_STOP, p->n_stop);
     for (int i = 0; i < p->n_stop; i++)
         if (!p->stop[i] || !p->stop[i][0]) return kt_error_set(err, KT_ERR_ARG, "stop string %d is empty", i);
+    *field = KT_FIELD_TOP_LOGPROBS;
     if (p->top_logprobs < -1 || p->top_logprobs > KT_MAX_TOP_LOGPROBS)
         return kt_error_set(err, KT_ERR_ARG, "top_logprobs %d is out of range [0, %d]", p->top_logprobs,
                             KT_MAX_TOP_LOGPROBS);
+    *field = KT_FIELD_LOGIT_BIAS;
     for (int i = 0; i < p->n_logit_bias; i++)
         if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= n_vocab)
             return kt_error_set(err, KT_ERR_ARG, "logit_bias token %d is outside the vocabulary [0, %d)",
                                 p->logit_bias[i].token, n_vocab);
+    *field = KT_FIELD_MAX_TOKENS; /* the KV a request needs grows with it */
     int need = blocks_needed(e->kv, p->n_prompt, *max_tokens, p->n_choices);
     if (need > kv_pool_n_total(e->kv))
         return kt_error_set(err, KT_ERR_ARG,
@@ -419,6 +459,7 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
                             "start the server with a larger --kv-mb",
                             need, KV_BLOCK_TOKENS, p->n_prompt, *max_tokens, p->n_choices,
                             kv_pool_n_total(e->kv));
+    *field = KT_FIELD_NONE;
     return KT_OK;
 }
 
@@ -432,11 +473,19 @@ static void enqueue_locked(kt_engine *e, kt_request *r) {
 }
 
 kt_status kt_engine_submit(kt_engine *e, const kt_gen_params *p, kt_request **out, kt_error *err) {
+    return kt_engine_submit_ex(e, p, out, err, NULL);
+}
+
+kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request **out, kt_error *err,
+                              kt_gen_field *field) {
     int max_tokens = 0;
+    kt_gen_field f_local;
+    if (!field) field = &f_local;
     *out = NULL;
-    if (check_gen_params(e, p, &max_tokens, err) != KT_OK) return err->status;
+    kt_status st = check_gen_params(e, p, &max_tokens, field, err);
+    if (st != KT_OK) return st;
     kt_request *r = req_new(p, err);
-    if (!r) return err->status;
+    if (!r) return KT_ERR_NOMEM;
     r->max_tokens = max_tokens;
     r->blocks_reserved = blocks_needed(e->kv, p->n_prompt, max_tokens, p->n_choices);
     r->usage.submit_ns = now_ns();
@@ -772,15 +821,26 @@ static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
     }
 }
 
+/* Sequences in the batch: a sequence's tokens are contiguous in it (one
+ * decode token, or one prefill chunk). */
+static int batch_seqs(const kt_engine *e, int n) {
+    int seqs = 0;
+    for (int t = 0; t < n; t++) seqs += t == 0 || e->b_seq[t] != e->b_seq[t - 1];
+    return seqs;
+}
+
 static void engine_step(kt_engine *e) {
     reap_cancelled(e);
     admit(e);
     if (e->n_active == 0) return;
     int n_prefill = 0, n = build_batch(e, &n_prefill);
     if (n > 0) {
+        const int seqs = batch_seqs(e, n);
         /* published before any event of the step can be read */
         pthread_mutex_lock(&e->mu);
         e->stats.steps++;
+        e->stats.steps_multi_seq += seqs > 1;
+        if (seqs > e->stats.max_step_seqs) e->stats.max_step_seqs = seqs;
         e->stats.prompt_tokens += (uint64_t)n_prefill;
         publish_counts_locked(e);
         pthread_mutex_unlock(&e->mu);
@@ -800,20 +860,50 @@ static void engine_step(kt_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* n_active is the engine thread's; the others read it through the stats. */
+static bool has_work_locked(const kt_engine *e) {
+    return e->n_active > 0 || e->n_waiting > 0;
+}
+
 static void *engine_main(void *arg) {
     kt_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
-        if (e->n_active == 0 && e->n_waiting == 0) {
+        if (!has_work_locked(e) || (e->held && e->steps_granted == 0)) {
+            pthread_cond_broadcast(&e->cv_step); /* idle or held: run_steps is done */
             pthread_cond_wait(&e->cv, &e->mu);
             continue;
         }
+        if (e->held) e->steps_granted--;
+        e->in_step = true;
         pthread_mutex_unlock(&e->mu);
         engine_step(e);
         pthread_mutex_lock(&e->mu);
+        e->in_step = false;
     }
+    pthread_cond_broadcast(&e->cv_step);
     pthread_mutex_unlock(&e->mu);
     return NULL;
+}
+
+void kt_engine_hold(kt_engine *e, bool hold) {
+    pthread_mutex_lock(&e->mu);
+    e->held = hold;
+    e->steps_granted = 0;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void kt_engine_run_steps(kt_engine *e, int n) {
+    pthread_mutex_lock(&e->mu);
+    e->steps_granted = n > 0 ? n : 0;
+    pthread_cond_signal(&e->cv);
+    /* the engine broadcasts cv_step whenever it is about to wait; the
+     * published counts stand in for n_active, which is the engine's */
+    while (e->held && !e->stop &&
+           (e->in_step || (e->steps_granted > 0 && (e->n_waiting > 0 || e->stats.requests_running > 0))))
+        pthread_cond_wait(&e->cv_step, &e->mu);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void kt_engine_free(kt_engine *e) {
@@ -839,5 +929,6 @@ void kt_engine_free(kt_engine *e) {
     free(e->active), free(e->waiting), free(e->t_decode_ms);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->cv_step);
     free(e);
 }

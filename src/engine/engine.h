@@ -92,6 +92,12 @@ typedef struct kt_gen_params {
      * finishes; may be NULL (then poll or wait). */
     void (*notify)(void *ctx);
     void *notify_ctx;
+    /* Called from the engine thread (with notify_ctx) at the start of every
+     * step while the request is queued or running; true cancels it within
+     * that step. For a server, "has the client hung up?": a connection
+     * waiting for its first token has nothing to write, so nothing else
+     * would notice. Must be cheap and non-blocking; may be NULL. */
+    bool (*client_gone)(void *ctx);
 } kt_gen_params;
 
 kt_gen_params kt_gen_defaults(void); /* 1 choice, greedy, no stop, no logprobs */
@@ -138,6 +144,18 @@ typedef struct kt_request_usage {
     uint64_t submit_ns, first_token_ns, done_ns; /* 0 until they happen */
 } kt_request_usage;
 
+/* The kt_gen_params field a refused submit is about, so a server can
+ * name the request's parameter without reading the message. */
+typedef enum kt_gen_field {
+    KT_FIELD_NONE = 0,    /* not a field (busy, shutting down, out of memory) */
+    KT_FIELD_PROMPT,      /* empty, too long for the context, or a bad token id */
+    KT_FIELD_MAX_TOKENS,  /* past the context, or more KV than the pool holds */
+    KT_FIELD_N_CHOICES,
+    KT_FIELD_STOP,
+    KT_FIELD_TOP_LOGPROBS,
+    KT_FIELD_LOGIT_BIAS,
+} kt_gen_field;
+
 /* Queues a request. Errors: KT_ERR_CONTEXT when the prompt does not fit
  * the context (the message says both numbers); KT_ERR_ARG with a message
  * naming the value (max_tokens past the context; bad n_choices / stop /
@@ -145,6 +163,9 @@ typedef struct kt_request_usage {
  * wait queue is full or the engine is shutting down. */
 kt_status kt_engine_submit(kt_engine *e, const kt_gen_params *p, kt_request **out,
                            kt_error *err);
+/* The same; *field (if not NULL) says which parameter a refusal is about. */
+kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request **out,
+                              kt_error *err, kt_gen_field *field);
 
 /* Next event without blocking: 1 and *ev filled, 0 if none yet, -1 when
  * the request is finished and every event has been read. */
@@ -174,16 +195,29 @@ typedef struct kt_latency_hist {
 typedef struct kt_engine_stats {
     int queue_depth;        /* waiting for admission */
     int running;            /* sequences prefilling or decoding */
+    int requests_running;   /* admitted requests not yet retired */
     int kv_blocks_total, kv_blocks_used, kv_blocks_free;
+    int kv_blocks_reserved; /* committed to running requests (their worst case) */
     int kv_block_tokens;
     uint64_t requests_finished[5]; /* by kt_finish */
     uint64_t prompt_tokens, generated_tokens;
     uint64_t steps;
+    uint64_t steps_multi_seq; /* steps whose batch held two or more sequences */
+    int max_step_seqs;      /* the most sequences one step's batch held */
     kt_latency_hist ttft;   /* submit -> first token */
     kt_latency_hist itl;    /* between consecutive tokens of one choice */
 } kt_engine_stats;
 
 /* A consistent snapshot; any thread. */
 void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out);
+
+/* Test hook: while held, the engine thread runs only the steps that
+ * kt_engine_run_steps grants, and waits between them, so a test can stop a
+ * request at a chosen stage (queued, prefilling, decoding) regardless of
+ * how fast the machine is. Releasing lets it run freely again. */
+void kt_engine_hold(kt_engine *e, bool hold);
+/* While held: lets the engine run n more steps and returns once they are
+ * done, or sooner if it runs out of work. */
+void kt_engine_run_steps(kt_engine *e, int n);
 
 #endif

@@ -47,6 +47,7 @@ kt_request *req_new(const kt_gen_params *p, kt_error *err) {
     r->sampling = p->sampling;
     r->ignore_eos = p->ignore_eos;
     r->notify = p->notify;
+    r->client_gone = p->client_gone;
     r->notify_ctx = p->notify_ctx;
     r->usage.prompt_tokens = p->n_prompt;
     if (!(r->prompt = malloc(sizeof(int32_t) * (size_t)p->n_prompt))) goto nomem;
@@ -112,6 +113,13 @@ void req_notify(kt_request *r) {
     pthread_mutex_unlock(&r->notify_mu);
 }
 
+bool req_client_gone(kt_request *r) {
+    pthread_mutex_lock(&r->notify_mu);
+    bool gone = r->client_gone && r->client_gone(r->notify_ctx);
+    pthread_mutex_unlock(&r->notify_mu);
+    return gone;
+}
+
 void req_release(kt_request *r) {
     pthread_mutex_lock(&r->mu);
     bool last = --r->refs == 0;
@@ -173,6 +181,7 @@ void kt_request_free(kt_request *r) {
     kt_request_cancel(r);
     pthread_mutex_lock(&r->notify_mu);
     r->notify = NULL;
+    r->client_gone = NULL;
     pthread_mutex_unlock(&r->notify_mu);
     req_release(r);
 }

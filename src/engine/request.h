@@ -10,11 +10,15 @@
  *
  * Locking: `mu` guards the event queue, `refs`, `done` and `usage`; the
  * cancel flag is atomic so the engine can read it without the lock.
- * `notify_mu` guards only the notify callback: the engine calls it with
- * notify_mu held and kt_request_free clears it under notify_mu, so once
- * kt_request_free returns the callback is never called again (its context
- * may be gone). No other lock is taken while notify_mu is held. The
- * fields under "engine only" are touched by the engine thread alone.
+ * `notify_mu` guards the client's callbacks (notify, client_gone): the
+ * engine calls them with notify_mu held and kt_request_free clears them
+ * under notify_mu, so once kt_request_free returns they are never called
+ * again (their context may be gone). The callbacks may take the client's
+ * own locks (the server's link mutex, then libmicrohttpd's), so the lock
+ * order is notify_mu -> client locks, and nothing holding a client lock
+ * may call into the request (kt_request_free, poll, cancel take notify_mu
+ * or mu). `mu` is never held while notify_mu is taken, nor the reverse.
+ * The fields under "engine only" are touched by the engine thread alone.
  */
 #ifndef KT_ENGINE_REQUEST_H
 #define KT_ENGINE_REQUEST_H
@@ -57,6 +61,7 @@ struct kt_request {
     int n_bias;
     bool ignore_eos;
     void (*notify)(void *ctx); /* under notify_mu */
+    bool (*client_gone)(void *ctx); /* under notify_mu */
     void *notify_ctx;
     uint64_t arrival;     /* submit order, for ties in priority */
     int blocks_reserved;  /* KV blocks committed to it at admission */
@@ -89,6 +94,8 @@ bool req_push(kt_request *r, const kt_event *ev);
 void req_finish(kt_request *r);
 /* Calls the client's notify if events were queued since the last call. */
 void req_notify(kt_request *r);
+/* Asks the client's client_gone callback (false without one). */
+bool req_client_gone(kt_request *r);
 /* Drops one reference; frees at zero. */
 void req_release(kt_request *r);
 

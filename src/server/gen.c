@@ -19,16 +19,29 @@
  * suspend from MHD's content-reader callback (returning 0 bytes), others
  * from the access handler; MHD calls either again after the resume.
  *
- * A client that goes away makes MHD call the request-completed callback,
- * which (through srv_gen_release) cancels and frees the engine request, so
- * the engine drops the sequence and its KV blocks within a step. MHD sees
- * a disconnect only on a resumed connection, i.e. at the next event.
+ * A client that goes away must stop its request within one engine step,
+ * at any stage. MHD sees a disconnect only on a connection it polls, and a
+ * suspended one (waiting in the queue, during prefill, between tokens) is
+ * not polled; so the engine asks srv_link_client_gone before every step,
+ * which peeks at the socket (MSG_PEEK: nothing is consumed) for the
+ * peer's end of stream or a reset. The engine then cancels the request and
+ * notifies; the resumed connection lets MHD see the close and call the
+ * request-completed callback, which (through srv_gen_release) frees the
+ * engine request.
+ *
+ * Lock order: the engine calls srv_link_notify and srv_link_client_gone
+ * with the request's notify_mu held; they take link_mu, then
+ * MHD_resume_connection takes MHD's own. Nothing here calls into a
+ * kt_request while holding link_mu.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "server/http_internal.h"
 
 /* ---- links ---- */
@@ -38,7 +51,11 @@ static srv_link *link_acquire(srv_server *s, struct MHD_Connection *mc) {
     srv_link *l = s->free_links;
     if (l) s->free_links = l->next_free;
     else if ((l = calloc(1, sizeof *l))) l->s = s, l->next_all = s->all_links, s->all_links = l;
-    if (l) l->mc = mc, l->suspended = false, l->notified = false, s->n_links_used++;
+    if (l) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        l->mc = mc, l->fd = ci ? ci->connect_fd : -1;
+        l->suspended = false, l->notified = false, s->n_links_used++;
+    }
     pthread_mutex_unlock(&s->link_mu);
     return l;
 }
@@ -46,7 +63,7 @@ static srv_link *link_acquire(srv_server *s, struct MHD_Connection *mc) {
 static void link_release(srv_link *l) {
     srv_server *s = l->s;
     pthread_mutex_lock(&s->link_mu);
-    l->mc = NULL, l->suspended = false;
+    l->mc = NULL, l->fd = -1, l->suspended = false;
     l->next_free = s->free_links, s->free_links = l;
     s->n_links_used--;
     pthread_mutex_unlock(&s->link_mu);
@@ -61,6 +78,24 @@ void srv_link_notify(void *ctx) {
         MHD_resume_connection(l->mc);
     }
     pthread_mutex_unlock(&l->s->link_mu);
+}
+
+/* The peer closed or reset the connection. Data waiting to be read (a
+ * pipelined request) means it is still there. */
+static bool socket_closed(int fd) {
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return false;
+    if (n == 0) return true;
+    return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+bool srv_link_client_gone(void *ctx) {
+    srv_link *l = ctx;
+    pthread_mutex_lock(&l->s->link_mu);
+    bool gone = l->mc && l->fd >= 0 && socket_closed(l->fd);
+    pthread_mutex_unlock(&l->s->link_mu);
+    return gone;
 }
 
 static void link_arm(srv_link *l) {
@@ -201,6 +236,7 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
     p.logit_bias = g->logit_bias, p.n_logit_bias = g->n_logit_bias, p.priority = g->priority;
     p.ignore_eos = g->ignore_eos;
     p.notify = srv_link_notify, p.notify_ctx = link;
+    p.client_gone = srv_link_client_gone;
     return p;
 }
 
@@ -209,13 +245,13 @@ static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     srv_server *s = c->s;
     kt_gen_params p = gen_params(&c->gen, ids, n, c->link);
     kt_error err = {0};
-    pthread_mutex_lock(&s->engine_mu);
-    kt_status st = s->engine ? kt_engine_submit(s->engine, &p, &c->req, &err) : KT_ERR_BUSY;
+    kt_gen_field field = KT_FIELD_NONE;
+    pthread_mutex_lock(&s->engine_mu); /* srv_stop clears s->engine under it */
+    kt_status st = s->engine ? kt_engine_submit_ex(s->engine, &p, &c->req, &err, &field)
+                             : kt_error_set(&err, KT_ERR_BUSY, "the server is shutting down");
     pthread_mutex_unlock(&s->engine_mu);
     if (st == KT_OK) return true;
-    if (!s->engine) snprintf(err.msg, sizeof err.msg, "the server is shutting down");
-    err.status = st;
-    srv_submit_error(&err, c->gen.kind, e);
+    srv_submit_error(&err, field, c->gen.kind, e);
     return false;
 }
 

@@ -23,6 +23,7 @@
 typedef struct srv_link {
     struct srv_server *s;
     struct MHD_Connection *mc; /* NULL while in the free pool */
+    int fd;                    /* mc's socket, for srv_link_client_gone; -1 */
     bool suspended, notified;
     struct srv_link *next_free, *next_all;
 } srv_link;
@@ -79,6 +80,8 @@ enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind);
 enum MHD_Result srv_gen_continue(srv_conn *c);
 void srv_gen_release(srv_conn *c);
 void srv_link_notify(void *link);
+/* True when the link's client has closed or reset its connection. */
+bool srv_link_client_gone(void *link);
 /* At shutdown: resumes every suspended connection (under link_mu). */
 void srv_links_wake_all(srv_server *s);
 /* True when no generation request is being answered any more. */

@@ -347,15 +347,26 @@ int srv_prompt_tokens(const kt_model *m, const char *template_text, const srv_ge
     return n;
 }
 
-void srv_submit_error(const kt_error *err, srv_kind kind, srv_error *e) {
-    const char *what = kind == SRV_CHAT ? "messages" : "prompt";
+/* The request's name for a kt_gen_params field. */
+static const char *field_param(kt_gen_field f, srv_kind kind) {
+    switch (f) {
+    case KT_FIELD_PROMPT: return kind == SRV_CHAT ? "messages" : "prompt";
+    case KT_FIELD_MAX_TOKENS: return "max_tokens";
+    case KT_FIELD_N_CHOICES: return "n";
+    case KT_FIELD_STOP: return "stop";
+    case KT_FIELD_TOP_LOGPROBS: return kind == SRV_CHAT ? "top_logprobs" : "logprobs";
+    case KT_FIELD_LOGIT_BIAS: return "logit_bias";
+    default: return NULL;
+    }
+}
+
+void srv_submit_error(const kt_error *err, kt_gen_field field, srv_kind kind, srv_error *e) {
     if (err->status == KT_ERR_BUSY) {
         srv_fail(e, 503, "server_error", NULL, "server_busy", "%s", err->msg[0] ? err->msg : "the server is busy; retry");
-    } else if (err->status == KT_ERR_ARG || err->status == KT_ERR_CONTEXT) {
-        bool max = strstr(err->msg, "max_tokens") != NULL;
-        bool ctx = !max && (strstr(err->msg, "context") || strstr(err->msg, "prompt"));
-        srv_fail(e, 400, INVALID, max ? "max_tokens" : ctx ? what : NULL, ctx ? "context_length_exceeded" : NULL, "%s",
-                 err->msg);
+    } else if (err->status == KT_ERR_CONTEXT) {
+        srv_fail(e, 400, INVALID, field_param(KT_FIELD_PROMPT, kind), "context_length_exceeded", "%s", err->msg);
+    } else if (err->status == KT_ERR_ARG) {
+        srv_fail(e, 400, INVALID, field_param(field, kind), NULL, "%s", err->msg);
     } else {
         srv_fail(e, 500, "server_error", NULL, NULL, "%s", err->msg[0] ? err->msg : "the engine failed");
     }

@@ -79,9 +79,11 @@ void srv_gen_req_free(srv_gen_req *r);
 int srv_prompt_tokens(const kt_model *m, const char *template_text, const srv_gen_req *r,
                       int32_t **ids, srv_error *e);
 
-/* Maps a failed kt_engine_submit to the answer: KT_ERR_ARG 400 (message
- * kept), KT_ERR_BUSY 503, anything else 500. */
-void srv_submit_error(const kt_error *err, srv_kind kind, srv_error *e);
+/* Maps a failed kt_engine_submit_ex to the answer: KT_ERR_ARG 400 naming
+ * the request parameter `field` is about, KT_ERR_CONTEXT 400
+ * context_length_exceeded, KT_ERR_BUSY 503, anything else 500; the
+ * engine's message is kept. */
+void srv_submit_error(const kt_error *err, kt_gen_field field, srv_kind kind, srv_error *e);
 
 /* ---- responses ---- */
 

@@ -1,0 +1,221 @@
+/*
+ * test_server_cancel.c - a client that hangs up is cancelled within one
+ * engine step, at every stage (queued, prefilling, decoding), streaming or
+ * not.
+ *
+ * The server runs in this process (srv_start over an engine made here), so
+ * the test can hold the engine (kt_engine_hold) and grant it steps one at
+ * a time: nothing depends on how fast this machine is. Clients are raw
+ * sockets, so the test decides exactly when the connection closes. A
+ * suspended connection (waiting for its turn or for its first token) is
+ * not polled by libmicrohttpd; only the engine's client_gone check can see
+ * it close, and the test asserts that it does in the very next step.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "kettle.h"
+#include "server/http.h"
+#include "testutil.h"
+
+
+static kt_model *g_model;
+
+static int setup(void **state) {
+    (void)state;
+    kt_error err = {0};
+    g_model = kt_model_load(tu_shared("models/stories260K.gguf"), &err);
+    if (!g_model) fprintf(stderr, "%s\n", err.msg);
+    return g_model ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    kt_model_free(g_model);
+    return 0;
+}
+
+typedef struct rig {
+    kt_engine *engine;
+    srv_server *srv;
+    int port;
+} rig;
+
+/* One sequence at a time and 16-token steps: a second request queues, and
+ * a 200-token prompt takes 13 steps to read. */
+static rig rig_start(void) {
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 512, p.n_parallel = 1, p.batch_tokens = 16, p.n_threads = 1;
+    kt_error err = {0};
+    rig r = {0};
+    r.engine = kt_engine_new(g_model, &p, &err);
+    if (!r.engine) fail_msg("%s", err.msg);
+    kt_engine_hold(r.engine, true);
+    srv_config cfg = {.port = 0, .model_name = "stories260K", .http_threads = 2};
+    r.srv = srv_start(g_model, r.engine, &cfg, &err);
+    if (!r.srv) fail_msg("%s", err.msg);
+    r.port = srv_port(r.srv);
+    return r;
+}
+
+static void rig_stop(rig *r) {
+    kt_engine_hold(r->engine, false);
+    srv_stop(r->srv); /* frees the engine */
+}
+
+static kt_engine_stats stats(const rig *r) {
+    kt_engine_stats st;
+    kt_engine_get_stats(r->engine, &st);
+    return st;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits (up to 10 s) until the HTTP thread has queued `n` requests. */
+static void wait_queued(const rig *r, int n) {
+    for (int i = 0; i < 1000 && stats(r).queue_depth < n; i++) sleep_ms(10);
+    assert_int_equal(stats(r).queue_depth, n);
+}
+
+/* A completion request of a prompt of `words` words on a raw socket. */
+static int send_request(const rig *r, int words, bool stream) {
+    char prompt[4096] = "";
+    for (int i = 0; i < words; i++) strcat(prompt, i % 2 ? " the cat" : " a dog");
+    char body[8192], req[9000];
+    int n = snprintf(body, sizeof body,
+                     "{\"prompt\":\"%s\",\"max_tokens\":200,\"temperature\":0,\"ignore_eos\":true,\"stream\":%s}",
+                     prompt, stream ? "true" : "false");
+    int len = snprintf(req, sizeof req,
+                       "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       "Content-Length: %d\r\n\r\n%s",
+                       n, body);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)r->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, req, (size_t)len, 0), len);
+    return fd;
+}
+
+/* Some response bytes arrive within 10 s. */
+static void expect_bytes(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    char buf[4096];
+    assert_true(recv(fd, buf, sizeof buf, 0) > 0);
+}
+
+/* The request has its first token: for a stream, its bytes are here. */
+static void run_to_first_token(const rig *r, int fd, bool stream) {
+    uint64_t before = stats(r).generated_tokens;
+    for (int i = 0; i < 100 && stats(r).generated_tokens == before; i++) kt_engine_run_steps(r->engine, 1);
+    assert_true(stats(r).generated_tokens > before);
+    if (stream) expect_bytes(fd);
+}
+
+/* Hangs up; the very next step must cancel the request and free its KV. */
+static void hang_up_and_step(const rig *r, int fd, int still_running) {
+    uint64_t cancelled = stats(r).requests_finished[KT_FINISH_CANCELLED];
+    close(fd);
+    kt_engine_run_steps(r->engine, 1);
+    kt_engine_stats st = stats(r);
+    assert_int_equal(st.requests_finished[KT_FINISH_CANCELLED], cancelled + 1);
+    assert_int_equal(st.requests_running, still_running);
+    if (!still_running) {
+        assert_int_equal(st.kv_blocks_used, 0);
+        assert_int_equal(st.kv_blocks_reserved, 0);
+    }
+}
+
+static void check_stages(bool stream) {
+    rig r = rig_start();
+
+    /* prefilling: 200 words, 16 tokens a step */
+    int fd = send_request(&r, 100, stream);
+    wait_queued(&r, 1);
+    kt_engine_run_steps(r.engine, 2);
+    kt_engine_stats st = stats(&r);
+    assert_int_equal(st.requests_running, 1);
+    assert_true(st.kv_blocks_reserved > 0);
+    assert_int_equal(st.prompt_tokens, 32); /* two steps of 16 */
+    assert_int_equal(st.generated_tokens, 0);
+    hang_up_and_step(&r, fd, 0);
+
+    /* decoding */
+    fd = send_request(&r, 4, stream);
+    wait_queued(&r, 1);
+    run_to_first_token(&r, fd, stream);
+    hang_up_and_step(&r, fd, 0);
+
+    /* queued behind a running request, which goes on */
+    int busy = send_request(&r, 4, true);
+    wait_queued(&r, 1);
+    run_to_first_token(&r, busy, true);
+    fd = send_request(&r, 4, stream);
+    wait_queued(&r, 1);
+    uint64_t cancelled = stats(&r).requests_finished[KT_FINISH_CANCELLED];
+    close(fd);
+    kt_engine_run_steps(r.engine, 1);
+    st = stats(&r);
+    assert_int_equal(st.requests_finished[KT_FINISH_CANCELLED], cancelled + 1);
+    assert_int_equal(st.queue_depth, 0);
+    assert_int_equal(st.requests_running, 1);
+    hang_up_and_step(&r, busy, 0);
+
+    rig_stop(&r);
+}
+
+static void test_hang_up_plain(void **state) {
+    (void)state;
+    check_stages(false);
+}
+
+static void test_hang_up_stream(void **state) {
+    (void)state;
+    check_stages(true);
+}
+
+/* A client that stays is not mistaken for one that left: with the engine
+ * running freely, a request whose client keeps its socket open finishes. */
+static void test_client_that_stays(void **state) {
+    (void)state;
+    rig r = rig_start();
+    kt_engine_hold(r.engine, false);
+    int fd = send_request(&r, 4, false);
+    char buf[65536];
+    size_t got = 0;
+    for (int i = 0; i < 1000 && !memmem(buf, got, "\"finish_reason\"", 15); i++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 10) != 1) continue;
+        ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    buf[got] = 0;
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+    assert_non_null(strstr(buf, "\"finish_reason\":\"length\""));
+    close(fd);
+    assert_int_equal(stats(&r).requests_finished[KT_FINISH_CANCELLED], 0);
+    rig_stop(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hang_up_plain),
+        cmocka_unit_test(test_hang_up_stream),
+        cmocka_unit_test(test_client_that_stays),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
