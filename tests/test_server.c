@@ -892,6 +892,43 @@ static void test_error_json_and_utf8(void **state) {
     assert_false(srv_utf8_valid("\xc0\xaf", 2));     /* overlong */
 }
 
+/* A refused submit is answered from the field the engine names, never
+ * from words in its message: a message that says "prompt" and "context"
+ * about n is still about n. */
+static void test_submit_error_fields(void **state) {
+    (void)state;
+    struct {
+        kt_status st;
+        kt_gen_field field;
+        srv_kind kind;
+        int status;
+        const char *param, *code;
+    } cases[] = {
+        {KT_ERR_CONTEXT, KT_FIELD_PROMPT, SRV_CHAT, 400, "messages", "context_length_exceeded"},
+        {KT_ERR_CONTEXT, KT_FIELD_PROMPT, SRV_COMPLETION, 400, "prompt", "context_length_exceeded"},
+        {KT_ERR_ARG, KT_FIELD_PROMPT, SRV_COMPLETION, 400, "prompt", NULL},
+        {KT_ERR_ARG, KT_FIELD_MAX_TOKENS, SRV_CHAT, 400, "max_tokens", NULL},
+        {KT_ERR_ARG, KT_FIELD_N_CHOICES, SRV_CHAT, 400, "n", NULL},
+        {KT_ERR_ARG, KT_FIELD_STOP, SRV_CHAT, 400, "stop", NULL},
+        {KT_ERR_ARG, KT_FIELD_TOP_LOGPROBS, SRV_CHAT, 400, "top_logprobs", NULL},
+        {KT_ERR_ARG, KT_FIELD_TOP_LOGPROBS, SRV_COMPLETION, 400, "logprobs", NULL},
+        {KT_ERR_ARG, KT_FIELD_LOGIT_BIAS, SRV_CHAT, 400, "logit_bias", NULL},
+        {KT_ERR_BUSY, KT_FIELD_NONE, SRV_CHAT, 503, "", "server_busy"},
+        {KT_ERR_NOMEM, KT_FIELD_NONE, SRV_CHAT, 500, "", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kt_error err = {.status = cases[i].st};
+        snprintf(err.msg, sizeof err.msg, "the prompt's context says max_tokens (case %zu)", i);
+        srv_error e;
+        srv_submit_error(&err, cases[i].field, cases[i].kind, &e);
+        assert_int_equal(e.status, cases[i].status);
+        assert_string_equal(e.param, cases[i].param);
+        if (cases[i].code) assert_string_equal(e.code, cases[i].code);
+        else assert_null(e.code);
+        assert_string_equal(e.msg, err.msg);
+    }
+}
+
 static void test_metrics_histogram_cumulative(void **state) {
     (void)state;
     srv_metrics m;
@@ -917,6 +954,7 @@ int main(void) {
     const struct CMUnitTest unit[] = {
         cmocka_unit_test(test_parse_defaults_and_bias),
         cmocka_unit_test(test_error_json_and_utf8),
+        cmocka_unit_test(test_submit_error_fields),
         cmocka_unit_test(test_metrics_histogram_cumulative),
     };
     const struct CMUnitTest e2e[] = {

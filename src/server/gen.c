@@ -156,7 +156,8 @@ static bool sse_error(srv_buf *out, const char *msg) {
  * error object when the engine failed). */
 static bool stream_event(srv_conn *c, const kt_event *ev) {
     bool iu = c->gen.include_usage;
-    json_t *j = srv_chunk_event(&c->reply, ev, iu);
+    json_t *j;
+    if (!srv_chunk_event(&c->reply, ev, iu, &j)) return false;
     if (j && !srv_buf_sse(&c->out, j)) return false;
     if (ev->finish == KT_FINISH_NONE) return true;
     if (!srv_buf_sse(&c->out, srv_chunk_finish(&c->reply, ev->choice, ev->finish, iu))) return false;
@@ -164,15 +165,38 @@ static bool stream_event(srv_conn *c, const kt_event *ev) {
 }
 
 /* Takes every ready event: 1 when the request is finished, 0 when more
- * will come, -1 out of memory. */
+ * will come, -1 out of memory (the stream bytes of the event that failed
+ * are taken back, so what is left in c->out is whole events). */
 static int drain(srv_conn *c) {
     kt_event ev;
     int r;
     while ((r = kt_request_poll(c->req, &ev)) == 1) {
+        size_t mark = c->out.len;
         bool ok = c->gen.stream ? stream_event(c, &ev) : srv_reply_add(&c->reply, &ev);
-        if (!ok) return -1;
+        if (!ok) {
+            c->out.len = mark;
+            return -1;
+        }
     }
     return r < 0 ? 1 : 0;
+}
+
+/* How a stream that ran out of memory ends: from static memory, since
+ * nothing more can be allocated, so the client always sees why its text
+ * stopped (OpenAI's error shape, then [DONE]). */
+static const char STREAM_OOM_END[] =
+    "data: {\"error\":{\"message\":\"the server ran out of memory while streaming this reply; the text "
+    "so far is incomplete\",\"type\":\"server_error\",\"param\":null,\"code\":\"out_of_memory\"}}\n\n"
+    "data: [DONE]\n\n";
+
+/* Copies what is left of a static stream ending into MHD's buffer. */
+static ssize_t stream_tail(srv_conn *c, char *buf, size_t max) {
+    size_t left = sizeof STREAM_OOM_END - 1 - c->tail_pos;
+    if (left == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    size_t n = left < max ? left : max;
+    memcpy(buf, STREAM_OOM_END + c->tail_pos, n);
+    c->tail_pos += n;
+    return (ssize_t)n;
 }
 
 static bool stream_end(srv_conn *c) {
@@ -196,12 +220,19 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         c->out.len = c->out_pos = 0;
+        if (c->stream_failed) return stream_tail(c, buf, max);
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
         link_arm(c->link);
         int r = drain(c);
-        if (r < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        size_t mark = c->out.len;
+        if (r == 1 && !stream_end(c)) c->out.len = mark, r = -1;
+        if (r < 0) {
+            /* the whole events before the failure go out first */
+            kt_request_cancel(c->req);
+            c->stream_failed = true;
+            continue;
+        }
         if (r == 1) {
-            if (!stream_end(c)) return MHD_CONTENT_READER_END_WITH_ERROR;
             c->stream_done = true;
             continue;
         }

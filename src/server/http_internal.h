@@ -61,6 +61,8 @@ typedef struct srv_conn {
     json_t *json;
     srv_gen_req gen;
     bool have_gen, have_reply, started, stream_done;
+    bool stream_failed;     /* out of memory: the stream ends with an error */
+    size_t tail_pos;        /* how much of that ending has been sent */
     kt_request *req;
     srv_link *link;
     srv_reply reply;

@@ -126,9 +126,11 @@ json_t *srv_reply_json(const srv_reply *rp, const kt_request_usage *u);
 
 /* Streaming: the role chunk a chat stream opens each choice with. */
 json_t *srv_chunk_role(const srv_reply *rp, int choice, bool include_usage);
-/* The chunk for one event's text delta and logprobs, or NULL when it
- * carries neither (completions: advances the choice's text_offset). */
-json_t *srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage);
+/* The chunk for one event's text delta and logprobs in *out, or NULL when
+ * it carries neither (completions: advances the choice's text_offset).
+ * False only when out of memory: the delta could not be made and the
+ * stream must end with an error, not skip it. */
+bool srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage, json_t **out);
 /* The chunk that ends choice i: empty delta and its finish_reason. */
 json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_usage);
 /* The final usage chunk: "choices":[] and "usage". */

@@ -187,10 +187,11 @@ static json_t *event_logprobs(srv_reply *rp, const kt_event *ev) {
     return o;
 }
 
-json_t *srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage) {
-    if (ev->choice < 0 || ev->choice >= rp->n_choices) return NULL;
+bool srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage, json_t **out) {
+    *out = NULL;
+    if (ev->choice < 0 || ev->choice >= rp->n_choices) return true; /* the engine's choices are in range */
     bool has_lp = rp->logprobs && ev->token >= 0 && ev->has_logprob;
-    if (!ev->text_len && !has_lp) return NULL;
+    if (!ev->text_len && !has_lp) return true;
     json_t *lp = event_logprobs(rp, ev), *c;
     if (rp->kind == SRV_CHAT)
         c = json_pack("{s:i, s:{s:s%}, s:o, s:n}", "index", ev->choice, "delta", "content", ev->text, ev->text_len,
@@ -198,7 +199,8 @@ json_t *srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage) {
     else
         c = json_pack("{s:s%, s:i, s:o, s:n}", "text", ev->text, ev->text_len, "index", ev->choice, "logprobs", lp,
                       "finish_reason");
-    return chunk(rp, c, include_usage);
+    *out = chunk(rp, c, include_usage);
+    return *out != NULL;
 }
 
 json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_usage) {

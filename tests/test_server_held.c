@@ -10,8 +10,14 @@
  * suspended connection (waiting for its turn or for its first token) is
  * not polled by libmicrohttpd; only the engine's client_gone check can see
  * it close, and the test asserts that it does in the very next step.
+ *
+ * Out of memory mid-stream: jansson's allocator is ours here, and can be
+ * made to fail; the stream must end with an error event and [DONE], after
+ * the whole events it had, never go quiet or drop text silently.
  */
 #include <arpa/inet.h>
+#include <jansson.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -24,13 +30,20 @@
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/http.h"
+#include "server/openai.h"
 #include "testutil.h"
 
 
 static kt_model *g_model;
+static atomic_bool g_json_oom; /* jansson's allocations fail while set */
+
+static void *json_malloc(size_t n) {
+    return atomic_load(&g_json_oom) ? NULL : malloc(n);
+}
 
 static int setup(void **state) {
     (void)state;
+    json_set_alloc_funcs(json_malloc, free); /* before any server thread */
     kt_error err = {0};
     g_model = kt_model_load(tu_shared("models/stories260K.gguf"), &err);
     if (!g_model) fprintf(stderr, "%s\n", err.msg);
@@ -109,12 +122,19 @@ static int send_request(const rig *r, int words, bool stream) {
     return fd;
 }
 
-/* Some response bytes arrive within 10 s. */
-static void expect_bytes(int fd) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    assert_int_equal(poll(&p, 1, 10000), 1);
-    char buf[4096];
-    assert_true(recv(fd, buf, sizeof buf, 0) > 0);
+/* A stream's first event arrives within 10 s (the headers come before
+ * it, when the response starts). */
+static void expect_event(int fd) {
+    char buf[8192];
+    size_t got = 0;
+    for (int i = 0; i < 1000 && !memmem(buf, got, "data: ", 6); i++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 10) != 1) continue;
+        ssize_t n = recv(fd, buf + got, sizeof buf - got, 0);
+        assert_true(n > 0 && got + (size_t)n < sizeof buf);
+        got += (size_t)n;
+    }
+    assert_non_null(memmem(buf, got, "data: ", 6));
 }
 
 /* The request has its first token: for a stream, its bytes are here. */
@@ -122,7 +142,7 @@ static void run_to_first_token(const rig *r, int fd, bool stream) {
     uint64_t before = stats(r).generated_tokens;
     for (int i = 0; i < 100 && stats(r).generated_tokens == before; i++) kt_engine_run_steps(r->engine, 1);
     assert_true(stats(r).generated_tokens > before);
-    if (stream) expect_bytes(fd);
+    if (stream) expect_event(fd);
 }
 
 /* Hangs up; the very next step must cancel the request and free its KV. */
@@ -211,11 +231,75 @@ static void test_client_that_stays(void **state) {
     rig_stop(&r);
 }
 
+/* srv_chunk_event tells "nothing to send" from "out of memory". */
+static void test_chunk_event_oom(void **state) {
+    (void)state;
+    srv_gen_req g = {.kind = SRV_CHAT, .n_choices = 1, .top_logprobs = -1};
+    srv_reply rp;
+    assert_true(srv_reply_init(&rp, &g, g_model, "m", "id", 0));
+    kt_event ev = {.choice = 0, .token = 5, .text = "hi", .text_len = 2};
+    json_t *j = NULL;
+    assert_true(srv_chunk_event(&rp, &ev, false, &j));
+    assert_non_null(j);
+    json_decref(j);
+    kt_event empty = {.choice = 0, .token = -1, .text = "", .text_len = 0};
+    assert_true(srv_chunk_event(&rp, &empty, false, &j));
+    assert_null(j);
+    atomic_store(&g_json_oom, true);
+    bool ok = srv_chunk_event(&rp, &ev, false, &j);
+    atomic_store(&g_json_oom, false);
+    assert_false(ok);
+    assert_null(j);
+    srv_reply_free(&rp);
+}
+
+/* Reads until the stream's end ([DONE]) or 10 s; returns what came. */
+static char *read_stream(int fd) {
+    size_t cap = 1 << 16, got = 0;
+    char *buf = tu_xmalloc(cap);
+    for (int i = 0; i < 1000; i++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 10) != 1) continue;
+        ssize_t n = recv(fd, buf + got, cap - 1 - got, 0);
+        if (n <= 0) break;
+        got += (size_t)n;
+        buf[got] = 0;
+        if (strstr(buf, "data: [DONE]") || got + 1 >= cap) break;
+    }
+    buf[got] = 0;
+    return buf;
+}
+
+/* A stream whose next chunk cannot be allocated ends with an error event
+ * the client can read, then [DONE]; the request is cancelled. */
+static void test_stream_out_of_memory(void **state) {
+    (void)state;
+    rig r = rig_start();
+    int fd = send_request(&r, 4, true);
+    wait_queued(&r, 1);
+    run_to_first_token(&r, fd, true);
+    atomic_store(&g_json_oom, true);
+    kt_engine_run_steps(r.engine, 1); /* a token the stream cannot turn into a chunk */
+    char *got = read_stream(fd);
+    atomic_store(&g_json_oom, false);
+    if (!strstr(got, "\"code\":\"out_of_memory\"") || !strstr(got, "data: [DONE]"))
+        fail_msg("no out-of-memory ending in: %s", got);
+    free(got);
+    uint64_t cancelled = stats(&r).requests_finished[KT_FINISH_CANCELLED];
+    kt_engine_run_steps(r.engine, 1);
+    assert_int_equal(stats(&r).requests_finished[KT_FINISH_CANCELLED], cancelled + 1);
+    assert_int_equal(stats(&r).requests_running, 0);
+    close(fd);
+    rig_stop(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hang_up_plain),
         cmocka_unit_test(test_hang_up_stream),
         cmocka_unit_test(test_client_that_stays),
+        cmocka_unit_test(test_chunk_event_oom),
+        cmocka_unit_test(test_stream_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
