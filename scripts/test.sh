@@ -1,6 +1,8 @@
 #!/bin/sh
 # Builds kettle and runs every test twice: an optimized build, then a build
-# with AddressSanitizer + UBSan. Installs missing Debian packages first.
+# with AddressSanitizer + UBSan; then the engine and server tests once more
+# under ThreadSanitizer (a report makes the test, or the kettle serve it
+# started, exit non-zero). Installs missing Debian packages first.
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -16,3 +18,7 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DKT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs")
+tsan_tests='test_engine test_server test_server_held'
+cmake -S . -B build-tsan -DKT_TSAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-tsan -j"$jobs" --target kettle $tsan_tests
+(cd build-tsan && ctest --output-on-failure -j"$jobs" -R "^($(echo $tsan_tests | tr ' ' '|'))\$")

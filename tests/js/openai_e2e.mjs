@@ -257,6 +257,17 @@ async function main() {
     assert.deepEqual(finish, { 0: 'length', 1: 'length' });
   });
 
+  await check('n=3 (temperature 1, seed 7): choice i is the n=1 answer of seed 7+i, and they differ', async () => {
+    const body = { model, prompt: PROMPT, max_tokens: N, temperature: 1 };
+    const r = await client.completions.create({ ...body, n: 3, seed: 7 });
+    const byIndex = r.choices.slice().sort((a, b) => a.index - b.index).map((c) => c.text);
+    for (let i = 0; i < 3; i++) {
+      const one = await client.completions.create({ ...body, seed: 7 + i });
+      assert.equal(byIndex[i], one.choices[0].text, `choice ${i}`);
+    }
+    assert.ok(new Set(byIndex).size >= 2, `the sampled choices are all the same: ${JSON.stringify(byIndex)}`);
+  });
+
   await check('stop strings: the output is the text before the stop, finish_reason "stop"', async () => {
     const mid = Math.floor(text.length / 2);
     const stop = text.slice(mid, mid + 4);
@@ -356,42 +367,49 @@ async function main() {
   });
 
   await check('a stream aborted mid-way frees its KV blocks (/metrics)', async () => {
-    const cancelled = 'kettle_requests_finished_total{reason="cancelled"}';
-    const before = await metric(root, cancelled);
-    // The end-of-sequence token is banned so the stream is still running when aborted.
-    const info = execFileSync(BIN, ['info', MODEL], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
-    const eos = /tokenizer\.ggml\.eos_token_id\s+\S+\s+(\d+)/.exec(info)?.[1];
-    assert.ok(eos, 'no eos_token_id in `kettle info`');
-    const ac = new AbortController();
-    const stream = await client.completions.create(
-      { model, prompt: PROMPT, max_tokens: ctx - 16, temperature: 1, seed: 1, stream: true, logit_bias: { [eos]: -100 } },
-      { signal: ac.signal });
-    let chunks = 0;
-    let finish = null;
+    // A server of its own with a long context, and a request that cannot end
+    // by itself for seconds (ignore_eos, 32,000 tokens): the stream is surely
+    // still running when it is aborted, however the test thread is scheduled.
+    const big = await startServer(['--parallel', '1', '--ctx', '32768']);
+    const bigRoot = `http://127.0.0.1:${big.port}`;
+    const bigClient = new OpenAI({ baseURL: `${bigRoot}/v1`, apiKey: 'x', maxRetries: 0, timeout: 20_000 });
     try {
-      for await (const c of stream) {
-        for (const ch of c.choices) if (ch.finish_reason) finish = ch.finish_reason;
-        if (c.choices.length && ++chunks === 3) {
-          assert.ok((await metric(root, 'kettle_kv_blocks_used')) > 0, 'no KV blocks in use while streaming');
-          ac.abort();
+      const cancelled = 'kettle_requests_finished_total{reason="cancelled"}';
+      const before = await metric(bigRoot, cancelled);
+      const ac = new AbortController();
+      const stream = await bigClient.completions.create(
+        { model, prompt: PROMPT, max_tokens: 32000, temperature: 1, seed: 1, stream: true, ignore_eos: true },
+        { signal: ac.signal });
+      let chunks = 0;
+      let finish = null;
+      try {
+        for await (const c of stream) {
+          for (const ch of c.choices) if (ch.finish_reason) finish = ch.finish_reason;
+          if (c.choices.length && ++chunks === 3) {
+            assert.ok((await metric(bigRoot, 'kettle_kv_blocks_used')) > 0, 'no KV blocks in use while streaming');
+            ac.abort();
+          }
         }
+      } catch (e) { // the SDK ends the iteration quietly on abort; some versions throw
+        if (!(e instanceof OpenAI.APIUserAbortError) && e?.name !== 'AbortError') throw e;
       }
-    } catch (e) { // the SDK ends the iteration quietly on abort; some versions throw
-      if (!(e instanceof OpenAI.APIUserAbortError) && e?.name !== 'AbortError') throw e;
+      assert.equal(finish, null, 'the stream finished before the abort');
+      assert.ok(ac.signal.aborted);
+      let used = NaN;
+      let running = NaN;
+      for (let i = 0; i < 100; i++) { // up to 5 s
+        used = await metric(bigRoot, 'kettle_kv_blocks_used');
+        running = await metric(bigRoot, 'kettle_running_sequences');
+        if (used === 0 && running === 0) break;
+        await sleep(50);
+      }
+      assert.equal(used, 0, 'kettle_kv_blocks_used');
+      assert.equal(running, 0, 'kettle_running_sequences');
+      assert.ok((await metric(bigRoot, cancelled)) > before, `${cancelled} did not grow`);
+    } finally {
+      const { code, signal } = await stopServer(big);
+      assert.equal(code, 0, `the long-context server exited with ${code} / ${signal}`);
     }
-    assert.equal(finish, null, 'the stream finished before the abort');
-    assert.ok(ac.signal.aborted);
-    let used = NaN;
-    let running = NaN;
-    for (let i = 0; i < 100; i++) { // up to 5 s
-      used = await metric(root, 'kettle_kv_blocks_used');
-      running = await metric(root, 'kettle_running_sequences');
-      if (used === 0 && running === 0) break;
-      await sleep(50);
-    }
-    assert.equal(used, 0, 'kettle_kv_blocks_used');
-    assert.equal(running, 0, 'kettle_running_sequences');
-    assert.ok((await metric(root, cancelled)) > before, `${cancelled} did not grow`);
   });
 
   await check('the server still answers after the abort', async () => {
