@@ -141,5 +141,5 @@ int main(void) {
         cmocka_unit_test(test_bench_ceilings),
         cmocka_unit_test(test_bench_usage_errors),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -235,5 +235,5 @@ int main(void) {
         cmocka_unit_test(test_md_and_csv),
         cmocka_unit_test(test_failures),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

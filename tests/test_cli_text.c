@@ -182,5 +182,5 @@ int main(void) {
         cmocka_unit_test(test_template_builtin_and_errors),
         cmocka_unit_test(test_chat_reuses_kv_between_turns),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

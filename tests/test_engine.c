@@ -684,5 +684,5 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_shutdown_in_flight),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

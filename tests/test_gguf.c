@@ -1157,5 +1157,5 @@ int main(void) {
         cmocka_unit_test(test_every_prefix),
         cmocka_unit_test(test_fuzz),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -245,5 +245,5 @@ int main(void) {
         cmocka_unit_test(test_run_stories_gguf),
         cmocka_unit_test(test_run_converted_llama2c),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

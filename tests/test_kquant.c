@@ -254,7 +254,7 @@ static void test_q8_K_act(void **state) {
  * .5 after scaling, and blocks holding inf and NaN. */
 static void test_q8_K_act_avx2_is_scalar(void **state) {
     (void)state;
-    if (!kt_cpu_has_avx2()) skip();
+    if (!kt_cpu_has_avx2()) tu_skip("this CPU has no AVX2: only the scalar kernels run");
     enum { NB = 8, N = NB * 256 };
     float *x = tu_xmalloc(sizeof(float) * N);
     tu_fill_normal(x, N, 3.0f, 77);
@@ -401,5 +401,5 @@ int main(void) {
         cmocka_unit_test(test_kq_matmul_scalar_is_ref),
         cmocka_unit_test(test_kq_matmul_vs_float),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

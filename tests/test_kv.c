@@ -486,5 +486,5 @@ int main(void) {
         cmocka_unit_test(test_stress_f32),
         cmocka_unit_test(test_stress_f16),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

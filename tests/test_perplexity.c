@@ -96,5 +96,5 @@ int main(void) {
         cmocka_unit_test(test_perplexity_matches_definition),
         cmocka_unit_test(test_perplexity_text_too_short),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

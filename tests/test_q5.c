@@ -318,7 +318,7 @@ static void check_kernel_row_range(void) {
 
 static void test_avx2_kernel_row_range(void **state) {
     (void)state;
-    if (!kt_cpu_has_avx2()) skip();
+    if (!kt_cpu_has_avx2()) tu_skip("this CPU has no AVX2: only the scalar kernels run");
     check_kernel_row_range();
     if (kt_cpu_has_avx512_vnni()) {
         kt_cpu_force_no_avx512(true);
@@ -380,5 +380,5 @@ int main(void) {
 #endif
         cmocka_unit_test(test_batch_invariance),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -419,5 +419,5 @@ int main(void) {
         cmocka_unit_test(test_penalty_window),
         cmocka_unit_test(test_seed),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

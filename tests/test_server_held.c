@@ -301,5 +301,5 @@ int main(void) {
         cmocka_unit_test(test_chunk_event_oom),
         cmocka_unit_test(test_stream_out_of_memory),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

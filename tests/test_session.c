@@ -347,5 +347,5 @@ int main(void) {
         cmocka_unit_test(test_run_rejects_long_prompt),
         cmocka_unit_test(test_run_is_reproducible_with_seed),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -785,5 +785,5 @@ int main(void) {
         cmocka_unit_test(test_gen_model_values),
         cmocka_unit_test(test_gen_model_errors),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -6,6 +6,7 @@
 #include "base/rng.h"
 #include "ops/quant.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,25 @@ void tu_fill_normal(float *x, size_t n, float std, uint64_t seed) {
     kt_rng r;
     kt_rng_seed(&r, seed);
     for (size_t i = 0; i < n; i++) x[i] = kt_rng_normal(&r) * std;
+}
+
+static int g_skipped;
+
+void tu_note_skip(const char *test, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("SKIPPED %s: ", test);
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    g_skipped++;
+}
+
+int tu_result(int failed) {
+    if (failed) return failed;
+    if (g_skipped) printf("%d test(s) skipped (see the SKIPPED lines): reporting a skip to ctest\n", g_skipped);
+    return g_skipped ? TU_SKIP_CODE : 0;
 }
 
 void *tu_xmalloc(size_t n) {

@@ -36,4 +36,14 @@ void *tu_make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed, float l
 /* malloc that fails the test instead of returning NULL. */
 void *tu_xmalloc(size_t n);
 
+/* Skips the running test visibly: prints which test and why, and makes
+ * tu_result turn a run with no failure into ctest's skip code, so ctest
+ * shows the program as skipped instead of passed. */
+#define tu_skip(...) do { tu_note_skip(__func__, __VA_ARGS__); skip(); } while (0)
+void tu_note_skip(const char *test, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* What main returns: cmocka's failure count, or TU_SKIP_CODE when nothing
+ * failed but a test was skipped. */
+#define TU_SKIP_CODE 77
+int tu_result(int failed);
+
 #endif
