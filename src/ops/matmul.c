@@ -21,8 +21,11 @@
  *             (ggml pairs these types with Q8_1 activations and adds
  *             m_w * s_x, s_x = fp16(d_x * sum x_q); kettle reads the exact
  *             sum x_q from the Q8_0 activations' c8 / 8 instead.)
- *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS), so
- *     Q8_0 models match llama.cpp to ~1e-6; the Q4_0 order is that of
+ *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS);
+ *     Q8_0 models match llama.cpp's golden logits to 0.0108, not closer,
+ *     because that build rounds Q8_0 activations as x / (amax/127), half
+ *     away from zero, and kettle's one quantizer rounds as Q4_0's path
+ *     does (x * 127/amax, ties to even: 5e-7); the Q4_0 order is that of
  *     ggml's repacked Q4_0 kernels and lets the AVX2 GEMM keep one output
  *     per lane. The AVX2 kernels (matmul_avx2.c) do exactly these
  *     operations, so for the quantized types SIMD, scalar fallback and
