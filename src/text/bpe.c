@@ -1,6 +1,6 @@
 /*
- * bpe.c - byte-level BPE (tokenizer.ggml.model = "gpt2"), as llama.cpp's
- * llm_tokenizer_bpe does it.
+ * bpe.c - byte-level BPE (tokenizer.ggml.model = "gpt2") and Gemma 4's
+ * BPE ("gemma4"), as llama.cpp's llm_tokenizer_bpe does them.
  *
  * Raw text is split into words by the vocabulary's pre-tokenizer
  * (pretok.c); each word's bytes become GPT-2 characters (every byte maps
@@ -10,6 +10,18 @@
  * stale ones (a side absorbed or grown) are dropped when popped, exactly as
  * in llama.cpp. A final symbol that is not a token is emitted as the
  * tokens of its single bytes, where those exist (llama.cpp's fallback).
+ *
+ * Gemma 4 runs the same merges over other symbols, as llama.cpp does for
+ * its pre-tokenizer type GEMMA4: the pieces are SentencePiece's (UTF-8,
+ * "▁" for a space), so a word is a line or a run of newlines
+ * (kt_pretok_split_lines), each ' ' becomes "▁", each UTF-8 character is
+ * a symbol, and a final symbol that is not a token falls back to the
+ * <0xNN> tokens of its bytes. A run of newlines that is itself a token is
+ * taken whole, before any merge (llama.cpp's "fix for gemma 4"; with the
+ * real vocabulary the merges happen to build the same tokens). The two
+ * kinds differ only in the tables of kt_bpe_prepare (the token each ASCII
+ * byte starts as, the token each byte falls back to), in the split, in
+ * load_word_* and in whole_word.
  *
  * Words repeat (" the", "    ", "->"), so one call keeps a cache of the
  * ids of the short words it has encoded, keyed by their bytes in the text;
@@ -25,7 +37,10 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "text/utf8.h"
 #include "text/vocab_impl.h"
+
+static const char SPM_SPACE[] = "\xE2\x96\x81"; /* U+2581 "▁" */
 
 /* ---- GPT-2's byte <-> unicode table ---------------------------------- */
 
@@ -103,6 +118,8 @@ static kt_status add_merge(kt_vocab *v, int32_t i, gguf_str s, char *buf, kt_err
     return KT_OK;
 }
 
+/* "gpt2": byte b starts as the token of its GPT-2 character and falls
+ * back to the token whose piece is b itself. */
 static void build_byte_tables(kt_vocab *v) {
     for (int b = 0; b < 256; b++) {
         char c[2], raw = (char)b;
@@ -111,8 +128,23 @@ static void build_byte_tables(kt_vocab *v) {
     }
 }
 
+/* "gemma4": an ASCII byte starts as the token of its character (' ' as
+ * "▁"; other characters are looked up whole), and any byte falls back to
+ * "<0xNN>" only (llama.cpp: never to a one-byte piece). */
+static void build_utf8_tables(kt_vocab *v) {
+    static const char hex[] = "0123456789ABCDEF";
+    for (int b = 0; b < 256; b++) {
+        char raw = (char)b, p[6] = { '<', '0', 'x', hex[b >> 4], hex[b & 15], '>' };
+        v->bpe_char_tok[b] = b == ' '  ? kt_vocab_find(v, SPM_SPACE, 3)
+                             : b < 0x80 ? kt_vocab_find(v, &raw, 1)
+                                        : -1;
+        v->bpe_raw_tok[b] = kt_vocab_find(v, p, 6);
+    }
+}
+
 kt_status kt_bpe_prepare(kt_vocab *v, const gguf_file *f, int64_t idx, kt_error *err) {
-    build_byte_tables(v);
+    if (v->kind == KT_VOCAB_GEMMA4) build_utf8_tables(v);
+    else build_byte_tables(v);
     uint64_t n = gguf_kv_arr_n(f, idx), size = 16;
     if (n > INT32_MAX)
         return kt_error_set(err, KT_ERR_FORMAT, "tokenizer.ggml.merges: %llu merges (max %d)",
@@ -158,10 +190,10 @@ typedef struct bpe_cached {
 #define CACHE_MAX_SLOTS 65536 /* at most half of them used */
 
 typedef struct bpe_work {
-    char *buf;       /* the word's GPT-2 characters */
+    char *buf;       /* the word's symbols (GPT-2 characters, or UTF-8 with "▁") */
     bpe_sym *sym;
     bpe_pair *heap;
-    int32_t *wids;   /* the word's ids (at most 2 per byte) */
+    int32_t *wids;   /* the word's ids (at most 3 per byte) */
     size_t cap, heap_len; /* bytes of the longest word room is held for */
     kt_span_list words, tmp;
     bpe_cached *cache;
@@ -206,27 +238,30 @@ static void try_pair(const kt_vocab *v, bpe_work *w, int32_t left, int32_t right
     if (m) heap_push(w, (bpe_pair){ m->rank, left, right, l->n + r->n, m->id });
 }
 
-/* Room for a word of n bytes: 2n mapped bytes, n symbols, the heap
- * (n - 1 initial candidates + 2 per merge, at most n - 1 merges), and 2n
- * ids (a symbol that is no token gives at most one per mapped byte). */
+/* Room for a word of n bytes: 3n mapped bytes (a GPT-2 character is at
+ * most 2 bytes, "▁" for ' ' is 3), n symbols, the heap (n - 1 initial
+ * candidates + 2 per merge, at most n - 1 merges), and 3n ids (a symbol
+ * that is no token gives at most one per mapped byte). */
 static bool reserve(bpe_work *w, size_t n) {
     if (n <= w->cap) return true;
     size_t cap = n < 64 ? 64 : n;
-    char *b = realloc(w->buf, 2 * cap);
+    char *b = realloc(w->buf, 3 * cap);
     if (b) w->buf = b;
     bpe_sym *s = b ? realloc(w->sym, cap * sizeof *s) : NULL;
     if (s) w->sym = s;
     bpe_pair *h = s ? realloc(w->heap, 3 * cap * sizeof *h) : NULL;
     if (h) w->heap = h;
-    int32_t *ids = h ? realloc(w->wids, 2 * cap * sizeof *ids) : NULL;
+    int32_t *ids = h ? realloc(w->wids, 3 * cap * sizeof *ids) : NULL;
     if (!ids) return false;
     w->wids = ids;
     w->cap = cap;
     return true;
 }
 
-/* Maps the word's bytes to GPT-2 characters, one symbol each. */
-static uint32_t load_word(const kt_vocab *v, bpe_work *w, const uint8_t *s, uint32_t n) {
+/* "gpt2": maps the word's bytes to GPT-2 characters, one symbol each.
+ * Returns the number of symbols (n); *bytes gets the mapped length. */
+static uint32_t load_word_bytes(const kt_vocab *v, bpe_work *w, const uint8_t *s, uint32_t n,
+                                uint32_t *bytes) {
     uint32_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t k = (uint32_t)kt_bpe_byte_char(s[i], w->buf + at);
@@ -234,7 +269,40 @@ static uint32_t load_word(const kt_vocab *v, bpe_work *w, const uint8_t *s, uint
                                v->bpe_char_tok[s[i]] };
         at += k;
     }
-    return at;
+    *bytes = at;
+    return n;
+}
+
+/* "gemma4": one symbol per UTF-8 character (valid: checked by the
+ * caller), ' ' written "▁". Returns the number of symbols (>= 1 for
+ * n >= 1); *bytes gets the escaped length. */
+static uint32_t load_word_utf8(const kt_vocab *v, bpe_work *w, const uint8_t *s, uint32_t n,
+                               uint32_t *bytes) {
+    uint32_t at = 0, m = 0;
+    for (uint32_t i = 0; i < n; m++) {
+        bool sp = s[i] == ' ';
+        uint32_t k = sp ? 1 : (uint32_t)kt_utf8_len(s[i]);
+        if (k > n - i) k = n - i; /* cannot happen on valid input */
+        uint32_t out = sp ? 3 : k;
+        memcpy(w->buf + at, sp ? (const uint8_t *)SPM_SPACE : s + i, out);
+        int32_t id = s[i] < 0x80 ? v->bpe_char_tok[s[i]] : kt_vocab_find(v, w->buf + at, out);
+        w->sym[m] = (bpe_sym){ (int32_t)m - 1, (int32_t)m + 1, at, out, id };
+        at += out;
+        i += k;
+    }
+    w->sym[m - 1].next = -1;
+    *bytes = at;
+    return m;
+}
+
+/* The token a word is taken as whole, before any merge, or -1: for
+ * "gpt2" with ignore_merges any word that is a token; for "gemma4" a run
+ * of newlines that is one (the split makes a word that starts with '\n'
+ * all newlines). */
+static int32_t whole_word(const kt_vocab *v, const char *mapped, uint32_t bytes,
+                          const uint8_t *s) {
+    bool whole = v->kind == KT_VOCAB_GEMMA4 ? s[0] == '\n' : v->ignore_merges;
+    return whole ? kt_vocab_find(v, mapped, bytes) : -1;
 }
 
 static void merge_word(const kt_vocab *v, bpe_work *w, uint32_t n) {
@@ -266,17 +334,20 @@ static void emit_symbol(const kt_vocab *v, const bpe_sym *s, const char *buf, kt
     }
 }
 
-/* Encodes one word into w->wids; returns the count, or -1 out of memory. */
+/* Encodes one word (n >= 1 bytes) into w->wids; returns the count, or -1
+ * out of memory. */
 static int64_t encode_word(const kt_vocab *v, bpe_work *w, const uint8_t *s, uint32_t n) {
     if (!reserve(w, n)) return -1;
-    kt_ids_out o = { w->wids, (int)(2 * n), 0 };
-    uint32_t bytes = load_word(v, w, s, n);
-    int32_t whole = v->ignore_merges ? kt_vocab_find(v, w->buf, bytes) : -1;
+    kt_ids_out o = { w->wids, (int)(3 * n), 0 };
+    uint32_t bytes,
+        n_sym = v->kind == KT_VOCAB_GEMMA4 ? load_word_utf8(v, w, s, n, &bytes)
+                                           : load_word_bytes(v, w, s, n, &bytes);
+    int32_t whole = whole_word(v, w->buf, bytes, s);
     if (whole >= 0) {
         kt_ids_emit(&o, whole);
         return 1;
     }
-    merge_word(v, w, n);
+    merge_word(v, w, n_sym);
     for (int32_t i = 0; i != -1; i = w->sym[i].next) emit_symbol(v, &w->sym[i], w->buf, &o);
     return (int64_t)o.n;
 }
@@ -343,7 +414,9 @@ static bool emit_word(const kt_vocab *v, bpe_work *w, const char *s, uint32_t n,
 
 static kt_status encode_raw(const kt_vocab *v, bpe_work *w, const char *text, size_t len,
                             kt_ids_out *o, kt_error *err) {
-    kt_status st = kt_pretok_split(v->pretok, text, len, &w->words, &w->tmp, err);
+    kt_status st = v->kind == KT_VOCAB_GEMMA4
+                       ? kt_pretok_split_lines(text, len, &w->words, err)
+                       : kt_pretok_split(v->pretok, text, len, &w->words, &w->tmp, err);
     for (size_t i = 0; st == KT_OK && i < w->words.n; i++) {
         kt_span sp = w->words.s[i];
         if (!emit_word(v, w, text + sp.off, sp.len, len, o))

@@ -114,7 +114,8 @@ int kt_vocab_encode_ex(const kt_vocab *v, const char *text, size_t len, bool add
     }
     kt_status st;
     switch (v->kind) {
-    case KT_VOCAB_BPE: st = kt_bpe_encode_frags(v, text, fr.f, fr.n, &o, err); break;
+    case KT_VOCAB_BPE:
+    case KT_VOCAB_GEMMA4: st = kt_bpe_encode_frags(v, text, fr.f, fr.n, &o, err); break;
     case KT_VOCAB_WPM: st = kt_wpm_encode_frags(v, text, fr.f, fr.n, &o, err); break;
     case KT_VOCAB_SPM:
     default: st = kt_spm_encode_frags(v, text, fr.f, fr.n, &o, err); break;

@@ -1,5 +1,6 @@
 /*
- * pretok.c - regex pre-tokenization for byte-level BPE (see pretok.h).
+ * pretok.c - regex pre-tokenization for byte-level BPE (see pretok.h),
+ * and Gemma 4's plain split at newlines.
  *
  * The families and their regexes are llama.cpp's (llm_tokenizer_bpe), in
  * the forms llama.cpp actually runs (e.g. llama3's "(?i:'s|...)" spelled
@@ -45,6 +46,14 @@ static const char *const RE_LLAMA3[] = {
 static const char *const RE_QWEN2[] = {
     CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL
+};
+/* Qwen 3.5: qwen2's with combining marks (\p{M}) counted with the
+ * letters of a word ("e" + U+0301 stays one word, where qwen2 splits the
+ * mark off) and so left out of the punctuation branch. */
+static const char *const RE_QWEN35[] = {
+    CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     NULL
 };
 /* The letter class is llama.cpp's literal list; characters that Unicode
@@ -97,6 +106,7 @@ static const family FAMILIES[] = {
     { "smaug-bpe", RE_LLAMA3, false, false },
     { "qwen2", RE_QWEN2, false, false },
     { "stablelm2", RE_QWEN2, false, false },
+    { "qwen35", RE_QWEN35, false, false },
     { "deepseek-llm", RE_DEEPSEEK_LLM, false, false },
     { "deepseek-coder", RE_DEEPSEEK_CODER, false, false },
     { "falcon", RE_FALCON, false, false },
@@ -204,6 +214,20 @@ static int split_piece(const pcre2_code *re, bool jit, pcre2_match_data *md, con
     }
     if (gap < n && !span_add(out, piece.off + gap, n - gap)) return 1;
     return 0;
+}
+
+kt_status kt_pretok_split_lines(const char *text, size_t len, kt_span_list *out,
+                                kt_error *err) {
+    out->n = 0;
+    if (len > UINT32_MAX)
+        return kt_error_set(err, KT_ERR_ARG, "pre-tokenizer: text too long (%zu bytes)", len);
+    for (size_t at = 0, end; at < len; at = end) {
+        bool nl = text[at] == '\n';
+        for (end = at + 1; end < len && (text[end] == '\n') == nl; end++) {}
+        if (!span_add(out, at, end - at))
+            return kt_error_set(err, KT_ERR_NOMEM, "pre-tokenizer: out of memory");
+    }
+    return KT_OK;
 }
 
 kt_status kt_pretok_split(const kt_pretok *p, const char *text, size_t len,

@@ -8,6 +8,8 @@
  * by regex k-1 into its matches and the gaps between them (both kept), so
  * the pieces always tile the text. Regexes are PCRE2 (UTF + UCP), compiled
  * once per vocabulary and JIT-compiled where the library supports it.
+ * Gemma 4's pre-split is no family: it only cuts at newlines
+ * (kt_pretok_split_lines).
  */
 #ifndef KT_TEXT_PRETOK_H
 #define KT_TEXT_PRETOK_H
@@ -44,6 +46,11 @@ void kt_pretok_free(kt_pretok *p);
  * first); `tmp` is scratch. Thread-safe: p is only read. */
 kt_status kt_pretok_split(const kt_pretok *p, const char *text, size_t len,
                           kt_span_list *out, kt_span_list *tmp, kt_error *err);
+
+/* Gemma 4's only pre-split (llama.cpp's "[^\n]+|[\n]+", no regex needed):
+ * text[0..len) (len < 2^32) into lines and runs of newlines, in order. */
+kt_status kt_pretok_split_lines(const char *text, size_t len, kt_span_list *out,
+                                kt_error *err);
 
 void kt_span_list_free(kt_span_list *l);
 

@@ -1,7 +1,7 @@
 /*
  * vocab.c - loading, validating, looking up, decoding and writing a
  * vocabulary (see vocab.h). Encoding lives in encode.c (entry point,
- * special tokens), spm.c and bpe.c (the two tokenizer models).
+ * special tokens), spm.c, bpe.c (byte-level BPE and Gemma 4's) and wpm.c.
  *
  * Both sources end in the same kt_vocab: GGUF `tokenizer.ggml.*` metadata
  * (what llama.cpp writes) and llama2.c's tokenizer.bin. llama2.c stores
@@ -273,6 +273,7 @@ static kt_status check_model(const gguf_file *f, kt_vocab_kind *kind, kt_error *
     if (gguf_str_eq(s, "llama")) *kind = KT_VOCAB_SPM;
     else if (gguf_str_eq(s, "gpt2")) *kind = KT_VOCAB_BPE;
     else if (gguf_str_eq(s, "bert")) *kind = KT_VOCAB_WPM;
+    else if (gguf_str_eq(s, "gemma4")) *kind = KT_VOCAB_GEMMA4;
     else
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "tokenizer model '%.*s' is not supported yet",
@@ -398,6 +399,9 @@ static void default_specials(kt_vocab *v) {
         v->pad = 0;
         v->add_eos = true;
         v->add_space_prefix = false;
+    } else if (v->kind == KT_VOCAB_GEMMA4) {
+        v->bos = v->eos = v->unk = -1; /* only what the keys say */
+        v->add_space_prefix = false;
     } else {
         v->unk = v->n > 0 ? 0 : -1;
         v->bos = v->n > 1 ? 1 : -1;
@@ -420,6 +424,9 @@ static kt_status load_specials(kt_vocab *v, const gguf_file *f, kt_error *err) {
         st = load_special(f, "tokenizer.ggml.cls_token_id", v->n, &v->bos, err);
     if (st == KT_OK && v->kind == KT_VOCAB_WPM) /* sic: llama.cpp's spelling */
         st = load_special(f, "tokenizer.ggml.seperator_token_id", v->n, &v->eos, err);
+    /* As llama.cpp ("workaround for Gemma 4"): the model is run with BOS
+     * even where its file says add_bos_token false. */
+    if (v->kind == KT_VOCAB_GEMMA4) v->add_bos = true;
     return st;
 }
 
@@ -434,7 +441,8 @@ static kt_status load_pretok(kt_vocab *v, const gguf_file *f, kt_error *err) {
     return v->pretok ? KT_OK : err->status;
 }
 
-/* "gpt2": the merges, once the pieces and their table are final. */
+/* "gpt2" and "gemma4": the merges, once the pieces and their table are
+ * final. */
 static kt_status load_merges(kt_vocab *v, const gguf_file *f, kt_error *err) {
     int64_t n = -1, idx;
     kt_status st = find_array(f, "tokenizer.ggml.merges", GGUF_STRING, GGUF_STRING, true, &n,
@@ -450,7 +458,8 @@ static kt_status load_gguf(kt_vocab *v, const gguf_file *f, int64_t i_tok, int64
     if (st == KT_OK && v->kind == KT_VOCAB_BPE) st = load_pretok(v, f, err);
     if (st == KT_OK) st = load_specials(v, f, err);
     if (st == KT_OK) st = vocab_finish(v, "tokenizer.ggml.tokens", err);
-    if (st == KT_OK && v->kind == KT_VOCAB_BPE) st = load_merges(v, f, err);
+    if (st == KT_OK && (v->kind == KT_VOCAB_BPE || v->kind == KT_VOCAB_GEMMA4))
+        st = load_merges(v, f, err);
     return st;
 }
 
@@ -718,7 +727,7 @@ int kt_vocab_decode_piece(const kt_vocab *v, int32_t id, char *buf, int cap) {
     switch ((kt_token_type)v->type[id]) {
     case KT_TOKEN_NORMAL:
         if (v->kind == KT_VOCAB_BPE) return unmap_out(s, n, buf, cap);
-        return unescape_out(s, n, buf, cap);
+        return unescape_out(s, n, buf, cap); /* "llama", "bert", "gemma4" */
     case KT_TOKEN_BYTE: {
         char b = (char)byte_of_piece(s, n); /* validated at load */
         return copy_out(&b, 1, buf, cap);

@@ -2,13 +2,17 @@
  * vocab.h - a model's vocabulary and its tokenizer (text <-> token ids).
  *
  * Loaded from GGUF `tokenizer.ggml.*` metadata or from a llama2.c
- * `tokenizer.bin`. Two tokenizer models are implemented:
+ * `tokenizer.bin`. Four tokenizer models are implemented:
  * - SentencePiece-style BPE (`tokenizer.ggml.model` = "llama"): score-driven
  *   merges, byte fallback (`<0xNN>` pieces), the leading-space prefix
  *   ("▁"), user-defined and control tokens (spm.c);
  * - byte-level BPE (`tokenizer.ggml.model` = "gpt2"): regex pre-tokenizer
  *   named by `tokenizer.ggml.pre` (pretok.c), GPT-2's byte-to-unicode
  *   mapping, rank-ordered merges from `tokenizer.ggml.merges` (bpe.c).
+ * - Gemma 4's (`tokenizer.ggml.model` = "gemma4"): the same rank-ordered
+ *   merges, but over the UTF-8 characters of the text with " " written
+ *   "▁" (SentencePiece's pieces), lines and runs of newlines as the only
+ *   pre-split, and `<0xNN>` byte fallback (bpe.c).
  * - WordPiece (`tokenizer.ggml.model` = "bert"): llama.cpp's preprocessing
  *   (accents stripped, lowercase, punctuation split) and greedy
  *   longest-match (wpm.c).
@@ -40,7 +44,8 @@ typedef struct kt_vocab kt_vocab;
 typedef enum kt_vocab_kind {
     KT_VOCAB_SPM = 0, /* "llama": SentencePiece-style BPE */
     KT_VOCAB_BPE = 1, /* "gpt2": byte-level BPE */
-    KT_VOCAB_WPM = 2  /* "bert": WordPiece */
+    KT_VOCAB_WPM = 2, /* "bert": WordPiece */
+    KT_VOCAB_GEMMA4 = 3 /* "gemma4": BPE merges over SentencePiece-style pieces */
 } kt_vocab_kind;
 
 /* Reads and validates tokenizer.ggml.* (token count, scores, types, ids in
@@ -52,7 +57,11 @@ typedef enum kt_vocab_kind {
  * pre-tokenizer "default" when tokenizer.ggml.pre is absent; for "bert"
  * BOS is [CLS] (cls_token_id, default 101), EOS is [SEP]
  * (seperator_token_id, default 102), unk 100, pad 0, add_bos and add_eos
- * true (BERT input is [CLS] text [SEP]), no space prefix. */
+ * true (BERT input is [CLS] text [SEP]), no space prefix; for "gemma4"
+ * the merges as for "gpt2" (tokenizer.ggml.pre is not read: the model
+ * has one pre-tokenizer), no bos/eos/unk/pad unless the keys name them,
+ * add_bos always true (llama.cpp overrides a false key: Gemma 4 needs
+ * BOS), no space prefix. */
 kt_vocab *kt_vocab_from_gguf(const gguf_file *f, kt_error *err);
 /* llama2.c tokenizer.bin: int32 max_token_length, then n_vocab times
  * {float score, int32 len, bytes}. llama2.c's convention: 0 = <unk>,
@@ -105,7 +114,13 @@ kt_token_type kt_vocab_type(const kt_vocab *v, int32_t id);
  * GPT-2 characters and are merged pairwise, always the adjacent pair of
  * lowest merge rank (ties: leftmost); a final piece that is not a token
  * becomes the tokens of its single bytes where they exist. For "bert" it
- * is llama.cpp's llm_tokenizer_wpm (see wpm.c).
+ * is llama.cpp's llm_tokenizer_wpm (see wpm.c). For "gemma4" it is
+ * llama.cpp's llm_tokenizer_bpe as it runs for Gemma 4: each fragment is
+ * cut into lines and runs of newlines; a run of newlines that is a token
+ * is taken whole; otherwise ' ' becomes "▁" and the UTF-8 characters are
+ * merged by rank as for "gpt2"; a final piece that is not a token becomes
+ * the <0xNN> tokens of its bytes where they exist. No "▁" prefix is
+ * added, whatever add_space_prefix says (as llama.cpp's BPE).
  * add_bos on a vocabulary without BOS is KT_ERR_ARG. Thread-safe: the
  * vocabulary is only read. */
 int kt_vocab_encode(const kt_vocab *v, const char *text, size_t len,
@@ -119,10 +134,10 @@ int kt_vocab_encode(const kt_vocab *v, const char *text, size_t len,
 int kt_vocab_encode_ex(const kt_vocab *v, const char *text, size_t len, bool add_bos,
                        bool parse_specials, int32_t *ids, int cap, kt_error *err);
 
-/* The bytes token id stands for in decoded text: "▁" becomes " " ("llama"
- * and "bert" models) or each GPT-2 character becomes its byte ("gpt2" models; a
- * character outside the table is copied as is), byte tokens become their
- * byte, control tokens become "" . Writes at most cap
+/* The bytes token id stands for in decoded text: "▁" becomes " " ("llama",
+ * "bert" and "gemma4" models) or each GPT-2 character becomes its byte
+ * ("gpt2" models; a character outside the table is copied as is), byte
+ * tokens become their byte, control tokens become "" . Writes at most cap
  * bytes into buf and returns the length the piece needs. Unknown and
  * user-defined tokens give their piece as is; unused and undefined ones,
  * like control tokens, give "" (as llama.cpp); an invalid id gives 0. buf

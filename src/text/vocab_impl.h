@@ -1,7 +1,8 @@
 /*
  * vocab_impl.h - the inside of kt_vocab, shared by vocab.c (loading,
  * lookup, decoding, writing), encode.c (the entry point and special-token
- * splitting), spm.c, bpe.c and wpm.c (the encoders). Not part of the API.
+ * splitting), spm.c, bpe.c ("gpt2" and "gemma4") and wpm.c (the encoders).
+ * Not part of the API.
  */
 #ifndef KT_TEXT_VOCAB_IMPL_H
 #define KT_TEXT_VOCAB_IMPL_H
@@ -49,13 +50,18 @@ struct kt_vocab {
     uint64_t *pairs;
     uint64_t pair_mask;
 
-    /* Byte-level BPE (bpe.c). */
-    kt_pretok *pretok;
+    /* Byte-level BPE and Gemma 4's (bpe.c). */
+    kt_pretok *pretok;       /* "gpt2" only; "gemma4" splits at newlines */
     bool ignore_merges;      /* a word that is a token is taken whole */
     kt_bpe_merge *merges;    /* open addressing, at most half full */
     uint64_t merge_mask;
-    int32_t bpe_char_tok[256]; /* token of byte b's GPT-2 character, -1 if none */
-    int32_t bpe_raw_tok[256];  /* token whose piece is the single byte b, -1 if none */
+    /* The token byte b starts a word as: "gpt2" the token of its GPT-2
+     * character; "gemma4" (ASCII b only) the token of b, "▁" for ' '.
+     * -1 if none. */
+    int32_t bpe_char_tok[256];
+    /* The token byte b falls back to: "gpt2" the token whose piece is b
+     * itself, "gemma4" "<0xNN>". -1 if none (the byte is dropped). */
+    int32_t bpe_raw_tok[256];
 };
 
 #define KT_SPM_NO_PAIR UINT64_MAX
