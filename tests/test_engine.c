@@ -445,6 +445,16 @@ static void assert_empty(kt_engine *e) {
     assert_int_equal(st.kv_blocks_reserved, 0);
 }
 
+/* Cancels r; the next step must end all its n choices as cancelled and
+ * leave the engine empty. Frees r. */
+static void cancel_to_empty(kt_engine *e, kt_request *r, int n) {
+    kt_request_cancel(r);
+    kt_engine_run_steps(e, 1);
+    assert_int_equal(drain_cancelled(r), n);
+    assert_empty(e);
+    kt_request_free(r);
+}
+
 /* Cancelling at each stage (queued, prefilling, decoding, and a request
  * freed unread) ends it with "cancelled" in the next step and gives back
  * its blocks and its reservation. One sequence at a time and 16-token
@@ -481,22 +491,14 @@ static void test_cancel_stages(void **state) {
 
     /* prefilling */
     assert_int_equal(stats_of(e).generated_tokens, 0);
-    kt_request_cancel(a);
-    kt_engine_run_steps(e, 1);
-    assert_int_equal(drain_cancelled(a), 2);
-    assert_empty(e);
-    kt_request_free(a);
+    cancel_to_empty(e, a, 2);
 
     /* decoding */
     a = submit_long(e, ids, 10, 2);
     kt_engine_run_steps(e, 3);
     assert_true(stats_of(e).generated_tokens >= 4);
     assert_int_equal(stats_of(e).requests_running, 1);
-    kt_request_cancel(a);
-    kt_engine_run_steps(e, 1);
-    assert_int_equal(drain_cancelled(a), 2);
-    assert_empty(e);
-    kt_request_free(a);
+    cancel_to_empty(e, a, 2);
 
     /* freed without reading, while prefilling: the engine lets go by itself */
     a = submit_long(e, ids, 100, 1);
