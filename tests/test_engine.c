@@ -39,8 +39,11 @@ static int teardown(void **state) {
     return 0;
 }
 
+static bool g_no_cache; /* engines made by engine_on have no prefix cache */
+
 static kt_engine *engine_on(kt_model *m, int n_parallel, int batch_tokens, kt_kv_type kv, float stretch) {
     kt_engine_params p = kt_engine_defaults();
+    p.prefix_cache = !g_no_cache;
     p.n_ctx = 256;
     p.n_parallel = n_parallel;
     p.batch_tokens = batch_tokens;
@@ -614,6 +617,170 @@ static void test_shutdown_in_flight(void **state) {
     kt_request_free(queued);
 }
 
+/* ---- the prefix cache ---- */
+
+/* Token ids of a story-like prompt of about n tokens (the same for the
+ * same seed), so requests can share prefixes of known lengths. */
+static int story_ids(int32_t *ids, int n, uint32_t seed) {
+    ids[0] = kt_model_describe(g_tok ? g_tok : g_model)->bos_id;
+    for (int i = 1; i < n; i++) ids[i] = 3 + (int32_t)((seed * 2654435761u + (uint32_t)i * 40503u) % 400u);
+    return n;
+}
+
+typedef struct run_opts {
+    int max_tokens, n_choices;
+    float temperature;
+} run_opts;
+
+/* Runs ids to completion; returns the usage (cached_tokens). */
+static kt_request_usage run_ids(kt_engine *e, const int32_t *ids, int n, run_opts o, output *out) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n, p.max_tokens = o.max_tokens, p.n_choices = o.n_choices;
+    p.top_logprobs = 2, p.ignore_eos = true;
+    p.sampling.temperature = o.temperature, p.sampling.seed = 99;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    memset(out, 0, sizeof *out * (size_t)o.n_choices);
+    drain(r, out);
+    kt_request_usage u = kt_request_get_usage(r);
+    kt_request_free(r);
+    return u;
+}
+
+static void assert_same_output(const output *a, const output *b) {
+    assert_true(a->n > 0);
+    assert_int_equal(a->n, b->n);
+    assert_memory_equal(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n);
+    assert_memory_equal(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n);
+    assert_string_equal(a->text, b->text);
+}
+
+/* A prompt served from the cache gives the cold engine's tokens and
+ * logprob bits: greedy and sampled with n = 3, whole and chunked prefill. */
+static void check_cache_exact(kt_model *m) {
+    g_tok = m;
+    g_no_cache = true;
+    kt_engine *cold = engine_on(m, 4, 64, KT_KV_F16, 0.0f);
+    g_no_cache = false;
+    kt_engine *warm = engine_on(m, 4, 64, KT_KV_F16, 0.0f), *chunked = engine_on(m, 4, 12, KT_KV_F16, 0.0f);
+    int32_t ids[120];
+    int n = story_ids(ids, 100, 1);
+    const run_opts opts[2] = {{24, 1, 0.0f}, {24, 3, 1.0f}};
+    for (int k = 0; k < 2; k++) {
+        static output ref[3], out[3];
+        kt_request_usage u = run_ids(cold, ids, n, opts[k], ref);
+        assert_int_equal(u.cached_tokens, 0);
+        kt_engine *engines[2] = {warm, chunked};
+        for (int w = 0; w < 2; w++) {
+            run_ids(engines[w], ids, n, opts[k], out); /* fills the cache (the second round hits too) */
+            u = run_ids(engines[w], ids, n, opts[k], out);
+            assert_int_equal(u.cached_tokens, 96); /* 6 blocks; the 100th token is prefilled */
+            for (int i = 0; i < opts[k].n_choices; i++) assert_same_output(&ref[i], &out[i]);
+        }
+    }
+    kt_engine_stats st = stats_of(warm);
+    assert_true(st.cached_prompt_tokens >= 3 * 96);
+    assert_true(st.kv_blocks_cached > 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    kt_engine_free(cold), kt_engine_free(warm), kt_engine_free(chunked);
+    g_tok = NULL;
+}
+
+static void test_cache_exact(void **state) {
+    (void)state;
+    check_cache_exact(g_model);
+}
+
+static void test_cache_exact_q4_0(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_model *m = kt_model_load(tu_shared("models/test-tiny-Q4_0.gguf"), &err);
+    assert_non_null(m);
+    check_cache_exact(m);
+    kt_model_free(m);
+}
+
+/* Turn 2 sends turn 1's prompt, its reply (the sampled ids) and more: it
+ * hits the KV of the prompt and of the generated tokens, and its output
+ * equals a cold engine's. */
+static void test_cache_next_turn(void **state) {
+    (void)state;
+    g_no_cache = true;
+    kt_engine *cold = engine(2, 64, KT_KV_F16, 0.0f);
+    g_no_cache = false;
+    kt_engine *e = engine(2, 64, KT_KV_F16, 0.0f);
+    int32_t ids[200];
+    int n = story_ids(ids, 40, 2);
+    static output o1[1], o2[1], ref[1];
+    run_ids(e, ids, n, (run_opts){30, 1, 0.0f}, o1);
+    assert_int_equal(o1->n, 30);
+    memcpy(ids + n, o1->tokens, sizeof(int32_t) * 30);
+    int n2 = n + 30 + story_ids(ids + n + 30, 20, 3);
+    kt_request_usage u = run_ids(e, ids, n2, (run_opts){16, 1, 0.0f}, o2);
+    /* turn 1 computed 40 + 29 positions: 4 whole blocks of 16 */
+    assert_int_equal(u.cached_tokens, 64);
+    run_ids(cold, ids, n2, (run_opts){16, 1, 0.0f}, ref);
+    assert_same_output(ref, o2);
+    kt_engine_free(cold), kt_engine_free(e);
+}
+
+/* 12 concurrent requests in 3 groups sharing long prefixes (and each its
+ * own tail), twice over, with a pool too small to keep everything: every
+ * output equals a cold engine's (no request is ever served another's KV),
+ * the cache gives back idle blocks under pressure, and all blocks come
+ * back. */
+static void test_cache_concurrent(void **state) {
+    (void)state;
+    g_no_cache = true;
+    kt_engine *cold = engine(4, 64, KT_KV_F16, 0.0f);
+    g_no_cache = false;
+    kt_engine_params prm = kt_engine_defaults();
+    prm.n_ctx = 256, prm.n_parallel = 8, prm.batch_tokens = 48, prm.n_threads = 2;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(g_model, &prm, &err);
+    assert_non_null(e);
+    /* 40 blocks: 3 or 4 requests' worst case at once, and no room to keep
+     * every prefix, so idle cached blocks must be taken back */
+    prm.kv_bytes = 40 * stats_of(e).kv_block_bytes;
+    kt_engine_free(e);
+    e = kt_engine_new(g_model, &prm, &err);
+    assert_non_null(e);
+    assert_int_equal(stats_of(e).kv_blocks_total, 40);
+    enum { N = 12 };
+    static int32_t ids[N][160];
+    static output ref[N], out[N];
+    int n[N];
+    for (int i = 0; i < N; i++) {
+        int shared = story_ids(ids[i], 80 + 16 * (i % 3), (uint32_t)(10 + i % 3));
+        n[i] = shared + story_ids(ids[i] + shared, 20 + i, (uint32_t)(100 + i)) ;
+        run_ids(cold, ids[i], n[i], (run_opts){20, 1, 0.0f}, &ref[i]);
+    }
+    for (int round = 0; round < 2; round++) {
+        kt_request *r[N];
+        memset(out, 0, sizeof out);
+        for (int i = 0; i < N; i++) {
+            kt_gen_params p = kt_gen_defaults();
+            p.prompt = ids[i], p.n_prompt = n[i], p.max_tokens = 20, p.top_logprobs = 2, p.ignore_eos = true;
+            if (kt_engine_submit(e, &p, &r[i], &err) != KT_OK) fail_msg("%s", err.msg);
+        }
+        for (int i = 0; i < N; i++) {
+            drain(r[i], &out[i]);
+            kt_request_free(r[i]);
+            assert_same_output(&ref[i], &out[i]);
+        }
+    }
+    kt_engine_stats st = stats_of(e);
+    printf("concurrent: %llu prompt tokens from the cache, %llu prefilled, %llu blocks evicted\n",
+           (unsigned long long)st.cached_prompt_tokens, (unsigned long long)st.prompt_tokens,
+           (unsigned long long)st.cache_evicted_blocks);
+    assert_true(st.cached_prompt_tokens >= 64); /* hits, though not all can */
+    assert_true(st.cache_evicted_blocks > 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.kv_blocks_reserved, 0);
+    kt_engine_free(cold), kt_engine_free(e);
+}
+
 /* KT_ENGINE_BENCH=MODEL ./test_engine: aggregate decode tokens/s with
  * 1..16 concurrent greedy streams (not a test; figures for
  * docs/PERFORMANCE.md). The window is from the moment every stream has its
@@ -685,6 +852,10 @@ int main(void) {
         cmocka_unit_test(test_priority_and_busy),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_shutdown_in_flight),
+        cmocka_unit_test(test_cache_exact),
+        cmocka_unit_test(test_cache_exact_q4_0),
+        cmocka_unit_test(test_cache_next_turn),
+        cmocka_unit_test(test_cache_concurrent),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

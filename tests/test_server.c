@@ -271,6 +271,46 @@ static void test_completion_greedy_matches_run(void **state) {
     json_decref(j);
 }
 
+static long long metric(const server *s, const char *name);
+
+static long long cached_tokens_of(json_t *usage) {
+    json_t *d = json_object_get(usage, "prompt_tokens_details");
+    if (!json_is_integer(json_object_get(d, "cached_tokens"))) fail_msg("no usage.prompt_tokens_details.cached_tokens");
+    return json_integer_value(json_object_get(d, "cached_tokens"));
+}
+
+/* The same long prompt twice: the second reports its cached prompt
+ * tokens (usage.prompt_tokens_details.cached_tokens, streamed usage too),
+ * /metrics counts them, and the text is the same. */
+static void test_prefix_cache_usage(void **state) {
+    (void)state;
+    const char *body = "{\"prompt\":\"Once upon a time, there was a little girl named Lily. She loved to play outside "
+                       "in the park with her friends and her big red ball\",\"max_tokens\":8,\"temperature\":0}";
+    long long hits_before = metric(&S, "kettle_cache_hit_tokens_total");
+    json_t *a = post_ok(&S, "/v1/completions", body), *b = post_ok(&S, "/v1/completions", body);
+    json_t *ua = json_object_get(a, "usage"), *ub = json_object_get(b, "usage");
+    long long n_prompt = json_integer_value(json_object_get(ua, "prompt_tokens"));
+    assert_true(n_prompt > 32);
+    long long cached = cached_tokens_of(ub);
+    assert_true(cached >= 32 && cached < n_prompt && cached % 16 == 0);
+    assert_true(cached_tokens_of(ua) <= cached);
+    assert_string_equal(jstr(json_array_get(json_object_get(a, "choices"), 0), "text", NULL),
+                        jstr(json_array_get(json_object_get(b, "choices"), 0), "text", NULL));
+    assert_true(metric(&S, "kettle_cache_hit_tokens_total") >= hits_before + cached);
+    json_decref(a), json_decref(b);
+    /* streamed, with include_usage */
+    char sbody[1024];
+    snprintf(sbody, sizeof sbody, "%.*s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+             (int)strlen(body) - 1, body);
+    reply r = post(&S, "/v1/completions", sbody);
+    assert_int_equal(r.status, 200);
+    json_t *events = sse_events(r.body);
+    json_t *last = json_array_get(events, json_array_size(events) - 1);
+    assert_int_equal(cached_tokens_of(json_object_get(last, "usage")), cached);
+    json_decref(events);
+    free(r.body);
+}
+
 static void test_completion_stream_matches(void **state) {
     (void)state;
     reply r = post(&S, "/v1/completions",
@@ -960,6 +1000,7 @@ int main(void) {
     const struct CMUnitTest e2e[] = {
         cmocka_unit_test(test_completion_greedy_matches_run),
         cmocka_unit_test(test_completion_stream_matches),
+        cmocka_unit_test(test_prefix_cache_usage),
         cmocka_unit_test(test_completion_stop),
         cmocka_unit_test(test_completion_logprobs),
         cmocka_unit_test(test_chat_stream_equals_plain),

@@ -26,7 +26,7 @@
 #include "server/http.h"
 
 typedef struct serve_opts {
-    const char *model, *host, *api_key, *alias, *template_arg, *kv_type;
+    const char *model, *host, *api_key, *alias, *template_arg, *kv_type, *prefix_cache;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads;
     kt_load_mode load;
     float itl_stretch;
@@ -49,6 +49,9 @@ static void usage(FILE *out) {
             "                          streams, slower first token of new prompts; 0: off)\n"
             "      --kv-type T         KV cache element type: f16 (default), q8_0 (half the\n"
             "                          memory; head size a multiple of 32) or f32\n"
+            "      --prefix-cache on|off  reuse the KV of earlier prompts and replies that a\n"
+            "                          request starts with (default on); cached KV lives in the\n"
+            "                          --kv-mb budget and is given back whenever a request needs room\n"
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
             "      --http-threads N    HTTP worker threads (default 4)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
@@ -74,7 +77,8 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
-        {"--alias", NULL, &o->alias}, {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type}};
+        {"--alias", NULL, &o->alias}, {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
+        {"--prefix-cache", NULL, &o->prefix_cache}};
     const char *v = NULL;
     int r;
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
@@ -115,6 +119,8 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     if (o->api_key && !o->api_key[0]) return cli_usage_error("serve", "--api-key must not be empty");
     if (o->kv_type && strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32") && strcmp(o->kv_type, "q8_0"))
         return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
+    if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
+        return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
     return 0;
 }
 
@@ -127,6 +133,7 @@ static kt_engine_params engine_params(const serve_opts *o) {
     if (o->n_threads) p.n_threads = o->n_threads;
     if (o->queue_max) p.queue_max = o->queue_max;
     if (o->has_stretch) p.max_itl_stretch = o->itl_stretch;
+    if (o->prefix_cache) p.prefix_cache = strcmp(o->prefix_cache, "off") != 0;
     if (o->kv_type)
         p.kv_type = !strcmp(o->kv_type, "f32") ? KT_KV_F32 : !strcmp(o->kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     return p;
@@ -154,8 +161,13 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
         return cli_fail("serve", &err);
     }
     const kt_engine_params *ap = kt_engine_get_params(engine);
+    kt_engine_stats st;
+    kt_engine_get_stats(engine, &st);
     fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg.model_name, ap->n_ctx,
             ap->n_parallel, ap->batch_tokens);
+    fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
+            st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_block_bytes * st.kv_blocks_total / 1048576.0,
+            st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);

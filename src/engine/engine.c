@@ -36,6 +36,7 @@
 #include "base/error.h"
 #include "engine/model_internal.h"
 #include "engine/request.h"
+#include "kv/prefix_cache.h"
 #include "model/forward.h"
 #include "ops/pool.h"
 
@@ -50,6 +51,9 @@ struct kt_engine {
     const llm_model *llm;
     kt_engine_params p;
     kv_pool *kv;
+    kv_prefix_cache *cache; /* NULL when params.prefix_cache is off */
+    int32_t *seq_tokens;    /* [n_ctx]: a sequence's ids, for the cache */
+    int32_t *hit_blocks;    /* [blocks of n_ctx]: a lookup's result */
     llm_work *work;
     kt_pool *pool;
     pthread_t thread;
@@ -94,7 +98,7 @@ static uint64_t now_ns(void) {
 kt_engine_params kt_engine_defaults(void) {
     kt_engine_params p = {
         .n_ctx = 0, .n_parallel = 16, .kv_bytes = 0, .batch_tokens = 256, .n_threads = 0,
-        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f,
+        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f, .prefix_cache = true,
     };
     return p;
 }
@@ -134,8 +138,10 @@ static void publish_counts_locked(kt_engine *e) {
     e->stats.requests_running = e->n_active;
     e->stats.kv_blocks_reserved = e->blocks_reserved;
     e->stats.kv_blocks_total = kv_pool_n_total(e->kv);
-    e->stats.kv_blocks_free = kv_pool_n_free(e->kv);
-    e->stats.kv_blocks_used = e->stats.kv_blocks_total - e->stats.kv_blocks_free;
+    e->stats.kv_blocks_used = kv_pool_n_used(e->kv);
+    e->stats.kv_blocks_free = e->stats.kv_blocks_total - e->stats.kv_blocks_used; /* idle cached ones count */
+    e->stats.kv_blocks_cached = e->cache ? kv_cache_n_blocks(e->cache) : 0;
+    e->stats.cache_evicted_blocks = e->cache ? kv_cache_n_evicted(e->cache) : 0;
 }
 
 void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
@@ -143,6 +149,7 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     *out = e->stats; /* the pool's counts as the engine thread last published them */
     out->queue_depth = e->n_waiting;
     out->kv_block_tokens = KV_BLOCK_TOKENS;
+    out->kv_block_bytes = kv_pool_block_bytes(e->kv) * 2 * (size_t)kv_pool_get_params(e->kv)->n_layer;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -200,7 +207,9 @@ static bool alloc_batch(kt_engine *e) {
     e->active = malloc(sizeof *e->active * (size_t)e->p.n_parallel);
     e->waiting = malloc(sizeof *e->waiting * (size_t)e->p.queue_max);
     e->t_decode_ms = calloc((size_t)e->p.n_parallel + 1, sizeof *e->t_decode_ms);
-    return e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
+    e->seq_tokens = malloc(sizeof *e->seq_tokens * (size_t)e->p.n_ctx);
+    e->hit_blocks = malloc(sizeof *e->hit_blocks * (size_t)(e->p.n_ctx / KV_BLOCK_TOKENS + 1));
+    return e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
            e->logits && e->row && e->active && e->waiting;
 }
 
@@ -219,6 +228,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->cv_step, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
+        (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) ||
         !(e->work = llm_work_new(e->llm, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
         goto fail;
     publish_counts_locked(e); /* no thread yet: no lock needed */
@@ -243,7 +253,19 @@ const kt_engine_params *kt_engine_get_params(const kt_engine *e) {
 
 /* ---- finishing ------------------------------------------------------- */
 
+/* Indexes what the choice's sequence computed: the prompt and, once the
+ * choice has started, the tokens it generated (every position the
+ * sequence holds has its KV: the last sampled token was never fed). */
+static void cache_choice(kt_engine *e, const kt_request *r, const gen_choice *c) {
+    if (!e->cache || !c->seq) return;
+    int n = c->seq->len;
+    memcpy(e->seq_tokens, r->prompt, sizeof(int32_t) * (size_t)(n < r->n_prompt ? n : r->n_prompt));
+    if (n > r->n_prompt) memcpy(e->seq_tokens + r->n_prompt, c->generated, sizeof(int32_t) * (size_t)(n - r->n_prompt));
+    kv_cache_insert(e->cache, c->seq, e->seq_tokens, n);
+}
+
 static void choice_release(gen_choice *c) {
+    free(c->generated);
     kv_seq_free(c->seq);
     kt_sampler_free(c->sampler);
     kt_detok_free(c->detok);
@@ -280,6 +302,7 @@ static void retire(kt_engine *e, kt_request *r) {
     kt_finish worst = KT_FINISH_STOP;
     for (int i = 0; i < r->n_choices; i++) {
         if (r->choices[i].finish > worst || i == 0) worst = r->choices[i].finish;
+        cache_choice(e, r, &r->choices[i]);
         choice_release(&r->choices[i]);
     }
     if (r->state != REQ_WAITING) {
@@ -376,12 +399,29 @@ static int blocks_needed(const kv_pool *kv, int n_prompt, int max_tokens, int n_
     return prompt + n_choices * (total - prompt) + (partial ? n_choices - 1 : 0);
 }
 
+/* The prompt's longest cached prefix in whole blocks, leaving at least
+ * one token to prefill (its logits give the first token). The hit ends on
+ * a block boundary, so the rest is appended into blocks of its own and no
+ * cached block is ever written. Returns the positions taken. */
+static int take_cached_prefix(kt_engine *e, kt_request *r, kv_seq *seq) {
+    if (!e->cache) return 0;
+    int m = kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
+    if (m == 0 || kv_seq_share(seq, e->hit_blocks, m, m * KV_BLOCK_TOKENS, NULL) != KT_OK) return 0;
+    return m * KV_BLOCK_TOKENS;
+}
+
 static bool start_request(kt_engine *e, kt_request *r) {
     kt_error err;
     gen_choice *c0 = &r->choices[0];
     if (!(c0->seq = kv_seq_new(e->kv, &err))) return false;
     r->state = REQ_PREFILL;
-    r->n_prefilled = 0;
+    r->n_prefilled = take_cached_prefix(e, r, c0->seq);
+    pthread_mutex_lock(&r->mu);
+    r->usage.cached_tokens = r->n_prefilled;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    e->stats.cached_prompt_tokens += (uint64_t)r->n_prefilled;
+    pthread_mutex_unlock(&e->mu);
     return true;
 }
 
@@ -517,7 +557,8 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     if (i > 0 && !(c->seq = kv_seq_fork(r->choices[0].seq, &err))) return false;
     c->sampler = kt_sampler_new(&sp, e->llm->cfg.n_vocab, &err);
     c->detok = kt_detok_new(e->model);
-    return c->sampler && c->detok;
+    c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
+    return c->sampler && c->detok && c->generated;
 }
 
 /* ln p of every token from biased logits: the log-sum-exp in double. */
@@ -675,7 +716,7 @@ static void sample_choice(kt_engine *e, kt_request *r, int i, const float *logit
         ev.logprob.logprob = (float)((double)logits[id] + bias_of(r, id) - lse);
     }
     record_latency(e, r, c, ev.t_ns);
-    c->n_generated++;
+    c->generated[c->n_generated++] = id;
     c->next_token = id;
     emit_token(e, r, i, &ev);
 }
@@ -765,8 +806,11 @@ static int build_batch(kt_engine *e, int *n_prefill) {
     return n;
 }
 
-/* The prompt is in: fork the choices and sample each one's first token. */
+/* The prompt is in: index its blocks (so requests that share it hit
+ * while this one still runs), fork the choices and sample each one's
+ * first token. */
 static void prompt_done(kt_engine *e, kt_request *r, const float *logits) {
+    if (e->cache) kv_cache_insert(e->cache, r->choices[0].seq, r->prompt, r->n_prompt);
     for (int i = 0; i < r->n_choices; i++)
         if (!start_choice(e, r, i)) {
             fail_request(r, "out of memory starting a choice");
@@ -921,12 +965,13 @@ void kt_engine_free(kt_engine *e) {
         end_request(e, r, KT_FINISH_CANCELLED, NULL);
     }
     while (e->n_waiting > 0) end_request(e, e->waiting[--e->n_waiting], KT_FINISH_CANCELLED, NULL);
+    kv_cache_free(e->cache);
     kv_pool_free(e->kv);
     llm_work_free(e->work);
     kt_pool_free(e->pool);
     free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits);
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
-    free(e->active), free(e->waiting), free(e->t_decode_ms);
+    free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->cv_step);

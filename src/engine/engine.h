@@ -48,6 +48,11 @@ typedef struct kt_engine_params {
      * prompt is read. Default 1.8; <= 1: prefill takes the whole token
      * budget every step. */
     float max_itl_stretch;
+    /* Reuse the KV of earlier requests' prompts and outputs (the prefix
+     * cache, kv/prefix_cache.h): a request prefills only what no earlier
+     * one computed. On by default; idle cached blocks are taken back
+     * whenever a running request needs room. */
+    bool prefix_cache;
 } kt_engine_params;
 
 kt_engine_params kt_engine_defaults(void);
@@ -140,6 +145,7 @@ typedef struct kt_request kt_request;
 
 typedef struct kt_request_usage {
     int prompt_tokens;
+    int cached_tokens;      /* of the prompt, taken from the prefix cache */
     int completion_tokens;  /* all choices together */
     uint64_t submit_ns, first_token_ns, done_ns; /* 0 until they happen */
 } kt_request_usage;
@@ -198,9 +204,13 @@ typedef struct kt_engine_stats {
     int requests_running;   /* admitted requests not yet retired */
     int kv_blocks_total, kv_blocks_used, kv_blocks_free;
     int kv_blocks_reserved; /* committed to running requests (their worst case) */
+    int kv_blocks_cached;   /* indexed by the prefix cache (held or idle) */
+    uint64_t cache_evicted_blocks; /* idle cached blocks taken back for room */
     int kv_block_tokens;
+    size_t kv_block_bytes;  /* one block: every layer's K and V rows */
     uint64_t requests_finished[5]; /* by kt_finish */
-    uint64_t prompt_tokens, generated_tokens;
+    uint64_t prompt_tokens, generated_tokens; /* prompt_tokens: prefilled (computed) */
+    uint64_t cached_prompt_tokens; /* prompt tokens served from the prefix cache */
     uint64_t steps;
     uint64_t steps_multi_seq; /* steps whose batch held two or more sequences */
     int max_step_seqs;      /* the most sequences one step's batch held */

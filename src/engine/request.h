@@ -32,6 +32,7 @@
 /* One choice's generation state (engine only). */
 typedef struct gen_choice {
     kv_seq *seq;
+    int32_t *generated;  /* the sampled ids, max_tokens of room (for the prefix cache) */
     kt_sampler *sampler;
     kt_detok *detok;
     int32_t next_token;  /* sampled, to be fed at the next decode step */

@@ -3,7 +3,11 @@
  * block_pool.h for the layout and the invariants.
  *
  * The pool is a free stack of block ids plus one refcount per block: alloc
- * pops, a release that reaches 0 pushes, both O(1). Sequence operations
+ * pops, a release that reaches 0 pushes, both O(1). Cached blocks whose
+ * last reference goes wait on the idle list instead, a doubly linked list
+ * in release order (oldest at the head), which alloc falls back on; a
+ * sequence is released from its last block to its first, so within one
+ * sequence the leaves grow old before their parents. Sequence operations
  * check everything that can fail (table growth, free blocks) before they
  * change anything, so a failed call leaves pool and table as they were.
  */
@@ -24,6 +28,13 @@ struct kv_pool {
     int32_t *refcount;  /* per block */
     int32_t *free_stack; /* free block ids; the top is free_stack[n_free-1] */
     int n_free;
+    uint8_t *cached;     /* per block: holds KV the prefix cache indexes */
+    uint32_t *gen;       /* per block: times alloc handed it out */
+    int32_t *idle_prev, *idle_next; /* the idle list; -1 ends it */
+    int32_t idle_head, idle_tail;   /* oldest, newest; -1 when empty */
+    int n_idle;
+    void (*evict)(void *ctx, int32_t id);
+    void *evict_ctx;
 };
 
 size_t kv_row_bytes(kv_type t, int kv_dim) {
@@ -86,7 +97,13 @@ kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err) {
     pool->mem = kt_huge_alloc(total, &pool->mem_bytes); /* huge pages: decode at depth walks it all */
     pool->refcount = calloc((size_t)params->n_blocks, sizeof *pool->refcount);
     pool->free_stack = malloc((size_t)params->n_blocks * sizeof *pool->free_stack);
-    if (!pool->mem || !pool->refcount || !pool->free_stack) {
+    pool->cached = calloc((size_t)params->n_blocks, 1);
+    pool->gen = calloc((size_t)params->n_blocks, sizeof *pool->gen);
+    pool->idle_prev = malloc((size_t)params->n_blocks * sizeof *pool->idle_prev);
+    pool->idle_next = malloc((size_t)params->n_blocks * sizeof *pool->idle_next);
+    pool->idle_head = pool->idle_tail = -1;
+    if (!pool->mem || !pool->refcount || !pool->free_stack || !pool->cached || !pool->gen || !pool->idle_prev ||
+        !pool->idle_next) {
         kt_error_set(err, KT_ERR_NOMEM, "kv pool: cannot allocate %zu bytes for %d blocks",
                      total, params->n_blocks);
         kv_pool_free(pool);
@@ -103,26 +120,61 @@ void kv_pool_free(kv_pool *pool) {
     kt_huge_free(pool->mem, pool->mem_bytes);
     free(pool->refcount);
     free(pool->free_stack);
+    free(pool->cached);
+    free(pool->gen);
+    free(pool->idle_prev);
+    free(pool->idle_next);
     free(pool);
 }
 
 const kv_pool_params *kv_pool_get_params(const kv_pool *pool) { return &pool->p; }
 int kv_pool_n_total(const kv_pool *pool) { return pool->p.n_blocks; }
 int kv_pool_n_free(const kv_pool *pool) { return pool->n_free; }
-int kv_pool_n_used(const kv_pool *pool) { return pool->p.n_blocks - pool->n_free; }
-bool kv_pool_can_alloc(const kv_pool *pool, int n) { return n <= pool->n_free; }
+int kv_pool_n_idle(const kv_pool *pool) { return pool->n_idle; }
+int kv_pool_n_used(const kv_pool *pool) { return pool->p.n_blocks - pool->n_free - pool->n_idle; }
+bool kv_pool_can_alloc(const kv_pool *pool, int n) { return n <= pool->n_free + pool->n_idle; }
 
 int kv_blocks_for(const kv_pool *pool, int n) {
     int bt = pool->p.block_tokens;
     return n / bt + (n % bt != 0);
 }
 
+/* ---- the idle list (cached blocks nobody holds), O(1) each ---- */
+
+static void idle_push_newest(kv_pool *pool, int32_t b) {
+    pool->idle_prev[b] = pool->idle_tail;
+    pool->idle_next[b] = -1;
+    if (pool->idle_tail >= 0) pool->idle_next[pool->idle_tail] = b;
+    else pool->idle_head = b;
+    pool->idle_tail = b;
+    pool->n_idle++;
+}
+
+static void idle_unlink(kv_pool *pool, int32_t b) {
+    int32_t p = pool->idle_prev[b], n = pool->idle_next[b];
+    if (p >= 0) pool->idle_next[p] = n;
+    else pool->idle_head = n;
+    if (n >= 0) pool->idle_prev[n] = p;
+    else pool->idle_tail = p;
+    pool->n_idle--;
+}
+
+/* The oldest idle block, no longer cached: the index is told first. */
+static int32_t evict_oldest(kv_pool *pool) {
+    int32_t b = pool->idle_head;
+    idle_unlink(pool, b);
+    if (pool->evict) pool->evict(pool->evict_ctx, b);
+    pool->cached[b] = 0;
+    return b;
+}
+
 kt_status kv_pool_alloc(kv_pool *pool, int32_t *id, kt_error *err) {
-    if (pool->n_free == 0)
+    if (pool->n_free == 0 && pool->n_idle == 0)
         return kt_error_set(err, KT_ERR_NOMEM, "KV cache full: all %d blocks are in use",
                             pool->p.n_blocks);
-    int32_t b = pool->free_stack[--pool->n_free];
+    int32_t b = pool->n_free > 0 ? pool->free_stack[--pool->n_free] : evict_oldest(pool);
     pool->refcount[b] = 1;
+    pool->gen[b]++;
     *id = b;
     return KT_OK;
 }
@@ -132,10 +184,10 @@ static bool valid_id(const kv_pool *pool, int32_t id) {
 }
 
 kt_status kv_pool_retain(kv_pool *pool, int32_t id, kt_error *err) {
-    if (!valid_id(pool, id) || pool->refcount[id] < 1)
+    if (!valid_id(pool, id) || (pool->refcount[id] < 1 && !pool->cached[id]))
         return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: retain of %s block %d",
                             valid_id(pool, id) ? "free" : "invalid", (int)id);
-    pool->refcount[id]++;
+    if (pool->refcount[id]++ == 0) idle_unlink(pool, id); /* a cache hit revives it */
     return KT_OK;
 }
 
@@ -143,8 +195,27 @@ kt_status kv_pool_release(kv_pool *pool, int32_t id, kt_error *err) {
     if (!valid_id(pool, id) || pool->refcount[id] < 1)
         return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: release of %s block %d",
                             valid_id(pool, id) ? "free" : "invalid", (int)id);
-    if (--pool->refcount[id] == 0) pool->free_stack[pool->n_free++] = id;
+    if (--pool->refcount[id] > 0) return KT_OK;
+    if (pool->cached[id]) idle_push_newest(pool, id);
+    else pool->free_stack[pool->n_free++] = id;
     return KT_OK;
+}
+
+void kv_pool_mark_cached(kv_pool *pool, int32_t id) {
+    if (valid_id(pool, id) && pool->refcount[id] > 0) pool->cached[id] = 1;
+}
+
+bool kv_pool_is_cached(const kv_pool *pool, int32_t id) {
+    return valid_id(pool, id) && pool->cached[id];
+}
+
+void kv_pool_set_evict_hook(kv_pool *pool, void (*evict)(void *ctx, int32_t id), void *ctx) {
+    pool->evict = evict;
+    pool->evict_ctx = ctx;
+}
+
+uint32_t kv_pool_generation(const kv_pool *pool, int32_t id) {
+    return valid_id(pool, id) ? pool->gen[id] : 0;
 }
 
 int kv_pool_refcount(const kv_pool *pool, int32_t id) {
@@ -171,27 +242,50 @@ void kv_pool_copy_block(kv_pool *pool, int32_t dst, int32_t src, int n_pos) {
                    kv_pool_row(pool, src, l, (kv_kind)k, 0), bytes);
 }
 
+/* Marks the blocks of the idle list in where[] (2); fails on a bad link,
+ * a repeat, or a count other than n_idle. */
+static kt_status check_idle_list(const kv_pool *pool, uint8_t *where, kt_error *err) {
+    int count = 0;
+    for (int32_t b = pool->idle_head, prev = -1; b != -1; prev = b, b = pool->idle_next[b]) {
+        if (!valid_id(pool, b) || where[b] || pool->idle_prev[b] != prev || count > pool->n_idle)
+            return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: idle list broken at block %d", (int)b);
+        where[b] = 2;
+        count++;
+        if (pool->idle_next[b] == -1 && pool->idle_tail != b)
+            return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: idle list ends at %d, tail is %d", (int)b,
+                                (int)pool->idle_tail);
+    }
+    if (count != pool->n_idle)
+        return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: %d blocks on the idle list, n_idle %d", count,
+                            pool->n_idle);
+    return KT_OK;
+}
+
 kt_status kv_pool_check(const kv_pool *pool, kt_error *err) {
     int n = pool->p.n_blocks;
-    if (pool->n_free < 0 || pool->n_free > n)
-        return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: n_free %d out of [0, %d]",
-                            pool->n_free, n);
-    uint8_t *on_stack = calloc((size_t)n, 1);
-    if (!on_stack) return kt_error_set(err, KT_ERR_NOMEM, "kv pool check: out of memory");
+    if (pool->n_free < 0 || pool->n_free > n || pool->n_idle < 0 || pool->n_free + pool->n_idle > n)
+        return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: n_free %d, n_idle %d out of [0, %d]",
+                            pool->n_free, pool->n_idle, n);
+    uint8_t *where = calloc((size_t)n, 1); /* 1: free stack, 2: idle list */
+    if (!where) return kt_error_set(err, KT_ERR_NOMEM, "kv pool check: out of memory");
     kt_status st = KT_OK;
     for (int i = 0; i < pool->n_free && st == KT_OK; i++) {
         int32_t b = pool->free_stack[i];
-        if (!valid_id(pool, b) || on_stack[b])
+        if (!valid_id(pool, b) || where[b])
             st = kt_error_set(err, KT_ERR_INTERNAL, "kv pool: free stack entry %d (block %d) "
                               "invalid or repeated", i, (int)b);
-        else on_stack[b] = 1;
+        else where[b] = 1;
     }
-    for (int b = 0; b < n && st == KT_OK; b++)
-        if ((pool->refcount[b] == 0) != (on_stack[b] == 1) || pool->refcount[b] < 0)
-            st = kt_error_set(err, KT_ERR_INTERNAL, "kv pool: block %d has refcount %d but "
-                              "is %son the free stack", b, (int)pool->refcount[b],
-                              on_stack[b] ? "" : "not ");
-    free(on_stack);
+    if (st == KT_OK) st = check_idle_list(pool, where, err);
+    for (int b = 0; b < n && st == KT_OK; b++) {
+        int want = pool->refcount[b] > 0 ? 0 : pool->cached[b] ? 2 : 1; /* P1, P3 */
+        if (pool->refcount[b] < 0 || where[b] != want)
+            st = kt_error_set(err, KT_ERR_INTERNAL, "kv pool: block %d has refcount %d, is %scached, "
+                              "but is %s", b, (int)pool->refcount[b], pool->cached[b] ? "" : "not ",
+                              where[b] == 1 ? "on the free stack" : where[b] == 2 ? "on the idle list"
+                                                                  : "on neither list");
+    }
+    free(where);
     return st;
 }
 
@@ -208,10 +302,12 @@ kv_seq *kv_seq_new(kv_pool *pool, kt_error *err) {
     return s;
 }
 
-/* Releases table entries [from, n_blocks). Every entry holds a reference
- * (S1), so release cannot fail here. */
+/* Releases table entries [from, n_blocks), the last first: cached ones
+ * then reach the idle list leaves before parents, so eviction takes a
+ * sequence's tail before its prefix. Every entry holds a reference (S1),
+ * so release cannot fail here. */
 static void release_from(kv_seq *s, int from) {
-    for (int i = from; i < s->n_blocks; i++) kv_pool_release(s->pool, s->blocks[i], NULL);
+    for (int i = s->n_blocks - 1; i >= from; i--) kv_pool_release(s->pool, s->blocks[i], NULL);
     if (from < s->n_blocks) s->n_blocks = from;
 }
 
@@ -236,7 +332,7 @@ static kt_status reserve_table(kv_seq *s, int n, kt_error *err) {
 
 static kt_status no_blocks(const kv_seq *s, int need, kt_error *err) {
     return kt_error_set(err, KT_ERR_NOMEM, "KV cache full: need %d blocks, %d of %d free",
-                        need, s->pool->n_free, s->pool->p.n_blocks);
+                        need, s->pool->n_free + s->pool->n_idle, s->pool->p.n_blocks);
 }
 
 /* Replaces shared table entry i by a private copy of its first n_pos
@@ -245,7 +341,7 @@ static void cow_entry(kv_seq *s, int i, int n_pos) {
     int32_t old = s->blocks[i], fresh = -1;
     kv_pool_alloc(s->pool, &fresh, NULL);
     kv_pool_copy_block(s->pool, fresh, old, n_pos);
-    kv_pool_release(s->pool, old, NULL); /* refcount was > 1: stays >= 1 */
+    kv_pool_release(s->pool, old, NULL); /* others keep it, or the cache's idle list */
     s->blocks[i] = fresh;
 }
 
@@ -255,8 +351,11 @@ static int used_in_entry(const kv_seq *s, int i) {
     return n < s->block_tokens ? n : s->block_tokens;
 }
 
+/* Entry i may not be written in place: another sequence holds it, or the
+ * prefix cache indexes its content (which must never change). */
 static bool entry_shared(const kv_seq *s, int i) {
-    return s->pool->refcount[s->blocks[i]] > 1;
+    int32_t b = s->blocks[i];
+    return s->pool->refcount[b] > 1 || s->pool->cached[b];
 }
 
 kt_status kv_seq_append(kv_seq *s, int n, kt_error *err) {
@@ -296,6 +395,24 @@ kv_seq *kv_seq_fork(const kv_seq *s, kt_error *err) {
     f->n_blocks = s->n_blocks;
     f->len = s->len;
     return f;
+}
+
+kt_status kv_seq_share(kv_seq *s, const int32_t *blocks, int n_blocks, int len, kt_error *err) {
+    if (s->n_blocks != 0 || n_blocks < 0 || len < 0 || kv_blocks_for(s->pool, len) != n_blocks)
+        return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot share %d blocks as %d positions of a "
+                            "sequence of %d", n_blocks, len, s->len);
+    for (int i = 0; i < n_blocks; i++)
+        if (!valid_id(s->pool, blocks[i]) || (s->pool->refcount[blocks[i]] < 1 && !s->pool->cached[blocks[i]]))
+            return kt_error_set(err, KT_ERR_INTERNAL, "kv sequence: block %d to share is free", (int)blocks[i]);
+    kt_status st = reserve_table(s, n_blocks, err);
+    if (st != KT_OK) return st;
+    for (int i = 0; i < n_blocks; i++) {
+        kv_pool_retain(s->pool, blocks[i], NULL);
+        s->blocks[i] = blocks[i];
+    }
+    s->n_blocks = n_blocks;
+    s->len = len;
+    return KT_OK;
 }
 
 kt_status kv_seq_make_writable(kv_seq *s, int pos, kt_error *err) {

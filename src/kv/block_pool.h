@@ -26,10 +26,22 @@
  * for one layer needs only kv_pool_plane() and the two strides. Block
  * memory is not zeroed: a position holds garbage until it is written.
  *
- * Invariants (P1-P2 checked by kv_pool_check, S1-S2 by tests/test_kv.c;
+ * Cached blocks (the prefix cache, kv/prefix_cache.c): a block marked
+ * cached holds KV that an index can find by its tokens. Its positions are
+ * never written again (a sequence that would write one copies it first),
+ * and when its last reference goes it is not freed but parked on the idle
+ * list, least recently released first, still findable; a hit retains it
+ * back. Only when no block is free does alloc take the oldest idle one,
+ * and the eviction hook tells the index it is gone. So the only blocks
+ * ever taken back are cached blocks that no sequence holds.
+ *
+ * Invariants (P1-P3 checked by kv_pool_check, S1-S2 by tests/test_kv.c;
  * alloc, release and the kv_seq functions rely on them):
- *   P1  a block is on the free stack iff its refcount is 0, and at most once;
- *   P2  n_free == number of blocks on the free stack, n_used = n_total - n_free;
+ *   P1  a block is on the free stack iff its refcount is 0 and it is not
+ *       cached, and at most once;
+ *   P2  n_free == number of blocks on the free stack, n_idle == number on
+ *       the idle list, n_used = n_total - n_free - n_idle;
+ *   P3  a block is on the idle list iff its refcount is 0 and it is cached;
  *   S1  every block id in a kv_seq table has refcount >= 1 and each table
  *       entry holds one reference, so when kv_seq tables are the only
  *       owners, sum of refcounts == sum of table lengths;
@@ -76,22 +88,37 @@ kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err);
 void kv_pool_free(kv_pool *pool);
 const kv_pool_params *kv_pool_get_params(const kv_pool *pool);
 
-/* Counters (for /metrics). */
+/* Counters (for /metrics): free (empty), idle (cached, unreferenced,
+ * reclaimable) and used (referenced by sequences) blocks. */
 int kv_pool_n_total(const kv_pool *pool);
 int kv_pool_n_free(const kv_pool *pool);
+int kv_pool_n_idle(const kv_pool *pool);
 int kv_pool_n_used(const kv_pool *pool);
-/* True if n blocks can be allocated now. */
+/* True if n blocks can be allocated now (free or idle). */
 bool kv_pool_can_alloc(const kv_pool *pool, int n);
 
-/* Takes a free block (refcount 1) into *id in O(1); KT_ERR_NOMEM with a
- * message when none is free (the pool is unchanged). */
+/* Takes a free block (refcount 1) into *id in O(1), or, when none is
+ * free, the least recently released idle cached block (which stops being
+ * cached; the eviction hook is told first). KT_ERR_NOMEM with a message
+ * when neither exists (the pool is unchanged). */
 kt_status kv_pool_alloc(kv_pool *pool, int32_t *id, kt_error *err);
-/* refcount += 1. KT_ERR_INTERNAL (nothing changed) for an invalid or free
- * block: that is a bug in the caller. */
+/* refcount += 1; an idle cached block leaves the idle list. KT_ERR_INTERNAL
+ * (nothing changed) for an invalid or free block: a bug in the caller. */
 kt_status kv_pool_retain(kv_pool *pool, int32_t id, kt_error *err);
-/* refcount -= 1; at 0 the block goes back on the free stack (O(1)).
- * KT_ERR_INTERNAL (nothing changed) for an invalid or already free block. */
+/* refcount -= 1; at 0 the block goes back on the free stack, or, if it is
+ * cached, to the idle list's newest end (O(1)). KT_ERR_INTERNAL (nothing
+ * changed) for an invalid or already free block. */
 kt_status kv_pool_release(kv_pool *pool, int32_t id, kt_error *err);
+
+/* Marks a referenced block cached (see above); it stays so until alloc
+ * takes it back. */
+void kv_pool_mark_cached(kv_pool *pool, int32_t id);
+bool kv_pool_is_cached(const kv_pool *pool, int32_t id);
+/* Called by alloc with each idle block it takes back, before reusing it. */
+void kv_pool_set_evict_hook(kv_pool *pool, void (*evict)(void *ctx, int32_t id), void *ctx);
+/* Bumped every time alloc hands the block out: an index entry that names a
+ * block with the generation it had can tell that block was reused. */
+uint32_t kv_pool_generation(const kv_pool *pool, int32_t id);
 /* The block's refcount, or -1 for an invalid id. */
 int kv_pool_refcount(const kv_pool *pool, int32_t id);
 
@@ -138,6 +165,13 @@ void kv_seq_free(kv_seq *seq);
  * with KT_ERR_NOMEM, naming how many it needed and how many were free, and
  * changes nothing. */
 kt_status kv_seq_append(kv_seq *seq, int n, kt_error *err);
+/* An empty sequence takes blocks[0..n_blocks) (each retained; an idle
+ * cached block is revived) as its first len positions; n_blocks must be
+ * exactly ceil(len / block_tokens). A shared or cached last block is
+ * copied before the sequence writes into it. KT_ERR_ARG / KT_ERR_INTERNAL
+ * (nothing changed) for a non-empty sequence, a count that does not
+ * match, or a free block. */
+kt_status kv_seq_share(kv_seq *seq, const int32_t *blocks, int n_blocks, int len, kt_error *err);
 /* Keeps the first n positions (n >= len: no-op; n < 0 counts as 0) and
  * releases the blocks wholly past them. */
 void kv_seq_truncate(kv_seq *seq, int n);

@@ -85,7 +85,10 @@ static bool finished(srv_buf *b, const kt_engine_stats *st) {
 char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st) {
     srv_buf b = {0};
     bool ok = http_requests(&b, m) && finished(&b, st) &&
-              scalar(&b, "kettle_prompt_tokens_total", "counter", "prompt tokens submitted", (double)st->prompt_tokens) &&
+              scalar(&b, "kettle_prompt_tokens_total", "counter", "prompt tokens prefilled (computed)",
+                     (double)st->prompt_tokens) &&
+              scalar(&b, "kettle_cache_hit_tokens_total", "counter", "prompt tokens served from the prefix cache",
+                     (double)st->cached_prompt_tokens) &&
               scalar(&b, "kettle_generated_tokens_total", "counter", "tokens generated", (double)st->generated_tokens) &&
               scalar(&b, "kettle_engine_steps_total", "counter", "engine steps run", (double)st->steps) &&
               histogram(&b, "kettle_time_to_first_token_seconds", "submit to first token", &st->ttft) &&
@@ -95,7 +98,11 @@ char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st) {
               scalar(&b, "kettle_kv_blocks_used", "gauge", "KV cache blocks in use", st->kv_blocks_used) &&
               scalar(&b, "kettle_kv_blocks_free", "gauge", "KV cache blocks free", st->kv_blocks_free) &&
               scalar(&b, "kettle_kv_blocks_total", "gauge", "KV cache blocks in the pool", st->kv_blocks_total) &&
-              scalar(&b, "kettle_kv_block_tokens", "gauge", "positions per KV block", st->kv_block_tokens);
+              scalar(&b, "kettle_kv_block_tokens", "gauge", "positions per KV block", st->kv_block_tokens) &&
+              scalar(&b, "kettle_cache_blocks", "gauge", "KV blocks the prefix cache indexes (in use or idle)",
+                     st->kv_blocks_cached) &&
+              scalar(&b, "kettle_cache_evicted_blocks_total", "counter",
+                     "idle cached KV blocks taken back for running requests", (double)st->cache_evicted_blocks);
     if (!ok) srv_buf_free(&b);
     return ok ? b.data : NULL;
 }

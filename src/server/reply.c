@@ -108,9 +108,12 @@ int srv_reply_error_choice(const srv_reply *rp) {
     return -1;
 }
 
+/* OpenAI's usage, with the prompt tokens the prefix cache served as
+ * prompt_tokens_details.cached_tokens (as OpenAI reports its own cache). */
 static json_t *usage_json(const kt_request_usage *u) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", u->prompt_tokens, "completion_tokens", u->completion_tokens,
-                     "total_tokens", u->prompt_tokens + u->completion_tokens);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", u->prompt_tokens, "completion_tokens",
+                     u->completion_tokens, "total_tokens", u->prompt_tokens + u->completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", u->cached_tokens);
 }
 
 static json_t *finish_json(kt_finish f) {

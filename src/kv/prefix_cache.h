@@ -1,0 +1,65 @@
+/*
+ * prefix_cache.h - an index over the KV pool's full blocks by the tokens
+ * they hold, so a request whose prompt starts like an earlier one reuses
+ * that KV instead of computing it again.
+ *
+ * Why: an agent re-sends its whole history every turn (system prompt,
+ * tools, documents, earlier replies). With the index, turn N+1 prefills
+ * only what turn N did not already put in the pool.
+ *
+ * Design: hash-chained blocks. Block i of a sequence is keyed by
+ * h_i = XXH64(its block_tokens token ids, seed h_{i-1}) (h_{-1} a
+ * constant), so one 64-bit key names the whole prefix up to the block and
+ * a lookup is one hash-table probe per block, walking from the start. A
+ * radix tree would find the same longest prefix; the chain needs no tree
+ * nodes, no child lists and no splitting, because keys are whole blocks
+ * (a hit ends on a block boundary; the engine prefills the rest). An entry
+ * is trusted only when its own tokens equal the request's and its parent
+ * is the block (id and generation) the walk came from, so a hash collision
+ * or a reused parent block can never serve KV computed for other tokens.
+ *
+ * Ownership: the index holds no references. A cached block that no
+ * sequence holds sits on the pool's idle list and is taken back, least
+ * recently released first, only when no block is free; the pool's
+ * eviction hook removes it from the index then (block_pool.h). So memory
+ * used by the cache is always reclaimable, and admission's reservations
+ * stay exact.
+ *
+ * Not thread-safe: the engine thread owns it, with the pool.
+ */
+#ifndef KT_KV_PREFIX_CACHE_H
+#define KT_KV_PREFIX_CACHE_H
+
+#include <stdint.h>
+
+#include "kv/block_pool.h"
+
+typedef struct kv_prefix_cache kv_prefix_cache;
+
+/* An empty index over pool's blocks; installs the pool's eviction hook.
+ * NULL with err when out of memory. */
+kv_prefix_cache *kv_cache_new(kv_pool *pool, kt_error *err);
+void kv_cache_free(kv_prefix_cache *c);
+
+/* The longest cached prefix of tokens[0..n) in whole blocks: their ids in
+ * blocks[0..returned), at most max_blocks. The blocks are not retained:
+ * hand them to kv_seq_share before anything else touches the pool. */
+int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks);
+
+/* Indexes the full blocks of seq that hold positions [0, n) (n <= seq->len)
+ * of tokens, whose KV has been computed. A block whose prefix is already
+ * indexed (by itself, or by a twin computed by another sequence) is left
+ * as it is. */
+void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *tokens, int n);
+
+/* Blocks indexed now (held by sequences or idle). */
+int kv_cache_n_blocks(const kv_prefix_cache *c);
+/* Blocks taken back from the index since it was made. */
+uint64_t kv_cache_n_evicted(const kv_prefix_cache *c);
+
+/* Verifies the index against the pool (every entry's block is cached,
+ * every cached block has an entry, the table finds each entry);
+ * KT_ERR_INTERNAL naming the first violation. For tests. */
+kt_status kv_cache_check(const kv_prefix_cache *c, kt_error *err);
+
+#endif

@@ -1,0 +1,254 @@
+/*
+ * test_prefix_cache.c - the prefix cache's index over the KV pool
+ * (src/kv/prefix_cache.h) and the pool's idle list (block_pool.h).
+ *
+ * Sequences here "compute" KV by writing a signature of (token, position)
+ * into every K row they hold, so a test can tell that a hit serves exactly
+ * the KV computed for its tokens. After every step the pool's invariants
+ * (kv_pool_check) and the index's (kv_cache_check) are verified.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "kv/block_pool.h"
+#include "kv/prefix_cache.h"
+#include "testutil.h"
+
+#define BT 4 /* positions per block */
+
+typedef struct rig {
+    kv_pool *pool;
+    kv_prefix_cache *cache;
+} rig;
+
+static rig rig_new(int n_blocks) {
+    kv_pool_params p = {.n_blocks = n_blocks, .block_tokens = BT, .n_layer = 1, .kv_dim = 4, .type = KV_F32};
+    kt_error err = {0};
+    rig r = {kv_pool_new(&p, &err), NULL};
+    assert_non_null(r.pool);
+    r.cache = kv_cache_new(r.pool, &err);
+    assert_non_null(r.cache);
+    return r;
+}
+
+static void rig_free(rig *r) {
+    kv_cache_free(r->cache);
+    kv_pool_free(r->pool);
+}
+
+static void check(const rig *r) {
+    kt_error err = {0};
+    if (kv_pool_check(r->pool, &err) != KT_OK || kv_cache_check(r->cache, &err) != KT_OK) fail_msg("%s", err.msg);
+}
+
+static float signature(int32_t token, int pos) {
+    return (float)token * 1000.0f + (float)pos;
+}
+
+/* Appends tokens[seq->len .. n) and "computes" their KV. */
+static void compute(kv_seq *s, const int32_t *tokens, int n) {
+    int from = s->len;
+    kt_error err = {0};
+    if (kv_seq_append(s, n - from, &err) != KT_OK) fail_msg("%s", err.msg);
+    for (int p = from; p < n; p++) ((float *)kv_seq_row(s, 0, KV_K, p))[0] = signature(tokens[p], p);
+}
+
+/* Every position of s holds the KV of tokens[0..s->len). */
+static void assert_kv_of(const kv_seq *s, const int32_t *tokens) {
+    for (int p = 0; p < s->len; p++)
+        if (((float *)kv_seq_row(s, 0, KV_K, p))[0] != signature(tokens[p], p))
+            fail_msg("position %d holds %g, not the KV of token %d", p, ((float *)kv_seq_row(s, 0, KV_K, p))[0],
+                     (int)tokens[p]);
+}
+
+/* A new sequence over tokens[0..n) as the engine starts one: the cached
+ * prefix in whole blocks shared, leaving at least the last token to
+ * compute, the rest computed; returns it, with the hit's length in *hit. */
+static kv_seq *start(rig *r, const int32_t *tokens, int n, int *hit) {
+    kt_error err = {0};
+    kv_seq *s = kv_seq_new(r->pool, &err);
+    assert_non_null(s);
+    int32_t blocks[64];
+    int m = kv_cache_lookup(r->cache, tokens, n - 1, blocks, 64);
+    assert_int_equal(kv_seq_share(s, blocks, m, m * BT, &err), KT_OK);
+    *hit = m * BT;
+    compute(s, tokens, n);
+    assert_kv_of(s, tokens);
+    kv_cache_insert(r->cache, s, tokens, n);
+    check(r);
+    return s;
+}
+
+static void test_hit_partial_miss(void **state) {
+    (void)state;
+    rig r = rig_new(32);
+    int32_t a[14], b[14], blocks[8];
+    for (int i = 0; i < 14; i++) a[i] = b[i] = 10 + i;
+    int hit;
+    kv_seq *s = start(&r, a, 14, &hit);
+    assert_int_equal(hit, 0);
+    assert_int_equal(kv_cache_n_blocks(r.cache), 3); /* 3 whole blocks; the 4th is partial */
+    assert_int_equal(kv_cache_lookup(r.cache, a, 14, blocks, 8), 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(blocks[i], s->blocks[i]);
+    assert_int_equal(kv_cache_lookup(r.cache, a, 11, blocks, 8), 2); /* whole blocks only */
+    assert_int_equal(kv_cache_lookup(r.cache, a, 14, blocks, 1), 1); /* at most max_blocks */
+    b[5] = 999;                                                      /* differs in block 1 */
+    assert_int_equal(kv_cache_lookup(r.cache, b, 14, blocks, 8), 1);
+    b[0] = 999;
+    assert_int_equal(kv_cache_lookup(r.cache, b, 14, blocks, 8), 0);
+    /* a second sequence with the same start shares the blocks */
+    kv_seq *t = start(&r, a, 13, &hit);
+    assert_int_equal(hit, 12);
+    for (int i = 0; i < 3; i++) assert_int_equal(t->blocks[i], s->blocks[i]);
+    assert_int_equal(kv_pool_refcount(r.pool, s->blocks[0]), 2);
+    kv_seq_free(s), kv_seq_free(t);
+    check(&r);
+    assert_int_equal(kv_pool_n_used(r.pool), 0);
+    assert_int_equal(kv_pool_n_idle(r.pool), 3); /* cached, nobody holds them */
+    assert_int_equal(kv_cache_lookup(r.cache, a, 14, blocks, 8), 3); /* still found */
+    rig_free(&r);
+}
+
+/* The same tokens after another prefix are another entry: a block is found
+ * only through the chain of the blocks before it. */
+static void test_chain_not_confused(void **state) {
+    (void)state;
+    rig r = rig_new(32);
+    int32_t a[8] = {1, 2, 3, 4, 7, 7, 7, 7}, b[8] = {5, 6, 7, 8, 7, 7, 7, 7}, blocks[4];
+    int hit;
+    kv_seq *s = start(&r, a, 8, &hit), *t = start(&r, b, 8, &hit);
+    assert_int_equal(hit, 0);
+    assert_int_equal(kv_cache_n_blocks(r.cache), 4);
+    assert_int_equal(kv_cache_lookup(r.cache, b, 8, blocks, 4), 2);
+    assert_int_equal(blocks[1], t->blocks[1]);
+    assert_true(blocks[1] != s->blocks[1]);
+    kv_seq_free(s), kv_seq_free(t);
+    check(&r);
+    rig_free(&r);
+}
+
+/* Idle cached blocks are taken back only when no block is free, oldest
+ * first, and a sequence's tail before its prefix. */
+static void test_eviction_order(void **state) {
+    (void)state;
+    rig r = rig_new(8);
+    int32_t a[12], blocks[4];
+    for (int i = 0; i < 12; i++) a[i] = 100 + i;
+    int hit;
+    kv_seq *s = start(&r, a, 12, &hit);
+    int32_t a0 = s->blocks[0], a2 = s->blocks[2];
+    kv_seq_free(s);
+    check(&r);
+    assert_int_equal(kv_pool_n_free(r.pool), 5);
+    assert_int_equal(kv_pool_n_idle(r.pool), 3);
+    /* five free blocks go first: the cached ones stay */
+    kt_error err = {0};
+    kv_seq *other = kv_seq_new(r.pool, &err);
+    assert_int_equal(kv_seq_append(other, 5 * BT, &err), KT_OK);
+    assert_int_equal(kv_cache_lookup(r.cache, a, 12, blocks, 4), 3);
+    /* then the leaf */
+    assert_int_equal(kv_seq_append(other, BT, &err), KT_OK);
+    assert_int_equal(other->blocks[5], a2);
+    assert_int_equal(kv_cache_lookup(r.cache, a, 12, blocks, 4), 2);
+    assert_int_equal(kv_cache_n_evicted(r.cache), 1);
+    check(&r);
+    /* a hit revives block 0, which then cannot be taken; t's new block is
+     * the last idle one (block 1 is cached, but the last token of a
+     * prompt is always computed) */
+    kv_seq *t = start(&r, a, 8, &hit);
+    assert_int_equal(hit, 4);
+    assert_int_equal(t->blocks[0], a0);
+    assert_int_equal(kv_cache_n_evicted(r.cache), 2);
+    assert_int_equal(kv_pool_n_used(r.pool), 8);
+    assert_false(kv_pool_can_alloc(r.pool, 1));
+    assert_int_equal(kv_seq_append(other, BT, &err), KT_ERR_NOMEM); /* t's blocks are never taken */
+    assert_kv_of(t, a);
+    kv_seq_free(t), kv_seq_free(other);
+    check(&r);
+    assert_int_equal(kv_pool_n_used(r.pool), 0);
+    rig_free(&r);
+}
+
+/* A sequence that shares a cached block and writes past its end inside it
+ * gets a copy: the cached content never changes. */
+static void test_cached_block_never_written(void **state) {
+    (void)state;
+    rig r = rig_new(8);
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8] = {1, 2, 3, 4, 5, 6, 70, 80}, blocks[2];
+    int hit;
+    kv_seq *s = start(&r, a, 8, &hit);
+    kv_seq_free(s);
+    kt_error err = {0};
+    kv_seq *t = kv_seq_new(r.pool, &err);
+    assert_int_equal(kv_cache_lookup(r.cache, a, 8, blocks, 2), 2);
+    assert_int_equal(kv_seq_share(t, blocks, 2, 6, &err), KT_OK); /* ends inside block 1 */
+    compute(t, b, 8);
+    assert_kv_of(t, b);
+    assert_true(t->blocks[1] != blocks[1]); /* copied */
+    kv_seq_free(t);
+    kv_seq *u = start(&r, a, 8, &hit); /* the cached block still holds a's KV */
+    assert_int_equal(hit, 4);
+    assert_int_equal(kv_cache_lookup(r.cache, a, 8, blocks, 2), 2);
+    kv_seq_free(u);
+    /* wrong counts are refused, changing nothing */
+    kv_seq *v = kv_seq_new(r.pool, &err);
+    assert_int_equal(kv_seq_share(v, blocks, 2, 9, &err), KT_ERR_ARG);
+    assert_int_equal(v->len, 0);
+    kv_seq_free(v);
+    check(&r);
+    rig_free(&r);
+}
+
+/* Random sequences over a few shared prefixes, freed in random order, in a
+ * pool too small to keep them all: every hit holds exactly the KV of its
+ * tokens, the invariants hold at every step, and everything comes back. */
+static void test_random_workload(void **state) {
+    (void)state;
+    rig r = rig_new(40);
+    kt_rng rng;
+    kt_rng_seed(&rng, 7);
+    enum { LIVE = 4, ROUNDS = 400 };
+    kv_seq *live[LIVE] = {0};
+    int32_t toks[LIVE][40];
+    int hits = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        int k = (int)(kt_rng_u64(&rng) % LIVE);
+        if (live[k]) {
+            assert_kv_of(live[k], toks[k]);
+            kv_seq_free(live[k]);
+            live[k] = NULL;
+            check(&r);
+            continue;
+        }
+        int prefix = (int)(kt_rng_u64(&rng) % 3), n = 4 + (int)(kt_rng_u64(&rng) % 36);
+        for (int i = 0; i < n; i++)
+            toks[k][i] = i < 16 ? prefix * 100 + i : (int32_t)(kt_rng_u64(&rng) % 3) + 1000 * prefix;
+        int held = 0;
+        for (int j = 0; j < LIVE; j++) held += live[j] ? live[j]->n_blocks : 0;
+        if (held + kv_blocks_for(r.pool, n) > 40) continue; /* admission's job, not the cache's */
+        int hit;
+        live[k] = start(&r, toks[k], n, &hit);
+        hits += hit > 0;
+    }
+    for (int j = 0; j < LIVE; j++) kv_seq_free(live[j]);
+    check(&r);
+    assert_int_equal(kv_pool_n_used(r.pool), 0);
+    assert_int_equal(kv_pool_n_free(r.pool) + kv_pool_n_idle(r.pool), 40);
+    assert_true(hits > ROUNDS / 8);
+    assert_true(kv_cache_n_evicted(r.cache) > 0);
+    printf("random workload: %d hits, %llu evictions\n", hits, (unsigned long long)kv_cache_n_evicted(r.cache));
+    rig_free(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hit_partial_miss),
+        cmocka_unit_test(test_chain_not_confused),
+        cmocka_unit_test(test_eviction_order),
+        cmocka_unit_test(test_cached_block_never_written),
+        cmocka_unit_test(test_random_workload),
+    };
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
+}
