@@ -97,8 +97,20 @@ void kt_cpu_force_no_vnni(bool on) {
 static _Atomic int g_has_vnni512 = -1;
 static _Atomic int g_forced_no_avx512 = 0;
 
+/* The switches that turn AVX-VNNI off (KETTLE_NO_VNNI, kt_cpu_force_no_vnni)
+ * turn this tier off too, but the CPU need not have AVX-VNNI itself: the
+ * AVX-512 tier's dot products are EVEX-encoded (AVX-512 VNNI + VL), and
+ * where a 256-bit VNNI tile would serve, the dispatch asks
+ * kt_cpu_has_avx_vnni and otherwise takes the AVX2 tile (the same bits).
+ * Some CPUs (AMD Zen 4 / 5 as some hypervisors show them) report AVX-512
+ * VNNI without AVX-VNNI. */
+static bool vnni_switched_off(void) {
+    const char *env = getenv("KETTLE_NO_VNNI");
+    return atomic_load_explicit(&g_forced_no_vnni, memory_order_relaxed) || (env && *env && strcmp(env, "0") != 0);
+}
+
 bool kt_cpu_has_avx512_vnni(void) {
-    if (!kt_cpu_has_avx_vnni()) return false; /* the same switches turn it off */
+    if (!kt_cpu_has_avx2() || vnni_switched_off()) return false;
     if (atomic_load_explicit(&g_forced_no_avx512, memory_order_relaxed)) return false;
     int v = atomic_load_explicit(&g_has_vnni512, memory_order_relaxed);
     if (v < 0) {
@@ -119,10 +131,14 @@ static pthread_once_t g_features_once = PTHREAD_ONCE_INIT;
 
 static void describe(void) {
     cpu_info c = detect();
-    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
+    const char *tier = kt_cpu_has_avx512_vnni() ? "(AVX-512 kernels)"
+                       : kt_cpu_has_avx_vnni()  ? "(AVX-VNNI kernels)"
+                       : kt_cpu_has_avx2()      ? "(AVX2 kernels)"
+                                                : "(scalar kernels)";
+    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
              c.avx2 ? "AVX2 " : "", c.fma ? "FMA " : "", c.f16c ? "F16C " : "",
              c.avx_vnni ? "AVX-VNNI " : "", c.avx512f ? "AVX512F " : "",
-             kt_cpu_has_avx2() ? "(AVX2 kernels)" : "(scalar kernels)");
+             c.avx512f && c.avx512bw && c.avx512vl && c.avx512vnni ? "AVX512-VNNI " : "", tier);
 }
 
 const char *kt_cpu_features(void) {

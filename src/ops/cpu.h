@@ -14,9 +14,10 @@ bool kt_cpu_has_avx2(void);
 /* AVX-VNNI (vpdpbusd on 256-bit vectors) on top of kt_cpu_has_avx2: the
  * int8 GEMM tiles use it when present. KETTLE_NO_VNNI=1 turns it off. */
 bool kt_cpu_has_avx_vnni(void);
-/* AVX-512 F + BW + VL + VNNI with the OS saving ZMM state, on top of AVX-VNNI:
- * the Q4_0 GEMM then runs 16 rows per vector, the Q8_0 tiles two outputs. KETTLE_NO_AVX512=1, or
- * anything that turns AVX-VNNI off, turns it off. */
+/* AVX-512 F + BW + VL + VNNI with the OS saving ZMM state, on top of AVX2
+ * (not necessarily AVX-VNNI): the Q4_0 GEMM then runs 16 rows per vector,
+ * the Q8_0 tiles two outputs. KETTLE_NO_AVX512=1, or anything that turns
+ * AVX-VNNI off (KETTLE_NO_VNNI=1, kt_cpu_force_no_vnni), turns it off. */
 bool kt_cpu_has_avx512_vnni(void);
 /* Turns AVX-VNNI off (on = true) or back on, for tests that check both
  * GEMM paths; same rules as kt_cpu_force_scalar. */
