@@ -725,6 +725,44 @@ static void test_cache_next_turn(void **state) {
     kt_engine_free(cold), kt_engine_free(e);
 }
 
+/* Four requests that share a 96-token prefix, admitted in one step: the
+ * first computes it, the others wait for it and take it from the cache
+ * (not four computations of the same KV), and all four give a cold
+ * engine's output. */
+static void test_cache_shared_prefix_once(void **state) {
+    (void)state;
+    g_no_cache = true;
+    kt_engine *cold = engine(4, 64, KT_KV_F16, 0.0f);
+    g_no_cache = false;
+    kt_engine *e = engine(4, 64, KT_KV_F16, 1.8f);
+    static int32_t ids[4][120];
+    static output ref[4], out[4];
+    kt_request *r[4];
+    kt_engine_hold(e, true);
+    for (int i = 0; i < 4; i++) {
+        story_ids(ids[i], 96, 5);
+        story_ids(ids[i] + 96, 8, (uint32_t)(50 + i));
+        kt_gen_params p = kt_gen_defaults();
+        p.prompt = ids[i], p.n_prompt = 104, p.max_tokens = 12, p.top_logprobs = 2, p.ignore_eos = true;
+        kt_error err = {0};
+        if (kt_engine_submit(e, &p, &r[i], &err) != KT_OK) fail_msg("%s", err.msg);
+    }
+    kt_engine_hold(e, false);
+    memset(out, 0, sizeof out);
+    for (int i = 0; i < 4; i++) {
+        drain(r[i], &out[i]);
+        kt_request_usage u = kt_request_get_usage(r[i]);
+        assert_int_equal(u.cached_tokens, i == 0 ? 0 : 96);
+        kt_request_free(r[i]);
+        run_ids(cold, ids[i], 104, (run_opts){12, 1, 0.0f}, &ref[i]);
+        assert_same_output(&ref[i], &out[i]);
+    }
+    kt_engine_stats st = stats_of(e);
+    assert_int_equal(st.prompt_tokens, 104 + 3 * 8);
+    assert_int_equal(st.cached_prompt_tokens, 3 * 96);
+    kt_engine_free(cold), kt_engine_free(e);
+}
+
 /* 12 concurrent requests in 3 groups sharing long prefixes (and each its
  * own tail), twice over, with a pool too small to keep everything: every
  * output equals a cold engine's (no request is ever served another's KV),
@@ -856,6 +894,7 @@ int main(void) {
         cmocka_unit_test(test_cache_exact_q4_0),
         cmocka_unit_test(test_cache_next_turn),
         cmocka_unit_test(test_cache_concurrent),
+        cmocka_unit_test(test_cache_shared_prefix_once),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

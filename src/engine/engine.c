@@ -410,19 +410,60 @@ static int take_cached_prefix(kt_engine *e, kt_request *r, kv_seq *seq) {
     return m * KV_BLOCK_TOKENS;
 }
 
+/* Counts a hit that grew to n_cached positions (from `before`). */
+static void note_cached(kt_engine *e, kt_request *r, int before) {
+    pthread_mutex_lock(&r->mu);
+    r->usage.cached_tokens = r->n_cached;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    e->stats.cached_prompt_tokens += (uint64_t)(r->n_cached - before);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static bool start_request(kt_engine *e, kt_request *r) {
     kt_error err;
     gen_choice *c0 = &r->choices[0];
     if (!(c0->seq = kv_seq_new(e->kv, &err))) return false;
     r->state = REQ_PREFILL;
-    r->n_prefilled = take_cached_prefix(e, r, c0->seq);
-    pthread_mutex_lock(&r->mu);
-    r->usage.cached_tokens = r->n_prefilled;
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&e->mu);
-    e->stats.cached_prompt_tokens += (uint64_t)r->n_prefilled;
-    pthread_mutex_unlock(&e->mu);
+    r->n_prefilled = r->n_cached = take_cached_prefix(e, r, c0->seq);
+    note_cached(e, r, 0);
     return true;
+}
+
+/* Positions of a's and b's prompts that are equal from the start, in
+ * whole blocks. */
+static int shared_blocks_len(const kt_request *a, const kt_request *b) {
+    int n = a->n_prompt < b->n_prompt ? a->n_prompt : b->n_prompt, k = 0;
+    while (k < n && a->prompt[k] == b->prompt[k]) k++;
+    return k / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+}
+
+/* Before r computes anything of its own: if an earlier request has since
+ * put more of r's prefix in the cache, take it (the sequence holds only
+ * cached blocks, so it starts over on the longer hit); and if an earlier
+ * request is still computing a prefix r shares, r waits for it instead of
+ * computing the same KV beside it. */
+static void share_prefix(kt_engine *e, int a_index) {
+    kt_request *r = e->active[a_index];
+    r->waits_for_prefix = false;
+    if (!e->cache || r->state != REQ_PREFILL || r->n_prefilled != r->n_cached) return;
+    kv_seq *seq = r->choices[0].seq;
+    int m = kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
+    if (m * KV_BLOCK_TOKENS > r->n_cached) {
+        kv_seq_truncate(seq, 0);
+        if (kv_seq_share(seq, e->hit_blocks, m, m * KV_BLOCK_TOKENS, NULL) == KT_OK) {
+            int before = r->n_cached;
+            r->n_prefilled = r->n_cached = m * KV_BLOCK_TOKENS;
+            note_cached(e, r, before);
+        } else {
+            r->n_prefilled = r->n_cached = 0; /* cannot happen: the blocks were just found */
+        }
+    }
+    for (int a = 0; a < a_index && !r->waits_for_prefix; a++) {
+        const kt_request *o = e->active[a];
+        r->waits_for_prefix = o->state == REQ_PREFILL && !o->waits_for_prefix &&
+                              o->n_prefilled < shared_blocks_len(o, r) && shared_blocks_len(o, r) > r->n_cached;
+    }
 }
 
 static void admit(kt_engine *e) {
@@ -775,9 +816,10 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         }
     }
     int budget = prefill_budget(e, n), n_decode = n;
+    for (int a = 0; a < e->n_active; a++) share_prefix(e, a);
     for (int a = 0; a < e->n_active && budget > 0; a++) {
         kt_request *r = e->active[a];
-        if (r->state != REQ_PREFILL) continue;
+        if (r->state != REQ_PREFILL || r->waits_for_prefix) continue;
         const int left = r->n_prompt - r->n_prefilled;
         int room = budget - (n - n_decode);
         /* a short prompt goes in whole: one step a little longer beats its
@@ -806,11 +848,8 @@ static int build_batch(kt_engine *e, int *n_prefill) {
     return n;
 }
 
-/* The prompt is in: index its blocks (so requests that share it hit
- * while this one still runs), fork the choices and sample each one's
- * first token. */
+/* The prompt is in: fork the choices and sample each one's first token. */
 static void prompt_done(kt_engine *e, kt_request *r, const float *logits) {
-    if (e->cache) kv_cache_insert(e->cache, r->choices[0].seq, r->prompt, r->n_prompt);
     for (int i = 0; i < r->n_choices; i++)
         if (!start_choice(e, r, i)) {
             fail_request(r, "out of memory starting a choice");
@@ -818,6 +857,18 @@ static void prompt_done(kt_engine *e, kt_request *r, const float *logits) {
         }
     r->state = REQ_DECODE;
     for (int i = 0; i < r->n_choices; i++) sample_choice(e, r, i, logits);
+}
+
+/* The prompt blocks computed so far go into the index after every step,
+ * so a request that shares them takes them while this one still reads
+ * the rest of its prompt. */
+static void cache_prefills(kt_engine *e) {
+    if (!e->cache) return;
+    for (int a = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        if (r->state == REQ_PREFILL && !atomic_load(&r->cancel))
+            kv_cache_insert(e->cache, r->choices[0].seq, r->prompt, r->n_prefilled);
+    }
 }
 
 static void consume_logits(kt_engine *e, int n) {
@@ -893,6 +944,7 @@ static void engine_step(kt_engine *e) {
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         update_costs(e, n - n_prefill, n_prefill, ms);
+        cache_prefills(e);
         if (e->trace)
             fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, %.1f ms (prefill token ~%.2f ms)\n",
                     n - n_prefill, n_prefill, ms, e->t_token_ms);

@@ -83,6 +83,8 @@ struct kt_request {
     /* engine only */
     req_state state;
     int n_prefilled;
+    int n_cached;         /* of n_prefilled, taken from the prefix cache */
+    bool waits_for_prefix; /* this step: an earlier request is computing a prefix it shares */
     gen_choice *choices;
     bool events_pending;  /* queued since the last notify */
 };
