@@ -631,7 +631,7 @@ static long long prompt_tokens(const server *s, const char *body) {
 static void test_api_key_alias_tools(void **state) {
     (void)state;
     char args[1024];
-    snprintf(args, sizeof args, "--api-key sekrit --alias tiny --chat-template %s", tools_template());
+    snprintf(args, sizeof args, "--api-key sekrit --alias tiny --log-requests --chat-template %s", tools_template());
     server s = start_server("serve-key.log", args);
     long long plain = prompt_tokens(&s, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}");
     long long tools = prompt_tokens(&s, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"
@@ -652,6 +652,13 @@ static void test_api_key_alias_tools(void **state) {
     assert_int_equal(r.status, 200);
     free(r.body);
     stop_server(&s);
+    /* --log-requests: a line per generation request, with its token counts */
+    char *log = tu_read_file(s.log, NULL);
+    assert_non_null(log);
+    const char *line = strstr(log, "kettle serve: POST /v1/chat/completions 200: prompt ");
+    if (!line || !strstr(line, "(cached ") || !strstr(line, "prefilled ") || !strstr(line, "completion 1,"))
+        fail_msg("no request line in the log: %s", log);
+    free(log);
 }
 
 /* With one sequence at a time and a queue of one, a burst of long

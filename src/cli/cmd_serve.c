@@ -30,7 +30,7 @@ typedef struct serve_opts {
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads;
     kt_load_mode load;
     float itl_stretch;
-    bool has_stretch;
+    bool has_stretch, log_requests;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -59,6 +59,8 @@ static void usage(FILE *out) {
             "      --chat-template T   a Jinja file or a built-in name (chatml, llama2, llama3,\n"
             "                          mistral, phi3, gemma); default: the model's own\n"
             "      --load MODE         repack, copy, mmap or populate (default repack)\n"
+            "      --log-requests      one line per generation request on stderr: prompt tokens\n"
+            "                          (cached / prefilled), completion tokens, latencies\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
             "GET /v1/models, /health, /metrics.\n");
 }
@@ -81,6 +83,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         {"--prefix-cache", NULL, &o->prefix_cache}};
     const char *v = NULL;
     int r;
+    if (!strcmp(argv[*i], "--log-requests")) return o->log_requests = true, 1;
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
         if ((r = cli_opt("serve", argc, argv, i, ints[k].name, &v)) ||
             (ints[k].alias && (r = cli_opt("serve", argc, argv, i, ints[k].alias, &v)))) {
@@ -154,7 +157,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     const char *base = strrchr(o->model, '/');
     srv_config cfg = {.host = o->host, .port = o->port, .api_key = o->api_key,
                       .model_name = o->alias ? o->alias : base ? base + 1 : o->model, .template_text = tmpl,
-                      .http_threads = o->http_threads};
+                      .http_threads = o->http_threads, .log_requests = o->log_requests};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
         kt_engine_free(engine);

@@ -24,6 +24,7 @@ typedef struct srv_config {
     const char *template_text; /* chat template; NULL: the model's own */
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
+    bool log_requests;         /* one line per generation request on stderr */
 } srv_config;
 
 typedef struct srv_server srv_server;
