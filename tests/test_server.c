@@ -28,6 +28,7 @@
 #include "kettle.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/sampled.h"
 #include "testutil.h"
 
 #define PROMPT "Once upon a time"
@@ -846,6 +847,45 @@ static void test_bad_options(void **state) {
     }
 }
 
+/* A template that closes every turn with </s> (stories260K's EOS), as
+ * chat templates close turns with an end-of-turn token. */
+static const char *eos_template(void) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("eos-turns.jinja"));
+    const char *t = "{% for m in messages %}{{ m.role }}: {{ m.content }}</s>{% endfor %}"
+                    "{% if add_generation_prompt %}assistant: {% endif %}";
+    assert_int_equal(tu_write_file(path, t, strlen(t)), 0);
+    return path;
+}
+
+/* Turn 2 sends turn 1's reply back as an assistant message: its prompt
+ * is tokenized with the ids turn 1 sampled (not the reply's text
+ * re-tokenized, which differs for a reply sampled at temperature 1.5), so
+ * it hits the KV of turn 1's prompt and of every reply token computed. */
+static void test_reply_ids_reused(void **state) {
+    (void)state;
+    char args[600];
+    snprintf(args, sizeof args, "--chat-template %s --parallel 2", eos_template());
+    server s = start_server("serve-splice.log", args);
+    const char *turn1 = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story about a dog and a cat "
+                        "who play in the park\"}],\"max_tokens\":24,\"temperature\":1.5,\"seed\":1,\"ignore_eos\":true}";
+    json_t *a = post_ok(&s, "/v1/chat/completions", turn1);
+    const char *reply = jstr(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "message"), "content", NULL);
+    long long p1 = json_integer_value(json_object_get(json_object_get(a, "usage"), "prompt_tokens"));
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "user", "content",
+                             "Tell me a story about a dog and a cat who play in the park", "role", "assistant", "content",
+                             reply, "role", "user", "content", "And then?");
+    json_t *body = json_pack("{s:O, s:i, s:f}", "messages", msgs, "max_tokens", 4, "temperature", 0.0);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_t *b = post_ok(&s, "/v1/chat/completions", text);
+    long long cached = cached_tokens_of(json_object_get(b, "usage"));
+    /* turn 1 computed its prompt and 23 of its 24 tokens */
+    assert_int_equal(cached, (p1 + 23) / 16 * 16);
+    free(text);
+    json_decref(body), json_decref(msgs), json_decref(a), json_decref(b);
+    stop_server(&s);
+}
+
 /* SIGTERM while a stream runs: the stream ends as "cancelled" with
  * [DONE], and the server still exits 0. */
 static void test_shutdown_mid_stream(void **state) {
@@ -976,6 +1016,32 @@ static void test_submit_error_fields(void **state) {
     }
 }
 
+/* The sampled-ids memory: found by exact text, the newest sampling of a
+ * text wins, and the least recently used go past the token budget. */
+static void test_sampled_memory(void **state) {
+    (void)state;
+    srv_sampled *m = srv_sampled_new(10);
+    assert_non_null(m);
+    int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, *got = NULL;
+    srv_sampled_put(m, "hello", 5, a, 4);
+    srv_sampled_put(m, "world", 5, b, 4);
+    assert_int_equal(srv_sampled_get(m, "hello", 5, &got), 4);
+    assert_memory_equal(got, a, sizeof a);
+    free(got);
+    assert_int_equal(srv_sampled_get(m, "hell", 4, &got), 0);
+    assert_null(got);
+    srv_sampled_put(m, "hello", 5, b, 3); /* resampled: replaced */
+    assert_int_equal(srv_sampled_get(m, "hello", 5, &got), 3);
+    free(got);
+    srv_sampled_put(m, "third", 5, a, 4); /* 3 + 4 + 4 > 10: "world" is the oldest */
+    assert_int_equal(srv_sampled_get(m, "world", 5, &got), 0);
+    assert_int_equal(srv_sampled_get(m, "third", 5, &got), 4);
+    free(got);
+    srv_sampled_put(m, "huge", 4, (int32_t[11]){0}, 11); /* over the whole budget: not kept */
+    assert_int_equal(srv_sampled_get(m, "huge", 4, &got), 0);
+    srv_sampled_free(m);
+}
+
 static void test_metrics_histogram_cumulative(void **state) {
     (void)state;
     srv_metrics m;
@@ -1002,6 +1068,7 @@ int main(void) {
         cmocka_unit_test(test_parse_defaults_and_bias),
         cmocka_unit_test(test_error_json_and_utf8),
         cmocka_unit_test(test_submit_error_fields),
+        cmocka_unit_test(test_sampled_memory),
         cmocka_unit_test(test_metrics_histogram_cumulative),
     };
     const struct CMUnitTest e2e[] = {
@@ -1022,6 +1089,7 @@ int main(void) {
         cmocka_unit_test(test_many_open_streams),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_shutdown_mid_stream),
+        cmocka_unit_test(test_reply_ids_reused),
     };
     int failed = cmocka_run_group_tests_name("server json", unit, NULL, NULL);
     return tu_result(failed + cmocka_run_group_tests_name("kettle serve", e2e, group_setup, group_teardown));

@@ -43,6 +43,7 @@
 
 #include "base/error.h"
 #include "server/http_internal.h"
+#include "server/sampled.h"
 
 /* ---- links ---- */
 
@@ -172,12 +173,14 @@ static int drain(srv_conn *c) {
     int r;
     while ((r = kt_request_poll(c->req, &ev)) == 1) {
         size_t mark = c->out.len;
-        bool ok = c->gen.stream ? stream_event(c, &ev) : srv_reply_add(&c->reply, &ev);
+        bool ok = c->gen.stream ? srv_reply_track(&c->reply, &ev) && stream_event(c, &ev)
+                                : srv_reply_add(&c->reply, &ev);
         if (!ok) {
             c->out.len = mark;
             return -1;
         }
     }
+    if (r < 0) srv_reply_remember(&c->reply, c->s->sampled);
     return r < 0 ? 1 : 0;
 }
 
@@ -321,7 +324,7 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     if (!srv_parse_gen(c->json, kind, &mi, fresh_random(s), &c->gen, e)) return false;
     c->have_gen = true;
     int32_t *ids = NULL;
-    int n = srv_prompt_tokens(s->model, s->cfg.template_text, &c->gen, &ids, e);
+    int n = srv_prompt_tokens(s->model, s->cfg.template_text, s->sampled, &c->gen, &ids, e);
     if (n < 0) return false;
     bool ok = (c->link = link_acquire(s, c->mc)) != NULL;
     if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "server/http_internal.h"
+#include "server/sampled.h"
 
 #define DEFAULT_MAX_BODY (8u << 20)
 
@@ -290,7 +291,9 @@ srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg,
     if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
     pthread_mutex_init(&s->engine_mu, NULL);
     pthread_mutex_init(&s->link_mu, NULL);
-    if (!srv_metrics_init(&s->metrics) || !(s->daemon = start_daemon(s, err))) {
+    /* 1M ids (4 MB): the replies of many sessions' recent turns */
+    if (!srv_metrics_init(&s->metrics) || !(s->sampled = srv_sampled_new(1u << 20)) ||
+        !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         s->engine = NULL; /* still the caller's */
         srv_stop(s);
@@ -317,6 +320,7 @@ void srv_stop(srv_server *s) {
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_links_free(s);
+    srv_sampled_free(s->sampled);
     srv_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->engine_mu);
     pthread_mutex_destroy(&s->link_mu);

@@ -45,6 +45,7 @@ struct srv_server {
     int n_links_used;       /* generation requests still being answered */
     bool shutting;          /* under link_mu: no more suspending */
     srv_metrics metrics;
+    struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h) */
     unsigned long long n_requests; /* for ids and default seeds (atomic) */
 };
 

@@ -9,6 +9,7 @@
  * max_tokens 16 for completions and "until the context is full" for chat.
  */
 #include "server/openai.h"
+#include "server/sampled.h"
 #include "text/utf8.h"
 
 #include <math.h>
@@ -318,8 +319,81 @@ static int tokenize_alloc(const kt_model *m, const char *text, int add_bos, bool
     return n;
 }
 
+/* ids[0..n) grown by the tokens of text[0..len) (add_bos as kt_tokenize_ex),
+ * or by the given ids (text NULL); false with e filled. */
+static bool ids_add(const kt_model *m, int32_t **ids, int *n, const char *text, size_t len, int add_bos,
+                    const int32_t *more, int n_more, srv_error *e) {
+    kt_error err = {0};
+    int k = more ? n_more : kt_tokenize_ex(m, text, len, NULL, 0, add_bos, true, &err);
+    if (k < 0) return srv_fail(e, 400, INVALID, "messages", NULL, "%s", err.msg);
+    int32_t *p = realloc(*ids, sizeof(int32_t) * ((size_t)*n + (size_t)k + 1));
+    if (!p) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory for %d prompt tokens", *n + k);
+    *ids = p;
+    if (more) memcpy(p + *n, more, sizeof(int32_t) * (size_t)k);
+    else if (kt_tokenize_ex(m, text, len, p + *n, k, add_bos, true, &err) != k)
+        return srv_fail(e, 400, INVALID, "messages", NULL, "%s", err.msg);
+    *n += k;
+    return true;
+}
+
+/* The rendered prompt with remembered replies spliced in as their sampled
+ * ids: the text between them is tokenized piece by piece. A piece after a
+ * reply must start with an end-of-turn token (the template closing the
+ * turn), so the split changes no tokenization at the reply's end; the
+ * text before a reply is what the previous turn's prompt ended with.
+ * Returns the count, 0 when nothing was spliced (tokenize the whole text
+ * instead), -1 on error. */
+/* The piece of ids from `from` on starts with an end-of-turn token (or is
+ * empty): the split after a reply changed no tokenization. */
+static bool closes_turn(const kt_model *m, const int32_t *ids, int n, int from) {
+    return from < 0 || from >= n || kt_token_is_eog(m, ids[from]);
+}
+
+typedef enum splice_result { SPLICE_NONE, SPLICE_DONE, SPLICE_FAILED } splice_result;
+
+/* Adds text[at..upto) then, if reply, the reply's ids; the piece of text
+ * must close the previous reply's turn. */
+static splice_result add_piece(const kt_model *m, int32_t **ids, int *n, const char *text, size_t at, size_t upto,
+                               int add_bos, int eog_at, const int32_t *reply, int n_reply, srv_error *e) {
+    if (!ids_add(m, ids, n, text + at, upto - at, at == 0 ? add_bos : 0, NULL, 0, e)) return SPLICE_FAILED;
+    if (!closes_turn(m, *ids, *n, eog_at)) return SPLICE_NONE;
+    if (reply && !ids_add(m, ids, n, NULL, 0, 0, reply, n_reply, e)) return SPLICE_FAILED;
+    return SPLICE_DONE;
+}
+
+static int splice_replies(const kt_model *m, srv_sampled *mem, json_t *messages, const char *text, int add_bos,
+                          int32_t **out, srv_error *e) {
+    int32_t *ids = NULL;
+    int n = 0, eog_at = -1; /* where the piece after the last reply starts */
+    size_t at = 0;          /* text[0..at) is in ids */
+    splice_result res = SPLICE_NONE;
+    for (size_t i = 0; i < json_array_size(messages) && res != SPLICE_FAILED; i++) {
+        json_t *msg = json_array_get(messages, i), *content = json_object_get(msg, "content");
+        const char *role = json_string_value(json_object_get(msg, "role"));
+        if (!role || strcmp(role, "assistant") || !json_is_string(content) || !json_string_length(content)) continue;
+        int32_t *reply = NULL;
+        int n_reply = srv_sampled_get(mem, json_string_value(content), json_string_length(content), &reply);
+        const char *hit = n_reply ? strstr(text + at, json_string_value(content)) : NULL;
+        if (hit) {
+            res = add_piece(m, &ids, &n, text, at, (size_t)(hit - text), add_bos, eog_at, reply, n_reply, e);
+            at = (size_t)(hit - text) + json_string_length(content);
+            eog_at = n;
+        }
+        free(reply);
+        if (hit && res == SPLICE_NONE) break; /* a reply its template does not close: no splicing */
+    }
+    if (res == SPLICE_DONE) res = add_piece(m, &ids, &n, text, at, strlen(text), add_bos, eog_at, NULL, 0, e);
+    if (res != SPLICE_DONE) {
+        free(ids);
+        return res == SPLICE_FAILED ? -1 : 0;
+    }
+    *out = ids;
+    return n;
+}
+
 /* As `kettle chat` does: the template writes BOS itself when it wants one. */
-static int chat_tokens(const kt_model *m, const char *tmpl, const srv_gen_req *r, int32_t **ids, srv_error *e) {
+static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, const srv_gen_req *r, int32_t **ids,
+                       srv_error *e) {
     kt_error err = {0};
     char *msgs = json_dumps(r->messages, JSON_COMPACT), *tools = r->tools ? json_dumps(r->tools, JSON_COMPACT) : NULL;
     char *text = msgs && (!r->tools || tools) ? kt_chat_apply(m, tmpl, msgs, tools, true, &err) : NULL;
@@ -330,15 +404,17 @@ static int chat_tokens(const kt_model *m, const char *tmpl, const srv_gen_req *r
     int bos_id = kt_model_describe(m)->bos_id;
     if (bos_id >= 0) kt_token_text(m, bos_id, bos, sizeof bos);
     int add_bos = bos[0] && strncmp(text, bos, strlen(bos)) == 0 ? 0 : -1;
-    int n = tokenize_alloc(m, text, add_bos, true, ids, e);
+    int n = splice_replies(m, mem, r->messages, text, add_bos, ids, e);
+    if (n == 0) n = tokenize_alloc(m, text, add_bos, true, ids, e);
     free(text);
     return n;
 }
 
-int srv_prompt_tokens(const kt_model *m, const char *template_text, const srv_gen_req *r, int32_t **ids,
-                      srv_error *e) {
+int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled *sampled, const srv_gen_req *r,
+                      int32_t **ids, srv_error *e) {
     *ids = NULL;
-    int n = r->kind == SRV_CHAT ? chat_tokens(m, template_text, r, ids, e) : tokenize_alloc(m, r->prompt, -1, false, ids, e);
+    int n = r->kind == SRV_CHAT ? chat_tokens(m, template_text, sampled, r, ids, e)
+                                : tokenize_alloc(m, r->prompt, -1, false, ids, e);
     if (n == 0) {
         free(*ids), *ids = NULL;
         return srv_fail(e, 400, INVALID, r->kind == SRV_CHAT ? "messages" : "prompt", NULL,

@@ -71,13 +71,18 @@ bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64
                    srv_gen_req *out, srv_error *e);
 void srv_gen_req_free(srv_gen_req *r);
 
+struct srv_sampled;
+
 /* The prompt as tokens: chat messages rendered with `template_text`
  * (NULL: the model's own) and tokenized with control tokens matched (BOS
  * added unless the template wrote it), or the raw completion prompt with
- * the model's BOS rule. Returns the count (>= 1) and a malloc'ed array, or
- * -1 with e filled. */
-int srv_prompt_tokens(const kt_model *m, const char *template_text, const srv_gen_req *r,
-                      int32_t **ids, srv_error *e);
+ * the model's BOS rule. An assistant message whose content `sampled`
+ * remembers, and which the template follows with an end-of-turn token,
+ * becomes the ids that were sampled for it rather than its re-tokenized
+ * text. Returns the count (>= 1) and a malloc'ed array, or -1 with e
+ * filled. */
+int srv_prompt_tokens(const kt_model *m, const char *template_text, struct srv_sampled *sampled,
+                      const srv_gen_req *r, int32_t **ids, srv_error *e);
 
 /* Maps a failed kt_engine_submit_ex to the answer: KT_ERR_ARG 400 naming
  * the request parameter `field` is about, KT_ERR_CONTEXT 400
@@ -96,6 +101,9 @@ typedef struct srv_choice {
     json_t *lp_content;          /* chat: logprobs.content[] */
     json_t *lp_tokens, *lp_token_logprobs, *lp_top, *lp_offsets; /* completions */
     size_t text_offset;          /* completions: where the next token starts */
+    int32_t *ids;                /* the sampled ids, for the sampled-ids memory */
+    int n_ids, cap_ids;
+    bool ids_cut;                /* a stop string cut the text: ids and text differ */
 } srv_choice;
 
 /* The response being built for one request. */
@@ -118,6 +126,12 @@ void srv_reply_free(srv_reply *rp);
 /* Adds an event's text, logprobs and finish to its choice; false on
  * allocation failure. */
 bool srv_reply_add(srv_reply *rp, const kt_event *ev);
+/* The part of srv_reply_add a stream needs too: text, sampled id, finish. */
+bool srv_reply_track(srv_reply *rp, const kt_event *ev);
+/* Chat: hands every choice whose text is exactly its sampled ids (ended by
+ * length or an end-of-turn token, not cut by a stop string) to the
+ * sampled-ids memory. */
+void srv_reply_remember(const srv_reply *rp, struct srv_sampled *m);
 /* The first choice that ended in KT_FINISH_ERROR, or -1. */
 int srv_reply_error_choice(const srv_reply *rp);
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "server/openai.h"
+#include "server/sampled.h"
 
 /* ---- logprobs ---- */
 
@@ -71,6 +72,7 @@ void srv_reply_free(srv_reply *rp) {
     for (int i = 0; i < rp->n_choices; i++) {
         srv_choice *c = &rp->choices[i];
         free(c->text);
+        free(c->ids);
         json_decref(c->lp_content), json_decref(c->lp_tokens), json_decref(c->lp_token_logprobs);
         json_decref(c->lp_top), json_decref(c->lp_offsets);
     }
@@ -84,20 +86,51 @@ static bool choice_append(srv_choice *c, const char *s, size_t n) {
     return ok;
 }
 
-bool srv_reply_add(srv_reply *rp, const kt_event *ev) {
+static bool ids_append(srv_choice *c, int32_t id) {
+    if (c->n_ids == c->cap_ids) {
+        int cap = c->cap_ids ? 2 * c->cap_ids : 64;
+        int32_t *p = realloc(c->ids, sizeof *p * (size_t)cap);
+        if (!p) return false;
+        c->ids = p, c->cap_ids = cap;
+    }
+    c->ids[c->n_ids++] = id;
+    return true;
+}
+
+bool srv_reply_track(srv_reply *rp, const kt_event *ev) {
     if (ev->choice < 0 || ev->choice >= rp->n_choices) return true;
     srv_choice *c = &rp->choices[ev->choice];
     if (ev->text_len && !choice_append(c, ev->text, ev->text_len)) return false;
+    if (ev->token >= 0 && !ids_append(c, ev->token)) return false;
+    /* a stop string ends on a sampled token; an end-of-turn token ends
+     * with a finish-only event (token -1) */
+    if (ev->finish == KT_FINISH_STOP && ev->token >= 0) c->ids_cut = true;
+    if (ev->finish != KT_FINISH_NONE) {
+        c->finish = ev->finish;
+        snprintf(c->error, sizeof c->error, "%s", ev->error);
+    }
+    return true;
+}
+
+void srv_reply_remember(const srv_reply *rp, srv_sampled *m) {
+    if (!m || rp->kind != SRV_CHAT) return;
+    for (int i = 0; i < rp->n_choices; i++) {
+        const srv_choice *c = &rp->choices[i];
+        bool whole = c->finish == KT_FINISH_LENGTH || (c->finish == KT_FINISH_STOP && !c->ids_cut);
+        if (whole && c->len > 0 && c->n_ids > 0) srv_sampled_put(m, c->text, c->len, c->ids, c->n_ids);
+    }
+}
+
+bool srv_reply_add(srv_reply *rp, const kt_event *ev) {
+    if (ev->choice < 0 || ev->choice >= rp->n_choices) return true;
+    if (!srv_reply_track(rp, ev)) return false;
+    srv_choice *c = &rp->choices[ev->choice];
     if (ev->token >= 0 && ev->has_logprob && rp->logprobs) {
         bool ok = rp->kind == SRV_CHAT
                       ? !json_array_append_new(c->lp_content, chat_lp_item(rp->model, &ev->logprob, ev))
                       : completion_lp_add(rp->model, ev, c->lp_tokens, c->lp_token_logprobs, c->lp_top,
                                           c->lp_offsets, &c->text_offset);
         if (!ok) return false;
-    }
-    if (ev->finish != KT_FINISH_NONE) {
-        c->finish = ev->finish;
-        snprintf(c->error, sizeof c->error, "%s", ev->error);
     }
     return true;
 }
