@@ -26,8 +26,8 @@
 #include "server/http.h"
 
 typedef struct serve_opts {
-    const char *model, *host, *api_key, *alias, *template_arg, *kv_type, *prefix_cache;
-    int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads;
+    const char *model, *host, *api_key, *alias, *template_arg, *kv_type, *prefix_cache, *cache_dir;
+    int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
     kt_load_mode load;
     float itl_stretch;
     bool has_stretch, log_requests;
@@ -52,6 +52,10 @@ static void usage(FILE *out) {
             "      --prefix-cache on|off  reuse the KV of earlier prompts and replies that a\n"
             "                          request starts with (default on); cached KV lives in the\n"
             "                          --kv-mb budget and is given back whenever a request needs room\n"
+            "      --cache-dir DIR     also keep cached KV on disk under DIR (per model), found again\n"
+            "                          after a restart; without it nothing touches the disk\n"
+            "      --cache-disk-mb N   at most N MiB of files in --cache-dir (default 10240); the\n"
+            "                          least recently used go first\n"
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
             "      --http-threads N    HTTP worker threads (default 4)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
@@ -76,11 +80,12 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     int_option ints[] = {{"--port", NULL, 0, 65535, &o->port},          {"--ctx", "-c", 0, 1 << 24, &o->n_ctx},
                          {"--parallel", NULL, 1, 1024, &o->n_parallel}, {"--kv-mb", NULL, 0, 1 << 24, &o->kv_mb},
                          {"--batch-tokens", NULL, 1, 1 << 20, &o->batch_tokens}, {"--threads", "-t", 1, 1024, &o->n_threads},
-                         {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads}};
+                         {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads},
+                         {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--alias", NULL, &o->alias}, {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
-        {"--prefix-cache", NULL, &o->prefix_cache}};
+        {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir}};
     const char *v = NULL;
     int r;
     if (!strcmp(argv[*i], "--log-requests")) return o->log_requests = true, 1;
@@ -137,6 +142,8 @@ static kt_engine_params engine_params(const serve_opts *o) {
     if (o->queue_max) p.queue_max = o->queue_max;
     if (o->has_stretch) p.max_itl_stretch = o->itl_stretch;
     if (o->prefix_cache) p.prefix_cache = strcmp(o->prefix_cache, "off") != 0;
+    p.cache_dir = o->cache_dir;
+    p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;
     if (o->kv_type)
         p.kv_type = !strcmp(o->kv_type, "f32") ? KT_KV_F32 : !strcmp(o->kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     return p;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 #include "base/error.h"
 #include "gguf/gguf.h"
@@ -333,4 +334,24 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *lo
     if (kv_seq_append(s->seq, n, err) != KT_OK) return err->status;
     session_forward(s, tokens, n, logits, all_logits);
     return KT_OK;
+}
+
+uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens) {
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) return 0;
+    XXH3_64bits_reset(st);
+    const int32_t head[3] = {1 /* format of this fingerprint */, kv_type, block_tokens};
+    XXH3_64bits_update(st, head, sizeof head);
+    for (int64_t i = 0; i < gguf_n_tensors(m->file); i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->file, i);
+        const uint64_t sample = 4096, n = t->n_bytes;
+        XXH3_64bits_update(st, t->name.ptr, t->name.len);
+        XXH3_64bits_update(st, &t->type, sizeof t->type);
+        XXH3_64bits_update(st, t->dims, sizeof t->dims);
+        XXH3_64bits_update(st, t->data, n < sample ? n : sample);
+        if (n > sample) XXH3_64bits_update(st, (const uint8_t *)t->data + n - sample, sample);
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
 }

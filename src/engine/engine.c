@@ -36,6 +36,7 @@
 #include "base/error.h"
 #include "engine/model_internal.h"
 #include "engine/request.h"
+#include "kv/disk_cache.h"
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
 #include "ops/pool.h"
@@ -52,6 +53,7 @@ struct kt_engine {
     kt_engine_params p;
     kv_pool *kv;
     kv_prefix_cache *cache; /* NULL when params.prefix_cache is off */
+    kv_disk *disk;          /* NULL without params.cache_dir */
     int32_t *seq_tokens;    /* [n_ctx]: a sequence's ids, for the cache */
     int32_t *hit_blocks;    /* [blocks of n_ctx]: a lookup's result */
     llm_work *work;
@@ -142,6 +144,12 @@ static void publish_counts_locked(kt_engine *e) {
     e->stats.kv_blocks_free = e->stats.kv_blocks_total - e->stats.kv_blocks_used; /* idle cached ones count */
     e->stats.kv_blocks_cached = e->cache ? kv_cache_n_blocks(e->cache) : 0;
     e->stats.cache_evicted_blocks = e->cache ? kv_cache_n_evicted(e->cache) : 0;
+    if (e->disk) {
+        kv_disk_stats ds;
+        kv_disk_get_stats(e->disk, &ds);
+        e->stats.disk_files = ds.files, e->stats.disk_bytes = ds.bytes, e->stats.disk_writes = ds.writes;
+        e->stats.disk_reads = ds.reads, e->stats.disk_rejected = ds.rejected, e->stats.disk_removed = ds.removed;
+    }
 }
 
 void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
@@ -215,6 +223,18 @@ static bool alloc_batch(kt_engine *e) {
 
 static void *engine_main(void *arg);
 
+/* The disk tier under cache_dir, keyed by the model's KV fingerprint. */
+static bool open_disk_tier(kt_engine *e, kt_error *err) {
+    if (!e->p.cache_dir) return true;
+    if (!e->cache) return kt_error_set(err, KT_ERR_ARG, "--cache-dir needs the prefix cache (--prefix-cache on)"), false;
+    const kv_pool_params *layout = kv_pool_get_params(e->kv);
+    uint64_t fp = kt_model_kv_fingerprint(e->model, (int)layout->type, layout->block_tokens);
+    size_t limit = e->p.cache_disk_bytes ? e->p.cache_disk_bytes : (size_t)10 << 30;
+    if (!(e->disk = kv_disk_open(e->p.cache_dir, limit, fp, layout, err))) return false;
+    kv_cache_set_disk(e->cache, e->disk);
+    return true;
+}
+
 kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_error *err) {
     kt_engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -228,7 +248,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->cv_step, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
-        (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) ||
+        (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
         !(e->work = llm_work_new(e->llm, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
         goto fail;
     publish_counts_locked(e); /* no thread yet: no lock needed */
@@ -405,9 +425,17 @@ static int blocks_needed(const kv_pool *kv, int n_prompt, int max_tokens, int n_
  * cached block is ever written. Returns the positions taken. */
 static int take_cached_prefix(kt_engine *e, kt_request *r, kv_seq *seq) {
     if (!e->cache) return 0;
-    int m = kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
-    if (m == 0 || kv_seq_share(seq, e->hit_blocks, m, m * KV_BLOCK_TOKENS, NULL) != KT_OK) return 0;
-    return m * KV_BLOCK_TOKENS;
+    int from_disk = 0;
+    int m = kv_cache_acquire(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS,
+                             &from_disk);
+    bool ok = m > 0 && kv_seq_share(seq, e->hit_blocks, m, m * KV_BLOCK_TOKENS, NULL) == KT_OK;
+    for (int i = 0; i < m; i++) kv_pool_release(e->kv, e->hit_blocks[i], NULL); /* the sequence holds them now */
+    if (from_disk) {
+        pthread_mutex_lock(&e->mu);
+        e->stats.disk_cached_prompt_tokens += (uint64_t)from_disk * KV_BLOCK_TOKENS;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return ok ? m * KV_BLOCK_TOKENS : 0;
 }
 
 /* Counts a hit that grew to n_cached positions (from `before`). */
@@ -451,13 +479,9 @@ static void share_prefix(kt_engine *e, int a_index) {
     int m = kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
     if (m * KV_BLOCK_TOKENS > r->n_cached) {
         kv_seq_truncate(seq, 0);
-        if (kv_seq_share(seq, e->hit_blocks, m, m * KV_BLOCK_TOKENS, NULL) == KT_OK) {
-            int before = r->n_cached;
-            r->n_prefilled = r->n_cached = m * KV_BLOCK_TOKENS;
-            note_cached(e, r, before);
-        } else {
-            r->n_prefilled = r->n_cached = 0; /* cannot happen: the blocks were just found */
-        }
+        int before = r->n_cached;
+        r->n_prefilled = r->n_cached = take_cached_prefix(e, r, seq);
+        if (r->n_cached > before) note_cached(e, r, before);
     }
     for (int a = 0; a < a_index && !r->waits_for_prefix; a++) {
         const kt_request *o = e->active[a];
@@ -1017,6 +1041,7 @@ void kt_engine_free(kt_engine *e) {
         end_request(e, r, KT_FINISH_CANCELLED, NULL);
     }
     while (e->n_waiting > 0) end_request(e, e->waiting[--e->n_waiting], KT_FINISH_CANCELLED, NULL);
+    kv_disk_close(e->disk); /* its queued writes are finished first */
     kv_cache_free(e->cache);
     kv_pool_free(e->kv);
     llm_work_free(e->work);

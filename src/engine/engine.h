@@ -53,6 +53,12 @@ typedef struct kt_engine_params {
      * one computed. On by default; idle cached blocks are taken back
      * whenever a running request needs room. */
     bool prefix_cache;
+    /* The prefix cache's disk tier (kv/disk_cache.h): every cached block is
+     * also written under cache_dir, and found there again, also after a
+     * restart; at most cache_disk_bytes of files (0: 10 GiB). NULL: nothing
+     * touches the disk. */
+    const char *cache_dir;
+    size_t cache_disk_bytes;
 } kt_engine_params;
 
 kt_engine_params kt_engine_defaults(void);
@@ -206,6 +212,9 @@ typedef struct kt_engine_stats {
     int kv_blocks_reserved; /* committed to running requests (their worst case) */
     int kv_blocks_cached;   /* indexed by the prefix cache (held or idle) */
     uint64_t cache_evicted_blocks; /* idle cached blocks taken back for room */
+    /* the disk tier (zero without cache_dir) */
+    uint64_t disk_files, disk_bytes, disk_writes, disk_reads, disk_rejected, disk_removed;
+    uint64_t disk_cached_prompt_tokens; /* of cached_prompt_tokens, read back from disk */
     int kv_block_tokens;
     size_t kv_block_bytes;  /* one block: every layer's K and V rows */
     uint64_t requests_finished[5]; /* by kt_finish */

@@ -24,4 +24,11 @@ struct kt_model {
     int n_repacked; /* matrices repacked at load (KT_LOAD_REPACK) */
 };
 
+/* What the KV a model computes depends on, hashed: every tensor's name,
+ * type and shape, samples of its data as loaded (so two files of the same
+ * shapes with other weights differ, and so do a repacked and a mapped
+ * load of F16, which sum in other orders), the KV element type and the
+ * block size. Names the disk tier's directory and goes in its files. */
+uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens);
+
 #endif

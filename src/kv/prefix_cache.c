@@ -32,6 +32,7 @@ struct kv_prefix_cache {
     uint32_t mask;       /* slots - 1 (a power of two) */
     int n_indexed;
     uint64_t n_evicted;
+    kv_disk *disk;       /* the disk tier, or NULL */
 };
 
 static uint64_t chain_key(uint64_t prev, const int32_t *tokens, int n) {
@@ -152,11 +153,14 @@ void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *token
     const int bt = c->block_tokens;
     if (n > seq->len) n = seq->len;
     uint64_t key = CHAIN_SEED;
+    kv_disk_key dkey = kv_disk_root();
     int32_t parent = -1;
     for (int i = 0; (i + 1) * bt <= n; i++) {
         const int32_t *t = tokens + (size_t)i * (size_t)bt;
         const int32_t b = seq->blocks[i];
         key = chain_key(key, t, bt);
+        kv_disk_key dparent = dkey;
+        if (c->disk) dkey = kv_disk_chain(dkey, t, bt);
         /* the prefix may be indexed already: by b itself (a hit, or an
          * earlier insert of this sequence) or by a twin with the same KV;
          * either way the chain goes on from the indexed block */
@@ -164,10 +168,51 @@ void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *token
         if (have < 0) {
             if (c->indexed[b]) return; /* b stands for another prefix: cannot be (content never changes) */
             index_block(c, b, key, parent, t);
+            if (c->disk) kv_disk_put(c->disk, c->pool, b, dkey, dparent, t);
             have = b;
         }
         parent = have;
     }
+}
+
+void kv_cache_set_disk(kv_prefix_cache *c, kv_disk *disk) {
+    c->disk = disk;
+}
+
+/* Block m of tokens from the disk tier into a fresh block, indexed after
+ * parent; -1 when the disk has no good file for it or no block is free. */
+static int32_t load_from_disk(kv_prefix_cache *c, const int32_t *t, uint64_t key, int32_t parent,
+                              kv_disk_key dkey, kv_disk_key dparent) {
+    int32_t b;
+    if (!kv_disk_has(c->disk, dkey) || kv_pool_alloc(c->pool, &b, NULL) != KT_OK) return -1;
+    if (!kv_disk_get(c->disk, c->pool, b, dkey, dparent, t)) {
+        kv_pool_release(c->pool, b, NULL);
+        return -1;
+    }
+    index_block(c, b, key, parent, t);
+    return b;
+}
+
+int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks,
+                     int *from_disk) {
+    const int bt = c->block_tokens;
+    uint64_t key = CHAIN_SEED;
+    kv_disk_key dkey = kv_disk_root();
+    int32_t parent = -1;
+    int m = 0;
+    *from_disk = 0;
+    for (; m < max_blocks && (m + 1) * bt <= n; m++) {
+        const int32_t *t = tokens + (size_t)m * (size_t)bt;
+        key = chain_key(key, t, bt);
+        kv_disk_key dparent = dkey;
+        if (c->disk) dkey = kv_disk_chain(dkey, t, bt);
+        int32_t b = find(c, key, parent, t);
+        if (b >= 0) kv_pool_retain(c->pool, b, NULL); /* held: a disk load below cannot take it */
+        else if (c->disk && (b = load_from_disk(c, t, key, parent, dkey, dparent)) >= 0) (*from_disk)++;
+        if (b < 0) break;
+        blocks[m] = parent = b;
+    }
+    return m;
 }
 
 int kv_cache_n_blocks(const kv_prefix_cache *c) { return c->n_indexed; }

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "kv/block_pool.h"
+#include "kv/disk_cache.h"
 
 typedef struct kv_prefix_cache kv_prefix_cache;
 
@@ -45,6 +46,14 @@ void kv_cache_free(kv_prefix_cache *c);
  * blocks[0..returned), at most max_blocks. The blocks are not retained:
  * hand them to kv_seq_share before anything else touches the pool. */
 int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks);
+/* The same, going on in the disk tier (if any) where memory has no more:
+ * blocks read back are allocated from the pool, indexed, and counted in
+ * *from_disk. Every block returned is retained once for the caller, who
+ * releases it (typically after kv_seq_share). */
+int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks,
+                     int *from_disk);
+/* Every block indexed from now on is also written to disk (NULL: none). */
+void kv_cache_set_disk(kv_prefix_cache *c, kv_disk *disk);
 
 /* Indexes the full blocks of seq that hold positions [0, n) (n <= seq->len)
  * of tokens, whose KV has been computed. A block whose prefix is already

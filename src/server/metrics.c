@@ -102,7 +102,18 @@ char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st) {
               scalar(&b, "kettle_cache_blocks", "gauge", "KV blocks the prefix cache indexes (in use or idle)",
                      st->kv_blocks_cached) &&
               scalar(&b, "kettle_cache_evicted_blocks_total", "counter",
-                     "idle cached KV blocks taken back for running requests", (double)st->cache_evicted_blocks);
+                     "idle cached KV blocks taken back for running requests", (double)st->cache_evicted_blocks) &&
+              scalar(&b, "kettle_cache_disk_hit_tokens_total", "counter", "prompt tokens read back from the disk tier",
+                     (double)st->disk_cached_prompt_tokens) &&
+              scalar(&b, "kettle_cache_disk_files", "gauge", "KV block files in --cache-dir", (double)st->disk_files) &&
+              scalar(&b, "kettle_cache_disk_bytes", "gauge", "bytes of KV block files in --cache-dir",
+                     (double)st->disk_bytes) &&
+              scalar(&b, "kettle_cache_disk_writes_total", "counter", "KV blocks written to disk", (double)st->disk_writes) &&
+              scalar(&b, "kettle_cache_disk_reads_total", "counter", "KV blocks read back from disk", (double)st->disk_reads) &&
+              scalar(&b, "kettle_cache_disk_rejected_total", "counter",
+                     "files skipped and removed: another model, truncated, corrupt", (double)st->disk_rejected) &&
+              scalar(&b, "kettle_cache_disk_removed_total", "counter", "files removed to stay under --cache-disk-mb",
+                     (double)st->disk_removed);
     if (!ok) srv_buf_free(&b);
     return ok ? b.data : NULL;
 }

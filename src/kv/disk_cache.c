@@ -1,0 +1,490 @@
+/*
+ * disk_cache.c - the disk tier of the prefix cache (see disk_cache.h).
+ *
+ * The index: one entry per block file, in a hash table by key and in a
+ * list by last use (oldest first), under `mu`. An entry is made when a
+ * write is queued (pending: not readable yet) so the same block is never
+ * queued twice; the writer makes the file and fills in its size, or drops
+ * the entry if the write fails.
+ *
+ * File layout (little-endian, as the machine):
+ *   0   8  magic "KTKVBLK1"
+ *   8   8  fingerprint
+ *   16 16  key (lo, hi)      32 16  parent key (lo, hi)
+ *   48  4  block_tokens      52  4  n_layer     56  4  row_bytes   60 4  kv type
+ *   64     ids (block_tokens x int32), then for each layer its K rows and
+ *          its V rows (block_tokens x row_bytes each), then the XXH3-64
+ *          checksum of everything before it.
+ */
+#include "kv/disk_cache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/error.h"
+
+#define HEADER_BYTES 64
+#define MAX_BLOCK_TOKENS 64
+#define QUEUE_MAX 512 /* blocks waiting for the writer; past that, writes are dropped */
+static const char MAGIC[8] = {'K', 'T', 'K', 'V', 'B', 'L', 'K', '1'};
+
+typedef struct entry {
+    kv_disk_key key;
+    uint64_t bytes;
+    bool pending;
+    struct entry *older, *newer; /* the use list */
+    struct entry *next_in_slot;  /* the hash chain */
+} entry;
+
+typedef struct job {
+    kv_disk_key key, parent;
+    int32_t ids[MAX_BLOCK_TOKENS];
+    uint8_t *kv;
+} job;
+
+struct kv_disk {
+    char *dir; /* dir/<fingerprint> */
+    uint64_t fingerprint, max_bytes;
+    int block_tokens, n_layer, kv_type;
+    size_t row_bytes, kv_bytes, file_bytes;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_idle;
+    entry **slots;
+    size_t n_slots;
+    entry *oldest, *newest;
+    job queue[QUEUE_MAX];
+    int q_head, q_len;
+    bool writing, stop;
+    kv_disk_stats st;
+    pthread_t writer;
+    bool writer_started;
+    uint64_t tmp_seq;
+};
+
+/* ---- keys ---- */
+
+kv_disk_key kv_disk_root(void) {
+    return (kv_disk_key){0x6b6574746c652d6bull, 0x762d726f6f742d31ull};
+}
+
+kv_disk_key kv_disk_chain(kv_disk_key parent, const int32_t *ids, int block_tokens) {
+    uint8_t buf[16 + 4 * MAX_BLOCK_TOKENS];
+    int n = block_tokens < MAX_BLOCK_TOKENS ? block_tokens : MAX_BLOCK_TOKENS;
+    memcpy(buf, &parent.lo, 8);
+    memcpy(buf + 8, &parent.hi, 8);
+    memcpy(buf + 16, ids, 4 * (size_t)n);
+    XXH128_hash_t h = XXH3_128bits(buf, 16 + 4 * (size_t)n);
+    return (kv_disk_key){h.low64, h.high64};
+}
+
+static bool key_eq(kv_disk_key a, kv_disk_key b) {
+    return a.lo == b.lo && a.hi == b.hi;
+}
+
+/* ---- the index (mu held) ---- */
+
+static entry **slot_of(kv_disk *d, kv_disk_key key) {
+    return &d->slots[key.lo % d->n_slots];
+}
+
+static entry *find(kv_disk *d, kv_disk_key key) {
+    for (entry *e = *slot_of(d, key); e; e = e->next_in_slot)
+        if (key_eq(e->key, key)) return e;
+    return NULL;
+}
+
+static void use_unlink(kv_disk *d, entry *e) {
+    if (e->older) e->older->newer = e->newer;
+    else d->oldest = e->newer;
+    if (e->newer) e->newer->older = e->older;
+    else d->newest = e->older;
+    e->older = e->newer = NULL;
+}
+
+static void use_push_newest(kv_disk *d, entry *e) {
+    e->older = d->newest, e->newer = NULL;
+    if (d->newest) d->newest->newer = e;
+    else d->oldest = e;
+    d->newest = e;
+}
+
+static entry *index_add(kv_disk *d, kv_disk_key key, uint64_t bytes, bool pending) {
+    entry *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->key = key, e->bytes = bytes, e->pending = pending;
+    entry **s = slot_of(d, key);
+    e->next_in_slot = *s;
+    *s = e;
+    use_push_newest(d, e);
+    if (!pending) d->st.files++, d->st.bytes += bytes;
+    return e;
+}
+
+static void index_remove(kv_disk *d, entry *e) {
+    for (entry **p = slot_of(d, e->key); *p; p = &(*p)->next_in_slot)
+        if (*p == e) {
+            *p = e->next_in_slot;
+            break;
+        }
+    use_unlink(d, e);
+    if (!e->pending) d->st.files--, d->st.bytes -= e->bytes;
+    free(e);
+}
+
+/* ---- files ---- */
+
+static void file_path(const kv_disk *d, kv_disk_key key, char *out, size_t cap) {
+    snprintf(out, cap, "%s/%016" PRIx64 "%016" PRIx64 ".kvb", d->dir, key.hi, key.lo);
+}
+
+/* Name -> key, for files found at start; false for other names. */
+static bool parse_name(const char *name, kv_disk_key *key) {
+    if (strlen(name) != 36 || strcmp(name + 32, ".kvb") != 0) return false;
+    char hi[17] = {0}, lo[17] = {0};
+    memcpy(hi, name, 16), memcpy(lo, name + 16, 16);
+    char *end1, *end2;
+    key->hi = strtoull(hi, &end1, 16), key->lo = strtoull(lo, &end2, 16);
+    return *end1 == 0 && *end2 == 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static void write_header(const kv_disk *d, uint8_t *h, kv_disk_key key, kv_disk_key parent) {
+    memcpy(h, MAGIC, 8);
+    put_u64(h + 8, d->fingerprint);
+    put_u64(h + 16, key.lo), put_u64(h + 24, key.hi);
+    put_u64(h + 32, parent.lo), put_u64(h + 40, parent.hi);
+    put_u32(h + 48, (uint32_t)d->block_tokens), put_u32(h + 52, (uint32_t)d->n_layer);
+    put_u32(h + 56, (uint32_t)d->row_bytes), put_u32(h + 60, (uint32_t)d->kv_type);
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        b += w, n -= (size_t)w;
+    }
+    return true;
+}
+
+/* Writes one job's file: a temporary, fsynced, then renamed into place. */
+static bool write_block_file(kv_disk *d, const job *j, uint64_t seq) {
+    uint8_t *buf = malloc(d->file_bytes);
+    if (!buf) return false;
+    write_header(d, buf, j->key, j->parent);
+    memcpy(buf + HEADER_BYTES, j->ids, 4 * (size_t)d->block_tokens);
+    memcpy(buf + HEADER_BYTES + 4 * (size_t)d->block_tokens, j->kv, d->kv_bytes);
+    put_u64(buf + d->file_bytes - 8, XXH3_64bits(buf, d->file_bytes - 8));
+    char tmp[4200], path[4200];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%d-%" PRIu64, d->dir, (int)getpid(), seq);
+    file_path(d, j->key, path, sizeof path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0 && write_all(fd, buf, d->file_bytes) && fsync(fd) == 0;
+    if (fd >= 0) ok = close(fd) == 0 && ok;
+    ok = ok && rename(tmp, path) == 0;
+    if (!ok) unlink(tmp);
+    free(buf);
+    return ok;
+}
+
+/* Removes the oldest complete files until the limit holds (mu held). */
+static void enforce_limit(kv_disk *d) {
+    for (entry *e = d->oldest; e && d->st.bytes > d->max_bytes;) {
+        entry *next = e->newer;
+        if (!e->pending) {
+            char path[4200];
+            file_path(d, e->key, path, sizeof path);
+            unlink(path);
+            index_remove(d, e);
+            d->st.removed++;
+        }
+        e = next;
+    }
+}
+
+static void *writer_main(void *arg) {
+    kv_disk *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        while (d->q_len == 0 && !d->stop) {
+            pthread_cond_broadcast(&d->cv_idle);
+            pthread_cond_wait(&d->cv_work, &d->mu);
+        }
+        if (d->q_len == 0) break;
+        job j = d->queue[d->q_head];
+        d->q_head = (d->q_head + 1) % QUEUE_MAX;
+        d->q_len--;
+        d->writing = true;
+        uint64_t seq = d->tmp_seq++;
+        pthread_mutex_unlock(&d->mu);
+        bool ok = write_block_file(d, &j, seq);
+        free(j.kv);
+        pthread_mutex_lock(&d->mu);
+        d->writing = false;
+        entry *e = find(d, j.key);
+        if (e && ok) {
+            e->pending = false;
+            e->bytes = d->file_bytes;
+            d->st.files++, d->st.bytes += e->bytes, d->st.writes++;
+            enforce_limit(d);
+        } else if (e) {
+            index_remove(d, e);
+            d->st.write_errors++;
+        }
+    }
+    pthread_cond_broadcast(&d->cv_idle);
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* ---- opening ---- */
+
+static bool make_dir(const char *path, kt_error *err) {
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) {
+        struct stat s;
+        if (stat(path, &s) == 0 && S_ISDIR(s.st_mode)) return true;
+        errno = ENOTDIR;
+    }
+    kt_error_set(err, KT_ERR_IO, "--cache-dir: cannot make the directory %s: %s", path, strerror(errno));
+    return false;
+}
+
+static bool check_writable(const char *dir, kt_error *err) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.tmp-probe-%d", dir, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        kt_error_set(err, KT_ERR_IO, "--cache-dir: cannot write in %s: %s", dir, strerror(errno));
+        return false;
+    }
+    close(fd);
+    unlink(probe);
+    return true;
+}
+
+typedef struct found {
+    kv_disk_key key;
+    uint64_t bytes;
+    int64_t mtime_ns;
+} found;
+
+static int by_mtime(const void *a, const void *b) {
+    int64_t x = ((const found *)a)->mtime_ns, y = ((const found *)b)->mtime_ns;
+    return (x > y) - (x < y);
+}
+
+/* Indexes the block files of d->dir, oldest first; removes temporaries
+ * and files of the wrong size (never loadable). */
+static bool scan(kv_disk *d, kt_error *err) {
+    DIR *dir = opendir(d->dir);
+    if (!dir) return kt_error_set(err, KT_ERR_IO, "--cache-dir: cannot read %s: %s", d->dir, strerror(errno)), false;
+    found *list = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", d->dir, de->d_name);
+        if (!strncmp(de->d_name, ".tmp-", 5)) { /* a write a killed run left */
+            unlink(path);
+            continue;
+        }
+        kv_disk_key key;
+        struct stat s;
+        if (!parse_name(de->d_name, &key) || stat(path, &s) != 0 || !S_ISREG(s.st_mode)) continue;
+        if ((uint64_t)s.st_size != d->file_bytes) {
+            unlink(path);
+            d->st.rejected++;
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            found *l = realloc(list, cap * sizeof *l);
+            if (!l) break;
+            list = l;
+        }
+        list[n++] = (found){key, (uint64_t)s.st_size, (int64_t)s.st_mtim.tv_sec * 1000000000 + s.st_mtim.tv_nsec};
+    }
+    closedir(dir);
+    qsort(list, n, sizeof *list, by_mtime);
+    for (size_t i = 0; i < n; i++) index_add(d, list[i].key, list[i].bytes, false);
+    free(list);
+    enforce_limit(d);
+    return true;
+}
+
+kv_disk *kv_disk_open(const char *dir, size_t max_bytes, uint64_t fingerprint, const kv_pool_params *layout,
+                      kt_error *err) {
+    if (layout->block_tokens > MAX_BLOCK_TOKENS)
+        return kt_error_set(err, KT_ERR_ARG, "disk cache: blocks of %d positions (at most %d)", layout->block_tokens,
+                            MAX_BLOCK_TOKENS), NULL;
+    kv_disk *d = calloc(1, sizeof *d);
+    if (!d) return kt_error_set(err, KT_ERR_NOMEM, "disk cache: out of memory"), NULL;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv_work, NULL);
+    pthread_cond_init(&d->cv_idle, NULL);
+    d->fingerprint = fingerprint, d->max_bytes = max_bytes;
+    d->block_tokens = layout->block_tokens, d->n_layer = layout->n_layer, d->kv_type = (int)layout->type;
+    d->row_bytes = kv_row_bytes(layout->type, layout->kv_dim);
+    d->kv_bytes = 2 * (size_t)layout->n_layer * (size_t)layout->block_tokens * d->row_bytes;
+    d->file_bytes = HEADER_BYTES + 4 * (size_t)layout->block_tokens + d->kv_bytes + 8;
+    d->n_slots = 4096;
+    d->slots = calloc(d->n_slots, sizeof *d->slots);
+    size_t len = strlen(dir) + 24;
+    d->dir = malloc(len);
+    if (!d->slots || !d->dir) {
+        kv_disk_close(d);
+        return kt_error_set(err, KT_ERR_NOMEM, "disk cache: out of memory"), NULL;
+    }
+    snprintf(d->dir, len, "%s/%016" PRIx64, dir, fingerprint);
+    if (!make_dir(dir, err) || !make_dir(d->dir, err) || !check_writable(d->dir, err) || !scan(d, err)) {
+        kv_disk_close(d);
+        return NULL;
+    }
+    if (pthread_create(&d->writer, NULL, writer_main, d) != 0) {
+        kv_disk_close(d);
+        return kt_error_set(err, KT_ERR_INTERNAL, "disk cache: cannot start its writer thread"), NULL;
+    }
+    d->writer_started = true;
+    return d;
+}
+
+void kv_disk_close(kv_disk *d) {
+    if (!d) return;
+    if (d->writer_started) {
+        pthread_mutex_lock(&d->mu);
+        d->stop = true;
+        pthread_cond_signal(&d->cv_work);
+        pthread_mutex_unlock(&d->mu);
+        pthread_join(d->writer, NULL);
+    }
+    for (entry *e = d->oldest, *next; e; e = next) next = e->newer, free(e);
+    for (int i = 0; i < d->q_len; i++) free(d->queue[(d->q_head + i) % QUEUE_MAX].kv);
+    free(d->slots);
+    free(d->dir);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv_work);
+    pthread_cond_destroy(&d->cv_idle);
+    free(d);
+}
+
+/* ---- the engine's side ---- */
+
+void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent,
+                 const int32_t *ids) {
+    pthread_mutex_lock(&d->mu);
+    bool skip = find(d, key) != NULL;
+    if (!skip && d->q_len == QUEUE_MAX) skip = true, d->st.dropped++;
+    pthread_mutex_unlock(&d->mu);
+    if (skip) return;
+    uint8_t *kv = malloc(d->kv_bytes);
+    if (!kv) return;
+    const size_t plane = (size_t)d->block_tokens * d->row_bytes;
+    for (int l = 0; l < d->n_layer; l++)
+        for (int k = 0; k < 2; k++)
+            memcpy(kv + ((size_t)l * 2 + (size_t)k) * plane, kv_pool_row(pool, id, l, (kv_kind)k, 0), plane);
+    pthread_mutex_lock(&d->mu);
+    if (find(d, key) || d->q_len == QUEUE_MAX || !index_add(d, key, 0, true)) {
+        pthread_mutex_unlock(&d->mu);
+        free(kv);
+        return;
+    }
+    job *j = &d->queue[(d->q_head + d->q_len++) % QUEUE_MAX];
+    j->key = key, j->parent = parent, j->kv = kv;
+    memcpy(j->ids, ids, 4 * (size_t)d->block_tokens);
+    pthread_cond_signal(&d->cv_work);
+    pthread_mutex_unlock(&d->mu);
+}
+
+bool kv_disk_has(kv_disk *d, kv_disk_key key) {
+    pthread_mutex_lock(&d->mu);
+    entry *e = find(d, key);
+    bool has = e && !e->pending;
+    pthread_mutex_unlock(&d->mu);
+    return has;
+}
+
+/* The whole file of key, checked; NULL (bad set when it exists but does
+ * not check) otherwise. */
+static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, const int32_t *ids, bool *bad) {
+    char path[4200];
+    file_path(d, key, path, sizeof path);
+    *bad = false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL; /* removed meanwhile: a miss */
+    uint8_t *buf = malloc(d->file_bytes + 1);
+    if (!buf) {
+        close(fd);
+        return NULL;
+    }
+    ssize_t got = 0, r;
+    while ((size_t)got < d->file_bytes + 1 && (r = read(fd, buf + got, d->file_bytes + 1 - (size_t)got)) > 0) got += r;
+    close(fd);
+    const uint8_t *h = buf;
+    *bad = got != (ssize_t)d->file_bytes || memcmp(h, MAGIC, 8) != 0 || get_u64(h + 8) != d->fingerprint ||
+           get_u64(h + 16) != key.lo || get_u64(h + 24) != key.hi || get_u64(h + 32) != parent.lo ||
+           get_u64(h + 40) != parent.hi || get_u32(h + 48) != (uint32_t)d->block_tokens ||
+           get_u32(h + 52) != (uint32_t)d->n_layer || get_u32(h + 56) != (uint32_t)d->row_bytes ||
+           get_u32(h + 60) != (uint32_t)d->kv_type ||
+           memcmp(h + HEADER_BYTES, ids, 4 * (size_t)d->block_tokens) != 0 ||
+           get_u64(h + d->file_bytes - 8) != XXH3_64bits(h, d->file_bytes - 8);
+    if (*bad) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent, const int32_t *ids) {
+    if (!kv_disk_has(d, key)) return false;
+    bool bad;
+    uint8_t *buf = read_checked(d, key, parent, ids, &bad);
+    pthread_mutex_lock(&d->mu);
+    entry *e = find(d, key);
+    if (buf && e) {
+        use_unlink(d, e);
+        use_push_newest(d, e);
+        d->st.reads++;
+    } else if (bad && e && !e->pending) {
+        char path[4200];
+        file_path(d, key, path, sizeof path);
+        unlink(path);
+        index_remove(d, e);
+        d->st.rejected++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!buf) return false;
+    const uint8_t *kv = buf + HEADER_BYTES + 4 * (size_t)d->block_tokens;
+    const size_t plane = (size_t)d->block_tokens * d->row_bytes;
+    for (int l = 0; l < d->n_layer; l++)
+        for (int k = 0; k < 2; k++)
+            memcpy(kv_pool_row(pool, id, l, (kv_kind)k, 0), kv + ((size_t)l * 2 + (size_t)k) * plane, plane);
+    free(buf);
+    return true;
+}
+
+void kv_disk_get_stats(kv_disk *d, kv_disk_stats *out) {
+    pthread_mutex_lock(&d->mu);
+    *out = d->st;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void kv_disk_flush(kv_disk *d) {
+    pthread_mutex_lock(&d->mu);
+    while (d->q_len > 0 || d->writing) pthread_cond_wait(&d->cv_idle, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}

@@ -1,0 +1,87 @@
+/*
+ * disk_cache.h - the prefix cache's disk tier: cached KV blocks written to
+ * files, found again by the tokens of their prefix, also after a restart.
+ *
+ * Why: an agent's context (system prompt, tools, documents, the turns so
+ * far) outlives one server process, and the memory budget. Every block
+ * the in-memory index takes in (prefix_cache.h) is also written here once,
+ * by a thread of its own; a lookup that runs out of memory hits goes on
+ * here, and blocks read back become ordinary cached blocks.
+ *
+ * Files: DIR/<model fingerprint>/<prefix key>.kvb, one block each. The
+ * prefix key is a 128-bit hash chain over the token ids (XXH3-128 of the
+ * parent's key and the block's ids), so a name stands for the whole prefix
+ * up to the block. A file holds its key, its parent's key, its token ids,
+ * the block's K and V rows of every layer and an XXH3-64 checksum of all
+ * that; it is loaded only if its size, magic, version, fingerprint, keys,
+ * token ids and checksum all match what the lookup expects. Anything else
+ * (another model, another KV type, a truncated or flipped file) is
+ * skipped, removed and counted, never loaded. Writes go to a temporary
+ * name, are fsynced and renamed: a kill -9 at any moment leaves either a
+ * whole file or a temporary that the next start removes.
+ *
+ * Size: at most max_bytes of block files; past that the least recently
+ * used (written or read) go first. Without a directory nothing here is
+ * made and nothing touches the disk.
+ *
+ * Threading: kv_disk_put and kv_disk_get run on the engine thread; the
+ * writer thread does the writing and the removals; the index of files is
+ * shared under a mutex.
+ */
+#ifndef KT_KV_DISK_CACHE_H
+#define KT_KV_DISK_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/block_pool.h"
+
+typedef struct kv_disk kv_disk;
+
+/* The 128-bit chain key of a prefix (see above). */
+typedef struct kv_disk_key {
+    uint64_t lo, hi;
+} kv_disk_key;
+
+/* The key of the first block's parent (no parent). */
+kv_disk_key kv_disk_root(void);
+/* The key of a block of block_tokens ids after a prefix with key parent. */
+kv_disk_key kv_disk_chain(kv_disk_key parent, const int32_t *ids, int block_tokens);
+
+/* Opens (creating) dir/<fingerprint>: removes temporaries a killed run
+ * left, indexes the block files there (oldest use first, by mtime) and
+ * starts the writer. fingerprint names the model and KV layout (see
+ * kv_disk_fingerprint_*). NULL with err when dir cannot be made or
+ * written (the message says which path and why). */
+kv_disk *kv_disk_open(const char *dir, size_t max_bytes, uint64_t fingerprint, const kv_pool_params *layout,
+                      kt_error *err);
+/* Finishes the writes queued so far, stops the writer, frees. */
+void kv_disk_close(kv_disk *d);
+
+/* Queues block `id` of pool (its KV is copied now) to be written as the
+ * prefix key, after parent, holding ids. Already on disk, or the queue
+ * full: nothing (counted). */
+void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent,
+                 const int32_t *ids);
+/* True if a file for key is indexed (it may still fail to load). */
+bool kv_disk_has(kv_disk *d, kv_disk_key key);
+/* Reads the file of key into block id of pool, after checking it is the
+ * block of ids after parent; false (the file removed if it was bad) when
+ * there is no such file or it does not check. */
+bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent, const int32_t *ids);
+
+typedef struct kv_disk_stats {
+    uint64_t files, bytes;       /* on disk now */
+    uint64_t writes, reads;      /* blocks written, blocks read back */
+    uint64_t rejected;           /* files skipped and removed: bad size, checksum, keys, model */
+    uint64_t removed;            /* removed to stay under the size limit */
+    uint64_t dropped;            /* writes not queued: the writer was behind */
+    uint64_t write_errors;       /* writes that failed (disk full, ...) */
+} kv_disk_stats;
+
+void kv_disk_get_stats(kv_disk *d, kv_disk_stats *out);
+/* Waits until every queued write is done (tests, shutdown). */
+void kv_disk_flush(kv_disk *d);
+
+#endif
