@@ -320,7 +320,7 @@ static bool scan(kv_disk *d, kt_error *err) {
         list[n++] = (found){key, (uint64_t)s.st_size, (int64_t)s.st_mtim.tv_sec * 1000000000 + s.st_mtim.tv_nsec};
     }
     closedir(dir);
-    qsort(list, n, sizeof *list, by_mtime);
+    if (n > 1) qsort(list, n, sizeof *list, by_mtime);
     for (size_t i = 0; i < n; i++) index_add(d, list[i].key, list[i].bytes, false);
     free(list);
     enforce_limit(d);
