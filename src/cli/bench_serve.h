@@ -4,6 +4,8 @@
  * stream, nearest-rank percentiles, the per-level summary, and the report
  * writers (Markdown, CSV, JSON, SVG). Kept apart from the libcurl driver
  * (cmd_bench_serve.c) so tests can feed them fixed text and numbers.
+ * `kettle bench agent` uses the stream parser and the percentiles too
+ * (with keep_text: it sends each reply back in the next turn).
  */
 #ifndef KT_CLI_BENCH_SERVE_H
 #define KT_CLI_BENCH_SERVE_H
@@ -12,12 +14,14 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 /* ---- one SSE stream ---- */
 
 /* What one streamed /v1/completions (or chat) response has said so far.
  * Only "data:" lines are read; a chunk whose choices carry non-empty text
- * (completions) or delta content (chat) is a token chunk and gets the
- * time it arrived. */
+ * (completions), delta content or delta tool_calls (chat) is a token chunk
+ * and gets the time it arrived. */
 typedef struct bs_sse {
     char *line;           /* the incomplete last line */
     size_t line_len, line_cap;
@@ -25,6 +29,12 @@ typedef struct bs_sse {
     int n_tok, tok_cap;
     int completion_tokens; /* from the usage chunk; -1 until one arrives */
     int prompt_tokens;     /* likewise */
+    int cached_tokens;     /* usage.prompt_tokens_details.cached_tokens; -1 if never reported */
+    bool keep_text;        /* set after init: collect the text and tool calls below */
+    char *text;            /* keep_text: the generated text so far, NUL-terminated (NULL: none yet) */
+    size_t text_len, text_cap;
+    json_t *tool_calls;    /* keep_text: streamed tool_calls merged by index into
+                              [{"id","type","function":{"name","arguments"}}]; NULL: none */
     int n_length, n_stop;  /* finish_reason "length" / anything else */
     char finish[16];       /* the last finish_reason seen, "" if none */
     bool done;             /* saw "data: [DONE]" */

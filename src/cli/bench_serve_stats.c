@@ -6,7 +6,9 @@
  *
  * Bytes arrive in arbitrary pieces (a chunk can be split anywhere, or
  * several can come in one read), so the parser keeps the incomplete last
- * line and handles each complete line as it ends.
+ * line and handles each complete line as it ends. With keep_text it also
+ * keeps what was generated (text and streamed tool calls), which
+ * `kettle bench agent` sends back to the server in the next turn.
  */
 #include <jansson.h>
 #include <math.h>
@@ -16,12 +18,14 @@
 #include "cli/bench_serve.h"
 
 void bs_sse_init(bs_sse *s) {
-    *s = (bs_sse){.completion_tokens = -1, .prompt_tokens = -1};
+    *s = (bs_sse){.completion_tokens = -1, .prompt_tokens = -1, .cached_tokens = -1};
 }
 
 void bs_sse_free(bs_sse *s) {
     free(s->line);
     free(s->tok_ms);
+    free(s->text);
+    json_decref(s->tool_calls);
     bs_sse_init(s);
 }
 
@@ -41,24 +45,91 @@ static bool push_token(bs_sse *s, double t_ms) {
     return true;
 }
 
-/* True if a choice carries generated text: "text" (completions) or
- * "delta": {"content"} (chat). Counts its finish_reason. */
-static bool choice_has_text(bs_sse *s, json_t *c) {
+static bool append_text(bs_sse *s, const char *p, size_t n) {
+    if (s->text_len + n + 1 > s->text_cap) {
+        size_t cap = s->text_cap ? s->text_cap : 256;
+        while (cap < s->text_len + n + 1) cap *= 2;
+        char *q = realloc(s->text, cap);
+        if (!q) return fail(s, "out of memory");
+        s->text = q, s->text_cap = cap;
+    }
+    memcpy(s->text + s->text_len, p, n);
+    s->text_len += n;
+    s->text[s->text_len] = 0;
+    return true;
+}
+
+/* Appends the string `piece` (if it is one) to obj[key], a string. */
+static bool append_field(json_t *obj, const char *key, json_t *piece) {
+    if (!json_is_string(piece) || !json_string_length(piece)) return true;
+    json_t *old = json_object_get(obj, key);
+    size_t a = json_string_length(old), b = json_string_length(piece);
+    char *joined = malloc(a + b + 1);
+    if (!joined) return false;
+    memcpy(joined, json_string_value(old), a);
+    memcpy(joined + a, json_string_value(piece), b);
+    joined[a + b] = 0;
+    bool ok = !json_object_set_new(obj, key, json_stringn(joined, a + b));
+    free(joined);
+    return ok;
+}
+
+/* The call at `index` of s->tool_calls, made (empty) if it is new. */
+static json_t *tool_call_at(bs_sse *s, size_t index) {
+    if (!s->tool_calls && !(s->tool_calls = json_array())) return NULL;
+    while (json_array_size(s->tool_calls) <= index) {
+        json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", "", "type", "function", "function", "name", "",
+                              "arguments", "");
+        if (!c || json_array_append_new(s->tool_calls, c)) return NULL;
+    }
+    return json_array_get(s->tool_calls, index);
+}
+
+/* Merges streamed tool-call pieces ({"index", "id"?, "function": {"name"?,
+ * "arguments"?}}) into s->tool_calls: ids and names come once, the
+ * arguments in pieces. */
+static bool merge_tool_calls(bs_sse *s, json_t *calls) {
+    size_t i;
+    json_t *d;
+    json_array_foreach(calls, i, d) {
+        json_t *ix = json_object_get(d, "index"), *fn = json_object_get(d, "function");
+        json_int_t k = json_is_integer(ix) ? json_integer_value(ix) : (json_int_t)i;
+        if (k < 0 || k >= 64) return fail(s, "a tool_calls delta has an index outside 0..63");
+        json_t *c = tool_call_at(s, (size_t)k), *cf = json_object_get(c, "function");
+        if (!c || !append_field(c, "id", json_object_get(d, "id")) ||
+            !append_field(cf, "name", json_object_get(fn, "name")) ||
+            !append_field(cf, "arguments", json_object_get(fn, "arguments")))
+            return fail(s, "out of memory");
+    }
+    return true;
+}
+
+/* Whether a choice carries generated output: "text" (completions),
+ * "delta": {"content"} or {"tool_calls"} (chat); kept with keep_text.
+ * Counts its finish_reason. -1: out of memory (s->error set). */
+static int choice_has_text(bs_sse *s, json_t *c) {
     json_t *fr = json_object_get(c, "finish_reason");
     if (json_is_string(fr)) {
         snprintf(s->finish, sizeof s->finish, "%s", json_string_value(fr));
         if (!strcmp(json_string_value(fr), "length")) s->n_length++;
         else s->n_stop++;
     }
-    json_t *t = json_object_get(c, "text");
-    if (!t) t = json_object_get(json_object_get(c, "delta"), "content");
-    return json_is_string(t) && json_string_length(t) > 0;
+    json_t *t = json_object_get(c, "text"), *delta = json_object_get(c, "delta");
+    if (!t) t = json_object_get(delta, "content");
+    json_t *calls = json_object_get(delta, "tool_calls");
+    bool has_text = json_is_string(t) && json_string_length(t) > 0;
+    bool has_calls = json_is_array(calls) && json_array_size(calls) > 0;
+    if (s->keep_text && has_text && !append_text(s, json_string_value(t), json_string_length(t))) return -1;
+    if (s->keep_text && has_calls && !merge_tool_calls(s, calls)) return -1;
+    return has_text || has_calls;
 }
 
 static void read_usage(bs_sse *s, json_t *u) {
     json_t *ct = json_object_get(u, "completion_tokens"), *pt = json_object_get(u, "prompt_tokens");
+    json_t *cached = json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
     if (json_is_integer(ct)) s->completion_tokens = (int)json_integer_value(ct);
     if (json_is_integer(pt)) s->prompt_tokens = (int)json_integer_value(pt);
+    if (json_is_integer(cached)) s->cached_tokens = (int)json_integer_value(cached);
 }
 
 /* One chunk's JSON: an error object, or choices and perhaps usage. */
@@ -72,7 +143,11 @@ static bool handle_chunk(bs_sse *s, json_t *doc, double t_ms) {
     json_t *choices = json_object_get(doc, "choices"), *c;
     size_t i;
     bool text = false;
-    json_array_foreach(choices, i, c) text |= choice_has_text(s, c);
+    json_array_foreach(choices, i, c) {
+        int r = choice_has_text(s, c);
+        if (r < 0) return false;
+        text |= r > 0;
+    }
     json_t *u = json_object_get(doc, "usage");
     if (json_is_object(u)) read_usage(s, u);
     return text ? push_token(s, t_ms) : true;

@@ -17,9 +17,8 @@
  * for every request, so no prefix cache can make them cheaper.
  *
  * With -m the server is this same binary (/proc/self/exe serve --port 0),
- * started as a child whose output goes to an unlinked temporary file that
- * we scan for "listening on"; it gets SIGTERM at the end, also on errors,
- * and PR_SET_PDEATHSIG so it cannot outlive us if we are killed.
+ * started as a child (bench_http.c, shared with `kettle bench agent`); it
+ * gets SIGTERM at the end, also on errors, and cannot outlive us.
  *
  * Every failure (unreachable server, non-200 status, a stream that ends
  * before "data: [DONE]", no bytes for --timeout seconds) names the level
@@ -27,32 +26,27 @@
  */
 #include <curl/curl.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "base/timing.h"
+#include "cli/bench_http.h"
 #include "cli/bench_serve.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 
 #define CMD "bench serve"
 #define MAX_LEVELS 16
-#define MAX_SRV_ARGS 32
 #define HEALTH_EVERY_MS 20.0
 #define CALIBRATION_WORDS 100
 
 typedef struct bs_opts {
     const char *url, *model, *api_key, *svg;
-    const char *srv_args[MAX_SRV_ARGS];
+    const char *srv_args[BH_MAX_SRV_ARGS];
     int n_srv_args;
     int levels[MAX_LEVELS], n_levels;
     int requests; /* per level; 0: max(2c, 4) */
@@ -65,8 +59,7 @@ static void usage(FILE *out) {
             "usage: kettle bench serve (--url URL | -m MODEL [server options]) [options]\n"
             "  --url URL            a running server, e.g. http://127.0.0.1:8080\n"
             "  -m, --model FILE     start 'kettle serve -m FILE --port 0' for the run (stopped at the end);\n"
-            "                       passed on to it: -t/--threads, --ctx, --parallel, --kv-mb, --batch-tokens,\n"
-            "                       --queue, --kv-type, --http-threads, --load, --itl-stretch\n"
+            "%s"
             "  -c LIST              concurrency levels, comma-separated (default 1,2,4,8,16)\n"
             "  --requests N         requests per level (default 2 x c, at least 4)\n"
             "  -p N                 prompt length, about N tokens (default 128)\n"
@@ -78,7 +71,8 @@ static void usage(FILE *out) {
             "  --md | --csv | --json  output format (default md)\n"
             "  --svg FILE           also plot tokens/s, TTFT and ITL vs concurrency\n"
             "  --api-key KEY        sent as 'Authorization: Bearer KEY' (and given to the server with -m)\n"
-            "  --timeout S          fail a request that receives nothing for S seconds (default 120)\n");
+            "  --timeout S          fail a request that receives nothing for S seconds (default 120)\n",
+            BH_SERVER_OPTS_USAGE);
 }
 
 /* ---- options ---- */
@@ -100,20 +94,7 @@ static bool parse_levels(const char *s, bs_opts *o) {
 
 /* Server options taken with their value and handed to `kettle serve`. */
 static int take_server_opt(int argc, char **argv, int *i, bs_opts *o) {
-    static const char *const NAMES[] = {"-t", "--threads", "--ctx", "--parallel", "--kv-mb", "--batch-tokens",
-                                        "--queue", "--kv-type", "--http-threads", "--load",
-                                        "--itl-stretch"};
-    for (size_t k = 0; k < sizeof NAMES / sizeof NAMES[0]; k++) {
-        const char *v = NULL;
-        int r = cli_opt(CMD, argc, argv, i, NAMES[k], &v);
-        if (r < 0) return 2;
-        if (r == 0) continue;
-        if (o->n_srv_args + 2 > MAX_SRV_ARGS) return cli_usage_error(CMD, "too many server options");
-        o->srv_args[o->n_srv_args++] = NAMES[k];
-        o->srv_args[o->n_srv_args++] = v;
-        return 1;
-    }
-    return 0;
+    return bh_take_server_opt(CMD, argc, argv, i, o->srv_args, &o->n_srv_args);
 }
 
 typedef struct int_opt {
@@ -169,110 +150,6 @@ static int parse_opts(int argc, char **argv, bs_opts *o) {
     return 0;
 }
 
-/* ---- the server as a child process ---- */
-
-typedef struct child_srv {
-    pid_t pid;
-    int log_fd;       /* its stdout and stderr: an unlinked temporary file */
-    char url[256];
-} child_srv;
-
-static int open_log(void) {
-    const char *dir = getenv("TMPDIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/kettle-bench-serve-XXXXXX", dir && *dir ? dir : "/tmp");
-    int fd = mkstemp(path);
-    if (fd >= 0) unlink(path);
-    return fd;
-}
-
-/* In the child: stdout/stderr to the log, die with the parent, exec. */
-static void exec_server(const bs_opts *o, int log_fd, pid_t parent) {
-    const char *argv[MAX_SRV_ARGS + 12];
-    int n = 0;
-    argv[n++] = "kettle", argv[n++] = "serve", argv[n++] = "-m", argv[n++] = o->model;
-    argv[n++] = "--port", argv[n++] = "0";
-    for (int i = 0; i < o->n_srv_args; i++) argv[n++] = o->srv_args[i];
-    if (o->api_key) argv[n++] = "--api-key", argv[n++] = o->api_key;
-    argv[n] = NULL;
-    dup2(log_fd, STDOUT_FILENO);
-    dup2(log_fd, STDERR_FILENO);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(127); /* the parent died before prctl */
-    execv("/proc/self/exe", (char *const *)argv);
-    fprintf(stderr, "kettle bench serve: cannot run /proc/self/exe: %s\n", strerror(errno));
-    _exit(127);
-}
-
-/* Prints the last lines the server wrote, for a failure's context. */
-static void print_log_tail(const child_srv *c) {
-    char buf[2048];
-    off_t end = lseek(c->log_fd, 0, SEEK_END);
-    off_t from = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
-    ssize_t n = pread(c->log_fd, buf, sizeof buf - 1, from);
-    if (n <= 0) return;
-    buf[n] = 0;
-    fprintf(stderr, "kettle bench serve: the server's last output:\n%s%s", buf, buf[n - 1] == '\n' ? "" : "\n");
-}
-
-/* Finds "listening on URL" in the log; true once it is there. */
-static bool find_listen_line(child_srv *c) {
-    static const char KEY[] = "kettle serve: listening on ";
-    char buf[16384];
-    ssize_t n = pread(c->log_fd, buf, sizeof buf - 1, 0);
-    if (n <= 0) return false;
-    buf[n] = 0;
-    char *p = strstr(buf, KEY), *nl = p ? strchr(p, '\n') : NULL;
-    if (!nl) return false;
-    p += sizeof KEY - 1;
-    snprintf(c->url, sizeof c->url, "%.*s", (int)(nl - p), p);
-    return true;
-}
-
-static void child_stop(child_srv *c) {
-    if (c->pid > 0) {
-        kill(c->pid, SIGTERM);
-        int status;
-        double t0 = kt_time_ms();
-        while (waitpid(c->pid, &status, WNOHANG) == 0) {
-            if (kt_time_ms() - t0 > 10000) { /* a stuck shutdown: do not hang */
-                kill(c->pid, SIGKILL);
-                waitpid(c->pid, &status, 0);
-                break;
-            }
-            usleep(10000);
-        }
-    }
-    if (c->log_fd >= 0) close(c->log_fd);
-    c->pid = -1, c->log_fd = -1;
-}
-
-/* Starts the server and waits (at most timeout_s) until it listens. */
-static bool child_start(const bs_opts *o, child_srv *c) {
-    *c = (child_srv){.pid = -1, .log_fd = open_log()};
-    if (c->log_fd < 0) return fprintf(stderr, "kettle bench serve: temporary file: %s\n", strerror(errno)), false;
-    fflush(NULL);
-    pid_t parent = getpid();
-    c->pid = fork();
-    if (c->pid < 0) return fprintf(stderr, "kettle bench serve: fork: %s\n", strerror(errno)), child_stop(c), false;
-    if (c->pid == 0) exec_server(o, c->log_fd, parent);
-    double t0 = kt_time_ms();
-    int status;
-    while (!find_listen_line(c)) {
-        bool died = waitpid(c->pid, &status, WNOHANG) == c->pid;
-        if (died || kt_time_ms() - t0 > o->timeout_s * 1e3) {
-            fprintf(stderr, "kettle bench serve: the server %s\n",
-                    died ? "exited before listening" : "did not listen within --timeout");
-            if (died) c->pid = -1;
-            print_log_tail(c);
-            child_stop(c);
-            return false;
-        }
-        usleep(20000);
-    }
-    return true;
-}
-
 /* ---- prompts ---- */
 
 static const char *const WORDS[] = {
@@ -318,112 +195,29 @@ static char *request_body(int level, int index, int n_words, int max_tokens) {
     return text;
 }
 
-/* ---- one HTTP request ---- */
+/* ---- one concurrency level ---- */
 
 typedef enum req_kind { REQ_STREAM, REQ_LONG, REQ_HEALTH } req_kind;
 
-typedef struct bs_req {
-    req_kind kind;
-    int index; /* 1-based within the level */
-    CURL *h;
-    struct curl_slist *headers;
-    char *body;
-    double start_ms, end_ms;
-    bs_sse sse;
-    long status;
-    char err_body[512]; /* the start of a non-200 answer */
-    size_t err_len;
-    char curl_err[CURL_ERROR_SIZE];
-} bs_req;
-
-static size_t on_data(char *data, size_t size, size_t n, void *user) {
-    bs_req *r = user;
-    size_t len = size * n;
-    if (!r->status) curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
-    if (r->status != 200) {
-        size_t k = len < sizeof r->err_body - 1 - r->err_len ? len : sizeof r->err_body - 1 - r->err_len;
-        memcpy(r->err_body + r->err_len, data, k);
-        r->err_len += k;
-        r->err_body[r->err_len] = 0;
-        return len;
-    }
-    if (r->kind == REQ_HEALTH) return len;
-    return bs_sse_feed(&r->sse, data, len, kt_time_ms()) ? len : 0; /* 0 aborts the transfer */
+static bool req_init(bh_req *r, const char *url, const char *path, const bs_opts *o) {
+    bh_conn conn = {.url = url, .api_key = o->api_key, .timeout_s = o->timeout_s};
+    return bh_req_init(r, &conn, path);
 }
 
-static void req_free(bs_req *r) {
-    if (r->h) curl_easy_cleanup(r->h);
-    curl_slist_free_all(r->headers);
-    free(r->body);
-    bs_sse_free(&r->sse);
-    r->h = NULL, r->headers = NULL, r->body = NULL;
-}
-
-static bool req_headers(bs_req *r, const char *api_key) {
-    char auth[1024];
-    struct curl_slist *l = curl_slist_append(NULL, "Content-Type: application/json");
-    if (l) r->headers = l, l = curl_slist_append(l, "Expect:"); /* no 100-continue round trip */
-    if (l && api_key) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", api_key);
-        l = curl_slist_append(l, auth);
-    }
-    return l != NULL;
-}
-
-/* Sets up r (kind and index set, body owned) for url + path. */
-static bool req_init(bs_req *r, const char *url, const char *path, const bs_opts *o) {
-    char full[1024];
-    snprintf(full, sizeof full, "%s%s", url, path);
-    bs_sse_init(&r->sse);
-    if (!(r->h = curl_easy_init()) || !req_headers(r, o->api_key)) return false;
-    curl_easy_setopt(r->h, CURLOPT_URL, full);
-    curl_easy_setopt(r->h, CURLOPT_HTTPHEADER, r->headers);
-    curl_easy_setopt(r->h, CURLOPT_PROXY, ""); /* a proxy would distort the figures */
-    curl_easy_setopt(r->h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(r->h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-    curl_easy_setopt(r->h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(r->h, CURLOPT_LOW_SPEED_TIME, (long)o->timeout_s);
-    curl_easy_setopt(r->h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(r->h, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(r->h, CURLOPT_PRIVATE, r);
-    curl_easy_setopt(r->h, CURLOPT_ERRORBUFFER, r->curl_err);
-    if (r->body) {
-        curl_easy_setopt(r->h, CURLOPT_POSTFIELDS, r->body);
-        curl_easy_setopt(r->h, CURLOPT_POSTFIELDSIZE, (long)strlen(r->body));
-    }
-    return true;
-}
-
-/* Why a finished request failed, into msg; false if it did not. */
-static bool req_failed(const bs_req *r, CURLcode rc, char *msg, size_t cap) {
-    if (r->sse.error[0]) snprintf(msg, cap, "%s", r->sse.error);
-    else if (rc != CURLE_OK)
-        snprintf(msg, cap, "connection failed or dropped (%s)", r->curl_err[0] ? r->curl_err : curl_easy_strerror(rc));
-    else if (r->status != 200) snprintf(msg, cap, "HTTP %ld: %s", r->status, r->err_body);
-    else if (r->kind != REQ_HEALTH && !r->sse.done)
-        snprintf(msg, cap, "the stream ended before 'data: [DONE]' (after %d token chunks)", r->sse.n_tok);
-    else if (!strcmp(r->sse.finish, "cancelled"))
-        snprintf(msg, cap, "the server cancelled the request (finish_reason 'cancelled' after %d token chunks)",
-                 r->sse.n_tok);
-    else return false;
-    return true;
-}
-
-/* ---- one concurrency level ---- */
 
 typedef struct level_run {
     const bs_opts *o;
     const char *url, *label; /* label: "level c=4" or "warm-up", for messages */
     int c, n_req, n_words, long_words;
     CURLM *m;
-    bs_req *reqs;
+    bh_req *reqs;
     int n_started, n_done, n_health_open;
-    bs_req long_req;
+    bh_req long_req;
     bool long_started, long_done;
     double t0_ms, t_end_ms, next_health_ms, win0_ms, win1_ms;
     double *health_ms;          /* latencies of finished /health polls */
     int n_health, health_cap;
-    bs_req **polls;             /* every /health poll started, freed at the end */
+    bh_req **polls;             /* every /health poll started, freed at the end */
     int n_polls, polls_cap;
     char error[768];
 } level_run;
@@ -434,7 +228,7 @@ static bool run_fail(level_run *lr, const char *what, const char *msg) {
     return false;
 }
 
-static bool start_req(level_run *lr, bs_req *r, const char *path) {
+static bool start_req(level_run *lr, bh_req *r, const char *path) {
     if (!req_init(r, lr->url, path, lr->o)) return run_fail(lr, "setup", "out of memory");
     r->start_ms = kt_time_ms();
     if (curl_multi_add_handle(lr->m, r->h) != CURLM_OK) return run_fail(lr, "setup", "curl_multi_add_handle failed");
@@ -442,16 +236,16 @@ static bool start_req(level_run *lr, bs_req *r, const char *path) {
 }
 
 static bool start_stream(level_run *lr) {
-    bs_req *r = &lr->reqs[lr->n_started];
-    *r = (bs_req){.kind = REQ_STREAM, .index = lr->n_started + 1};
+    bh_req *r = &lr->reqs[lr->n_started];
+    *r = (bh_req){.kind = REQ_STREAM, .index = lr->n_started + 1};
     r->body = request_body(lr->c, r->index, lr->n_words, lr->o->max_tokens);
     lr->n_started++;
     return r->body ? start_req(lr, r, "/v1/completions") : run_fail(lr, "setup", "out of memory");
 }
 
 static bool start_long(level_run *lr) {
-    bs_req *r = &lr->long_req;
-    *r = (bs_req){.kind = REQ_LONG, .index = 0};
+    bh_req *r = &lr->long_req;
+    *r = (bh_req){.kind = REQ_LONG, .index = 0};
     r->body = request_body(lr->c, 0, lr->long_words, 1);
     lr->long_started = true;
     lr->win0_ms = kt_time_ms();
@@ -461,14 +255,14 @@ static bool start_long(level_run *lr) {
 static bool start_health(level_run *lr) {
     if (lr->n_polls == lr->polls_cap) {
         int cap = lr->polls_cap ? 2 * lr->polls_cap : 256;
-        bs_req **p = realloc(lr->polls, sizeof *p * (size_t)cap);
+        bh_req **p = realloc(lr->polls, sizeof *p * (size_t)cap);
         if (!p) return run_fail(lr, "setup", "out of memory");
         lr->polls = p, lr->polls_cap = cap;
     }
-    bs_req *r = calloc(1, sizeof *r);
+    bh_req *r = calloc(1, sizeof *r);
     if (!r) return run_fail(lr, "setup", "out of memory");
     lr->polls[lr->n_polls++] = r;
-    r->kind = REQ_HEALTH;
+    r->kind = REQ_HEALTH, r->plain = true;
     lr->next_health_ms = kt_time_ms() + HEALTH_EVERY_MS;
     if (!req_init(r, lr->url, "/health", lr->o)) return run_fail(lr, "setup", "out of memory");
     curl_easy_setopt(r->h, CURLOPT_TIMEOUT_MS, 10000L);
@@ -502,16 +296,16 @@ static bool push_health(level_run *lr, double ms) {
 }
 
 /* A transfer is over: check it and account for it. */
-static bool finish_req(level_run *lr, bs_req *r, CURLcode rc) {
+static bool finish_req(level_run *lr, bh_req *r, CURLcode rc) {
     char msg[640], what[64];
     r->end_ms = kt_time_ms();
     curl_multi_remove_handle(lr->m, r->h);
     if (r->kind == REQ_STREAM) snprintf(what, sizeof what, "request %d/%d", r->index, lr->n_req);
     else snprintf(what, sizeof what, "%s", r->kind == REQ_LONG ? "the long-prompt request" : "GET /health");
-    if (req_failed(r, rc, msg, sizeof msg)) return run_fail(lr, what, msg);
+    if (bh_req_failed(r, rc, msg, sizeof msg)) return run_fail(lr, what, msg);
     if (r->kind == REQ_HEALTH) {
         lr->n_health_open--;
-        req_free(r); /* its curl handle; the struct stays in lr->polls */
+        bh_req_free(r); /* its curl handle; the struct stays in lr->polls */
         return push_health(lr, r->end_ms - r->start_ms);
     }
     if (r->kind == REQ_LONG) {
@@ -529,7 +323,7 @@ static bool drain_done(level_run *lr) {
     int left;
     while ((msg = curl_multi_info_read(lr->m, &left))) {
         if (msg->msg != CURLMSG_DONE) continue;
-        bs_req *r = NULL;
+        bh_req *r = NULL;
         curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
         if (!finish_req(lr, r, msg->data.result)) return false;
     }
@@ -557,13 +351,13 @@ static bool level_loop(level_run *lr) {
 static void level_cleanup(level_run *lr) {
     for (int i = 0; i < lr->n_started; i++) {
         if (lr->reqs[i].h) curl_multi_remove_handle(lr->m, lr->reqs[i].h);
-        req_free(&lr->reqs[i]);
+        bh_req_free(&lr->reqs[i]);
     }
     if (lr->long_req.h) curl_multi_remove_handle(lr->m, lr->long_req.h);
-    req_free(&lr->long_req);
+    bh_req_free(&lr->long_req);
     for (int i = 0; i < lr->n_polls; i++) {
         if (lr->polls[i]->h) curl_multi_remove_handle(lr->m, lr->polls[i]->h);
-        req_free(lr->polls[i]);
+        bh_req_free(lr->polls[i]);
         free(lr->polls[i]);
     }
     free(lr->polls);
@@ -573,7 +367,7 @@ static void level_cleanup(level_run *lr) {
 
 /* ---- summaries ---- */
 
-static int req_tokens(const bs_req *r) {
+static int req_tokens(const bh_req *r) {
     return r->sse.completion_tokens >= 0 ? r->sse.completion_tokens : r->sse.n_tok;
 }
 
@@ -614,7 +408,7 @@ static bool summarize(const level_run *lr, bs_level *l) {
     *l = (bs_level){.concurrency = lr->c, .n_requests = lr->n_req, .wall_ms = lr->t_end_ms - lr->t0_ms};
     int n_ttft = 0, n_all, n_in, n_out;
     for (int i = 0; i < lr->n_req; i++) {
-        const bs_req *r = &lr->reqs[i];
+        const bh_req *r = &lr->reqs[i];
         if (r->sse.n_tok) ttft[n_ttft++] = r->sse.tok_ms[0] - r->start_ms;
         l->n_tokens += req_tokens(r);
         l->n_prompt_tokens += r->sse.prompt_tokens > 0 ? r->sse.prompt_tokens : 0;
@@ -670,41 +464,12 @@ static int warm_request(const bs_opts *o, const char *url, CURLM *m, int n_words
     return n;
 }
 
-typedef struct text_buf {
-    char *p;
-    size_t len;
-} text_buf;
-
-static size_t on_text(char *data, size_t size, size_t n, void *user) {
-    text_buf *b = user;
-    char *q = realloc(b->p, b->len + size * n + 1);
-    if (!q) return 0;
-    memcpy(q + b->len, data, size * n);
-    b->p = q, b->len += size * n, q[b->len] = 0;
-    return size * n;
-}
-
-/* Tokens in n_words prompt words by POST /tokenize ({"content": TEXT} ->
- * {"tokens": [...]}, as llama.cpp's server); -1 if that does not work. */
+/* Tokens in n_words prompt words by POST /tokenize; -1 if that does not work. */
 static int count_tokens(const bs_opts *o, const char *url, int n_words) {
     char *prompt = build_prompt(0, 0, n_words);
-    json_t *req = prompt ? json_pack("{s:s}", "content", prompt) : NULL;
-    bs_req r = {.kind = REQ_HEALTH, .body = req ? json_dumps(req, JSON_COMPACT) : NULL};
-    text_buf b = {0};
-    int n = -1;
-    if (r.body && req_init(&r, url, "/tokenize", o)) {
-        curl_easy_setopt(r.h, CURLOPT_WRITEFUNCTION, on_text);
-        curl_easy_setopt(r.h, CURLOPT_WRITEDATA, &b);
-        curl_easy_setopt(r.h, CURLOPT_TIMEOUT_MS, 10000L);
-        long status = 0;
-        if (curl_easy_perform(r.h) == CURLE_OK && !curl_easy_getinfo(r.h, CURLINFO_RESPONSE_CODE, &status) &&
-            status == 200 && b.p) {
-            json_t *doc = json_loads(b.p, 0, NULL), *toks = json_object_get(doc, "tokens");
-            n = json_is_array(toks) ? (int)json_array_size(toks) : -1;
-            json_decref(doc);
-        }
-    }
-    free(b.p), free(prompt), json_decref(req), req_free(&r);
+    bh_conn conn = {.url = url, .api_key = o->api_key, .timeout_s = o->timeout_s};
+    int n = prompt ? bh_count_tokens(&conn, prompt) : -1;
+    free(prompt);
     return n;
 }
 
@@ -770,6 +535,18 @@ static int run_all(const bs_opts *o, const char *url) {
     return rc ? rc : report(o, o->model ? o->model : url, lv);
 }
 
+/* `kettle serve -m MODEL --port 0 [server options] [--api-key KEY]`. */
+static bool start_server(const bs_opts *o, bh_child *c) {
+    const char *argv[BH_MAX_SRV_ARGS + 12];
+    int n = 0;
+    argv[n++] = "kettle", argv[n++] = "serve", argv[n++] = "-m", argv[n++] = o->model;
+    argv[n++] = "--port", argv[n++] = "0";
+    for (int i = 0; i < o->n_srv_args; i++) argv[n++] = o->srv_args[i];
+    if (o->api_key) argv[n++] = "--api-key", argv[n++] = o->api_key;
+    argv[n] = NULL;
+    return bh_child_start(c, CMD, argv, o->timeout_s);
+}
+
 int cmd_bench_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
@@ -778,21 +555,18 @@ int cmd_bench_serve(int argc, char **argv) {
     bs_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
-    child_srv child = {.pid = -1, .log_fd = -1};
-    if (o.model && !child_start(&o, &child)) return 1;
+    bh_child child = BH_CHILD_NONE;
+    if (o.model && !start_server(&o, &child)) return 1;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-        child_stop(&child);
+        bh_child_stop(&child);
         return fprintf(stderr, "kettle bench serve: curl_global_init failed\n"), 1;
     }
     char url[1024];
     snprintf(url, sizeof url, "%s", o.model ? child.url : o.url);
-    for (size_t n = strlen(url); n && url[n - 1] == '/'; n--) url[n - 1] = 0; /* we append "/v1/..." */
+    bh_trim_url(url);
     rc = run_all(&o, url);
-    if (rc && o.model && waitpid(child.pid, &(int){0}, WNOHANG) == child.pid) {
-        child.pid = -1; /* it died: say what it said */
-        print_log_tail(&child);
-    }
-    child_stop(&child);
+    if (rc) bh_child_report_death(&child, CMD);
+    bh_child_stop(&child);
     curl_global_cleanup();
     return rc;
 }

@@ -1,0 +1,697 @@
+/*
+ * test_bench_agent.c - `kettle bench agent`, the agent-session benchmark.
+ *
+ * Its network-free half is checked on fixed inputs: the synthetic workload
+ * is deterministic, shares its system prompt between sessions, and grows
+ * its history turn by turn with the server's replies fed back verbatim;
+ * the replay reader converts a small inline JSONL as documented and reads
+ * every conversation of the real files in shared/agent with the right
+ * number of turns; the stream parser keeps reply text, tool calls and
+ * cached tokens; the statistics and reports agree with hand-made records.
+ * Then end-to-end runs against `kettle serve` on stories260K check the
+ * JSON (2 sessions x 3 turns, prompts growing, sane TTFTs), and failures
+ * (unreachable, HTTP 400, a malformed stream, one cut short, one that
+ * stalls past --timeout, bad options) give a message naming the session
+ * and turn and exit status 1 (2 for usage). No speed is asserted.
+ */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/bench_agent.h"
+#include "testutil.h"
+
+static const ba_sizing FIXED_SIZING = {1.0, 0.3, false};
+
+static ba_synth_opts synth_opts(int sessions, int turns) {
+    return (ba_synth_opts){.sessions = sessions, .turns = turns, .system_tokens = 1100, .doc_tokens = 1300,
+                           .tool_tokens = 280, .seed = 1, .sz = FIXED_SIZING};
+}
+
+static int n_words(const char *s) {
+    int n = 0;
+    for (bool in = false; *s; s++) {
+        bool sp = *s == ' ' || *s == '\n';
+        if (!sp && !in) n++;
+        in = !sp;
+    }
+    return n;
+}
+
+static const char *content_of(json_t *msgs, size_t i) {
+    return json_string_value(json_object_get(json_array_get(msgs, i), "content"));
+}
+
+static const char *role_of(json_t *msgs, size_t i) {
+    return json_string_value(json_object_get(json_array_get(msgs, i), "role"));
+}
+
+/* ---- the synthetic workload ---- */
+
+static void test_words(void **state) {
+    (void)state;
+    char *a = ba_words(5, 200), *b = ba_words(5, 200), *c = ba_words(6, 200), *d = ba_words(5, 50);
+    assert_string_equal(a, b);
+    assert_string_not_equal(a, c);
+    assert_int_equal(n_words(a), 200);
+    assert_int_equal(strncmp(a, d, strlen(d) - 1), 0); /* a prefix, up to the last word's period */
+    assert_true(a[strlen(a) - 1] == '.');
+    free(a), free(b), free(c), free(d);
+}
+
+static void test_synth_deterministic(void **state) {
+    (void)state;
+    ba_synth_opts o = synth_opts(3, 4);
+    ba_workload w1, w2;
+    char err[256];
+    assert_true(ba_synth_build(&o, &w1, err, sizeof err));
+    assert_true(ba_synth_build(&o, &w2, err, sizeof err));
+    assert_true(w1.synthetic && w1.n == 3);
+    for (int i = 0; i < 3; i++) {
+        assert_true(json_equal(w1.s[i].base, w2.s[i].base));
+        assert_true(json_equal(w1.s[i].tool_texts, w2.s[i].tool_texts));
+        assert_int_equal(json_array_size(w1.s[i].base), 2);
+        assert_int_equal(json_array_size(w1.s[i].tool_texts), 3); /* one per turn but the last */
+        assert_int_equal(w1.s[i].n_turns, 4);
+        /* the system prompt and tools are shared; documents are each session's own */
+        assert_true(json_equal(json_array_get(w1.s[i].base, 0), json_array_get(w1.s[0].base, 0)));
+        assert_true(json_equal(w1.s[i].tools, w1.s[0].tools));
+        if (i) assert_string_not_equal(content_of(w1.s[i].base, 1), content_of(w1.s[0].base, 1));
+    }
+    assert_int_equal(json_array_size(w1.s[0].tools), 4); /* ~1100 tokens leave room for all four schemas */
+    /* at one token per word: the document is ~1300 words, a tool result ~280 */
+    int doc = n_words(content_of(w1.s[0].base, 1));
+    int tool = n_words(json_string_value(json_array_get(w1.s[0].tool_texts, 0)));
+    assert_true(doc >= 1250 && doc <= 1350);
+    assert_true(tool >= 260 && tool <= 290);
+    int sys = n_words(content_of(w1.s[0].base, 0));
+    assert_true(sys >= 500 && sys < 1100); /* the schemas take the rest */
+    assert_string_equal(role_of(w1.s[0].base, 0), "system");
+    assert_string_equal(role_of(w1.s[0].base, 1), "user");
+    o.seed = 2; /* another seed: other texts */
+    ba_workload_free(&w1);
+    assert_true(ba_synth_build(&o, &w1, err, sizeof err));
+    assert_string_not_equal(content_of(w1.s[0].base, 1), content_of(w2.s[0].base, 1));
+    ba_workload_free(&w1), ba_workload_free(&w2);
+}
+
+static void test_synth_small_and_tools(void **state) {
+    (void)state;
+    ba_synth_opts o = synth_opts(1, 2);
+    o.system_tokens = 100, o.doc_tokens = 100, o.tool_tokens = 30;
+    ba_workload w;
+    char err[256];
+    assert_true(ba_synth_build(&o, &w, err, sizeof err));
+    assert_null(w.s[0].tools); /* no schema fits in 60 of 100 tokens */
+    assert_non_null(strstr(w.desc, "0 tool schemas"));
+    ba_workload_free(&w);
+    json_t *t = ba_synth_tools(1100, &FIXED_SIZING);
+    assert_int_equal(json_array_size(t), 4);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(t, 0), "function"), "name")),
+                        "read_file");
+    json_decref(t);
+}
+
+/* The history a session sends grows by the reply, verbatim, and a tool result per turn. */
+static void test_history_grows(void **state) {
+    (void)state;
+    ba_synth_opts o = synth_opts(1, 3);
+    ba_workload w;
+    char err[256];
+    assert_true(ba_synth_build(&o, &w, err, sizeof err));
+    const ba_session *s = &w.s[0];
+    json_t *h = ba_history_new(s, 1);
+    json_t *m0 = ba_turn_messages(s, h, 0);
+    assert_int_equal(json_array_size(m0), 2);
+    json_decref(m0);
+    const char *reply = "I will read the file.\n  Then \"edit\" it. ";
+    assert_true(ba_feed_reply(s, h, 0, reply, NULL));
+    json_t *m1 = ba_turn_messages(s, h, 1);
+    assert_int_equal(json_array_size(m1), 4);
+    assert_string_equal(role_of(m1, 2), "assistant");
+    assert_string_equal(content_of(m1, 2), reply);
+    assert_string_equal(role_of(m1, 3), "user");
+    assert_true(!strncmp(content_of(m1, 3), "Tool result: exit status 0, call 1 of session 1:", 48));
+    assert_true(json_equal(json_array_get(m1, 0), json_array_get(s->base, 0))); /* the start is unchanged */
+    json_decref(m1);
+    /* a reply with tool calls: the calls go back, the result as role "tool" with their id */
+    json_t *calls = json_loads("[{\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"read_file\","
+                               "\"arguments\":\"{\\\"path\\\":\\\"a.c\\\"}\"}}]", 0, NULL);
+    assert_true(ba_feed_reply(s, h, 1, "", calls));
+    assert_int_equal(json_array_size(h), 6);
+    json_t *a = json_array_get(h, 4), *t = json_array_get(h, 5);
+    assert_true(json_equal(json_object_get(a, "tool_calls"), calls));
+    assert_true(json_is_null(json_object_get(a, "content")));
+    assert_string_equal(role_of(h, 5), "tool");
+    assert_string_equal(json_string_value(json_object_get(t, "tool_call_id")), "call_7");
+    assert_true(ba_feed_reply(s, h, 2, "last", NULL)); /* the last turn adds nothing */
+    assert_int_equal(json_array_size(h), 6);
+    json_decref(calls), json_decref(h);
+    /* from round 2 on the first message is marked, so no cache carries over */
+    h = ba_history_new(s, 2);
+    assert_true(!strncmp(content_of(h, 0), "(round 2)\nYou are an agent", 26));
+    json_decref(h);
+    ba_workload_free(&w);
+}
+
+/* ---- replay ---- */
+
+static const char INLINE_JSONL[] =
+    "{\"id\":\"conv-a\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}],"
+    "\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":\"hi\"},"
+    "{\"role\":\"assistant\",\"content\":\"let me look\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"res\"},{\"role\":\"user\",\"content\":\"and?\"},"
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c2\",\"type\":\"function\","
+    "\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c2\","
+    "\"content\":[{\"type\":\"text\",\"text\":\"ok\"}]},{\"role\":\"assistant\",\"content\":\"done\"}]}\n"
+    "\n"
+    "{\"messages_display\":\"user: where is my order?\\nassistant: None\\ntool: {\\\"id\\\": 1}\\n"
+    "assistant: It is on its way.\\n\\nAnything else?\\nuser: no\\nassistant: bye\"}\n"
+    "{\"task_id\":3,\"tools\":\"agent_tools.json\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+    "{\"role\":\"assistant\",\"content\":\"y\"}]}\n";
+
+static void write_inline(void) {
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"t\"}}]";
+    assert_int_equal(tu_write_file(tu_tmp("agent_tools.json"), tools, strlen(tools)), 0);
+    assert_int_equal(tu_write_file(tu_tmp("agent.jsonl"), INLINE_JSONL, strlen(INLINE_JSONL)), 0);
+}
+
+static void test_replay_inline_text(void **state) {
+    (void)state;
+    write_inline();
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("agent.jsonl"));
+    ba_replay_opts o = {.path = path};
+    ba_workload w;
+    assert_true(ba_replay_load(&o, &w, err, sizeof err) || (fprintf(stderr, "%s\n", err), false));
+    assert_int_equal(w.n, 3);
+    assert_false(w.synthetic);
+    /* conversation 1: tool calls as text, tool results as user messages merged with the next user message */
+    const ba_session *s = &w.s[0];
+    assert_non_null(strstr(s->name, "agent.jsonl:1 (conv-a)"));
+    assert_int_equal(json_array_size(s->tools), 1);
+    assert_int_equal(s->n_turns, 3);
+    assert_int_equal(json_array_size(s->base), 7);
+    assert_string_equal(content_of(s->base, 2),
+                        "let me look\n<tool_call>{\"name\": \"f\", \"arguments\": {\"a\":1}}</tool_call>");
+    assert_string_equal(role_of(s->base, 3), "user");
+    assert_string_equal(content_of(s->base, 3), "Tool result: res\n\nand?");
+    assert_string_equal(content_of(s->base, 4), "<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>");
+    assert_string_equal(content_of(s->base, 5), "Tool result: ok");
+    /* turn k sends everything before the k-th assistant message */
+    int want_end[] = {2, 4, 6};
+    json_t *h = ba_history_new(s, 1);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(s->turn_end[k], want_end[k]);
+        json_t *m = ba_turn_messages(s, h, k);
+        assert_int_equal(json_array_size(m), (size_t)want_end[k]);
+        assert_string_not_equal(role_of(m, json_array_size(m) - 1), "assistant");
+        json_decref(m);
+    }
+    assert_true(ba_feed_reply(s, h, 0, "whatever", NULL)); /* replay: the recorded history stays */
+    assert_int_equal(json_array_size(h), 7);
+    json_decref(h);
+    /* conversation 2: a transcript; "None" is an unrecorded tool call; blank lines stay */
+    s = &w.s[1];
+    assert_int_equal(s->n_turns, 3);
+    assert_int_equal(json_array_size(s->base), 6);
+    assert_string_equal(content_of(s->base, 1), "<tool_call>(not recorded)</tool_call>");
+    assert_string_equal(content_of(s->base, 2), "Tool result: {\"id\": 1}");
+    assert_string_equal(content_of(s->base, 3), "It is on its way.\n\nAnything else?");
+    assert_null(s->tools);
+    /* conversation 3: tools from a file beside the JSONL */
+    s = &w.s[2];
+    assert_non_null(strstr(s->name, "agent.jsonl:4 (task 3)"));
+    json_t *fn = json_object_get(json_array_get(s->tools, 0), "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "t");
+    assert_int_equal(s->n_turns, 1);
+    ba_workload_free(&w);
+}
+
+static void test_replay_inline_native_and_limits(void **state) {
+    (void)state;
+    write_inline();
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("agent.jsonl"));
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"dflt\"}}]", 0, NULL);
+    ba_replay_opts o = {.path = path, .native = true, .limit = 2, .max_turns = 2, .tools = tools};
+    ba_workload w;
+    assert_true(ba_replay_load(&o, &w, err, sizeof err));
+    assert_int_equal(w.n, 2);
+    assert_int_equal(w.s[0].n_turns, 2);
+    assert_int_equal(json_array_size(w.s[0].base), 8); /* as recorded */
+    assert_string_equal(role_of(w.s[0].base, 3), "tool");
+    assert_true(json_is_array(json_object_get(json_array_get(w.s[0].base, 2), "tool_calls")));
+    /* a transcript has no tool-call ids: text form even when native */
+    assert_string_equal(role_of(w.s[1].base, 2), "user");
+    assert_true(json_equal(w.s[1].tools, tools)); /* --replay-tools for one that names none */
+    ba_workload_free(&w);
+    json_decref(tools);
+}
+
+static void expect_load_error(const char *text, const char *msg) {
+    char path[4096], err[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("bad.jsonl"));
+    assert_int_equal(tu_write_file(path, text, strlen(text)), 0);
+    ba_replay_opts o = {.path = path};
+    ba_workload w;
+    bool ok = ba_replay_load(&o, &w, err, sizeof err);
+    if (ok || !strstr(err, msg)) fprintf(stderr, "%s -> %s\n", text, ok ? "loaded" : err);
+    assert_false(ok);
+    assert_non_null(strstr(err, msg));
+}
+
+static void test_replay_errors(void **state) {
+    (void)state;
+    expect_load_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                      "{\"role\":\"assistant\",\"content\":\"b\"}]}\n{not json\n",
+                      "bad.jsonl:2: not a JSON object");
+    expect_load_error("{\"conversation\":[]}\n", "bad.jsonl:1: no \"messages\" array");
+    expect_load_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}\n", "no assistant message to replay");
+    expect_load_error("{\"messages\":[{\"content\":\"a\"}]}\n", "messages[0] has no \"role\"");
+    expect_load_error("{\"messages_display\":\"hello\\nuser: x\"}\n", "does not start with a 'user: '");
+    expect_load_error("{\"tools\":\"missing.json\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                      "{\"role\":\"assistant\",\"content\":\"b\"}]}\n", "missing.json");
+    expect_load_error("\n\n", "holds no conversation");
+    char err[512];
+    ba_workload w;
+    ba_replay_opts o = {.path = "/nonexistent/x.jsonl"};
+    assert_false(ba_replay_load(&o, &w, err, sizeof err));
+    assert_non_null(strstr(err, "cannot read /nonexistent/x.jsonl"));
+}
+
+/* Every conversation of the real files parses, with one turn per assistant message. */
+static void test_replay_real_files(void **state) {
+    (void)state;
+    char tau[4096], swe[4096], err[512];
+    snprintf(tau, sizeof tau, "%s", tu_shared("agent/tau_bench/MockRetailDomainEnv-few_shot.jsonl"));
+    snprintf(swe, sizeof swe, "%s", tu_shared("agent/swe_agent/swe_agent_function_calling_demos.jsonl"));
+    ba_workload w;
+    ba_replay_opts o = {.path = tau};
+    assert_true(ba_replay_load(&o, &w, err, sizeof err) || (fprintf(stderr, "%s\n", err), false));
+    assert_int_equal(w.n, 69);
+    /* count the transcript's assistant lines independently */
+    char *text = tu_read_file(tau, NULL);
+    assert_non_null(text);
+    char *save = NULL;
+    int i = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save), i++) {
+        json_t *doc = json_loads(line, 0, NULL);
+        const char *d = json_string_value(json_object_get(doc, "messages_display"));
+        int n = !strncmp(d, "assistant: ", 11);
+        for (const char *p = d; (p = strstr(p, "\nassistant: ")); p++) n++;
+        assert_true(n > 0);
+        assert_int_equal(w.s[i].n_turns, n);
+        assert_string_equal(role_of(w.s[i].base, 0), "user");
+        json_decref(doc);
+    }
+    assert_int_equal(i, 69);
+    free(text);
+    ba_workload_free(&w);
+    o.path = swe;
+    assert_true(ba_replay_load(&o, &w, err, sizeof err) || (fprintf(stderr, "%s\n", err), false));
+    assert_int_equal(w.n, 4);
+    int want[] = {11, 11, 13, 5};
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(w.s[k].n_turns, want[k]);
+        assert_true(json_array_size(w.s[k].tools) >= 5); /* 5..7 schemas */
+        assert_string_equal(role_of(w.s[k].base, 0), "system");
+        assert_non_null(strstr(content_of(w.s[k].base, 2), "<tool_call>{\"name\": "));
+    }
+    ba_workload_free(&w);
+}
+
+/* ---- the stream parser's reply capture ---- */
+
+static const char SSE_TOOLS[] =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\u00e9\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"read_file\",\"arguments\":\"\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+    "\"function\":{\"arguments\":\"{\\\"pa\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+    "\"function\":{\"arguments\":\"th\\\": 1}\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n"
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":7,"
+    "\"prompt_tokens_details\":{\"cached_tokens\":768}}}\n\n"
+    "data: [DONE]\n\n";
+
+static void test_sse_keeps_reply(void **state) {
+    (void)state;
+    size_t n = strlen(SSE_TOOLS);
+    for (size_t cut = 0; cut <= n; cut += 7) {
+        bs_sse s;
+        bs_sse_init(&s);
+        s.keep_text = true;
+        assert_true(bs_sse_feed(&s, SSE_TOOLS, cut, 1.0));
+        assert_true(bs_sse_feed(&s, SSE_TOOLS + cut, n - cut, 2.0));
+        assert_true(s.done);
+        assert_string_equal(s.text, "Hello \xc3\xa9");
+        assert_int_equal(s.n_tok, 5); /* 2 content chunks + 3 tool-call chunks */
+        assert_int_equal(s.prompt_tokens, 900);
+        assert_int_equal(s.cached_tokens, 768);
+        json_t *want = json_loads("[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"read_file\","
+                                  "\"arguments\":\"{\\\"path\\\": 1}\"}}]", 0, NULL);
+        assert_true(json_equal(s.tool_calls, want));
+        json_decref(want);
+        bs_sse_free(&s);
+    }
+    bs_sse s; /* without keep_text nothing is kept, and no cached tokens is -1 */
+    bs_sse_init(&s);
+    const char *plain = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"usage\":{\"prompt_tokens\":3}}\n";
+    assert_true(bs_sse_feed(&s, plain, strlen(plain), 1.0));
+    assert_null(s.text);
+    assert_int_equal(s.cached_tokens, -1);
+    assert_int_equal(s.n_tok, 1);
+    bs_sse_free(&s);
+}
+
+/* ---- statistics and reports ---- */
+
+/* 2 sessions x 3 turns; TTFT of session s turn t = 10 (s + 1) (t + 1) ms. */
+static void fake_result(ba_workload *w, ba_result *r, bool cached) {
+    static ba_session sess[2] = {{.name = "one", .n_turns = 3}, {.name = "two", .n_turns = 3}};
+    *w = (ba_workload){.s = sess, .n = 2, .synthetic = true};
+    snprintf(w->desc, sizeof w->desc, "fake <workload> & more");
+    assert_true(ba_result_init(r, "http://a", w, 1));
+    for (int s = 0; s < 2; s++) {
+        for (int t = 0; t < 3; t++)
+            r->sess[s].turns[t] = (ba_turn_rec){.prompt_tokens = 100 * (t + 1), .cached_tokens = cached ? 50 * t : -1,
+                                                .completion_tokens = 5, .ttft_ms = 10.0 * (s + 1) * (t + 1),
+                                                .turn_ms = 10.0 * (s + 1) * (t + 1) + 4, .decode_ms = 4};
+        r->sess[s].task_ms = 100.0 * (s + 1);
+    }
+}
+
+static void test_stats(void **state) {
+    (void)state;
+    ba_workload w;
+    ba_result r;
+    ba_summary s;
+    fake_result(&w, &r, true);
+    assert_int_equal(r.sess[1].round, 1);
+    assert_int_equal(r.sess[1].session, 2);
+    assert_true(ba_summarize(&r, &s));
+    assert_int_equal(s.n_turns, 3);
+    /* turn 2: TTFTs 20 and 40; nearest rank: p50 = 20, p95 = 40 */
+    assert_true(s.per_turn[1].ttft_ms.p50 == 20 && s.per_turn[1].ttft_ms.p95 == 40 && s.per_turn[1].n == 2);
+    assert_true(s.per_turn[2].prompt_mean == 300 && s.per_turn[2].cached_mean == 100);
+    /* first turns 10, 20; later turns 20, 30, 40, 60 */
+    assert_true(s.ttft_first_ms.p50 == 10 && s.ttft_first_ms.p99 == 20 && s.ttft_first_ms.n == 2);
+    assert_true(s.ttft_later_ms.p50 == 30 && s.ttft_later_ms.p95 == 60 && s.ttft_later_ms.n == 4);
+    assert_true(s.task_ms.p50 == 100 && s.task_ms.p95 == 200);
+    assert_true(s.prompt_tokens == 1200 && s.cached_tokens == 300 && s.prefill_tokens == 900);
+    assert_true(s.decode_tokens == 30 && s.n_cached == 6);
+    assert_true(fabs(s.decode_tokens_per_s - 24 / 0.024) < 1e-6); /* 4 tokens in 4 ms, 6 times */
+    ba_summary_free(&s);
+    ba_result_free(&r);
+    fake_result(&w, &r, false); /* a server that reports no cached tokens */
+    assert_true(ba_summarize(&r, &s));
+    assert_true(s.n_cached == 0 && s.cached_tokens == 0 && s.prefill_tokens == 1200);
+    assert_int_equal(s.per_turn[0].n_cached, 0);
+    ba_summary_free(&s);
+    ba_result_free(&r);
+}
+
+static char *print_to_string(bs_fmt fmt, const ba_report *rep) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_true(ba_print(f, fmt, rep));
+    fclose(f);
+    return buf;
+}
+
+static void test_reports(void **state) {
+    (void)state;
+    ba_workload w;
+    ba_result r[2];
+    ba_summary s[2];
+    fake_result(&w, &r[0], true);
+    fake_result(&w, &r[1], false);
+    r[1].target = "http://b";
+    for (int t = 0; t < 3; t++) r[1].sess[0].turns[t].ttft_ms *= 2; /* B's later-turn TTFT p50: 40 vs 30 */
+    r[1].sess[0].task_ms = 150;
+    assert_true(ba_summarize(&r[0], &s[0]) && ba_summarize(&r[1], &s[1]));
+    ba_report rep = {.w = &w, .rounds = 1, .concurrency = 2, .gen_tokens = 5, .results = r, .sums = s, .n_targets = 2};
+    double task, later;
+    ba_ratios(&rep, 1, &task, &later);
+    assert_true(fabs(task - 1.5) < 1e-9 && fabs(later - 40.0 / 30) < 1e-9);
+
+    char *md = print_to_string(BS_MD, &rep);
+    assert_non_null(strstr(md, "| turn | samples | prompt tok | cached tok | TTFT p50 ms |"));
+    assert_non_null(strstr(md, "\n| 2 | 2 | 200 | 50 | 20.0 | 40.0 | 40.0 | 24.0 |"));
+    assert_non_null(strstr(md, "\n| 2 | 2 | 200 | n/a | ")); /* B reports no cached tokens */
+    assert_non_null(strstr(md, "### B: http://b"));
+    assert_non_null(
+        strstr(md, "ratio B/A (B: http://b, A: http://a): task time p50 x1.500, later-turn TTFT p50 x1.333"));
+    free(md);
+
+    char *csv = print_to_string(BS_CSV, &rep);
+    const char *head = "target,round,session,name,turn,prompt_tokens,cached_tokens,completion_tokens,ttft_ms,";
+    assert_true(!strncmp(csv, head, strlen(head)));
+    int rows = 0;
+    for (char *p = csv; (p = strchr(p, '\n')); p++) rows++;
+    assert_int_equal(rows, 1 + 2 * 2 * 3);
+    assert_non_null(strstr(csv, "\n\"http://b\",1,2,\"two\",3,300,,5,"));
+    free(csv);
+
+    char *js = print_to_string(BS_JSON, &rep);
+    json_t *doc = json_loads(js, 0, NULL);
+    assert_non_null(doc);
+    json_t *b = json_array_get(json_object_get(doc, "targets"), 1);
+    assert_true(json_is_null(json_object_get(b, "cached_tokens")));
+    assert_int_equal(json_integer_value(json_object_get(b, "prompt_tokens")), 1200);
+    assert_int_equal(json_array_size(json_object_get(b, "sessions")), 2);
+    json_t *ratio = json_array_get(json_object_get(doc, "ratios"), 0);
+    assert_true(json_number_value(json_object_get(ratio, "task_p50")) == 1.5);
+    json_decref(doc);
+    free(js);
+
+    const char *svg = tu_tmp("bench_agent_unit.svg");
+    assert_true(ba_write_svg(svg, &rep));
+    char *text = tu_read_file(svg, NULL);
+    assert_true(!strncmp(text, "<svg ", 5) && strstr(text, "</svg>\n") && strstr(text, "TTFT p50 (ms)"));
+    assert_non_null(strstr(text, "fake &lt;workload&gt; &amp; more"));
+    assert_non_null(strstr(text, "B: http://b"));
+    free(text);
+    for (int i = 0; i < 2; i++) ba_summary_free(&s[i]), ba_result_free(&r[i]);
+}
+
+/* ---- end to end ---- */
+
+static json_t *run_json(const char *args, int want_rc) {
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench agent -m '%s' -t 2 %s --json", KT_BIN, tu_shared("models/stories260K.gguf"),
+             args);
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != want_rc) fprintf(stderr, "%s\n-> %d\n%s\n%s\n", cmd, rc, out, err);
+    assert_int_equal(rc, want_rc);
+    json_error_t jerr;
+    json_t *doc = json_loads(out, 0, &jerr);
+    if (!doc) fprintf(stderr, "not JSON: %s\n%s\n", jerr.text, out);
+    assert_non_null(doc);
+    free(out), free(err);
+    return doc;
+}
+
+static double num(json_t *o, const char *key) {
+    return json_number_value(json_object_get(o, key));
+}
+
+/* Every turn: prompts grow, exactly gen tokens, 0 < TTFT <= turn time. */
+static void check_session(json_t *s, int n_turns, int gen) {
+    json_t *turns = json_object_get(s, "turns");
+    assert_int_equal(json_array_size(turns), (size_t)n_turns);
+    double sum = 0, last_prompt = 0;
+    for (int t = 0; t < n_turns; t++) {
+        json_t *tr = json_array_get(turns, (size_t)t);
+        assert_int_equal(json_integer_value(json_object_get(tr, "turn")), t + 1);
+        double p = num(tr, "prompt_tokens"), ttft = num(tr, "ttft_ms"), ms = num(tr, "turn_ms");
+        assert_true(p > last_prompt);
+        if (gen) assert_int_equal(json_integer_value(json_object_get(tr, "completion_tokens")), gen);
+        assert_true(ttft > 0 && ttft <= ms && ms < 60000);
+        last_prompt = p, sum += ms;
+    }
+    assert_true(num(s, "task_ms") >= sum * 0.999); /* turns run one after another */
+}
+
+static void test_end_to_end(void **state) {
+    (void)state;
+    const char *svg = tu_tmp("bench_agent.svg");
+    remove(svg);
+    char args[4096];
+    snprintf(args, sizeof args, "--sessions 2 --turns 3 --system-tokens 100 --doc-tokens 100 --tool-tokens 30 "
+             "--gen-tokens 8 --svg '%s'", svg);
+    json_t *doc = run_json(args, 0);
+    assert_string_equal(json_string_value(json_object_get(doc, "mode")), "synthetic");
+    json_t *tg = json_array_get(json_object_get(doc, "targets"), 0), *sess = json_object_get(tg, "sessions");
+    assert_int_equal(json_array_size(sess), 2);
+    for (size_t i = 0; i < 2; i++) check_session(json_array_get(sess, i), 3, 8);
+    /* at ~100 + 100 tokens, the first prompt is a few hundred tokens (a 512-token vocabulary) */
+    double p1 = num(json_array_get(json_object_get(tg, "per_turn"), 0), "prompt_tokens_mean");
+    assert_true(p1 >= 150 && p1 <= 600);
+    assert_int_equal(json_integer_value(json_object_get(tg, "decode_tokens")), 2 * 3 * 8);
+    json_t *later = json_object_get(tg, "ttft_later_ms");
+    assert_int_equal(json_integer_value(json_object_get(later, "samples")), 4);
+    assert_true(num(later, "p50") > 0 && num(later, "p50") <= num(later, "p95"));
+    assert_true(num(tg, "peak_rss_bytes") > 1e6); /* our child: VmHWM was read */
+    assert_true(num(tg, "prefill_tokens") <= num(tg, "prompt_tokens"));
+    json_decref(doc);
+    char *text = tu_read_file(svg, NULL);
+    assert_true(text && !strncmp(text, "<svg ", 5) && strstr(text, "Time to first token"));
+    free(text);
+}
+
+static void test_end_to_end_replay(void **state) {
+    (void)state;
+    char args[4096];
+    snprintf(args, sizeof args, "--ctx 4096 --replay '%s' --replay-limit 2 --turns 2 --gen-tokens 4 --concurrency 1",
+             tu_shared("agent/tau_bench/MockRetailDomainEnv-few_shot.jsonl"));
+    json_t *doc = run_json(args, 0);
+    assert_string_equal(json_string_value(json_object_get(doc, "mode")), "replay");
+    assert_int_equal(json_integer_value(json_object_get(doc, "concurrency")), 1);
+    json_t *sess = json_object_get(json_array_get(json_object_get(doc, "targets"), 0), "sessions");
+    assert_int_equal(json_array_size(sess), 2);
+    for (size_t i = 0; i < 2; i++) check_session(json_array_get(sess, i), 2, 4);
+    json_decref(doc);
+}
+
+/* ---- failures ---- */
+
+static void expect_failure(const char *args, int want_rc, const char *msg1, const char *msg2) {
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench agent %s", KT_BIN, args);
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != want_rc || !strstr(err, msg1) || (msg2 && !strstr(err, msg2)))
+        fprintf(stderr, "%s\n-> %d\n%s\n", cmd, rc, err);
+    assert_int_equal(rc, want_rc);
+    assert_non_null(strstr(err, msg1));
+    if (msg2) assert_non_null(strstr(err, msg2));
+    free(out), free(err);
+}
+
+/* A fake server: /tokenize is 404, the warm-up ("Hello.") gets a good
+ * stream, a turn gets what `mode` says. Runs in a child until killed. */
+static void fake_reply(int c, const char *req, const char *mode) {
+    static const char HEAD[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+    static const char CHUNK[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
+    if (strstr(req, "/tokenize")) {
+        const char *nf = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        (void)!write(c, nf, strlen(nf));
+        return;
+    }
+    (void)!write(c, HEAD, sizeof HEAD - 1);
+    (void)!write(c, CHUNK, sizeof CHUNK - 1);
+    if (!strstr(req, "DOCUMENT")) (void)!write(c, "data: [DONE]\n\n", 14);
+    else if (!strcmp(mode, "malformed")) (void)!write(c, "data: {oops\n\n", 13);
+    else if (!strcmp(mode, "stall")) sleep(30);
+}
+
+static void fake_serve(int ls, const char *mode) {
+    for (;;) {
+        int c = accept(ls, NULL, NULL);
+        if (c < 0) _exit(0);
+        char req[65536];
+        size_t n = 0;
+        ssize_t k;
+        /* the whole request: headers, then Content-Length bytes of body */
+        while (n < sizeof req - 1 && (k = read(c, req + n, sizeof req - 1 - n)) > 0) {
+            n += (size_t)k, req[n] = 0;
+            char *end = strstr(req, "\r\n\r\n"), *cl = strcasestr(req, "content-length:");
+            if (end && (!cl || (size_t)(end + 4 - req) + strtoul(cl + 15, NULL, 10) <= n)) break;
+        }
+        req[n] = 0;
+        fake_reply(c, req, mode);
+        close(c);
+    }
+}
+
+static pid_t fake_start(const char *mode, int *port) {
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(ls >= 0 && !bind(ls, (struct sockaddr *)&a, sizeof a) && !listen(ls, 16));
+    assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) fake_serve(ls, mode);
+    close(ls);
+    return pid;
+}
+
+static void expect_fake_failure(const char *mode, const char *extra, const char *msg) {
+    int port;
+    pid_t pid = fake_start(mode, &port);
+    char args[512];
+    snprintf(args, sizeof args, "--url http://127.0.0.1:%d --sessions 2 --turns 2 --system-tokens 50 "
+             "--doc-tokens 50 --tool-tokens 10 --gen-tokens 4 %s", port, extra);
+    expect_failure(args, 1, ", turn 1/2: ", msg); /* "URL, round 1, session N, turn 1/2: MSG" */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static void test_failures(void **state) {
+    (void)state;
+    char args[4096];
+    expect_failure("--url http://127.0.0.1:1", 1, "http://127.0.0.1:1, warm-up request: connection failed", NULL);
+    snprintf(args, sizeof args, "-m '%s' -t 2 --ctx 256 --sessions 1", tu_shared("models/stories260K.gguf"));
+    expect_failure(args, 1, "round 1, session 1, turn 1/4: HTTP 400", "context");
+    expect_fake_failure("malformed", "", "a data line is not a JSON object");
+    expect_fake_failure("cut", "", "the stream ended before 'data: [DONE]'");
+    expect_fake_failure("stall", "--timeout 1", "timed out");
+    expect_failure("-m /nonexistent.gguf", 1, "exited before listening", "nonexistent");
+    expect_failure("", 2, "--url URL (up to 4) or -m MODEL", NULL);
+    expect_failure("--url a --url b --url c --url d --url e", 2, "at most 4 --url", NULL);
+    expect_failure("--url http://x -t 2", 2, "need -m", NULL);
+    expect_failure("--url http://x --replay f.jsonl --doc-tokens 8k", 2, "--doc-tokens is for the synthetic", NULL);
+    expect_failure("--url http://x --replay-limit 3", 2, "need --replay", NULL);
+    expect_failure("--url http://x --tool-format xml", 2, "text or native", NULL);
+    expect_failure("--url http://x --doc-tokens 3q", 2, "--doc-tokens", NULL);
+    expect_failure("--url http://127.0.0.1:1 --replay /nonexistent.jsonl", 1, "cannot read /nonexistent.jsonl", NULL);
+    char *out = NULL;
+    snprintf(args, sizeof args, "%s bench agent --help", KT_BIN);
+    assert_int_equal(tu_run(args, &out, NULL), 0);
+    const char *opts[] = {"--url", "--model", "--sessions", "--concurrency", "--turns", "--system-tokens",
+                          "--doc-tokens", "--tool-tokens", "--gen-tokens", "--seed", "--replay ", "--replay-limit",
+                          "--replay-tools", "--tool-format", "--rounds", "--model-name", "--api-key", "--timeout",
+                          "--json", "--csv", "--svg", "--chat-template"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) assert_non_null(strstr(out, opts[i]));
+    free(out);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN); /* the fake server writes to clients that may have gone */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_words),
+        cmocka_unit_test(test_synth_deterministic),
+        cmocka_unit_test(test_synth_small_and_tools),
+        cmocka_unit_test(test_history_grows),
+        cmocka_unit_test(test_replay_inline_text),
+        cmocka_unit_test(test_replay_inline_native_and_limits),
+        cmocka_unit_test(test_replay_errors),
+        cmocka_unit_test(test_replay_real_files),
+        cmocka_unit_test(test_sse_keeps_reply),
+        cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_reports),
+        cmocka_unit_test(test_end_to_end),
+        cmocka_unit_test(test_end_to_end_replay),
+        cmocka_unit_test(test_failures),
+    };
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
+}
