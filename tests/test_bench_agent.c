@@ -114,6 +114,16 @@ static void test_synth_small_and_tools(void **state) {
     assert_null(w.s[0].tools); /* no schema fits in 60 of 100 tokens */
     assert_non_null(strstr(w.desc, "0 tool schemas"));
     ba_workload_free(&w);
+    /* --tools-in-system: the schemas are in the system text, no tools field */
+    o = synth_opts(1, 2);
+    o.tools_in_system = true;
+    assert_true(ba_synth_build(&o, &w, err, sizeof err));
+    assert_null(w.s[0].tools);
+    const char *sys = json_string_value(json_object_get(json_array_get(w.s[0].base, 0), "content"));
+    assert_non_null(sys);
+    assert_non_null(strstr(sys, "Tools (JSON schemas): [{"));
+    assert_non_null(strstr(sys, "read_file"));
+    ba_workload_free(&w);
     json_t *t = ba_synth_tools(1100, &FIXED_SIZING);
     assert_int_equal(json_array_size(t), 4);
     assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(t, 0), "function"), "name")),

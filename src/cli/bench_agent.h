@@ -59,6 +59,7 @@ typedef struct ba_synth_opts {
     int sessions, turns, system_tokens, doc_tokens, tool_tokens;
     uint64_t seed;
     ba_sizing sz;
+    bool tools_in_system; /* the schemas as JSON text in the system prompt, no `tools` field */
 } ba_synth_opts;
 
 /* The tool schemas of the synthetic system prompt (a new array): as many

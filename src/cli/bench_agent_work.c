@@ -177,7 +177,12 @@ static json_t *system_message(const ba_synth_opts *o, json_t *tools) {
     json_t *t;
     json_array_foreach(tools, i, t) fixed += tool_tokens(t, &o->sz);
     int words = words_for(o->system_tokens, fixed, &o->sz);
-    json_t *content = text_of(SYSTEM_HEAD, " ", seed_of(o->seed, 1, 0, 0), words, "");
+    char *schemas = o->tools_in_system && json_array_size(tools) ? json_dumps(tools, JSON_COMPACT) : NULL;
+    char *tail = NULL;
+    if (schemas && asprintf(&tail, "\n\nTools (JSON schemas): %s", schemas) < 0) tail = NULL;
+    free(schemas);
+    json_t *content = text_of(SYSTEM_HEAD, " ", seed_of(o->seed, 1, 0, 0), words, tail ? tail : "");
+    free(tail);
     return content ? json_pack("{s:s, s:o}", "role", "system", "content", content) : NULL;
 }
 
@@ -209,7 +214,7 @@ static json_t *tool_texts(const ba_synth_opts *o, int session) {
 static bool synth_session(const ba_synth_opts *o, int i, json_t *tools, ba_session *s) {
     snprintf(s->name, sizeof s->name, "session %d", i + 1);
     s->n_turns = o->turns;
-    s->tools = json_array_size(tools) ? json_incref(tools) : NULL;
+    s->tools = json_array_size(tools) && !o->tools_in_system ? json_incref(tools) : NULL;
     json_t *sys = system_message(o, tools), *doc = doc_message(o, i);
     s->base = sys && doc ? json_pack("[O, O]", sys, doc) : NULL;
     json_decref(sys), json_decref(doc);

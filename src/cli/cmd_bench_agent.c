@@ -51,7 +51,7 @@ typedef struct ba_opts {
     int n_srv_args;
     int sessions, concurrency, turns, system_tokens, doc_tokens, tool_tokens, gen_tokens;
     int replay_limit, rounds, timeout_s, seed;
-    bool native_tools;
+    bool native_tools, tools_in_system;
     const char *synth_only; /* the first option given that only the synthetic workload takes */
     bool turns_set;
     bs_fmt fmt;
@@ -76,6 +76,9 @@ static void usage(FILE *out) {
             "  --doc-tokens N       each session's document in its first message (default 1300)\n"
             "  --tool-tokens N      the tool result appended after each turn (default 280)\n"
             "  --seed N             another seed gives other texts of the same sizes (default 1)\n"
+            "  --tools-in-system    put the tool schemas into the system prompt as JSON text and send\n"
+            "                       no `tools` field: the same prompt for servers whose template drops\n"
+            "                       tools, or that refuse tools with streaming (llama-server b4753)\n"
             "                       token sizes take a k suffix (x1000): --doc-tokens 8k, 32k\n"
             "replay of recorded conversations:\n"
             "  --replay FILE.jsonl  one conversation a line: \"messages\" (OpenAI) or \"messages_display\"\n"
@@ -146,6 +149,11 @@ static int take_string(int argc, char **argv, int *i, ba_opts *o) {
         if (r < 0) return 2;
         if (o->n_urls == MAX_URLS) return cli_usage_error(CMD, "at most %d --url", MAX_URLS);
         o->urls[o->n_urls++] = v;
+        return 1;
+    }
+    if (!strcmp(argv[*i], "--tools-in-system")) {
+        o->tools_in_system = true;
+        if (!o->synth_only) o->synth_only = "--tools-in-system";
         return 1;
     }
     if ((r = cli_opt(CMD, argc, argv, i, "--tool-format", &v))) {
@@ -299,7 +307,7 @@ static bool build_workload(const ba_opts *o, const bh_conn *first, ba_workload *
     } else {
         ba_synth_opts so = {.sessions = o->sessions, .turns = o->turns, .system_tokens = o->system_tokens,
                             .doc_tokens = o->doc_tokens, .tool_tokens = o->tool_tokens, .seed = (uint64_t)o->seed,
-                            .sz = calibrate(first)};
+                            .sz = calibrate(first), .tools_in_system = o->tools_in_system};
         ok = ba_synth_build(&so, w, err, sizeof err);
     }
     if (!ok) fprintf(stderr, "kettle %s: %s\n", CMD, err);
