@@ -111,6 +111,7 @@ typedef struct reply {
     char *body;
     size_t len;
     char retry_after[16];
+    bool cache_hit;     /* x-kettle-cache: hit */
     size_t abort_after; /* > 0: drop the connection after this many bytes */
 } reply;
 
@@ -126,6 +127,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ctx) {
 
 static size_t on_header(char *data, size_t size, size_t n, void *ctx) {
     reply *r = ctx;
+    if (size * n >= 19 && !strncasecmp(data, "x-kettle-cache: hit", 19)) r->cache_hit = true;
     if (size * n > 13 && !strncasecmp(data, "Retry-After: ", 13))
         snprintf(r->retry_after, sizeof r->retry_after, "%.*s", (int)strcspn(data + 13, "\r\n"), data + 13);
     return size * n;
@@ -886,6 +888,64 @@ static void test_reply_ids_reused(void **state) {
     stop_server(&s);
 }
 
+/* --result-cache: a repeated deterministic request is answered from the
+ * stored completion (marked), streamed or not, with the same text; a
+ * sampled request without a seed, one with logprobs and one with other
+ * parameters are not. */
+static void test_result_cache(void **state) {
+    (void)state;
+    server s = start_server("serve-results.log", "--result-cache 8");
+    const char *greedy = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":12,\"temperature\":0}";
+    reply a = post(&s, "/v1/completions", greedy), b = post(&s, "/v1/completions", greedy);
+    assert_int_equal(a.status, 200);
+    assert_int_equal(b.status, 200);
+    assert_false(a.cache_hit);
+    assert_true(b.cache_hit);
+    json_t *ja = parse(a.body), *jb = parse(b.body);
+    assert_string_equal(jstr(json_array_get(json_object_get(ja, "choices"), 0), "text", NULL),
+                        jstr(json_array_get(json_object_get(jb, "choices"), 0), "text", NULL));
+    assert_int_equal(cached_tokens_of(json_object_get(jb, "usage")),
+                     json_integer_value(json_object_get(json_object_get(jb, "usage"), "prompt_tokens")));
+    /* the same request streamed: the stored text as chunks */
+    reply c = post(&s, "/v1/completions", "{\"prompt\":\"" PROMPT "\",\"max_tokens\":12,\"temperature\":0,\"stream\":true}");
+    assert_true(c.cache_hit);
+    json_t *ev = sse_events(c.body);
+    {
+        char text[512] = "";
+        for (size_t i = 0; i < json_array_size(ev); i++) {
+            const char *t = jstr(json_array_get(json_object_get(json_array_get(ev, i), "choices"), 0), "text", NULL);
+            if (t) strncat(text, t, sizeof text - strlen(text) - 1);
+        }
+        assert_string_equal(text, jstr(json_array_get(json_object_get(ja, "choices"), 0), "text", NULL));
+    }
+    json_decref(ev), json_decref(ja), json_decref(jb);
+    free(a.body), free(b.body), free(c.body);
+    const char *never[] = {
+        "{\"prompt\":\"" PROMPT "\",\"max_tokens\":12,\"temperature\":1}",             /* no seed */
+        "{\"prompt\":\"" PROMPT "\",\"max_tokens\":12,\"temperature\":0,\"logprobs\":1}", /* logprobs */
+        "{\"prompt\":\"" PROMPT "\",\"max_tokens\":11,\"temperature\":0}",             /* other length */
+    };
+    for (size_t k = 0; k < 3; k++)
+        for (int rep = 0; rep < 2; rep++) {
+            reply r = post(&s, "/v1/completions", never[k]);
+            assert_int_equal(r.status, 200);
+            if (r.cache_hit && (k < 2 || rep == 0)) fail_msg("request %zu answered from the cache", k);
+            free(r.body);
+        }
+    /* a seeded sampled request is deterministic: stored */
+    const char *seeded = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":12,\"temperature\":1,\"seed\":9}";
+    reply d = post(&s, "/v1/completions", seeded), e2 = post(&s, "/v1/completions", seeded);
+    assert_false(d.cache_hit);
+    assert_true(e2.cache_hit);
+    json_t *jd = parse(d.body), *je = parse(e2.body);
+    assert_string_equal(jstr(json_array_get(json_object_get(jd, "choices"), 0), "text", NULL),
+                        jstr(json_array_get(json_object_get(je, "choices"), 0), "text", NULL));
+    json_decref(jd), json_decref(je);
+    free(d.body), free(e2.body);
+    assert_int_equal(metric(&s, "kettle_result_cache_hits_total"), 4);
+    stop_server(&s);
+}
+
 /* SIGTERM while a stream runs: the stream ends as "cancelled" with
  * [DONE], and the server still exits 0. */
 static void test_shutdown_mid_stream(void **state) {
@@ -1090,6 +1150,7 @@ int main(void) {
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_shutdown_mid_stream),
         cmocka_unit_test(test_reply_ids_reused),
+        cmocka_unit_test(test_result_cache),
     };
     int failed = cmocka_run_group_tests_name("server json", unit, NULL, NULL);
     return tu_result(failed + cmocka_run_group_tests_name("kettle serve", e2e, group_setup, group_teardown));

@@ -28,6 +28,7 @@
 typedef struct serve_opts {
     const char *model, *host, *api_key, *alias, *template_arg, *kv_type, *prefix_cache, *cache_dir;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
+    int result_cache;
     kt_load_mode load;
     float itl_stretch;
     bool has_stretch, log_requests;
@@ -56,6 +57,9 @@ static void usage(FILE *out) {
             "                          after a restart; without it nothing touches the disk\n"
             "      --cache-disk-mb N   at most N MiB of files in --cache-dir (default 10240); the\n"
             "                          least recently used go first\n"
+            "      --result-cache N    answer a repeated deterministic request (temperature 0 or an\n"
+            "                          explicit seed, no logprobs) from the last N answers, without\n"
+            "                          decoding; marked x-kettle-cache: hit (default 0: off)\n"
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
             "      --http-threads N    HTTP worker threads (default 4)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
@@ -81,7 +85,8 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--parallel", NULL, 1, 1024, &o->n_parallel}, {"--kv-mb", NULL, 0, 1 << 24, &o->kv_mb},
                          {"--batch-tokens", NULL, 1, 1 << 20, &o->batch_tokens}, {"--threads", "-t", 1, 1024, &o->n_threads},
                          {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads},
-                         {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb}};
+                         {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
+                         {"--result-cache", NULL, 0, 1 << 20, &o->result_cache}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--alias", NULL, &o->alias}, {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
@@ -164,7 +169,8 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     const char *base = strrchr(o->model, '/');
     srv_config cfg = {.host = o->host, .port = o->port, .api_key = o->api_key,
                       .model_name = o->alias ? o->alias : base ? base + 1 : o->model, .template_text = tmpl,
-                      .http_threads = o->http_threads, .log_requests = o->log_requests};
+                      .http_threads = o->http_threads, .log_requests = o->log_requests,
+                      .result_cache = o->result_cache};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
         kt_engine_free(engine);

@@ -43,6 +43,7 @@
 
 #include "base/error.h"
 #include "server/http_internal.h"
+#include "server/results.h"
 #include "server/sampled.h"
 
 /* ---- links ---- */
@@ -180,7 +181,13 @@ static int drain(srv_conn *c) {
             return -1;
         }
     }
-    if (r < 0) srv_reply_remember(&c->reply, c->s->sampled);
+    if (r < 0) {
+        srv_reply_remember(&c->reply, c->s->sampled);
+        if (c->result_cacheable) {
+            kt_request_usage u = kt_request_get_usage(c->req);
+            srv_results_put(c->s->results, c->result_key, &c->reply, &u);
+        }
+    }
     return r < 0 ? 1 : 0;
 }
 
@@ -202,12 +209,14 @@ static ssize_t stream_tail(srv_conn *c, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-static bool stream_end(srv_conn *c) {
-    if (c->gen.include_usage) {
-        kt_request_usage u = kt_request_get_usage(c->req);
-        if (!srv_buf_sse(&c->out, srv_chunk_usage(&c->reply, &u))) return false;
-    }
+static bool stream_end_with(srv_conn *c, const kt_request_usage *u) {
+    if (c->gen.include_usage && !srv_buf_sse(&c->out, srv_chunk_usage(&c->reply, u))) return false;
     return srv_buf_append(&c->out, "data: [DONE]\n\n", 14);
+}
+
+static bool stream_end(srv_conn *c) {
+    kt_request_usage u = kt_request_get_usage(c->req);
+    return stream_end_with(c, &u);
 }
 
 /* MHD's content reader for a stream: bytes ready, or suspend until the
@@ -326,17 +335,44 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     int32_t *ids = NULL;
     int n = srv_prompt_tokens(s->model, s->cfg.template_text, s->sampled, &c->gen, &ids, e);
     if (n < 0) return false;
-    bool ok = (c->link = link_acquire(s, c->mc)) != NULL;
+    if (s->results && srv_result_cacheable(&c->gen)) {
+        c->result_key = srv_result_key_of(&c->gen, ids, n);
+        c->result_hit = srv_results_get(s->results, c->result_key, &c->result);
+        c->result_cacheable = !c->result_hit;
+    }
+    bool ok = c->result_hit || (c->link = link_acquire(s, c->mc)) != NULL;
     if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    ok = ok && submit(c, ids, n, e) && start_reply(c, e);
+    ok = ok && (c->result_hit || submit(c, ids, n, e)) && start_reply(c, e);
     free(ids);
     return ok;
+}
+
+/* --result-cache hit: the stored answer, as a stream or a whole reply,
+ * without the engine (x-kettle-cache: hit). */
+static enum MHD_Result answer_from_results(srv_conn *c) {
+    srv_error e;
+    srv_result *res = &c->result;
+    kt_request_usage u = res->usage;
+    u.cached_tokens = u.prompt_tokens; /* nothing was computed */
+    bool ok = true;
+    for (int i = 0; ok && i < res->n_choices; i++) {
+        kt_event ev = {.choice = i, .token = -1, .text = res->text[i], .text_len = res->len[i], .finish = res->finish[i]};
+        ok = c->gen.stream ? srv_reply_track(&c->reply, &ev) && stream_event(c, &ev) : srv_reply_add(&c->reply, &ev);
+    }
+    if (!ok) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
+    if (!c->gen.stream) return srv_respond_json(c, 200, srv_reply_json(&c->reply, &u));
+    if (!stream_end_with(c, &u)) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
+    char *body = c->out.data;
+    size_t len = c->out.len;
+    c->out = (srv_buf){0};
+    return srv_respond(c, 200, "text/event-stream", body, len);
 }
 
 enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
     srv_error e;
     c->started = true;
     if (!prepare(c, kind, &e)) return srv_respond_error(c, &e);
+    if (c->result_hit) return answer_from_results(c);
     return c->gen.stream ? start_stream(c) : srv_gen_continue(c);
 }
 
@@ -386,6 +422,7 @@ void srv_gen_release(srv_conn *c) {
     }
     if (c->link) link_release(c->link), c->link = NULL;
     if (c->have_reply) srv_reply_free(&c->reply), c->have_reply = false;
+    srv_result_clear(&c->result);
     if (c->have_gen) srv_gen_req_free(&c->gen), c->have_gen = false;
     json_decref(c->json), c->json = NULL;
     srv_buf_free(&c->out);

@@ -68,6 +68,7 @@ enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, c
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (c->result_hit) MHD_add_response_header(r, "x-kettle-cache", "hit");
     if (status == 405)
         for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
             if (ROUTES[i].ep == c->ep) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ROUTES[i].method);
@@ -132,6 +133,19 @@ static enum MHD_Result metrics(srv_conn *c) {
     pthread_mutex_unlock(&s->engine_mu);
     char *text = srv_metrics_text(&s->metrics, &st);
     if (!text) return MHD_NO;
+    if (s->results) { /* the result cache is the server's, not the engine's */
+        srv_buf b = {text, strlen(text), strlen(text) + 1};
+        char line[200];
+        int n = snprintf(line, sizeof line,
+                         "# HELP kettle_result_cache_hits_total requests answered from --result-cache\n"
+                         "# TYPE kettle_result_cache_hits_total counter\nkettle_result_cache_hits_total %llu\n",
+                         (unsigned long long)srv_results_hits(s->results));
+        if (!srv_buf_append(&b, line, (size_t)n)) {
+            free(b.data);
+            return MHD_NO;
+        }
+        text = b.data;
+    }
     return srv_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
 }
 
@@ -293,6 +307,7 @@ srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg,
     pthread_mutex_init(&s->link_mu, NULL);
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
     if (!srv_metrics_init(&s->metrics) || !(s->sampled = srv_sampled_new(1u << 20)) ||
+        (s->cfg.result_cache > 0 && !(s->results = srv_results_new(s->cfg.result_cache))) ||
         !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         s->engine = NULL; /* still the caller's */
@@ -321,6 +336,7 @@ void srv_stop(srv_server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_links_free(s);
     srv_sampled_free(s->sampled);
+    srv_results_free(s->results);
     srv_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->engine_mu);
     pthread_mutex_destroy(&s->link_mu);

@@ -25,6 +25,7 @@ typedef struct srv_config {
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     bool log_requests;         /* one line per generation request on stderr */
+    int result_cache;          /* answers of deterministic requests kept (0: off) */
 } srv_config;
 
 typedef struct srv_server srv_server;

@@ -13,6 +13,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/results.h"
 
 /* The engine's way back to a connection. The engine thread calls
  * link_notify(link) when a request has news; if the connection is
@@ -46,6 +47,7 @@ struct srv_server {
     bool shutting;          /* under link_mu: no more suspending */
     srv_metrics metrics;
     struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h) */
+    srv_results *results;   /* --result-cache (results.h), or NULL */
     unsigned long long n_requests; /* for ids and default seeds (atomic) */
 };
 
@@ -69,6 +71,11 @@ typedef struct srv_conn {
     srv_reply reply;
     srv_buf out;            /* stream bytes not yet handed to MHD */
     size_t out_pos;
+    /* --result-cache */
+    bool result_cacheable;  /* store the answer when it is done */
+    bool result_hit;        /* answered from `result` */
+    srv_result_key result_key;
+    srv_result result;
 } srv_conn;
 
 /* http.c */

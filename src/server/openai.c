@@ -254,6 +254,7 @@ static bool parse_sampling(json_t *body, uint64_t random_seed, srv_gen_req *r, s
     if (field(body, "seed")) {
         if (!read_int(body, "seed", INT64_MIN, INT64_MAX, &seed, e)) return false;
         sp->seed = (uint64_t)seed;
+        r->seed_given = true;
     }
     return true;
 }

@@ -49,6 +49,7 @@ typedef struct srv_gen_req {
     int max_tokens;            /* <= 0: until the context is full */
     int n_choices;
     kt_sampler_params sampling;
+    bool seed_given;           /* the request named its seed (else a fresh one) */
     const char *stop[KT_MAX_STOP];
     int n_stop;
     bool logprobs;
