@@ -156,6 +156,22 @@ void kt_session_truncate(kt_session *s, int n_keep);
 kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n,
                           float *logits, bool all_logits, kt_error *err);
 
+/* Writes the KV of the first n positions (n <= kt_session_n_past), the
+ * token ids that filled them and a caller's note (e.g. the conversation
+ * as JSON; may be NULL) to path: marked with the model's fingerprint,
+ * checksummed, and written atomically (a temporary, then a rename), so a
+ * crash leaves the old file or the new one. */
+kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *tokens, int n,
+                          const char *note, kt_error *err);
+/* Restores a file of kt_session_save into s: *tokens (malloc'ed, *n of
+ * them) and *note (malloc'ed, NULL if none) are what was saved, and s
+ * holds their KV, so the next eval continues after them. KT_ERR_IO when
+ * the file cannot be read, KT_ERR_FORMAT when it is truncated or corrupt,
+ * KT_ERR_ARG when it belongs to another model or KV type or does not fit
+ * s's context; s is then empty (truncated to 0). */
+kt_status kt_session_load(kt_session *s, const char *path, int32_t **tokens, int *n, char **note,
+                          kt_error *err);
+
 /* ---- sampling ---------------------------------------------------------- */
 
 typedef struct kt_sampler_params {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -172,6 +173,51 @@ static void test_chat_reuses_kv_between_turns(void **state) {
     free(out), free(out2), free(err);
 }
 
+/* --session: the second run restores the first's conversation and KV, so
+ * its first prompt reuses every token the first run left; another model's
+ * run refuses the file with a message and leaves it as it is. */
+static void test_chat_session_file(void **state) {
+    (void)state;
+    char sess[512], in1[512], in2[512];
+    snprintf(sess, sizeof sess, "%s", tu_tmp("chat.kts"));
+    snprintf(in1, sizeof in1, "%s", tu_tmp("chat-s1.txt"));
+    snprintf(in2, sizeof in2, "%s", tu_tmp("chat-s2.txt"));
+    unlink(sess);
+    assert_int_equal(tu_write_file(in1, "Once upon a time\n", 17), 0);
+    assert_int_equal(tu_write_file(in2, "The dog ran\n", 12), 0);
+    char args[8192], *out = NULL, *err = NULL;
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml --temp 0 -n 12 --session '%s' < '%s'",
+             tu_shared("models/stories260K.gguf"), sess, in1);
+    assert_int_equal(run(args, &out, &err), 0);
+    int n_saved = -1, n_msgs = -1;
+    const char *saved = strstr(err, "[saved ");
+    assert_non_null(saved);
+    assert_int_equal(sscanf(saved, "[saved %d messages and %d tokens", &n_msgs, &n_saved), 2);
+    assert_int_equal(n_msgs, 2);
+    free(out), free(err);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml --temp 0 -n 12 --session '%s' < '%s'",
+             tu_shared("models/stories260K.gguf"), sess, in2);
+    assert_int_equal(run(args, &out, &err), 0);
+    int n, reused, prefilled;
+    const char *p = strstr(err, "[prompt ");
+    assert_non_null(strstr(err, "[restored 2 messages"));
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "[prompt %d tokens: %d reused, %d prefilled", &n, &reused, &prefilled), 3);
+    assert_int_equal(reused, n_saved);
+    free(out), free(err);
+    size_t before;
+    char *was = tu_read_file(sess, &before);
+    snprintf(args, sizeof args, "chat -m '%s' --chat-template chatml -n 2 --session '%s' < '%s'",
+             tu_shared("models/test-tiny-Q4_0.gguf"), sess, in2);
+    assert_int_not_equal(run(args, &out, &err), 0);
+    assert_non_null(strstr(err, "another model"));
+    size_t after;
+    char *now = tu_read_file(sess, &after);
+    assert_int_equal(before, after);
+    assert_memory_equal(was, now, before);
+    free(was), free(now), free(out), free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_ids_match_golden),
@@ -181,6 +227,7 @@ int main(void) {
         cmocka_unit_test(test_template_renders_expected),
         cmocka_unit_test(test_template_builtin_and_errors),
         cmocka_unit_test(test_chat_reuses_kv_between_turns),
+        cmocka_unit_test(test_chat_session_file),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -197,6 +197,67 @@ static void test_truncate_and_replay(void **state) {
     kt_model_free(m);
 }
 
+/* kt_session_save / _load: a restored session continues with the logits
+ * of the one that was saved, bit for bit; a damaged file, another model's
+ * file and one too long for the context are refused with KT_ERR_FORMAT /
+ * KT_ERR_ARG and leave the session empty. */
+static void test_save_restore(void **state) {
+    (void)state;
+    kt_model *m = load("models/stories260K.gguf");
+    int nv = kt_model_describe(m)->n_vocab;
+    int32_t *toks = some_tokens(20, nv);
+    kt_session *s = session(m, 64, 2), *t = session(m, 64, 2);
+    kt_error err = {0};
+    float *a = malloc(sizeof(float) * (size_t)nv), *b = malloc(sizeof(float) * (size_t)nv);
+    assert_int_equal(kt_session_eval(s, toks, 15, NULL, false, &err), KT_OK);
+    char path[512], bad[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("session.kts"));
+    snprintf(bad, sizeof bad, "%s", tu_tmp("session-bad.kts"));
+    assert_int_equal(kt_session_save(s, path, toks, 15, "{\"note\":1}", &err), KT_OK);
+    assert_int_equal(kt_session_eval(s, toks + 15, 5, a, false, &err), KT_OK);
+    int32_t *got = NULL;
+    char *note = NULL;
+    int n = 0;
+    assert_int_equal(kt_session_load(t, path, &got, &n, &note, &err), KT_OK);
+    assert_int_equal(n, 15);
+    assert_memory_equal(got, toks, sizeof(int32_t) * 15);
+    assert_string_equal(note, "{\"note\":1}");
+    assert_int_equal(kt_session_n_past(t), 15);
+    assert_int_equal(kt_session_eval(t, toks + 15, 5, b, false, &err), KT_OK);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)nv);
+    free(got), free(note);
+    /* a flipped byte, then a truncated file */
+    size_t size;
+    char *data = tu_read_file(path, &size);
+    data[size / 2] ^= 1;
+    assert_int_equal(tu_write_file(bad, data, size), 0);
+    assert_int_equal(kt_session_load(t, bad, &got, &n, &note, &err), KT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "corrupt"));
+    assert_int_equal(kt_session_n_past(t), 0);
+    data[size / 2] ^= 1;
+    assert_int_equal(tu_write_file(bad, data, size - 100), 0);
+    assert_int_equal(kt_session_load(t, bad, &got, &n, &note, &err), KT_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "truncated"));
+    free(data);
+    assert_int_equal(kt_session_load(t, tu_tmp("no-such.kts"), &got, &n, &note, &err), KT_ERR_IO);
+    /* too long for a smaller context */
+    kt_session *small = session(m, 8, 1);
+    assert_int_equal(kt_session_load(small, path, &got, &n, &note, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "raise -c"));
+    kt_session_free(small);
+    /* another model */
+    kt_model *q = load("models/test-tiny-Q4_0.gguf");
+    kt_session *other = session(q, 64, 1);
+    assert_int_equal(kt_session_load(other, path, &got, &n, &note, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "another model"));
+    assert_null(got);
+    kt_session_free(other);
+    kt_model_free(q);
+    free(a), free(b), free(toks);
+    kt_session_free(s), kt_session_free(t);
+    kt_model_free(m);
+}
+
 /* The KV cache's type: F16 and Q8_0 give logits close to the F32 cache's
  * (their rounding of K and V only), and Q8_0 on a head size that is not a
  * multiple of 32 is refused with a message. */
@@ -340,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_f16),
         cmocka_unit_test(test_load_modes_agree),
         cmocka_unit_test(test_truncate_and_replay),
+        cmocka_unit_test(test_save_restore),
         cmocka_unit_test(test_kv_types),
         cmocka_unit_test(test_context_full_is_an_error),
         cmocka_unit_test(test_bad_models),

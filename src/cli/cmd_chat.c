@@ -10,6 +10,12 @@
  *
  * Lines: a message; "/reset" starts over (keeping --system); "/exit" or
  * end of input quits.
+ *
+ * --session FILE: the conversation and its KV are restored from FILE when
+ * it exists, and saved to it on the way out (kt_session_save: checksummed,
+ * fingerprinted, written atomically), so the next run's first turn
+ * prefills only its new message. A file of another model, or a damaged
+ * one, is refused with a message and left as it is.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -18,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -25,7 +32,7 @@
 
 typedef struct chat_opts {
     cli_gen_opts g;
-    const char *template_arg, *system;
+    const char *template_arg, *system, *session_path;
 } chat_opts;
 
 typedef struct chat {
@@ -46,6 +53,8 @@ static void usage(FILE *out) {
             "      --chat-template T  a Jinja file or a built-in name (chatml, llama2, llama3,\n"
             "                         mistral, phi3, gemma); default: the model's own\n"
             "      --system TEXT      a system message to start with\n"
+            "      --session FILE     restore the conversation and its KV cache from FILE if it\n"
+            "                         exists, and save them there when the chat ends\n"
             "%s"
             "Type a message per line; /reset starts over, /exit (or end of input) quits.\n",
             cli_gen_usage());
@@ -60,7 +69,8 @@ static int parse_opts(int argc, char **argv, chat_opts *o) {
         if ((r = cli_gen_opt("chat", argc, argv, &i, &o->g))) {
             if (r != 1) return r;
         } else if ((r = cli_opt("chat", argc, argv, &i, "--chat-template", &o->template_arg)) ||
-                   (r = cli_opt("chat", argc, argv, &i, "--system", &o->system))) {
+                   (r = cli_opt("chat", argc, argv, &i, "--system", &o->system)) ||
+                   (r = cli_opt("chat", argc, argv, &i, "--session", &o->session_path))) {
             if (r < 0) return 2;
         } else {
             return cli_usage_error("chat", "unknown option '%s'", argv[i]);
@@ -217,6 +227,50 @@ static void chat_loop(chat *c) {
     free(line);
 }
 
+/* ---- --session ---- */
+
+/* The conversation and KV of o.session_path, if the file exists. */
+static bool restore_session(chat *c, kt_error *err) {
+    const char *path = c->opts->session_path;
+    if (!path || access(path, F_OK) != 0) return true;
+    int32_t *toks = NULL;
+    char *note = NULL;
+    int n = 0;
+    if (kt_session_load(c->session, path, &toks, &n, &note, err) != KT_OK) {
+        kt_error_wrap(err, "--session");
+        snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg),
+                 " (the file is left as it is: delete it or name another)");
+        return false;
+    }
+    json_error_t je;
+    json_t *messages = json_loads(note, 0, &je);
+    free(note);
+    if (!json_is_array(messages)) {
+        json_decref(messages), free(toks);
+        kt_session_truncate(c->session, 0);
+        snprintf(err->msg, sizeof err->msg, "--session %s: its conversation is not a JSON array of messages", path);
+        return false;
+    }
+    json_decref(c->messages);
+    c->messages = messages;
+    free(c->kv);
+    c->kv = toks, c->n_kv = c->cap_kv = n;
+    fprintf(stderr, "[restored %zu messages and %d tokens of KV from %s]\n", json_array_size(messages), n, path);
+    return true;
+}
+
+static bool save_session(chat *c, kt_error *err) {
+    const char *path = c->opts->session_path;
+    if (!path) return true;
+    char *note = json_dumps(c->messages, JSON_COMPACT);
+    int n = c->n_kv < kt_session_n_past(c->session) ? c->n_kv : kt_session_n_past(c->session);
+    kt_status st = note ? kt_session_save(c->session, path, c->kv, n, note, err) : KT_ERR_NOMEM;
+    free(note);
+    if (st != KT_OK) return kt_error_wrap(err, "--session"), false;
+    fprintf(stderr, "[saved %zu messages and %d tokens of KV to %s]\n", json_array_size(c->messages), n, path);
+    return true;
+}
+
 /* ---- set-up ---- */
 
 int cmd_chat(int argc, char **argv) {
@@ -239,8 +293,11 @@ int cmd_chat(int argc, char **argv) {
                  (c.sampler = kt_sampler_new(&o.g.sp, d->n_vocab, &err)) &&
                  (c.logits = malloc(sizeof(float) * (size_t)d->n_vocab)) && c.messages) {
             reset(&c);
-            chat_loop(&c);
             err.msg[0] = 0;
+            if (restore_session(&c, &err)) {
+                chat_loop(&c);
+                save_session(&c, &err);
+            }
         }
     }
     rc = err.msg[0] ? cli_fail("chat", &err) : 0;

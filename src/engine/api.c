@@ -28,15 +28,6 @@
 /* A session is one sequence on a private KV pool of one F32 block of
  * n_ctx positions: a contiguous cache, read by the same forward pass and
  * attention kernel as the server's paged F16 one. */
-struct kt_session {
-    kt_model *model;
-    kv_pool *kv;
-    kv_seq *seq;
-    llm_work *work;
-    kt_pool *pool;
-    int n_ctx;
-};
-
 struct kt_detok {
     kt_text_detok *impl;
 };

@@ -8,7 +8,10 @@
 
 #include "gguf/gguf.h"
 #include "kettle.h"
+#include "kv/block_pool.h"
+#include "model/forward.h"
 #include "model/model.h"
+#include "ops/pool.h"
 #include "text/vocab.h"
 
 #define KT_MAX_EOG 16
@@ -22,6 +25,17 @@ struct kt_model {
     int32_t eog[KT_MAX_EOG]; /* tokens that end a turn */
     int n_eog;
     int n_repacked; /* matrices repacked at load (KT_LOAD_REPACK) */
+};
+
+/* One sequence on a pool of one block of n_ctx positions (api.c;
+ * session_file.c saves and restores it). */
+struct kt_session {
+    kt_model *model;
+    kv_pool *kv;
+    kv_seq *seq;
+    llm_work *work;
+    kt_pool *pool;
+    int n_ctx;
 };
 
 /* What the KV a model computes depends on, hashed: every tensor's name,
