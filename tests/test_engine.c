@@ -763,6 +763,51 @@ static void test_cache_shared_prefix_once(void **state) {
     kt_engine_free(cold), kt_engine_free(e);
 }
 
+/* Waiting requests of one priority: one whose prompt the cache holds goes
+ * before one that arrived earlier with nothing cached, but never more than
+ * 4 times in a row (no starvation). One sequence at a time. */
+static void test_cache_hits_first(void **state) {
+    (void)state;
+    kt_engine_params prm = kt_engine_defaults();
+    prm.n_ctx = 256, prm.n_parallel = 1, prm.batch_tokens = 64, prm.n_threads = 2;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(g_model, &prm, &err);
+    assert_non_null(e);
+    static int32_t warm[120], cold[120], hit[6][120];
+    story_ids(warm, 100, 7);
+    static output o[8];
+    run_ids(e, warm, 100, (run_opts){4, 1, 0.0f}, o); /* the cache holds 96 of its tokens */
+    kt_engine_hold(e, true);
+    int32_t first[8];
+    story_ids(first, 8, 9);
+    kt_request *running = submit_long(e, first, 8, 1);
+    kt_engine_run_steps(e, 1); /* running holds the only sequence */
+    story_ids(cold, 100, 8);
+    kt_gen_params p = kt_gen_defaults();
+    p.max_tokens = 2, p.ignore_eos = true, p.top_logprobs = 0; /* drain() reads logprobs */
+    p.prompt = cold, p.n_prompt = 100;
+    kt_request *a = NULL, *h[6];
+    assert_int_equal(kt_engine_submit(e, &p, &a, &err), KT_OK);
+    for (int i = 0; i < 6; i++) {
+        memcpy(hit[i], warm, sizeof(int32_t) * 96);
+        story_ids(hit[i] + 96, 8, (uint32_t)(30 + i));
+        p.prompt = hit[i], p.n_prompt = 104;
+        assert_int_equal(kt_engine_submit(e, &p, &h[i], &err), KT_OK);
+    }
+    kt_request_free(running); /* frees the sequence: the queue moves */
+    kt_engine_hold(e, false);
+    memset(o, 0, sizeof o);
+    drain(a, &o[0]);
+    for (int i = 0; i < 6; i++) drain(h[i], &o[1 + i]);
+    uint64_t ta = kt_request_get_usage(a).first_token_ns, th[6];
+    for (int i = 0; i < 6; i++) th[i] = kt_request_get_usage(h[i]).first_token_ns;
+    for (int i = 0; i < 4; i++) assert_true(th[i] < ta); /* four hits go first */
+    assert_true(ta < th[4] && ta < th[5]);                 /* then the one passed over */
+    kt_request_free(a);
+    for (int i = 0; i < 6; i++) kt_request_free(h[i]);
+    kt_engine_free(e);
+}
+
 /* 12 concurrent requests in 3 groups sharing long prefixes (and each its
  * own tail), twice over, with a pool too small to keep everything: every
  * output equals a cold engine's (no request is ever served another's KV),
@@ -895,6 +940,7 @@ int main(void) {
         cmocka_unit_test(test_cache_next_turn),
         cmocka_unit_test(test_cache_concurrent),
         cmocka_unit_test(test_cache_shared_prefix_once),
+        cmocka_unit_test(test_cache_hits_first),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -490,15 +490,40 @@ static void share_prefix(kt_engine *e, int a_index) {
     }
 }
 
+#define MAX_PASSED_OVER 4 /* then a request is admitted before any cache hit */
+
+/* Whole blocks of r's prompt the cache holds in memory now. */
+static int cached_blocks(kt_engine *e, const kt_request *r) {
+    return kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
+}
+
+/* Which waiting request goes next (mu held): among those of the best
+ * priority, the one with the longest cached prefix (its prefill is the
+ * shortest, and its blocks are reused before they age out), ties in
+ * arrival order; a request passed over MAX_PASSED_OVER times goes first,
+ * so none starves. */
+static int next_waiting_locked(kt_engine *e) {
+    kt_request *head = e->waiting[0];
+    if (!e->cache || head->passed_over >= MAX_PASSED_OVER) return 0;
+    int best = 0, best_blocks = cached_blocks(e, head);
+    for (int i = 1; i < e->n_waiting && e->waiting[i]->priority == head->priority; i++) {
+        int b = cached_blocks(e, e->waiting[i]);
+        if (b > best_blocks) best = i, best_blocks = b;
+    }
+    return best;
+}
+
 static void admit(kt_engine *e) {
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        kt_request *r = e->n_waiting ? e->waiting[0] : NULL;
+        int k = e->n_waiting ? next_waiting_locked(e) : 0;
+        kt_request *r = e->n_waiting ? e->waiting[k] : NULL;
         bool fits = r && e->seqs_running + r->n_choices <= e->p.n_parallel &&
                     e->n_active < e->p.n_parallel &&
                     e->blocks_reserved + r->blocks_reserved <= kv_pool_n_total(e->kv);
         if (fits) {
-            memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)(e->n_waiting - 1));
+            for (int i = 0; i < k; i++) e->waiting[i]->passed_over++;
+            memmove(e->waiting + k, e->waiting + k + 1, sizeof *e->waiting * (size_t)(e->n_waiting - k - 1));
             e->n_waiting--;
         }
         pthread_mutex_unlock(&e->mu);

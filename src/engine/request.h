@@ -65,6 +65,7 @@ struct kt_request {
     bool (*client_gone)(void *ctx); /* under notify_mu */
     void *notify_ctx;
     uint64_t arrival;     /* submit order, for ties in priority */
+    int passed_over;      /* admissions of later requests of its priority ahead of it (under the engine's mu) */
     int blocks_reserved;  /* KV blocks committed to it at admission */
 
     pthread_mutex_t notify_mu;
