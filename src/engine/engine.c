@@ -76,6 +76,7 @@ struct kt_engine {
 
     /* engine thread only */
     kt_request **active; /* admission order */
+    int *prefill_order;  /* [n_parallel]: indices into active, shortest prefill left first */
     int n_active, seqs_running, blocks_reserved;
     int32_t *b_tokens;
     int *b_pos;
@@ -213,11 +214,12 @@ static bool alloc_batch(kt_engine *e) {
     e->logits = malloc(sizeof(float) * n_vocab * (size_t)rows);
     e->row = malloc(sizeof(float) * n_vocab);
     e->active = malloc(sizeof *e->active * (size_t)e->p.n_parallel);
+    e->prefill_order = malloc(sizeof *e->prefill_order * (size_t)e->p.n_parallel);
     e->waiting = malloc(sizeof *e->waiting * (size_t)e->p.queue_max);
     e->t_decode_ms = calloc((size_t)e->p.n_parallel + 1, sizeof *e->t_decode_ms);
     e->seq_tokens = malloc(sizeof *e->seq_tokens * (size_t)e->p.n_ctx);
     e->hit_blocks = malloc(sizeof *e->hit_blocks * (size_t)(e->p.n_ctx / KV_BLOCK_TOKENS + 1));
-    return e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
+    return e->prefill_order && e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
            e->logits && e->row && e->active && e->waiting;
 }
 
@@ -845,6 +847,29 @@ static int prefill_budget(const kt_engine *e, int n_decode) {
     return n < budget ? (int)n : budget;
 }
 
+/* The prefilling requests that may go on this step, the one with the
+ * least prompt left first (ties in admission order): an agent's next turn,
+ * most of it cached, gets its first token before another session's long
+ * first prompt is through, and the step's prefill budget serves it first.
+ * Returns their number, in e->prefill_order. */
+static int order_prefills(kt_engine *e) {
+    int n = 0;
+    for (int a = 0; a < e->n_active; a++) {
+        const kt_request *r = e->active[a];
+        if (r->state != REQ_PREFILL || r->waits_for_prefix) continue;
+        const int left = r->n_prompt - r->n_prefilled;
+        int i = n++;
+        while (i > 0) {
+            const kt_request *q = e->active[e->prefill_order[i - 1]];
+            if (q->n_prompt - q->n_prefilled <= left) break;
+            e->prefill_order[i] = e->prefill_order[i - 1];
+            i--;
+        }
+        e->prefill_order[i] = a;
+    }
+    return n;
+}
+
 /* Appends the decode tokens, then prefill chunks; returns the batch size
  * and the number of prefill tokens in *n_prefill. A sequence that cannot
  * grow (which the reservation rules out) ends its request with an error. */
@@ -866,9 +891,9 @@ static int build_batch(kt_engine *e, int *n_prefill) {
     }
     int budget = prefill_budget(e, n), n_decode = n;
     for (int a = 0; a < e->n_active; a++) share_prefix(e, a);
-    for (int a = 0; a < e->n_active && budget > 0; a++) {
-        kt_request *r = e->active[a];
-        if (r->state != REQ_PREFILL || r->waits_for_prefix) continue;
+    const int n_order = order_prefills(e);
+    for (int o = 0; o < n_order && budget > 0; o++) {
+        kt_request *r = e->active[e->prefill_order[o]];
         const int left = r->n_prompt - r->n_prefilled;
         int room = budget - (n - n_decode);
         /* a short prompt goes in whole: one step a little longer beats its
@@ -1074,6 +1099,7 @@ void kt_engine_free(kt_engine *e) {
     free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits);
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
     free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
+    free(e->prefill_order);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->cv_step);
