@@ -24,7 +24,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/error.h"
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -229,6 +228,13 @@ static void chat_loop(chat *c) {
 
 /* ---- --session ---- */
 
+/* "--session: " before err's message (the message already names the file). */
+static void session_error(kt_error *err) {
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "--session: %s", err->msg);
+    memcpy(err->msg, msg, sizeof msg);
+}
+
 /* The conversation and KV of o.session_path, if the file exists. */
 static bool restore_session(chat *c, kt_error *err) {
     const char *path = c->opts->session_path;
@@ -237,7 +243,7 @@ static bool restore_session(chat *c, kt_error *err) {
     char *note = NULL;
     int n = 0;
     if (kt_session_load(c->session, path, &toks, &n, &note, err) != KT_OK) {
-        kt_error_wrap(err, "--session");
+        session_error(err);
         snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg),
                  " (the file is left as it is: delete it or name another)");
         return false;
@@ -266,7 +272,7 @@ static bool save_session(chat *c, kt_error *err) {
     int n = c->n_kv < kt_session_n_past(c->session) ? c->n_kv : kt_session_n_past(c->session);
     kt_status st = note ? kt_session_save(c->session, path, c->kv, n, note, err) : KT_ERR_NOMEM;
     free(note);
-    if (st != KT_OK) return kt_error_wrap(err, "--session"), false;
+    if (st != KT_OK) return session_error(err), false;
     fprintf(stderr, "[saved %zu messages and %d tokens of KV to %s]\n", json_array_size(c->messages), n, path);
     return true;
 }
