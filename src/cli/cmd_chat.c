@@ -230,9 +230,10 @@ static void chat_loop(chat *c) {
 
 /* "--session: " before err's message (the message already names the file). */
 static void session_error(kt_error *err) {
-    char msg[sizeof err->msg];
+    char msg[sizeof err->msg + 16];
     snprintf(msg, sizeof msg, "--session: %s", err->msg);
-    memcpy(err->msg, msg, sizeof msg);
+    memcpy(err->msg, msg, sizeof err->msg - 1); /* cut to fit, like every message */
+    err->msg[sizeof err->msg - 1] = 0;
 }
 
 /* The conversation and KV of o.session_path, if the file exists. */
