@@ -13,8 +13,9 @@
 #include "ops/cpu.h"
 #include "testutil.h"
 
-/* The tier kettle's dispatch would choose is off on this machine: say
- * what the CPU reports, so the reason is on the page. */
+/* A tier this CPU lacks is a skip, saying why. A tier it has is what the
+ * kernel tests run, and they reach the tiers below it by switching it off:
+ * check that the switch does switch it off, and back on. */
 #define TIER(present, name)                                                                     \
     do {                                                                                        \
         if (!(present))                                                                         \
@@ -26,17 +27,35 @@
 static void test_tier_avx2(void **state) {
     (void)state;
     TIER(kt_cpu_has_avx2(), "AVX2 + FMA + F16C");
+    kt_cpu_force_scalar(true);
+    assert_false(kt_cpu_has_avx2());
+    kt_cpu_force_scalar(false);
+    assert_true(kt_cpu_has_avx2());
 }
 
 static void test_tier_avx_vnni(void **state) {
     (void)state;
     TIER(kt_cpu_has_avx_vnni(), "AVX-VNNI");
+    kt_cpu_force_no_vnni(true);
+    assert_false(kt_cpu_has_avx_vnni());
+    assert_true(kt_cpu_has_avx2());
+    kt_cpu_force_no_vnni(false);
+    assert_true(kt_cpu_has_avx_vnni());
 }
 
-/* kt_cpu_has_avx512_vnni also needs AVX-VNNI (see ops/cpu.c). */
+/* kt_cpu_has_avx512_vnni needs AVX-512 F/BW/VL/VNNI, not AVX-VNNI
+ * (ops/cpu.c); the VNNI switch turns it off too. */
 static void test_tier_avx512_vnni(void **state) {
     (void)state;
     TIER(kt_cpu_has_avx512_vnni(), "AVX-512 VNNI");
+    kt_cpu_force_no_avx512(true);
+    assert_false(kt_cpu_has_avx512_vnni());
+    assert_true(kt_cpu_has_avx2());
+    kt_cpu_force_no_avx512(false);
+    kt_cpu_force_no_vnni(true);
+    assert_false(kt_cpu_has_avx512_vnni());
+    kt_cpu_force_no_vnni(false);
+    assert_true(kt_cpu_has_avx512_vnni());
 }
 
 int main(void) {

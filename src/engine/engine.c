@@ -487,8 +487,9 @@ static void share_prefix(kt_engine *e, int a_index) {
     }
     for (int a = 0; a < a_index && !r->waits_for_prefix; a++) {
         const kt_request *o = e->active[a];
-        r->waits_for_prefix = o->state == REQ_PREFILL && !o->waits_for_prefix &&
-                              o->n_prefilled < shared_blocks_len(o, r) && shared_blocks_len(o, r) > r->n_cached;
+        if (o->state != REQ_PREFILL || o->waits_for_prefix) continue;
+        const int shared = shared_blocks_len(o, r);
+        r->waits_for_prefix = o->n_prefilled < shared && shared > r->n_cached;
     }
 }
 
@@ -506,7 +507,10 @@ static int cached_blocks(kt_engine *e, const kt_request *r) {
  * so none starves. */
 static int next_waiting_locked(kt_engine *e) {
     kt_request *head = e->waiting[0];
-    if (!e->cache || head->passed_over >= MAX_PASSED_OVER) return 0;
+    /* no sequence free: nothing can be admitted, so no lookups (this runs
+     * every step, under mu, while requests queue) */
+    const bool room = e->n_active < e->p.n_parallel && e->seqs_running < e->p.n_parallel;
+    if (!e->cache || !room || head->passed_over >= MAX_PASSED_OVER) return 0;
     int best = 0, best_blocks = cached_blocks(e, head);
     for (int i = 1; i < e->n_waiting && e->waiting[i]->priority == head->priority; i++) {
         int b = cached_blocks(e, e->waiting[i]);
