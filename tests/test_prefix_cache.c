@@ -7,6 +7,7 @@
  * the KV computed for its tokens. After every step the pool's invariants
  * (kv_pool_check) and the index's (kv_cache_check) are verified.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,21 +65,44 @@ static void assert_kv_of(const kv_seq *s, const int32_t *tokens) {
 }
 
 /* A new sequence over tokens[0..n) as the engine starts one: the cached
- * prefix in whole blocks shared, leaving at least the last token to
- * compute, the rest computed; returns it, with the hit's length in *hit. */
-static kv_seq *start(rig *r, const int32_t *tokens, int n, int *hit) {
+ * prefix shared, leaving at least the last token to compute (in whole
+ * blocks, or, with `partial`, going on inside a block as
+ * kv_cache_acquire finds it), the rest computed and indexed; returns it,
+ * with the hit's length in *hit. */
+static kv_seq *start_ex(rig *r, const int32_t *tokens, int n, int *hit, bool partial) {
     kt_error err = {0};
     kv_seq *s = kv_seq_new(r->pool, &err);
     assert_non_null(s);
-    int32_t blocks[64];
-    int m = kv_cache_lookup(r->cache, tokens, n - 1, blocks, 64);
-    assert_int_equal(kv_seq_share(s, blocks, m, m * BT, &err), KT_OK);
-    *hit = m * BT;
+    int32_t blocks[65];
+    if (partial) {
+        kv_cache_hit h;
+        int m = kv_cache_acquire(r->cache, tokens, n - 1, blocks, 64, true, &h);
+        assert_true(h.n_positions <= n - 1 && h.n_positions > (m - 1) * BT && h.n_positions <= m * BT);
+        if (m) assert_int_equal(kv_seq_share(s, blocks, m, h.n_positions, &err), KT_OK);
+        for (int i = 0; i < m; i++) kv_pool_release(r->pool, blocks[i], NULL);
+        *hit = m ? h.n_positions : 0;
+    } else {
+        int m = kv_cache_lookup(r->cache, tokens, n - 1, blocks, 64);
+        if (m) assert_int_equal(kv_seq_share(s, blocks, m, m * BT, &err), KT_OK);
+        *hit = m * BT;
+    }
     compute(s, tokens, n);
     assert_kv_of(s, tokens);
-    kv_cache_insert(r->cache, s, tokens, n);
+    kv_cache_insert(r->cache, s, tokens, n, false);
     check(r);
     return s;
+}
+
+static kv_seq *start(rig *r, const int32_t *tokens, int n, int *hit) {
+    return start_ex(r, tokens, n, hit, false);
+}
+
+/* The sequence ends as a request's does: everything it holds is indexed,
+ * its partial last block too, and it is freed. */
+static void finish(rig *r, kv_seq *s, const int32_t *tokens) {
+    kv_cache_insert(r->cache, s, tokens, s->len, true);
+    kv_seq_free(s);
+    check(r);
 }
 
 static void test_hit_partial_miss(void **state) {
@@ -108,6 +132,65 @@ static void test_hit_partial_miss(void **state) {
     assert_int_equal(kv_pool_n_used(r.pool), 0);
     assert_int_equal(kv_pool_n_idle(r.pool), 3); /* cached, nobody holds them */
     assert_int_equal(kv_cache_lookup(r.cache, a, 14, blocks, 8), 3); /* still found */
+    rig_free(&r);
+}
+
+/* A hit that ends inside a block: in a whole cached block whose first
+ * positions match, and in the tail a finished sequence left (an agent's
+ * turn N+1 re-sends all of turn N). The shared block is copied before it
+ * is written, so its cached KV stays as it was. */
+static void test_hit_inside_block(void **state) {
+    (void)state;
+    rig r = rig_new(32);
+    int32_t a[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, b[9] = {1, 2, 3, 4, 5, 6, 70, 80, 90};
+    int32_t c[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    int hit;
+    kv_seq *s = start_ex(&r, a, 10, &hit, true);
+    assert_int_equal(hit, 0);
+    assert_int_equal(kv_cache_n_blocks(r.cache), 2); /* a running sequence's tail is not indexed */
+    int32_t tail = s->blocks[2];
+    finish(&r, s, a);
+    assert_int_equal(kv_cache_n_blocks(r.cache), 3); /* now its tail [9, 10] is */
+    /* diverges at position 6: block 1 matches for 2 positions */
+    kv_seq *t = start_ex(&r, b, 9, &hit, true);
+    assert_int_equal(hit, 6);
+    finish(&r, t, b);
+    /* extends a: the whole blocks and a's tail */
+    kv_seq *u = start_ex(&r, c, 12, &hit, true);
+    assert_int_equal(hit, 10);
+    assert_true(u->blocks[2] != tail); /* copied before positions 10, 11 were written */
+    kv_seq_free(u);
+    check(&r);
+    /* a's tail still holds a's KV (start_ex checks every position) */
+    kv_seq *v = start_ex(&r, a, 10, &hit, true);
+    assert_int_equal(hit, 9); /* one token is always left to compute */
+    finish(&r, v, a);
+    assert_int_equal(kv_cache_n_blocks(r.cache), 6); /* a's 3, b's last two, c's last; a's tail again is not new */
+    /* the whole-block lookup knows nothing of tails */
+    int32_t blocks[4];
+    assert_int_equal(kv_cache_lookup(r.cache, c, 11, blocks, 4), 2);
+    assert_int_equal(kv_pool_n_used(r.pool), 0);
+    rig_free(&r);
+}
+
+/* A hit block is evicted only when nobody holds it; evicting a parent
+ * leaves no child that a walk could reach. */
+static void test_tail_after_eviction(void **state) {
+    (void)state;
+    rig r = rig_new(3);
+    int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[12] = {9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7};
+    int hit;
+    kv_seq *s = start_ex(&r, a, 6, &hit, true);
+    finish(&r, s, a); /* block [1..4] and tail [5, 6] idle */
+    kv_seq *t = start_ex(&r, b, 12, &hit, true); /* needs all 3 blocks: both evicted */
+    assert_int_equal(hit, 0);
+    assert_int_equal(kv_cache_n_evicted(r.cache), 2);
+    kv_seq_free(t);
+    check(&r);
+    kv_seq *u = start_ex(&r, a, 6, &hit, true);
+    assert_int_equal(hit, 0);
+    kv_seq_free(u);
+    check(&r);
     rig_free(&r);
 }
 
@@ -212,14 +295,13 @@ static void test_random_workload(void **state) {
     enum { LIVE = 4, ROUNDS = 400 };
     kv_seq *live[LIVE] = {0};
     int32_t toks[LIVE][40];
-    int hits = 0;
+    int hits = 0, inside = 0;
     for (int round = 0; round < ROUNDS; round++) {
         int k = (int)(kt_rng_u64(&rng) % LIVE);
         if (live[k]) {
             assert_kv_of(live[k], toks[k]);
-            kv_seq_free(live[k]);
+            finish(&r, live[k], toks[k]);
             live[k] = NULL;
-            check(&r);
             continue;
         }
         int prefix = (int)(kt_rng_u64(&rng) % 3), n = 4 + (int)(kt_rng_u64(&rng) % 36);
@@ -229,22 +311,27 @@ static void test_random_workload(void **state) {
         for (int j = 0; j < LIVE; j++) held += live[j] ? live[j]->n_blocks : 0;
         if (held + kv_blocks_for(r.pool, n) > 40) continue; /* admission's job, not the cache's */
         int hit;
-        live[k] = start(&r, toks[k], n, &hit);
+        live[k] = start_ex(&r, toks[k], n, &hit, true);
         hits += hit > 0;
+        inside += hit % BT != 0;
     }
     for (int j = 0; j < LIVE; j++) kv_seq_free(live[j]);
     check(&r);
     assert_int_equal(kv_pool_n_used(r.pool), 0);
     assert_int_equal(kv_pool_n_free(r.pool) + kv_pool_n_idle(r.pool), 40);
     assert_true(hits > ROUNDS / 8);
+    assert_true(inside > ROUNDS / 16); /* hits that end inside a block */
     assert_true(kv_cache_n_evicted(r.cache) > 0);
-    printf("random workload: %d hits, %llu evictions\n", hits, (unsigned long long)kv_cache_n_evicted(r.cache));
+    printf("random workload: %d hits (%d inside a block), %llu evictions\n", hits, inside,
+           (unsigned long long)kv_cache_n_evicted(r.cache));
     rig_free(&r);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_partial_miss),
+        cmocka_unit_test(test_hit_inside_block),
+        cmocka_unit_test(test_tail_after_eviction),
         cmocka_unit_test(test_chain_not_confused),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_cached_block_never_written),

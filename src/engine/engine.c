@@ -283,7 +283,7 @@ static void cache_choice(kt_engine *e, const kt_request *r, const gen_choice *c)
     int n = c->seq->len;
     memcpy(e->seq_tokens, r->prompt, sizeof(int32_t) * (size_t)(n < r->n_prompt ? n : r->n_prompt));
     if (n > r->n_prompt) memcpy(e->seq_tokens + r->n_prompt, c->generated, sizeof(int32_t) * (size_t)(n - r->n_prompt));
-    kv_cache_insert(e->cache, c->seq, e->seq_tokens, n);
+    kv_cache_insert(e->cache, c->seq, e->seq_tokens, n, true);
 }
 
 static void choice_release(gen_choice *c) {
@@ -421,23 +421,30 @@ static int blocks_needed(const kv_pool *kv, int n_prompt, int max_tokens, int n_
     return prompt + n_choices * (total - prompt) + (partial ? n_choices - 1 : 0);
 }
 
-/* The prompt's longest cached prefix in whole blocks, leaving at least
- * one token to prefill (its logits give the first token). The hit ends on
- * a block boundary, so the rest is appended into blocks of its own and no
- * cached block is ever written. Returns the positions taken. */
+/* The prompt's longest cached prefix, leaving at least one token to
+ * prefill (its logits give the first token). The hit may end inside a
+ * block (a cached block whose first positions match, or the tail a
+ * finished turn left): the sequence copies that block before its first
+ * write, so no cached block is ever written; the copy is taken only when
+ * the request's reservation covers it (one block more than the hit
+ * holds). Returns the positions taken. */
 static int take_cached_prefix(kt_engine *e, kt_request *r, kv_seq *seq) {
     if (!e->cache) return 0;
-    int from_disk = 0;
+    kv_cache_hit hit;
     int m = kv_cache_acquire(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS,
-                             &from_disk);
-    bool ok = m > 0 && kv_seq_share(seq, e->hit_blocks, m, m * KV_BLOCK_TOKENS, NULL) == KT_OK;
+                             true, &hit);
+    if (m * KV_BLOCK_TOKENS > hit.n_positions && r->blocks_reserved < m + 1) {
+        kv_pool_release(e->kv, e->hit_blocks[--m], NULL);
+        hit.n_positions = m * KV_BLOCK_TOKENS;
+    }
+    bool ok = m > 0 && kv_seq_share(seq, e->hit_blocks, m, hit.n_positions, NULL) == KT_OK;
     for (int i = 0; i < m; i++) kv_pool_release(e->kv, e->hit_blocks[i], NULL); /* the sequence holds them now */
-    if (from_disk) {
+    if (hit.from_disk) {
         pthread_mutex_lock(&e->mu);
-        e->stats.disk_cached_prompt_tokens += (uint64_t)from_disk * KV_BLOCK_TOKENS;
+        e->stats.disk_cached_prompt_tokens += (uint64_t)hit.from_disk * KV_BLOCK_TOKENS;
         pthread_mutex_unlock(&e->mu);
     }
-    return ok ? m * KV_BLOCK_TOKENS : 0;
+    return ok ? hit.n_positions : 0;
 }
 
 /* Counts a hit that grew to n_cached positions (from `before`). */
@@ -945,7 +952,7 @@ static void cache_prefills(kt_engine *e) {
     for (int a = 0; a < e->n_active; a++) {
         kt_request *r = e->active[a];
         if (r->state == REQ_PREFILL && !atomic_load(&r->cancel))
-            kv_cache_insert(e->cache, r->choices[0].seq, r->prompt, r->n_prefilled);
+            kv_cache_insert(e->cache, r->choices[0].seq, r->prompt, r->n_prefilled, false);
     }
 }
 

@@ -28,6 +28,9 @@ struct kv_prefix_cache {
     uint32_t *parent_gen; /* per block: the parent's generation at insertion */
     int32_t *tokens;     /* per block: block_tokens ids */
     uint8_t *indexed;    /* per block: has an entry */
+    int16_t *n_valid;    /* per block: positions of the entry (block_tokens, or fewer for a tail) */
+    int32_t *first_child, *next_sib, *prev_sib; /* the children lists, -1 terminated */
+    int32_t root_first;  /* the first blocks' list */
     int32_t *slot;       /* the table: block ids, -1 empty */
     uint32_t mask;       /* slots - 1 (a power of two) */
     int n_indexed;
@@ -37,6 +40,39 @@ struct kv_prefix_cache {
 
 static uint64_t chain_key(uint64_t prev, const int32_t *tokens, int n) {
     return XXH64(tokens, sizeof(int32_t) * (size_t)n, prev);
+}
+
+static bool in_table(const kv_prefix_cache *c, int32_t b) { return c->n_valid[b] == c->block_tokens; }
+
+/* The head of parent's children list (parent -1: the root's). */
+static int32_t *children_of(kv_prefix_cache *c, int32_t parent) {
+    return parent >= 0 ? &c->first_child[parent] : &c->root_first;
+}
+
+static void link_child(kv_prefix_cache *c, int32_t b, int32_t parent) {
+    int32_t *head = children_of(c, parent);
+    c->prev_sib[b] = -1;
+    c->next_sib[b] = *head;
+    if (*head >= 0) c->prev_sib[*head] = b;
+    *head = b;
+}
+
+/* Takes b off its parent's list, if it is on one (an orphan is not). */
+static void unlink_child(kv_prefix_cache *c, int32_t b) {
+    if (c->prev_sib[b] >= 0) c->next_sib[c->prev_sib[b]] = c->next_sib[b];
+    else if (c->parent[b] >= 0 && c->first_child[c->parent[b]] == b) c->first_child[c->parent[b]] = c->next_sib[b];
+    else if (c->parent[b] < 0 && c->root_first == b) c->root_first = c->next_sib[b];
+    if (c->next_sib[b] >= 0) c->prev_sib[c->next_sib[b]] = c->prev_sib[b];
+    c->next_sib[b] = c->prev_sib[b] = -1;
+}
+
+/* b leaves: its children become orphans, reachable by no walk. */
+static void orphan_children(kv_prefix_cache *c, int32_t b) {
+    for (int32_t k = c->first_child[b], next; k >= 0; k = next) {
+        next = c->next_sib[k];
+        c->next_sib[k] = c->prev_sib[k] = -1;
+    }
+    c->first_child[b] = -1;
 }
 
 /* Does block b's entry stand for these tokens after this parent? */
@@ -83,7 +119,9 @@ static void table_remove(kv_prefix_cache *c, int32_t b) {
 static void on_evict(void *ctx, int32_t b) {
     kv_prefix_cache *c = ctx;
     if (!c->indexed[b]) return;
-    table_remove(c, b);
+    if (in_table(c, b)) table_remove(c, b);
+    unlink_child(c, b);
+    orphan_children(c, b);
     c->indexed[b] = 0;
     c->n_indexed--;
     c->n_evicted++;
@@ -105,9 +143,19 @@ kv_prefix_cache *kv_cache_new(kv_pool *pool, kt_error *err) {
     c->parent_gen = malloc(nb * sizeof *c->parent_gen);
     c->tokens = malloc(nb * (size_t)p->block_tokens * sizeof *c->tokens);
     c->indexed = calloc(nb, 1);
+    c->n_valid = calloc(nb, sizeof *c->n_valid);
+    c->first_child = malloc(nb * sizeof *c->first_child);
+    c->next_sib = malloc(nb * sizeof *c->next_sib);
+    c->prev_sib = malloc(nb * sizeof *c->prev_sib);
     c->slot = malloc((size_t)slots * sizeof *c->slot);
-    if (!c->key || !c->parent || !c->parent_gen || !c->tokens || !c->indexed || !c->slot) goto nomem;
+    if (!c->key || !c->parent || !c->parent_gen || !c->tokens || !c->indexed || !c->n_valid || !c->first_child ||
+        !c->next_sib || !c->prev_sib || !c->slot)
+        goto nomem;
     memset(c->slot, 0xff, (size_t)slots * sizeof *c->slot); /* -1 */
+    memset(c->first_child, 0xff, nb * sizeof *c->first_child);
+    memset(c->next_sib, 0xff, nb * sizeof *c->next_sib);
+    memset(c->prev_sib, 0xff, nb * sizeof *c->prev_sib);
+    c->root_first = -1;
     kv_pool_set_evict_hook(pool, on_evict, c);
     return c;
 nomem:
@@ -120,6 +168,7 @@ void kv_cache_free(kv_prefix_cache *c) {
     if (!c) return;
     if (c->pool && c->slot) kv_pool_set_evict_hook(c->pool, NULL, NULL);
     free(c->key), free(c->parent), free(c->parent_gen), free(c->tokens), free(c->indexed), free(c->slot);
+    free(c->n_valid), free(c->first_child), free(c->next_sib), free(c->prev_sib);
     free(c);
 }
 
@@ -138,20 +187,62 @@ int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int3
     return m;
 }
 
-static void index_block(kv_prefix_cache *c, int32_t b, uint64_t key, int32_t parent, const int32_t *tokens) {
+/* Indexes b as the n_valid positions of tokens after parent: a whole
+ * block goes in the table too, a tail only on the children list. */
+static void index_block(kv_prefix_cache *c, int32_t b, uint64_t key, int32_t parent, const int32_t *tokens,
+                        int n_valid) {
     c->key[b] = key;
     c->parent[b] = parent;
     c->parent_gen[b] = parent >= 0 ? kv_pool_generation(c->pool, parent) : 0;
-    memcpy(c->tokens + (size_t)b * (size_t)c->block_tokens, tokens, sizeof(int32_t) * (size_t)c->block_tokens);
+    c->n_valid[b] = (int16_t)n_valid;
+    memcpy(c->tokens + (size_t)b * (size_t)c->block_tokens, tokens, sizeof(int32_t) * (size_t)n_valid);
     c->indexed[b] = 1;
     c->n_indexed++;
-    table_put(c, b);
+    c->first_child[b] = -1;
+    if (in_table(c, b)) table_put(c, b);
+    link_child(c, b, parent);
     kv_pool_mark_cached(c->pool, b);
 }
 
-void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *tokens, int n) {
+/* Tokens t[0..) equal to block b's from the start, at most n. */
+static int common_run(const kv_prefix_cache *c, int32_t b, const int32_t *t, int n) {
+    const int32_t *bt = c->tokens + (size_t)b * (size_t)c->block_tokens;
+    if (n > c->n_valid[b]) n = c->n_valid[b];
+    int k = 0;
+    while (k < n && bt[k] == t[k]) k++;
+    return k;
+}
+
+/* The child of parent sharing the longest run with t[0..n) (n <
+ * block_tokens, or a whole block that did not match), or -1; the run in
+ * *run. A child's own parent generation is checked again, though
+ * evictions unlink children, so a stale entry can never be served. */
+static int32_t best_child(kv_prefix_cache *c, int32_t parent, const int32_t *t, int n, int *run) {
+    uint32_t pgen = parent >= 0 ? kv_pool_generation(c->pool, parent) : 0;
+    int32_t best = -1;
+    *run = 0;
+    for (int32_t k = *children_of(c, parent); k >= 0; k = c->next_sib[k]) {
+        if (c->parent_gen[k] != pgen) continue;
+        int r = common_run(c, k, t, n);
+        if (r > *run) *run = r, best = k;
+    }
+    return best;
+}
+
+/* The tail: the last n_tail positions of a finished sequence, in block b
+ * after parent, unless an entry after parent already covers them. */
+static void insert_tail(kv_prefix_cache *c, int32_t b, int32_t parent, const int32_t *t, int n_tail) {
+    int run = 0;
+    if (c->indexed[b]) return; /* a hit's block: it stands for these tokens already */
+    best_child(c, parent, t, n_tail, &run);
+    if (run == n_tail) return;
+    index_block(c, b, 0, parent, t, n_tail);
+}
+
+void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *tokens, int n, bool with_tail) {
     const int bt = c->block_tokens;
     if (n > seq->len) n = seq->len;
+    if (n < seq->len) with_tail = false;
     uint64_t key = CHAIN_SEED;
     kv_disk_key dkey = kv_disk_root();
     int32_t parent = -1;
@@ -167,12 +258,15 @@ void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *token
         int32_t have = find(c, key, parent, t);
         if (have < 0) {
             if (c->indexed[b]) return; /* b stands for another prefix: cannot be (content never changes) */
-            index_block(c, b, key, parent, t);
+            index_block(c, b, key, parent, t, bt);
             if (c->disk) kv_disk_put(c->disk, c->pool, b, dkey, dparent, t);
             have = b;
         }
         parent = have;
     }
+    const int n_full = n / bt, n_tail = n - n_full * bt;
+    /* the walk reached the end unless it returned above */
+    if (with_tail && n_tail > 0) insert_tail(c, seq->blocks[n_full], parent, tokens + (size_t)n_full * (size_t)bt, n_tail);
 }
 
 void kv_cache_set_disk(kv_prefix_cache *c, kv_disk *disk) {
@@ -189,17 +283,17 @@ static int32_t load_from_disk(kv_prefix_cache *c, const int32_t *t, uint64_t key
         kv_pool_release(c->pool, b, NULL);
         return -1;
     }
-    index_block(c, b, key, parent, t);
+    index_block(c, b, key, parent, t, c->block_tokens);
     return b;
 }
 
 int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks,
-                     int *from_disk) {
+                     bool partial, kv_cache_hit *hit) {
     const int bt = c->block_tokens;
     uint64_t key = CHAIN_SEED;
     kv_disk_key dkey = kv_disk_root();
     int32_t parent = -1;
-    int m = 0;
+    int m = 0, *from_disk = &hit->from_disk;
     *from_disk = 0;
     for (; m < max_blocks && (m + 1) * bt <= n; m++) {
         const int32_t *t = tokens + (size_t)m * (size_t)bt;
@@ -212,7 +306,14 @@ int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *
         if (b < 0) break;
         blocks[m] = parent = b;
     }
-    return m;
+    hit->n_positions = m * bt;
+    int run = 0;
+    int32_t b = partial && m * bt < n ? best_child(c, parent, tokens + (size_t)m * (size_t)bt, n - m * bt, &run) : -1;
+    if (b < 0 || run == 0) return m;
+    kv_pool_retain(c->pool, b, NULL);
+    blocks[m] = b;
+    hit->n_positions += run;
+    return m + 1;
 }
 
 int kv_cache_n_blocks(const kv_prefix_cache *c) { return c->n_indexed; }
@@ -226,15 +327,30 @@ kt_status kv_cache_check(const kv_prefix_cache *c, kt_error *err) {
                                 c->indexed[b] ? "" : "not ", kv_pool_is_cached(c->pool, b) ? "" : "not ");
         if (!c->indexed[b]) continue;
         n++;
+        if (c->n_valid[b] < 1 || c->n_valid[b] > c->block_tokens)
+            return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: block %d holds %d positions", (int)b, c->n_valid[b]);
+        if (!in_table(c, b)) continue;
         uint32_t i = (uint32_t)c->key[b] & c->mask;
         while (c->slot[i] >= 0 && c->slot[i] != b) i = (i + 1) & c->mask;
         if (c->slot[i] != b)
             return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: block %d is not reachable in the table", (int)b);
     }
-    int in_table = 0;
-    for (uint32_t i = 0; i <= c->mask; i++) in_table += c->slot[i] >= 0;
-    if (n != c->n_indexed || in_table != n)
-        return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: %d blocks indexed, count %d, table %d", n,
-                            c->n_indexed, in_table);
+    int n_table = 0, n_whole = 0, n_listed = 0;
+    for (uint32_t i = 0; i <= c->mask; i++) n_table += c->slot[i] >= 0;
+    for (int32_t b = 0; b < c->n_blocks; b++) n_whole += c->indexed[b] && in_table(c, b);
+    if (n != c->n_indexed || n_table != n_whole)
+        return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: %d blocks indexed, count %d, table %d of %d whole", n,
+                            c->n_indexed, n_table, n_whole);
+    /* every listed child is indexed and names the list's owner as parent */
+    for (int32_t p = -1; p < c->n_blocks; p++) {
+        if (p >= 0 && !c->indexed[p] && c->first_child[p] >= 0)
+            return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: evicted block %d still has children", (int)p);
+        for (int32_t k = p >= 0 ? c->first_child[p] : c->root_first; k >= 0; k = c->next_sib[k], n_listed++) {
+            if (!c->indexed[k] || c->parent[k] != p)
+                return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: block %d is on block %d's list", (int)k, (int)p);
+            if (n_listed > n)
+                return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: a children list loops");
+        }
+    }
     return KT_OK;
 }

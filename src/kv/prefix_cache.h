@@ -12,8 +12,8 @@
  * constant), so one 64-bit key names the whole prefix up to the block and
  * a lookup is one hash-table probe per block, walking from the start. A
  * radix tree would find the same longest prefix; the chain needs no tree
- * nodes, no child lists and no splitting, because keys are whole blocks
- * (a hit ends on a block boundary; the engine prefills the rest). An entry
+ * nodes to split. Hits inside a block come from each entry's place on its
+ * parent's children list (prefix_cache.c). An entry
  * is trusted only when its own tokens equal the request's and its parent
  * is the block (id and generation) the walk came from, so a hash collision
  * or a reused parent block can never serve KV computed for other tokens.
@@ -30,6 +30,7 @@
 #ifndef KT_KV_PREFIX_CACHE_H
 #define KT_KV_PREFIX_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kv/block_pool.h"
@@ -46,20 +47,33 @@ void kv_cache_free(kv_prefix_cache *c);
  * blocks[0..returned), at most max_blocks. The blocks are not retained:
  * hand them to kv_seq_share before anything else touches the pool. */
 int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks);
+typedef struct kv_cache_hit {
+    int n_positions; /* prompt positions the returned blocks hold */
+    int from_disk;   /* whole blocks read back from the disk tier */
+} kv_cache_hit;
+
 /* The same, going on in the disk tier (if any) where memory has no more:
  * blocks read back are allocated from the pool, indexed, and counted in
- * *from_disk. Every block returned is retained once for the caller, who
- * releases it (typically after kv_seq_share). */
+ * hit->from_disk. With `partial`, the hit then goes on inside one more
+ * block: the cached block (a whole one, or a finished sequence's tail)
+ * whose first positions match the most of what is left of tokens[0..n);
+ * it is returned after the whole blocks, and hit->n_positions stops
+ * inside it (the caller's sequence must copy it before writing: it is
+ * cached, and kv_seq_share arranges that). Every block returned is
+ * retained once for the caller, who releases it (typically after
+ * kv_seq_share). Returns the number of blocks, at most max_blocks + 1. */
 int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks,
-                     int *from_disk);
+                     bool partial, kv_cache_hit *hit);
 /* Every block indexed from now on is also written to disk (NULL: none). */
 void kv_cache_set_disk(kv_prefix_cache *c, kv_disk *disk);
 
 /* Indexes the full blocks of seq that hold positions [0, n) (n <= seq->len)
  * of tokens, whose KV has been computed. A block whose prefix is already
  * indexed (by itself, or by a twin computed by another sequence) is left
- * as it is. */
-void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *tokens, int n);
+ * as it is. With `with_tail` (the sequence is finished and will never
+ * write again) and n == seq->len, a partial last block is indexed too,
+ * for hits inside it (unless a cached block already covers its tokens). */
+void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *tokens, int n, bool with_tail);
 
 /* Blocks indexed now (held by sequences or idle). */
 int kv_cache_n_blocks(const kv_prefix_cache *c);
