@@ -1,0 +1,733 @@
+/*
+ * constraint.c - the fast token masks of constraint.h.
+ *
+ * Frames: a stack is a chain of frames; frame f = (pos, parent), where pos
+ * is the position the frame is at (for the top: the next terminal to
+ * match; below: where the rule call returns to) and parent is the frame
+ * below. Frames are hash-consed, so equal stacks are equal ids. Two ids
+ * are special: FRAME_DONE, below the root (a stack that reached it is
+ * complete: the grammar can end), and FRAME_CTX, "the unknown rest of the
+ * stack" that classification starts from (a stack that reached it popped
+ * past the position's rule).
+ *
+ * States: an interned, sorted, duplicate-free set of frame ids, each a
+ * top frame whose position is a terminal (BYTE, SET, TOKEN, NOT_TOKEN),
+ * or FRAME_DONE / FRAME_CTX. State 0 is the empty set: dead.
+ *
+ * Invariants relied on:
+ *   - expanding a position always terminates, because kt_grammar_parse
+ *     refuses left recursion (a cap on steps still stops a pathological
+ *     grammar, which then allows nothing and says so);
+ *   - a class (accept bitset, context nodes) depends only on the structure
+ *     reachable from its position without popping, which is exactly what
+ *     its cache key serializes, so sharing classes across grammars is
+ *     exact.
+ */
+#include "grammar/constraint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "base/error.h"
+
+#define FRAME_DONE 0u
+#define FRAME_CTX 1u
+#define DEAD 0u
+
+#define MAX_FRAMES (1u << 24)
+#define MAX_STATES (1u << 22)
+#define MAX_EXPAND_STEPS (1u << 20) /* per expansion */
+
+/* ---- small open-addressing tables ----------------------------------- */
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+/* uint64 key -> uint32 value; key 0 is "empty" (keys are offset by 1). */
+typedef struct u64map {
+    uint64_t *keys;
+    uint32_t *vals;
+    uint32_t mask, n;
+} u64map;
+
+static bool u64map_init(u64map *m, uint32_t slots) {
+    m->keys = calloc(slots, sizeof *m->keys);
+    m->vals = malloc(slots * sizeof *m->vals);
+    m->mask = slots - 1, m->n = 0;
+    return m->keys && m->vals;
+}
+
+static void u64map_free(u64map *m) {
+    free(m->keys), free(m->vals);
+}
+
+static bool u64map_get(const u64map *m, uint64_t key, uint32_t *val) {
+    key += 1;
+    for (uint32_t i = (uint32_t)mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+        if (m->keys[i] == key) return *val = m->vals[i], true;
+        if (!m->keys[i]) return false;
+    }
+}
+
+static bool u64map_put(u64map *m, uint64_t key, uint32_t val) {
+    if ((m->n + 1) * 2 > m->mask + 1) { /* keep it at most half full */
+        u64map big;
+        if (!u64map_init(&big, (m->mask + 1) * 2)) return u64map_free(&big), false;
+        for (uint32_t i = 0; i <= m->mask; i++)
+            if (m->keys[i]) u64map_put(&big, m->keys[i] - 1, m->vals[i]);
+        u64map_free(m);
+        *m = big;
+    }
+    key += 1;
+    uint32_t i = (uint32_t)mix64(key) & m->mask;
+    while (m->keys[i] && m->keys[i] != key) i = (i + 1) & m->mask;
+    if (!m->keys[i]) m->n++;
+    m->keys[i] = key, m->vals[i] = val;
+    return true;
+}
+
+/* A growable uint32 vector. */
+typedef struct u32vec {
+    uint32_t *v;
+    uint32_t n, cap;
+} u32vec;
+
+static bool u32vec_push(u32vec *a, uint32_t x) {
+    if (a->n == a->cap) {
+        uint32_t cap = a->cap ? a->cap * 2 : 64;
+        uint32_t *nv = realloc(a->v, cap * sizeof *nv);
+        if (!nv) return false;
+        a->v = nv, a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return true;
+}
+
+/* ---- the class cache ----------------------------------------------- */
+
+typedef struct gclass {
+    uint64_t hash;
+    uint32_t *key, n_key;   /* the serialized structure (see class_key) */
+    uint64_t *accept;       /* n_words */
+    uint32_t *ctx_nodes, n_ctx; /* trie nodes where the walk popped past the rule */
+    int refs;               /* constraints mapping it; evictable at 0 */
+    struct gclass *lru_prev, *lru_next, *next_in_bucket;
+    size_t bytes;
+} gclass;
+
+struct kt_gmask_cache {
+    const kt_token_trie *trie;
+    size_t max_bytes, bytes;
+    uint32_t n_words;
+    gclass **bucket;
+    uint32_t n_buckets;
+    gclass *lru_head, *lru_tail; /* head: most recently used */
+    uint64_t computed, hits;
+};
+
+kt_gmask_cache *kt_gmask_cache_new(const kt_token_trie *trie, size_t max_bytes, kt_error *err) {
+    kt_gmask_cache *c = calloc(1, sizeof *c);
+    if (c) c->bucket = calloc(4096, sizeof *c->bucket);
+    if (!c || !c->bucket) {
+        free(c);
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory for the grammar mask cache");
+        return NULL;
+    }
+    c->trie = trie, c->max_bytes = max_bytes, c->n_buckets = 4096;
+    c->n_words = ((uint32_t)trie->n_vocab + 63) / 64;
+    return c;
+}
+
+static void class_free(gclass *k) {
+    if (!k) return;
+    free(k->key), free(k->accept), free(k->ctx_nodes), free(k);
+}
+
+static void lru_unlink(kt_gmask_cache *c, gclass *k) {
+    if (k->lru_prev) k->lru_prev->lru_next = k->lru_next;
+    else c->lru_head = k->lru_next;
+    if (k->lru_next) k->lru_next->lru_prev = k->lru_prev;
+    else c->lru_tail = k->lru_prev;
+    k->lru_prev = k->lru_next = NULL;
+}
+
+static void lru_push_head(kt_gmask_cache *c, gclass *k) {
+    k->lru_prev = NULL, k->lru_next = c->lru_head;
+    if (c->lru_head) c->lru_head->lru_prev = k;
+    c->lru_head = k;
+    if (!c->lru_tail) c->lru_tail = k;
+}
+
+static void bucket_remove(kt_gmask_cache *c, gclass *k) {
+    gclass **pp = &c->bucket[k->hash & (c->n_buckets - 1)];
+    while (*pp != k) pp = &(*pp)->next_in_bucket;
+    *pp = k->next_in_bucket;
+}
+
+/* Drops unreferenced classes, oldest first, until the cache fits. */
+static void cache_trim(kt_gmask_cache *c) {
+    for (gclass *k = c->lru_tail; k && c->bytes > c->max_bytes;) {
+        gclass *prev = k->lru_prev;
+        if (k->refs == 0) {
+            lru_unlink(c, k);
+            bucket_remove(c, k);
+            c->bytes -= k->bytes;
+            class_free(k);
+        }
+        k = prev;
+    }
+}
+
+void kt_gmask_cache_free(kt_gmask_cache *c) {
+    if (!c) return;
+    for (gclass *k = c->lru_head, *next; k; k = next) {
+        next = k->lru_next;
+        class_free(k);
+    }
+    free(c->bucket);
+    free(c);
+}
+
+void kt_gmask_cache_counts(const kt_gmask_cache *c, uint64_t *computed, uint64_t *hits, size_t *bytes) {
+    if (computed) *computed = c->computed;
+    if (hits) *hits = c->hits;
+    if (bytes) *bytes = c->bytes;
+}
+
+static gclass *cache_find(kt_gmask_cache *c, uint64_t hash, const uint32_t *key, uint32_t n_key) {
+    for (gclass *k = c->bucket[hash & (c->n_buckets - 1)]; k; k = k->next_in_bucket)
+        if (k->hash == hash && k->n_key == n_key && memcmp(k->key, key, n_key * sizeof *key) == 0) return k;
+    return NULL;
+}
+
+static void cache_add(kt_gmask_cache *c, gclass *k) {
+    uint32_t b = k->hash & (c->n_buckets - 1);
+    k->next_in_bucket = c->bucket[b];
+    c->bucket[b] = k;
+    lru_push_head(c, k);
+    c->bytes += k->bytes;
+}
+
+/* ---- the constraint -------------------------------------------------- */
+
+struct kt_constraint {
+    const kt_grammar *g;
+    const kt_token_trie *trie;
+    kt_gmask_cache *cache;
+    uint32_t n_words;
+    int32_t *eog;
+    int n_eog;
+    /* frames */
+    uint32_t *fpos, *fpar, *fstamp;
+    uint32_t n_frames, cap_frames;
+    u64map frame_of; /* (pos << 32 | parent) -> frame */
+    uint32_t stamp;
+    /* states */
+    u32vec members;          /* every state's frames, one after another */
+    uint32_t *st_off, *st_n; /* per state */
+    uint8_t *st_flags;       /* per state: ST_* */
+    uint32_t n_states, cap_states;
+    u64map state_of;         /* hash of the frames -> state (chains checked by content) */
+    u64map step;             /* (state << 8 | byte) -> state */
+    /* classes, per position: NULL until needed */
+    gclass **cls;
+    /* scratch */
+    u32vec out, work, key;
+    uint32_t *rule_local;    /* per rule: local id + 1 in the key being built (stamped) */
+    uint32_t *rule_stamp, key_stamp;
+    uint32_t *pos_stamp;     /* per position: mask stamp (OR'd once per mask) */
+    uint32_t mask_stamp;
+    struct walk_level { uint32_t end, state; } *walk;
+    /* the state now */
+    uint32_t state;
+    bool ended;
+    char error[160];
+};
+
+enum { ST_DONE = 1, ST_CTX = 2, ST_TOKREF = 4 };
+
+static void fail(kt_constraint *c, const char *msg) {
+    if (!c->error[0]) snprintf(c->error, sizeof c->error, "%s", msg);
+}
+
+/* The frame (pos, parent), made if new; FRAME_DONE when out of room (the
+ * constraint then records an error and allows nothing). */
+static uint32_t frame(kt_constraint *c, uint32_t pos, uint32_t parent) {
+    uint64_t k = (uint64_t)pos << 32 | parent;
+    uint32_t f;
+    if (u64map_get(&c->frame_of, k, &f)) return f;
+    if (c->n_frames == c->cap_frames) {
+        uint32_t cap = c->cap_frames * 2;
+        uint32_t *a = realloc(c->fpos, cap * sizeof *a), *b = a ? realloc(c->fpar, cap * sizeof *b) : NULL;
+        if (a) c->fpos = a;
+        if (b) c->fpar = b;
+        uint32_t *s = b ? realloc(c->fstamp, cap * sizeof *s) : NULL;
+        if (!s || cap > MAX_FRAMES) return fail(c, "the grammar needs too many parse frames"), FRAME_DONE;
+        memset(s + c->cap_frames, 0, (cap - c->cap_frames) * sizeof *s);
+        c->fstamp = s, c->cap_frames = cap;
+    }
+    f = c->n_frames++;
+    c->fpos[f] = pos, c->fpar[f] = parent, c->fstamp[f] = 0;
+    if (!u64map_put(&c->frame_of, k, f)) fail(c, "out of memory for parse frames");
+    return f;
+}
+
+static bool is_terminal(uint32_t type) {
+    return type == KT_GE_BYTE || type == KT_GE_SET || type == KT_GE_TOKEN || type == KT_GE_NOT_TOKEN;
+}
+
+/* Adds to c->out the top frames of every stack that (pos, parent) can
+ * start: rule calls are entered, ends of alternatives return to the
+ * parent. Each (pos, parent) is visited once per expansion (stamps). */
+static void expand(kt_constraint *c, uint32_t pos, uint32_t parent) {
+    const kt_grammar *g = c->g;
+    c->work.n = 0;
+    u32vec_push(&c->work, pos), u32vec_push(&c->work, parent);
+    uint32_t steps = 0;
+    while (c->work.n) {
+        parent = c->work.v[--c->work.n];
+        pos = c->work.v[--c->work.n];
+        if (++steps > MAX_EXPAND_STEPS) return fail(c, "the grammar's expansion does not terminate");
+        const kt_gelem *e = &g->elems[pos];
+        if (e->type == KT_GE_END) {
+            if (parent == FRAME_DONE || parent == FRAME_CTX) {
+                u32vec_push(&c->out, parent);
+                continue;
+            }
+            pos = c->fpos[parent], parent = c->fpar[parent];
+            u32vec_push(&c->work, pos), u32vec_push(&c->work, parent);
+            continue;
+        }
+        uint32_t f = frame(c, pos, parent);
+        if (c->fstamp[f] == c->stamp) continue;
+        c->fstamp[f] = c->stamp;
+        if (is_terminal(e->type)) {
+            u32vec_push(&c->out, f);
+            continue;
+        }
+        /* a rule call: each alternative, returning to pos + 1 */
+        uint32_t ret = frame(c, pos + 1, parent);
+        const kt_grule *r = &g->rules[e->value];
+        for (uint32_t a = 0; a < r->n_alts; a++)
+            u32vec_push(&c->work, g->alts[r->first_alt + a]), u32vec_push(&c->work, ret);
+    }
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The state whose frames are c->out[from..) (sorted and deduplicated
+ * here), interned; DEAD for an empty set or on failure. */
+static uint32_t intern(kt_constraint *c, uint32_t from) {
+    uint32_t *v = c->out.v + from, n = c->out.n - from;
+    if (n == 0) return DEAD;
+    if (n < 24) {
+        for (uint32_t i = 1; i < n; i++)
+            for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                uint32_t t = v[j];
+                v[j] = v[j - 1], v[j - 1] = t;
+            }
+    } else {
+        qsort(v, n, sizeof *v, cmp_u32);
+    }
+    uint32_t m = 1;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] != v[m - 1]) v[m++] = v[i];
+    uint64_t h = XXH3_64bits(v, m * sizeof *v), probe = h;
+    uint32_t s;
+    /* chained by rehashing: equal hashes of different sets are told apart by content */
+    while (u64map_get(&c->state_of, probe, &s)) {
+        if (c->st_n[s] == m && memcmp(c->members.v + c->st_off[s], v, m * sizeof *v) == 0) return s;
+        probe = mix64(probe + 1);
+    }
+    if (c->n_states == c->cap_states) {
+        uint32_t cap = c->cap_states * 2;
+        if (cap > MAX_STATES) return fail(c, "the grammar needs too many parse states"), DEAD;
+        uint32_t *o = realloc(c->st_off, cap * sizeof *o), *nn = o ? realloc(c->st_n, cap * sizeof *nn) : NULL;
+        if (o) c->st_off = o;
+        if (nn) c->st_n = nn;
+        uint8_t *fl = nn ? realloc(c->st_flags, cap) : NULL;
+        if (!fl) return fail(c, "out of memory for parse states"), DEAD;
+        c->st_flags = fl, c->cap_states = cap;
+    }
+    s = c->n_states++;
+    c->st_off[s] = c->members.n, c->st_n[s] = m;
+    uint8_t flags = 0;
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t f = v[i];
+        if (f == FRAME_DONE) flags |= ST_DONE;
+        else if (f == FRAME_CTX) flags |= ST_CTX;
+        else if (c->g->elems[c->fpos[f]].type == KT_GE_TOKEN || c->g->elems[c->fpos[f]].type == KT_GE_NOT_TOKEN)
+            flags |= ST_TOKREF;
+        if (!u32vec_push(&c->members, f)) return fail(c, "out of memory for parse states"), DEAD;
+    }
+    c->st_flags[s] = flags;
+    if (!u64map_put(&c->state_of, probe, s)) fail(c, "out of memory for parse states");
+    return s;
+}
+
+static bool byte_matches(const kt_grammar *g, const kt_gelem *e, uint8_t b) {
+    if (e->type == KT_GE_BYTE) return e->value == b;
+    if (e->type == KT_GE_SET) return kt_byteset_has(&g->sets[e->value], b);
+    return false;
+}
+
+/* The state after byte b from state s (memoized). */
+static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
+    uint32_t next;
+    uint64_t k = (uint64_t)s << 8 | b;
+    if (u64map_get(&c->step, k, &next)) return next;
+    const uint32_t from = c->out.n;
+    c->stamp++;
+    for (uint32_t i = 0; i < c->st_n[s]; i++) {
+        uint32_t f = c->members.v[c->st_off[s] + i];
+        if (f <= FRAME_CTX) continue;
+        if (byte_matches(c->g, &c->g->elems[c->fpos[f]], b)) expand(c, c->fpos[f] + 1, c->fpar[f]);
+    }
+    next = c->error[0] ? DEAD : intern(c, from);
+    c->out.n = from;
+    if (!u64map_put(&c->step, k, next)) fail(c, "out of memory for parse steps");
+    return next;
+}
+
+/* The state {f} for a terminal frame f. */
+static uint32_t intern_single(kt_constraint *c, uint32_t f) {
+    const uint32_t from = c->out.n;
+    if (!u32vec_push(&c->out, f)) return fail(c, "out of memory for parse states"), DEAD;
+    uint32_t s = intern(c, from);
+    c->out.n = from;
+    return s;
+}
+
+/* The state a single frame's position starts (no memo: rare). */
+static uint32_t state_at(kt_constraint *c, uint32_t pos, uint32_t parent) {
+    const uint32_t from = c->out.n;
+    c->stamp++;
+    expand(c, pos, parent);
+    uint32_t s = c->error[0] ? DEAD : intern(c, from);
+    c->out.n = from;
+    return s;
+}
+
+/* ---- classes ---------------------------------------------------------- */
+
+enum { K_BYTE = 1u << 28, K_SET = 2u << 28, K_RULE = 3u << 28, K_TOKEN = 4u << 28, K_NOT = 5u << 28,
+       K_END = 6u << 28, K_RULE_SEP = 7u << 28 };
+
+/* Appends one alternative's elements from pos to its END; rule calls get
+ * local numbers in order of first appearance and are queued. */
+static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
+    const kt_grammar *g = c->g;
+    for (;; pos++) {
+        const kt_gelem *e = &g->elems[pos];
+        switch (e->type) {
+        case KT_GE_END: u32vec_push(&c->key, K_END); return;
+        case KT_GE_BYTE: u32vec_push(&c->key, K_BYTE | e->value); break;
+        case KT_GE_SET:
+            u32vec_push(&c->key, K_SET);
+            for (int w = 0; w < 4; w++)
+                u32vec_push(&c->key, (uint32_t)g->sets[e->value].bits[w]),
+                    u32vec_push(&c->key, (uint32_t)(g->sets[e->value].bits[w] >> 32));
+            break;
+        case KT_GE_TOKEN: u32vec_push(&c->key, K_TOKEN), u32vec_push(&c->key, e->value); break;
+        case KT_GE_NOT_TOKEN: u32vec_push(&c->key, K_NOT), u32vec_push(&c->key, e->value); break;
+        default: /* KT_GE_RULE */
+            if (c->rule_stamp[e->value] != c->key_stamp) {
+                c->rule_stamp[e->value] = c->key_stamp;
+                c->rule_local[e->value] = queue->n;
+                u32vec_push(queue, e->value);
+            }
+            u32vec_push(&c->key, K_RULE | c->rule_local[e->value]);
+        }
+    }
+}
+
+/* c->key = the structure reachable from pos without popping: the rest of
+ * its alternative, then every rule it can call (all alternatives), in
+ * the order they are first called. */
+static bool class_key(kt_constraint *c, uint32_t pos) {
+    u32vec queue = {0};
+    c->key.n = 0;
+    c->key_stamp++;
+    key_alt(c, pos, &queue);
+    for (uint32_t q = 0; q < queue.n; q++) {
+        const kt_grule *r = &c->g->rules[queue.v[q]];
+        for (uint32_t a = 0; a < r->n_alts; a++) key_alt(c, c->g->alts[r->first_alt + a], &queue);
+        u32vec_push(&c->key, K_RULE_SEP);
+    }
+    bool ok = c->key.v != NULL;
+    free(queue.v);
+    return ok;
+}
+
+static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_t to) {
+    for (uint32_t k = from; k < to; k++) bits[(uint32_t)ids[k] >> 6] |= 1ull << ((uint32_t)ids[k] & 63);
+}
+
+/* Walks the trie below node u from state s: every token reached with a
+ * live state is set in bits; with ctx (classification) the nodes where
+ * the state holds FRAME_CTX are collected. */
+static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32vec *ctx) {
+    const kt_token_trie *t = c->trie;
+    uint32_t sp = 0, i = u + 1;
+    c->walk[0].end = t->end[u], c->walk[0].state = s;
+    while (i < c->walk[0].end) {
+        while (i >= c->walk[sp].end) sp--;
+        uint32_t next = step_byte(c, c->walk[sp].state, t->byte[i]);
+        if (next == DEAD) {
+            i = t->end[i];
+            continue;
+        }
+        set_range(bits, t->sorted, t->first[i], t->first[i + 1]);
+        if (ctx && (c->st_flags[next] & ST_CTX)) u32vec_push(ctx, i);
+        if (t->end[i] > i + 1) {
+            sp++;
+            c->walk[sp].end = t->end[i], c->walk[sp].state = next;
+        }
+        i++;
+    }
+}
+
+/* The class of terminal position pos: from the cache, or computed. */
+static gclass *class_of(kt_constraint *c, uint32_t pos) {
+    if (c->cls[pos]) return c->cls[pos];
+    if (!class_key(c, pos)) return fail(c, "out of memory for grammar classes"), NULL;
+    uint64_t h = XXH3_64bits(c->key.v, c->key.n * sizeof *c->key.v);
+    gclass *k = cache_find(c->cache, h, c->key.v, c->key.n);
+    if (k) {
+        c->cache->hits++;
+        lru_unlink(c->cache, k);
+        lru_push_head(c->cache, k);
+    } else {
+        k = calloc(1, sizeof *k);
+        u32vec ctx = {0};
+        if (k) k->accept = calloc(c->n_words, sizeof *k->accept);
+        if (k) k->key = malloc(c->key.n * sizeof *k->key);
+        if (!k || !k->accept || !k->key) {
+            class_free(k);
+            return fail(c, "out of memory for grammar classes"), NULL;
+        }
+        memcpy(k->key, c->key.v, c->key.n * sizeof *k->key);
+        k->n_key = c->key.n, k->hash = h;
+        uint32_t s0 = intern_single(c, frame(c, pos, FRAME_CTX));
+        if (s0 != DEAD) walk(c, 0, s0, k->accept, &ctx);
+        k->ctx_nodes = ctx.v, k->n_ctx = ctx.n;
+        k->bytes = sizeof *k + c->n_words * 8 + k->n_key * 4 + ctx.cap * 4;
+        c->cache->computed++;
+        cache_add(c->cache, k);
+    }
+    k->refs++; /* before trimming: held classes are never dropped */
+    c->cls[pos] = k;
+    cache_trim(c->cache);
+    return k;
+}
+
+/* ---- the API ----------------------------------------------------------- */
+
+static bool is_eog(const kt_constraint *c, int32_t token) {
+    for (int i = 0; i < c->n_eog; i++)
+        if (c->eog[i] == token) return true;
+    return false;
+}
+
+/* Frames of state s, and their count. */
+static const uint32_t *frames_of(const kt_constraint *c, uint32_t s, uint32_t *n) {
+    *n = c->st_n[s];
+    return c->members.v + c->st_off[s];
+}
+
+/* The state after token from s: its token references step over it, its
+ * bytes (if it has any in the trie) are matched; DEAD if neither. */
+static uint32_t step_token(kt_constraint *c, uint32_t s, int32_t token) {
+    if (s == DEAD) return DEAD;
+    uint32_t by_bytes = DEAD;
+    if (kt_token_trie_has(c->trie, token)) {
+        const uint8_t *b = c->trie->bytes + c->trie->tok_off[token];
+        by_bytes = s;
+        for (uint32_t i = 0; i < c->trie->tok_len[token] && by_bytes != DEAD; i++) by_bytes = step_byte(c, by_bytes, b[i]);
+    }
+    if (!(c->st_flags[s] & ST_TOKREF)) return by_bytes;
+    const uint32_t from = c->out.n;
+    uint32_t n;
+    const uint32_t *fr = frames_of(c, s, &n);
+    c->stamp++;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t f = fr[i];
+        if (f <= FRAME_CTX) continue;
+        const kt_gelem *e = &c->g->elems[c->fpos[f]];
+        bool ok = (e->type == KT_GE_TOKEN && (int32_t)e->value == token) ||
+                  (e->type == KT_GE_NOT_TOKEN && (int32_t)e->value != token);
+        if (ok) expand(c, c->fpos[f] + 1, c->fpar[f]);
+        fr = frames_of(c, s, &n); /* expand may grow members: re-read */
+    }
+    if (by_bytes != DEAD) {
+        uint32_t m;
+        const uint32_t *bf = frames_of(c, by_bytes, &m);
+        for (uint32_t i = 0; i < m; i++) u32vec_push(&c->out, bf[i]);
+    }
+    uint32_t next = c->error[0] ? DEAD : intern(c, from);
+    c->out.n = from;
+    return next;
+}
+
+bool kt_constraint_can_end(const kt_constraint *c) {
+    return !c->error[0] && (c->st_flags[c->state] & ST_DONE);
+}
+
+bool kt_constraint_is_done(const kt_constraint *c) {
+    return c->ended || c->error[0] || (c->st_n[c->state] == 1 && (c->st_flags[c->state] & ST_DONE));
+}
+
+const char *kt_constraint_error(const kt_constraint *c) {
+    return c->error[0] ? c->error : NULL;
+}
+
+/* An end-of-generation id ends generation, so it is allowed exactly where
+ * the grammar can end, whatever its bytes or a token reference say. */
+bool kt_constraint_allows(kt_constraint *c, int32_t token) {
+    if (c->error[0] || c->ended || token < 0 || token >= c->trie->n_vocab) return false;
+    if (is_eog(c, token)) return kt_constraint_can_end(c);
+    return step_token(c, c->state, token) != DEAD;
+}
+
+bool kt_constraint_accept(kt_constraint *c, int32_t token) {
+    if (c->error[0] || c->ended || token < 0 || token >= c->trie->n_vocab) return false;
+    if (is_eog(c, token)) {
+        if (!kt_constraint_can_end(c)) return false;
+        c->ended = true;
+        return true;
+    }
+    uint32_t next = step_token(c, c->state, token);
+    if (next == DEAD) return false;
+    c->state = next;
+    return true;
+}
+
+static void set_bit(uint64_t *m, int32_t t) {
+    m[(uint32_t)t >> 6] |= 1ull << ((uint32_t)t & 63);
+}
+
+/* Adds the tokens a token-reference frame allows. */
+static void mask_token_ref(const kt_constraint *c, const kt_gelem *e, uint64_t *mask) {
+    if (e->type == KT_GE_TOKEN) {
+        if ((int32_t)e->value < c->trie->n_vocab) set_bit(mask, (int32_t)e->value);
+        return;
+    }
+    uint32_t keep = (uint32_t)c->trie->n_vocab & 63;
+    for (uint32_t w = 0; w < c->n_words; w++) mask[w] = ~0ull;
+    if (keep) mask[c->n_words - 1] = (1ull << keep) - 1;
+    if ((int32_t)e->value < c->trie->n_vocab) mask[e->value >> 6] &= ~(1ull << (e->value & 63));
+}
+
+/* Adds the tokens frame f allows: its class's accept set, and below each
+ * of the class's context nodes, what the real rest of the stack takes. */
+static void mask_frame(kt_constraint *c, uint32_t f, uint64_t *mask, u32vec *done_conts) {
+    const uint32_t pos = c->fpos[f];
+    gclass *k = class_of(c, pos);
+    if (!k) return;
+    if (c->pos_stamp[pos] != c->mask_stamp) {
+        c->pos_stamp[pos] = c->mask_stamp;
+        for (uint32_t w = 0; w < c->n_words; w++) mask[w] |= k->accept[w];
+    }
+    const uint32_t parent = c->fpar[f];
+    if (!k->n_ctx || parent == FRAME_DONE) return; /* nothing can follow the root */
+    uint32_t cont = state_at(c, c->fpos[parent], c->fpar[parent]);
+    if (cont == DEAD) return;
+    /* the same (class, continuation) from another frame adds nothing new */
+    for (uint32_t i = 0; i + 1 < done_conts->n; i += 2)
+        if (done_conts->v[i] == pos && done_conts->v[i + 1] == cont) return;
+    u32vec_push(done_conts, pos), u32vec_push(done_conts, cont);
+    for (uint32_t i = 0; i < k->n_ctx; i++) walk(c, k->ctx_nodes[i], cont, mask, NULL);
+}
+
+void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
+    memset(mask, 0, c->n_words * sizeof *mask);
+    if (c->error[0] || c->ended) return;
+    c->mask_stamp++;
+    u32vec done_conts = {0};
+    uint32_t n;
+    const uint32_t s = c->state;
+    for (uint32_t i = 0; i < (n = c->st_n[s]); i++) {
+        uint32_t f = c->members.v[c->st_off[s] + i]; /* re-read: walks may grow members */
+        if (f <= FRAME_CTX) continue;
+        const kt_gelem *e = &c->g->elems[c->fpos[f]];
+        if (e->type == KT_GE_TOKEN || e->type == KT_GE_NOT_TOKEN) mask_token_ref(c, e, mask);
+        else mask_frame(c, f, mask, &done_conts);
+    }
+    free(done_conts.v);
+    for (int i = 0; i < c->n_eog; i++) { /* see kt_constraint_allows */
+        uint32_t t = (uint32_t)c->eog[i];
+        if (kt_constraint_can_end(c)) mask[t >> 6] |= 1ull << (t & 63);
+        else mask[t >> 6] &= ~(1ull << (t & 63));
+    }
+    if (c->error[0]) memset(mask, 0, c->n_words * sizeof *mask);
+}
+
+void kt_constraint_free(kt_constraint *c) {
+    if (!c) return;
+    if (c->cls)
+        for (uint32_t p = 0; p < c->g->n_elems; p++)
+            if (c->cls[p]) c->cls[p]->refs--;
+    if (c->cache) cache_trim(c->cache);
+    free(c->fpos), free(c->fpar), free(c->fstamp);
+    u64map_free(&c->frame_of), u64map_free(&c->state_of), u64map_free(&c->step);
+    free(c->members.v), free(c->st_off), free(c->st_n), free(c->st_flags);
+    free(c->cls), free(c->out.v), free(c->work.v), free(c->key.v);
+    free(c->rule_local), free(c->rule_stamp), free(c->pos_stamp), free(c->walk), free(c->eog);
+    free(c);
+}
+
+kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie, kt_gmask_cache *cache,
+                                 const int32_t *eog, int n_eog, kt_error *err) {
+    kt_constraint *c = calloc(1, sizeof *c);
+    if (!c) goto nomem;
+    c->g = g, c->trie = trie, c->cache = cache;
+    c->n_words = ((uint32_t)trie->n_vocab + 63) / 64;
+    c->cap_frames = 256, c->cap_states = 256;
+    c->fpos = malloc(c->cap_frames * sizeof *c->fpos);
+    c->fpar = malloc(c->cap_frames * sizeof *c->fpar);
+    c->fstamp = calloc(c->cap_frames, sizeof *c->fstamp);
+    c->st_off = malloc(c->cap_states * sizeof *c->st_off);
+    c->st_n = malloc(c->cap_states * sizeof *c->st_n);
+    c->st_flags = malloc(c->cap_states);
+    c->cls = calloc(g->n_elems, sizeof *c->cls);
+    c->pos_stamp = calloc(g->n_elems, sizeof *c->pos_stamp);
+    c->rule_local = calloc(g->n_rules + 1, sizeof *c->rule_local);
+    c->rule_stamp = calloc(g->n_rules + 1, sizeof *c->rule_stamp);
+    c->walk = malloc(((size_t)trie->max_depth + 2) * sizeof *c->walk);
+    c->eog = malloc(((size_t)n_eog + 1) * sizeof *c->eog);
+    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->cls || !c->pos_stamp ||
+        !c->rule_local || !c->rule_stamp || !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
+        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096))
+        goto nomem;
+    if (n_eog > 0) memcpy(c->eog, eog, (size_t)n_eog * sizeof *eog);
+    c->n_eog = n_eog;
+    /* frames 0 and 1 are FRAME_DONE and FRAME_CTX; state 0 is DEAD */
+    c->fpos[0] = c->fpos[1] = 0, c->fpar[0] = c->fpar[1] = 0, c->n_frames = 2;
+    c->st_off[0] = 0, c->st_n[0] = 0, c->st_flags[0] = 0, c->n_states = 1;
+    const kt_grule *root = &g->rules[g->root];
+    const uint32_t from = c->out.n;
+    c->stamp++;
+    for (uint32_t a = 0; a < root->n_alts; a++) expand(c, g->alts[root->first_alt + a], FRAME_DONE);
+    c->state = c->error[0] ? DEAD : intern(c, from);
+    c->out.n = from;
+    if (c->error[0] || c->state == DEAD) {
+        kt_error_set(err, KT_ERR_ARG, "grammar: %s", c->error[0] ? c->error : "the start state is empty");
+        kt_constraint_free(c);
+        return NULL;
+    }
+    return c;
+nomem:
+    kt_constraint_free(c);
+    kt_error_set(err, KT_ERR_NOMEM, "out of memory for a grammar constraint");
+    return NULL;
+}

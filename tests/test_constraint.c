@@ -1,0 +1,265 @@
+/*
+ * test_constraint.c - the fast token masks (src/grammar/constraint.h)
+ * against the reference matcher (kt_gmatch), and the token trie.
+ *
+ * For real vocabularies and llama.cpp's grammars, random walks through
+ * each grammar compare, at every step, the whole mask with what the
+ * reference matcher says of every token; the walk then takes a random
+ * allowed token in both. Any difference is a failure naming the token.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "gguf/gguf.h"
+#include "grammar/constraint.h"
+#include "grammar/grammar.h"
+#include "grammar/token_trie.h"
+#include "testutil.h"
+#include "text/vocab.h"
+
+static kt_vocab *load_vocab(const char *name) {
+    kt_error err = {0};
+    gguf_file *f = gguf_open(tu_shared(name), &err);
+    if (!f) fail_msg("%s", err.msg);
+    kt_vocab *v = kt_vocab_from_gguf(f, &err);
+    gguf_close(f);
+    if (!v) fail_msg("%s", err.msg);
+    return v;
+}
+
+static kt_grammar *parse(const char *text) {
+    kt_error err = {0};
+    kt_grammar *g = kt_grammar_parse(text, strlen(text), NULL, &err);
+    if (!g) fail_msg("%s", err.msg);
+    return g;
+}
+
+/* The trie: every token with bytes is under the node of its bytes, the
+ * subtree ranges hold exactly the tokens with that prefix. */
+static void test_trie_layout(void **state) {
+    (void)state;
+    const char *words[] = {"a", "ab", "abc", "b", "ab", "", "ba", "\xe2\x82", "\xe2\x82\xac"};
+    const int n = 9;
+    const uint8_t *bytes[9];
+    uint32_t lens[9];
+    for (int i = 0; i < n; i++) bytes[i] = (const uint8_t *)words[i], lens[i] = (uint32_t)strlen(words[i]);
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_new(n, bytes, lens, &err);
+    assert_non_null(t);
+    assert_int_equal(t->n_sorted, 8); /* "" is not in it */
+    assert_false(kt_token_trie_has(t, 5));
+    assert_int_equal(t->max_depth, 3);
+    /* walk every node, rebuilding its path: tokens at it have that path */
+    uint8_t path[8];
+    uint32_t depth_end[8], depth = 0;
+    depth_end[0] = t->end[0];
+    int seen = 0;
+    for (uint32_t i = 1; i < t->n_nodes; i++) {
+        while (i >= depth_end[depth]) depth--;
+        path[depth] = t->byte[i];
+        depth_end[++depth] = t->end[i];
+        for (uint32_t k = t->first[i]; k < t->first[i + 1]; k++, seen++) {
+            int32_t id = t->sorted[k];
+            assert_int_equal(lens[id], depth);
+            assert_memory_equal(bytes[id], path, depth);
+        }
+    }
+    assert_int_equal(seen, 8);
+    /* the subtree of "a" holds a, ab, ab (twice), abc */
+    uint32_t a = 1;
+    assert_int_equal(t->byte[a], 'a');
+    assert_int_equal(t->first[t->end[a]] - t->first[a], 4);
+    kt_token_trie_free(t);
+}
+
+/* What the reference matcher says of token id after state m. */
+static bool ref_allows(const kt_gmatch *m, const kt_token_trie *t, int32_t id) {
+    if (!kt_token_trie_has(t, id)) return false;
+    kt_gmatch *x = kt_gmatch_clone(m);
+    assert_non_null(x);
+    bool ok = kt_gmatch_token(x, id, t->bytes + t->tok_off[id], t->tok_len[id]);
+    kt_gmatch_free(x);
+    return ok;
+}
+
+static bool bit(const uint64_t *mask, int32_t id) {
+    return (mask[(uint32_t)id >> 6] >> ((uint32_t)id & 63)) & 1;
+}
+
+/* Random walks of `steps` tokens through g over trie t: the mask equals
+ * the reference's verdict on every token, kt_constraint_allows agrees with
+ * the mask, can_end agrees, and EOG is allowed exactly where it can end.
+ * Prefers tokens longer than one byte so walks get somewhere. Returns the
+ * number of steps taken. */
+static int compare_walks(const kt_grammar *g, const kt_token_trie *t, kt_gmask_cache *cache, int walks, int steps,
+                         uint64_t seed) {
+    const int32_t eog = 0; /* a control id in every vocabulary used here */
+    const uint32_t n_words = ((uint32_t)t->n_vocab + 63) / 64;
+    uint64_t *mask = tu_xmalloc(n_words * 8);
+    int32_t *allowed = tu_xmalloc(sizeof(int32_t) * (size_t)t->n_vocab);
+    kt_rng rng;
+    kt_rng_seed(&rng, seed);
+    int taken = 0;
+    kt_error err = {0};
+    for (int w = 0; w < walks; w++) {
+        kt_constraint *c = kt_constraint_new(g, t, cache, &eog, 1, &err);
+        if (!c) fail_msg("%s", err.msg);
+        kt_gmatch *m = kt_gmatch_new(g, &err);
+        if (!m) fail_msg("%s", err.msg);
+        for (int s = 0; s < steps; s++) {
+            kt_constraint_mask(c, mask);
+            assert_null(kt_constraint_error(c));
+            int n_allowed = 0, n_long = 0;
+            for (int32_t id = 0; id < t->n_vocab; id++) {
+                bool want = id == eog ? kt_gmatch_can_end(m) : ref_allows(m, t, id);
+                if (bit(mask, id) != want)
+                    fail_msg("walk %d step %d: token %d (%.*s) is %s by the mask, %s by the reference", w, s, (int)id,
+                             (int)t->tok_len[id], (const char *)t->bytes + t->tok_off[id],
+                             bit(mask, id) ? "allowed" : "refused", want ? "allowed" : "refused");
+                if (kt_constraint_allows(c, id) != want) fail_msg("walk %d step %d: allows(%d) disagrees", w, s, (int)id);
+                if (want && id != eog) {
+                    allowed[n_allowed++] = id;
+                    n_long += t->tok_len[id] > 1;
+                }
+            }
+            assert_int_equal(kt_constraint_can_end(c), kt_gmatch_can_end(m));
+            if (n_allowed == 0) break;
+            int32_t pick;
+            do pick = allowed[kt_rng_u64(&rng) % (uint64_t)n_allowed];
+            while (n_long > 0 && t->tok_len[pick] < 2 && kt_rng_u64(&rng) % 4);
+            assert_true(kt_constraint_accept(c, pick));
+            assert_true(kt_gmatch_token(m, pick, t->bytes + t->tok_off[pick], t->tok_len[pick]));
+            taken++;
+        }
+        kt_gmatch_free(m);
+        kt_constraint_free(c);
+    }
+    free(mask), free(allowed);
+    return taken;
+}
+
+static char *grammar_file(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "structured/llamacpp_grammar/grammars/%s", name);
+    char *text = tu_read_file(tu_shared(rel), NULL);
+    if (!text) fail_msg("cannot read %s", rel);
+    return text;
+}
+
+static void check_vocab(const char *vocab_name, int walks, int steps) {
+    kt_vocab *v = load_vocab(vocab_name);
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_from_vocab(v, &err);
+    if (!t) fail_msg("%s", err.msg);
+    kt_gmask_cache *cache = kt_gmask_cache_new(t, 64u << 20, &err);
+    assert_non_null(cache);
+    const char *files[] = {"json.gbnf", "arithmetic.gbnf", "list.gbnf", "japanese.gbnf", "c.gbnf", "chess.gbnf"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char *text = grammar_file(files[i]);
+        kt_grammar *g = parse(text);
+        int taken = compare_walks(g, t, cache, walks, steps, 1000 + i);
+        printf("%s, %s: %d steps compared over %d tokens\n", vocab_name, files[i], taken, t->n_vocab);
+        assert_true(taken >= walks); /* every walk got at least one token in */
+        kt_grammar_free(g);
+        free(text);
+    }
+    uint64_t computed, hits;
+    size_t bytes;
+    kt_gmask_cache_counts(cache, &computed, &hits, &bytes);
+    printf("%s: %llu classes computed, %llu found in the cache, %zu bytes\n", vocab_name,
+           (unsigned long long)computed, (unsigned long long)hits, bytes);
+    kt_gmask_cache_free(cache);
+    kt_token_trie_free(t);
+    kt_vocab_free(v);
+}
+
+static void test_llama_spm(void **state) {
+    (void)state;
+    check_vocab("vocab/ggml-vocab-llama-spm.gguf", 3, 12);
+}
+
+static void test_llama3_bpe(void **state) {
+    (void)state;
+    check_vocab("vocab/ggml-vocab-llama-bpe.gguf", 2, 10);
+}
+
+/* Hand-made grammars over a byte-level vocabulary (every byte, and some
+ * multi-byte tokens that cross rule and character boundaries): UTF-8
+ * split across tokens, token references, nullable rules, repetition. */
+static void test_small_vocab(void **state) {
+    (void)state;
+    static const char *extra[] = {"ab", "b\"", "\":", "\",", "\"}", "{\"", "12", "3.", "  ", "\xce\xb1", "\xce",
+                                  "\xb1\xce", "a\xce", "true", "null", "[1", "],", "x=", "\n"};
+    enum { N_EXTRA = sizeof extra / sizeof *extra, N = 1 + 256 + N_EXTRA };
+    const uint8_t *bytes[N];
+    uint32_t lens[N];
+    static uint8_t single[256];
+    bytes[0] = NULL, lens[0] = 0; /* id 0: the control EOG */
+    for (int b = 0; b < 256; b++) single[b] = (uint8_t)b, bytes[1 + b] = &single[b], lens[1 + b] = 1;
+    for (int i = 0; i < N_EXTRA; i++) bytes[257 + i] = (const uint8_t *)extra[i], lens[257 + i] = (uint32_t)strlen(extra[i]);
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_new(N, bytes, lens, &err);
+    assert_non_null(t);
+    kt_gmask_cache *cache = kt_gmask_cache_new(t, 1u << 20, &err);
+    const char *grammars[] = {
+        "root ::= \"{\" ws pair (\",\" ws pair)* \"}\"\npair ::= str \":\" ws val\nstr ::= \"\\\"\" [a-z\\u03b1]* \"\\\"\"\n"
+        "val ::= str | [0-9]+ (\".\" [0-9]+)? | \"true\" | \"null\" | \"[\" val (\",\" val)* \"]\"\nws ::= [ \\n]*",
+        "root ::= [^x]{2,5} \"x\" | \"a\"? \"b\"? \"c\"",
+        "root ::= (\"\\u03b1\" | [\\u0100-\\u2fff])+ \"=\"?",
+        "root ::= x x\nx ::= \"a\" x | \"\"",
+    };
+    for (size_t i = 0; i < sizeof grammars / sizeof *grammars; i++) {
+        kt_grammar *g = parse(grammars[i]);
+        int taken = compare_walks(g, t, cache, 20, 16, 7 + i);
+        assert_true(taken > 20);
+        kt_grammar_free(g);
+    }
+    kt_gmask_cache_free(cache);
+    kt_token_trie_free(t);
+}
+
+/* Two grammars with the same string rule: the second finds its classes
+ * in the cache; a class a live constraint holds is never dropped, however
+ * small the cache. */
+static void test_cache_sharing(void **state) {
+    (void)state;
+    kt_vocab *v = load_vocab("vocab/ggml-vocab-llama-spm.gguf");
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_from_vocab(v, &err);
+    kt_gmask_cache *cache = kt_gmask_cache_new(t, 64u << 20, &err);
+    kt_grammar *a = parse("root ::= \"{\\\"a\\\": \" s \"}\"\ns ::= \"\\\"\" [^\"\\\\]* \"\\\"\"");
+    kt_grammar *b = parse("root ::= \"[\" s \"]\"\ns ::= \"\\\"\" [^\"\\\\]* \"\\\"\"");
+    const int32_t eog = 2;
+    uint64_t *mask = tu_xmalloc(((size_t)t->n_vocab + 63) / 64 * 8);
+    const char *into_a = "{\"a\": \"", *into_b = "[\"";
+    kt_constraint *ca = kt_constraint_new(a, t, cache, &eog, 1, &err), *cb = kt_constraint_new(b, t, cache, &eog, 1, &err);
+    assert_non_null(ca), assert_non_null(cb);
+    /* feed byte tokens (<0xNN>) up to the string body */
+    for (const char *p = into_a; *p; p++) assert_true(kt_constraint_accept(ca, 3 + (uint8_t)*p));
+    for (const char *p = into_b; *p; p++) assert_true(kt_constraint_accept(cb, 3 + (uint8_t)*p));
+    kt_constraint_mask(ca, mask);
+    uint64_t computed_a, hits_a;
+    kt_gmask_cache_counts(cache, &computed_a, &hits_a, NULL);
+    kt_constraint_mask(cb, mask);
+    uint64_t computed_b, hits_b;
+    kt_gmask_cache_counts(cache, &computed_b, &hits_b, NULL);
+    assert_int_equal(computed_b, computed_a); /* the string body's class was there */
+    assert_true(hits_b > hits_a);
+    kt_constraint_free(ca), kt_constraint_free(cb);
+    kt_grammar_free(a), kt_grammar_free(b);
+    free(mask);
+    kt_gmask_cache_free(cache);
+    kt_token_trie_free(t);
+    kt_vocab_free(v);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trie_layout),   cmocka_unit_test(test_small_vocab),
+        cmocka_unit_test(test_cache_sharing), cmocka_unit_test(test_llama_spm),
+        cmocka_unit_test(test_llama3_bpe),
+    };
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
+}
