@@ -65,6 +65,8 @@ static void usage(FILE *out) {
             "       kettle bench serve ...   load-test an OpenAI-compatible server (see 'kettle bench serve --help')\n"
             "       kettle bench agent ...   agent sessions against a server: TTFT per turn, task time\n"
             "                                (see 'kettle bench agent --help')\n"
+            "       kettle bench grammar ... structured output without a model: schema compile time, mask\n"
+            "                                time per token (see 'kettle bench grammar --help')\n"
             "  -m, --model FILE   model to measure (repeatable)\n"
             "  -p, --n-prompt N   prompt lengths for pp tests, comma-separated (default 512; 0: none)\n"
             "  -n, --n-gen N      generation lengths for tg tests (default 128; 0: none)\n"
@@ -323,6 +325,7 @@ static int bench_machine(const bench_opts *o) {
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "agent")) return cmd_bench_agent(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "grammar")) return cmd_bench_grammar(argc - 1, argv + 1);
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
         return 0;

@@ -39,6 +39,7 @@
 #define MAX_FRAMES (1u << 24)
 #define MAX_STATES (1u << 22)
 #define MAX_EXPAND_STEPS (1u << 20) /* per expansion */
+#define MAX_CHAIN 16                /* frames a class covers */
 
 /* ---- small open-addressing tables ----------------------------------- */
 
@@ -236,14 +237,15 @@ struct kt_constraint {
     uint32_t n_states, cap_states;
     u64map state_of;         /* hash of the frames -> state (chains checked by content) */
     u64map step;             /* (state << 8 | byte) -> state */
-    /* classes, per position: NULL until needed */
-    gclass **cls;
+    /* classes: per top frame, the index + 1 of its class in held (0: not yet) */
+    u64map class_of_frame;
+    gclass **held;           /* every class this constraint uses (one reference each) */
+    uint32_t n_held, cap_held;
+    uint8_t *rest_lexical;   /* per position: the rest of its alternative is lexical (see mark_lexical) */
     /* scratch */
     u32vec out, work, key;
     uint32_t *rule_local;    /* per rule: local id + 1 in the key being built (stamped) */
     uint32_t *rule_stamp, key_stamp;
-    uint32_t *pos_stamp;     /* per position: mask stamp (OR'd once per mask) */
-    uint32_t mask_stamp;
     struct walk_level { uint32_t end, state; } *walk;
     /* the state now */
     uint32_t state;
@@ -312,8 +314,11 @@ static void expand(kt_constraint *c, uint32_t pos, uint32_t parent) {
             u32vec_push(&c->out, f);
             continue;
         }
-        /* a rule call: each alternative, returning to pos + 1 */
-        uint32_t ret = frame(c, pos + 1, parent);
+        /* a rule call: each alternative, returning to pos + 1; a call last
+         * in its alternative returns straight to the parent (a tail call),
+         * so a repetition's right recursion keeps the stack flat and its
+         * states repeat */
+        uint32_t ret = g->elems[pos + 1].type == KT_GE_END ? parent : frame(c, pos + 1, parent);
         const kt_grule *r = &g->rules[e->value];
         for (uint32_t a = 0; a < r->n_alts; a++)
             u32vec_push(&c->work, g->alts[r->first_alt + a]), u32vec_push(&c->work, ret);
@@ -451,14 +456,33 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
     }
 }
 
-/* c->key = the structure reachable from pos without popping: the rest of
- * its alternative, then every rule it can call (all alternatives), in
- * the order they are first called. */
-static bool class_key(kt_constraint *c, uint32_t pos) {
+/* The frames a class of top frame f covers, top first: f, then its
+ * parents as long as both the last frame's rest and the parent's are
+ * lexical (see mark_lexical), at most MAX_CHAIN. So a class spans a whole
+ * lexeme: for a character inside a JSON string it reaches up to the
+ * string rule, and the run-time walk starts only after the closing quote
+ * (a class of the character rule alone would leave it almost every token,
+ * since that rule ends after each character). Returns the count. */
+static int chain_of(const kt_constraint *c, uint32_t f, uint32_t *chain) {
+    int n = 0;
+    chain[n++] = f;
+    /* the top frame's rest starts after its terminal, the others' at their return position */
+    while (n < MAX_CHAIN && c->rest_lexical[c->fpos[f] + (n == 1)] && c->fpar[f] > FRAME_CTX &&
+           c->rest_lexical[c->fpos[c->fpar[f]]]) {
+        f = c->fpar[f];
+        chain[n++] = f;
+    }
+    return n;
+}
+
+/* c->key = the structure reachable from the chain without popping its
+ * last frame: the rest of each frame's alternative, then every rule they
+ * can call (all alternatives), in the order they are first called. */
+static bool class_key(kt_constraint *c, const uint32_t *chain, int n) {
     u32vec queue = {0};
     c->key.n = 0;
     c->key_stamp++;
-    key_alt(c, pos, &queue);
+    for (int i = 0; i < n; i++) key_alt(c, c->fpos[chain[i]], &queue);
     for (uint32_t q = 0; q < queue.n; q++) {
         const kt_grule *r = &c->g->rules[queue.v[q]];
         for (uint32_t a = 0; a < r->n_alts; a++) key_alt(c, c->g->alts[r->first_alt + a], &queue);
@@ -497,10 +521,34 @@ static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32ve
     }
 }
 
-/* The class of terminal position pos: from the cache, or computed. */
-static gclass *class_of(kt_constraint *c, uint32_t pos) {
-    if (c->cls[pos]) return c->cls[pos];
-    if (!class_key(c, pos)) return fail(c, "out of memory for grammar classes"), NULL;
+/* The classification stack of a chain: the same positions, on FRAME_CTX. */
+static uint32_t chain_start(kt_constraint *c, const uint32_t *chain, int n) {
+    uint32_t f = FRAME_CTX;
+    for (int i = n - 1; i >= 0; i--) f = frame(c, c->fpos[chain[i]], f);
+    return intern_single(c, f);
+}
+
+static bool hold(kt_constraint *c, gclass *k, uint32_t f) {
+    if (c->n_held == c->cap_held) {
+        uint32_t cap = c->cap_held ? c->cap_held * 2 : 16;
+        gclass **nh = realloc(c->held, cap * sizeof *nh);
+        if (!nh) return false;
+        c->held = nh, c->cap_held = cap;
+    }
+    c->held[c->n_held++] = k;
+    k->refs++; /* before any trim: held classes are never dropped */
+    return u64map_put(&c->class_of_frame, f, c->n_held);
+}
+
+/* The class of top frame f (the chain it heads): from the cache, or
+ * computed by walking the whole trie once. *bottom gets the chain's last
+ * frame, whose parent is what the class leaves to the run-time walk. */
+static gclass *class_of(kt_constraint *c, uint32_t f, uint32_t *bottom) {
+    uint32_t chain[MAX_CHAIN], idx;
+    int n = chain_of(c, f, chain);
+    *bottom = chain[n - 1];
+    if (u64map_get(&c->class_of_frame, f, &idx)) return c->held[idx - 1];
+    if (!class_key(c, chain, n)) return fail(c, "out of memory for grammar classes"), NULL;
     uint64_t h = XXH3_64bits(c->key.v, c->key.n * sizeof *c->key.v);
     gclass *k = cache_find(c->cache, h, c->key.v, c->key.n);
     if (k) {
@@ -518,17 +566,82 @@ static gclass *class_of(kt_constraint *c, uint32_t pos) {
         }
         memcpy(k->key, c->key.v, c->key.n * sizeof *k->key);
         k->n_key = c->key.n, k->hash = h;
-        uint32_t s0 = intern_single(c, frame(c, pos, FRAME_CTX));
+        uint32_t s0 = chain_start(c, chain, n);
         if (s0 != DEAD) walk(c, 0, s0, k->accept, &ctx);
         k->ctx_nodes = ctx.v, k->n_ctx = ctx.n;
         k->bytes = sizeof *k + c->n_words * 8 + k->n_key * 4 + ctx.cap * 4;
         c->cache->computed++;
         cache_add(c->cache, k);
     }
-    k->refs++; /* before trimming: held classes are never dropped */
-    c->cls[pos] = k;
+    if (!hold(c, k, f)) return fail(c, "out of memory for grammar classes"), NULL;
     cache_trim(c->cache);
     return k;
+}
+
+#define LEXICAL_MAX_RULES 64
+
+/* Does rule r reach itself through a call that is not last in its
+ * alternative (nesting, as JSON values in arrays), within `limit` rules?
+ * A tail call (a repetition's loop) does not count. -1: too big to tell. */
+static int nests(const kt_grammar *g, uint32_t r, uint32_t *seen_stamp, uint32_t stamp, uint32_t *queue) {
+    /* states (rule, whether a non-tail call was taken), breadth first */
+    uint32_t head = 0, tail = 0, n_seen = 0;
+    queue[tail++] = r << 1;
+    while (head < tail) {
+        uint32_t st = queue[head++], q = st >> 1, nontail = st & 1;
+        const kt_grule *rule = &g->rules[q];
+        for (uint32_t a = 0; a < rule->n_alts; a++)
+            for (uint32_t p = g->alts[rule->first_alt + a]; g->elems[p].type != KT_GE_END; p++) {
+                if (g->elems[p].type != KT_GE_RULE) continue;
+                uint32_t to = g->elems[p].value, nt = nontail | (g->elems[p + 1].type != KT_GE_END);
+                if (to == r && nt) return 1;
+                uint32_t key = to << 1 | nt;
+                if (seen_stamp[key] == stamp) continue;
+                seen_stamp[key] = stamp;
+                if (++n_seen > 2 * LEXICAL_MAX_RULES) return -1;
+                queue[tail++] = key;
+            }
+    }
+    return 0;
+}
+
+/* A rule is lexical when it and every rule it can reach (at most
+ * LEXICAL_MAX_RULES) never nest: strings, numbers, keywords, whitespace,
+ * a format's characters. A position's rest is lexical when every element
+ * from it to its alternative's END is a terminal or a lexical rule. */
+static bool mark_lexical(kt_constraint *c) {
+    const kt_grammar *g = c->g;
+    const size_t n_states = 2 * (size_t)g->n_rules + 2;
+    uint8_t *nest = malloc(g->n_rules + 1), *lex = malloc(g->n_rules + 1);
+    uint32_t *stamp = calloc(n_states, sizeof *stamp), *queue = malloc((2 * LEXICAL_MAX_RULES + 2) * sizeof *queue);
+    bool ok = nest && lex && stamp && queue;
+    for (uint32_t r = 0; ok && r < g->n_rules; r++) nest[r] = nests(g, r, stamp, 2 * r + 1, queue) != 0;
+    /* lexical: no rule reachable from r (r included) nests; breadth first again */
+    for (uint32_t r = 0; ok && r < g->n_rules; r++) {
+        uint32_t head = 0, tail = 0, st = 2 * g->n_rules + r + 1;
+        bool is_lex = !nest[r];
+        queue[tail++] = r;
+        stamp[r] = st;
+        while (is_lex && head < tail) {
+            const kt_grule *rule = &g->rules[queue[head++]];
+            for (uint32_t a = 0; is_lex && a < rule->n_alts; a++)
+                for (uint32_t p = g->alts[rule->first_alt + a]; is_lex && g->elems[p].type != KT_GE_END; p++) {
+                    uint32_t to = g->elems[p].value;
+                    if (g->elems[p].type != KT_GE_RULE || stamp[to] == st) continue;
+                    if (nest[to] || tail == LEXICAL_MAX_RULES) is_lex = false;
+                    else stamp[to] = st, queue[tail++] = to;
+                }
+        }
+        lex[r] = is_lex;
+    }
+    for (uint32_t p = g->n_elems; ok && p-- > 0;) {
+        const kt_gelem *e = &g->elems[p];
+        if (e->type == KT_GE_END) c->rest_lexical[p] = 1;
+        else if (e->type == KT_GE_RULE) c->rest_lexical[p] = lex[e->value] && c->rest_lexical[p + 1];
+        else c->rest_lexical[p] = c->rest_lexical[p + 1];
+    }
+    free(nest), free(lex), free(stamp), free(queue);
+    return ok;
 }
 
 /* ---- the API ----------------------------------------------------------- */
@@ -629,30 +742,35 @@ static void mask_token_ref(const kt_constraint *c, const kt_gelem *e, uint64_t *
 }
 
 /* Adds the tokens frame f allows: its class's accept set, and below each
- * of the class's context nodes, what the real rest of the stack takes. */
-static void mask_frame(kt_constraint *c, uint32_t f, uint64_t *mask, u32vec *done_conts) {
-    const uint32_t pos = c->fpos[f];
-    gclass *k = class_of(c, pos);
+ * of the class's context nodes, what the real rest of the stack takes.
+ * `seen` holds (class, continuation) pairs done in this mask: classes
+ * OR'd once, walks not repeated. */
+static void mask_frame(kt_constraint *c, uint32_t f, uint64_t *mask, u32vec *seen) {
+    uint32_t bottom;
+    gclass *k = class_of(c, f, &bottom);
     if (!k) return;
-    if (c->pos_stamp[pos] != c->mask_stamp) {
-        c->pos_stamp[pos] = c->mask_stamp;
+    uint32_t kid = 0; /* k's index + 1 in held */
+    u64map_get(&c->class_of_frame, f, &kid);
+    bool ored = false;
+    for (uint32_t i = 0; i + 1 < seen->n && !ored; i += 2) ored = c->held[seen->v[i] - 1] == k;
+    if (!ored)
         for (uint32_t w = 0; w < c->n_words; w++) mask[w] |= k->accept[w];
+    const uint32_t parent = c->fpar[bottom];
+    if (!k->n_ctx || parent == FRAME_DONE) { /* nothing can follow the root */
+        if (!ored) u32vec_push(seen, kid), u32vec_push(seen, DEAD);
+        return;
     }
-    const uint32_t parent = c->fpar[f];
-    if (!k->n_ctx || parent == FRAME_DONE) return; /* nothing can follow the root */
     uint32_t cont = state_at(c, c->fpos[parent], c->fpar[parent]);
+    for (uint32_t i = 0; i + 1 < seen->n; i += 2)
+        if (c->held[seen->v[i] - 1] == k && seen->v[i + 1] == cont) return;
+    u32vec_push(seen, kid), u32vec_push(seen, cont);
     if (cont == DEAD) return;
-    /* the same (class, continuation) from another frame adds nothing new */
-    for (uint32_t i = 0; i + 1 < done_conts->n; i += 2)
-        if (done_conts->v[i] == pos && done_conts->v[i + 1] == cont) return;
-    u32vec_push(done_conts, pos), u32vec_push(done_conts, cont);
     for (uint32_t i = 0; i < k->n_ctx; i++) walk(c, k->ctx_nodes[i], cont, mask, NULL);
 }
 
 void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
     memset(mask, 0, c->n_words * sizeof *mask);
     if (c->error[0] || c->ended) return;
-    c->mask_stamp++;
     u32vec done_conts = {0};
     uint32_t n;
     const uint32_t s = c->state;
@@ -674,15 +792,14 @@ void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
 
 void kt_constraint_free(kt_constraint *c) {
     if (!c) return;
-    if (c->cls)
-        for (uint32_t p = 0; p < c->g->n_elems; p++)
-            if (c->cls[p]) c->cls[p]->refs--;
+    for (uint32_t i = 0; i < c->n_held; i++) c->held[i]->refs--;
     if (c->cache) cache_trim(c->cache);
     free(c->fpos), free(c->fpar), free(c->fstamp);
     u64map_free(&c->frame_of), u64map_free(&c->state_of), u64map_free(&c->step);
     free(c->members.v), free(c->st_off), free(c->st_n), free(c->st_flags);
-    free(c->cls), free(c->out.v), free(c->work.v), free(c->key.v);
-    free(c->rule_local), free(c->rule_stamp), free(c->pos_stamp), free(c->walk), free(c->eog);
+    free(c->held), free(c->rest_lexical), u64map_free(&c->class_of_frame);
+    free(c->out.v), free(c->work.v), free(c->key.v);
+    free(c->rule_local), free(c->rule_stamp), free(c->walk), free(c->eog);
     free(c);
 }
 
@@ -699,15 +816,14 @@ kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie,
     c->st_off = malloc(c->cap_states * sizeof *c->st_off);
     c->st_n = malloc(c->cap_states * sizeof *c->st_n);
     c->st_flags = malloc(c->cap_states);
-    c->cls = calloc(g->n_elems, sizeof *c->cls);
-    c->pos_stamp = calloc(g->n_elems, sizeof *c->pos_stamp);
+    c->rest_lexical = malloc(g->n_elems + 1);
     c->rule_local = calloc(g->n_rules + 1, sizeof *c->rule_local);
     c->rule_stamp = calloc(g->n_rules + 1, sizeof *c->rule_stamp);
     c->walk = malloc(((size_t)trie->max_depth + 2) * sizeof *c->walk);
     c->eog = malloc(((size_t)n_eog + 1) * sizeof *c->eog);
-    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->cls || !c->pos_stamp ||
+    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->rest_lexical ||
         !c->rule_local || !c->rule_stamp || !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
-        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096))
+        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->class_of_frame, 256) || !mark_lexical(c))
         goto nomem;
     if (n_eog > 0) memcpy(c->eog, eog, (size_t)n_eog * sizeof *eog);
     c->n_eog = n_eog;
