@@ -889,6 +889,85 @@ static void test_reply_ids_reused(void **state) {
     stop_server(&s);
 }
 
+/* The content of choice 0 of a chat answer, and its finish_reason. */
+static const char *content_of(json_t *a, const char **finish) {
+    json_t *c0 = json_array_get(json_object_get(a, "choices"), 0);
+    *finish = jstr(c0, "finish_reason", NULL);
+    return jstr(json_object_get(c0, "message"), "content", NULL);
+}
+
+/* response_format and 'grammar': every answer that stops is valid (a
+ * random-weight model at temperature 1, several seeds); what kettle cannot
+ * enforce, or cannot parse, is a 400 that says why. */
+static void test_structured_output(void **state) {
+    (void)state;
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"color\":{\"enum\":"
+                         "[\"red\",\"green\"]},\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9}},"
+                         "\"required\":[\"ok\",\"color\",\"n\"],\"additionalProperties\":false}";
+    int stops = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"A color?\"}],\"max_tokens\":60,\"temperature\":1,"
+                 "\"seed\":%d,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"c\","
+                 "\"schema\":%s}}}",
+                 seed, schema);
+        json_t *a = post_ok(&S, "/v1/chat/completions", body);
+        const char *finish, *text = content_of(a, &finish);
+        if (!strcmp(finish, "stop")) {
+            stops++;
+            json_error_t je;
+            json_t *v = json_loads(text, 0, &je);
+            if (!v) fail_msg("seed %d: not JSON: %s", seed, text);
+            assert_true(json_is_boolean(json_object_get(v, "ok")));
+            const char *color = jstr(v, "color", NULL);
+            assert_true(!strcmp(color, "red") || !strcmp(color, "green"));
+            json_int_t n = json_integer_value(json_object_get(v, "n"));
+            assert_true(n >= 1 && n <= 9);
+            assert_int_equal(json_object_size(v), 3);
+            json_decref(v);
+        }
+        json_decref(a);
+    }
+    assert_true(stops >= 3); /* the schema leaves little room: most answers end within 60 tokens */
+    /* a GBNF grammar, on /v1/completions too */
+    json_t *g = post_ok(&S, "/v1/completions",
+                        "{\"prompt\":\"Is it?\",\"max_tokens\":8,\"temperature\":1,\"seed\":3,"
+                        "\"grammar\":\"root ::= \\\"yes\\\" | \\\"no\\\"\"}");
+    json_t *c0 = json_array_get(json_object_get(g, "choices"), 0);
+    const char *t = jstr(c0, "text", NULL);
+    assert_true(!strcmp(t, "yes") || !strcmp(t, "no"));
+    assert_string_equal(jstr(c0, "finish_reason", NULL), "stop");
+    json_decref(g);
+    /* json_object: any object; a stopped answer parses */
+    json_t *o = post_ok(&S, "/v1/chat/completions",
+                        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":40,\"temperature\":1,"
+                        "\"seed\":5,\"response_format\":{\"type\":\"json_object\"}}");
+    const char *finish, *text = content_of(o, &finish);
+    assert_true(text[0] == '{' || text[0] == ' ' || text[0] == '\n'); /* the object's start, whitespace allowed */
+    if (!strcmp(finish, "stop")) {
+        json_error_t je;
+        json_t *v = json_loads(text, 0, &je);
+        if (!json_is_object(v)) fail_msg("json_object answer is not an object: %s", text);
+        json_decref(v);
+    }
+    json_decref(o);
+    /* refusals */
+    expect_error(&S, "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+                 "\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":\"array\",\"uniqueItems\":true}}}}",
+                 400, "uniqueItems");
+    expect_error(&S, "/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\"}", 400, "line 1");
+    expect_error(&S, "/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= undefined-rule\"}", 400,
+                 "undefined-rule");
+    expect_error(&S, "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"xml\"}}", 400,
+                 "response_format.type");
+    expect_error(&S, "/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}",
+                 400, "json_schema");
+}
+
 /* --result-cache: a repeated deterministic request is answered from the
  * stored completion (marked), streamed or not, with the same text; a
  * sampled request without a seed, one with logprobs and one with other
@@ -1152,6 +1231,7 @@ int main(void) {
         cmocka_unit_test(test_shutdown_mid_stream),
         cmocka_unit_test(test_reply_ids_reused),
         cmocka_unit_test(test_result_cache),
+        cmocka_unit_test(test_structured_output),
     };
     int failed = cmocka_run_group_tests_name("server json", unit, NULL, NULL);
     return tu_result(failed + cmocka_run_group_tests_name("kettle serve", e2e, group_setup, group_teardown));

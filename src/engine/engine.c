@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "engine/grammar_sample.h"
 #include "engine/model_internal.h"
 #include "engine/request.h"
 #include "kv/disk_cache.h"
@@ -54,6 +55,7 @@ struct kt_engine {
     kv_pool *kv;
     kv_prefix_cache *cache; /* NULL when params.prefix_cache is off */
     kv_disk *disk;          /* NULL without params.cache_dir */
+    eng_grammar gram;       /* token trie and mask classes, made at the first grammar */
     int32_t *seq_tokens;    /* [n_ctx]: a sequence's ids, for the cache */
     int32_t *hit_blocks;    /* [blocks of n_ctx]: a lookup's result */
     llm_work *work;
@@ -290,6 +292,7 @@ static void choice_release(gen_choice *c) {
     free(c->generated);
     kv_seq_free(c->seq);
     kt_sampler_free(c->sampler);
+    kt_constraint_free(c->constraint);
     kt_detok_free(c->detok);
     free(c->held);
     memset(c, 0, sizeof *c);
@@ -627,8 +630,14 @@ kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request *
     *out = NULL;
     kt_status st = check_gen_params(e, p, &max_tokens, field, err);
     if (st != KT_OK) return st;
+    kt_grammar *g = NULL;
+    if (p->grammar && !(g = kt_grammar_parse(p->grammar, p->grammar_len, NULL, err))) {
+        *field = KT_FIELD_GRAMMAR;
+        return kt_error_wrap(err, "grammar");
+    }
     kt_request *r = req_new(p, err);
-    if (!r) return KT_ERR_NOMEM;
+    if (!r) return kt_grammar_free(g), KT_ERR_NOMEM;
+    r->grammar = g;
     r->max_tokens = max_tokens;
     r->blocks_reserved = blocks_needed(e->kv, p->n_prompt, max_tokens, p->n_choices);
     r->usage.submit_ns = now_ns();
@@ -659,6 +668,7 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     sp.penalty_last_n = r->max_tokens; /* penalties see the whole output (OpenAI's rule) */
     if (i > 0 && !(c->seq = kv_seq_fork(r->choices[0].seq, &err))) return false;
     c->sampler = kt_sampler_new(&sp, e->llm->cfg.n_vocab, &err);
+    if (r->grammar && !(c->constraint = eng_grammar_start(&e->gram, e->model, r->grammar, &err))) return false;
     c->detok = kt_detok_new(e->model);
     c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
     return c->sampler && c->detok && c->generated;
@@ -770,14 +780,15 @@ static void emit_token(kt_engine *e, kt_request *r, int i, kt_event *ev) {
     gen_choice *c = &r->choices[i];
     const int32_t id = ev->token;
     bool ok = true;
-    if (!r->ignore_eos && kt_token_is_eog(e->model, id)) {
+    if ((!r->ignore_eos || c->constraint) && kt_token_is_eog(e->model, id)) {
         ev->token = -1; /* the end-of-turn token itself is not output */
         ev->has_logprob = false, ev->n_top = 0;
         ev->finish = KT_FINISH_STOP;
     } else {
         const char *piece = kt_detok_push(c->detok, id);
         ok = held_append(c, piece, strlen(piece));
-        if (c->n_generated >= r->max_tokens || r->n_prompt + c->n_generated >= e->p.n_ctx)
+        if (c->constraint && kt_constraint_is_done(c->constraint)) ev->finish = KT_FINISH_STOP; /* nothing can follow */
+        else if (c->n_generated >= r->max_tokens || r->n_prompt + c->n_generated >= e->p.n_ctx)
             ev->finish = KT_FINISH_LENGTH;
     }
     if (ok && ev->finish != KT_FINISH_NONE) {
@@ -809,7 +820,13 @@ static void sample_choice(kt_engine *e, kt_request *r, int i, const float *logit
         lse = log_normalizer(x, n_vocab);
         ev.n_top = top_tokens(x, n_vocab, r->top_logprobs, lse, ev.top);
     }
-    const int32_t id = kt_sampler_sample(c->sampler, x); /* edits x */
+    const int32_t id = c->constraint ? eng_grammar_sample(&e->gram, c->constraint, c->sampler, &r->sampling, x, n_vocab)
+                                     : kt_sampler_sample(c->sampler, x); /* edits x */
+    if (id < 0) { /* cannot happen for a grammar that parsed: every state can go on or end */
+        c->finish = KT_FINISH_ERROR;
+        finish_only_event(r, i, KT_FINISH_ERROR, "the grammar allows no token here");
+        return;
+    }
     kt_sampler_accept(c->sampler, id);
     ev.token = id;
     ev.t_ns = now_ns();
@@ -1104,6 +1121,7 @@ void kt_engine_free(kt_engine *e) {
     while (e->n_waiting > 0) end_request(e, e->waiting[--e->n_waiting], KT_FINISH_CANCELLED, NULL);
     kv_disk_close(e->disk); /* its queued writes are finished first */
     kv_cache_free(e->cache);
+    eng_grammar_free(&e->gram);
     kv_pool_free(e->kv);
     llm_work_free(e->work);
     kt_pool_free(e->pool);

@@ -98,7 +98,14 @@ typedef struct kt_gen_params {
     const kt_logit_bias *logit_bias; /* copied */
     int n_logit_bias;
     int priority;           /* higher runs first; ties in arrival order */
-    bool ignore_eos;        /* do not stop at end-of-generation tokens */
+    bool ignore_eos;        /* do not stop at end-of-generation tokens (except
+                               under a grammar: it ends where the grammar allows) */
+    /* GBNF (grammar.h) every choice's output must match; NULL: none. Parsed
+     * by submit (a bad grammar is refused with line and column); an
+     * end-of-generation token is allowed only where the grammar can end,
+     * and a choice ends (stop) when nothing more can follow. */
+    const char *grammar;
+    size_t grammar_len;
     /* Called from the engine thread when events are queued or the request
      * finishes; may be NULL (then poll or wait). */
     void (*notify)(void *ctx);
@@ -166,6 +173,7 @@ typedef enum kt_gen_field {
     KT_FIELD_STOP,
     KT_FIELD_TOP_LOGPROBS,
     KT_FIELD_LOGIT_BIAS,
+    KT_FIELD_GRAMMAR,     /* the grammar does not parse, or is too big */
 } kt_gen_field;
 
 /* Queues a request. Errors: KT_ERR_CONTEXT when the prompt does not fit

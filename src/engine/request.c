@@ -25,6 +25,7 @@ static void req_free_memory(kt_request *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
     free(r->bias);
+    kt_grammar_free(r->grammar);
     free(r->choices);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->notify_mu);

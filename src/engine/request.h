@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 
 #include "engine/engine.h"
+#include "grammar/constraint.h"
 #include "kv/block_pool.h"
 
 /* One choice's generation state (engine only). */
@@ -34,6 +35,7 @@ typedef struct gen_choice {
     kv_seq *seq;
     int32_t *generated;  /* the sampled ids, max_tokens of room (for the prefix cache) */
     kt_sampler *sampler;
+    kt_constraint *constraint; /* the grammar's state for this choice, or NULL */
     kt_detok *detok;
     int32_t next_token;  /* sampled, to be fed at the next decode step */
     int n_generated;
@@ -61,6 +63,7 @@ struct kt_request {
     kt_logit_bias *bias;
     int n_bias;
     bool ignore_eos;
+    kt_grammar *grammar;  /* NULL: unconstrained */
     void (*notify)(void *ctx); /* under notify_mu */
     bool (*client_gone)(void *ctx); /* under notify_mu */
     void *notify_ctx;

@@ -278,6 +278,7 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
     p.stop = g->stop, p.n_stop = g->n_stop, p.top_logprobs = g->top_logprobs;
     p.logit_bias = g->logit_bias, p.n_logit_bias = g->n_logit_bias, p.priority = g->priority;
     p.ignore_eos = g->ignore_eos;
+    p.grammar = g->grammar, p.grammar_len = g->grammar ? strlen(g->grammar) : 0;
     p.notify = srv_link_notify, p.notify_ctx = link;
     p.client_gone = srv_link_client_gone;
     return p;

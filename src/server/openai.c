@@ -9,6 +9,8 @@
  * max_tokens 16 for completions and "until the context is full" for chat.
  */
 #include "server/openai.h"
+
+#include "grammar/json_schema.h"
 #include "server/sampled.h"
 #include "text/utf8.h"
 
@@ -271,6 +273,53 @@ static bool parse_lengths(json_t *body, srv_gen_req *r, srv_error *e) {
     return read_bool(body, "ignore_eos", &r->ignore_eos, e);
 }
 
+/* response_format ({"type": "text" | "json_object" | "json_schema"}) or
+ * llama-server's 'grammar' (GBNF) become the GBNF every choice must match.
+ * A schema kettle cannot enforce is a 400 naming the keyword, never a
+ * silently unconstrained answer. The grammar itself is parsed by the
+ * engine's submit (a 400 with line and column). */
+static bool parse_structured(json_t *body, srv_gen_req *r, srv_error *e) {
+    json_t *gr = field(body, "grammar"), *rf = field(body, "response_format");
+    if (gr && !json_is_string(gr)) return srv_fail(e, 400, INVALID, "grammar", NULL, "'grammar' must be a GBNF string");
+    const char *type = NULL;
+    if (rf) {
+        json_t *t = json_is_object(rf) ? field(rf, "type") : NULL;
+        if (!json_is_string(t))
+            return srv_fail(e, 400, INVALID, "response_format", NULL,
+                            "'response_format' must be an object with a 'type' (\"text\", \"json_object\" or "
+                            "\"json_schema\")");
+        type = json_string_value(t);
+        if (strcmp(type, "text") && strcmp(type, "json_object") && strcmp(type, "json_schema"))
+            return srv_fail(e, 400, INVALID, "response_format", NULL,
+                            "'response_format.type' '%.40s' is not one of \"text\", \"json_object\", \"json_schema\"",
+                            type);
+        if (!strcmp(type, "text")) type = NULL;
+    }
+    if (gr && type)
+        return srv_fail(e, 400, INVALID, "grammar", NULL, "give either 'grammar' or a JSON 'response_format', not both");
+    if (gr) {
+        if (!(r->grammar = strdup(json_string_value(gr))))
+            return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory for the grammar");
+        return true;
+    }
+    if (!type) return true;
+    if (!strcmp(type, "json_object")) {
+        if (!(r->grammar = strdup(kt_json_any_gbnf(true))))
+            return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory for the grammar");
+        return true;
+    }
+    json_t *js = field(rf, "json_schema");
+    json_t *schema = json_is_object(js) ? field(js, "schema") : NULL;
+    if (!schema)
+        return srv_fail(e, 400, INVALID, "response_format", NULL,
+                        "'response_format' of type \"json_schema\" needs 'json_schema': {\"name\", \"schema\"}");
+    kt_error err = {0};
+    if (!(r->grammar = kt_json_schema_to_gbnf(schema, &err)))
+        return srv_fail(e, err.status == KT_ERR_NOMEM ? 500 : 400, err.status == KT_ERR_NOMEM ? "server_error" : INVALID,
+                        "response_format", NULL, "'response_format.json_schema.schema': %s", err.msg);
+    return true;
+}
+
 static bool parse_stream(json_t *body, srv_gen_req *r, srv_error *e) {
     if (!read_bool(body, "stream", &r->stream, e)) return false;
     json_t *so = field(body, "stream_options");
@@ -291,7 +340,7 @@ bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64
               (kind == SRV_CHAT ? parse_messages(body, out, e) : parse_prompt(body, out, e)) &&
               parse_lengths(body, out, e) && parse_sampling(body, random_seed, out, e) &&
               parse_stop(body, out, e) && parse_logprobs(body, out, e) && parse_logit_bias(body, mi, out, e) &&
-              parse_stream(body, out, e);
+              parse_structured(body, out, e) && parse_stream(body, out, e);
     if (!ok) srv_gen_req_free(out);
     return ok;
 }
@@ -300,6 +349,8 @@ void srv_gen_req_free(srv_gen_req *r) {
     free(r->logit_bias);
     r->logit_bias = NULL;
     r->n_logit_bias = 0;
+    free(r->grammar);
+    r->grammar = NULL;
 }
 
 /* ---- prompts ---- */
@@ -433,6 +484,7 @@ static const char *field_param(kt_gen_field f, srv_kind kind) {
     case KT_FIELD_STOP: return "stop";
     case KT_FIELD_TOP_LOGPROBS: return kind == SRV_CHAT ? "top_logprobs" : "logprobs";
     case KT_FIELD_LOGIT_BIAS: return "logit_bias";
+    case KT_FIELD_GRAMMAR: return "grammar";
     default: return NULL;
     }
 }

@@ -58,6 +58,7 @@ typedef struct srv_gen_req {
     int n_logit_bias;
     int priority;
     bool ignore_eos;           /* extension: do not stop at end-of-turn tokens */
+    char *grammar;             /* GBNF from response_format or 'grammar'; malloc'ed, NULL: none */
 } srv_gen_req;
 
 /* What the parser needs to know about the served model. */

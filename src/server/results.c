@@ -87,6 +87,7 @@ srv_result_key srv_result_key_of(const srv_gen_req *g, const int32_t *ids, int n
         XXH3_128bits_update(st, g->stop[i], len);
     }
     for (int i = 0; i < g->n_logit_bias; i++) XXH3_128bits_update(st, &g->logit_bias[i], sizeof g->logit_bias[i]);
+    if (g->grammar) XXH3_128bits_update(st, g->grammar, strlen(g->grammar) + 1); /* "" and none differ: the NUL */
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
     return (srv_result_key){h.low64, h.high64};

@@ -338,6 +338,40 @@ async function main() {
     }
   });
 
+  await check('response_format json_schema: stopped answers parse and match; chat.completions.parse reads them', async () => {
+    const schema = {
+      type: 'object', additionalProperties: false, required: ['ok', 'color'],
+      properties: { ok: { type: 'boolean' }, color: { enum: ['red', 'green', 'blue'] } },
+    };
+    const response_format = { type: 'json_schema', json_schema: { name: 'pick', schema, strict: true } };
+    let stopped = 0;
+    for (let seed = 1; seed <= 4; seed++) {
+      let r;
+      try {
+        r = await client.chat.completions.parse({
+          model, messages: [{ role: 'user', content: 'Pick one.' }], max_tokens: 120, temperature: 1, seed, response_format,
+        });
+      } catch (e) { /* the SDK refuses to parse an answer cut by max_tokens */
+        if (e.constructor.name === 'LengthFinishReasonError') continue;
+        throw e;
+      }
+      const c = r.choices[0];
+      assert.equal(c.finish_reason, 'stop');
+      stopped++;
+      const v = c.message.parsed;
+      assert.equal(typeof v.ok, 'boolean');
+      assert.ok(['red', 'green', 'blue'].includes(v.color), `color ${v.color}`);
+      assert.deepEqual(Object.keys(v).sort(), ['color', 'ok']);
+    }
+    assert.ok(stopped >= 2, `only ${stopped} of 4 answers ended`);
+    await assert.rejects(
+      client.chat.completions.create({
+        model, messages: [{ role: 'user', content: 'x' }],
+        response_format: { type: 'json_schema', json_schema: { name: 'u', schema: { type: 'array', uniqueItems: true } } },
+      }),
+      (e) => e.status === 400 && /uniqueItems/.test(e.message));
+  });
+
   await check('unknown model: APIError with status 404 naming the model', async () => {
     await assert.rejects(
       client.chat.completions.create({ model: 'gpt-9-does-not-exist', messages, max_tokens: 4 }),
