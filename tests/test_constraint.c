@@ -181,12 +181,12 @@ static void check_vocab(const char *vocab_name, int walks, int steps, int stride
 
 static void test_llama_spm(void **state) {
     (void)state;
-    check_vocab("vocab/ggml-vocab-llama-spm.gguf", 2, 10, 2);
+    check_vocab("vocab/ggml-vocab-llama-spm.gguf", 2, 8, 4);
 }
 
 static void test_llama3_bpe(void **state) {
     (void)state;
-    check_vocab("vocab/ggml-vocab-llama-bpe.gguf", 1, 8, 8);
+    check_vocab("vocab/ggml-vocab-llama-bpe.gguf", 1, 6, 16);
 }
 
 /* Hand-made grammars over a byte-level vocabulary (every byte, and some

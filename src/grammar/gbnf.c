@@ -176,7 +176,7 @@ static bool emit_byteset(parser *p, evec *out, const kt_byteset *s) {
     for (int b = 0; b < 256; b++)
         if (kt_byteset_has(s, (uint8_t)b)) count++, only = b;
     if (count == 1) return emit(p, out, KT_GE_BYTE, (uint32_t)only);
-    uint32_t index;
+    uint32_t index = 0; /* set by intern_set when it succeeds */
     return intern_set(p, s, &index) && emit(p, out, KT_GE_SET, index);
 }
 
