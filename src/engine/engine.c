@@ -822,9 +822,12 @@ static void sample_choice(kt_engine *e, kt_request *r, int i, const float *logit
     }
     const int32_t id = c->constraint ? eng_grammar_sample(&e->gram, c->constraint, c->sampler, &r->sampling, x, n_vocab)
                                      : kt_sampler_sample(c->sampler, x); /* edits x */
-    if (id < 0) { /* cannot happen for a grammar that parsed: every state can go on or end */
+    if (id < 0) { /* a grammar that parsed can always go on or end, unless it hit a limit */
+        const char *why = kt_constraint_error(c->constraint);
+        char msg[160];
+        snprintf(msg, sizeof msg, "grammar: %s", why ? why : "no token is allowed here");
         c->finish = KT_FINISH_ERROR;
-        finish_only_event(r, i, KT_FINISH_ERROR, "the grammar allows no token here");
+        finish_only_event(r, i, KT_FINISH_ERROR, msg);
         return;
     }
     kt_sampler_accept(c->sampler, id);
