@@ -117,7 +117,11 @@ typedef struct gclass {
     uint64_t hash;
     uint32_t *key, n_key;   /* the serialized structure (see class_key) */
     uint64_t *accept;       /* n_words */
-    uint32_t *ctx_nodes, n_ctx; /* trie nodes where the walk popped past the rule */
+    /* the children of the trie nodes where the walk popped past the chain,
+     * by their byte: ctx_child[ctx_off[b] .. ctx_off[b + 1]) have byte b,
+     * so a run-time walk from a continuation starts only at children whose
+     * byte the continuation takes */
+    uint32_t *ctx_child, n_ctx, ctx_off[257];
     int refs;               /* constraints mapping it; evictable at 0 */
     struct gclass *lru_prev, *lru_next, *next_in_bucket;
     size_t bytes;
@@ -148,7 +152,7 @@ kt_gmask_cache *kt_gmask_cache_new(const kt_token_trie *trie, size_t max_bytes, 
 
 static void class_free(gclass *k) {
     if (!k) return;
-    free(k->key), free(k->accept), free(k->ctx_nodes), free(k);
+    free(k->key), free(k->accept), free(k->ctx_child), free(k);
 }
 
 static void lru_unlink(kt_gmask_cache *c, gclass *k) {
@@ -521,6 +525,30 @@ static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32ve
     }
 }
 
+/* k's context children: the children of the nodes in ctx, grouped by byte
+ * (a counting sort; children of one node are distinct nodes). */
+static bool group_ctx(const kt_token_trie *t, const u32vec *ctx, gclass *k) {
+    uint32_t count[257] = {0}, n = 0;
+    for (uint32_t i = 0; i < ctx->n; i++)
+        for (uint32_t u = ctx->v[i], x = u + 1; x < t->end[u]; x = t->end[x]) count[t->byte[x]]++, n++;
+    k->ctx_child = malloc(((size_t)n + 1) * sizeof *k->ctx_child);
+    if (!k->ctx_child) return false;
+    k->ctx_off[0] = 0;
+    for (int b = 0; b < 256; b++) k->ctx_off[b + 1] = k->ctx_off[b] + count[b];
+    uint32_t fill[256];
+    memcpy(fill, k->ctx_off, sizeof fill);
+    for (uint32_t i = 0; i < ctx->n; i++)
+        for (uint32_t u = ctx->v[i], x = u + 1; x < t->end[u]; x = t->end[x]) k->ctx_child[fill[t->byte[x]]++] = x;
+    k->n_ctx = n;
+    return true;
+}
+
+/* Sets the tokens at and below trie node x, entered with state s. */
+static void walk_from(kt_constraint *c, uint32_t x, uint32_t s, uint64_t *bits) {
+    set_range(bits, c->trie->sorted, c->trie->first[x], c->trie->first[x + 1]);
+    if (c->trie->end[x] > x + 1) walk(c, x, s, bits, NULL);
+}
+
 /* The classification stack of a chain: the same positions, on FRAME_CTX. */
 static uint32_t chain_start(kt_constraint *c, const uint32_t *chain, int n) {
     uint32_t f = FRAME_CTX;
@@ -568,8 +596,13 @@ static gclass *class_of(kt_constraint *c, uint32_t f, uint32_t *bottom) {
         k->n_key = c->key.n, k->hash = h;
         uint32_t s0 = chain_start(c, chain, n);
         if (s0 != DEAD) walk(c, 0, s0, k->accept, &ctx);
-        k->ctx_nodes = ctx.v, k->n_ctx = ctx.n;
-        k->bytes = sizeof *k + c->n_words * 8 + k->n_key * 4 + ctx.cap * 4;
+        if (!group_ctx(c->trie, &ctx, k)) {
+            free(ctx.v);
+            class_free(k);
+            return fail(c, "out of memory for grammar classes"), NULL;
+        }
+        free(ctx.v);
+        k->bytes = sizeof *k + c->n_words * 8 + k->n_key * 4 + k->n_ctx * 4;
         c->cache->computed++;
         cache_add(c->cache, k);
     }
@@ -765,7 +798,12 @@ static void mask_frame(kt_constraint *c, uint32_t f, uint64_t *mask, u32vec *see
         if (c->held[seen->v[i] - 1] == k && seen->v[i + 1] == cont) return;
     u32vec_push(seen, kid), u32vec_push(seen, cont);
     if (cont == DEAD) return;
-    for (uint32_t i = 0; i < k->n_ctx; i++) walk(c, k->ctx_nodes[i], cont, mask, NULL);
+    for (int b = 0; b < 256; b++) {
+        if (k->ctx_off[b + 1] == k->ctx_off[b]) continue;
+        uint32_t next = step_byte(c, cont, (uint8_t)b);
+        if (next == DEAD) continue;
+        for (uint32_t i = k->ctx_off[b]; i < k->ctx_off[b + 1]; i++) walk_from(c, k->ctx_child[i], next, mask);
+    }
 }
 
 void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
