@@ -58,6 +58,7 @@
  * and vendor keys, which no validator enforces either).
  */
 #include "grammar/json_schema.h"
+#include "grammar/gbnf_text.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -83,51 +84,7 @@ enum {
     T_NUM = T_INT | T_FRAC, T_ALL = 127
 };
 
-/* ---- growing text ------------------------------------------------------ */
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof tmp) {
-        sb_putn(b, tmp, (size_t)n);
-    } else if (n > 0) { /* long text (a rule body): format it in place */
-        char *big = malloc((size_t)n + 1);
-        if (!big) b->oom = true;
-        else vsnprintf(big, (size_t)n + 1, fmt, ap2), sb_putn(b, big, (size_t)n), free(big);
-    }
-    va_end(ap2);
-}
+/* ---- growing text: grammar/gbnf_text.h ---------------------------------- */
 
 /* A GBNF literal for bytes s[0..n): quotes, backslashes and control bytes
  * escaped, UTF-8 passed through. */
@@ -1714,30 +1671,21 @@ char *kt_json_schema_to_gbnf(const json_t *schema, kt_error *err) {
     return result;
 }
 
+/* Every rule of a JSON value but root (kt_json_any_gbnf's two roots). */
+#define JSON_ANY_RULES \
+        "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n" \
+        "object ::= \"{\" ws ( member ( \",\" ws member )* )? \"}\"\n" \
+        "member ::= string ws \":\" ws value ws\n" \
+        "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n" \
+        "string ::= \"\\\"\" char* \"\\\"\"\n" \
+        "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" uesc )\n" \
+        "uesc ::= [0-9A-Ca-cE-Fe-f] hex{3} | [Dd] [0-7] hex{2} | [Dd] [89ABab] hex{2} \"\\\\u\" [Dd] [C-Fc-f] hex{2}\n" \
+        "hex ::= [0-9A-Fa-f]\n" \
+        "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n" \
+        "ws ::= ( \" \" | \"\\n\"{1,2} [ \\t]{0,20} )?\n"
+
 const char *kt_json_any_gbnf(bool object_only) {
-    static const char *const any =
-        "root ::= value\n"
-        "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
-        "object ::= \"{\" ws ( member ( \",\" ws member )* )? \"}\"\n"
-        "member ::= string ws \":\" ws value ws\n"
-        "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n"
-        "string ::= \"\\\"\" char* \"\\\"\"\n"
-        "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" uesc )\n"
-        "uesc ::= [0-9A-Ca-cE-Fe-f] hex{3} | [Dd] [0-7] hex{2} | [Dd] [89ABab] hex{2} \"\\\\u\" [Dd] [C-Fc-f] hex{2}\n"
-        "hex ::= [0-9A-Fa-f]\n"
-        "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-        "ws ::= ( \" \" | \"\\n\"{1,2} [ \\t]{0,20} )?\n";
-    static const char *const obj =
-        "root ::= object\n"
-        "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
-        "object ::= \"{\" ws ( member ( \",\" ws member )* )? \"}\"\n"
-        "member ::= string ws \":\" ws value ws\n"
-        "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n"
-        "string ::= \"\\\"\" char* \"\\\"\"\n"
-        "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" uesc )\n"
-        "uesc ::= [0-9A-Ca-cE-Fe-f] hex{3} | [Dd] [0-7] hex{2} | [Dd] [89ABab] hex{2} \"\\\\u\" [Dd] [C-Fc-f] hex{2}\n"
-        "hex ::= [0-9A-Fa-f]\n"
-        "number ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-        "ws ::= ( \" \" | \"\\n\"{1,2} [ \\t]{0,20} )?\n";
+    static const char *const any = "root ::= value\n" JSON_ANY_RULES;
+    static const char *const obj = "root ::= object\n" JSON_ANY_RULES;
     return object_only ? obj : any;
 }

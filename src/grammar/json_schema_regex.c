@@ -35,55 +35,12 @@
 #include "base/error.h"
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
+#include "grammar/gbnf_text.h"
 
 #define MAX_CP 0x10FFFFu
 #define MAX_NEST 64u /* ( ) nesting in a pattern: below the GBNF parser's group depth */
 
-/* ---- growing text ------------------------------------------------------ */
-
-typedef struct rbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} rbuf;
-
-static void rb_putn(rbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void rb_puts(rbuf *b, const char *s) { rb_putn(b, s, strlen(s)); }
-
-static void rb_printf(rbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void rb_printf(rbuf *b, const char *fmt, ...) {
-    char tmp[64];
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof tmp) {
-        rb_putn(b, tmp, (size_t)n);
-    } else if (n > 0) { /* long text: format it in place */
-        char *big = malloc((size_t)n + 1);
-        if (!big) b->oom = true;
-        else vsnprintf(big, (size_t)n + 1, fmt, ap2), rb_putn(b, big, (size_t)n), free(big);
-    }
-    va_end(ap2);
-}
+/* ---- growing text: grammar/gbnf_text.h ---------------------------------- */
 
 /* ---- sets of code points: sorted, disjoint, non-adjacent ranges -------- */
 
@@ -174,40 +131,40 @@ static void cs_add_space(cset *s) {
 
 /* ---- writing a set as GBNF over encoded JSON string content ------------ */
 
-static void put_class_cp(rbuf *b, uint32_t c) {
+static void put_class_cp(sbuf *b, uint32_t c) {
     if (c < 0x80)
-        rb_printf(b, "\\x%02X", c);
+        sb_printf(b, "\\x%02X", c);
     else if (c < 0x10000)
-        rb_printf(b, "\\u%04X", c);
+        sb_printf(b, "\\u%04X", c);
     else
-        rb_printf(b, "\\U%08X", c);
+        sb_printf(b, "\\U%08X", c);
 }
 
 /* The JSON escape of control character c as GBNF alternatives. */
-static void put_control(rbuf *b, uint32_t c) {
+static void put_control(sbuf *b, uint32_t c) {
     static const char shortf[] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
-    if (c < sizeof shortf && shortf[c]) rb_printf(b, "\"\\\\%c\" | ", shortf[c]);
+    if (c < sizeof shortf && shortf[c]) sb_printf(b, "\"\\\\%c\" | ", shortf[c]);
     const char *hex = "0123456789ABCDEF";
     char hi = hex[c >> 4], lo = hex[c & 15];
     if (lo >= 'A')
-        rb_printf(b, "\"\\\\u00%c\" [%c%c]", hi, lo, lo + 32);
+        sb_printf(b, "\"\\\\u00%c\" [%c%c]", hi, lo, lo + 32);
     else
-        rb_printf(b, "\"\\\\u00%c%c\"", hi, lo);
+        sb_printf(b, "\"\\\\u00%c%c\"", hi, lo);
 }
 
 /* Writes a parenthesised GBNF expression matching one encoded character
  * of `s`, or returns false when `s` is empty. */
-static bool put_set(rbuf *b, cset *s) {
+static bool put_set(sbuf *b, cset *s) {
     cs_norm(s);
     bool any = false;
     if (s->n == 1 && s->r[0].lo == s->r[0].hi && s->r[0].lo >= 0x20 && s->r[0].lo < 0x7F && s->r[0].lo != '"' &&
         s->r[0].lo != '\\' && s->r[0].lo != '/') { /* a plain ASCII character: a literal */
-        rb_printf(b, "\"%c\"", (char)s->r[0].lo);
+        sb_printf(b, "\"%c\"", (char)s->r[0].lo);
         return true;
     }
-    rb_puts(b, "(");
+    sb_puts(b, "(");
     /* raw: every member from U+0020 up, except " and \ (and surrogates) */
-    rbuf cls = {0};
+    sbuf cls = {0};
     for (size_t i = 0; i < s->n; i++) {
         uint32_t lo = s->r[i].lo < 0x20 ? 0x20 : s->r[i].lo, hi = s->r[i].hi;
         for (uint32_t a = lo; a <= hi && !cls.oom;) {
@@ -219,7 +176,7 @@ static bool put_set(rbuf *b, cset *s) {
             if (!skip) {
                 put_class_cp(&cls, a);
                 if (e > a) {
-                    rb_puts(&cls, "-");
+                    sb_puts(&cls, "-");
                     put_class_cp(&cls, e);
                 }
             }
@@ -228,7 +185,7 @@ static bool put_set(rbuf *b, cset *s) {
         }
     }
     if (cls.n) {
-        rb_printf(b, "[%s]", cls.p);
+        sb_printf(b, "[%s]", cls.p);
         any = true;
     }
     if (cls.oom) b->oom = true;
@@ -237,16 +194,16 @@ static bool put_set(rbuf *b, cset *s) {
         {'"', "\"\\\\\\\"\""}, {'\\', "\"\\\\\\\\\""}, {'/', "\"\\\\/\""}};
     for (size_t i = 0; i < 3; i++) {
         if (!cs_has(s, esc[i].c)) continue;
-        rb_printf(b, "%s%s", any ? " | " : "", esc[i].g);
+        sb_printf(b, "%s%s", any ? " | " : "", esc[i].g);
         any = true;
     }
     for (uint32_t c = 0; c < 0x20; c++) {
         if (!cs_has(s, c)) continue;
-        rb_puts(b, any ? " | " : "");
+        sb_puts(b, any ? " | " : "");
         put_control(b, c);
         any = true;
     }
-    rb_puts(b, ")");
+    sb_puts(b, ")");
     return any;
 }
 
@@ -255,7 +212,7 @@ static bool put_set(rbuf *b, cset *s) {
 typedef struct rx {
     const unsigned char *s; /* the pattern */
     size_t i, n;
-    rbuf out;
+    sbuf out;
     kt_error *err;
     bool failed;
     unsigned nest;
@@ -467,12 +424,12 @@ static bool rx_atom(rx *r) {
             }
         }
         if (++r->nest > MAX_NEST) return rx_fail(r, KT_ERR_UNSUPPORTED, "groups nest deeper than %u", MAX_NEST);
-        rb_puts(&r->out, "(");
+        sb_puts(&r->out, "(");
         if (!rx_alt(r, false)) return false;
         if (rx_peek(r) != ')') return rx_fail(r, KT_ERR_ARG, "unbalanced parenthesis");
         r->i++;
         r->nest--;
-        rb_puts(&r->out, ")");
+        sb_puts(&r->out, ")");
         return true;
     }
     if (c == '[') {
@@ -528,13 +485,13 @@ static bool rx_quant(rx *r) {
     long lo, hi;
     if (c == '*' || c == '+' || c == '?') {
         r->i++;
-        rb_printf(&r->out, "%c", c);
+        sb_printf(&r->out, "%c", c);
     } else if (c == '{' && rx_braces(r, &lo, &hi)) {
         if (lo > (long)KT_GRAMMAR_MAX_REPEAT || hi > (long)KT_GRAMMAR_MAX_REPEAT)
             return rx_fail(r, KT_ERR_UNSUPPORTED, "repetition count over %u", KT_GRAMMAR_MAX_REPEAT);
         if (hi >= 0 && hi < lo) return rx_fail(r, KT_ERR_ARG, "repetition {%ld,%ld} out of order", lo, hi);
-        if (hi < 0) rb_printf(&r->out, "{%ld,}", lo);
-        else rb_printf(&r->out, "{%ld,%ld}", lo, hi);
+        if (hi < 0) sb_printf(&r->out, "{%ld,}", lo);
+        else sb_printf(&r->out, "{%ld,%ld}", lo, hi);
     } else {
         return true;
     }
@@ -564,11 +521,11 @@ static bool rx_seq(rx *r, bool top) {
             anchored_end = true;
             break;
         }
-        rb_puts(&r->out, start ? "" : " ");
+        sb_puts(&r->out, start ? "" : " ");
         start = false;
         if (!rx_atom(r) || !rx_quant(r)) return false;
     }
-    if (start) rb_puts(&r->out, "\"\"");
+    if (start) sb_puts(&r->out, "\"\"");
     if (top && !anchored_start) {
         /* insert "char* " before the alternative: rebuild the tail */
         size_t len = r->out.n - mark;
@@ -577,11 +534,11 @@ static bool rx_seq(rx *r, bool top) {
         memcpy(tail, r->out.p + mark, len);
         tail[len] = 0;
         r->out.n = mark;
-        rb_puts(&r->out, "char* ");
-        rb_puts(&r->out, tail);
+        sb_puts(&r->out, "char* ");
+        sb_puts(&r->out, tail);
         free(tail);
     }
-    if (top && !anchored_end) rb_puts(&r->out, " char*");
+    if (top && !anchored_end) sb_puts(&r->out, " char*");
     return true;
 }
 
@@ -589,7 +546,7 @@ static bool rx_alt(rx *r, bool top) {
     if (!rx_seq(r, top)) return false;
     while (rx_peek(r) == '|') {
         r->i++;
-        rb_puts(&r->out, " | ");
+        sb_puts(&r->out, " | ");
         if (!rx_seq(r, top)) return false;
     }
     return true;
@@ -597,10 +554,10 @@ static bool rx_alt(rx *r, bool top) {
 
 char *kt_json_regex_gbnf(const char *pattern, kt_error *err) {
     rx r = {.s = (const unsigned char *)pattern, .n = strlen(pattern), .err = err};
-    rb_puts(&r.out, "(");
+    sb_puts(&r.out, "(");
     bool ok = rx_alt(&r, true);
     if (ok && !rx_eof(&r)) ok = rx_fail(&r, KT_ERR_ARG, "unbalanced parenthesis");
-    rb_puts(&r.out, ")");
+    sb_puts(&r.out, ")");
     if (ok && r.out.oom) ok = rx_fail(&r, KT_ERR_NOMEM, "out of memory");
     if (!ok) {
         free(r.out.p);
