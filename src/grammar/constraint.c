@@ -810,9 +810,8 @@ void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
     memset(mask, 0, c->n_words * sizeof *mask);
     if (c->error[0] || c->ended) return;
     u32vec done_conts = {0};
-    uint32_t n;
     const uint32_t s = c->state;
-    for (uint32_t i = 0; i < (n = c->st_n[s]); i++) {
+    for (uint32_t i = 0; i < c->st_n[s]; i++) {
         uint32_t f = c->members.v[c->st_off[s] + i]; /* re-read: walks may grow members */
         if (f <= FRAME_CTX) continue;
         const kt_gelem *e = &c->g->elems[c->fpos[f]];

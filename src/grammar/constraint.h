@@ -12,17 +12,18 @@
  *    of frame ids, and (state, byte) -> state is memoized, so matching a
  *    byte is usually one hash lookup: the grammar becomes a lazily built
  *    automaton.
- *  - Per-position token classes. For each terminal position p the trie is
- *    walked once from the stack [p] alone, with the rest of the stack
- *    unknown. A token whose bytes are consumed inside p's rule (the rules
- *    it calls included) is allowed whatever lies below: it goes into p's
- *    `accept` bitset. Where the walk pops past p's rule with bytes left,
- *    the trie node is remembered: at run time only those subtrees are
- *    walked again, from the real parent. Inside a JSON string body that
- *    is almost the whole vocabulary decided by one 16 KB OR, and a few
- *    hundred trie nodes walked after the closing quote.
- *  - Classes are shared: keyed by the structure reachable from p (its
- *    alternative's rest and every rule it can call, renumbered), so the
+ *  - Token classes per lexeme. For a stack's top frame the trie is walked
+ *    once with the frames of its lexeme (up the stack while the rest is
+ *    lexical: a string, a number, a keyword) and the rest of the stack
+ *    unknown. A token consumed inside the lexeme is allowed whatever lies
+ *    below: it goes into the class's `accept` bitset. Where the lexeme
+ *    ends with bytes left, the trie node's children are remembered by
+ *    byte: at run time only those whose byte the real continuation takes
+ *    are walked again. Inside a JSON string body that is almost the whole
+ *    vocabulary decided by one 16 KB OR, and a few subtrees after the
+ *    closing quote.
+ *  - Classes are shared: keyed by the structure they cover (each frame's
+ *    alternative rest and every rule it can call, renumbered), so the
  *    string, number and whitespace rules of every JSON-Schema grammar are
  *    classified once per vocabulary and process (kt_gmask_cache).
  *  - The sampler checks the token it drew first (a few lookups) and asks
