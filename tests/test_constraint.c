@@ -7,6 +7,7 @@
  * reference matcher says of every token; the walk then takes a random
  * allowed token in both. Any difference is a failure naming the token.
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "gguf/gguf.h"
 #include "grammar/constraint.h"
 #include "grammar/grammar.h"
+#include "grammar/json_schema.h"
 #include "grammar/token_trie.h"
 #include "testutil.h"
 #include "text/vocab.h"
@@ -72,6 +74,69 @@ static void test_trie_layout(void **state) {
     assert_int_equal(t->byte[a], 'a');
     assert_int_equal(t->first[t->end[a]] - t->first[a], 4);
     kt_token_trie_free(t);
+}
+
+/* Is b[0..n) a prefix of valid UTF-8 (read from a character boundary)?
+ * The plain definition, to check the trie's summaries against. */
+static bool utf8_prefix_ok(const uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n;) {
+        uint8_t c = b[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len) return false;
+        uint8_t lo = 0x80, hi = 0xBF; /* the second byte's range */
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+        for (size_t k = 1; k < len && i + k < n; k++)
+            if (b[i + k] < (k == 1 ? lo : 0x80) || b[i + k] > (k == 1 ? hi : 0xBF)) return false;
+        i += len;
+    }
+    return true;
+}
+
+/* The per-node summaries the walks skip subtrees with (below_ascii,
+ * below_flags, below_height), recomputed from the tokens under each node
+ * of a real vocabulary. A token's path passes through every node of its
+ * prefix, so its bytes past a node's depth are what lies below it. */
+static void test_trie_summaries(void **state) {
+    (void)state;
+    kt_vocab *v = load_vocab("vocab/ggml-vocab-llama-spm.gguf");
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_from_vocab(v, &err);
+    assert_non_null(t);
+    uint32_t *depth = tu_xmalloc(sizeof(uint32_t) * t->n_nodes), stack[70000], sp = 0;
+    depth[0] = 0, stack[0] = 0;
+    int n_high = 0, n_invalid = 0;
+    for (uint32_t i = 1; i < t->n_nodes; i++) {
+        while (i >= t->end[stack[sp]]) sp--;
+        depth[i] = sp + 1, stack[++sp] = i;
+    }
+    for (uint32_t i = 0; i < t->n_nodes; i++) {
+        uint64_t ascii[2] = {0, 0};
+        bool high = false, valid = true;
+        uint32_t height = 0;
+        for (uint32_t k = t->first[i]; k < t->first[t->end[i]]; k++) {
+            int32_t id = t->sorted[k];
+            const uint8_t *b = t->bytes + t->tok_off[id];
+            uint32_t len = t->tok_len[id];
+            if (len - depth[i] > height) height = len - depth[i];
+            for (uint32_t d = depth[i]; d < len; d++) {
+                if (b[d] < 0x80) ascii[b[d] >> 6] |= 1ull << (b[d] & 63);
+                else high = true;
+            }
+            valid &= utf8_prefix_ok(b + depth[i], len - depth[i]);
+        }
+        assert_true(t->below_ascii[i][0] == ascii[0] && t->below_ascii[i][1] == ascii[1]);
+        assert_int_equal(t->below_height[i], height);
+        assert_int_equal(!!(t->below_flags[i] & KT_TRIE_HIGH_BELOW), high);
+        assert_int_equal(!!(t->below_flags[i] & KT_TRIE_UTF8_BELOW), valid);
+        n_high += high, n_invalid += !valid;
+    }
+    assert_true(n_high > 1000 && n_invalid > 0); /* both kinds occur: the check saw something */
+    free(depth);
+    kt_token_trie_free(t);
+    kt_vocab_free(v);
 }
 
 /* What the reference matcher says of token id after state m. */
@@ -224,6 +289,45 @@ static void test_small_vocab(void **state) {
     kt_token_trie_free(t);
 }
 
+/* Grammars of JSON schemas, where the walks take whole subtrees: string
+ * bodies (loops, with UTF-8), strings of bounded length (chains of
+ * states, one per character), patterns and formats, over a real
+ * vocabulary, token by token against the reference. */
+static void test_schema_grammars(void **state) {
+    (void)state;
+    kt_vocab *v = load_vocab("vocab/ggml-vocab-llama-spm.gguf");
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_from_vocab(v, &err);
+    kt_gmask_cache *cache = kt_gmask_cache_new(t, 64u << 20, &err);
+    assert_non_null(cache);
+    const char *schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":24},"
+        "\"tag\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":5},\"note\":{\"type\":\"string\"}},"
+        "\"required\":[\"name\",\"tag\",\"note\"],\"additionalProperties\":false}",
+        "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[a-z ]{3,40}$\"}},"
+        "\"required\":[\"id\"]}",
+        "{\"type\":\"object\",\"properties\":{\"home\":{\"type\":\"string\",\"format\":\"uri\"}},"
+        "\"required\":[\"home\"],\"additionalProperties\":{\"type\":\"string\"}}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        json_error_t jerr;
+        json_t *schema = json_loads(schemas[i], 0, &jerr);
+        assert_non_null(schema);
+        char *gbnf = kt_json_schema_to_gbnf(schema, &err);
+        if (!gbnf) fail_msg("%s", err.msg);
+        kt_grammar *g = parse(gbnf);
+        int taken = compare_walks(g, t, cache, 1, 20, 300 + i, 32);
+        printf("schema %zu: %d steps compared over %d tokens\n", i, taken, t->n_vocab);
+        assert_true(taken >= 8); /* got into the strings */
+        kt_grammar_free(g);
+        free(gbnf);
+        json_decref(schema);
+    }
+    kt_gmask_cache_free(cache);
+    kt_token_trie_free(t);
+    kt_vocab_free(v);
+}
+
 /* Two grammars with the same string rule: the second finds its classes
  * in the cache; a class a live constraint holds is never dropped, however
  * small the cache. */
@@ -266,7 +370,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trie_layout),   cmocka_unit_test(test_small_vocab),
         cmocka_unit_test(test_cache_sharing), cmocka_unit_test(test_llama_spm),
-        cmocka_unit_test(test_llama3_bpe),
+        cmocka_unit_test(test_llama3_bpe),    cmocka_unit_test(test_trie_summaries),
+        cmocka_unit_test(test_schema_grammars),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

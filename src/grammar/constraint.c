@@ -40,6 +40,7 @@
 #define MAX_STATES (1u << 22)
 #define MAX_EXPAND_STEPS (1u << 20) /* per expansion */
 #define MAX_CHAIN 16                /* frames a class covers */
+#define MAX_ROWS 4096u              /* dense step rows per constraint (1 KB each) */
 
 /* ---- small open-addressing tables ----------------------------------- */
 
@@ -240,12 +241,22 @@ struct kt_constraint {
     uint8_t *st_flags;       /* per state: ST_* */
     uint32_t n_states, cap_states;
     u64map state_of;         /* hash of the frames -> state (chains checked by content) */
-    u64map step;             /* (state << 8 | byte) -> state */
+    /* steps: (state, byte) -> state. A state's first MAX_ROWS get a
+     * dense row (next + 1, 0: not known yet), the trie walks' inner loop;
+     * past the budget, the hash map */
+    uint32_t **row;          /* per state (cap_states), NULL: no row */
+    struct uniform {         /* per state, learned as walks ask (see subtree_live) */
+        uint32_t succ;       /* + 1: the state the first byte asked about leads to (0: none asked) */
+        uint64_t same[2];    /* ASCII bytes known to lead to succ */
+        uint64_t other[2];   /* ASCII bytes known not to */
+        uint8_t flags;       /* UNI_* */
+    } *uni;
+    uint32_t n_rows;
+    u64map step;             /* (state << 8 | byte) -> state, for states without a row */
     /* classes: per top frame, the index + 1 of its class in held (0: not yet) */
     u64map class_of_frame;
     gclass **held;           /* every class this constraint uses (one reference each) */
     uint32_t n_held, cap_held;
-    uint8_t *rest_lexical;   /* per position: the rest of its alternative is lexical (see mark_lexical) */
     /* scratch */
     u32vec out, work, key;
     uint32_t *rule_local;    /* per rule: local id + 1 in the key being built (stamped) */
@@ -365,8 +376,14 @@ static uint32_t intern(kt_constraint *c, uint32_t from) {
         if (o) c->st_off = o;
         if (nn) c->st_n = nn;
         uint8_t *fl = nn ? realloc(c->st_flags, cap) : NULL;
-        if (!fl) return fail(c, "out of memory for parse states"), DEAD;
-        c->st_flags = fl, c->cap_states = cap;
+        if (fl) c->st_flags = fl;
+        uint32_t **rw = fl ? realloc(c->row, cap * sizeof *rw) : NULL;
+        if (rw) c->row = rw;
+        struct uniform *sl = rw ? realloc(c->uni, cap * sizeof *sl) : NULL;
+        if (!sl) return fail(c, "out of memory for parse states"), DEAD;
+        memset(rw + c->cap_states, 0, (cap - c->cap_states) * sizeof *rw);
+        memset(sl + c->cap_states, 0, (cap - c->cap_states) * sizeof *sl);
+        c->uni = sl, c->cap_states = cap;
     }
     s = c->n_states++;
     c->st_off[s] = c->members.n, c->st_n[s] = m;
@@ -390,11 +407,9 @@ static bool byte_matches(const kt_grammar *g, const kt_gelem *e, uint8_t b) {
     return false;
 }
 
-/* The state after byte b from state s (memoized). */
-static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
-    uint32_t next;
-    uint64_t k = (uint64_t)s << 8 | b;
-    if (u64map_get(&c->step, k, &next)) return next;
+/* The state after byte b from state s, computed: the terminals of s
+ * that take b, advanced and expanded. */
+static uint32_t compute_step(kt_constraint *c, uint32_t s, uint8_t b) {
     const uint32_t from = c->out.n;
     c->stamp++;
     for (uint32_t i = 0; i < c->st_n[s]; i++) {
@@ -402,9 +417,22 @@ static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
         if (f <= FRAME_CTX) continue;
         if (byte_matches(c->g, &c->g->elems[c->fpos[f]], b)) expand(c, c->fpos[f] + 1, c->fpar[f]);
     }
-    next = c->error[0] ? DEAD : intern(c, from);
+    uint32_t next = c->error[0] ? DEAD : intern(c, from);
     c->out.n = from;
-    if (!u64map_put(&c->step, k, next)) fail(c, "out of memory for parse steps");
+    return next;
+}
+
+/* The state after byte b from state s (memoized). */
+static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
+    uint32_t *row = c->row[s];
+    if (row && row[b]) return row[b] - 1;
+    const uint64_t k = (uint64_t)s << 8 | b;
+    uint32_t next;
+    if (!row && u64map_get(&c->step, k, &next)) return next;
+    next = compute_step(c, s, b); /* may grow c->row */
+    if (!row && c->n_rows < MAX_ROWS && (row = calloc(256, sizeof *row))) c->row[s] = row, c->n_rows++;
+    if (row) row[b] = next + 1;
+    else if (!u64map_put(&c->step, k, next)) fail(c, "out of memory for parse steps");
     return next;
 }
 
@@ -430,7 +458,7 @@ static uint32_t state_at(kt_constraint *c, uint32_t pos, uint32_t parent) {
 /* ---- classes ---------------------------------------------------------- */
 
 enum { K_BYTE = 1u << 28, K_SET = 2u << 28, K_RULE = 3u << 28, K_TOKEN = 4u << 28, K_NOT = 5u << 28,
-       K_END = 6u << 28, K_RULE_SEP = 7u << 28 };
+       K_END = 6u << 28, K_RULE_SEP = 7u << 28, K_GRAMMAR = 8u << 28 };
 
 /* Appends one alternative's elements from pos to its END; rule calls get
  * local numbers in order of first appearance and are queued. */
@@ -462,7 +490,7 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
 
 /* The frames a class of top frame f covers, top first: f, then its
  * parents as long as both the last frame's rest and the parent's are
- * lexical (see mark_lexical), at most MAX_CHAIN. So a class spans a whole
+ * lexical (see lexical.c), at most MAX_CHAIN. So a class spans a whole
  * lexeme: for a character inside a JSON string it reaches up to the
  * string rule, and the run-time walk starts only after the closing quote
  * (a class of the character rule alone would leave it almost every token,
@@ -471,39 +499,162 @@ static int chain_of(const kt_constraint *c, uint32_t f, uint32_t *chain) {
     int n = 0;
     chain[n++] = f;
     /* the top frame's rest starts after its terminal, the others' at their return position */
-    while (n < MAX_CHAIN && c->rest_lexical[c->fpos[f] + (n == 1)] && c->fpar[f] > FRAME_CTX &&
-           c->rest_lexical[c->fpos[c->fpar[f]]]) {
+    while (n < MAX_CHAIN && c->g->rest_lexical[c->fpos[f] + (n == 1)] && c->fpar[f] > FRAME_CTX &&
+           c->g->rest_lexical[c->fpos[c->fpar[f]]]) {
         f = c->fpar[f];
         chain[n++] = f;
     }
     return n;
 }
 
+/* Keys longer than this name the grammar instead (see class_key). */
+#define KEY_MAX_SHARED 1024
+
 /* c->key = the structure reachable from the chain without popping its
  * last frame: the rest of each frame's alternative, then every rule they
- * can call (all alternatives), in the order they are first called. */
+ * can call (all alternatives), in the order they are first called. Such
+ * a key is shared by every grammar with that structure. When it grows
+ * past KEY_MAX_SHARED (a position that reaches most of a big grammar,
+ * which no other grammar shares), the key is the grammar's fingerprint
+ * and the chain's positions instead: exact for this grammar (and for the
+ * same grammar in a later request), and bounded to build. */
 static bool class_key(kt_constraint *c, const uint32_t *chain, int n) {
     u32vec queue = {0};
     c->key.n = 0;
     c->key_stamp++;
-    for (int i = 0; i < n; i++) key_alt(c, c->fpos[chain[i]], &queue);
-    for (uint32_t q = 0; q < queue.n; q++) {
+    for (int i = 0; i < n && c->key.n <= KEY_MAX_SHARED; i++) key_alt(c, c->fpos[chain[i]], &queue);
+    for (uint32_t q = 0; q < queue.n && c->key.n <= KEY_MAX_SHARED; q++) {
         const kt_grule *r = &c->g->rules[queue.v[q]];
         for (uint32_t a = 0; a < r->n_alts; a++) key_alt(c, c->g->alts[r->first_alt + a], &queue);
         u32vec_push(&c->key, K_RULE_SEP);
     }
-    bool ok = c->key.v != NULL;
     free(queue.v);
-    return ok;
+    if (c->key.n > KEY_MAX_SHARED) {
+        c->key.n = 0;
+        u32vec_push(&c->key, K_GRAMMAR);
+        for (int w = 0; w < 2; w++)
+            u32vec_push(&c->key, (uint32_t)c->g->fingerprint[w]),
+                u32vec_push(&c->key, (uint32_t)(c->g->fingerprint[w] >> 32));
+        for (int i = 0; i < n; i++) u32vec_push(&c->key, c->fpos[chain[i]]);
+    }
+    return c->key.v != NULL && c->key.n > 0;
 }
 
 static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_t to) {
     for (uint32_t k = from; k < to; k++) bits[(uint32_t)ids[k] >> 6] |= 1ull << ((uint32_t)ids[k] & 63);
 }
 
+enum { UNI_UTF8_KNOWN = 1, UNI_UTF8 = 2 };
+#define SKIP_MIN_NODES 8       /* smaller subtrees are walked: not worth the check */
+#define UTF8_CHECK_BUDGET 4096 /* (state, bytes due) pairs a UTF-8 check may visit */
+
+/* Do the continuation bytes from state `at` (k more due after this one,
+ * each in 80-BF) all stay live and end in `to`? Depth first; `seen`
+ * holds (state, k) pairs already checked, `budget` bounds the work (out
+ * of it: no, which only costs a walk). */
+static bool utf8_tail_leads(kt_constraint *c, uint32_t to, uint32_t at, int k, u64map *seen, int *budget) {
+    for (int b = 0x80; b <= 0xBF; b++) {
+        uint32_t next = step_byte(c, at, (uint8_t)b);
+        if (next == DEAD) return false;
+        if (k == 0) {
+            if (next != to) return false;
+            continue;
+        }
+        uint32_t v;
+        uint64_t key = (uint64_t)next << 2 | (uint64_t)k;
+        if (u64map_get(seen, key, &v)) continue;
+        if (--*budget < 0 || !u64map_put(seen, key, 1) || !utf8_tail_leads(c, to, next, k - 1, seen, budget))
+            return false;
+    }
+    return true;
+}
+
+/* Does every valid UTF-8 character of two or more bytes lead from s to
+ * `to`, through live states only? (A string body's [^"\\] does, to the
+ * state its ASCII characters lead to.) Lead bytes with their restricted
+ * second byte. */
+static bool utf8_leads(kt_constraint *c, uint32_t s, uint32_t to) {
+    static const struct { uint8_t lo, hi, second_lo, second_hi; int more; } leads[] = {
+        {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
+        {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
+        {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
+    };
+    u64map seen;
+    if (!u64map_init(&seen, 256)) return false;
+    int budget = UTF8_CHECK_BUDGET;
+    bool ok = true;
+    for (size_t l = 0; ok && l < sizeof leads / sizeof *leads; l++)
+        for (int lead = leads[l].lo; ok && lead <= leads[l].hi; lead++) {
+            uint32_t s1 = step_byte(c, s, (uint8_t)lead);
+            ok = s1 != DEAD;
+            for (int b = leads[l].second_lo; ok && b <= leads[l].second_hi; b++) {
+                uint32_t s2 = step_byte(c, s1, (uint8_t)b), v;
+                uint64_t key = (uint64_t)s2 << 2 | (uint64_t)leads[l].more;
+                if (s2 == DEAD) ok = false;
+                else if (leads[l].more == 0) ok = s2 == to;
+                else if (!u64map_get(&seen, key, &v))
+                    ok = --budget >= 0 && u64map_put(&seen, key, 1) &&
+                         utf8_tail_leads(c, to, s2, leads[l].more - 1, &seen, &budget);
+            }
+        }
+    u64map_free(&seen);
+    return ok;
+}
+
+/* The one state every byte of `need` (ASCII) leads s to, live; DEAD if
+ * there is none. Learned lazily per state, stopping at the first byte
+ * that differs. */
+static uint32_t uniform_step(kt_constraint *c, uint32_t s, const uint64_t need[2]) {
+    for (int w = 0; w < 2; w++) {
+        if (need[w] & c->uni[s].other[w]) return DEAD;
+        for (uint64_t todo = need[w] & ~c->uni[s].same[w]; todo; todo &= todo - 1) {
+            const int b = w * 64 + __builtin_ctzll(todo);
+            const uint32_t next = step_byte(c, s, (uint8_t)b); /* may grow c->uni */
+            if (!c->uni[s].succ && next != DEAD) c->uni[s].succ = next + 1;
+            if (next == DEAD || next + 1 != c->uni[s].succ) return c->uni[s].other[w] |= 1ull << (b & 63), DEAD;
+            c->uni[s].same[w] |= 1ull << (b & 63);
+        }
+    }
+    return c->uni[s].succ ? c->uni[s].succ - 1 : DEAD; /* 0: need was empty, nothing learned */
+}
+
+/* Does every valid multi-byte UTF-8 character loop on s (learned once)? */
+static bool utf8_loops(kt_constraint *c, uint32_t s) {
+    if (!(c->uni[s].flags & UNI_UTF8_KNOWN)) {
+        const bool loops = utf8_leads(c, s, s); /* may grow c->uni */
+        c->uni[s].flags |= UNI_UTF8_KNOWN | (loops ? UNI_UTF8 : 0);
+    }
+    return c->uni[s].flags & UNI_UTF8;
+}
+
+/* Is every path below trie node i live from state s (the state the walk
+ * reached i in), without FRAME_CTX when ctx nodes are collected? Then
+ * every token below i is allowed and the walk takes the subtree at once.
+ * True when every ASCII byte below leads s to one same live state, for
+ * as many bytes as the subtree's height: a string body (a loop: one
+ * state, where bytes >= 0x80 below must also be valid UTF-8 whose
+ * characters loop), or a string of bounded length (a chain: one state per
+ * byte, ASCII only; checking UTF-8 characters per link would cost more
+ * than the walk it saves). */
+static bool subtree_live(kt_constraint *c, uint32_t s, uint32_t i, bool ctx) {
+    const kt_token_trie *t = c->trie;
+    const uint8_t flags = t->below_flags[i];
+    const bool high = flags & KT_TRIE_HIGH_BELOW;
+    if (high && !(flags & KT_TRIE_UTF8_BELOW)) return false;
+    for (uint32_t h = 0; h < t->below_height[i]; h++) {
+        const uint32_t next = uniform_step(c, s, t->below_ascii[i]);
+        if (next == DEAD || (ctx && (c->st_flags[next] & ST_CTX))) return false;
+        if (next == s) return !high || utf8_loops(c, s); /* a loop: the rest of the chain is the same */
+        if (high) return false;
+        s = next;
+    }
+    return true;
+}
+
 /* Walks the trie below node u from state s: every token reached with a
  * live state is set in bits; with ctx (classification) the nodes where
- * the state holds FRAME_CTX are collected. */
+ * the state holds FRAME_CTX are collected. A subtree the state cannot
+ * leave is taken whole (subtree_live). */
 static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32vec *ctx) {
     const kt_token_trie *t = c->trie;
     uint32_t sp = 0, i = u + 1;
@@ -516,8 +667,14 @@ static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32ve
             continue;
         }
         set_range(bits, t->sorted, t->first[i], t->first[i + 1]);
-        if (ctx && (c->st_flags[next] & ST_CTX)) u32vec_push(ctx, i);
+        const bool at_ctx = c->st_flags[next] & ST_CTX;
+        if (ctx && at_ctx) u32vec_push(ctx, i);
         if (t->end[i] > i + 1) {
+            if (t->end[i] - i >= SKIP_MIN_NODES && !(ctx && at_ctx) && subtree_live(c, next, i, ctx != NULL)) {
+                set_range(bits, t->sorted, t->first[i + 1], t->first[t->end[i]]);
+                i = t->end[i];
+                continue;
+            }
             sp++;
             c->walk[sp].end = t->end[i], c->walk[sp].state = next;
         }
@@ -609,72 +766,6 @@ static gclass *class_of(kt_constraint *c, uint32_t f, uint32_t *bottom) {
     if (!hold(c, k, f)) return fail(c, "out of memory for grammar classes"), NULL;
     cache_trim(c->cache);
     return k;
-}
-
-#define LEXICAL_MAX_RULES 64
-
-/* Does rule r reach itself through a call that is not last in its
- * alternative (nesting, as JSON values in arrays), within `limit` rules?
- * A tail call (a repetition's loop) does not count. -1: too big to tell. */
-static int nests(const kt_grammar *g, uint32_t r, uint32_t *seen_stamp, uint32_t stamp, uint32_t *queue) {
-    /* states (rule, whether a non-tail call was taken), breadth first */
-    uint32_t head = 0, tail = 0, n_seen = 0;
-    queue[tail++] = r << 1;
-    while (head < tail) {
-        uint32_t st = queue[head++], q = st >> 1, nontail = st & 1;
-        const kt_grule *rule = &g->rules[q];
-        for (uint32_t a = 0; a < rule->n_alts; a++)
-            for (uint32_t p = g->alts[rule->first_alt + a]; g->elems[p].type != KT_GE_END; p++) {
-                if (g->elems[p].type != KT_GE_RULE) continue;
-                uint32_t to = g->elems[p].value, nt = nontail | (g->elems[p + 1].type != KT_GE_END);
-                if (to == r && nt) return 1;
-                uint32_t key = to << 1 | nt;
-                if (seen_stamp[key] == stamp) continue;
-                seen_stamp[key] = stamp;
-                if (++n_seen > 2 * LEXICAL_MAX_RULES) return -1;
-                queue[tail++] = key;
-            }
-    }
-    return 0;
-}
-
-/* A rule is lexical when it and every rule it can reach (at most
- * LEXICAL_MAX_RULES) never nest: strings, numbers, keywords, whitespace,
- * a format's characters. A position's rest is lexical when every element
- * from it to its alternative's END is a terminal or a lexical rule. */
-static bool mark_lexical(kt_constraint *c) {
-    const kt_grammar *g = c->g;
-    const size_t n_states = 2 * (size_t)g->n_rules + 2;
-    uint8_t *nest = malloc(g->n_rules + 1), *lex = malloc(g->n_rules + 1);
-    uint32_t *stamp = calloc(n_states, sizeof *stamp), *queue = malloc((2 * LEXICAL_MAX_RULES + 2) * sizeof *queue);
-    bool ok = nest && lex && stamp && queue;
-    for (uint32_t r = 0; ok && r < g->n_rules; r++) nest[r] = nests(g, r, stamp, 2 * r + 1, queue) != 0;
-    /* lexical: no rule reachable from r (r included) nests; breadth first again */
-    for (uint32_t r = 0; ok && r < g->n_rules; r++) {
-        uint32_t head = 0, tail = 0, st = 2 * g->n_rules + r + 1;
-        bool is_lex = !nest[r];
-        queue[tail++] = r;
-        stamp[r] = st;
-        while (is_lex && head < tail) {
-            const kt_grule *rule = &g->rules[queue[head++]];
-            for (uint32_t a = 0; is_lex && a < rule->n_alts; a++)
-                for (uint32_t p = g->alts[rule->first_alt + a]; is_lex && g->elems[p].type != KT_GE_END; p++) {
-                    uint32_t to = g->elems[p].value;
-                    if (g->elems[p].type != KT_GE_RULE || stamp[to] == st) continue;
-                    if (nest[to] || tail == LEXICAL_MAX_RULES) is_lex = false;
-                    else stamp[to] = st, queue[tail++] = to;
-                }
-        }
-        lex[r] = is_lex;
-    }
-    for (uint32_t p = g->n_elems; ok && p-- > 0;) {
-        const kt_gelem *e = &g->elems[p];
-        if (e->type == KT_GE_END) c->rest_lexical[p] = 1;
-        else if (e->type == KT_GE_RULE) c->rest_lexical[p] = lex[e->value] && c->rest_lexical[p + 1];
-        else c->rest_lexical[p] = c->rest_lexical[p + 1];
-    }
-    free(nest), free(lex), free(stamp), free(queue);
-    return ok;
 }
 
 /* ---- the API ----------------------------------------------------------- */
@@ -833,8 +924,10 @@ void kt_constraint_free(kt_constraint *c) {
     if (c->cache) cache_trim(c->cache);
     free(c->fpos), free(c->fpar), free(c->fstamp);
     u64map_free(&c->frame_of), u64map_free(&c->state_of), u64map_free(&c->step);
+    for (uint32_t i = 0; c->row && i < c->cap_states; i++) free(c->row[i]);
+    free(c->row), free(c->uni);
     free(c->members.v), free(c->st_off), free(c->st_n), free(c->st_flags);
-    free(c->held), free(c->rest_lexical), u64map_free(&c->class_of_frame);
+    free(c->held), u64map_free(&c->class_of_frame);
     free(c->out.v), free(c->work.v), free(c->key.v);
     free(c->rule_local), free(c->rule_stamp), free(c->walk), free(c->eog);
     free(c);
@@ -853,14 +946,15 @@ kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie,
     c->st_off = malloc(c->cap_states * sizeof *c->st_off);
     c->st_n = malloc(c->cap_states * sizeof *c->st_n);
     c->st_flags = malloc(c->cap_states);
-    c->rest_lexical = malloc(g->n_elems + 1);
+    c->row = calloc(c->cap_states, sizeof *c->row);
+    c->uni = calloc(c->cap_states, sizeof *c->uni);
     c->rule_local = calloc(g->n_rules + 1, sizeof *c->rule_local);
     c->rule_stamp = calloc(g->n_rules + 1, sizeof *c->rule_stamp);
     c->walk = malloc(((size_t)trie->max_depth + 2) * sizeof *c->walk);
     c->eog = malloc(((size_t)n_eog + 1) * sizeof *c->eog);
-    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->rest_lexical ||
+    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->row || !c->uni ||
         !c->rule_local || !c->rule_stamp || !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
-        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->class_of_frame, 256) || !mark_lexical(c))
+        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->class_of_frame, 256))
         goto nomem;
     if (n_eog > 0) memcpy(c->eog, eog, (size_t)n_eog * sizeof *eog);
     c->n_eog = n_eog;

@@ -918,6 +918,7 @@ void kt_grammar_free(kt_grammar *g) {
     free(g->alts);
     free(g->rules);
     free(g->sets);
+    free(g->rest_lexical);
     free(g);
 }
 
@@ -1016,6 +1017,11 @@ kt_grammar *kt_grammar_parse(const char *text, size_t n, const char *root, kt_er
     parser_free(&p);
     if (g && check_left_recursion(g, err) != KT_OK) {
         kt_grammar_free(g);
+        g = NULL;
+    }
+    if (g && !kt_grammar_analyze(g)) {
+        kt_grammar_free(g);
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory compiling a grammar");
         g = NULL;
     }
     return g;

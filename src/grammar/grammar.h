@@ -76,7 +76,17 @@ typedef struct kt_grammar {
     kt_byteset *sets;
     uint32_t n_sets;
     uint32_t root;      /* the rule named "root" */
+    /* Worked out at compile time for the token masks (lexical.c):
+     * rest_lexical[p] (n_elems + 1 entries) says that everything from
+     * position p to its alternative's END is a terminal or a rule that
+     * never nests; fingerprint is a 128-bit hash of the compiled form. */
+    uint8_t *rest_lexical;
+    uint64_t fingerprint[2];
 } kt_grammar;
+
+/* Fills rest_lexical and fingerprint of a compiled grammar; false when
+ * out of memory. kt_grammar_parse calls it. */
+bool kt_grammar_analyze(kt_grammar *g);
 
 /* Limits that hold for hostile input (each breach is a KT_ERR_ARG with a
  * message naming the limit). */

@@ -35,6 +35,7 @@ void kt_token_trie_free(kt_token_trie *t) {
     if (!t) return;
     free(t->byte), free(t->end), free(t->first), free(t->sorted);
     free(t->tok_off), free(t->tok_len), free(t->bytes);
+    free(t->below_ascii), free(t->below_flags), free(t->below_height);
     free(t);
 }
 
@@ -78,6 +79,64 @@ static bool build_nodes(kt_token_trie *t, size_t total_bytes) {
     return true;
 }
 
+/* UTF-8 decoding phases: at a character boundary, n continuation bytes
+ * still due, or the restricted second byte of E0, ED, F0 and F4 (no
+ * overlong forms, no surrogates, nothing past U+10FFFF). */
+enum { U8_BOUNDARY, U8_CONT1, U8_CONT2, U8_CONT3, U8_E0, U8_ED, U8_F0, U8_F4 };
+
+/* The phase after byte b in phase p, or -1 where b is not valid there. */
+static int utf8_next(int p, uint8_t b) {
+    switch (p) {
+    case U8_BOUNDARY:
+        if (b < 0x80) return U8_BOUNDARY;
+        if (b >= 0xC2 && b <= 0xDF) return U8_CONT1;
+        if (b == 0xE0) return U8_E0;
+        if (b == 0xED) return U8_ED;
+        if (b >= 0xE1 && b <= 0xEF) return U8_CONT2;
+        if (b == 0xF0) return U8_F0;
+        if (b >= 0xF1 && b <= 0xF3) return U8_CONT3;
+        if (b == 0xF4) return U8_F4;
+        return -1;
+    case U8_CONT1: case U8_CONT2: case U8_CONT3:
+        return b >= 0x80 && b <= 0xBF ? p - 1 : -1;
+    case U8_E0: return b >= 0xA0 && b <= 0xBF ? U8_CONT1 : -1;
+    case U8_ED: return b >= 0x80 && b <= 0x9F ? U8_CONT1 : -1;
+    case U8_F0: return b >= 0x90 && b <= 0xBF ? U8_CONT2 : -1;
+    default: return b >= 0x80 && b <= 0x8F ? U8_CONT2 : -1; /* U8_F4 */
+    }
+}
+
+/* below_ascii and below_flags (see token_trie.h), children before their
+ * parent: in preorder a node's children come after it. valid[i] has bit p
+ * when node i's byte is valid in phase p and so is every path below. */
+static bool summarize(kt_token_trie *t) {
+    const uint32_t n = t->n_nodes;
+    t->below_ascii = calloc(n, sizeof *t->below_ascii);
+    t->below_flags = calloc(n, 1);
+    t->below_height = calloc(n, sizeof *t->below_height);
+    uint8_t *valid = malloc(n);
+    if (!t->below_ascii || !t->below_flags || !t->below_height || !valid) return free(valid), false;
+    for (uint32_t i = n; i-- > 0;) {
+        uint8_t kids_valid = 0xff, flags = 0;
+        for (uint32_t x = i + 1; x < t->end[i]; x = t->end[x]) {
+            kids_valid &= valid[x];
+            if (t->below_height[x] + 1 > t->below_height[i]) t->below_height[i] = (uint16_t)(t->below_height[x] + 1);
+            t->below_ascii[i][0] |= t->below_ascii[x][0], t->below_ascii[i][1] |= t->below_ascii[x][1];
+            if (t->byte[x] < 0x80) t->below_ascii[i][t->byte[x] >> 6] |= 1ull << (t->byte[x] & 63);
+            flags |= (t->below_flags[x] & KT_TRIE_HIGH_BELOW) | (t->byte[x] >= 0x80 ? KT_TRIE_HIGH_BELOW : 0);
+        }
+        if (kids_valid & (1u << U8_BOUNDARY)) flags |= KT_TRIE_UTF8_BELOW;
+        t->below_flags[i] = flags;
+        valid[i] = 0;
+        for (int p = 0; p < 8; p++) {
+            int np = utf8_next(p, t->byte[i]);
+            if (np >= 0 && ((kids_valid >> np) & 1)) valid[i] |= (uint8_t)(1u << p);
+        }
+    }
+    free(valid);
+    return true;
+}
+
 kt_token_trie *kt_token_trie_new(int n_vocab, const uint8_t *const *bytes, const uint32_t *lens, kt_error *err) {
     kt_token_trie *t = calloc(1, sizeof *t);
     if (!t || n_vocab < 0) return nomem(t, err);
@@ -102,7 +161,7 @@ kt_token_trie *kt_token_trie_new(int n_vocab, const uint8_t *const *bytes, const
     g_sort_trie = t;
     qsort(t->sorted, t->n_sorted, sizeof *t->sorted, cmp_tokens);
     g_sort_trie = NULL;
-    if (!build_nodes(t, total)) return nomem(t, err);
+    if (!build_nodes(t, total) || !summarize(t)) return nomem(t, err);
     t->id = atomic_fetch_add(&g_next_trie_id, 1);
     return t;
 }

@@ -39,8 +39,20 @@ typedef struct kt_token_trie {
     uint32_t *tok_off;   /* per id: its bytes in `bytes` (tok_len 0: not in the trie) */
     uint16_t *tok_len;
     uint8_t *bytes;
+    /* What lies strictly below each node, so a walk can take a whole
+     * subtree at once where the grammar state cannot change inside it
+     * (a string body): below_ascii[i] has bit b for every ASCII byte b
+     * under node i; below_flags[i] has KT_TRIE_HIGH_BELOW when a byte >=
+     * 0x80 is under it, KT_TRIE_UTF8_BELOW when every path under it, read
+     * from a character boundary, is a prefix of valid UTF-8;
+     * below_height[i] is the most bytes a path under it has. */
+    uint64_t (*below_ascii)[2];
+    uint8_t *below_flags;
+    uint16_t *below_height;
     uint64_t id;         /* distinct per trie built in this process: caches key on it */
 } kt_token_trie;
+
+enum { KT_TRIE_HIGH_BELOW = 1, KT_TRIE_UTF8_BELOW = 2 };
 
 /* The trie of v's tokens; NULL with err when out of memory. */
 kt_token_trie *kt_token_trie_from_vocab(const kt_vocab *v, kt_error *err);
