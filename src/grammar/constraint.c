@@ -253,8 +253,15 @@ struct kt_constraint {
     } *uni;
     uint32_t n_rows;
     u64map step;             /* (state << 8 | byte) -> state, for states without a row */
-    /* classes: per top frame, the index + 1 of its class in held (0: not yet) */
-    u64map class_of_frame;
+    /* classes: a state's frames in groups (see state_groups), each with
+     * its class; group_of_state maps a state to its first group + 1 */
+    struct sgroup {
+        gclass *k;
+        uint32_t cont;       /* the state after the group's chains (DEAD: nothing follows) */
+        uint32_t n_in_state; /* in a state's first group: how many the state has */
+    } *groups;
+    uint32_t n_groups, cap_groups;
+    u64map group_of_state;
     gclass **held;           /* every class this constraint uses (one reference each) */
     uint32_t n_held, cap_held;
     /* scratch */
@@ -436,15 +443,6 @@ static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
     return next;
 }
 
-/* The state {f} for a terminal frame f. */
-static uint32_t intern_single(kt_constraint *c, uint32_t f) {
-    const uint32_t from = c->out.n;
-    if (!u32vec_push(&c->out, f)) return fail(c, "out of memory for parse states"), DEAD;
-    uint32_t s = intern(c, from);
-    c->out.n = from;
-    return s;
-}
-
 /* The state a single frame's position starts (no memo: rare). */
 static uint32_t state_at(kt_constraint *c, uint32_t pos, uint32_t parent) {
     const uint32_t from = c->out.n;
@@ -458,7 +456,7 @@ static uint32_t state_at(kt_constraint *c, uint32_t pos, uint32_t parent) {
 /* ---- classes ---------------------------------------------------------- */
 
 enum { K_BYTE = 1u << 28, K_SET = 2u << 28, K_RULE = 3u << 28, K_TOKEN = 4u << 28, K_NOT = 5u << 28,
-       K_END = 6u << 28, K_RULE_SEP = 7u << 28, K_GRAMMAR = 8u << 28 };
+       K_END = 6u << 28, K_RULE_SEP = 7u << 28, K_GRAMMAR = 8u << 28, K_CHAIN_SEP = 9u << 28 };
 
 /* Appends one alternative's elements from pos to its END; rule calls get
  * local numbers in order of first appearance and are queued. */
@@ -510,19 +508,29 @@ static int chain_of(const kt_constraint *c, uint32_t f, uint32_t *chain) {
 /* Keys longer than this name the grammar instead (see class_key). */
 #define KEY_MAX_SHARED 1024
 
-/* c->key = the structure reachable from the chain without popping its
- * last frame: the rest of each frame's alternative, then every rule they
- * can call (all alternatives), in the order they are first called. Such
- * a key is shared by every grammar with that structure. When it grows
- * past KEY_MAX_SHARED (a position that reaches most of a big grammar,
- * which no other grammar shares), the key is the grammar's fingerprint
- * and the chain's positions instead: exact for this grammar (and for the
- * same grammar in a later request), and bounded to build. */
-static bool class_key(kt_constraint *c, const uint32_t *chain, int n) {
+/* A chain of frames, top first, as chain_of gives it. */
+typedef struct chain {
+    uint32_t f[MAX_CHAIN];
+    int n;
+} chain;
+
+/* c->key = the structure reachable from the chains without popping their
+ * last frames: the rest of each frame's alternative (chains apart), then
+ * every rule they can call (all alternatives), in the order they are
+ * first called. Such a key is shared by every grammar with that
+ * structure. When it grows past KEY_MAX_SHARED (positions that reach most
+ * of a big grammar, which no other grammar shares), the key is the
+ * grammar's fingerprint and the chains' positions instead: exact for this
+ * grammar (and for the same grammar in a later request), and bounded to
+ * build. */
+static bool class_key(kt_constraint *c, const chain *ch, uint32_t n_chains) {
     u32vec queue = {0};
     c->key.n = 0;
     c->key_stamp++;
-    for (int i = 0; i < n && c->key.n <= KEY_MAX_SHARED; i++) key_alt(c, c->fpos[chain[i]], &queue);
+    for (uint32_t j = 0; j < n_chains && c->key.n <= KEY_MAX_SHARED; j++) {
+        for (int i = 0; i < ch[j].n && c->key.n <= KEY_MAX_SHARED; i++) key_alt(c, c->fpos[ch[j].f[i]], &queue);
+        u32vec_push(&c->key, K_CHAIN_SEP);
+    }
     for (uint32_t q = 0; q < queue.n && c->key.n <= KEY_MAX_SHARED; q++) {
         const kt_grule *r = &c->g->rules[queue.v[q]];
         for (uint32_t a = 0; a < r->n_alts; a++) key_alt(c, c->g->alts[r->first_alt + a], &queue);
@@ -535,7 +543,10 @@ static bool class_key(kt_constraint *c, const uint32_t *chain, int n) {
         for (int w = 0; w < 2; w++)
             u32vec_push(&c->key, (uint32_t)c->g->fingerprint[w]),
                 u32vec_push(&c->key, (uint32_t)(c->g->fingerprint[w] >> 32));
-        for (int i = 0; i < n; i++) u32vec_push(&c->key, c->fpos[chain[i]]);
+        for (uint32_t j = 0; j < n_chains; j++) {
+            for (int i = 0; i < ch[j].n; i++) u32vec_push(&c->key, c->fpos[ch[j].f[i]]);
+            u32vec_push(&c->key, K_CHAIN_SEP);
+        }
     }
     return c->key.v != NULL && c->key.n > 0;
 }
@@ -706,14 +717,20 @@ static void walk_from(kt_constraint *c, uint32_t x, uint32_t s, uint64_t *bits) 
     if (c->trie->end[x] > x + 1) walk(c, x, s, bits, NULL);
 }
 
-/* The classification stack of a chain: the same positions, on FRAME_CTX. */
-static uint32_t chain_start(kt_constraint *c, const uint32_t *chain, int n) {
-    uint32_t f = FRAME_CTX;
-    for (int i = n - 1; i >= 0; i--) f = frame(c, c->fpos[chain[i]], f);
-    return intern_single(c, f);
+/* The classification state of chains: the same positions, on FRAME_CTX. */
+static uint32_t chains_start(kt_constraint *c, const chain *ch, uint32_t n_chains) {
+    const uint32_t from = c->out.n;
+    for (uint32_t j = 0; j < n_chains; j++) {
+        uint32_t f = FRAME_CTX;
+        for (int i = ch[j].n - 1; i >= 0; i--) f = frame(c, c->fpos[ch[j].f[i]], f);
+        if (!u32vec_push(&c->out, f)) fail(c, "out of memory for parse states");
+    }
+    uint32_t s = c->error[0] ? DEAD : intern(c, from);
+    c->out.n = from;
+    return s;
 }
 
-static bool hold(kt_constraint *c, gclass *k, uint32_t f) {
+static bool hold(kt_constraint *c, gclass *k) {
     if (c->n_held == c->cap_held) {
         uint32_t cap = c->cap_held ? c->cap_held * 2 : 16;
         gclass **nh = realloc(c->held, cap * sizeof *nh);
@@ -722,18 +739,13 @@ static bool hold(kt_constraint *c, gclass *k, uint32_t f) {
     }
     c->held[c->n_held++] = k;
     k->refs++; /* before any trim: held classes are never dropped */
-    return u64map_put(&c->class_of_frame, f, c->n_held);
+    return true;
 }
 
-/* The class of top frame f (the chain it heads): from the cache, or
- * computed by walking the whole trie once. *bottom gets the chain's last
- * frame, whose parent is what the class leaves to the run-time walk. */
-static gclass *class_of(kt_constraint *c, uint32_t f, uint32_t *bottom) {
-    uint32_t chain[MAX_CHAIN], idx;
-    int n = chain_of(c, f, chain);
-    *bottom = chain[n - 1];
-    if (u64map_get(&c->class_of_frame, f, &idx)) return c->held[idx - 1];
-    if (!class_key(c, chain, n)) return fail(c, "out of memory for grammar classes"), NULL;
+/* The class of chains ch (one group): from the cache, or computed by
+ * walking the whole trie once from their classification state. */
+static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
+    if (!class_key(c, ch, n_chains)) return fail(c, "out of memory for grammar classes"), NULL;
     uint64_t h = XXH3_64bits(c->key.v, c->key.n * sizeof *c->key.v);
     gclass *k = cache_find(c->cache, h, c->key.v, c->key.n);
     if (k) {
@@ -751,7 +763,7 @@ static gclass *class_of(kt_constraint *c, uint32_t f, uint32_t *bottom) {
         }
         memcpy(k->key, c->key.v, c->key.n * sizeof *k->key);
         k->n_key = c->key.n, k->hash = h;
-        uint32_t s0 = chain_start(c, chain, n);
+        uint32_t s0 = chains_start(c, ch, n_chains);
         if (s0 != DEAD) walk(c, 0, s0, k->accept, &ctx);
         if (!group_ctx(c->trie, &ctx, k)) {
             free(ctx.v);
@@ -763,9 +775,92 @@ static gclass *class_of(kt_constraint *c, uint32_t f, uint32_t *bottom) {
         c->cache->computed++;
         cache_add(c->cache, k);
     }
-    if (!hold(c, k, f)) return fail(c, "out of memory for grammar classes"), NULL;
+    if (!hold(c, k)) return fail(c, "out of memory for grammar classes"), NULL;
     cache_trim(c->cache);
     return k;
+}
+
+/* What follows chain ch at run time: the frame below its last one. */
+static uint32_t chain_parent(const kt_constraint *c, const chain *ch) {
+    return c->fpar[ch->f[ch->n - 1]];
+}
+
+/* Chains of one group: their tops are alternatives of one rule call (the
+ * same parent frame), and the same frame follows them. */
+static bool same_group(const kt_constraint *c, const chain *x, const chain *y) {
+    return c->fpar[x->f[0]] == c->fpar[y->f[0]] && chain_parent(c, x) == chain_parent(c, y);
+}
+
+/* Chains in a canonical order: groups together, then by positions, so
+ * equal structures give equal keys whatever the frame ids. */
+static int chain_cmp(const kt_constraint *c, const chain *x, const chain *y) {
+    uint32_t gx = c->fpar[x->f[0]], gy = c->fpar[y->f[0]];
+    if (gx != gy) return gx < gy ? -1 : 1;
+    uint32_t px = chain_parent(c, x), py = chain_parent(c, y);
+    if (px != py) return px < py ? -1 : 1;
+    for (int i = 0; i < x->n && i < y->n; i++)
+        if (c->fpos[x->f[i]] != c->fpos[y->f[i]]) return c->fpos[x->f[i]] < c->fpos[y->f[i]] ? -1 : 1;
+    return x->n - y->n;
+}
+
+static bool push_group(kt_constraint *c, gclass *k, uint32_t cont) {
+    if (c->n_groups == c->cap_groups) {
+        uint32_t cap = c->cap_groups ? c->cap_groups * 2 : 64;
+        struct sgroup *ng = realloc(c->groups, cap * sizeof *ng);
+        if (!ng) return false;
+        c->groups = ng, c->cap_groups = cap;
+    }
+    c->groups[c->n_groups++] = (struct sgroup){.k = k, .cont = cont};
+    return true;
+}
+
+/* The groups of state s, made once per state: its terminal frames (token
+ * references aside) grouped by rule call (the same parent frame) and by
+ * the frame that follows their chains. The alternatives of one call (the
+ * character ranges of a string body's [^"\\], the keywords of a value)
+ * are walked once together, and their context nodes lead to one
+ * continuation; grouping wider (every frame of a lexeme) would make a
+ * class per combination of calls, which states rarely share.
+ * Returns the first group's index; *n gets the count. */
+static uint32_t state_groups(kt_constraint *c, uint32_t s, uint32_t *n) {
+    uint32_t first;
+    if (u64map_get(&c->group_of_state, s, &first)) {
+        first--;
+        *n = c->n_groups > first ? c->groups[first].n_in_state : 0;
+        return first;
+    }
+    first = c->n_groups, *n = 0;
+    const uint32_t n_frames = c->st_n[s];
+    chain *ch = malloc(((size_t)n_frames + 1) * sizeof *ch);
+    if (!ch) return fail(c, "out of memory for grammar classes"), first;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n_frames; i++) {
+        uint32_t f = c->members.v[c->st_off[s] + i];
+        if (f <= FRAME_CTX) continue;
+        uint32_t type = c->g->elems[c->fpos[f]].type;
+        if (type == KT_GE_TOKEN || type == KT_GE_NOT_TOKEN) continue;
+        ch[m].n = chain_of(c, f, ch[m].f);
+        m++;
+    }
+    for (uint32_t i = 1; i < m; i++) /* insertion sort: states hold few frames */
+        for (uint32_t j = i; j > 0 && chain_cmp(c, &ch[j - 1], &ch[j]) > 0; j--) {
+            chain tmp = ch[j];
+            ch[j] = ch[j - 1], ch[j - 1] = tmp;
+        }
+    for (uint32_t a = 0, b; a < m && !c->error[0]; a = b) {
+        const uint32_t parent = chain_parent(c, &ch[a]);
+        for (b = a + 1; b < m && same_group(c, &ch[a], &ch[b]); b++) {}
+        gclass *k = class_of(c, ch + a, b - a);
+        if (!k) break;
+        uint32_t cont = DEAD; /* nothing can follow the root */
+        if (k->n_ctx && parent != FRAME_DONE) cont = state_at(c, c->fpos[parent], c->fpar[parent]);
+        if (!push_group(c, k, cont)) fail(c, "out of memory for grammar classes");
+        else (*n)++;
+    }
+    free(ch);
+    if (*n) c->groups[first].n_in_state = *n;
+    if (!c->error[0] && !u64map_put(&c->group_of_state, s, first + 1)) fail(c, "out of memory for grammar classes");
+    return first;
 }
 
 /* ---- the API ----------------------------------------------------------- */
@@ -865,30 +960,9 @@ static void mask_token_ref(const kt_constraint *c, const kt_gelem *e, uint64_t *
     if ((int32_t)e->value < c->trie->n_vocab) mask[e->value >> 6] &= ~(1ull << (e->value & 63));
 }
 
-/* Adds the tokens frame f allows: its class's accept set, and below each
- * of the class's context nodes, what the real rest of the stack takes.
- * `seen` holds (class, continuation) pairs done in this mask: classes
- * OR'd once, walks not repeated. */
-static void mask_frame(kt_constraint *c, uint32_t f, uint64_t *mask, u32vec *seen) {
-    uint32_t bottom;
-    gclass *k = class_of(c, f, &bottom);
-    if (!k) return;
-    uint32_t kid = 0; /* k's index + 1 in held */
-    u64map_get(&c->class_of_frame, f, &kid);
-    bool ored = false;
-    for (uint32_t i = 0; i + 1 < seen->n && !ored; i += 2) ored = c->held[seen->v[i] - 1] == k;
-    if (!ored)
-        for (uint32_t w = 0; w < c->n_words; w++) mask[w] |= k->accept[w];
-    const uint32_t parent = c->fpar[bottom];
-    if (!k->n_ctx || parent == FRAME_DONE) { /* nothing can follow the root */
-        if (!ored) u32vec_push(seen, kid), u32vec_push(seen, DEAD);
-        return;
-    }
-    uint32_t cont = state_at(c, c->fpos[parent], c->fpar[parent]);
-    for (uint32_t i = 0; i + 1 < seen->n; i += 2)
-        if (c->held[seen->v[i] - 1] == k && seen->v[i + 1] == cont) return;
-    u32vec_push(seen, kid), u32vec_push(seen, cont);
-    if (cont == DEAD) return;
+/* Adds the tokens below each of class k's context nodes that the real
+ * rest of the stack (state cont) takes. */
+static void mask_ctx(kt_constraint *c, const gclass *k, uint32_t cont, uint64_t *mask) {
     for (int b = 0; b < 256; b++) {
         if (k->ctx_off[b + 1] == k->ctx_off[b]) continue;
         uint32_t next = step_byte(c, cont, (uint8_t)b);
@@ -897,19 +971,32 @@ static void mask_frame(kt_constraint *c, uint32_t f, uint64_t *mask, u32vec *see
     }
 }
 
+/* Each group adds its class's accept set (once per class) and what its
+ * context nodes lead to (once per class and continuation). */
 void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
     memset(mask, 0, c->n_words * sizeof *mask);
     if (c->error[0] || c->ended) return;
-    u32vec done_conts = {0};
     const uint32_t s = c->state;
-    for (uint32_t i = 0; i < c->st_n[s]; i++) {
-        uint32_t f = c->members.v[c->st_off[s] + i]; /* re-read: walks may grow members */
-        if (f <= FRAME_CTX) continue;
-        const kt_gelem *e = &c->g->elems[c->fpos[f]];
-        if (e->type == KT_GE_TOKEN || e->type == KT_GE_NOT_TOKEN) mask_token_ref(c, e, mask);
-        else mask_frame(c, f, mask, &done_conts);
+    if (c->st_flags[s] & ST_TOKREF)
+        for (uint32_t i = 0; i < c->st_n[s]; i++) {
+            uint32_t f = c->members.v[c->st_off[s] + i];
+            if (f <= FRAME_CTX) continue;
+            const kt_gelem *e = &c->g->elems[c->fpos[f]];
+            if (e->type == KT_GE_TOKEN || e->type == KT_GE_NOT_TOKEN) mask_token_ref(c, e, mask);
+        }
+    uint32_t n;
+    const uint32_t first = state_groups(c, s, &n);
+    for (uint32_t i = first; i < first + n && !c->error[0]; i++) {
+        const struct sgroup g = c->groups[i];
+        bool ored = false, walked = false;
+        for (uint32_t j = first; j < i; j++) {
+            ored |= c->groups[j].k == g.k;
+            walked |= c->groups[j].k == g.k && c->groups[j].cont == g.cont;
+        }
+        if (!ored)
+            for (uint32_t w = 0; w < c->n_words; w++) mask[w] |= g.k->accept[w];
+        if (!walked && g.cont != DEAD) mask_ctx(c, g.k, g.cont, mask);
     }
-    free(done_conts.v);
     for (int i = 0; i < c->n_eog; i++) { /* see kt_constraint_allows */
         uint32_t t = (uint32_t)c->eog[i];
         if (kt_constraint_can_end(c)) mask[t >> 6] |= 1ull << (t & 63);
@@ -927,7 +1014,7 @@ void kt_constraint_free(kt_constraint *c) {
     for (uint32_t i = 0; c->row && i < c->cap_states; i++) free(c->row[i]);
     free(c->row), free(c->uni);
     free(c->members.v), free(c->st_off), free(c->st_n), free(c->st_flags);
-    free(c->held), u64map_free(&c->class_of_frame);
+    free(c->held), free(c->groups), u64map_free(&c->group_of_state);
     free(c->out.v), free(c->work.v), free(c->key.v);
     free(c->rule_local), free(c->rule_stamp), free(c->walk), free(c->eog);
     free(c);
@@ -954,7 +1041,7 @@ kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie,
     c->eog = malloc(((size_t)n_eog + 1) * sizeof *c->eog);
     if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->row || !c->uni ||
         !c->rule_local || !c->rule_stamp || !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
-        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->class_of_frame, 256))
+        !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->group_of_state, 256))
         goto nomem;
     if (n_eog > 0) memcpy(c->eog, eog, (size_t)n_eog * sizeof *eog);
     c->n_eog = n_eog;
