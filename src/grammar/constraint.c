@@ -329,6 +329,12 @@ static void expand(kt_constraint *c, uint32_t pos, uint32_t parent) {
             u32vec_push(&c->work, pos), u32vec_push(&c->work, parent);
             continue;
         }
+        if (parent == FRAME_CTX && e->type == KT_GE_RULE && !g->rule_lexical[e->value]) {
+            /* classification: the class stops before a rule that nests;
+             * the run-time walk continues from here (chain_cont) */
+            u32vec_push(&c->out, FRAME_CTX);
+            continue;
+        }
         uint32_t f = frame(c, pos, parent);
         if (c->fstamp[f] == c->stamp) continue;
         c->fstamp[f] = c->stamp;
@@ -456,7 +462,8 @@ static uint32_t state_at(kt_constraint *c, uint32_t pos, uint32_t parent) {
 /* ---- classes ---------------------------------------------------------- */
 
 enum { K_BYTE = 1u << 28, K_SET = 2u << 28, K_RULE = 3u << 28, K_TOKEN = 4u << 28, K_NOT = 5u << 28,
-       K_END = 6u << 28, K_RULE_SEP = 7u << 28, K_GRAMMAR = 8u << 28, K_CHAIN_SEP = 9u << 28 };
+       K_END = 6u << 28, K_RULE_SEP = 7u << 28, K_GRAMMAR = 8u << 28, K_CHAIN_SEP = 9u << 28,
+       K_STOP = 10u << 28 };
 
 /* Appends one alternative's elements from pos to its END; rule calls get
  * local numbers in order of first appearance and are queued. */
@@ -476,6 +483,10 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
         case KT_GE_TOKEN: u32vec_push(&c->key, K_TOKEN), u32vec_push(&c->key, e->value); break;
         case KT_GE_NOT_TOKEN: u32vec_push(&c->key, K_NOT), u32vec_push(&c->key, e->value); break;
         default: /* KT_GE_RULE */
+            if (!g->rule_lexical[e->value]) { /* a class stops before a rule that nests (see expand) */
+                u32vec_push(&c->key, K_STOP);
+                return;
+            }
             if (c->rule_stamp[e->value] != c->key_stamp) {
                 c->rule_stamp[e->value] = c->key_stamp;
                 c->rule_local[e->value] = queue->n;
@@ -487,20 +498,21 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
 }
 
 /* The frames a class of top frame f covers, top first: f, then its
- * parents as long as both the last frame's rest and the parent's are
- * lexical (see lexical.c), at most MAX_CHAIN. So a class spans a whole
- * lexeme: for a character inside a JSON string it reaches up to the
- * string rule, and the run-time walk starts only after the closing quote
- * (a class of the character rule alone would leave it almost every token,
- * since that rule ends after each character). Returns the count. */
+ * parents as long as the last frame's rest is lexical (see lexical.c), at
+ * most MAX_CHAIN; the last frame's rest may end in a rule that nests,
+ * where the class stops (expand). So a class spans a whole lexeme and
+ * the fixed text after it: for a character inside a JSON object key it
+ * reaches over the key's closing quote, the colon and the space after,
+ * and the run-time walk starts only where the value begins (a class of
+ * the character rule alone would leave it almost every token, since that
+ * rule ends after each character). Returns the count. */
 static int chain_of(const kt_constraint *c, uint32_t f, uint32_t *chain) {
     int n = 0;
     chain[n++] = f;
-    /* the top frame's rest starts after its terminal, the others' at their return position */
-    while (n < MAX_CHAIN && c->g->rest_lexical[c->fpos[f] + (n == 1)] && c->fpar[f] > FRAME_CTX &&
-           c->g->rest_lexical[c->fpos[c->fpar[f]]]) {
+    while (n < MAX_CHAIN && c->g->rest_lexical[c->fpos[f]] && c->fpar[f] > FRAME_CTX) {
         f = c->fpar[f];
         chain[n++] = f;
+        if (!c->g->rest_lexical[c->fpos[f]]) break;
     }
     return n;
 }
@@ -780,24 +792,49 @@ static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
     return k;
 }
 
-/* What follows chain ch at run time: the frame below its last one. */
-static uint32_t chain_parent(const kt_constraint *c, const chain *ch) {
-    return c->fpar[ch->f[ch->n - 1]];
+#define NO_CONT UINT32_MAX /* a chain_cont position: nothing follows the root */
+
+/* Where the run-time walk goes on after chain ch (from its FRAME_CTX):
+ * when the last frame's rest is lexical, where that frame returns to
+ * (*pos = NO_CONT past the root); else the rule that nests where its rest
+ * stops (see expand), on the last frame's parent. */
+static void chain_cont(const kt_constraint *c, const chain *ch, uint32_t *pos, uint32_t *parent) {
+    const kt_grammar *g = c->g;
+    const uint32_t last = ch->f[ch->n - 1];
+    uint32_t q = c->fpos[last];
+    if (g->rest_lexical[q]) {
+        const uint32_t p = c->fpar[last];
+        *pos = p == FRAME_DONE ? NO_CONT : c->fpos[p];
+        *parent = p == FRAME_DONE ? FRAME_DONE : c->fpar[p];
+        return;
+    }
+    while (!(g->elems[q].type == KT_GE_RULE && !g->rule_lexical[g->elems[q].value])) q++;
+    *pos = q, *parent = c->fpar[last];
 }
 
-/* Chains of one group: their tops are alternatives of one rule call (the
- * same parent frame), and the same frame follows them. */
-static bool same_group(const kt_constraint *c, const chain *x, const chain *y) {
-    return c->fpar[x->f[0]] == c->fpar[y->f[0]] && chain_parent(c, x) == chain_parent(c, y);
+/* A chain's group: its top's parent (the rule call whose alternative it
+ * is) and where the run-time walk goes on after it. */
+typedef struct group_id {
+    uint32_t call, pos, parent;
+} group_id;
+
+static group_id group_of(const kt_constraint *c, const chain *ch) {
+    group_id id = {.call = c->fpar[ch->f[0]]};
+    chain_cont(c, ch, &id.pos, &id.parent);
+    return id;
+}
+
+static int group_cmp(group_id x, group_id y) {
+    if (x.call != y.call) return x.call < y.call ? -1 : 1;
+    if (x.pos != y.pos) return x.pos < y.pos ? -1 : 1;
+    return x.parent < y.parent ? -1 : x.parent > y.parent;
 }
 
 /* Chains in a canonical order: groups together, then by positions, so
  * equal structures give equal keys whatever the frame ids. */
 static int chain_cmp(const kt_constraint *c, const chain *x, const chain *y) {
-    uint32_t gx = c->fpar[x->f[0]], gy = c->fpar[y->f[0]];
-    if (gx != gy) return gx < gy ? -1 : 1;
-    uint32_t px = chain_parent(c, x), py = chain_parent(c, y);
-    if (px != py) return px < py ? -1 : 1;
+    int g = group_cmp(group_of(c, x), group_of(c, y));
+    if (g) return g;
     for (int i = 0; i < x->n && i < y->n; i++)
         if (c->fpos[x->f[i]] != c->fpos[y->f[i]]) return c->fpos[x->f[i]] < c->fpos[y->f[i]] ? -1 : 1;
     return x->n - y->n;
@@ -848,12 +885,12 @@ static uint32_t state_groups(kt_constraint *c, uint32_t s, uint32_t *n) {
             ch[j] = ch[j - 1], ch[j - 1] = tmp;
         }
     for (uint32_t a = 0, b; a < m && !c->error[0]; a = b) {
-        const uint32_t parent = chain_parent(c, &ch[a]);
-        for (b = a + 1; b < m && same_group(c, &ch[a], &ch[b]); b++) {}
+        const group_id id = group_of(c, &ch[a]);
+        for (b = a + 1; b < m && group_cmp(id, group_of(c, &ch[b])) == 0; b++) {}
         gclass *k = class_of(c, ch + a, b - a);
         if (!k) break;
         uint32_t cont = DEAD; /* nothing can follow the root */
-        if (k->n_ctx && parent != FRAME_DONE) cont = state_at(c, c->fpos[parent], c->fpar[parent]);
+        if (k->n_ctx && id.pos != NO_CONT) cont = state_at(c, id.pos, id.parent);
         if (!push_group(c, k, cont)) fail(c, "out of memory for grammar classes");
         else (*n)++;
     }

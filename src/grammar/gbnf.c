@@ -918,6 +918,7 @@ void kt_grammar_free(kt_grammar *g) {
     free(g->alts);
     free(g->rules);
     free(g->sets);
+    free(g->rule_lexical);
     free(g->rest_lexical);
     free(g);
 }

@@ -77,9 +77,12 @@ typedef struct kt_grammar {
     uint32_t n_sets;
     uint32_t root;      /* the rule named "root" */
     /* Worked out at compile time for the token masks (lexical.c):
-     * rest_lexical[p] (n_elems + 1 entries) says that everything from
-     * position p to its alternative's END is a terminal or a rule that
-     * never nests; fingerprint is a 128-bit hash of the compiled form. */
+     * rule_lexical[r] says that rule r and every rule it can reach never
+     * nest (call themselves other than last in an alternative);
+     * rest_lexical[p] (n_elems + 1 entries) that everything from position
+     * p to its alternative's END is a terminal or a lexical rule;
+     * fingerprint is a 128-bit hash of the compiled form. */
+    uint8_t *rule_lexical;
     uint8_t *rest_lexical;
     uint64_t fingerprint[2];
 } kt_grammar;

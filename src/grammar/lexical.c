@@ -113,7 +113,7 @@ static bool lexical_rules(const kt_grammar *g, const call_graph *cg, uint8_t *le
 
 bool kt_grammar_analyze(kt_grammar *g) {
     call_graph cg = {0};
-    uint8_t *lex = malloc((size_t)g->n_rules + 1);
+    uint8_t *lex = g->rule_lexical = malloc((size_t)g->n_rules + 1);
     g->rest_lexical = malloc((size_t)g->n_elems + 1);
     bool ok = lex && g->rest_lexical && call_graph_build(g, &cg) && lexical_rules(g, &cg, lex);
     for (uint32_t p = g->n_elems; ok && p-- > 0;) {
@@ -123,7 +123,6 @@ bool kt_grammar_analyze(kt_grammar *g) {
         else g->rest_lexical[p] = g->rest_lexical[p + 1];
     }
     call_graph_free(&cg);
-    free(lex);
     if (!ok) return false;
     /* the compiled form, not the text: grammars that differ only in rule
      * names, spacing or comments share their token classes */
