@@ -40,7 +40,7 @@
 #define MAX_STATES (1u << 22)
 #define MAX_EXPAND_STEPS (1u << 20) /* per expansion */
 #define MAX_CHAIN 16                /* frames a class covers */
-#define MAX_ROWS 4096u              /* dense step rows per constraint (1 KB each) */
+#define ROW_BYTES (16u << 20)       /* dense step rows per constraint, at most */
 
 /* ---- small open-addressing tables ----------------------------------- */
 
@@ -241,9 +241,9 @@ struct kt_constraint {
     uint8_t *st_flags;       /* per state: ST_* */
     uint32_t n_states, cap_states;
     u64map state_of;         /* hash of the frames -> state (chains checked by content) */
-    /* steps: (state, byte) -> state. A state's first MAX_ROWS get a
-     * dense row (next + 1, 0: not known yet), the trie walks' inner loop;
-     * past the budget, the hash map */
+    /* steps: (state, byte class) -> state. The first max_rows states to
+     * step get a dense row (next + 1 per class, 0: not known yet), the
+     * trie walks' inner loop; past the budget (ROW_BYTES), the hash map */
     uint32_t **row;          /* per state (cap_states), NULL: no row */
     struct uniform {         /* per state, learned as walks ask (see subtree_live) */
         uint32_t succ;       /* + 1: the state the first byte asked about leads to (0: none asked) */
@@ -251,8 +251,8 @@ struct kt_constraint {
         uint64_t other[2];   /* ASCII bytes known not to */
         uint8_t flags;       /* UNI_* */
     } *uni;
-    uint32_t n_rows;
-    u64map step;             /* (state << 8 | byte) -> state, for states without a row */
+    uint32_t n_rows, max_rows;
+    u64map step;             /* (state << 8 | class) -> state, for states without a row */
     /* classes: a state's frames in groups (see state_groups), each with
      * its class; group_of_state maps a state to its first group + 1 */
     struct sgroup {
@@ -435,16 +435,18 @@ static uint32_t compute_step(kt_constraint *c, uint32_t s, uint8_t b) {
     return next;
 }
 
-/* The state after byte b from state s (memoized). */
+/* The state after byte b from state s (memoized per byte class: bytes
+ * no terminal tells apart step alike, see grammar.h). */
 static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
+    const uint8_t cl = c->g->byte_class[b];
     uint32_t *row = c->row[s];
-    if (row && row[b]) return row[b] - 1;
-    const uint64_t k = (uint64_t)s << 8 | b;
+    if (row && row[cl]) return row[cl] - 1;
+    const uint64_t k = (uint64_t)s << 8 | cl;
     uint32_t next;
     if (!row && u64map_get(&c->step, k, &next)) return next;
     next = compute_step(c, s, b); /* may grow c->row */
-    if (!row && c->n_rows < MAX_ROWS && (row = calloc(256, sizeof *row))) c->row[s] = row, c->n_rows++;
-    if (row) row[b] = next + 1;
+    if (!row && c->n_rows < c->max_rows && (row = calloc(c->g->n_byte_classes, sizeof *row))) c->row[s] = row, c->n_rows++;
+    if (row) row[cl] = next + 1;
     else if (!u64map_put(&c->step, k, next)) fail(c, "out of memory for parse steps");
     return next;
 }
@@ -1064,6 +1066,7 @@ kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie,
     c->g = g, c->trie = trie, c->cache = cache;
     c->n_words = ((uint32_t)trie->n_vocab + 63) / 64;
     c->cap_frames = 256, c->cap_states = 256;
+    c->max_rows = ROW_BYTES / (4 * g->n_byte_classes);
     c->fpos = malloc(c->cap_frames * sizeof *c->fpos);
     c->fpar = malloc(c->cap_frames * sizeof *c->fpar);
     c->fstamp = calloc(c->cap_frames, sizeof *c->fstamp);

@@ -81,7 +81,12 @@ typedef struct kt_grammar {
      * nest (call themselves other than last in an alternative);
      * rest_lexical[p] (n_elems + 1 entries) that everything from position
      * p to its alternative's END is a terminal or a lexical rule;
+     * byte_class[b] numbers the classes of bytes no element tells apart
+     * (every BYTE and SET takes all of a class or none of it), n_byte_classes
+     * of them, so a matcher's steps need one entry per class, not per byte;
      * fingerprint is a 128-bit hash of the compiled form. */
+    uint8_t byte_class[256];
+    uint32_t n_byte_classes;
     uint8_t *rule_lexical;
     uint8_t *rest_lexical;
     uint64_t fingerprint[2];

@@ -13,7 +13,11 @@
  * masks (constraint.c) classify the vocabulary once for a whole lexeme,
  * so lexical rests are where they can.
  *
- * Both are linear in the grammar: the strongly connected components of
+ * Byte classes: bytes that every BYTE and SET element takes or refuses
+ * together step every parse state alike, so the masks keep one step per
+ * class. The partition is refined by each element in turn.
+ *
+ * Lexical rules are linear in the grammar: the strongly connected components of
  * the call graph (Tarjan's algorithm, iterative, so a deep grammar cannot
  * overflow the C stack). Within a component every call edge lies on a
  * cycle through every member, so a rule nests iff its component holds a
@@ -111,7 +115,35 @@ static bool lexical_rules(const kt_grammar *g, const call_graph *cg, uint8_t *le
     return ok;
 }
 
+/* Splits every class of `cls` into the bytes in `set` and those not. */
+static void refine(uint8_t cls[256], uint32_t *n, const kt_byteset *set) {
+    int16_t split[256][2];
+    memset(split, -1, sizeof split);
+    uint32_t m = 0;
+    for (int b = 0; b < 256; b++) {
+        int in = kt_byteset_has(set, (uint8_t)b);
+        if (split[cls[b]][in] < 0) split[cls[b]][in] = (int16_t)m++;
+        cls[b] = (uint8_t)split[cls[b]][in];
+    }
+    *n = m; /* at most 256: a partition of 256 bytes */
+}
+
+static void byte_classes(kt_grammar *g) {
+    memset(g->byte_class, 0, sizeof g->byte_class);
+    g->n_byte_classes = 1;
+    for (uint32_t i = 0; i < g->n_sets; i++) refine(g->byte_class, &g->n_byte_classes, &g->sets[i]);
+    uint8_t done[256] = {0}; /* BYTE elements, each value once */
+    for (uint32_t p = 0; p < g->n_elems; p++) {
+        if (g->elems[p].type != KT_GE_BYTE || done[g->elems[p].value & 255]) continue;
+        kt_byteset one = {{0, 0, 0, 0}};
+        one.bits[g->elems[p].value >> 6 & 3] = 1ull << (g->elems[p].value & 63);
+        done[g->elems[p].value & 255] = 1;
+        refine(g->byte_class, &g->n_byte_classes, &one);
+    }
+}
+
 bool kt_grammar_analyze(kt_grammar *g) {
+    byte_classes(g);
     call_graph cg = {0};
     uint8_t *lex = g->rule_lexical = malloc((size_t)g->n_rules + 1);
     g->rest_lexical = malloc((size_t)g->n_elems + 1);
