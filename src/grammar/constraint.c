@@ -117,7 +117,11 @@ static bool u32vec_push(u32vec *a, uint32_t x) {
 typedef struct gclass {
     uint64_t hash;
     uint32_t *key, n_key;   /* the serialized structure (see class_key) */
-    uint64_t *accept;       /* n_words */
+    /* the tokens taken inside the chains: a bitset of n_words, or (when
+     * few, as for a keyword or a punctuation mark) their ids, so most
+     * classes cost a few bytes rather than n_vocab / 8 */
+    uint64_t *accept;       /* NULL: see ids */
+    uint32_t *ids, n_ids;
     /* the children of the trie nodes where the walk popped past the chain,
      * by their byte: ctx_child[ctx_off[b] .. ctx_off[b + 1]) have byte b,
      * so a run-time walk from a continuation starts only at children whose
@@ -153,7 +157,7 @@ kt_gmask_cache *kt_gmask_cache_new(const kt_token_trie *trie, size_t max_bytes, 
 
 static void class_free(gclass *k) {
     if (!k) return;
-    free(k->key), free(k->accept), free(k->ctx_child), free(k);
+    free(k->key), free(k->accept), free(k->ids), free(k->ctx_child), free(k);
 }
 
 static void lru_unlink(kt_gmask_cache *c, gclass *k) {
@@ -265,6 +269,7 @@ struct kt_constraint {
     gclass **held;           /* every class this constraint uses (one reference each) */
     uint32_t n_held, cap_held;
     /* scratch */
+    uint64_t *scratch;       /* n_words: a class's accept bits while it is walked */
     u32vec out, work, key;
     uint32_t *rule_local;    /* per rule: local id + 1 in the key being built (stamped) */
     uint32_t *rule_stamp, key_stamp;
@@ -756,6 +761,24 @@ static bool hold(kt_constraint *c, gclass *k) {
     return true;
 }
 
+/* k's accept set from the walk's bits in c->scratch: ids when they take
+ * less room than a quarter of the bitset. */
+static bool store_accept(kt_constraint *c, gclass *k) {
+    uint32_t n = 0;
+    for (uint32_t w = 0; w < c->n_words; w++) n += (uint32_t)__builtin_popcountll(c->scratch[w]);
+    if (n < c->n_words / 2) {
+        k->ids = malloc(((size_t)n + 1) * sizeof *k->ids);
+        if (!k->ids) return false;
+        for (uint32_t w = 0; w < c->n_words; w++)
+            for (uint64_t m = c->scratch[w]; m; m &= m - 1) k->ids[k->n_ids++] = w * 64 + (uint32_t)__builtin_ctzll(m);
+        return true;
+    }
+    k->accept = malloc(c->n_words * sizeof *k->accept);
+    if (!k->accept) return false;
+    memcpy(k->accept, c->scratch, c->n_words * sizeof *k->accept);
+    return true;
+}
+
 /* The class of chains ch (one group): from the cache, or computed by
  * walking the whole trie once from their classification state. */
 static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
@@ -769,23 +792,23 @@ static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
     } else {
         k = calloc(1, sizeof *k);
         u32vec ctx = {0};
-        if (k) k->accept = calloc(c->n_words, sizeof *k->accept);
         if (k) k->key = malloc(c->key.n * sizeof *k->key);
-        if (!k || !k->accept || !k->key) {
+        if (!k || !k->key) {
             class_free(k);
             return fail(c, "out of memory for grammar classes"), NULL;
         }
         memcpy(k->key, c->key.v, c->key.n * sizeof *k->key);
         k->n_key = c->key.n, k->hash = h;
         uint32_t s0 = chains_start(c, ch, n_chains);
-        if (s0 != DEAD) walk(c, 0, s0, k->accept, &ctx);
-        if (!group_ctx(c->trie, &ctx, k)) {
+        memset(c->scratch, 0, c->n_words * sizeof *c->scratch);
+        if (s0 != DEAD) walk(c, 0, s0, c->scratch, &ctx);
+        if (!store_accept(c, k) || !group_ctx(c->trie, &ctx, k)) {
             free(ctx.v);
             class_free(k);
             return fail(c, "out of memory for grammar classes"), NULL;
         }
         free(ctx.v);
-        k->bytes = sizeof *k + c->n_words * 8 + k->n_key * 4 + k->n_ctx * 4;
+        k->bytes = sizeof *k + (k->accept ? c->n_words * 8 : k->n_ids * 4) + k->n_key * 4 + k->n_ctx * 4;
         c->cache->computed++;
         cache_add(c->cache, k);
     }
@@ -1032,8 +1055,10 @@ void kt_constraint_mask(kt_constraint *c, uint64_t *mask) {
             ored |= c->groups[j].k == g.k;
             walked |= c->groups[j].k == g.k && c->groups[j].cont == g.cont;
         }
-        if (!ored)
+        if (!ored && g.k->accept)
             for (uint32_t w = 0; w < c->n_words; w++) mask[w] |= g.k->accept[w];
+        else if (!ored)
+            for (uint32_t j = 0; j < g.k->n_ids; j++) mask[g.k->ids[j] >> 6] |= 1ull << (g.k->ids[j] & 63);
         if (!walked && g.cont != DEAD) mask_ctx(c, g.k, g.cont, mask);
     }
     for (int i = 0; i < c->n_eog; i++) { /* see kt_constraint_allows */
@@ -1051,7 +1076,7 @@ void kt_constraint_free(kt_constraint *c) {
     free(c->fpos), free(c->fpar), free(c->fstamp);
     u64map_free(&c->frame_of), u64map_free(&c->state_of), u64map_free(&c->step);
     for (uint32_t i = 0; c->row && i < c->cap_states; i++) free(c->row[i]);
-    free(c->row), free(c->uni);
+    free(c->row), free(c->uni), free(c->scratch);
     free(c->members.v), free(c->st_off), free(c->st_n), free(c->st_flags);
     free(c->held), free(c->groups), u64map_free(&c->group_of_state);
     free(c->out.v), free(c->work.v), free(c->key.v);
@@ -1074,12 +1099,13 @@ kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie,
     c->st_n = malloc(c->cap_states * sizeof *c->st_n);
     c->st_flags = malloc(c->cap_states);
     c->row = calloc(c->cap_states, sizeof *c->row);
+    c->scratch = malloc(c->n_words * sizeof *c->scratch);
     c->uni = calloc(c->cap_states, sizeof *c->uni);
     c->rule_local = calloc(g->n_rules + 1, sizeof *c->rule_local);
     c->rule_stamp = calloc(g->n_rules + 1, sizeof *c->rule_stamp);
     c->walk = malloc(((size_t)trie->max_depth + 2) * sizeof *c->walk);
     c->eog = malloc(((size_t)n_eog + 1) * sizeof *c->eog);
-    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->row || !c->uni ||
+    if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->row || !c->scratch || !c->uni ||
         !c->rule_local || !c->rule_stamp || !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
         !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->group_of_state, 256))
         goto nomem;
