@@ -648,11 +648,12 @@ static uint32_t uniform_step(kt_constraint *c, uint32_t s, const uint64_t need[2
     return c->uni[s].succ ? c->uni[s].succ - 1 : DEAD; /* 0: need was empty, nothing learned */
 }
 
-/* Does every valid multi-byte UTF-8 character loop on s (learned once)? */
-static bool utf8_loops(kt_constraint *c, uint32_t s) {
+/* Does every valid multi-byte UTF-8 character lead s where its ASCII
+ * bytes do (to `to`, its uniform successor)? Learned once per state. */
+static bool utf8_uniform(kt_constraint *c, uint32_t s, uint32_t to) {
     if (!(c->uni[s].flags & UNI_UTF8_KNOWN)) {
-        const bool loops = utf8_leads(c, s, s); /* may grow c->uni */
-        c->uni[s].flags |= UNI_UTF8_KNOWN | (loops ? UNI_UTF8 : 0);
+        const bool leads = utf8_leads(c, s, to); /* may grow c->uni */
+        c->uni[s].flags |= UNI_UTF8_KNOWN | (leads ? UNI_UTF8 : 0);
     }
     return c->uni[s].flags & UNI_UTF8;
 }
@@ -660,12 +661,10 @@ static bool utf8_loops(kt_constraint *c, uint32_t s) {
 /* Is every path below trie node i live from state s (the state the walk
  * reached i in), without FRAME_CTX when ctx nodes are collected? Then
  * every token below i is allowed and the walk takes the subtree at once.
- * True when every ASCII byte below leads s to one same live state, for
- * as many bytes as the subtree's height: a string body (a loop: one
- * state, where bytes >= 0x80 below must also be valid UTF-8 whose
- * characters loop), or a string of bounded length (a chain: one state per
- * byte, ASCII only; checking UTF-8 characters per link would cost more
- * than the walk it saves). */
+ * True when, for as many characters as the subtree's height, every byte
+ * that occurs below (ASCII, and valid UTF-8 characters if any) leads to
+ * one same live state: a string body (a loop: one state), or a string of
+ * bounded length (a chain: one state per character). */
 static bool subtree_live(kt_constraint *c, uint32_t s, uint32_t i, bool ctx) {
     const kt_token_trie *t = c->trie;
     const uint8_t flags = t->below_flags[i];
@@ -674,8 +673,8 @@ static bool subtree_live(kt_constraint *c, uint32_t s, uint32_t i, bool ctx) {
     for (uint32_t h = 0; h < t->below_height[i]; h++) {
         const uint32_t next = uniform_step(c, s, t->below_ascii[i]);
         if (next == DEAD || (ctx && (c->st_flags[next] & ST_CTX))) return false;
-        if (next == s) return !high || utf8_loops(c, s); /* a loop: the rest of the chain is the same */
-        if (high) return false;
+        if (high && !utf8_uniform(c, s, next)) return false;
+        if (next == s) return true; /* a loop: the rest of the chain is the same */
         s = next;
     }
     return true;
