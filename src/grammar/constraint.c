@@ -583,7 +583,9 @@ enum { UNI_UTF8_KNOWN = 1, UNI_UTF8 = 2 };
  * holds (state, k) pairs already checked, `budget` bounds the work (out
  * of it: no, which only costs a walk). */
 static bool utf8_tail_leads(kt_constraint *c, uint32_t to, uint32_t at, int k, u64map *seen, int *budget) {
+    const uint8_t *cls = c->g->byte_class;
     for (int b = 0x80; b <= 0xBF; b++) {
+        if (b > 0x80 && cls[b] == cls[b - 1]) continue; /* same class, same step */
         uint32_t next = step_byte(c, at, (uint8_t)b);
         if (next == DEAD) return false;
         if (k == 0) {
@@ -613,11 +615,14 @@ static bool utf8_leads(kt_constraint *c, uint32_t s, uint32_t to) {
     if (!u64map_init(&seen, 256)) return false;
     int budget = UTF8_CHECK_BUDGET;
     bool ok = true;
+    const uint8_t *cls = c->g->byte_class;
     for (size_t l = 0; ok && l < sizeof leads / sizeof *leads; l++)
         for (int lead = leads[l].lo; ok && lead <= leads[l].hi; lead++) {
+            if (lead > leads[l].lo && cls[lead] == cls[lead - 1]) continue; /* same class, same steps */
             uint32_t s1 = step_byte(c, s, (uint8_t)lead);
             ok = s1 != DEAD;
             for (int b = leads[l].second_lo; ok && b <= leads[l].second_hi; b++) {
+                if (b > leads[l].second_lo && cls[b] == cls[b - 1]) continue;
                 uint32_t s2 = step_byte(c, s1, (uint8_t)b), v;
                 uint64_t key = (uint64_t)s2 << 2 | (uint64_t)leads[l].more;
                 if (s2 == DEAD) ok = false;
