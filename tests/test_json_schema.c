@@ -183,6 +183,26 @@ static void test_formats(void **state) {
     }
     expect_refusal("{\"type\":\"string\",\"format\":\"hostname\"}", KT_ERR_UNSUPPORTED,
                    "at the root: format 'hostname' is not supported");
+    /* a format no JSON Schema draft defines is an annotation: zod writes
+     * {"format":"starts_with","pattern":"^ab.*"}, and the pattern decides */
+    kt_grammar *g = build_text("{\"type\":\"string\",\"format\":\"starts_with\",\"pattern\":\"^ab.*\"}");
+    expect(g, "\"abc\"", true);
+    expect(g, "\"xab\"", false);
+    kt_grammar_free(g);
+    g = build_text("{\"type\":\"string\",\"format\":\"my-own-format\"}");
+    expect(g, "\"anything\"", true);
+    kt_grammar_free(g);
+    /* a defined format beside a pattern: both cannot be enforced at once */
+    expect_refusal("{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"^a.*$\"}", KT_ERR_UNSUPPORTED,
+                   "at the root: 'pattern' together with 'format' is not supported");
+    /* z.record(z.string(), ...): propertyNames {type: string} holds for every object */
+    g = build_text("{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\"},"
+                   "\"additionalProperties\":{\"type\":\"boolean\"}}");
+    expect(g, "{\"a\":true}", true);
+    expect(g, "{\"a\":1}", false);
+    kt_grammar_free(g);
+    expect_refusal("{\"type\":\"object\",\"propertyNames\":{\"maxLength\":3}}", KT_ERR_UNSUPPORTED,
+                   "at the root: keyword 'propertyNames' is not supported");
 }
 
 static void test_patterns(void **state) {

@@ -335,6 +335,12 @@ static bool in_list(const char *k, const char *const *list) {
 static bool is_noop(const char *k, const json_t *v) {
     if (!strcmp(k, "uniqueItems")) return json_is_false(v);
     if (!strcmp(k, "minProperties") || !strcmp(k, "minContains")) return json_is_integer(v) && json_integer_value(v) == 0;
+    /* every key of a JSON object is a string: zod writes this for z.record */
+    if (!strcmp(k, "propertyNames"))
+        return json_is_true(v) || (json_is_object(v) && (json_object_size(v) == 0 ||
+                                                         (json_object_size(v) == 1 &&
+                                                          json_is_string(json_object_get(v, "type")) &&
+                                                          !strcmp(json_string_value(json_object_get(v, "type")), "string"))));
     if (!strcmp(k, "patternProperties") || !strcmp(k, "dependentRequired") || !strcmp(k, "dependentSchemas") ||
         !strcmp(k, "dependencies"))
         return json_is_object(v) && json_object_size(v) == 0;
@@ -623,6 +629,18 @@ static bool merge_bounds(cx *c, node *n, const conj *cj) {
     return true;
 }
 
+/* The formats some JSON Schema draft defines. Any other value ("starts_with",
+ * "includes": what zod writes beside the pattern that enforces them) is an
+ * annotation, as an unknown keyword is: JSON Schema asserts only formats
+ * it defines, and refusing would refuse every such schema. */
+static bool is_defined_format(const char *f) {
+    static const char *const DEFINED[] = {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4",
+        "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
+        "relative-json-pointer", "regex", "color", "style", "phone", "host-name", "ip-address", "utc-millisec", NULL};
+    return in_list(f, DEFINED);
+}
+
 static bool merge_string(cx *c, node *n, const conj *cj) {
     long mn = -1, mx = -1;
     if (!get_count(c, cj, "minLength", &mn) || !get_count(c, cj, "maxLength", &mx)) return false;
@@ -635,6 +653,7 @@ static bool merge_string(cx *c, node *n, const conj *cj) {
             return fail(c, cj->ptr, KT_ERR_UNSUPPORTED, "two different 'pattern's on one string are not supported"), false;
         n->pattern = json_string_value(p), n->pattern_ptr = cj->ptr;
     }
+    if (f && json_is_string(f) && !is_defined_format(json_string_value(f))) f = NULL; /* an annotation */
     if (f) {
         if (!json_is_string(f)) return fail(c, cj->ptr, KT_ERR_ARG, "'format' must be a string"), false;
         if (n->format && strcmp(n->format, json_string_value(f)))
@@ -1308,11 +1327,12 @@ static const char *trie_rule(cx *c, const trie_ctx *t, size_t lo, size_t hi, siz
     return nm;
 }
 
-/* The key of an additional property: a JSON string that is no named key. */
+/* The key of an additional property, between its quotes: the content of
+ * a JSON string that is no named key. */
 static const char *extra_key_rule(cx *c, const obj *o, const char *ptr) {
     if (!o->n) {
-        c->used |= 1u << P_STRING;
-        return "string";
+        c->used |= 1u << P_CHAR;
+        return "char*";
     }
     const char **keys = malloc(o->n * sizeof *keys);
     if (!keys) return nomem(c);
