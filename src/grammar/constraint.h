@@ -9,19 +9,26 @@
  * How it is fast (the ideas of xgrammar and llguidance, our way):
  *  - States are interned. A parse state is a set of stacks; stacks are
  *    hash-consed frames (position, parent frame), a state is a sorted set
- *    of frame ids, and (state, byte) -> state is memoized, so matching a
- *    byte is usually one hash lookup: the grammar becomes a lazily built
- *    automaton.
- *  - Token classes per lexeme. For a stack's top frame the trie is walked
- *    once with the frames of its lexeme (up the stack while the rest is
- *    lexical: a string, a number, a keyword) and the rest of the stack
- *    unknown. A token consumed inside the lexeme is allowed whatever lies
- *    below: it goes into the class's `accept` bitset. Where the lexeme
- *    ends with bytes left, the trie node's children are remembered by
- *    byte: at run time only those whose byte the real continuation takes
- *    are walked again. Inside a JSON string body that is almost the whole
+ *    of frame ids, and (state, byte class) -> state is memoized in a
+ *    dense row per state (bytes no terminal tells apart share a class),
+ *    so matching a byte is usually one array load: the grammar becomes a
+ *    lazily built automaton.
+ *  - Token classes per lexeme. A state's frames are grouped by rule call;
+ *    for a group the trie is walked once with the frames of its lexeme
+ *    and the fixed text after it (up the stack while the rest is lexical,
+ *    see lexical.c, to the first rule that nests) and the rest of the
+ *    stack unknown. A token consumed inside is allowed whatever lies
+ *    below: it goes into the class's accept set. Where the chain ends
+ *    with bytes left, the trie node's children are remembered by byte: at
+ *    run time only those whose byte the real continuation takes are
+ *    walked again. Inside a JSON string body that is almost the whole
  *    vocabulary decided by one 16 KB OR, and a few subtrees after the
- *    closing quote.
+ *    closing quote and the colon.
+ *  - Walks take whole subtrees. Where every byte below a trie node leads
+ *    the state to one same live state, character after character (a
+ *    string body loops, a bounded string chains), every token below is
+ *    allowed without visiting it (token_trie.h keeps what lies below each
+ *    node).
  *  - Classes are shared: keyed by the structure they cover (each frame's
  *    alternative rest and every rule it can call, renumbered), so the
  *    string, number and whitespace rules of every JSON-Schema grammar are
