@@ -23,10 +23,11 @@
 // server is always stopped (also on failure, and by a global timeout), so no
 // server outlives the test.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+
+import { harness } from './harness.mjs';
 
 // Loaded here rather than by static imports so that a missing package fails
 // with a message that says what to run.
@@ -49,85 +50,8 @@ const MODEL = path.join(SHARED, 'models/stories260K.gguf');
 const MAX_SEEDS = 8; // seeds tried per check before an unfinished object fails it
 const MAX_OUTPUT_TOKENS = 256; // the Pet objects of seeds 1..40 take 101..154 tokens
 const GLOBAL_TIMEOUT_MS = 90_000;
-const START_TIMEOUT_MS = 30_000;
 
-/* ---- the server process ---- */
-
-const servers = new Set();
-
-// Starts `kettle serve ARGS`; resolves to {proc, port} once it prints its
-// "listening on" line, rejects if it exits first or takes over 30 s.
-function startServer(extra = []) {
-  const args = ['serve', '-m', MODEL, '--port', '0', '--chat-template', 'chatml', '-t', '2', ...extra];
-  const proc = spawn(BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-  const srv = { proc, port: 0, stderr: '', exited: null };
-  servers.add(srv);
-  proc.stderr.setEncoding('utf8');
-  proc.stderr.on('data', (d) => { srv.stderr += d; });
-  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => {
-    srv.exited = { code, signal };
-    servers.delete(srv);
-    resolve(srv.exited);
-  }));
-  srv.exitedPromise = exited;
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      reject(new Error(`kettle serve did not print its listening line within ${START_TIMEOUT_MS / 1000} s:\n${srv.stderr}`));
-    }, START_TIMEOUT_MS);
-    const check = () => {
-      const m = /listening on http:\/\/[^\s:]+:(\d+)/.exec(srv.stderr);
-      if (m) {
-        clearTimeout(timer);
-        proc.stderr.off('data', check);
-        srv.port = Number(m[1]);
-        resolve(srv);
-      }
-    };
-    proc.stderr.on('data', check);
-    proc.on('error', (e) => { clearTimeout(timer); reject(new Error(`cannot start ${BIN}: ${e.message}`)); });
-    exited.then(({ code, signal }) => {
-      clearTimeout(timer);
-      reject(new Error(`kettle serve exited early (code ${code}, signal ${signal}):\n${srv.stderr}`));
-    });
-  });
-}
-
-// SIGTERM, then SIGKILL after 5 s; resolves to the exit {code, signal}.
-async function stopServer(srv) {
-  if (srv.exited) return srv.exited;
-  srv.proc.kill('SIGTERM');
-  const killer = setTimeout(() => srv.proc.kill('SIGKILL'), 5000);
-  const r = await srv.exitedPromise;
-  clearTimeout(killer);
-  return r;
-}
-
-function killAll() {
-  for (const s of servers) s.proc.kill('SIGKILL');
-}
-process.on('exit', killAll);
-for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
-  process.on(sig, () => { killAll(); process.exit(1); });
-}
-const globalTimer = setTimeout(() => {
-  console.log(`FAIL - global timeout: the test ran over ${GLOBAL_TIMEOUT_MS / 1000} s`);
-  killAll();
-  process.exit(1);
-}, GLOBAL_TIMEOUT_MS);
-
-/* ---- checks ---- */
-
-let failures = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    console.log(`PASS - ${name}`);
-  } catch (e) {
-    failures++;
-    const detail = e instanceof assert.AssertionError ? e.message : (e && e.stack) || String(e);
-    console.log(`FAIL - ${name}: ${detail.replace(/\n/g, '\n    ')}`);
-  }
-}
+const { startServer, stopServer, check, run } = harness({ bin: BIN, model: MODEL, pass: 'PASS', globalTimeoutMs: GLOBAL_TIMEOUT_MS });
 
 // The schema of every generation: small on purpose (enums, booleans, small
 // bounded integers, short strings, one nested object), so that a random-ish
@@ -296,15 +220,4 @@ async function main() {
   });
 }
 
-let code = 1;
-try {
-  await main();
-  code = failures ? 1 : 0;
-  console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
-} catch (e) {
-  console.log(`FAIL - setup: ${(e && e.stack) || e}`);
-} finally {
-  await Promise.all([...servers].map(stopServer));
-  clearTimeout(globalTimer);
-}
-process.exit(code);
+await run(main);
