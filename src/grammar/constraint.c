@@ -253,6 +253,8 @@ struct kt_constraint {
         uint32_t succ;       /* + 1: the state the first byte asked about leads to (0: none asked) */
         uint64_t same[2];    /* ASCII bytes known to lead to succ */
         uint64_t other[2];   /* ASCII bytes known not to */
+        uint64_t chain_set[2]; /* subtree_live found every path over these bytes, */
+        uint16_t chain_depth;  /* this long, live from here (0: nothing yet) */
         uint8_t flags;       /* UNI_* */
     } *uni;
     uint32_t n_rows, max_rows;
@@ -574,7 +576,7 @@ static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_
     for (uint32_t k = from; k < to; k++) bits[(uint32_t)ids[k] >> 6] |= 1ull << ((uint32_t)ids[k] & 63);
 }
 
-enum { UNI_UTF8_KNOWN = 1, UNI_UTF8 = 2 };
+enum { UNI_UTF8_KNOWN = 1, UNI_UTF8 = 2, UNI_CHAIN_HIGH = 4, UNI_CHAIN_NO_CTX = 8 };
 #define SKIP_MIN_NODES 8       /* smaller subtrees are walked: not worth the check */
 #define UTF8_CHECK_BUDGET 4096 /* (state, bytes due) pairs a UTF-8 check may visit */
 
@@ -674,13 +676,28 @@ static bool subtree_live(kt_constraint *c, uint32_t s, uint32_t i, bool ctx) {
     const kt_token_trie *t = c->trie;
     const uint8_t flags = t->below_flags[i];
     const bool high = flags & KT_TRIE_HIGH_BELOW;
+    const uint64_t *need = t->below_ascii[i];
+    const uint32_t height = t->below_height[i];
     if (high && !(flags & KT_TRIE_UTF8_BELOW)) return false;
-    for (uint32_t h = 0; h < t->below_height[i]; h++) {
-        const uint32_t next = uniform_step(c, s, t->below_ascii[i]);
+    /* a bounded string's chain was checked before, over more bytes and as
+     * deep: the same answer without walking its links again */
+    const struct uniform *m = &c->uni[s];
+    if (height <= m->chain_depth && !(need[0] & ~m->chain_set[0]) && !(need[1] & ~m->chain_set[1]) &&
+        (!high || (m->flags & UNI_CHAIN_HIGH)) && (!ctx || (m->flags & UNI_CHAIN_NO_CTX)))
+        return true;
+    const uint32_t s0 = s;
+    for (uint32_t h = 0; h < height; h++) {
+        const uint32_t next = uniform_step(c, s, need);
         if (next == DEAD || (ctx && (c->st_flags[next] & ST_CTX))) return false;
         if (high && !utf8_uniform(c, s, next)) return false;
         if (next == s) return true; /* a loop: the rest of the chain is the same */
         s = next;
+    }
+    struct uniform *w = &c->uni[s0]; /* the walk may have grown c->uni */
+    if (height >= w->chain_depth) {
+        w->chain_set[0] = need[0], w->chain_set[1] = need[1], w->chain_depth = (uint16_t)height;
+        w->flags = (uint8_t)((w->flags & ~(UNI_CHAIN_HIGH | UNI_CHAIN_NO_CTX)) | (high ? UNI_CHAIN_HIGH : 0) |
+                             (ctx ? UNI_CHAIN_NO_CTX : 0));
     }
     return true;
 }
