@@ -101,13 +101,17 @@ typedef struct u32vec {
     uint32_t n, cap;
 } u32vec;
 
-static bool u32vec_push(u32vec *a, uint32_t x) {
-    if (a->n == a->cap) {
-        uint32_t cap = a->cap ? a->cap * 2 : 64;
-        uint32_t *nv = realloc(a->v, cap * sizeof *nv);
-        if (!nv) return false;
-        a->v = nv, a->cap = cap;
-    }
+static bool u32vec_grow(u32vec *a) {
+    uint32_t cap = a->cap ? a->cap * 2 : 64;
+    uint32_t *nv = realloc(a->v, cap * sizeof *nv);
+    if (!nv) return false;
+    a->v = nv, a->cap = cap;
+    return true;
+}
+
+/* Inline: expansions and keys push tens of millions of times. */
+static inline bool u32vec_push(u32vec *a, uint32_t x) {
+    if (a->n == a->cap && !u32vec_grow(a)) return false;
     a->v[a->n++] = x;
     return true;
 }
@@ -442,12 +446,20 @@ static uint32_t compute_step(kt_constraint *c, uint32_t s, uint8_t b) {
     return next;
 }
 
+static uint32_t step_byte_slow(kt_constraint *c, uint32_t s, uint8_t b);
+
 /* The state after byte b from state s (memoized per byte class: bytes
- * no terminal tells apart step alike, see grammar.h). */
-static uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
+ * no terminal tells apart step alike, see grammar.h). Inline: the trie
+ * walks' inner loop is mostly this row load. */
+static inline uint32_t step_byte(kt_constraint *c, uint32_t s, uint8_t b) {
+    const uint32_t *row = c->row[s];
+    if (row && row[c->g->byte_class[b]]) return row[c->g->byte_class[b]] - 1;
+    return step_byte_slow(c, s, b);
+}
+
+static uint32_t step_byte_slow(kt_constraint *c, uint32_t s, uint8_t b) {
     const uint8_t cl = c->g->byte_class[b];
     uint32_t *row = c->row[s];
-    if (row && row[cl]) return row[cl] - 1;
     const uint64_t k = (uint64_t)s << 8 | cl;
     uint32_t next;
     if (!row && u64map_get(&c->step, k, &next)) return next;
