@@ -40,6 +40,7 @@
 #define MAX_STATES (1u << 22)
 #define MAX_EXPAND_STEPS (1u << 20) /* per expansion */
 #define MAX_CHAIN 16                /* frames a class covers */
+#define MAX_COVERED 8               /* a parent with more fixed text after the call ends a chain (chain_of) */
 #define ROW_BYTES (16u << 20)       /* dense step rows per constraint, at most */
 
 /* ---- small open-addressing tables ----------------------------------- */
@@ -518,11 +519,24 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
     }
 }
 
+/* Elements a class would cover from position p: to its alternative's END
+ * or to the first rule that nests, whichever comes first. */
+static uint32_t covered_len(const kt_grammar *g, uint32_t p) {
+    uint32_t n = 0;
+    for (const kt_gelem *e = &g->elems[p]; e->type != KT_GE_END; e++, n++)
+        if (e->type == KT_GE_RULE && !g->rule_lexical[e->value]) break;
+    return n;
+}
+
 /* The frames a class of top frame f covers, top first: f, then its
  * parents as long as the last frame's rest is lexical (see lexical.c), at
  * most MAX_CHAIN; the last frame's rest may end in a rule that nests,
- * where the class stops (expand). So a class spans a whole lexeme and
- * the fixed text after it: for a character inside a JSON object key it
+ * where the class stops (expand), and a parent that would add more than
+ * MAX_COVERED elements is left out: past a string in a flat object comes
+ * the rest of the object, which no other position shares, so the class
+ * of the string body is shared when it stops at the string and computed
+ * for every field when it does not. So a class spans a whole lexeme and
+ * the short fixed text after it: for a character inside a JSON object key it
  * reaches over the key's closing quote, the colon and the space after,
  * and the run-time walk starts only where the value begins (a class of
  * the character rule alone would leave it almost every token, since that
@@ -530,7 +544,8 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
 static int chain_of(const kt_constraint *c, uint32_t f, uint32_t *chain) {
     int n = 0;
     chain[n++] = f;
-    while (n < MAX_CHAIN && c->g->rest_lexical[c->fpos[f]] && c->fpar[f] > FRAME_CTX) {
+    while (n < MAX_CHAIN && c->g->rest_lexical[c->fpos[f]] && c->fpar[f] > FRAME_CTX &&
+           covered_len(c->g, c->fpos[c->fpar[f]]) <= MAX_COVERED) {
         f = c->fpar[f];
         chain[n++] = f;
         if (!c->g->rest_lexical[c->fpos[f]]) break;
