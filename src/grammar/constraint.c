@@ -20,8 +20,9 @@
  *     grammar, which then allows nothing and says so);
  *   - a class (accept bitset, context nodes) depends only on the structure
  *     reachable from its position without popping, which is exactly what
- *     its cache key serializes, so sharing classes across grammars is
- *     exact.
+ *     its cache key names (the rests of its frames, and the rules they
+ *     call by 128-bit structural hash), so sharing classes across
+ *     grammars is exact up to a 128-bit hash collision.
  */
 #include "grammar/constraint.h"
 
@@ -42,6 +43,7 @@
 #define MAX_CHAIN 16                /* frames a class covers */
 #define MAX_COVERED 8               /* a parent with more fixed text after the call ends a chain (chain_of) */
 #define ROW_BYTES (16u << 20)       /* dense step rows per constraint, at most */
+#define UNI_GROUPS 4                /* successors of a state's ASCII bytes kept apart (a string body: itself, escape, close, dead) */
 
 /* ---- small open-addressing tables ----------------------------------- */
 
@@ -255,9 +257,9 @@ struct kt_constraint {
      * trie walks' inner loop; past the budget (ROW_BYTES), the hash map */
     uint32_t **row;          /* per state (cap_states), NULL: no row */
     struct uniform {         /* per state, learned as walks ask (see subtree_live) */
-        uint32_t succ;       /* + 1: the state the first byte asked about leads to (0: none asked) */
-        uint64_t same[2];    /* ASCII bytes known to lead to succ */
-        uint64_t other[2];   /* ASCII bytes known not to */
+        uint32_t succ[UNI_GROUPS]; /* + 1: a state ASCII bytes lead to (0: slot unused; 1: DEAD) */
+        uint64_t bits[UNI_GROUPS][2]; /* the ASCII bytes known to lead to succ[g] */
+        uint32_t utf8_to;    /* + 1: where every multi-byte character leads (1: not one live state; 0: not known) */
         uint64_t chain_set[2]; /* subtree_live found every path over these bytes, */
         uint16_t chain_depth;  /* this long, live from here (0: nothing yet) */
         uint8_t flags;       /* UNI_* */
@@ -278,8 +280,6 @@ struct kt_constraint {
     /* scratch */
     uint64_t *scratch;       /* n_words: a class's accept bits while it is walked */
     u32vec out, work, key;
-    uint32_t *rule_local;    /* per rule: local id + 1 in the key being built (stamped) */
-    uint32_t *rule_stamp, key_stamp;
     struct walk_level { uint32_t end, state; } *walk;
     /* the state now */
     uint32_t state;
@@ -484,12 +484,13 @@ static uint32_t state_at(kt_constraint *c, uint32_t pos, uint32_t parent) {
 /* ---- classes ---------------------------------------------------------- */
 
 enum { K_BYTE = 1u << 28, K_SET = 2u << 28, K_RULE = 3u << 28, K_TOKEN = 4u << 28, K_NOT = 5u << 28,
-       K_END = 6u << 28, K_RULE_SEP = 7u << 28, K_GRAMMAR = 8u << 28, K_CHAIN_SEP = 9u << 28,
+       K_END = 6u << 28, K_GRAMMAR = 8u << 28, K_CHAIN_SEP = 9u << 28,
        K_STOP = 10u << 28 };
 
-/* Appends one alternative's elements from pos to its END; rule calls get
- * local numbers in order of first appearance and are queued. */
-static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
+/* Appends one alternative's elements from pos to its END; a lexical
+ * rule call is named by its structural hash (grammar.h), so the key holds
+ * everything the class can reach without listing it. */
+static void key_alt(kt_constraint *c, uint32_t pos) {
     const kt_grammar *g = c->g;
     for (;; pos++) {
         const kt_gelem *e = &g->elems[pos];
@@ -509,12 +510,10 @@ static void key_alt(kt_constraint *c, uint32_t pos, u32vec *queue) {
                 u32vec_push(&c->key, K_STOP);
                 return;
             }
-            if (c->rule_stamp[e->value] != c->key_stamp) {
-                c->rule_stamp[e->value] = c->key_stamp;
-                c->rule_local[e->value] = queue->n;
-                u32vec_push(queue, e->value);
-            }
-            u32vec_push(&c->key, K_RULE | c->rule_local[e->value]);
+            u32vec_push(&c->key, K_RULE);
+            for (int w = 0; w < 2; w++)
+                u32vec_push(&c->key, (uint32_t)g->rule_hash[e->value][w]),
+                    u32vec_push(&c->key, (uint32_t)(g->rule_hash[e->value][w] >> 32));
         }
     }
 }
@@ -563,28 +562,19 @@ typedef struct chain {
 } chain;
 
 /* c->key = the structure reachable from the chains without popping their
- * last frames: the rest of each frame's alternative (chains apart), then
- * every rule they can call (all alternatives), in the order they are
- * first called. Such a key is shared by every grammar with that
- * structure. When it grows past KEY_MAX_SHARED (positions that reach most
- * of a big grammar, which no other grammar shares), the key is the
- * grammar's fingerprint and the chains' positions instead: exact for this
- * grammar (and for the same grammar in a later request), and bounded to
- * build. */
+ * last frames: the rest of each frame's alternative, chains apart, with
+ * the rules they call named by structural hash. Such a key is shared by
+ * every grammar with that structure, whatever its size or where in it
+ * the positions are. A key longer than KEY_MAX_SHARED (a long literal)
+ * is the grammar's fingerprint and the chains' positions instead: exact
+ * for this grammar (and for the same grammar in a later request), and
+ * bounded to build and compare. */
 static bool class_key(kt_constraint *c, const chain *ch, uint32_t n_chains) {
-    u32vec queue = {0};
     c->key.n = 0;
-    c->key_stamp++;
     for (uint32_t j = 0; j < n_chains && c->key.n <= KEY_MAX_SHARED; j++) {
-        for (int i = 0; i < ch[j].n && c->key.n <= KEY_MAX_SHARED; i++) key_alt(c, c->fpos[ch[j].f[i]], &queue);
+        for (int i = 0; i < ch[j].n && c->key.n <= KEY_MAX_SHARED; i++) key_alt(c, c->fpos[ch[j].f[i]]);
         u32vec_push(&c->key, K_CHAIN_SEP);
     }
-    for (uint32_t q = 0; q < queue.n && c->key.n <= KEY_MAX_SHARED; q++) {
-        const kt_grule *r = &c->g->rules[queue.v[q]];
-        for (uint32_t a = 0; a < r->n_alts; a++) key_alt(c, c->g->alts[r->first_alt + a], &queue);
-        u32vec_push(&c->key, K_RULE_SEP);
-    }
-    free(queue.v);
     if (c->key.n > KEY_MAX_SHARED) {
         c->key.n = 0;
         u32vec_push(&c->key, K_GRAMMAR);
@@ -603,7 +593,7 @@ static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_
     for (uint32_t k = from; k < to; k++) bits[(uint32_t)ids[k] >> 6] |= 1ull << ((uint32_t)ids[k] & 63);
 }
 
-enum { UNI_UTF8_KNOWN = 1, UNI_UTF8 = 2, UNI_CHAIN_HIGH = 4, UNI_CHAIN_NO_CTX = 8 };
+enum { UNI_CHAIN_HIGH = 1, UNI_CHAIN_NO_CTX = 2 };
 #define SKIP_MIN_NODES 8       /* smaller subtrees are walked: not worth the check */
 #define UTF8_CHECK_BUDGET 4096 /* (state, bytes due) pairs a UTF-8 check may visit */
 
@@ -665,31 +655,52 @@ static bool utf8_leads(kt_constraint *c, uint32_t s, uint32_t to) {
     return ok;
 }
 
-/* The one state every byte of `need` (ASCII) leads s to, live; DEAD if
- * there is none. Learned lazily per state, stopping at the first byte
- * that differs. */
-static uint32_t uniform_step(kt_constraint *c, uint32_t s, const uint64_t need[2]) {
-    for (int w = 0; w < 2; w++) {
-        if (need[w] & c->uni[s].other[w]) return DEAD;
-        for (uint64_t todo = need[w] & ~c->uni[s].same[w]; todo; todo &= todo - 1) {
-            const int b = w * 64 + __builtin_ctzll(todo);
-            const uint32_t next = step_byte(c, s, (uint8_t)b); /* may grow c->uni */
-            if (!c->uni[s].succ && next != DEAD) c->uni[s].succ = next + 1;
-            if (next == DEAD || next + 1 != c->uni[s].succ) return c->uni[s].other[w] |= 1ull << (b & 63), DEAD;
-            c->uni[s].same[w] |= 1ull << (b & 63);
-        }
+/* Which of state s's successor groups ASCII byte b is in, learned on
+ * first ask; -1 when s has more successors than UNI_GROUPS (the caller
+ * then steps the byte itself). */
+static int uni_group(kt_constraint *c, uint32_t s, int b) {
+    const int w = b >> 6;
+    const uint64_t bit = 1ull << (b & 63);
+    for (int g = 0; g < UNI_GROUPS && c->uni[s].succ[g]; g++)
+        if (c->uni[s].bits[g][w] & bit) return g;
+    const uint32_t next = step_byte(c, s, (uint8_t)b); /* may grow c->uni */
+    struct uniform *u = &c->uni[s];
+    for (int g = 0; g < UNI_GROUPS; g++) {
+        if (!u->succ[g]) u->succ[g] = next + 1;
+        if (u->succ[g] == next + 1) return u->bits[g][w] |= bit, g;
     }
-    return c->uni[s].succ ? c->uni[s].succ - 1 : DEAD; /* 0: need was empty, nothing learned */
+    return -1;
 }
 
-/* Does every valid multi-byte UTF-8 character lead s where its ASCII
- * bytes do (to `to`, its uniform successor)? Learned once per state. */
-static bool utf8_uniform(kt_constraint *c, uint32_t s, uint32_t to) {
-    if (!(c->uni[s].flags & UNI_UTF8_KNOWN)) {
-        const bool leads = utf8_leads(c, s, to); /* may grow c->uni */
-        c->uni[s].flags |= UNI_UTF8_KNOWN | (leads ? UNI_UTF8 : 0);
+static uint32_t uni_next(kt_constraint *c, uint32_t s, int b) {
+    const int g = uni_group(c, s, b);
+    return g >= 0 ? c->uni[s].succ[g] - 1 : step_byte(c, s, (uint8_t)b);
+}
+
+/* The one state every byte of `need` (ASCII, not empty) leads s to,
+ * live; DEAD if there is none. The successor is the lowest byte's; the
+ * others are checked against it, each learned once per state. */
+static uint32_t uniform_step(kt_constraint *c, uint32_t s, const uint64_t need[2]) {
+    const int b0 = need[0] ? __builtin_ctzll(need[0]) : 64 + __builtin_ctzll(need[1]);
+    const int g0 = uni_group(c, s, b0);
+    const uint32_t succ = g0 >= 0 ? c->uni[s].succ[g0] - 1 : step_byte(c, s, (uint8_t)b0);
+    if (succ == DEAD) return DEAD;
+    for (int w = 0; w < 2; w++)
+        for (uint64_t todo = need[w] & ~(g0 >= 0 ? c->uni[s].bits[g0][w] : 0); todo; todo &= todo - 1)
+            if (uni_next(c, s, w * 64 + __builtin_ctzll(todo)) != succ) return DEAD;
+    return succ;
+}
+
+/* The one live state every valid multi-byte UTF-8 character leads s to
+ * (a string body's [^"\\] leads them where its ASCII characters go);
+ * DEAD if they do not all lead to one. Learned once per state. */
+static uint32_t utf8_successor(kt_constraint *c, uint32_t s) {
+    if (!c->uni[s].utf8_to) {
+        uint32_t to = step_byte(c, step_byte(c, s, 0xC2), 0x80); /* the first two-byte character */
+        if (to != DEAD && !utf8_leads(c, s, to)) to = DEAD;     /* may grow c->uni */
+        c->uni[s].utf8_to = to + 1;
     }
-    return c->uni[s].flags & UNI_UTF8;
+    return c->uni[s].utf8_to - 1;
 }
 
 /* Is every path below trie node i live from state s (the state the walk
@@ -713,10 +724,11 @@ static bool subtree_live(kt_constraint *c, uint32_t s, uint32_t i, bool ctx) {
         (!high || (m->flags & UNI_CHAIN_HIGH)) && (!ctx || (m->flags & UNI_CHAIN_NO_CTX)))
         return true;
     const uint32_t s0 = s;
+    const bool ascii = need[0] | need[1];
     for (uint32_t h = 0; h < height; h++) {
-        const uint32_t next = uniform_step(c, s, need);
+        const uint32_t next = ascii ? uniform_step(c, s, need) : utf8_successor(c, s);
         if (next == DEAD || (ctx && (c->st_flags[next] & ST_CTX))) return false;
-        if (high && !utf8_uniform(c, s, next)) return false;
+        if (high && ascii && utf8_successor(c, s) != next) return false;
         if (next == s) return true; /* a loop: the rest of the chain is the same */
         s = next;
     }
@@ -1128,7 +1140,7 @@ void kt_constraint_free(kt_constraint *c) {
     free(c->members.v), free(c->st_off), free(c->st_n), free(c->st_flags);
     free(c->held), free(c->groups), u64map_free(&c->group_of_state);
     free(c->out.v), free(c->work.v), free(c->key.v);
-    free(c->rule_local), free(c->rule_stamp), free(c->walk), free(c->eog);
+    free(c->walk), free(c->eog);
     free(c);
 }
 
@@ -1149,12 +1161,10 @@ kt_constraint *kt_constraint_new(const kt_grammar *g, const kt_token_trie *trie,
     c->row = calloc(c->cap_states, sizeof *c->row);
     c->scratch = malloc(c->n_words * sizeof *c->scratch);
     c->uni = calloc(c->cap_states, sizeof *c->uni);
-    c->rule_local = calloc(g->n_rules + 1, sizeof *c->rule_local);
-    c->rule_stamp = calloc(g->n_rules + 1, sizeof *c->rule_stamp);
     c->walk = malloc(((size_t)trie->max_depth + 2) * sizeof *c->walk);
     c->eog = malloc(((size_t)n_eog + 1) * sizeof *c->eog);
     if (!c->fpos || !c->fpar || !c->fstamp || !c->st_off || !c->st_n || !c->st_flags || !c->row || !c->scratch || !c->uni ||
-        !c->rule_local || !c->rule_stamp || !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
+        !c->walk || !c->eog || !u64map_init(&c->frame_of, 1024) ||
         !u64map_init(&c->state_of, 1024) || !u64map_init(&c->step, 4096) || !u64map_init(&c->group_of_state, 256))
         goto nomem;
     if (n_eog > 0) memcpy(c->eog, eog, (size_t)n_eog * sizeof *eog);

@@ -920,6 +920,7 @@ void kt_grammar_free(kt_grammar *g) {
     free(g->sets);
     free(g->rule_lexical);
     free(g->rest_lexical);
+    free(g->rule_hash);
     free(g);
 }
 

@@ -84,12 +84,15 @@ typedef struct kt_grammar {
      * byte_class[b] numbers the classes of bytes no element tells apart
      * (every BYTE and SET takes all of a class or none of it), n_byte_classes
      * of them, so a matcher's steps need one entry per class, not per byte;
-     * fingerprint is a 128-bit hash of the compiled form. */
+     * fingerprint is a 128-bit hash of the compiled form; rule_hash[r]
+     * names the structure lexical rule r reaches (128 bits, equal across
+     * grammars for equal structure; see lexical.c). */
     uint8_t byte_class[256];
     uint32_t n_byte_classes;
     uint8_t *rule_lexical;
     uint8_t *rest_lexical;
     uint64_t fingerprint[2];
+    uint64_t (*rule_hash)[2];
 } kt_grammar;
 
 /* Fills rest_lexical and fingerprint of a compiled grammar; false when

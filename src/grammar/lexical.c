@@ -63,16 +63,18 @@ static void call_graph_free(call_graph *cg) {
     free(cg->off), free(cg->callee), free(cg->tail);
 }
 
-/* lex[r] for every rule (see the top of the file). */
-static bool lexical_rules(const kt_grammar *g, const call_graph *cg, uint8_t *lex) {
+/* lex[r] for every rule (see the top of the file); comp[r] numbers r's
+ * strongly connected component, and `order` lists the rules component by
+ * component, callees' components first. */
+static bool lexical_rules(const kt_grammar *g, const call_graph *cg, uint8_t *lex, uint32_t *comp, uint32_t *order) {
     const uint32_t n = g->n_rules, UNSEEN = UINT32_MAX;
     uint32_t *index = malloc((size_t)n * sizeof *index), *low = malloc((size_t)n * sizeof *low);
-    uint32_t *comp = malloc((size_t)n * sizeof *comp), *stack = malloc((size_t)n * sizeof *stack);
+    uint32_t *stack = malloc((size_t)n * sizeof *stack);
     uint32_t *call_stack = malloc((size_t)n * sizeof *call_stack), *next_edge = malloc((size_t)n * sizeof *next_edge);
     uint8_t *on_stack = calloc(n, 1), *comp_bad = calloc(n, 1);
-    bool ok = index && low && comp && stack && call_stack && next_edge && on_stack && comp_bad;
+    bool ok = index && low && stack && call_stack && next_edge && on_stack && comp_bad;
     if (ok) memset(index, 0xff, (size_t)n * sizeof *index);
-    uint32_t counter = 0, sp = 0, n_comp = 0;
+    uint32_t counter = 0, sp = 0, n_comp = 0, n_order = 0;
     for (uint32_t root = 0; ok && root < n; root++) {
         if (index[root] != UNSEEN) continue;
         uint32_t depth = 0;
@@ -107,11 +109,114 @@ static bool lexical_rules(const kt_grammar *g, const call_graph *cg, uint8_t *le
                     else bad |= comp_bad[comp[to]];              /* reaches a rule that nests */
                 }
             comp_bad[c] = bad;
+            for (uint32_t i = first; i < sp; i++) order[n_order++] = stack[i];
             sp = first;
         }
     }
     for (uint32_t r = 0; ok && r < n; r++) lex[r] = !comp_bad[comp[r]];
-    free(index), free(low), free(comp), free(stack), free(call_stack), free(next_edge), free(on_stack), free(comp_bad);
+    free(index), free(low), free(stack), free(call_stack), free(next_edge), free(on_stack), free(comp_bad);
+    return ok;
+}
+
+/* ---- structural hashes of lexical rules ---------------------------------
+ * rule_hash[r] names the structure rule r can reach (every rule it calls,
+ * all their alternatives): equal for rules of any grammars that match the
+ * same language the same way, so token classes keyed on them are shared
+ * (constraint.c). Merkle-style: a rule's serialization names each callee
+ * outside its component by the callee's hash (finished earlier, callees
+ * first), and the rules of its own component (a loop) by local numbers in
+ * order of first call from r. A component larger than HASH_MAX_COMPONENT
+ * (quadratic to hash from every entry) hashes as the grammar's rule r. */
+#define HASH_MAX_COMPONENT 64
+
+enum { H_BYTE = 1u << 28, H_SET = 2u << 28, H_LOCAL = 3u << 28, H_TOKEN = 4u << 28, H_NOT = 5u << 28, H_END = 6u << 28,
+       H_RULE_END = 7u << 28, H_CALLEE = 8u << 28, H_GRAMMAR = 9u << 28 };
+
+typedef struct hbuf {
+    uint32_t *v;
+    size_t n, cap;
+    bool failed;
+} hbuf;
+
+static void hpush(hbuf *b, uint32_t x) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        uint32_t *nv = realloc(b->v, cap * sizeof *nv);
+        if (!nv) {
+            b->failed = true;
+            return;
+        }
+        b->v = nv, b->cap = cap;
+    }
+    b->v[b->n++] = x;
+}
+
+static void hpush128(hbuf *b, const uint64_t h[2]) {
+    for (int w = 0; w < 2; w++) hpush(b, (uint32_t)h[w]), hpush(b, (uint32_t)(h[w] >> 32));
+}
+
+/* Serializes what rule `entry` reaches into b; local[] (per rule, stamped
+ * with `stamp`) numbers the component's rules from this entry. */
+static void serialize_from(const kt_grammar *g, const uint32_t *comp, uint32_t entry, uint32_t *local, uint32_t *seen,
+                           uint32_t stamp, uint32_t *queue, hbuf *b) {
+    uint32_t n_queue = 0;
+    queue[n_queue++] = entry, seen[entry] = stamp, local[entry] = 0;
+    for (uint32_t q = 0; q < n_queue; q++) {
+        const kt_grule *r = &g->rules[queue[q]];
+        for (uint32_t a = 0; a < r->n_alts; a++) {
+            for (uint32_t p = g->alts[r->first_alt + a];; p++) {
+                const kt_gelem *e = &g->elems[p];
+                if (e->type == KT_GE_END) break;
+                switch (e->type) {
+                case KT_GE_BYTE: hpush(b, H_BYTE | (e->value & 0xff)); break;
+                case KT_GE_SET:
+                    hpush(b, H_SET);
+                    for (int w = 0; w < 4; w++)
+                        hpush(b, (uint32_t)g->sets[e->value].bits[w]), hpush(b, (uint32_t)(g->sets[e->value].bits[w] >> 32));
+                    break;
+                case KT_GE_TOKEN: hpush(b, H_TOKEN), hpush(b, e->value); break;
+                case KT_GE_NOT_TOKEN: hpush(b, H_NOT), hpush(b, e->value); break;
+                default: /* KT_GE_RULE */
+                    if (comp[e->value] != comp[entry]) {
+                        hpush(b, H_CALLEE), hpush128(b, g->rule_hash[e->value]);
+                        break;
+                    }
+                    if (seen[e->value] != stamp) seen[e->value] = stamp, local[e->value] = n_queue, queue[n_queue++] = e->value;
+                    hpush(b, H_LOCAL | local[e->value]);
+                }
+            }
+            hpush(b, H_END);
+        }
+        hpush(b, H_RULE_END);
+    }
+}
+
+static bool rule_hashes(kt_grammar *g, const uint8_t *lex, const uint32_t *comp, const uint32_t *order) {
+    const uint32_t n = g->n_rules;
+    uint32_t *local = malloc(((size_t)n + 1) * sizeof *local), *seen = calloc((size_t)n + 1, sizeof *seen);
+    uint32_t *queue = malloc(((size_t)n + 1) * sizeof *queue);
+    hbuf b = {0};
+    bool ok = local && seen && queue;
+    uint32_t stamp = 0;
+    for (uint32_t i = 0, j; ok && i < n; i = j) {
+        for (j = i + 1; j < n && comp[order[j]] == comp[order[i]]; j++) {}
+        for (uint32_t k = i; k < j; k++) {
+            const uint32_t r = order[k];
+            b.n = 0;
+            if (!lex[r] || j - i > HASH_MAX_COMPONENT) { /* never keyed structurally, or too big to */
+                hpush(&b, H_GRAMMAR), hpush128(&b, g->fingerprint), hpush(&b, r);
+            } else {
+                serialize_from(g, comp, r, local, seen, ++stamp, queue, &b);
+            }
+            if (b.failed) {
+                ok = false;
+                break;
+            }
+            XXH128_hash_t h = XXH3_128bits(b.v, b.n * sizeof *b.v);
+            g->rule_hash[r][0] = h.low64, g->rule_hash[r][1] = h.high64;
+        }
+    }
+    free(local), free(seen), free(queue), free(b.v);
     return ok;
 }
 
@@ -142,22 +247,9 @@ static void byte_classes(kt_grammar *g) {
     }
 }
 
-bool kt_grammar_analyze(kt_grammar *g) {
-    byte_classes(g);
-    call_graph cg = {0};
-    uint8_t *lex = g->rule_lexical = malloc((size_t)g->n_rules + 1);
-    g->rest_lexical = malloc((size_t)g->n_elems + 1);
-    bool ok = lex && g->rest_lexical && call_graph_build(g, &cg) && lexical_rules(g, &cg, lex);
-    for (uint32_t p = g->n_elems; ok && p-- > 0;) {
-        const kt_gelem *e = &g->elems[p];
-        if (e->type == KT_GE_END) g->rest_lexical[p] = 1;
-        else if (e->type == KT_GE_RULE) g->rest_lexical[p] = lex[e->value] && g->rest_lexical[p + 1];
-        else g->rest_lexical[p] = g->rest_lexical[p + 1];
-    }
-    call_graph_free(&cg);
-    if (!ok) return false;
-    /* the compiled form, not the text: grammars that differ only in rule
-     * names, spacing or comments share their token classes */
+/* The compiled form, not the text: grammars that differ only in rule
+ * names, spacing or comments share their token classes. */
+static bool fingerprint(kt_grammar *g) {
     XXH3_state_t *st = XXH3_createState();
     if (!st) return false;
     XXH3_128bits_reset(st);
@@ -170,4 +262,25 @@ bool kt_grammar_analyze(kt_grammar *g) {
     XXH3_freeState(st);
     g->fingerprint[0] = h.low64, g->fingerprint[1] = h.high64;
     return true;
+}
+
+bool kt_grammar_analyze(kt_grammar *g) {
+    byte_classes(g);
+    if (!fingerprint(g)) return false;
+    call_graph cg = {0};
+    uint8_t *lex = g->rule_lexical = malloc((size_t)g->n_rules + 1);
+    g->rest_lexical = malloc((size_t)g->n_elems + 1);
+    g->rule_hash = malloc(((size_t)g->n_rules + 1) * sizeof *g->rule_hash);
+    uint32_t *comp = malloc(((size_t)g->n_rules + 1) * sizeof *comp), *order = malloc(((size_t)g->n_rules + 1) * sizeof *order);
+    bool ok = lex && g->rest_lexical && g->rule_hash && comp && order && call_graph_build(g, &cg) &&
+              lexical_rules(g, &cg, lex, comp, order) && rule_hashes(g, lex, comp, order);
+    for (uint32_t p = g->n_elems; ok && p-- > 0;) {
+        const kt_gelem *e = &g->elems[p];
+        if (e->type == KT_GE_END) g->rest_lexical[p] = 1;
+        else if (e->type == KT_GE_RULE) g->rest_lexical[p] = lex[e->value] && g->rest_lexical[p + 1];
+        else g->rest_lexical[p] = g->rest_lexical[p + 1];
+    }
+    call_graph_free(&cg);
+    free(comp), free(order);
+    return ok;
 }
