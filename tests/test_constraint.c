@@ -328,6 +328,49 @@ static void test_schema_grammars(void **state) {
     kt_vocab_free(v);
 }
 
+/* Classes are keyed by structure, not by where it is: a bounded string
+ * (hundreds of generated rules) at different positions of two grammars
+ * with different rules around it shares its classes, and a string of
+ * another bound does not. */
+static void test_cache_sharing_by_structure(void **state) {
+    (void)state;
+    kt_vocab *v = load_vocab("vocab/ggml-vocab-llama-spm.gguf");
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_from_vocab(v, &err);
+    kt_gmask_cache *cache = kt_gmask_cache_new(t, 64u << 20, &err);
+    kt_grammar *g[3] = {
+        parse("root ::= \"{\\\"a\\\": \" s tail\ntail ::= \"}\" | \",\" root \"!\"\n"
+              "s ::= \"\\\"\" [^\"\\\\]{0,300} \"\\\"\""),
+        parse("n ::= [0-9]+\nroot ::= \"[\" n? s tail\ntail ::= \"]\" | \",\" root \"?\"\n"
+              "s ::= \"\\\"\" [^\"\\\\]{0,300} \"\\\"\""),
+        parse("root ::= \"[\" s tail\ntail ::= \"]\" | \",\" root \"?\"\n"
+              "s ::= \"\\\"\" [^\"\\\\]{0,299} \"\\\"\""),
+    };
+    const char *into[3] = {"{\"a\": \"", "[\"", "[\""};
+    const int32_t eog = 2;
+    uint64_t *mask = tu_xmalloc(((size_t)t->n_vocab + 63) / 64 * 8);
+    uint64_t computed[3], hits[3];
+    for (int i = 0; i < 3; i++) {
+        kt_constraint *c = kt_constraint_new(g[i], t, cache, &eog, 1, &err);
+        assert_non_null(c);
+        for (const char *p = into[i]; *p; p++) assert_true(kt_constraint_accept(c, 3 + (uint8_t)*p));
+        for (int k = 0; k < 3; k++) assert_true(kt_constraint_accept(c, 3 + 'x')); /* three characters in */
+        kt_constraint_mask(c, mask);
+        assert_true((mask[(3 + 'y') >> 6] >> ((3 + 'y') & 63)) & 1);
+        kt_gmask_cache_counts(cache, &computed[i], &hits[i], NULL);
+        kt_constraint_free(c);
+    }
+    assert_true(computed[0] > 0);
+    assert_int_equal(computed[1], computed[0]); /* the same bound elsewhere: every class found */
+    assert_true(hits[1] > hits[0]);
+    assert_true(computed[2] > computed[1]);     /* another bound: its own classes */
+    for (int i = 0; i < 3; i++) kt_grammar_free(g[i]);
+    free(mask);
+    kt_gmask_cache_free(cache);
+    kt_token_trie_free(t);
+    kt_vocab_free(v);
+}
+
 /* Two grammars with the same string rule: the second finds its classes
  * in the cache; a class a live constraint holds is never dropped, however
  * small the cache. */
@@ -369,7 +412,7 @@ static void test_cache_sharing(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trie_layout),   cmocka_unit_test(test_small_vocab),
-        cmocka_unit_test(test_cache_sharing), cmocka_unit_test(test_llama_spm),
+        cmocka_unit_test(test_cache_sharing), cmocka_unit_test(test_cache_sharing_by_structure), cmocka_unit_test(test_llama_spm),
         cmocka_unit_test(test_llama3_bpe),    cmocka_unit_test(test_trie_summaries),
         cmocka_unit_test(test_schema_grammars),
     };
