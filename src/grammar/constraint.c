@@ -772,21 +772,40 @@ static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32ve
     }
 }
 
-/* k's context children: the children of the nodes in ctx, grouped by byte
- * (a counting sort; children of one node are distinct nodes). */
-static bool group_ctx(const kt_token_trie *t, const u32vec *ctx, gclass *k) {
-    uint32_t count[257] = {0}, n = 0;
+static int cmp_u32(const void *a, const void *b);
+
+/* k's context children: the children of the nodes in ctx, and the nodes
+ * in `more` (NULL: none), grouped by byte (a counting sort). Children of
+ * distinct nodes are distinct; with `more` they may repeat and are made
+ * unique first. */
+static bool group_ctx(const kt_token_trie *t, const u32vec *ctx, const u32vec *more, gclass *k) {
+    uint32_t n = more ? more->n : 0;
     for (uint32_t i = 0; i < ctx->n; i++)
-        for (uint32_t u = ctx->v[i], x = u + 1; x < t->end[u]; x = t->end[x]) count[t->byte[x]]++, n++;
+        for (uint32_t u = ctx->v[i], x = u + 1; x < t->end[u]; x = t->end[x]) n++;
+    uint32_t *all = malloc(((size_t)n + 1) * sizeof *all);
     k->ctx_child = malloc(((size_t)n + 1) * sizeof *k->ctx_child);
-    if (!k->ctx_child) return false;
+    if (!all || !k->ctx_child) return free(all), false;
+    n = 0;
+    for (uint32_t i = 0; i < ctx->n; i++)
+        for (uint32_t u = ctx->v[i], x = u + 1; x < t->end[u]; x = t->end[x]) all[n++] = x;
+    if (more && more->n) {
+        memcpy(all + n, more->v, more->n * sizeof *all);
+        n += more->n;
+        qsort(all, n, sizeof *all, cmp_u32);
+        uint32_t m = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (m == 0 || all[i] != all[m - 1]) all[m++] = all[i];
+        n = m;
+    }
+    uint32_t count[256] = {0};
+    for (uint32_t i = 0; i < n; i++) count[t->byte[all[i]]]++;
     k->ctx_off[0] = 0;
     for (int b = 0; b < 256; b++) k->ctx_off[b + 1] = k->ctx_off[b] + count[b];
     uint32_t fill[256];
     memcpy(fill, k->ctx_off, sizeof fill);
-    for (uint32_t i = 0; i < ctx->n; i++)
-        for (uint32_t u = ctx->v[i], x = u + 1; x < t->end[u]; x = t->end[x]) k->ctx_child[fill[t->byte[x]]++] = x;
+    for (uint32_t i = 0; i < n; i++) k->ctx_child[fill[t->byte[all[i]]]++] = all[i];
     k->n_ctx = n;
+    free(all);
     return true;
 }
 
@@ -839,8 +858,85 @@ static bool store_accept(kt_constraint *c, gclass *k) {
     return true;
 }
 
+/* Is the rest of the alternative from p fixed text (terminals only, at
+ * least one): a string's closing quote? */
+static bool rest_is_text(const kt_grammar *g, uint32_t p) {
+    if (g->elems[p].type == KT_GE_END) return false;
+    for (; g->elems[p].type != KT_GE_END; p++)
+        if (g->elems[p].type != KT_GE_BYTE && g->elems[p].type != KT_GE_SET) return false;
+    return true;
+}
+
+/* Where a group's chains end their lexeme: the first frame below the top
+ * whose rest is fixed text (a string's closing quote), when more frames
+ * follow it (the text after the string: a comma, the next key). The
+ * group's class is then composed from the lexeme's class, which every
+ * string of that kind in every grammar shares, and a short walk of the
+ * text after it (compose_class). 0: no split (chains of a group share
+ * every frame but the top; checked). */
+static int lexeme_end(const kt_constraint *c, const chain *ch, uint32_t n_chains) {
+    for (uint32_t j = 1; j < n_chains; j++) {
+        if (ch[j].n != ch[0].n) return 0;
+        for (int i = 1; i < ch[0].n; i++)
+            if (ch[j].f[i] != ch[0].f[i]) return 0;
+    }
+    for (int i = 1; i < ch[0].n - 1; i++)
+        if (rest_is_text(c->g, c->fpos[ch[0].f[i]])) return i;
+    return 0;
+}
+
+static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains);
+
+/* The classification state where chain ch continues once frame j's rest
+ * is done: the frames below j, on FRAME_CTX. */
+static uint32_t state_below(kt_constraint *c, const chain *ch, int j) {
+    uint32_t parent = FRAME_CTX;
+    for (int i = ch->n - 1; i > j + 1; i--) parent = frame(c, c->fpos[ch->f[i]], parent);
+    return state_at(c, c->fpos[ch->f[j + 1]], parent);
+}
+
+/* Class k of chains ch, split after frame j: the lexeme's class (chains
+ * cut after j), plus what the text after the lexeme takes from there. A
+ * token is allowed iff some parse of it stays in the lexeme (the
+ * lexeme's accept set) or leaves it at a byte boundary, which is one of
+ * the lexeme's context nodes, and goes on in the text after it: a walk
+ * from the context children whose byte that text takes. Context nodes
+ * of k are where that walk pops past the chains, and, when the text
+ * after the lexeme can be empty, the lexeme's own. The same sets a whole
+ * walk would give, at the cost of a few subtrees. */
+static bool compose_class(kt_constraint *c, const chain *ch, uint32_t n_chains, int j, u32vec *ctx, u32vec *more) {
+    chain *lex = malloc(n_chains * sizeof *lex);
+    if (!lex) return false;
+    for (uint32_t i = 0; i < n_chains; i++) lex[i] = ch[i], lex[i].n = j + 1;
+    const gclass *kl = class_of(c, lex, n_chains); /* held: outlives this walk */
+    free(lex);
+    if (!kl) return false;
+    const uint32_t after = state_below(c, &ch[0], j);
+    memset(c->scratch, 0, c->n_words * sizeof *c->scratch);
+    if (kl->accept) memcpy(c->scratch, kl->accept, c->n_words * sizeof *c->scratch);
+    for (uint32_t i = 0; i < kl->n_ids; i++) c->scratch[kl->ids[i] >> 6] |= 1ull << (kl->ids[i] & 63);
+    if (after == DEAD) return true;
+    const bool empty_after = c->st_flags[after] & ST_CTX;
+    const kt_token_trie *t = c->trie;
+    for (int b = 0; b < 256; b++) {
+        if (kl->ctx_off[b + 1] == kl->ctx_off[b]) continue;
+        for (uint32_t i = kl->ctx_off[b]; empty_after && i < kl->ctx_off[b + 1]; i++)
+            if (!u32vec_push(more, kl->ctx_child[i])) return false;
+        const uint32_t next = step_byte(c, after, (uint8_t)b);
+        if (next == DEAD) continue;
+        for (uint32_t i = kl->ctx_off[b]; i < kl->ctx_off[b + 1]; i++) {
+            const uint32_t x = kl->ctx_child[i];
+            set_range(c->scratch, t->sorted, t->first[x], t->first[x + 1]);
+            if ((c->st_flags[next] & ST_CTX) && !u32vec_push(ctx, x)) return false;
+            if (t->end[x] > x + 1) walk(c, x, next, c->scratch, ctx);
+        }
+    }
+    return !c->error[0];
+}
+
 /* The class of chains ch (one group): from the cache, or computed by
- * walking the whole trie once from their classification state. */
+ * walking the whole trie once from their classification state, or
+ * composed from their lexeme's class (compose_class). */
 static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
     if (!class_key(c, ch, n_chains)) return fail(c, "out of memory for grammar classes"), NULL;
     uint64_t h = XXH3_64bits(c->key.v, c->key.n * sizeof *c->key.v);
@@ -851,23 +947,30 @@ static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
         lru_push_head(c->cache, k);
     } else {
         k = calloc(1, sizeof *k);
-        u32vec ctx = {0};
+        u32vec ctx = {0}, more = {0};
         if (k) k->key = malloc(c->key.n * sizeof *k->key);
         if (!k || !k->key) {
             class_free(k);
             return fail(c, "out of memory for grammar classes"), NULL;
         }
-        memcpy(k->key, c->key.v, c->key.n * sizeof *k->key);
+        memcpy(k->key, c->key.v, c->key.n * sizeof *k->key); /* before compose_class builds other keys */
         k->n_key = c->key.n, k->hash = h;
-        uint32_t s0 = chains_start(c, ch, n_chains);
-        memset(c->scratch, 0, c->n_words * sizeof *c->scratch);
-        if (s0 != DEAD) walk(c, 0, s0, c->scratch, &ctx);
-        if (!store_accept(c, k) || !group_ctx(c->trie, &ctx, k)) {
-            free(ctx.v);
+        const int j = lexeme_end(c, ch, n_chains);
+        bool ok;
+        if (j) {
+            ok = compose_class(c, ch, n_chains, j, &ctx, &more);
+        } else {
+            uint32_t s0 = chains_start(c, ch, n_chains);
+            memset(c->scratch, 0, c->n_words * sizeof *c->scratch);
+            if (s0 != DEAD) walk(c, 0, s0, c->scratch, &ctx);
+            ok = true;
+        }
+        ok = ok && store_accept(c, k) && group_ctx(c->trie, &ctx, &more, k);
+        free(ctx.v), free(more.v);
+        if (!ok) {
             class_free(k);
             return fail(c, "out of memory for grammar classes"), NULL;
         }
-        free(ctx.v);
         k->bytes = sizeof *k + (k->accept ? c->n_words * 8 : k->n_ids * 4) + k->n_key * 4 + k->n_ctx * 4;
         c->cache->computed++;
         cache_add(c->cache, k);

@@ -1327,12 +1327,14 @@ static const char *trie_rule(cx *c, const trie_ctx *t, size_t lo, size_t hi, siz
     return nm;
 }
 
-/* The key of an additional property, between its quotes: the content of
- * a JSON string that is no named key. */
+/* The key of an additional property, quotes included: a JSON string that
+ * is no named key. Its own rule, so the closing quote ends the key's
+ * lexeme and the token masks share the key's classes whatever follows
+ * (constraint.c splits a class after such fixed text). */
 static const char *extra_key_rule(cx *c, const obj *o, const char *ptr) {
     if (!o->n) {
-        c->used |= 1u << P_CHAR;
-        return "char*";
+        c->used |= 1u << P_STRING;
+        return "string";
     }
     const char **keys = malloc(o->n * sizeof *keys);
     if (!keys) return nomem(c);
@@ -1347,9 +1349,15 @@ static const char *extra_key_rule(cx *c, const obj *o, const char *ptr) {
     }
     qsort(keys, o->n, sizeof *keys, str_cmp);
     trie_ctx t = {keys, o->n};
-    const char *r = trie_rule(c, &t, 0, o->n, 0);
+    const char *content = trie_rule(c, &t, 0, o->n, 0);
     free(keys);
-    return r;
+    if (!content) return NULL;
+    if (++c->n_rules > MAX_RULES) return fail(c, "", KT_ERR_UNSUPPORTED, "more than %u rules", MAX_RULES);
+    char name[32];
+    snprintf(name, sizeof name, "xkey-%u", c->n_rules);
+    char *nm = kstrdup(c, name);
+    if (nm) sb_printf(&c->rules, "%s ::= \"\\\"\" %s \"\\\"\"\n", nm, content);
+    return nm;
 }
 
 /* The text of "the members from property i on" (first: none written
@@ -1385,10 +1393,10 @@ static bool obj_seq(cx *c, const obj *o, size_t i, bool first, sbuf *b, const ch
     if (i == o->n) {
         if (!o->extra_key) sb_puts(b, "\"\"");
         else if (first)
-            sb_printf(b, "( \"\\\"\" %s \"\\\"\" ws \":\" ws %s ws ( \",\" ws \"\\\"\" %s \"\\\"\" ws \":\" ws %s ws )* )?",
+            sb_printf(b, "( %s ws \":\" ws %s ws ( \",\" ws %s ws \":\" ws %s ws )* )?",
                       o->extra_key, o->extra_val, o->extra_key, o->extra_val);
         else
-            sb_printf(b, "( \",\" ws \"\\\"\" %s \"\\\"\" ws \":\" ws %s ws )*", o->extra_key, o->extra_val);
+            sb_printf(b, "( \",\" ws %s ws \":\" ws %s ws )*", o->extra_key, o->extra_val);
         return true;
     }
     json_t *js = json_string(o->p[i].key);
