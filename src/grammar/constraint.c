@@ -147,7 +147,10 @@ struct kt_gmask_cache {
     uint32_t n_buckets;
     gclass *lru_head, *lru_tail; /* head: most recently used */
     uint64_t computed, hits;
+    uint64_t *all;               /* every token of the trie, as bits */
 };
+
+static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_t to);
 
 kt_gmask_cache *kt_gmask_cache_new(const kt_token_trie *trie, size_t max_bytes, kt_error *err) {
     kt_gmask_cache *c = calloc(1, sizeof *c);
@@ -159,6 +162,12 @@ kt_gmask_cache *kt_gmask_cache_new(const kt_token_trie *trie, size_t max_bytes, 
     }
     c->trie = trie, c->max_bytes = max_bytes, c->n_buckets = 4096;
     c->n_words = ((uint32_t)trie->n_vocab + 63) / 64;
+    if (!(c->all = calloc(c->n_words, sizeof *c->all))) {
+        kt_gmask_cache_free(c);
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory for the grammar mask cache");
+        return NULL;
+    }
+    set_range(c->all, trie->sorted, 0, trie->n_sorted);
     return c;
 }
 
@@ -208,7 +217,7 @@ void kt_gmask_cache_free(kt_gmask_cache *c) {
         next = k->lru_next;
         class_free(k);
     }
-    free(c->bucket);
+    free(c->bucket), free(c->all);
     free(c);
 }
 
@@ -593,6 +602,43 @@ static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_
     for (uint32_t k = from; k < to; k++) bits[(uint32_t)ids[k] >> 6] |= 1ull << ((uint32_t)ids[k] & 63);
 }
 
+static void clear_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_t to) {
+    for (uint32_t k = from; k < to; k++) bits[(uint32_t)ids[k] >> 6] &= ~(1ull << ((uint32_t)ids[k] & 63));
+}
+
+/* What a whole-trie walk takes, as runs [v[2i], v[2i + 1]) of the trie's
+ * sorted order: preorder is sorted order, so takes come in increasing
+ * order and mostly touch, and a string body's walk (almost every token)
+ * is a few hundred runs. Turned into bits at the end by setting the
+ * runs or clearing the gaps, whichever is fewer tokens (runs_to_bits). */
+typedef struct runs {
+    u32vec v;
+    uint32_t n_tokens;
+    bool failed;
+} runs;
+
+/* Takes the tokens sorted[from .. to): into r, or straight into bits. */
+static inline void take(uint64_t *bits, runs *r, const int32_t *ids, uint32_t from, uint32_t to) {
+    if (!r) return set_range(bits, ids, from, to);
+    if (from == to) return;
+    r->n_tokens += to - from;
+    if (r->v.n && r->v.v[r->v.n - 1] == from) r->v.v[r->v.n - 1] = to;
+    else if (!u32vec_push(&r->v, from) || !u32vec_push(&r->v, to)) r->failed = true;
+}
+
+/* bits = the tokens of r; `all` has every token of the trie. */
+static void runs_to_bits(const kt_token_trie *t, const runs *r, const uint64_t *all, uint64_t *bits, uint32_t n_words) {
+    if (r->n_tokens * 2 <= t->n_sorted) {
+        memset(bits, 0, n_words * sizeof *bits);
+        for (uint32_t i = 0; i < r->v.n; i += 2) set_range(bits, t->sorted, r->v.v[i], r->v.v[i + 1]);
+        return;
+    }
+    memcpy(bits, all, n_words * sizeof *bits);
+    uint32_t done = 0;
+    for (uint32_t i = 0; i < r->v.n; i += 2) clear_range(bits, t->sorted, done, r->v.v[i]), done = r->v.v[i + 1];
+    clear_range(bits, t->sorted, done, t->n_sorted);
+}
+
 enum { UNI_CHAIN_HIGH = 1, UNI_CHAIN_NO_CTX = 2 };
 #define SKIP_MIN_NODES 8       /* smaller subtrees are walked: not worth the check */
 #define UTF8_CHECK_BUDGET 4096 /* (state, bytes due) pairs a UTF-8 check may visit */
@@ -745,7 +791,7 @@ static bool subtree_live(kt_constraint *c, uint32_t s, uint32_t i, bool ctx) {
  * live state is set in bits; with ctx (classification) the nodes where
  * the state holds FRAME_CTX are collected. A subtree the state cannot
  * leave is taken whole (subtree_live). */
-static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32vec *ctx) {
+static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, runs *r, u32vec *ctx) {
     const kt_token_trie *t = c->trie;
     uint32_t sp = 0, i = u + 1;
     c->walk[0].end = t->end[u], c->walk[0].state = s;
@@ -756,12 +802,12 @@ static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, u32ve
             i = t->end[i];
             continue;
         }
-        set_range(bits, t->sorted, t->first[i], t->first[i + 1]);
+        take(bits, r, t->sorted, t->first[i], t->first[i + 1]);
         const bool at_ctx = c->st_flags[next] & ST_CTX;
         if (ctx && at_ctx) u32vec_push(ctx, i);
         if (t->end[i] > i + 1) {
             if (t->end[i] - i >= SKIP_MIN_NODES && !(ctx && at_ctx) && subtree_live(c, next, i, ctx != NULL)) {
-                set_range(bits, t->sorted, t->first[i + 1], t->first[t->end[i]]);
+                take(bits, r, t->sorted, t->first[i + 1], t->first[t->end[i]]);
                 i = t->end[i];
                 continue;
             }
@@ -812,7 +858,7 @@ static bool group_ctx(const kt_token_trie *t, const u32vec *ctx, const u32vec *m
 /* Sets the tokens at and below trie node x, entered with state s. */
 static void walk_from(kt_constraint *c, uint32_t x, uint32_t s, uint64_t *bits) {
     set_range(bits, c->trie->sorted, c->trie->first[x], c->trie->first[x + 1]);
-    if (c->trie->end[x] > x + 1) walk(c, x, s, bits, NULL);
+    if (c->trie->end[x] > x + 1) walk(c, x, s, bits, NULL, NULL);
 }
 
 /* The classification state of chains: the same positions, on FRAME_CTX. */
@@ -841,11 +887,13 @@ static bool hold(kt_constraint *c, gclass *k) {
 }
 
 /* k's accept set from the walk's bits in c->scratch: ids when they take
- * less room than a quarter of the bitset. */
+ * less room than a quarter of the bitset (counted only that far). */
 static bool store_accept(kt_constraint *c, gclass *k) {
+    const uint32_t few = c->n_words / 2; /* ids below this many: less room than a quarter of the bitset */
     uint32_t n = 0;
-    for (uint32_t w = 0; w < c->n_words; w++) n += (uint32_t)__builtin_popcountll(c->scratch[w]);
-    if (n < c->n_words / 2) {
+    for (uint32_t w = 0; w < c->n_words && n < few; w++)
+        if (c->scratch[w]) n += (uint32_t)__builtin_popcountll(c->scratch[w]);
+    if (n < few) {
         k->ids = malloc(((size_t)n + 1) * sizeof *k->ids);
         if (!k->ids) return false;
         for (uint32_t w = 0; w < c->n_words; w++)
@@ -928,7 +976,7 @@ static bool compose_class(kt_constraint *c, const chain *ch, uint32_t n_chains, 
             const uint32_t x = kl->ctx_child[i];
             set_range(c->scratch, t->sorted, t->first[x], t->first[x + 1]);
             if ((c->st_flags[next] & ST_CTX) && !u32vec_push(ctx, x)) return false;
-            if (t->end[x] > x + 1) walk(c, x, next, c->scratch, ctx);
+            if (t->end[x] > x + 1) walk(c, x, next, c->scratch, NULL, ctx);
         }
     }
     return !c->error[0];
@@ -961,9 +1009,11 @@ static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
             ok = compose_class(c, ch, n_chains, j, &ctx, &more);
         } else {
             uint32_t s0 = chains_start(c, ch, n_chains);
-            memset(c->scratch, 0, c->n_words * sizeof *c->scratch);
-            if (s0 != DEAD) walk(c, 0, s0, c->scratch, &ctx);
-            ok = true;
+            runs r = {0};
+            if (s0 != DEAD) walk(c, 0, s0, c->scratch, &r, &ctx);
+            runs_to_bits(c->trie, &r, c->cache->all, c->scratch, c->n_words);
+            ok = !r.failed;
+            free(r.v.v);
         }
         ok = ok && store_accept(c, k) && group_ctx(c->trie, &ctx, &more, k);
         free(ctx.v), free(more.v);

@@ -30,9 +30,12 @@
  *    allowed without visiting it (token_trie.h keeps what lies below each
  *    node).
  *  - Classes are shared: keyed by the structure they cover (each frame's
- *    alternative rest and every rule it can call, renumbered), so the
- *    string, number and whitespace rules of every JSON-Schema grammar are
- *    classified once per vocabulary and process (kt_gmask_cache).
+ *    alternative rest, the rules it calls named by structural hash, see
+ *    grammar.h), so the string, number and whitespace rules of every
+ *    JSON-Schema grammar are classified once per vocabulary and process
+ *    (kt_gmask_cache), and a class running past a lexeme's closing quote
+ *    is composed from the lexeme's shared class and a short walk of what
+ *    follows.
  *  - The sampler checks the token it drew first (a few lookups) and asks
  *    for the full mask only when that token is rejected.
  *
