@@ -43,6 +43,7 @@
 #define MAX_CHAIN 16                /* frames a class covers */
 #define MAX_COVERED 8               /* a parent with more fixed text after the call ends a chain (chain_of) */
 #define ROW_BYTES (16u << 20)       /* dense step rows per constraint, at most */
+#define STEP_SIGS 4                 /* per state: steps remembered by signature (compute_step) */
 #define UNI_GROUPS 4                /* successors of a state's ASCII bytes kept apart (a string body: itself, escape, close, dead) */
 
 /* ---- small open-addressing tables ----------------------------------- */
@@ -272,6 +273,9 @@ struct kt_constraint {
         uint64_t chain_set[2]; /* subtree_live found every path over these bytes, */
         uint16_t chain_depth;  /* this long, live from here (0: nothing yet) */
         uint8_t flags;       /* UNI_* */
+        uint8_t n_sigs;      /* steps remembered by the frames that take the byte (compute_step) */
+        uint32_t sig_next[STEP_SIGS];
+        uint64_t sig[STEP_SIGS];
     } *uni;
     uint32_t n_rows, max_rows;
     u64map step;             /* (state << 8 | class) -> state, for states without a row */
@@ -441,9 +445,29 @@ static bool byte_matches(const kt_grammar *g, const kt_gelem *e, uint8_t b) {
     return false;
 }
 
+/* Which of state s's first 64 frames take byte b (bit i: frame i). */
+static uint64_t step_signature(const kt_constraint *c, uint32_t s, uint8_t b) {
+    const uint32_t *fr = c->members.v + c->st_off[s];
+    uint64_t sig = 0;
+    for (uint32_t i = 0; i < c->st_n[s]; i++)
+        if (fr[i] > FRAME_CTX && byte_matches(c->g, &c->g->elems[c->fpos[fr[i]]], b)) sig |= 1ull << i;
+    return sig;
+}
+
 /* The state after byte b from state s, computed: the terminals of s
- * that take b, advanced and expanded. */
+ * that take b, advanced and expanded. Bytes that the same frames take
+ * lead to the same state, so a state of at most 64 frames remembers its
+ * last STEP_SIGS signatures: a string body's letters, which a big
+ * grammar's literals split into dozens of byte classes, expand once. */
 static uint32_t compute_step(kt_constraint *c, uint32_t s, uint8_t b) {
+    const bool small = c->st_n[s] <= 64;
+    const uint64_t sig = small ? step_signature(c, s, b) : 0;
+    if (small) {
+        if (!sig) return DEAD;
+        const struct uniform *u = &c->uni[s];
+        for (uint32_t j = 0; j < u->n_sigs; j++)
+            if (u->sig[j] == sig) return u->sig_next[j];
+    }
     const uint32_t from = c->out.n;
     c->stamp++;
     for (uint32_t i = 0; i < c->st_n[s]; i++) {
@@ -453,6 +477,11 @@ static uint32_t compute_step(kt_constraint *c, uint32_t s, uint8_t b) {
     }
     uint32_t next = c->error[0] ? DEAD : intern(c, from);
     c->out.n = from;
+    struct uniform *u = &c->uni[s]; /* intern may have grown c->uni */
+    if (small && !c->error[0]) {
+        const uint32_t j = u->n_sigs < STEP_SIGS ? u->n_sigs++ : (uint32_t)(sig % STEP_SIGS);
+        u->sig[j] = sig, u->sig_next[j] = next;
+    }
     return next;
 }
 
