@@ -328,6 +328,107 @@ static void test_schema_grammars(void **state) {
     kt_vocab_free(v);
 }
 
+/* The mask against the reference before every token of `text`, cut
+ * greedily into the longest tokens the reference takes (as a model's
+ * output would be): every allowed_stride-th token the mask allows, every
+ * stride-th it refuses, and every one that the text goes on with. Such text crosses from a string into what follows it inside
+ * one token (`",`), which is where classes are composed. Returns the
+ * number of tokens taken; the text must be taken whole. */
+static int compare_along(const kt_grammar *g, const kt_token_trie *t, kt_gmask_cache *cache, const char *text,
+                         int stride, int allowed_stride) {
+    const int32_t eog = 0;
+    uint64_t *mask = tu_xmalloc(((size_t)t->n_vocab + 63) / 64 * 8);
+    kt_error err = {0};
+    kt_constraint *c = kt_constraint_new(g, t, cache, &eog, 1, &err);
+    kt_gmatch *m = kt_gmatch_new(g, &err);
+    assert_non_null(c), assert_non_null(m);
+    const size_t n = strlen(text);
+    size_t at = 0;
+    int taken = 0;
+    for (int step = 0;; step++) {
+        kt_constraint_mask(c, mask);
+        int32_t best = -1;
+        for (int32_t id = 1; id < t->n_vocab; id++) {
+            const bool ahead = t->tok_len[id] <= n - at && !memcmp(t->bytes + t->tok_off[id], text + at, t->tok_len[id]);
+            if (!ahead && (id + step) % (bit(mask, id) ? allowed_stride : stride) != 0) continue;
+            bool want = ref_allows(m, t, id);
+            if (bit(mask, id) != want)
+                fail_msg("at byte %zu of %s: token %d (%.*s) is %s by the mask, %s by the reference", at, text, (int)id,
+                         (int)t->tok_len[id], (const char *)t->bytes + t->tok_off[id],
+                         bit(mask, id) ? "allowed" : "refused", want ? "allowed" : "refused");
+            if (want && ahead && (best < 0 || t->tok_len[id] > t->tok_len[best]))
+                best = id;
+        }
+        assert_int_equal(bit(mask, eog), kt_gmatch_can_end(m));
+        if (at == n) break;
+        if (best < 0) fail_msg("nothing allowed takes %s at byte %zu", text, at);
+        assert_true(kt_constraint_accept(c, best));
+        assert_true(kt_gmatch_token(m, best, t->bytes + t->tok_off[best], t->tok_len[best]));
+        at += t->tok_len[best], taken++;
+    }
+    assert_true(kt_constraint_can_end(c));
+    kt_gmatch_free(m);
+    kt_constraint_free(c);
+    free(mask);
+    return taken;
+}
+
+/* JSON-Schema grammars along real instances: optional properties,
+ * additional properties (their keys' automaton), bounded and unbounded
+ * strings, each followed by other text; one cache for all, as a server
+ * has it, so later schemas are masked from classes earlier ones made. */
+static void schema_instances(const char *vocab_name, size_t from, size_t to, int allowed_stride) {
+    kt_vocab *v = load_vocab(vocab_name);
+    kt_error err = {0};
+    kt_token_trie *t = kt_token_trie_from_vocab(v, &err);
+    kt_gmask_cache *cache = kt_gmask_cache_new(t, 64u << 20, &err);
+    const struct {
+        const char *schema, *text;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"string\"}}}",
+         "{\"a\": \"hello world\", \"b\": \"xyz\", \"ab\": \"x, y\", \"zz\": \"\\u00e9\"}"},
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},"
+         "\"kind\":{\"type\":\"string\",\"maxLength\":64}},\"additionalProperties\":false}",
+         "{\"name\": \"The \\\"quoted\\\" one\", \"kind\": \"caf\u00e9, cr\u00e8me\"}"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\","
+         "\"maxLength\":12},\"n\":{\"type\":\"integer\"}},\"required\":[\"id\"]}}",
+         "[{\"id\": \"a1\", \"n\": 3}, {\"id\": \"b\"}, {\"id\": \"\", \"n\": -40}]"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"string\"}}}",
+         "{\"a\":\"]\",\"b\":\"\",\"c\":\"}\"}"},
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"kids\":{\"type\":\"array\","
+         "\"items\":{\"$ref\":\"#\"}}},\"additionalProperties\":false}",
+         "{\"name\": \"a\" ,\n \"kids\": [{\"name\": \"b\" }, {\"name\":\"c\"\n}]}"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"string\"}}}",
+         "{\"zz\": \"\\u00e9\"}"},
+    };
+    for (size_t i = from; i < to && i < sizeof cases / sizeof *cases; i++) {
+        json_error_t jerr;
+        json_t *schema = json_loads(cases[i].schema, 0, &jerr);
+        assert_non_null(schema);
+        char *gbnf = kt_json_schema_to_gbnf(schema, &err);
+        if (!gbnf) fail_msg("%s", err.msg);
+        kt_grammar *g = parse(gbnf);
+        int taken = compare_along(g, t, cache, cases[i].text, 16, allowed_stride);
+        printf("%s, instance %zu: %d tokens compared over %d tokens\n", vocab_name, i, taken, t->n_vocab);
+        kt_grammar_free(g);
+        free(gbnf);
+        json_decref(schema);
+    }
+    kt_gmask_cache_free(cache);
+    kt_token_trie_free(t);
+    kt_vocab_free(v);
+}
+
+/* Every case at Llama 2's vocabulary; the first also at Llama 3's, whose
+ * tokens cross from a string into the text after it in more ways (`":`
+ * after an additional property's key) and whose allowed sets are four
+ * times larger: every 16th of them is checked there. */
+static void test_schema_instances(void **state) {
+    (void)state;
+    schema_instances("vocab/ggml-vocab-llama-spm.gguf", 0, 6, 1);
+    schema_instances("vocab/ggml-vocab-llama-bpe.gguf", 0, 1, 16);
+}
+
 /* Classes are keyed by structure, not by where it is: a bounded string
  * (hundreds of generated rules) at different positions of two grammars
  * with different rules around it shares its classes, and a string of
@@ -412,7 +513,7 @@ static void test_cache_sharing(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trie_layout),   cmocka_unit_test(test_small_vocab),
-        cmocka_unit_test(test_cache_sharing), cmocka_unit_test(test_cache_sharing_by_structure), cmocka_unit_test(test_llama_spm),
+        cmocka_unit_test(test_cache_sharing), cmocka_unit_test(test_cache_sharing_by_structure), cmocka_unit_test(test_schema_instances), cmocka_unit_test(test_llama_spm),
         cmocka_unit_test(test_llama3_bpe),    cmocka_unit_test(test_trie_summaries),
         cmocka_unit_test(test_schema_grammars),
     };
