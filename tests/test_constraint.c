@@ -289,6 +289,20 @@ static void test_small_vocab(void **state) {
     kt_token_trie_free(t);
 }
 
+/* The grammar kettle compiles a JSON Schema (text) to. */
+static kt_grammar *schema_grammar(const char *schema_text) {
+    json_error_t jerr;
+    json_t *schema = json_loads(schema_text, 0, &jerr);
+    if (!schema) fail_msg("bad schema in the test: %s", jerr.text);
+    kt_error err = {0};
+    char *gbnf = kt_json_schema_to_gbnf(schema, &err);
+    if (!gbnf) fail_msg("%s", err.msg);
+    kt_grammar *g = parse(gbnf);
+    free(gbnf);
+    json_decref(schema);
+    return g;
+}
+
 /* Grammars of JSON schemas, where the walks take whole subtrees: string
  * bodies (loops, with UTF-8), strings of bounded length (chains of
  * states, one per character), patterns and formats, over a real
@@ -310,18 +324,11 @@ static void test_schema_grammars(void **state) {
         "\"required\":[\"home\"],\"additionalProperties\":{\"type\":\"string\"}}",
     };
     for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
-        json_error_t jerr;
-        json_t *schema = json_loads(schemas[i], 0, &jerr);
-        assert_non_null(schema);
-        char *gbnf = kt_json_schema_to_gbnf(schema, &err);
-        if (!gbnf) fail_msg("%s", err.msg);
-        kt_grammar *g = parse(gbnf);
+        kt_grammar *g = schema_grammar(schemas[i]);
         int taken = compare_walks(g, t, cache, 1, 20, 300 + i, 32);
         printf("schema %zu: %d steps compared over %d tokens\n", i, taken, t->n_vocab);
         assert_true(taken >= 8); /* got into the strings */
         kt_grammar_free(g);
-        free(gbnf);
-        json_decref(schema);
     }
     kt_gmask_cache_free(cache);
     kt_token_trie_free(t);
@@ -402,17 +409,10 @@ static void schema_instances(const char *vocab_name, size_t from, size_t to, int
          "{\"zz\": \"\\u00e9\"}"},
     };
     for (size_t i = from; i < to && i < sizeof cases / sizeof *cases; i++) {
-        json_error_t jerr;
-        json_t *schema = json_loads(cases[i].schema, 0, &jerr);
-        assert_non_null(schema);
-        char *gbnf = kt_json_schema_to_gbnf(schema, &err);
-        if (!gbnf) fail_msg("%s", err.msg);
-        kt_grammar *g = parse(gbnf);
+        kt_grammar *g = schema_grammar(cases[i].schema);
         int taken = compare_along(g, t, cache, cases[i].text, 16, allowed_stride);
         printf("%s, instance %zu: %d tokens compared over %d tokens\n", vocab_name, i, taken, t->n_vocab);
         kt_grammar_free(g);
-        free(gbnf);
-        json_decref(schema);
     }
     kt_gmask_cache_free(cache);
     kt_token_trie_free(t);

@@ -473,7 +473,8 @@ static uint32_t compute_step(kt_constraint *c, uint32_t s, uint8_t b) {
     for (uint32_t i = 0; i < c->st_n[s]; i++) {
         uint32_t f = c->members.v[c->st_off[s] + i];
         if (f <= FRAME_CTX) continue;
-        if (byte_matches(c->g, &c->g->elems[c->fpos[f]], b)) expand(c, c->fpos[f] + 1, c->fpar[f]);
+        const bool takes = small ? (sig >> i) & 1 : byte_matches(c->g, &c->g->elems[c->fpos[f]], b);
+        if (takes) expand(c, c->fpos[f] + 1, c->fpar[f]);
     }
     uint32_t next = c->error[0] ? DEAD : intern(c, from);
     c->out.n = from;
