@@ -99,10 +99,17 @@ int kt_token_text(const kt_model *model, int32_t id, char *buf, int cap);
  * families (<|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, ...). */
 bool kt_token_is_eog(const kt_model *model, int32_t id);
 
+/* The id of the control token whose text is exactly text[0..len), or -1
+ * (a grammar names such a token as <[id]>: its bytes are not text). */
+int32_t kt_token_control_id(const kt_model *model, const char *text, size_t len);
+
 /* Incremental detokenizer: feed ids one at a time, get the text that is
  * complete so far. Never returns part of a UTF-8 sequence. */
 typedef struct kt_detok kt_detok;
 kt_detok *kt_detok_new(const kt_model *model);
+/* The same; `show_control`: control tokens (which decode to nothing) give
+ * their vocabulary text, as tool-call parsers need ([TOOL_CALLS]). */
+kt_detok *kt_detok_new_ex(const kt_model *model, bool show_control);
 /* Returns a NUL-terminated string valid until the next call (may be ""). */
 const char *kt_detok_push(kt_detok *d, int32_t id);
 /* Whatever is left (an incomplete sequence becomes U+FFFD). */

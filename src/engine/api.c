@@ -219,7 +219,7 @@ char *kt_chat_apply(const kt_model *m, const char *template_text, const char *me
     return out;
 }
 
-kt_detok *kt_detok_new(const kt_model *m) {
+kt_detok *kt_detok_new_ex(const kt_model *m, bool show_control) {
     kt_detok *d = calloc(1, sizeof *d);
     if (!d) return NULL;
     /* Generated text continues the prompt, so its leading space is real. */
@@ -227,7 +227,19 @@ kt_detok *kt_detok_new(const kt_model *m) {
         free(d);
         return NULL;
     }
+    kt_text_detok_show_control(d->impl, show_control);
     return d;
+}
+
+kt_detok *kt_detok_new(const kt_model *m) {
+    return kt_detok_new_ex(m, false);
+}
+
+int32_t kt_token_control_id(const kt_model *m, const char *text, size_t len) {
+    int32_t id = kt_vocab_find(m->vocab, text, len);
+    if (id < 0) return -1;
+    kt_token_type t = kt_vocab_type(m->vocab, id);
+    return t == KT_TOKEN_CONTROL ? id : -1;
 }
 
 const char *kt_detok_push(kt_detok *d, int32_t id) {

@@ -293,6 +293,7 @@ static void choice_release(gen_choice *c) {
     kv_seq_free(c->seq);
     kt_sampler_free(c->sampler);
     kt_constraint_free(c->constraint);
+    eng_watch_free(&c->watch);
     kt_detok_free(c->detok);
     free(c->held);
     memset(c, 0, sizeof *c);
@@ -635,9 +636,17 @@ kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request *
         *field = KT_FIELD_GRAMMAR;
         return kt_error_wrap(err, "grammar");
     }
+    eng_triggers trig;
+    if ((st = eng_triggers_init(&trig, p, err)) != KT_OK) {
+        kt_grammar_free(g);
+        *field = KT_FIELD_GRAMMAR;
+        return st;
+    }
     kt_request *r = req_new(p, err);
-    if (!r) return kt_grammar_free(g), KT_ERR_NOMEM;
+    if (!r) return kt_grammar_free(g), eng_triggers_free(&trig), KT_ERR_NOMEM;
     r->grammar = g;
+    r->triggers = trig;
+    r->special_text = p->special_text;
     r->max_tokens = max_tokens;
     r->blocks_reserved = blocks_needed(e->kv, p->n_prompt, max_tokens, p->n_choices);
     r->usage.submit_ns = now_ns();
@@ -669,7 +678,7 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     if (i > 0 && !(c->seq = kv_seq_fork(r->choices[0].seq, &err))) return false;
     c->sampler = kt_sampler_new(&sp, e->llm->cfg.n_vocab, &err);
     if (r->grammar && !(c->constraint = eng_grammar_start(&e->gram, e->model, r->grammar, &err))) return false;
-    c->detok = kt_detok_new(e->model);
+    c->detok = kt_detok_new_ex(e->model, r->special_text);
     c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
     return c->sampler && c->detok && c->generated;
 }
@@ -786,8 +795,12 @@ static void emit_token(kt_engine *e, kt_request *r, int i, kt_event *ev) {
         ev->finish = KT_FINISH_STOP;
     } else {
         const char *piece = kt_detok_push(c->detok, id);
-        ok = held_append(c, piece, strlen(piece));
-        if (c->constraint && kt_constraint_is_done(c->constraint)) ev->finish = KT_FINISH_STOP; /* nothing can follow */
+        const size_t n_piece = strlen(piece);
+        int follow = r->grammar || r->triggers.n ? eng_grammar_follow(&e->gram, e->model, r->grammar, &r->triggers,
+                                                                      &c->watch, &c->constraint, piece, n_piece)
+                                                 : 0;
+        ok = follow >= 0 && held_append(c, piece, n_piece);
+        if (follow > 0) ev->finish = KT_FINISH_STOP; /* the last grammar is done: nothing can follow */
         else if (c->n_generated >= r->max_tokens || r->n_prompt + c->n_generated >= e->p.n_ctx)
             ev->finish = KT_FINISH_LENGTH;
     }

@@ -82,6 +82,7 @@ typedef struct kt_logit_bias {
 #define KT_MAX_TOP_LOGPROBS 20
 #define KT_MAX_STOP 8
 #define KT_MAX_CHOICES 16
+#define KT_MAX_TRIGGERS 4
 
 typedef struct kt_gen_params {
     const int32_t *prompt;  /* copied by submit; n_prompt >= 1 */
@@ -106,6 +107,21 @@ typedef struct kt_gen_params {
      * and a choice ends (stop) when nothing more can follow. */
     const char *grammar;
     size_t grammar_len;
+    /* Lazy grammars (tool calls under tool_choice "auto"): while no
+     * grammar is active, the choice's text is watched for each trigger;
+     * when trigger i appears, trigger_grammars[i] (GBNF of what follows
+     * the trigger's text) starts, taking any bytes of that token past the
+     * trigger. When an active grammar (this one or `grammar`) is done, the
+     * choice goes back to watching, or ends (stop) once max_segments
+     * grammars have been completed (0: no limit). */
+    const char *const *triggers;
+    const char *const *trigger_grammars;
+    int n_triggers;         /* 0..KT_MAX_TRIGGERS */
+    int max_segments;
+    /* Control tokens (other than end-of-generation ones) appear in the
+     * text as their vocabulary text: tool-call markers such as
+     * [TOOL_CALLS] or <|python_tag|>, which a parser must see. */
+    bool special_text;
     /* Called from the engine thread when events are queued or the request
      * finishes; may be NULL (then poll or wait). */
     void (*notify)(void *ctx);

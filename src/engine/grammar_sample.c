@@ -75,3 +75,105 @@ int32_t eng_grammar_sample(eng_grammar *eg, kt_constraint *c, kt_sampler *s, con
     if (id < 0 || !kt_constraint_accept(c, id)) return -1; /* cannot be: only allowed ids are finite */
     return id;
 }
+
+/* ---- lazy grammars ---- */
+
+kt_status eng_triggers_init(eng_triggers *t, const kt_gen_params *p, kt_error *err) {
+    *t = (eng_triggers){.max_segments = p->max_segments};
+    if (p->n_triggers < 0 || p->n_triggers > KT_MAX_TRIGGERS)
+        return kt_error_set(err, KT_ERR_ARG, "at most %d grammar triggers", KT_MAX_TRIGGERS);
+    for (int i = 0; i < p->n_triggers; i++) {
+        const char *s = p->triggers[i], *g = p->trigger_grammars[i];
+        if (!s || !s[0] || !g) {
+            eng_triggers_free(t);
+            return kt_error_set(err, KT_ERR_ARG, "grammar trigger %d: empty text or no grammar", i);
+        }
+        t->len[i] = strlen(s);
+        if (!(t->text[i] = strdup(s))) {
+            eng_triggers_free(t);
+            return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+        }
+        t->n = i + 1;
+        if (!(t->grammar[i] = kt_grammar_parse(g, strlen(g), NULL, err))) {
+            eng_triggers_free(t);
+            return kt_error_wrap(err, "the grammar of trigger '%.40s'", s);
+        }
+        if (t->len[i] > t->max_len) t->max_len = t->len[i];
+    }
+    return KT_OK;
+}
+
+void eng_triggers_free(eng_triggers *t) {
+    for (int i = 0; i < t->n; i++) free(t->text[i]), kt_grammar_free(t->grammar[i]);
+    *t = (eng_triggers){0};
+}
+
+void eng_watch_free(eng_watch *w) {
+    free(w->tail);
+    *w = (eng_watch){0};
+}
+
+static bool watch_add(eng_watch *w, const char *s, size_t n) {
+    if (w->n + n + 1 > w->cap) {
+        size_t cap = w->cap ? w->cap : 64;
+        while (cap < w->n + n + 1) cap *= 2;
+        char *p = realloc(w->tail, cap);
+        if (!p) return false;
+        w->tail = p, w->cap = cap;
+    }
+    memcpy(w->tail + w->n, s, n);
+    w->n += n;
+    w->tail[w->n] = 0;
+    return true;
+}
+
+/* The first trigger that occurs in the watched text (*at: where), or -1. */
+static int find_trigger(const eng_triggers *t, const eng_watch *w, size_t *at) {
+    int best = -1;
+    for (int i = 0; i < t->n; i++) {
+        if (w->n < t->len[i]) continue;
+        for (size_t k = 0; k + t->len[i] <= w->n; k++) {
+            if (best >= 0 && k >= *at) break;
+            if (!memcmp(w->tail + k, t->text[i], t->len[i])) {
+                best = i, *at = k;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+int eng_grammar_follow(eng_grammar *eg, const kt_model *model, const kt_grammar *initial, const eng_triggers *t,
+                       eng_watch *w, kt_constraint **c, const char *piece, size_t n) {
+    (void)initial;
+    if (*c) {
+        if (!kt_constraint_is_done(*c)) return 0;
+        kt_constraint_free(*c);
+        *c = NULL;
+        w->segments++, w->n = 0;
+        return !t->n || (t->max_segments && w->segments >= t->max_segments);
+    }
+    if (!t->n || (t->max_segments && w->segments >= t->max_segments)) return 0;
+    if (!watch_add(w, piece, n)) return -1;
+    size_t at = 0;
+    int k = find_trigger(t, w, &at);
+    if (k < 0) { /* keep what may still begin a trigger */
+        size_t keep = t->max_len - 1;
+        if (w->n > keep) memmove(w->tail, w->tail + w->n - keep, keep), w->n = keep;
+        return 0;
+    }
+    kt_error err = {0};
+    kt_constraint *nc = eng_grammar_start(eg, model, t->grammar[k], &err);
+    if (!nc) return -1;
+    const size_t rest = at + t->len[k];
+    if (!kt_constraint_accept_bytes(nc, (const uint8_t *)w->tail + rest, w->n - rest)) {
+        /* the token ran past the trigger into text the call cannot have:
+         * the model did not start a call after all; keep watching */
+        kt_constraint_free(nc);
+        w->n = 0;
+        return 0;
+    }
+    w->n = 0;
+    *c = nc;
+    return kt_constraint_is_done(nc) ? eng_grammar_follow(eg, model, initial, t, w, c, "", 0) : 0;
+}

@@ -17,6 +17,7 @@
 #ifndef KT_ENGINE_GRAMMAR_SAMPLE_H
 #define KT_ENGINE_GRAMMAR_SAMPLE_H
 
+#include "engine/engine.h"
 #include "grammar/constraint.h"
 #include "kettle.h"
 
@@ -33,6 +34,35 @@ typedef struct eng_grammar {
  * NULL with err. */
 kt_constraint *eng_grammar_start(eng_grammar *eg, const kt_model *model, const kt_grammar *g, kt_error *err);
 void eng_grammar_free(eng_grammar *eg);
+
+/* A request's lazy grammars (engine.h's triggers), parsed at submit. */
+typedef struct eng_triggers {
+    char *text[KT_MAX_TRIGGERS];
+    size_t len[KT_MAX_TRIGGERS];
+    kt_grammar *grammar[KT_MAX_TRIGGERS];
+    int n, max_segments;
+    size_t max_len;
+} eng_triggers;
+
+/* A choice's watch for them: grammars completed, recent text. */
+typedef struct eng_watch {
+    int segments;
+    char *tail;     /* the last bytes that may hold the start of a trigger, then the new text */
+    size_t n, cap;
+} eng_watch;
+
+/* Copies and parses p's triggers into t; KT_ERR_ARG naming the trigger
+ * whose grammar does not parse. */
+kt_status eng_triggers_init(eng_triggers *t, const kt_gen_params *p, kt_error *err);
+void eng_triggers_free(eng_triggers *t);
+void eng_watch_free(eng_watch *w);
+
+/* After a choice took a token whose text is piece[0..n): an active
+ * grammar that is done ends its segment (*c freed), a watched trigger
+ * starts one. Returns 1 when the choice must end (its last segment is
+ * done), 0 to go on, -1 on allocation failure. */
+int eng_grammar_follow(eng_grammar *eg, const kt_model *model, const kt_grammar *initial, const eng_triggers *t,
+                       eng_watch *w, kt_constraint **c, const char *piece, size_t n);
 
 /* Draws a token from x (n_vocab biased logits; edited) with s under c and
  * takes it into c; -1 when the grammar allows no token at all. */

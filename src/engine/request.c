@@ -26,6 +26,7 @@ static void req_free_memory(kt_request *r) {
     free(r->prompt);
     free(r->bias);
     kt_grammar_free(r->grammar);
+    eng_triggers_free(&r->triggers);
     free(r->choices);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->notify_mu);

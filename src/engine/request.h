@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 
 #include "engine/engine.h"
+#include "engine/grammar_sample.h"
 #include "grammar/constraint.h"
 #include "kv/block_pool.h"
 
@@ -36,6 +37,7 @@ typedef struct gen_choice {
     int32_t *generated;  /* the sampled ids, max_tokens of room (for the prefix cache) */
     kt_sampler *sampler;
     kt_constraint *constraint; /* the grammar's state for this choice, or NULL */
+    eng_watch watch;     /* lazy grammars: text watched for a trigger */
     kt_detok *detok;
     int32_t next_token;  /* sampled, to be fed at the next decode step */
     int n_generated;
@@ -64,6 +66,8 @@ struct kt_request {
     int n_bias;
     bool ignore_eos;
     kt_grammar *grammar;  /* NULL: unconstrained */
+    eng_triggers triggers; /* lazy grammars (n == 0: none) */
+    bool special_text;
     void (*notify)(void *ctx); /* under notify_mu */
     bool (*client_gone)(void *ctx); /* under notify_mu */
     void *notify_ctx;

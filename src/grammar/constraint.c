@@ -1249,6 +1249,15 @@ bool kt_constraint_accept(kt_constraint *c, int32_t token) {
     return true;
 }
 
+bool kt_constraint_accept_bytes(kt_constraint *c, const uint8_t *bytes, size_t n) {
+    if (c->error[0] || c->ended) return false;
+    uint32_t s = c->state;
+    for (size_t i = 0; i < n && s != DEAD; i++) s = step_byte(c, s, bytes[i]);
+    if (s == DEAD) return false;
+    c->state = s;
+    return true;
+}
+
 static void set_bit(uint64_t *m, int32_t t) {
     m[(uint32_t)t >> 6] |= 1ull << ((uint32_t)t & 63);
 }

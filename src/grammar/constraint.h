@@ -78,6 +78,10 @@ bool kt_constraint_allows(kt_constraint *c, int32_t token);
 void kt_constraint_mask(kt_constraint *c, uint64_t *mask);
 /* Takes `token`; false (nothing changed) if it is not allowed. */
 bool kt_constraint_accept(kt_constraint *c, int32_t token);
+/* Takes text that arrived inside a token the grammar did not see (the
+ * bytes after a lazy grammar's trigger, engine.h); false (nothing
+ * changed) if the grammar refuses them. */
+bool kt_constraint_accept_bytes(kt_constraint *c, const uint8_t *bytes, size_t n);
 /* The text so far is a complete sentence of the grammar. */
 bool kt_constraint_can_end(const kt_constraint *c);
 /* Nothing can follow: only end of generation is allowed. */

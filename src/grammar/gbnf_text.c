@@ -47,3 +47,37 @@ void sb_printf(sbuf *b, const char *fmt, ...) {
     va_end(ap2);
 }
 
+
+static bool word_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
+
+/* Copies a quoted literal or a character class starting at s[0] (its
+ * opening byte), escapes included; returns the length. */
+static size_t quoted_len(const char *s, char close) {
+    size_t i = 1;
+    while (s[i] && s[i] != close) i += s[i] == '\\' && s[i + 1] ? 2 : 1;
+    return s[i] ? i + 1 : i;
+}
+
+void sb_gbnf_prefixed(sbuf *b, const char *gbnf, const char *prefix) {
+    const char *s = gbnf;
+    while (*s) {
+        size_t n;
+        if (*s == '"' || *s == '[') {
+            n = quoted_len(s, *s == '"' ? '"' : ']');
+        } else if (*s == '{') { /* a repetition count: digits, not names */
+            n = strcspn(s, "}");
+            n += s[n] == '}';
+        } else if (*s == '#') {
+            n = strcspn(s, "\n");
+        } else if (word_char(*s)) {
+            for (n = 0; word_char(s[n]); n++) continue;
+            sb_puts(b, prefix);
+        } else {
+            n = 1;
+        }
+        sb_putn(b, s, n);
+        s += n;
+    }
+}

@@ -20,4 +20,10 @@ void sb_putn(sbuf *b, const char *s, size_t n);
 void sb_puts(sbuf *b, const char *s);
 void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Appends GBNF text with every rule name (definitions and references)
+ * prefixed, so that several grammars' rules can live in one grammar
+ * (tool calls: one JSON Schema per function). Literals, character
+ * classes, repetition counts and comments are copied as they are. */
+void sb_gbnf_prefixed(sbuf *b, const char *gbnf, const char *prefix);
+
 #endif

@@ -23,6 +23,7 @@ static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
 struct kt_text_detok {
     const kt_vocab *v;
     bool strip_leading_space;
+    bool show_control;      /* control tokens give their vocabulary text */
     bool started;           /* a piece with bytes has been seen */
     uint8_t held[4];
     int n_held;
@@ -101,9 +102,30 @@ static const char *drain(kt_text_detok *d, size_t n, bool final) {
     return d->out;
 }
 
+void kt_text_detok_show_control(kt_text_detok *d, bool on) {
+    if (d) d->show_control = on;
+}
+
+/* A control token's vocabulary text (`<|python_tag|>`), or 0 bytes. */
+static int control_text(const kt_text_detok *d, int32_t id, char *buf) {
+    if (!d->show_control || kt_vocab_type(d->v, id) != KT_TOKEN_CONTROL) return 0;
+    size_t n = 0;
+    const char *p = kt_vocab_piece(d->v, id, &n);
+    if (!p || n > 256) return 0;
+    if (buf) memcpy(buf, p, n);
+    return (int)n;
+}
+
 const char *kt_text_detok_push(kt_text_detok *d, int32_t id) {
     if (!d) return "";
     int need = kt_vocab_decode_piece(d->v, id, NULL, 0);
+    if (need == 0 && (need = control_text(d, id, NULL)) > 0) {
+        size_t n = (size_t)d->n_held + (size_t)need;
+        if (!reserve(d, n)) return "";
+        memcpy(d->in, d->held, (size_t)d->n_held);
+        control_text(d, id, d->in + d->n_held);
+        return drain(d, n, false);
+    }
     size_t n = (size_t)d->n_held + (size_t)need;
     if (!reserve(d, n)) return ""; /* out of memory: drop the piece */
     memcpy(d->in, d->held, (size_t)d->n_held);

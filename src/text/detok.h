@@ -26,6 +26,9 @@ kt_text_detok *kt_text_detok_new(const kt_vocab *v, bool strip_leading_space);
  * call. Invalid ids decode to nothing; a decoded NUL byte (<0x00>) ends
  * the C string early. Out of memory drops the piece (returns ""). */
 const char *kt_text_detok_push(kt_text_detok *d, int32_t id);
+/* Control tokens (which decode to nothing) give their vocabulary text
+ * instead: tool-call markers a parser must see. */
+void kt_text_detok_show_control(kt_text_detok *d, bool on);
 /* Returns what is held back (an incomplete sequence as U+FFFD, else "");
  * the detokenizer can go on being used after it. */
 const char *kt_text_detok_flush(kt_text_detok *d);

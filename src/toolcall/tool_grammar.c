@@ -1,0 +1,376 @@
+/*
+ * tool_grammar.c - the GBNF that keeps a family's tool calls valid (see
+ * toolcall.h): each function's parameter schema through kettle's JSON
+ * Schema converter (its rules prefixed "tN-" so all functions live in one
+ * grammar), written into the family's call text (format_int.h's g_call).
+ *
+ * Free text inside a constrained reply (the thinking block under
+ * `required`, an XML string argument) is "text that does not contain the
+ * closing marker M", written as the alternatives
+ *     [^m0 c] | m0 [^m1 c] | m0 m1 [^m2 c] | ...     (c = m0)
+ * repeated: every proper prefix of M followed by a byte that neither
+ * continues M nor starts it again. It refuses a few odd strings (a prefix
+ * of M right before another m0, such as "</" then "</think>") and never
+ * accepts M itself, so the marker always ends the text.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "grammar/gbnf_text.h"
+#include "grammar/json_schema.h"
+#include "toolcall/format_int.h"
+
+static bool empty(const char *s) { return !s || !s[0]; }
+
+typedef struct gcx {
+    const kt_tool_format *f;
+    sbuf rules; /* every tool's rules */
+    kt_tool_control_id control_id;
+    void *ctx;
+    kt_error *err;
+} gcx;
+
+/* A GBNF literal for s[0..n). */
+static void put_lit(sbuf *b, const char *s, size_t n) {
+    if (!n) return;
+    sb_puts(b, " \"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') sb_printf(b, "\\%c", c);
+        else if (c == '\n') sb_puts(b, "\\n");
+        else if (c == '\t') sb_puts(b, "\\t");
+        else if (c == '\r') sb_puts(b, "\\r");
+        else if (c < 0x20) sb_printf(b, "\\x%02X", c);
+        else sb_putn(b, (const char *)&c, 1);
+    }
+    sb_puts(b, "\"");
+}
+
+/* Where s[0..n) starts with a control token's text (a marker like
+ * [TOOL_CALLS]: `<` or `[` ... `>` or `]`), its id and *len; else -1. */
+static int32_t control_at(const gcx *g, const char *s, size_t n, size_t *len) {
+    if (!g || !g->control_id || (s[0] != '<' && s[0] != '[')) return -1;
+    for (size_t k = 2; k <= n && k <= 48; k++) {
+        if (s[k - 1] != '>' && s[k - 1] != ']') continue;
+        int32_t id = g->control_id(g->ctx, s, k);
+        if (id >= 0) return *len = k, id;
+    }
+    return -1;
+}
+
+/* Text as GBNF: literals, with each control token's text as its token
+ * reference <[id]> (its bytes are not text the trie can match). */
+static void put_text(const gcx *g, sbuf *b, const char *s, size_t n) {
+    size_t from = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len;
+        int32_t id = control_at(g, s + i, n - i, &len);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        put_lit(b, s + from, i - from);
+        sb_printf(b, " <[%d]>", (int)id);
+        i += len, from = i;
+    }
+    put_lit(b, s + from, n - from);
+}
+
+/* A character class byte, escaped. */
+static void put_class_byte(sbuf *b, unsigned char c) {
+    if (c == ']' || c == '\\' || c == '^' || c == '-' || c == '[') sb_printf(b, "\\%c", c);
+    else if (c == '\n') sb_puts(b, "\\n");
+    else if (c < 0x20 || c >= 0x80) sb_printf(b, "\\x%02X", c);
+    else sb_putn(b, (const char *)&c, 1);
+}
+
+/* rule ::= text not containing m (see the top of the file). */
+static void rule_without(sbuf *b, const char *rule, const char *m) {
+    size_t k = strlen(m);
+    sb_printf(b, "%s ::= (", rule);
+    for (size_t j = 0; j < k; j++) {
+        sb_puts(b, j ? " |" : "");
+        put_lit(b, m, j);
+        sb_puts(b, " [^");
+        put_class_byte(b, (unsigned char)m[j]);
+        if (m[j] != m[0]) put_class_byte(b, (unsigned char)m[0]);
+        sb_puts(b, "]");
+    }
+    sb_puts(b, " )*\n");
+}
+
+/* ---- one function ---- */
+
+static const char *fn_name(const json_t *tool) {
+    return json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
+}
+
+static const json_t *fn_params(const json_t *tool) {
+    return json_object_get(json_object_get(tool, "function"), "parameters");
+}
+
+/* Appends schema's rules as PREFIX-*; false with err set. */
+static bool add_schema(gcx *g, const json_t *schema, const char *prefix, const char *what) {
+    kt_error e = {0};
+    json_t *any = NULL;
+    if (!schema) schema = any = json_pack("{s:s, s:{}}", "type", "object", "properties");
+    char *gbnf = schema ? kt_json_schema_to_gbnf(schema, &e) : NULL;
+    json_decref(any);
+    if (!gbnf) {
+        kt_error_set(g->err, e.status ? e.status : KT_ERR_NOMEM, "%s: %s", what, e.msg[0] ? e.msg : "out of memory");
+        return false;
+    }
+    sb_gbnf_prefixed(&g->rules, gbnf, prefix);
+    free(gbnf);
+    return true;
+}
+
+/* Keywords a string parameter of an XML family may have: its value is
+ * raw text there, so anything that constrains a string beyond its enum
+ * cannot be enforced. */
+static bool plain_text_ok(const json_t *prop, const char **bad) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)prop, k, v) {
+        if (!strcmp(k, "type") || !strcmp(k, "description") || !strcmp(k, "title") || !strcmp(k, "default") ||
+            !strcmp(k, "examples") || !strcmp(k, "enum") || !strcmp(k, "$comment"))
+            continue;
+        *bad = k;
+        return false;
+    }
+    return true;
+}
+
+/* The value rule of XML parameter `key` of tool t (rule name in out). */
+static bool xml_value_rule(gcx *g, const json_t *prop, int t, int j, const char *key, const char *tool,
+                           char *out, size_t cap) {
+    const json_t *type = json_object_get(prop, "type");
+    const json_t *en = json_object_get(prop, "enum");
+    const char *bad = NULL;
+    bool text = json_is_string(type) && !strcmp(json_string_value(type), "string");
+    if (text && !plain_text_ok(prop, &bad)) {
+        kt_error_set(g->err, KT_ERR_UNSUPPORTED,
+                     "tool '%.80s', parameter '%.80s': keyword '%.40s' cannot be enforced on the raw-text "
+                     "arguments of the %s format",
+                     tool, key, bad, g->f->name);
+        return false;
+    }
+    snprintf(out, cap, "t%d-v%d", t, j);
+    if (text && json_is_array(en)) {
+        sb_printf(&g->rules, "%s ::=", out);
+        size_t i;
+        json_t *v;
+        json_array_foreach(en, i, v) {
+            if (!json_is_string(v)) continue;
+            sb_puts(&g->rules, i ? " |" : "");
+            put_text(g, &g->rules, json_string_value(v), json_string_length(v));
+        }
+        sb_puts(&g->rules, "\n");
+        return true;
+    }
+    if (text) return snprintf(out, cap, "xml-text"), true;
+    char prefix[48], what[256];
+    snprintf(prefix, sizeof prefix, "t%d-p%d-", t, j);
+    snprintf(what, sizeof what, "tool '%.80s', parameter '%.80s'", tool, key);
+    if (!add_schema(g, prop, prefix, what)) return false;
+    snprintf(out, cap, "t%d-p%d-root", t, j);
+    return true;
+}
+
+/* Writes template text (g_call or g_param) as a GBNF sequence: literal
+ * runs, and rules for %n (name), %a (arguments), %p (XML parameters),
+ * %k (key), %v (value rule), %i (an index). */
+static void expand(const gcx *g, sbuf *b, const char *tpl, const char *name, const char *args, const char *params,
+                   const char *key, const char *value) {
+    sbuf lit = {0};
+    for (const char *s = tpl; *s; s++) {
+        if (*s != '%' || !s[1]) {
+            sb_putn(&lit, s, 1);
+            continue;
+        }
+        char c = *++s;
+        if (c == 'n' || c == 'k') {
+            sb_puts(&lit, c == 'n' ? name : key);
+            continue;
+        }
+        put_text(g, b, lit.p ? lit.p : "", lit.n);
+        lit.n = 0;
+        if (c == 'a') sb_printf(b, " %s", args);
+        else if (c == 'p') sb_printf(b, " %s", params);
+        else if (c == 'v') sb_printf(b, " %s", value);
+        else if (c == 'i') sb_puts(b, " [0-9]");
+    }
+    put_text(g, b, lit.p ? lit.p : "", lit.n);
+    b->oom |= lit.oom;
+    free(lit.p);
+}
+
+/* tN-params ::= one g_param per property, required ones mandatory, in the
+ * schema's order. */
+static bool xml_params(gcx *g, const json_t *tool, int t) {
+    const json_t *ps = fn_params(tool);
+    const json_t *props = json_object_get(ps, "properties"), *req = json_object_get(ps, "required");
+    sbuf seq = {0};
+    const char *key;
+    json_t *prop;
+    int j = 0;
+    bool ok = true;
+    json_object_foreach((json_t *)props, key, prop) {
+        char vrule[64];
+        if (!(ok = xml_value_rule(g, prop, t, j, key, fn_name(tool), vrule, sizeof vrule))) break;
+        bool required = false;
+        size_t i;
+        json_t *r;
+        json_array_foreach(req, i, r) required |= json_is_string(r) && !strcmp(json_string_value(r), key);
+        sb_puts(&seq, " (");
+        expand(g, &seq, g->f->g_param, NULL, NULL, NULL, key, vrule);
+        sb_puts(&seq, required ? " )" : " )?");
+        j++;
+    }
+    if (ok) sb_printf(&g->rules, "t%d-params ::=%s\n", t, seq.p ? seq.p : " \"\"");
+    g->rules.oom |= seq.oom;
+    free(seq.p);
+    return ok;
+}
+
+/* call-N ::= the call of tool t; after-N: the same without the trigger's
+ * text when the call starts with it (Llama 3's `{"name"`). */
+static bool add_tool(gcx *g, const json_t *tool, int t) {
+    const char *name = fn_name(tool);
+    char what[160], prefix[32], args[48], params[48];
+    snprintf(what, sizeof what, "tool '%.80s' parameters", name);
+    snprintf(prefix, sizeof prefix, "t%d-", t);
+    snprintf(args, sizeof args, "t%d-root", t);
+    snprintf(params, sizeof params, "t%d-params", t);
+    if (g->f->shape == SHAPE_XML ? !xml_params(g, tool, t) : !add_schema(g, fn_params(tool), prefix, what))
+        return false;
+    const char *call = g->f->g_call;
+    size_t tl = strlen(g->f->trigger);
+    sb_printf(&g->rules, "call-%d ::=", t);
+    expand(g, &g->rules, call, name, args, params, NULL, NULL);
+    sb_printf(&g->rules, "\nafter-%d ::=", t);
+    expand(g, &g->rules, strncmp(call, g->f->trigger, tl) ? call : call + tl, name, args, params, NULL, NULL);
+    sb_puts(&g->rules, "\n");
+    return true;
+}
+
+/* ---- the grammars ---- */
+
+static char *finish(sbuf *root, const sbuf *rules) {
+    sb_putn(root, rules->p, rules->n);
+    if (root->oom || rules->oom) {
+        free(root->p);
+        return NULL;
+    }
+    return root->p;
+}
+
+/* body ::= what follows the trigger: calls with their list or section. */
+static void body_rules(gcx *g, int n_tools, bool parallel) {
+    const kt_tool_format *f = g->f;
+    sb_puts(&g->rules, "call ::=");
+    for (int t = 0; t < n_tools; t++) sb_printf(&g->rules, "%s call-%d", t ? " |" : "", t);
+    sb_puts(&g->rules, "\nafter ::=");
+    for (int t = 0; t < n_tools; t++) sb_printf(&g->rules, "%s after-%d", t ? " |" : "", t);
+    sb_puts(&g->rules, "\n");
+    if (f->g_more) { /* the calls are a list or a section after the trigger */
+        sb_puts(&g->rules, "body ::=");
+        put_text(g, &g->rules, f->g_start, strlen(f->g_start));
+        sb_puts(&g->rules, " call");
+        if (parallel) {
+            sb_puts(&g->rules, " (");
+            put_text(g, &g->rules, f->g_more, strlen(f->g_more));
+            sb_puts(&g->rules, f->g_more[0] ? " call )*" : " \"\" call )*");
+        }
+        put_text(g, &g->rules, f->g_end, strlen(f->g_end));
+        sb_puts(&g->rules, "\n");
+    } else {
+        sb_puts(&g->rules, "body ::= after\n");
+    }
+    if (f->shape == SHAPE_XML) rule_without(&g->rules, "xml-text", f->value_close);
+}
+
+/* root ::= [thinking] trigger body, for required / named. */
+static char *whole_reply(gcx *g, bool in_thinking) {
+    const kt_tool_format *f = g->f;
+    const char *open = f->g_think_open ? f->g_think_open : f->think_open;
+    const char *close = f->g_think_close ? f->g_think_close : f->think_close;
+    sbuf root = {0};
+    sb_puts(&root, "root ::=");
+    if (!empty(close)) {
+        if (!in_thinking) sb_puts(&root, " (");
+        if (!in_thinking) put_text(g, &root, open, strlen(open));
+        sb_puts(&root, " think-text");
+        put_text(g, &root, close, strlen(close));
+        sb_puts(&root, " " TC_WS);
+        if (!in_thinking) sb_puts(&root, " )?");
+    }
+    bool trigger_in_call = !strncmp(f->g_call, f->trigger, strlen(f->trigger));
+    if (!trigger_in_call) put_text(g, &root, f->trigger, strlen(f->trigger));
+    sb_puts(&root, trigger_in_call ? " call\n" : " body\n");
+    if (!empty(close)) rule_without(&root, "think-text", close);
+    return finish(&root, &g->rules);
+}
+
+static char *after_trigger(gcx *g, bool second) {
+    sbuf root = {0};
+    sb_puts(&root, second ? "root ::= call\n" : "root ::= body\n");
+    return finish(&root, &g->rules);
+}
+
+static const json_t *find_tool(const json_t *tools, const char *name) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        const char *n = fn_name(t);
+        if (n && !strcmp(n, name)) return t;
+    }
+    return NULL;
+}
+
+kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt_tool_choice choice,
+                                const char *name, bool parallel, bool in_thinking, kt_tool_control_id control_id,
+                                void *ctx, kt_tool_grammar *out, kt_error *err) {
+    *out = (kt_tool_grammar){.special_text = f->special_text};
+    if (choice == KT_TOOL_NONE || !json_array_size(tools)) return KT_OK;
+    gcx g = {.f = f, .control_id = control_id, .ctx = ctx, .err = err};
+    int n = 0;
+    if (choice == KT_TOOL_NAMED) {
+        const json_t *t = find_tool(tools, name);
+        if (!t) return kt_error_set(err, KT_ERR_ARG, "tool_choice names the function '%.80s', which is not in 'tools'", name);
+        if (!add_tool(&g, t, n++)) goto fail;
+    } else {
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) if (!add_tool(&g, t, n++)) goto fail;
+    }
+    parallel = parallel && !f->one_call && choice != KT_TOOL_NAMED;
+    body_rules(&g, n, parallel);
+    /* a list or section holds all the calls: one segment; else one
+     * segment per call, each opened by its trigger */
+    out->max_calls = f->g_more || !parallel ? 1 : 0;
+    if (choice != KT_TOOL_AUTO && !(out->grammar = whole_reply(&g, in_thinking))) goto nomem;
+    if (!(out->triggers[0] = strdup(f->trigger)) || !(out->trigger_grammars[0] = after_trigger(&g, false))) goto nomem;
+    out->n_triggers = 1;
+    if (!empty(f->trigger2)) {
+        if (!(out->triggers[1] = strdup(f->trigger2)) || !(out->trigger_grammars[1] = after_trigger(&g, true)))
+            goto nomem;
+        out->n_triggers = 2;
+    }
+    free(g.rules.p);
+    return KT_OK;
+nomem:
+    kt_error_set(err, KT_ERR_NOMEM, "out of memory building the tool-call grammar");
+fail:
+    free(g.rules.p);
+    kt_tool_grammar_free(out);
+    return err ? err->status : KT_ERR_NOMEM;
+}
+
+void kt_tool_grammar_free(kt_tool_grammar *g) {
+    free(g->grammar);
+    for (int i = 0; i < KT_TOOL_MAX_TRIGGERS; i++) free(g->triggers[i]), free(g->trigger_grammars[i]);
+    *g = (kt_tool_grammar){0};
+}

@@ -1,0 +1,222 @@
+/*
+ * tool_prepare.c - an OpenAI conversation made ready for a chat template
+ * (see kt_tool_prepare in toolcall.h).
+ *
+ * OpenAI clients send what templates were not all written for: `content:
+ * null` beside `tool_calls` (templates concatenate or search it),
+ * arguments as a JSON string (most templates index them as an object, a
+ * few concatenate the string), any id (Mistral's templates demand nine
+ * alphanumerics). And many templates have no place for tools at all
+ * (Gemma 2, Phi-3.5, kettle's plain built-ins): for those the tools go
+ * into the system message, with the generic format's instructions, and
+ * the tool loop is written as text in that same format, so the model sees
+ * its earlier calls the way it is asked to write new ones. Nothing of the
+ * conversation is dropped.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "toolcall/format_int.h"
+
+bool kt_tool_template_has_tools(const char *t) {
+    return t && strstr(t, "tools") != NULL;
+}
+
+static bool is_role(const json_t *msg, const char *role) {
+    const char *r = json_string_value(json_object_get(msg, "role"));
+    return r && !strcmp(r, role);
+}
+
+static bool id9(const char *s) {
+    if (!s || strlen(s) != 9) return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s)) return false;
+    return true;
+}
+
+/* An id in the family's form: kept when it already is, else derived from
+ * it (the same id always maps to the same one, so a call and its result
+ * still match). */
+static json_t *family_id(const kt_tool_format *f, json_t *id) {
+    if (f->ids != IDS_MISTRAL9 || !json_is_string(id) || id9(json_string_value(id))) return json_incref(id);
+    char out[16];
+    kt_tool_call_id(f, json_string_value(id), 0, out, sizeof out);
+    return json_string(out);
+}
+
+/* Arguments as the template wants them: an object parsed from the JSON
+ * string, or the string (made from an object if need be). */
+static bool fix_arguments(json_t *fn, bool as_string) {
+    json_t *a = json_object_get(fn, "arguments");
+    if (as_string && !json_is_string(a)) {
+        char *s = a ? json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
+        bool ok = s && !json_object_set_new(fn, "arguments", json_string(s));
+        free(s);
+        return ok;
+    }
+    if (!as_string && json_is_string(a)) {
+        json_t *parsed = json_loads(json_string_value(a), 0, NULL);
+        if (json_is_object(parsed)) return !json_object_set_new(fn, "arguments", parsed);
+        json_decref(parsed);
+    }
+    return true;
+}
+
+static bool fix_message(const kt_tool_format *f, json_t *msg, bool as_string) {
+    json_t *calls = json_object_get(msg, "tool_calls");
+    if (is_role(msg, "assistant") && json_is_null(json_object_get(msg, "content")) &&
+        json_object_set_new(msg, "content", json_string("")))
+        return false;
+    if (json_is_array(calls) && !json_array_size(calls)) json_object_del(msg, "tool_calls"), calls = NULL;
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function");
+        if (!json_is_object(c) || !json_is_object(fn)) return false;
+        if (!fix_arguments(fn, as_string)) return false;
+        if (json_object_get(c, "id") && json_object_set_new(c, "id", family_id(f, json_object_get(c, "id"))))
+            return false;
+    }
+    json_t *tid = json_object_get(msg, "tool_call_id");
+    if (tid && json_object_set_new(msg, "tool_call_id", family_id(f, tid))) return false;
+    return true;
+}
+
+/* ---- templates without tools ---- */
+
+static bool append_text(json_t *msg, const char *sep, const char *text) {
+    const char *old = json_string_value(json_object_get(msg, "content"));
+    size_t n = (old ? strlen(old) : 0) + strlen(sep) + strlen(text) + 1;
+    char *s = malloc(n);
+    if (!s) return false;
+    snprintf(s, n, "%s%s%s", old && old[0] ? old : "", old && old[0] ? sep : "", text);
+    bool ok = !json_object_set_new(msg, "content", json_string(s));
+    free(s);
+    return ok;
+}
+
+/* The system text that offers the tools in the generic format. */
+static char *tools_text(const json_t *tools) {
+    size_t cap = 1024, n = 0;
+    char *s = malloc(cap);
+    const char *head = "You can call these tools (JSON Schema of each function's arguments):\n<tools>\n";
+    const char *tail = "</tools>\nTo call a tool, reply with one line per call, exactly:\n<tool_call>\n"
+                       "{\"name\": \"FUNCTION\", \"arguments\": {ARGUMENTS}}\n</tool_call>\n"
+                       "Tool results come back inside <tool_response></tool_response>.";
+    bool ok = s != NULL;
+    size_t i;
+    json_t *t;
+#define PUT(str)                                                                                                       \
+    do {                                                                                                               \
+        size_t k_ = strlen(str);                                                                                       \
+        while (ok && n + k_ + 1 > cap) {                                                                               \
+            char *p_ = realloc(s, cap *= 2);                                                                           \
+            if (!p_) ok = false;                                                                                       \
+            else s = p_;                                                                                               \
+        }                                                                                                              \
+        if (ok) memcpy(s + n, str, k_), n += k_;                                                                       \
+    } while (0)
+    PUT(head);
+    json_array_foreach(tools, i, t) {
+        char *j = json_dumps(json_object_get(t, "function") ? json_object_get(t, "function") : t, JSON_COMPACT);
+        if (!j) ok = false;
+        else {
+            PUT(j);
+            PUT("\n");
+        }
+        free(j);
+    }
+    PUT(tail);
+#undef PUT
+    if (!ok) return free(s), NULL;
+    s[n] = 0;
+    return s;
+}
+
+/* An assistant's calls as the generic format's text after its content. */
+static bool calls_as_text(json_t *msg) {
+    json_t *calls = json_object_get(msg, "tool_calls");
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+        json_t *call = json_pack("{s:O, s:o}", "name", json_object_get(fn, "name"), "arguments",
+                                 parsed ? parsed : json_object());
+        char *j = call ? json_dumps(call, JSON_COMPACT) : NULL;
+        json_decref(call);
+        size_t n = j ? strlen(j) + 32 : 0;
+        char *text = j ? malloc(n) : NULL;
+        if (text) snprintf(text, n, "<tool_call>\n%s\n</tool_call>", j);
+        bool ok = text && append_text(msg, "\n", text);
+        free(j), free(text);
+        if (!ok) return false;
+    }
+    json_object_del(msg, "tool_calls");
+    return true;
+}
+
+/* A tool result as a user turn, merged into the user turn before it. */
+static bool result_as_user(json_t *out, json_t *msg) {
+    const char *c = json_string_value(json_object_get(msg, "content"));
+    size_t n = (c ? strlen(c) : 0) + 48;
+    char *text = malloc(n);
+    if (!text) return false;
+    snprintf(text, n, "<tool_response>\n%s\n</tool_response>", c ? c : "");
+    json_t *last = json_array_get(out, json_array_size(out) - 1);
+    bool ok;
+    if (last && is_role(last, "user")) ok = append_text(last, "\n", text);
+    else ok = !json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content", text));
+    free(text);
+    return ok;
+}
+
+static json_t *without_tools(json_t *msgs, const json_t *tools) {
+    json_t *out = json_array();
+    char *offer = json_array_size(tools) ? tools_text(tools) : NULL;
+    bool ok = out && (offer || !json_array_size(tools));
+    size_t i;
+    json_t *m;
+    if (ok && offer) {
+        json_t *first = json_array_get(msgs, 0);
+        if (first && is_role(first, "system")) ok = append_text(first, "\n\n", offer);
+        else ok = !json_array_append_new(out, json_pack("{s:s, s:s}", "role", "system", "content", offer));
+    }
+    json_array_foreach(msgs, i, m) {
+        if (!ok) break;
+        if (is_role(m, "tool")) ok = result_as_user(out, m);
+        else if (is_role(m, "assistant") && json_object_get(m, "tool_calls")) ok = calls_as_text(m) && !json_array_append(out, m);
+        else ok = !json_array_append(out, m);
+    }
+    free(offer);
+    if (!ok) json_decref(out), out = NULL;
+    return out;
+}
+
+json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, const json_t *messages,
+                        const json_t *tools, bool arguments_as_strings, json_t **tools_out, kt_error *err) {
+    *tools_out = NULL;
+    json_t *msgs = json_deep_copy(messages);
+    if (!msgs) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), NULL;
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        if (!fix_message(f, m, arguments_as_strings)) {
+            json_decref(msgs);
+            kt_error_set(err, KT_ERR_ARG, "'messages[%zu].tool_calls' must be a list of {id, type, function: {name, arguments}}", i);
+            return NULL;
+        }
+    }
+    if (kt_tool_template_has_tools(template_text)) {
+        *tools_out = tools ? json_incref((json_t *)tools) : NULL;
+        return msgs;
+    }
+    json_t *out = without_tools(msgs, tools);
+    json_decref(msgs);
+    if (!out) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    return out;
+}
