@@ -132,6 +132,16 @@ const char *kt_chat_builtin_template(const char *name);
  * NULL with err set (a template's raise_exception() message verbatim). */
 char *kt_chat_apply(const kt_model *model, const char *template_text, const char *messages_json,
                     const char *tools_json, bool add_generation_prompt, kt_error *err);
+/* The variables every template of the model sees (bos_token, eos_token,
+ * date_string) as a malloc'ed JSON object text; NULL when out of memory. */
+char *kt_chat_context_json(const kt_model *model);
+/* The same as kt_chat_apply, with `vars_json` (NULL or a JSON object: more template
+ * variables, e.g. {"enable_thinking": false}) and, unless
+ * `parse_tool_arguments`, tool-call arguments left as the messages have
+ * them (some templates concatenate the JSON string). */
+char *kt_chat_apply_ex(const kt_model *model, const char *template_text, const char *messages_json,
+                       const char *tools_json, bool add_generation_prompt, const char *vars_json,
+                       bool parse_tool_arguments, kt_error *err);
 
 /* ---- sessions: one sequence, its KV cache and scratch ------------------ */
 

@@ -13,9 +13,21 @@
 
 #include <jansson.h>
 
+#include <dirent.h>
+
 #include "grammar/grammar.h"
+#include "text/chat_builtin.h"
 #include "testutil.h"
 #include "toolcall/toolcall.h"
+
+/* Iterates the .jinja files of shared/templates (name: the file name). */
+#define DIR_LIST_TEMPLATES(name)                                                                                       \
+    DIR *dir_ = opendir(tu_shared("templates"));                                                                       \
+    assert_non_null(dir_);                                                                                             \
+    for (struct dirent *de_; (de_ = readdir(dir_));)                                                                   \
+        for (const char *name = de_->d_name; name && strlen(name) > 6 && !strcmp(name + strlen(name) - 6, ".jinja");  \
+             name = NULL)
+#define DIR_LIST_END closedir(dir_)
 
 /* ---- gathering deltas ---- */
 
@@ -290,7 +302,7 @@ static void test_grammars_accept_their_calls(void **state) {
         const kt_tool_format *f = kt_tool_format_by_name(c->family);
         kt_tool_grammar tg;
         kt_error err = {0};
-        assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, true, c->in_thinking, NULL, NULL, &tg, &err),
+        assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, true, c->in_thinking ? KT_THINK_OPEN : KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err),
                          KT_OK);
         kt_grammar *g = compile(tg.grammar);
         if (!kt_grammar_accepts(g, (const uint8_t *)c->reply, strlen(c->reply)))
@@ -324,7 +336,7 @@ static void test_grammar_named(void **state) {
     const kt_tool_format *f = kt_tool_format_by_name("hermes");
     kt_tool_grammar tg;
     kt_error err = {0};
-    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_NAMED, "get_time", false, false, NULL, NULL, &tg, &err), KT_OK);
+    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_NAMED, "get_time", false, KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
     kt_grammar *g = compile(tg.grammar);
     const char *ok = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
     const char *other = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}\n</tool_call>";
@@ -333,17 +345,17 @@ static void test_grammar_named(void **state) {
     assert_int_equal(tg.max_calls, 1);
     kt_grammar_free(g);
     kt_tool_grammar_free(&tg);
-    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_NAMED, "nope", false, false, NULL, NULL, &tg, &err), KT_ERR_ARG);
+    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_NAMED, "nope", false, KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_ERR_ARG);
     assert_non_null(strstr(err.msg, "nope"));
     /* arguments must match the schema: a missing required key is refused */
-    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, false, false, NULL, NULL, &tg, &err), KT_OK);
+    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, false, KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
     g = compile(tg.grammar);
     const char *missing = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}\n</tool_call>";
     assert_false(kt_grammar_accepts(g, (const uint8_t *)missing, strlen(missing)));
     kt_grammar_free(g);
     kt_tool_grammar_free(&tg);
     /* none: nothing to constrain */
-    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_NONE, NULL, false, false, NULL, NULL, &tg, &err), KT_OK);
+    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_NONE, NULL, false, KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
     assert_null(tg.grammar);
     assert_int_equal(tg.n_triggers, 0);
     json_decref(tools);
@@ -362,8 +374,8 @@ static void test_grammar_control_tokens(void **state) {
     json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
     kt_tool_grammar tg;
     kt_error err = {0};
-    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("mistral"), tools, KT_TOOL_REQUIRED, NULL, false, false,
-                                           fake_control, NULL, &tg, &err),
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("mistral"), tools, KT_TOOL_REQUIRED, NULL, false, KT_THINK_MAYBE,
+                                           NULL, fake_control, NULL, &tg, &err),
                      KT_OK);
     assert_non_null(strstr(tg.grammar, "<[5]>"));
     assert_non_null(strstr(tg.grammar, "<[7]>"));
@@ -473,6 +485,53 @@ static void test_prepare(void **state) {
     json_decref(msgs), json_decref(tools);
 }
 
+/* Every template in shared/templates renders the second turn of an OpenAI
+ * tool loop (content null beside tool_calls, arguments as a JSON string,
+ * the tool's result):
+ * the call, its result and (where the template has a place for tools) the
+ * tools all appear in the prompt. */
+static void test_render_tool_loop_everywhere(void **state) {
+    (void)state;
+    json_t *msgs = json_loads(
+        "[{\"role\":\"system\",\"content\":\"You help.\"},{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_8f2k3j4h5g6d7s8a\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_8f2k3j4h5g6d7s8a\",\"name\":\"get_weather\",\"content\":\"sunny-21\"}]",
+        0, NULL);
+    assert_non_null(msgs);
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
+    json_t *vars = json_pack("{s:s, s:s, s:s}", "bos_token", "<s>", "eos_token", "</s>", "date_string", "26 Jul 2024");
+    DIR_LIST_TEMPLATES(name) {
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", tu_shared("templates"), name);
+        char *t = tu_read_file(path, NULL);
+        assert_non_null(t);
+        const kt_tool_format *f = kt_tool_format_detect(t);
+        kt_error err = {0};
+        char *out = kt_tool_render(f, t, msgs, tools, vars, 1721952000, &err);
+        if (!out) fail_msg("%s (%s): %s", name, kt_tool_format_name(f), err.msg);
+        if (!strstr(out, "sunny-21") || !strstr(out, "Paris") || !strstr(out, "get_weather"))
+            fail_msg("%s: the tool loop is not all in the prompt:\n%s", name, out);
+        if (!strstr(out, "search") && !strstr(out, "get_time"))
+            fail_msg("%s: the offered tools are not in the prompt:\n%s", name, out);
+        free(out), free(t);
+    }
+    DIR_LIST_END;
+    /* and every built-in */
+    static const char *const builtins[] = {"chatml", "llama2", "llama3", "mistral", "phi3", "gemma"};
+    for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++) {
+        const char *t = kt_chat_builtin(builtins[i]);
+        kt_error err = {0};
+        char *out = kt_tool_render(kt_tool_format_detect(t), t, msgs, tools, vars, 1721952000, &err);
+        if (!out) fail_msg("built-in %s: %s", builtins[i], err.msg);
+        assert_non_null(strstr(out, "sunny-21"));
+        assert_non_null(strstr(out, "get_time"));
+        assert_non_null(strstr(out, "<tool_call>"));
+        free(out);
+    }
+    json_decref(vars), json_decref(tools), json_decref(msgs);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parsers_whole),
@@ -483,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_control_tokens),
         cmocka_unit_test(test_detect_templates),
         cmocka_unit_test(test_prepare),
+        cmocka_unit_test(test_render_tool_loop_everywhere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

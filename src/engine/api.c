@@ -200,23 +200,39 @@ static json_t *chat_context(const kt_model *m) {
     return json_pack("{s:s, s:s, s:s}", "bos_token", bos, "eos_token", eos, "date_string", date);
 }
 
-char *kt_chat_apply(const kt_model *m, const char *template_text, const char *messages_json,
-                    const char *tools_json, bool add_generation_prompt, kt_error *err) {
+char *kt_chat_context_json(const kt_model *m) {
+    json_t *ctx = chat_context(m);
+    char *s = ctx ? json_dumps(ctx, JSON_COMPACT) : NULL;
+    json_decref(ctx);
+    return s;
+}
+
+char *kt_chat_apply_ex(const kt_model *m, const char *template_text, const char *messages_json,
+                       const char *tools_json, bool add_generation_prompt, const char *vars_json,
+                       bool parse_tool_arguments, kt_error *err) {
     const char *tmpl = template_text ? template_text : m->chat_template;
     if (!tmpl) {
         kt_error_set(err, KT_ERR_ARG, "the model has no chat template; give one (built-ins: %s)",
                      kt_chat_builtin_names());
         return NULL;
     }
-    json_t *messages = parse_json_arg(messages_json, "messages", err), *tools = NULL, *ctx = NULL;
+    json_t *messages = parse_json_arg(messages_json, "messages", err), *tools = NULL, *ctx = NULL, *vars = NULL;
     char *out = NULL;
-    if (messages && (!tools_json || (tools = parse_json_arg(tools_json, "tools", err)))) {
-        kt_chat_parse_tool_arguments(messages);
-        if (!(ctx = chat_context(m))) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    if (vars_json && !json_is_object(vars = json_loads(vars_json, 0, NULL))) {
+        kt_error_set(err, KT_ERR_ARG, "chat template variables must be a JSON object");
+    } else if (messages && (!tools_json || (tools = parse_json_arg(tools_json, "tools", err)))) {
+        if (parse_tool_arguments) kt_chat_parse_tool_arguments(messages);
+        if (!(ctx = chat_context(m)) || (vars && json_object_update(ctx, vars)))
+            kt_error_set(err, KT_ERR_NOMEM, "out of memory");
         else out = kt_chat_render(tmpl, messages, tools, add_generation_prompt, ctx, err);
     }
-    json_decref(ctx), json_decref(tools), json_decref(messages);
+    json_decref(ctx), json_decref(tools), json_decref(messages), json_decref(vars);
     return out;
+}
+
+char *kt_chat_apply(const kt_model *m, const char *template_text, const char *messages_json,
+                    const char *tools_json, bool add_generation_prompt, kt_error *err) {
+    return kt_chat_apply_ex(m, template_text, messages_json, tools_json, add_generation_prompt, NULL, true, err);
 }
 
 kt_detok *kt_detok_new_ex(const kt_model *m, bool show_control) {

@@ -158,9 +158,14 @@ static bool sse_error(srv_buf *out, const char *msg) {
  * error object when the engine failed). */
 static bool stream_event(srv_conn *c, const kt_event *ev) {
     bool iu = c->gen.include_usage;
+    json_t *chunks;
+    if (!srv_chunk_event(&c->reply, ev, iu, &chunks)) return false;
+    size_t i;
     json_t *j;
-    if (!srv_chunk_event(&c->reply, ev, iu, &j)) return false;
-    if (j && !srv_buf_sse(&c->out, j)) return false;
+    bool ok = true;
+    json_array_foreach(chunks, i, j) ok = ok && srv_buf_sse(&c->out, json_incref(j));
+    json_decref(chunks);
+    if (!ok) return false;
     if (ev->finish == KT_FINISH_NONE) return true;
     if (!srv_buf_sse(&c->out, srv_chunk_finish(&c->reply, ev->choice, ev->finish, iu))) return false;
     return ev->finish != KT_FINISH_ERROR || sse_error(&c->out, ev->error);
@@ -279,6 +284,13 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
     p.logit_bias = g->logit_bias, p.n_logit_bias = g->n_logit_bias, p.priority = g->priority;
     p.ignore_eos = g->ignore_eos;
     p.grammar = g->grammar, p.grammar_len = g->grammar ? strlen(g->grammar) : 0;
+    const kt_tool_grammar *tg = &g->tools_grammar;
+    if (tg->n_triggers) { /* tools: their grammar (with response_format's inside it under auto) */
+        p.grammar = tg->grammar, p.grammar_len = tg->grammar ? strlen(tg->grammar) : 0;
+        p.triggers = (const char *const *)tg->triggers, p.trigger_grammars = (const char *const *)tg->trigger_grammars;
+        p.n_triggers = tg->n_triggers, p.max_segments = tg->max_calls;
+    }
+    p.special_text = srv_gen_special_text(g);
     p.notify = srv_link_notify, p.notify_ctx = link;
     p.client_gone = srv_link_client_gone;
     return p;

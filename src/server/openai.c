@@ -10,6 +10,7 @@
  */
 #include "server/openai.h"
 
+#include "base/error.h"
 #include "grammar/json_schema.h"
 #include "server/sampled.h"
 #include "text/utf8.h"
@@ -147,9 +148,130 @@ static bool parse_messages(json_t *body, srv_gen_req *r, srv_error *e) {
     json_t *msg;
     json_array_foreach(v, i, msg) if (!check_message(msg, i, e)) return false;
     r->messages = v;
-    json_t *tools = field(body, "tools");
+    return true;
+}
+
+/* ---- tools ---- */
+
+#define MAX_TOOLS 128
+
+static bool check_tool(json_t *t, size_t i, srv_error *e) {
+    json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+    if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_object(fn))
+        return srv_fail(e, 400, INVALID, "tools", NULL, "'tools[%zu]' must be {\"type\": \"function\", \"function\": {...}}", i);
+    json_t *name = json_object_get(fn, "name"), *params = field(fn, "parameters");
+    if (!json_is_string(name) || !json_string_length(name) || json_string_length(name) > 64)
+        return srv_fail(e, 400, INVALID, "tools", NULL, "'tools[%zu].function.name' must be a string of 1 to 64 characters", i);
+    for (const char *c = json_string_value(name); *c; c++)
+        if (!(*c == '_' || *c == '-' || *c == '.' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
+              (*c >= 'A' && *c <= 'Z')))
+            return srv_fail(e, 400, INVALID, "tools", NULL,
+                            "'tools[%zu].function.name' '%.64s' may only have letters, digits, '_', '-' and '.'", i,
+                            json_string_value(name));
+    if (params && !json_is_object(params))
+        return srv_fail(e, 400, INVALID, "tools", NULL, "'tools[%zu].function.parameters' must be a JSON Schema object", i);
+    return true;
+}
+
+/* tools, tool_choice, parallel_tool_calls. */
+static bool parse_tools(json_t *body, srv_gen_req *r, srv_error *e) {
+    json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice");
+    r->parallel_tool_calls = true;
+    if (!read_bool(body, "parallel_tool_calls", &r->parallel_tool_calls, e)) return false;
     if (tools && !json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array");
-    r->tools = tools && json_array_size(tools) ? tools : NULL;
+    if (json_array_size(tools) > MAX_TOOLS)
+        return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' has %zu functions; at most %d are allowed",
+                        json_array_size(tools), MAX_TOOLS);
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) if (!check_tool(t, i, e)) return false;
+    r->tools = json_array_size(tools) ? tools : NULL;
+    r->tool_choice = r->tools ? KT_TOOL_AUTO : KT_TOOL_NONE;
+    if (!choice) return true;
+    if (json_is_string(choice)) {
+        const char *c = json_string_value(choice);
+        if (!strcmp(c, "none")) r->tool_choice = KT_TOOL_NONE;
+        else if (!strcmp(c, "auto")) r->tool_choice = r->tools ? KT_TOOL_AUTO : KT_TOOL_NONE;
+        else if (!strcmp(c, "required")) r->tool_choice = KT_TOOL_REQUIRED;
+        else
+            return srv_fail(e, 400, INVALID, "tool_choice", NULL,
+                            "'tool_choice' '%.40s' is not one of \"none\", \"auto\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                            c);
+    } else {
+        json_t *fn = json_is_object(choice) ? json_object_get(choice, "function") : NULL;
+        json_t *type = json_is_object(choice) ? json_object_get(choice, "type") : NULL;
+        json_t *name = json_object_get(fn, "name");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_string(name))
+            return srv_fail(e, 400, INVALID, "tool_choice", NULL,
+                            "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}");
+        r->tool_choice = KT_TOOL_NAMED, r->tool_name = json_string_value(name);
+    }
+    if ((r->tool_choice == KT_TOOL_REQUIRED || r->tool_choice == KT_TOOL_NAMED) && !r->tools)
+        return srv_fail(e, 400, INVALID, "tool_choice", NULL, "'tool_choice' asks for a tool call but 'tools' is empty");
+    return true;
+}
+
+/* reasoning_format ("auto" | "none", as llama-server's) and
+ * chat_template_kwargs (extra template variables, as vLLM's and
+ * llama-server's: {"enable_thinking": false}). */
+static bool parse_reasoning(json_t *body, srv_gen_req *r, srv_error *e) {
+    json_t *rf = field(body, "reasoning_format"), *kw = field(body, "chat_template_kwargs");
+    r->reasoning_split = true;
+    if (rf) {
+        const char *v = json_string_value(rf);
+        if (!v || (strcmp(v, "none") && strcmp(v, "auto") && strcmp(v, "deepseek")))
+            return srv_fail(e, 400, INVALID, "reasoning_format", NULL,
+                            "'reasoning_format' must be \"auto\" (thinking goes to reasoning_content) or \"none\" "
+                            "(it stays in content)");
+        r->reasoning_split = strcmp(v, "none") != 0;
+    }
+    if (kw && !json_is_object(kw))
+        return srv_fail(e, 400, INVALID, "chat_template_kwargs", NULL, "'chat_template_kwargs' must be an object");
+    r->template_kwargs = kw;
+    return true;
+}
+
+/* Every parameter a request may have. One kettle does not implement is a
+ * 400 naming it: a client must never believe a setting took effect when
+ * it did not. */
+static const char *const CHAT_PARAMS[] = {
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "max_completion_tokens", "n",
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed", "stop", "logprobs",
+    "top_logprobs", "logit_bias", "response_format", "grammar", "stream", "stream_options", "priority",
+    "ignore_eos", "reasoning_format", "chat_template_kwargs", "user", NULL};
+static const char *const COMPLETION_PARAMS[] = {
+    "model", "prompt", "echo", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+    "frequency_penalty", "seed", "stop", "logprobs", "logit_bias", "response_format", "grammar", "stream",
+    "stream_options", "priority", "ignore_eos", "user", NULL};
+
+static const char *why_unsupported(const char *k) {
+    if (!strcmp(k, "functions") || !strcmp(k, "function_call"))
+        return "the deprecated function-calling API is not supported; use 'tools' and 'tool_choice'";
+    if (!strcmp(k, "best_of")) return "'best_of' is not supported; use 'n'";
+    if (!strcmp(k, "suffix")) return "'suffix' (fill-in-the-middle) is not supported";
+    if (!strcmp(k, "reasoning_effort")) return "'reasoning_effort' is not supported; chat_template_kwargs can turn a "
+                                                "model's thinking on or off where its template allows";
+    return NULL;
+}
+
+static bool check_params(json_t *body, srv_kind kind, srv_error *e) {
+    const char *const *known = kind == SRV_CHAT ? CHAT_PARAMS : COMPLETION_PARAMS;
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v) {
+        bool ok = false;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(known[i], k);
+        if (ok) continue;
+        /* an explicit "off" is no setting at all */
+        if (json_is_null(v) || json_is_false(v)) continue;
+        const char *why = why_unsupported(k);
+        if (why) return srv_fail(e, 400, INVALID, k, "unsupported_parameter", "%s", why);
+        return srv_fail(e, 400, INVALID, k, "unsupported_parameter",
+                        "'%.60s' is not a parameter kettle implements for %s; remove it", k,
+                        kind == SRV_CHAT ? "/v1/chat/completions" : "/v1/completions");
+    }
     return true;
 }
 
@@ -336,8 +458,10 @@ bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64
                    srv_gen_req *out, srv_error *e) {
     *out = (srv_gen_req){.kind = kind};
     if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the request body must be a JSON object");
-    bool ok = parse_model(body, mi, e) &&
-              (kind == SRV_CHAT ? parse_messages(body, out, e) : parse_prompt(body, out, e)) &&
+    bool ok = check_params(body, kind, e) && parse_model(body, mi, e) &&
+              (kind == SRV_CHAT ? parse_messages(body, out, e) && parse_tools(body, out, e) &&
+                                      parse_reasoning(body, out, e)
+                                : parse_prompt(body, out, e)) &&
               parse_lengths(body, out, e) && parse_sampling(body, random_seed, out, e) &&
               parse_stop(body, out, e) && parse_logprobs(body, out, e) && parse_logit_bias(body, mi, out, e) &&
               parse_structured(body, out, e) && parse_stream(body, out, e);
@@ -351,6 +475,7 @@ void srv_gen_req_free(srv_gen_req *r) {
     r->n_logit_bias = 0;
     free(r->grammar);
     r->grammar = NULL;
+    kt_tool_grammar_free(&r->tools_grammar);
 }
 
 /* ---- prompts ---- */
@@ -443,15 +568,58 @@ static int splice_replies(const kt_model *m, srv_sampled *mem, json_t *messages,
     return n;
 }
 
-/* As `kettle chat` does: the template writes BOS itself when it wants one. */
-static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, const srv_gen_req *r, int32_t **ids,
-                       srv_error *e) {
-    kt_error err = {0};
-    char *msgs = json_dumps(r->messages, JSON_COMPACT), *tools = r->tools ? json_dumps(r->tools, JSON_COMPACT) : NULL;
-    char *text = msgs && (!r->tools || tools) ? kt_chat_apply(m, tmpl, msgs, tools, true, &err) : NULL;
-    free(msgs), free(tools);
+static int32_t control_id(void *ctx, const char *s, size_t n) {
+    return kt_token_control_id(ctx, s, n);
+}
+
+/* The conversation rendered with the template (kt_tool_render: made
+ * ready for it first), with the model's variables and the request's
+ * chat_template_kwargs. */
+static char *render_chat(const kt_model *m, const char *tmpl, srv_gen_req *r, srv_error *e) {
+    const char *text = tmpl ? tmpl : kt_model_chat_template(m);
+    r->format = kt_tool_format_detect(text);
     if (!text)
-        return srv_fail(e, 400, INVALID, "messages", NULL, "%s", err.msg[0] ? err.msg : "out of memory"), -1;
+        return srv_fail(e, 400, INVALID, "messages", NULL, "the model has no chat template; start the server with "
+                        "--chat-template (a Jinja file, or a built-in)"), NULL;
+    char *ctx = kt_chat_context_json(m);
+    json_t *vars = ctx ? json_loads(ctx, 0, NULL) : NULL;
+    free(ctx);
+    kt_error err = {0};
+    char *out = NULL;
+    if (!vars || (r->template_kwargs && json_object_update(vars, r->template_kwargs)))
+        kt_error_set(&err, KT_ERR_NOMEM, "out of memory");
+    else out = kt_tool_render(r->format, text, r->messages, r->tools, vars, 0, &err);
+    json_decref(vars);
+    if (!out) srv_fail(e, err.status == KT_ERR_NOMEM ? 500 : 400, err.status == KT_ERR_NOMEM ? "server_error" : INVALID,
+                       "messages", NULL, "%s", err.msg[0] ? err.msg : "out of memory");
+    return out;
+}
+
+/* The grammar that keeps the calls valid. Under "auto" a response_format
+ * becomes the alternative to a call; under required / a named function
+ * there is no text answer for it to shape. */
+static bool tools_grammar(const kt_model *m, srv_gen_req *r, srv_error *e) {
+    if (!r->tools || r->tool_choice == KT_TOOL_NONE) return true;
+    if (r->grammar && r->tool_choice != KT_TOOL_AUTO)
+        return srv_fail(e, 400, INVALID, "response_format", NULL,
+                        "'response_format' / 'grammar' shape a text answer, and 'tool_choice' asks for a tool call "
+                        "instead; give one of them");
+    kt_error err = {0};
+    if (kt_tool_grammar_build(r->format, r->tools, r->tool_choice, r->tool_name, r->parallel_tool_calls, r->think,
+                              r->grammar, control_id, (void *)m, &r->tools_grammar, &err) != KT_OK)
+        return srv_fail(e, err.status == KT_ERR_NOMEM ? 500 : 400, err.status == KT_ERR_NOMEM ? "server_error" : INVALID,
+                        r->tool_choice == KT_TOOL_NAMED && err.status == KT_ERR_ARG ? "tool_choice" : "tools", NULL,
+                        "%s", err.msg);
+    return true;
+}
+
+/* As `kettle chat` does: the template writes BOS itself when it wants one. */
+static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, srv_gen_req *r, int32_t **ids,
+                       srv_error *e) {
+    char *text = render_chat(m, tmpl, r, e);
+    if (!text) return -1;
+    r->think = kt_tool_think_state(r->format, text);
+    if (!tools_grammar(m, r, e)) return free(text), -1;
     char bos[64] = "";
     int bos_id = kt_model_describe(m)->bos_id;
     if (bos_id >= 0) kt_token_text(m, bos_id, bos, sizeof bos);
@@ -462,7 +630,7 @@ static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, co
     return n;
 }
 
-int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled *sampled, const srv_gen_req *r,
+int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled *sampled, srv_gen_req *r,
                       int32_t **ids, srv_error *e) {
     *ids = NULL;
     int n = r->kind == SRV_CHAT ? chat_tokens(m, template_text, sampled, r, ids, e)
@@ -473,6 +641,11 @@ int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled 
                         "the prompt is empty (and the model adds no BOS token)"), -1;
     }
     return n;
+}
+
+bool srv_gen_special_text(const srv_gen_req *r) {
+    if (!r->format || !kt_tool_format_special_text(r->format)) return false;
+    return r->tools_grammar.n_triggers > 0 || (r->reasoning_split && !strcmp(kt_tool_format_name(r->format), "gpt-oss"));
 }
 
 /* The request's name for a kt_gen_params field. */

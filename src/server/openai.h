@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "kettle.h"
+#include "toolcall/toolcall.h"
 
 /* An error answered to the client: HTTP status and OpenAI's error object. */
 typedef struct srv_error {
@@ -28,6 +29,12 @@ typedef struct srv_error {
     char param[64];    /* the offending field, or "" */
     char msg[640];
 } srv_error;
+
+/* A growable byte buffer (srv_buf_append). */
+typedef struct srv_buf {
+    char *data;
+    size_t len, cap;
+} srv_buf;
 
 /* Fills e (status, type, param, code, message); returns false so that
  * parsers can `return srv_fail(...)`. */
@@ -59,6 +66,16 @@ typedef struct srv_gen_req {
     int priority;
     bool ignore_eos;           /* extension: do not stop at end-of-turn tokens */
     char *grammar;             /* GBNF from response_format or 'grammar'; malloc'ed, NULL: none */
+    /* chat: tools and reasoning */
+    kt_tool_choice tool_choice; /* KT_TOOL_NONE without tools */
+    const char *tool_name;     /* tool_choice {"function": {"name"}} */
+    bool parallel_tool_calls;  /* default true */
+    bool reasoning_split;      /* thinking goes to reasoning_content (reasoning_format "none": no) */
+    json_t *template_kwargs;   /* chat_template_kwargs: extra template variables, borrowed */
+    /* worked out with the prompt (srv_prompt_tokens) */
+    const kt_tool_format *format; /* the template's family; NULL: completions */
+    kt_tool_think think;       /* where the prompt left the thinking block */
+    kt_tool_grammar tools_grammar; /* what keeps calls valid (empty without tools) */
 } srv_gen_req;
 
 /* What the parser needs to know about the served model. */
@@ -76,6 +93,8 @@ void srv_gen_req_free(srv_gen_req *r);
 struct srv_sampled;
 
 /* The prompt as tokens: chat messages rendered with `template_text`
+ * (the conversation first made ready for it, kt_tool_prepare; tools
+ * also set r's format, in_thinking and tools_grammar)
  * (NULL: the model's own) and tokenized with control tokens matched (BOS
  * added unless the template wrote it), or the raw completion prompt with
  * the model's BOS rule. An assistant message whose content `sampled`
@@ -84,7 +103,11 @@ struct srv_sampled;
  * text. Returns the count (>= 1) and a malloc'ed array, or -1 with e
  * filled. */
 int srv_prompt_tokens(const kt_model *m, const char *template_text, struct srv_sampled *sampled,
-                      const srv_gen_req *r, int32_t **ids, srv_error *e);
+                      srv_gen_req *r, int32_t **ids, srv_error *e);
+
+/* The engine must show control tokens as text: the family's markers are
+ * control tokens and the reply is parsed for calls or reasoning. */
+bool srv_gen_special_text(const srv_gen_req *r);
 
 /* Maps a failed kt_engine_submit_ex to the answer: KT_ERR_ARG 400 naming
  * the request parameter `field` is about, KT_ERR_CONTEXT 400
@@ -106,6 +129,12 @@ typedef struct srv_choice {
     int32_t *ids;                /* the sampled ids, for the sampled-ids memory */
     int n_ids, cap_ids;
     bool ids_cut;                /* a stop string cut the text: ids and text differ */
+    /* chat: the text parsed into content, reasoning and tool calls */
+    struct srv_reply *reply;     /* its reply (the parser's callback needs it) */
+    int index;
+    kt_tool_parser *parser;      /* NULL: the text is the content */
+    srv_buf content, reasoning;
+    json_t *calls;               /* [{id, type, function: {name, arguments}}] */
 } srv_choice;
 
 /* The response being built for one request. */
@@ -118,6 +147,9 @@ typedef struct srv_reply {
     int n_choices;
     bool logprobs;
     size_t prompt_chars;  /* completions: text_offset of the first token */
+    bool streaming;       /* deltas of the parsers become chunks (pending) */
+    json_t *pending;      /* chunks made by the last srv_reply_track */
+    int pending_choice;
     srv_choice choices[KT_MAX_CHOICES];
 } srv_reply;
 
@@ -128,7 +160,9 @@ void srv_reply_free(srv_reply *rp);
 /* Adds an event's text, logprobs and finish to its choice; false on
  * allocation failure. */
 bool srv_reply_add(srv_reply *rp, const kt_event *ev);
-/* The part of srv_reply_add a stream needs too: text, sampled id, finish. */
+/* The part of srv_reply_add a stream needs too: text, sampled id, finish,
+ * and the parse of the text (for a stream, into chunks for
+ * srv_chunk_event). */
 bool srv_reply_track(srv_reply *rp, const kt_event *ev);
 /* Chat: hands every choice whose text is exactly its sampled ids (ended by
  * length or an end-of-turn token, not cut by a stop string) to the
@@ -142,10 +176,11 @@ json_t *srv_reply_json(const srv_reply *rp, const kt_request_usage *u);
 
 /* Streaming: the role chunk a chat stream opens each choice with. */
 json_t *srv_chunk_role(const srv_reply *rp, int choice, bool include_usage);
-/* The chunk for one event's text delta and logprobs in *out, or NULL when
- * it carries neither (completions: advances the choice's text_offset).
- * False only when out of memory: the delta could not be made and the
- * stream must end with an error, not skip it. */
+/* The chunks for one event (after srv_reply_track): its deltas (content,
+ * reasoning_content, tool_calls) and logprobs, as a JSON array in *out,
+ * or NULL when it carries none (completions: advances the choice's
+ * text_offset). False only when out of memory: the delta could not be
+ * made and the stream must end with an error, not skip it. */
 bool srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage, json_t **out);
 /* The chunk that ends choice i: empty delta and its finish_reason. */
 json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_usage);
@@ -153,11 +188,7 @@ json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_u
 json_t *srv_chunk_usage(const srv_reply *rp, const kt_request_usage *u);
 
 /* Appends "data: JSON\n\n" to a growable buffer (steals `j`); false on
- * allocation failure. */
-typedef struct srv_buf {
-    char *data;
-    size_t len, cap;
-} srv_buf;
+ * allocation failure. (srv_buf is defined above, with the errors.) */
 bool srv_buf_append(srv_buf *b, const char *s, size_t n);
 bool srv_buf_sse(srv_buf *b, json_t *j);
 void srv_buf_free(srv_buf *b);

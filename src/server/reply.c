@@ -48,15 +48,93 @@ static bool completion_lp_add(const kt_model *m, const kt_event *ev, json_t *tok
 
 /* ---- gathering a whole answer ---- */
 
+/* ---- the parse of a chat reply ---- */
+
+static bool buf_add(srv_buf *b, const char *s, size_t n) { return srv_buf_append(b, s, n); }
+
+/* A delta as a stream chunk's choice object. */
+static json_t *delta_choice(const srv_choice *c, const kt_tool_delta *d) {
+    json_t *delta = NULL;
+    switch (d->kind) {
+    case KT_TD_CONTENT: delta = json_pack("{s:s%}", "content", d->text, d->len); break;
+    case KT_TD_REASONING: delta = json_pack("{s:s%}", "reasoning_content", d->text, d->len); break;
+    case KT_TD_CALL:
+        delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s%, s:s}}]}", "tool_calls", "index", d->index, "id", d->id, "type",
+                          "function", "function", "name", d->text, d->len, "arguments", "");
+        break;
+    case KT_TD_ARGS:
+        delta = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", d->index, "function", "arguments", d->text,
+                          d->len);
+        break;
+    }
+    return delta ? json_pack("{s:i, s:o, s:n, s:n}", "index", c->index, "delta", delta, "logprobs", "finish_reason")
+                 : NULL;
+}
+
+/* Appends text to call k's arguments. */
+static bool args_append(json_t *calls, int k, const char *s, size_t n) {
+    json_t *fn = json_object_get(json_array_get(calls, (size_t)k), "function");
+    json_t *a = json_object_get(fn, "arguments");
+    if (!json_is_string(a)) return false;
+    size_t old = json_string_length(a);
+    char *joined = malloc(old + n + 1);
+    if (!joined) return false;
+    memcpy(joined, json_string_value(a), old);
+    memcpy(joined + old, s, n);
+    joined[old + n] = 0;
+    bool ok = !json_object_set_new(fn, "arguments", json_stringn(joined, old + n));
+    free(joined);
+    return ok;
+}
+
+/* The parser's callback: the delta is gathered into the choice and, when
+ * streaming, becomes a chunk. */
+static bool on_delta(void *ctx, const kt_tool_delta *d) {
+    srv_choice *c = ctx;
+    srv_reply *rp = c->reply;
+    bool ok = true;
+    switch (d->kind) {
+    case KT_TD_CONTENT: ok = buf_add(&c->content, d->text, d->len); break;
+    case KT_TD_REASONING: ok = buf_add(&c->reasoning, d->text, d->len); break;
+    case KT_TD_CALL:
+        ok = (c->calls || (c->calls = json_array())) &&
+             !json_array_append_new(c->calls, json_pack("{s:s, s:s, s:{s:s%, s:s}}", "id", d->id, "type", "function",
+                                                        "function", "name", d->text, d->len, "arguments", ""));
+        break;
+    case KT_TD_ARGS: ok = args_append(c->calls, d->index, d->text, d->len); break;
+    }
+    if (ok && rp->streaming) {
+        json_t *ch = delta_choice(c, d);
+        ok = ch && (rp->pending || (rp->pending = json_array())) && !json_array_append_new(rp->pending, ch);
+    }
+    return ok;
+}
+
+static bool start_parser(srv_reply *rp, const srv_gen_req *r, int i) {
+    srv_choice *c = &rp->choices[i];
+    c->reply = rp, c->index = i;
+    if (r->kind != SRV_CHAT || !r->format) return true;
+    const bool calls = r->tools && r->tool_choice != KT_TOOL_NONE;
+    const bool thinks = r->reasoning_split && (kt_tool_format_think_open(r->format) ||
+                                               !strcmp(kt_tool_format_name(r->format), "gpt-oss"));
+    if (!calls && !thinks) return true;
+    char seed[64];
+    snprintf(seed, sizeof seed, "%s/%d", rp->id, i);
+    kt_tool_parse_opts o = {.calls = calls, .reasoning = r->reasoning_split, .in_thinking = r->think == KT_THINK_OPEN,
+                            .tools = r->tools, .id_seed = seed};
+    return (c->parser = kt_tool_parser_new(r->format, &o, on_delta, c)) != NULL;
+}
+
 bool srv_reply_init(srv_reply *rp, const srv_gen_req *r, const kt_model *m, const char *model_name, const char *id,
                     long long created) {
     *rp = (srv_reply){.kind = r->kind, .model = m, .model_name = model_name, .created = created,
                       .n_choices = r->n_choices, .logprobs = r->top_logprobs >= 0,
-                      .prompt_chars = r->prompt ? strlen(r->prompt) : 0};
+                      .prompt_chars = r->prompt ? strlen(r->prompt) : 0, .streaming = r->stream};
     snprintf(rp->id, sizeof rp->id, "%s", id);
     for (int i = 0; i < rp->n_choices; i++) {
         srv_choice *c = &rp->choices[i];
         c->text_offset = rp->prompt_chars;
+        if (!start_parser(rp, r, i)) return false;
         if (!rp->logprobs) continue;
         if (r->kind == SRV_CHAT) {
             if (!(c->lp_content = json_array())) return false;
@@ -73,10 +151,14 @@ void srv_reply_free(srv_reply *rp) {
         srv_choice *c = &rp->choices[i];
         free(c->text);
         free(c->ids);
+        kt_tool_parser_free(c->parser);
+        srv_buf_free(&c->content), srv_buf_free(&c->reasoning);
+        json_decref(c->calls);
         json_decref(c->lp_content), json_decref(c->lp_tokens), json_decref(c->lp_token_logprobs);
         json_decref(c->lp_top), json_decref(c->lp_offsets);
     }
     rp->n_choices = 0;
+    json_decref(rp->pending), rp->pending = NULL;
 }
 
 static bool choice_append(srv_choice *c, const char *s, size_t n) {
@@ -109,6 +191,10 @@ bool srv_reply_track(srv_reply *rp, const kt_event *ev) {
         c->finish = ev->finish;
         snprintf(c->error, sizeof c->error, "%s", ev->error);
     }
+    json_decref(rp->pending), rp->pending = NULL;
+    rp->pending_choice = ev->choice;
+    if (c->parser && (ev->text_len || ev->finish != KT_FINISH_NONE))
+        return kt_tool_parser_feed(c->parser, ev->text, ev->text_len, ev->finish != KT_FINISH_NONE);
     return true;
 }
 
@@ -160,9 +246,32 @@ static json_t *choice_logprobs(const srv_reply *rp, const srv_choice *c) {
                      "top_logprobs", c->lp_top, "text_offset", c->lp_offsets);
 }
 
+/* OpenAI's finish_reason: "tool_calls" for a reply that ended with calls. */
+static json_t *choice_finish(const srv_choice *c, kt_finish f) {
+    if (f == KT_FINISH_STOP && json_array_size(c->calls)) return json_string("tool_calls");
+    return finish_json(f);
+}
+
+/* message: content (null beside calls when there is no text),
+ * reasoning_content when the model thought, tool_calls when it called. */
+static json_t *parsed_message(const srv_choice *c) {
+    bool calls = json_array_size(c->calls) > 0;
+    json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                          calls && !c->content.len ? json_null()
+                                                   : json_stringn(c->content.data ? c->content.data : "", c->content.len));
+    if (m && c->reasoning.len &&
+        json_object_set_new(m, "reasoning_content", json_stringn(c->reasoning.data, c->reasoning.len)))
+        json_decref(m), m = NULL;
+    if (m && calls && json_object_set(m, "tool_calls", c->calls)) json_decref(m), m = NULL;
+    return m;
+}
+
 static json_t *choice_json(const srv_reply *rp, int i) {
     const srv_choice *c = &rp->choices[i];
     const char *text = c->text ? c->text : "";
+    if (rp->kind == SRV_CHAT && c->parser)
+        return json_pack("{s:i, s:o, s:o, s:o}", "index", i, "message", parsed_message(c), "logprobs",
+                         choice_logprobs(rp, c), "finish_reason", choice_finish(c, c->finish));
     if (rp->kind == SRV_CHAT)
         return json_pack("{s:i, s:{s:s, s:s%}, s:o, s:o}", "index", i, "message", "role", "assistant", "content", text,
                          c->len, "logprobs", choice_logprobs(rp, c), "finish_reason", finish_json(c->finish));
@@ -223,9 +332,34 @@ static json_t *event_logprobs(srv_reply *rp, const kt_event *ev) {
     return o;
 }
 
+/* A parsed chat event: one chunk per delta, the event's logprobs on the
+ * first (or on an empty delta when the text is still held back). */
+static bool parsed_chunks(srv_reply *rp, const kt_event *ev, bool include_usage, json_t **out) {
+    bool has_lp = rp->logprobs && ev->token >= 0 && ev->has_logprob;
+    size_t n = rp->pending && ev->choice == rp->pending_choice ? json_array_size(rp->pending) : 0;
+    if (!n && !has_lp) return true;
+    json_t *arr = json_array();
+    if (!arr) return false;
+    if (!n && !json_array_append_new(rp->pending ? rp->pending : (rp->pending = json_array()),
+                                     json_pack("{s:i, s:{}, s:n, s:n}", "index", ev->choice, "delta", "logprobs",
+                                               "finish_reason")))
+        n = 1;
+    if (!n) return json_decref(arr), false;
+    for (size_t i = 0; i < n; i++) {
+        json_t *ch = json_incref(json_array_get(rp->pending, i));
+        if (i == 0 && has_lp && json_object_set_new(ch, "logprobs", event_logprobs(rp, ev))) ch = (json_decref(ch), NULL);
+        json_t *k = ch ? chunk(rp, ch, include_usage) : NULL;
+        if (!k || json_array_append_new(arr, k)) return json_decref(arr), false;
+    }
+    json_decref(rp->pending), rp->pending = NULL;
+    *out = arr;
+    return true;
+}
+
 bool srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage, json_t **out) {
     *out = NULL;
     if (ev->choice < 0 || ev->choice >= rp->n_choices) return true; /* the engine's choices are in range */
+    if (rp->kind == SRV_CHAT && rp->choices[ev->choice].parser) return parsed_chunks(rp, ev, include_usage, out);
     bool has_lp = rp->logprobs && ev->token >= 0 && ev->has_logprob;
     if (!ev->text_len && !has_lp) return true;
     json_t *lp = event_logprobs(rp, ev), *c;
@@ -235,13 +369,15 @@ bool srv_chunk_event(srv_reply *rp, const kt_event *ev, bool include_usage, json
     else
         c = json_pack("{s:s%, s:i, s:o, s:n}", "text", ev->text, ev->text_len, "index", ev->choice, "logprobs", lp,
                       "finish_reason");
-    *out = chunk(rp, c, include_usage);
+    json_t *k = chunk(rp, c, include_usage);
+    *out = k ? json_pack("[o]", k) : NULL;
     return *out != NULL;
 }
 
 json_t *srv_chunk_finish(const srv_reply *rp, int i, kt_finish f, bool include_usage) {
     json_t *c = rp->kind == SRV_CHAT
-                    ? json_pack("{s:i, s:{}, s:n, s:o}", "index", i, "delta", "logprobs", "finish_reason", finish_json(f))
+                    ? json_pack("{s:i, s:{}, s:n, s:o}", "index", i, "delta", "logprobs", "finish_reason",
+                                choice_finish(&rp->choices[i], f))
                     : json_pack("{s:s, s:i, s:n, s:o}", "text", "", "index", i, "logprobs", "finish_reason",
                                 finish_json(f));
     return chunk(rp, c, include_usage);

@@ -88,6 +88,18 @@ srv_result_key srv_result_key_of(const srv_gen_req *g, const int32_t *ids, int n
     }
     for (int i = 0; i < g->n_logit_bias; i++) XXH3_128bits_update(st, &g->logit_bias[i], sizeof g->logit_bias[i]);
     if (g->grammar) XXH3_128bits_update(st, g->grammar, strlen(g->grammar) + 1); /* "" and none differ: the NUL */
+    /* tools: their grammars, and how the reply is parsed */
+    const kt_tool_grammar *tg = &g->tools_grammar;
+    const int32_t tools[5] = {(int32_t)g->tool_choice, tg->n_triggers, tg->max_calls, g->reasoning_split,
+                              (int32_t)g->think};
+    XXH3_128bits_update(st, tools, sizeof tools);
+    if (tg->grammar) XXH3_128bits_update(st, tg->grammar, strlen(tg->grammar) + 1);
+    for (int i = 0; i < tg->n_triggers; i++) {
+        XXH3_128bits_update(st, tg->triggers[i], strlen(tg->triggers[i]) + 1);
+        XXH3_128bits_update(st, tg->trigger_grammars[i], strlen(tg->trigger_grammars[i]) + 1);
+    }
+    const char *fmt = g->format ? kt_tool_format_name(g->format) : "";
+    XXH3_128bits_update(st, fmt, strlen(fmt) + 1);
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
     return (srv_result_key){h.low64, h.high64};

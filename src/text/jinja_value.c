@@ -627,7 +627,10 @@ static bool json_val(jctx *c, jbuf *b, const jv *v, const jjson_opts *o,
         return jbuf_puts(b, tmp);
     case JV_STR: return json_str(b, v->u.str.s, v->u.str.n);
     case JV_LIST:
-        if (v->u.list.gen || v->u.list.view) break;
+        /* jinja2 refuses a generator (map(...) | tojson) as Python's json
+         * does; templates written for llama.cpp's engine rely on it being
+         * the list it yields, and refusing helps nobody: it is that list */
+        if (v->u.list.view) break;
         return json_container(c, b, v, o, level, line);
     case JV_DICT: return json_container(c, b, v, o, level, line);
     default: break;

@@ -292,14 +292,16 @@ static void body_rules(gcx *g, int n_tools, bool parallel) {
     if (f->shape == SHAPE_XML) rule_without(&g->rules, "xml-text", f->value_close);
 }
 
-/* root ::= [thinking] trigger body, for required / named. */
-static char *whole_reply(gcx *g, bool in_thinking) {
+/* root ::= [thinking] trigger body, for required / named; with a content
+ * grammar (response_format under auto), [thinking] (content | trigger body). */
+static char *whole_reply(gcx *g, kt_tool_think think, const char *content) {
     const kt_tool_format *f = g->f;
     const char *open = f->g_think_open ? f->g_think_open : f->think_open;
     const char *close = f->g_think_close ? f->g_think_close : f->think_close;
     sbuf root = {0};
     sb_puts(&root, "root ::=");
-    if (!empty(close)) {
+    const bool thinks = !empty(close) && think != KT_THINK_DONE, in_thinking = think == KT_THINK_OPEN;
+    if (thinks) {
         if (!in_thinking) sb_puts(&root, " (");
         if (!in_thinking) put_text(g, &root, open, strlen(open));
         sb_puts(&root, " think-text");
@@ -308,9 +310,12 @@ static char *whole_reply(gcx *g, bool in_thinking) {
         if (!in_thinking) sb_puts(&root, " )?");
     }
     bool trigger_in_call = !strncmp(f->g_call, f->trigger, strlen(f->trigger));
+    sb_puts(&root, content ? " ( rf-root |" : "");
     if (!trigger_in_call) put_text(g, &root, f->trigger, strlen(f->trigger));
-    sb_puts(&root, trigger_in_call ? " call\n" : " body\n");
-    if (!empty(close)) rule_without(&root, "think-text", close);
+    sb_puts(&root, trigger_in_call ? " call" : " body");
+    sb_puts(&root, content ? " )\n" : "\n");
+    if (thinks) rule_without(&root, "think-text", close);
+    if (content) sb_gbnf_prefixed(&root, content, "rf-"), sb_puts(&root, "\n");
     return finish(&root, &g->rules);
 }
 
@@ -318,6 +323,16 @@ static char *after_trigger(gcx *g, bool second) {
     sbuf root = {0};
     sb_puts(&root, second ? "root ::= call\n" : "root ::= body\n");
     return finish(&root, &g->rules);
+}
+
+kt_tool_think kt_tool_think_state(const kt_tool_format *f, const char *prompt) {
+    const char *open = f->think_open, *close = f->think_close;
+    if (empty(open)) return KT_THINK_MAYBE;
+    size_t n = strlen(prompt);
+    while (n && (prompt[n - 1] == '\n' || prompt[n - 1] == ' ')) n--;
+    if (n >= strlen(open) && !memcmp(prompt + n - strlen(open), open, strlen(open))) return KT_THINK_OPEN;
+    if (n >= strlen(close) && !memcmp(prompt + n - strlen(close), close, strlen(close))) return KT_THINK_DONE;
+    return KT_THINK_MAYBE;
 }
 
 static const json_t *find_tool(const json_t *tools, const char *name) {
@@ -331,8 +346,8 @@ static const json_t *find_tool(const json_t *tools, const char *name) {
 }
 
 kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt_tool_choice choice,
-                                const char *name, bool parallel, bool in_thinking, kt_tool_control_id control_id,
-                                void *ctx, kt_tool_grammar *out, kt_error *err) {
+                                const char *name, bool parallel, kt_tool_think think, const char *content_gbnf,
+                                kt_tool_control_id control_id, void *ctx, kt_tool_grammar *out, kt_error *err) {
     *out = (kt_tool_grammar){.special_text = f->special_text};
     if (choice == KT_TOOL_NONE || !json_array_size(tools)) return KT_OK;
     gcx g = {.f = f, .control_id = control_id, .ctx = ctx, .err = err};
@@ -351,7 +366,9 @@ kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt
     /* a list or section holds all the calls: one segment; else one
      * segment per call, each opened by its trigger */
     out->max_calls = f->g_more || !parallel ? 1 : 0;
-    if (choice != KT_TOOL_AUTO && !(out->grammar = whole_reply(&g, in_thinking))) goto nomem;
+    const bool whole = choice != KT_TOOL_AUTO || content_gbnf;
+    if (whole && !(out->grammar = whole_reply(&g, think, choice == KT_TOOL_AUTO ? content_gbnf : NULL)))
+        goto nomem;
     if (!(out->triggers[0] = strdup(f->trigger)) || !(out->trigger_grammars[0] = after_trigger(&g, false))) goto nomem;
     out->n_triggers = 1;
     if (!empty(f->trigger2)) {

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "text/chat.h"
 #include "toolcall/format_int.h"
 
 bool kt_tool_template_has_tools(const char *t) {
@@ -26,7 +27,7 @@ bool kt_tool_template_has_tools(const char *t) {
 }
 
 static bool is_role(const json_t *msg, const char *role) {
-    const char *r = json_string_value(json_object_get(msg, "role"));
+    const char *r = msg ? json_string_value(json_object_get(msg, "role")) : NULL;
     return r && !strcmp(r, role);
 }
 
@@ -190,6 +191,9 @@ static json_t *without_tools(json_t *msgs, const json_t *tools) {
         if (!ok) break;
         if (is_role(m, "tool")) ok = result_as_user(out, m);
         else if (is_role(m, "assistant") && json_object_get(m, "tool_calls")) ok = calls_as_text(m) && !json_array_append(out, m);
+        else if (is_role(m, "user") && is_role(json_array_get(out, json_array_size(out) - 1), "user"))
+            ok = append_text(json_array_get(out, json_array_size(out) - 1), "\n\n",
+                             json_string_value(json_object_get(m, "content")) ? json_string_value(json_object_get(m, "content")) : "");
         else ok = !json_array_append(out, m);
     }
     free(offer);
@@ -218,5 +222,67 @@ json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, cons
     json_t *out = without_tools(msgs, tools);
     json_decref(msgs);
     if (!out) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    return out;
+}
+
+/* Tools with a description on every function and parameter, "" where
+ * there was none (templates that print them unconditionally). */
+static json_t *with_descriptions(const json_t *tools) {
+    json_t *t = json_deep_copy(tools);
+    size_t i;
+    json_t *tool;
+    json_array_foreach(t, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        if (json_is_object(fn) && !json_object_get(fn, "description"))
+            json_object_set_new(fn, "description", json_string(""));
+        const char *k;
+        json_t *prop;
+        json_object_foreach(json_object_get(json_object_get(fn, "parameters"), "properties"), k, prop)
+            if (json_is_object(prop) && !json_object_get(prop, "description"))
+                json_object_set_new(prop, "description", json_string(""));
+    }
+    return t;
+}
+
+/* The system message folded into the first user turn (templates that
+ * refuse the system role, such as Gemma 2's). */
+static void fold_system(json_t *msgs) {
+    json_t *sys = json_array_get(msgs, 0);
+    if (!sys || !is_role(sys, "system")) return;
+    for (size_t i = 1; i < json_array_size(msgs); i++) {
+        json_t *u = json_array_get(msgs, i);
+        if (!is_role(u, "user")) continue;
+        const char *a = json_string_value(json_object_get(sys, "content"));
+        const char *b = json_string_value(json_object_get(u, "content"));
+        size_t n = (a ? strlen(a) : 0) + (b ? strlen(b) : 0) + 3;
+        char *joined = malloc(n);
+        if (!joined) return;
+        snprintf(joined, n, "%s\n\n%s", a ? a : "", b ? b : "");
+        json_object_set_new(u, "content", json_string(joined));
+        free(joined);
+        json_array_remove(msgs, 0);
+        return;
+    }
+}
+
+char *kt_tool_render(const kt_tool_format *f, const char *template_text, const json_t *messages, const json_t *tools,
+                     const json_t *vars, int64_t now, kt_error *err) {
+    char *out = NULL;
+    kt_error first = {0};
+    json_t *described = NULL;
+    for (int attempt = 0; attempt < 4 && !out; attempt++) {
+        kt_error e = {0};
+        json_t *t = NULL;
+        if (attempt == 2 && tools && !(described = with_descriptions(tools))) break;
+        json_t *msgs = kt_tool_prepare(f, template_text, messages, attempt >= 2 && described ? described : tools,
+                                       attempt >= 1, &t, &e);
+        if (msgs && attempt == 3) fold_system(msgs);
+        if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
+        if (attempt == 0) first = e;
+        json_decref(msgs), json_decref(t);
+        if (!msgs) break; /* a malformed message: no retry helps */
+    }
+    json_decref(described);
+    if (!out && err) *err = first;
     return out;
 }

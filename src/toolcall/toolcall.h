@@ -45,6 +45,13 @@
 
 typedef struct kt_tool_format kt_tool_format;
 
+/* Where the prompt leaves the family's thinking block. */
+typedef enum kt_tool_think {
+    KT_THINK_MAYBE = 0, /* the model may open one */
+    KT_THINK_OPEN,      /* the prompt opened it (DeepSeek R1, QwQ): the reply starts inside */
+    KT_THINK_DONE,      /* the prompt closed it (Qwen 3 with enable_thinking false) */
+} kt_tool_think;
+
 /* The family of a chat template (its text), or the generic format when
  * none matches (then tools go in a system message and calls are
  * `<tool_call>` JSON, see kt_tool_prepare). Never NULL. */
@@ -73,6 +80,18 @@ const char *kt_tool_format_think_open(const kt_tool_format *f);
  * malformed message or out of memory. */
 json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, const json_t *messages,
                         const json_t *tools, bool arguments_as_strings, json_t **tools_out, kt_error *err);
+/* The conversation rendered by the template (Jinja text) for a reply:
+ * kt_tool_prepare's copy with arguments as objects or, when the template
+ * fails on those, as the JSON strings some templates concatenate, then
+ * with an empty description on every function and parameter that has
+ * none (templates that print them unconditionally), then with the system
+ * message folded into the first user turn (templates that refuse the
+ * system role); the first failure is the one reported. `vars`: the template's variables
+ * (bos_token, ..., chat_template_kwargs); `now` as kt_chat_render_at. */
+char *kt_tool_render(const kt_tool_format *f, const char *template_text, const json_t *messages, const json_t *tools,
+                     const json_t *vars, int64_t now, kt_error *err);
+/* Where the rendered prompt leaves f's thinking block. */
+kt_tool_think kt_tool_think_state(const kt_tool_format *f, const char *prompt);
 /* Whether the template text mentions tools at all. */
 bool kt_tool_template_has_tools(const char *template_text);
 
@@ -86,6 +105,7 @@ typedef enum kt_tool_choice {
 } kt_tool_choice;
 
 #define KT_TOOL_MAX_TRIGGERS 3
+
 
 /* What the engine needs to keep calls valid. All strings malloc'ed. */
 typedef struct kt_tool_grammar {
@@ -102,13 +122,15 @@ typedef struct kt_tool_grammar {
 typedef int32_t (*kt_tool_control_id)(void *ctx, const char *s, size_t n);
 
 /* Builds the grammar for `tools` (OpenAI tool objects) under `choice`
- * (`name`: the named function). `in_thinking`: the prompt already opened
- * the family's thinking block. `control_id` may be NULL (every marker is
- * text). A parameter schema kettle cannot enforce is KT_ERR_UNSUPPORTED
- * naming the tool and the keyword. */
+ * (`name`: the named function). `think`: where the prompt left the
+ * family's thinking block. `content_gbnf` (may be NULL): under auto,
+ * the grammar a text answer must match instead of a call (a
+ * response_format). `control_id` may be NULL (every marker is text). A
+ * parameter schema kettle cannot enforce is KT_ERR_UNSUPPORTED naming the
+ * tool and the keyword. */
 kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt_tool_choice choice,
-                                const char *name, bool parallel, bool in_thinking, kt_tool_control_id control_id,
-                                void *ctx, kt_tool_grammar *out, kt_error *err);
+                                const char *name, bool parallel, kt_tool_think think, const char *content_gbnf,
+                                kt_tool_control_id control_id, void *ctx, kt_tool_grammar *out, kt_error *err);
 void kt_tool_grammar_free(kt_tool_grammar *g);
 
 /* ---- the parser ---- */
