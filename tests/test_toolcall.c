@@ -126,6 +126,10 @@ static const pcase CASES[] = {
      "I think about it.", {{0}}, true},
     {"hermes", "a < b and <tool", "a < b and <tool", "", {{0}}, false},
     {"hermes", "<tool_call>not json at all", "<tool_call>not json at all", "", {{0}}, false},
+    /* cut by max_tokens: a call not yet named is dropped, a named one keeps what it has */
+    {"hermes", "Sure.\n<tool_call>\n{\"name\": \"get_wea", "Sure.", "", {{0}}, false},
+    {"hermes", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa", "", "",
+     {{"get_weather", "~{\"city\": \"Pa"}}, false},
     {"hermes", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Rome\\\"}\"}\n</tool_call>", "", "",
      {{"get_weather", "{\"city\": \"Rome\"}"}}, false},
     {"generic", "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", "", "", {{"get_time", "{}"}}, false},
@@ -192,6 +196,10 @@ static void expect_case(const pcase *c, const got *g) {
     assert_int_equal(g->order_errors, 0);
     for (int i = 0; i < want; i++) {
         assert_string_equal(g->names[i], c->calls[i][0]);
+        if (c->calls[i][1][0] == '~') { /* raw text: a call cut short */
+            assert_string_equal(g->args[i], c->calls[i][1] + 1);
+            continue;
+        }
         json_t *a = json_loads(g->args[i], 0, NULL), *b = json_loads(c->calls[i][1], 0, NULL);
         if (!a || !json_equal(a, b)) fail_msg("%s: call %d arguments '%s', want %s", c->family, i, g->args[i], c->calls[i][1]);
         json_decref(a), json_decref(b);

@@ -619,6 +619,8 @@ static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, sr
     char *text = render_chat(m, tmpl, r, e);
     if (!text) return -1;
     r->think = kt_tool_think_state(r->format, text);
+    const char *var = kt_tool_format_think_var(r->format); /* opt-in thinking, not asked for: none */
+    if (var && !json_is_true(json_object_get(r->template_kwargs, var))) r->think = KT_THINK_DONE;
     if (!tools_grammar(m, r, e)) return free(text), -1;
     char bos[64] = "";
     int bos_id = kt_model_describe(m)->bos_id;

@@ -35,6 +35,7 @@ struct kt_tool_format {
     const char *unless;       /* must not occur ("" none) */
     tc_shape shape;
     const char *think_open, *think_close;
+    const char *think_var;    /* thinking is opt-in through this template variable ("" or NULL: on by default) */
     const char *section_open, *section_close;
     const char *call_open, *call_open2; /* call_open2: another opener ("" none) */
     const char *call_close, *call_sep;

@@ -18,7 +18,7 @@
 
 static const kt_tool_format FORMATS[] = {
     {.name = "gpt-oss", .detect = {"<|channel|>", "<|message|>"}, .shape = SHAPE_HARMONY, .special_text = true,
-     .render_args = "string",
+     .render_args = "string", .one_call = true,
      .trigger = "<|channel|>commentary to=functions.", .g_call = "%n <|constrain|>json<|message|>%a", .g_think_open = "<|channel|>analysis<|message|>", .g_think_close = "<|end|><|start|>assistant"},
     {.name = "kimi-k2", .detect = {"<|tool_calls_section_begin|>"}, .shape = SHAPE_NAME_ARGS,
      .think_open = "<think>", .think_close = "</think>", .section_open = "<|tool_calls_section_begin|>",
@@ -81,7 +81,7 @@ static const kt_tool_format FORMATS[] = {
      .trigger = "Action: ```json", .g_call = "{\"tool_name\": \"%n\", \"parameters\": %a}", .g_start = "\n[\n    ", .g_more = ",\n    ", .g_end = "\n]\n```"},
     {.name = "granite", .detect = {"<|tool_call|>"}, .shape = SHAPE_JSON, .section_open = "<|tool_call|>",
      .json_list = true, .name_key = "name", .args_key = "arguments", .think_open = "<think>",
-     .think_close = "</think>", .strip = {"<response>", "</response>"}, .special_text = true,
+     .think_close = "</think>", .think_var = "thinking", .strip = {"<response>", "</response>"}, .special_text = true,
      .trigger = "<|tool_call|>", .g_call = "{\"name\": \"%n\", \"arguments\": %a}", .g_start = "[", .g_more = ", ", .g_end = "]"},
     {.name = "llama3", .detect = {"<|start_header_id|>", "\"parameters\""}, .shape = SHAPE_JSON,
      .call_open = "{\"name\"", .call_open2 = "<|python_tag|>", .name_key = "name", .args_key = "parameters",
@@ -91,7 +91,7 @@ static const kt_tool_format FORMATS[] = {
 
 /* For templates of no known family: calls as Hermes writes them. */
 static const kt_tool_format GENERIC = {.name = "generic", .shape = SHAPE_JSON, .think_open = "<think>",
-                                       .think_close = "</think>", .call_open = "<tool_call>",
+                                       .think_close = "</think>", .think_var = "enable_thinking", .call_open = "<tool_call>",
                                        .call_close = "</tool_call>", .name_key = "name", .args_key = "arguments",
                                        .trigger = "<tool_call>",
                                        .g_call = "\n{\"name\": \"%n\", \"arguments\": %a}\n</tool_call>"};
@@ -126,6 +126,10 @@ const char *kt_tool_format_names(void) {
 }
 
 bool kt_tool_format_special_text(const kt_tool_format *f) { return f->special_text; }
+
+const char *kt_tool_format_think_var(const kt_tool_format *f) {
+    return f->think_var && f->think_var[0] ? f->think_var : NULL;
+}
 
 const char *kt_tool_format_think_open(const kt_tool_format *f) {
     return f->think_open && f->think_open[0] ? f->think_open : NULL;

@@ -286,6 +286,10 @@ static void body_rules(gcx *g, int n_tools, bool parallel) {
         }
         put_text(g, &g->rules, f->g_end, strlen(f->g_end));
         sb_puts(&g->rules, "\n");
+    } else if (parallel) { /* each further call opened by the trigger again */
+        sb_puts(&g->rules, "body ::= after ( " TC_WS);
+        put_text(g, &g->rules, f->trigger, strlen(f->trigger));
+        sb_puts(&g->rules, " after )*\n");
     } else {
         sb_puts(&g->rules, "body ::= after\n");
     }
@@ -363,9 +367,9 @@ kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt
     }
     parallel = parallel && !f->one_call && choice != KT_TOOL_NAMED;
     body_rules(&g, n, parallel);
-    /* a list or section holds all the calls: one segment; else one
-     * segment per call, each opened by its trigger */
-    out->max_calls = f->g_more || !parallel ? 1 : 0;
+    /* one constrained segment holds every call (the body repeats them),
+     * so the reply ends when the grammar does: no text after the calls */
+    out->max_calls = 1;
     const bool whole = choice != KT_TOOL_AUTO || content_gbnf;
     if (whole && !(out->grammar = whole_reply(&g, think, choice == KT_TOOL_AUTO ? content_gbnf : NULL)))
         goto nomem;

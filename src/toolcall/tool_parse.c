@@ -315,6 +315,16 @@ static bool call_abandon(kt_tool_parser *p) {
     return ok;
 }
 
+/* The reply ended inside a call (max_tokens, or the context): a call
+ * already announced keeps the arguments it got (finish_reason says
+ * "length"); one not yet named is dropped rather than shown as content,
+ * where its marker would mislead (a client sees finish_reason "length"). */
+static bool call_cut(kt_tool_parser *p) {
+    p->st = ST_CONTENT;
+    p->raw.n = 0;
+    return false;
+}
+
 static bool call_end(kt_tool_parser *p) {
     p->st = ST_AFTER;
     p->skip_lead = true;
@@ -427,10 +437,7 @@ static bool json_state(kt_tool_parser *p) {
     tb_drop(&p->pend, i);
     if (p->js.bad) return call_abandon(p);
     if (!send_args(p, p->js.args_to ? p->js.args_to : p->raw.n)) return false;
-    if (!p->js.done) {
-        if (p->final) return call_abandon(p), false;
-        return false;
-    }
+    if (!p->js.done) return p->final ? call_cut(p) : false;
     if (!p->announced) return call_abandon(p);
     if (p->js.args_to && !send_string_args(p)) return false;
     if (!p->js.has_args && !out(p, KT_TD_ARGS, "{}", 2)) return false;
@@ -462,8 +469,8 @@ static bool name_state(kt_tool_parser *p) {
     bool reached = collect_until(p, &p->name, m, nm, &which);
     if (p->failed) return false;
     if (!reached) {
-        if (p->name.n > 256 || p->final) return call_abandon(p);
-        return false;
+        if (p->name.n > 256) return call_abandon(p);
+        return p->final ? call_cut(p) : false;
     }
     if (which == 0 && !consume(p, f->name_end)) return false;
     if (!announce(p)) return false;
@@ -484,7 +491,7 @@ static bool args_state(kt_tool_parser *p) {
         return call_abandon(p);
     }
     if (!send_args(p, p->js.args_to ? p->js.args_to : p->raw.n)) return false;
-    if (!p->js.done) return p->final ? (p->st = ST_CONTENT, false) : false;
+    if (!p->js.done) return p->final ? call_cut(p) : false;
     return call_end(p);
 }
 
@@ -594,9 +601,9 @@ static bool send_param(kt_tool_parser *p) {
 static bool xml_open_state(kt_tool_parser *p) {
     const kt_tool_format *f = p->f;
     if (empty(f->name_open)) return p->st = ST_NAME, true;
-    if (!skip_ws(p)) return p->final ? call_abandon(p) && false : false;
+    if (!skip_ws(p)) return p->final ? call_cut(p) : false;
     int r = starts(p->pend.p, p->pend.n, f->name_open);
-    if (r < 0) return p->final ? call_abandon(p) && false : false;
+    if (r < 0) return p->final ? call_cut(p) : false;
     if (r == 0) return call_abandon(p);
     if (!consume(p, f->name_open)) return false;
     p->st = ST_NAME;

@@ -64,6 +64,9 @@ const char *kt_tool_format_names(void);
 /* The format's markers are control tokens: the engine must show them as
  * text (kt_gen_params.special_text) for the parser and grammar to see. */
 bool kt_tool_format_special_text(const kt_tool_format *f);
+/* The template variable that turns the family's thinking on (Granite's
+ * "thinking"), or NULL when its models think unless told not to. */
+const char *kt_tool_format_think_var(const kt_tool_format *f);
 /* The family's thinking markers (NULL when it has none). */
 const char *kt_tool_format_think_open(const kt_tool_format *f);
 
@@ -113,7 +116,8 @@ typedef struct kt_tool_grammar {
     char *triggers[KT_TOOL_MAX_TRIGGERS];     /* text that starts a call */
     char *trigger_grammars[KT_TOOL_MAX_TRIGGERS]; /* what follows that text */
     int n_triggers;
-    int max_calls;   /* constrained segments before the reply ends; 0: any */
+    int max_calls;   /* constrained segments before the reply ends (1: the
+                        grammar's body holds every call) */
     bool special_text;
 } kt_tool_grammar;
 
