@@ -871,6 +871,79 @@ static void test_cache_concurrent(void **state) {
  * 1..16 concurrent greedy streams (not a test; figures for
  * docs/PERFORMANCE.md). The window is from the moment every stream has its
  * first token to the moment the first one ends: all decode together. */
+/* ---- lazy grammars (tool calls under tool_choice auto) ---- */
+
+/* Greedy from "Once upon a time" with trigger `trig` and its grammar. */
+static void run_triggered(kt_engine *e, const char *trig, const char *gbnf, int max_segments, output *out) {
+    int32_t ids[64];
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids;
+    p.n_prompt = tokenize("Once upon a time", ids, 64);
+    p.max_tokens = 60;
+    p.top_logprobs = 0;
+    const char *triggers[1] = {trig}, *grammars[1] = {gbnf};
+    p.triggers = triggers, p.trigger_grammars = grammars, p.n_triggers = 1, p.max_segments = max_segments;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    memset(out, 0, sizeof *out);
+    drain(r, out);
+    kt_request_free(r);
+}
+
+/* Text is free until the trigger appears; then the trigger's grammar
+ * holds, taking the bytes of the triggering token past the trigger, and
+ * the reply ends when the grammar does (max_segments 1) or watches again
+ * (0). A trigger whose token runs into text the grammar refuses does not
+ * start it: the output is the free one. */
+static void test_lazy_grammar(void **state) {
+    (void)state;
+    kt_engine *e = engine(2, 64, KT_KV_F32, 0);
+    output free_out, out;
+    run_alone(e, "Once upon a time", 60, &free_out);
+    /* a trigger that ends inside a token: the first two letters of the
+     * first word of 4+ letters after the first few */
+    const char *t = free_out.text + 10, *w = NULL;
+    for (; *t; t++) {
+        if (t[0] == ' ' && strspn(t + 1, "abcdefghijklmnopqrstuvwxyz") >= 4) {
+            w = t + 1;
+            break;
+        }
+    }
+    assert_non_null(w);
+    char trig[3] = {w[0], w[1], 0};
+    const char *first = strstr(free_out.text, trig);
+    size_t before = (size_t)(first - free_out.text);
+    run_triggered(e, trig, "root ::= [a-z]{0,12} \"!\"", 1, &out);
+    if (strncmp(out.text, free_out.text, before + 2))
+        fail_msg("free text before the trigger changed:\n%s\n%s", out.text, free_out.text);
+    const char *after = out.text + before + 2;
+    assert_int_equal(strspn(after, "abcdefghijklmnopqrstuvwxyz") + 1, strlen(after));
+    assert_int_equal(after[strlen(after) - 1], '!');
+    assert_int_equal(out.finish, KT_FINISH_STOP);
+    /* the grammar refuses what follows the trigger in its token: no start */
+    run_triggered(e, trig, "root ::= \"!\"", 1, &out);
+    assert_string_equal(out.text, free_out.text);
+    /* no limit: back to free text after each segment, triggered again */
+    run_triggered(e, trig, "root ::= [a-z]{0,12} \"!\"", 0, &out);
+    assert_true(strncmp(out.text, free_out.text, before + 2) == 0);
+    assert_non_null(strchr(out.text, '!'));
+    assert_int_equal(out.finish, KT_FINISH_LENGTH);
+    /* a trigger grammar that does not parse is refused at submit */
+    int32_t ids[8];
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = tokenize("Once", ids, 8);
+    const char *triggers[1] = {"x"}, *grammars[1] = {"root ::= ("};
+    p.triggers = triggers, p.trigger_grammars = grammars, p.n_triggers = 1;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    kt_gen_field field = KT_FIELD_NONE;
+    assert_int_equal(kt_engine_submit_ex(e, &p, &r, &err, &field), KT_ERR_ARG);
+    assert_int_equal(field, KT_FIELD_GRAMMAR);
+    assert_non_null(strstr(err.msg, "trigger"));
+    kt_engine_free(e);
+}
+
 static int bench(const char *path, int n_threads) {
     kt_error err = {0};
     kt_model *m = kt_model_load_ex(path, KT_LOAD_COPY, &err);
@@ -944,6 +1017,7 @@ int main(void) {
         cmocka_unit_test(test_cache_concurrent),
         cmocka_unit_test(test_cache_shared_prefix_once),
         cmocka_unit_test(test_cache_hits_first),
+        cmocka_unit_test(test_lazy_grammar),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

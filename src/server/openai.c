@@ -619,6 +619,10 @@ static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, sr
     char *text = render_chat(m, tmpl, r, e);
     if (!text) return -1;
     r->think = kt_tool_think_state(r->format, text);
+    /* a template that never writes the thinking markers (Qwen 2.5 beside
+     * Qwen 3 in the Hermes family) is of a model that does not think */
+    const char *open = kt_tool_format_think_open(r->format), *tmpl_text = tmpl ? tmpl : kt_model_chat_template(m);
+    if (open && tmpl_text && !strstr(tmpl_text, open)) r->think = KT_THINK_DONE;
     const char *var = kt_tool_format_think_var(r->format); /* opt-in thinking, not asked for: none */
     if (var && !json_is_true(json_object_get(r->template_kwargs, var))) r->think = KT_THINK_DONE;
     if (!tools_grammar(m, r, e)) return free(text), -1;

@@ -16,8 +16,9 @@ export function harness({ bin, model, pass = 'ok', globalTimeoutMs = 90_000 }) {
   // Starts `kettle serve ARGS`; resolves to {proc, port, stderr} once it
   // prints its "listening on" line, rejects if it exits first or takes
   // over 30 s.
-  function startServer(extra = []) {
-    const args = ['serve', '-m', model, '--port', '0', '--chat-template', 'chatml', '-t', '2', ...extra];
+  // opts.model: another GGUF than the harness's.
+  function startServer(extra = [], opts = {}) {
+    const args = ['serve', '-m', opts.model || model, '--port', '0', '--chat-template', 'chatml', '-t', '2', ...extra];
     const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
     const srv = { proc, port: 0, stderr: '', exited: null };
     servers.add(srv);
