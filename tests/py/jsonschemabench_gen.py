@@ -36,20 +36,17 @@
 # budget, on SIGTERM/SIGINT/SIGHUP, and by PR_SET_PDEATHSIG should this
 # script itself be killed.
 import concurrent.futures
-import ctypes
 import glob
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
+
+import kettle_server as ks
+from kettle_server import post
 
 try:
     import jsonschema
@@ -82,81 +79,6 @@ MIN_NONEMPTY = 20
 # a validator that passes everything cannot pass this test.
 JUDGE_MIN_FRACTION = 0.9
 BUDGET_S = 240       # watchdog: the whole test, server start included
-START_TIMEOUT_S = 30
-REQUEST_TIMEOUT_S = 120
-
-server = None  # the kettle serve Popen
-tmp_dir = None  # holds the model; removed by the watchdog too
-timed_out = threading.Event()
-
-
-def kill_server():
-    s = server
-    if s is None or s.poll() is not None:
-        return
-    s.terminate()  # SIGTERM, then SIGKILL if it has not exited after 5 s
-    try:
-        s.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        s.kill()
-        s.wait()
-
-
-def watchdog():
-    timed_out.set()
-    print(f"FAIL - the test ran over its {BUDGET_S} s budget; killing kettle serve", flush=True)
-    kill_server()
-    if tmp_dir:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    os._exit(1)
-
-
-def on_signal(signum, _frame):
-    kill_server()
-    if tmp_dir:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    print(f"FAIL - interrupted by signal {signum}", flush=True)
-    os._exit(1)
-
-
-def die_with_parent():
-    # runs in the child before exec: SIGKILL it if this script dies
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def start_server(binary, model):
-    global server
-    args = [binary, "serve", "-m", model, "--port", "0", "--chat-template", "chatml",
-            "-t", "2", "--parallel", str(PARALLEL), "-c", "512"]
-    server = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
-    log, port, found = [], [None], threading.Event()
-
-    def reader():
-        for line in server.stderr:
-            log.append(line)
-            if port[0] is None and "listening on http://" in line:
-                port[0] = int(line.rsplit(":", 1)[1].strip().rstrip("/"))
-                found.set()
-        found.set()  # EOF: the server exited
-
-    threading.Thread(target=reader, daemon=True).start()
-    if not found.wait(START_TIMEOUT_S) or port[0] is None:
-        raise RuntimeError("kettle serve did not print its listening line:\n" + "".join(log))
-    return port[0], log
-
-
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-            return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8", "replace")
 
 
 # Formats kettle enforces that this jsonschema may leave unchecked (its
@@ -302,26 +224,20 @@ def main():
     vocab = os.path.join(shared, "vocab/ggml-vocab-llama-spm.gguf")
     judge_ok = check_judge(files)
     t0 = time.monotonic()
-    timer = threading.Timer(BUDGET_S, watchdog)
-    timer.daemon = True
-    timer.start()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    global tmp_dir
+    timer = ks.guard(BUDGET_S)
     log = []
     try:
         with tempfile.TemporaryDirectory(prefix="kt-jsb-") as tmp:
-            tmp_dir = tmp
+            ks.tmp_dir = tmp
             model = os.path.join(tmp, "m.gguf")
-            subprocess.run([binary, "gen-model", "--shape", "test-tiny", "--type", "Q8_0",
-                            "--vocab", vocab, "-o", model], check=True,
-                           stdout=subprocess.DEVNULL, timeout=60)
-            port, log = start_server(binary, model)
+            ks.gen_model(binary, vocab, model)
+            port, log = ks.start_server(binary, model, ["--chat-template", "chatml", "--parallel", str(PARALLEL),
+                                                        "-c", "512"])
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
                 results = list(pool.map(lambda p: run_one(url, p), files))
-            if server.poll() is not None:
-                print(f"FAIL - kettle serve exited during the test (code {server.returncode})")
+            if ks.server.poll() is not None:
+                print(f"FAIL - kettle serve exited during the test (code {ks.server.returncode})")
                 results.append({"file": "(server)", "outcome": "error", "detail": "exited", "tries": 0})
     except Exception as e:
         print(f"FAIL - setup: {e}")
@@ -329,7 +245,7 @@ def main():
             print("kettle serve stderr:\n" + "".join(log[-40:]))
         return 1
     finally:
-        kill_server()
+        ks.kill_server()
         timer.cancel()
     wall = time.monotonic() - t0
 
@@ -353,7 +269,7 @@ def main():
           f"invalid {len(by['invalid'])}, "
           f"length {len(by['length'])} (after {len(SEEDS)} seeds), errors {len(by['error'])}; "
           f"{tries} requests, max_tokens {MAX_TOKENS}, {wall:.1f} s")
-    ok = judge_ok and not by["invalid"] and not by["error"] and not timed_out.is_set()
+    ok = judge_ok and not by["invalid"] and not by["error"]
     if finished < MIN_FINISHED:
         print(f"FAIL - only {finished} answers finished; at least {MIN_FINISHED} are needed "
               "for this check to mean something")
