@@ -685,9 +685,35 @@ static void test_failures(void **state) {
     free(out);
 }
 
+/* The check a client's retry depends on: every way a call can be unusable. */
+static void test_calls_valid(void **state) {
+    (void)state;
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
+                               "\"required\":[\"a\"],\"additionalProperties\":false}}}]", 0, NULL);
+    assert_non_null(tools);
+    static const struct { const char *calls; bool ok; } cases[] = {
+        {"[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1, \\\"b\\\": \\\"x\\\"}\"}}]", true},
+        {"[{\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\": 1}\"}}]", false},        /* not offered */
+        {"[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1\"}}]", false},          /* not JSON */
+        {"[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"b\\\": \\\"x\\\"}\"}}]", false}, /* a missing */
+        {"[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": \\\"1\\\"}\"}}]", false}, /* a's type */
+        {"[{\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1, \\\"c\\\": 2}\"}}]", false}, /* extra key */
+        {"[{\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]", false},                        /* not an object */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *calls = json_loads(cases[i].calls, 0, NULL);
+        assert_non_null(calls);
+        if (ba_calls_valid(tools, calls) != cases[i].ok) fail_msg("case %zu: %s", i, cases[i].calls);
+        json_decref(calls);
+    }
+    json_decref(tools);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN); /* the fake server writes to clients that may have gone */
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_calls_valid),
         cmocka_unit_test(test_words),
         cmocka_unit_test(test_synth_deterministic),
         cmocka_unit_test(test_synth_small_and_tools),

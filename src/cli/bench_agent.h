@@ -112,7 +112,18 @@ typedef struct ba_turn_rec {
     double ttft_ms;        /* request sent .. first token chunk (the whole turn if none came) */
     double turn_ms;        /* request sent .. stream done */
     double decode_ms;      /* first token chunk .. stream done */
+    int n_calls;           /* tool calls in the reply */
+    bool calls_valid;      /* each names an offered function, with arguments that check (ba_calls_valid) */
 } ba_turn_rec;
+
+/* Would a client take these calls (an array of OpenAI tool calls) as they
+ * are? Each must name a function of `tools`, with arguments that parse as
+ * a JSON object holding every required parameter, each parameter of the
+ * schema's top-level type where it names one, and no other key where the
+ * schema says additionalProperties false. A turn whose calls fail is one
+ * a client retries. (A light check: nested schemas are not walked; the
+ * test suite judges kettle's calls with a full validator.) */
+bool ba_calls_valid(const json_t *tools, const json_t *calls);
 
 typedef struct ba_sess_rec {
     int round, session; /* 1-based */
@@ -148,6 +159,7 @@ typedef struct ba_summary {
     long long prompt_tokens, cached_tokens, prefill_tokens, decode_tokens;
     int n_turns_total, n_cached; /* turns, and those that reported cached tokens */
     double decode_tokens_per_s;  /* per stream: (tokens - 1 per turn) / time after the first token */
+    int n_call_turns, n_valid_call_turns; /* turns whose reply had tool calls; of them, valid ones */
     long long peak_rss;
 } ba_summary;
 

@@ -51,6 +51,11 @@ static void md_figures(FILE *f, const ba_summary *s) {
         fprintf(f, "| cached tokens | n/a (the server reports none) |\n");
     fprintf(f, "| prefill tokens (prompt - cached) | %lld |\n", s->prefill_tokens);
     fprintf(f, "| decode tokens, tokens/s per stream | %lld, %.1f |\n", s->decode_tokens, s->decode_tokens_per_s);
+    if (s->n_call_turns)
+        fprintf(f, "| turns with tool calls, valid (retries a client makes) | %d, %d = %.1f%% (%d) |\n",
+                s->n_call_turns, s->n_valid_call_turns, 100.0 * s->n_valid_call_turns / s->n_call_turns,
+                s->n_call_turns - s->n_valid_call_turns);
+    else fprintf(f, "| turns with tool calls | 0 |\n");
     if (s->peak_rss >= 0) fprintf(f, "| peak server RSS | %.1f MiB |\n", s->peak_rss / 1048576.0);
     else fprintf(f, "| peak server RSS | n/a (not our child) |\n");
 }
@@ -88,7 +93,7 @@ static void csv_string(FILE *f, const char *s) {
 
 static void print_csv(FILE *f, const ba_report *r) {
     fprintf(f, "target,round,session,name,turn,prompt_tokens,cached_tokens,completion_tokens,ttft_ms,turn_ms,"
-               "decode_ms,task_ms\n");
+               "decode_ms,task_ms,tool_calls,calls_valid\n");
     for (int i = 0; i < r->n_targets; i++)
         for (int k = 0; k < r->results[i].n_sess; k++) {
             const ba_sess_rec *sr = &r->results[i].sess[k];
@@ -99,8 +104,8 @@ static void print_csv(FILE *f, const ba_report *r) {
                 csv_string(f, sr->name);
                 fprintf(f, ",%d,%d,", t + 1, tr->prompt_tokens);
                 if (tr->cached_tokens >= 0) fprintf(f, "%d", tr->cached_tokens);
-                fprintf(f, ",%d,%.6g,%.6g,%.6g,%.6g\n", tr->completion_tokens, tr->ttft_ms, tr->turn_ms,
-                        tr->decode_ms, sr->task_ms);
+                fprintf(f, ",%d,%.6g,%.6g,%.6g,%.6g,%d,%d\n", tr->completion_tokens, tr->ttft_ms, tr->turn_ms,
+                        tr->decode_ms, sr->task_ms, tr->n_calls, tr->calls_valid);
             }
         }
 }
@@ -147,14 +152,15 @@ static json_t *target_json(const ba_result *res, const ba_summary *s) {
     json_t *sess = json_array();
     for (int k = 0; sess && k < res->n_sess; k++)
         if (json_array_append_new(sess, session_json(&res->sess[k]))) json_decref(sess), sess = NULL;
-    return json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:I, s:f, s:o}", "target", res->target,
+    return json_pack("{s:s, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:I, s:f, s:o, s:i, s:i}", "target", res->target,
                      "per_turn", per_turn_json(s), "ttft_first_ms", pcts_json(&s->ttft_first_ms), "ttft_later_ms",
                      pcts_json(&s->ttft_later_ms), "task_ms", pcts_json(&s->task_ms), "sessions", sess,
                      "prompt_tokens", (json_int_t)s->prompt_tokens, "cached_tokens",
                      count_or_null(s->cached_tokens, s->n_cached > 0), "prefill_tokens",
                      (json_int_t)s->prefill_tokens, "decode_tokens", (json_int_t)s->decode_tokens,
                      "decode_tokens_per_s", s->decode_tokens_per_s, "peak_rss_bytes",
-                     count_or_null(s->peak_rss, s->peak_rss >= 0));
+                     count_or_null(s->peak_rss, s->peak_rss >= 0), "tool_call_turns", s->n_call_turns,
+                     "valid_tool_call_turns", s->n_valid_call_turns);
 }
 
 static json_t *ratios_json(const ba_report *r) {

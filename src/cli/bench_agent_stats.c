@@ -7,6 +7,7 @@
  * every figure is a latency that was actually observed. See bench_agent.h.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/bench_agent.h"
 
@@ -54,6 +55,56 @@ static void per_turn(const ba_result *r, int t, double *v, double *w, ba_turn_st
     ts->cached_mean = ts->n_cached ? (double)cached / ts->n_cached : 0;
 }
 
+/* A JSON value of the JSON Schema type name `type`. */
+static bool of_type(const json_t *v, const char *type) {
+    if (!strcmp(type, "string")) return json_is_string(v);
+    if (!strcmp(type, "integer")) return json_is_integer(v);
+    if (!strcmp(type, "number")) return json_is_number(v);
+    if (!strcmp(type, "boolean")) return json_is_boolean(v);
+    if (!strcmp(type, "object")) return json_is_object(v);
+    if (!strcmp(type, "array")) return json_is_array(v);
+    if (!strcmp(type, "null")) return json_is_null(v);
+    return true; /* a type this check does not know: not judged */
+}
+
+static bool args_valid(const json_t *params, const json_t *args) {
+    if (!json_is_object(args)) return false;
+    const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    size_t i;
+    json_t *r;
+    json_array_foreach(req, i, r) if (json_is_string(r) && !json_object_get(args, json_string_value(r))) return false;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)args, k, v) {
+        const json_t *prop = json_object_get(props, k), *ty = json_object_get(prop, "type");
+        if (!prop && json_is_false(json_object_get(params, "additionalProperties"))) return false;
+        if (json_is_string(ty) && !of_type(v, json_string_value(ty))) return false;
+    }
+    return true;
+}
+
+bool ba_calls_valid(const json_t *tools, const json_t *calls) {
+    size_t i, j;
+    json_t *c, *t;
+    json_array_foreach(calls, i, c) {
+        const json_t *fn = json_object_get(c, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        const json_t *params = NULL;
+        bool offered = false;
+        json_array_foreach(tools, j, t) {
+            const json_t *tf = json_object_get(t, "function");
+            const char *tn = json_string_value(json_object_get(tf, "name"));
+            if (name && tn && !strcmp(name, tn)) offered = true, params = json_object_get(tf, "parameters");
+        }
+        json_t *parsed = offered && args ? json_loads(args, 0, NULL) : NULL;
+        bool ok = parsed && args_valid(params, parsed);
+        json_decref(parsed);
+        if (!ok) return false;
+    }
+    return true;
+}
+
 /* Token totals and decode speed over every turn. */
 static void totals(const ba_result *r, ba_summary *s) {
     double decode_ms = 0;
@@ -65,6 +116,7 @@ static void totals(const ba_result *r, ba_summary *s) {
             s->prompt_tokens += tr->prompt_tokens > 0 ? tr->prompt_tokens : 0;
             if (tr->cached_tokens >= 0) s->cached_tokens += tr->cached_tokens, s->n_cached++;
             s->decode_tokens += tr->completion_tokens;
+            if (tr->n_calls) s->n_call_turns++, s->n_valid_call_turns += tr->calls_valid;
             if (tr->completion_tokens > 1) after_first += tr->completion_tokens - 1, decode_ms += tr->decode_ms;
         }
     s->prefill_tokens = s->prompt_tokens - s->cached_tokens;

@@ -46,7 +46,7 @@
 typedef struct ba_opts {
     const char *urls[MAX_URLS];
     int n_urls;
-    const char *model, *api_key, *model_name, *svg, *replay, *replay_tools;
+    const char *model, *api_key, *model_name, *svg, *replay, *replay_tools, *tool_choice;
     const char *srv_args[BH_MAX_SRV_ARGS];
     int n_srv_args;
     int sessions, concurrency, turns, system_tokens, doc_tokens, tool_tokens, gen_tokens;
@@ -92,6 +92,8 @@ static void usage(FILE *out) {
             "both:\n"
             "  --concurrency C      sessions running at once (default: all)\n"
             "  --gen-tokens N       max_tokens of every turn (default 32)\n"
+            "  --tool-choice C      send tool_choice C (auto, required, none) with the tools; every reply's\n"
+            "                       tool calls are checked and counted (default: not sent)\n"
             "  --rounds R           run everything R times per server (default 1); from round 2 on the\n"
             "                       first message starts with \"(round R)\", so no cache carries over\n"
             "  --model-name NAME    the \"model\" field of requests (default: none sent)\n"
@@ -140,6 +142,7 @@ static int take_string(int argc, char **argv, int *i, ba_opts *o) {
     struct { const char *name; const char **dst; } strs[] = {
         {"-m", &o->model},         {"--model", &o->model},   {"--svg", &o->svg},
         {"--api-key", &o->api_key}, {"--replay", &o->replay}, {"--replay-tools", &o->replay_tools},
+        {"--tool-choice", &o->tool_choice},
         {"--model-name", &o->model_name}};
     const char *v = NULL;
     int r;
@@ -354,9 +357,10 @@ static bool run_fail(round_run *rr, const sess_run *sr, const char *msg) {
 
 /* The JSON body of one turn; NULL if out of memory. */
 static char *turn_body(const ba_opts *o, json_t *messages, json_t *tools) {
-    json_t *b = json_pack("{s:O, s:O*, s:i, s:i, s:b, s:{s:b}, s:b, s:s*}", "messages", messages, "tools", tools,
-                          "max_tokens", o->gen_tokens, "temperature", 0, "stream", 1, "stream_options",
-                          "include_usage", 1, "ignore_eos", 1, "model", o->model_name);
+    json_t *b = json_pack("{s:O, s:O*, s:i, s:i, s:b, s:{s:b}, s:b, s:s*, s:s*}", "messages", messages, "tools",
+                          tools, "max_tokens", o->gen_tokens, "temperature", 0, "stream", 1, "stream_options",
+                          "include_usage", 1, "ignore_eos", 1, "model", o->model_name, "tool_choice",
+                          tools ? o->tool_choice : NULL);
     char *text = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     return text;
@@ -393,7 +397,8 @@ static void record_turn(sess_run *sr) {
     *tr = (ba_turn_rec){.prompt_tokens = s->prompt_tokens, .cached_tokens = s->cached_tokens,
                         .completion_tokens = s->completion_tokens >= 0 ? s->completion_tokens : s->n_tok,
                         .ttft_ms = first - r->start_ms, .turn_ms = r->end_ms - r->start_ms,
-                        .decode_ms = r->end_ms - first};
+                        .decode_ms = r->end_ms - first, .n_calls = (int)json_array_size(s->tool_calls)};
+    tr->calls_valid = tr->n_calls && ba_calls_valid(sr->s->tools, s->tool_calls);
 }
 
 /* A turn's stream is over: check it, record it, start the next turn. */
