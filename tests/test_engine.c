@@ -874,7 +874,8 @@ static void test_cache_concurrent(void **state) {
 /* ---- lazy grammars (tool calls under tool_choice auto) ---- */
 
 /* Greedy from "Once upon a time" with trigger `trig` and its grammar. */
-static void run_triggered(kt_engine *e, const char *trig, const char *gbnf, int max_segments, output *out) {
+static void run_triggered_ex(kt_engine *e, const char *trig, const char *gbnf, int max_segments, const char *think_open,
+                             const char *think_close, bool in_thinking, output *out) {
     int32_t ids[64];
     kt_gen_params p = kt_gen_defaults();
     p.prompt = ids;
@@ -883,12 +884,17 @@ static void run_triggered(kt_engine *e, const char *trig, const char *gbnf, int 
     p.top_logprobs = 0;
     const char *triggers[1] = {trig}, *grammars[1] = {gbnf};
     p.triggers = triggers, p.trigger_grammars = grammars, p.n_triggers = 1, p.max_segments = max_segments;
+    p.think_open = think_open, p.think_close = think_close, p.in_thinking = in_thinking;
     kt_request *r = NULL;
     kt_error err = {0};
     if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
     memset(out, 0, sizeof *out);
     drain(r, out);
     kt_request_free(r);
+}
+
+static void run_triggered(kt_engine *e, const char *trig, const char *gbnf, int max_segments, output *out) {
+    run_triggered_ex(e, trig, gbnf, max_segments, NULL, NULL, false, out);
 }
 
 /* Text is free until the trigger appears; then the trigger's grammar
@@ -929,6 +935,19 @@ static void test_lazy_grammar(void **state) {
     assert_true(strncmp(out.text, free_out.text, before + 2) == 0);
     assert_non_null(strchr(out.text, '!'));
     assert_int_equal(out.finish, KT_FINISH_LENGTH);
+    /* inside thinking a trigger is not watched: opened by the reply's first
+     * bytes, or by the prompt, and never closed */
+    char open[4] = {free_out.text[0], free_out.text[1], free_out.text[2], 0};
+    if (!strstr(open, trig)) {
+        run_triggered_ex(e, trig, "root ::= [a-z]{0,12} \"!\"", 1, open, "@@never@@", false, &out);
+        assert_string_equal(out.text, free_out.text);
+    }
+    run_triggered_ex(e, trig, "root ::= [a-z]{0,12} \"!\"", 1, "@@open@@", "@@never@@", true, &out);
+    assert_string_equal(out.text, free_out.text);
+    /* closed before the trigger: watched again */
+    char close[3] = {free_out.text[before - 2], free_out.text[before - 1], 0};
+    run_triggered_ex(e, trig, "root ::= [a-z]{0,12} \"!\"", 1, "@@open@@", close, true, &out);
+    if (strstr(free_out.text, close) == free_out.text + before - 2) assert_int_equal(out.text[strlen(out.text) - 1], '!');
     /* a trigger grammar that does not parse is refused at submit */
     int32_t ids[8];
     kt_gen_params p = kt_gen_defaults();

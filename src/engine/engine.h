@@ -118,6 +118,11 @@ typedef struct kt_gen_params {
     const char *const *trigger_grammars;
     int n_triggers;         /* 0..KT_MAX_TRIGGERS */
     int max_segments;
+    /* Text between these markers is thinking, where a trigger is only
+     * talk about a call: it is not watched (NULL: none). `in_thinking`:
+     * the prompt opened the block. */
+    const char *think_open, *think_close;
+    bool in_thinking;
     /* Control tokens (other than end-of-generation ones) appear in the
      * text as their vocabulary text: tool-call markers such as
      * [TOOL_CALLS] or <|python_tag|>, which a parser must see. */

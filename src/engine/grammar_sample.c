@@ -79,7 +79,12 @@ int32_t eng_grammar_sample(eng_grammar *eg, kt_constraint *c, kt_sampler *s, con
 /* ---- lazy grammars ---- */
 
 kt_status eng_triggers_init(eng_triggers *t, const kt_gen_params *p, kt_error *err) {
-    *t = (eng_triggers){.max_segments = p->max_segments};
+    *t = (eng_triggers){.max_segments = p->max_segments, .in_thinking = p->in_thinking};
+    if (p->n_triggers && p->think_open && p->think_close && p->think_open[0] && p->think_close[0] &&
+        (!(t->think_open = strdup(p->think_open)) || !(t->think_close = strdup(p->think_close)))) {
+        eng_triggers_free(t);
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    }
     if (p->n_triggers < 0 || p->n_triggers > KT_MAX_TRIGGERS)
         return kt_error_set(err, KT_ERR_ARG, "at most %d grammar triggers", KT_MAX_TRIGGERS);
     for (int i = 0; i < p->n_triggers; i++) {
@@ -105,6 +110,7 @@ kt_status eng_triggers_init(eng_triggers *t, const kt_gen_params *p, kt_error *e
 
 void eng_triggers_free(eng_triggers *t) {
     for (int i = 0; i < t->n; i++) free(t->text[i]), kt_grammar_free(t->grammar[i]);
+    free(t->think_open), free(t->think_close);
     *t = (eng_triggers){0};
 }
 
@@ -143,6 +149,33 @@ static int find_trigger(const eng_triggers *t, const eng_watch *w, size_t *at) {
     return best;
 }
 
+/* Drops watched text inside the thinking block (a trigger there is the
+ * model thinking about a call, not making one); false while inside. The
+ * block is known to open where its marker comes before any trigger. */
+static bool skip_thinking(const eng_triggers *t, eng_watch *w) {
+    if (!t->think_open) return true;
+    if (!w->thinking) w->thinking = t->in_thinking ? 2 : 1;
+    for (;;) {
+        const bool inside = w->thinking == 2;
+        const char *m = inside ? t->think_close : t->think_open;
+        char *hit = strstr(w->tail, m);
+        if (inside && !hit) { /* keep what may begin the close */
+            size_t keep = strlen(m) - 1;
+            if (w->n > keep) memmove(w->tail, w->tail + w->n - keep, keep + 1), w->n = keep;
+            return false;
+        }
+        if (!hit) return true;
+        if (!inside) { /* an open after a trigger: the trigger comes first */
+            size_t at = 0;
+            if (find_trigger(t, w, &at) >= 0 && at < (size_t)(hit - w->tail)) return true;
+        }
+        size_t past = (size_t)(hit - w->tail) + strlen(m);
+        memmove(w->tail, w->tail + past, w->n - past + 1);
+        w->n -= past;
+        w->thinking = inside ? 1 : 2;
+    }
+}
+
 int eng_grammar_follow(eng_grammar *eg, const kt_model *model, const kt_grammar *initial, const eng_triggers *t,
                        eng_watch *w, kt_constraint **c, const char *piece, size_t n) {
     (void)initial;
@@ -155,6 +188,7 @@ int eng_grammar_follow(eng_grammar *eg, const kt_model *model, const kt_grammar 
     }
     if (!t->n || (t->max_segments && w->segments >= t->max_segments)) return 0;
     if (!watch_add(w, piece, n)) return -1;
+    if (!skip_thinking(t, w)) return 0;
     size_t at = 0;
     int k = find_trigger(t, w, &at);
     if (k < 0) { /* keep what may still begin a trigger */

@@ -42,11 +42,14 @@ typedef struct eng_triggers {
     kt_grammar *grammar[KT_MAX_TRIGGERS];
     int n, max_segments;
     size_t max_len;
+    char *think_open, *think_close; /* not watched between them; NULL: none */
+    bool in_thinking;
 } eng_triggers;
 
 /* A choice's watch for them: grammars completed, recent text. */
 typedef struct eng_watch {
     int segments;
+    int thinking;   /* 0: not yet looked (the request's in_thinking then), 1 outside the block, 2 inside */
     char *tail;     /* the last bytes that may hold the start of a trigger, then the new text */
     size_t n, cap;
 } eng_watch;

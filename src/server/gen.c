@@ -289,6 +289,11 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
         p.grammar = tg->grammar, p.grammar_len = tg->grammar ? strlen(tg->grammar) : 0;
         p.triggers = (const char *const *)tg->triggers, p.trigger_grammars = (const char *const *)tg->trigger_grammars;
         p.n_triggers = tg->n_triggers, p.max_segments = tg->max_calls;
+        if (g->format && g->reasoning_split) { /* a trigger while thinking is not a call */
+            p.think_open = kt_tool_format_think_open(g->format);
+            p.think_close = kt_tool_format_think_close(g->format);
+            p.in_thinking = g->think == KT_THINK_OPEN;
+        }
     }
     p.special_text = srv_gen_special_text(g);
     p.notify = srv_link_notify, p.notify_ctx = link;

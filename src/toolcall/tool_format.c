@@ -131,6 +131,10 @@ const char *kt_tool_format_think_var(const kt_tool_format *f) {
     return f->think_var && f->think_var[0] ? f->think_var : NULL;
 }
 
+const char *kt_tool_format_think_close(const kt_tool_format *f) {
+    return f->think_close && f->think_close[0] ? f->think_close : NULL;
+}
+
 const char *kt_tool_format_think_open(const kt_tool_format *f) {
     return f->think_open && f->think_open[0] ? f->think_open : NULL;
 }

@@ -69,6 +69,7 @@ bool kt_tool_format_special_text(const kt_tool_format *f);
 const char *kt_tool_format_think_var(const kt_tool_format *f);
 /* The family's thinking markers (NULL when it has none). */
 const char *kt_tool_format_think_open(const kt_tool_format *f);
+const char *kt_tool_format_think_close(const kt_tool_format *f);
 
 /* ---- the conversation, before rendering ---- */
 
