@@ -27,7 +27,7 @@
 
 typedef enum tc_shape { SHAPE_JSON, SHAPE_NAME_ARGS, SHAPE_XML, SHAPE_HARMONY } tc_shape;
 
-typedef enum tc_ids { IDS_OPENAI, IDS_MISTRAL9, IDS_KIMI } tc_ids;
+typedef enum tc_ids { IDS_OPENAI, IDS_MISTRAL9 } tc_ids;
 
 struct kt_tool_format {
     const char *name;
@@ -47,7 +47,6 @@ struct kt_tool_format {
     bool special_text;        /* markers are control tokens */
     tc_ids ids;
     bool one_call;            /* the family writes one call per reply */
-    const char *render_args;  /* "string": its template concatenates arguments as text */
     /* The grammar (tool_grammar.c): what the model writes from `trigger`
      * on. g_call is one call: %n its name, %a its arguments (JSON), %p
      * its XML parameters (each g_param: %k key, %v value), %i an index.

@@ -339,7 +339,6 @@ static bool content_state(kt_tool_parser *p) {
     int nm = 0;
     const int THINK = nm;
     m[nm++] = p->o.reasoning ? f->think_open : NULL;
-    const int OPEN = nm;
     m[nm++] = !p->o.calls ? NULL : !empty(f->section_open) ? f->section_open : f->call_open;
     m[nm++] = p->o.calls && empty(f->section_open) ? f->call_open2 : NULL;
     const int STRIP = nm;
@@ -368,15 +367,14 @@ static bool content_state(kt_tool_parser *p) {
         return true;
     }
     if (which >= HARMONY) {
-        p->st = ST_H_HEADER;
         return call_begin(p, "", ST_H_HEADER);
     }
-    (void)OPEN;
     bool body_marker = f->shape == SHAPE_JSON && mk == f->call_open && mk[0] == '{';
     if (!body_marker) tb_drop(&p->pend, strlen(mk));
     if (!empty(f->section_open) && mk == f->section_open) {
         p->st = ST_SECTION, p->list_open = false;
-        return tb_add(&p->raw, "", 0) && (p->raw.n = 0, tb_add(&p->raw, mk, strlen(mk)));
+        p->raw.n = 0;
+        return tb_add(&p->raw, mk, strlen(mk)) || (p->failed = true, false);
     }
     pstate next = f->shape == SHAPE_JSON ? ST_JSON : f->shape == SHAPE_XML ? ST_XML_OPEN : ST_NAME;
     if (f->shape == SHAPE_JSON && mk == f->call_open2) next = ST_JSON; /* <|python_tag|>{...} */
