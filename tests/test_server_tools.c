@@ -4,8 +4,10 @@
  * with the real templates of several families: Qwen 3 (Hermes JSON),
  * Qwen 3.5 (Qwen3-Coder XML), Llama 3.1 (JSON, <|python_tag|> a control
  * token), Mistral Small 3.2 ([TOOL_CALLS]name[ARGS]), QwQ (the prompt
- * opens <think>) and kettle's plain chatml built-in (the generic format,
- * tools in the system message).
+ * opens <think>), functionary v3.2 (the prompt ends with `>>>`: the
+ * reply is constrained from its first token, under auto too) and kettle's
+ * plain chatml built-in (the generic format, tools in the system
+ * message); Llama 3.1's built-in tools called in Python.
  *
  * A random model writes nothing sensible, so what is checked is what
  * kettle guarantees whatever the model: under tool_choice required or a
@@ -50,6 +52,8 @@ static family FAMILIES[] = {
     {"llama3", "ggml-vocab-llama-bpe.gguf", "templates/meta-llama-Llama-3.1-8B-Instruct.jinja", "", {0}},
     {"mistral", "ggml-vocab-llama-spm.gguf", "templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "", {0}},
     {"granite", "ggml-vocab-llama-spm.gguf", "templates/ibm-granite-granite-3.3-2B-Instruct.jinja", "", {0}},
+    /* the prompt ends with `>>>`: the whole reply is constrained, under auto too */
+    {"functionary-v3.2", "ggml-vocab-llama-bpe.gguf", KT_TEST_DATA "/functionary-v3.2.jinja", "", {0}},
     {"generic", "ggml-vocab-llama-spm.gguf", NULL, "", {0}},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
@@ -81,7 +85,9 @@ static int setup(void **state) {
     for (size_t i = 0; i < N_FAMILIES; i++) {
         family *f = &FAMILIES[i];
         char args[1200], log[64];
-        if (f->template) snprintf(args, sizeof args, "--ctx 2048 --chat-template %s", tu_shared(f->template));
+        if (f->template)
+            snprintf(args, sizeof args, "--ctx 2048 --chat-template %s",
+                     f->template[0] == '/' ? f->template : tu_shared(f->template));
         else snprintf(args, sizeof args, "--ctx 2048 --chat-template chatml");
         snprintf(log, sizeof log, "tools-%s.log", f->name);
         const char *model = make_model(f->vocab);
@@ -220,17 +226,89 @@ static void test_parallel(void **state) {
     }
 }
 
-/* auto: without a trigger the text is free and stays content. */
+/* auto: without a trigger the text is free and stays content. Where the
+ * reply starts inside a call opener (functionary v3.2) the model chooses
+ * text or calls from its first token, and its calls are valid. */
 static void test_auto_free_text(void **state) {
     (void)state;
     for (size_t i = 0; i < N_FAMILIES; i++) {
-        json_t *r = chat(&FAMILIES[i], ",\"tool_choice\":\"auto\",\"temperature\":0,\"max_tokens\":12");
+        const bool open = !strcmp(FAMILIES[i].name, "functionary-v3.2");
+        for (int seed = 1; seed <= (open ? 6 : 1); seed++) {
+            char fields[128];
+            snprintf(fields, sizeof fields, ",\"tool_choice\":\"auto\",\"temperature\":%d,\"seed\":%d,\"max_tokens\":%d",
+                     open, seed, open ? 200 : 12);
+            json_t *r = chat(&FAMILIES[i], fields);
+            const char *finish;
+            json_t *m = message_of(r, &finish);
+            json_t *calls = json_object_get(m, "tool_calls");
+            if (!open) {
+                assert_true(json_is_string(json_object_get(m, "content")));
+                assert_null(calls);
+            }
+            if (calls && strcmp(finish, "length")) {
+                assert_string_equal(finish, "tool_calls");
+                size_t k;
+                json_t *call;
+                json_array_foreach(calls, k, call) expect_valid_call(FAMILIES[i].name, call);
+            }
+            if (!calls && !json_is_string(json_object_get(m, "content"))) fail_msg("%s: %s", FAMILIES[i].name, json_dumps(r, 0));
+            json_decref(r);
+        }
+    }
+}
+
+/* Llama 3.1's built-in tools, through the engine: with <|python_tag|>
+ * (token 128010) made certain by a logit bias, brave_search is called in
+ * Python (`brave_search.call(query="...")`, bounded by the enum) or as
+ * JSON, and its arguments reach the API as the schema's JSON; python's
+ * code streams into {"code": "..."}. */
+#define PY_TAG_FIRST "\"logit_bias\":{\"128010\":100},\"tool_choice\":\"required\",\"temperature\":1"
+#define BRAVE_SEARCH                                                                                                   \
+    "{\"type\":\"function\",\"function\":{\"name\":\"brave_search\",\"parameters\":{\"type\":\"object\","        \
+    "\"properties\":{\"query\":{\"type\":\"string\",\"enum\":[\"Paris weather\"]}},\"required\":[\"query\"]}}}"
+#define PYTHON                                                                                                         \
+    "{\"type\":\"function\",\"function\":{\"name\":\"python\",\"parameters\":{\"type\":\"object\","              \
+    "\"properties\":{\"code\":{\"type\":\"string\"}},\"required\":[\"code\"]}}}"
+
+static void test_llama_builtin_tools(void **state) {
+    (void)state;
+    const family *f = NULL;
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(FAMILIES[i].name, "llama3")) f = &FAMILIES[i];
+    assert_non_null(f);
+    int whole = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        char body[2048];
+        snprintf(body, sizeof body, "{" ASK ",\"tools\":[" BRAVE_SEARCH "]," PY_TAG_FIRST ",\"seed\":%d,\"max_tokens\":40}",
+                 seed);
+        json_t *r = post_ok(&f->s, "/v1/chat/completions", body);
         const char *finish;
-        json_t *m = message_of(r, &finish);
-        assert_true(json_is_string(json_object_get(m, "content")));
-        assert_null(json_object_get(m, "tool_calls"));
+        json_t *fn = json_object_get(json_array_get(json_object_get(message_of(r, &finish), "tool_calls"), 0), "function");
+        if (!fn || !finish || !jstr(fn, "name", NULL) || strcmp(jstr(fn, "name", NULL), "brave_search")) fail_msg("seed %d: %s", seed, json_dumps(r, 0));
+        if (!strcmp(finish, "tool_calls")) {
+            json_t *a = json_loads(jstr(fn, "arguments", NULL) ? jstr(fn, "arguments", NULL) : "", 0, NULL);
+            if (!a || json_object_size(a) != 1 || !jstr(a, "query", NULL) || strcmp(jstr(a, "query", NULL), "Paris weather"))
+                fail_msg("seed %d: %s", seed, json_dumps(r, 0));
+            json_decref(a);
+            whole++;
+        }
         json_decref(r);
     }
+    if (!whole) fail_msg("no seed of 6 finished a brave_search call in 40 tokens");
+    int code_form = 0; /* python's code after <|python_tag|>, not a JSON call */
+    for (int seed = 1; seed <= 16 && !code_form; seed++) {
+        char body[2048];
+        snprintf(body, sizeof body, "{" ASK ",\"tools\":[" PYTHON "]," PY_TAG_FIRST ",\"seed\":%d,\"max_tokens\":16}", seed);
+        json_t *r = post_ok(&f->s, "/v1/chat/completions", body);
+        const char *finish;
+        json_t *fn = json_object_get(json_array_get(json_object_get(message_of(r, &finish), "tool_calls"), 0), "function");
+        const char *name = jstr(fn, "name", NULL), *args = jstr(fn, "arguments", NULL);
+        if (!name || strcmp(name, "python") || !args || (args[0] && args[0] != '{'))
+            fail_msg("python: %s", json_dumps(r, 0));
+        code_form += !strncmp(args, "{\"code\": \"", 10) && args[10] && !strchr(" \t\n", args[10]);
+        json_decref(r);
+    }
+    if (!code_form) fail_msg("no seed of 16 wrote python's code after <|python_tag|>");
 }
 
 /* The stream of a reply with calls, against the same reply whole. */
@@ -245,8 +323,10 @@ static void check_stream(const family *f, const char *fields) {
     const char *finish_whole;
     json_t *want = json_object_get(message_of(whole, &finish_whole), "tool_calls");
     int roles = 0, finishes = 0;
-    char names[8][64] = {{0}}, args[8][2048] = {{0}};
-    bool have[8] = {0};
+    enum { MAXC = 64 };
+    static char names[MAXC][64], args[MAXC][2048];
+    bool have[MAXC] = {0};
+    memset(names, 0, sizeof names), memset(args, 0, sizeof args);
     const char *finish = NULL;
     size_t i;
     json_t *ev;
@@ -262,7 +342,7 @@ static void check_stream(const family *f, const char *fields) {
         json_t *tc;
         json_array_foreach(json_object_get(d, "tool_calls"), k, tc) {
             json_int_t idx = json_integer_value(json_object_get(tc, "index"));
-            assert_true(json_is_integer(json_object_get(tc, "index")) && idx >= 0 && idx < 8);
+            assert_true(json_is_integer(json_object_get(tc, "index")) && idx >= 0 && idx < MAXC);
             json_t *fn = json_object_get(tc, "function");
             const char *name = jstr(fn, "name", NULL), *a = jstr(fn, "arguments", NULL);
             if (json_object_get(tc, "id")) { /* the first delta of the call: id, type and whole name */
@@ -282,7 +362,7 @@ static void check_stream(const family *f, const char *fields) {
     assert_int_equal(finishes, 1);
     assert_string_equal(finish, finish_whole);
     size_t n_have = 0;
-    for (int k = 0; k < 8; k++) n_have += have[k];
+    for (int k = 0; k < MAXC; k++) n_have += have[k];
     assert_int_equal(json_array_size(want), n_have);
     for (size_t k = 0; k < json_array_size(want); k++) {
         json_t *fn = json_object_get(json_array_get(want, k), "function");
@@ -384,6 +464,7 @@ int main(void) {
         cmocka_unit_test(test_named_and_none),
         cmocka_unit_test(test_parallel),
         cmocka_unit_test(test_auto_free_text),
+        cmocka_unit_test(test_llama_builtin_tools),
         cmocka_unit_test(test_stream_rules),
         cmocka_unit_test(test_tool_result_round_trip),
         cmocka_unit_test(test_reasoning_split),

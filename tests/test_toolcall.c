@@ -74,7 +74,11 @@ static const char *TOOLS_JSON =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
     "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{}}}}]";
+    "\"properties\":{}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"brave_search\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"query\":{\"type\":\"string\"},\"count\":{\"type\":\"integer\"}},\"required\":[\"query\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"python\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"code\":{\"type\":\"string\"}},\"required\":[\"code\"]}}}]";
 
 /* Parses text fed in pieces cut at `cuts` (ascending, < n; may be NULL). */
 static void parse_cut(const char *family, const char *text, const size_t *cuts, int n_cuts, bool in_thinking,
@@ -150,6 +154,25 @@ static const pcase CASES[] = {
      {{"get_weather", "{\"city\": \"Paris\"}"}}, false},
     {"llama3", "<|python_tag|>{\"name\": \"get_time\", \"parameters\": {}}", "", "", {{"get_time", "{}"}}, false},
     {"llama3", "The answer is {x} and {\"a\": 1}.", "The answer is {x} and {\"a\": 1}.", "", {{0}}, false},
+    /* Llama 3.1's built-in tools: Python after <|python_tag|> */
+    {"llama3", "<|python_tag|>brave_search.call(query=\"weather in Paris, \\\"today\\\"\", count=3)", "", "",
+     {{"brave_search", "{\"query\": \"weather in Paris, \\\"today\\\"\", \"count\": 3}"}}, false},
+    {"llama3", "<|python_tag|>brave_search.call(query='it\\'s (maybe) sunny')", "", "",
+     {{"brave_search", "{\"query\": \"it's (maybe) sunny\"}"}}, false},
+    {"llama3", "<|python_tag|>import math\nprint(\"pi\", math.pi)", "", "",
+     {{"python", "{\"code\": \"import math\\nprint(\\\"pi\\\", math.pi)\"}"}}, false},
+    {"llama3", "<|python_tag|>get_time.call()", "", "", {{"get_time", "{}"}}, false},
+    {"llama3", "<|python_tag|>brave_search.call(query=make_query(1))", "", "",
+     {{"python", "{\"code\": \"brave_search.call(query=make_query(1))\"}"}}, false},
+    /* functionary v3.2: the prompt ends with `>>>`, `all` is the text */
+    {"functionary-v3.2", "all\nLet me check.>>>get_weather\n{\"city\": \"Paris\"}", "Let me check.", "",
+     {{"get_weather", "{\"city\": \"Paris\"}"}}, false},
+    {"functionary-v3.2", "get_weather\n{\"city\": \"Paris\", \"days\": 2}>>>get_time\n{}", "", "",
+     {{"get_weather", "{\"city\": \"Paris\", \"days\": 2}"}, {"get_time", "{}"}}, false},
+    {"functionary-v3.2", "all\nIt is 3 > 2 and 2 >> 1.", "It is 3 > 2 and 2 >> 1.", "", {{0}}, false},
+    {"functionary-v3.2", "Hello without a recipient", "Hello without a recipient", "", {{0}}, false},
+    {"functionary-v3.2", "python\nprint(1)\n>>>get_time\n{}", "", "",
+     {{"python", "{\"code\": \"print(1)\\n\"}"}, {"get_time", "{}"}}, false},
     {"mistral", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[ARGS]{}", "", "",
      {{"get_weather", "{\"city\": \"Paris\"}"}, {"get_time", "{}"}}, false},
     {"mistral-nemo",
@@ -288,6 +311,7 @@ static const gcase GRAMMAR_CASES[] = {
                     "{\"city\": \"Paris\"}}\n]<|END_ACTION|>", false},
     {"command-r-plus", "Action: ```json\n[\n    {\"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n]\n```", false},
     {"granite", "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]", false},
+    {"functionary-v3.2", "get_weather\n{\"city\": \"Paris\"}>>>get_time\n{}", false},
     {"gpt-oss", "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
                 "<|constrain|>json<|message|>{\"city\": \"Paris\"}", false},
 };
@@ -334,6 +358,69 @@ static void test_grammars_accept_their_calls(void **state) {
         assert_string_equal(gt.content, "");
         kt_tool_grammar_free(&tg);
     }
+    json_decref(tools);
+}
+
+static void expect_accepts(const char *gbnf, const char *text, bool want) {
+    kt_grammar *g = compile(gbnf);
+    if (kt_grammar_accepts(g, (const uint8_t *)text, strlen(text)) != want)
+        fail_msg("the grammar %s\n%s\n--- grammar:\n%.3000s", want ? "refuses" : "accepts", text, gbnf);
+    kt_grammar_free(g);
+}
+
+/* Llama 3.1's built-in tools: after <|python_tag|>, NAME.call(...) with
+ * the schema's keywords, or code for the code tool; JSON still works. */
+static void test_grammar_llama_builtins(void **state) {
+    (void)state;
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
+    kt_tool_grammar tg;
+    kt_error err = {0};
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("llama3"), tools, KT_TOOL_REQUIRED, NULL, false,
+                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    expect_accepts(tg.grammar, "{\"name\": \"get_time\", \"parameters\": {}}", true);
+    expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(query=\"Paris\")", true);
+    expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(query=\"Paris\", count=2)", true);
+    expect_accepts(tg.grammar, "<|python_tag|>print(6 * 7)", true);
+    expect_accepts(tg.grammar, "<|python_tag|>{\"name\": \"get_time\", \"parameters\": {}}", true);
+    expect_accepts(tg.grammar, "<|python_tag|>{\"name\": \"nope\", \"parameters\": {}}", false); /* not offered */
+    assert_int_equal(tg.n_triggers, 2);
+    expect_accepts(tg.trigger_grammars[1], "brave_search.call(query=\"x\")", true);
+    expect_accepts(tg.trigger_grammars[1], "import os", true);
+    kt_tool_grammar_free(&tg);
+    /* without a code tool, only the keywords of the schema */
+    json_array_remove(tools, 3);
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("llama3"), tools, KT_TOOL_REQUIRED, NULL, false,
+                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(query=\"Paris\")", true);
+    expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(count=2)", false); /* query is required */
+    expect_accepts(tg.grammar, "<|python_tag|>print(6 * 7)", false);
+    kt_tool_grammar_free(&tg);
+    json_decref(tools);
+}
+
+/* functionary v3.2 under auto: the whole reply is constrained from the
+ * `>>>` the prompt ends with: `all` and free text, then maybe calls, or
+ * calls right away; never a function that is not offered. */
+static void test_grammar_open_reply(void **state) {
+    (void)state;
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
+    kt_tool_grammar tg;
+    kt_error err = {0};
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("functionary-v3.2"), tools, KT_TOOL_AUTO, NULL, true,
+                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    assert_non_null(tg.grammar);
+    expect_accepts(tg.grammar, "all\nIt is sunny, 3 > 2 >> 1.", true);
+    expect_accepts(tg.grammar, "all\nChecking.>>>get_time\n{}", true);
+    expect_accepts(tg.grammar, "get_weather\n{\"city\": \"Oslo\"}>>>get_time\n{}", true);
+    expect_accepts(tg.grammar, "all\nChecking.>>>nope\n{}", false);
+    expect_accepts(tg.grammar, "Hello.", false);
+    kt_tool_grammar_free(&tg);
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("functionary-v3.2"), tools, KT_TOOL_REQUIRED, NULL,
+                                           false, KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    expect_accepts(tg.grammar, "get_time\n{}", true);
+    expect_accepts(tg.grammar, "all\nNo call.", false);
+    expect_accepts(tg.grammar, "get_time\n{}>>>get_time\n{}", false); /* parallel_tool_calls false */
+    kt_tool_grammar_free(&tg);
     json_decref(tools);
 }
 
@@ -540,6 +627,53 @@ static void test_render_tool_loop_everywhere(void **state) {
     json_decref(vars), json_decref(tools), json_decref(msgs);
 }
 
+/* The tool loop through functionary v3.2's template, and Llama 3.1's
+ * built-in tools through its real template (builtin_tools, the earlier
+ * call written in Python). */
+static void test_render_v32_and_builtins(void **state) {
+    (void)state;
+    json_t *msgs = json_loads(
+        "[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny-21\"}]",
+        0, NULL);
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
+    json_t *vars = json_pack("{s:s}", "bos_token", "<|begin_of_text|>");
+    assert_non_null(msgs);
+    char *v32 = tu_read_file(KT_TEST_DATA "/functionary-v3.2.jinja", NULL);
+    assert_non_null(v32);
+    const kt_tool_format *f = kt_tool_format_detect(v32);
+    assert_string_equal(kt_tool_format_name(f), "functionary-v3.2");
+    kt_error err = {0};
+    char *out = kt_tool_render(f, v32, msgs, tools, vars, 0, &err);
+    if (!out) fail_msg("v3.2: %s", err.msg);
+    assert_non_null(strstr(out, ">>>get_weather\n{\"city\": \"Paris\"}<|eot_id|>"));
+    assert_non_null(strstr(out, "sunny-21"));
+    assert_string_equal(out + strlen(out) - 3, ">>>");
+    free(out), free(v32);
+    /* Llama 3.1: brave_search and python are its built-in tools */
+    json_t *m2 = json_loads(
+        "[{\"role\":\"user\",\"content\":\"Search it.\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_2\",\"type\":\"function\","
+        "\"function\":{\"name\":\"brave_search\",\"arguments\":\"{\\\"query\\\": \\\"Paris\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"found-it\"}]",
+        0, NULL);
+    char path[1400];
+    snprintf(path, sizeof path, "%s/meta-llama-Llama-3.1-8B-Instruct.jinja", tu_shared("templates"));
+    char *t = tu_read_file(path, NULL);
+    assert_non_null(t);
+    f = kt_tool_format_detect(t);
+    out = kt_tool_render(f, t, m2, tools, vars, 1721952000, &err);
+    if (!out) fail_msg("llama 3.1: %s", err.msg);
+    if (!strstr(out, "Environment: ipython\nTools: brave_search\n") ||
+        !strstr(out, "<|python_tag|>brave_search.call(query=\"Paris\")<|eom_id|>") || !strstr(out, "found-it") ||
+        !strstr(out, "\"get_weather\"") || strstr(out, "\"brave_search\""))
+        fail_msg("llama 3.1 built-in tools:\n%s", out);
+    free(out), free(t);
+    json_decref(m2), json_decref(vars), json_decref(tools), json_decref(msgs);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parsers_whole),
@@ -547,10 +681,13 @@ int main(void) {
         cmocka_unit_test(test_parser_without_calls),
         cmocka_unit_test(test_grammars_accept_their_calls),
         cmocka_unit_test(test_grammar_named),
+        cmocka_unit_test(test_grammar_llama_builtins),
+        cmocka_unit_test(test_grammar_open_reply),
         cmocka_unit_test(test_grammar_control_tokens),
         cmocka_unit_test(test_detect_templates),
         cmocka_unit_test(test_prepare),
         cmocka_unit_test(test_render_tool_loop_everywhere),
+        cmocka_unit_test(test_render_v32_and_builtins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

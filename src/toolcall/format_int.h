@@ -14,6 +14,8 @@
  *   NAME_ARGS: BODY = NAME name_end ARGS        (ARGS a JSON object)
  *   XML:       BODY = name_open NAME name_end (key_open KEY key_close
  *              value_open VALUE value_close)* fn_close
+ *   (functionary v3.2: reply_open `>>>`, NAME_ARGS with name_end "\n",
+ *   and the segment named `all` is text: ">>>all\nHi>>>f\n{...}")
  *   HARMONY:   gpt-oss's channels: <|channel|>analysis<|message|>...<|end|>,
  *              <|channel|>commentary to=functions.NAME ...<|message|>ARGS,
  *              <|channel|>final<|message|>... (parsed by its own states)
@@ -21,6 +23,7 @@
 #ifndef KT_TOOLCALL_FORMAT_INT_H
 #define KT_TOOLCALL_FORMAT_INT_H
 
+#include <jansson.h>
 #include <stdbool.h>
 
 #include "toolcall/toolcall.h"
@@ -47,6 +50,11 @@ struct kt_tool_format {
     bool special_text;        /* markers are control tokens */
     tc_ids ids;
     bool one_call;            /* the family writes one call per reply */
+    const char *reply_open;   /* the generation prompt ends with this call opener, so the reply
+                                 starts inside a call (functionary v3.2's `>>>`) */
+    const char *text_name;    /* a "call" of this name is the answer's text (v3.2's `>>>all`) */
+    const char *builtin_var;  /* the template variable listing the built-in tools the model calls
+                                 in Python after call_open2 (Llama 3.1's builtin_tools, below) */
     /* The grammar (tool_grammar.c): what the model writes from `trigger`
      * on. g_call is one call: %n its name, %a its arguments (JSON), %p
      * its XML parameters (each g_param: %k key, %v value), %i an index.
@@ -60,6 +68,17 @@ struct kt_tool_format {
 
 /* Text written between the thinking block and what follows, as the
  * grammar allows it. */
+/* Llama 3.1's built-in tools, called as Python after <|python_tag|>:
+ *   brave_search.call(query="...")    (and wolfram_alpha)
+ *   print(1 + 1)                      (code for code_interpreter)
+ * An offered function of such a name is called that way; `python` and
+ * `code_interpreter` take the code (as their one string parameter). */
+bool tc_is_builtin_call(const char *name); /* brave_search, wolfram_alpha */
+bool tc_is_code_tool(const char *name);    /* python, code_interpreter */
+/* The code tool offered in `tools` (its name, and the name of its one
+ * string parameter, "code" if it has no single one), or NULL. */
+const char *tc_code_tool(const json_t *tools, const char **param);
+
 #define TC_WS "[ \\t\\n]{0,4}"
 
 #endif

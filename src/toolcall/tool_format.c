@@ -75,6 +75,9 @@ static const kt_tool_format FORMATS[] = {
      .think_close = "</think>", .call_open = "<tool_call>", .call_close = "</tool_call>", .name_key = "name",
      .args_key = "arguments",
      .trigger = "<tool_call>", .g_call = "\n{\"name\": \"%n\", \"arguments\": %a}\n</tool_call>"},
+    {.name = "functionary-v3.2", .detect = {">>>all"}, .shape = SHAPE_NAME_ARGS, .call_open = ">>>",
+     .name_end = "\n", .reply_open = ">>>", .text_name = "all",
+     .trigger = ">>>", .g_call = "%n\n%a", .g_start = "", .g_more = ">>>", .g_end = ""},
     {.name = "functionary-v3.1", .detect = {"<function=", "<|python_tag|>"}, .shape = SHAPE_NAME_ARGS,
      .call_open = "<function=", .name_end = ">", .call_close = "</function>", .special_text = true,
      .trigger = "<function=", .g_call = "%n>%a</function>"},
@@ -104,7 +107,7 @@ static const kt_tool_format FORMATS[] = {
      .g_more = ", ", .g_end = "]"},
     {.name = "llama3", .detect = {"<|start_header_id|>", "\"parameters\""}, .shape = SHAPE_JSON,
      .call_open = "{\"name\"", .call_open2 = "<|python_tag|>", .name_key = "name", .args_key = "parameters",
-     .special_text = true, .one_call = true,
+     .special_text = true, .one_call = true, .builtin_var = "builtin_tools",
      .trigger = "{\"name\"", .trigger2 = "<|python_tag|>", .g_call = "{\"name\": \"%n\", \"parameters\": %a}"},
 };
 
@@ -142,7 +145,7 @@ const char *kt_tool_format_name(const kt_tool_format *f) { return f->name; }
 
 const char *kt_tool_format_names(void) {
     return "gpt-oss, kimi-k2, deepseek-r1, deepseek-v3.1, minimax-m2, glm-4.5, qwen3-coder, hermes, "
-           "functionary-v3.1, mistral, mistral-nemo, command-r7b, command-r-plus, granite, llama3, generic";
+           "functionary-v3.2, functionary-v3.1, mistral, mistral-nemo, command-r7b, command-r-plus, granite, llama3, generic";
 }
 
 bool kt_tool_format_special_text(const kt_tool_format *f) { return f->special_text; }
@@ -157,6 +160,28 @@ const char *kt_tool_format_think_close(const kt_tool_format *f) {
 
 const char *kt_tool_format_think_open(const kt_tool_format *f) {
     return f->think_open && f->think_open[0] ? f->think_open : NULL;
+}
+
+/* ---- Llama 3.1's built-in tools ---- */
+
+bool tc_is_builtin_call(const char *name) {
+    return name && (!strcmp(name, "brave_search") || !strcmp(name, "wolfram_alpha"));
+}
+
+bool tc_is_code_tool(const char *name) { return name && (!strcmp(name, "python") || !strcmp(name, "code_interpreter")); }
+
+const char *tc_code_tool(const json_t *tools, const char **param) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!tc_is_code_tool(name)) continue;
+        json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
+        *param = json_object_size(props) == 1 ? json_object_iter_key(json_object_iter(props)) : "code";
+        return name;
+    }
+    return NULL;
 }
 
 /* ---- call ids ---- */

@@ -30,6 +30,7 @@ typedef struct gcx {
     kt_tool_control_id control_id;
     void *ctx;
     kt_error *err;
+    sbuf python;    /* " | py-N" for each tool called in Python (Llama 3.1's built-in tools) */
 } gcx;
 
 /* A GBNF literal for s[0..n). */
@@ -235,6 +236,61 @@ static bool xml_params(gcx *g, const json_t *tool, int t) {
     return ok;
 }
 
+/* ---- Llama 3.1's built-in tools (format_int.h) ---- */
+
+static bool is_required(const json_t *req, const char *key) {
+    size_t i;
+    json_t *r;
+    json_array_foreach((json_t *)req, i, r) if (json_is_string(r) && !strcmp(json_string_value(r), key)) return true;
+    return false;
+}
+
+/* py-N ::= NAME.call(k="v", ...): the required keywords in the schema's
+ * order, then each optional one; when none is required, the first
+ * optional one comes before any other. Values are JSON by each
+ * property's schema (a JSON string is a Python string; the parser reads
+ * JSON's true / false / null too). */
+static bool py_call(gcx *g, const json_t *tool, int t) {
+    const json_t *ps = fn_params(tool);
+    const json_t *props = json_object_get(ps, "properties"), *req = json_object_get(ps, "required");
+    char head[200];
+    snprintf(head, sizeof head, "%.180s.call(", fn_name(tool));
+    sbuf r = {0}; /* the rule, apart: add_schema appends the values' rules meanwhile */
+    sb_printf(&r, "py-%d ::=", t);
+    put_lit(&r, head, strlen(head));
+    int n_written = 0, n_open = 0;
+    for (int pass = 0; pass < 2; pass++) { /* required ones, then optional ones */
+        const char *key;
+        json_t *prop;
+        int j = 0;
+        json_object_foreach((json_t *)props, key, prop) {
+            const int k = j++;
+            if (is_required(req, key) != (pass == 0)) continue;
+            char prefix[48], what[256], kv[300];
+            snprintf(prefix, sizeof prefix, "t%d-k%d-", t, k);
+            snprintf(what, sizeof what, "tool '%.80s', parameter '%.80s'", fn_name(tool), key);
+            if (!add_schema(g, prop, prefix, what)) return free(r.p), false;
+            snprintf(kv, sizeof kv, "%s%.200s=", n_written ? ", " : "", key);
+            if (pass == 1) sb_puts(&r, " ("), n_open++;
+            put_lit(&r, kv, strlen(kv));
+            sb_printf(&r, " t%d-k%d-root", t, k);
+            if (pass == 1 && n_written) sb_puts(&r, " )?"), n_open--;
+            n_written++;
+        }
+    }
+    while (n_open--) sb_puts(&r, " )?"); /* the first optional one, when none is required */
+    sb_puts(&r, " \")\"\n");
+    sb_putn(&g->rules, r.p, r.n);
+    g->rules.oom |= r.oom;
+    free(r.p);
+    return true;
+}
+
+/* Whether tool t is called in Python after <|python_tag|> (py-N). */
+static bool pythonic(const gcx *g, const json_t *tool) {
+    return !empty(g->f->builtin_var) && (tc_is_builtin_call(fn_name(tool)) || tc_is_code_tool(fn_name(tool)));
+}
+
 /* call-N ::= the call of tool t; after-N: the same without the trigger's
  * text when the call starts with it (Llama 3's `{"name"`). */
 static bool add_tool(gcx *g, const json_t *tool, int t) {
@@ -246,6 +302,11 @@ static bool add_tool(gcx *g, const json_t *tool, int t) {
     snprintf(params, sizeof params, "t%d-params", t);
     if (g->f->shape == SHAPE_XML ? !xml_params(g, tool, t) : !add_schema(g, fn_params(tool), prefix, what))
         return false;
+    if (pythonic(g, tool)) {
+        if (tc_is_code_tool(name)) sb_printf(&g->rules, "py-%d ::= [^{ \\t\\n] .*\n", t);
+        else if (!py_call(g, tool, t)) return false;
+        sb_printf(&g->python, " | py-%d", t);
+    }
     const char *call = g->f->g_call;
     size_t tl = strlen(g->f->trigger);
     sb_printf(&g->rules, "call-%d ::=", t);
@@ -294,6 +355,32 @@ static void body_rules(gcx *g, int n_tools, bool parallel) {
         sb_puts(&g->rules, "body ::= after\n");
     }
     if (f->shape == SHAPE_XML) rule_without(&g->rules, "xml-text", f->value_close);
+    if (g->python.n) sb_printf(&g->rules, "pyrest ::= call%.*s\n", (int)g->python.n, g->python.p);
+    g->rules.oom |= g->python.oom;
+}
+
+/* root ::= what the reply of a reply_open family is (functionary v3.2:
+ * the prompt ends with `>>>`): calls, or under auto "all\n" and text
+ * (or the response_format's answer), which a call may follow. */
+static char *open_reply(gcx *g, bool text_allowed, const char *content) {
+    const kt_tool_format *f = g->f;
+    sbuf root = {0};
+    sb_puts(&root, "root ::= body");
+    if (text_allowed) {
+        sb_puts(&root, " |");
+        put_text(g, &root, f->text_name, strlen(f->text_name));
+        put_text(g, &root, f->name_end, strlen(f->name_end));
+        if (content) sb_puts(&root, " rf-root");
+        else {
+            sb_puts(&root, " reply-text (");
+            put_text(g, &root, f->call_open, strlen(f->call_open));
+            sb_puts(&root, " body )?");
+        }
+    }
+    sb_puts(&root, "\n");
+    if (text_allowed && !content) rule_without(&root, "reply-text", f->call_open);
+    if (content) sb_gbnf_prefixed(&root, content, "rf-"), sb_puts(&root, "\n");
+    return finish(&root, &g->rules);
 }
 
 /* root ::= [thinking] trigger body, for required / named; with a content
@@ -316,7 +403,13 @@ static char *whole_reply(gcx *g, kt_tool_think think, const char *content) {
     bool trigger_in_call = !strncmp(f->g_call, f->trigger, strlen(f->trigger));
     sb_puts(&root, content ? " ( rf-root |" : "");
     if (!trigger_in_call) put_text(g, &root, f->trigger, strlen(f->trigger));
-    sb_puts(&root, trigger_in_call ? " call" : " body");
+    if (trigger_in_call && g->python.n) { /* Llama 3.1: or a call in Python after <|python_tag|> */
+        sb_puts(&root, " ( call |");
+        put_text(g, &root, f->trigger2, strlen(f->trigger2));
+        sb_puts(&root, " pyrest )");
+    } else {
+        sb_puts(&root, trigger_in_call ? " call" : " body");
+    }
     sb_puts(&root, content ? " )\n" : "\n");
     if (thinks) rule_without(&root, "think-text", close);
     if (content) sb_gbnf_prefixed(&root, content, "rf-"), sb_puts(&root, "\n");
@@ -325,7 +418,7 @@ static char *whole_reply(gcx *g, kt_tool_think think, const char *content) {
 
 static char *after_trigger(gcx *g, bool second) {
     sbuf root = {0};
-    sb_puts(&root, second ? "root ::= call\n" : "root ::= body\n");
+    sb_puts(&root, !second ? "root ::= body\n" : g->python.n ? "root ::= pyrest\n" : "root ::= call\n");
     return finish(&root, &g->rules);
 }
 
@@ -370,8 +463,10 @@ kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt
     /* one constrained segment holds every call (the body repeats them),
      * so the reply ends when the grammar does: no text after the calls */
     out->max_calls = 1;
-    const bool whole = choice != KT_TOOL_AUTO || content_gbnf;
-    if (whole && !(out->grammar = whole_reply(&g, think, choice == KT_TOOL_AUTO ? content_gbnf : NULL)))
+    const bool open = !empty(f->reply_open), whole = choice != KT_TOOL_AUTO || content_gbnf || open;
+    const char *content = choice == KT_TOOL_AUTO ? content_gbnf : NULL;
+    if (whole && !(out->grammar = open ? open_reply(&g, choice == KT_TOOL_AUTO, content)
+                                       : whole_reply(&g, think, content)))
         goto nomem;
     if (!(out->triggers[0] = strdup(f->trigger)) || !(out->trigger_grammars[0] = after_trigger(&g, false))) goto nomem;
     out->n_triggers = 1;
@@ -380,12 +475,12 @@ kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt
             goto nomem;
         out->n_triggers = 2;
     }
-    free(g.rules.p);
+    free(g.rules.p), free(g.python.p);
     return KT_OK;
 nomem:
     kt_error_set(err, KT_ERR_NOMEM, "out of memory building the tool-call grammar");
 fail:
-    free(g.rules.p);
+    free(g.rules.p), free(g.python.p);
     kt_tool_grammar_free(out);
     return err ? err->status : KT_ERR_NOMEM;
 }

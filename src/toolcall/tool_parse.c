@@ -17,6 +17,7 @@
  * in prose) it is the honest rendering of what the model wrote.
  */
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,6 +176,9 @@ typedef enum pstate {
     ST_XML_VALUE,
     ST_H_HEADER,  /* harmony: a message header up to <|message|> */
     ST_H_BODY,
+    ST_PYTAG,     /* Llama 3.1: after <|python_tag|>, JSON, NAME.call(...) or code */
+    ST_PYCALL,    /* NAME.call( read: the keyword arguments up to ')' */
+    ST_CODE,      /* the code of a code tool's call, streamed as a JSON string */
 } pstate;
 
 typedef enum hkind { H_CONTENT, H_REASONING, H_CALL } hkind;
@@ -200,6 +204,10 @@ struct kt_tool_parser {
     tbuf key, val;
     int n_params;
     hkind hk;
+    /* Python (ST_PYCALL): inside a string (its quote), escaped, paren depth */
+    char py_quote;
+    bool py_esc;
+    int py_depth;
 };
 
 static bool out(kt_tool_parser *p, kt_tool_delta_kind k, const char *s, size_t n) {
@@ -377,7 +385,7 @@ static bool content_state(kt_tool_parser *p) {
         return tb_add(&p->raw, mk, strlen(mk)) || (p->failed = true, false);
     }
     pstate next = f->shape == SHAPE_JSON ? ST_JSON : f->shape == SHAPE_XML ? ST_XML_OPEN : ST_NAME;
-    if (f->shape == SHAPE_JSON && mk == f->call_open2) next = ST_JSON; /* <|python_tag|>{...} */
+    if (f->shape == SHAPE_JSON && mk == f->call_open2) next = empty(f->builtin_var) ? ST_JSON : ST_PYTAG;
     return call_begin(p, body_marker ? "" : mk, next);
 }
 
@@ -458,6 +466,16 @@ static bool consume(kt_tool_parser *p, const char *m) {
     return true;
 }
 
+static bool offered(const json_t *tools, const char *name) {
+    size_t k;
+    json_t *t;
+    json_array_foreach(tools, k, t) {
+        const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        if (nm && !strcmp(nm, name)) return true;
+    }
+    return false;
+}
+
 static bool name_state(kt_tool_parser *p) {
     const kt_tool_format *f = p->f;
     const char *m[4] = {f->name_end, f->shape == SHAPE_XML ? f->key_open : NULL,
@@ -468,16 +486,36 @@ static bool name_state(kt_tool_parser *p) {
     if (p->failed) return false;
     if (!reached) {
         if (p->name.n > 256) return call_abandon(p);
-        return p->final ? call_cut(p) : false;
+        /* v3.2's first segment without its name line is the answer's text */
+        return p->final ? (empty(f->reply_open) ? call_cut(p) : call_abandon(p)) : false;
     }
     if (which == 0 && !consume(p, f->name_end)) return false;
+    if (!empty(f->text_name) && !strcmp(p->name.p, f->text_name)) { /* v3.2's `>>>all`: text follows */
+        p->st = ST_CONTENT, p->raw.n = 0;
+        return true;
+    }
+    /* a reply_open family: the first line names a function only when it is offered (and calls are
+     * parsed); anything else is text the model wrote without `all` */
+    if (!empty(f->reply_open) && (!p->o.calls || !offered(p->o.tools, p->name.p))) return call_abandon(p);
     if (!announce(p)) return false;
     if (!p->announced) return call_abandon(p);
     p->st = f->shape == SHAPE_XML ? ST_XML_PARAMS : ST_ARGS;
     return true;
 }
 
+static bool code_begin(kt_tool_parser *p, const char *param);
+
 static bool args_state(kt_tool_parser *p) {
+    if (!p->js.started && tc_is_code_tool(p->name.p)) { /* `>>>python\nprint(1)`: code, not JSON */
+        size_t k = 0;
+        while (k < p->pend.n && isspace((unsigned char)p->pend.p[k])) k++;
+        if (k == p->pend.n && !p->final) return false;
+        const char *param = NULL;
+        if (k < p->pend.n && p->pend.p[k] != '{' && tc_code_tool(p->o.tools, &param)) {
+            tb_drop(&p->pend, k);
+            return code_begin(p, param);
+        }
+    }
     size_t i = 0;
     for (; i < p->pend.n && !p->js.done && !p->js.bad; i++) {
         if (!tb_add(&p->raw, p->pend.p + i, 1)) return p->failed = true, false;
@@ -737,6 +775,198 @@ static bool h_body_state(kt_tool_parser *p) {
     return true;
 }
 
+/* ---- Python: Llama 3.1's built-in tools, code tools ---- */
+
+/* s[0..n) as the inside of a JSON string. */
+static bool json_escaped(tbuf *b, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char e[8];
+        const char *t = e;
+        size_t k = 2;
+        if (c == '"' || c == '\\') e[0] = '\\', e[1] = (char)c;
+        else if (c == '\n') t = "\\n";
+        else if (c == '\t') t = "\\t";
+        else if (c == '\r') t = "\\r";
+        else if (c < 0x20) k = (size_t)snprintf(e, sizeof e, "\\u%04x", c);
+        else e[0] = (char)c, k = 1;
+        if (!tb_add(b, t, k)) return false;
+    }
+    return true;
+}
+
+/* Sends code s[0..n) as more of the current call's JSON string. */
+static bool send_code(kt_tool_parser *p, const char *s, size_t n) {
+    tbuf b = {0};
+    bool ok = json_escaped(&b, s, n) && out(p, KT_TD_ARGS, b.p ? b.p : "", b.n);
+    free(b.p);
+    return ok || (p->failed = true, false);
+}
+
+/* The call is the code tool's: announced now, its arguments opened as
+ * {"PARAM": " and the code streamed into that string (code_state). */
+static bool code_begin(kt_tool_parser *p, const char *param) {
+    if (!p->announced) {
+        const char *unused;
+        const char *name = tc_code_tool(p->o.tools, &unused);
+        p->name.n = 0;
+        if (!tb_add(&p->name, name, strlen(name))) return p->failed = true, false;
+        if (!announce(p) || !p->announced) return false;
+    }
+    tbuf b = {0};
+    bool ok = tb_add(&b, "{\"", 2) && json_escaped(&b, param, strlen(param)) && tb_add(&b, "\": \"", 4) &&
+              out(p, KT_TD_ARGS, b.p, b.n);
+    free(b.p);
+    if (!ok) return p->failed = true, false;
+    p->st = ST_CODE;
+    return true;
+}
+
+/* Code runs to the end of the reply (or, in functionary v3.2, to the
+ * next `>>>`). */
+static bool code_state(kt_tool_parser *p) {
+    const char *m[1] = {p->f->reply_open};
+    int which;
+    size_t at = find_markers(p->pend.p, p->pend.n, m, 1, &which);
+    size_t upto = which < 0 && p->final ? p->pend.n : at;
+    if (!send_code(p, p->pend.p, upto)) return false;
+    tb_drop(&p->pend, upto);
+    if (which < 0 && !p->final) return false;
+    if (!out(p, KT_TD_ARGS, "\"}", 2)) return false;
+    p->st = ST_CONTENT; /* the next `>>>` opens the next call */
+    return true;
+}
+
+/* One Python literal at s[0..n) as JSON: a quoted string, True / False /
+ * None, or JSON itself (numbers, lists and dicts written as JSON). */
+static json_t *py_literal(const char *s, size_t n) {
+    while (n && isspace((unsigned char)s[n - 1])) n--;
+    if (n == 4 && !memcmp(s, "True", 4)) return json_true();
+    if (n == 5 && !memcmp(s, "False", 5)) return json_false();
+    if (n == 4 && !memcmp(s, "None", 4)) return json_null();
+    if (n >= 2 && s[0] == '\'' && s[n - 1] == '\'') { /* 'text': unescaped, then a JSON string */
+        tbuf b = {0};
+        bool ok = tb_add(&b, "", 0);
+        for (size_t i = 1; ok && i + 1 < n; i++) {
+            char c = s[i];
+            if (c == '\\' && i + 2 < n) {
+                c = s[++i];
+                c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
+            }
+            ok = tb_add(&b, &c, 1);
+        }
+        json_t *v = ok ? json_stringn(b.p, b.n) : NULL;
+        free(b.p);
+        return v;
+    }
+    return json_loadb(s, n, JSON_DECODE_ANY, NULL);
+}
+
+/* `k1="v", k2=3` as a JSON object's text (malloc'ed), or NULL. */
+static char *py_kwargs_json(const char *s, size_t n) {
+    json_t *obj = json_object();
+    size_t i = 0;
+    bool ok = obj != NULL;
+    while (ok) {
+        while (i < n && isspace((unsigned char)s[i])) i++;
+        if (i == n) break;
+        size_t k0 = i;
+        while (i < n && (isalnum((unsigned char)s[i]) || s[i] == '_')) i++;
+        size_t k1 = i;
+        while (i < n && isspace((unsigned char)s[i])) i++;
+        if (k1 == k0 || i == n || s[i] != '=') ok = false;
+        if (!ok) break;
+        size_t v0 = ++i;
+        char quote = 0;
+        int depth = 0;
+        for (; i < n; i++) { /* to the ',' that ends the value */
+            char c = s[i];
+            if (quote) {
+                if (c == '\\') i++;
+                else if (c == quote) quote = 0;
+            } else if (c == '"' || c == '\'') quote = c;
+            else if (c == '[' || c == '{' || c == '(') depth++;
+            else if (c == ']' || c == '}' || c == ')') depth--;
+            else if (c == ',' && depth == 0) break;
+        }
+        while (v0 < i && isspace((unsigned char)s[v0])) v0++;
+        json_t *v = py_literal(s + v0, i - v0);
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)(k1 - k0), s + k0);
+        ok = v && !json_object_set_new(obj, key, v);
+        if (i < n) i++; /* the ',' */
+    }
+    char *text = ok ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    return text;
+}
+
+/* After <|python_tag|>: a JSON call, NAME.call(...) of an offered
+ * function, or code for the code tool; else the text is content. */
+static bool pytag_state(kt_tool_parser *p) {
+    if (!skip_ws(p)) return p->final ? call_cut(p) : false;
+    const char *s = p->pend.p;
+    size_t n = p->pend.n, i = 0;
+    if (s[0] == '{') return p->st = ST_JSON, true;
+    while (i < n && i <= 64 && (isalnum((unsigned char)s[i]) || s[i] == '_')) i++;
+    int r = i && i <= 64 ? starts(s + i, n - i, ".call(") : 0;
+    if (r < 0 && !p->final) return false;
+    tbuf name = {0};
+    if (!tb_add(&name, s, r == 1 ? i : 0)) return p->failed = true, false;
+    if (r == 1 && offered(p->o.tools, name.p)) {
+        free(p->name.p);
+        p->name = name;
+        p->val.n = 0, p->py_quote = 0, p->py_esc = false, p->py_depth = 1;
+        if (!tb_add(&p->val, "", 0) || !tb_add(&p->raw, s, i + 6)) return p->failed = true, false;
+        tb_drop(&p->pend, i + 6);
+        p->st = ST_PYCALL;
+        return true;
+    }
+    free(name.p);
+    const char *param = NULL;
+    if (tc_code_tool(p->o.tools, &param)) return code_begin(p, param);
+    return call_abandon(p);
+}
+
+/* NAME.call(...) that is not a call the API can carry (its arguments
+ * are not literals, or it never closes): code for the code tool when one
+ * is offered, else the text stays, as content. */
+static bool py_not_a_call(kt_tool_parser *p) {
+    const char *param = NULL;
+    if (!tc_code_tool(p->o.tools, &param)) return call_abandon(p);
+    const size_t opener = strlen(p->f->call_open2);
+    tbuf code = {0};
+    if (!tb_add(&code, p->raw.p + opener, p->raw.n - opener)) return p->failed = true, false;
+    bool ok = code_begin(p, param) && send_code(p, code.p, code.n);
+    free(code.p);
+    return ok;
+}
+
+/* The keyword arguments of NAME.call(, up to the ')' that closes it. */
+static bool pycall_state(kt_tool_parser *p) {
+    size_t i = 0;
+    for (; i < p->pend.n && p->py_depth > 0; i++) {
+        char c = p->pend.p[i];
+        if (p->py_quote) {
+            if (p->py_esc) p->py_esc = false;
+            else if (c == '\\') p->py_esc = true;
+            else if (c == p->py_quote) p->py_quote = 0;
+        } else if (c == '"' || c == '\'') p->py_quote = c;
+        else if (c == '(' || c == '[' || c == '{') p->py_depth++;
+        else if (c == ')' || c == ']' || c == '}') p->py_depth--;
+    }
+    bool closed = p->py_depth == 0;
+    if (!tb_add(&p->raw, p->pend.p, i) || !tb_add(&p->val, p->pend.p, closed ? i - 1 : i))
+        return p->failed = true, false;
+    tb_drop(&p->pend, i);
+    if (!closed) return p->final ? py_not_a_call(p) : false;
+    char *args = py_kwargs_json(p->val.p, p->val.n);
+    if (!args) return py_not_a_call(p);
+    bool ok = announce(p) && p->announced && out(p, KT_TD_ARGS, args, strlen(args));
+    free(args);
+    return ok ? call_end(p) : (p->announced ? false : call_abandon(p));
+}
+
 /* ---- driving ---- */
 
 static bool step(kt_tool_parser *p) {
@@ -756,6 +986,9 @@ static bool step(kt_tool_parser *p) {
     case ST_XML_VALUE: return xml_value_state(p);
     case ST_H_HEADER: return h_header_state(p);
     case ST_H_BODY: return h_body_state(p);
+    case ST_PYTAG: return pytag_state(p);
+    case ST_PYCALL: return pycall_state(p);
+    case ST_CODE: return code_state(p);
     }
     return false;
 }
@@ -771,6 +1004,10 @@ kt_tool_parser *kt_tool_parser_new(const kt_tool_format *f, const kt_tool_parse_
         return NULL;
     }
     p->st = o->in_thinking && o->reasoning && kt_tool_format_think_open(f) ? ST_REASONING : ST_CONTENT;
+    if (!empty(f->reply_open) && !call_begin(p, "", ST_NAME)) { /* the prompt opened the first segment */
+        kt_tool_parser_free(p);
+        return NULL;
+    }
     return p;
 }
 

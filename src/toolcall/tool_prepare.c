@@ -265,8 +265,42 @@ static void fold_system(json_t *msgs) {
     }
 }
 
-char *kt_tool_render(const kt_tool_format *f, const char *template_text, const json_t *messages, const json_t *tools,
-                     const json_t *vars, int64_t now, kt_error *err) {
+/* Llama 3.1's built-in tools (format_int.h) go to the template as its
+ * `builtin_tools` list, by the names the template knows (python is its
+ * code_interpreter), and not among the JSON tools. False: out of memory. */
+static bool split_builtins(const kt_tool_format *f, const char *template_text, const json_t *tools,
+                           const json_t *vars, json_t **tools_out, json_t **vars_out) {
+    *tools_out = json_incref((json_t *)tools), *vars_out = json_incref((json_t *)vars);
+    if (!f->builtin_var || !f->builtin_var[0] || !strstr(template_text, f->builtin_var) || !tools) return true;
+    json_t *builtin = json_array(), *rest = json_array();
+    size_t i;
+    json_t *t;
+    bool ok = builtin && rest;
+    json_array_foreach(tools, i, t) {
+        const char *name = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        if (!ok) break;
+        if (tc_is_builtin_call(name)) ok = !json_array_append_new(builtin, json_string(name));
+        else if (tc_is_code_tool(name)) ok = !json_array_append_new(builtin, json_string("code_interpreter"));
+        else ok = !json_array_append(rest, t);
+    }
+    if (ok && json_array_size(builtin)) {
+        json_t *v = vars ? json_deep_copy(vars) : json_object();
+        ok = v && !json_object_set(v, f->builtin_var, builtin);
+        json_decref(*tools_out), json_decref(*vars_out);
+        *tools_out = json_array_size(rest) ? json_incref(rest) : NULL, *vars_out = v;
+    }
+    json_decref(builtin), json_decref(rest);
+    return ok;
+}
+
+char *kt_tool_render(const kt_tool_format *f, const char *template_text, const json_t *messages,
+                     const json_t *tools_in, const json_t *vars_in, int64_t now, kt_error *err) {
+    json_t *tools = NULL, *vars = NULL;
+    if (!split_builtins(f, template_text, tools_in, vars_in, &tools, &vars)) {
+        json_decref(tools), json_decref(vars);
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
     char *out = NULL;
     kt_error first = {0};
     json_t *described = NULL;
@@ -282,7 +316,7 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
         json_decref(msgs), json_decref(t);
         if (!msgs) break; /* a malformed message: no retry helps */
     }
-    json_decref(described);
+    json_decref(described), json_decref(tools), json_decref(vars);
     if (!out && err) *err = first;
     return out;
 }
