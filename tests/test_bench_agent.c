@@ -545,7 +545,7 @@ static void test_end_to_end(void **state) {
     remove(svg);
     char args[4096];
     snprintf(args, sizeof args, "--sessions 2 --turns 3 --system-tokens 100 --doc-tokens 100 --tool-tokens 30 "
-             "--gen-tokens 8 --svg '%s'", svg);
+             "--gen-tokens 8 --logit-bias '{\"5\": -100}' --svg '%s'", svg); /* the server takes the bias */
     json_t *doc = run_json(args, 0);
     assert_string_equal(json_string_value(json_object_get(doc, "mode")), "synthetic");
     json_t *tg = json_array_get(json_object_get(doc, "targets"), 0), *sess = json_object_get(tg, "sessions");
@@ -672,6 +672,7 @@ static void test_failures(void **state) {
     expect_failure("--url http://x --replay f.jsonl --doc-tokens 8k", 2, "--doc-tokens is for the synthetic", NULL);
     expect_failure("--url http://x --replay-limit 3", 2, "need --replay", NULL);
     expect_failure("--url http://x --tool-format xml", 2, "text or native", NULL);
+    expect_failure("--url http://x --logit-bias '[1]'", 2, "--logit-bias takes a JSON object", NULL);
     expect_failure("--url http://x --doc-tokens 3q", 2, "--doc-tokens", NULL);
     expect_failure("--url http://127.0.0.1:1 --replay /nonexistent.jsonl", 1, "cannot read /nonexistent.jsonl", NULL);
     char *out = NULL;
@@ -679,7 +680,7 @@ static void test_failures(void **state) {
     assert_int_equal(tu_run(args, &out, NULL), 0);
     const char *opts[] = {"--url", "--model", "--sessions", "--concurrency", "--turns", "--system-tokens",
                           "--doc-tokens", "--tool-tokens", "--gen-tokens", "--seed", "--replay ", "--replay-limit",
-                          "--replay-tools", "--tool-format", "--rounds", "--model-name", "--api-key", "--timeout",
+                          "--replay-tools", "--tool-format", "--logit-bias", "--rounds", "--model-name", "--api-key", "--timeout",
                           "--json", "--csv", "--svg", "--chat-template"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) assert_non_null(strstr(out, opts[i]));
     free(out);

@@ -398,6 +398,31 @@ static void test_grammar_llama_builtins(void **state) {
     json_decref(tools);
 }
 
+/* A parameter schema that says nothing of other properties gets none in
+ * a call (strict mode's reading); one that allows them keeps them. */
+static void test_grammar_closes_objects(void **state) {
+    (void)state;
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
+    kt_tool_grammar tg;
+    kt_error err = {0};
+    const kt_tool_format *f = kt_tool_format_by_name("hermes");
+    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, false, KT_THINK_DONE, NULL, NULL, NULL, &tg,
+                                           &err), KT_OK);
+    const char *plain = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    const char *extra =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"x\": 1}}\n</tool_call>";
+    expect_accepts(tg.grammar, plain, true);
+    expect_accepts(tg.grammar, extra, false);
+    kt_tool_grammar_free(&tg);
+    json_t *params = json_object_get(json_object_get(json_array_get(tools, 0), "function"), "parameters");
+    json_object_set_new(params, "additionalProperties", json_true());
+    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, false, KT_THINK_DONE, NULL, NULL, NULL, &tg,
+                                           &err), KT_OK);
+    expect_accepts(tg.grammar, extra, true);
+    kt_tool_grammar_free(&tg);
+    json_decref(tools);
+}
+
 /* functionary v3.2 under auto: the whole reply is constrained from the
  * `>>>` the prompt ends with: `all` and free text, then maybe calls, or
  * calls right away; never a function that is not offered. */
@@ -683,6 +708,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_named),
         cmocka_unit_test(test_grammar_llama_builtins),
         cmocka_unit_test(test_grammar_open_reply),
+        cmocka_unit_test(test_grammar_closes_objects),
         cmocka_unit_test(test_grammar_control_tokens),
         cmocka_unit_test(test_detect_templates),
         cmocka_unit_test(test_prepare),

@@ -47,6 +47,7 @@ typedef struct ba_opts {
     const char *urls[MAX_URLS];
     int n_urls;
     const char *model, *api_key, *model_name, *svg, *replay, *replay_tools, *tool_choice;
+    const char *logit_bias; /* a JSON object sent as every request's logit_bias */
     const char *srv_args[BH_MAX_SRV_ARGS];
     int n_srv_args;
     int sessions, concurrency, turns, system_tokens, doc_tokens, tool_tokens, gen_tokens;
@@ -94,6 +95,8 @@ static void usage(FILE *out) {
             "  --gen-tokens N       max_tokens of every turn (default 32)\n"
             "  --tool-choice C      send tool_choice C (auto, required, none) with the tools; every reply's\n"
             "                       tool calls are checked and counted (default: not sent)\n"
+            "  --logit-bias JSON    send this logit_bias with every turn, e.g. '{\"1\": 10}' (a random-weight\n"
+            "                       model ends its strings sooner where token 1 is '\"')\n"
             "  --rounds R           run everything R times per server (default 1); from round 2 on the\n"
             "                       first message starts with \"(round R)\", so no cache carries over\n"
             "  --model-name NAME    the \"model\" field of requests (default: none sent)\n"
@@ -142,7 +145,7 @@ static int take_string(int argc, char **argv, int *i, ba_opts *o) {
     struct { const char *name; const char **dst; } strs[] = {
         {"-m", &o->model},         {"--model", &o->model},   {"--svg", &o->svg},
         {"--api-key", &o->api_key}, {"--replay", &o->replay}, {"--replay-tools", &o->replay_tools},
-        {"--tool-choice", &o->tool_choice},
+        {"--tool-choice", &o->tool_choice}, {"--logit-bias", &o->logit_bias},
         {"--model-name", &o->model_name}};
     const char *v = NULL;
     int r;
@@ -198,6 +201,12 @@ static int check_opts(ba_opts *o) {
                                o->synth_only);
     if (!o->replay && (o->replay_limit || o->replay_tools || o->native_tools))
         return cli_usage_error(CMD, "--replay-limit, --replay-tools and --tool-format need --replay FILE");
+    if (o->logit_bias) {
+        json_t *b = json_loads(o->logit_bias, 0, NULL);
+        bool ok = json_is_object(b);
+        json_decref(b);
+        if (!ok) return cli_usage_error(CMD, "--logit-bias takes a JSON object of token id: bias, like '{\"1\": 10}'");
+    }
     if (o->replay && !o->turns_set) o->turns = 0; /* all of each conversation */
     return 0;
 }
@@ -357,10 +366,11 @@ static bool run_fail(round_run *rr, const sess_run *sr, const char *msg) {
 
 /* The JSON body of one turn; NULL if out of memory. */
 static char *turn_body(const ba_opts *o, json_t *messages, json_t *tools) {
-    json_t *b = json_pack("{s:O, s:O*, s:i, s:i, s:b, s:{s:b}, s:b, s:s*, s:s*}", "messages", messages, "tools",
+    json_t *bias = o->logit_bias ? json_loads(o->logit_bias, 0, NULL) : NULL; /* checked in check_opts */
+    json_t *b = json_pack("{s:O, s:O*, s:i, s:i, s:b, s:{s:b}, s:b, s:s*, s:s*, s:o*}", "messages", messages, "tools",
                           tools, "max_tokens", o->gen_tokens, "temperature", 0, "stream", 1, "stream_options",
                           "include_usage", 1, "ignore_eos", 1, "model", o->model_name, "tool_choice",
-                          tools ? o->tool_choice : NULL);
+                          tools ? o->tool_choice : NULL, "logit_bias", bias);
     char *text = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     return text;

@@ -112,13 +112,38 @@ static const json_t *fn_params(const json_t *tool) {
     return json_object_get(json_object_get(tool, "function"), "parameters");
 }
 
+/* Every object schema of s (in place) that lists properties and says
+ * nothing of others gets additionalProperties false: a tool's arguments
+ * are the parameters it declares (as OpenAI's strict mode, llama.cpp and
+ * XGrammar read such a schema for a call). Left open, a model may append
+ * invented properties until max_tokens cuts the call. */
+static void close_objects(json_t *s) {
+    if (!json_is_object(s)) return;
+    if (json_is_object(json_object_get(s, "properties")) && !json_object_get(s, "additionalProperties") &&
+        !json_object_get(s, "patternProperties") && !json_object_get(s, "unevaluatedProperties"))
+        json_object_set_new(s, "additionalProperties", json_false());
+    static const char *const maps[] = {"properties", "$defs", "definitions"};
+    static const char *const lists[] = {"anyOf", "oneOf", "allOf", "prefixItems"};
+    for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(s, maps[i]), k, v) close_objects(v);
+    }
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        size_t j;
+        json_t *v;
+        json_array_foreach(json_object_get(s, lists[i]), j, v) close_objects(v);
+    }
+    close_objects(json_object_get(s, "items"));
+}
+
 /* Appends schema's rules as PREFIX-*; false with err set. */
 static bool add_schema(gcx *g, const json_t *schema, const char *prefix, const char *what) {
     kt_error e = {0};
-    json_t *any = NULL;
-    if (!schema) schema = any = json_pack("{s:s, s:{}}", "type", "object", "properties");
-    char *gbnf = schema ? kt_json_schema_to_gbnf(schema, &e) : NULL;
-    json_decref(any);
+    json_t *own = schema ? json_deep_copy(schema) : json_pack("{s:s, s:{}}", "type", "object", "properties");
+    close_objects(own);
+    char *gbnf = own ? kt_json_schema_to_gbnf(own, &e) : NULL;
+    json_decref(own);
     if (!gbnf) {
         kt_error_set(g->err, e.status ? e.status : KT_ERR_NOMEM, "%s: %s", what, e.msg[0] ? e.msg : "out of memory");
         return false;
