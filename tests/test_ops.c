@@ -1371,6 +1371,43 @@ static void test_rope_angles_apply(void **state) {
             }
 }
 
+/* Rope scaling (kt_rope_scaling): no scaling is the plain angles' bits;
+ * YaRN's correction range and ramp are llama.cpp's for Qwen 2.5-style
+ * files (golden/arch/qwen2-yarn: rope_dim 32, original context 64, base
+ * 1e4, factor 4 -> pairs [0, 5], ramp 1, .8, .6, .4, .2, 0, ...); the
+ * per-pair factors divide the angles. */
+static void test_rope_scaling(void **state) {
+    (void)state;
+    enum { D = 32, P = D / 2 };
+    float cs[P], sn[P], cs2[P], sn2[P];
+    const kt_rope_scaling none = {.freq_scale = 1, .mscale = 1};
+    kt_rope_angles(cs, sn, D, D, 77, 10000.0f);
+    kt_rope_angles_scaled(cs2, sn2, D, D, 77, 10000.0f, &none);
+    assert_memory_equal(cs, cs2, sizeof cs);
+    assert_memory_equal(sn, sn2, sizeof sn);
+    float lo, hi;
+    kt_rope_yarn_corr(D, 64, 10000.0f, 32, 1, &lo, &hi);
+    assert_true(lo == 0.0f && hi == 5.0f);
+    const float mscale = 1.0f + 0.1f * logf(4.0f);
+    const kt_rope_scaling yarn = {.freq_scale = 0.25f, .ext_factor = 1, .mscale = mscale, .corr_lo = lo, .corr_hi = hi};
+    const int pos = 150;
+    kt_rope_angles_scaled(cs2, sn2, D, D, pos, 10000.0f, &yarn);
+    for (int i = 0; i < P; i++) {
+        const double extrap = pos * pow(10000.0, -2.0 * i / D), ramp = i >= 5 ? 0 : 1 - i / 5.0;
+        const double theta = extrap * 0.25 * (1 - ramp) + extrap * ramp;
+        assert_float_equal(cs2[i], cos(theta) * mscale, 2e-4 * (1 + fabs(theta)));
+        assert_float_equal(sn2[i], sin(theta) * mscale, 2e-4 * (1 + fabs(theta)));
+    }
+    float factors[P];
+    for (int i = 0; i < P; i++) factors[i] = 1.0f + (float)i;
+    const kt_rope_scaling llama31 = {.freq_scale = 1, .mscale = 1, .factors = factors};
+    kt_rope_angles_scaled(cs2, sn2, D, D, pos, 10000.0f, &llama31);
+    for (int i = 0; i < P; i++) {
+        const double theta = pos * pow(10000.0, -2.0 * i / D) / factors[i];
+        assert_float_equal(cs2[i], cos(theta), 2e-4 * (1 + fabs(theta)));
+    }
+}
+
 static void test_rope(void **state) {
     (void)state;
     enum { H = 3, D = 64 };
@@ -1959,6 +1996,7 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_rope_angles_apply),
         cmocka_unit_test(test_exp_tiers_agree),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),

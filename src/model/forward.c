@@ -227,8 +227,8 @@ static void rope_angles_some(void *p, int s0, int s1) {
     const llm_config *c = a->c;
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     for (int t = s0; t < s1; t++)
-        kt_rope_angles(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim,
-                       a->b->pos[a->t0 + t], c->rope_freq_base);
+        kt_rope_angles_scaled(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim,
+                              a->b->pos[a->t0 + t], c->rope_freq_base, c->rope_scaled ? &c->rope_scaling : NULL);
 }
 
 /* Per token: RoPE on its Q and K rows, then its K and V rows into its

@@ -8,6 +8,7 @@
  */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,53 @@ static kt_status read_float(const gguf_file *f, const char *arch, const char *su
     return KT_OK;
 }
 
+/* rope.scaling.*, as llama.cpp reads them (see kt_rope_scaling): "linear"
+ * (or the older rope.scale_linear) divides every angle by the factor;
+ * "yarn" interpolates the slow pairs, keeps the fast ones, ramps between
+ * (YaRN's beta_fast 32, beta_slow 1 over original_context_length) and
+ * scales cos / sin by 1 + 0.1 ln factor. Anything else is refused: a
+ * scaling read wrong gives wrong logits, silently. */
+static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *err) {
+    const char *a = c->arch;
+    char key[160], type[32] = "";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (gguf_find_key(f, key) >= 0 && !gguf_get_str(f, key, type, sizeof type))
+        return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not a short string", key);
+    float factor = 1, linear = 0, attn_factor = 1, beta_fast = 32, beta_slow = 1, ext = 1;
+    int n_ctx_orig = 0;
+    kt_status st;
+    if ((st = read_float(f, a, "rope.scale_linear", 0, 0, 1e6, &linear, err)) ||
+        (st = read_float(f, a, "rope.scaling.factor", 1, 0, 1e6, &factor, err)) ||
+        (st = read_float(f, a, "rope.scaling.attn_factor", 1, 0, 1e3, &attn_factor, err)) ||
+        (st = read_float(f, a, "rope.scaling.yarn_beta_fast", 32, 0, 1e6, &beta_fast, err)) ||
+        (st = read_float(f, a, "rope.scaling.yarn_beta_slow", 1, 0, 1e6, &beta_slow, err)) ||
+        (st = read_float(f, a, "rope.scaling.yarn_ext_factor", 1, 0, 1e3, &ext, err)) ||
+        (st = read_int(f, a, "rope.scaling.original_context_length", c->n_ctx_train, 1, 1 << 24, &n_ctx_orig, err)))
+        return st;
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", a);
+    if (gguf_find_key(f, key) >= 0)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "'%s' (DeepSeek's YaRN magnitude) is not supported yet", key);
+    if (!type[0] && linear > 0) strcpy(type, "linear"), factor = linear;
+    if (factor <= 0) factor = 1;
+    kt_rope_scaling *r = &c->rope_scaling;
+    *r = (kt_rope_scaling){.freq_scale = 1, .mscale = 1};
+    if (!type[0] || !strcmp(type, "none")) return KT_OK;
+    if (!strcmp(type, "linear")) {
+        r->freq_scale = 1 / factor;
+    } else if (!strcmp(type, "yarn")) {
+        r->freq_scale = 1 / factor;
+        r->ext_factor = ext;
+        r->mscale = attn_factor * (1.0f + 0.1f * logf(1.0f / r->freq_scale));
+        kt_rope_yarn_corr(c->rope_dim, n_ctx_orig, c->rope_freq_base, beta_fast, beta_slow, &r->corr_lo, &r->corr_hi);
+    } else {
+        return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                            "rope scaling '%s' (%s.rope.scaling.type) is not supported (kettle implements linear and "
+                            "yarn, and Llama 3.1's rope_freqs)", type, a);
+    }
+    c->rope_scaled = true;
+    return KT_OK;
+}
+
 static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     memset(c, 0, sizeof *c);
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
@@ -92,7 +140,7 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
         (st = read_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &c->rms_eps, err)))
         return st;
     c->rope_style = strcmp(a, "qwen2") == 0 ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
-    return KT_OK;
+    return read_rope_scaling(f, c, err);
 }
 
 /* ---- weights ---- */
@@ -171,6 +219,20 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         (st = bind(f, "output.weight", c->n_embd, c->n_vocab, true, &m->output, err)))
         return st;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    /* Llama 3.1's rope factors: the tensor's presence is the signal (its
+     * converter writes no rope.scaling key for them) */
+    llm_tensor freqs;
+    const int n_pairs = kt_rope_pairs(c->head_dim, c->rope_dim);
+    if ((st = bind(f, "rope_freqs.weight", n_pairs, 0, true, &freqs, err))) return st;
+    if (freqs.data) {
+        const float *fr = freqs.data;
+        for (int i = 0; i < n_pairs; i++)
+            if (!(fr[i] > 0 && fr[i] < 1e6f))
+                return kt_error_set(err, KT_ERR_FORMAT, "tensor 'rope_freqs.weight' has factor %d = %g (not > 0)", i,
+                                    (double)fr[i]);
+        c->rope_scaling.factors = fr;
+        c->rope_scaled = true;
+    }
     for (int il = 0; il < c->n_layer; il++)
         if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {

@@ -8,7 +8,9 @@
  * copied: they point into the mapped file.
  *
  * Architectures: `llama` (and `mistral`-style files, which use it),
- * `mistral`, and `qwen2` (NeoX RoPE, biases on Q, K and V).
+ * `mistral`, and `qwen2` (NeoX RoPE, biases on Q, K and V). Rope may be
+ * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
+ * Llama 3.1's per-pair factors when the file has rope_freqs.weight.
  */
 #ifndef KT_MODEL_MODEL_H
 #define KT_MODEL_MODEL_H
@@ -40,6 +42,10 @@ typedef struct llm_config {
     int head_dim, rope_dim;
     float rope_freq_base, rms_eps;
     kt_rope_style rope_style;
+    /* rope beyond the training context: linear, YaRN (rope.scaling.*) or
+     * Llama 3.1's per-pair factors (the rope_freqs.weight tensor) */
+    bool rope_scaled;
+    kt_rope_scaling rope_scaling;
 } llm_config;
 
 typedef struct llm_model {

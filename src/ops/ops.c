@@ -120,6 +120,43 @@ void kt_rope_angles(float *cs, float *sn, int head_dim, int rope_dim, int pos, f
     rope_angles_from(cs, sn, n_pairs, (float)pos, rope_theta_scale(n_pairs, freq_base));
 }
 
+void kt_rope_yarn_corr(int rope_dim, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow, float *lo,
+                       float *hi) {
+    /* the pair index at which a wave turns beta times over n_ctx_orig positions */
+    const float two_pi = 6.28318530717958647692f;
+    const float d_fast = rope_dim * logf(n_ctx_orig / (beta_fast * two_pi)) / (2 * logf(freq_base));
+    const float d_slow = rope_dim * logf(n_ctx_orig / (beta_slow * two_pi)) / (2 * logf(freq_base));
+    const float start = floorf(d_fast), end = ceilf(d_slow);
+    *lo = start > 0 ? start : 0;
+    *hi = end < rope_dim - 1 ? end : (float)(rope_dim - 1);
+}
+
+void kt_rope_angles_scaled(float *cs, float *sn, int head_dim, int rope_dim, int pos, float freq_base,
+                           const kt_rope_scaling *s) {
+    if (!s) {
+        kt_rope_angles(cs, sn, head_dim, rope_dim, pos, freq_base);
+        return;
+    }
+    const int n_pairs = kt_rope_pairs(head_dim, rope_dim);
+    const float theta_scale = rope_theta_scale(n_pairs, freq_base);
+    const float span = s->corr_hi - s->corr_lo > 0.001f ? s->corr_hi - s->corr_lo : 0.001f;
+    float theta_base = (float)pos; /* the same product chain as the plain angles */
+    for (int i = 0; i < n_pairs; i++) {
+        const float extrap = s->factors ? theta_base / s->factors[i] : theta_base;
+        const float interp = s->freq_scale * extrap;
+        float theta = interp;
+        if (s->ext_factor != 0.0f) {
+            float y = ((float)i - s->corr_lo) / span;
+            y = y < 0 ? 0 : y > 1 ? 1 : y;
+            const float mix = (1 - y) * s->ext_factor;
+            theta = interp * (1 - mix) + extrap * mix;
+        }
+        cs[i] = cosf(theta) * s->mscale;
+        sn[i] = sinf(theta) * s->mscale;
+        theta_base *= theta_scale;
+    }
+}
+
 void kt_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn,
                    kt_rope_style style) {
     const int n_pairs = kt_rope_pairs(head_dim, rope_dim);

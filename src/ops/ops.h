@@ -40,6 +40,26 @@ void kt_rope_angles(float *cs, float *sn, int head_dim, int rope_dim, int pos, f
 void kt_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, const float *sn,
                    kt_rope_style style);
 
+/* How a model stretches rope beyond its training context, as llama.cpp
+ * computes it (ggml's rope_yarn). Pair i's angle at pos is
+ *   extrap = pos * base^(-2i/rope_dim) / factors[i]  (Llama 3.1's rope_freqs; NULL: 1)
+ *   interp = extrap * freq_scale                      (linear, YaRN: 1 / factor)
+ *   theta  = interp * (1 - r_i) + extrap * r_i        (r_i = ext_factor * YaRN's ramp:
+ *            1 below pair corr_lo, 0 above corr_hi, linear between)
+ * and cos / sin are multiplied by mscale (YaRN's 1 + 0.1 ln factor). */
+typedef struct kt_rope_scaling {
+    float freq_scale, ext_factor, mscale, corr_lo, corr_hi;
+    const float *factors; /* kt_rope_pairs of them, or NULL */
+} kt_rope_scaling;
+
+/* YaRN's correction range [lo, hi] of pairs, from the original context
+ * (ggml_rope_yarn_corr_dims with beta_fast, beta_slow). */
+void kt_rope_yarn_corr(int rope_dim, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow, float *lo,
+                       float *hi);
+/* kt_rope_angles under a scaling (s NULL: exactly kt_rope_angles). */
+void kt_rope_angles_scaled(float *cs, float *sn, int head_dim, int rope_dim, int pos, float freq_base,
+                           const kt_rope_scaling *s);
+
 /* In place, numerically stable (max subtracted). */
 void kt_softmax(float *x, int n);
 void kt_softmax_ref(float *x, int n);
