@@ -270,6 +270,13 @@ static void test_arch_rope_scaling(void **state) {
     check_arch("llama-hd");
 }
 
+/* Qwen 3: RMSNorm of each head of Q and K before rope, NeoX rope, an
+ * explicit head size, tied output. */
+static void test_arch_qwen3(void **state) {
+    (void)state;
+    check_arch("qwen3");
+}
+
 static void for_each_golden(int n_threads) {
     const char *dir = tu_shared("golden");
     char dirpath[4096];
@@ -341,6 +348,7 @@ int main(void) {
         cmocka_unit_test(test_teacher_forcing_1_thread),
         cmocka_unit_test(test_arch_rope_scaling),
         cmocka_unit_test(test_rope_scaling_refused),
+        cmocka_unit_test(test_arch_qwen3),
         cmocka_unit_test(test_teacher_forcing_2_threads),
         cmocka_unit_test(test_run_stories_gguf),
         cmocka_unit_test(test_run_converted_llama2c),

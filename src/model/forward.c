@@ -236,6 +236,7 @@ static void rope_angles_some(void *p, int s0, int s1) {
  * q NULL: K and V only; k NULL: Q only (rows already in the cache). */
 typedef struct rope_store_ctx {
     const llm_config *c;
+    const llm_layer *l;
     const llm_batch *b;
     int t0, il;
     float *q, *k;
@@ -244,6 +245,13 @@ typedef struct rope_store_ctx {
     kv_type type;
 } rope_store_ctx;
 
+/* Qwen 3's RMSNorm of each head (one weight vector for all heads), in
+ * place; nothing where the layer has none. */
+static void head_norm(float *x, int n_heads, int head_dim, const llm_tensor *w, float eps) {
+    if (!w->data) return;
+    for (int h = 0; h < n_heads; h++) kt_rmsnorm(x + (size_t)h * head_dim, x + (size_t)h * head_dim, w->data, head_dim, eps);
+}
+
 static void rope_store_some(void *p, int s0, int s1) {
     const rope_store_ctx *r = p;
     const llm_config *c = r->c;
@@ -251,9 +259,14 @@ static void rope_store_some(void *p, int s0, int s1) {
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     for (int t = s0; t < s1; t++) {
         const float *cs = r->cs + t * pairs, *sn = r->sn + t * pairs;
-        if (r->q) kt_rope_apply(r->q + (size_t)t * q_dim, c->n_head, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+        if (r->q) {
+            float *q = r->q + (size_t)t * q_dim;
+            head_norm(q, c->n_head, c->head_dim, &r->l->q_norm, c->rms_eps);
+            kt_rope_apply(q, c->n_head, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+        }
         if (!r->k) continue;
         float *k = r->k + (size_t)t * kv_dim;
+        head_norm(k, c->n_head_kv, c->head_dim, &r->l->k_norm, c->rms_eps);
         kt_rope_apply(k, c->n_head_kv, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
         const int pos = r->b->pos[r->t0 + t];
         kv_seq *seq = r->b->seq[r->t0 + t];
@@ -294,7 +307,7 @@ static const kv_pool *project_and_store(const llm_model *m, llm_work *w, kt_pool
     add_bias(w->k, &l->bk, n);
     add_bias(w->v, &l->bv, n);
     const kv_pool *kv = b->seq[t0]->pool;
-    rope_store_ctx rs = {&m->cfg, b, t0, il, with_q ? w->q : NULL, w->k, w->v, w->rope_cs, w->rope_sn,
+    rope_store_ctx rs = {&m->cfg, l, b, t0, il, with_q ? w->q : NULL, w->k, w->v, w->rope_cs, w->rope_sn,
                          kv_pool_get_params(kv)->type};
     over_tokens(pool, n, rope_store_some, &rs);
     return kv;
@@ -344,7 +357,7 @@ static int last_attention_block(const llm_model *m, llm_work *w, kt_pool *pool, 
     if (!n_keep) return 0;
     matmul(pool, w->q, &l->wq, w->xn, n_keep);
     add_bias(w->q, &l->bq, n_keep);
-    rope_store_ctx rq = {&m->cfg, b, t0, il, w->q, NULL, NULL, w->rope_cs, w->rope_sn, KV_F32}; /* Q only */
+    rope_store_ctx rq = {&m->cfg, &m->layers[il], b, t0, il, w->q, NULL, NULL, w->rope_cs, w->rope_sn, KV_F32}; /* Q only */
     over_tokens(pool, n_keep, rope_store_some, &rq);
     attend(m, w, pool, kv, il, n_keep);
     return n_keep;

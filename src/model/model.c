@@ -108,9 +108,9 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2"))
+    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2") && strcmp(a, "qwen3"))
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2)", a);
+                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3)", a);
     const int64_t big = 1 << 20;
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
@@ -139,7 +139,7 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if ((st = read_float(f, a, "rope.freq_base", 10000.0, 1.0, 1e12, &c->rope_freq_base, err)) ||
         (st = read_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &c->rms_eps, err)))
         return st;
-    c->rope_style = strcmp(a, "qwen2") == 0 ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
+    c->rope_style = !strcmp(a, "qwen2") || !strcmp(a, "qwen3") ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
     return read_rope_scaling(f, c, err);
 }
 
@@ -177,7 +177,7 @@ static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out,
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
-    bool biased = strcmp(c->arch, "qwen2") == 0;
+    bool biased = strcmp(c->arch, "qwen2") == 0, qk_normed = strcmp(c->arch, "qwen3") == 0;
     struct {
         const char *name;
         int n_in, n_out;
@@ -192,6 +192,8 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         {"attn_q.bias", q_dim, 0, !biased, &l->bq},
         {"attn_k.bias", kv_dim, 0, !biased, &l->bk},
         {"attn_v.bias", kv_dim, 0, !biased, &l->bv},
+        {"attn_q_norm.weight", c->head_dim, 0, !qk_normed, &l->q_norm},
+        {"attn_k_norm.weight", c->head_dim, 0, !qk_normed, &l->k_norm},
         {"ffn_norm.weight", c->n_embd, 0, false, &l->ffn_norm},
         {"ffn_gate.weight", c->n_embd, c->n_ff, false, &l->w_gate},
         {"ffn_up.weight", c->n_embd, c->n_ff, false, &l->w_up},

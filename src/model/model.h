@@ -8,7 +8,8 @@
  * copied: they point into the mapped file.
  *
  * Architectures: `llama` (and `mistral`-style files, which use it),
- * `mistral`, and `qwen2` (NeoX RoPE, biases on Q, K and V). Rope may be
+ * `mistral`, `qwen2` (NeoX RoPE, biases on Q, K and V) and `qwen3` (NeoX
+ * RoPE, an RMSNorm of each head of Q and K before it). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
  * Llama 3.1's per-pair factors when the file has rope_freqs.weight.
  */
@@ -33,6 +34,7 @@ typedef struct llm_tensor {
 typedef struct llm_layer {
     llm_tensor attn_norm, wq, wk, wv, wo;
     llm_tensor bq, bk, bv; /* qwen2 only (data NULL otherwise) */
+    llm_tensor q_norm, k_norm; /* qwen3: per-head RMSNorm of Q and K before rope (NULL otherwise) */
     llm_tensor ffn_norm, w_gate, w_up, w_down;
 } llm_layer;
 
