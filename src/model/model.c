@@ -108,9 +108,9 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2") && strcmp(a, "qwen3"))
+    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "phi3"))
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3)", a);
+                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, phi3)", a);
     const int64_t big = 1 << 20;
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
@@ -139,7 +139,7 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if ((st = read_float(f, a, "rope.freq_base", 10000.0, 1.0, 1e12, &c->rope_freq_base, err)) ||
         (st = read_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &c->rms_eps, err)))
         return st;
-    c->rope_style = !strcmp(a, "qwen2") || !strcmp(a, "qwen3") ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
+    c->rope_style = !strcmp(a, "qwen2") || !strcmp(a, "qwen3") || !strcmp(a, "phi3") ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
     return read_rope_scaling(f, c, err);
 }
 
@@ -174,10 +174,38 @@ static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out,
     return KT_OK;
 }
 
+/* Rows [r0, r0 + n) of t, as a matrix of its own (rows are contiguous
+ * in every type, so this is a pointer into the same bytes). */
+static llm_tensor rows_of(const llm_tensor *t, int r0, int n) {
+    llm_tensor v = *t;
+    v.data = (const char *)t->data + kt_dtype_row_bytes(t->type, t->n_in) * (size_t)r0;
+    v.n_out = n;
+    return v;
+}
+
+/* Phi-3's fused matrices as llama.cpp splits them: attn_qkv's rows are
+ * Q | K | V, ffn_up's are gate | up (SwiGLU takes silu of the first half). */
+static kt_status split_fused(const gguf_file *f, const llm_config *c, int il, llm_layer *l, kt_error *err) {
+    const int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+    llm_tensor qkv;
+    kt_status st = bind(f, name, c->n_embd, q_dim + 2 * kv_dim, !!l->wq.data, &qkv, err);
+    if (st) return st;
+    if (qkv.data) l->wq = rows_of(&qkv, 0, q_dim), l->wk = rows_of(&qkv, q_dim, kv_dim),
+                  l->wv = rows_of(&qkv, q_dim + kv_dim, kv_dim);
+    if (!l->w_gate.data) {
+        const llm_tensor up = l->w_up;
+        l->w_gate = rows_of(&up, 0, c->n_ff), l->w_up = rows_of(&up, c->n_ff, c->n_ff);
+    }
+    return KT_OK;
+}
+
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     bool biased = strcmp(c->arch, "qwen2") == 0, qk_normed = strcmp(c->arch, "qwen3") == 0;
+    const bool fused = strcmp(c->arch, "phi3") == 0; /* attn_qkv and ffn_up (gate | up), split below */
     struct {
         const char *name;
         int n_in, n_out;
@@ -185,9 +213,9 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         llm_tensor *t;
     } specs[] = {
         {"attn_norm.weight", c->n_embd, 0, false, &l->attn_norm},
-        {"attn_q.weight", c->n_embd, q_dim, false, &l->wq},
-        {"attn_k.weight", c->n_embd, kv_dim, false, &l->wk},
-        {"attn_v.weight", c->n_embd, kv_dim, false, &l->wv},
+        {"attn_q.weight", c->n_embd, q_dim, fused, &l->wq},
+        {"attn_k.weight", c->n_embd, kv_dim, fused, &l->wk},
+        {"attn_v.weight", c->n_embd, kv_dim, fused, &l->wv},
         {"attn_output.weight", q_dim, c->n_embd, false, &l->wo},
         {"attn_q.bias", q_dim, 0, !biased, &l->bq},
         {"attn_k.bias", kv_dim, 0, !biased, &l->bk},
@@ -195,8 +223,8 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         {"attn_q_norm.weight", c->head_dim, 0, !qk_normed, &l->q_norm},
         {"attn_k_norm.weight", c->head_dim, 0, !qk_normed, &l->k_norm},
         {"ffn_norm.weight", c->n_embd, 0, false, &l->ffn_norm},
-        {"ffn_gate.weight", c->n_embd, c->n_ff, false, &l->w_gate},
-        {"ffn_up.weight", c->n_embd, c->n_ff, false, &l->w_up},
+        {"ffn_gate.weight", c->n_embd, c->n_ff, fused, &l->w_gate},
+        {"ffn_up.weight", c->n_embd, fused ? 2 * c->n_ff : c->n_ff, false, &l->w_up},
         {"ffn_down.weight", c->n_ff, c->n_embd, false, &l->w_down},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
@@ -205,7 +233,7 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         kt_status st = bind(f, name, specs[i].n_in, specs[i].n_out, specs[i].optional, specs[i].t, err);
         if (st) return st;
     }
-    return KT_OK;
+    return fused ? split_fused(f, c, il, l, err) : KT_OK;
 }
 
 static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
@@ -221,6 +249,10 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         (st = bind(f, "output.weight", c->n_embd, c->n_vocab, true, &m->output, err)))
         return st;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    if (gguf_tensor_find(f, "rope_factors_long.weight") || gguf_tensor_find(f, "rope_factors_short.weight"))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                            "the file's rope scaling (rope_factors_long / rope_factors_short: Phi-3's LongRoPE) is not "
+                            "supported yet");
     /* Llama 3.1's rope factors: the tensor's presence is the signal (its
      * converter writes no rope.scaling key for them) */
     llm_tensor freqs;
