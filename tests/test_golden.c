@@ -132,8 +132,8 @@ static void check_full_logits(const char *json_path, const float *logits, size_t
 
 /* Teacher-forced logits of model_path against the golden at json_path;
  * returns the max |diff| over the golden's top entries. */
-static double check_golden(const char *json_path, const char *model_path, double tol, int n_threads,
-                           kt_load_mode mode) {
+static double check_golden_except(const char *json_path, const char *model_path, double tol, double max_diff,
+                                  int n_threads, kt_load_mode mode, const int *skip, int n_skip) {
     json_error_t jerr;
     json_t *g = json_load_file(json_path, 0, &jerr);
     assert_non_null(g);
@@ -168,13 +168,17 @@ static double check_golden(const char *json_path, const char *model_path, double
     assert_int_equal(json_array_size(positions), (size_t)(n - 1));
     double maxdiff = 0;
     for (int p = 0; p < n - 1; p++) {
+        bool skipped = false;
+        for (int i = 0; i < n_skip; i++) skipped |= skip[i] == p;
+        if (skipped) continue;
         double d = check_position(logits + (size_t)p * n_vocab, n_vocab, json_array_get(positions, (size_t)p), tol, p);
         if (d > maxdiff) maxdiff = d;
     }
     printf("  %s, %d threads: %d positions, max |diff| over top entries %.3g (tolerance %g)\n",
            strrchr(json_path, '/') + 1, n_threads, n - 1, maxdiff, tol);
-    assert_true(maxdiff <= tol);
-    check_full_logits(json_path, logits, (size_t)(n - 1) * n_vocab, tol);
+    if (n_skip) printf("  (%d router near-tie positions skipped)\n", n_skip);
+    assert_true(maxdiff <= max_diff);
+    if (!n_skip) check_full_logits(json_path, logits, (size_t)(n - 1) * n_vocab, tol);
 
     free(logits);
     free(all);
@@ -184,6 +188,11 @@ static double check_golden(const char *json_path, const char *model_path, double
     kt_model_free(m);
     json_decref(g);
     return maxdiff;
+}
+
+static double check_golden(const char *json_path, const char *model_path, double tol, int n_threads,
+                           kt_load_mode mode) {
+    return check_golden_except(json_path, model_path, tol, tol, n_threads, mode, NULL, 0);
 }
 
 static void check_golden_file(const char *json_path, int n_threads, kt_load_mode mode) {
@@ -212,11 +221,13 @@ static void check_arch(const char *name) {
     }
 }
 
-/* qwen2-yarn's file with key `key` set to the string `value` (f32 when
- * value is NULL: 2.0), written to a temporary file; returns its path. */
-static const char *with_key(const char *key, const char *value) {
+/* golden/arch's file `name` with key `key` set to `value` (type 's'
+ * string, 'f' f32, 'u' u32), written to a temporary file; its path. */
+static const char *with_key(const char *name, const char *key, char type, const char *value) {
     kt_error e = {0};
-    gguf_file *src = gguf_open(tu_shared("golden/arch/qwen2-yarn-F16.gguf"), &e);
+    char src_path[4096];
+    snprintf(src_path, sizeof src_path, "%s/golden/arch/%s", KT_SHARED_DIR, name);
+    gguf_file *src = gguf_open(src_path, &e);
     assert_non_null(src);
     const char *path = tu_tmp("rope-refused.gguf");
     gguf_writer *w = gguf_writer_new(&e);
@@ -225,7 +236,10 @@ static const char *with_key(const char *key, const char *value) {
         if (k.len == strlen(key) && !memcmp(k.ptr, key, k.len)) continue;
         assert_int_equal(gguf_writer_copy_kv(w, src, i, &e), KT_OK);
     }
-    assert_int_equal(value ? gguf_writer_set_str(w, key, value, &e) : gguf_writer_set_f32(w, key, 2.0f, &e), KT_OK);
+    kt_status st = type == 's' ? gguf_writer_set_str(w, key, value, &e)
+                   : type == 'f' ? gguf_writer_set_f32(w, key, strtof(value, NULL), &e)
+                                 : gguf_writer_set_u32(w, key, (uint32_t)strtoul(value, NULL, 10), &e);
+    assert_int_equal(st, KT_OK);
     for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
         const gguf_tensor *t = gguf_tensor_at(src, i);
         char name[256];
@@ -249,14 +263,23 @@ static void expect_refused(const char *path, const char *words) {
     if (m || !strstr(err.msg, words)) fail_msg("loaded=%d, error '%s' (want it to name '%s')", m != NULL, err.msg, words);
 }
 
-/* A rope scaling kettle does not implement is refused, naming it. */
+/* A rope scaling or an expert routing kettle does not implement is
+ * refused, naming it. */
 static void test_rope_scaling_refused(void **state) {
     (void)state;
-    expect_refused(with_key("qwen2.rope.scaling.type", "longrope"), "rope scaling 'longrope'");
-    expect_refused(with_key("qwen2.rope.scaling.yarn_log_multiplier", NULL), "yarn_log_multiplier");
-    /* and the control: the file itself loads */
+    const char *yarn = "qwen2-yarn-F16.gguf", *moe = "qwen3moe-F16.gguf";
+    expect_refused(with_key(yarn, "qwen2.rope.scaling.type", 's', "longrope"), "rope scaling 'longrope'");
+    expect_refused(with_key(yarn, "qwen2.rope.scaling.yarn_log_multiplier", 'f', "0.1"), "yarn_log_multiplier");
+    /* and other expert routing */
+    expect_refused(with_key(moe, "qwen3moe.expert_gating_func", 'u', "2"), "expert_gating_func 2");
+    expect_refused(with_key(moe, "qwen3moe.expert_shared_count", 'u', "1"), "shared experts");
+    expect_refused(with_key(moe, "qwen3moe.expert_used_count", 'u', "9"), "expert_used_count");
+    /* and the controls: the files themselves load */
     kt_error err = {0};
-    kt_model *m = kt_model_load_ex(with_key("qwen2.rope.scaling.type", "yarn"), KT_LOAD_MMAP, &err);
+    kt_model *m = kt_model_load_ex(with_key(yarn, "qwen2.rope.scaling.type", 's', "yarn"), KT_LOAD_MMAP, &err);
+    assert_non_null(m);
+    kt_model_free(m);
+    m = kt_model_load_ex(with_key(moe, "qwen3moe.expert_gating_func", 'u', "1"), KT_LOAD_MMAP, &err);
     assert_non_null(m);
     kt_model_free(m);
 }
@@ -268,6 +291,28 @@ static void test_arch_rope_scaling(void **state) {
     check_arch("llama3-rope");
     check_arch("qwen2-yarn");
     check_arch("llama-hd");
+}
+
+/* Mixtures of experts: Mixtral's layout (llama with merged expert
+ * tensors, adjacent-pair rope) and Qwen3-MoE (Qwen 3's attention). */
+static void test_arch_moe(void **state) {
+    (void)state;
+    check_arch("mixtral");
+    char json_path[4096], model_path[4096];
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-F16.json", KT_SHARED_DIR);
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-F16.gguf", KT_SHARED_DIR);
+    check_golden(json_path, model_path, 6e-3, 2, KT_LOAD_MMAP);
+    /* Q8_0 as the README says for MoE goldens: activations rounded
+     * otherwise than llama.cpp's route a few near-tied positions to
+     * another expert (positions 81 and 181 here: 0.27 and 0.34; the
+     * README: up to ~0.5), so the argmax must agree where the golden's
+     * top-1 / top-2 gap is over 0.3 (tolerance 0.15), and no logit may
+     * move by more than 0.5; the README's own near-tie positions are
+     * skipped. */
+    static const int near_ties[] = {46, 133, 150, 160, 211};
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-Q8_0.json", KT_SHARED_DIR);
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-Q8_0.gguf", KT_SHARED_DIR);
+    check_golden_except(json_path, model_path, 0.15, 0.5, 2, KT_LOAD_REPACK, near_ties, 5);
 }
 
 /* Phi-3: fused attn_qkv (Q | K | V) and ffn_up (gate | up), NeoX rope. */
@@ -356,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_rope_scaling_refused),
         cmocka_unit_test(test_arch_qwen3),
         cmocka_unit_test(test_arch_phi3),
+        cmocka_unit_test(test_arch_moe),
         cmocka_unit_test(test_teacher_forcing_2_threads),
         cmocka_unit_test(test_run_stories_gguf),
         cmocka_unit_test(test_run_converted_llama2c),

@@ -30,6 +30,11 @@
 struct llm_work {
     /* each [LLM_MAX_BATCH][width] */
     float *x, *xn, *q, *k, *v, *att, *gate, *up;
+    /* mixture of experts: router logits [B][n_expert]; per (token, slot)
+     * the expert, its weight and its output [B * n_expert_used][n_embd];
+     * an expert's gathered inputs and outputs [B][n_embd] */
+    float *router, *moe_w, *moe_y, *moe_x, *moe_out;
+    int *moe_e, *moe_rows;
     /* per token of a chunk: its block table and attention length, and
      * the cos / sin of its rope angles ([LLM_MAX_BATCH][rope pairs]) */
     const int32_t **blocks;
@@ -50,8 +55,21 @@ llm_work *llm_work_new(const llm_model *m, kt_error *err) {
     w->k = malloc(B * kv_dim * sizeof(float));
     w->v = malloc(B * kv_dim * sizeof(float));
     w->att = malloc(B * q_dim * sizeof(float));
-    w->gate = malloc(B * c->n_ff * sizeof(float));
-    w->up = malloc(B * c->n_ff * sizeof(float));
+    const size_t ff = (size_t)(c->n_ff > c->n_ff_exp ? c->n_ff : c->n_ff_exp);
+    w->gate = malloc(B * ff * sizeof(float));
+    w->up = malloc(B * ff * sizeof(float));
+    if (c->n_expert) {
+        const size_t slots = B * (size_t)c->n_expert_used;
+        w->router = malloc(B * c->n_expert * sizeof(float));
+        w->moe_w = malloc(slots * sizeof(float));
+        w->moe_y = malloc(slots * c->n_embd * sizeof(float));
+        w->moe_x = malloc(B * c->n_embd * sizeof(float));
+        w->moe_out = malloc(B * c->n_embd * sizeof(float));
+        w->moe_e = malloc(slots * sizeof(int));
+        w->moe_rows = malloc(slots * sizeof(int));
+        if (!w->router || !w->moe_w || !w->moe_y || !w->moe_x || !w->moe_out || !w->moe_e || !w->moe_rows)
+            goto nomem;
+    }
     w->blocks = malloc(B * sizeof *w->blocks);
     w->n_pos = malloc(B * sizeof *w->n_pos);
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim) + 1; /* + 1: never 0 bytes */
@@ -81,6 +99,8 @@ void llm_work_free(llm_work *w) {
     free(w->n_pos);
     free(w->rope_cs);
     free(w->rope_sn);
+    free(w->router), free(w->moe_w), free(w->moe_y), free(w->moe_x), free(w->moe_out);
+    free(w->moe_e), free(w->moe_rows);
     free(w);
 }
 
@@ -363,9 +383,71 @@ static int last_attention_block(const llm_model *m, llm_work *w, kt_pool *pool, 
     return n_keep;
 }
 
+/* A token's experts as llama.cpp picks them: softmax over all router
+ * logits, the k most probable (in descending order, the lower index
+ * first on a tie), their probabilities divided by their sum. */
+static void route(const float *logits, int n_expert, int k, int *expert, float *weight) {
+    float p[4096];
+    memcpy(p, logits, sizeof(float) * (size_t)n_expert);
+    kt_softmax_ref(p, n_expert);
+    float sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_expert; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= expert[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        expert[j] = best, weight[j] = p[best];
+        sum += p[best];
+    }
+    if (sum < 6.103515625e-5f) sum = 6.103515625e-5f; /* llama.cpp's clamp */
+    for (int j = 0; j < k; j++) weight[j] /= sum;
+}
+
+/* The mixture of experts in place of the FFN: each expert runs once, as
+ * matmuls over only the tokens routed to it (decode reads the chosen
+ * experts' weights only); each token's output is its slots' outputs
+ * weighted, summed in slot order. Input norm(x) in xn, output there. */
+static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
+    const llm_config *c = &m->cfg;
+    const llm_layer *l = &m->layers[il];
+    const int E = c->n_expert, K = c->n_expert_used, D = c->n_embd, F = c->n_ff_exp;
+    matmul(pool, w->router, &l->router, w->xn, n);
+    for (int t = 0; t < n; t++) route(w->router + (size_t)t * E, E, K, w->moe_e + t * K, w->moe_w + t * K);
+    for (int e = 0; e < E; e++) {
+        int cnt = 0;
+        for (int s = 0; s < n * K; s++)
+            if (w->moe_e[s] == e) {
+                memcpy(w->moe_x + (size_t)cnt * D, w->xn + (size_t)(s / K) * D, sizeof(float) * (size_t)D);
+                w->moe_rows[cnt++] = s;
+            }
+        if (!cnt) continue;
+        const llm_tensor *g = &l->experts[3 * e], *u = &l->experts[3 * e + 1], *d = &l->experts[3 * e + 2];
+        const kt_matmul_part gate_up[] = {{w->gate, g->data, g->type, F}, {w->up, u->data, u->type, F}};
+        kt_matmul_many(pool, gate_up, 2, w->moe_x, D, cnt);
+        swiglu_rows(pool, w->gate, w->up, cnt, F);
+        matmul(pool, w->moe_out, d, w->gate, cnt);
+        for (int i = 0; i < cnt; i++)
+            memcpy(w->moe_y + (size_t)w->moe_rows[i] * D, w->moe_out + (size_t)i * D, sizeof(float) * (size_t)D);
+    }
+    for (int t = 0; t < n; t++) {
+        float *out = w->xn + (size_t)t * D;
+        for (int i = 0; i < D; i++) out[i] = 0;
+        for (int j = 0; j < K; j++) {
+            const float wt = w->moe_w[t * K + j], *y = w->moe_y + (size_t)(t * K + j) * D;
+            for (int i = 0; i < D; i++) out[i] += wt * y[i];
+        }
+    }
+}
+
 static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
+    if (l->router.data) {
+        moe_block(m, w, pool, il, n);
+        return;
+    }
     const kt_matmul_part gate_up[] = {{w->gate, l->w_gate.data, l->w_gate.type, l->w_gate.n_out},
                                       {w->up, l->w_up.data, l->w_up.type, l->w_up.n_out}};
     kt_matmul_many(pool, gate_up, 2, w->xn, l->w_gate.n_in, n);

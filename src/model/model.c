@@ -103,14 +103,49 @@ static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *
     return KT_OK;
 }
 
+/* A mixture of experts, as llama.cpp runs llama (Mixtral) and qwen3moe
+ * files: softmax over every expert's router logit, the top
+ * expert_used_count, their weights renormalized to sum 1. Anything that
+ * asks for other routing is refused, not run the wrong way. */
+static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) {
+    const char *a = c->arch;
+    kt_status st;
+    if ((st = read_int(f, a, "expert_count", 0, 0, 4096, &c->n_expert, err))) return st;
+    if (!c->n_expert) {
+        if (!strcmp(a, "qwen3moe")) return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen3moe.expert_count'");
+        return KT_OK;
+    }
+    if ((st = read_int(f, a, "expert_used_count", -1, 1, c->n_expert, &c->n_expert_used, err)) ||
+        (st = read_int(f, a, "expert_feed_forward_length", c->n_ff, 1, 1 << 20, &c->n_ff_exp, err)))
+        return st;
+    int gating = 1, shared = 0;
+    if ((st = read_int(f, a, "expert_gating_func", 1, 0, 16, &gating, err)) ||
+        (st = read_int(f, a, "expert_shared_count", 0, 0, 4096, &shared, err)))
+        return st;
+    if (gating != 1)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.expert_gating_func %d: kettle routes experts by softmax (1) only",
+                            a, gating);
+    if (shared)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.expert_shared_count %d: shared experts are not supported yet", a,
+                            shared);
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_weights_scale", a);
+    if (gguf_find_key(f, key) >= 0) return kt_error_set(err, KT_ERR_UNSUPPORTED, "'%s' is not supported yet", key);
+    return KT_OK;
+}
+
 static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     memset(c, 0, sizeof *c);
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    if (strcmp(a, "llama") && strcmp(a, "mistral") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "phi3"))
+    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
+    if (!known)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, phi3)", a);
+                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, qwen3moe, "
+                            "phi3)", a);
     const int64_t big = 1 << 20;
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
@@ -139,7 +174,8 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if ((st = read_float(f, a, "rope.freq_base", 10000.0, 1.0, 1e12, &c->rope_freq_base, err)) ||
         (st = read_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &c->rms_eps, err)))
         return st;
-    c->rope_style = !strcmp(a, "qwen2") || !strcmp(a, "qwen3") || !strcmp(a, "phi3") ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
+    c->rope_style = strcmp(a, "llama") && strcmp(a, "mistral") ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
+    if ((st = read_experts(f, c, err))) return st;
     return read_rope_scaling(f, c, err);
 }
 
@@ -201,11 +237,43 @@ static kt_status split_fused(const gguf_file *f, const llm_config *c, int il, ll
     return KT_OK;
 }
 
+/* The layer's router and its experts: each merged ffn_*_exps tensor is
+ * [n_in, n_out, n_expert], expert e's matrix the e-th [n_in, n_out] slab. */
+static kt_status bind_experts(const gguf_file *f, const llm_config *c, int il, llm_layer *l, kt_error *err) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", il);
+    kt_status st = bind(f, name, c->n_embd, c->n_expert, false, &l->router, err);
+    if (st) return st;
+    if (!(l->experts = calloc((size_t)c->n_expert * 3, sizeof *l->experts)))
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory loading the model");
+    static const char *const parts[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    for (int p = 0; p < 3; p++) {
+        const int n_in = p == 2 ? c->n_ff_exp : c->n_embd, n_out = p == 2 ? c->n_embd : c->n_ff_exp;
+        snprintf(name, sizeof name, "blk.%d.%s.weight", il, parts[p]);
+        const gguf_tensor *g = gguf_tensor_find(f, name);
+        if (!g) return kt_error_set(err, KT_ERR_FORMAT, "missing tensor '%s' (kettle reads merged expert tensors)", name);
+        if (g->n_dims != 3 || g->dims[0] != n_in || g->dims[1] != n_out || g->dims[2] != c->n_expert)
+            return kt_error_set(err, KT_ERR_FORMAT,
+                                "tensor '%s' has shape [%lld, %lld, %lld] (%u dims), expected [%d, %d, %d]", name,
+                                (long long)g->dims[0], (long long)g->dims[1], (long long)g->dims[2], g->n_dims, n_in,
+                                n_out, c->n_expert);
+        if (!kt_matmul_supported(g->type))
+            return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kettle cannot multiply yet",
+                                name, kt_dtype_name(g->type));
+        const size_t slab = kt_dtype_row_bytes(g->type, n_in) * (size_t)n_out;
+        for (int e = 0; e < c->n_expert; e++)
+            l->experts[3 * e + p] = (llm_tensor){.data = (const char *)g->data + slab * (size_t)e, .type = g->type,
+                                                 .n_in = n_in, .n_out = n_out};
+    }
+    return KT_OK;
+}
+
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
-    bool biased = strcmp(c->arch, "qwen2") == 0, qk_normed = strcmp(c->arch, "qwen3") == 0;
+    bool biased = strcmp(c->arch, "qwen2") == 0, qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe");
     const bool fused = strcmp(c->arch, "phi3") == 0; /* attn_qkv and ffn_up (gate | up), split below */
+    const bool moe = c->n_expert > 0;               /* no dense FFN: experts, bound below */
     struct {
         const char *name;
         int n_in, n_out;
@@ -223,9 +291,9 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         {"attn_q_norm.weight", c->head_dim, 0, !qk_normed, &l->q_norm},
         {"attn_k_norm.weight", c->head_dim, 0, !qk_normed, &l->k_norm},
         {"ffn_norm.weight", c->n_embd, 0, false, &l->ffn_norm},
-        {"ffn_gate.weight", c->n_embd, c->n_ff, fused, &l->w_gate},
-        {"ffn_up.weight", c->n_embd, fused ? 2 * c->n_ff : c->n_ff, false, &l->w_up},
-        {"ffn_down.weight", c->n_ff, c->n_embd, false, &l->w_down},
+        {"ffn_gate.weight", c->n_embd, c->n_ff, fused || moe, &l->w_gate},
+        {"ffn_up.weight", c->n_embd, fused ? 2 * c->n_ff : c->n_ff, moe, &l->w_up},
+        {"ffn_down.weight", c->n_ff, c->n_embd, moe, &l->w_down},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         char name[96];
@@ -233,6 +301,7 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         kt_status st = bind(f, name, specs[i].n_in, specs[i].n_out, specs[i].optional, specs[i].t, err);
         if (st) return st;
     }
+    if (moe) return bind_experts(f, c, il, l, err);
     return fused ? split_fused(f, c, il, l, err) : KT_OK;
 }
 
@@ -342,6 +411,7 @@ int llm_model_repack(llm_model *m, kt_error *err) {
 
 void llm_model_free(llm_model *m) {
     if (!m) return;
+    for (int il = 0; m->layers && il < m->cfg.n_layer; il++) free(m->layers[il].experts);
     free(m->layers);
     free(m);
 }

@@ -9,7 +9,10 @@
  *
  * Architectures: `llama` (and `mistral`-style files, which use it),
  * `mistral`, `qwen2` (NeoX RoPE, biases on Q, K and V) and `qwen3` (NeoX
- * RoPE, an RMSNorm of each head of Q and K before it). Rope may be
+ * RoPE, an RMSNorm of each head of Q and K before it), `qwen3moe` and
+ * Mixtral-style `llama` files (a mixture of experts in place of the FFN:
+ * softmax router, top-k, weights renormalized), `phi3` (fused QKV and
+ * gate/up). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
  * Llama 3.1's per-pair factors when the file has rope_freqs.weight.
  */
@@ -35,13 +38,19 @@ typedef struct llm_layer {
     llm_tensor attn_norm, wq, wk, wv, wo;
     llm_tensor bq, bk, bv; /* qwen2 only (data NULL otherwise) */
     llm_tensor q_norm, k_norm; /* qwen3: per-head RMSNorm of Q and K before rope (NULL otherwise) */
-    llm_tensor ffn_norm, w_gate, w_up, w_down;
+    llm_tensor ffn_norm, w_gate, w_up, w_down; /* dense FFN (data NULL in a mixture of experts) */
+    /* mixture of experts (qwen3moe, Mixtral's llama files): the router
+     * [n_embd -> n_expert] and each expert's gate, up, down (views into
+     * the merged 3-D tensors), experts[3 e + 0 / 1 / 2] */
+    llm_tensor router;
+    llm_tensor *experts;
 } llm_layer;
 
 typedef struct llm_config {
     char arch[32];
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train;
     int head_dim, rope_dim;
+    int n_expert, n_expert_used, n_ff_exp; /* 0 experts: a dense FFN */
     float rope_freq_base, rms_eps;
     kt_rope_style rope_style;
     /* rope beyond the training context: linear, YaRN (rope.scaling.*) or
