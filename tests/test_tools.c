@@ -735,6 +735,28 @@ static void test_gen_model_values(void **state) {
     free(p);
 }
 
+/* A mixture-of-experts shape: qwen3moe metadata, merged 3-D expert
+ * tensors, Q/K norms; it loads and generates. */
+static void test_gen_model_moe(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-moe.gguf");
+    snprintf(args, sizeof args, "gen-model --shape qwen3moe-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    gguf_file *f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen3moe.expert_count"), 8);
+    assert_int_equal(get_i64(f, "qwen3moe.expert_used_count"), 2);
+    assert_int_equal(get_i64(f, "qwen3moe.attention.key_length"), 32);
+    const gguf_tensor *up = gguf_tensor_find(f, "blk.3.ffn_up_exps.weight");
+    assert_true(up && up->n_dims == 3 && up->dims[0] == 256 && up->dims[1] == 128 && up->dims[2] == 8);
+    assert_non_null(gguf_tensor_find(f, "blk.0.attn_k_norm.weight"));
+    assert_null(gguf_tensor_find(f, "blk.0.ffn_up.weight"));
+    gguf_close(f);
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out), free(vocab), free(p);
+}
+
 static void test_gen_model_errors(void **state) {
     (void)state;
     char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *outp = tmp("gen-bad.gguf");
@@ -783,6 +805,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_errors),
         cmocka_unit_test(test_gen_model_deterministic),
         cmocka_unit_test(test_gen_model_values),
+        cmocka_unit_test(test_gen_model_moe),
         cmocka_unit_test(test_gen_model_errors),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));

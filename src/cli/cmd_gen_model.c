@@ -1,8 +1,9 @@
 /*
  * cmd_gen_model.c - `kettle gen-model --shape NAME --type TYPE --vocab
- * VOCAB.gguf -o OUT.gguf [--seed S]`: writes a llama-architecture model of
- * a real model's shape (TinyLlama 1.1B, SmolLM 135M, or a tiny test shape)
- * filled with deterministic random weights.
+ * VOCAB.gguf -o OUT.gguf [--seed S]`: writes a model of a real model's
+ * shape (TinyLlama 1.1B, SmolLM 135M, Llama 3.2 1B, Qwen 3 0.6B, Qwen 3
+ * 30B-A3B's mixture of experts cut to 12 layers and its dense twin, tiny
+ * test shapes) filled with deterministic random weights.
  *
  * Why: benchmarks and memory/speed tests need full-size models, and real
  * weights cannot be downloaded here. The weights are small (about N(0,
@@ -45,13 +46,29 @@ typedef struct shape {
     int64_t dim, n_layers, n_heads, n_kv_heads, ffn, ctx;
     float rope_base, eps;
     bool tied; /* classifier = token embedding */
+    const char *arch;   /* NULL: llama */
+    int64_t head_dim;   /* 0: dim / n_heads */
+    int64_t n_expert, n_expert_used, ffn_exp; /* qwen3moe */
 } shape;
 
+/* The qwen3 shapes are Qwen 3's own (0.6B; the 30B-A3B mixture of
+ * experts with its 128 experts, top 8, expert FFN 768 and attention, cut
+ * to 12 of its 48 layers to fit in memory), and the same 12 layers with
+ * a dense FFN of 8 x 768: the dense model with the MoE's active
+ * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128},
 };
+
+static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
+static int64_t head_dim_of(const shape *s) { return s->head_dim ? s->head_dim : s->dim / s->n_heads; }
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
 static void usage(FILE *out) {
@@ -59,7 +76,7 @@ static void usage(FILE *out) {
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
             "                        [--seed S]\n"
             "\n"
-            "Writes a llama-architecture model with deterministic random weights\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe) with deterministic random weights\n"
             "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
             "\n"
             "  --shape NAME     ");
@@ -79,7 +96,7 @@ static void usage(FILE *out) {
 typedef struct gen_tensor {
     char name[48];
     uint32_t n_dims;
-    int64_t dims[2];
+    int64_t dims[3]; /* rows of dims[0]: dims[1] x dims[2] of them */
     kt_dtype type;
 } gen_tensor;
 
@@ -88,32 +105,49 @@ typedef struct gen_plan {
     int64_t n;
 } gen_plan;
 
-static void add(gen_plan *p, const char *name, int64_t d0, int64_t d1, kt_dtype type) {
+static void add3(gen_plan *p, const char *name, int64_t d0, int64_t d1, int64_t d2, kt_dtype type) {
     gen_tensor *t = &p->t[p->n++];
     snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = d1 ? 2 : 1;
+    t->n_dims = d2 ? 3 : d1 ? 2 : 1;
     t->dims[0] = d0;
     t->dims[1] = d1 ? d1 : 1;
+    t->dims[2] = d2 ? d2 : 1;
     t->type = d1 ? type : KT_F32;
 }
 
+static void add(gen_plan *p, const char *name, int64_t d0, int64_t d1, kt_dtype type) {
+    add3(p, name, d0, d1, 0, type);
+}
+
 static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
-    int64_t kv = s->dim / s->n_heads * s->n_kv_heads;
+    const int64_t hd = head_dim_of(s), q = hd * s->n_heads, kv = hd * s->n_kv_heads, E = s->n_expert;
+    const bool qk_norm = strcmp(arch_of(s), "llama") != 0;
     char n[48];
-#define LAYER(suffix, d0, d1)                                        \
+#define LAYER(suffix, d0, d1, d2)                                    \
     do {                                                             \
         snprintf(n, sizeof n, "blk.%" PRId64 "." suffix, i);         \
-        add(p, n, d0, d1, type);                                     \
+        add3(p, n, d0, d1, d2, type);                                \
     } while (0)
-    LAYER("attn_norm.weight", s->dim, 0);
-    LAYER("attn_q.weight", s->dim, s->dim);
-    LAYER("attn_k.weight", s->dim, kv);
-    LAYER("attn_v.weight", s->dim, kv);
-    LAYER("attn_output.weight", s->dim, s->dim);
-    LAYER("ffn_norm.weight", s->dim, 0);
-    LAYER("ffn_gate.weight", s->dim, s->ffn);
-    LAYER("ffn_down.weight", s->ffn, s->dim);
-    LAYER("ffn_up.weight", s->dim, s->ffn);
+    LAYER("attn_norm.weight", s->dim, 0, 0);
+    LAYER("attn_q.weight", s->dim, q, 0);
+    LAYER("attn_k.weight", s->dim, kv, 0);
+    LAYER("attn_v.weight", s->dim, kv, 0);
+    LAYER("attn_output.weight", q, s->dim, 0);
+    if (qk_norm) {
+        LAYER("attn_q_norm.weight", hd, 0, 0);
+        LAYER("attn_k_norm.weight", hd, 0, 0);
+    }
+    LAYER("ffn_norm.weight", s->dim, 0, 0);
+    if (E) {
+        LAYER("ffn_gate_inp.weight", s->dim, E, 0);
+        LAYER("ffn_gate_exps.weight", s->dim, s->ffn_exp, E);
+        LAYER("ffn_down_exps.weight", s->ffn_exp, s->dim, E);
+        LAYER("ffn_up_exps.weight", s->dim, s->ffn_exp, E);
+    } else {
+        LAYER("ffn_gate.weight", s->dim, s->ffn, 0);
+        LAYER("ffn_down.weight", s->ffn, s->dim, 0);
+        LAYER("ffn_up.weight", s->dim, s->ffn, 0);
+    }
 #undef LAYER
 }
 
@@ -121,7 +155,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
 static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtype type,
                            kt_error *err) {
     p->n = 0;
-    p->t = calloc((size_t)(9 * s->n_layers + 3), sizeof *p->t);
+    p->t = calloc((size_t)(12 * s->n_layers + 3), sizeof *p->t);
     if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     add(p, "token_embd.weight", s->dim, n_vocab, type);
     for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, type);
@@ -130,8 +164,10 @@ static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtyp
     return KT_OK;
 }
 
+static int64_t n_rows(const gen_tensor *t) { return t->dims[1] * t->dims[2]; }
+
 static size_t tensor_bytes(const gen_tensor *t) {
-    return kt_dtype_row_bytes(t->type, t->dims[0]) * (size_t)t->dims[1];
+    return kt_dtype_row_bytes(t->type, t->dims[0]) * (size_t)n_rows(t);
 }
 
 /* ---- random rows ---- */
@@ -173,7 +209,7 @@ static void gen_rows(void *ctx, int ith, int nth) {
     int64_t n = j->t->dims[0];
     float *row = j->scratch + (size_t)ith * (size_t)n;
     bool ones = j->t->n_dims == 1;
-    kt_split_range(j->t->dims[1], ith, nth, &lo, &hi);
+    kt_split_range(n_rows(j->t), ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         if (ones) {
             for (int64_t k = 0; k < n; k++) row[k] = 1.0f;
@@ -192,20 +228,35 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
                               kt_dtype type, kt_error *err) {
     kt_status st;
 #define TRY(call) do { if ((st = (call)) != KT_OK) return st; } while (0)
-    TRY(gguf_writer_set_str(w, "general.architecture", "llama", err));
+    const char *a = arch_of(s);
+    char key[96];
+#define U32(suffix, v) (snprintf(key, sizeof key, "%s." suffix, a), gguf_writer_set_u32(w, key, (uint32_t)(v), err))
+#define F32(suffix, v) (snprintf(key, sizeof key, "%s." suffix, a), gguf_writer_set_f32(w, key, (v), err))
+    TRY(gguf_writer_set_str(w, "general.architecture", a, err));
     TRY(gguf_writer_set_str(w, "general.name", s->name, err));
     TRY(gguf_writer_set_u32(w, "general.file_type", cli_llama_ftype(type), err));
     TRY(gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err));
-    TRY(gguf_writer_set_u32(w, "llama.context_length", (uint32_t)s->ctx, err));
-    TRY(gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)s->dim, err));
-    TRY(gguf_writer_set_u32(w, "llama.block_count", (uint32_t)s->n_layers, err));
-    TRY(gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)s->ffn, err));
-    TRY(gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)(s->dim / s->n_heads), err));
-    TRY(gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)s->n_heads, err));
-    TRY(gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)s->n_kv_heads, err));
-    TRY(gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", s->eps, err));
-    TRY(gguf_writer_set_f32(w, "llama.rope.freq_base", s->rope_base, err));
-    TRY(gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab, err));
+    TRY(U32("context_length", s->ctx));
+    TRY(U32("embedding_length", s->dim));
+    TRY(U32("block_count", s->n_layers));
+    TRY(U32("feed_forward_length", s->ffn));
+    TRY(U32("rope.dimension_count", head_dim_of(s)));
+    TRY(U32("attention.head_count", s->n_heads));
+    TRY(U32("attention.head_count_kv", s->n_kv_heads));
+    if (s->head_dim) {
+        TRY(U32("attention.key_length", s->head_dim));
+        TRY(U32("attention.value_length", s->head_dim));
+    }
+    if (s->n_expert) {
+        TRY(U32("expert_count", s->n_expert));
+        TRY(U32("expert_used_count", s->n_expert_used));
+        TRY(U32("expert_feed_forward_length", s->ffn_exp));
+    }
+    TRY(F32("attention.layer_norm_rms_epsilon", s->eps));
+    TRY(F32("rope.freq_base", s->rope_base));
+    TRY(U32("vocab_size", n_vocab));
+#undef U32
+#undef F32
 #undef TRY
     return KT_OK;
 }
@@ -283,7 +334,7 @@ static kt_status write_tensors(gguf_writer *w, const gen_plan *p, uint64_t seed,
     for (int64_t i = 0; i < p->n && st == KT_OK; i++) {
         const gen_tensor *t = &p->t[i];
         gen_job j = {t, seed, (uint64_t)i, buf, scratch, kt_dtype_row_bytes(t->type, t->dims[0])};
-        cli_parallel(t->dims[1], gen_rows, &j);
+        cli_parallel(n_rows(t), gen_rows, &j);
         st = gguf_writer_write_tensor(w, buf, tensor_bytes(t), err);
         cli_progress_add(&prog, tensor_bytes(t), t->name);
     }
