@@ -374,13 +374,14 @@ static int matmul_weights(llm_model *m, llm_tensor **out) {
         llm_layer *l = &m->layers[il];
         llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) out[n++] = ts[i];
+        for (int e = 0; l->experts && e < 3 * m->cfg.n_expert; e++) out[n++] = &l->experts[e];
     }
     out[n++] = &m->output;
     return n;
 }
 
 int llm_model_repack(llm_model *m, kt_error *err) {
-    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * 7 + 1));
+    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (7 + 3 * (size_t)m->cfg.n_expert) + 1));
     if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
     const int n = matmul_weights(m, ts);
     size_t tmp_bytes = 0;
