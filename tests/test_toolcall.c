@@ -368,15 +368,23 @@ static void expect_accepts(const char *gbnf, const char *text, bool want) {
     kt_grammar_free(g);
 }
 
+/* The grammar of family's calls of `tools` under `choice` (no response
+ * format, no control tokens); it must build. */
+static void build_ok(const char *family, const json_t *tools, kt_tool_choice choice, bool parallel, kt_tool_think think,
+                     kt_tool_grammar *tg) {
+    kt_error err = {0};
+    kt_status st = kt_tool_grammar_build(kt_tool_format_by_name(family), tools, choice, NULL, parallel, think, NULL,
+                                         NULL, NULL, tg, &err);
+    if (st != KT_OK) fail_msg("%s: %s", family, err.msg);
+}
+
 /* Llama 3.1's built-in tools: after <|python_tag|>, NAME.call(...) with
  * the schema's keywords, or code for the code tool; JSON still works. */
 static void test_grammar_llama_builtins(void **state) {
     (void)state;
     json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
     kt_tool_grammar tg;
-    kt_error err = {0};
-    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("llama3"), tools, KT_TOOL_REQUIRED, NULL, false,
-                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    build_ok("llama3", tools, KT_TOOL_REQUIRED, false, KT_THINK_MAYBE, &tg);
     expect_accepts(tg.grammar, "{\"name\": \"get_time\", \"parameters\": {}}", true);
     expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(query=\"Paris\")", true);
     expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(query=\"Paris\", count=2)", true);
@@ -389,8 +397,7 @@ static void test_grammar_llama_builtins(void **state) {
     kt_tool_grammar_free(&tg);
     /* without a code tool, only the keywords of the schema */
     json_array_remove(tools, 3);
-    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("llama3"), tools, KT_TOOL_REQUIRED, NULL, false,
-                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    build_ok("llama3", tools, KT_TOOL_REQUIRED, false, KT_THINK_MAYBE, &tg);
     expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(query=\"Paris\")", true);
     expect_accepts(tg.grammar, "<|python_tag|>brave_search.call(count=2)", false); /* query is required */
     expect_accepts(tg.grammar, "<|python_tag|>print(6 * 7)", false);
@@ -404,10 +411,7 @@ static void test_grammar_closes_objects(void **state) {
     (void)state;
     json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
     kt_tool_grammar tg;
-    kt_error err = {0};
-    const kt_tool_format *f = kt_tool_format_by_name("hermes");
-    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, false, KT_THINK_DONE, NULL, NULL, NULL, &tg,
-                                           &err), KT_OK);
+    build_ok("hermes", tools, KT_TOOL_REQUIRED, false, KT_THINK_DONE, &tg);
     const char *plain = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     const char *extra =
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"x\": 1}}\n</tool_call>";
@@ -416,8 +420,7 @@ static void test_grammar_closes_objects(void **state) {
     kt_tool_grammar_free(&tg);
     json_t *params = json_object_get(json_object_get(json_array_get(tools, 0), "function"), "parameters");
     json_object_set_new(params, "additionalProperties", json_true());
-    assert_int_equal(kt_tool_grammar_build(f, tools, KT_TOOL_REQUIRED, NULL, false, KT_THINK_DONE, NULL, NULL, NULL, &tg,
-                                           &err), KT_OK);
+    build_ok("hermes", tools, KT_TOOL_REQUIRED, false, KT_THINK_DONE, &tg);
     expect_accepts(tg.grammar, extra, true);
     kt_tool_grammar_free(&tg);
     json_decref(tools);
@@ -430,9 +433,7 @@ static void test_grammar_open_reply(void **state) {
     (void)state;
     json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
     kt_tool_grammar tg;
-    kt_error err = {0};
-    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("functionary-v3.2"), tools, KT_TOOL_AUTO, NULL, true,
-                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    build_ok("functionary-v3.2", tools, KT_TOOL_AUTO, true, KT_THINK_MAYBE, &tg);
     assert_non_null(tg.grammar);
     expect_accepts(tg.grammar, "all\nIt is sunny, 3 > 2 >> 1.", true);
     expect_accepts(tg.grammar, "all\nChecking.>>>get_time\n{}", true);
@@ -440,8 +441,7 @@ static void test_grammar_open_reply(void **state) {
     expect_accepts(tg.grammar, "all\nChecking.>>>nope\n{}", false);
     expect_accepts(tg.grammar, "Hello.", false);
     kt_tool_grammar_free(&tg);
-    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("functionary-v3.2"), tools, KT_TOOL_REQUIRED, NULL,
-                                           false, KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    build_ok("functionary-v3.2", tools, KT_TOOL_REQUIRED, false, KT_THINK_MAYBE, &tg);
     expect_accepts(tg.grammar, "get_time\n{}", true);
     expect_accepts(tg.grammar, "all\nNo call.", false);
     expect_accepts(tg.grammar, "get_time\n{}>>>get_time\n{}", false); /* parallel_tool_calls false */

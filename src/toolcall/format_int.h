@@ -66,8 +66,10 @@ struct kt_tool_format {
     const char *g_think_open, *g_think_close; /* default: think_open / think_close */
 };
 
-/* Text written between the thinking block and what follows, as the
- * grammar allows it. */
+/* The tool of `tools` (OpenAI tool objects) whose function is named
+ * name[0..len), or NULL. */
+const json_t *tc_find_tool(const json_t *tools, const char *name, size_t len);
+
 /* Llama 3.1's built-in tools, called as Python after <|python_tag|>:
  *   brave_search.call(query="...")    (and wolfram_alpha)
  *   print(1 + 1)                      (code for code_interpreter)
@@ -79,6 +81,8 @@ bool tc_is_code_tool(const char *name);    /* python, code_interpreter */
  * string parameter, "code" if it has no single one), or NULL. */
 const char *tc_code_tool(const json_t *tools, const char **param);
 
+/* Text written between the thinking block and what follows, as the
+ * grammar allows it. */
 #define TC_WS "[ \\t\\n]{0,4}"
 
 #endif

@@ -162,6 +162,16 @@ const char *kt_tool_format_think_open(const kt_tool_format *f) {
     return f->think_open && f->think_open[0] ? f->think_open : NULL;
 }
 
+const json_t *tc_find_tool(const json_t *tools, const char *name, size_t len) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *n = json_object_get(json_object_get(t, "function"), "name");
+        if (json_is_string(n) && json_string_length(n) == len && !memcmp(json_string_value(n), name, len)) return t;
+    }
+    return NULL;
+}
+
 /* ---- Llama 3.1's built-in tools ---- */
 
 bool tc_is_builtin_call(const char *name) {

@@ -457,16 +457,6 @@ kt_tool_think kt_tool_think_state(const kt_tool_format *f, const char *prompt) {
     return KT_THINK_MAYBE;
 }
 
-static const json_t *find_tool(const json_t *tools, const char *name) {
-    size_t i;
-    json_t *t;
-    json_array_foreach(tools, i, t) {
-        const char *n = fn_name(t);
-        if (n && !strcmp(n, name)) return t;
-    }
-    return NULL;
-}
-
 kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt_tool_choice choice,
                                 const char *name, bool parallel, kt_tool_think think, const char *content_gbnf,
                                 kt_tool_control_id control_id, void *ctx, kt_tool_grammar *out, kt_error *err) {
@@ -475,7 +465,7 @@ kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt
     gcx g = {.f = f, .control_id = control_id, .ctx = ctx, .err = err};
     int n = 0;
     if (choice == KT_TOOL_NAMED) {
-        const json_t *t = find_tool(tools, name);
+        const json_t *t = tc_find_tool(tools, name, strlen(name));
         if (!t) return kt_error_set(err, KT_ERR_ARG, "tool_choice names the function '%.80s', which is not in 'tools'", name);
         if (!add_tool(&g, t, n++)) goto fail;
     } else {

@@ -466,16 +466,6 @@ static bool consume(kt_tool_parser *p, const char *m) {
     return true;
 }
 
-static bool offered(const json_t *tools, const char *name) {
-    size_t k;
-    json_t *t;
-    json_array_foreach(tools, k, t) {
-        const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
-        if (nm && !strcmp(nm, name)) return true;
-    }
-    return false;
-}
-
 static bool name_state(kt_tool_parser *p) {
     const kt_tool_format *f = p->f;
     const char *m[4] = {f->name_end, f->shape == SHAPE_XML ? f->key_open : NULL,
@@ -496,7 +486,7 @@ static bool name_state(kt_tool_parser *p) {
     }
     /* a reply_open family: the first line names a function only when it is offered (and calls are
      * parsed); anything else is text the model wrote without `all` */
-    if (!empty(f->reply_open) && (!p->o.calls || !offered(p->o.tools, p->name.p))) return call_abandon(p);
+    if (!empty(f->reply_open) && (!p->o.calls || !tc_find_tool(p->o.tools, p->name.p, p->name.n))) return call_abandon(p);
     if (!announce(p)) return false;
     if (!p->announced) return call_abandon(p);
     p->st = f->shape == SHAPE_XML ? ST_XML_PARAMS : ST_ARGS;
@@ -594,19 +584,14 @@ static bool section_end_state(kt_tool_parser *p) {
 
 /* The parameter's schema type in the offered tool, or NULL. */
 static const char *param_type(const kt_tool_parser *p, const char *key) {
-    size_t i;
-    json_t *t;
-    json_array_foreach(p->o.tools, i, t) {
-        json_t *fn = json_object_get(t, "function");
-        const char *nm = json_string_value(json_object_get(fn, "name"));
-        if (!nm || strcmp(nm, p->name.p)) continue;
-        json_t *prop = json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), key);
-        json_t *ty = json_object_get(prop, "type");
-        if (json_is_string(ty)) return json_string_value(ty);
-        if (json_is_array(ty)) return json_string_value(json_array_get(ty, 0));
-        return json_object_get(prop, "enum") || json_object_get(prop, "const") ? "any" : NULL;
-    }
-    return NULL;
+    const json_t *t = tc_find_tool(p->o.tools, p->name.p, p->name.n);
+    if (!t) return NULL;
+    json_t *fn = json_object_get(t, "function");
+    json_t *prop = json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), key);
+    json_t *ty = json_object_get(prop, "type");
+    if (json_is_string(ty)) return json_string_value(ty);
+    if (json_is_array(ty)) return json_string_value(json_array_get(ty, 0));
+    return json_object_get(prop, "enum") || json_object_get(prop, "const") ? "any" : NULL;
 }
 
 /* `"key": value` with the value as JSON: a string parameter as a string,
@@ -891,9 +876,7 @@ static char *py_kwargs_json(const char *s, size_t n) {
         }
         while (v0 < i && isspace((unsigned char)s[v0])) v0++;
         json_t *v = py_literal(s + v0, i - v0);
-        char key[128];
-        snprintf(key, sizeof key, "%.*s", (int)(k1 - k0), s + k0);
-        ok = v && !json_object_set_new(obj, key, v);
+        ok = v && !json_object_setn_new(obj, s + k0, k1 - k0, v);
         if (i < n) i++; /* the ',' */
     }
     char *text = ok ? json_dumps(obj, JSON_COMPACT) : NULL;
@@ -911,18 +894,15 @@ static bool pytag_state(kt_tool_parser *p) {
     while (i < n && i <= 64 && (isalnum((unsigned char)s[i]) || s[i] == '_')) i++;
     int r = i && i <= 64 ? starts(s + i, n - i, ".call(") : 0;
     if (r < 0 && !p->final) return false;
-    tbuf name = {0};
-    if (!tb_add(&name, s, r == 1 ? i : 0)) return p->failed = true, false;
-    if (r == 1 && offered(p->o.tools, name.p)) {
-        free(p->name.p);
-        p->name = name;
+    if (r == 1 && tc_find_tool(p->o.tools, s, i)) {
+        p->name.n = 0;
+        if (!tb_add(&p->name, s, i)) return p->failed = true, false;
         p->val.n = 0, p->py_quote = 0, p->py_esc = false, p->py_depth = 1;
         if (!tb_add(&p->val, "", 0) || !tb_add(&p->raw, s, i + 6)) return p->failed = true, false;
         tb_drop(&p->pend, i + 6);
         p->st = ST_PYCALL;
         return true;
     }
-    free(name.p);
     const char *param = NULL;
     if (tc_code_tool(p->o.tools, &param)) return code_begin(p, param);
     return call_abandon(p);
