@@ -224,8 +224,9 @@ static void check_arch(const char *name) {
 }
 
 /* golden/arch's file `name` with key `key` set to `value` (type 's'
- * string, 'f' f32, 'u' u32), written to a temporary file; its path. */
-static const char *with_key(const char *name, const char *key, char type, const char *value) {
+ * string, 'f' f32, 'u' u32; key NULL: none) and without tensor `drop`
+ * (NULL: none), written to a temporary file; its path. */
+static const char *rewritten(const char *name, const char *key, char type, const char *value, const char *drop) {
     kt_error e = {0};
     char src_path[4096];
     snprintf(src_path, sizeof src_path, "%s/golden/arch/%s", KT_SHARED_DIR, name);
@@ -235,23 +236,25 @@ static const char *with_key(const char *name, const char *key, char type, const 
     gguf_writer *w = gguf_writer_new(&e);
     for (int64_t i = 0; i < gguf_n_kv(src); i++) {
         gguf_str k = gguf_kv_key(src, i);
-        if (k.len == strlen(key) && !memcmp(k.ptr, key, k.len)) continue;
+        if (key && k.len == strlen(key) && !memcmp(k.ptr, key, k.len)) continue;
         assert_int_equal(gguf_writer_copy_kv(w, src, i, &e), KT_OK);
     }
-    kt_status st = type == 's' ? gguf_writer_set_str(w, key, value, &e)
+    kt_status st = !key        ? KT_OK
+                   : type == 's' ? gguf_writer_set_str(w, key, value, &e)
                    : type == 'f' ? gguf_writer_set_f32(w, key, strtof(value, NULL), &e)
                                  : gguf_writer_set_u32(w, key, (uint32_t)strtoul(value, NULL, 10), &e);
     assert_int_equal(st, KT_OK);
-    for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
-        const gguf_tensor *t = gguf_tensor_at(src, i);
-        char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        assert_int_equal(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->dims, &e), KT_OK);
-    }
-    assert_int_equal(gguf_writer_begin(w, path, &e), KT_OK);
-    for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
-        const gguf_tensor *t = gguf_tensor_at(src, i);
-        assert_int_equal(gguf_writer_write_tensor(w, t->data, t->n_bytes, &e), KT_OK);
+    for (int pass = 0; pass < 2; pass++) { /* the tensor infos, then their bytes */
+        if (pass) assert_int_equal(gguf_writer_begin(w, path, &e), KT_OK);
+        for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
+            const gguf_tensor *t = gguf_tensor_at(src, i);
+            char tname[256];
+            snprintf(tname, sizeof tname, "%.*s", (int)t->name.len, t->name.ptr);
+            if (drop && !strcmp(tname, drop)) continue;
+            st = pass ? gguf_writer_write_tensor(w, t->data, t->n_bytes, &e)
+                      : gguf_writer_add_tensor(w, tname, t->type, t->n_dims, t->dims, &e);
+            assert_int_equal(st, KT_OK);
+        }
     }
     assert_int_equal(gguf_writer_finish(w, &e), KT_OK);
     gguf_writer_free(w);
@@ -265,23 +268,26 @@ static void expect_refused(const char *path, const char *words) {
     if (m || !strstr(err.msg, words)) fail_msg("loaded=%d, error '%s' (want it to name '%s')", m != NULL, err.msg, words);
 }
 
-/* A rope scaling or an expert routing kettle does not implement is
- * refused, naming it. */
+/* A rope scaling or an expert routing kettle does not implement, or a
+ * missing tensor, is refused, naming it. */
 static void test_rope_scaling_refused(void **state) {
     (void)state;
     const char *yarn = "qwen2-yarn-F16.gguf", *moe = "qwen3moe-F16.gguf";
-    expect_refused(with_key(yarn, "qwen2.rope.scaling.type", 's', "longrope"), "rope scaling 'longrope'");
-    expect_refused(with_key(yarn, "qwen2.rope.scaling.yarn_log_multiplier", 'f', "0.1"), "yarn_log_multiplier");
+    expect_refused(rewritten(yarn, "qwen2.rope.scaling.type", 's', "longrope", NULL), "rope scaling 'longrope'");
+    expect_refused(rewritten(yarn, "qwen2.rope.scaling.yarn_log_multiplier", 'f', "0.1", NULL), "yarn_log_multiplier");
     /* and other expert routing */
-    expect_refused(with_key(moe, "qwen3moe.expert_gating_func", 'u', "2"), "expert_gating_func 2");
-    expect_refused(with_key(moe, "qwen3moe.expert_shared_count", 'u', "1"), "shared experts");
-    expect_refused(with_key(moe, "qwen3moe.expert_used_count", 'u', "9"), "expert_used_count");
+    expect_refused(rewritten(moe, "qwen3moe.expert_gating_func", 'u', "2", NULL), "expert_gating_func 2");
+    expect_refused(rewritten(moe, "qwen3moe.expert_shared_count", 'u', "1", NULL), "shared experts");
+    expect_refused(rewritten(moe, "qwen3moe.expert_used_count", 'u', "9", NULL), "expert_used_count");
+    /* and a missing tensor, named */
+    expect_refused(rewritten(moe, NULL, 0, NULL, "blk.2.ffn_down_exps.weight"), "missing tensor 'blk.2.ffn_down_exps.weight'");
+    expect_refused(rewritten(yarn, NULL, 0, NULL, "blk.1.attn_k.bias"), "missing tensor 'blk.1.attn_k.bias'");
     /* and the controls: the files themselves load */
     kt_error err = {0};
-    kt_model *m = kt_model_load_ex(with_key(yarn, "qwen2.rope.scaling.type", 's', "yarn"), KT_LOAD_MMAP, &err);
+    kt_model *m = kt_model_load_ex(rewritten(yarn, "qwen2.rope.scaling.type", 's', "yarn", NULL), KT_LOAD_MMAP, &err);
     assert_non_null(m);
     kt_model_free(m);
-    m = kt_model_load_ex(with_key(moe, "qwen3moe.expert_gating_func", 'u', "1"), KT_LOAD_MMAP, &err);
+    m = kt_model_load_ex(rewritten(moe, "qwen3moe.expert_gating_func", 'u', "1", NULL), KT_LOAD_MMAP, &err);
     assert_non_null(m);
     kt_model_free(m);
 }
