@@ -336,6 +336,25 @@ static void test_arch_qwen3(void **state) {
     check_arch("qwen3");
 }
 
+/* Gemma 2 and 3: embedding scale, GeGLU, norms after attention and FFN,
+ * sliding windows (64) crossed by the prompt, gemma2's soft-caps,
+ * gemma3's Q/K norms and local rope base. kettle's GELU is the exact
+ * tanh form, so besides llama.cpp's goldens (whose GELU is an F16 table,
+ * ~1e-3) the F16 file (weights widened, activations in F32) is also held
+ * to the float64 reference of the same weights at the README's 1e-4
+ * (teacher-forced on the F32 golden's ids, which the F16 one shares). */
+static void test_arch_gemma(void **state) {
+    (void)state;
+    static const char *const names[] = {"gemma2", "gemma3"};
+    for (int i = 0; i < 2; i++) {
+        check_arch(names[i]);
+        char json_path[4096], model_path[4096];
+        snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F32-ref64.json", KT_SHARED_DIR, names[i]);
+        snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", KT_SHARED_DIR, names[i]);
+        check_golden(json_path, model_path, 1e-4, 2, KT_LOAD_MMAP);
+    }
+}
+
 static void for_each_golden(int n_threads) {
     const char *dir = tu_shared("golden");
     char dirpath[4096];
@@ -408,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_arch_rope_scaling),
         cmocka_unit_test(test_rope_scaling_refused),
         cmocka_unit_test(test_arch_qwen3),
+        cmocka_unit_test(test_arch_gemma),
         cmocka_unit_test(test_arch_phi3),
         cmocka_unit_test(test_arch_moe),
         cmocka_unit_test(test_teacher_forcing_2_threads),

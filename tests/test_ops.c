@@ -1298,6 +1298,38 @@ static void test_softmax(void **state) {
     }
 }
 
+/* GeGLU: the SIMD twin against the reference (vector exp: 2e-6
+ * relative), in place, and the reference against the textbook tanh GELU
+ * in double (the sigmoid form is the same function). */
+static void test_geglu(void **state) {
+    (void)state;
+    for (int s = 0; s < 7; s++) {
+        int n = EW_SIZES[s];
+        float *g = tu_xmalloc(sizeof(float) * n), *u = tu_xmalloc(sizeof(float) * n);
+        float *a = tu_xmalloc(sizeof(float) * n), *b = tu_xmalloc(sizeof(float) * n);
+        tu_fill_normal(g, n, 4.0f, 160 + s);
+        tu_fill_normal(u, n, 1.0f, 180 + s);
+        kt_geglu_ref(a, g, u, n);
+        kt_geglu(b, g, u, n);
+        expect_rel(b, a, n, 2e-6f, 1e-30f, "geglu");
+        for (int i = 0; i < n; i++) {
+            const double x = g[i], want = 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * u[i];
+            /* 5e-6: float rounding of the exponent (~10 at g = -4.5) is
+             * 1e-6 of exp; absolute 1e-12: for g < -6 the double tanh form itself
+             * cancels (1 + tanh u ~ 1e-16) */
+            if (!(fabs(a[i] - want) <= 5e-6 * fabs(want) + 1e-12))
+                fail_msg("gelu(%.9g) * %.9g = %.9g, tanh form %.9g", g[i], u[i], a[i], want);
+        }
+        kt_geglu(g, g, u, n); /* in place over gate */
+        assert_memory_equal(g, b, sizeof(float) * n);
+        free(g), free(u), free(a), free(b);
+    }
+    /* the ends: gelu(-1e4) ~ 0, gelu(1e4) = 1e4, gelu(0) = 0 */
+    float g[3] = {-1e4f, 1e4f, 0.0f}, u[3] = {1, 1, 1}, b[3];
+    kt_geglu(b, g, u, 3);
+    assert_true(fabsf(b[0]) < 1e-30f && b[1] == 1e4f && b[2] == 0.0f);
+}
+
 static void test_swiglu(void **state) {
     (void)state;
     for (int s = 0; s < 7; s++) {
@@ -1644,6 +1676,102 @@ static void test_attention_decode_long(void **state) {
             }
             free(k), free(v), free(row), free(q), free(batch), free(alone), free(ref);
         }
+    kt_pool_free(pool);
+}
+
+/* Attention as Gemma's layers ask for it, in double precision: each
+ * token over the last `window` of its positions (0: all), scores capped
+ * at cap * tanh(s / cap) (cap 0: not). Contiguous F32 rows. */
+static void attention_naive(const kt_attn_args *a, const float *k, const float *v, float *out) {
+    const int hd = a->head_dim, group = a->n_head / a->n_head_kv;
+    for (int t = 0; t < a->n_tokens; t++) {
+        const int end = a->n_pos[t], first = a->window && end > a->window ? end - a->window : 0;
+        for (int h = 0; h < a->n_head; h++) {
+            const float *q = a->q + (size_t)t * a->q_stride + (size_t)h * hd;
+            const int kvh = h / group;
+            double s[1024], max = -INFINITY, sum = 0, o[256] = {0};
+            for (int p = first; p < end; p++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)q[i] * k[(size_t)p * a->kv_stride + kvh * hd + i];
+                d /= sqrt((double)hd);
+                if (a->softcap > 0) d = a->softcap * tanh(d / a->softcap);
+                s[p - first] = d;
+                max = d > max ? d : max;
+            }
+            for (int p = first; p < end; p++) sum += s[p - first] = exp(s[p - first] - max);
+            for (int p = first; p < end; p++)
+                for (int i = 0; i < hd; i++) o[i] += s[p - first] * v[(size_t)p * a->kv_stride + kvh * hd + i];
+            for (int i = 0; i < hd; i++) out[(size_t)t * a->out_stride + h * hd + i] = (float)(o[i] / sum);
+        }
+    }
+}
+
+/* Sliding windows and soft-capped scores (Gemma 2 / 3): the reference
+ * against the double-precision definition, and every SIMD path (prefill
+ * blocks, the heads kernel, the group kernel, the long-decode passes)
+ * against the reference, each token alone giving the same bits as in its
+ * batch. Windows start mid-block and in later blocks of a scrambled
+ * block table; one ends beyond position 0 (window longer than the
+ * sequence). */
+static void test_attention_window_softcap(void **state) {
+    (void)state;
+    enum { BT = 16, NPOS = 700, NB = (NPOS + BT - 1) / BT };
+    static const struct { int n_tokens, last, n_head, n_head_kv, head_dim, window; float cap; } cases[] = {
+        {40, 100, 4, 2, 64, 24, 0},   /* prefill: a window, not a block */
+        {40, 100, 4, 2, 64, 0, 10},   /* prefill: capped */
+        {20, 60, 8, 1, 64, 37, 5},    /* the heads kernel's group, both */
+        {3, 50, 4, 2, 32, 200, 0},    /* a window longer than the sequence */
+        {1, 700, 4, 2, 64, 600, 0},   /* decode over the long-context passes, from position 100 */
+        {1, 700, 4, 2, 64, 600, 10},  /* the same capped: the group kernel */
+        {1, 700, 8, 1, 128, 650, 0},  /* the heads kernel at a long context */
+    };
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int nt = cases[ci].n_tokens, nh = cases[ci].n_head, nkv = cases[ci].n_head_kv, hd = cases[ci].head_dim;
+        const int q_dim = nh * hd, kv_dim = nkv * hd;
+        float *ck = tu_xmalloc(sizeof(float) * NPOS * kv_dim), *cv = tu_xmalloc(sizeof(float) * NPOS * kv_dim);
+        tu_fill_normal(ck, (size_t)NPOS * kv_dim, 1.5f, 40 + ci);
+        tu_fill_normal(cv, (size_t)NPOS * kv_dim, 1.0f, 50 + ci);
+        const size_t row_bytes = sizeof(float) * kv_dim, block_bytes = row_bytes * BT;
+        char *k = tu_xmalloc(block_bytes * NB), *v = tu_xmalloc(block_bytes * NB);
+        int32_t table[NB];
+        for (int b = 0; b < NB; b++) table[b] = (b * 17 + 3) % NB; /* 17 and NB = 44 are coprime */
+        for (int p = 0; p < NPOS; p++) {
+            const size_t at = (size_t)table[p / BT] * block_bytes + (size_t)(p % BT) * row_bytes;
+            memcpy(k + at, ck + (size_t)p * kv_dim, row_bytes);
+            memcpy(v + at, cv + (size_t)p * kv_dim, row_bytes);
+        }
+        float *q = tu_xmalloc(sizeof(float) * nt * q_dim);
+        tu_fill_normal(q, (size_t)nt * q_dim, 2.0f, 60 + ci);
+        const int32_t *blocks[64];
+        int n_pos[64];
+        for (int t = 0; t < nt; t++) blocks[t] = table, n_pos[t] = cases[ci].last - nt + 1 + t;
+        kt_attn_args a = {.q = q, .k = k, .v = v, .n_tokens = nt, .n_head = nh, .n_head_kv = nkv, .head_dim = hd,
+                          .q_stride = q_dim, .kv_stride = kv_dim, .out_stride = q_dim, .kv_type = KT_F32,
+                          .blocks = blocks, .block_tokens = BT, .row_bytes = row_bytes, .block_bytes = block_bytes,
+                          .n_pos = n_pos, .softcap = cases[ci].cap, .window = cases[ci].window};
+        float *naive = tu_xmalloc(sizeof(float) * nt * q_dim), *ref = tu_xmalloc(sizeof(float) * nt * q_dim);
+        float *fast = tu_xmalloc(sizeof(float) * nt * q_dim), *one = tu_xmalloc(sizeof(float) * q_dim);
+        attention_naive(&a, ck, cv, naive);
+        a.out = ref;
+        kt_attention_ref(&a);
+        a.out = fast;
+        kt_attention(pool, &a);
+        for (int i = 0; i < nt * q_dim; i++) {
+            if (!(fabsf(ref[i] - naive[i]) <= 1e-5f * 5.0f))
+                fail_msg("case %zu elem %d: reference %.9g vs definition %.9g", ci, i, ref[i], naive[i]);
+            if (!(fabsf(fast[i] - ref[i]) <= 1e-5f * 5.0f))
+                fail_msg("case %zu elem %d: %.9g vs reference %.9g", ci, i, fast[i], ref[i]);
+        }
+        for (int t = 0; t < nt; t++) {
+            kt_attn_args a1 = a;
+            a1.q = q + (size_t)t * q_dim, a1.out = one, a1.n_tokens = 1, a1.blocks = blocks + t, a1.n_pos = n_pos + t;
+            kt_attention(pool, &a1);
+            assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
+        }
+        free(ck), free(cv), free(k), free(v), free(q), free(naive), free(ref), free(fast), free(one);
+    }
     kt_pool_free(pool);
 }
 
@@ -1995,6 +2123,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_geglu),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_rope_angles_apply),
@@ -2004,6 +2133,7 @@ int main(void) {
         cmocka_unit_test(test_attention_future_inf),
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_decode_long),
+        cmocka_unit_test(test_attention_window_softcap),
     };
     /* The throughput measurement is not a test: it runs instead of the
      * tests when asked for, and never shows up as a skipped test. */

@@ -18,6 +18,7 @@
  */
 #include "model/forward.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,7 @@ struct llm_work {
     const int32_t **blocks;
     int *n_pos;
     float *rope_cs, *rope_sn;
+    float *rope_cs_swa, *rope_sn_swa; /* the sliding-window layers' own angles (NULL: none) */
 };
 
 llm_work *llm_work_new(const llm_model *m, kt_error *err) {
@@ -75,6 +77,11 @@ llm_work *llm_work_new(const llm_model *m, kt_error *err) {
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim) + 1; /* + 1: never 0 bytes */
     w->rope_cs = malloc(B * pairs * sizeof(float));
     w->rope_sn = malloc(B * pairs * sizeof(float));
+    if (c->n_swa > 0) {
+        w->rope_cs_swa = malloc(B * pairs * sizeof(float));
+        w->rope_sn_swa = malloc(B * pairs * sizeof(float));
+        if (!w->rope_cs_swa || !w->rope_sn_swa) goto nomem;
+    }
     if (!w->x || !w->xn || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
         !w->blocks || !w->n_pos || !w->rope_cs || !w->rope_sn)
         goto nomem;
@@ -99,6 +106,7 @@ void llm_work_free(llm_work *w) {
     free(w->n_pos);
     free(w->rope_cs);
     free(w->rope_sn);
+    free(w->rope_cs_swa), free(w->rope_sn_swa);
     free(w->router), free(w->moe_w), free(w->moe_y), free(w->moe_x), free(w->moe_out);
     free(w->moe_e), free(w->moe_rows);
     free(w);
@@ -209,9 +217,30 @@ static void swiglu_some(void *p, int t0, int t1) {
     }
 }
 
-static void swiglu_rows(kt_pool *pool, float *gate, const float *up, int n, int dim) {
+/* out = gelu(out) * x, Gemma's GeGLU, the same way */
+static void geglu_some(void *p, int t0, int t1) {
+    const rows_ctx *c = p;
+    for (int t = t0; t < t1; t++) {
+        float *g = c->out + (size_t)t * c->dim;
+        kt_geglu(g, g, c->x + (size_t)t * c->dim, c->dim);
+    }
+}
+
+static void gated_rows(kt_pool *pool, bool geglu, float *gate, const float *up, int n, int dim) {
     rows_ctx c = {gate, up, NULL, dim, 0};
-    over_tokens(pool, n, swiglu_some, &c);
+    over_tokens(pool, n, geglu ? geglu_some : swiglu_some, &c);
+}
+
+/* x *= s, row by row (Gemma's embedding scale) */
+static void scale_rows(float *x, float s, int n, int dim) {
+    for (size_t i = 0; i < (size_t)n * dim; i++) x[i] *= s;
+}
+
+/* Gemma 2's final soft-cap of the logits, as llama.cpp computes it:
+ * scaled by 1 / cap, tanh, scaled by cap. */
+static void softcap_rows(float *x, float cap, int n, int dim) {
+    const float inv = 1.0f / cap;
+    for (size_t i = 0; i < (size_t)n * dim; i++) x[i] = cap * tanhf(x[i] * inv);
 }
 
 static void add_bias(float *x, const llm_tensor *b, int n) {
@@ -246,9 +275,15 @@ static void rope_angles_some(void *p, int s0, int s1) {
     const angles_ctx *a = p;
     const llm_config *c = a->c;
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
-    for (int t = s0; t < s1; t++)
-        kt_rope_angles_scaled(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim,
-                              a->b->pos[a->t0 + t], c->rope_freq_base, c->rope_scaled ? &c->rope_scaling : NULL);
+    const kt_rope_scaling *scaling = c->rope_scaled ? &c->rope_scaling : NULL;
+    for (int t = s0; t < s1; t++) {
+        const int pos = a->b->pos[a->t0 + t];
+        kt_rope_angles_scaled(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim, pos,
+                              c->rope_freq_base, scaling);
+        if (a->w->rope_cs_swa)
+            kt_rope_angles_scaled(a->w->rope_cs_swa + t * pairs, a->w->rope_sn_swa + t * pairs, c->head_dim,
+                                  c->rope_dim, pos, c->rope_freq_base_swa, c->swa_rope_plain ? NULL : scaling);
+    }
 }
 
 /* Per token: RoPE on its Q and K rows, then its K and V rows into its
@@ -272,6 +307,16 @@ static void head_norm(float *x, int n_heads, int head_dim, const llm_tensor *w, 
     for (int h = 0; h < n_heads; h++) kt_rmsnorm(x + (size_t)h * head_dim, x + (size_t)h * head_dim, w->data, head_dim, eps);
 }
 
+/* The chunk's rope angles for layer l: a sliding-window layer's own
+ * where the model gives those layers another base or scaling. */
+static const float *layer_cs(const llm_work *w, const llm_layer *l) {
+    return l->swa && w->rope_cs_swa ? w->rope_cs_swa : w->rope_cs;
+}
+
+static const float *layer_sn(const llm_work *w, const llm_layer *l) {
+    return l->swa && w->rope_sn_swa ? w->rope_sn_swa : w->rope_sn;
+}
+
 static void rope_store_some(void *p, int s0, int s1) {
     const rope_store_ctx *r = p;
     const llm_config *c = r->c;
@@ -283,6 +328,8 @@ static void rope_store_some(void *p, int s0, int s1) {
             float *q = r->q + (size_t)t * q_dim;
             head_norm(q, c->n_head, c->head_dim, &r->l->q_norm, c->rms_eps);
             kt_rope_apply(q, c->n_head, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
+            if (c->q_scale != 1)
+                for (int i = 0; i < q_dim; i++) q[i] *= c->q_scale;
         }
         if (!r->k) continue;
         float *k = r->k + (size_t)t * kv_dim;
@@ -308,6 +355,7 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
         .q_stride = q_dim, .out_stride = q_dim,
         .kv_type = kv_type_dtype(kp->type), .blocks = w->blocks, .block_tokens = kp->block_tokens,
         .row_bytes = kv_pool_row_bytes(kv), .block_bytes = kv_pool_block_bytes(kv), .n_pos = w->n_pos,
+        .softcap = c->attn_softcap, .window = m->layers[il].swa ? c->n_swa : 0,
     };
     kt_attention(pool, &a);
     matmul(pool, w->xn, &m->layers[il].wo, w->att, n);
@@ -327,7 +375,7 @@ static const kv_pool *project_and_store(const llm_model *m, llm_work *w, kt_pool
     add_bias(w->k, &l->bk, n);
     add_bias(w->v, &l->bv, n);
     const kv_pool *kv = b->seq[t0]->pool;
-    rope_store_ctx rs = {&m->cfg, l, b, t0, il, with_q ? w->q : NULL, w->k, w->v, w->rope_cs, w->rope_sn,
+    rope_store_ctx rs = {&m->cfg, l, b, t0, il, with_q ? w->q : NULL, w->k, w->v, layer_cs(w, l), layer_sn(w, l),
                          kv_pool_get_params(kv)->type};
     over_tokens(pool, n, rope_store_some, &rs);
     return kv;
@@ -355,6 +403,10 @@ static int keep_output_rows(const llm_config *c, llm_work *w, const llm_batch *b
             memcpy(w->xn + (size_t)j * c->n_embd, w->xn + (size_t)t * c->n_embd, embd_bytes);
             memcpy(w->rope_cs + j * pairs, w->rope_cs + t * pairs, pair_bytes);
             memcpy(w->rope_sn + j * pairs, w->rope_sn + t * pairs, pair_bytes);
+            if (w->rope_cs_swa) {
+                memcpy(w->rope_cs_swa + j * pairs, w->rope_cs_swa + t * pairs, pair_bytes);
+                memcpy(w->rope_sn_swa + j * pairs, w->rope_sn_swa + t * pairs, pair_bytes);
+            }
             w->blocks[j] = w->blocks[t];
             w->n_pos[j] = w->n_pos[t];
         }
@@ -377,7 +429,7 @@ static int last_attention_block(const llm_model *m, llm_work *w, kt_pool *pool, 
     if (!n_keep) return 0;
     matmul(pool, w->q, &l->wq, w->xn, n_keep);
     add_bias(w->q, &l->bq, n_keep);
-    rope_store_ctx rq = {&m->cfg, &m->layers[il], b, t0, il, w->q, NULL, NULL, w->rope_cs, w->rope_sn, KV_F32}; /* Q only */
+    rope_store_ctx rq = {&m->cfg, l, b, t0, il, w->q, NULL, NULL, layer_cs(w, l), layer_sn(w, l), KV_F32}; /* Q only */
     over_tokens(pool, n_keep, rope_store_some, &rq);
     attend(m, w, pool, kv, il, n_keep);
     return n_keep;
@@ -426,7 +478,7 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
         const llm_tensor *g = &l->experts[3 * e], *u = &l->experts[3 * e + 1], *d = &l->experts[3 * e + 2];
         const kt_matmul_part gate_up[] = {{w->gate, g->data, g->type, F}, {w->up, u->data, u->type, F}};
         kt_matmul_many(pool, gate_up, 2, w->moe_x, D, cnt);
-        swiglu_rows(pool, w->gate, w->up, cnt, F);
+        gated_rows(pool, false, w->gate, w->up, cnt, F);
         matmul(pool, w->moe_out, d, w->gate, cnt);
         for (int i = 0; i < cnt; i++)
             memcpy(w->moe_y + (size_t)w->moe_rows[i] * D, w->moe_out + (size_t)i * D, sizeof(float) * (size_t)D);
@@ -451,7 +503,7 @@ static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     const kt_matmul_part gate_up[] = {{w->gate, l->w_gate.data, l->w_gate.type, l->w_gate.n_out},
                                       {w->up, l->w_up.data, l->w_up.type, l->w_up.n_out}};
     kt_matmul_many(pool, gate_up, 2, w->xn, l->w_gate.n_in, n);
-    swiglu_rows(pool, w->gate, w->up, n, c->n_ff);
+    gated_rows(pool, c->geglu, w->gate, w->up, n, c->n_ff);
     matmul(pool, w->xn, &l->w_down, w->gate, n);
 }
 
@@ -465,6 +517,7 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         w->n_pos[t] = b->pos[t0 + t] + 1;
     }
     embed(m, b->tokens + t0, n, w->x);
+    if (c->embd_scale != 1) scale_rows(w->x, c->embd_scale, n, c->n_embd);
     angles_ctx ac = {c, b, t0, w};
     over_tokens(pool, n, rope_angles_some, &ac);
     rmsnorm_rows(pool, w->xn, w->x, &m->layers[0].attn_norm, n, c->n_embd, c->rms_eps);
@@ -475,13 +528,17 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
             attention_block(m, w, pool, b, il, t0, n);
         else if (!(n = last_attention_block(m, w, pool, b, il, t0, n, out)))
             return 0;
-        add_norm_rows(pool, w->x, w->xn, &m->layers[il].ffn_norm, n, c->n_embd, c->rms_eps);
+        const llm_layer *l = &m->layers[il];
+        if (l->post_attn_norm.data) rmsnorm_rows(pool, w->xn, w->xn, &l->post_attn_norm, n, c->n_embd, c->rms_eps);
+        add_norm_rows(pool, w->x, w->xn, &l->ffn_norm, n, c->n_embd, c->rms_eps);
         ffn_block(m, w, pool, il, n);
+        if (l->post_ffn_norm.data) rmsnorm_rows(pool, w->xn, w->xn, &l->post_ffn_norm, n, c->n_embd, c->rms_eps);
         /* after the last layer, xn = the output norm of x: the classifier's input */
         add_norm_rows(pool, w->x, w->xn, last ? &m->output_norm : &m->layers[il + 1].attn_norm, n, c->n_embd,
                       c->rms_eps);
     }
     matmul(pool, out, &m->output, w->xn, n);
+    if (c->final_softcap > 0) softcap_rows(out, c->final_softcap, n, c->n_vocab);
     return n;
 }
 

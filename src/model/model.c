@@ -134,18 +134,68 @@ static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) 
     return KT_OK;
 }
 
+/* Gemma 2 and 3 as llama.cpp runs them (src/models/gemma2.cpp,
+ * gemma3.cpp): the embedding times sqrt(n_embd); Q scaled by
+ * 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) at the 27B sizes
+ * (gemma2 46 layers, gemma3 62, gemma_pytorch's query_pre_attn_scalar);
+ * GeGLU; gemma2 caps attention scores (default 50) and logits (30),
+ * gemma3 the logits only where the file says. Sliding-window layers:
+ * gemma2 always (window 4096 unless the file says), gemma3 when
+ * attention.sliding_window > 0; the period of the pattern is 2 (gemma2:
+ * even layers local) or 6 (gemma3: 5 local, 1 global) unless
+ * attention.sliding_window_pattern says otherwise. Local layers turn rope
+ * by rope.freq_base_swa (gemma2: rope.freq_base; gemma3: 10000). */
+static kt_status read_gemma(const gguf_file *f, llm_config *c, kt_error *err) {
+    const char *a = c->arch;
+    const bool g2 = !strcmp(a, "gemma2");
+    kt_status st;
+    c->embd_scale = sqrtf((float)c->n_embd);
+    c->geglu = true;
+    if ((g2 && c->n_layer == 46) || (!g2 && c->n_layer == 62))
+        c->q_scale = sqrtf((float)c->head_dim) / sqrtf((float)(c->n_embd / c->n_head));
+    if ((st = read_float(f, a, "attn_logit_softcapping", g2 ? 50 : 0, 0, 1e6, &c->attn_softcap, err)) ||
+        (st = read_float(f, a, "final_logit_softcapping", g2 ? 30 : 0, 0, 1e6, &c->final_softcap, err)) ||
+        (st = read_int(f, a, "attention.sliding_window", g2 ? 4096 : 0, 0, 1 << 24, &c->n_swa, err)) ||
+        (st = read_float(f, a, "rope.freq_base_swa", g2 ? c->rope_freq_base : 10000.0, 1.0, 1e12,
+                         &c->rope_freq_base_swa, err)))
+        return st;
+    c->swa_rope_plain = !g2; /* llama.cpp: gemma3's local layers keep rope unscaled (freq scale 1) */
+    if (!g2 && c->attn_softcap > 0)
+        return kt_error_set(err, KT_ERR_FORMAT, "gemma3.attn_logit_softcapping: Gemma 3 has no attention soft-cap");
+    c->swa_period = g2 ? 2 : 6;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    const int64_t i = gguf_find_key(f, key);
+    if (i >= 0 && gguf_kv_type(f, i) == GGUF_ARRAY) {
+        if (gguf_kv_arr_type(f, i) != GGUF_BOOL || gguf_kv_arr_n(f, i) != (uint64_t)c->n_layer)
+            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of %d booleans", key, c->n_layer);
+        c->swa_flags = gguf_kv_arr_data(f, i);
+    } else if (i >= 0 && (st = read_int(f, a, "attention.sliding_window_pattern", 0, 0, 4096, &c->swa_period, err))) {
+        return st;
+    }
+    return KT_OK;
+}
+
+/* Whether layer il attends through a sliding window: llama.cpp's
+ * set_swa_pattern (period n: every layer but each n-th; 0: every layer). */
+static bool layer_is_swa(const llm_config *c, int il) {
+    if (c->n_swa <= 0) return false;
+    if (c->swa_flags) return c->swa_flags[il] != 0;
+    return c->swa_period == 0 || il % c->swa_period < c->swa_period - 1;
+}
+
 static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     memset(c, 0, sizeof *c);
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3"};
+    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"};
     bool known = false;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
     if (!known)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, qwen3moe, "
-                            "phi3)", a);
+                            "phi3, gemma2, gemma3)", a);
     const int64_t big = 1 << 20;
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
@@ -175,6 +225,9 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
         (st = read_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5, 0.0, 1.0, &c->rms_eps, err)))
         return st;
     c->rope_style = strcmp(a, "llama") && strcmp(a, "mistral") ? KT_ROPE_NEOX : KT_ROPE_ADJACENT;
+    c->embd_scale = 1, c->q_scale = 1;
+    c->rope_freq_base_swa = c->rope_freq_base;
+    if (!strncmp(a, "gemma", 5) && (st = read_gemma(f, c, err))) return st;
     if ((st = read_experts(f, c, err))) return st;
     return read_rope_scaling(f, c, err);
 }
@@ -271,7 +324,9 @@ static kt_status bind_experts(const gguf_file *f, const llm_config *c, int il, l
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
-    bool biased = strcmp(c->arch, "qwen2") == 0, qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe");
+    bool biased = strcmp(c->arch, "qwen2") == 0,
+         qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe") || !strcmp(c->arch, "gemma3");
+    const bool post_normed = !strncmp(c->arch, "gemma", 5);
     const bool fused = strcmp(c->arch, "phi3") == 0; /* attn_qkv and ffn_up (gate | up), split below */
     const bool moe = c->n_expert > 0;               /* no dense FFN: experts, bound below */
     struct {
@@ -294,7 +349,10 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
         {"ffn_gate.weight", c->n_embd, c->n_ff, fused || moe, &l->w_gate},
         {"ffn_up.weight", c->n_embd, fused ? 2 * c->n_ff : c->n_ff, moe, &l->w_up},
         {"ffn_down.weight", c->n_ff, c->n_embd, moe, &l->w_down},
+        {"post_attention_norm.weight", c->n_embd, 0, !post_normed, &l->post_attn_norm},
+        {"post_ffw_norm.weight", c->n_embd, 0, !post_normed, &l->post_ffn_norm},
     };
+    l->swa = layer_is_swa(c, il);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         char name[96];
         snprintf(name, sizeof name, "blk.%d.%s", il, specs[i].name);
@@ -317,7 +375,7 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         (st = bind(f, "output_norm.weight", c->n_embd, 0, false, &m->output_norm, err)) ||
         (st = bind(f, "output.weight", c->n_embd, c->n_vocab, true, &m->output, err)))
         return st;
-    if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    if (!m->output.data || !strcmp(c->arch, "gemma2")) m->output = m->tok_embd; /* tied (gemma2 always is) */
     if (gguf_tensor_find(f, "rope_factors_long.weight") || gguf_tensor_find(f, "rope_factors_short.weight"))
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "the file's rope scaling (rope_factors_long / rope_factors_short: Phi-3's LongRoPE) is not "

@@ -12,7 +12,8 @@
  * RoPE, an RMSNorm of each head of Q and K before it), `qwen3moe` and
  * Mixtral-style `llama` files (a mixture of experts in place of the FFN:
  * softmax router, top-k, weights renormalized), `phi3` (fused QKV and
- * gate/up). Rope may be
+ * gate/up), `gemma2` and `gemma3` (embedding scale, GeGLU, norms after
+ * attention and FFN, soft-capping, sliding-window layers). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
  * Llama 3.1's per-pair factors when the file has rope_freqs.weight.
  */
@@ -37,8 +38,12 @@ typedef struct llm_tensor {
 typedef struct llm_layer {
     llm_tensor attn_norm, wq, wk, wv, wo;
     llm_tensor bq, bk, bv; /* qwen2 only (data NULL otherwise) */
-    llm_tensor q_norm, k_norm; /* qwen3: per-head RMSNorm of Q and K before rope (NULL otherwise) */
+    llm_tensor q_norm, k_norm; /* qwen3, gemma3: per-head RMSNorm of Q and K before rope (NULL otherwise) */
     llm_tensor ffn_norm, w_gate, w_up, w_down; /* dense FFN (data NULL in a mixture of experts) */
+    /* gemma: RMSNorms of the attention's and the FFN's outputs before
+     * their residual adds (NULL otherwise) */
+    llm_tensor post_attn_norm, post_ffn_norm;
+    bool swa; /* a sliding-window layer: attends the last cfg.n_swa positions, rope base rope_freq_base_swa */
     /* mixture of experts (qwen3moe, Mixtral's llama files): the router
      * [n_embd -> n_expert] and each expert's gate, up, down (views into
      * the merged 3-D tensors), experts[3 e + 0 / 1 / 2] */
@@ -53,6 +58,18 @@ typedef struct llm_config {
     int n_expert, n_expert_used, n_ff_exp; /* 0 experts: a dense FFN */
     float rope_freq_base, rms_eps;
     kt_rope_style rope_style;
+    /* gemma: the embedding times embd_scale (sqrt(n_embd); 1 otherwise),
+     * Q times q_scale before the 1/sqrt(head_dim) of attention (Gemma's
+     * 27B sizes scale by n_embd / n_head instead), GeGLU for SwiGLU,
+     * attention scores and logits soft-capped (0: not), sliding-window
+     * layers (llm_layer.swa) of n_swa positions with their own rope base */
+    float embd_scale, q_scale;
+    bool geglu;
+    float attn_softcap, final_softcap;
+    int n_swa, swa_period;
+    const uint8_t *swa_flags; /* per layer (the file's bool array), or NULL: by swa_period */
+    float rope_freq_base_swa;
+    bool swa_rope_plain; /* local layers ignore rope_scaling (gemma3) */
     /* rope beyond the training context: linear, YaRN (rope.scaling.*) or
      * Llama 3.1's per-pair factors (the rope_freqs.weight tensor) */
     bool rope_scaled;

@@ -144,6 +144,11 @@ void kt_softmax_avx2(float *x, int n);
 void kt_exp_rows_avx2(const float *x, float *out, int n);
 void kt_exp_rows_avx512(const float *x, float *out, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
+void kt_geglu_avx2(float *out, const float *gate, const float *up, int n);
+
+/* Gemma 2's score cap in place: s = cap * tanh(s / cap), the reference
+ * and the group kernel both (tanhf, so both give the same bits). */
+void kt_softcap_row(float *s, int n, float cap);
 /* Heads sharing a KV head are done together, at most this many at once. */
 #define ATTN_MAX_GROUP 16
 /* heads of a group from which one token's attention runs them in the
@@ -152,14 +157,25 @@ void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
 #define ATTN_HEADS_MIN 4
 #endif
 
-/* Positions query token t attends to: [0, kt_attn_n_pos). */
-static inline int kt_attn_n_pos(const kt_attn_args *a, int t) {
-    return a->n_pos ? a->n_pos[t] : a->pos0 + t + 1;
+/* The first position query token t attends to: 0, or under a sliding
+ * window the oldest of its last `window` positions. */
+static inline int kt_attn_first(const kt_attn_args *a, int t) {
+    const int end = a->n_pos ? a->n_pos[t] : a->pos0 + t + 1;
+    return a->window > 0 && end > a->window ? end - a->window : 0;
 }
 
-/* Start of position p's K or V row (base = a->k or a->v) for token t: the
- * addressing of kt_attn_args (ops.h). */
+/* How many positions query token t attends to. The kernels index them
+ * 0 .. kt_attn_n_pos - 1 from kt_attn_first (kt_attn_row adds it), so a
+ * window costs them nothing but this offset. */
+static inline int kt_attn_n_pos(const kt_attn_args *a, int t) {
+    return (a->n_pos ? a->n_pos[t] : a->pos0 + t + 1) - kt_attn_first(a, t);
+}
+
+/* Start of the K or V row (base = a->k or a->v) of token t's p-th
+ * attended position (kt_attn_first + p): the addressing of kt_attn_args
+ * (ops.h). */
 static inline const char *kt_attn_row(const kt_attn_args *a, const void *base, int t, int p) {
+    p += kt_attn_first(a, t);
     if (!a->blocks) return (const char *)base + (size_t)p * a->kv_stride * sizeof(float);
     return (const char *)base + (size_t)a->blocks[t][p / a->block_tokens] * a->block_bytes +
            (size_t)(p % a->block_tokens) * a->row_bytes;

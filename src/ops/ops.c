@@ -197,7 +197,26 @@ void kt_swiglu(float *out, const float *gate, const float *up, int n) {
     else kt_swiglu_ref(out, gate, up, n);
 }
 
+/* ---- geglu ---------------------------------------------------------- */
+
+void kt_geglu_ref(float *out, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-2.0f * 0.7978845608f * (g + 0.044715f * (g * g * g)))) * up[i];
+    }
+}
+
+void kt_geglu(float *out, const float *gate, const float *up, int n) {
+    if (kt_cpu_has_avx2()) kt_geglu_avx2(out, gate, up, n);
+    else kt_geglu_ref(out, gate, up, n);
+}
+
 /* ---- attention ------------------------------------------------------ */
+
+void kt_softcap_row(float *s, int n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int i = 0; i < n; i++) s[i] = cap * tanhf(s[i] * inv);
+}
 
 /* Element d of a K or V row: F32, F16, or Q8_0 (scale * level, the
  * product in float). */
@@ -212,11 +231,14 @@ static float kv_elem(const kt_attn_args *a, const char *row, int d) {
     }
 }
 
-/* q . (head kvh of position p's K row), summed in element order. */
-static float score_ref(const kt_attn_args *a, const float *q, int t, int kvh, int p) {
+/* (q . (head kvh of position p's K row), summed in element order) *
+ * scale, then capped where the model caps scores. */
+static float score_ref(const kt_attn_args *a, const float *q, int t, int kvh, int p, float scale) {
     const char *row = kt_attn_row(a, a->k, t, p);
     float s = 0.0f;
     for (int i = 0; i < a->head_dim; i++) s += q[i] * kv_elem(a, row, kvh * a->head_dim + i);
+    s *= scale;
+    if (a->softcap > 0) kt_softcap_row(&s, 1, a->softcap);
     return s;
 }
 
@@ -237,14 +259,14 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
 
     float max = -INFINITY;
     for (int p = 0; p < n_pos; p++) {
-        float s = score_ref(a, q, t, kvh, p) * scale;
+        float s = score_ref(a, q, t, kvh, p, scale);
         max = s > max ? s : max;
     }
     double sum = 0.0;
-    for (int p = 0; p < n_pos; p++) sum += (double)expf(score_ref(a, q, t, kvh, p) * scale - max);
+    for (int p = 0; p < n_pos; p++) sum += (double)expf(score_ref(a, q, t, kvh, p, scale) - max);
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
     for (int p = 0; p < n_pos; p++) {
-        const float e = expf(score_ref(a, q, t, kvh, p) * scale - max);
+        const float e = expf(score_ref(a, q, t, kvh, p, scale) - max);
         const char *vrow = kt_attn_row(a, a->v, t, p);
         for (int d = 0; d < hd; d++) o[d] += e * kv_elem(a, vrow, kvh * hd + d);
     }
@@ -254,7 +276,7 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
 
 static bool attn_args_ok(const kt_attn_args *a) {
     return a->n_tokens > 0 && a->n_head > 0 && a->n_head_kv > 0 && a->head_dim > 0 &&
-           a->pos0 >= 0 && a->n_head % a->n_head_kv == 0 &&
+           a->pos0 >= 0 && a->n_head % a->n_head_kv == 0 && a->window >= 0 && !(a->softcap < 0) &&
            (!a->blocks || a->block_tokens > 0) && (!a->blocks || a->kv_type == KT_F32 ||
            a->kv_type == KT_F16 || (a->kv_type == KT_Q8_0 && a->head_dim % QK8_0 == 0)) &&
            (a->blocks || a->kv_type == KT_F32);
@@ -428,7 +450,7 @@ static void decode_values_task(void *ctx, int ith, int nth) {
 static bool attention_decode(kt_pool *pool, const kt_attn_args *a) {
     const int n_pos = kt_attn_n_pos(a, 0), nth = kt_pool_size(pool);
     /* groups of ATTN_HEADS_MIN heads or more: the heads kernel does better */
-    if (a->n_tokens != 1 || n_pos < DECODE_MIN_POS || a->head_dim % 32 != 0 || !kt_cpu_has_avx2() ||
+    if (a->n_tokens != 1 || n_pos < DECODE_MIN_POS || a->head_dim % 32 != 0 || !kt_cpu_has_avx2() || a->softcap > 0 ||
         a->n_head / a->n_head_kv >= ATTN_HEADS_MIN)
         return false;
     decode_job j = {.a = a, .n_pos = n_pos, .s_row = ((size_t)n_pos + 15) / 16 * 16,
@@ -461,12 +483,15 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
         longest = kt_attn_n_pos(a, t) > longest ? kt_attn_n_pos(a, t) : longest;
     attn_job j = {.a = a, .simd = kt_cpu_has_avx2(), .row = ((size_t)longest + 15) / 16 * 16};
     atomic_init(&j.taken, 0);
-    /* prefill: blocks of 16 (AVX-512) or 8 (AVX2) query tokens */
-    const int w = !j.simd || a->n_tokens < 4 || a->head_dim > 256 ? 0
+    /* prefill: blocks of 16 (AVX-512) or 8 (AVX2) query tokens (not
+     * under a window: the block's tokens would start at other positions;
+     * nor capped: only the group kernel and the reference cap scores) */
+    const bool capped = a->softcap > 0;
+    const int w = !j.simd || a->n_tokens < 4 || a->head_dim > 256 || a->window > 0 || capped ? 0
                   : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16
                   : a->head_dim % 8 == 0 ? 8 : 0;
     j.block_tokens = w;
-    j.heads_lanes = !j.simd || a->head_dim % 8 != 0 || a->head_dim > 256 ? 0 : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16 : 8;
+    j.heads_lanes = !j.simd || a->head_dim % 8 != 0 || a->head_dim > 256 || capped ? 0 : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16 : 8;
     j.units = plan_units(a, w, nth, &j.n_units);
     j.per_thread = j.row * ((size_t)per_unit_max + 2 * sizeof(char *) / sizeof(float));
     const size_t b = w ? kt_attention_block_floats(a->head_dim, per_unit_max, longest)

@@ -69,6 +69,13 @@ void kt_softmax_ref(float *x, int n);
 void kt_swiglu(float *out, const float *gate, const float *up, int n);
 void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
 
+/* Gemma's GeGLU: out[i] = gelu(gate[i]) * up[i] with the tanh GELU,
+ * gelu(g) = g/2 (1 + tanh(c (g + 0.044715 g^3))), c = sqrt(2/pi), computed
+ * as g / (1 + exp(-2 c (g + 0.044715 g^3))) (the same function: 1 + tanh u
+ * = 2 / (1 + e^-2u)). Exact, not llama.cpp's F16 table. out may alias gate. */
+void kt_geglu(float *out, const float *gate, const float *up, int n);
+void kt_geglu_ref(float *out, const float *gate, const float *up, int n);
+
 /* Causal attention of n_tokens query tokens over a KV cache.
  *
  *   q:   n_tokens rows of n_head * head_dim floats (row stride q_stride)
@@ -86,7 +93,11 @@ void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
  * one call serves a ragged batch of tokens from many sequences.
  *
  * Head h reads KV head h / (n_head / n_head_kv) (grouped-query attention).
- * Scores are scaled by 1/sqrt(head_dim). The work is split over the pool by
+ * Scores are scaled by 1/sqrt(head_dim), then (softcap > 0, Gemma 2)
+ * capped: s = softcap * tanh(s / softcap). window > 0 (a sliding-window
+ * layer): token t attends only the last `window` of its positions,
+ * [max(0, n_pos[t] - window), n_pos[t]), itself included, as llama.cpp's
+ * standard SWA mask does. The work is split over the pool by
  * (token, KV group) units; each unit's arithmetic depends only on its own
  * token's query and KV rows, never on the rest of the batch. */
 typedef struct kt_attn_args {
@@ -101,6 +112,8 @@ typedef struct kt_attn_args {
     int block_tokens;
     size_t row_bytes, block_bytes;
     const int *n_pos;             /* per token; NULL: pos0 + t + 1 */
+    float softcap;                /* 0: none */
+    int window;                   /* 0: every position */
 } kt_attn_args;
 
 void kt_attention(kt_pool *pool, const kt_attn_args *a);

@@ -199,6 +199,24 @@ void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n) {
                                        load_partial(up + i, n - i, 0.0f)), n - i);
 }
 
+/* ---- geglu ---------------------------------------------------------- */
+
+/* gelu(g) * u as kt_geglu_ref: g / (1 + exp(-2c (g + 0.044715 g^3))) * u */
+INL __m256 geglu8(__m256 g, __m256 u) {
+    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 inner = _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(0.044715f), g3));
+    const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-2.0f * 0.7978845608f), inner));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void kt_geglu_avx2(float *out, const float *gate, const float *up, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, geglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i < n)
+        store_partial(out + i, geglu8(load_partial(gate + i, n - i, 0.0f), load_partial(up + i, n - i, 0.0f)), n - i);
+}
+
 /* ---- attention ------------------------------------------------------ */
 
 /* Transposes 8 rows of 8 floats in place: r[j] lane i <-> r[i] lane j. */
@@ -270,9 +288,10 @@ typedef struct kv_view {
 static void kv_view_range(kv_view *kv, const kt_attn_args *a, int t, int kvh, int p0, int p1) {
     const size_t head_bytes = kt_dtype_row_bytes(a->kv_type, (int64_t)kvh * a->head_dim);
     const size_t stride = a->blocks ? a->row_bytes : a->kv_stride * sizeof(float);
+    const int first = kt_attn_first(a, t); /* p is counted from it (kt_attn_row) */
     /* a block (or the whole contiguous cache) at a time: one lookup each */
     for (int p = p0; p < p1;) {
-        int run = a->blocks ? a->block_tokens - p % a->block_tokens : p1 - p;
+        int run = a->blocks ? a->block_tokens - (first + p) % a->block_tokens : p1 - p;
         if (run > p1 - p) run = p1 - p;
         const char *k = kt_attn_row(a, a->k, t, p) + head_bytes, *v = kt_attn_row(a, a->v, t, p) + head_bytes;
         for (int i = 0; i < run; i++) {
@@ -526,6 +545,8 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     if (wide)
         for (; p0 + 16 <= n_pos; p0 += 16) scores16(qs, nh, &kv, 0, hd, p0, scale, s, n_pos);
     attn_scores(qs, nh, &kv, hd, p0, n_pos, scale, s);
+    if (a->softcap > 0)
+        for (int h = 0; h < nh; h++) kt_softcap_row(s[h], n_pos, a->softcap);
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
         for (int p = 1; p < n_pos; p++) max = s[h][p] > max ? s[h][p] : max;
