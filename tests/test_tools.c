@@ -757,6 +757,41 @@ static void test_gen_model_moe(void **state) {
     free(out), free(vocab), free(p);
 }
 
+/* Gemma 3 and Phi-3 shapes (their tiny test cuts): the tensors each
+ * architecture has (Q/K norms and post-norms; fused QKV and gate | up),
+ * and the model runs, past its sliding window of 8 positions. */
+static void test_gen_model_gemma_phi(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-gemma.gguf");
+    snprintf(args, sizeof args, "gen-model --shape gemma3-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    gguf_file *f = open_ok(p);
+    assert_int_equal(get_i64(f, "gemma3.attention.sliding_window"), 8);
+    assert_int_equal(get_i64(f, "gemma3.attention.key_length"), 64);
+    assert_non_null(gguf_tensor_find(f, "blk.5.post_ffw_norm.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.0.post_attention_norm.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.0.attn_q_norm.weight"));
+    assert_null(gguf_tensor_find(f, "output.weight"));
+    gguf_close(f);
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 24 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out), free(p);
+    p = tmp("gen-phi3.gguf");
+    snprintf(args, sizeof args, "gen-model --shape phi3-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    f = open_ok(p);
+    const gguf_tensor *qkv = gguf_tensor_find(f, "blk.3.attn_qkv.weight"), *up = gguf_tensor_find(f, "blk.3.ffn_up.weight");
+    assert_true(qkv && qkv->dims[0] == 256 && qkv->dims[1] == 3 * 256);
+    assert_true(up && up->dims[0] == 256 && up->dims[1] == 2 * 512);
+    assert_null(gguf_tensor_find(f, "blk.0.attn_q.weight"));
+    assert_null(gguf_tensor_find(f, "blk.0.ffn_gate.weight"));
+    gguf_close(f);
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out), free(vocab), free(p);
+}
+
 static void test_gen_model_errors(void **state) {
     (void)state;
     char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *outp = tmp("gen-bad.gguf");
@@ -806,6 +841,7 @@ int main(void) {
         cmocka_unit_test(test_gen_model_deterministic),
         cmocka_unit_test(test_gen_model_values),
         cmocka_unit_test(test_gen_model_moe),
+        cmocka_unit_test(test_gen_model_gemma_phi),
         cmocka_unit_test(test_gen_model_errors),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));

@@ -2,8 +2,8 @@
  * cmd_gen_model.c - `kettle gen-model --shape NAME --type TYPE --vocab
  * VOCAB.gguf -o OUT.gguf [--seed S]`: writes a model of a real model's
  * shape (TinyLlama 1.1B, SmolLM 135M, Llama 3.2 1B, Qwen 3 0.6B, Qwen 3
- * 30B-A3B's mixture of experts cut to 12 layers and its dense twin, tiny
- * test shapes) filled with deterministic random weights.
+ * 30B-A3B's mixture of experts cut to 12 layers and its dense twin, Gemma 3
+ * 1B, Phi-3 mini, tiny test shapes) filled with deterministic random weights.
  *
  * Why: benchmarks and memory/speed tests need full-size models, and real
  * weights cannot be downloaded here. The weights are small (about N(0,
@@ -49,22 +49,30 @@ typedef struct shape {
     const char *arch;   /* NULL: llama */
     int64_t head_dim;   /* 0: dim / n_heads */
     int64_t n_expert, n_expert_used, ffn_exp; /* qwen3moe */
+    int64_t n_swa; float rope_base_swa;       /* gemma3: the local layers' window and rope base */
 } shape;
 
-/* The qwen3 shapes are Qwen 3's own (0.6B; the 30B-A3B mixture of
+/* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
+ * of window 512 to each global one; its real vocabulary has 262,144
+ * tokens), phi3-mini Phi-3-mini-4k's (fused QKV and gate/up, head size
+ * 96, no rope factors). The qwen3 shapes are Qwen 3's own (0.6B; the 30B-A3B mixture of
  * experts with its 128 experts, top 8, expert FFN 768 and attention, cut
  * to 12 of its 48 layers to fit in memory), and the same 12 layers with
  * a dense FFN of 8 x 768: the dense model with the MoE's active
  * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0},
-    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0},
-    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0},
-    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768},
-    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0},
-    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0},
+    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0},
+    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f},
+    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -76,7 +84,7 @@ static void usage(FILE *out) {
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
             "                        [--seed S]\n"
             "\n"
-            "Writes a model of a real shape (llama, qwen3, qwen3moe) with deterministic random weights\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3) with deterministic random weights\n"
             "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
             "\n"
             "  --shape NAME     ");
@@ -94,7 +102,7 @@ static void usage(FILE *out) {
 /* ---- the tensor list ---- */
 
 typedef struct gen_tensor {
-    char name[48];
+    char name[64];
     uint32_t n_dims;
     int64_t dims[3]; /* rows of dims[0]: dims[1] x dims[2] of them */
     kt_dtype type;
@@ -121,24 +129,34 @@ static void add(gen_plan *p, const char *name, int64_t d0, int64_t d1, kt_dtype 
 
 static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
     const int64_t hd = head_dim_of(s), q = hd * s->n_heads, kv = hd * s->n_kv_heads, E = s->n_expert;
-    const bool qk_norm = strcmp(arch_of(s), "llama") != 0;
-    char n[48];
+    const char *a = arch_of(s);
+    const bool qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe") || !strcmp(a, "gemma3");
+    const bool gemma = !strcmp(a, "gemma3"), fused = !strcmp(a, "phi3");
+    char n[64];
 #define LAYER(suffix, d0, d1, d2)                                    \
     do {                                                             \
         snprintf(n, sizeof n, "blk.%" PRId64 "." suffix, i);         \
         add3(p, n, d0, d1, d2, type);                                \
     } while (0)
     LAYER("attn_norm.weight", s->dim, 0, 0);
-    LAYER("attn_q.weight", s->dim, q, 0);
-    LAYER("attn_k.weight", s->dim, kv, 0);
-    LAYER("attn_v.weight", s->dim, kv, 0);
+    if (fused) {
+        LAYER("attn_qkv.weight", s->dim, q + 2 * kv, 0);
+    } else {
+        LAYER("attn_q.weight", s->dim, q, 0);
+        LAYER("attn_k.weight", s->dim, kv, 0);
+        LAYER("attn_v.weight", s->dim, kv, 0);
+    }
     LAYER("attn_output.weight", q, s->dim, 0);
     if (qk_norm) {
         LAYER("attn_q_norm.weight", hd, 0, 0);
         LAYER("attn_k_norm.weight", hd, 0, 0);
     }
+    if (gemma) LAYER("post_attention_norm.weight", s->dim, 0, 0);
     LAYER("ffn_norm.weight", s->dim, 0, 0);
-    if (E) {
+    if (fused) {
+        LAYER("ffn_down.weight", s->ffn, s->dim, 0);
+        LAYER("ffn_up.weight", s->dim, 2 * s->ffn, 0); /* gate | up */
+    } else if (E) {
         LAYER("ffn_gate_inp.weight", s->dim, E, 0);
         LAYER("ffn_gate_exps.weight", s->dim, s->ffn_exp, E);
         LAYER("ffn_down_exps.weight", s->ffn_exp, s->dim, E);
@@ -148,6 +166,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
         LAYER("ffn_down.weight", s->ffn, s->dim, 0);
         LAYER("ffn_up.weight", s->dim, s->ffn, 0);
     }
+    if (gemma) LAYER("post_ffw_norm.weight", s->dim, 0, 0);
 #undef LAYER
 }
 
@@ -155,7 +174,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
 static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtype type,
                            kt_error *err) {
     p->n = 0;
-    p->t = calloc((size_t)(12 * s->n_layers + 3), sizeof *p->t);
+    p->t = calloc((size_t)(14 * s->n_layers + 3), sizeof *p->t);
     if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     add(p, "token_embd.weight", s->dim, n_vocab, type);
     for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, type);
@@ -254,6 +273,10 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
     }
     TRY(F32("attention.layer_norm_rms_epsilon", s->eps));
     TRY(F32("rope.freq_base", s->rope_base));
+    if (s->n_swa) {
+        TRY(U32("attention.sliding_window", s->n_swa));
+        TRY(F32("rope.freq_base_swa", s->rope_base_swa));
+    }
     TRY(U32("vocab_size", n_vocab));
 #undef U32
 #undef F32
