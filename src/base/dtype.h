@@ -27,6 +27,8 @@ typedef enum kt_dtype {
     KT_Q5_K = 13,
     KT_Q6_K = 14,
     KT_Q8_K = 15,
+    KT_IQ4_NL = 20, /* 32 values: fp16 d, 16 bytes of indices into a 16-entry table */
+    KT_IQ4_XS = 23, /* 256 values: IQ4_NL's table with 6-bit scales per 32 */
     KT_I8 = 24,
     KT_I16 = 25,
     KT_I32 = 26,

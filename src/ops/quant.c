@@ -27,7 +27,8 @@
 bool kt_quantize_supported(kt_dtype type) {
     return type == KT_F32 || type == KT_F16 || type == KT_BF16 || type == KT_Q8_0 ||
            type == KT_Q4_0 || type == KT_Q4_1 || type == KT_Q5_0 || type == KT_Q5_1 ||
-           type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K;
+           type == KT_Q2_K || type == KT_Q3_K || type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K ||
+           type == KT_IQ4_NL || type == KT_IQ4_XS;
 }
 
 bool kt_dequantize_supported(kt_dtype type) {
@@ -310,6 +311,18 @@ void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
     case KT_Q6_K:
         kt_quantize_row_q6_K(x, out, n);
         break;
+    case KT_Q2_K:
+        kt_quantize_row_q2_K(x, out, n);
+        break;
+    case KT_Q3_K:
+        kt_quantize_row_q3_K(x, out, n);
+        break;
+    case KT_IQ4_NL:
+        kt_quantize_row_iq4_nl(x, out, n);
+        break;
+    case KT_IQ4_XS:
+        kt_quantize_row_iq4_xs(x, out, n);
+        break;
     default:
         break; /* unsupported: callers check kt_quantize_supported() */
     }
@@ -353,6 +366,18 @@ void kt_dequantize_row(kt_dtype type, const void *in, float *out, int64_t n) {
         break;
     case KT_Q6_K:
         kt_dequantize_row_q6_K(in, out, n);
+        break;
+    case KT_Q2_K:
+        kt_dequantize_row_q2_K(in, out, n);
+        break;
+    case KT_Q3_K:
+        kt_dequantize_row_q3_K(in, out, n);
+        break;
+    case KT_IQ4_NL:
+        kt_dequantize_row_iq4_nl(in, out, n);
+        break;
+    case KT_IQ4_XS:
+        kt_dequantize_row_iq4_xs(in, out, n);
         break;
     default:
         break; /* unsupported: callers check kt_dequantize_supported() */
