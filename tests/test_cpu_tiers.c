@@ -9,9 +9,36 @@
  * lacks it, so a run says which tiers it did not cover.
  */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/cpu.h"
+#include "ops/matmul.h"
+#include "ops/quant.h"
 #include "testutil.h"
+
+/* The weight types added with Q2_K, Q3_K, IQ4_NL and IQ4_XS: on the tier
+ * under test (the higher ones switched off by the caller), kt_matmul
+ * gives kt_matmul_ref's bits for one token (GEMV) and six (GEMM), with an
+ * n_out that leaves a partial group of rows. */
+static void check_new_types_on_tier(const char *tier) {
+    static const kt_dtype types[] = {KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+    enum { N_IN = 512, N_OUT = 19, NT = 6 };
+    float *x = tu_xmalloc(sizeof(float) * NT * N_IN);
+    float want[NT * N_OUT], got[NT * N_OUT];
+    tu_fill_normal(x, NT * N_IN, 1.0f, 3);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        void *w = tu_make_weights(types[i], N_IN, N_OUT, 11 + i, 0.0f);
+        for (int nt = 1; nt <= NT; nt += NT - 1) {
+            kt_matmul_ref(want, w, types[i], x, N_IN, N_OUT, nt);
+            kt_matmul(NULL, got, w, types[i], x, N_IN, N_OUT, nt);
+            if (memcmp(want, got, sizeof(float) * (size_t)(nt * N_OUT)) != 0)
+                fail_msg("%s on %s, %d tokens: not the reference's bits", kt_dtype_name(types[i]), tier, nt);
+        }
+        free(w);
+    }
+    free(x);
+}
 
 /* A tier this CPU lacks is a skip, saying why. A tier it has is what the
  * kernel tests run, and they reach the tiers below it by switching it off:
@@ -27,7 +54,11 @@
 static void test_tier_avx2(void **state) {
     (void)state;
     TIER(kt_cpu_has_avx2(), "AVX2 + FMA + F16C");
+    kt_cpu_force_no_vnni(true); /* also switches AVX-512 VNNI off */
+    check_new_types_on_tier("AVX2");
+    kt_cpu_force_no_vnni(false);
     kt_cpu_force_scalar(true);
+    check_new_types_on_tier("scalar");
     assert_false(kt_cpu_has_avx2());
     kt_cpu_force_scalar(false);
     assert_true(kt_cpu_has_avx2());
@@ -36,6 +67,9 @@ static void test_tier_avx2(void **state) {
 static void test_tier_avx_vnni(void **state) {
     (void)state;
     TIER(kt_cpu_has_avx_vnni(), "AVX-VNNI");
+    kt_cpu_force_no_avx512(true);
+    check_new_types_on_tier("AVX-VNNI");
+    kt_cpu_force_no_avx512(false);
     kt_cpu_force_no_vnni(true);
     assert_false(kt_cpu_has_avx_vnni());
     assert_true(kt_cpu_has_avx2());
@@ -48,6 +82,7 @@ static void test_tier_avx_vnni(void **state) {
 static void test_tier_avx512_vnni(void **state) {
     (void)state;
     TIER(kt_cpu_has_avx512_vnni(), "AVX-512 VNNI");
+    check_new_types_on_tier("AVX-512 VNNI");
     kt_cpu_force_no_avx512(true);
     assert_false(kt_cpu_has_avx512_vnni());
     assert_true(kt_cpu_has_avx2());

@@ -22,6 +22,7 @@
  *     is checked for every type together in test_ops.c.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,14 @@
 
 static const kt_dtype K_TYPES[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
 #define N_K_TYPES 3
+/* the types added after them: Q2_K, Q3_K (Q8_K activations), IQ4_NL (Q8_0
+ * activations), IQ4_XS (Q8_K) */
+static const kt_dtype NEW_TYPES[] = {KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+#define N_NEW_TYPES 4
+#define BOUND_Q2_K 0.31 /* measured 0.2986 */
+#define BOUND_Q3_K 0.16 /* 0.1518 */
+#define BOUND_IQ4_NL 0.079 /* 0.0760 */
+#define BOUND_IQ4_XS 0.079 /* 0.0766 */
 
 /* ---- formats -------------------------------------------------------- */
 
@@ -283,6 +292,268 @@ static void test_q8_K_act_avx2_is_scalar(void **state) {
 }
 #endif
 
+/* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS ----------------------------------------- */
+
+static void test_dequant_q2_K_known(void **state) {
+    (void)state;
+    block_q2_K b;
+    b.d = 0x3800;    /* 0.5 */
+    b.dmin = 0x3400; /* 0.25 */
+    for (int g = 0; g < 16; g++) b.scales[g] = (uint8_t)(g * 17 + 3); /* sc = low nibble, m = high */
+    for (int i = 0; i < 64; i++) b.qs[i] = (uint8_t)(i * 29 + 5);
+    /* byte offsets: scales 0-15, qs 16-79, d 80, dmin 82 */
+    assert_int_equal(offsetof(block_q2_K, qs), 16);
+    assert_int_equal(offsetof(block_q2_K, d), 80);
+    assert_int_equal(offsetof(block_q2_K, dmin), 82);
+    float out[256];
+    kt_dequantize_row(KT_Q2_K, &b, out, 256);
+    for (int v = 0; v < 256; v++) {
+        /* value v = 128h + 32k + l: bits 2k, 2k+1 of qs[32h + l]; group v / 16 */
+        int h = v / 128, k = v % 128 / 32, l = v % 32;
+        int q = (b.qs[32 * h + l] >> (2 * k)) & 3;
+        int sc = b.scales[v / 16] & 15, m = b.scales[v / 16] >> 4;
+        float want = 0.5f * sc * q - 0.25f * m;
+        if (out[v] != want) fail_msg("Q2_K value %d: %g, want %g", v, out[v], want);
+    }
+}
+
+/* 16 six-bit scales s[g] as Q3_K packs them, here byte by byte: bytes 0-7
+ * low nibbles (g < 8 low, g >= 8 high), bytes 8-11 top bits (scale g at
+ * bits 2 (g / 4) of byte 8 + g % 4). */
+static const uint8_t Q3SC[16] = {0, 1, 31, 32, 33, 63, 17, 48, 5, 60, 40, 20, 2, 62, 47, 16};
+
+static void test_q3_K_scale_bytes_literal(void **state) {
+    (void)state;
+    uint8_t s[12] = {0};
+    for (int g = 0; g < 16; g++) {
+        if (g < 8) s[g] |= Q3SC[g] & 15;
+        else s[g - 8] |= (uint8_t)((Q3SC[g] & 15) << 4);
+        s[8 + g % 4] |= (uint8_t)((Q3SC[g] >> 4) << (2 * (g / 4)));
+    }
+    /* e.g. byte 0 = s[0] & 15 | (s[8] & 15) << 4 = 0x50; byte 8 = top
+     * bits of s[0], s[4], s[8], s[12]: 0 | 2 << 2 | 0 << 4 | 0 << 6 = 0x08 */
+    static const uint8_t want[12] = {0x50, 0xC1, 0x8F, 0x40, 0x21, 0xEF, 0xF1, 0x00,
+                                     0x08, 0xFC, 0xA5, 0x5E};
+    assert_memory_equal(s, want, 12);
+    for (int g = 0; g < 16; g++) assert_int_equal(kt_q3_K_scale(s, g), Q3SC[g]);
+}
+
+static void test_dequant_q3_K_known(void **state) {
+    (void)state;
+    block_q3_K b;
+    for (int i = 0; i < 32; i++) b.hmask[i] = (uint8_t)(i * 41 + 7);
+    for (int i = 0; i < 64; i++) b.qs[i] = (uint8_t)(i * 23 + 1);
+    memset(b.scales, 0, 12);
+    for (int g = 0; g < 16; g++) {
+        if (g < 8) b.scales[g] |= Q3SC[g] & 15;
+        else b.scales[g - 8] |= (uint8_t)((Q3SC[g] & 15) << 4);
+        b.scales[8 + g % 4] |= (uint8_t)((Q3SC[g] >> 4) << (2 * (g / 4)));
+    }
+    b.d = 0xBC00; /* -1.0 */
+    assert_int_equal(offsetof(block_q3_K, qs), 32);
+    assert_int_equal(offsetof(block_q3_K, scales), 96);
+    assert_int_equal(offsetof(block_q3_K, d), 108);
+    float out[256];
+    kt_dequantize_row(KT_Q3_K, &b, out, 256);
+    for (int v = 0; v < 256; v++) {
+        /* low 2 bits as Q2_K; third bit = bit v / 32 of hmask[v % 32];
+         * the stored level is q + 4 with the third bit set */
+        int h = v / 128, k = v % 128 / 32, l = v % 32;
+        int q = ((b.qs[32 * h + l] >> (2 * k)) & 3) + 4 * ((b.hmask[l] >> (v / 32)) & 1) - 4;
+        float want = -1.0f * (Q3SC[v / 16] - 32) * q;
+        if (out[v] != want) fail_msg("Q3_K value %d: %g, want %g", v, out[v], want);
+    }
+}
+
+/* ggml's kvalues_iq4nl, written out again */
+static const int8_t IQ4[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void test_dequant_iq4_nl_known(void **state) {
+    (void)state;
+    assert_memory_equal(KT_IQ4NL_VALUES, IQ4, 16);
+    block_iq4_nl b[2];
+    b[0].d = 0x3C00;              /* 1.0 */
+    b[1].d = 0xC000;              /* -2.0 */
+    for (int i = 0; i < 16; i++) b[0].qs[i] = (uint8_t)(i | (15 - i) << 4);
+    for (int i = 0; i < 16; i++) b[1].qs[i] = (uint8_t)(i * 37 + 9);
+    const uint8_t *bytes = (const uint8_t *)b; /* d is bytes 0-1, qs 2-17 */
+    assert_int_equal(bytes[18], 0x00);
+    assert_int_equal(bytes[19], 0xC0);
+    assert_int_equal(bytes[20], 9);
+    float out[64];
+    kt_dequantize_row(KT_IQ4_NL, b, out, 64);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == IQ4[j]);           /* low nibbles: values 0-15 */
+        assert_true(out[16 + j] == IQ4[15 - j]); /* high nibbles: 16-31 */
+        assert_true(out[32 + j] == -2.0f * IQ4[b[1].qs[j] & 15]);
+        assert_true(out[48 + j] == -2.0f * IQ4[b[1].qs[j] >> 4]);
+    }
+}
+
+static void test_dequant_iq4_xs_known(void **state) {
+    (void)state;
+    block_iq4_xs b;
+    b.d = 0x3800; /* 0.5 */
+    /* scales 6 bits: ls[j] = nibble j % 2 of scales_l[j / 2] | bits 2j of
+     * scales_h << 4; chosen ls = 32 + {-32, -1, 0, 1, 31, 7, -20, 13} */
+    static const int ls[8] = {0, 31, 32, 33, 63, 39, 12, 45};
+    b.scales_h = 0;
+    for (int j = 0; j < 8; j++) {
+        if (j % 2 == 0) b.scales_l[j / 2] = (uint8_t)(ls[j] & 15);
+        else b.scales_l[j / 2] |= (uint8_t)((ls[j] & 15) << 4);
+        b.scales_h |= (uint16_t)((ls[j] >> 4) << (2 * j));
+    }
+    static const uint8_t want_sl[4] = {0xF0, 0x10, 0x7F, 0xDC};
+    assert_memory_equal(b.scales_l, want_sl, 4);
+    assert_int_equal(b.scales_h, 0x8BA4); /* 2-bit fields 0,1,2,2,3,2,0,2 from bit 0 up */
+    for (int j = 0; j < 8; j++) assert_int_equal(kt_iq4_xs_scale(&b, j), ls[j]);
+    for (int i = 0; i < 128; i++) b.qs[i] = (uint8_t)(i * 53 + 11);
+    assert_int_equal(offsetof(block_iq4_xs, scales_l), 4);
+    assert_int_equal(offsetof(block_iq4_xs, qs), 8);
+    float out[256];
+    kt_dequantize_row(KT_IQ4_XS, &b, out, 256);
+    for (int v = 0; v < 256; v++) {
+        int j = v / 32, l = v % 32;
+        int byte = b.qs[16 * j + l % 16];
+        int q = l < 16 ? byte & 15 : byte >> 4;
+        float want = 0.5f * (ls[j] - 32) * IQ4[q];
+        if (out[v] != want) fail_msg("IQ4_XS value %d: %g, want %g", v, out[v], want);
+    }
+}
+
+static void test_new_types_supported(void **state) {
+    (void)state;
+    static const int bytes[N_NEW_TYPES] = {84, 110, 18, 136}, values[N_NEW_TYPES] = {256, 256, 32, 256};
+    static const int ids[N_NEW_TYPES] = {10, 11, 20, 23}; /* GGUF's ids */
+    for (int i = 0; i < N_NEW_TYPES; i++) {
+        assert_int_equal(NEW_TYPES[i], ids[i]);
+        assert_true(kt_dtype_known(ids[i]));
+        assert_int_equal(kt_dtype_get(ids[i])->block_bytes, bytes[i]);
+        assert_int_equal(kt_dtype_get(ids[i])->block_size, values[i]);
+        assert_true(kt_quantize_supported(NEW_TYPES[i]));
+        assert_true(kt_dequantize_supported(NEW_TYPES[i]));
+        assert_true(kt_matmul_supported(NEW_TYPES[i]));
+    }
+    assert_int_equal(kt_dtype_parse("iq4_xs"), KT_IQ4_XS);
+    assert_int_equal(kt_dtype_parse("IQ4_NL"), KT_IQ4_NL);
+    assert_int_equal(kt_dtype_row_bytes(KT_IQ4_NL, 96), 54);
+    assert_int_equal(kt_dtype_row_bytes(KT_IQ4_XS, 96), 0);
+}
+
+/* quantize -> dequantize of Gaussian data, RMSE / std under bounds just
+ * above the measured values (this data), an all-zero super-block giving
+ * zeros */
+static void test_new_roundtrip_error(void **state) {
+    (void)state;
+    enum { N = 256 * 256 };
+    static const double bound[N_NEW_TYPES] = {BOUND_Q2_K, BOUND_Q3_K, BOUND_IQ4_NL, BOUND_IQ4_XS};
+    float *x = tu_xmalloc(sizeof(float) * N), *y = tu_xmalloc(sizeof(float) * N);
+    void *q = tu_xmalloc(kt_dtype_row_bytes(KT_IQ4_NL, N));
+    tu_fill_normal(x, N, 1.0f, 7);
+    for (int j = 512; j < 768; j++) x[j] = 0.0f;
+    for (int i = 0; i < N_NEW_TYPES; i++) {
+        kt_quantize_row(NEW_TYPES[i], x, q, N);
+        kt_dequantize_row(NEW_TYPES[i], q, y, N);
+        double e = rel_rmse(x, y, N);
+        print_message("%s: RMSE / std = %.4f\n", kt_dtype_name(NEW_TYPES[i]), e);
+        assert_true(e < bound[i]);
+        for (int j = 512; j < 768; j++) assert_true(y[j] == 0.0f);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+/* ---- byte-exactness against llama.cpp ---------------------------------
+ *
+ * ref_row(r) is a fixed generator (integer LCG, uniform values exact in
+ * float, sums of four, scales 2^(2 (r % 13) - 24), rows with zeros, a
+ * zero sub-block or an outlier). REF_HEX is row 3 quantized by llama.cpp
+ * (ggml_quantize_chunk(type, x, q, 0, 1, 512, NULL): libggml-base of the
+ * llama.cpp build beside kettle, peer/llsrc), REF_HASH the FNV-1a hash of
+ * rows 0 .. 47 quantized so; both printed by a throwaway program with
+ * this generator linked against ggml. kettle's quantizers must give the
+ * same bytes (`kettle quantize` reproduces llama-quantize's files when it
+ * runs without an importance matrix). */
+static uint64_t ref_state;
+static uint32_t ref_next31(void) {
+    ref_state = ref_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(ref_state >> 33);
+}
+static float ref_unif(void) {
+    return ((float)(int32_t)(ref_next31() & 0xFFFFFF) - 8388608.0f) / 8388608.0f;
+}
+static void ref_row(int r, float *x, int n) {
+    ref_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)r;
+    float scale = 1.0f;
+    for (int k = 0; k < r % 13; k++) scale *= 4.0f;
+    for (int k = 0; k < 6; k++) scale *= 0.0625f;
+    for (int i = 0; i < n; i++) x[i] = (ref_unif() + ref_unif() + ref_unif() + ref_unif()) * scale;
+    if (r % 4 == 1)
+        for (int i = 0; i < n; i += 3) x[i] = 0.0f;
+    if (r % 4 == 2)
+        for (int i = 32; i < 64; i++) x[i] = 0.0f;
+    if (r % 4 == 3) x[(r * 37) % n] *= 50.0f;
+}
+
+static const char *const REF_HEX[N_NEW_TYPES] = {
+    /* Q2_K: 168 bytes */
+    "010101011111ff010101010101011101f0f0d1f4f0f0f0f1e0f0e4f0f0f0f13470716010703135343034343070306020"
+    "c4814084d0c0c0c0d4c4c08480c0d1c01000010180000041010400005100040571005001cbcbfdac89bb2989aaef8d9a"
+    "68caebbfe96a1d2f6b0a77789d4c49a632b55bca657a61d528696b05669b9b7b9edbbb27d1cae29db7dac9b259397446"
+    "a7b3b5f55a696721b06517757a497e61763654e908000e00",
+    /* Q3_K: 220 bytes */
+    "8e1e7e4deda8fb1edf9b8d5b7aaafce1a6c7f3db17cfdd5c1ee0fcca35cef3fa030731180c0f0d143021372023230e30"
+    "9662ac0189022d82b8f709b51c67a812257e1c86623740fc25b13f458173670b03874265395e955af647143d46d958aa"
+    "f1ff11f1f11ff0115a95629a2780e6d7ba4fbfd9c53642122a75bdb4a3a3b6a5f6ca449695c2f7abf985d9f98d6753d0"
+    "7616135dfde1b7d5279c24aff260c7eccfba8dd3de56d4727eed65ee2a524b6d78d622086fdc9f6ca190212a13673573"
+    "428bd57cbe5f5016283b1c906d47a707b1a85a794eeec0003cc30280",
+    /* IQ4_NL: 288 bytes */
+    "01004ac98ea8b8cbb54f095622188a697c380180b77be893d5954e1ac928329849a7d69002807749bffa878130892da4"
+    "9e956455b8d52800888888888888888888888888888888800100404ec8c3a215a8d7db4a841beb068ee6018072e58ee1"
+    "d9abe8c5d24066a257c73a4d01800d8a85d7439ba7ba447bbae9099ba4c8010078525054f9574ad5a86d8892d31a6a49"
+    "01005499522d0f4bdc3094d0e4c7b7d4ddd8020058972b4cb796b4575c9caab5e0b4c87901008bea964a6ca1ae0db561"
+    "42eb3e3dd5a20280a0a4ab49c6aaa6d5a3646793683385d10100b55bf7530c77f559942791399b8d055501805e739de0"
+    "f8b2a4af735527d7b99eb95a010048527b75ce5733bfc50dee54bcbd3f8e028085a4b5ea57b6d5aacd9f8d8d77e9b805",
+    /* IQ4_XS: 272 bytes */
+    "018029691f011ff14bd98ea8b8dbc54f095622189a697c38b77ce893d5954e1ad928329949a7d6906739cffb8780208a"
+    "1ea29f945344c8e588888888888888888888888888888880515dc8c4932698c8cb49852adb168ed672f58ee1d9abe8c5"
+    "e24066a247c73a4d0d8a85d7439ba7ba447bbae9099ba3c878425053f9573ae5a86d8891e30a6b490080c0cc07e9a4f8"
+    "5499522d0f4bdc3094d0e4c7b7d4ddd858972b4cb796b4575c9caab5e0b4c8798bea964a6ca1ae0db56142eb3e3dd5a2"
+    "a0a4ab49c6aaa6d5a3646793683385d1b55bf7530c77f559942791399b8d05555e739de0f8b2a4af735527d7b99eb95a"
+    "48527b75ce5733bfc50dee54bcbd3f8e85a4b5ea57b6d5aacd9f8d8d77e9b805",
+};
+static const uint64_t REF_HASH[N_NEW_TYPES] = {0xdadef949dbf56f90ull, 0x9283f9d6683a4851ull, 0xadf34f866c0398c9ull, 0x526a90399ac76302ull};
+
+static void test_new_quantizers_are_llamacpp(void **state) {
+    (void)state;
+    enum { N = 512, ROWS = 48 };
+    float x[N];
+    uint8_t q[512], want[512];
+    for (int t = 0; t < N_NEW_TYPES; t++) {
+        const size_t rb = kt_dtype_row_bytes(NEW_TYPES[t], N);
+        assert_int_equal(strlen(REF_HEX[t]), 2 * rb);
+        for (size_t i = 0; i < rb; i++) {
+            unsigned v;
+            sscanf(REF_HEX[t] + 2 * i, "%2x", &v);
+            want[i] = (uint8_t)v;
+        }
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (int r = 0; r < ROWS; r++) {
+            ref_row(r, x, N);
+            kt_quantize_row(NEW_TYPES[t], x, q, N);
+            for (size_t i = 0; i < rb; i++) h = (h ^ q[i]) * 0x100000001b3ull;
+            if (r == 3)
+                for (size_t i = 0; i < rb; i++)
+                    if (q[i] != want[i])
+                        fail_msg("%s row 3 byte %zu: %02x, llama.cpp %02x", kt_dtype_name(NEW_TYPES[t]), i, q[i], want[i]);
+        }
+        if (h != REF_HASH[t])
+            fail_msg("%s: hash of %d rows %016llx, llama.cpp's %016llx", kt_dtype_name(NEW_TYPES[t]), ROWS,
+                     (unsigned long long)h, (unsigned long long)REF_HASH[t]);
+    }
+}
+
 /* ---- matmul --------------------------------------------------------- */
 
 static void check_simd_vs_ref(kt_dtype type, int n_in, int n_out, int nt, kt_pool *pool,
@@ -321,6 +592,18 @@ static void kq_simd_vs_ref_all(void) {
                                       (uint64_t)(ti * 1000 + a * 100 + b * 10 + c));
     /* long rows: several passes of token chunks */
     for (int ti = 0; ti < N_K_TYPES; ti++) check_simd_vs_ref(K_TYPES[ti], 16384, 20, 30, pool, 5);
+    /* the newer types; IQ4_NL also on rows of 7 blocks of 32, and more
+     * tokens than its chunk of 64 */
+    for (int ti = 0; ti < N_NEW_TYPES; ti++)
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 4; b++)
+                for (int c = 0; c < 5; c++)
+                    check_simd_vs_ref(NEW_TYPES[ti], n_ins[a], n_outs[b], n_toks[c],
+                                      n_outs[b] == 17 ? NULL : pool,
+                                      (uint64_t)(5000 + ti * 1000 + a * 100 + b * 10 + c));
+    for (int ti = 0; ti < N_NEW_TYPES; ti++) check_simd_vs_ref(NEW_TYPES[ti], 16384, 20, 30, pool, 6);
+    check_simd_vs_ref(KT_IQ4_NL, 224, 13, 3, pool, 7);
+    check_simd_vs_ref(KT_IQ4_NL, 512, 9, 70, pool, 8);
     kt_pool_free(pool);
 }
 
@@ -345,24 +628,27 @@ static void test_kq_matmul_scalar_is_ref(void **state) {
     assert_non_null(pool);
     kt_cpu_force_scalar(true);
     for (int ti = 0; ti < N_K_TYPES; ti++) check_simd_vs_ref(K_TYPES[ti], 512, 37, 6, pool, 31);
+    for (int ti = 0; ti < N_NEW_TYPES; ti++) check_simd_vs_ref(NEW_TYPES[ti], 512, 37, 6, pool, 32);
     kt_cpu_force_scalar(false);
     kt_pool_free(pool);
 }
 
 /* The matmul is the product with the dequantized weights, up to the Q8_K
- * rounding of the activations: |err| <= sum_i |w_i| * d_x / 2 per block,
+ * (IQ4_NL: Q8_0, whose scale per 32 is no larger) rounding of the
+ * activations: |err| <= sum_i |w_i| * d_x / 2 per block,
  * bounded here by 0.6 / 127 * max|x| * sum|w|, plus float noise. */
 static void test_kq_matmul_vs_float(void **state) {
     (void)state;
     const int n_in = 1024, n_out = 9, nt = 3;
-    for (int ti = 0; ti < N_K_TYPES; ti++) {
-        void *w = tu_make_weights(K_TYPES[ti], n_in, n_out, 17, 0.0f);
+    static const kt_dtype types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        void *w = tu_make_weights(types[ti], n_in, n_out, 17, 0.0f);
         float x[3 * 1024], got[27], row[1024];
         tu_fill_normal(x, sizeof x / sizeof x[0], 1.0f, 19);
-        kt_matmul(NULL, got, w, K_TYPES[ti], x, n_in, n_out, nt);
-        size_t rb = kt_dtype_row_bytes(K_TYPES[ti], n_in);
+        kt_matmul(NULL, got, w, types[ti], x, n_in, n_out, nt);
+        size_t rb = kt_dtype_row_bytes(types[ti], n_in);
         for (int r = 0; r < n_out; r++) {
-            kt_dequantize_row(K_TYPES[ti], (char *)w + rb * r, row, n_in);
+            kt_dequantize_row(types[ti], (char *)w + rb * r, row, n_in);
             for (int t = 0; t < nt; t++) {
                 double want = 0, lim = 1e-5;
                 for (int b = 0; b < n_in / 256; b++) {
@@ -376,7 +662,7 @@ static void test_kq_matmul_vs_float(void **state) {
                     lim += aw * amax / 127 * 0.6;
                 }
                 if (!(fabs(got[t * n_out + r] - want) <= lim))
-                    fail_msg("%s row %d token %d: %g vs %g (limit %g)", kt_dtype_name(K_TYPES[ti]),
+                    fail_msg("%s row %d token %d: %g vs %g (limit %g)", kt_dtype_name(types[ti]),
                              r, t, got[t * n_out + r], want, lim);
             }
         }
@@ -397,6 +683,14 @@ int main(void) {
 #if defined(__x86_64__) || defined(__i386__)
         cmocka_unit_test(test_q8_K_act_avx2_is_scalar),
 #endif
+        cmocka_unit_test(test_dequant_q2_K_known),
+        cmocka_unit_test(test_q3_K_scale_bytes_literal),
+        cmocka_unit_test(test_dequant_q3_K_known),
+        cmocka_unit_test(test_dequant_iq4_nl_known),
+        cmocka_unit_test(test_dequant_iq4_xs_known),
+        cmocka_unit_test(test_new_types_supported),
+        cmocka_unit_test(test_new_roundtrip_error),
+        cmocka_unit_test(test_new_quantizers_are_llamacpp),
         cmocka_unit_test(test_kq_matmul_simd_vs_ref),
         cmocka_unit_test(test_kq_matmul_scalar_is_ref),
         cmocka_unit_test(test_kq_matmul_vs_float),

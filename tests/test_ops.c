@@ -239,7 +239,7 @@ static void test_plain_types_roundtrip(void **state) {
     kt_dequantize_row(KT_F32, z, y, 5);
     assert_memory_equal(x, y, sizeof x);
     assert_true(kt_quantize_supported(KT_Q4_0) && !kt_quantize_supported(KT_Q8_1));
-    assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q2_K));
+    assert_true(kt_dequantize_supported(KT_BF16) && !kt_dequantize_supported(KT_Q8_K));
 }
 
 /* F16 rows (the KV cache's stores): kt_quantize_row's SIMD conversion
@@ -772,7 +772,8 @@ static void test_matmul_scalar_is_ref(void **state) {
  * with any number of threads (every type, on the path this CPU uses). */
 /* Every matmul type, K-quants included (rows of 768: three super-blocks). */
 static const kt_dtype INV_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1,
-                                     KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q5_K, KT_Q6_K};
+                                     KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q5_K, KT_Q6_K,
+                                     KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
 
 static void check_batch_invariance(bool scalar) {
     kt_pool *pools[3] = {NULL, kt_pool_new(2, NULL), kt_pool_new(3, NULL)};
@@ -1231,7 +1232,7 @@ static void test_matmul_token_chunks(void **state) {
 static void test_matmul_supported(void **state) {
     (void)state;
     for (int i = 0; i < N_MM_TYPES; i++) assert_true(kt_matmul_supported(MM_TYPES[i]));
-    assert_false(kt_matmul_supported(KT_Q2_K)); /* K-quants: test_kquant.c */
+    assert_false(kt_matmul_supported(KT_Q8_K)); /* activations only; K-quants: test_kquant.c */
     assert_false(kt_matmul_supported(KT_I32));
 }
 
@@ -1969,7 +1970,8 @@ static void run_bench(const char *only) {
     /* the repacked layouts (Q4_0x8, ..., F16x16, ...) follow their plain types */
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q4_1_X8, KT_Q5_0, KT_Q5_0_X8, KT_Q5_1,
                                      KT_Q5_1_X8, KT_Q4_K, KT_Q4_K_X8, KT_Q5_K, KT_Q5_K_X8, KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16,
-                                     KT_F16_X16, KT_BF16, KT_BF16_X16, KT_F32, KT_F32_X16};
+                                     KT_F16_X16, KT_BF16, KT_BF16_X16, KT_F32, KT_F32_X16,
+                                     KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
         const kt_dtype plain = kt_repack_plain(types[i]);

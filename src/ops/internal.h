@@ -70,18 +70,30 @@ kt_q8k_act kt_q8k_act_carve(void *scratch, int n_in, int n_tokens, int8_t **qs, 
                             int16_t **bsums);
 
 /* The specification of the K-quant dot products (matmul_k.c): adds weight
- * block b of `row` (type t: Q4_K, Q5_K or Q6_K) times one Q8_K activation
- * block (values xq, scale dx, sums bs) to acc:
+ * block b of `row` (type t: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS) times
+ * one Q8_K activation block (values xq, scale dx, sums bs) to acc:
  *   Q4_K/Q5_K: isum = sum_j sc[j] * sum_l q[32j+l] * xq[32j+l]   (exact)
  *              imin = sum_j m[j] * (bs[2j] + bs[2j+1])            (exact)
  *              acc = fmaf((float)isum, d * dx, acc)
  *              acc = fmaf((float)-imin, dmin * dx, acc)
  *   Q6_K:      isum = sum_g sc[g] * sum_l (q[16g+l] - 32) * xq[16g+l]
  *              acc = fmaf((float)isum, d * dx, acc)
+ *   Q2_K:      isum = sum_g sc[g] * sum_l q[16g+l] * xq[16g+l]     (exact)
+ *              imin = sum_g m[g] * bs[g]
+ *              then Q4_K's two fmaf steps
+ *   Q3_K:      isum = sum_g (sc[g] - 32) * sum_l (q[16g+l] - 4) * xq[16g+l]
+ *              acc = fmaf((float)isum, d * dx, acc)
+ *   IQ4_XS:    isum = sum_j (ls[j] - 32) * sum_l VALUES[q[32j+l]] * xq[32j+l]
+ *              acc = fmaf((float)isum, d * dx, acc)
  * Every path (reference, scalar fallback, AVX2) applies exactly these
  * float operations, block after block, so they agree bit for bit. */
 float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, float dx,
                        const int16_t *bs, float acc);
+
+/* IQ4_NL weights take Q8_0 activations (32-value blocks) and Q4_0's
+ * step: acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc), block after
+ * block, isum_b = sum_l KT_IQ4NL_VALUES[q[l]] * xq[l] (matmul_k.c). */
+int32_t kt_iq4_nl_idot(const void *row, int b, const int8_t *xq);
 
 /* ---- AVX2 kernels (the *_avx2.c files) --------------------------------- */
 
@@ -118,9 +130,14 @@ void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_ac
  * Q8_0 activations), bit-identical to the reference; panel as for Q4_0. */
 void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,
                            int n_in, int n_out, int n_tokens, int r0, int r1, void *panel);
-/* Rows [r0, r1) of every token for K-quant weights (Q4_K, Q5_K, Q6_K). */
+/* Rows [r0, r1) of every token for K-quant weights (Q2_K .. Q6_K,
+ * IQ4_XS). */
 void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
                        int n_in, int n_out, int n_tokens, int r0, int r1);
+/* Rows [r0, r1) of every token for IQ4_NL weights (x: the Q8_0
+ * activations), bit-identical to the reference (matmul_k_avx2.c). */
+void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                           int n_tokens, int r0, int r1);
 void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float *xf,
                           int n_in, int n_out, int n_tokens, int r0, int r1);
 /* Float weights in an x16 layout (repack.h) whose plain type is plain

@@ -21,6 +21,7 @@
  *             (ggml pairs these types with Q8_1 activations and adds
  *             m_w * s_x, s_x = fp16(d_x * sum x_q); kettle reads the exact
  *             sum x_q from the Q8_0 activations' c8 / 8 instead.)
+ *       IQ4_NL: as Q4_0, isum_b = sum KT_IQ4NL_VALUES[q] * x_q (kquant.h)
  *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS);
  *     Q8_0 models match llama.cpp's golden logits to 0.0108, not closer,
  *     because that build rounds Q8_0 activations as x / (amax/127), half
@@ -30,7 +31,8 @@
  *     per lane. The AVX2 kernels (matmul_avx2.c) do exactly these
  *     operations, so for the quantized types SIMD, scalar fallback and
  *     reference agree bit for bit.
- *   - Q4_K/Q5_K/Q6_K weights: each activation row is quantized to Q8_K
+ *   - Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS weights: each activation row is
+ *     quantized to Q8_K
  *     blocks of 256 (kquant.c, ggml's quantize_row_q8_K_ref); per weight
  *     block, in order, the exact integer sums and one or two fmaf steps
  *     given by kt_kq_block_step (matmul_k.c, internal.h). The AVX2 kernels
@@ -106,8 +108,9 @@ static bool is_kquant_x8(kt_dtype t) {
 
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
-           wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_Q4_K ||
-           wtype == KT_Q5_K || wtype == KT_Q6_K || is_kquant_x8(wtype);
+           wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
+           wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_Q4_K || wtype == KT_Q5_K ||
+           wtype == KT_Q6_K || wtype == KT_IQ4_XS || is_kquant_x8(wtype);
 }
 
 /* A matrix kt_matmul can multiply: a supported type, whole blocks a row,
@@ -121,12 +124,13 @@ static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
 
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t);
+    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL;
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
 static bool is_kquant(kt_dtype t) {
-    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || is_kquant_x8(t);
+    return t == KT_Q2_K || t == KT_Q3_K || t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K ||
+           t == KT_IQ4_XS || is_kquant_x8(t);
 }
 
 /* ---- scalar building blocks (shared by the reference and the fallback) */
@@ -176,13 +180,17 @@ static float block_scale(const void *row, kt_dtype t, int b) {
     return kt_fp16_to_fp32(d);
 }
 
-/* Q4_0: adds one block's term, fmaf((float)isum, d_w * d_x, acc). */
+/* Q4_0 (and IQ4_NL): adds one block's term, fmaf((float)isum, d_w * d_x,
+ * acc). */
 static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                         float acc) {
+    if (t == KT_IQ4_NL)
+        return fmaf((float)kt_iq4_nl_idot(row, b, xq),
+                    kt_fp16_to_fp32(((const block_iq4_nl *)row)[b].d) * dx, acc);
     return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
 }
 
-/* Q8_0, Q4_0 and Q4_0x8: block step for block b of row r of w (Q4_0x8
+/* Q8_0, Q4_0, IQ4_NL and Q4_0x8: block step for block b of row r of w (Q4_0x8
  * read back as Q4_0, so both layouts take the same operations). */
 static float row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                             float dx, float acc) {
@@ -347,7 +355,7 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     block_step_lanes(row, b, xa->qs + k * QK8_0, xa->d[k], lanes);
                 }
                 sum = sum_lanes(lanes);
-            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8) {
+            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || wtype == KT_IQ4_NL) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
                     sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
@@ -441,9 +449,15 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     case KT_BF16_X16:
         kt_matmul_x16_avx2(j->out, j->w, kt_repack_plain(j->wtype), j->x, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
+    case KT_IQ4_NL:
+        kt_matmul_iq4_nl_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_Q2_K:
+    case KT_Q3_K:
     case KT_Q4_K:
     case KT_Q5_K:
     case KT_Q6_K:
+    case KT_IQ4_XS:
         kt_matmul_kq_avx2(j->out, j->w, j->wtype, &j->xk, j->n_in, j->n_out, j->n_tokens, r0,
                           r1);
         break;

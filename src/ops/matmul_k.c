@@ -1,7 +1,8 @@
 /*
  * matmul_k.c - the scalar specification of the K-quant dot products
- * (Q4_K, Q5_K, Q6_K weights times Q8_K activations) and the layout of the
- * Q8_K activation buffer; see internal.h for the exact operations.
+ * (Q2_K .. Q6_K and IQ4_XS weights times Q8_K activations; IQ4_NL's
+ * integer block dot with Q8_0 activations) and the layout of the Q8_K
+ * activation buffer; see internal.h for the exact operations.
  *
  * Integer parts are exact, so only the two float steps per block are
  * fixed; kt_matmul_ref and the scalar fallback (matmul.c) call
@@ -74,11 +75,79 @@ static int32_t q6_K_isum(const block_q6_K *blk, const int8_t *xq) {
     return isum;
 }
 
+/* The 2-bit field of value v of a Q2_K/Q3_K block's qs (kquant.h). */
+static int q2_field(const uint8_t *qs, int v) {
+    return (qs[32 * (v / 128) + v % 32] >> (2 * (v % 128 / 32))) & 3;
+}
+
+/* Q2_K: sum_g sc[g] * sum_l q * x and sum_g m[g] * bs[g], 16 groups. */
+static void q2_K_sums(const block_q2_K *blk, const int8_t *xq, const int16_t *bs, int32_t *isum,
+                      int32_t *imin) {
+    *isum = *imin = 0;
+    for (int g = 0; g < QK_K / 16; g++) {
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++) s += q2_field(blk->qs, 16 * g + l) * xq[16 * g + l];
+        *isum += (blk->scales[g] & 0xF) * s;
+        *imin += (blk->scales[g] >> 4) * bs[g];
+    }
+}
+
+/* Q3_K: sum_g (sc[g] - 32) * sum_l (q - 4) * x. */
+static int32_t q3_K_isum(const block_q3_K *blk, const int8_t *xq) {
+    int32_t isum = 0;
+    for (int g = 0; g < QK_K / 16; g++) {
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++) {
+            const int v = 16 * g + l;
+            const int q = q2_field(blk->qs, v) | (((blk->hmask[v % 32] >> (v / 32)) & 1) << 2);
+            s += (q - 4) * xq[v];
+        }
+        isum += (kt_q3_K_scale(blk->scales, g) - 32) * s;
+    }
+    return isum;
+}
+
+/* IQ4_XS: sum_j (ls[j] - 32) * sum_l KT_IQ4NL_VALUES[q] * x. */
+static int32_t iq4_xs_isum(const block_iq4_xs *blk, const int8_t *xq) {
+    int32_t isum = 0;
+    for (int j = 0; j < QK_K / 32; j++) {
+        const uint8_t *qs = blk->qs + 16 * j;
+        const int8_t *x = xq + 32 * j;
+        int32_t s = 0;
+        for (int l = 0; l < 16; l++)
+            s += KT_IQ4NL_VALUES[qs[l] & 0xF] * x[l] + KT_IQ4NL_VALUES[qs[l] >> 4] * x[16 + l];
+        isum += (kt_iq4_xs_scale(blk, j) - 32) * s;
+    }
+    return isum;
+}
+
+int32_t kt_iq4_nl_idot(const void *row, int b, const int8_t *xq) {
+    const block_iq4_nl *blk = (const block_iq4_nl *)row + b;
+    int32_t s = 0;
+    for (int l = 0; l < 16; l++)
+        s += KT_IQ4NL_VALUES[blk->qs[l] & 0xF] * xq[l] + KT_IQ4NL_VALUES[blk->qs[l] >> 4] * xq[16 + l];
+    return s;
+}
+
 float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, float dx,
                        const int16_t *bs, float acc) {
     uint8_t lv[QK_K];
     int32_t isum, imin;
     float d, dmin;
+    if (t == KT_Q3_K) {
+        const block_q3_K *blk = (const block_q3_K *)row + b;
+        return fmaf((float)q3_K_isum(blk, xq), kt_fp16_to_fp32(blk->d) * dx, acc);
+    }
+    if (t == KT_IQ4_XS) {
+        const block_iq4_xs *blk = (const block_iq4_xs *)row + b;
+        return fmaf((float)iq4_xs_isum(blk, xq), kt_fp16_to_fp32(blk->d) * dx, acc);
+    }
+    if (t == KT_Q2_K) {
+        const block_q2_K *blk = (const block_q2_K *)row + b;
+        q2_K_sums(blk, xq, bs, &isum, &imin);
+        acc = fmaf((float)isum, kt_fp16_to_fp32(blk->d) * dx, acc);
+        return fmaf((float)-imin, kt_fp16_to_fp32(blk->dmin) * dx, acc);
+    }
     if (t == KT_Q6_K) {
         const block_q6_K *blk = (const block_q6_K *)row + b;
         return fmaf((float)q6_K_isum(blk, xq), kt_fp16_to_fp32(blk->d) * dx, acc);

@@ -62,9 +62,11 @@
 #define KQ_MIN_GEMM 2  /* fewer tokens: one GEMV per token */
 
 typedef struct kq_block {
-    __m256i q[8];  /* levels of values 32j .. 32j+31 */
+    __m256i q[8];  /* levels of values 32j .. 32j+31 (IQ4_XS: the table's
+                      signed values) */
     __m256i sc[8]; /* int16 multipliers of vector j */
-    __m256i sc16;  /* Q6_K: the 16 scales as int16, for the offset */
+    __m256i sc16;  /* Q6_K, Q3_K: the 16 scales as int16, for the offset;
+                      Q2_K: the 16 mins */
     __m256i m2;    /* Q4_K/Q5_K: int16 lanes m[0], m[0], m[1], m[1], ... */
     float d, dmin;
 } kq_block;
@@ -220,9 +222,122 @@ INL void unpack_q6_K(const block_q6_K *blk, kq_block *u) {
     u->d = half_at(&blk->d);
 }
 
+/* 16 int16 scales (one per 16 values) as kq_block's multipliers: vector
+ * j takes scale 2j in its low 128 bits, 2j+1 in its high ones. */
+INL void group16_scales(__m256i sc16, __m256i *sc) {
+    const __m256i lo = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16));
+    const __m256i hi = _mm256_broadcastsi128_si256(_mm256_extracti128_si256(sc16, 1));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        sc[j] = pick16(lo, 2 * j, 2 * j + 1);
+        sc[j + 4] = pick16(hi, 2 * j, 2 * j + 1);
+    }
+}
+
+/* Q2_K/Q3_K's 2-bit fields: vector 4h+k (values 128h + 32k .. +31) is
+ * bits 2k, 2k+1 of qs[32h .. 32h+31] (a byte's own bits after the 16-bit
+ * shift and the mask). */
+INL void levels_q2(const uint8_t *qs, __m256i *lv) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        lv[4 * h + 0] = _mm256_and_si256(q, m3);
+        lv[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
+        lv[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
+        lv[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
+    }
+}
+
+/* Q3_K: the 2-bit fields plus the third bit, bit j of hmask[l] for vector
+ * j, moved to bit 2 (shifts of at most 5 places: bit 2 of each byte
+ * comes from the same byte). Levels 0..7 = q + 4. */
+INL void levels_q3_K(const block_q3_K *blk, __m256i *lv) {
+    levels_q2(blk->qs, lv);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)blk->hmask), b2 = _mm256_set1_epi8(4);
+    lv[0] = _mm256_or_si256(lv[0], _mm256_and_si256(_mm256_slli_epi16(hm, 2), b2));
+    lv[1] = _mm256_or_si256(lv[1], _mm256_and_si256(_mm256_slli_epi16(hm, 1), b2));
+    lv[2] = _mm256_or_si256(lv[2], _mm256_and_si256(hm, b2));
+    lv[3] = _mm256_or_si256(lv[3], _mm256_and_si256(_mm256_srli_epi16(hm, 1), b2));
+    lv[4] = _mm256_or_si256(lv[4], _mm256_and_si256(_mm256_srli_epi16(hm, 2), b2));
+    lv[5] = _mm256_or_si256(lv[5], _mm256_and_si256(_mm256_srli_epi16(hm, 3), b2));
+    lv[6] = _mm256_or_si256(lv[6], _mm256_and_si256(_mm256_srli_epi16(hm, 4), b2));
+    lv[7] = _mm256_or_si256(lv[7], _mm256_and_si256(_mm256_srli_epi16(hm, 5), b2));
+}
+
+/* Q3_K's 16 six-bit scales (kt_q3_K_scale) minus 32 as int16, by 32-bit
+ * words as ggml's dequantizer decodes them: words a0, a1 = bytes 0-7 give
+ * the low nibbles (scales 0-7 low, 8-15 high), word t = bytes 8-11 the
+ * top bits (2 per scale, scale 4i + k at bits 2i of byte k). */
+INL __m256i q3_K_scales16(const uint8_t *q) {
+    uint32_t a0, a1, t;
+    memcpy(&a0, q, 4);
+    memcpy(&a1, q + 4, 4);
+    memcpy(&t, q + 8, 4);
+    const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
+    const uint32_t s0 = (a0 & k2) | ((t & k1) << 4), s1 = (a1 & k2) | (((t >> 2) & k1) << 4);
+    const uint32_t s2 = ((a0 >> 4) & k2) | (((t >> 4) & k1) << 4), s3 = ((a1 >> 4) & k2) | (((t >> 6) & k1) << 4);
+    const __m128i b = _mm_setr_epi32((int)s0, (int)s1, (int)s2, (int)s3);
+    return _mm256_sub_epi16(_mm256_cvtepu8_epi16(b), _mm256_set1_epi16(32));
+}
+
+INL void unpack_q2_K(const block_q2_K *blk, kq_block *u) {
+    levels_q2(blk->qs, u->q);
+    const __m128i sm = _mm_loadu_si128((const __m128i *)blk->scales);
+    group16_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F))), u->sc);
+    u->sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+    u->d = half_at(&blk->d);
+    u->dmin = half_at(&blk->dmin);
+}
+
+INL void unpack_q3_K(const block_q3_K *blk, kq_block *u) {
+    levels_q3_K(blk, u->q);
+    u->sc16 = q3_K_scales16(blk->scales);
+    group16_scales(u->sc16, u->sc);
+    u->d = half_at(&blk->d);
+}
+
+/* IQ4_XS: 32 bytes of qs hold sub-blocks 2k (low 16 bytes) and 2k+1; a
+ * sub-block's values are its bytes' low nibbles, then their high ones;
+ * the table lookup is a byte shuffle. */
+INL void levels_iq4_xs(const block_iq4_xs *blk, __m256i *lv) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * k));
+        const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        lv[2 * k] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x20));
+        lv[2 * k + 1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+}
+
+/* IQ4_XS's 8 six-bit scales minus 32 as int16 lanes 0-7 (kt_iq4_xs_scale:
+ * nibble j % 2 of scales_l[j / 2], bits 2j of scales_h as bits 4-5). */
+INL __m128i iq4_xs_scales8(const block_iq4_xs *blk) {
+    uint32_t l4; /* nibble j = bits 4j .. 4j+3 (little-endian) */
+    memcpy(&l4, blk->scales_l, 4);
+    const uint32_t h = blk->scales_h;
+    int16_t s[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) s[j] = (int16_t)((int)(((l4 >> (4 * j)) & 0xF) | (((h >> (2 * j)) & 3) << 4)) - 32);
+    return _mm_loadu_si128((const __m128i *)s);
+}
+
+INL void unpack_iq4_xs(const block_iq4_xs *blk, kq_block *u) {
+    levels_iq4_xs(blk, u->q);
+    const __m256i sc = _mm256_broadcastsi128_si256(iq4_xs_scales8(blk));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) u->sc[j] = pick16(sc, j, j);
+    u->d = half_at(&blk->d);
+}
+
 INL void unpack(const kt_dtype t, const char *row, int b, kq_block *u) {
     if (t == KT_Q4_K) unpack_q4_K((const block_q4_K *)row + b, u);
     else if (t == KT_Q5_K) unpack_q5_K((const block_q5_K *)row + b, u);
+    else if (t == KT_Q2_K) unpack_q2_K((const block_q2_K *)row + b, u);
+    else if (t == KT_Q3_K) unpack_q3_K((const block_q3_K *)row + b, u);
+    else if (t == KT_IQ4_XS) unpack_iq4_xs((const block_iq4_xs *)row + b, u);
     else unpack_q6_K((const block_q6_K *)row + b, u);
 }
 
@@ -234,12 +349,22 @@ INL float block_step(const kt_dtype t, const kq_block *u, const int8_t *xq, floa
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const __m256i x = _mm256_load_si256((const __m256i *)(xq + 32 * j));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u->q[j], x), u->sc[j]));
+        /* IQ4_XS's values are signed: |q| times x with q's sign (pairs at
+         * most 2 * 127 * 127: no saturation; Q8_K values are > -128) */
+        const __m256i p = t == KT_IQ4_XS ? _mm256_maddubs_epi16(_mm256_abs_epi8(u->q[j]), _mm256_sign_epi8(x, u->q[j]))
+                                         : _mm256_maddubs_epi16(u->q[j], x);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, u->sc[j]));
     }
-    if (t == KT_Q6_K) {
+    if (t == KT_IQ4_XS) return fmaf((float)hsum_epi32(s), u->d * dx, acc);
+    if (t == KT_Q6_K || t == KT_Q3_K) { /* levels are q + 32 (Q3_K: q + 4) */
         const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), u->sc16);
-        s = _mm256_sub_epi32(s, _mm256_slli_epi32(off, 5));
+        s = _mm256_sub_epi32(s, _mm256_slli_epi32(off, t == KT_Q6_K ? 5 : 2));
         return fmaf((float)hsum_epi32(s), u->d * dx, acc);
+    }
+    if (t == KT_Q2_K) { /* mins: one per 16 values, against the bsums as they are */
+        const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), u->sc16);
+        acc = fmaf((float)hsum_epi32(s), u->d * dx, acc);
+        return fmaf((float)-hsum_epi32(mins), u->dmin * dx, acc);
     }
     /* lane j: m[j] * (bs[2j] + bs[2j+1]); both sums reduced together */
     const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), u->m2);
@@ -702,6 +827,44 @@ KQ_KERNELS(q4k, KT_Q4_K)
 KQ_KERNELS(q5k, KT_Q5_K)
 KQ_KERNELS(q6k, KT_Q6_K)
 
+/* ---- prefill of Q2_K, Q3_K, IQ4_XS: blocks unpacked once for a tile ----
+ *
+ * These types have no panel GEMM: per block the 8 rows' blocks are
+ * unpacked once (as for the GEMV) and every token of the chunk takes the
+ * GEMV's block step on each, one float accumulator per (row, token) in
+ * acc, blocks in order: the GEMV's bits. The activation block is read
+ * from L1 for all 8 rows; the unpacking, which the GEMV pays per row and
+ * token, is paid once per row. */
+INL void gemm_rows_unpacked(const kq_args *a, const kt_dtype t, int r, int nr, int c0, int c1) {
+    _Alignas(32) float acc[KQ_CHUNK][KQ_ROWS];
+    const int nb = a->x->nb;
+    const char *rows[KQ_ROWS];
+    for (int i = 0; i < nr; i++) rows[i] = a->w + (size_t)(r + i) * a->row_bytes;
+    memset(acc, 0, sizeof(float) * KQ_ROWS * (size_t)(c1 - c0));
+    for (int b = 0; b < nb; b++) {
+        kq_block u[KQ_ROWS];
+        for (int i = 0; i < nr; i++) unpack(t, rows[i], b, &u[i]);
+        for (int tok = c0; tok < c1; tok++) {
+            const size_t k = (size_t)tok * nb + b;
+            const int8_t *xq = a->x->qs + k * QK_K;
+            const int16_t *bs = a->x->bsums + k * 16;
+            const float dx = a->x->d[k];
+            for (int i = 0; i < nr; i++) acc[tok - c0][i] = block_step(t, &u[i], xq, dx, bs, acc[tok - c0][i]);
+        }
+    }
+    for (int tok = c0; tok < c1; tok++)
+        for (int i = 0; i < nr; i++) a->out[(size_t)tok * a->n_out + r + i] = acc[tok - c0][i];
+}
+
+#define KQ_KERNELS_UNPACKED(ty, wt)                                                          \
+    static void ty##_gemv(const kq_args *a, int r, int tok) { kq_gemv(a, wt, r, tok); }      \
+    static void ty##_gemm(const kq_args *a, int r, int nr, int c0, int c1) {                 \
+        gemm_rows_unpacked(a, wt, r, nr, c0, c1);                                            \
+    }
+KQ_KERNELS_UNPACKED(q2k, KT_Q2_K)
+KQ_KERNELS_UNPACKED(q3k, KT_Q3_K)
+KQ_KERNELS_UNPACKED(iq4xs, KT_IQ4_XS)
+
 void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x,
                        int n_in, int n_out, int n_tokens, int r0, int r1) {
     const bool vnni = kt_cpu_has_avx_vnni();
@@ -716,6 +879,10 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
         gemv = q6k_gemv;
         gemm = vnni ? q6k_gemm_vnni : q6k_gemm;
         gemm16 = q6k_gemm16;
+    } else if (wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_IQ4_XS) {
+        gemv = wtype == KT_Q2_K ? q2k_gemv : wtype == KT_Q3_K ? q3k_gemv : iq4xs_gemv;
+        gemm = wtype == KT_Q2_K ? q2k_gemm : wtype == KT_Q3_K ? q3k_gemm : iq4xs_gemm;
+        gemm16 = NULL; /* no 16-row AVX-512 tile for these */
     }
     if (!kt_cpu_has_avx512_vnni()) gemm16 = NULL;
     const size_t bb = (size_t)kt_dtype_get(wtype)->block_bytes;
@@ -1233,4 +1400,70 @@ void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
     void (*tile)(const kq_args *, int, int) = kt_cpu_has_avx512_vnni() ? q6kx8_evex : kt_cpu_has_avx_vnni() ? q6kx8_vnni : q6kx8_avx2;
     for (int r = r0; r < r1; r += KT_X8_ROWS)
         for (int t = 0; t < n_tokens; t++) tile(&a, r, t);
+}
+
+/* ---- IQ4_NL: 8 rows at a time against Q8_0 activations -----------------
+ *
+ * The specification is Q4_0's (internal.h): per 32-value block, in order,
+ * acc = fmaf((float)isum, d_w * d_x, acc). A row's block is 16 bytes: the
+ * low nibbles (values 0-15) and high nibbles (16-31) make one vector of
+ * table indices, the table lookup one byte shuffle, and the products with
+ * the activations maddubs of |w| against x signed like w (pairs at most
+ * 2 * 127 * 128 < 2^15: no saturation). The 8 rows' int32 vectors are
+ * reduced together by a tree of hadds into one vector whose lane i is row
+ * i's exact isum, so the float step is one vector fma for the 8 rows
+ * (lane by lane fmaf). Missing rows of a last group repeat the last row
+ * (computed, not stored). Tokens of a chunk run over each group in turn,
+ * whose weights stay in L1/L2 between them. */
+
+#define NL_ROWS 8
+#define NL_CHUNK 64 /* tokens per pass: their activations stay in L2 */
+
+/* lane i = the sum of the 8 int32 lanes of v[i] */
+INL __m256i hsum8_rows(const __m256i *v) {
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+    /* a: rows 0-3 from the low halves, then rows 0-3 from the high halves */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+INL void iq4_nl_group(const kq_args *a, const kt_q8_act *x, int r, int nr, int tok) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const char *rows[NL_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < NL_ROWS; i++) rows[i] = a->w + (size_t)(r + (i < nr ? i : nr - 1)) * a->row_bytes;
+    const int nb = x->nb;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const size_t k = (size_t)tok * nb + b;
+        const __m256i xv = _mm256_load_si256((const __m256i *)(x->qs + k * 32));
+        __m256i s[NL_ROWS];
+#pragma GCC unroll 8
+        for (int i = 0; i < NL_ROWS; i++) {
+            const block_iq4_nl *blk = (const block_iq4_nl *)rows[i] + b;
+            _mm_prefetch((const char *)blk + PF_BYTES, _MM_HINT_T0);
+            const __m128i q = _mm_loadu_si128((const __m128i *)blk->qs);
+            const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+            const __m256i wv = _mm256_shuffle_epi8(table, idx);
+            const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+            s[i] = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+        }
+        const __m256 dw = halves8(rows, sizeof(block_iq4_nl), offsetof(block_iq4_nl, d), b);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_rows(s)), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc);
+    }
+    float o[NL_ROWS];
+    _mm256_storeu_ps(o, acc);
+    for (int i = 0; i < nr; i++) a->out[(size_t)tok * a->n_out + r + i] = o[i];
+}
+
+void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                           int n_tokens, int r0, int r1) {
+    const kq_args a = {w, kt_dtype_row_bytes(KT_IQ4_NL, n_in), sizeof(block_iq4_nl), NULL, out, n_out};
+    for (int c0 = 0; c0 < n_tokens; c0 += NL_CHUNK) {
+        const int c1 = c0 + NL_CHUNK < n_tokens ? c0 + NL_CHUNK : n_tokens;
+        for (int r = r0; r < r1; r += NL_ROWS)
+            for (int tok = c0; tok < c1; tok++) iq4_nl_group(&a, x, r, r1 - r < NL_ROWS ? r1 - r : NL_ROWS, tok);
+    }
 }
