@@ -2,7 +2,7 @@
  * cmd_quantize.c - `kettle quantize IN.gguf OUT.gguf TYPE`: rewrites a
  * model with its weight matrices in another element type (Q8_0, Q4_0,
  * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16 or F32), or in llama.cpp's
- * Q4_K_M / Q5_K_M mixes.
+ * Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS, Q4_K_M and Q5_K_M mixes.
  *
  * Which tensors change follows llama.cpp's `llama-quantize --pure`: every
  * tensor whose name ends in "weight" with at least two dimensions, except
@@ -27,8 +27,9 @@
  * LLAMA_FTYPE for the target and general.quantization_version is set to 2,
  * as llama.cpp does.
  *
- * The mixes follow llama.cpp's llama_tensor_get_type for dense models:
- * every tensor gets the base type (Q4_K or Q5_K) except
+ * The mixes follow llama.cpp's llama_tensor_get_type_impl (mix_type and
+ * its helpers below, rule for rule). For Q4_K_M / Q5_K_M every tensor gets
+ * the base type (Q4_K or Q5_K) except
  *   - output.weight (token_embd.weight when there is no output.weight):
  *     Q6_K;
  *   - the attn_v-like tensors (attn_v, a fused attn_qkv, MLA's attn_kv_b)
@@ -37,8 +38,10 @@
  *     tensor order over the tensors of that kind): Q6_K. llama.cpp's
  *     category_is_attn_v sends attn_qkv down the attn_v branch, so its
  *     later Q5_K (Q4_K_M) / Q6_K (Q5_K_M) rule for attn_qkv never applies.
- * Not reproduced: llama.cpp's special cases for 70B models, MoE and
- * Falcon. A K-quant needs rows that are a multiple of 256 values; other
+ * Q2_K, Q3_K_S/M/L and IQ4_NL/XS add their own rules for attn_v (by the
+ * GQA ratio), attn_output and ffn_down, and 8-expert models' attn_k /
+ * attn_v (Q8_0) and attn_output (Q5_K). Not reproduced: llama.cpp's special
+ * cases for 70B models and Falcon, and importance matrices. A K-quant needs rows that are a multiple of 256 values; other
  * tensors get llama.cpp's fallback types (Q5_0 for Q4_K, Q5_1 for Q5_K,
  * Q8_0 for Q6_K), and the tool says how many. Plain K types (TYPE Q4_K,
  * Q5_K, Q6_K) are --pure: every tensor the base type, with the same
@@ -74,16 +77,18 @@ typedef struct recipe {
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: kettle quantize IN.gguf OUT.gguf TYPE\n"
+            "usage: kettle quantize [--pure] IN.gguf OUT.gguf TYPE\n"
             "\n"
             "Writes IN with every 2-D weight tensor converted to TYPE (%s,\n"
             "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); norms and other 1-D tensors\n"
             "stay as they are (like llama.cpp's llama-quantize --pure). TYPE\n"
-            "Q4_K_M or Q5_K_M writes llama.cpp's mix instead (output, some\n"
-            "attn_v and ffn_down tensors Q6_K). K-quant tensors whose rows are\n"
-            "not a multiple of 256 values get llama.cpp's fallback types (Q4_K\n"
-            "-> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Source weights must be F32,\n"
-            "F16 or BF16.\n",
+            "Q2_K, Q3_K_S, Q3_K_M (or Q3_K), Q3_K_L, IQ4_NL, IQ4_XS, Q4_K_M or\n"
+            "Q5_K_M writes llama.cpp's mix of that name instead (the output, and\n"
+            "some attn_v, attn_output and ffn_down tensors with more bits);\n"
+            "--pure gives every tensor the base type. Tensors whose rows are\n"
+            "not a multiple of a type's block get llama.cpp's fallback types\n"
+            "(Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
+            "IQ4_XS -> IQ4_NL). Source weights must be F32, F16 or BF16.\n",
             cli_out_type_list());
 }
 
@@ -121,8 +126,9 @@ static bool is_quantizable(const gguf_tensor *t) {
            !gguf_str_eq(t->name, "token_types.weight");
 }
 
+/* Types of 256-value blocks, which need whole 256-value rows. */
 static bool is_kquant(kt_dtype t) {
-    return t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K;
+    return t == KT_Q2_K || t == KT_Q3_K || t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K || t == KT_IQ4_XS;
 }
 
 /* llama.cpp's category_is_attn_v: tensors that take attn_v's rule and
@@ -138,31 +144,97 @@ static bool use_more_bits(int i, int n) {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-/* Counts over the file (llama.cpp's n_attention_wv, n_ffn_down) and the
- * running indices (i_attention_wv, i_ffn_down). */
+/* The layer of "blk.N...", or -1 (digits only: sscanf would also take a
+ * sign or spaces, which no real tensor name has). */
+static long layer_of(gguf_str s) {
+    const size_t n = 4; /* "blk." */
+    if (s.len <= n || memcmp(s.ptr, "blk.", n) != 0) return -1;
+    long v = 0;
+    size_t i = n;
+    for (; i < s.len && s.ptr[i] >= '0' && s.ptr[i] <= '9' && v < 100000000L; i++)
+        v = 10 * v + (s.ptr[i] - '0');
+    return i > n ? v : -1;
+}
+
+/* Counts over the file (llama.cpp's n_attention_wv; n_ffn_down is the
+ * layer count), the running indices (i_attention_wv, i_ffn_down), and the
+ * hyper-parameters the rules read: GQA ratio n_head / n_head_kv, experts. */
 typedef struct mix_state {
-    int n_attn_v, n_ffn_down, i_attn_v, i_ffn_down;
+    int n_attn_v, n_layer, i_attn_v, i_ffn_down, n_gqa, n_expert;
     bool has_output;
 } mix_state;
 
-/* The type the _M mix gives a quantizable tensor (before the fallback). */
+/* llama.cpp's LLAMA_FTYPE values of the mixes */
+enum {
+    FT_Q2_K = 10, FT_Q3_K_S = 11, FT_Q3_K_M = 12, FT_Q3_K_L = 13, FT_Q4_K_S = 14, FT_Q4_K_M = 15,
+    FT_Q5_K_M = 17, FT_IQ4_NL = 25, FT_IQ4_XS = 30,
+};
+
+static bool is_iq4(uint32_t ft) { return ft == FT_IQ4_NL || ft == FT_IQ4_XS; }
+
+/* attn_v, attn_qkv, attn_kv_b (llama.cpp: the else-if chain, then the
+ * 8-expert override; i is this tensor's index among them) */
+static kt_dtype mix_attn_v(uint32_t ft, kt_dtype base, int i, const mix_state *m) {
+    kt_dtype t = base;
+    if (ft == FT_Q2_K) t = m->n_gqa >= 4 ? KT_Q4_K : KT_Q3_K;
+    else if (ft == FT_Q3_K_M) t = i < 2 ? KT_Q5_K : KT_Q4_K;
+    else if (ft == FT_Q3_K_L) t = KT_Q5_K;
+    else if (is_iq4(ft) && m->n_gqa >= 4) t = KT_Q5_K;
+    else if ((ft == FT_Q4_K_M || ft == FT_Q5_K_M) && use_more_bits(i, m->n_attn_v)) t = KT_Q6_K;
+    return m->n_expert == 8 ? KT_Q8_0 : t;
+}
+
+/* ffn_down of layer il of n */
+static kt_dtype mix_ffn_down(uint32_t ft, kt_dtype base, int il, int n) {
+    if (ft == FT_Q2_K) return KT_Q3_K;
+    if (ft == FT_Q3_K_M) return il < n / 16 ? KT_Q5_K : KT_Q4_K; /* Falcon's Q3_K layers not reproduced */
+    if (ft == FT_Q3_K_L) return KT_Q5_K;
+    if (ft == FT_Q4_K_M) return use_more_bits(il, n) ? KT_Q6_K : base;
+    if (is_iq4(ft)) return il < n / 8 ? KT_Q5_K : base;
+    if (ft == FT_Q5_K_M) return use_more_bits(il, n) ? KT_Q6_K : base;
+    return base;
+}
+
+static kt_dtype mix_attn_output(uint32_t ft, kt_dtype base, const mix_state *m) {
+    if (m->n_expert == 8)
+        return ft == FT_Q2_K || ft == FT_Q3_K_S || ft == FT_Q3_K_M || is_iq4(ft) || ft == FT_Q4_K_S ||
+                       ft == FT_Q4_K_M
+                   ? KT_Q5_K
+                   : base;
+    return ft == FT_Q2_K ? KT_Q3_K : ft == FT_Q3_K_M ? KT_Q4_K : ft == FT_Q3_K_L ? KT_Q5_K : base;
+}
+
+/* The type a mix gives a quantizable tensor (before the fallback):
+ * llama.cpp's llama_tensor_get_type_impl for these file types. */
 static kt_dtype mix_type(const gguf_tensor *t, const recipe *r, mix_state *m) {
-    if (gguf_str_eq(t->name, "output.weight") ||
-        (!m->has_output && gguf_str_eq(t->name, "token_embd.weight")))
-        return KT_Q6_K;
-    if (is_attn_v_like(t->name))
-        return use_more_bits(m->i_attn_v++, m->n_attn_v) ? KT_Q6_K : r->base;
-    if (contains(t->name, "ffn_down"))
-        return use_more_bits(m->i_ffn_down++, m->n_ffn_down) ? KT_Q6_K : r->base;
+    const uint32_t ft = r->ftype;
+    if (gguf_str_eq(t->name, "output.weight") || (!m->has_output && gguf_str_eq(t->name, "token_embd.weight")))
+        return t->dims[0] % kt_dtype_get(r->base)->block_size ? KT_Q8_0 : r->base == KT_Q8_0 ? KT_Q8_0 : KT_Q6_K;
+    if (is_attn_v_like(t->name)) {
+        const kt_dtype v = mix_attn_v(ft, r->base, m->i_attn_v, m);
+        m->i_attn_v++;
+        return v;
+    }
+    if (contains(t->name, "attn_k.weight")) return m->n_expert == 8 ? KT_Q8_0 : r->base;
+    if (contains(t->name, "ffn_down")) {
+        /* with experts, llama.cpp reads the layer from the name */
+        const int il = m->n_expert > 1 ? (int)layer_of(t->name) : m->i_ffn_down;
+        m->i_ffn_down++;
+        return mix_ffn_down(ft, r->base, il, m->n_layer);
+    }
+    if (contains(t->name, "attn_output.weight")) return mix_attn_output(ft, r->base, m);
     return r->base;
 }
 
-/* llama.cpp's type for a K-quant tensor whose rows are not a multiple of
- * 256 (llama_tensor_get_type's convert_incompatible_tensor case). */
+/* llama.cpp's type for a 256-block tensor whose rows are not a multiple
+ * of 256 (tensor_type_fallback). */
 static kt_dtype kquant_fallback(kt_dtype t) {
     switch (t) {
+    case KT_Q2_K:
+    case KT_Q3_K: return KT_Q4_0;
     case KT_Q4_K: return KT_Q5_0;
     case KT_Q5_K: return KT_Q5_1;
+    case KT_IQ4_XS: return KT_IQ4_NL;
     default: return KT_Q8_0; /* Q6_K */
     }
 }
@@ -181,18 +253,6 @@ static kt_dtype fit_type(kt_dtype want, int64_t n0, kt_dtype keep) {
  * by name. The counters of the mix follow that order, so a file whose
  * tensors come in another order (blk.0, blk.1, blk.10, ..., blk.2, ...)
  * must be walked the same way or use_more_bits picks other layers. */
-
-/* The layer of "blk.N...", or -1 (digits only: sscanf would also take a
- * sign or spaces, which no real tensor name has). */
-static long layer_of(gguf_str s) {
-    const size_t n = 4; /* "blk." */
-    if (s.len <= n || memcmp(s.ptr, "blk.", n) != 0) return -1;
-    long v = 0;
-    size_t i = n;
-    for (; i < s.len && s.ptr[i] >= '0' && s.ptr[i] <= '9' && v < 100000000L; i++)
-        v = 10 * v + (s.ptr[i] - '0');
-    return i > n ? v : -1;
-}
 
 /* std::string's operator<: bytes compared unsigned, a prefix first. */
 static int name_cmp(gguf_str a, gguf_str b) {
@@ -232,6 +292,27 @@ static int64_t *tensor_order(const gguf_file *f) {
     return order;
 }
 
+/* "<arch>.<suffix>" as an int, or def. */
+static int64_t arch_int(const gguf_file *f, const char *suffix, int64_t def) {
+    char arch[64] = "", key[128];
+    if (!gguf_get_str(f, "general.architecture", arch, sizeof arch)) return def;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    return gguf_get_i64(f, key, def, &v) ? v : def;
+}
+
+/* The hyper-parameters llama.cpp's rules read: layers (its n_ffn_down),
+ * heads per KV head, experts. A file without them gets the values that
+ * turn those rules off. */
+static void read_hparams(const gguf_file *f, mix_state *m) {
+    const int64_t n_layer = arch_int(f, "block_count", 0), n_head = arch_int(f, "attention.head_count", 1);
+    const int64_t n_kv = arch_int(f, "attention.head_count_kv", n_head);
+    m->n_layer = n_layer > 0 && n_layer < 1 << 20 ? (int)n_layer : 0;
+    m->n_gqa = n_kv > 0 && n_head > 0 && n_head / n_kv < 1 << 20 ? (int)(n_head / n_kv) : 1;
+    const int64_t e = arch_int(f, "expert_count", 0);
+    m->n_expert = e > 0 && e < 1 << 20 ? (int)e : 0;
+}
+
 /* The output type of every tensor (indexed as in the file), decided in
  * llama.cpp's order; *n_fallback counts the K-quant tensors written in
  * their fallback type. NULL if out of memory. */
@@ -244,9 +325,9 @@ static kt_dtype *plan_types(const gguf_file *f, const int64_t *order, const reci
     for (int64_t i = 0; i < n; i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         m.n_attn_v += is_attn_v_like(t->name);
-        m.n_ffn_down += contains(t->name, "ffn_down");
         m.has_output |= gguf_str_eq(t->name, "output.weight");
     }
+    read_hparams(f, &m);
     *n_fallback = 0;
     for (int64_t k = 0; k < n; k++) {
         const int64_t i = order[k];
@@ -453,7 +534,8 @@ static kt_status run_quantize(const char *in, const char *out, const recipe *r,
     if (st == KT_OK && n_fallback)
         fprintf(stderr,
                 "kettle quantize: %d tensor(s) with rows not a multiple of 256 written in "
-                "llama.cpp's fallback types (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)\n",
+                "llama.cpp's fallback types (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, "
+                "Q6_K -> Q8_0, IQ4_XS -> IQ4_NL)\n",
                 n_fallback);
     if (st == KT_OK) st = alloc_buffers(&q, max_bytes, err);
     if (st == KT_OK) st = write_output(&q, out, err);
@@ -468,6 +550,13 @@ static kt_status run_quantize(const char *in, const char *out, const recipe *r,
 /* TYPE: a plain type (cli_parse_out_type or a K-quant, --pure) or a mix. */
 static bool parse_recipe(const char *name, recipe *r) {
     static const struct { const char *name; kt_dtype base; bool mix; uint32_t ftype; } K[] = {
+        {"Q2_K", KT_Q2_K, true, FT_Q2_K},
+        {"Q3_K_S", KT_Q3_K, true, FT_Q3_K_S},
+        {"Q3_K_M", KT_Q3_K, true, FT_Q3_K_M},
+        {"Q3_K", KT_Q3_K, true, FT_Q3_K_M}, /* llama-quantize's alias */
+        {"Q3_K_L", KT_Q3_K, true, FT_Q3_K_L},
+        {"IQ4_NL", KT_IQ4_NL, true, FT_IQ4_NL},
+        {"IQ4_XS", KT_IQ4_XS, true, FT_IQ4_XS},
         {"Q4_K_M", KT_Q4_K, true, 15}, /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
         {"Q5_K_M", KT_Q5_K, true, 17}, /* LLAMA_FTYPE_MOSTLY_Q5_K_M */
         {"Q4_K", KT_Q4_K, false, 14},  /* LLAMA_FTYPE_MOSTLY_Q4_K_S, as --pure writes */
@@ -493,20 +582,27 @@ int cmd_quantize(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (int i = 1; i < argc; i++)
-        if (argv[i][0] == '-' && argv[i][1])
-            return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
-    if (argc != 4) return cli_usage_error(CMD, "expected IN.gguf OUT.gguf TYPE");
+    const char *pos[3];
+    int n_pos = 0;
+    bool pure = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--pure")) pure = true;
+        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
+        else if (n_pos < 3) pos[n_pos++] = argv[i];
+        else return cli_usage_error(CMD, "expected IN.gguf OUT.gguf TYPE");
+    }
+    if (n_pos != 3) return cli_usage_error(CMD, "expected IN.gguf OUT.gguf TYPE");
     recipe r;
-    if (!parse_recipe(argv[3], &r))
+    if (!parse_recipe(pos[2], &r))
         return cli_usage_error(CMD,
                                "unknown type '%s' (expected one of %s, Q4_1, Q5_0, Q5_1, "
-                               "Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M)",
-                               argv[3], cli_out_type_list());
+                               "Q4_K, Q5_K, Q6_K, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, IQ4_NL, IQ4_XS, Q4_K_M, Q5_K_M)",
+                               pos[2], cli_out_type_list());
+    if (pure) r.mix = false; /* llama-quantize --pure: the base type everywhere, the mix's file type */
     kt_error err = {0};
     double t0 = kt_time_ms();
-    if (run_quantize(argv[1], argv[2], &r, &err) != KT_OK) return cli_fail(CMD, &err);
-    fprintf(stderr, "kettle quantize: wrote %s (%s) in %.1f s\n", argv[2], argv[3],
+    if (run_quantize(pos[0], pos[1], &r, &err) != KT_OK) return cli_fail(CMD, &err);
+    fprintf(stderr, "kettle quantize: wrote %s (%s%s) in %.1f s\n", pos[1], pos[2], pure ? ", pure" : "",
             (kt_time_ms() - t0) / 1e3);
     return 0;
 }
