@@ -384,8 +384,8 @@ static void test_quantize_errors(void **state) {
     snprintf(args, sizeof args, "quantize %s %s Q8_0", q4, outp);
     expect_fail(args, 1, "requantizing Q4_0 is not supported");
     assert_false(exists(outp));
-    snprintf(args, sizeof args, "quantize %s %s Q2_K", f16, outp);
-    expect_fail(args, 2, "unknown type 'Q2_K'");
+    snprintf(args, sizeof args, "quantize %s %s IQ2_XXS", f16, outp);
+    expect_fail(args, 2, "unknown type 'IQ2_XXS'");
     snprintf(args, sizeof args, "quantize %s %s banana", f16, outp);
     expect_fail(args, 2, "unknown type 'banana'");
     snprintf(args, sizeof args, "quantize /nonexistent/in.gguf %s Q8_0", outp);

@@ -322,12 +322,15 @@ static kt_dtype *plan_types(const gguf_file *f, const int64_t *order, const reci
     kt_dtype *types = malloc(sizeof *types * (size_t)(n ? n : 1));
     if (!types) return NULL;
     mix_state m = {0};
+    int n_ffn_down = 0;
     for (int64_t i = 0; i < n; i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         m.n_attn_v += is_attn_v_like(t->name);
+        n_ffn_down += contains(t->name, "ffn_down");
         m.has_output |= gguf_str_eq(t->name, "output.weight");
     }
     read_hparams(f, &m);
+    if (!m.n_layer) m.n_layer = n_ffn_down; /* no block_count: a dense model has one per layer */
     *n_fallback = 0;
     for (int64_t k = 0; k < n; k++) {
         const int64_t i = order[k];
