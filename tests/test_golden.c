@@ -263,6 +263,81 @@ static const char *rewritten(const char *name, const char *key, char type, const
     return path;
 }
 
+/* golden/arch's phi3-F16 with Phi-3's LongRoPE added as its converter
+ * writes it for Phi-3-mini-128k / Phi-3.5-mini: rope_factors_long and
+ * rope_factors_short (16 pairs each; long 1 + 0.37 i, short 1 + 0.02 i,
+ * exact in F32 arithmetic of the test), rope.scaling.attn_factor 1.19 and
+ * rope.scaling.original_context_length orig_ctx (64: the 221-position
+ * golden runs past it, llama.cpp takes the long factors; 4096: the
+ * short). Written to path; deterministic bytes. */
+static void write_longrope(const char *path, int orig_ctx, bool with_short) {
+    kt_error e = {0};
+    char src_path[4096];
+    snprintf(src_path, sizeof src_path, "%s/golden/arch/phi3-F16.gguf", KT_SHARED_DIR);
+    gguf_file *src = gguf_open(src_path, &e);
+    assert_non_null(src);
+    gguf_writer *w = gguf_writer_new(&e);
+    for (int64_t i = 0; i < gguf_n_kv(src); i++) assert_int_equal(gguf_writer_copy_kv(w, src, i, &e), KT_OK);
+    assert_int_equal(gguf_writer_set_f32(w, "phi3.rope.scaling.attn_factor", 1.19f, &e), KT_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "phi3.rope.scaling.original_context_length", (uint32_t)orig_ctx, &e),
+                     KT_OK);
+    enum { PAIRS = 16 }; /* head 32 */
+    float lng[PAIRS], sht[PAIRS];
+    for (int i = 0; i < PAIRS; i++) lng[i] = 1.0f + 0.37f * (float)i, sht[i] = 1.0f + 0.02f * (float)i;
+    const int64_t dims[1] = {PAIRS};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) assert_int_equal(gguf_writer_begin(w, path, &e), KT_OK);
+        for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
+            const gguf_tensor *t = gguf_tensor_at(src, i);
+            char tname[256];
+            snprintf(tname, sizeof tname, "%.*s", (int)t->name.len, t->name.ptr);
+            kt_status st = pass ? gguf_writer_write_tensor(w, t->data, t->n_bytes, &e)
+                                : gguf_writer_add_tensor(w, tname, t->type, t->n_dims, t->dims, &e);
+            assert_int_equal(st, KT_OK);
+        }
+        assert_int_equal(pass ? gguf_writer_write_tensor(w, lng, sizeof lng, &e)
+                              : gguf_writer_add_tensor(w, "rope_factors_long.weight", KT_F32, 1, dims, &e), KT_OK);
+        if (with_short)
+            assert_int_equal(pass ? gguf_writer_write_tensor(w, sht, sizeof sht, &e)
+                                  : gguf_writer_add_tensor(w, "rope_factors_short.weight", KT_F32, 1, dims, &e), KT_OK);
+    }
+    assert_int_equal(gguf_writer_finish(w, &e), KT_OK);
+    gguf_writer_free(w);
+    gguf_close(src);
+}
+
+/* Phi-3's LongRoPE against llama.cpp on the same files (tests/data/
+ * longrope/phi3-longrope-ORIG.json, bench/llamacpp/golden_dump.c on the
+ * file write_longrope writes, whose XXH3 the test checks first), F16 as
+ * golden/arch's 6e-3: the long factors past the original context, the
+ * short ones within it. */
+static void test_arch_phi3_longrope(void **state) {
+    (void)state;
+    static const struct { int orig; uint64_t xxh3; } cases[] = {{64, 0x311dc8a8f8f1b4c6ULL}, {4096, 0xaae370ed5f74c9c8ULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[4096], json[4096];
+        snprintf(path, sizeof path, "%s", tu_tmp(cases[i].orig == 64 ? "phi3-longrope-64.gguf" : "phi3-longrope-4096.gguf"));
+        write_longrope(path, cases[i].orig, true);
+        size_t size;
+        char *bytes = tu_read_file(path, &size);
+        assert_non_null(bytes);
+        const uint64_t h = XXH3_64bits(bytes, size);
+        free(bytes);
+        printf("  phi3 LongRoPE, original context %d: file XXH3 %016llx (the reference's %016llx)\n", cases[i].orig,
+               (unsigned long long)h, (unsigned long long)cases[i].xxh3);
+        assert_true(h == cases[i].xxh3);
+        snprintf(json, sizeof json, "%s/longrope/phi3-longrope-%d.json", KT_TEST_DATA, cases[i].orig);
+        check_golden(json, path, 6e-3, 2, KT_LOAD_MMAP);
+    }
+    /* half of the pair is refused, naming the missing half */
+    const char *half = tu_tmp("phi3-longrope-half.gguf");
+    write_longrope(half, 64, false);
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(half, KT_LOAD_MMAP, &err);
+    if (m || !strstr(err.msg, "has rope_factors_long.weight but not rope_factors_short.weight"))
+        fail_msg("loaded=%d, error '%s'", m != NULL, err.msg);
+}
+
 static void expect_refused(const char *path, const char *words) {
     kt_error err = {0};
     kt_model *m = kt_model_load_ex(path, KT_LOAD_MMAP, &err);
@@ -274,7 +349,9 @@ static void expect_refused(const char *path, const char *words) {
 static void test_rope_scaling_refused(void **state) {
     (void)state;
     const char *yarn = "qwen2-yarn-F16.gguf", *moe = "qwen3moe-F16.gguf";
-    expect_refused(rewritten(yarn, "qwen2.rope.scaling.type", 's', "longrope", NULL), "rope scaling 'longrope'");
+    expect_refused(rewritten(yarn, "qwen2.rope.scaling.type", 's', "su", NULL), "rope scaling 'su'");
+    expect_refused(rewritten(yarn, "qwen2.rope.scaling.type", 's', "longrope", NULL),
+                   "'longrope' (qwen2.rope.scaling.type) needs the tensors rope_factors_long.weight");
     expect_refused(rewritten(yarn, "qwen2.rope.scaling.yarn_log_multiplier", 'f', "0.1", NULL), "yarn_log_multiplier");
     /* and other expert routing */
     expect_refused(rewritten(moe, "qwen3moe.expert_gating_func", 'u', "2", NULL), "expert_gating_func 2");
@@ -484,6 +561,7 @@ int main(void) {
         cmocka_unit_test(test_rope_scaling_refused),
         cmocka_unit_test(test_arch_qwen3),
         cmocka_unit_test(test_arch_gemma),
+        cmocka_unit_test(test_arch_phi3_longrope),
         cmocka_unit_test(test_lowbit_types),
         cmocka_unit_test(test_arch_phi3),
         cmocka_unit_test(test_arch_moe),

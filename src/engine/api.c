@@ -290,7 +290,7 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     s->n_ctx = n_ctx;
     kv_pool_params kp = llm_kv_params(m->llm, 1, n_ctx, type);
     if (!(s->kv = kv_pool_new(&kp, err)) || !(s->seq = kv_seq_new(s->kv, err)) ||
-        !(s->work = llm_work_new(m->llm, err)) ||
+        !(s->work = llm_work_new(m->llm, n_ctx, err)) ||
         !(s->pool = kt_pool_new(p ? p->n_threads : 0, err))) {
         kt_session_free(s);
         return NULL;
@@ -355,12 +355,17 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *lo
     return KT_OK;
 }
 
-uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens) {
+uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens, int n_ctx) {
     XXH3_state_t *st = XXH3_createState();
     if (!st) return 0;
     XXH3_64bits_reset(st);
     const int32_t head[3] = {1 /* format of this fingerprint */, kv_type, block_tokens};
     XXH3_64bits_update(st, head, sizeof head);
+    const llm_config *c = &m->llm->cfg;
+    if (c->rope_factors_long) { /* hashed only here, so other models keep their fingerprints */
+        const int32_t long_factors = n_ctx > c->n_ctx_orig;
+        XXH3_64bits_update(st, &long_factors, sizeof long_factors);
+    }
     for (int64_t i = 0; i < gguf_n_tensors(m->file); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->file, i);
         const uint64_t sample = 4096, n = t->n_bytes;

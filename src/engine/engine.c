@@ -232,7 +232,7 @@ static bool open_disk_tier(kt_engine *e, kt_error *err) {
     if (!e->p.cache_dir) return true;
     if (!e->cache) return kt_error_set(err, KT_ERR_ARG, "--cache-dir needs the prefix cache (--prefix-cache on)"), false;
     const kv_pool_params *layout = kv_pool_get_params(e->kv);
-    uint64_t fp = kt_model_kv_fingerprint(e->model, (int)layout->type, layout->block_tokens);
+    uint64_t fp = kt_model_kv_fingerprint(e->model, (int)layout->type, layout->block_tokens, e->p.n_ctx);
     size_t limit = e->p.cache_disk_bytes ? e->p.cache_disk_bytes : (size_t)10 << 30;
     if (!(e->disk = kv_disk_open(e->p.cache_dir, limit, fp, layout, err))) return false;
     kv_cache_set_disk(e->cache, e->disk);
@@ -253,7 +253,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     pthread_cond_init(&e->cv_step, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
         (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
-        !(e->work = llm_work_new(e->llm, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
+        !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
         goto fail;
     publish_counts_locked(e); /* no thread yet: no lock needed */
     if (!alloc_batch(e)) {

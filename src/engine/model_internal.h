@@ -41,8 +41,10 @@ struct kt_session {
 /* What the KV a model computes depends on, hashed: every tensor's name,
  * type and shape, samples of its data as loaded (so two files of the same
  * shapes with other weights differ, and so do a repacked and a mapped
- * load of F16, which sum in other orders), the KV element type and the
- * block size. Names the disk tier's directory and goes in its files. */
-uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens);
+ * load of F16, which sum in other orders), the KV element type, the
+ * block size, and which of Phi-3's LongRoPE factor sets a context of
+ * n_ctx positions turns by. Names the disk tier's directory and goes in
+ * its files. */
+uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens, int n_ctx);
 
 #endif

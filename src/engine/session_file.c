@@ -28,7 +28,7 @@ static const char MAGIC[8] = {'K', 'T', 'S', 'E', 'S', 'S', '0', '1'};
 
 static uint64_t session_fingerprint(const kt_session *s) {
     const kv_pool_params *p = kv_pool_get_params(s->kv);
-    return kt_model_kv_fingerprint(s->model, (int)p->type, 0); /* one block: no block size */
+    return kt_model_kv_fingerprint(s->model, (int)p->type, 0, s->n_ctx); /* one block: no block size */
 }
 
 static size_t file_bytes(size_t row_bytes, int n_layer, int n, size_t note) {

@@ -42,12 +42,16 @@ struct llm_work {
     int *n_pos;
     float *rope_cs, *rope_sn;
     float *rope_cs_swa, *rope_sn_swa; /* the sliding-window layers' own angles (NULL: none) */
+    kt_rope_scaling rope; /* the model's, with LongRoPE's factors for this context */
 };
 
-llm_work *llm_work_new(const llm_model *m, kt_error *err) {
+llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err) {
     const llm_config *c = &m->cfg;
     llm_work *w = calloc(1, sizeof *w);
     if (!w) goto nomem;
+    w->rope = c->rope_scaling;
+    if (c->rope_factors_long) /* llama.cpp: long beyond the original context */
+        w->rope.factors = n_ctx > c->n_ctx_orig ? c->rope_factors_long : c->rope_factors_short;
     size_t B = LLM_MAX_BATCH, q_dim = (size_t)c->n_head * c->head_dim;
     size_t kv_dim = (size_t)c->n_head_kv * c->head_dim;
     size_t wide = (size_t)c->n_embd > q_dim ? (size_t)c->n_embd : q_dim;
@@ -275,7 +279,7 @@ static void rope_angles_some(void *p, int s0, int s1) {
     const angles_ctx *a = p;
     const llm_config *c = a->c;
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
-    const kt_rope_scaling *scaling = c->rope_scaled ? &c->rope_scaling : NULL;
+    const kt_rope_scaling *scaling = c->rope_scaled ? &a->w->rope : NULL;
     for (int t = s0; t < s1; t++) {
         const int pos = a->b->pos[a->t0 + t];
         kt_rope_angles_scaled(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim, pos,

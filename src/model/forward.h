@@ -41,7 +41,9 @@ typedef struct llm_batch {
 /* Scratch activations for one chunk; one per thread that runs forwards. */
 typedef struct llm_work llm_work;
 
-llm_work *llm_work_new(const llm_model *m, kt_error *err);
+/* n_ctx: the context the forwards will run in (positions per sequence),
+ * which picks Phi-3's LongRoPE factors as llama.cpp does. */
+llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err);
 void llm_work_free(llm_work *w);
 
 /* The pool parameters that fit model m: kv_dim and n_layer from its

@@ -85,8 +85,14 @@ static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *
     if (!type[0] && linear > 0) strcpy(type, "linear"), factor = linear;
     if (factor <= 0) factor = 1;
     kt_rope_scaling *r = &c->rope_scaling;
-    *r = (kt_rope_scaling){.freq_scale = 1, .mscale = 1};
-    if (!type[0] || !strcmp(type, "none")) return KT_OK;
+    /* llama.cpp multiplies cos / sin by attn_factor whatever the type
+     * (llama_context: yarn_attn_factor *= rope_attn_factor) */
+    *r = (kt_rope_scaling){.freq_scale = 1, .mscale = attn_factor};
+    c->n_ctx_orig = n_ctx_orig;
+    c->rope_scaled = attn_factor != 1;
+    /* "longrope": Phi-3's factors (bind_rope_factors checks they are there) */
+    c->longrope_named = !strcmp(type, "longrope");
+    if (!type[0] || !strcmp(type, "none") || c->longrope_named) return KT_OK;
     if (!strcmp(type, "linear")) {
         r->freq_scale = 1 / factor;
     } else if (!strcmp(type, "yarn")) {
@@ -96,8 +102,8 @@ static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *
         kt_rope_yarn_corr(c->rope_dim, n_ctx_orig, c->rope_freq_base, beta_fast, beta_slow, &r->corr_lo, &r->corr_hi);
     } else {
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "rope scaling '%s' (%s.rope.scaling.type) is not supported (kettle implements linear and "
-                            "yarn, and Llama 3.1's rope_freqs)", type, a);
+                            "rope scaling '%s' (%s.rope.scaling.type) is not supported (kettle implements linear, "
+                            "yarn, Llama 3.1's rope_freqs and Phi-3's rope_factors_long / _short)", type, a);
     }
     c->rope_scaled = true;
     return KT_OK;
@@ -233,6 +239,56 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
 }
 
 /* ---- weights ---- */
+
+static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out, bool optional,
+                      llm_tensor *t, kt_error *err);
+
+/* Tensor `name` of per-pair rope factors (n_pairs F32 values, each > 0),
+ * or NULL where the file has none. */
+static kt_status bind_factors(const gguf_file *f, const char *name, int n_pairs, const float **out, kt_error *err) {
+    llm_tensor t;
+    kt_status st = bind(f, name, n_pairs, 0, true, &t, err);
+    if (st) return st;
+    *out = t.data;
+    for (int i = 0; t.data && i < n_pairs; i++)
+        if (!((*out)[i] > 0 && (*out)[i] < 1e6f))
+            return kt_error_set(err, KT_ERR_FORMAT, "tensor '%s' has factor %d = %g (not > 0)", name, i,
+                                (double)(*out)[i]);
+    return KT_OK;
+}
+
+/* Per-pair rope factors, which divide pair i's angle (ggml_rope_ext's
+ * freq_factors): Llama 3.1's rope_freqs (the tensor's presence is the
+ * signal: its converter writes no rope.scaling key for them), or Phi-3's
+ * LongRoPE pair, rope_factors_long for contexts beyond
+ * rope.scaling.original_context_length and rope_factors_short within it
+ * (llama_model::get_rope_factors; chosen per context in llm_work_new),
+ * with cos / sin times rope.scaling.attn_factor (read with the scaling). */
+static kt_status bind_rope_factors(const gguf_file *f, llm_config *c, kt_error *err) {
+    const int n_pairs = kt_rope_pairs(c->head_dim, c->rope_dim);
+    const float *freqs, *lng, *sht;
+    kt_status st;
+    if ((st = bind_factors(f, "rope_freqs.weight", n_pairs, &freqs, err)) ||
+        (st = bind_factors(f, "rope_factors_long.weight", n_pairs, &lng, err)) ||
+        (st = bind_factors(f, "rope_factors_short.weight", n_pairs, &sht, err)))
+        return st;
+    if (c->longrope_named && !lng)
+        return kt_error_set(err, KT_ERR_FORMAT,
+                            "rope scaling 'longrope' (%s.rope.scaling.type) needs the tensors rope_factors_long.weight "
+                            "and rope_factors_short.weight, which the file lacks", c->arch);
+    if (!lng != !sht)
+        return kt_error_set(err, KT_ERR_FORMAT, "the file has rope_factors_%s.weight but not rope_factors_%s.weight",
+                            lng ? "long" : "short", lng ? "short" : "long");
+    const bool scaled = c->rope_scaling.freq_scale != 1 || c->rope_scaling.ext_factor != 0;
+    if ((freqs && lng) || ((freqs || lng) && scaled))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED,
+                            "the file combines rope scalings (rope_freqs, rope_factors_long / _short, "
+                            "rope.scaling.type): kettle applies one at a time");
+    c->rope_factors_long = lng, c->rope_factors_short = sht;
+    c->rope_scaling.factors = freqs ? freqs : sht;
+    c->rope_scaled |= freqs || sht;
+    return KT_OK;
+}
 
 /* Binds tensor `name` and checks it is [n_in, n_out] (n_out 0: a vector of
  * n_in) of a type the kernels read; a missing optional tensor leaves
@@ -376,24 +432,7 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         (st = bind(f, "output.weight", c->n_embd, c->n_vocab, true, &m->output, err)))
         return st;
     if (!m->output.data || !strcmp(c->arch, "gemma2")) m->output = m->tok_embd; /* tied (gemma2 always is) */
-    if (gguf_tensor_find(f, "rope_factors_long.weight") || gguf_tensor_find(f, "rope_factors_short.weight"))
-        return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "the file's rope scaling (rope_factors_long / rope_factors_short: Phi-3's LongRoPE) is not "
-                            "supported yet");
-    /* Llama 3.1's rope factors: the tensor's presence is the signal (its
-     * converter writes no rope.scaling key for them) */
-    llm_tensor freqs;
-    const int n_pairs = kt_rope_pairs(c->head_dim, c->rope_dim);
-    if ((st = bind(f, "rope_freqs.weight", n_pairs, 0, true, &freqs, err))) return st;
-    if (freqs.data) {
-        const float *fr = freqs.data;
-        for (int i = 0; i < n_pairs; i++)
-            if (!(fr[i] > 0 && fr[i] < 1e6f))
-                return kt_error_set(err, KT_ERR_FORMAT, "tensor 'rope_freqs.weight' has factor %d = %g (not > 0)", i,
-                                    (double)fr[i]);
-        c->rope_scaling.factors = fr;
-        c->rope_scaled = true;
-    }
+    if ((st = bind_rope_factors(f, c, err))) return st;
     for (int il = 0; il < c->n_layer; il++)
         if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {

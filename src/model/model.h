@@ -15,7 +15,8 @@
  * gate/up), `gemma2` and `gemma3` (embedding scale, GeGLU, norms after
  * attention and FFN, soft-capping, sliding-window layers). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
- * Llama 3.1's per-pair factors when the file has rope_freqs.weight.
+ * per-pair factors: Llama 3.1's rope_freqs.weight, Phi-3's LongRoPE
+ * rope_factors_long / _short.
  */
 #ifndef KT_MODEL_MODEL_H
 #define KT_MODEL_MODEL_H
@@ -74,6 +75,12 @@ typedef struct llm_config {
      * Llama 3.1's per-pair factors (the rope_freqs.weight tensor) */
     bool rope_scaled;
     kt_rope_scaling rope_scaling;
+    /* Phi-3's LongRoPE: per-pair factors for contexts beyond n_ctx_orig
+     * (long) and within it (short; rope_scaling.factors by default), or
+     * NULL; llm_work_new picks one for its context */
+    const float *rope_factors_long, *rope_factors_short;
+    int n_ctx_orig;
+    bool longrope_named; /* rope.scaling.type says "longrope" */
 } llm_config;
 
 typedef struct llm_model {
