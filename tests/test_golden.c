@@ -379,6 +379,31 @@ static void test_arch_rope_scaling(void **state) {
     check_arch("llama-hd");
 }
 
+/* A mixture of experts decoding one token at a time (its own path: the
+ * experts' gate and up in one job) gives the bits of the same tokens in
+ * one batch (each expert a GEMM over its tokens), mapped and repacked. */
+static void check_moe_one_by_one(const char *file, kt_load_mode mode) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/golden/arch/%s", KT_SHARED_DIR, file);
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(path, mode, &err);
+    assert_non_null(m);
+    const int n_vocab = kt_model_describe(m)->n_vocab, n = 40;
+    int32_t ids[40];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 11) % n_vocab);
+    float *all = malloc(sizeof(float) * (size_t)n * n_vocab), *one = malloc(sizeof(float) * n_vocab);
+    kt_session *a = kt_session_new(m, &(kt_session_params){.n_ctx = n, .n_threads = 2}, &err);
+    kt_session *b = kt_session_new(m, &(kt_session_params){.n_ctx = n, .n_threads = 2}, &err);
+    assert_true(a && b && all && one);
+    assert_int_equal(kt_session_eval(a, ids, n, all, true, &err), KT_OK);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(kt_session_eval(b, ids + i, 1, one, false, &err), KT_OK);
+        if (memcmp(one, all + (size_t)i * n_vocab, sizeof(float) * n_vocab))
+            fail_msg("%s: token %d alone differs from the batch", file, i);
+    }
+    kt_session_free(a), kt_session_free(b), kt_model_free(m), free(all), free(one);
+}
+
 /* Mixtures of experts: Mixtral's layout (llama with merged expert
  * tensors, adjacent-pair rope) and Qwen3-MoE (Qwen 3's attention). */
 static void test_arch_moe(void **state) {
@@ -399,6 +424,9 @@ static void test_arch_moe(void **state) {
     snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-Q8_0.json", KT_SHARED_DIR);
     snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-Q8_0.gguf", KT_SHARED_DIR);
     check_golden_except(json_path, model_path, 0.15, 0.5, 2, KT_LOAD_REPACK, near_ties, 5);
+    check_moe_one_by_one("qwen3moe-F16.gguf", KT_LOAD_MMAP);
+    check_moe_one_by_one("qwen3moe-Q8_0.gguf", KT_LOAD_REPACK);
+    check_moe_one_by_one("mixtral-Q8_0.gguf", KT_LOAD_MMAP);
 }
 
 /* Phi-3: fused attn_qkv (Q | K | V) and ffn_up (gate | up), NeoX rope. */

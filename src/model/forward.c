@@ -461,6 +461,49 @@ static void route(const float *logits, int n_expert, int k, int *expert, float *
     for (int j = 0; j < k; j++) weight[j] /= sum;
 }
 
+/* Each token's output in xn: its K slots' outputs (moe_y) weighted,
+ * summed in slot order. */
+static void moe_sum(llm_work *w, int n, int K, int D) {
+    for (int t = 0; t < n; t++) {
+        float *out = w->xn + (size_t)t * D;
+        for (int i = 0; i < D; i++) out[i] = 0;
+        for (int j = 0; j < K; j++) {
+            const float wt = w->moe_w[t * K + j], *y = w->moe_y + (size_t)(t * K + j) * D;
+            for (int i = 0; i < D; i++) out[i] += wt * y[i];
+        }
+    }
+}
+
+/* One token's experts: they all read the same input, so the K experts'
+ * gate and up matrices go in one kt_matmul_many (the activations quantized
+ * once, the threads met once instead of 2 K times); each output row is
+ * the one a matmul of that expert alone gives (kernels are per row).
+ * Slot j's output lands in moe_y row j, as the batched path puts it. */
+static void moe_decode(const llm_model *m, llm_work *w, kt_pool *pool, int il) {
+    const llm_config *c = &m->cfg;
+    const llm_layer *l = &m->layers[il];
+    const int K = c->n_expert_used, D = c->n_embd, F = c->n_ff_exp;
+    kt_matmul_part parts[2 * 64] = {{0}};
+    int n_parts = 0;
+    for (int j = 0; j < K && j < 64; j++) {
+        const llm_tensor *g = &l->experts[3 * w->moe_e[j]], *u = g + 1;
+        parts[n_parts++] = (kt_matmul_part){w->gate + (size_t)j * F, g->data, g->type, F};
+        parts[n_parts++] = (kt_matmul_part){w->up + (size_t)j * F, u->data, u->type, F};
+    }
+    kt_matmul_many(pool, parts, n_parts, w->xn, D, 1);
+    for (int j = 64; j < K; j++) { /* more than 64 experts a token: one at a time */
+        const llm_tensor *g = &l->experts[3 * w->moe_e[j]], *u = g + 1;
+        const kt_matmul_part gu[] = {{w->gate + (size_t)j * F, g->data, g->type, F},
+                                     {w->up + (size_t)j * F, u->data, u->type, F}};
+        kt_matmul_many(pool, gu, 2, w->xn, D, 1);
+    }
+    for (int j = 0; j < K; j++) {
+        kt_swiglu(w->gate + (size_t)j * F, w->gate + (size_t)j * F, w->up + (size_t)j * F, F);
+        matmul(pool, w->moe_y + (size_t)j * D, &l->experts[3 * w->moe_e[j] + 2], w->gate + (size_t)j * F, 1);
+    }
+    moe_sum(w, 1, K, D);
+}
+
 /* The mixture of experts in place of the FFN: each expert runs once, as
  * matmuls over only the tokens routed to it (decode reads the chosen
  * experts' weights only); each token's output is its slots' outputs
@@ -471,6 +514,10 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     const int E = c->n_expert, K = c->n_expert_used, D = c->n_embd, F = c->n_ff_exp;
     matmul(pool, w->router, &l->router, w->xn, n);
     for (int t = 0; t < n; t++) route(w->router + (size_t)t * E, E, K, w->moe_e + t * K, w->moe_w + t * K);
+    if (n == 1) {
+        moe_decode(m, w, pool, il);
+        return;
+    }
     for (int e = 0; e < E; e++) {
         int cnt = 0;
         for (int s = 0; s < n * K; s++)
@@ -487,14 +534,7 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
         for (int i = 0; i < cnt; i++)
             memcpy(w->moe_y + (size_t)w->moe_rows[i] * D, w->moe_out + (size_t)i * D, sizeof(float) * (size_t)D);
     }
-    for (int t = 0; t < n; t++) {
-        float *out = w->xn + (size_t)t * D;
-        for (int i = 0; i < D; i++) out[i] = 0;
-        for (int j = 0; j < K; j++) {
-            const float wt = w->moe_w[t * K + j], *y = w->moe_y + (size_t)(t * K + j) * D;
-            for (int i = 0; i < D; i++) out[i] += wt * y[i];
-        }
-    }
+    moe_sum(w, n, K, D);
 }
 
 static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
