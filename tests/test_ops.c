@@ -903,6 +903,11 @@ static void test_repack_layout(void **state) {
     check_layout(KT_Q5_0, 96, 24);
     check_layout(KT_Q4_1, 96, 24);
     check_layout(KT_Q5_1, 96, 24);
+    check_layout(KT_IQ4_NL, 96, 24);
+    assert_int_equal(kt_repack_type(KT_IQ4_NL, 64, 8), KT_IQ4_NL_X8);
+    assert_int_equal(kt_repack_type(KT_IQ4_NL, 64, 12), KT_IQ4_NL);
+    assert_false(kt_dtype_known(KT_IQ4_NL_X8));
+    assert_int_equal(kt_dtype_row_bytes(KT_IQ4_NL_X8, 96), kt_dtype_row_bytes(KT_IQ4_NL, 96));
     assert_int_equal(kt_repack_type(KT_Q4_K, 512, 16), KT_Q4_K_X8);
     assert_int_equal(kt_repack_type(KT_Q4_K, 512, 12), KT_Q4_K);
     assert_int_equal(kt_repack_type(KT_Q6_K, 512, 16), KT_Q6_K_X8);
@@ -981,6 +986,7 @@ static void check_repacked_matmul(bool unused) {
     check_repacked_type(KT_Q5_0);
     check_repacked_type(KT_Q4_1);
     check_repacked_type(KT_Q5_1);
+    check_repacked_type(KT_IQ4_NL);
 }
 
 static void test_repacked_matmul(void **state) {
@@ -1042,6 +1048,49 @@ static void test_kquant_extremes(void **state) {
     on_every_int8_tier(check_kquant_extremes, false);
 }
 
+/* IQ4_NLx8 at its extreme levels (every nibble 0: -127; every nibble 15:
+ * 113) against activations all at +-127: the AVX2 tile's maddubs pairs
+ * reach 2 x 127 x 127, one short of int16's limit, and the VNNI tiles'
+ * +128 levels 241 x 127 per product. Against the reference. */
+static void check_iq4_nl_extremes(bool unused) {
+    (void)unused;
+    static const int n_toks[] = {1, 2, 5, 9, 17};
+    enum { N_IN = 256, N_OUT = 32 };
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    const size_t n_blocks = (size_t)N_OUT * N_IN / QK4_NL;
+    block_iq4_nl *w = tu_xmalloc(sizeof(block_iq4_nl) * n_blocks);
+    for (int fill = 0; fill < 2; fill++) {
+        for (size_t b = 0; b < n_blocks; b++) {
+            w[b].d = 0x3C00; /* fp16 1.0 */
+            memset(w[b].qs, fill ? 0xFF : 0x00, sizeof w[b].qs);
+        }
+        void *x8 = repacked_copy(w, KT_IQ4_NL, N_IN, N_OUT);
+        for (int c = 0; c < 5; c++) {
+            const int nt = n_toks[c];
+            float *x = tu_xmalloc(sizeof(float) * nt * N_IN), *want = tu_xmalloc(sizeof(float) * nt * N_OUT),
+                  *got = tu_xmalloc(sizeof(float) * nt * N_OUT);
+            for (int i = 0; i < nt * N_IN; i++) x[i] = c % 2 ? -1.0f : 1.0f;
+            kt_matmul_ref(want, w, KT_IQ4_NL, x, N_IN, N_OUT, nt);
+            /* the sums really are at the extremes: level x 256 x (+-1) */
+            const float level = fill ? 113.0f : -127.0f, sign = c % 2 ? -1.0f : 1.0f;
+            assert_true(fabsf(want[0] - level * sign * N_IN) < 1e-3f * N_IN * 127.0f);
+            kt_matmul(pool, got, x8, KT_IQ4_NL_X8, x, N_IN, N_OUT, nt);
+            if (memcmp(got, want, sizeof(float) * nt * N_OUT) != 0)
+                fail_msg("IQ4_NLx8, fill %d, %d tokens at the extremes: %.9g, reference %.9g", fill, nt, got[0], want[0]);
+            free(x), free(want), free(got);
+        }
+        free(x8);
+    }
+    free(w);
+    kt_pool_free(pool);
+}
+
+static void test_iq4_nl_extremes(void **state) {
+    (void)state;
+    on_every_int8_tier(check_iq4_nl_extremes, false);
+}
+
 /* ---- the x16 layouts (float weights) ---------------------------------- */
 
 /* A float matrix repacked to x16 keeps every value where kt_x16_at says
@@ -1079,7 +1128,8 @@ static void check_row_f32(kt_dtype type, int n_in, int n_out) {
 
 static void test_repacked_rows(void **state) {
     (void)state;
-    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q6_K, KT_F16, KT_BF16, KT_F32};
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q6_K, KT_F16, KT_BF16, KT_F32,
+                                     KT_IQ4_NL};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         check_row_f32(types[i], kt_dtype_get(types[i])->block_size == 256 ? 512 : 96, 48);
     assert_int_equal(kt_repack_plain(KT_Q8_0), KT_Q8_0);
@@ -2119,6 +2169,7 @@ int main(void) {
         cmocka_unit_test(test_repack_layout),
         cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_kquant_extremes),
+        cmocka_unit_test(test_iq4_nl_extremes),
         cmocka_unit_test(test_x16_layout),
         cmocka_unit_test(test_repacked_rows),
         cmocka_unit_test(test_x16_matmul),

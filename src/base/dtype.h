@@ -48,7 +48,8 @@ typedef enum kt_dtype {
     KT_F32_X16 = 70,  /* F32 with 16 rows side by side (ops/repack.h) */
     KT_F16_X16 = 71,  /* F16 likewise */
     KT_BF16_X16 = 72, /* BF16 likewise */
-    KT_Q5_K_X8 = 73   /* Q5_K repacked by groups of 8 rows (ops/repack.h) */
+    KT_Q5_K_X8 = 73,  /* Q5_K repacked by groups of 8 rows (ops/repack.h) */
+    KT_IQ4_NL_X8 = 74 /* IQ4_NL likewise (Q4_0x8's layout) */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

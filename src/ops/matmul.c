@@ -39,7 +39,7 @@
  *     (matmul_k_avx2.c) apply the same steps: bit-identical as well. The
  *     activation quantizer is the scalar one on every path.
  *
- * Q4_0x8 and Q4_Kx8 (ops/repack.h) are Q4_0 and Q4_K with 8 rows'
+ * Q4_0x8, IQ4_NLx8 and Q4_Kx8 (ops/repack.h) are Q4_0, IQ4_NL and Q4_K with 8 rows'
  * blocks interleaved at load; the reference reads their blocks back and
  * applies the plain type's steps, and the SIMD kernels must (and do, per
  * the tests) give the same bits from either layout.
@@ -109,6 +109,7 @@ static bool is_kquant_x8(kt_dtype t) {
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
+           wtype == KT_IQ4_NL_X8 ||
            wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_Q4_K || wtype == KT_Q5_K ||
            wtype == KT_Q6_K || wtype == KT_IQ4_XS || is_kquant_x8(wtype);
 }
@@ -124,7 +125,8 @@ static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
 
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL;
+    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL ||
+           t == KT_IQ4_NL_X8;
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
@@ -190,15 +192,16 @@ static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, fl
     return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
 }
 
-/* Q8_0, Q4_0, IQ4_NL and Q4_0x8: block step for block b of row r of w (Q4_0x8
- * read back as Q4_0, so both layouts take the same operations). */
+/* Q8_0, Q4_0, IQ4_NL, Q4_0x8 and IQ4_NLx8: block step for block b of row r
+ * of w (an x8 block read back in its plain form, so both layouts take the
+ * same operations). */
 static float row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                             float dx, float acc) {
-    if (t != KT_Q4_0_X8)
+    if (t != KT_Q4_0_X8 && t != KT_IQ4_NL_X8)
         return block_step((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, acc);
-    block_q4_0 blk;
-    kt_x8_block(w, KT_Q4_0, n_in, r, b, &blk);
-    return block_step(&blk, KT_Q4_0, 0, xq, dx, acc);
+    union { block_q4_0 q4_0; block_iq4_nl iq4_nl; } blk;
+    kt_x8_block(w, kt_repack_plain(t), n_in, r, b, &blk);
+    return block_step(&blk, kt_repack_plain(t), 0, xq, dx, acc);
 }
 
 /* Q4_1/Q5_0/Q5_1 weight block b: its 32 levels, d and m (0 for Q5_0). */
@@ -355,7 +358,7 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     block_step_lanes(row, b, xa->qs + k * QK8_0, xa->d[k], lanes);
                 }
                 sum = sum_lanes(lanes);
-            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || wtype == KT_IQ4_NL) {
+            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || wtype == KT_IQ4_NL || wtype == KT_IQ4_NL_X8) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
                     sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
@@ -424,6 +427,7 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
         break;
     case KT_Q4_0_X8:
+    case KT_IQ4_NL_X8:
     case KT_Q4_1_X8:
     case KT_Q5_0_X8:
     case KT_Q5_1_X8:

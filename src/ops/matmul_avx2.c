@@ -32,6 +32,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -123,12 +124,20 @@ typedef struct legacy_fmt {
     int qh_off;   /* offset of the 4 fifth-bit bytes; -1 for 4-bit levels */
     int m_off;    /* offset of the fp16 minimum; -1 for Q4_0/Q5_0 */
     int c8_mul;   /* isum -= c8_mul * c8 (the level offset) */
+    bool nl;      /* IQ4_NL: levels through the table (below) */
 } legacy_fmt;
 
-static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1};
-static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0};
-static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2};
-static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0};
+static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1, false};
+static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0, false};
+static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2, false};
+static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0, false};
+/* IQ4_NL (x8 layout only): a nibble n stands for KT_IQ4NL_VALUES[n], in
+ * -127..113. maddubs and vpdpbusd want the weights unsigned, so the
+ * tiles look up u = value + 128 (1..241) and the step takes off 128 sum x
+ * = 16 c8: sum u x - 16 c8 = sum value x, exactly. (The AVX2 tile cannot
+ * use u: a pair 2 * 241 * 127 saturates maddubs' int16. It goes back to
+ * the signed value and the sign trick, see q4_tile_avx2.) */
+static const legacy_fmt FMT_IQ4_NL = {sizeof(block_iq4_nl), 2, -1, -1, 16, true};
 
 /* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set: byte j/8 of h is
  * shuffled to byte j, tested against bit j%8. */
@@ -665,6 +674,12 @@ INL void q4_vecs(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const
         const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * KT_X8_QS_BYTES + 32 * v));
         *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
         *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
+        if (f->nl) { /* u = level + 128 (FMT_IQ4_NL), a byte shuffle */
+            const __m256i tab = _mm256_xor_si256(
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES)), _mm256_set1_epi8((char)0x80));
+            *lo = _mm256_shuffle_epi8(tab, *lo);
+            *hi = _mm256_shuffle_epi8(tab, *hi);
+        }
         if (f->qh_off >= 0) { /* the byte of each value is bit 4r + k of its mask */
             *lo = _mm256_or_si256(*lo, fifth_bits(x8_mask(a, grp, b, v)));
             *hi = _mm256_or_si256(*hi, fifth_bits(x8_mask(a, grp, b, v + 4)));
@@ -723,6 +738,19 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
         for (int v = 0; v < 4; v++) {
             __m256i lo, hi;
             q4_vecs(a, f, grp, a->panel, b, v, &lo, &hi);
+            if (f->nl) { /* the signed levels, |w| x sign(x, w): a pair <= 2 * 127 * 127 */
+                const __m256i wl = _mm256_xor_si256(lo, _mm256_set1_epi8((char)0x80));
+                const __m256i wh = _mm256_xor_si256(hi, _mm256_set1_epi8((char)0x80));
+                const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(_mm256_set1_epi32(tile_x4(&x, t, b, v)), wl));
+                    const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(_mm256_set1_epi32(tile_x4(&x, t, b, v + 4)), wh));
+                    /* widened apart: two such pairs overflow int16 */
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones)));
+                }
+                continue;
+            }
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 isum16[t] = _mm256_add_epi16(isum16[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(tile_x4(&x, t, b, v))));
@@ -735,7 +763,11 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
         }
         const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = q4_mins(a, f, grp, a->panel_m, b);
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
+        for (int t = 0; t < T; t++) {
+            /* IQ4_NL: these sums have no +128 offset for the step to take off */
+            if (f->nl) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(f->c8_mul * x.c8[t][b]));
+            acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
+        }
     }
     tile_store8(a, acc, T, r0, nr, t0, nt);
 }
@@ -820,6 +852,12 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
                     _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * KT_X8_QS_BYTES + 32 * v)), 1);
                 lo = _mm512_and_si512(p, low);
                 hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                if (f->nl) { /* u = level + 128 (FMT_IQ4_NL) */
+                    const __m512i tab = _mm512_xor_si512(
+                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES)), _mm512_set1_epi8((char)0x80));
+                    lo = _mm512_shuffle_epi8(tab, lo);
+                    hi = _mm512_shuffle_epi8(tab, hi);
+                }
                 if (f->qh_off >= 0) { /* 16 added where the two groups' masks have the bit */
                     lo = _mm512_mask_add_epi8(lo, x8_mask64(a, g0, g1, b, v), lo, _mm512_set1_epi8(16));
                     hi = _mm512_mask_add_epi8(hi, x8_mask64(a, g0, g1, b, v + 4), hi, _mm512_set1_epi8(16));
@@ -963,6 +1001,7 @@ X8_KIND(X8_Q4_0, FMT_Q4_0)
 X8_KIND(X8_Q4_1, FMT_Q4_1)
 X8_KIND(X8_Q5_0, FMT_Q5_0)
 X8_KIND(X8_Q5_1, FMT_Q5_1)
+X8_KIND(X8_IQ4_NL, FMT_IQ4_NL)
 
 typedef struct panel_kind {
     const legacy_fmt *f;
@@ -1086,7 +1125,8 @@ void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_ac
                        int n_tokens, int r0, int r1) {
     const kt_dtype plain = kt_repack_plain(wtype);
     const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(plain, n_in), .x = x, .out = out, .n_out = n_out};
-    const x8_kind *k = plain == KT_Q4_1 ? &X8_Q4_1 : plain == KT_Q5_0 ? &X8_Q5_0 : plain == KT_Q5_1 ? &X8_Q5_1 : &X8_Q4_0;
+    const x8_kind *k = plain == KT_Q4_1 ? &X8_Q4_1 : plain == KT_Q5_0 ? &X8_Q5_0 : plain == KT_Q5_1 ? &X8_Q5_1
+                       : plain == KT_IQ4_NL ? &X8_IQ4_NL : &X8_Q4_0;
     const bool wide = kt_cpu_has_avx512_vnni();
     const q4_tile8_fn *tile = kt_cpu_has_avx_vnni() ? k->vnni : k->avx2;
     const int chunk = token_chunk(n_in, 1);

@@ -41,6 +41,9 @@ typedef struct x8_layout {
 static const x8_layout LAYOUTS[] = {
     {KT_Q4_0, KT_Q4_0_X8, 2, {{offsetof(block_q4_0, qs), 4, 4, 0, Q4_0_QS, 0},
                               {offsetof(block_q4_0, d), 1, 2, Q4_0_QS, 2 * KT_X8_ROWS, 0}}, 0, 0, 0},
+    /* IQ4_NL's block is Q4_0's (fp16 d, 16 bytes of nibbles): the same moves */
+    {KT_IQ4_NL, KT_IQ4_NL_X8, 2, {{offsetof(block_iq4_nl, qs), 4, 4, 0, Q4_0_QS, 0},
+                                  {offsetof(block_iq4_nl, d), 1, 2, Q4_0_QS, 2 * KT_X8_ROWS, 0}}, 0, 0, 0},
     {KT_Q5_0, KT_Q5_0_X8, 2, {{offsetof(block_q5_0, qs), 4, 4, 0, Q4_0_QS, 0},
                               {offsetof(block_q5_0, d), 1, 2, Q4_0_QS + Q5_0_QH, 2 * KT_X8_ROWS, 0}},
      offsetof(block_q5_0, qh), Q4_0_QS, Q5_0_QH},

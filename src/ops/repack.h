@@ -1,7 +1,7 @@
 /*
- * repack.h - Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
+ * repack.h - Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
  * rewritten at load into the layout the SIMD kernels read fastest
- * (KT_Q4_0_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
+ * (KT_Q4_0_X8, KT_IQ4_NL_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
  * with kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
@@ -19,7 +19,9 @@
  *       rows' fp16 d in row order.
  *
  * Same size as the Q4_0 matrix (8 x 18 = 128 + 16 bytes per block of 8
- * rows), so it is rewritten in place.
+ * rows), so it is rewritten in place. IQ4_NLx8 is the same layout for
+ * IQ4_NL, whose block is byte for byte Q4_0's (only the nibbles' levels
+ * differ: KT_IQ4NL_VALUES[n] instead of n - 8).
  *
  * Q4_Kx8 does the same for Q4_K (super-blocks of 256 values): group g at
  * g * 8 * row_bytes holds, per block b, 1152 bytes at b * 1152:
