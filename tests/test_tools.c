@@ -626,6 +626,37 @@ static void test_quantize_mix_order(void **state) {
     free(in), free(outp);
 }
 
+/* llama.cpp's low-bit mixes on a 70B-like layout (80 layers, GQA 4:
+ * gen-model's llama-80l-tiny): attn_v takes Q5_K under Q2_K and Q3_K_M
+ * (the 70B rule; without it Q4_K), attn_output Q3_K / Q4_K, ffn_down Q3_K /
+ * Q5_K in the first 80/16 layers, then Q4_K. kettle's files for these were
+ * byte-identical to llama-quantize de3ff815's (`llama-quantize l80.gguf
+ * OUT Q3_K_M 1`), which is where these expectations come from. */
+static void test_quantize_lowbit_mix(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *in = tmp("l80.gguf"), *outp = tmp("l80-q.gguf");
+    snprintf(args, sizeof args, "gen-model --shape llama-80l-tiny --type F16 --vocab %s -o %s", vocab, in);
+    expect_ok(args);
+    static const struct { const char *type; kt_dtype v, o, down0, down9, q; } mixes[] = {
+        {"Q2_K", KT_Q5_K, KT_Q3_K, KT_Q3_K, KT_Q3_K, KT_Q2_K},
+        {"Q3_K_M", KT_Q5_K, KT_Q4_K, KT_Q5_K, KT_Q4_K, KT_Q3_K},
+        {"Q3_K_S", KT_Q5_K, KT_Q3_K, KT_Q3_K, KT_Q3_K, KT_Q3_K},
+    };
+    for (size_t i = 0; i < sizeof mixes / sizeof mixes[0]; i++) {
+        snprintf(args, sizeof args, "quantize %s %s %s", in, outp, mixes[i].type);
+        expect_ok(args);
+        gguf_file *f = open_ok(outp);
+        assert_int_equal(gguf_tensor_find(f, "blk.5.attn_v.weight")->type, mixes[i].v);
+        assert_int_equal(gguf_tensor_find(f, "blk.5.attn_output.weight")->type, mixes[i].o);
+        assert_int_equal(gguf_tensor_find(f, "blk.0.ffn_down.weight")->type, mixes[i].down0);
+        assert_int_equal(gguf_tensor_find(f, "blk.9.ffn_down.weight")->type, mixes[i].down9);
+        assert_int_equal(gguf_tensor_find(f, "blk.9.attn_q.weight")->type, mixes[i].q);
+        assert_int_equal(gguf_tensor_find(f, "token_embd.weight")->type, KT_Q6_K); /* tied: the output's rule */
+        gguf_close(f);
+    }
+    free(vocab), free(in), free(outp);
+}
+
 /* The legacy types as plain targets (--pure): file types 3, 8, 9, every
  * weight matrix of that type, and the model runs close to the F16 one.
  * Measured on the 24 tokens of test_quantize_q4_k_m, max |logit diff| and
@@ -835,6 +866,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_golden),
         cmocka_unit_test(test_quantize_q4_k_m),
         cmocka_unit_test(test_quantize_mix_order),
+        cmocka_unit_test(test_quantize_lowbit_mix),
         cmocka_unit_test(test_quantize_legacy_types),
         cmocka_unit_test(test_quantize_other_types),
         cmocka_unit_test(test_quantize_errors),

@@ -55,7 +55,8 @@ typedef struct shape {
 /* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
  * of window 512 to each global one; its real vocabulary has 262,144
  * tokens), phi3-mini Phi-3-mini-4k's (fused QKV and gate/up, head size
- * 96, no rope factors). The qwen3 shapes are Qwen 3's own (0.6B; the 30B-A3B mixture of
+ * 96, no rope factors). llama-80l-tiny has a 70B's 80 layers and GQA in
+ * small matrices, for llama.cpp's 70B quantization rules. The qwen3 shapes are Qwen 3's own (0.6B; the 30B-A3B mixture of
  * experts with its 128 experts, top 8, expert FFN 768 and attention, cut
  * to 12 of its 48 layers to fit in memory), and the same 12 layers with
  * a dense FFN of 8 x 768: the dense model with the MoE's active
@@ -73,6 +74,7 @@ static const shape SHAPES[] = {
     {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0},
     {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f},
     {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0},
+    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }

@@ -40,8 +40,8 @@
  *     later Q5_K (Q4_K_M) / Q6_K (Q5_K_M) rule for attn_qkv never applies.
  * Q2_K, Q3_K_S/M/L and IQ4_NL/XS add their own rules for attn_v (by the
  * GQA ratio), attn_output and ffn_down, and 8-expert models' attn_k /
- * attn_v (Q8_0) and attn_output (Q5_K). Not reproduced: llama.cpp's special
- * cases for 70B models and Falcon, and importance matrices. A K-quant needs rows that are a multiple of 256 values; other
+ * attn_v (Q8_0) and attn_output (Q5_K), and 70B models' attn_v (Q5_K for
+ * Q3_K / Q4_K). Not reproduced: Falcon's rules and importance matrices. A K-quant needs rows that are a multiple of 256 values; other
  * tensors get llama.cpp's fallback types (Q5_0 for Q4_K, Q5_1 for Q5_K,
  * Q8_0 for Q6_K), and the tool says how many. Plain K types (TYPE Q4_K,
  * Q5_K, Q6_K) are --pure: every tensor the base type, with the same
@@ -161,7 +161,7 @@ static long layer_of(gguf_str s) {
  * hyper-parameters the rules read: GQA ratio n_head / n_head_kv, experts. */
 typedef struct mix_state {
     int n_attn_v, n_layer, i_attn_v, i_ffn_down, n_gqa, n_expert;
-    bool has_output;
+    bool has_output, is_70b; /* llama.cpp's LLM_TYPE_70B */
 } mix_state;
 
 /* llama.cpp's LLAMA_FTYPE values of the mixes */
@@ -181,6 +181,8 @@ static kt_dtype mix_attn_v(uint32_t ft, kt_dtype base, int i, const mix_state *m
     else if (ft == FT_Q3_K_L) t = KT_Q5_K;
     else if (is_iq4(ft) && m->n_gqa >= 4) t = KT_Q5_K;
     else if ((ft == FT_Q4_K_M || ft == FT_Q5_K_M) && use_more_bits(i, m->n_attn_v)) t = KT_Q6_K;
+    /* 70B: 8 query heads share each attn_v row, so more bits cost little */
+    if (m->is_70b && (t == KT_Q3_K || t == KT_Q4_K)) t = KT_Q5_K;
     return m->n_expert == 8 ? KT_Q8_0 : t;
 }
 
@@ -311,6 +313,13 @@ static void read_hparams(const gguf_file *f, mix_state *m) {
     m->n_gqa = n_kv > 0 && n_head > 0 && n_head / n_kv < 1 << 20 ? (int)(n_head / n_kv) : 1;
     const int64_t e = arch_int(f, "expert_count", 0);
     m->n_expert = e > 0 && e < 1 << 20 ? (int)e : 0;
+    /* the archs whose loaders call 80 (jais2: 68) layers LLM_TYPE_70B;
+     * llama's 80 layers without GQA are its 65B */
+    char a[64] = "";
+    gguf_get_str(f, "general.architecture", a, sizeof a);
+    m->is_70b = (!strcmp(a, "llama") && n_layer == 80 && n_head != n_kv) ||
+                ((!strcmp(a, "qwen2") || !strcmp(a, "olmo") || !strcmp(a, "deci")) && n_layer == 80) ||
+                (!strcmp(a, "jais2") && n_layer == 68);
 }
 
 /* The output type of every tensor (indexed as in the file), decided in
