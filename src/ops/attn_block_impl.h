@@ -10,7 +10,8 @@
  *   AB_HB heads a scores or values tile (2 or more), AB_PB positions a
  *   scores tile (divides 8), AB_DT dims a values tile (hd a multiple),
  *   AB_M lane mask,
- *   ab_live(np, p): lanes whose token has n_pos > p (np: AB_W int32),
+ *   ab_live(lo, np, p): lanes that attend position p, lo <= p < np (lo, np:
+ *   AB_W int32 each; lo is 0 but under a sliding window),
  *   ab_max_live(acc, m, v), ab_keep(m, v) (dead lanes 0),
  *   ab_add_live(acc, m, v) (dead lanes: acc unchanged),
  *   ab_transpose(r) (AB_W vectors r[0 .. AB_W), as an AB_W x AB_W matrix),
@@ -26,7 +27,8 @@
  * step where one head at a time cost 1 + AB_PB (load-bound). Each lane's
  * dot is summed over the elements in order, then times scale. */
 AB_TARGET INL void AB_NAME(scores_tile)(const float *qt, int hd, const float *const *k, float scale, float *S,
-                                        int np_pad, const int32_t *np, AB_F *vmax, int h, int p, const int HB) {
+                                        int np_pad, const int32_t *lo, const int32_t *np, AB_F *vmax, int h, int p,
+                                        const int HB) {
     AB_F acc[AB_HB][AB_PB];
 #pragma GCC unroll 4
     for (int b = 0; b < HB; b++)
@@ -45,7 +47,7 @@ AB_TARGET INL void AB_NAME(scores_tile)(const float *qt, int hd, const float *co
     }
 #pragma GCC unroll 8
     for (int j = 0; j < AB_PB; j++) {
-        const AB_M live = ab_live(np, p + j);
+        const AB_M live = ab_live(lo, np, p + j);
 #pragma GCC unroll 4
         for (int b = 0; b < HB; b++) {
             const AB_F sv = ab_mul(acc[b][j], ab_set1(scale));
@@ -60,7 +62,8 @@ AB_TARGET INL void AB_NAME(scores_tile)(const float *qt, int hd, const float *co
  * is exact in any order). K rows are widened 8 at a time, then every
  * head's tiles run over them. */
 AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, const kv_view *kv, int np_pad,
-                                            const int32_t *np, float scale, float *kbuf, float *S, AB_F *vmax) {
+                                            const int32_t *lo, const int32_t *np, float scale, float *kbuf, float *S,
+                                            AB_F *vmax) {
     const int row_bytes = (int)kt_dtype_row_bytes(kv->type, hd);
     for (int p = 0; p < np_pad; p += 8) {
         const float *k[8];
@@ -72,9 +75,10 @@ AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, con
             for (int h = 0; h < nh;) {
                 const int left = nh - h;
                 if (left >= AB_HB)
-                    AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, np, vmax, h, p + j, AB_HB), h += AB_HB;
-                else if (left >= 2) AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, np, vmax, h, p + j, 2), h += 2;
-                else AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, np, vmax, h, p + j, 1), h += 1;
+                    AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, lo, np, vmax, h, p + j, AB_HB), h += AB_HB;
+                else if (left >= 2)
+                    AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, lo, np, vmax, h, p + j, 2), h += 2;
+                else AB_NAME(scores_tile)(qt, hd, k + j, scale, S, np_pad, lo, np, vmax, h, p + j, 1), h += 1;
             }
     }
 }
@@ -85,14 +89,14 @@ AB_TARGET static void AB_NAME(block_scores)(const float *qt, int nh, int hd, con
  * one chain per head and half, so HB heads run side by side. Called
  * chunk by chunk just before the chunk's values, while its scores are in
  * L1 (a pass over all of S, MBs at long contexts, went through L3). */
-AB_TARGET INL void AB_NAME(exps_tile)(float *S, int np_pad, int c0, int c1, const int32_t *np, const AB_F *vmax,
-                                      AB_D *lo, AB_D *hi, int h, const int HB) {
+AB_TARGET INL void AB_NAME(exps_tile)(float *S, int np_pad, int c0, int c1, const int32_t *p_lo, const int32_t *np,
+                                      const AB_F *vmax, AB_D *lo, AB_D *hi, int h, const int HB) {
     float *s[AB_HB];
     AB_D l[AB_HB], u[AB_HB];
 #pragma GCC unroll 4
     for (int b = 0; b < HB; b++) s[b] = S + (size_t)(h + b) * np_pad * AB_W, l[b] = lo[h + b], u[b] = hi[h + b];
     for (int p = c0; p < c1; p++) {
-        const AB_M live = ab_live(np, p);
+        const AB_M live = ab_live(p_lo, np, p);
 #pragma GCC unroll 4
         for (int b = 0; b < HB; b++) {
             float *sp = s[b] + (size_t)p * AB_W;
@@ -106,94 +110,120 @@ AB_TARGET INL void AB_NAME(exps_tile)(float *S, int np_pad, int c0, int c1, cons
     for (int b = 0; b < HB; b++) lo[h + b] = l[b], hi[h + b] = u[b];
 }
 
-AB_TARGET static void AB_NAME(block_exps)(float *S, int nh, int np_pad, int c0, int c1, const int32_t *np,
-                                          const AB_F *vmax, AB_D *lo, AB_D *hi) {
+AB_TARGET static void AB_NAME(block_exps)(float *S, int nh, int np_pad, int c0, int c1, const int32_t *p_lo,
+                                          const int32_t *np, const AB_F *vmax, AB_D *lo, AB_D *hi) {
     for (int h = 0; h < nh;) {
         const int hb = nh - h >= AB_HB ? AB_HB : nh - h >= 2 ? 2 : 1;
-        if (hb == AB_HB) AB_NAME(exps_tile)(S, np_pad, c0, c1, np, vmax, lo, hi, h, AB_HB);
-        else if (hb == 2) AB_NAME(exps_tile)(S, np_pad, c0, c1, np, vmax, lo, hi, h, 2);
-        else AB_NAME(exps_tile)(S, np_pad, c0, c1, np, vmax, lo, hi, h, 1);
+        if (hb == AB_HB) AB_NAME(exps_tile)(S, np_pad, c0, c1, p_lo, np, vmax, lo, hi, h, AB_HB);
+        else if (hb == 2) AB_NAME(exps_tile)(S, np_pad, c0, c1, p_lo, np, vmax, lo, hi, h, 2);
+        else AB_NAME(exps_tile)(S, np_pad, c0, c1, p_lo, np, vmax, lo, hi, h, 1);
         h += hb;
     }
 }
 
-/* acc[((h + b) * hd + d0 + j) * AB_W + i] += sum over p in [c0, c1) of
+/* acc[((h + b) * hd + d0 + j) * AB_W + i] += sum over p in [p0, p1) of
  * lane i of S[h + b][p] times v_p[d0 + j], for b < HB heads and j < AB_DT
  * dims, in position order: the tokens in the lanes, as in the scores, so
  * a position costs HB loads of S and one broadcast per dim, shared by the
- * HB heads (they read the same V). From position mid on, lanes whose
- * token has n_pos <= p take nothing (their S is 0, but 0 x an infinite v
- * would not be). */
-AB_TARGET INL void AB_NAME(values_tile)(const float *S, int np_pad, int hd, int h, int d0, int c0, int mid, int c1,
-                                        const int32_t *np, const float *vb, float *acc, const int HB) {
-    AB_F a[AB_HB][AB_DT], sp[AB_HB];
+ * HB heads (they read the same V). masked: lanes that do not attend p
+ * take nothing (their S is 0, but 0 x an infinite v would not be). */
+AB_TARGET INL void AB_NAME(values_run)(const float *S, int np_pad, int hd, int h, int d0, int c0, int p0, int p1,
+                                       const bool masked, const int32_t *lo, const int32_t *np, const float *vb,
+                                       AB_F (*a)[AB_DT], const int HB) {
+    AB_F sp[AB_HB];
+    for (int p = p0; p < p1; p++) {
+#pragma GCC unroll 4
+        for (int b = 0; b < HB; b++) sp[b] = ab_load(S + ((size_t)(h + b) * np_pad + p) * AB_W);
+        const AB_M live = masked ? ab_live(lo, np, p) : (AB_M){0};
+        const float *vp = vb + (size_t)(p - c0) * hd + d0;
+#pragma GCC unroll 16
+        for (int j = 0; j < AB_DT; j++) {
+            const AB_F v = ab_set1(vp[j]);
+#pragma GCC unroll 4
+            for (int b = 0; b < HB; b++)
+                a[b][j] = masked ? ab_add_live(a[b][j], live, ab_mul(sp[b], v)) : ab_add(a[b][j], ab_mul(sp[b], v));
+        }
+    }
+}
+
+/* The positions [c0, c1) of a tile: every lane attends [m0, m1), so only
+ * the positions outside it are masked. */
+AB_TARGET INL void AB_NAME(values_tile)(const float *S, int np_pad, int hd, int h, int d0, int c0, int m0, int m1,
+                                        int c1, const int32_t *lo, const int32_t *np, const float *vb, float *acc,
+                                        const int HB) {
+    AB_F a[AB_HB][AB_DT];
 #pragma GCC unroll 4
     for (int b = 0; b < HB; b++)
 #pragma GCC unroll 16
         for (int j = 0; j < AB_DT; j++) a[b][j] = ab_load(acc + ((size_t)(h + b) * hd + d0 + j) * AB_W);
-    for (int p = c0; p < mid; p++) {
-#pragma GCC unroll 4
-        for (int b = 0; b < HB; b++) sp[b] = ab_load(S + ((size_t)(h + b) * np_pad + p) * AB_W);
-        const float *vp = vb + (size_t)(p - c0) * hd + d0;
-#pragma GCC unroll 16
-        for (int j = 0; j < AB_DT; j++) {
-            const AB_F v = ab_set1(vp[j]);
-#pragma GCC unroll 4
-            for (int b = 0; b < HB; b++) a[b][j] = ab_add(a[b][j], ab_mul(sp[b], v));
-        }
-    }
-    for (int p = mid; p < c1; p++) {
-#pragma GCC unroll 4
-        for (int b = 0; b < HB; b++) sp[b] = ab_load(S + ((size_t)(h + b) * np_pad + p) * AB_W);
-        const AB_M live = ab_live(np, p);
-        const float *vp = vb + (size_t)(p - c0) * hd + d0;
-#pragma GCC unroll 16
-        for (int j = 0; j < AB_DT; j++) {
-            const AB_F v = ab_set1(vp[j]);
-#pragma GCC unroll 4
-            for (int b = 0; b < HB; b++) a[b][j] = ab_add_live(a[b][j], live, ab_mul(sp[b], v));
-        }
-    }
+    AB_NAME(values_run)(S, np_pad, hd, h, d0, c0, c0, m0, true, lo, np, vb, a, HB);
+    AB_NAME(values_run)(S, np_pad, hd, h, d0, c0, m0, m1, false, lo, np, vb, a, HB);
+    AB_NAME(values_run)(S, np_pad, hd, h, d0, c0, m1, c1, true, lo, np, vb, a, HB);
 #pragma GCC unroll 4
     for (int b = 0; b < HB; b++)
 #pragma GCC unroll 16
         for (int j = 0; j < AB_DT; j++) ab_store(acc + ((size_t)(h + b) * hd + d0 + j) * AB_W, a[b][j]);
 }
 
-/* The values of positions [c0, c1) (rows of vb), every head and dim. */
-AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, int nh, int c0, int c1,
-                                            int all_live, const int32_t *np, const float *vb, float *acc) {
-    const int mid = all_live < c0 ? c0 : all_live > c1 ? c1 : all_live;
+/* The values of positions [c0, c1) (rows of vb), every head and dim;
+ * [live_lo, live_hi): the positions every lane attends. */
+AB_TARGET static void AB_NAME(block_values)(const float *S, int np_pad, int hd, int nh, int c0, int c1, int live_lo,
+                                            int live_hi, const int32_t *lo, const int32_t *np, const float *vb,
+                                            float *acc) {
+    const int m1 = live_hi < c0 ? c0 : live_hi > c1 ? c1 : live_hi;
+    const int m0 = live_lo < c0 ? c0 : live_lo > m1 ? m1 : live_lo;
     for (int h = 0; h < nh;) {
         const int hb = nh - h >= AB_HB ? AB_HB : nh - h >= 2 ? 2 : 1;
         for (int d0 = 0; d0 < hd; d0 += AB_DT) {
-            if (hb == AB_HB) AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, mid, c1, np, vb, acc, AB_HB);
-            else if (hb == 2) AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, mid, c1, np, vb, acc, 2);
-            else AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, mid, c1, np, vb, acc, 1);
+            if (hb == AB_HB) AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, m0, m1, c1, lo, np, vb, acc, AB_HB);
+            else if (hb == 2) AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, m0, m1, c1, lo, np, vb, acc, 2);
+            else AB_NAME(values_tile)(S, np_pad, hd, h, d0, c0, m0, m1, c1, lo, np, vb, acc, 1);
         }
         h += hb;
     }
 }
 
+/* Gemma 2's cap on the scores S (kt_softcap_row: the reference's tanhf,
+ * so its bits), then each head's max lanes again over the capped live
+ * scores. */
+AB_TARGET static void AB_NAME(cap_scores)(float *S, int nh, int np_pad, const int32_t *lo, const int32_t *np,
+                                          float cap, AB_F *vmax) {
+    float m[AB_W];
+    for (int h = 0; h < nh; h++) {
+        for (int i = 0; i < AB_W; i++) m[i] = -INFINITY;
+        for (int p = 0; p < np_pad; p++) {
+            float *sp = S + ((size_t)h * np_pad + p) * AB_W;
+            for (int i = 0; i < AB_W; i++)
+                if (p >= lo[i] && p < np[i]) {
+                    kt_softcap_row(sp + i, 1, cap);
+                    m[i] = sp[i] > m[i] ? sp[i] : m[i];
+                }
+        }
+        vmax[h] = ab_loadu(m);
+    }
+}
+
 /* The lanes of one call: lane i's q for head h of the batch at q + i *
  * q_lane + h * hd, its output likewise in out; n_lanes of the AB_W used,
- * nh heads each, np[i] positions (0 past n_lanes), all reading KV head
- * kvh's rows of token t_kv's sequence. */
+ * nh heads each, attending positions [lo[i], np[i]) (0, 0 past n_lanes)
+ * of the view of KV head kvh's rows that token t_kv's positions start
+ * (kt_attn_row: its first attended position is the view's 0). */
 typedef struct AB_NAME(lanes) {
     const float *q;
     float *out;
     size_t q_lane, out_lane;
     int n_lanes, nh, t_kv, kvh;
-    int32_t np[AB_W];
+    int32_t lo[AB_W], np[AB_W];
 } AB_NAME(lanes);
 
 AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME(lanes) *L, float *scratch) {
     const int hd = a->head_dim, nh = L->nh, nt = L->n_lanes;
-    const int32_t *np = L->np;
-    int np_max = 0, all_live = INT_MAX; /* positions below all_live: every lane's */
+    const int32_t *np = L->np, *lo = L->lo;
+    int np_max = 0, live_lo = 0, live_hi = INT_MAX; /* positions in [live_lo, live_hi): every lane's */
     for (int i = 0; i < AB_W; i++) {
         np_max = np[i] > np_max ? np[i] : np_max;
-        all_live = np[i] < all_live ? np[i] : all_live;
+        live_hi = np[i] < live_hi ? np[i] : live_hi;
+        live_lo = lo[i] > live_lo ? lo[i] : live_lo;
     }
     const int np_pad = (np_max + 7) / 8 * 8, row_bytes = (int)kt_dtype_row_bytes(a->kv_type, hd);
     /* scratch (64-byte aligned): Qt, acc, S, K/V widened, row addresses */
@@ -220,9 +250,10 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
     memset(acc, 0, sizeof(float) * (size_t)nh * hd * AB_W);
 
     AB_F vmax[ATTN_MAX_GROUP];
-    AB_D lo[ATTN_MAX_GROUP], hi[ATTN_MAX_GROUP];
-    for (int h = 0; h < nh; h++) vmax[h] = ab_set1(-INFINITY), lo[h] = hi[h] = ab_dzero();
-    AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, np, 1.0f / sqrtf((float)hd), kbuf, S, vmax);
+    AB_D sum_lo[ATTN_MAX_GROUP], sum_hi[ATTN_MAX_GROUP];
+    for (int h = 0; h < nh; h++) vmax[h] = ab_set1(-INFINITY), sum_lo[h] = sum_hi[h] = ab_dzero();
+    AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, lo, np, 1.0f / sqrtf((float)hd), kbuf, S, vmax);
+    if (a->softcap > 0) AB_NAME(cap_scores)(S, nh, np_pad, lo, np, a->softcap, vmax);
 
     for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
         const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
@@ -230,11 +261,11 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
             if (p + KV_PREFETCH < np_max) kv_prefetch(kv.v[p + KV_PREFETCH], row_bytes);
             kv_row_widen(kv.v[p], kv.type, hd, vbuf + (size_t)(p - c0) * hd);
         }
-        AB_NAME(block_exps)(S, nh, np_pad, c0, c1, np, vmax, lo, hi);
-        AB_NAME(block_values)(S, np_pad, hd, nh, c0, c1, all_live, np, vbuf, acc);
+        AB_NAME(block_exps)(S, nh, np_pad, c0, c1, lo, np, vmax, sum_lo, sum_hi);
+        AB_NAME(block_values)(S, np_pad, hd, nh, c0, c1, live_lo, live_hi, lo, np, vbuf, acc);
     }
     float inv[ATTN_MAX_GROUP * AB_W];
-    for (int h = 0; h < nh; h++) ab_storeu(inv + (size_t)h * AB_W, ab_inv(lo[h], hi[h]));
+    for (int h = 0; h < nh; h++) ab_storeu(inv + (size_t)h * AB_W, ab_inv(sum_lo[h], sum_hi[h]));
     /* out = acc x inv, the lanes back into their rows */
     for (int h = 0; h < nh; h++) {
         const AB_F s = ab_loadu(inv + h * AB_W);
@@ -255,9 +286,16 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
 AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt, int h0, int nh, float *scratch) {
     AB_NAME(lanes) L = {a->q + (size_t)t0 * a->q_stride + (size_t)h0 * a->head_dim,
                         a->out + (size_t)t0 * a->out_stride + (size_t)h0 * a->head_dim,
-                        a->q_stride, a->out_stride, nt, nh, t0 + nt - 1, /* one sequence: one block table */
-                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}};
-    for (int i = 0; i < nt; i++) L.np[i] = kt_attn_n_pos(a, t0 + i);
+                        a->q_stride, a->out_stride, nt, nh, t0, /* one sequence: one block table */
+                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}, {0}};
+    /* the view starts at t0's first position, the earliest of the block's
+     * (its tokens are consecutive positions: later ones' windows start
+     * later) */
+    const int first0 = kt_attn_first(a, t0);
+    for (int i = 0; i < nt; i++) {
+        L.lo[i] = kt_attn_first(a, t0 + i) - first0;
+        L.np[i] = L.lo[i] + kt_attn_n_pos(a, t0 + i);
+    }
     AB_NAME(attend_lanes)(a, &L, scratch);
 }
 
@@ -267,7 +305,7 @@ AB_TARGET void AB_NAME(kt_attention_heads)(const kt_attn_args *a, int t, int h0,
     AB_NAME(lanes) L = {a->q + (size_t)t * a->q_stride + (size_t)h0 * a->head_dim,
                         a->out + (size_t)t * a->out_stride + (size_t)h0 * a->head_dim,
                         (size_t)a->head_dim, (size_t)a->head_dim, nh, 1, t,
-                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}};
+                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}, {0}};
     for (int i = 0; i < nh; i++) L.np[i] = kt_attn_n_pos(a, t);
     AB_NAME(attend_lanes)(a, &L, scratch);
 }

@@ -483,18 +483,17 @@ void kt_attention(kt_pool *pool, const kt_attn_args *a) {
         longest = kt_attn_n_pos(a, t) > longest ? kt_attn_n_pos(a, t) : longest;
     attn_job j = {.a = a, .simd = kt_cpu_has_avx2(), .row = ((size_t)longest + 15) / 16 * 16};
     atomic_init(&j.taken, 0);
-    /* prefill: blocks of 16 (AVX-512) or 8 (AVX2) query tokens (not
-     * under a window: the block's tokens would start at other positions;
-     * nor capped: only the group kernel and the reference cap scores) */
-    const bool capped = a->softcap > 0;
-    const int w = !j.simd || a->n_tokens < 4 || a->head_dim > 256 || a->window > 0 || capped ? 0
+    /* prefill: blocks of 16 (AVX-512) or 8 (AVX2) query tokens */
+    const int w = !j.simd || a->n_tokens < 4 || a->head_dim > 256 ? 0
                   : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16
                   : a->head_dim % 8 == 0 ? 8 : 0;
     j.block_tokens = w;
-    j.heads_lanes = !j.simd || a->head_dim % 8 != 0 || a->head_dim > 256 || capped ? 0 : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16 : 8;
+    j.heads_lanes = !j.simd || a->head_dim % 8 != 0 || a->head_dim > 256 ? 0 : kt_cpu_has_avx512_vnni() && a->head_dim % 16 == 0 ? 16 : 8;
     j.units = plan_units(a, w, nth, &j.n_units);
     j.per_thread = j.row * ((size_t)per_unit_max + 2 * sizeof(char *) / sizeof(float));
-    const size_t b = w ? kt_attention_block_floats(a->head_dim, per_unit_max, longest)
+    /* under a window a block's view spans its first token's window and
+     * the w - 1 tokens after it */
+    const size_t b = w ? kt_attention_block_floats(a->head_dim, per_unit_max, longest + (a->window > 0 ? w : 0))
                      : j.heads_lanes ? kt_attention_block_floats(a->head_dim, 1, longest) : 0;
     j.per_thread = b > j.per_thread ? b : j.per_thread;
     void *owned = NULL;

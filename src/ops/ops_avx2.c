@@ -849,7 +849,9 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define ab_sub _mm256_sub_ps
 #define ab_mul _mm256_mul_ps
 #define ab_exp exp256
-#define ab_live(np, p) _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(np)), _mm256_set1_epi32(p)))
+#define ab_live(lo, np, p) _mm256_castsi256_ps(_mm256_andnot_si256(                                       \
+    _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(lo)), _mm256_set1_epi32(p)),                    \
+    _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(np)), _mm256_set1_epi32(p))))
 #define ab_max_live(acc, m, v) _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), m)
 #define ab_keep(m, v) _mm256_and_ps(v, m)
 #define AB_M __m256
@@ -883,7 +885,8 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define ab_sub _mm512_sub_ps
 #define ab_mul _mm512_mul_ps
 #define ab_exp exp512
-#define ab_live(np, p) _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(np), _mm512_set1_epi32(p))
+#define ab_live(lo, np, p) ((__mmask16)(~_mm512_cmpgt_epi32_mask(_mm512_loadu_si512(lo), _mm512_set1_epi32(p)) & \
+                                       _mm512_cmpgt_epi32_mask(_mm512_loadu_si512(np), _mm512_set1_epi32(p))))
 #define ab_max_live(acc, m, v) _mm512_mask_max_ps(acc, m, acc, v)
 #define ab_keep(m, v) _mm512_maskz_mov_ps(m, v)
 #define AB_M __mmask16
