@@ -15,6 +15,7 @@
 #include "ops/cpu.h"
 #include "ops/matmul.h"
 #include "ops/quant.h"
+#include "ops/repack.h"
 #include "testutil.h"
 
 /* The weight types added with Q2_K, Q3_K, IQ4_NL and IQ4_XS: on the tier
@@ -37,6 +38,29 @@ static void check_new_types_on_tier(const char *tier) {
         }
         free(w);
     }
+    /* and their x8 layouts (rows in whole groups of 8): one token, 3 (the
+     * per-token tiles) and 9 (the plain GEMM on unrepacked rows) */
+    enum { N_OUT8 = 24, NT8 = 9 };
+    float *x8x = tu_xmalloc(sizeof(float) * NT8 * N_IN);
+    float want8[NT8 * N_OUT8], got8[NT8 * N_OUT8];
+    tu_fill_normal(x8x, NT8 * N_IN, 1.0f, 5);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const size_t bytes = kt_dtype_row_bytes(types[i], N_IN) * N_OUT8;
+        void *w = tu_make_weights(types[i], N_IN, N_OUT8, 21 + i, 0.0f);
+        void *p = tu_xmalloc(bytes), *tmp = tu_xmalloc(kt_repack_tmp_bytes(types[i], N_IN));
+        memcpy(p, w, bytes);
+        kt_repack(p, types[i], N_IN, N_OUT8, tmp);
+        const kt_dtype packed = kt_repack_type(types[i], N_IN, N_OUT8);
+        assert_int_not_equal(packed, types[i]);
+        for (int nt = 1; nt <= NT8; nt = nt == 1 ? 3 : nt + 6) {
+            kt_matmul_ref(want8, w, types[i], x8x, N_IN, N_OUT8, nt);
+            kt_matmul(NULL, got8, p, packed, x8x, N_IN, N_OUT8, nt);
+            if (memcmp(want8, got8, sizeof(float) * (size_t)(nt * N_OUT8)) != 0)
+                fail_msg("%s on %s, %d tokens: not the reference's bits", kt_dtype_name(packed), tier, nt);
+        }
+        free(w), free(p), free(tmp);
+    }
+    free(x8x);
     free(x);
 }
 

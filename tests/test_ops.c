@@ -904,6 +904,16 @@ static void test_repack_layout(void **state) {
     check_layout(KT_Q4_1, 96, 24);
     check_layout(KT_Q5_1, 96, 24);
     check_layout(KT_IQ4_NL, 96, 24);
+    check_layout(KT_Q2_K, 512, 16);
+    check_layout(KT_Q3_K, 512, 16);
+    check_layout(KT_IQ4_XS, 512, 16);
+    assert_int_equal(kt_repack_type(KT_Q2_K, 512, 16), KT_Q2_K_X8);
+    assert_int_equal(kt_repack_type(KT_Q3_K, 512, 16), KT_Q3_K_X8);
+    assert_int_equal(kt_repack_type(KT_IQ4_XS, 512, 16), KT_IQ4_XS_X8);
+    assert_int_equal(kt_repack_type(KT_Q2_K, 512, 12), KT_Q2_K);
+    assert_false(kt_dtype_known(KT_Q2_K_X8));
+    assert_false(kt_dtype_known(KT_Q3_K_X8));
+    assert_false(kt_dtype_known(KT_IQ4_XS_X8));
     assert_int_equal(kt_repack_type(KT_IQ4_NL, 64, 8), KT_IQ4_NL_X8);
     assert_int_equal(kt_repack_type(KT_IQ4_NL, 64, 12), KT_IQ4_NL);
     assert_false(kt_dtype_known(KT_IQ4_NL_X8));
@@ -987,6 +997,9 @@ static void check_repacked_matmul(bool unused) {
     check_repacked_type(KT_Q4_1);
     check_repacked_type(KT_Q5_1);
     check_repacked_type(KT_IQ4_NL);
+    check_repacked_type(KT_Q2_K);
+    check_repacked_type(KT_Q3_K);
+    check_repacked_type(KT_IQ4_XS);
 }
 
 static void test_repacked_matmul(void **state) {
@@ -999,15 +1012,18 @@ static void test_repacked_matmul(void **state) {
  * forms. AVX2 adds maddubs pairs in int16 where they cannot overflow (8
  * of Q4_K's 2 x 15 x 127, not of Q5_K's 2 x 31 x 127); random data
  * never comes near that bound, this does. Plain and repacked, against
- * the reference. */
+ * the reference. Q2_K, Q3_K, IQ4_XS likewise (their x8 tiles keep group
+ * sums in int16 halves, |s| <= 22352 for Q3_K), IQ4_XS also at its most
+ * negative level. */
 static void check_kquant_extremes(bool unused) {
     (void)unused;
-    static const kt_dtype types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
+    /* IQ4_XS twice: every nibble 15 (level 113), then every nibble 0 (-127) */
+    static const kt_dtype types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q2_K, KT_Q3_K, KT_IQ4_XS, KT_IQ4_XS};
     static const int n_toks[] = {1, 2, 5, 9};
     enum { N_IN = 512, N_OUT = 16 };
     kt_pool *pool = kt_pool_new(2, NULL);
     assert_non_null(pool);
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < 7; ti++) {
         const kt_dtype type = types[ti];
         const size_t bb = (size_t)kt_dtype_get(type)->block_bytes, n_blocks = (size_t)N_OUT * N_IN / QK_K;
         uint8_t *w = tu_xmalloc(bb * n_blocks);
@@ -1015,6 +1031,20 @@ static void check_kquant_extremes(bool unused) {
         const uint16_t one = 0x3C00; /* fp16 1.0 for d (and dmin): 0xFFFF is a NaN */
         for (size_t b = 0; b < n_blocks; b++) {
             uint8_t *blk = w + b * bb;
+            if (type == KT_Q2_K) {
+                memcpy(blk + offsetof(block_q2_K, d), &one, 2);
+                memcpy(blk + offsetof(block_q2_K, dmin), &one, 2);
+                continue;
+            }
+            if (type == KT_Q3_K) {
+                memcpy(blk + offsetof(block_q3_K, d), &one, 2);
+                continue;
+            }
+            if (type == KT_IQ4_XS) {
+                memcpy(blk + offsetof(block_iq4_xs, d), &one, 2);
+                if (ti == 6) memset(blk + offsetof(block_iq4_xs, qs), 0, QK_K / 2);
+                continue;
+            }
             if (type == KT_Q6_K) {
                 memcpy(blk + offsetof(block_q6_K, d), &one, 2);
                 continue;
@@ -1129,7 +1159,7 @@ static void check_row_f32(kt_dtype type, int n_in, int n_out) {
 static void test_repacked_rows(void **state) {
     (void)state;
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q6_K, KT_F16, KT_BF16, KT_F32,
-                                     KT_IQ4_NL};
+                                     KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         check_row_f32(types[i], kt_dtype_get(types[i])->block_size == 256 ? 512 : 96, 48);
     assert_int_equal(kt_repack_plain(KT_Q8_0), KT_Q8_0);

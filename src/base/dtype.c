@@ -39,6 +39,9 @@ static const kt_dtype_info Q5_0_X8 = {"Q5_0x8", 32, 22}; /* per row: Q5_0's */
 static const kt_dtype_info Q4_1_X8 = {"Q4_1x8", 32, 20}; /* per row: Q4_1's */
 static const kt_dtype_info Q5_1_X8 = {"Q5_1x8", 32, 24}; /* per row: Q5_1's */
 static const kt_dtype_info IQ4_NL_X8 = {"IQ4_NLx8", 32, 18}; /* per row: IQ4_NL's */
+static const kt_dtype_info Q2_K_X8 = {"Q2_Kx8", 256, 84}; /* per row: Q2_K's */
+static const kt_dtype_info Q3_K_X8 = {"Q3_Kx8", 256, 110}; /* per row: Q3_K's */
+static const kt_dtype_info IQ4_XS_X8 = {"IQ4_XSx8", 256, 136}; /* per row: IQ4_XS's */
 static const kt_dtype_info F32_X16 = {"F32x16", 1, 4};
 static const kt_dtype_info F16_X16 = {"F16x16", 1, 2};
 static const kt_dtype_info BF16_X16 = {"BF16x16", 1, 2};
@@ -56,6 +59,9 @@ const kt_dtype_info *kt_dtype_get(uint32_t id) {
     if (id == KT_Q4_1_X8) return &Q4_1_X8;
     if (id == KT_Q5_1_X8) return &Q5_1_X8;
     if (id == KT_IQ4_NL_X8) return &IQ4_NL_X8;
+    if (id == KT_Q2_K_X8) return &Q2_K_X8;
+    if (id == KT_Q3_K_X8) return &Q3_K_X8;
+    if (id == KT_IQ4_XS_X8) return &IQ4_XS_X8;
     if (id == KT_F32_X16) return &F32_X16;
     if (id == KT_F16_X16) return &F16_X16;
     if (id == KT_BF16_X16) return &BF16_X16;

@@ -49,7 +49,10 @@ typedef enum kt_dtype {
     KT_F16_X16 = 71,  /* F16 likewise */
     KT_BF16_X16 = 72, /* BF16 likewise */
     KT_Q5_K_X8 = 73,  /* Q5_K repacked by groups of 8 rows (ops/repack.h) */
-    KT_IQ4_NL_X8 = 74 /* IQ4_NL likewise (Q4_0x8's layout) */
+    KT_IQ4_NL_X8 = 74, /* IQ4_NL likewise (Q4_0x8's layout) */
+    KT_Q2_K_X8 = 75,   /* Q2_K repacked by groups of 8 rows (ops/repack.h) */
+    KT_Q3_K_X8 = 76,   /* Q3_K likewise */
+    KT_IQ4_XS_X8 = 77  /* IQ4_XS likewise */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

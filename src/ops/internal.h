@@ -122,6 +122,9 @@ void kt_matmul_q5_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
                             int n_tokens, int r0, int r1);
 void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int n_in, int n_out,
                             int n_tokens, int r0, int r1);
+/* Q2_Kx8, Q3_Kx8, IQ4_XSx8 (wtype), rows [r0, r1) in multiples of 8. */
+void kt_matmul_lowbit_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x, int n_in,
+                              int n_out, int n_tokens, int r0, int r1);
 /* Q4_0x8 or Q5_0x8 weights (wtype; ops/repack.h); rows r0, r1 multiples
  * of 8. */
 void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,

@@ -103,7 +103,8 @@ static bool is_x16(kt_dtype t) {
 
 /* K-quant weights repacked by groups of 8 rows */
 static bool is_kquant_x8(kt_dtype t) {
-    return t == KT_Q4_K_X8 || t == KT_Q5_K_X8 || t == KT_Q6_K_X8;
+    return t == KT_Q4_K_X8 || t == KT_Q5_K_X8 || t == KT_Q6_K_X8 || t == KT_Q2_K_X8 || t == KT_Q3_K_X8 ||
+           t == KT_IQ4_XS_X8;
 }
 
 bool kt_matmul_supported(kt_dtype wtype) {
@@ -274,7 +275,8 @@ static float kq_row_block_step(const void *w, kt_dtype t, int n_in, int r, int b
     if (!is_kquant_x8(t))
         return kt_kq_block_step(t, (const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), b, xq, dx, bs, acc);
     const kt_dtype plain = kt_repack_plain(t);
-    _Static_assert(sizeof(block_q6_K) >= sizeof(block_q5_K) && sizeof(block_q6_K) >= sizeof(block_q4_K),
+    _Static_assert(sizeof(block_q6_K) >= sizeof(block_q5_K) && sizeof(block_q6_K) >= sizeof(block_q4_K) &&
+                       sizeof(block_q6_K) >= sizeof(block_q3_K) && sizeof(block_q6_K) >= sizeof(block_iq4_xs),
                    "blk holds any K-quant block");
     _Alignas(16) uint8_t blk[sizeof(block_q6_K)];
     kt_x8_block(w, plain, n_in, r, b, blk);
@@ -447,6 +449,11 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q6_K_X8:
         kt_matmul_q6_K_x8_avx2(j->out, j->w, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_Q2_K_X8:
+    case KT_Q3_K_X8:
+    case KT_IQ4_XS_X8:
+        kt_matmul_lowbit_x8_avx2(j->out, j->w, j->wtype, &j->xk, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_F32_X16:
     case KT_F16_X16:

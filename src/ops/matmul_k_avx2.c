@@ -1467,3 +1467,286 @@ void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_
             for (int tok = c0; tok < c1; tok++) iq4_nl_group(&a, x, r, r1 - r < NL_ROWS ? r1 - r : NL_ROWS, tok);
     }
 }
+
+/* ---- Q2_Kx8, Q3_Kx8, IQ4_XSx8: decode on the repacked groups -------------
+ *
+ * As Q4_Kx8 (ops/repack.h): 8 rows in the int32 lanes, one load of a
+ * packed vector feeds all 8, and per token and block the reference's
+ * integers lane by lane (matmul_k.c), then its fmaf steps: the same bits.
+ * A group's scales are decoded once per block for its 8 rows.
+ *
+ *   Q2_K:   s_g = sum q x over group g (16 values, 2-bit q); isum = sum_g
+ *           sc_g s_g, imin = sum_g m_g bsums_g.
+ *   Q3_K:   s_g = sum q x - 4 bsums_g (q the 3-bit level + 4, so s_g =
+ *           sum (q - 4) x); isum = sum_g (sc_g - 32) s_g.
+ *   IQ4_XS: s_j = sum u x - 128 (bsums_2j + bsums_2j+1) over sub-block j
+ *           (u = KT_IQ4NL_VALUES[n] + 128, unsigned for vpdpbusd; AVX2
+ *           takes the signed value and the sign trick instead);
+ *           isum = sum_j (ls_j - 32) s_j.
+ * The Q2_K and Q3_K group sums fit int16 (|s_g| <= 16 x 7 x 127 + 4 x
+ * 16 x 127 = 22352), so the scale product is one madd against the scale
+ * as the int16 pair (sc, 0); IQ4_XS's do not (32 x 241 x 127) and take
+ * mullo. AVX2's maddubs pairs (2 x 7 x 127 at most for Q3_K) are summed
+ * 4 at a time in int16 before the madd.
+ *
+ * 2 to 7 tokens run the one-token tile per token, rows outer (the group
+ * stays in cache); 8 or more turn each 8 rows back into plain rows
+ * (kt_x8_block) and take the plain type's GEMM: the same bits. */
+
+#define LX8_MIN_GEMM 8
+
+/* Q2_Kx8: the scale of group g (0..15) of the 8 rows as the int16 pair
+ * (sc, 0) per lane (the low nibble of scales byte g), and the mins of
+ * groups 2p, 2p+1 as the pair (m_2p, m_2p+1) (high nibbles of bytes 2p,
+ * 2p+1). u: the block's 4 scale vectors. */
+INL __m256i q2x8_scale(const __m256i *u, int g) {
+    return _mm256_and_si256(lane_byte(u[g / 4], g % 4), _mm256_set1_epi32(15));
+}
+INL __m256i q2x8_min_pair(const __m256i *u, int p) {
+    return _mm256_srli_epi16(lane_bytes(u[p / 2], 2 * (p % 2), true), 4);
+}
+
+/* acc + q x (4 bytes a lane) for the tiers: AVX-512's broadcast vpdpbusd,
+ * AVX-VNNI's, or (AVX2) maddubs into int16 lanes, to be widened by the
+ * caller. */
+INL __m256i lx8_dot(const bool vnni, const bool evex, __m256i acc, __m256i q, const int8_t *x) {
+    if (evex) return vnni_dot_bcast(acc, q, x);
+    int32_t x4;
+    memcpy(&x4, x, 4);
+    if (vnni) return vnni_dot(acc, q, _mm256_set1_epi32(x4));
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(q, _mm256_set1_epi32(x4)));
+}
+
+/* s (int32 lanes, or AVX2's int16 pair sums) times the scale pair (sc,
+ * 0), widened: one madd. AVX2's int16 lanes hold two partial sums of the
+ * same group, so there the scale goes in both halves. */
+INL __m256i lx8_scaled(const bool vnni, __m256i s, __m256i sc) {
+    if (!vnni) sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+    return _mm256_madd_epi16(s, sc);
+}
+
+/* Prefetch block o's bytes in the group 8 rows on. */
+INL void lx8_prefetch(const kq_args *a, const uint8_t *o, const int bytes) {
+#pragma GCC unroll 17
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+}
+
+INL void q2kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, int tok) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_Q2KX8_BLOCK_BYTES;
+        lx8_prefetch(a, o, KT_Q2KX8_BLOCK_BYTES);
+        const size_t i = (size_t)tok * nb + b;
+        const int8_t *xq = a->x->qs + i * QK_K;
+        const int16_t *bs = a->x->bsums + i * 16;
+        __m256i u[4], mp[8], imin = _mm256_setzero_si256(), isum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) u[k] = _mm256_loadu_si256((const __m256i *)(o + KT_Q2KX8_SCALES + 32 * k));
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) mp[p] = q2x8_min_pair(u, p);
+        tile_offset(1, mp, &bs, &imin);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            /* vector 8h + c: values 128h + 32k + 4c .. +3 in bits 2k (k = 0..3),
+             * of group 8h + 2k + c / 4 */
+            __m256i s[4][2];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) s[k][0] = s[k][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * h + c)));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i q = _mm256_and_si256(k ? _mm256_srli_epi16(v, 2 * k) : v, m3);
+                    s[k][c / 4] = lx8_dot(vnni, evex, s[k][c / 4], q, xq + 128 * h + 32 * k + 4 * c);
+                }
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                isum = _mm256_add_epi32(isum, lx8_scaled(vnni, s[k][0], q2x8_scale(u, 8 * h + 2 * k)));
+                isum = _mm256_add_epi32(isum, lx8_scaled(vnni, s[k][1], q2x8_scale(u, 8 * h + 2 * k + 1)));
+            }
+        }
+        const __m256 dx = _mm256_set1_ps(a->x->d[i]);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q2KX8_D)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q2KX8_DMIN)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), imin)),
+                              _mm256_mul_ps(dmin, dx), acc);
+    }
+    _mm256_storeu_ps(a->out + (size_t)tok * a->n_out + r0, acc);
+}
+
+static void q2kx8_avx2(const kq_args *a, int r0, int tok) { q2kx8_tile(a, false, false, r0, tok); }
+static void q2kx8_vnni(const kq_args *a, int r0, int tok) { q2kx8_tile(a, true, false, r0, tok); }
+TARGET_512 static void q2kx8_evex(const kq_args *a, int r0, int tok) { q2kx8_tile(a, true, true, r0, tok); }
+
+/* Q3_Kx8: the scale of group g of the 8 rows minus 32 as the int16 pair
+ * (sc - 32, 0) per lane (kt_q3_K_scale: the low nibble of scales byte g,
+ * or the high one of byte g - 8; bits 2 (g / 4) .. +1 of byte 8 + g % 4
+ * on top). u: the block's 3 scale vectors. */
+INL __m256i q3x8_scale(const __m256i *u, int g) {
+    const __m256i b = lane_byte(u[g % 8 / 4], g % 4);
+    const __m256i low = g < 8 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi32(lane_byte(u[2], g % 4), 2 * (g / 4)), _mm256_set1_epi32(3));
+    const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(top, 4)), _mm256_set1_epi32(32));
+    return _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+}
+
+/* Bit j of each byte of v moved to bit 2 (4 or 0): 16-bit shifts of at
+ * most 5 places, so bit 2 comes from the same byte. */
+INL __m256i bit_to_2(__m256i v, const int j) {
+    const __m256i at2 = j > 2 ? _mm256_srli_epi16(v, j - 2) : j < 2 ? _mm256_slli_epi16(v, 2 - j) : v;
+    return _mm256_and_si256(at2, _mm256_set1_epi8(4));
+}
+
+INL void q3kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, int tok) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_Q3KX8_BLOCK_BYTES;
+        lx8_prefetch(a, o, KT_Q3KX8_BLOCK_BYTES);
+        const size_t i = (size_t)tok * nb + b;
+        const int8_t *xq = a->x->qs + i * QK_K;
+        const int16_t *bs = a->x->bsums + i * 16;
+        __m256i u[3], isum = _mm256_setzero_si256();
+#pragma GCC unroll 3
+        for (int k = 0; k < 3; k++) u[k] = _mm256_loadu_si256((const __m256i *)(o + KT_Q3KX8_SCALES + 32 * k));
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            /* qs vector 8h + c: values 128h + 32k + 4c .. +3 in bits 2k, their
+             * third bits bit 4h + k of hmask vector c; group 8h + 2k + c / 4 */
+            __m256i s[4][2];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) s[k][0] = s[k][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(o + KT_Q3KX8_QS + 32 * (8 * h + c)));
+                const __m256i hm = _mm256_loadu_si256((const __m256i *)(o + 32 * c));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i q = _mm256_or_si256(_mm256_and_si256(k ? _mm256_srli_epi16(v, 2 * k) : v, m3),
+                                                      bit_to_2(hm, 4 * h + k));
+                    s[k][c / 4] = lx8_dot(vnni, evex, s[k][c / 4], q, xq + 128 * h + 32 * k + 4 * c);
+                }
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) {
+                    const int g = 8 * h + 2 * k + e;
+                    __m256i sg = vnni ? s[k][e] : _mm256_madd_epi16(s[k][e], _mm256_set1_epi16(1));
+                    sg = _mm256_sub_epi32(sg, _mm256_set1_epi32(4 * bs[g])); /* sum (q - 4) x */
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(sg, q3x8_scale(u, g)));
+                }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q3KX8_D)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(a->x->d[i])), acc);
+    }
+    _mm256_storeu_ps(a->out + (size_t)tok * a->n_out + r0, acc);
+}
+
+static void q3kx8_avx2(const kq_args *a, int r0, int tok) { q3kx8_tile(a, false, false, r0, tok); }
+static void q3kx8_vnni(const kq_args *a, int r0, int tok) { q3kx8_tile(a, true, false, r0, tok); }
+TARGET_512 static void q3kx8_evex(const kq_args *a, int r0, int tok) { q3kx8_tile(a, true, true, r0, tok); }
+
+INL void iq4xsx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, int tok) {
+    const int nb = a->x->nb;
+    const uint8_t *grp = (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES));
+    const __m256i tab = vnni ? _mm256_xor_si256(values, _mm256_set1_epi8((char)0x80)) : values; /* u or the value */
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KT_IQ4XSX8_BLOCK_BYTES;
+        lx8_prefetch(a, o, KT_IQ4XSX8_BLOCK_BYTES);
+        const size_t i = (size_t)tok * nb + b;
+        const int8_t *xq = a->x->qs + i * QK_K;
+        const int16_t *bs = a->x->bsums + i * 16;
+        /* ls_j = nibble j of the scales_l word | bits 2j, 2j+1 of scales_h << 4 */
+        const __m256i sl = _mm256_loadu_si256((const __m256i *)(o + KT_IQ4XSX8_SCALES_L));
+        const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(o + KT_IQ4XSX8_SCALES_H)));
+        __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m256i ls = _mm256_sub_epi32(
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(sl, 4 * j), _mm256_set1_epi32(15)),
+                                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * j), _mm256_set1_epi32(3)), 4)),
+                _mm256_set1_epi32(32));
+            /* vector 4j + c: values 32j + 4c .. +3 (low nibbles), 32j + 16 + 4c .. (high) */
+            __m256i sj = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(o + 32 * (4 * j + c)));
+                const __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, low));
+                const __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+                const int8_t *xl = xq + 32 * j + 4 * c, *xh = xl + 16;
+                if (vnni) {
+                    sj = lx8_dot(true, evex, sj, lo, xl);
+                    sj = lx8_dot(true, evex, sj, hi, xh);
+                } else { /* |value| x sign(x, value): pairs <= 2 x 127 x 127, widened apart */
+                    int32_t x4l, x4h;
+                    memcpy(&x4l, xl, 4);
+                    memcpy(&x4h, xh, 4);
+                    const __m256i pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(_mm256_set1_epi32(x4l), lo));
+                    const __m256i ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(_mm256_set1_epi32(x4h), hi));
+                    sj = _mm256_add_epi32(sj, _mm256_add_epi32(_mm256_madd_epi16(pl, _mm256_set1_epi16(1)),
+                                                               _mm256_madd_epi16(ph, _mm256_set1_epi16(1))));
+                }
+            }
+            if (vnni) sj = _mm256_sub_epi32(sj, _mm256_set1_epi32(128 * (bs[2 * j] + bs[2 * j + 1])));
+            isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(sj, ls));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_IQ4XSX8_D)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(a->x->d[i])), acc);
+    }
+    _mm256_storeu_ps(a->out + (size_t)tok * a->n_out + r0, acc);
+}
+
+static void iq4xsx8_avx2(const kq_args *a, int r0, int tok) { iq4xsx8_tile(a, false, false, r0, tok); }
+static void iq4xsx8_vnni(const kq_args *a, int r0, int tok) { iq4xsx8_tile(a, true, false, r0, tok); }
+TARGET_512 static void iq4xsx8_evex(const kq_args *a, int r0, int tok) { iq4xsx8_tile(a, true, true, r0, tok); }
+
+typedef void (*lx8_tile_fn)(const kq_args *a, int r0, int tok);
+
+/* Prefill: rows [r0, r1) as plain rows, 8 at a time, through the plain
+ * type's GEMM (gemm: gemm_rows_unpacked's instance); false if out of
+ * memory (the caller then takes the tiles). */
+static bool lx8_gemm(kt_dtype plain, void (*gemm)(const kq_args *, int, int, int, int), const kq_args *a,
+                     int n_in, int n_tokens, int r0, int r1) {
+    char *rows = malloc(KT_X8_ROWS * a->row_bytes);
+    if (!rows) return false;
+    const int nb = a->x->nb;
+    for (int r = r0; r < r1; r += KT_X8_ROWS) {
+        for (int i = 0; i < KT_X8_ROWS; i++)
+            for (int b = 0; b < nb; b++)
+                kt_x8_block(a->w, plain, n_in, r + i, b, rows + (size_t)i * a->row_bytes + (size_t)b * a->block_bytes);
+        kq_args g = *a;
+        g.w = rows;
+        g.out = a->out + r;
+        for (int c0 = 0; c0 < n_tokens; c0 += KQ_CHUNK)
+            gemm(&g, 0, KT_X8_ROWS, c0, c0 + KQ_CHUNK < n_tokens ? c0 + KQ_CHUNK : n_tokens);
+    }
+    free(rows);
+    return true;
+}
+
+void kt_matmul_lowbit_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_act *x, int n_in,
+                              int n_out, int n_tokens, int r0, int r1) {
+    const kt_dtype plain = kt_repack_plain(wtype);
+    const kq_args a = {w, kt_dtype_row_bytes(plain, n_in), kt_dtype_get(plain)->block_bytes, x, out, n_out};
+    static const lx8_tile_fn Q2KX8[3] = {q2kx8_avx2, q2kx8_vnni, q2kx8_evex};
+    static const lx8_tile_fn Q3KX8[3] = {q3kx8_avx2, q3kx8_vnni, q3kx8_evex};
+    static const lx8_tile_fn IQ4XSX8[3] = {iq4xsx8_avx2, iq4xsx8_vnni, iq4xsx8_evex};
+    void (*gemm)(const kq_args *, int, int, int, int) = plain == KT_Q2_K ? q2k_gemm : plain == KT_Q3_K ? q3k_gemm : iq4xs_gemm;
+    const lx8_tile_fn *tiles = plain == KT_Q2_K ? Q2KX8 : plain == KT_Q3_K ? Q3KX8 : IQ4XSX8;
+    if (n_tokens >= LX8_MIN_GEMM && lx8_gemm(plain, gemm, &a, n_in, n_tokens, r0, r1)) return;
+    const lx8_tile_fn tile = kt_cpu_has_avx512_vnni() ? tiles[2] : kt_cpu_has_avx_vnni() ? tiles[1] : tiles[0];
+    for (int r = r0; r < r1; r += KT_X8_ROWS)
+        for (int t = 0; t < n_tokens; t++) tile(&a, r, t);
+}

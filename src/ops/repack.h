@@ -1,5 +1,5 @@
 /*
- * repack.h - Q4_0, IQ4_NL, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
+ * repack.h - Q4_0, IQ4_NL, Q4_1, Q2_K, Q3_K, IQ4_XS, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
  * rewritten at load into the layout the SIMD kernels read fastest
  * (KT_Q4_0_X8, KT_IQ4_NL_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
  * with kt_load_mode KT_LOAD_REPACK (the CLI's default).
@@ -43,6 +43,17 @@
  * Q6_Kx8 likewise for Q6_K, per block b 1680 bytes at b * 1680: 32
  * vectors of ql (vector w, bytes 4r .. 4r+3 = ql[4w .. 4w+3] of row r),
  * 16 of qh (qh[4w ..]), 4 of scales (scales[4u ..]), then the 8 fp16 d.
+ *
+ * Q2_Kx8, Q3_Kx8 and IQ4_XSx8 likewise, every 4-byte word of a block
+ * interleaved (vector w, bytes 4r .. 4r+3 = word w of the part in row r)
+ * and the fp16 fields as 8 rows' values in row order. Per block b:
+ *   Q2_Kx8, 672 bytes at b * 672: 16 vectors of qs, 4 of scales, the
+ *     8 d, the 8 dmin.
+ *   Q3_Kx8, 880 bytes at b * 880: 8 vectors of hmask, 16 of qs, 3 of
+ *     scales, the 8 d.
+ *   IQ4_XSx8, 1088 bytes at b * 1088: 32 vectors of qs, 1 of scales_l,
+ *     the 8 d, the 8 scales_h (little-endian 16-bit words).
+ * Each is 8 plain blocks' bytes: in place.
  *
  * Q5_0x8 is Q4_0x8 plus the fifth bits: nb x 128 bytes of nibbles as
  * Q4_0x8's, then nb x 32 bytes of masks, then nb x 16 bytes of scales.
@@ -141,5 +152,17 @@ static inline const void *kt_x16_at(const void *w, int esz, int n_in, int r, int
 #define KT_Q6KX8_QH 1024
 #define KT_Q6KX8_SCALES (1024 + 512)
 #define KT_Q6KX8_D (1024 + 512 + 128)
+#define KT_Q2KX8_BLOCK_BYTES (KT_X8_ROWS * 84)
+#define KT_Q2KX8_SCALES 512
+#define KT_Q2KX8_D (512 + 128)
+#define KT_Q2KX8_DMIN (512 + 128 + 16)
+#define KT_Q3KX8_BLOCK_BYTES (KT_X8_ROWS * 110)
+#define KT_Q3KX8_QS 256
+#define KT_Q3KX8_SCALES (256 + 512)
+#define KT_Q3KX8_D (256 + 512 + 96)
+#define KT_IQ4XSX8_BLOCK_BYTES (KT_X8_ROWS * 136)
+#define KT_IQ4XSX8_SCALES_L 1024
+#define KT_IQ4XSX8_D (1024 + 32)
+#define KT_IQ4XSX8_SCALES_H (1024 + 32 + 16)
 
 #endif
