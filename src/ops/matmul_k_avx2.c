@@ -1484,8 +1484,9 @@ void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_
  *           takes the signed value and the sign trick instead);
  *           isum = sum_j (ls_j - 32) s_j.
  * The Q2_K and Q3_K group sums fit int16 (|s_g| <= 16 x 7 x 127 + 4 x
- * 16 x 127 = 22352), so the scale product is one madd against the scale
- * as the int16 pair (sc, 0); IQ4_XS's do not (32 x 241 x 127) and take
+ * 16 x 127 = 22352; Q2_K's one-token tile forms 4 s_g for half of them,
+ * <= 24384), so the scale product is one madd against the scale as the
+ * int16 pair (sc, 0); IQ4_XS's do not (32 x 241 x 127) and take
  * mullo. AVX2's maddubs pairs (2 x 7 x 127 at most for Q3_K) are summed
  * 4 at a time in int16 before the madd.
  *
@@ -1548,6 +1549,12 @@ INL void q2kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, 
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) mp[p] = q2x8_min_pair(u, p);
         tile_offset(1, mp, &bs, &imin);
+        /* the fields of odd k are taken in place (v & 0x0C: 4 q), one
+         * shift fewer per field; their sums are 4 times the true ones
+         * (|4 s_g| <= 24384, still the madd's int16) and go to isum4,
+         * divided by 4 once per block (exact: a multiple of 4) */
+        __m256i isum4 = _mm256_setzero_si256();
+        const __m256i m12 = _mm256_set1_epi8(12);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             /* vector 8h + c: values 128h + 32k + 4c .. +3 in bits 2k (k = 0..3),
@@ -1558,18 +1565,21 @@ INL void q2kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, 
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(o + 32 * (8 * h + c)));
+                const __m256i v4 = _mm256_srli_epi16(v, 4);
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
-                    const __m256i q = _mm256_and_si256(k ? _mm256_srli_epi16(v, 2 * k) : v, m3);
+                    const __m256i q = _mm256_and_si256(k < 2 ? v : v4, k % 2 ? m12 : m3);
                     s[k][c / 4] = lx8_dot(vnni, evex, s[k][c / 4], q, xq + 128 * h + 32 * k + 4 * c);
                 }
             }
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                isum = _mm256_add_epi32(isum, lx8_scaled(vnni, s[k][0], q2x8_scale(u, 8 * h + 2 * k)));
-                isum = _mm256_add_epi32(isum, lx8_scaled(vnni, s[k][1], q2x8_scale(u, 8 * h + 2 * k + 1)));
+                __m256i *to = k % 2 ? &isum4 : &isum;
+                *to = _mm256_add_epi32(*to, lx8_scaled(vnni, s[k][0], q2x8_scale(u, 8 * h + 2 * k)));
+                *to = _mm256_add_epi32(*to, lx8_scaled(vnni, s[k][1], q2x8_scale(u, 8 * h + 2 * k + 1)));
             }
         }
+        isum = _mm256_add_epi32(isum, _mm256_srai_epi32(isum4, 2));
         const __m256 dx = _mm256_set1_ps(a->x->d[i]);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q2KX8_D)));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + KT_Q2KX8_DMIN)));
