@@ -39,8 +39,8 @@
  *     (matmul_k_avx2.c) apply the same steps: bit-identical as well. The
  *     activation quantizer is the scalar one on every path.
  *
- * Q4_0x8, IQ4_NLx8 and Q4_Kx8 (ops/repack.h) are Q4_0, IQ4_NL and Q4_K with 8 rows'
- * blocks interleaved at load; the reference reads their blocks back and
+ * The x8 layouts (ops/repack.h: Q4_0x8, IQ4_NLx8, Q4_Kx8, Q2_Kx8, ...)
+ * are the plain types with 8 rows' blocks interleaved at load; the reference reads their blocks back and
  * applies the plain type's steps, and the SIMD kernels must (and do, per
  * the tests) give the same bits from either layout.
  *
