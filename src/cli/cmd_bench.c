@@ -242,7 +242,7 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
     char test[48];
     if (r->n_depth) snprintf(test, sizeof test, "%s%d @ d%d", r->gen ? "tg" : "pp", r->n_tokens, r->n_depth);
     else snprintf(test, sizeof test, "%s%d", r->gen ? "tg" : "pp", r->n_tokens);
-    double gbs = r->gen ? r->median * (double)r->desc->weight_bytes / 1e9 : 0;
+    double gbs = r->gen ? r->median * (double)r->desc->active_bytes / 1e9 : 0; /* MoE: the chosen experts' */
     if (f == FMT_MD) {
         char size[32], params[32];
         printf("| %s | %s | %s | %d | %s | %.2f ± %.2f | %.2f | %.2f | ", base_name(r->model),

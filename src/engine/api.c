@@ -39,7 +39,7 @@ static void describe(kt_model *m) {
         .n_head = c->n_head, .n_head_kv = c->n_head_kv, .n_ff = c->n_ff,
         .n_ctx_train = c->n_ctx_train, .head_dim = c->head_dim,
         .rope_freq_base = c->rope_freq_base, .rms_eps = c->rms_eps,
-        .weight_bytes = m->llm->weight_bytes, .n_params = m->llm->n_params,
+        .weight_bytes = m->llm->weight_bytes, .active_bytes = m->llm->active_bytes, .n_params = m->llm->n_params,
         .bos_id = kt_vocab_bos(m->vocab), .eos_id = kt_vocab_eos(m->vocab),
         .n_repacked = m->n_repacked,
     };

@@ -435,11 +435,16 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
     if ((st = bind_rope_factors(f, c, err))) return st;
     for (int il = 0; il < c->n_layer; il++)
         if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
+    uint64_t expert_bytes = 0;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         m->weight_bytes += t->n_bytes;
         m->n_params += (uint64_t)(t->dims[0] * t->dims[1] * t->dims[2] * t->dims[3]);
+        if (t->n_dims == 3 && c->n_expert && t->dims[2] == c->n_expert) expert_bytes += t->n_bytes;
     }
+    /* a decoded token reads its experts' slabs only */
+    m->active_bytes = m->weight_bytes -
+                      (c->n_expert ? expert_bytes / (uint64_t)c->n_expert * (uint64_t)(c->n_expert - c->n_expert_used) : 0);
     return KT_OK;
 }
 

@@ -35,7 +35,7 @@ typedef struct kt_matmul_part {
     int n_out;
 } kt_matmul_part;
 
-#define KT_MATMUL_MAX_PARTS 3
+#define KT_MATMUL_MAX_PARTS 16 /* a mixture of experts' decode: 8 experts' gate and up */
 
 /* kt_matmul for each part, all with the same x, n_in and n_tokens (a
  * layer's Q, K and V; its gate and up): the activations are quantized once
