@@ -1073,9 +1073,9 @@ INL void kx8_tile(const kq_args *a, const bool q5, const bool vnni, const bool e
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * f->block_bytes;
-        if (T == 1)
+        if (T == 1) /* the next group, into L2 (see x8_prefetch in matmul_avx2.c) */
 #pragma GCC unroll 22
-            for (int l = 0; l < f->block_bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+            for (int l = 0; l < f->block_bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T1);
         __m256i u[3], sc[8], mp[4];
         for (int i = 0; i < 3; i++) u[i] = _mm256_loadu_si256((const __m256i *)(o + f->scales + 32 * i));
 #pragma GCC unroll 8
@@ -1308,7 +1308,7 @@ INL void q6kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, 
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * KT_Q6KX8_BLOCK_BYTES;
 #pragma GCC unroll 27
-        for (int l = 0; l < KT_Q6KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+        for (int l = 0; l < KT_Q6KX8_BLOCK_BYTES; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T1);
         const size_t i = (size_t)tok * nb + b;
         const int8_t *xq = a->x->qs + i * QK_K;
         const int16_t *bs = a->x->bsums + i * 16;
@@ -1529,7 +1529,7 @@ INL __m256i lx8_scaled(const bool vnni, __m256i s, __m256i sc) {
 /* Prefetch block o's bytes in the group 8 rows on. */
 INL void lx8_prefetch(const kq_args *a, const uint8_t *o, const int bytes) {
 #pragma GCC unroll 17
-    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T0);
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T1);
 }
 
 INL void q2kx8_tile(const kq_args *a, const bool vnni, const bool evex, int r0, int tok) {
