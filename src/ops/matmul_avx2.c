@@ -170,13 +170,14 @@ INL __m256i load_levels(const legacy_fmt *f, const char *row, int b) {
  * hardware prefetcher alone does not keep up with several short row
  * streams here (measured 1.5-3x). One prefetch per row every 64 bytes or
  * less: every block for Q8_0 (34 bytes), every other one for Q4_0 (18).
- * Past the matrix's end this fetches nothing useful; prefetches never
- * fault. */
+ * Into L2: a group of rows ahead is tens of KB, which in L1 evicts the
+ * rows being read (as x8_prefetch). Past the matrix's end this fetches
+ * nothing useful; prefetches never fault. */
 INL void prefetch_rows_ahead(const char *const *rows, const int R, size_t row_bytes,
                              size_t block_bytes, int b) {
     if (block_bytes < 32 && (b & 1)) return;
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) _mm_prefetch(rows[r] + (size_t)b * block_bytes + R * row_bytes, _MM_HINT_T0);
+    for (int r = 0; r < R; r++) _mm_prefetch(rows[r] + (size_t)b * block_bytes + R * row_bytes, _MM_HINT_T1);
 }
 
 typedef struct q_args {
