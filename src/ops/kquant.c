@@ -141,6 +141,21 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
     return scale;
 }
 
+/* The x of largest |x|, its sign kept (the first of equal ones), and
+ * |x| in *amax: the scale every ggml quantizer starts from. */
+static float signed_absmax(const float *x, int n, float *amax) {
+    float max = 0;
+    *amax = 0;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > *amax) {
+            *amax = ax;
+            max = x[i];
+        }
+    }
+    return max;
+}
+
 /* ---- make_qx_quants (rmse_type 1): scale of a symmetric sub-block ------
  *
  * x ~ s * (L - nmax), L - nmax in -nmax .. nmax-1, weights x^2: tries the
@@ -148,14 +163,8 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
  * largest |x|, sign kept) and keeps the one with the best weighted
  * least-squares fit (largest sumlx^2 / suml2). Returns s. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = signed_absmax(x, n, &amax);
     if (amax < GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.f;
@@ -452,14 +461,8 @@ void kt_dequantize_row_q2_K(const block_q2_K *y, float *x, int64_t n) {
  * optimum while that improves sumlx^2 / suml2. Levels come back + nmax.
  */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L, bool do_rmse) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = signed_absmax(x, n, &amax);
     if (amax < GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.f;
@@ -742,14 +745,8 @@ void kt_quantize_act_q8_K(const float *x, int64_t n, int8_t *qs, float *d, int16
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float *xb = x + i * QK_K;
         int8_t *q = qs + i * QK_K;
-        float max = 0, amax = 0;
-        for (int j = 0; j < QK_K; j++) {
-            float ax = fabsf(xb[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = xb[j];
-            }
-        }
+        float amax;
+        const float max = signed_absmax(xb, QK_K, &amax);
         if (!amax) {
             d[i] = 0;
             memset(q, 0, QK_K);
