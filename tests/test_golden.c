@@ -263,6 +263,16 @@ static const char *rewritten(const char *name, const char *key, char type, const
     return path;
 }
 
+/* The XXH3-64 of a file's bytes (and its size): how these tests compare
+ * a file with a reference file they do not ship. */
+static uint64_t file_xxh3(const char *path, size_t *size) {
+    char *bytes = tu_read_file(path, size);
+    assert_non_null(bytes);
+    const uint64_t h = XXH3_64bits(bytes, *size);
+    free(bytes);
+    return h;
+}
+
 /* golden/arch's phi3-F16 with Phi-3's LongRoPE added as its converter
  * writes it for Phi-3-mini-128k / Phi-3.5-mini: rope_factors_long and
  * rope_factors_short (16 pairs each; long 1 + 0.37 i, short 1 + 0.02 i,
@@ -319,10 +329,7 @@ static void test_arch_phi3_longrope(void **state) {
         snprintf(path, sizeof path, "%s", tu_tmp(cases[i].orig == 64 ? "phi3-longrope-64.gguf" : "phi3-longrope-4096.gguf"));
         write_longrope(path, cases[i].orig, true);
         size_t size;
-        char *bytes = tu_read_file(path, &size);
-        assert_non_null(bytes);
-        const uint64_t h = XXH3_64bits(bytes, size);
-        free(bytes);
+        const uint64_t h = file_xxh3(path, &size);
         printf("  phi3 LongRoPE, original context %d: file XXH3 %016llx (the reference's %016llx)\n", cases[i].orig,
                (unsigned long long)h, (unsigned long long)cases[i].xxh3);
         assert_true(h == cases[i].xxh3);
@@ -502,10 +509,7 @@ static void test_lowbit_types(void **state) {
         if (tu_run(cmd, NULL, &err) != 0) fail_msg("%s: %s", cmd, err ? err : "");
         free(err);
         size_t size;
-        char *bytes = tu_read_file(out, &size);
-        assert_non_null(bytes);
-        const uint64_t h = XXH3_64bits(bytes, size);
-        free(bytes);
+        const uint64_t h = file_xxh3(out, &size);
         printf("  %s: kettle quantize %s: %zu bytes, XXH3 %016llx (llama-quantize's %016llx)\n", cases[i].name,
                strchr(cases[i].args, '-') ? "--pure" : "", size, (unsigned long long)h,
                (unsigned long long)cases[i].xxh3);
