@@ -4,6 +4,10 @@
  * For each layer:   h = x + Wo * attn(rope(Wq * norm(x)), rope(Wk * ..), Wv * ..)
  *                   x = h + Wdown * (silu(Wgate * norm(h)) * (Wup * norm(h)))
  * then logits = Wout * norm(x). Activations are row-major [token][feature].
+ * Gemma scales the embedding, norms each block's output before its add,
+ * gates with GELU, and may cap scores and logits and attend a window on
+ * some layers (with their own rope angles); a mixture of experts replaces
+ * the FFN by the routed experts' FFNs, weighted.
  * Only the tokens that want logits go past the last layer's K and V: the
  * others' last outputs reach nothing (in a pp512 that is 511 tokens' Q,
  * attention, Wo and FFN of one layer, 1/n_layer of the work).
