@@ -53,7 +53,7 @@ void kt_unpack_q5(const uint8_t *qs, const uint8_t *qh, uint8_t *q);
 
 /* ---- Q8_K activations (K-quant weights) --------------------------------
  *
- * The activations of a matmul with Q4_K/Q5_K/Q6_K weights, quantized with
+ * The activations of a matmul with Q2_K..Q6_K or IQ4_XS weights, quantized with
  * kt_quantize_act_q8_K (kquant.h): block b of token t (nb = n_in / 256
  * blocks per token) has its 256 values at qs + (t * nb + b) * 256 (64-byte
  * aligned if qs is), its float scale at d[t * nb + b] and its 16 sums of
