@@ -1202,7 +1202,7 @@ INL void f_tile(const f_args *a, const kt_dtype wt, const int R, const int T, in
         if (T == 1 && (i & (64 / esz - 1)) == 0) { /* one line ahead of the next R rows */
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++)
-                _mm_prefetch(rows[r] + (size_t)i * esz + (size_t)R * a->row_bytes, _MM_HINT_T0);
+                _mm_prefetch(rows[r] + (size_t)i * esz + (size_t)R * a->row_bytes, _MM_HINT_T1);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -1288,7 +1288,7 @@ TARGET_512 INL void f_tile_512(const f_args *a, const kt_dtype wt, const int P, 
         if (T == 1 && (i & (64 / esz - 1)) == 0) { /* one line ahead of the next 2P rows */
 #pragma GCC unroll 8
             for (int r = 0; r < 2 * P; r++)
-                _mm_prefetch(rows[r] + (size_t)i * esz + (size_t)2 * P * a->row_bytes, _MM_HINT_T0);
+                _mm_prefetch(rows[r] + (size_t)i * esz + (size_t)2 * P * a->row_bytes, _MM_HINT_T1);
         }
         __m512 w[FW_PAIRS_MAX];
 #pragma GCC unroll 4
