@@ -295,28 +295,26 @@ static int64_t *tensor_order(const gguf_file *f) {
 }
 
 /* "<arch>.<suffix>" as an int, or def. */
-static int64_t arch_int(const gguf_file *f, const char *suffix, int64_t def) {
-    char arch[64] = "", key[128];
-    if (!gguf_get_str(f, "general.architecture", arch, sizeof arch)) return def;
+static int64_t arch_int(const gguf_file *f, const char *arch, const char *suffix, int64_t def) {
+    char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int64_t v;
     return gguf_get_i64(f, key, def, &v) ? v : def;
 }
 
 /* The hyper-parameters llama.cpp's rules read: layers (its n_ffn_down),
- * heads per KV head, experts. A file without them gets the values that
- * turn those rules off. */
+ * heads per KV head, experts, whether the loader calls the model a 70B.
+ * A file without them gets the values that turn those rules off. */
 static void read_hparams(const gguf_file *f, mix_state *m) {
-    const int64_t n_layer = arch_int(f, "block_count", 0), n_head = arch_int(f, "attention.head_count", 1);
-    const int64_t n_kv = arch_int(f, "attention.head_count_kv", n_head);
+    char a[64] = "";
+    gguf_get_str(f, "general.architecture", a, sizeof a);
+    const int64_t n_layer = arch_int(f, a, "block_count", 0), n_head = arch_int(f, a, "attention.head_count", 1);
+    const int64_t n_kv = arch_int(f, a, "attention.head_count_kv", n_head), e = arch_int(f, a, "expert_count", 0);
     m->n_layer = n_layer > 0 && n_layer < 1 << 20 ? (int)n_layer : 0;
     m->n_gqa = n_kv > 0 && n_head > 0 && n_head / n_kv < 1 << 20 ? (int)(n_head / n_kv) : 1;
-    const int64_t e = arch_int(f, "expert_count", 0);
     m->n_expert = e > 0 && e < 1 << 20 ? (int)e : 0;
     /* the archs whose loaders call 80 (jais2: 68) layers LLM_TYPE_70B;
      * llama's 80 layers without GQA are its 65B */
-    char a[64] = "";
-    gguf_get_str(f, "general.architecture", a, sizeof a);
     m->is_70b = (!strcmp(a, "llama") && n_layer == 80 && n_head != n_kv) ||
                 ((!strcmp(a, "qwen2") || !strcmp(a, "olmo") || !strcmp(a, "deci")) && n_layer == 80) ||
                 (!strcmp(a, "jais2") && n_layer == 68);

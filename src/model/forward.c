@@ -85,7 +85,9 @@ llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err) {
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim) + 1; /* + 1: never 0 bytes */
     w->rope_cs = malloc(B * pairs * sizeof(float));
     w->rope_sn = malloc(B * pairs * sizeof(float));
-    if (c->n_swa > 0) {
+    /* local layers' own angles only where they differ (gemma2's are the
+     * global ones) */
+    if (c->n_swa > 0 && (c->rope_freq_base_swa != c->rope_freq_base || (c->swa_rope_plain && c->rope_scaled))) {
         w->rope_cs_swa = malloc(B * pairs * sizeof(float));
         w->rope_sn_swa = malloc(B * pairs * sizeof(float));
         if (!w->rope_cs_swa || !w->rope_sn_swa) goto nomem;

@@ -240,8 +240,34 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
 
 /* ---- weights ---- */
 
+/* Binds tensor `name` and checks it is [n_in, n_out] (n_out 0: a vector of
+ * n_in) of a type the kernels read; a missing optional tensor leaves
+ * t->data NULL. */
 static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out, bool optional,
-                      llm_tensor *t, kt_error *err);
+                      llm_tensor *t, kt_error *err) {
+    memset(t, 0, sizeof *t);
+    const gguf_tensor *g = gguf_tensor_find(f, name);
+    if (!g) {
+        if (optional) return KT_OK;
+        return kt_error_set(err, KT_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    bool vector = n_out == 0;
+    int want_dims = vector ? 1 : 2;
+    bool shape_ok = g->dims[0] == n_in && (vector ? g->n_dims == 1 : g->n_dims == 2 && g->dims[1] == n_out);
+    if (!shape_ok)
+        return kt_error_set(err, KT_ERR_FORMAT,
+                            "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, %d] (%d dims)",
+                            name, (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in,
+                            vector ? 1 : n_out, want_dims);
+    if (vector ? g->type != KT_F32 : !kt_matmul_supported(g->type))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kettle cannot %s yet",
+                            name, kt_dtype_name(g->type), vector ? "use for a norm or bias (needs F32)" : "multiply");
+    t->data = g->data;
+    t->type = g->type;
+    t->n_in = n_in;
+    t->n_out = vector ? 1 : n_out;
+    return KT_OK;
+}
 
 /* Tensor `name` of per-pair rope factors (n_pairs F32 values, each > 0),
  * or NULL where the file has none. */
@@ -287,35 +313,6 @@ static kt_status bind_rope_factors(const gguf_file *f, llm_config *c, kt_error *
     c->rope_factors_long = lng, c->rope_factors_short = sht;
     c->rope_scaling.factors = freqs ? freqs : sht;
     c->rope_scaled |= freqs || sht;
-    return KT_OK;
-}
-
-/* Binds tensor `name` and checks it is [n_in, n_out] (n_out 0: a vector of
- * n_in) of a type the kernels read; a missing optional tensor leaves
- * t->data NULL. */
-static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out, bool optional,
-                      llm_tensor *t, kt_error *err) {
-    memset(t, 0, sizeof *t);
-    const gguf_tensor *g = gguf_tensor_find(f, name);
-    if (!g) {
-        if (optional) return KT_OK;
-        return kt_error_set(err, KT_ERR_FORMAT, "missing tensor '%s'", name);
-    }
-    bool vector = n_out == 0;
-    int want_dims = vector ? 1 : 2;
-    bool shape_ok = g->dims[0] == n_in && (vector ? g->n_dims == 1 : g->n_dims == 2 && g->dims[1] == n_out);
-    if (!shape_ok)
-        return kt_error_set(err, KT_ERR_FORMAT,
-                            "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, %d] (%d dims)",
-                            name, (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in,
-                            vector ? 1 : n_out, want_dims);
-    if (vector ? g->type != KT_F32 : !kt_matmul_supported(g->type))
-        return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kettle cannot %s yet",
-                            name, kt_dtype_name(g->type), vector ? "use for a norm or bias (needs F32)" : "multiply");
-    t->data = g->data;
-    t->type = g->type;
-    t->n_in = n_in;
-    t->n_out = vector ? 1 : n_out;
     return KT_OK;
 }
 
