@@ -27,7 +27,7 @@
 #include "kv/block_pool.h"
 
 static kv_pool *make_pool(int n_blocks, int bt, int n_layer, int kv_dim, kv_type t) {
-    kv_pool_params p = {n_blocks, bt, n_layer, kv_dim, t};
+    kv_pool_params p = {n_blocks, bt, n_layer, kv_dim, t, 0, NULL, 0};
     kt_error err = {0};
     kv_pool *pool = kv_pool_new(&p, &err);
     if (!pool) fail_msg("kv_pool_new: %s", err.msg);
@@ -172,17 +172,17 @@ static void test_alloc_free(void **state) {
 static void test_bad_params(void **state) {
     (void)state;
     kt_error err = {0};
-    kv_pool_params p = {0, 16, 2, 4, KV_F16};
+    kv_pool_params p = {0, 16, 2, 4, KV_F16, 0, NULL, 0};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
-    p = (kv_pool_params){4, 16, 2, 4, (kv_type)7};
+    p = (kv_pool_params){4, 16, 2, 4, (kv_type)7, 0, NULL, 0};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
     assert_non_null(strstr(err.msg, "element type 7"));
-    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0}; /* rows not whole Q8_0 blocks */
+    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0, 0, NULL, 0}; /* rows not whole Q8_0 blocks */
     assert_null(kv_pool_new(&p, &err));
     assert_non_null(strstr(err.msg, "multiple of 32"));
-    p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32};
+    p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32, 0, NULL, 0};
     memset(&err, 0, sizeof err);
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
@@ -220,7 +220,7 @@ static void test_exhaustion(void **state) {
     assert_int_equal(kv_seq_append(b, 1, &err), KT_ERR_NOMEM);
     assert_int_equal(b->len, 0);
     /* A fork needs no blocks, but writing into its shared partial block does. */
-    kv_seq_truncate(a, 4 * BT - 2);
+    kv_seq_truncate(a, 4 * BT - 2, NULL);
     kv_seq *f = kv_seq_fork(a, &err);
     assert_non_null(f);
     assert_int_equal(kv_seq_append(f, 1, &err), KT_ERR_NOMEM);
@@ -259,17 +259,17 @@ static void test_append_truncate(void **state) {
     }
     kt_error err = {0};
     assert_int_equal(kv_seq_append(s, -1, &err), KT_ERR_ARG);
-    kv_seq_truncate(s, 20); /* past the end: nothing */
+    kv_seq_truncate(s, 20, NULL); /* past the end: nothing */
     assert_int_equal(s->len, 10);
-    kv_seq_truncate(s, 8); /* block 2 wholly past: released */
+    kv_seq_truncate(s, 8, NULL); /* block 2 wholly past: released */
     assert_int_equal(s->n_blocks, 2);
     assert_int_equal(kv_pool_n_used(pool), 2);
-    kv_seq_truncate(s, 5); /* block 1 still holds position 4 */
+    kv_seq_truncate(s, 5, NULL); /* block 1 still holds position 4 */
     assert_int_equal(s->n_blocks, 2);
     for (int p = 0; p < 5; p++) assert_true(pos_holds(s, p, (uint32_t)p + 1));
     append_ok(s, 3); /* refills block 1, no new block */
     assert_int_equal(kv_pool_n_used(pool), 2);
-    kv_seq_truncate(s, -3);
+    kv_seq_truncate(s, -3, NULL);
     assert_int_equal(s->len, 0);
     assert_int_equal(s->n_blocks, 0);
     assert_int_equal(kv_pool_n_free(pool), 16);
@@ -432,7 +432,7 @@ static void stress_step(kv_pool *pool, shadow *sh, kt_rng *r) {
     kv_seq *s = sh[i].seq;
     if (op < 4) op_append(pool, &sh[i], r);
     else if (op < 6) op_overwrite(&sh[i], r);
-    else if (op < 8) kv_seq_truncate(s, (int)(kt_rng_u64(r) % (uint64_t)(s->len + 1)));
+    else if (op < 8) kv_seq_truncate(s, (int)(kt_rng_u64(r) % (uint64_t)(s->len + 1)), NULL);
     else if (op < 9) op_fork(sh, i);
     else {
         kv_seq_free(s);

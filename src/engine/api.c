@@ -312,7 +312,7 @@ int kt_session_n_past(const kt_session *s) {
 }
 
 void kt_session_truncate(kt_session *s, int n_keep) {
-    if (n_keep >= 0) kv_seq_truncate(s->seq, n_keep);
+    if (n_keep >= 0) kv_seq_truncate(s->seq, n_keep, NULL); /* one block of n_ctx: no window is ever given back */
 }
 
 /* Tokens [0, n) at the end of the sequence, LLM_MAX_BATCH at a time. */

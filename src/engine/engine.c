@@ -491,7 +491,7 @@ static void share_prefix(kt_engine *e, int a_index) {
     kv_seq *seq = r->choices[0].seq;
     int m = kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
     if (m * KV_BLOCK_TOKENS > r->n_cached) {
-        kv_seq_truncate(seq, 0);
+        kv_seq_truncate(seq, 0, NULL);
         int before = r->n_cached;
         r->n_prefilled = r->n_cached = take_cached_prefix(e, r, seq);
         if (r->n_cached > before) note_cached(e, r, before);

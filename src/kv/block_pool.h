@@ -26,6 +26,24 @@
  * for one layer needs only kv_pool_plane() and the two strides. Block
  * memory is not zeroed: a position holds garbage until it is written.
  *
+ * Window layers (Gemma's sliding-window layers, params.window > 0 with
+ * params.windowed[layer] set) attend only the last `window` positions,
+ * so their planes do not hold a row for every block: they form a second
+ * group of planes with n_window_blocks block-sized *window slots*, and a
+ * block has a slot only while somebody needs its window rows. The
+ * full-context layers' planes come first, in layer order, then the window
+ * layers'; a window layer's row of block b is at slot_of(b) * block_bytes
+ * in its plane (kv_pool_row translates; kv_seq.slots is the table the
+ * attention kernels read). A sequence of len positions holds the slots of
+ * its blocks from win_lo on (W4 below), which covers every position the
+ * next token attends, plus one block of slack so that a rollback of up to
+ * block_tokens positions keeps its window. A slot nobody holds is freed,
+ * or, when its block is cached, parked on the window idle list (LRU) so
+ * that a prefix-cache hit ending in that block finds its window; slot
+ * allocation takes the oldest idle slot when none is free. Hence a
+ * cached block may have lost its window: kv_pool_window_covers says
+ * whether a hit of a given length can be resumed.
+ *
  * Cached blocks (the prefix cache, kv/prefix_cache.c): a block marked
  * cached holds KV that an index can find by its tokens. Its positions are
  * never written again (a sequence that would write one copies it first),
@@ -48,6 +66,16 @@
  *   S2  a kv_seq with len positions holds exactly ceil(len / block_tokens)
  *       blocks; position p lives in blocks[p / block_tokens] at offset
  *       p % block_tokens.
+ * Window slots (W1-W3 checked by kv_pool_check):
+ *   W1  slot_of(b) == s iff owner(s) == b; a slot is free iff it has no
+ *       owner, and then it is on the window free stack, once;
+ *   W2  a slot with holders is on neither list; one without holders is
+ *       on the window idle list iff its owner is cached (else it is free);
+ *   W3  counts as P2, for slots;
+ *   W4  a kv_seq holds one slot reference for each table entry i >=
+ *       win_lo (slots[i] == slot_of(blocks[i])), win_lo <= the first block
+ *       the token at position len attends (kv_window_first_block), and
+ *       slots[i] == -1 below win_lo.
  *
  * Not thread-safe: one engine thread owns the pool and its sequences.
  */
@@ -72,6 +100,10 @@ typedef struct kv_pool_params {
     int n_layer;      /* layers, >= 1 */
     int kv_dim;       /* n_head_kv * head_dim: values per position per K or V */
     kv_type type;     /* element type; the pool only sizes and addresses bytes */
+    /* window layers (see above); window 0: none, every layer full */
+    int window;              /* positions a window layer's token attends, itself included */
+    const uint8_t *windowed; /* n_layer flags (copied by kv_pool_new) */
+    int n_window_blocks;     /* window slots, in [1, n_blocks] when some layer is windowed */
 } kv_pool_params;
 
 typedef struct kv_pool kv_pool;
@@ -94,8 +126,34 @@ int kv_pool_n_total(const kv_pool *pool);
 int kv_pool_n_free(const kv_pool *pool);
 int kv_pool_n_idle(const kv_pool *pool);
 int kv_pool_n_used(const kv_pool *pool);
-/* True if n blocks can be allocated now (free or idle). */
+/* True if n blocks can be allocated now (free or idle), each with a
+ * window slot where the pool has window layers. */
 bool kv_pool_can_alloc(const kv_pool *pool, int n);
+
+/* ---- window slots ---- */
+
+/* Layers with window planes (0: the pool has no window group). */
+int kv_pool_n_window_layers(const kv_pool *pool);
+bool kv_pool_layer_windowed(const kv_pool *pool, int layer);
+/* Slot counters, as the block ones (all 0 without window layers). */
+int kv_pool_n_window_total(const kv_pool *pool);
+int kv_pool_n_window_used(const kv_pool *pool);
+/* The first block whose positions the token at position len attends in a
+ * window layer: floor(max(0, len + 1 - window) / block_tokens). */
+int kv_window_first_block(const kv_pool *pool, int len);
+/* Whether block id has its window rows (always true without window
+ * layers). */
+bool kv_pool_has_window(const kv_pool *pool, int32_t id);
+/* Whether a sequence of len positions over blocks[0..n_blocks) could go on:
+ * every block the next token attends in a window layer still has its
+ * window rows. */
+bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int n_blocks, int len);
+/* Gives block id (referenced, without a window) a slot with one holder,
+ * the caller; KT_ERR_NOMEM when no slot is free or idle. For loading a
+ * block's window rows (the disk cache). */
+kt_status kv_pool_window_alloc(kv_pool *pool, int32_t id, kt_error *err);
+/* Drops the caller's hold on block id's slot (kv_pool_window_alloc's). */
+void kv_pool_window_release(kv_pool *pool, int32_t id);
 
 /* Takes a free block (refcount 1) into *id in O(1), or, when none is
  * free, the least recently released idle cached block (which stops being
@@ -125,12 +183,15 @@ int kv_pool_refcount(const kv_pool *pool, int32_t id);
 /* Strides of the layout above. */
 size_t kv_pool_row_bytes(const kv_pool *pool);
 size_t kv_pool_block_bytes(const kv_pool *pool);
-/* Start of the (layer, kind) plane: block b of it is at + b * block_bytes. */
+/* Start of the (layer, kind) plane: block b of it is at + b * block_bytes
+ * (a window layer's: slot s at + s * block_bytes). */
 void *kv_pool_plane(const kv_pool *pool, int layer, kv_kind kind);
 /* The row (kv_dim elements) of position `off` of block `id`. No checks:
- * the caller passes ids from a table and in-range layer/off. */
+ * the caller passes ids from a table and in-range layer/off, and for a
+ * window layer a block that has its window. */
 void *kv_pool_row(const kv_pool *pool, int32_t id, int layer, kv_kind kind, int off);
-/* Copies the first n_pos positions of every plane of block src to dst. */
+/* Copies the first n_pos positions of every plane of block src to dst
+ * (the window planes where both have slots). */
 void kv_pool_copy_block(kv_pool *pool, int32_t dst, int32_t src, int n_pos);
 
 /* Verifies P1 and P2 in O(n_blocks); KT_ERR_INTERNAL naming the first
@@ -143,6 +204,8 @@ kt_status kv_pool_check(const kv_pool *pool, kt_error *err);
 typedef struct kv_seq {
     kv_pool *pool;
     int32_t *blocks; /* blocks[i] holds positions [i*bt, (i+1)*bt) */
+    int32_t *slots;  /* blocks[i]'s window slot from win_lo on, -1 before (NULL: no window layers) */
+    int win_lo;      /* W4 */
     int n_blocks;    /* == ceil(len / block_tokens) (S2) */
     int cap;         /* allocated entries of blocks */
     int len;         /* positions in the sequence */
@@ -163,18 +226,23 @@ void kv_seq_free(kv_seq *seq);
  * partial last block if it is shared (copy-on-write) and allocates new
  * blocks as needed. All or nothing: when the blocks are not there it fails
  * with KT_ERR_NOMEM, naming how many it needed and how many were free, and
- * changes nothing. */
+ * changes nothing (but the window slots it no longer needs, which it
+ * gives back first). */
 kt_status kv_seq_append(kv_seq *seq, int n, kt_error *err);
 /* An empty sequence takes blocks[0..n_blocks) (each retained; an idle
  * cached block is revived) as its first len positions; n_blocks must be
  * exactly ceil(len / block_tokens). A shared or cached last block is
  * copied before the sequence writes into it. KT_ERR_ARG / KT_ERR_INTERNAL
  * (nothing changed) for a non-empty sequence, a count that does not
- * match, or a free block. */
+ * match, a free block, or window rows that are gone
+ * (kv_pool_window_covers). */
 kt_status kv_seq_share(kv_seq *seq, const int32_t *blocks, int n_blocks, int len, kt_error *err);
 /* Keeps the first n positions (n >= len: no-op; n < 0 counts as 0) and
- * releases the blocks wholly past them. */
-void kv_seq_truncate(kv_seq *seq, int n);
+ * releases the blocks wholly past them. KT_ERR_ARG (nothing changed) when
+ * the window layers no longer hold what position n's token attends: a
+ * sequence gives back window rows as it grows, so it can roll back to 0
+ * or to any length >= (its length before its last append) - block_tokens. */
+kt_status kv_seq_truncate(kv_seq *seq, int n, kt_error *err);
 /* A new sequence sharing every block of seq (each retained once more); the
  * next write to a shared block copies it. NULL with err on failure. */
 kv_seq *kv_seq_fork(const kv_seq *seq, kt_error *err);

@@ -43,6 +43,7 @@ struct llm_work {
     /* per token of a chunk: its block table and attention length, and
      * the cos / sin of its rope angles ([LLM_MAX_BATCH][rope pairs]) */
     const int32_t **blocks;
+    const int32_t **slots; /* per token: its sequence's window slots (kv_seq.slots), for window layers */
     int *n_pos;
     float *rope_cs, *rope_sn;
     float *rope_cs_swa, *rope_sn_swa; /* the sliding-window layers' own angles (NULL: none) */
@@ -81,6 +82,7 @@ llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err) {
             goto nomem;
     }
     w->blocks = malloc(B * sizeof *w->blocks);
+    w->slots = malloc(B * sizeof *w->slots);
     w->n_pos = malloc(B * sizeof *w->n_pos);
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim) + 1; /* + 1: never 0 bytes */
     w->rope_cs = malloc(B * pairs * sizeof(float));
@@ -93,7 +95,7 @@ llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err) {
         if (!w->rope_cs_swa || !w->rope_sn_swa) goto nomem;
     }
     if (!w->x || !w->xn || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
-        !w->blocks || !w->n_pos || !w->rope_cs || !w->rope_sn)
+        !w->blocks || !w->slots || !w->n_pos || !w->rope_cs || !w->rope_sn)
         goto nomem;
     return w;
 nomem:
@@ -113,6 +115,7 @@ void llm_work_free(llm_work *w) {
     free(w->gate);
     free(w->up);
     free(w->blocks);
+    free(w->slots);
     free(w->n_pos);
     free(w->rope_cs);
     free(w->rope_sn);
@@ -126,6 +129,7 @@ kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens,
     kv_pool_params p = {
         .n_blocks = n_blocks, .block_tokens = block_tokens, .n_layer = m->cfg.n_layer,
         .kv_dim = m->cfg.n_head_kv * m->cfg.head_dim, .type = type,
+        .window = m->cfg.n_swa > 0 ? m->cfg.n_swa : 0, .windowed = m->kv_windowed, .n_window_blocks = n_blocks,
     };
     return p;
 }
@@ -358,12 +362,14 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
     const llm_config *c = &m->cfg;
     const int q_dim = c->n_head * c->head_dim;
     const kv_pool_params *kp = kv_pool_get_params(kv);
+    /* a window layer's rows live in its own planes, addressed by slot */
+    const bool by_slot = kv_pool_layer_windowed(kv, il);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
         .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
         .n_tokens = n, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
         .q_stride = q_dim, .out_stride = q_dim,
-        .kv_type = kv_type_dtype(kp->type), .blocks = w->blocks, .block_tokens = kp->block_tokens,
+        .kv_type = kv_type_dtype(kp->type), .blocks = by_slot ? w->slots : w->blocks, .block_tokens = kp->block_tokens,
         .row_bytes = kv_pool_row_bytes(kv), .block_bytes = kv_pool_block_bytes(kv), .n_pos = w->n_pos,
         .softcap = c->attn_softcap, .window = m->layers[il].swa ? c->n_swa : 0,
     };
@@ -418,6 +424,7 @@ static int keep_output_rows(const llm_config *c, llm_work *w, const llm_batch *b
                 memcpy(w->rope_sn_swa + j * pairs, w->rope_sn_swa + t * pairs, pair_bytes);
             }
             w->blocks[j] = w->blocks[t];
+            w->slots[j] = w->slots[t];
             w->n_pos[j] = w->n_pos[t];
         }
         j++;
@@ -564,6 +571,7 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
     const llm_config *c = &m->cfg;
     for (int t = 0; t < n; t++) {
         w->blocks[t] = b->seq[t0 + t]->blocks;
+        w->slots[t] = b->seq[t0 + t]->slots;
         w->n_pos[t] = b->pos[t0 + t] + 1;
     }
     embed(m, b->tokens + t0, n, w->x);

@@ -46,8 +46,10 @@ typedef struct llm_work llm_work;
 llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err);
 void llm_work_free(llm_work *w);
 
-/* The pool parameters that fit model m: kv_dim and n_layer from its
- * config, the rest from the arguments. */
+/* The pool parameters that fit model m: kv_dim, n_layer and the
+ * sliding-window layers from its config (with as many window slots as
+ * blocks: a caller that wants the window layers' memory back sets
+ * n_window_blocks lower), the rest from the arguments. */
 kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens, kv_type type);
 
 /* The cache element type asked for (KT_KV_DEFAULT: dflt) as the pool's

@@ -453,11 +453,13 @@ llm_model *llm_model_load(const gguf_file *f, kt_error *err) {
     }
     if (read_config(f, &m->cfg, err)) goto fail;
     m->layers = calloc((size_t)m->cfg.n_layer, sizeof *m->layers);
-    if (!m->layers) {
+    m->kv_windowed = calloc((size_t)m->cfg.n_layer, 1);
+    if (!m->layers || !m->kv_windowed) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory loading the model");
         goto fail;
     }
     if (bind_weights(f, m, err)) goto fail;
+    for (int il = 0; il < m->cfg.n_layer; il++) m->kv_windowed[il] = m->layers[il].swa;
     return m;
 fail:
     llm_model_free(m);
@@ -513,5 +515,6 @@ void llm_model_free(llm_model *m) {
     if (!m) return;
     for (int il = 0; m->layers && il < m->cfg.n_layer; il++) free(m->layers[il].experts);
     free(m->layers);
+    free(m->kv_windowed);
     free(m);
 }

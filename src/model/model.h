@@ -87,6 +87,7 @@ typedef struct llm_model {
     llm_config cfg;
     llm_tensor tok_embd, output_norm, output; /* output may be tok_embd */
     llm_layer *layers;                        /* cfg.n_layer of them */
+    uint8_t *kv_windowed;                     /* per layer: llm_layer.swa, as the KV pool takes it */
     uint64_t weight_bytes, n_params;
     uint64_t active_bytes; /* weight_bytes less the experts a token does not use */
 } llm_model;
