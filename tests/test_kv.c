@@ -15,7 +15,13 @@
  *     truncating, forking, freeing, for F32 and F16 pools): after every step
  *     the pool invariants hold, each block's refcount equals the number of
  *     table entries naming it, the free count equals the blocks nobody
- *     names, and each sequence reads back exactly what it wrote.
+ *     names, and each sequence reads back exactly what it wrote;
+ *   - the same with window layers (a sliding-window layer among full
+ *     ones, fewer window slots than blocks), plus cache-and-share of freed
+ *     sequences: W1-W4 after every step, a sequence holds at most its
+ *     window's slots, a share is refused exactly when
+ *     kv_pool_window_covers says the window is gone, a rollback past the
+ *     window is refused and changes nothing.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,10 +52,15 @@ static uint32_t elem_value(uint32_t tag, int layer, int kind, int d) {
 
 /* Writes the row of pos with values derived from tag (raw bytes: the pool
  * does not interpret them; F16 rows keep the low 16 bits). */
+/* A window layer has rows only from the sequence's win_lo block on. */
+static bool has_row(const kv_seq *s, int layer, int pos) {
+    return !kv_pool_layer_windowed(s->pool, layer) || pos >= s->win_lo * s->block_tokens;
+}
+
 static void write_pos(kv_seq *s, int pos, uint32_t tag) {
     const kv_pool_params *p = kv_pool_get_params(s->pool);
     for (int l = 0; l < p->n_layer; l++)
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2 && has_row(s, l, pos); k++) {
             void *row = kv_seq_row(s, l, (kv_kind)k, pos);
             for (int d = 0; d < p->kv_dim; d++) {
                 uint32_t v = elem_value(tag, l, k, d);
@@ -63,7 +74,7 @@ static void write_pos(kv_seq *s, int pos, uint32_t tag) {
 static bool pos_holds(const kv_seq *s, int pos, uint32_t tag) {
     const kv_pool_params *p = kv_pool_get_params(s->pool);
     for (int l = 0; l < p->n_layer; l++)
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2 && has_row(s, l, pos); k++) {
             const void *row = kv_seq_row(s, l, (kv_kind)k, pos);
             for (int d = 0; d < p->kv_dim; d++) {
                 uint32_t v = elem_value(tag, l, k, d);
@@ -346,8 +357,13 @@ typedef struct shadow {
 static void check_all(const kv_pool *pool, const shadow *sh) {
     assert_pool_ok(pool);
     int nb = kv_pool_n_total(pool), bt = kv_pool_get_params(pool)->block_tokens;
-    int *refs = calloc((size_t)nb, sizeof *refs);
+    int *refs = calloc((size_t)nb, sizeof *refs), *window_refs = calloc((size_t)nb, sizeof *window_refs);
     assert_non_null(refs);
+    assert_non_null(window_refs);
+    /* a sequence holds its next token's window, one block of slack, and
+     * what its last append (at most 12 positions) added */
+    const kv_pool_params *pp = kv_pool_get_params(pool);
+    const int max_held = (pp->window + 12 + bt - 1) / bt + 2;
     long total_refs = 0, total_entries = 0;
     for (int i = 0; i < SLOTS; i++) {
         const kv_seq *s = sh[i].seq;
@@ -355,6 +371,15 @@ static void check_all(const kv_pool *pool, const shadow *sh) {
         assert_int_equal(s->n_blocks, (s->len + bt - 1) / bt); /* S2 */
         total_entries += s->n_blocks;
         for (int j = 0; j < s->n_blocks; j++) refs[s->blocks[j]]++;
+        if (kv_pool_n_window_layers(pool) > 0) { /* W4 */
+            if (s->len > 0) assert_true(s->win_lo <= kv_window_first_block(pool, s->len));
+            for (int j = 0; j < s->n_blocks; j++) {
+                if (j < s->win_lo) assert_int_equal(s->slots[j], -1);
+                else assert_true(kv_pool_has_window(pool, s->blocks[j]) && s->slots[j] >= 0);
+                window_refs[s->blocks[j]] += j >= s->win_lo;
+            }
+            assert_true(s->n_blocks - s->win_lo <= max_held);
+        }
         for (int p = 0; p < s->len; p++)
             if (!pos_holds(s, p, sh[i].tags[p])) fail_msg("slot %d pos %d: wrong data", i, p);
     }
@@ -365,13 +390,19 @@ static void check_all(const kv_pool *pool, const shadow *sh) {
         unnamed += refs[b] == 0;
     }
     assert_int_equal(total_refs, total_entries);
-    assert_int_equal(kv_pool_n_free(pool), unnamed);
+    assert_int_equal(kv_pool_n_free(pool) + kv_pool_n_idle(pool), unnamed); /* free, or cached and idle */
+    if (kv_pool_n_window_layers(pool) > 0) { /* the slots in use are the ones sequences hold */
+        int held = 0;
+        for (int b = 0; b < nb; b++) held += window_refs[b] > 0;
+        assert_int_equal(kv_pool_n_window_used(pool), held);
+    }
     free(refs);
+    free(window_refs);
 }
 
 static uint32_t next_tag = 1;
 /* How often the interesting paths ran: the test asserts each did. */
-static int n_refused, n_copied, n_forked;
+static int n_refused, n_copied, n_forked, n_shared, n_rollback_refused, n_share_refused;
 
 /* True if entry i of s names a block shared with another table. */
 static bool shared_at(const kv_seq *s, int i) {
@@ -423,41 +454,114 @@ static void op_fork(shadow *sh, int from) {
     }
 }
 
+/* A truncation is refused only where the window layers gave the rows
+ * back, and then changes nothing. */
+static void op_truncate(shadow *sh, kt_rng *r) {
+    kv_seq *s = sh->seq;
+    int n = (int)(kt_rng_u64(r) % (uint64_t)(s->len + 1)), len = s->len;
+    kt_error err = {0};
+    if (kv_seq_truncate(s, n, &err) == KT_OK) return;
+    n_rollback_refused++;
+    assert_int_equal(err.status, KT_ERR_ARG);
+    assert_true(n > 0 && s->win_lo > kv_window_first_block(s->pool, n));
+    assert_int_equal(s->len, len);
+}
+
+/* What a freed, cached sequence left (as the prefix cache remembers it):
+ * its blocks with their generations, and its data. */
+static struct {
+    int32_t blocks[MAX_LEN];
+    uint32_t gen[MAX_LEN];
+    int n_blocks, len;
+    uint32_t tags[MAX_LEN];
+} ghost;
+
+/* Frees sh's sequence; with `cache`, as a finished request: its blocks
+ * marked cached first and remembered in the ghost. */
+static void op_free(kv_pool *pool, shadow *sh, bool cache) {
+    kv_seq *s = sh->seq;
+    if (cache) {
+        for (int j = 0; j < s->n_blocks; j++) {
+            kv_pool_mark_cached(pool, s->blocks[j]);
+            ghost.blocks[j] = s->blocks[j];
+            ghost.gen[j] = kv_pool_generation(pool, s->blocks[j]);
+        }
+        ghost.n_blocks = s->n_blocks, ghost.len = s->len;
+        memcpy(ghost.tags, sh->tags, sizeof ghost.tags);
+    }
+    kv_seq_free(s);
+    sh->seq = NULL;
+}
+
+/* A new sequence in an empty shadow takes the ghost's blocks over, as a
+ * prefix-cache hit does, when they are all still cached (not taken back)
+ * and their window is still there: kv_pool_window_covers says whether it
+ * is, and share agrees. */
+static void op_cache_share(kv_pool *pool, shadow *sh) {
+    for (int j = 0; j < ghost.n_blocks; j++)
+        if (!kv_pool_is_cached(pool, ghost.blocks[j]) || kv_pool_generation(pool, ghost.blocks[j]) != ghost.gen[j])
+            return;
+    for (int i = 0; i < SLOTS; i++) {
+        if (sh[i].seq) continue;
+        kv_seq *t = new_seq(pool);
+        bool covers = kv_pool_window_covers(pool, ghost.blocks, ghost.n_blocks, ghost.len);
+        kt_error err = {0};
+        kt_status st = kv_seq_share(t, ghost.blocks, ghost.n_blocks, ghost.len, &err);
+        assert_int_equal(st, covers ? KT_OK : KT_ERR_ARG);
+        if (st != KT_OK) {
+            n_share_refused++;
+            kv_seq_free(t);
+            return;
+        }
+        sh[i].seq = t;
+        memcpy(sh[i].tags, ghost.tags, sizeof sh[i].tags);
+        n_shared++;
+        return;
+    }
+}
+
 static void stress_step(kv_pool *pool, shadow *sh, kt_rng *r) {
-    int i = (int)(kt_rng_u64(r) % SLOTS), op = (int)(kt_rng_u64(r) % 10);
+    int i = (int)(kt_rng_u64(r) % SLOTS), op = (int)(kt_rng_u64(r) % 11);
     if (!sh[i].seq) {
         sh[i].seq = new_seq(pool);
         return;
     }
-    kv_seq *s = sh[i].seq;
     if (op < 4) op_append(pool, &sh[i], r);
     else if (op < 6) op_overwrite(&sh[i], r);
-    else if (op < 8) kv_seq_truncate(s, (int)(kt_rng_u64(r) % (uint64_t)(s->len + 1)), NULL);
+    else if (op < 8) op_truncate(&sh[i], r);
     else if (op < 9) op_fork(sh, i);
-    else {
-        kv_seq_free(s);
-        sh[i].seq = NULL;
-    }
+    else if (op < 10) op_cache_share(pool, sh);
+    else op_free(pool, &sh[i], kt_rng_u64(r) % 2);
 }
 
-static void run_stress(kv_type type, uint64_t seed) {
+/* window 0: every layer full; else layer 1 of 3 is a window layer of
+ * `window` positions with n_slots slots. */
+static void run_stress(kv_type type, uint64_t seed, int window, int n_slots) {
     /* Few blocks for 8 sequences of up to 64 positions: exhaustion and
      * copy-on-write both happen often. */
-    kv_pool *pool = make_pool(40, 4, 2, 3, type);
+    static const uint8_t windowed[3] = {0, 1, 0};
+    kv_pool_params p = {40, 4, 3, 3, type, window, windowed, n_slots};
+    kt_error err = {0};
+    kv_pool *pool = kv_pool_new(&p, &err);
+    if (!pool) fail_msg("kv_pool_new: %s", err.msg);
     shadow *sh = calloc(SLOTS, sizeof *sh);
     assert_non_null(sh);
     kt_rng r;
     kt_rng_seed(&r, seed);
-    n_refused = n_copied = n_forked = 0;
+    ghost.n_blocks = ghost.len = 0;
+    n_refused = n_copied = n_forked = n_shared = n_rollback_refused = n_share_refused = 0;
     for (int step = 0; step < 4000; step++) {
         stress_step(pool, sh, &r);
         check_all(pool, sh);
     }
     for (int i = 0; i < SLOTS; i++) kv_seq_free(sh[i].seq);
-    print_message("stress seed %llu: %d appends refused, %d blocks copied, %d forks\n",
-                  (unsigned long long)seed, n_refused, n_copied, n_forked);
-    assert_true(n_refused > 50 && n_copied > 50 && n_forked > 50);
-    assert_int_equal(kv_pool_n_free(pool), kv_pool_n_total(pool));
+    print_message("stress seed %llu, window %d: %d appends refused, %d blocks copied, %d forks, %d shares, "
+                  "%d rollbacks and %d shares refused\n", (unsigned long long)seed, window, n_refused, n_copied,
+                  n_forked, n_shared, n_rollback_refused, n_share_refused);
+    assert_true(n_refused > 50 && n_copied > 50 && n_forked > 50 && n_shared > 50);
+    if (window) assert_true(n_rollback_refused > 20 && n_share_refused > 0);
+    assert_int_equal(kv_pool_n_used(pool), 0);
+    assert_int_equal(kv_pool_n_window_used(pool), 0);
     assert_pool_ok(pool);
     free(sh);
     kv_pool_free(pool);
@@ -465,14 +569,24 @@ static void run_stress(kv_type type, uint64_t seed) {
 
 static void test_stress_f32(void **state) {
     (void)state;
-    run_stress(KV_F32, 1);
-    run_stress(KV_F32, 2);
+    run_stress(KV_F32, 1, 0, 0);
+    run_stress(KV_F32, 2, 0, 0);
 }
 
 static void test_stress_f16(void **state) {
     (void)state;
-    run_stress(KV_F16, 3);
-    run_stress(KV_F16, 4);
+    run_stress(KV_F16, 3, 0, 0);
+    run_stress(KV_F16, 4, 0, 0);
+}
+
+/* Window layers: a window of 6 positions in blocks of 4 (a token's window
+ * spans 2 or 3 blocks), 16 slots for 40 blocks, so slots run out (and
+ * idle ones are taken back) as well as blocks; and a window of 1. */
+static void test_stress_window(void **state) {
+    (void)state;
+    run_stress(KV_F32, 5, 6, 16);
+    run_stress(KV_F16, 6, 6, 16);
+    run_stress(KV_F32, 7, 1, 12);
 }
 
 int main(void) {
@@ -485,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_stress_f32),
         cmocka_unit_test(test_stress_f16),
+        cmocka_unit_test(test_stress_window),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }
