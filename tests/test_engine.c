@@ -728,6 +728,91 @@ static void test_cache_next_turn(void **state) {
     kt_engine_free(cold), kt_engine_free(e);
 }
 
+/* Greedy tokens of ids from a plain kt_session of model m (one block of
+ * the whole context: every layer keeps every position), EOS ignored. */
+static void session_greedy_ids(kt_model *m, const int32_t *ids, int n, int max_tokens, int32_t *out) {
+    kt_error err = {0};
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = 512, .n_threads = 2, .kv_type = KT_KV_F32}, &err);
+    assert_non_null(s);
+    int nv = kt_model_describe(m)->n_vocab;
+    float *logits = tu_xmalloc(sizeof(float) * (size_t)nv);
+    assert_int_equal(kt_session_eval(s, ids, n, logits, false, &err), KT_OK);
+    for (int k = 0; k < max_tokens; k++) {
+        int32_t best = 0;
+        for (int i = 1; i < nv; i++) best = logits[i] > logits[best] ? i : best;
+        out[k] = best;
+        if (k + 1 < max_tokens) assert_int_equal(kt_session_eval(s, &best, 1, logits, false, &err), KT_OK);
+    }
+    free(logits);
+    kt_session_free(s);
+}
+
+/* Sliding-window layers in the paged pool (golden Gemma 2 and Gemma 3
+ * files, window 64, prompts and replies of several windows): the window
+ * layers keep fewer block slots than the pool has blocks; a request gives
+ * the session's tokens (which keeps every position) exactly, with chunked
+ * prefill across windows; the next turn resumes from the cache where the
+ * finished turn's window rows are still there; and after other requests
+ * have taken those slots back, it resumes only as far as the window rows
+ * allow and still gives a cold engine's tokens. */
+static void check_window_layers(const char *path) {
+    kt_error err = {0};
+    kt_model *m = kt_model_load(tu_shared(path), &err);
+    if (!m) fail_msg("%s", err.msg);
+    kt_model *saved_tok = g_tok;
+    g_tok = m; /* story_ids' BOS */
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 512, p.n_parallel = 1, p.batch_tokens = 32, p.kv_type = KT_KV_F32, p.n_threads = 2;
+    kt_engine *e = kt_engine_new(m, &p, &err), *cold = NULL;
+    p.prefix_cache = false;
+    cold = kt_engine_new(m, &p, &err);
+    assert_non_null(e);
+    assert_non_null(cold);
+    kt_engine_stats st = stats_of(e);
+    /* 512 positions: 32 blocks; window slots: 2 spans of
+     * ceil((64 + 32) / 16) + 3 = 9, fewer than the 22 blocks of the
+     * first request, which so must give slots back as it goes */
+    assert_int_equal(st.kv_blocks_total, 32);
+    assert_int_equal(st.kv_window_slots_total, 18);
+    assert_true(st.kv_pool_bytes < st.kv_block_bytes * (size_t)st.kv_blocks_total);
+
+    int32_t ids[512], ref[200];
+    int n = story_ids(ids, 150, 5);
+    static output o1[1], o2[1], o3[1], cold_out[1];
+    run_ids(e, ids, n, (run_opts){200, 1, 0.0f}, o1);
+    session_greedy_ids(m, ids, n, 200, ref);
+    assert_int_equal(o1->n, 200);
+    assert_memory_equal(o1->tokens, ref, sizeof(int32_t) * 200);
+    assert_int_equal(stats_of(e).kv_window_slots_used, 0); /* finished: its slots are idle or free */
+
+    memcpy(ids + n, o1->tokens, sizeof(int32_t) * 200);
+    int n2 = n + 200 + story_ids(ids + n + 200, 20, 6);
+    kt_request_usage u = run_ids(e, ids, n2, (run_opts){16, 1, 0.0f}, o2);
+    assert_int_equal(u.cached_tokens, n + 199); /* every computed position: the window rows were there */
+    run_ids(cold, ids, n2, (run_opts){16, 1, 0.0f}, cold_out);
+    assert_same_output(cold_out, o2);
+
+    /* three other long prompts (cached as they go) churn through every slot */
+    for (int i = 0; i < 3; i++) {
+        int32_t other[320];
+        static output x[1];
+        run_ids(e, other, story_ids(other, 300, 20 + (uint32_t)i), (run_opts){4, 1, 0.0f}, x);
+    }
+    u = run_ids(e, ids, n2, (run_opts){16, 1, 0.0f}, o3);
+    print_message("%s: next turn after churn resumes at %d of %d positions\n", path, u.cached_tokens, n2);
+    assert_true(u.cached_tokens < n + 199 && u.cached_tokens % 16 == 0);
+    assert_same_output(cold_out, o3);
+    g_tok = saved_tok;
+    kt_engine_free(cold), kt_engine_free(e);
+    kt_model_free(m);
+}
+
+static void test_window_layers(void **state) {
+    (void)state;
+    check_window_layers("golden/arch/gemma3-F16.gguf");
+    check_window_layers("golden/arch/gemma2-F16.gguf");
+}
+
 /* Four requests that share a 96-token prefix, admitted in one step: the
  * first computes it, the others wait for it and take it from the cache
  * (not four computations of the same KV), and all four give a cold
@@ -1037,6 +1122,7 @@ int main(void) {
         cmocka_unit_test(test_cache_shared_prefix_once),
         cmocka_unit_test(test_cache_hits_first),
         cmocka_unit_test(test_lazy_grammar),
+        cmocka_unit_test(test_window_layers),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -182,8 +182,12 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg.model_name, ap->n_ctx,
             ap->n_parallel, ap->batch_tokens);
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
-            st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_block_bytes * st.kv_blocks_total / 1048576.0,
+            st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
+    if (st.kv_window_slots_total > 0)
+        fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
+                "caches)\n", st.kv_window_slots_total,
+                ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);

@@ -22,7 +22,8 @@
  *
  * Invariant (relied on by admission and by the decode step): the sum of
  * blocks_reserved over running requests is <= the pool's blocks, and each
- * request's sequences never hold more than its reservation.
+ * request's sequences never hold more than its reservation; the same for
+ * slots_reserved and the sliding-window layers' slots.
  */
 #include "engine/engine.h"
 
@@ -79,7 +80,7 @@ struct kt_engine {
     /* engine thread only */
     kt_request **active; /* admission order */
     int *prefill_order;  /* [n_parallel]: indices into active, shortest prefill left first */
-    int n_active, seqs_running, blocks_reserved;
+    int n_active, seqs_running, blocks_reserved, slots_reserved; /* slots: window slots (block_pool.h) */
     int32_t *b_tokens;
     int *b_pos;
     kv_seq **b_seq;
@@ -142,6 +143,8 @@ static void publish_counts_locked(kt_engine *e) {
     e->stats.running = e->seqs_running;
     e->stats.requests_running = e->n_active;
     e->stats.kv_blocks_reserved = e->blocks_reserved;
+    e->stats.kv_window_slots_total = kv_pool_n_window_total(e->kv);
+    e->stats.kv_window_slots_used = kv_pool_n_window_used(e->kv);
     e->stats.kv_blocks_total = kv_pool_n_total(e->kv);
     e->stats.kv_blocks_used = kv_pool_n_used(e->kv);
     e->stats.kv_blocks_free = e->stats.kv_blocks_total - e->stats.kv_blocks_used; /* idle cached ones count */
@@ -161,6 +164,10 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     out->queue_depth = e->n_waiting;
     out->kv_block_tokens = KV_BLOCK_TOKENS;
     out->kv_block_bytes = kv_pool_block_bytes(e->kv) * 2 * (size_t)kv_pool_get_params(e->kv)->n_layer;
+    out->kv_pool_bytes = kv_pool_block_bytes(e->kv) * 2 *
+                         ((size_t)(kv_pool_get_params(e->kv)->n_layer - kv_pool_n_window_layers(e->kv)) *
+                              (size_t)kv_pool_n_total(e->kv) +
+                          (size_t)kv_pool_n_window_layers(e->kv) * (size_t)kv_pool_n_window_total(e->kv));
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -186,21 +193,51 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     return KT_OK;
 }
 
+/* Window slots one sequence can hold (block_pool.h, W4): its next
+ * token's window, the slack block, the prefill chunk it appends, and the
+ * partial blocks at either end. 0 for a model without window layers. */
+static int window_span(const kt_engine *e) {
+    const int w = e->llm->cfg.n_swa;
+    return w > 0 ? (w + e->p.batch_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 3 : 0;
+}
+
+/* Worst-case window slots of a request: each choice's own, plus the
+ * window the choices share after the prompt (n + 1 spans), never more
+ * than its blocks. */
+static int slots_needed(const kt_engine *e, int blocks, int n_choices) {
+    const long span = window_span(e), slots = span * (n_choices + 1);
+    return span == 0 ? 0 : slots < blocks ? (int)slots : blocks;
+}
+
+/* The pool: n_parallel contexts of blocks, or what the --kv-mb budget
+ * holds. Sliding-window layers (Gemma) get their own slots: enough for
+ * every running sequence's window twice over (the rest of the time they
+ * keep finished turns' windows for the prefix cache), never more than
+ * the blocks; the budget pays for those first. */
 static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     const kt_engine_params *p = &e->p;
     kv_type type;
     if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
-    size_t block_bytes = (size_t)KV_BLOCK_TOKENS * kv_row_bytes(type, kp.kv_dim) * 2 * kp.n_layer;
-    size_t want = p->kv_bytes;
-    if (want == 0) want = (size_t)p->n_parallel * (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) * block_bytes;
-    size_t n_blocks = want / block_bytes;
+    int n_win = 0;
+    for (int l = 0; kp.window > 0 && l < kp.n_layer; l++) n_win += kp.windowed[l] != 0;
+    const size_t layer_bytes = (size_t)KV_BLOCK_TOKENS * kv_row_bytes(type, kp.kv_dim) * 2;
+    const size_t full_bytes = layer_bytes * (size_t)(kp.n_layer - n_win), win_bytes = layer_bytes * (size_t)n_win;
+    const size_t ctx_blocks = (size_t)p->n_parallel * (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)window_span(e);
+    size_t n_blocks = ctx_blocks, n_slots;
+    if (p->kv_bytes == 0) n_slots = n_win == 0 ? 0 : max_slots < n_blocks ? max_slots : n_blocks;
+    else if (n_win == 0 || p->kv_bytes / (full_bytes + win_bytes) <= max_slots)
+        n_blocks = n_slots = p->kv_bytes / (full_bytes + win_bytes);
+    else n_slots = max_slots, n_blocks = full_bytes ? (p->kv_bytes - max_slots * win_bytes) / full_bytes : ctx_blocks;
+    if (n_win == 0) n_slots = 0;
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30) {
         kt_error_set(err, KT_ERR_ARG, "a KV budget of %.1f MiB holds %zu blocks of %d positions (%.2f MiB each); give at least one",
-                     want / 1048576.0, n_blocks, KV_BLOCK_TOKENS, block_bytes / 1048576.0);
+                     p->kv_bytes / 1048576.0, n_blocks, KV_BLOCK_TOKENS, (full_bytes + win_bytes) / 1048576.0);
         return NULL;
     }
     kp.n_blocks = (int)n_blocks;
+    kp.n_window_blocks = (int)n_slots;
     return kv_pool_new(&kp, err);
 }
 
@@ -333,6 +370,7 @@ static void retire(kt_engine *e, kt_request *r) {
     }
     if (r->state != REQ_WAITING) {
         e->blocks_reserved -= r->blocks_reserved;
+        e->slots_reserved -= r->slots_reserved;
         e->seqs_running -= r->n_choices;
     }
     r->state = REQ_DONE;
@@ -537,7 +575,8 @@ static void admit(kt_engine *e) {
         kt_request *r = e->n_waiting ? e->waiting[k] : NULL;
         bool fits = r && e->seqs_running + r->n_choices <= e->p.n_parallel &&
                     e->n_active < e->p.n_parallel &&
-                    e->blocks_reserved + r->blocks_reserved <= kv_pool_n_total(e->kv);
+                    e->blocks_reserved + r->blocks_reserved <= kv_pool_n_total(e->kv) &&
+                    e->slots_reserved + r->slots_reserved <= kv_pool_n_window_total(e->kv);
         if (fits) {
             for (int i = 0; i < k; i++) e->waiting[i]->passed_over++;
             memmove(e->waiting + k, e->waiting + k + 1, sizeof *e->waiting * (size_t)(e->n_waiting - k - 1));
@@ -546,6 +585,7 @@ static void admit(kt_engine *e) {
         pthread_mutex_unlock(&e->mu);
         if (!fits) return;
         e->blocks_reserved += r->blocks_reserved;
+        e->slots_reserved += r->slots_reserved;
         e->seqs_running += r->n_choices;
         e->active[e->n_active++] = r;
         if (!start_request(e, r)) {
@@ -606,6 +646,12 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
                             "start the server with a larger --kv-mb",
                             need, KV_BLOCK_TOKENS, p->n_prompt, *max_tokens, p->n_choices,
                             kv_pool_n_total(e->kv));
+    const int slots = slots_needed(e, need, p->n_choices);
+    if (slots > kv_pool_n_window_total(e->kv))
+        return kt_error_set(err, KT_ERR_ARG,
+                            "the request needs up to %d sliding-window KV slots (%d choices) but the pool has "
+                            "%d; lower n, or start the server with a larger --kv-mb",
+                            slots, p->n_choices, kv_pool_n_window_total(e->kv));
     *field = KT_FIELD_NONE;
     return KT_OK;
 }
@@ -649,6 +695,7 @@ kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request *
     r->special_text = p->special_text;
     r->max_tokens = max_tokens;
     r->blocks_reserved = blocks_needed(e->kv, p->n_prompt, max_tokens, p->n_choices);
+    r->slots_reserved = slots_needed(e, r->blocks_reserved, p->n_choices);
     r->usage.submit_ns = now_ns();
     pthread_mutex_lock(&e->mu);
     if (e->stop || e->n_waiting >= e->p.queue_max) {

@@ -239,6 +239,7 @@ typedef struct kt_engine_stats {
     int requests_running;   /* admitted requests not yet retired */
     int kv_blocks_total, kv_blocks_used, kv_blocks_free;
     int kv_blocks_reserved; /* committed to running requests (their worst case) */
+    int kv_window_slots_total, kv_window_slots_used; /* the sliding-window layers' (0: none) */
     int kv_blocks_cached;   /* indexed by the prefix cache (held or idle) */
     uint64_t cache_evicted_blocks; /* idle cached blocks taken back for room */
     /* the disk tier (zero without cache_dir) */
@@ -246,6 +247,7 @@ typedef struct kt_engine_stats {
     uint64_t disk_cached_prompt_tokens; /* of cached_prompt_tokens, read back from disk */
     int kv_block_tokens;
     size_t kv_block_bytes;  /* one block: every layer's K and V rows */
+    size_t kv_pool_bytes;   /* the whole pool: blocks of the full layers, slots of the window layers */
     uint64_t requests_finished[5]; /* by kt_finish */
     uint64_t prompt_tokens, generated_tokens; /* prompt_tokens: prefilled (computed) */
     uint64_t cached_prompt_tokens; /* prompt tokens served from the prefix cache */

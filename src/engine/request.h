@@ -74,6 +74,7 @@ struct kt_request {
     uint64_t arrival;     /* submit order, for ties in priority */
     int passed_over;      /* admissions of later requests of its priority ahead of it (under the engine's mu) */
     int blocks_reserved;  /* KV blocks committed to it at admission */
+    int slots_reserved;   /* and window slots (0 without sliding-window layers) */
 
     pthread_mutex_t notify_mu;
 

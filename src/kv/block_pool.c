@@ -295,6 +295,20 @@ bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int n_blo
     return true;
 }
 
+int kv_pool_window_resume_len(const kv_pool *pool, const int32_t *blocks, int len) {
+    /* a block without its window rows at i: no length whose window spans
+     * it can resume, so the next candidate ends where that block begins */
+    for (bool moved = true; moved && len > 0 && pool->n_win_layers > 0;) {
+        moved = false;
+        for (int i = kv_blocks_for(pool, len) - 1; i >= kv_window_first_block(pool, len); i--)
+            if (!kv_pool_has_window(pool, blocks[i])) {
+                len = i * pool->p.block_tokens, moved = true;
+                break;
+            }
+    }
+    return len;
+}
+
 kt_status kv_pool_window_alloc(kv_pool *pool, int32_t id, kt_error *err) {
     if (pool->n_win_layers == 0 || !valid_id(pool, id) || pool->blk.ref[id] < 1 || pool->slot_of[id] >= 0)
         return kt_error_set(err, KT_ERR_INTERNAL, "kv pool: window slot for block %d, which cannot take one", (int)id);

@@ -148,6 +148,9 @@ bool kv_pool_has_window(const kv_pool *pool, int32_t id);
  * every block the next token attends in a window layer still has its
  * window rows. */
 bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int n_blocks, int len);
+/* The longest length <= len that a sequence over blocks[0..) can resume
+ * (kv_pool_window_covers): len, or a whole number of blocks, or 0. */
+int kv_pool_window_resume_len(const kv_pool *pool, const int32_t *blocks, int len);
 /* Gives block id (referenced, without a window) a slot with one holder,
  * the caller; KT_ERR_NOMEM when no slot is free or idle. For loading a
  * block's window rows (the disk cache). */

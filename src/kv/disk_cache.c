@@ -8,13 +8,19 @@
  * the entry if the write fails.
  *
  * File layout (little-endian, as the machine):
- *   0   8  magic "KTKVBLK1"
+ *   0   8  magic "KTKVBLK2"
  *   8   8  fingerprint
  *   16 16  key (lo, hi)      32 16  parent key (lo, hi)
  *   48  4  block_tokens      52  4  n_layer     56  4  row_bytes   60 4  kv type
- *   64     ids (block_tokens x int32), then for each layer its K rows and
- *          its V rows (block_tokens x row_bytes each), then the XXH3-64
- *          checksum of everything before it.
+ *   64  4  window layers whose rows the file holds (0, or all of them)
+ *   68  4  0
+ *   72     ids (block_tokens x int32), then for each layer its K rows and
+ *          its V rows (block_tokens x row_bytes each; a sliding-window
+ *          layer's only where the block still had them when it was
+ *          written), then the XXH3-64 checksum of everything before it.
+ *
+ * A file without window rows still serves a hit that ends a window's
+ * length past it (kv_pool_window_covers decides).
  */
 #include "kv/disk_cache.h"
 
@@ -32,10 +38,10 @@
 
 #include "base/error.h"
 
-#define HEADER_BYTES 64
+#define HEADER_BYTES 72
 #define MAX_BLOCK_TOKENS 64
 #define QUEUE_MAX 512 /* blocks waiting for the writer; past that, writes are dropped */
-static const char MAGIC[8] = {'K', 'T', 'K', 'V', 'B', 'L', 'K', '1'};
+static const char MAGIC[8] = {'K', 'T', 'K', 'V', 'B', 'L', 'K', '2'};
 
 typedef struct entry {
     kv_disk_key key;
@@ -49,13 +55,16 @@ typedef struct job {
     kv_disk_key key, parent;
     int32_t ids[MAX_BLOCK_TOKENS];
     uint8_t *kv;
+    bool windows; /* kv holds the window layers' rows too */
 } job;
 
 struct kv_disk {
     char *dir; /* dir/<fingerprint> */
     uint64_t fingerprint, max_bytes;
-    int block_tokens, n_layer, kv_type;
-    size_t row_bytes, kv_bytes, file_bytes;
+    int block_tokens, n_layer, kv_type, n_win_layers;
+    uint8_t *windowed; /* per layer (NULL: no window layers) */
+    size_t row_bytes, kv_bytes, file_bytes; /* a file with every layer's rows */
+    size_t file_bytes_nowin;                /* one without the window layers' */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_idle;
@@ -162,13 +171,23 @@ static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-static void write_header(const kv_disk *d, uint8_t *h, kv_disk_key key, kv_disk_key parent) {
+static void write_header(const kv_disk *d, uint8_t *h, kv_disk_key key, kv_disk_key parent, bool windows) {
     memcpy(h, MAGIC, 8);
     put_u64(h + 8, d->fingerprint);
     put_u64(h + 16, key.lo), put_u64(h + 24, key.hi);
     put_u64(h + 32, parent.lo), put_u64(h + 40, parent.hi);
     put_u32(h + 48, (uint32_t)d->block_tokens), put_u32(h + 52, (uint32_t)d->n_layer);
     put_u32(h + 56, (uint32_t)d->row_bytes), put_u32(h + 60, (uint32_t)d->kv_type);
+    put_u32(h + 64, windows ? (uint32_t)d->n_win_layers : 0), put_u32(h + 68, 0);
+}
+
+static size_t file_size(const kv_disk *d, bool windows) {
+    return windows ? d->file_bytes : d->file_bytes_nowin;
+}
+
+/* Whether the file's layer l rows are there. */
+static bool layer_in_file(const kv_disk *d, int l, bool windows) {
+    return windows || !d->windowed || !d->windowed[l];
 }
 
 static bool write_all(int fd, const void *p, size_t n) {
@@ -184,17 +203,18 @@ static bool write_all(int fd, const void *p, size_t n) {
 
 /* Writes one job's file: a temporary, fsynced, then renamed into place. */
 static bool write_block_file(kv_disk *d, const job *j, uint64_t seq) {
-    uint8_t *buf = malloc(d->file_bytes);
+    const size_t n = file_size(d, j->windows);
+    uint8_t *buf = malloc(n);
     if (!buf) return false;
-    write_header(d, buf, j->key, j->parent);
+    write_header(d, buf, j->key, j->parent, j->windows);
     memcpy(buf + HEADER_BYTES, j->ids, 4 * (size_t)d->block_tokens);
-    memcpy(buf + HEADER_BYTES + 4 * (size_t)d->block_tokens, j->kv, d->kv_bytes);
-    put_u64(buf + d->file_bytes - 8, XXH3_64bits(buf, d->file_bytes - 8));
+    memcpy(buf + HEADER_BYTES + 4 * (size_t)d->block_tokens, j->kv, n - HEADER_BYTES - 4 * (size_t)d->block_tokens - 8);
+    put_u64(buf + n - 8, XXH3_64bits(buf, n - 8));
     char tmp[4200], path[4200];
     snprintf(tmp, sizeof tmp, "%s/.tmp-%d-%" PRIu64, d->dir, (int)getpid(), seq);
     file_path(d, j->key, path, sizeof path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    bool ok = fd >= 0 && write_all(fd, buf, d->file_bytes) && fsync(fd) == 0;
+    bool ok = fd >= 0 && write_all(fd, buf, n) && fsync(fd) == 0;
     if (fd >= 0) ok = close(fd) == 0 && ok;
     ok = ok && rename(tmp, path) == 0;
     if (!ok) unlink(tmp);
@@ -233,13 +253,14 @@ static void *writer_main(void *arg) {
         uint64_t seq = d->tmp_seq++;
         pthread_mutex_unlock(&d->mu);
         bool ok = write_block_file(d, &j, seq);
+        const size_t n_bytes = file_size(d, j.windows);
         free(j.kv);
         pthread_mutex_lock(&d->mu);
         d->writing = false;
         entry *e = find(d, j.key);
         if (e && ok) {
             e->pending = false;
-            e->bytes = d->file_bytes;
+            e->bytes = n_bytes;
             d->st.files++, d->st.bytes += e->bytes, d->st.writes++;
             enforce_limit(d);
         } else if (e) {
@@ -306,7 +327,7 @@ static bool scan(kv_disk *d, kt_error *err) {
         kv_disk_key key;
         struct stat s;
         if (!parse_name(de->d_name, &key) || stat(path, &s) != 0 || !S_ISREG(s.st_mode)) continue;
-        if ((uint64_t)s.st_size != d->file_bytes) {
+        if ((uint64_t)s.st_size != d->file_bytes && (uint64_t)s.st_size != d->file_bytes_nowin) {
             unlink(path);
             d->st.rejected++;
             continue;
@@ -340,13 +361,19 @@ kv_disk *kv_disk_open(const char *dir, size_t max_bytes, uint64_t fingerprint, c
     d->fingerprint = fingerprint, d->max_bytes = max_bytes;
     d->block_tokens = layout->block_tokens, d->n_layer = layout->n_layer, d->kv_type = (int)layout->type;
     d->row_bytes = kv_row_bytes(layout->type, layout->kv_dim);
-    d->kv_bytes = 2 * (size_t)layout->n_layer * (size_t)layout->block_tokens * d->row_bytes;
+    const size_t layer_bytes = 2 * (size_t)layout->block_tokens * d->row_bytes;
+    d->kv_bytes = (size_t)layout->n_layer * layer_bytes;
     d->file_bytes = HEADER_BYTES + 4 * (size_t)layout->block_tokens + d->kv_bytes + 8;
+    for (int l = 0; layout->window > 0 && layout->windowed && l < layout->n_layer; l++)
+        d->n_win_layers += layout->windowed[l] != 0;
+    d->file_bytes_nowin = d->file_bytes - (size_t)d->n_win_layers * layer_bytes;
+    if (d->n_win_layers > 0 && (d->windowed = malloc((size_t)layout->n_layer)))
+        memcpy(d->windowed, layout->windowed, (size_t)layout->n_layer);
     d->n_slots = 4096;
     d->slots = calloc(d->n_slots, sizeof *d->slots);
     size_t len = strlen(dir) + 24;
     d->dir = malloc(len);
-    if (!d->slots || !d->dir) {
+    if (!d->slots || !d->dir || (d->n_win_layers > 0 && !d->windowed)) {
         kv_disk_close(d);
         return kt_error_set(err, KT_ERR_NOMEM, "disk cache: out of memory"), NULL;
     }
@@ -376,6 +403,7 @@ void kv_disk_close(kv_disk *d) {
     for (int i = 0; i < d->q_len; i++) free(d->queue[(d->q_head + i) % QUEUE_MAX].kv);
     free(d->slots);
     free(d->dir);
+    free(d->windowed);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv_work);
     pthread_cond_destroy(&d->cv_idle);
@@ -393,10 +421,12 @@ void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, k
     if (skip) return;
     uint8_t *kv = malloc(d->kv_bytes);
     if (!kv) return;
+    const bool windows = d->n_win_layers > 0 && kv_pool_has_window(pool, id);
     const size_t plane = (size_t)d->block_tokens * d->row_bytes;
+    uint8_t *at = kv;
     for (int l = 0; l < d->n_layer; l++)
-        for (int k = 0; k < 2; k++)
-            memcpy(kv + ((size_t)l * 2 + (size_t)k) * plane, kv_pool_row(pool, id, l, (kv_kind)k, 0), plane);
+        for (int k = 0; k < 2 && layer_in_file(d, l, windows); k++, at += plane)
+            memcpy(at, kv_pool_row(pool, id, l, (kv_kind)k, 0), plane);
     pthread_mutex_lock(&d->mu);
     if (find(d, key) || d->q_len == QUEUE_MAX || !index_add(d, key, 0, true)) {
         pthread_mutex_unlock(&d->mu);
@@ -404,7 +434,7 @@ void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, k
         return;
     }
     job *j = &d->queue[(d->q_head + d->q_len++) % QUEUE_MAX];
-    j->key = key, j->parent = parent, j->kv = kv;
+    j->key = key, j->parent = parent, j->kv = kv, j->windows = windows;
     memcpy(j->ids, ids, 4 * (size_t)d->block_tokens);
     pthread_cond_signal(&d->cv_work);
     pthread_mutex_unlock(&d->mu);
@@ -418,12 +448,14 @@ bool kv_disk_has(kv_disk *d, kv_disk_key key) {
     return has;
 }
 
-/* The whole file of key, checked; NULL (bad set when it exists but does
- * not check) otherwise. */
-static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, const int32_t *ids, bool *bad) {
+/* The whole file of key, checked, and whether it holds the window
+ * layers' rows; NULL (bad set when it exists but does not check)
+ * otherwise. */
+static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, const int32_t *ids, bool *bad,
+                             bool *windows) {
     char path[4200];
     file_path(d, key, path, sizeof path);
-    *bad = false;
+    *bad = *windows = false;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL; /* removed meanwhile: a miss */
     uint8_t *buf = malloc(d->file_bytes + 1);
@@ -435,13 +467,16 @@ static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, co
     while ((size_t)got < d->file_bytes + 1 && (r = read(fd, buf + got, d->file_bytes + 1 - (size_t)got)) > 0) got += r;
     close(fd);
     const uint8_t *h = buf;
-    *bad = got != (ssize_t)d->file_bytes || memcmp(h, MAGIC, 8) != 0 || get_u64(h + 8) != d->fingerprint ||
+    *windows = got >= HEADER_BYTES && d->n_win_layers > 0 && get_u32(h + 64) == (uint32_t)d->n_win_layers;
+    const size_t n = file_size(d, *windows);
+    *bad = got != (ssize_t)n || (get_u32(h + 64) != 0 && !*windows) || get_u32(h + 68) != 0 ||
+           memcmp(h, MAGIC, 8) != 0 || get_u64(h + 8) != d->fingerprint ||
            get_u64(h + 16) != key.lo || get_u64(h + 24) != key.hi || get_u64(h + 32) != parent.lo ||
            get_u64(h + 40) != parent.hi || get_u32(h + 48) != (uint32_t)d->block_tokens ||
            get_u32(h + 52) != (uint32_t)d->n_layer || get_u32(h + 56) != (uint32_t)d->row_bytes ||
            get_u32(h + 60) != (uint32_t)d->kv_type ||
            memcmp(h + HEADER_BYTES, ids, 4 * (size_t)d->block_tokens) != 0 ||
-           get_u64(h + d->file_bytes - 8) != XXH3_64bits(h, d->file_bytes - 8);
+           get_u64(h + n - 8) != XXH3_64bits(h, n - 8);
     if (*bad) {
         free(buf);
         return NULL;
@@ -451,8 +486,8 @@ static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, co
 
 bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent, const int32_t *ids) {
     if (!kv_disk_has(d, key)) return false;
-    bool bad;
-    uint8_t *buf = read_checked(d, key, parent, ids, &bad);
+    bool bad, windows = false;
+    uint8_t *buf = read_checked(d, key, parent, ids, &bad, &windows);
     pthread_mutex_lock(&d->mu);
     entry *e = find(d, key);
     if (buf && e) {
@@ -468,11 +503,13 @@ bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk
     }
     pthread_mutex_unlock(&d->mu);
     if (!buf) return false;
-    const uint8_t *kv = buf + HEADER_BYTES + 4 * (size_t)d->block_tokens;
+    const uint8_t *at = buf + HEADER_BYTES + 4 * (size_t)d->block_tokens;
     const size_t plane = (size_t)d->block_tokens * d->row_bytes;
+    /* the window rows need a slot; without one the block is loaded without them */
+    const bool keep_windows = windows && kv_pool_window_alloc(pool, id, NULL) == KT_OK;
     for (int l = 0; l < d->n_layer; l++)
-        for (int k = 0; k < 2; k++)
-            memcpy(kv_pool_row(pool, id, l, (kv_kind)k, 0), kv + ((size_t)l * 2 + (size_t)k) * plane, plane);
+        for (int k = 0; k < 2 && layer_in_file(d, l, windows); k++, at += plane)
+            if (layer_in_file(d, l, keep_windows)) memcpy(kv_pool_row(pool, id, l, (kv_kind)k, 0), at, plane);
     free(buf);
     return true;
 }

@@ -68,7 +68,10 @@ void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, k
 bool kv_disk_has(kv_disk *d, kv_disk_key key);
 /* Reads the file of key into block id of pool, after checking it is the
  * block of ids after parent; false (the file removed if it was bad) when
- * there is no such file or it does not check. */
+ * there is no such file or it does not check. The sliding-window layers'
+ * rows, where the file has them and the pool a window slot, come with a
+ * slot the caller holds: kv_pool_window_release it once the block is
+ * cached (or released). */
 bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent, const int32_t *ids);
 
 typedef struct kv_disk_stats {

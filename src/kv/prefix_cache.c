@@ -184,7 +184,7 @@ int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int3
         if (b < 0) break;
         blocks[m] = parent = b;
     }
-    return m;
+    return kv_pool_window_resume_len(c->pool, blocks, m * bt) / bt; /* see kv_cache_acquire */
 }
 
 /* Indexes b as the n_valid positions of tokens after parent: a whole
@@ -284,6 +284,7 @@ static int32_t load_from_disk(kv_prefix_cache *c, const int32_t *t, uint64_t key
         return -1;
     }
     index_block(c, b, key, parent, t, c->block_tokens);
+    kv_pool_window_release(c->pool, b); /* cached now: its window rows stay, idle, until a slot is wanted */
     return b;
 }
 
@@ -309,11 +310,15 @@ int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *
     hit->n_positions = m * bt;
     int run = 0;
     int32_t b = partial && m * bt < n ? best_child(c, parent, tokens + (size_t)m * (size_t)bt, n - m * bt, &run) : -1;
-    if (b < 0 || run == 0) return m;
-    kv_pool_retain(c->pool, b, NULL);
-    blocks[m] = b;
-    hit->n_positions += run;
-    return m + 1;
+    if (b >= 0 && run > 0) {
+        kv_pool_retain(c->pool, b, NULL);
+        blocks[m++] = b;
+        hit->n_positions += run;
+    }
+    /* a sliding-window model resumes only where the window rows are still there */
+    hit->n_positions = kv_pool_window_resume_len(c->pool, blocks, hit->n_positions);
+    for (int keep = kv_blocks_for(c->pool, hit->n_positions); m > keep;) kv_pool_release(c->pool, blocks[--m], NULL);
+    return m;
 }
 
 int kv_cache_n_blocks(const kv_prefix_cache *c) { return c->n_indexed; }

@@ -45,7 +45,9 @@ void kv_cache_free(kv_prefix_cache *c);
 
 /* The longest cached prefix of tokens[0..n) in whole blocks: their ids in
  * blocks[0..returned), at most max_blocks. The blocks are not retained:
- * hand them to kv_seq_share before anything else touches the pool. */
+ * hand them to kv_seq_share before anything else touches the pool. On a
+ * pool with sliding-window layers the prefix also ends where a sequence
+ * can resume (kv_pool_window_resume_len), as in kv_cache_acquire. */
 int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks);
 typedef struct kv_cache_hit {
     int n_positions; /* prompt positions the returned blocks hold */
@@ -61,7 +63,9 @@ typedef struct kv_cache_hit {
  * inside it (the caller's sequence must copy it before writing: it is
  * cached, and kv_seq_share arranges that). Every block returned is
  * retained once for the caller, who releases it (typically after
- * kv_seq_share). Returns the number of blocks, at most max_blocks + 1. */
+ * kv_seq_share). With sliding-window layers, the hit is cut back to the
+ * longest length whose window rows are all still there. Returns the
+ * number of blocks, at most max_blocks + 1. */
 int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks,
                      bool partial, kv_cache_hit *hit);
 /* Every block indexed from now on is also written to disk (NULL: none). */

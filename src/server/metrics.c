@@ -98,6 +98,10 @@ char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st) {
               scalar(&b, "kettle_kv_blocks_used", "gauge", "KV cache blocks in use", st->kv_blocks_used) &&
               scalar(&b, "kettle_kv_blocks_free", "gauge", "KV cache blocks free", st->kv_blocks_free) &&
               scalar(&b, "kettle_kv_blocks_total", "gauge", "KV cache blocks in the pool", st->kv_blocks_total) &&
+              scalar(&b, "kettle_kv_window_slots_used", "gauge", "sliding-window layers' block slots in use",
+                     st->kv_window_slots_used) &&
+              scalar(&b, "kettle_kv_window_slots_total", "gauge", "sliding-window layers' block slots in the pool",
+                     st->kv_window_slots_total) &&
               scalar(&b, "kettle_kv_block_tokens", "gauge", "positions per KV block", st->kv_block_tokens) &&
               scalar(&b, "kettle_cache_blocks", "gauge", "KV blocks the prefix cache indexes (in use or idle)",
                      st->kv_blocks_cached) &&
