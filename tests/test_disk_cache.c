@@ -8,6 +8,8 @@
  * removed, never loaded; a write that fails (the file size limit standing
  * in for a full disk) must leave nothing behind; a kill -9 of a server
  * writing its cache must leave nothing a restart would load wrongly.
+ * Sliding-window layers' rows travel only where a block still had them,
+ * and a restarted Gemma engine resumes where they allow.
  */
 #include <errno.h>
 #include <signal.h>
@@ -286,6 +288,83 @@ static void test_unusable_dir(void **state) {
     assert_non_null(strstr(err.msg, "disk-not-a-dir"));
 }
 
+/* Sliding-window layers: a block still holding its window rows is written
+ * with them and read back with them (into a window slot the reader then
+ * releases); one that had given them back is written without (a shorter
+ * file) and read back without, its full layers intact; a reader with no
+ * slot to spare loads the full layers only; a file whose window flag was
+ * changed does not load. */
+static void test_window_rows(void **state) {
+    (void)state;
+    static const uint8_t windowed[N_LAYER] = {0, 1};
+    kv_pool_params layout = LAYOUT;
+    layout.window = 6, layout.windowed = windowed, layout.n_window_blocks = 2;
+    const char *dir = fresh_dir("disk-window");
+    kt_error err = {0};
+    kv_pool *pool = kv_pool_new(&layout, &err);
+    kv_disk *d = kv_disk_open(dir, 1 << 20, 7, &layout, &err);
+    assert_non_null(pool);
+    assert_non_null(d);
+    rig r = rig_new();
+    int32_t a, b;
+    assert_int_equal(kv_pool_alloc(pool, &a, NULL), KT_OK);
+    assert_int_equal(kv_pool_window_alloc(pool, a, &err), KT_OK);
+    fill_block(pool, a, r.ids[0]);
+    assert_int_equal(kv_pool_alloc(pool, &b, NULL), KT_OK); /* no window rows: fill the full layer only */
+    for (int k = 0; k < 2; k++)
+        for (int pos = 0; pos < BT; pos++)
+            for (int j = 0; j < KV_DIM; j++) ((float *)kv_pool_row(pool, b, 0, (kv_kind)k, pos))[j] = sig(r.ids[1][pos], pos, 0, k, j);
+    kv_disk_put(d, pool, a, r.key[0], r.parent[0], r.ids[0]);
+    kv_disk_put(d, pool, b, r.key[1], r.parent[1], r.ids[1]);
+    kv_disk_close(d);
+    kv_pool_window_release(pool, a);
+    kv_pool_release(pool, a, NULL), kv_pool_release(pool, b, NULL);
+    assert_int_equal(kv_pool_n_window_used(pool), 0);
+
+    d = kv_disk_open(dir, 1 << 20, 7, &layout, &err);
+    assert_non_null(d);
+    assert_int_equal(stats(d).files, 2);
+    assert_int_equal(stats(d).bytes, 2 * (72 + 4 * BT + 8) + 3 * 2 * BT * KV_DIM * 4); /* 2 + 1 layers of rows */
+    int32_t x;
+    assert_int_equal(kv_pool_alloc(pool, &x, NULL), KT_OK);
+    assert_true(kv_disk_get(d, pool, x, r.key[0], r.parent[0], r.ids[0]));
+    assert_true(kv_pool_has_window(pool, x));
+    assert_block(pool, x, r.ids[0]);
+    kv_pool_window_release(pool, x);
+    assert_true(kv_disk_get(d, pool, x, r.key[1], r.parent[1], r.ids[1]));
+    assert_false(kv_pool_has_window(pool, x));
+    for (int k = 0; k < 2; k++)
+        for (int pos = 0; pos < BT; pos++)
+            assert_true(((float *)kv_pool_row(pool, x, 0, (kv_kind)k, pos))[0] == sig(r.ids[1][pos], pos, 0, k, 0));
+    /* both slots held: the file with window rows loads its full layer only */
+    int32_t h1, h2;
+    assert_int_equal(kv_pool_alloc(pool, &h1, NULL), KT_OK);
+    assert_int_equal(kv_pool_alloc(pool, &h2, NULL), KT_OK);
+    assert_int_equal(kv_pool_window_alloc(pool, h1, NULL), KT_OK);
+    assert_int_equal(kv_pool_window_alloc(pool, h2, NULL), KT_OK);
+    assert_true(kv_disk_get(d, pool, x, r.key[0], r.parent[0], r.ids[0]));
+    assert_false(kv_pool_has_window(pool, x));
+    assert_true(((float *)kv_pool_row(pool, x, 0, KV_V, 3))[5] == sig(r.ids[0][3], 3, 0, 1, 5));
+    kv_disk_close(d);
+    /* the window flag of block 0's file set to 0: its size no longer matches */
+    char path[1024], cmd[1200];
+    snprintf(cmd, sizeof cmd, "f=$(ls -S '%s'/*/* | head -1); printf '\\000' | dd of=\"$f\" bs=1 seek=64 conv=notrunc "
+             "status=none && echo \"$f\"", dir);
+    FILE *pp = popen(cmd, "r");
+    assert_non_null(pp);
+    assert_non_null(fgets(path, sizeof path, pp));
+    pclose(pp);
+    d = kv_disk_open(dir, 1 << 20, 7, &layout, &err);
+    kv_pool_window_release(pool, h1), kv_pool_window_release(pool, h2);
+    assert_false(kv_disk_get(d, pool, x, r.key[0], r.parent[0], r.ids[0]));
+    assert_int_equal(stats(d).rejected, 1);
+    kv_disk_close(d);
+    kv_pool_release(pool, x, NULL), kv_pool_release(pool, h1, NULL), kv_pool_release(pool, h2, NULL);
+    assert_int_equal(kv_pool_check(pool, &err), KT_OK);
+    kv_pool_free(pool);
+    kv_pool_free(r.pool);
+}
+
 /* ---- the engine over the disk tier ---- */
 
 static kt_model *g_model;
@@ -345,6 +424,37 @@ static void test_engine_restart_hit(void **state) {
     assert_memory_equal(got, ref, sizeof ref);
     assert_memory_equal(got_lp, ref_lp, sizeof ref_lp);
     kt_engine_free(e);
+}
+
+/* The same for a model with sliding-window layers (the Gemma 3 golden,
+ * window 64): the prompt's last window of blocks was written with its
+ * window rows, so a restart resumes at the last whole block. */
+static void test_engine_restart_hit_window(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_model *saved = g_model;
+    g_model = kt_model_load(tu_shared("golden/arch/gemma3-F16.gguf"), &err);
+    if (!g_model) fail_msg("%s", err.msg);
+    const char *dir = fresh_dir("disk-engine-window");
+    int32_t ids[150], ref[16], got[16];
+    float ref_lp[16], got_lp[16];
+    prompt_of(ids, 150, 2);
+    ids[0] = kt_model_describe(g_model)->bos_id;
+    kt_engine *cold = engine_with(NULL, false);
+    assert_int_equal(run(cold, ids, 150, ref, ref_lp, NULL), 16);
+    kt_engine_free(cold);
+    kt_engine *e = engine_with(dir, true);
+    run(e, ids, 150, got, got_lp, NULL);
+    kt_engine_free(e);
+    e = engine_with(dir, true);
+    kt_request_usage u;
+    assert_int_equal(run(e, ids, 150, got, got_lp, &u), 16);
+    assert_int_equal(u.cached_tokens, 144);
+    assert_memory_equal(got, ref, sizeof ref);
+    assert_memory_equal(got_lp, ref_lp, sizeof ref_lp);
+    kt_engine_free(e);
+    kt_model_free(g_model);
+    g_model = saved;
 }
 
 /* Children write the cache while they run and are killed with SIGKILL at
@@ -419,7 +529,9 @@ int main(void) {
         cmocka_unit_test(test_size_limit),
         cmocka_unit_test(test_failed_write),
         cmocka_unit_test(test_unusable_dir),
+        cmocka_unit_test(test_window_rows),
         cmocka_unit_test(test_engine_restart_hit),
+        cmocka_unit_test(test_engine_restart_hit_window),
         cmocka_unit_test(test_kill_9_during_writes),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
