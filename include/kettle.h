@@ -164,7 +164,11 @@ kt_session *kt_session_new(kt_model *model, const kt_session_params *params,
 void kt_session_free(kt_session *s);
 /* Positions filled so far. */
 int kt_session_n_past(const kt_session *s);
-/* Drops every position >= n_keep (e.g. 0 to start over). */
+/* Drops every position >= n_keep (e.g. 0 to start over). A model with
+ * sliding-window layers keeps only their window's positions, so a length
+ * whose window they no longer hold drops everything (kt_session_n_past
+ * says what was kept); 64 positions before the last evaluated chunk, or
+ * later, always work. */
 void kt_session_truncate(kt_session *s, int n_keep);
 
 /* Appends n tokens at the end of the sequence. If `logits` is not NULL it

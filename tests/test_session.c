@@ -258,6 +258,68 @@ static void test_save_restore(void **state) {
     kt_model_free(m);
 }
 
+/* Sliding-window layers (the Gemma 3 golden, window 64) in a session of
+ * 2048 positions: blocks of 64 with 8 window slots (the banner of a long
+ * context), giving the logits of a 1024-position session (one block,
+ * every position kept) bit for bit over 700 positions, in a long
+ * evaluation (chunked) and then one token at a time; truncation within
+ * the window works and past it starts over; save / load round trips with
+ * the window rows only, and the restored session goes on with the same
+ * bits. */
+static void test_window_layers(void **state) {
+    (void)state;
+    kt_model *m = load("golden/arch/gemma3-F16.gguf");
+    const int nv = kt_model_describe(m)->n_vocab, n = 700;
+    int32_t *toks = some_tokens(n + 8, nv);
+    kt_error err = {0};
+    kt_session *paged = session(m, 2048, 2), *whole = session(m, 1024, 2), *t = session(m, 2048, 2);
+    float *a = malloc(sizeof(float) * (size_t)nv * 600), *b = malloc(sizeof(float) * (size_t)nv * 600);
+    assert_non_null(a);
+    assert_non_null(b);
+    /* 600 at once (3 chunks), then 100 one by one */
+    assert_int_equal(kt_session_eval(paged, toks, 600, a, true, &err), KT_OK);
+    assert_int_equal(kt_session_eval(whole, toks, 600, b, true, &err), KT_OK);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)nv * 600);
+    for (int i = 600; i < n; i++) {
+        assert_int_equal(kt_session_eval(paged, toks + i, 1, a, false, &err), KT_OK);
+        assert_int_equal(kt_session_eval(whole, toks + i, 1, b, false, &err), KT_OK);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)nv);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_tmp("session-window.kts"));
+    assert_int_equal(kt_session_save(paged, path, toks, n, NULL, &err), KT_OK);
+    size_t size;
+    char *data = tu_read_file(path, &size);
+    free(data);
+    /* the 5 window layers keep positions 512..699 (position 700's window
+     * from 637, and a block of slack), the global layer all 700; a row is
+     * 2 KV heads x 64 F32 values */
+    assert_int_equal(size, 40 + 4 * (size_t)n + 2 * (size_t)(700 + 5 * 188) * 512 + 8);
+    assert_int_equal(kt_session_load(t, path, &(int32_t *){NULL}, &(int){0}, &(char *){NULL}, &err), KT_OK);
+    assert_int_equal(kt_session_n_past(t), n);
+    /* rolling back 40 keeps everything before */
+    kt_session_truncate(paged, n - 40);
+    kt_session_truncate(whole, n - 40);
+    kt_session_truncate(t, n - 40);
+    assert_int_equal(kt_session_n_past(paged), n - 40);
+    for (int i = n - 40; i < n + 8; i++) {
+        float *c = b + nv;
+        assert_int_equal(kt_session_eval(paged, toks + i, 1, a, false, &err), KT_OK);
+        assert_int_equal(kt_session_eval(whole, toks + i, 1, b, false, &err), KT_OK);
+        assert_int_equal(kt_session_eval(t, toks + i, 1, c, false, &err), KT_OK);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)nv);
+        assert_memory_equal(c, b, sizeof(float) * (size_t)nv);
+    }
+    /* 300 back: past the window, so everything goes */
+    kt_session_truncate(paged, 400);
+    assert_int_equal(kt_session_n_past(paged), 0);
+    kt_session_truncate(whole, 400);
+    assert_int_equal(kt_session_n_past(whole), 400);
+    free(a), free(b), free(toks);
+    kt_session_free(paged), kt_session_free(whole), kt_session_free(t);
+    kt_model_free(m);
+}
+
 /* The KV cache's type: F16 and Q8_0 give logits close to the F32 cache's
  * (their rounding of K and V only), and Q8_0 on a head size that is not a
  * multiple of 32 is refused with a message. */
@@ -402,6 +464,7 @@ int main(void) {
         cmocka_unit_test(test_load_modes_agree),
         cmocka_unit_test(test_truncate_and_replay),
         cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_window_layers),
         cmocka_unit_test(test_kv_types),
         cmocka_unit_test(test_context_full_is_an_error),
         cmocka_unit_test(test_bad_models),

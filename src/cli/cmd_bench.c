@@ -173,6 +173,8 @@ static void summarize(double *v, int n, bench_result *r) {
 static double run_once(kt_session *s, int depth, const int32_t *toks, int n, bool gen, float *logits,
                        kt_error *err) {
     kt_session_truncate(s, depth);
+    const int kept = kt_session_n_past(s); /* sliding-window layers may have given the depth back: refill it */
+    if (kept < depth && kt_session_eval(s, toks + n + kept, depth - kept, NULL, false, err) != KT_OK) return -1;
     double t0 = kt_time_ms();
     kt_status st = KT_OK;
     if (gen) {

@@ -130,6 +130,7 @@ static int prefill(chat *c, const int32_t *toks, int n, kt_error *err) {
     while (common < n && common < c->n_kv && toks[common] == c->kv[common]) common++;
     if (common == n) common = n - 1; /* re-run the last token for its logits */
     kt_session_truncate(c->session, common);
+    common = kt_session_n_past(c->session); /* less where sliding-window layers gave positions back */
     c->n_kv = common;
     if (kt_session_eval(c->session, toks + common, n - common, c->logits, false, err)) return -1;
     for (int i = common; i < n; i++)

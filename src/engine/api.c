@@ -272,6 +272,22 @@ void kt_detok_free(kt_detok *d) {
     free(d);
 }
 
+/* A session's pool: one block of the whole context (every position of a
+ * layer in a row), unless the model has sliding-window layers and the
+ * context is more than twice their span: then blocks of
+ * SESSION_BLOCK_TOKENS, and window slots for one sequence's span (its
+ * next token's window, the slack block, a chunk of LLM_MAX_BATCH and the
+ * partial blocks), which saves most of those layers' memory. */
+#define SESSION_BLOCK_TOKENS 64
+static kv_pool_params session_kv_params(const llm_model *m, int n_ctx, kv_type type) {
+    const int bt = SESSION_BLOCK_TOKENS, w = m->cfg.n_swa;
+    kv_pool_params kp = llm_kv_params(m, 1, n_ctx, type);
+    const int span = (w + LLM_MAX_BATCH + bt - 1) / bt + 3, n_blocks = (n_ctx + bt - 1) / bt;
+    if (w <= 0 || 2 * span >= n_blocks) return kp;
+    kp.block_tokens = bt, kp.n_blocks = n_blocks, kp.n_window_blocks = span;
+    return kp;
+}
+
 kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *err) {
     int n_ctx = p && p->n_ctx > 0 ? p->n_ctx : m->llm->cfg.n_ctx_train;
     if (!(p && p->n_ctx > 0) && n_ctx > 4096) n_ctx = 4096;
@@ -288,7 +304,7 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     }
     s->model = m;
     s->n_ctx = n_ctx;
-    kv_pool_params kp = llm_kv_params(m->llm, 1, n_ctx, type);
+    kv_pool_params kp = session_kv_params(m->llm, n_ctx, type);
     if (!(s->kv = kv_pool_new(&kp, err)) || !(s->seq = kv_seq_new(s->kv, err)) ||
         !(s->work = llm_work_new(m->llm, n_ctx, err)) ||
         !(s->pool = kt_pool_new(p ? p->n_threads : 0, err))) {
@@ -312,19 +328,23 @@ int kt_session_n_past(const kt_session *s) {
 }
 
 void kt_session_truncate(kt_session *s, int n_keep) {
-    if (n_keep >= 0) kv_seq_truncate(s->seq, n_keep, NULL); /* one block of n_ctx: no window is ever given back */
+    if (n_keep >= 0 && kv_seq_truncate(s->seq, n_keep, NULL) != KT_OK)
+        kv_seq_truncate(s->seq, 0, NULL); /* the window layers gave back what n_keep attends: start over */
 }
 
-/* Tokens [0, n) at the end of the sequence, LLM_MAX_BATCH at a time. */
-static void session_forward(kt_session *s, const int32_t *tokens, int n, float *logits,
-                            bool all_logits) {
+/* Tokens [0, n) appended to the sequence and run, LLM_MAX_BATCH at a
+ * time (so that window layers give back what each chunk no longer
+ * attends before the next is appended). */
+static kt_status session_forward(kt_session *s, const int32_t *tokens, int n, float *logits,
+                                 bool all_logits, kt_error *err) {
     int pos[LLM_MAX_BATCH];
     kv_seq *seqs[LLM_MAX_BATCH];
     bool want[LLM_MAX_BATCH];
     size_t n_vocab = (size_t)s->model->llm->cfg.n_vocab;
     for (int done = 0; done < n;) {
         int chunk = n - done < LLM_MAX_BATCH ? n - done : LLM_MAX_BATCH;
-        int pos0 = s->seq->len - (n - done);
+        int pos0 = s->seq->len;
+        if (kv_seq_append(s->seq, chunk, err) != KT_OK) return err->status;
         for (int i = 0; i < chunk; i++) {
             pos[i] = pos0 + i;
             seqs[i] = s->seq;
@@ -335,6 +355,7 @@ static void session_forward(kt_session *s, const int32_t *tokens, int n, float *
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
         done += chunk;
     }
+    return KT_OK;
 }
 
 kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *logits,
@@ -350,9 +371,7 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *lo
             return kt_error_set(err, KT_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
                                 tokens[i], i, n_vocab);
     if (n == 0) return KT_OK;
-    if (kv_seq_append(s->seq, n, err) != KT_OK) return err->status;
-    session_forward(s, tokens, n, logits, all_logits);
-    return KT_OK;
+    return session_forward(s, tokens, n, logits, all_logits, err);
 }
 
 uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens, int n_ctx) {

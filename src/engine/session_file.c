@@ -4,12 +4,14 @@
  * restart without prefilling it again.
  *
  * Layout (little-endian, as the machine):
- *   0  8  magic "KTSESS01"       8  8  model fingerprint (kt_model_kv_fingerprint)
+ *   0  8  magic "KTSESS02"       8  8  model fingerprint (kt_model_kv_fingerprint)
  *   16 4  n_layer                20 4  row_bytes (one position's K or V row)
  *   24 4  n tokens               28 4  note bytes
- *   32    token ids (n x int32), the note, then per layer the K rows and
- *         the V rows of positions 0..n-1, then the XXH3-64 checksum of
- *         everything before it.
+ *   32 4  window_from: the first position a sliding-window layer's rows
+ *         are saved from (0 without such layers)       36 4  0
+ *   40    token ids (n x int32), the note, then per layer the K rows and
+ *         the V rows of positions 0..n-1 (a window layer's from
+ *         window_from), then the XXH3-64 checksum of everything before it.
  * A file is restored only when its size, magic, fingerprint, layout and
  * checksum all match; nothing is written into the session before that.
  */
@@ -23,16 +25,34 @@
 #include "base/error.h"
 #include "engine/model_internal.h"
 
-#define HEADER 32
-static const char MAGIC[8] = {'K', 'T', 'S', 'E', 'S', 'S', '0', '1'};
+#define HEADER 40
+static const char MAGIC[8] = {'K', 'T', 'S', 'E', 'S', 'S', '0', '2'};
 
 static uint64_t session_fingerprint(const kt_session *s) {
     const kv_pool_params *p = kv_pool_get_params(s->kv);
     return kt_model_kv_fingerprint(s->model, (int)p->type, 0, s->n_ctx); /* one block: no block size */
 }
 
-static size_t file_bytes(size_t row_bytes, int n_layer, int n, size_t note) {
-    return HEADER + 4 * (size_t)n + note + 2 * (size_t)n_layer * (size_t)n * row_bytes + 8;
+/* Positions of layer l that the file holds rows of: [first_row, n). */
+static int first_row(const kt_session *s, int l, int window_from) {
+    return kv_pool_layer_windowed(s->kv, l) ? window_from : 0;
+}
+
+static size_t file_bytes(const kt_session *s, size_t row_bytes, int n, int window_from, size_t note) {
+    size_t rows = 0;
+    for (int l = 0; l < kv_pool_get_params(s->kv)->n_layer; l++) rows += 2 * (size_t)(n - first_row(s, l, window_from));
+    return HEADER + 4 * (size_t)n + note + rows * row_bytes + 8;
+}
+
+/* Copies positions [from, to) of layer l's `kind` rows between the
+ * sequence and at (save: to the file); returns the bytes passed. */
+static size_t copy_rows(const kt_session *s, int l, kv_kind kind, int from, int to, uint8_t *at, bool save) {
+    const size_t row = kv_pool_row_bytes(s->kv);
+    for (int p = from; p < to; p++, at += row) {
+        void *kv = kv_seq_row(s->seq, l, kind, p);
+        memcpy(save ? at : kv, save ? kv : at, row);
+    }
+    return (size_t)(to > from ? to - from : 0) * row;
 }
 
 kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *tokens, int n, const char *note,
@@ -42,18 +62,24 @@ kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *
                             s->seq->len);
     const kv_pool_params *p = kv_pool_get_params(s->kv);
     const size_t row = kv_pool_row_bytes(s->kv), note_len = note ? strlen(note) : 0;
-    const size_t total = file_bytes(row, p->n_layer, n, note_len);
+    /* the window layers hold rows from their first held block on */
+    int window_from = kv_pool_n_window_layers(s->kv) > 0 ? s->seq->win_lo * s->seq->block_tokens : 0;
+    if (window_from > n) window_from = n;
+    if (n < s->seq->len && window_from > 0 && kv_window_first_block(s->kv, n) < s->seq->win_lo)
+        return kt_error_set(err, KT_ERR_ARG, "session save: the sliding-window layers no longer hold what position "
+                            "%d attends", n);
+    const size_t total = file_bytes(s, row, n, window_from, note_len);
     uint8_t *buf = malloc(total);
     if (!buf) return kt_error_set(err, KT_ERR_NOMEM, "session save: out of memory for %zu bytes", total);
     const uint64_t fp = session_fingerprint(s);
-    const uint32_t head[4] = {(uint32_t)p->n_layer, (uint32_t)row, (uint32_t)n, (uint32_t)note_len};
+    const uint32_t head[6] = {(uint32_t)p->n_layer, (uint32_t)row, (uint32_t)n, (uint32_t)note_len,
+                              (uint32_t)window_from, 0};
     memcpy(buf, MAGIC, 8), memcpy(buf + 8, &fp, 8), memcpy(buf + 16, head, sizeof head);
     uint8_t *at = buf + HEADER;
     memcpy(at, tokens, 4 * (size_t)n), at += 4 * (size_t)n;
     memcpy(at, note ? note : "", note_len), at += note_len;
     for (int l = 0; l < p->n_layer; l++)
-        for (int k = 0; k < 2; k++, at += (size_t)n * row)
-            if (n > 0) memcpy(at, kv_seq_row(s->seq, l, (kv_kind)k, 0), (size_t)n * row); /* one block: rows in a row */
+        for (int k = 0; k < 2; k++) at += copy_rows(s, l, (kv_kind)k, first_row(s, l, window_from), n, at, true);
     const uint64_t sum = XXH3_64bits(buf, total - 8);
     memcpy(buf + total - 8, &sum, 8);
     char tmp[4200];
@@ -98,11 +124,12 @@ static uint8_t *read_file(const char *path, size_t *size, kt_error *err) {
     return buf;
 }
 
-/* Checks buf against s; returns the header's n and note length. */
+/* Checks buf against s; returns the header's n, note length and
+ * window_from. */
 static kt_status check_file(const kt_session *s, const char *path, const uint8_t *buf, size_t size, int *n,
-                            size_t *note_len, kt_error *err) {
+                            size_t *note_len, int *window_from, kt_error *err) {
     const kv_pool_params *p = kv_pool_get_params(s->kv);
-    uint32_t head[4];
+    uint32_t head[6];
     uint64_t fp, sum;
     if (size < HEADER + 8 || memcmp(buf, MAGIC, 8) != 0)
         return kt_error_set(err, KT_ERR_FORMAT, "%s is not a kettle session file (or is truncated)", path);
@@ -114,12 +141,41 @@ static kt_status check_file(const kt_session *s, const char *path, const uint8_t
     if (head[2] > (uint32_t)s->n_ctx)
         return kt_error_set(err, KT_ERR_ARG, "%s holds %u positions, more than this context's %d (raise -c)", path,
                             head[2], s->n_ctx);
-    if (size != file_bytes(head[1], (int)head[0], (int)head[2], head[3]))
+    if (head[5] != 0 || head[4] > head[2] || (head[4] > 0 && kv_pool_n_window_layers(s->kv) == 0))
+        return kt_error_set(err, KT_ERR_FORMAT, "%s has a bad header", path);
+    if (head[2] > 0 && kv_window_first_block(s->kv, (int)head[2]) * kv_pool_get_params(s->kv)->block_tokens <
+                           (int)head[4])
+        return kt_error_set(err, KT_ERR_ARG, "%s holds the sliding-window layers' rows from position %u only, and "
+                            "this session needs them from %d: use the context (-c) it was saved with", path, head[4],
+                            kv_window_first_block(s->kv, (int)head[2]) * kv_pool_get_params(s->kv)->block_tokens);
+    if (size != file_bytes(s, head[1], (int)head[2], (int)head[4], head[3]))
         return kt_error_set(err, KT_ERR_FORMAT, "%s is truncated or has extra bytes", path);
     memcpy(&sum, buf + size - 8, 8);
     if (sum != XXH3_64bits(buf, size - 8))
         return kt_error_set(err, KT_ERR_FORMAT, "%s is corrupt (its checksum does not match)", path);
-    *n = (int)head[2], *note_len = head[3];
+    *n = (int)head[2], *note_len = head[3], *window_from = (int)head[4];
+    return KT_OK;
+}
+
+/* Appends the file's n positions a block at a time, each block's rows
+ * copied in as it is appended (a window layer's from window_from: the
+ * blocks before it give their window slots back as the sequence grows,
+ * and those left before window_from are given back at the end). */
+static kt_status restore_rows(kt_session *s, const uint8_t *rows, int n, int window_from, kt_error *err) {
+    const int n_layer = kv_pool_get_params(s->kv)->n_layer, bt = s->seq->block_tokens;
+    const size_t row = kv_pool_row_bytes(s->kv);
+    for (int p0 = 0; p0 < n; p0 += bt) {
+        const int p1 = p0 + bt < n ? p0 + bt : n;
+        if (kv_seq_append(s->seq, p1 - p0, err) != KT_OK) return err->status;
+        const uint8_t *at = rows;
+        for (int l = 0; l < n_layer; l++)
+            for (int k = 0; k < 2; k++) {
+                const int from = first_row(s, l, window_from), lo = p0 > from ? p0 : from;
+                if (lo < p1) copy_rows(s, l, (kv_kind)k, lo, p1, (uint8_t *)at + (size_t)(lo - from) * row, false);
+                at += (size_t)(n - from) * row;
+            }
+    }
+    kv_seq_window_trim(s->seq, window_from / bt);
     return KT_OK;
 }
 
@@ -128,25 +184,22 @@ kt_status kt_session_load(kt_session *s, const char *path, int32_t **tokens, int
     *tokens = NULL, *note = NULL, *n_out = 0;
     kt_session_truncate(s, 0);
     size_t size = 0, note_len = 0;
-    int n = 0;
+    int n = 0, window_from = 0;
     uint8_t *buf = read_file(path, &size, err);
     if (!buf) return err->status;
-    kt_status st = check_file(s, path, buf, size, &n, &note_len, err);
+    kt_status st = check_file(s, path, buf, size, &n, &note_len, &window_from, err);
     if (st == KT_OK && (!(*tokens = malloc(4 * (size_t)n + 4)) || !(*note = malloc(note_len + 1))))
         st = kt_error_set(err, KT_ERR_NOMEM, "out of memory restoring %s", path);
-    if (st == KT_OK) st = kv_seq_append(s->seq, n, err);
+    if (st == KT_OK) st = restore_rows(s, buf + HEADER + 4 * (size_t)n + note_len, n, window_from, err);
     if (st != KT_OK) {
+        kt_session_truncate(s, 0);
         free(buf), free(*tokens), free(*note);
         *tokens = NULL, *note = NULL;
         return st;
     }
-    const size_t row = kv_pool_row_bytes(s->kv);
     const uint8_t *at = buf + HEADER;
     memcpy(*tokens, at, 4 * (size_t)n), at += 4 * (size_t)n;
-    memcpy(*note, at, note_len), (*note)[note_len] = 0, at += note_len;
-    for (int l = 0; l < kv_pool_get_params(s->kv)->n_layer; l++)
-        for (int k = 0; k < 2; k++, at += (size_t)n * row)
-            if (n > 0) memcpy(kv_seq_row(s->seq, l, (kv_kind)k, 0), at, (size_t)n * row);
+    memcpy(*note, at, note_len), (*note)[note_len] = 0;
     *n_out = n;
     free(buf);
     return KT_OK;

@@ -514,6 +514,10 @@ static void trim_window(kv_seq *s, int lo) {
     if (lo > s->win_lo) s->win_lo = lo;
 }
 
+void kv_seq_window_trim(kv_seq *s, int first_block) {
+    if (has_windows(s) && first_block <= kv_window_first_block(s->pool, s->len)) trim_window(s, first_block);
+}
+
 /* Releases table entries [from, n_blocks), the last first: cached ones
  * then reach the idle list leaves before parents, so eviction takes a
  * sequence's tail before its prefix. Every entry holds a reference (S1),

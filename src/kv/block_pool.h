@@ -255,6 +255,11 @@ kv_seq *kv_seq_fork(const kv_seq *seq, kt_error *err);
  * out of range. */
 kt_status kv_seq_make_writable(kv_seq *seq, int pos, kt_error *err);
 
+/* Gives back the window slots of the blocks before first_block (kept
+ * when that is past what position len attends, W4). For a sequence
+ * restored row by row whose window rows start there. */
+void kv_seq_window_trim(kv_seq *seq, int first_block);
+
 /* Blocks a sequence of n >= 0 positions needs. */
 int kv_blocks_for(const kv_pool *pool, int n);
 
