@@ -50,7 +50,7 @@ typedef struct kt_model_desc {
     int head_dim;
     float rope_freq_base, rms_eps;
     uint64_t weight_bytes; /* bytes of all tensors in the file */
-    uint64_t active_bytes; /* of them, what one token's forward reads: all but the unused experts */
+    uint64_t active_bytes; /* of them, what one token's forward reads: all but the unused experts and an untied embedding table's other rows */
     uint64_t n_params;     /* values in all tensors */
     int bos_id, eos_id;    /* -1 if none */
     int n_repacked;        /* matrices rewritten at load (KT_LOAD_REPACK) */

@@ -244,7 +244,7 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
     char test[48];
     if (r->n_depth) snprintf(test, sizeof test, "%s%d @ d%d", r->gen ? "tg" : "pp", r->n_tokens, r->n_depth);
     else snprintf(test, sizeof test, "%s%d", r->gen ? "tg" : "pp", r->n_tokens);
-    double gbs = r->gen ? r->median * (double)r->desc->active_bytes / 1e9 : 0; /* MoE: the chosen experts' */
+    double gbs = r->gen ? r->median * (double)r->desc->active_bytes / 1e9 : 0; /* what a token reads (model.h) */
     if (f == FMT_MD) {
         char size[32], params[32];
         printf("| %s | %s | %s | %d | %s | %.2f ± %.2f | %.2f | %.2f | ", base_name(r->model),
@@ -258,11 +258,11 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
                (unsigned long long)r->desc->weight_bytes, (unsigned long long)r->desc->n_params, r->threads,
                test, r->n_tokens, r->n_depth, r->reps, r->mean, r->sd, r->min, r->median, gbs, r->kv);
     } else {
-        printf("%s  {\"model\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"threads\": %d, "
+        printf("%s  {\"model\": \"%s\", \"size_bytes\": %llu, \"active_bytes\": %llu, \"n_params\": %llu, \"threads\": %d, "
                "\"test\": \"%s\", \"n_tokens\": %d, \"n_depth\": %d, \"reps\": %d, \"ts_mean\": %.9g, \"ts_stddev\": %.9g, "
                "\"ts_min\": %.9g, \"ts_median\": %.9g, \"weights_gbs\": %.9g, \"kv_type\": \"%s\"}",
                first ? "" : ",\n", base_name(r->model), (unsigned long long)r->desc->weight_bytes,
-               (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->n_depth, r->reps, r->mean,
+               (unsigned long long)r->desc->active_bytes, (unsigned long long)r->desc->n_params, r->threads, test, r->n_tokens, r->n_depth, r->reps, r->mean,
                r->sd, r->min, r->median, gbs, r->kv);
     }
     fflush(stdout);

@@ -439,9 +439,14 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         m->n_params += (uint64_t)(t->dims[0] * t->dims[1] * t->dims[2] * t->dims[3]);
         if (t->n_dims == 3 && c->n_expert && t->dims[2] == c->n_expert) expert_bytes += t->n_bytes;
     }
-    /* a decoded token reads its experts' slabs only */
+    /* a decoded token reads its experts' slabs only, and one row of an
+     * embedding table that is not also the output matrix */
     m->active_bytes = m->weight_bytes -
                       (c->n_expert ? expert_bytes / (uint64_t)c->n_expert * (uint64_t)(c->n_expert - c->n_expert_used) : 0);
+    if (m->output.data != m->tok_embd.data) {
+        const gguf_tensor *emb = gguf_tensor_find(f, "token_embd.weight");
+        if (emb && emb->n_bytes > 0 && emb->dims[1] > 0) m->active_bytes -= emb->n_bytes - emb->n_bytes / (uint64_t)emb->dims[1];
+    }
     return KT_OK;
 }
 

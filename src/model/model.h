@@ -89,7 +89,7 @@ typedef struct llm_model {
     llm_layer *layers;                        /* cfg.n_layer of them */
     uint8_t *kv_windowed;                     /* per layer: llm_layer.swa, as the KV pool takes it */
     uint64_t weight_bytes, n_params;
-    uint64_t active_bytes; /* weight_bytes less the experts a token does not use */
+    uint64_t active_bytes; /* weight_bytes less the experts a token does not use and an untied embedding table (one row) */
 } llm_model;
 
 /* Validates and binds; errors name the key or tensor at fault. */
