@@ -289,6 +289,21 @@ static void test_health_models_metrics(void **state) {
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, "\"stories260K.gguf\""));
     free(r.body);
+    /* one model: its own name, and any other, retrieve it (no --strict-model-names) */
+    const char *ids[] = {"/v1/models/stories260K.gguf", "/v1/models/gpt-4o", "/v1/models/Org/Repo:Q4_K_M"};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        r = get(&S, ids[i]);
+        assert_int_equal(r.status, 200);
+        assert_non_null(strstr(r.body, "\"id\":\"stories260K.gguf\""));
+        assert_non_null(strstr(r.body, "\"object\":\"model\""));
+        free(r.body);
+    }
+    r = get(&S, "/v1/models/");
+    assert_int_equal(r.status, 404);
+    free(r.body);
+    r = http_full(&S, "POST", "/v1/models/stories260K.gguf", "{}", 2, NULL);
+    assert_int_equal(r.status, 405);
+    free(r.body);
     r = get(&S, "/metrics");
     assert_int_equal(r.status, 200);
     const char *families[] = {"kettle_http_requests_total{endpoint=\"health\",status=\"200\"} ",
@@ -330,7 +345,7 @@ static void test_errors(void **state) {
     expect_error(&S, C, "{\"prompt\":\"x\",\"stop\":[1]}", 400, "'stop[0]' must be a string");
     expect_error(&S, C, "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "not a token id");
     expect_error(&S, C, "{\"prompt\":[\"a\",\"b\"]}", 400, "not supported");
-    expect_error(&S, C, "{\"prompt\":\"x\",\"model\":\"gpt-9\"}", 404, "gpt-9");
+    expect_error(&S, C, "{\"prompt\":\"x\",\"model\":7}", 400, "'model' must be a string");
     expect_error(&S, C, "{\"prompt\":\"x\",\"max_tokens\":100000}", 400, "max_tokens");
     expect_error(&S, CH, "{\"messages\":\"hi\"}", 400, "'messages' must be a non-empty array");
     expect_error(&S, CH, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "'messages[0].role'");
@@ -433,11 +448,13 @@ static long long prompt_tokens(const server *s, const char *body) {
     return n;
 }
 
-/* --api-key, --alias and a template file that gets the request's tools. */
+/* --api-key, --alias (twice), --strict-model-names and a template file
+ * that gets the request's tools. */
 static void test_api_key_alias_tools(void **state) {
     (void)state;
     char args[1024];
-    snprintf(args, sizeof args, "--api-key sekrit --alias tiny --log-requests --chat-template %s", tools_template());
+    snprintf(args, sizeof args, "--api-key sekrit --alias tiny --alias org/tiny:Q8 --strict-model-names --log-requests "
+             "--chat-template %s", tools_template());
     server s = start_server("serve-key.log", args);
     long long plain = prompt_tokens(&s, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}");
     long long tools = prompt_tokens(&s, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"
@@ -453,6 +470,23 @@ static void test_api_key_alias_tools(void **state) {
     r = http_full(&s, "GET", "/v1/models", NULL, 0, "Authorization: Bearer sekrit");
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, "\"tiny\""));
+    assert_non_null(strstr(r.body, "\"org/tiny:Q8\""));
+    assert_non_null(strstr(r.body, "\"stories260K.gguf\"")); /* the file's name stays */
+    free(r.body);
+    r = http_full(&s, "GET", "/v1/models/org/tiny:Q8", NULL, 0, "Authorization: Bearer sekrit");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"id\":\"org/tiny:Q8\""));
+    free(r.body);
+    /* strict: another name is a 404 naming it and every served name, for a request and for retrieve */
+    const char *chat = "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}";
+    r = http_full(&s, "POST", "/v1/chat/completions", chat, strlen(chat), "Authorization: Bearer sekrit");
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.body, "model_not_found"));
+    assert_non_null(strstr(r.body, "gpt-9") && strstr(r.body, "'tiny'") && strstr(r.body, "'org/tiny:Q8'"));
+    free(r.body);
+    r = http_full(&s, "GET", "/v1/models/gpt-9", NULL, 0, "Authorization: Bearer sekrit");
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.body, "model_not_found"));
     free(r.body);
     r = get(&s, "/health");
     assert_int_equal(r.status, 200);

@@ -25,8 +25,13 @@
 #include "kettle.h"
 #include "server/http.h"
 
+#define MAX_ALIASES 32
+
 typedef struct serve_opts {
-    const char *model, *host, *api_key, *alias, *template_arg, *kv_type, *prefix_cache, *cache_dir;
+    const char *model, *host, *api_key, *template_arg, *kv_type, *prefix_cache, *cache_dir;
+    const char *aliases[MAX_ALIASES];
+    int n_aliases;
+    bool strict_model_names;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
     int result_cache;
     kt_load_mode load;
@@ -63,14 +68,17 @@ static void usage(FILE *out) {
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
             "      --http-threads N    HTTP worker threads (default 4)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
-            "      --alias NAME        the model's name in the API (default: the file's name)\n"
+            "      --alias NAME        another name the model answers to and lists in /v1/models\n"
+            "                          (repeatable; the file's name stays)\n"
+            "      --strict-model-names  a request naming none of the model's names gets 404\n"
+            "                          model_not_found (default: any name is this model)\n"
             "      --chat-template T   a Jinja file or a built-in name (chatml, llama2, llama3,\n"
             "                          mistral, phi3, gemma); default: the model's own\n"
             "      --load MODE         repack, copy, mmap or populate (default repack)\n"
             "      --log-requests      one line per generation request on stderr: prompt tokens\n"
             "                          (cached / prefilled), completion tokens, latencies\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
-            "GET /v1/models, /health, /metrics.\n");
+            "GET /v1/models, /v1/models/{id}, /health, /metrics.\n");
 }
 
 typedef struct int_option {
@@ -89,11 +97,19 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--result-cache", NULL, 0, 1 << 20, &o->result_cache}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
-        {"--alias", NULL, &o->alias}, {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
+        {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
         {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir}};
     const char *v = NULL;
     int r;
     if (!strcmp(argv[*i], "--log-requests")) return o->log_requests = true, 1;
+    if (!strcmp(argv[*i], "--strict-model-names")) return o->strict_model_names = true, 1;
+    if ((r = cli_opt("serve", argc, argv, i, "--alias", &v))) {
+        if (r < 0) return 2;
+        if (o->n_aliases == MAX_ALIASES) return cli_usage_error("serve", "at most %d --alias names", MAX_ALIASES);
+        if (!v[0]) return cli_usage_error("serve", "--alias needs a non-empty name");
+        o->aliases[o->n_aliases++] = v;
+        return 1;
+    }
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
         if ((r = cli_opt("serve", argc, argv, i, ints[k].name, &v)) ||
             (ints[k].alias && (r = cli_opt("serve", argc, argv, i, ints[k].alias, &v)))) {
@@ -168,7 +184,8 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     if (!engine) return cli_fail("serve", &err);
     const char *base = strrchr(o->model, '/');
     srv_config cfg = {.host = o->host, .port = o->port, .api_key = o->api_key,
-                      .model_name = o->alias ? o->alias : base ? base + 1 : o->model, .template_text = tmpl,
+                      .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
+                      .strict_model_names = o->strict_model_names, .template_text = tmpl,
                       .http_threads = o->http_threads, .log_requests = o->log_requests,
                       .result_cache = o->result_cache};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
@@ -181,6 +198,9 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     kt_engine_get_stats(engine, &st);
     fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg.model_name, ap->n_ctx,
             ap->n_parallel, ap->batch_tokens);
+    for (int i = 0; i < cfg.n_aliases; i++) fprintf(stderr, "kettle serve: also answers to '%s'\n", cfg.aliases[i]);
+    fprintf(stderr, "kettle serve: %s\n", cfg.strict_model_names ? "a request naming another model gets 404 (--strict-model-names)"
+                                                                : "a request naming another model is served by this one");
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");

@@ -316,13 +316,21 @@ static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     return false;
 }
 
+/* The name a reply gives its model: the one the request used, when it is
+ * one of the model's names; else (any name is accepted) the file's. */
+static const char *reply_model_name(const srv_conn *c) {
+    json_t *v = c->json ? json_object_get(c->json, "model") : NULL;
+    const srv_model_info mi = srv_model_info_of(c->s);
+    return json_is_string(v) && srv_model_served(&mi, json_string_value(v)) ? json_string_value(v) : mi.name;
+}
+
 static bool start_reply(srv_conn *c, srv_error *e) {
     srv_server *s = c->s;
     char id[48];
     snprintf(id, sizeof id, "%s%016llx", c->gen.kind == SRV_CHAT ? "chatcmpl-" : "cmpl-",
              (unsigned long long)fresh_random(s));
     c->have_reply = true;
-    if (!srv_reply_init(&c->reply, &c->gen, s->model, s->cfg.model_name, id, (long long)time(NULL)))
+    if (!srv_reply_init(&c->reply, &c->gen, s->model, reply_model_name(c), id, (long long)time(NULL)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (!c->gen.stream || c->gen.kind != SRV_CHAT) return true;
     for (int i = 0; i < c->gen.n_choices; i++)
@@ -346,7 +354,8 @@ static enum MHD_Result start_stream(srv_conn *c) {
 static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     srv_server *s = c->s;
     const kt_model_desc *d = kt_model_describe(s->model);
-    srv_model_info mi = {.name = s->cfg.model_name, .n_vocab = d->n_vocab};
+    srv_model_info mi = srv_model_info_of(s);
+    mi.n_vocab = d->n_vocab;
     if (!(c->json = srv_parse_body(c, e))) return false;
     if (!srv_parse_gen(c->json, kind, &mi, fresh_random(s), &c->gen, e)) return false;
     c->have_gen = true;

@@ -41,13 +41,19 @@ static const route ROUTES[] = {
 };
 
 static const char *endpoint_name(srv_endpoint ep) {
-    static const char *const NAMES[] = {"health", "models", "metrics", "tokenize", "detokenize", "chat_completions",
-                                        "completions", "other"};
+    static const char *const NAMES[] = {"health",     "models",           "model",       "metrics", "tokenize",
+                                        "detokenize", "chat_completions", "completions", "other"};
     return NAMES[ep];
 }
 
+#define MODEL_PREFIX "/v1/models/" /* GET /v1/models/{id}: the id may hold '/' (OWNER/REPO) */
+
 /* The endpoint for url+method; *status 404 (no such path) or 405. */
 static srv_endpoint route_of(const char *url, const char *method, int *status) {
+    if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) {
+        *status = strcmp(method, "GET") ? 405 : 0;
+        return EP_MODEL;
+    }
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++) {
         if (strcmp(url, ROUTES[i].path)) continue;
         *status = strcmp(method, ROUTES[i].method) ? 405 : 0;
@@ -118,11 +124,37 @@ static enum MHD_Result health(srv_conn *c) {
     return srv_respond_json(c, up ? 200 : 503, json_pack("{s:s}", "status", up ? "ok" : "shutting down"));
 }
 
+srv_model_info srv_model_info_of(const srv_server *s) {
+    return (srv_model_info){.name = s->cfg.model_name, .aliases = s->cfg.aliases, .n_aliases = s->cfg.n_aliases,
+                            .strict = s->cfg.strict_model_names};
+}
+
+static json_t *model_object(const srv_server *s, const char *name) {
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", name, "object", "model", "created", (json_int_t)s->started,
+                     "owned_by", "kettle");
+}
+
+/* Every name the model answers to: the file's, then the aliases. */
 static enum MHD_Result models(srv_conn *c) {
     srv_server *s = c->s;
-    return srv_respond_json(c, 200,
-                            json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id", s->cfg.model_name,
-                                      "object", "model", "created", (json_int_t)s->started, "owned_by", "kettle"));
+    json_t *data = json_array();
+    if (data) json_array_append_new(data, model_object(s, s->cfg.model_name));
+    for (int i = 0; data && i < s->cfg.n_aliases; i++) json_array_append_new(data, model_object(s, s->cfg.aliases[i]));
+    return srv_respond_json(c, 200, data ? json_pack("{s:s, s:o}", "object", "list", "data", data) : NULL);
+}
+
+/* GET /v1/models/{id}: a served name's object; another name is this
+ * model too (its object, under the file's name) unless
+ * --strict-model-names, where it is a 404 as for a generation request. */
+static enum MHD_Result one_model(srv_conn *c) {
+    srv_server *s = c->s;
+    const char *id = c->url + strlen(MODEL_PREFIX);
+    srv_model_info mi = srv_model_info_of(s);
+    srv_error e;
+    if (srv_model_served(&mi, id)) return srv_respond_json(c, 200, model_object(s, id));
+    if (!mi.strict) return srv_respond_json(c, 200, model_object(s, s->cfg.model_name));
+    srv_model_not_found(&mi, id, &e);
+    return srv_respond_error(c, &e);
 }
 
 static enum MHD_Result metrics(srv_conn *c) {
@@ -182,7 +214,7 @@ static enum MHD_Result dispatch(srv_conn *c) {
                  "the request body is larger than the limit of %zu bytes", c->s->cfg.max_body);
     else if (c->route_status == 404)
         srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
-                 "no such endpoint: %s (there are /v1/chat/completions, /v1/completions, /v1/models, /health, "
+                 "no such endpoint: %s (there are /v1/chat/completions, /v1/completions, /v1/models[/ID], /health, "
                  "/metrics, /tokenize and /detokenize)", c->url);
     else if (c->route_status == 405)
         srv_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s does not accept %s", c->url,
@@ -196,6 +228,7 @@ static enum MHD_Result dispatch(srv_conn *c) {
     switch (c->ep) {
     case EP_HEALTH: return health(c);
     case EP_MODELS: return models(c);
+    case EP_MODEL: return one_model(c);
     case EP_METRICS: return metrics(c);
     case EP_TOKENIZE: return tokens(c, true);
     case EP_DETOKENIZE: return tokens(c, false);

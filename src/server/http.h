@@ -20,7 +20,12 @@ typedef struct srv_config {
     const char *host;          /* numeric address or name to bind; NULL: 127.0.0.1 */
     int port;                  /* 0: any free port (see srv_port) */
     const char *api_key;       /* NULL: no authentication */
-    const char *model_name;    /* what /v1/models lists and `model` must equal */
+    const char *model_name;    /* the model's name in the API (the file's), first in /v1/models */
+    const char *const *aliases; /* more names it answers to and lists (--alias) */
+    int n_aliases;
+    bool strict_model_names;   /* a `model` naming none of them is a 404 (default: with one model
+                                * served, any name is this model, as clients configured for another
+                                * server expect) */
     const char *template_text; /* chat template; NULL: the model's own */
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
     int http_threads;          /* MHD worker threads; <= 0: 4 */

@@ -30,7 +30,7 @@ typedef struct srv_link {
 } srv_link;
 
 typedef enum srv_endpoint {
-    EP_HEALTH, EP_MODELS, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS, EP_OTHER
+    EP_HEALTH, EP_MODELS, EP_MODEL, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS, EP_OTHER
 } srv_endpoint;
 
 struct srv_server {
@@ -82,6 +82,8 @@ typedef struct srv_conn {
 enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, char *body, size_t len);
 enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j);
 enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e);
+/* The served model's names, as the request parsers take them (n_vocab 0). */
+srv_model_info srv_model_info_of(const struct srv_server *s);
 /* The body parsed as JSON, or NULL with e filled (400, saying where). */
 json_t *srv_parse_body(srv_conn *c, srv_error *e);
 

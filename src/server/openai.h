@@ -80,9 +80,18 @@ typedef struct srv_gen_req {
 
 /* What the parser needs to know about the served model. */
 typedef struct srv_model_info {
-    const char *name; /* the alias or the file's basename */
+    const char *name; /* the model's name (srv_config.model_name) */
+    const char *const *aliases;
+    int n_aliases;
+    bool strict; /* a `model` that names none of them is a 404 */
     int n_vocab;
 } srv_model_info;
+
+/* Whether name is the model's name or one of its aliases. */
+bool srv_model_served(const srv_model_info *mi, const char *name);
+/* The 404 (model_not_found) for a name the model does not answer to,
+ * listing the ones it does. Returns false. */
+bool srv_model_not_found(const srv_model_info *mi, const char *name, srv_error *e);
 
 /* Validates a chat / completion body. `random_seed` is used when the
  * request names none. Returns false with e filled (400/404). */

@@ -77,6 +77,17 @@ async function main() {
   });
   model ||= path.basename(MODEL);
 
+  await check('models.retrieve: the served model, and any name is this model', async () => {
+    const m = await client.models.retrieve(model);
+    assert.equal(m.id, model);
+    assert.equal(m.object, 'model');
+    const other = await client.models.retrieve('gpt-4o');
+    assert.equal(other.id, model); /* another name: the model that answers it */
+    const r = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+    assert.equal(r.model, model);
+    assert.ok(r.choices[0].message.content !== undefined);
+  });
+
   let text = null;
   await check('completions (temperature 0) equal `kettle run --temp 0`', async () => {
     const r = await client.completions.create({ model, prompt: PROMPT, max_tokens: N, temperature: 0 });
@@ -297,17 +308,31 @@ async function main() {
       (e) => e.status === 400 && /uniqueItems/.test(e.message));
   });
 
-  await check('unknown model: APIError with status 404 naming the model', async () => {
-    await assert.rejects(
-      client.chat.completions.create({ model: 'gpt-9-does-not-exist', messages, max_tokens: 4 }),
-      (e) => {
-        assert.ok(e instanceof OpenAI.APIError, `not an APIError: ${e}`);
-        assert.ok(e instanceof OpenAI.NotFoundError);
-        assert.equal(e.status, 404);
-        assert.match(e.message, /gpt-9-does-not-exist/);
-        assert.equal(e.code, 'model_not_found');
-        return true;
-      });
+  await check('--strict-model-names, --alias: an unknown model is a 404 naming it and what is served', async () => {
+    const strict = await startServer(['--strict-model-names', '--alias', 'router', '--alias', 'org/tiny-2']);
+    try {
+      const sc = new OpenAI({ baseURL: `http://127.0.0.1:${strict.port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 20_000 });
+      const ids = [];
+      for await (const m of sc.models.list()) ids.push(m.id);
+      assert.deepEqual(ids, [path.basename(MODEL), 'router', 'org/tiny-2']);
+      assert.equal((await sc.models.retrieve('org/tiny-2')).id, 'org/tiny-2');
+      const r = await sc.chat.completions.create({ model: 'router', messages, max_tokens: 2 });
+      assert.equal(r.model, 'router'); /* the alias asked for */
+      for (const call of [() => sc.chat.completions.create({ model: 'gpt-9-does-not-exist', messages, max_tokens: 4 }),
+        () => sc.models.retrieve('gpt-9-does-not-exist')]) {
+        await assert.rejects(call(), (e) => {
+          assert.ok(e instanceof OpenAI.APIError, `not an APIError: ${e}`);
+          assert.ok(e instanceof OpenAI.NotFoundError);
+          assert.equal(e.status, 404);
+          assert.match(e.message, /gpt-9-does-not-exist/);
+          assert.match(e.message, /router/);
+          assert.equal(e.code, 'model_not_found');
+          return true;
+        });
+      }
+    } finally {
+      await stopServer(strict);
+    }
   });
 
   await check('prompt longer than the context: status 400 naming both numbers', async () => {
