@@ -452,6 +452,21 @@ static void test_run_is_reproducible_with_seed(void **state) {
     free(a);
     free(b);
     free(c);
+    /* no --seed: a fresh seed each run (two runs differ), printed so that
+     * --seed gives the same text again */
+    char *d = NULL, *e = NULL, *d_err = NULL, *again = NULL;
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 60 --temp 1", KT_BIN, model);
+    assert_int_equal(tu_run(cmd, &d, &d_err), 0);
+    assert_int_equal(tu_run(cmd, &e, NULL), 0);
+    assert_string_not_equal(d, e);
+    const char *seed = strstr(d_err, "seed:");
+    assert_non_null(seed);
+    unsigned long long s = 0;
+    assert_int_equal(sscanf(seed, "seed: %llu", &s), 1);
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 60 --temp 1 --seed %llu", KT_BIN, model, s);
+    assert_int_equal(tu_run(cmd, &again, NULL), 0);
+    assert_string_equal(again, d);
+    free(d), free(e), free(d_err), free(again);
 }
 
 int main(void) {

@@ -4,6 +4,8 @@
 #include "cli/cli_util.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <time.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -93,8 +95,19 @@ char *cli_read_file(const char *path, size_t *len) {
 
 /* ---- generation options ---- */
 
+/* A seed from the system's entropy; the clock and pid where there is none. */
+static uint64_t random_seed(void) {
+    uint64_t s = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    bool ok = f && fread(&s, sizeof s, 1, f) == 1;
+    if (f) fclose(f);
+    if (!ok) s = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
+    return s >> 1; /* --seed takes 0 .. LONG_MAX: the printed seed can be given back */
+}
+
 void cli_gen_defaults(cli_gen_opts *g) {
     *g = (cli_gen_opts){.n_predict = 128, .sp = kt_sampler_defaults(), .load = KT_LOAD_REPACK};
+    g->sp.seed = random_seed();
 }
 
 const char *cli_gen_usage(void) {
@@ -114,7 +127,7 @@ const char *cli_gen_usage(void) {
            "      --frequency-penalty F (default 0)\n"
            "      --presence-penalty F  (default 0)\n"
            "      --repeat-last-n N     penalty window (default 64)\n"
-           "      --seed S          random seed (default 0)\n";
+           "      --seed S          random seed (default: a fresh one, printed with the stats)\n";
 }
 
 bool cli_parse_load_mode(const char *s, kt_load_mode *out) {
@@ -197,7 +210,7 @@ int cli_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_opts *g)
     bool ok = true;
     if (is_model) g->model = v;
     else if (is_load) ok = cli_parse_load_mode(v, &g->load);
-    else if (is_seed) ok = parse_long(v, 0, __LONG_MAX__, &n), g->sp.seed = (uint64_t)n;
+    else if (is_seed) ok = parse_long(v, 0, __LONG_MAX__, &n), g->sp.seed = (uint64_t)n, g->seed_given = true;
     else if (io) ok = parse_long(v, io->lo, io->hi, &n), *io->dst = (int)n;
     else ok = parse_float(v, fo->lo, fo->hi, fo->dst);
     return ok ? 1 : cli_usage_error(cmd, "invalid value '%s' for %s", v, a);

@@ -57,13 +57,16 @@ typedef struct cli_gen_opts {
     int n_predict, n_ctx, n_threads;
     kt_load_mode load;
     kt_sampler_params sp;
+    bool seed_given; /* --seed; else cli_gen_defaults drew one (printed, so a run can be repeated) */
 } cli_gen_opts;
 
 /* Parses "mmap", "populate" or "copy"; false otherwise. */
 bool cli_parse_load_mode(const char *s, kt_load_mode *out);
 
 /* n_predict 128, the model's context (at most 4096), all CPUs, and
- * kt_sampler_defaults(). */
+ * kt_sampler_defaults() with a seed drawn from the system's entropy (so
+ * two runs at a temperature above 0 differ, as users expect; --seed
+ * repeats one). */
 void cli_gen_defaults(cli_gen_opts *g);
 /* If argv[*i] is a generation option (-m, -n, -c, -t or a sampling option)
  * takes it and its value (advancing *i) and returns 1; returns 0 if it is

@@ -302,6 +302,8 @@ int cmd_chat(int argc, char **argv) {
                  (c.logits = malloc(sizeof(float) * (size_t)d->n_vocab)) && c.messages) {
             reset(&c);
             err.msg[0] = 0;
+            if (o.g.sp.temperature > 0 && !o.g.seed_given)
+                fprintf(stderr, "[seed %llu: --seed repeats this conversation]\n", (unsigned long long)o.g.sp.seed);
             if (restore_session(&c, &err)) {
                 chat_loop(&c);
                 save_session(&c, &err);

@@ -180,6 +180,8 @@ int cmd_run(int argc, char **argv) {
     }
     rc = run_model(m, &o, text, len, &st);
     if (rc == 0) print_stats(&st);
+    if (rc == 0 && o.g.sp.temperature > 0) /* what repeats this run */
+        fprintf(stderr, "seed:          %llu%s\n", (unsigned long long)o.g.sp.seed, o.g.seed_given ? "" : " (drawn; --seed repeats it)");
     kt_model_free(m);
     free(file_text);
     return rc;
