@@ -728,6 +728,39 @@ static void test_cache_next_turn(void **state) {
     kt_engine_free(cold), kt_engine_free(e);
 }
 
+/* The pool against the memory available (mem_limit standing in for the
+ * machine's): a default pool larger than it is cut to it and still
+ * serves (the stats say what it would have taken), a --kv-mb above it
+ * and a single context larger than it are refused naming the flag. */
+static void test_kv_fits_memory(void **state) {
+    (void)state;
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 256, p.n_parallel = 4, p.batch_tokens = 64, p.n_threads = 2;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(g_model, &p, &err);
+    assert_non_null(e);
+    const kt_engine_stats full = stats_of(e);
+    kt_engine_free(e);
+    assert_int_equal(full.kv_wanted_bytes, 0);
+    p.mem_limit = full.kv_pool_bytes / 2; /* half of 4 contexts: 2 fit */
+    e = kt_engine_new(g_model, &p, &err);
+    if (!e) fail_msg("%s", err.msg);
+    const kt_engine_stats cut = stats_of(e);
+    assert_int_equal(cut.kv_wanted_bytes, full.kv_pool_bytes);
+    assert_true(cut.kv_pool_bytes <= p.mem_limit && cut.kv_blocks_total == full.kv_blocks_total / 2);
+    output o;
+    run_alone(e, PROMPTS[0], 20, &o);
+    assert_int_equal(o.n, 20);
+    kt_engine_free(e);
+    p.kv_bytes = p.mem_limit + 1;
+    assert_null(kt_engine_new(g_model, &p, &err));
+    assert_int_equal(err.status, KT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "--kv-mb"));
+    p.kv_bytes = 0, p.mem_limit = full.kv_pool_bytes / 8; /* half a context */
+    assert_null(kt_engine_new(g_model, &p, &err));
+    assert_non_null(strstr(err.msg, "lower --ctx"));
+}
+
 /* Greedy tokens of ids from a plain kt_session of model m (one block of
  * the whole context: every layer keeps every position), EOS ignored. */
 static void session_greedy_ids(kt_model *m, const int32_t *ids, int n, int max_tokens, int32_t *out) {
@@ -1123,6 +1156,7 @@ int main(void) {
         cmocka_unit_test(test_cache_hits_first),
         cmocka_unit_test(test_lazy_grammar),
         cmocka_unit_test(test_window_layers),
+        cmocka_unit_test(test_kv_fits_memory),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -295,7 +295,13 @@ static void test_window_layers(void **state) {
      * from 637, and a block of slack), the global layer all 700; a row is
      * 2 KV heads x 64 F32 values */
     assert_int_equal(size, 40 + 4 * (size_t)n + 2 * (size_t)(700 + 5 * 188) * 512 + 8);
-    assert_int_equal(kt_session_load(t, path, &(int32_t *){NULL}, &(int){0}, &(char *){NULL}, &err), KT_OK);
+    int32_t *saved = NULL;
+    char *note = NULL;
+    int n_saved = 0;
+    assert_int_equal(kt_session_load(t, path, &saved, &n_saved, &note, &err), KT_OK);
+    assert_int_equal(n_saved, n);
+    assert_memory_equal(saved, toks, sizeof(int32_t) * (size_t)n);
+    free(saved), free(note);
     assert_int_equal(kt_session_n_past(t), n);
     /* rolling back 40 keeps everything before */
     kt_session_truncate(paged, n - 40);

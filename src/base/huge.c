@@ -4,6 +4,7 @@
 #include "base/huge.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/mman.h>
 
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
@@ -22,4 +23,14 @@ void *kt_huge_alloc(size_t bytes, size_t *mapped) {
 
 void kt_huge_free(void *p, size_t mapped) {
     if (p) munmap(p, mapped);
+}
+
+size_t kt_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f) && sscanf(line, "MemAvailable: %llu kB", &kb) != 1) {}
+    fclose(f);
+    return kb > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)kb * 1024;
 }

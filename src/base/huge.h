@@ -21,4 +21,10 @@
 void *kt_huge_alloc(size_t bytes, size_t *mapped);
 void kt_huge_free(void *p, size_t mapped);
 
+/* Bytes the kernel says can be allocated now without swapping
+ * (MemAvailable of /proc/meminfo); 0 when it does not say. A mapping
+ * larger than this succeeds (overcommit) and is killed when touched, so
+ * big buffers are sized against it first. */
+size_t kt_mem_available(void);
+
 #endif

@@ -110,6 +110,13 @@ void cli_gen_defaults(cli_gen_opts *g) {
     g->sp.seed = random_seed();
 }
 
+void cli_warn_ctx(const char *cmd, const kt_model *m, int n_ctx) {
+    const int train = kt_model_describe(m)->n_ctx_train;
+    if (n_ctx > train)
+        fprintf(stderr, "kettle %s: warning: -c %d is beyond the %d positions the model was trained on; its output past "
+                "them may degrade\n", cmd, n_ctx, train);
+}
+
 const char *cli_gen_usage(void) {
     return "  -m, --model FILE      GGUF model\n"
            "      --load MODE       repack (default: read into huge pages, Q4_0 rewritten\n"

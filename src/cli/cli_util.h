@@ -72,6 +72,9 @@ void cli_gen_defaults(cli_gen_opts *g);
  * takes it and its value (advancing *i) and returns 1; returns 0 if it is
  * not one, 2 after reporting a usage error. */
 int cli_gen_opt(const char *cmd, int argc, char **argv, int *i, cli_gen_opts *g);
+/* Warns on stderr when an asked context (-c, 0: the default) is beyond
+ * the positions the model was trained on. */
+void cli_warn_ctx(const char *cmd, const kt_model *m, int n_ctx);
 /* The usage lines of those options. */
 const char *cli_gen_usage(void);
 

@@ -297,7 +297,7 @@ int cmd_chat(int argc, char **argv) {
         c.template_text = tmpl;
         if (!tmpl && !kt_model_chat_template(c.model))
             snprintf(err.msg, sizeof err.msg, "%s has no chat template: name one with --chat-template", o.g.model);
-        else if ((c.session = kt_session_new(c.model, &(kt_session_params){.n_ctx = o.g.n_ctx, .n_threads = o.g.n_threads}, &err)) &&
+        else if ((cli_warn_ctx("chat", c.model, o.g.n_ctx), true) && (c.session = kt_session_new(c.model, &(kt_session_params){.n_ctx = o.g.n_ctx, .n_threads = o.g.n_threads}, &err)) &&
                  (c.sampler = kt_sampler_new(&o.g.sp, d->n_vocab, &err)) &&
                  (c.logits = malloc(sizeof(float) * (size_t)d->n_vocab)) && c.messages) {
             reset(&c);

@@ -126,6 +126,7 @@ static int run_model(kt_model *m, const run_opts *o, const char *text, size_t le
     kt_error err = {0};
     int32_t *ids = NULL;
     float *logits = malloc((size_t)d->n_vocab * sizeof(float));
+    cli_warn_ctx("run", m, o->g.n_ctx);
     kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = o->g.n_ctx, .n_threads = o->g.n_threads}, &err);
     kt_sampler *smp = s ? kt_sampler_new(&o->g.sp, d->n_vocab, &err) : NULL;
     int rc = 1;

@@ -204,6 +204,13 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
+    if (st.kv_wanted_bytes)
+        fprintf(stderr, "kettle serve: %d x %d positions would take %.0f MiB of KV cache, more than the memory available "
+                "now: the pool holds %d positions (requests wait for room; --kv-mb, --ctx or --parallel set it)\n",
+                ap->n_parallel, ap->n_ctx, (double)st.kv_wanted_bytes / 1048576.0, st.kv_blocks_total * st.kv_block_tokens);
+    if (ap->n_ctx > kt_model_describe(model)->n_ctx_train)
+        fprintf(stderr, "kettle serve: warning: --ctx %d is beyond the %d positions the model was trained on; its output "
+                "past them may degrade\n", ap->n_ctx, kt_model_describe(model)->n_ctx_train);
     if (st.kv_window_slots_total > 0)
         fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
                 "caches)\n", st.kv_window_slots_total,

@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include "base/error.h"
+#include "base/huge.h"
 #include "gguf/gguf.h"
 #include "kettle.h"
 #include "model/forward.h"
@@ -288,6 +289,15 @@ static kv_pool_params session_kv_params(const llm_model *m, int n_ctx, kv_type t
     return kp;
 }
 
+/* Bytes of the pool kp describes. */
+static size_t session_kv_bytes(const kv_pool_params *kp) {
+    int n_win = 0;
+    for (int l = 0; kp->window > 0 && l < kp->n_layer; l++) n_win += kp->windowed[l] != 0;
+    const double layer = 2.0 * (double)kp->block_tokens * (double)kv_row_bytes(kp->type, kp->kv_dim);
+    const double bytes = layer * ((double)(kp->n_layer - n_win) * kp->n_blocks + (double)n_win * kp->n_window_blocks);
+    return bytes > (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes;
+}
+
 kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *err) {
     int n_ctx = p && p->n_ctx > 0 ? p->n_ctx : m->llm->cfg.n_ctx_train;
     if (!(p && p->n_ctx > 0) && n_ctx > 4096) n_ctx = 4096;
@@ -305,6 +315,13 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     s->model = m;
     s->n_ctx = n_ctx;
     kv_pool_params kp = session_kv_params(m->llm, n_ctx, type);
+    const size_t kv_bytes = session_kv_bytes(&kp), avail = kt_mem_available() / 10 * 9;
+    if (avail && kv_bytes > avail) {
+        kt_error_set(err, KT_ERR_NOMEM, "a context of %d positions needs %zu MiB of KV cache but %zu MiB of memory are "
+                     "available now: lower -c", n_ctx, kv_bytes >> 20, avail >> 20);
+        kt_session_free(s);
+        return NULL;
+    }
     if (!(s->kv = kv_pool_new(&kp, err)) || !(s->seq = kv_seq_new(s->kv, err)) ||
         !(s->work = llm_work_new(m->llm, n_ctx, err)) ||
         !(s->pool = kt_pool_new(p ? p->n_threads : 0, err))) {

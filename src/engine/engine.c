@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/huge.h"
 #include "engine/grammar_sample.h"
 #include "engine/model_internal.h"
 #include "engine/request.h"
@@ -81,6 +82,7 @@ struct kt_engine {
     kt_request **active; /* admission order */
     int *prefill_order;  /* [n_parallel]: indices into active, shortest prefill left first */
     int n_active, seqs_running, blocks_reserved, slots_reserved; /* slots: window slots (block_pool.h) */
+    size_t kv_wanted_bytes; /* a default pool cut to the memory available: what it would have taken */
     int32_t *b_tokens;
     int *b_pos;
     kv_seq **b_seq;
@@ -164,6 +166,7 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     out->queue_depth = e->n_waiting;
     out->kv_block_tokens = KV_BLOCK_TOKENS;
     out->kv_block_bytes = kv_pool_block_bytes(e->kv) * 2 * (size_t)kv_pool_get_params(e->kv)->n_layer;
+    out->kv_wanted_bytes = e->kv_wanted_bytes;
     out->kv_pool_bytes = kv_pool_block_bytes(e->kv) * 2 *
                          ((size_t)(kv_pool_get_params(e->kv)->n_layer - kv_pool_n_window_layers(e->kv)) *
                               (size_t)kv_pool_n_total(e->kv) +
@@ -209,11 +212,20 @@ static int slots_needed(const kt_engine *e, int blocks, int n_choices) {
     return span == 0 ? 0 : slots < blocks ? (int)slots : blocks;
 }
 
+/* The memory the pool may take: mem_limit, or 90% of what the machine
+ * has available now (0: unknown, no limit). */
+static size_t kv_memory_limit(const kt_engine_params *p) {
+    return p->mem_limit ? p->mem_limit : kt_mem_available() / 10 * 9;
+}
+
 /* The pool: n_parallel contexts of blocks, or what the --kv-mb budget
- * holds. Sliding-window layers (Gemma) get their own slots: enough for
- * every running sequence's window twice over (the rest of the time they
- * keep finished turns' windows for the prefix cache), never more than
- * the blocks; the budget pays for those first. */
+ * holds; a default pool larger than the memory available is cut to it
+ * (fewer sequences then run at once: admission waits for room), a budget
+ * larger than it is refused, so the pool's pages can always be touched.
+ * Sliding-window layers (Gemma) get their own slots: enough for every
+ * running sequence's window twice over (the rest of the time they keep
+ * finished turns' windows for the prefix cache), never more than the
+ * blocks; the budget pays for those first. */
 static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     const kt_engine_params *p = &e->p;
     kv_type type;
@@ -225,15 +237,31 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     const size_t full_bytes = layer_bytes * (size_t)(kp.n_layer - n_win), win_bytes = layer_bytes * (size_t)n_win;
     const size_t ctx_blocks = (size_t)p->n_parallel * (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)window_span(e);
-    size_t n_blocks = ctx_blocks, n_slots;
-    if (p->kv_bytes == 0) n_slots = n_win == 0 ? 0 : max_slots < n_blocks ? max_slots : n_blocks;
-    else if (n_win == 0 || p->kv_bytes / (full_bytes + win_bytes) <= max_slots)
-        n_blocks = n_slots = p->kv_bytes / (full_bytes + win_bytes);
-    else n_slots = max_slots, n_blocks = full_bytes ? (p->kv_bytes - max_slots * win_bytes) / full_bytes : ctx_blocks;
+    const size_t limit = kv_memory_limit(p), mib = 1048576;
+    size_t budget = p->kv_bytes, n_blocks = ctx_blocks, n_slots;
+    if (budget && limit && budget > limit) {
+        kt_error_set(err, KT_ERR_NOMEM, "--kv-mb %zu is more than the %zu MiB of memory available now: lower --kv-mb "
+                     "(or use --kv-type q8_0)", budget / mib, limit / mib);
+        return NULL;
+    }
+    const size_t default_slots = n_win == 0 ? 0 : max_slots < ctx_blocks ? max_slots : ctx_blocks;
+    const size_t default_bytes = ctx_blocks * full_bytes + default_slots * win_bytes;
+    if (!budget && limit && default_bytes > limit) budget = limit, e->kv_wanted_bytes = default_bytes;
+    if (budget == 0) n_slots = default_slots;
+    else if (n_win == 0 || budget / (full_bytes + win_bytes) <= max_slots)
+        n_blocks = n_slots = budget / (full_bytes + win_bytes);
+    else n_slots = max_slots, n_blocks = full_bytes ? (budget - max_slots * win_bytes) / full_bytes : ctx_blocks;
     if (n_win == 0) n_slots = 0;
+    const size_t one_ctx = (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    if (e->kv_wanted_bytes && n_blocks < one_ctx) {
+        kt_error_set(err, KT_ERR_NOMEM, "one context of %d positions needs %.0f MiB of KV cache but %zu MiB of memory "
+                     "are available now: lower --ctx (or use --kv-type q8_0)", p->n_ctx,
+                     (double)one_ctx * (double)(full_bytes + win_bytes) / mib, limit / mib);
+        return NULL;
+    }
     if (n_blocks < 1 || n_blocks > (size_t)1 << 30) {
         kt_error_set(err, KT_ERR_ARG, "a KV budget of %.1f MiB holds %zu blocks of %d positions (%.2f MiB each); give at least one",
-                     p->kv_bytes / 1048576.0, n_blocks, KV_BLOCK_TOKENS, (full_bytes + win_bytes) / 1048576.0);
+                     (double)budget / mib, n_blocks, KV_BLOCK_TOKENS, (double)(full_bytes + win_bytes) / mib);
         return NULL;
     }
     kp.n_blocks = (int)n_blocks;

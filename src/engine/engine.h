@@ -37,7 +37,10 @@
 typedef struct kt_engine_params {
     int n_ctx;         /* positions per sequence (prompt + output); <= 0: model's n_ctx_train */
     int n_parallel;    /* sequences decoding at once (choices count each); default 16 */
-    size_t kv_bytes;   /* KV pool budget in bytes; 0: n_parallel * n_ctx positions */
+    size_t kv_bytes;   /* KV pool budget in bytes; 0: n_parallel * n_ctx positions, cut to the memory
+                        * available (see mem_limit) */
+    size_t mem_limit;  /* memory the KV pool may take; 0: 90% of what the machine has available now
+                        * (kt_mem_available). A kv_bytes above it is refused, a default pool cut to it */
     int batch_tokens;  /* tokens per step (decode + prefill); default 256 */
     int n_threads;     /* forward-pass threads; <= 0: all CPUs */
     int queue_max;     /* requests waiting for admission before KT_ERR_BUSY; default 64 */
@@ -248,6 +251,8 @@ typedef struct kt_engine_stats {
     int kv_block_tokens;
     size_t kv_block_bytes;  /* one block: every layer's K and V rows */
     size_t kv_pool_bytes;   /* the whole pool: blocks of the full layers, slots of the window layers */
+    size_t kv_wanted_bytes; /* what n_parallel x n_ctx positions would have taken, when the pool was cut
+                             * to the available memory (0: it was not) */
     uint64_t requests_finished[5]; /* by kt_finish */
     uint64_t prompt_tokens, generated_tokens; /* prompt_tokens: prefilled (computed) */
     uint64_t cached_prompt_tokens; /* prompt tokens served from the prefix cache */
