@@ -301,6 +301,10 @@ static void test_health_models_metrics(void **state) {
     r = get(&S, "/v1/models/");
     assert_int_equal(r.status, 404);
     free(r.body);
+    r = get(&S, "/v1/models/%FF"); /* an id that is not UTF-8 */
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.body, "not UTF-8"));
+    free(r.body);
     r = http_full(&S, "POST", "/v1/models/stories260K.gguf", "{}", 2, NULL);
     assert_int_equal(r.status, 405);
     free(r.body);

@@ -148,9 +148,12 @@ static enum MHD_Result models(srv_conn *c) {
  * --strict-model-names, where it is a 404 as for a generation request. */
 static enum MHD_Result one_model(srv_conn *c) {
     srv_server *s = c->s;
+    srv_error e;
+    if (strncmp(c->url, MODEL_PREFIX, strlen(MODEL_PREFIX))) /* the path was not UTF-8 (c->url says so) */
+        return srv_respond_error(c, (srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
+                                              "no such model: the path is not UTF-8"), &e));
     const char *id = c->url + strlen(MODEL_PREFIX);
     srv_model_info mi = srv_model_info_of(s);
-    srv_error e;
     if (srv_model_served(&mi, id)) return srv_respond_json(c, 200, model_object(s, id));
     if (!mi.strict) return srv_respond_json(c, 200, model_object(s, s->cfg.model_name));
     srv_model_not_found(&mi, id, &e);
