@@ -746,13 +746,12 @@ static void test_cache_next_turn(void **state) {
  * and a single context larger than it are refused naming the flag. */
 static void test_kv_fits_memory(void **state) {
     (void)state;
-    kt_engine_params p = kt_engine_defaults();
-    p.n_ctx = 256, p.n_parallel = 4, p.batch_tokens = 64, p.n_threads = 2;
-    kt_error err = {0};
-    kt_engine *e = kt_engine_new(g_model, &p, &err);
-    assert_non_null(e);
+    kt_engine *e = engine(4, 64, KT_KV_DEFAULT, 0.0f);
     const kt_engine_stats full = stats_of(e);
     kt_engine_free(e);
+    kt_engine_params p = kt_engine_defaults(); /* engine()'s, with a memory limit */
+    p.n_ctx = 256, p.n_parallel = 4, p.batch_tokens = 64, p.n_threads = 2;
+    kt_error err = {0};
     assert_int_equal(full.kv_wanted_bytes, 0);
     p.mem_limit = full.kv_pool_bytes / 2; /* half of 4 contexts: 2 fit */
     e = kt_engine_new(g_model, &p, &err);

@@ -34,3 +34,7 @@ size_t kt_mem_available(void) {
     fclose(f);
     return kb > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)kb * 1024;
 }
+
+size_t kt_mem_budget(void) {
+    return kt_mem_available() / 10 * 9;
+}

@@ -26,5 +26,8 @@ void kt_huge_free(void *p, size_t mapped);
  * larger than this succeeds (overcommit) and is killed when touched, so
  * big buffers are sized against it first. */
 size_t kt_mem_available(void);
+/* What a big buffer (the KV cache) may take: 90% of kt_mem_available,
+ * the rest left to activations, buffers and the system; 0: unknown. */
+size_t kt_mem_budget(void);
 
 #endif

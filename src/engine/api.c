@@ -281,21 +281,11 @@ void kt_detok_free(kt_detok *d) {
  * partial blocks), which saves most of those layers' memory. */
 #define SESSION_BLOCK_TOKENS 64
 static kv_pool_params session_kv_params(const llm_model *m, int n_ctx, kv_type type) {
-    const int bt = SESSION_BLOCK_TOKENS, w = m->cfg.n_swa;
-    kv_pool_params kp = llm_kv_params(m, 1, n_ctx, type);
-    const int span = (w + LLM_MAX_BATCH + bt - 1) / bt + 3, n_blocks = (n_ctx + bt - 1) / bt;
-    if (w <= 0 || 2 * span >= n_blocks) return kp;
-    kp.block_tokens = bt, kp.n_blocks = n_blocks, kp.n_window_blocks = span;
-    return kp;
-}
-
-/* Bytes of the pool kp describes. */
-static size_t session_kv_bytes(const kv_pool_params *kp) {
-    int n_win = 0;
-    for (int l = 0; kp->window > 0 && l < kp->n_layer; l++) n_win += kp->windowed[l] != 0;
-    const double layer = 2.0 * (double)kp->block_tokens * (double)kv_row_bytes(kp->type, kp->kv_dim);
-    const double bytes = layer * ((double)(kp->n_layer - n_win) * kp->n_blocks + (double)n_win * kp->n_window_blocks);
-    return bytes > (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes;
+    const int bt = SESSION_BLOCK_TOKENS, n_blocks = (n_ctx + bt - 1) / bt;
+    kv_pool_params paged = llm_kv_params(m, n_blocks, bt, type);
+    paged.n_window_blocks = kv_window_span(&paged, LLM_MAX_BATCH);
+    if (paged.n_window_blocks == 0 || 2 * paged.n_window_blocks >= n_blocks) return llm_kv_params(m, 1, n_ctx, type);
+    return paged;
 }
 
 kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *err) {
@@ -315,7 +305,7 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     s->model = m;
     s->n_ctx = n_ctx;
     kv_pool_params kp = session_kv_params(m->llm, n_ctx, type);
-    const size_t kv_bytes = session_kv_bytes(&kp), avail = kt_mem_available() / 10 * 9;
+    const size_t kv_bytes = kv_params_bytes(&kp), avail = kt_mem_budget();
     if (avail && kv_bytes > avail) {
         kt_error_set(err, KT_ERR_NOMEM, "a context of %d positions needs %zu MiB of KV cache but %zu MiB of memory are "
                      "available now: lower -c", n_ctx, kv_bytes >> 20, avail >> 20);

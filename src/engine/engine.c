@@ -167,10 +167,7 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     out->kv_block_tokens = KV_BLOCK_TOKENS;
     out->kv_block_bytes = kv_pool_block_bytes(e->kv) * 2 * (size_t)kv_pool_get_params(e->kv)->n_layer;
     out->kv_wanted_bytes = e->kv_wanted_bytes;
-    out->kv_pool_bytes = kv_pool_block_bytes(e->kv) * 2 *
-                         ((size_t)(kv_pool_get_params(e->kv)->n_layer - kv_pool_n_window_layers(e->kv)) *
-                              (size_t)kv_pool_n_total(e->kv) +
-                          (size_t)kv_pool_n_window_layers(e->kv) * (size_t)kv_pool_n_window_total(e->kv));
+    out->kv_pool_bytes = kv_pool_bytes(e->kv);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -196,26 +193,13 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     return KT_OK;
 }
 
-/* Window slots one sequence can hold (block_pool.h, W4): its next
- * token's window, the slack block, the prefill chunk it appends, and the
- * partial blocks at either end. 0 for a model without window layers. */
-static int window_span(const kt_engine *e) {
-    const int w = e->llm->cfg.n_swa;
-    return w > 0 ? (w + e->p.batch_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 3 : 0;
-}
-
-/* Worst-case window slots of a request: each choice's own, plus the
- * window the choices share after the prompt (n + 1 spans), never more
- * than its blocks. */
+/* Worst-case window slots of a request: each choice's own span (a
+ * sequence appends at most batch_tokens at a time), plus the window the
+ * choices share after the prompt (n + 1 spans), never more than its
+ * blocks. */
 static int slots_needed(const kt_engine *e, int blocks, int n_choices) {
-    const long span = window_span(e), slots = span * (n_choices + 1);
+    const long span = kv_window_span(kv_pool_get_params(e->kv), e->p.batch_tokens), slots = span * (n_choices + 1);
     return span == 0 ? 0 : slots < blocks ? (int)slots : blocks;
-}
-
-/* The memory the pool may take: mem_limit, or 90% of what the machine
- * has available now (0: unknown, no limit). */
-static size_t kv_memory_limit(const kt_engine_params *p) {
-    return p->mem_limit ? p->mem_limit : kt_mem_available() / 10 * 9;
 }
 
 /* The pool: n_parallel contexts of blocks, or what the --kv-mb budget
@@ -231,13 +215,12 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     kv_type type;
     if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
-    int n_win = 0;
-    for (int l = 0; kp.window > 0 && l < kp.n_layer; l++) n_win += kp.windowed[l] != 0;
+    const int n_win = kv_params_n_windowed(&kp);
     const size_t layer_bytes = (size_t)KV_BLOCK_TOKENS * kv_row_bytes(type, kp.kv_dim) * 2;
     const size_t full_bytes = layer_bytes * (size_t)(kp.n_layer - n_win), win_bytes = layer_bytes * (size_t)n_win;
     const size_t ctx_blocks = (size_t)p->n_parallel * (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
-    const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)window_span(e);
-    const size_t limit = kv_memory_limit(p), mib = 1048576;
+    const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)kv_window_span(&kp, p->batch_tokens);
+    const size_t limit = p->mem_limit ? p->mem_limit : kt_mem_budget(), mib = 1048576;
     size_t budget = p->kv_bytes, n_blocks = ctx_blocks, n_slots;
     if (budget && limit && budget > limit) {
         kt_error_set(err, KT_ERR_NOMEM, "--kv-mb %zu is more than the %zu MiB of memory available now: lower --kv-mb "

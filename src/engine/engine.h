@@ -39,8 +39,8 @@ typedef struct kt_engine_params {
     int n_parallel;    /* sequences decoding at once (choices count each); default 16 */
     size_t kv_bytes;   /* KV pool budget in bytes; 0: n_parallel * n_ctx positions, cut to the memory
                         * available (see mem_limit) */
-    size_t mem_limit;  /* memory the KV pool may take; 0: 90% of what the machine has available now
-                        * (kt_mem_available). A kv_bytes above it is refused, a default pool cut to it */
+    size_t mem_limit;  /* memory the KV pool may take; 0: kt_mem_budget() (90% of what the machine has
+                        * available now). A kv_bytes above it is refused, a default pool cut to it */
     int batch_tokens;  /* tokens per step (decode + prefill); default 256 */
     int n_threads;     /* forward-pass threads; <= 0: all CPUs */
     int queue_max;     /* requests waiting for admission before KT_ERR_BUSY; default 64 */

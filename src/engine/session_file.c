@@ -44,15 +44,18 @@ static size_t file_bytes(const kt_session *s, size_t row_bytes, int n, int windo
     return HEADER + 4 * (size_t)n + note + rows * row_bytes + 8;
 }
 
-/* Copies positions [from, to) of layer l's `kind` rows between the
- * sequence and at (save: to the file); returns the bytes passed. */
-static size_t copy_rows(const kt_session *s, int l, kv_kind kind, int from, int to, uint8_t *at, bool save) {
+/* Positions [from, to) of layer l's `kind` rows into the file at `at`;
+ * returns the bytes written. */
+static size_t save_rows(const kt_session *s, int l, kv_kind kind, int from, int to, uint8_t *at) {
     const size_t row = kv_pool_row_bytes(s->kv);
-    for (int p = from; p < to; p++, at += row) {
-        void *kv = kv_seq_row(s->seq, l, kind, p);
-        memcpy(save ? at : kv, save ? kv : at, row);
-    }
+    for (int p = from; p < to; p++) memcpy(at + (size_t)(p - from) * row, kv_seq_row(s->seq, l, kind, p), row);
     return (size_t)(to > from ? to - from : 0) * row;
+}
+
+/* Positions [from, to) of layer l's `kind` rows from the file at `at`. */
+static void load_rows(kt_session *s, int l, kv_kind kind, int from, int to, const uint8_t *at) {
+    const size_t row = kv_pool_row_bytes(s->kv);
+    for (int p = from; p < to; p++) memcpy(kv_seq_row(s->seq, l, kind, p), at + (size_t)(p - from) * row, row);
 }
 
 kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *tokens, int n, const char *note,
@@ -79,7 +82,7 @@ kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *
     memcpy(at, tokens, 4 * (size_t)n), at += 4 * (size_t)n;
     memcpy(at, note ? note : "", note_len), at += note_len;
     for (int l = 0; l < p->n_layer; l++)
-        for (int k = 0; k < 2; k++) at += copy_rows(s, l, (kv_kind)k, first_row(s, l, window_from), n, at, true);
+        for (int k = 0; k < 2; k++) at += save_rows(s, l, (kv_kind)k, first_row(s, l, window_from), n, at);
     const uint64_t sum = XXH3_64bits(buf, total - 8);
     memcpy(buf + total - 8, &sum, 8);
     char tmp[4200];
@@ -171,7 +174,7 @@ static kt_status restore_rows(kt_session *s, const uint8_t *rows, int n, int win
         for (int l = 0; l < n_layer; l++)
             for (int k = 0; k < 2; k++) {
                 const int from = first_row(s, l, window_from), lo = p0 > from ? p0 : from;
-                if (lo < p1) copy_rows(s, l, (kv_kind)k, lo, p1, (uint8_t *)at + (size_t)(lo - from) * row, false);
+                if (lo < p1) load_rows(s, l, (kv_kind)k, lo, p1, at + (size_t)(lo - from) * row);
                 at += (size_t)(n - from) * row;
             }
     }

@@ -90,11 +90,22 @@ static kt_status check_params(const kv_pool_params *p, kt_error *err) {
     return KT_OK;
 }
 
-/* Layers with window planes: none unless window > 0. */
-static int count_windowed(const kv_pool_params *p) {
+int kv_params_n_windowed(const kv_pool_params *p) {
     int n = 0;
-    for (int l = 0; p->window > 0 && l < p->n_layer; l++) n += p->windowed[l] != 0;
+    for (int l = 0; p->window > 0 && p->windowed && l < p->n_layer; l++) n += p->windowed[l] != 0;
     return n;
+}
+
+size_t kv_params_bytes(const kv_pool_params *p) {
+    const int n_win = kv_params_n_windowed(p);
+    const double layer = 2.0 * (double)p->block_tokens * (double)kv_row_bytes(p->type, p->kv_dim);
+    const double bytes = layer * ((double)(p->n_layer - n_win) * p->n_blocks + (double)n_win * p->n_window_blocks);
+    return bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes;
+}
+
+int kv_window_span(const kv_pool_params *p, int chunk) {
+    if (kv_params_n_windowed(p) == 0) return 0;
+    return (p->window + chunk + p->block_tokens - 1) / p->block_tokens + 3;
 }
 
 /* Fills the strides; the total size in *total. False on overflow. */
@@ -157,7 +168,7 @@ kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err) {
         return NULL;
     }
     pool->p = *params;
-    pool->n_win_layers = count_windowed(params);
+    pool->n_win_layers = kv_params_n_windowed(params);
     if (pool->n_win_layers == 0) pool->p.window = 0, pool->p.windowed = NULL, pool->p.n_window_blocks = 0;
     else if (params->n_window_blocks < 1 || params->n_window_blocks > params->n_blocks) {
         kt_error_set(err, KT_ERR_ARG, "kv pool: %d window slots for %d blocks (give 1 to n_blocks)",
@@ -289,25 +300,26 @@ bool kv_pool_has_window(const kv_pool *pool, int32_t id) {
     return pool->n_win_layers == 0 || (valid_id(pool, id) && pool->slot_of[id] >= 0);
 }
 
-bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int n_blocks, int len) {
-    for (int i = kv_window_first_block(pool, len); pool->n_win_layers > 0 && i < n_blocks; i++)
-        if (!kv_pool_has_window(pool, blocks[i])) return false;
-    return true;
+/* The last of the blocks the token after len positions attends in a
+ * window layer that has lost its window rows, or -1. */
+static int last_gap(const kv_pool *pool, const int32_t *blocks, int len) {
+    for (int i = kv_blocks_for(pool, len) - 1; pool->n_win_layers > 0 && i >= kv_window_first_block(pool, len); i--)
+        if (!kv_pool_has_window(pool, blocks[i])) return i;
+    return -1;
+}
+
+bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int len) {
+    return last_gap(pool, blocks, len) < 0;
 }
 
 int kv_pool_window_resume_len(const kv_pool *pool, const int32_t *blocks, int len) {
-    /* a block without its window rows at i: no length whose window spans
-     * it can resume, so the next candidate ends where that block begins */
-    for (bool moved = true; moved && len > 0 && pool->n_win_layers > 0;) {
-        moved = false;
-        for (int i = kv_blocks_for(pool, len) - 1; i >= kv_window_first_block(pool, len); i--)
-            if (!kv_pool_has_window(pool, blocks[i])) {
-                len = i * pool->p.block_tokens, moved = true;
-                break;
-            }
-    }
+    /* no length whose window spans a gap can resume: the next candidate
+     * ends where the gap's block begins */
+    for (int gap; len > 0 && (gap = last_gap(pool, blocks, len)) >= 0;) len = gap * pool->p.block_tokens;
     return len;
 }
+
+size_t kv_pool_bytes(const kv_pool *pool) { return kv_params_bytes(&pool->p); }
 
 kt_status kv_pool_window_alloc(kv_pool *pool, int32_t id, kt_error *err) {
     if (pool->n_win_layers == 0 || !valid_id(pool, id) || pool->blk.ref[id] < 1 || pool->slot_of[id] >= 0)
@@ -657,7 +669,7 @@ kt_status kv_seq_share(kv_seq *s, const int32_t *blocks, int n_blocks, int len, 
     for (int i = 0; i < n_blocks; i++)
         if (!valid_id(s->pool, blocks[i]) || (s->pool->blk.ref[blocks[i]] < 1 && !s->pool->cached[blocks[i]]))
             return kt_error_set(err, KT_ERR_INTERNAL, "kv sequence: block %d to share is free", (int)blocks[i]);
-    if (!kv_pool_window_covers(s->pool, blocks, n_blocks, len))
+    if (!kv_pool_window_covers(s->pool, blocks, len))
         return kt_error_set(err, KT_ERR_ARG, "kv sequence: the sliding-window rows of a %d-position prefix are gone",
                             len);
     kt_status st = reserve_table(s, n_blocks, err);

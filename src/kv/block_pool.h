@@ -132,6 +132,20 @@ bool kv_pool_can_alloc(const kv_pool *pool, int n);
 
 /* ---- window slots ---- */
 
+/* Layers with window planes that pools of p have (0: none: window 0 or
+ * no layer flagged). */
+int kv_params_n_windowed(const kv_pool_params *p);
+/* Bytes of K and V a pool of p holds: blocks of the full layers, slots of
+ * the window layers (SIZE_MAX where that overflows). */
+size_t kv_params_bytes(const kv_pool_params *p);
+/* Window slots one sequence of a pool of p can hold at once when it
+ * appends at most `chunk` positions at a time (W4: its next token's
+ * window, the slack block, the chunk, the partial blocks at either end);
+ * 0 without window layers. What pools are sized and requests reserved by. */
+int kv_window_span(const kv_pool_params *p, int chunk);
+/* kv_params_bytes of the pool's own parameters. */
+size_t kv_pool_bytes(const kv_pool *pool);
+
 /* Layers with window planes (0: the pool has no window group). */
 int kv_pool_n_window_layers(const kv_pool *pool);
 bool kv_pool_layer_windowed(const kv_pool *pool, int layer);
@@ -144,10 +158,10 @@ int kv_window_first_block(const kv_pool *pool, int len);
 /* Whether block id has its window rows (always true without window
  * layers). */
 bool kv_pool_has_window(const kv_pool *pool, int32_t id);
-/* Whether a sequence of len positions over blocks[0..n_blocks) could go on:
+/* Whether a sequence of len positions over blocks[0..ceil(len / bt)) could go on:
  * every block the next token attends in a window layer still has its
  * window rows. */
-bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int n_blocks, int len);
+bool kv_pool_window_covers(const kv_pool *pool, const int32_t *blocks, int len);
 /* The longest length <= len that a sequence over blocks[0..) can resume
  * (kv_pool_window_covers): len, or a whole number of blocks, or 0. */
 int kv_pool_window_resume_len(const kv_pool *pool, const int32_t *blocks, int len);

@@ -364,8 +364,7 @@ kv_disk *kv_disk_open(const char *dir, size_t max_bytes, uint64_t fingerprint, c
     const size_t layer_bytes = 2 * (size_t)layout->block_tokens * d->row_bytes;
     d->kv_bytes = (size_t)layout->n_layer * layer_bytes;
     d->file_bytes = HEADER_BYTES + 4 * (size_t)layout->block_tokens + d->kv_bytes + 8;
-    for (int l = 0; layout->window > 0 && layout->windowed && l < layout->n_layer; l++)
-        d->n_win_layers += layout->windowed[l] != 0;
+    d->n_win_layers = kv_params_n_windowed(layout);
     d->file_bytes_nowin = d->file_bytes - (size_t)d->n_win_layers * layer_bytes;
     if (d->n_win_layers > 0 && (d->windowed = malloc((size_t)layout->n_layer)))
         memcpy(d->windowed, layout->windowed, (size_t)layout->n_layer);
