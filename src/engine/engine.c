@@ -27,6 +27,7 @@
  */
 #include "engine/engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -202,6 +203,23 @@ static int slots_needed(const kt_engine *e, int blocks, int n_choices) {
     return span == 0 ? 0 : slots < blocks ? (int)slots : blocks;
 }
 
+/* Fills kp's blocks and window slots from a budget of bytes (0: no
+ * budget: ctx_blocks blocks): the window slots, at most max_slots and
+ * never more than the blocks, are paid for first. */
+static void split_budget(kv_pool_params *kp, size_t budget, size_t ctx_blocks, size_t max_slots) {
+    const size_t layer_bytes = 2 * (size_t)kp->block_tokens * kv_row_bytes(kp->type, kp->kv_dim);
+    const int n_win = kv_params_n_windowed(kp);
+    const size_t full_bytes = layer_bytes * (size_t)(kp->n_layer - n_win), win_bytes = layer_bytes * (size_t)n_win;
+    size_t n_blocks = ctx_blocks, n_slots = max_slots;
+    if (budget && (n_win == 0 || budget / (full_bytes + win_bytes) <= max_slots))
+        n_blocks = n_slots = budget / (full_bytes + win_bytes);
+    else if (budget)
+        n_blocks = full_bytes ? (budget - max_slots * win_bytes) / full_bytes : ctx_blocks;
+    if (n_slots > n_blocks) n_slots = n_blocks;
+    kp->n_blocks = n_blocks > INT_MAX ? INT_MAX : (int)n_blocks;
+    kp->n_window_blocks = n_win == 0 ? 0 : (int)n_slots;
+}
+
 /* The pool: n_parallel contexts of blocks, or what the --kv-mb budget
  * holds; a default pool larger than the memory available is cut to it
  * (fewer sequences then run at once: admission waits for room), a budget
@@ -209,46 +227,38 @@ static int slots_needed(const kt_engine *e, int blocks, int n_choices) {
  * Sliding-window layers (Gemma) get their own slots: enough for every
  * running sequence's window twice over (the rest of the time they keep
  * finished turns' windows for the prefix cache), never more than the
- * blocks; the budget pays for those first. */
+ * blocks. */
 static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     const kt_engine_params *p = &e->p;
     kv_type type;
     if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
-    const int n_win = kv_params_n_windowed(&kp);
-    const size_t layer_bytes = (size_t)KV_BLOCK_TOKENS * kv_row_bytes(type, kp.kv_dim) * 2;
-    const size_t full_bytes = layer_bytes * (size_t)(kp.n_layer - n_win), win_bytes = layer_bytes * (size_t)n_win;
-    const size_t ctx_blocks = (size_t)p->n_parallel * (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    const size_t one_ctx = (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    const size_t ctx_blocks = (size_t)p->n_parallel * one_ctx;
     const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)kv_window_span(&kp, p->batch_tokens);
     const size_t limit = p->mem_limit ? p->mem_limit : kt_mem_budget(), mib = 1048576;
-    size_t budget = p->kv_bytes, n_blocks = ctx_blocks, n_slots;
-    if (budget && limit && budget > limit) {
+    if (p->kv_bytes && limit && p->kv_bytes > limit) {
         kt_error_set(err, KT_ERR_NOMEM, "--kv-mb %zu is more than the %zu MiB of memory available now: lower --kv-mb "
-                     "(or use --kv-type q8_0)", budget / mib, limit / mib);
+                     "(or use --kv-type q8_0)", p->kv_bytes / mib, limit / mib);
         return NULL;
     }
-    const size_t default_slots = n_win == 0 ? 0 : max_slots < ctx_blocks ? max_slots : ctx_blocks;
-    const size_t default_bytes = ctx_blocks * full_bytes + default_slots * win_bytes;
-    if (!budget && limit && default_bytes > limit) budget = limit, e->kv_wanted_bytes = default_bytes;
-    if (budget == 0) n_slots = default_slots;
-    else if (n_win == 0 || budget / (full_bytes + win_bytes) <= max_slots)
-        n_blocks = n_slots = budget / (full_bytes + win_bytes);
-    else n_slots = max_slots, n_blocks = full_bytes ? (budget - max_slots * win_bytes) / full_bytes : ctx_blocks;
-    if (n_win == 0) n_slots = 0;
-    const size_t one_ctx = (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
-    if (e->kv_wanted_bytes && n_blocks < one_ctx) {
-        kt_error_set(err, KT_ERR_NOMEM, "one context of %d positions needs %.0f MiB of KV cache but %zu MiB of memory "
-                     "are available now: lower --ctx (or use --kv-type q8_0)", p->n_ctx,
-                     (double)one_ctx * (double)(full_bytes + win_bytes) / mib, limit / mib);
+    split_budget(&kp, p->kv_bytes, ctx_blocks, max_slots);
+    if (!p->kv_bytes && limit && kv_params_bytes(&kp) > limit) { /* the default does not fit: the memory is the budget */
+        e->kv_wanted_bytes = kv_params_bytes(&kp);
+        split_budget(&kp, limit, ctx_blocks, max_slots);
+        if ((size_t)kp.n_blocks < one_ctx) {
+            kt_error_set(err, KT_ERR_NOMEM, "one context of %d positions needs %.0f MiB of KV cache but %zu MiB of memory "
+                         "are available now: lower --ctx (or use --kv-type q8_0)", p->n_ctx,
+                         (double)e->kv_wanted_bytes / (double)p->n_parallel / mib, limit / mib);
+            return NULL;
+        }
+    }
+    if (kp.n_blocks < 1 || kp.n_blocks > 1 << 30) {
+        const size_t block_bytes = 2 * (size_t)KV_BLOCK_TOKENS * kv_row_bytes(type, kp.kv_dim) * (size_t)kp.n_layer;
+        kt_error_set(err, KT_ERR_ARG, "a KV budget of %.1f MiB holds %d blocks of %d positions (%.2f MiB each); give at "
+                     "least one", (double)p->kv_bytes / mib, kp.n_blocks, KV_BLOCK_TOKENS, (double)block_bytes / mib);
         return NULL;
     }
-    if (n_blocks < 1 || n_blocks > (size_t)1 << 30) {
-        kt_error_set(err, KT_ERR_ARG, "a KV budget of %.1f MiB holds %zu blocks of %d positions (%.2f MiB each); give at least one",
-                     (double)budget / mib, n_blocks, KV_BLOCK_TOKENS, (double)(full_bytes + win_bytes) / mib);
-        return NULL;
-    }
-    kp.n_blocks = (int)n_blocks;
-    kp.n_window_blocks = (int)n_slots;
     return kv_pool_new(&kp, err);
 }
 
