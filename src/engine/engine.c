@@ -812,9 +812,10 @@ static char *release_text(const kt_request *r, gen_choice *c, kt_event *ev) {
     size_t emit = c->held_len;
     for (int k = 0; k < r->n_stop; k++) {
         const char *hit = memmem(c->held, c->held_len, r->stop[k], r->stop_len[k]);
-        if (hit && (size_t)(hit - c->held) <= emit) {
+        if (hit && (size_t)(hit - c->held) < emit + (ev->stop_string == 0)) {
             emit = (size_t)(hit - c->held);
             ev->finish = KT_FINISH_STOP;
+            ev->stop_string = k + 1; /* the earliest match; the first listed of those at one place */
         }
     }
     /* an ending choice releases everything before any stop string */

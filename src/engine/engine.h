@@ -175,6 +175,7 @@ typedef struct kt_event {
     kt_token_logprob top[KT_MAX_TOP_LOGPROBS]; /* most likely first */
     kt_finish finish;       /* != NONE: this choice is done, no more events for it */
     char error[160];        /* with KT_FINISH_ERROR */
+    int stop_string;        /* KT_FINISH_STOP by a stop string: its index + 1 (0: none, e.g. end of turn) */
     uint64_t t_ns;          /* engine's monotonic clock when the token was sampled */
 } kt_event;
 

@@ -145,7 +145,16 @@ void srv_links_free(srv_server *s) {
 
 /* ---- events ---- */
 
-static bool sse_error(srv_buf *out, const char *msg) {
+/* A chunk into the stream: as it is, or through the dialect's
+ * translation (steals chunk). */
+static bool emit(srv_conn *c, json_t *chunk) {
+    if (!c->xlate) return srv_buf_sse(&c->out, chunk);
+    return chunk && c->dialect->stream_chunk(c->xlate, chunk, &c->out);
+}
+
+static bool sse_error(srv_conn *c, const char *msg) {
+    if (c->xlate) return c->dialect->stream_error(c->xlate, msg, &c->out);
+    srv_buf *out = &c->out;
     srv_error e;
     srv_fail(&e, 500, "server_error", NULL, NULL, "%s", msg[0] ? msg : "the engine failed");
     char *j = srv_error_json(&e);
@@ -163,12 +172,12 @@ static bool stream_event(srv_conn *c, const kt_event *ev) {
     size_t i;
     json_t *j;
     bool ok = true;
-    json_array_foreach(chunks, i, j) ok = ok && srv_buf_sse(&c->out, json_incref(j));
+    json_array_foreach(chunks, i, j) ok = ok && emit(c, json_incref(j));
     json_decref(chunks);
     if (!ok) return false;
     if (ev->finish == KT_FINISH_NONE) return true;
-    if (!srv_buf_sse(&c->out, srv_chunk_finish(&c->reply, ev->choice, ev->finish, iu))) return false;
-    return ev->finish != KT_FINISH_ERROR || sse_error(&c->out, ev->error);
+    if (!emit(c, srv_chunk_finish(&c->reply, ev->choice, ev->finish, iu))) return false;
+    return ev->finish != KT_FINISH_ERROR || sse_error(c, ev->error);
 }
 
 /* Takes every ready event: 1 when the request is finished, 0 when more
@@ -206,15 +215,17 @@ static const char STREAM_OOM_END[] =
 
 /* Copies what is left of a static stream ending into MHD's buffer. */
 static ssize_t stream_tail(srv_conn *c, char *buf, size_t max) {
-    size_t left = sizeof STREAM_OOM_END - 1 - c->tail_pos;
+    const char *end = c->dialect ? c->dialect->stream_oom_end : STREAM_OOM_END;
+    size_t left = strlen(end) - c->tail_pos;
     if (left == 0) return MHD_CONTENT_READER_END_OF_STREAM;
     size_t n = left < max ? left : max;
-    memcpy(buf, STREAM_OOM_END + c->tail_pos, n);
+    memcpy(buf, end + c->tail_pos, n);
     c->tail_pos += n;
     return (ssize_t)n;
 }
 
 static bool stream_end_with(srv_conn *c, const kt_request_usage *u) {
+    if (c->xlate) return c->dialect->stream_end(c->xlate, u, &c->out);
     if (c->gen.include_usage && !srv_buf_sse(&c->out, srv_chunk_usage(&c->reply, u))) return false;
     return srv_buf_append(&c->out, "data: [DONE]\n\n", 14);
 }
@@ -327,14 +338,19 @@ static const char *reply_model_name(const srv_conn *c) {
 static bool start_reply(srv_conn *c, srv_error *e) {
     srv_server *s = c->s;
     char id[48];
-    snprintf(id, sizeof id, "%s%016llx", c->gen.kind == SRV_CHAT ? "chatcmpl-" : "cmpl-",
-             (unsigned long long)fresh_random(s));
+    const char *prefix = c->dialect == &SRV_DIALECT_RESPONSES  ? "resp_"
+                         : c->dialect == &SRV_DIALECT_MESSAGES ? "msg_"
+                         : c->gen.kind == SRV_CHAT             ? "chatcmpl-"
+                                                               : "cmpl-";
+    snprintf(id, sizeof id, "%s%016llx", prefix, (unsigned long long)fresh_random(s));
     c->have_reply = true;
     if (!srv_reply_init(&c->reply, &c->gen, s->model, reply_model_name(c), id, (long long)time(NULL)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (!c->gen.stream || c->gen.kind != SRV_CHAT) return true;
+    if (c->dialect && !(c->xlate = c->dialect->stream_new(c->dialect_body, &c->reply, &c->gen, c->n_prompt)))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (int i = 0; i < c->gen.n_choices; i++)
-        if (!srv_buf_sse(&c->out, srv_chunk_role(&c->reply, i, c->gen.include_usage)))
+        if (!emit(c, srv_chunk_role(&c->reply, i, c->gen.include_usage)))
             return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     return true;
 }
@@ -357,11 +373,18 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     srv_model_info mi = srv_model_info_of(s);
     mi.n_vocab = d->n_vocab;
     if (!(c->json = srv_parse_body(c, e))) return false;
+    if (c->dialect) {
+        c->dialect_body = c->json;
+        if (!(c->json = c->dialect->to_chat(c->dialect_body, e))) return false;
+    }
     if (!srv_parse_gen(c->json, kind, &mi, fresh_random(s), &c->gen, e)) return false;
     c->have_gen = true;
+    if (c->dialect && c->gen.n_choices != 1)
+        return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
     int n = srv_prompt_tokens(s->model, s->cfg.template_text, s->sampled, &c->gen, &ids, e);
     if (n < 0) return false;
+    c->n_prompt = n;
     if (s->results && srv_result_cacheable(&c->gen)) {
         c->result_key = srv_result_key_of(&c->gen, ids, n);
         c->result_hit = srv_results_get(s->results, c->result_key, &c->result);
@@ -374,6 +397,15 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     return ok;
 }
 
+/* The whole answer: the chat completion, or the dialect's made from it. */
+static json_t *answer_json(srv_conn *c, const kt_request_usage *u) {
+    json_t *done = srv_reply_json(&c->reply, u);
+    if (!done || !c->dialect) return done;
+    json_t *j = c->dialect->from_chat(c->dialect_body, done, &c->reply, &c->gen);
+    json_decref(done);
+    return j;
+}
+
 /* --result-cache hit: the stored answer, as a stream or a whole reply,
  * without the engine (x-kettle-cache: hit). */
 static enum MHD_Result answer_from_results(srv_conn *c) {
@@ -383,11 +415,12 @@ static enum MHD_Result answer_from_results(srv_conn *c) {
     u.cached_tokens = u.prompt_tokens; /* nothing was computed */
     bool ok = true;
     for (int i = 0; ok && i < res->n_choices; i++) {
-        kt_event ev = {.choice = i, .token = -1, .text = res->text[i], .text_len = res->len[i], .finish = res->finish[i]};
+        kt_event ev = {.choice = i, .token = -1, .text = res->text[i], .text_len = res->len[i], .finish = res->finish[i],
+                     .stop_string = res->stop_string[i]};
         ok = c->gen.stream ? srv_reply_track(&c->reply, &ev) && stream_event(c, &ev) : srv_reply_add(&c->reply, &ev);
     }
     if (!ok) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
-    if (!c->gen.stream) return srv_respond_json(c, 200, srv_reply_json(&c->reply, &u));
+    if (!c->gen.stream) return srv_respond_json(c, 200, answer_json(c, &u));
     if (!stream_end_with(c, &u)) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
     char *body = c->out.data;
     size_t len = c->out.len;
@@ -422,7 +455,7 @@ enum MHD_Result srv_gen_continue(srv_conn *c) {
         return srv_respond_error(c, &e);
     }
     kt_request_usage u = kt_request_get_usage(c->req);
-    json_t *j = srv_reply_json(&c->reply, &u);
+    json_t *j = answer_json(c, &u);
     if (!j) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
     return srv_respond_json(c, 200, j);
 }
@@ -452,5 +485,24 @@ void srv_gen_release(srv_conn *c) {
     srv_result_clear(&c->result);
     if (c->have_gen) srv_gen_req_free(&c->gen), c->have_gen = false;
     json_decref(c->json), c->json = NULL;
+    json_decref(c->dialect_body), c->dialect_body = NULL;
+    if (c->xlate) c->dialect->stream_free(c->xlate), c->xlate = NULL;
     srv_buf_free(&c->out);
+}
+
+enum MHD_Result srv_count_tokens(srv_conn *c) {
+    srv_error e;
+    srv_server *s = c->s;
+    srv_model_info mi = srv_model_info_of(s);
+    mi.n_vocab = kt_model_describe(s->model)->n_vocab;
+    int32_t *ids = NULL;
+    int n = -1;
+    if ((c->dialect_body = srv_parse_body(c, &e)) && (c->json = srv_messages_count_body(c->dialect_body, &e)) &&
+        srv_parse_gen(c->json, SRV_CHAT, &mi, 0, &c->gen, &e)) {
+        c->have_gen = true;
+        n = srv_prompt_tokens(s->model, s->cfg.template_text, s->sampled, &c->gen, &ids, &e);
+    }
+    free(ids);
+    if (n < 0) return srv_respond_error(c, &e);
+    return srv_respond_json(c, 200, json_pack("{s:i}", "input_tokens", n));
 }

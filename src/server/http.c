@@ -38,21 +38,30 @@ static const route ROUTES[] = {
     {"/detokenize", "POST", EP_DETOKENIZE},
     {"/v1/chat/completions", "POST", EP_CHAT},
     {"/v1/completions", "POST", EP_COMPLETIONS},
+    {"/v1/responses", "POST", EP_RESPONSES},
+    {"/v1/messages", "POST", EP_MESSAGES},
+    {"/v1/messages/count_tokens", "POST", EP_COUNT_TOKENS},
 };
 
 static const char *endpoint_name(srv_endpoint ep) {
-    static const char *const NAMES[] = {"health",     "models",           "model",       "metrics", "tokenize",
-                                        "detokenize", "chat_completions", "completions", "other"};
+    static const char *const NAMES[] = {"health",      "models",     "model",    "metrics",      "tokenize",
+                                        "detokenize",  "chat_completions", "completions", "responses",
+                                        "response_id", "messages",   "count_tokens", "other"};
     return NAMES[ep];
 }
 
 #define MODEL_PREFIX "/v1/models/" /* GET /v1/models/{id}: the id may hold '/' (OWNER/REPO) */
+#define RESPONSE_PREFIX "/v1/responses/" /* GET /v1/responses/{id}: nothing is stored, a 404 saying so */
 
 /* The endpoint for url+method; *status 404 (no such path) or 405. */
 static srv_endpoint route_of(const char *url, const char *method, int *status) {
     if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) {
         *status = strcmp(method, "GET") ? 405 : 0;
         return EP_MODEL;
+    }
+    if (!strncmp(url, RESPONSE_PREFIX, strlen(RESPONSE_PREFIX)) && url[strlen(RESPONSE_PREFIX)]) {
+        *status = 0;
+        return EP_RESPONSE_ID;
     }
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++) {
         if (strcmp(url, ROUTES[i].path)) continue;
@@ -96,7 +105,7 @@ enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j) {
 }
 
 enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e) {
-    char *s = srv_error_json(e);
+    char *s = c->dialect ? c->dialect->error_json(e) : srv_error_json(e);
     if (!s) return MHD_NO;
     return srv_respond(c, e->status, "application/json", s, strlen(s));
 }
@@ -207,7 +216,10 @@ static bool authorized(srv_conn *c) {
     const char *key = c->s->cfg.api_key;
     if (!key || c->ep == EP_HEALTH) return true;
     const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    return h && !strncmp(h, "Bearer ", 7) && same_secret(h + 7, key);
+    if (h && !strncmp(h, "Bearer ", 7) && same_secret(h + 7, key)) return true;
+    /* Anthropic's clients send the key in x-api-key */
+    const char *x = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "x-api-key");
+    return x && same_secret(x, key);
 }
 
 static enum MHD_Result dispatch(srv_conn *c) {
@@ -217,14 +229,15 @@ static enum MHD_Result dispatch(srv_conn *c) {
                  "the request body is larger than the limit of %zu bytes", c->s->cfg.max_body);
     else if (c->route_status == 404)
         srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
-                 "no such endpoint: %s (there are /v1/chat/completions, /v1/completions, /v1/models[/ID], /health, "
-                 "/metrics, /tokenize and /detokenize)", c->url);
+                 "no such endpoint: %s (there are /v1/chat/completions, /v1/completions, /v1/responses, "
+                 "/v1/messages[/count_tokens], /v1/models[/ID], /health, /metrics, /tokenize and /detokenize)",
+                 c->url);
     else if (c->route_status == 405)
         srv_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s does not accept %s", c->url,
                  c->method);
     else if (!authorized(c))
         srv_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
-                 "missing or wrong API key: send the header 'Authorization: Bearer KEY'");
+                 "missing or wrong API key: send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY')");
     else
         e.status = 0;
     if (e.status) return srv_respond_error(c, &e);
@@ -237,6 +250,14 @@ static enum MHD_Result dispatch(srv_conn *c) {
     case EP_DETOKENIZE: return tokens(c, false);
     case EP_CHAT: return srv_gen_start(c, SRV_CHAT);
     case EP_COMPLETIONS: return srv_gen_start(c, SRV_COMPLETION);
+    case EP_RESPONSES:
+    case EP_MESSAGES: return srv_gen_start(c, SRV_CHAT);
+    case EP_COUNT_TOKENS: return srv_count_tokens(c);
+    case EP_RESPONSE_ID:
+        return srv_respond_error(c, (srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
+                                              "kettle does not store responses (each is answered statelessly, as "
+                                              "with store: false); keep the output you need on the client"),
+                                     &e));
     default: return MHD_NO;
     }
 }
@@ -250,6 +271,9 @@ static enum MHD_Result begin(srv_server *s, struct MHD_Connection *mc, const cha
     snprintf(c->url, sizeof c->url, "%s", srv_utf8_valid(url, strlen(url)) ? url : "(a path that is not UTF-8)");
     snprintf(c->method, sizeof c->method, "%s", srv_utf8_valid(method, strlen(method)) ? method : "?");
     c->ep = route_of(url, method, &c->route_status);
+    c->dialect = c->ep == EP_RESPONSES                                ? &SRV_DIALECT_RESPONSES
+                 : c->ep == EP_MESSAGES || c->ep == EP_COUNT_TOKENS ? &SRV_DIALECT_MESSAGES
+                                                                    : NULL;
     *con_cls = c;
     const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {

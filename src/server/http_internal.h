@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "server/dialect.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -30,7 +31,8 @@ typedef struct srv_link {
 } srv_link;
 
 typedef enum srv_endpoint {
-    EP_HEALTH, EP_MODELS, EP_MODEL, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS, EP_OTHER
+    EP_HEALTH, EP_MODELS, EP_MODEL, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS,
+    EP_RESPONSES, EP_RESPONSE_ID, EP_MESSAGES, EP_COUNT_TOKENS, EP_OTHER
 } srv_endpoint;
 
 struct srv_server {
@@ -55,13 +57,18 @@ typedef struct srv_conn {
     srv_server *s;
     struct MHD_Connection *mc;
     srv_endpoint ep;
+    const srv_dialect *dialect; /* /v1/responses, /v1/messages: how the body and the answer are translated;
+                                 * NULL: OpenAI's chat / completions */
     int route_status;       /* 0, or 404 / 405 decided from the URL */
     char url[160], method[16]; /* for messages (cut) */
     srv_buf body;
     bool too_big;
     int status;             /* the status queued, for /metrics */
     /* generation requests (gen.c) */
-    json_t *json;
+    json_t *json;           /* the chat body (a dialect's, translated) */
+    json_t *dialect_body;   /* a dialect's own body, or NULL */
+    struct srv_xlate *xlate; /* a dialect stream's translation state */
+    int n_prompt;           /* the prompt's tokens */
     srv_gen_req gen;
     bool have_gen, have_reply, started, stream_done;
     bool stream_failed;     /* out of memory: the stream ends with an error */
@@ -90,6 +97,8 @@ json_t *srv_parse_body(srv_conn *c, srv_error *e);
 /* gen.c */
 enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind);
 enum MHD_Result srv_gen_continue(srv_conn *c);
+/* POST /v1/messages/count_tokens: the prompt's token count, nothing generated. */
+enum MHD_Result srv_count_tokens(srv_conn *c);
 void srv_gen_release(srv_conn *c);
 void srv_link_notify(void *link);
 /* True when the link's client has closed or reset its connection. */

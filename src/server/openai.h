@@ -131,6 +131,7 @@ typedef struct srv_choice {
     char *text;
     size_t len, cap;
     kt_finish finish;
+    int stop_string;             /* kt_event.stop_string: which stop string ended it (index + 1), 0: none */
     char error[160];
     json_t *lp_content;          /* chat: logprobs.content[] */
     json_t *lp_tokens, *lp_token_logprobs, *lp_top, *lp_offsets; /* completions */

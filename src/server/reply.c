@@ -189,6 +189,7 @@ bool srv_reply_track(srv_reply *rp, const kt_event *ev) {
     if (ev->finish == KT_FINISH_STOP && ev->token >= 0) c->ids_cut = true;
     if (ev->finish != KT_FINISH_NONE) {
         c->finish = ev->finish;
+        c->stop_string = ev->stop_string;
         snprintf(c->error, sizeof c->error, "%s", ev->error);
     }
     json_decref(rp->pending), rp->pending = NULL;

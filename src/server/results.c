@@ -115,6 +115,7 @@ static bool copy_result(const srv_result *from, srv_result *to) {
         }
         memcpy(to->text[i], from->text[i], from->len[i] + 1);
         to->len[i] = from->len[i], to->finish[i] = from->finish[i];
+        to->stop_string[i] = from->stop_string[i];
         to->n_choices = i + 1;
     }
     return true;
@@ -147,6 +148,7 @@ void srv_results_put(srv_results *c, srv_result_key key, const srv_reply *rp, co
     for (int i = 0; i < rp->n_choices; i++) {
         tmp.text[i] = rp->choices[i].text ? rp->choices[i].text : (char *)"";
         tmp.len[i] = rp->choices[i].len, tmp.finish[i] = rp->choices[i].finish;
+        tmp.stop_string[i] = rp->choices[i].stop_string;
     }
     entry *e = calloc(1, sizeof *e);
     if (!e || !copy_result(&tmp, &r)) {

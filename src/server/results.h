@@ -30,6 +30,7 @@ typedef struct srv_result {
     char *text[KT_MAX_CHOICES];
     size_t len[KT_MAX_CHOICES];
     kt_finish finish[KT_MAX_CHOICES];
+    int stop_string[KT_MAX_CHOICES]; /* kt_event.stop_string of each choice's end */
     kt_request_usage usage;
 } srv_result;
 
