@@ -1,0 +1,384 @@
+/*
+ * test_dialect.c - the Responses and Messages dialects (src/server/
+ * dialect.h) without a server: request bodies rewritten into chat bodies,
+ * chat completions into each API's answer, and chat chunk streams into its
+ * events. The end-to-end checks with the real SDKs are in
+ * tests/js/dialects_e2e.mjs; these cover what a random-weight model never
+ * produces there (thinking, text and calls in one reply, a cut call, a
+ * stop string among several) and run under the sanitizers.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/dialect.h"
+#include "testutil.h"
+
+static json_t *parse(const char *s) {
+    json_error_t je;
+    json_t *j = json_loads(s, 0, &je);
+    if (!j) fail_msg("bad test JSON: %s: %s", je.text, s);
+    return j;
+}
+
+/* The chat body the dialect makes of `body`, compared with `want`. */
+static void expect_chat(const srv_dialect *d, const char *body, const char *want) {
+    json_t *b = parse(body), *w = parse(want);
+    srv_error e = {0};
+    json_t *chat = d->to_chat(b, &e);
+    if (!chat) fail_msg("refused (%d): %s", e.status, e.msg);
+    if (!json_equal(chat, w)) {
+        char *got = json_dumps(chat, JSON_COMPACT | JSON_SORT_KEYS);
+        fail_msg("chat body\n got  %s\n want %s", got, want);
+    }
+    json_decref(chat), json_decref(b), json_decref(w);
+}
+
+/* The dialect refuses `body` with `status` and a message holding `part`. */
+static void expect_refused(const srv_dialect *d, const char *body, int status, const char *part) {
+    json_t *b = parse(body);
+    srv_error e = {0};
+    json_t *chat = d->to_chat(b, &e);
+    if (chat) fail_msg("accepted: %s", body);
+    assert_int_equal(e.status, status);
+    if (!strstr(e.msg, part)) fail_msg("message '%s' lacks '%s'", e.msg, part);
+    json_decref(b);
+}
+
+/* ---- Responses: requests ---- */
+
+static void test_responses_request(void **state) {
+    (void)state;
+    const srv_dialect *d = &SRV_DIALECT_RESPONSES;
+    expect_chat(d, "{\"model\":\"m\",\"input\":\"hi\",\"instructions\":\"be brief\",\"max_output_tokens\":9,\"temperature\":0,"
+                   "\"store\":true,\"include\":[],\"truncation\":\"disabled\",\"metadata\":{\"a\":\"b\"}}",
+                "{\"model\":\"m\",\"max_tokens\":9,\"temperature\":0,\"messages\":[{\"role\":\"system\",\"content\":\"be "
+                "brief\"},{\"role\":\"user\",\"content\":\"hi\"}]}");
+    /* a conversation of items: developer -> system, parts joined, a
+     * reasoning item on the next assistant turn, two calls in one
+     * assistant message, their outputs as tool messages with the name */
+    expect_chat(d,
+                "{\"input\":[{\"role\":\"developer\",\"content\":\"rules\"},"
+                "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+                "{\"type\":\"input_text\",\"text\":\"b\"}]},"
+                "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\","
+                "\"text\":\"think\"}]},"
+                "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+                "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"},"
+                "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"r1\"},"
+                "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":[{\"type\":\"input_text\",\"text\":\"r2\"}]},"
+                "{\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"done\"}]}]}",
+                "{\"messages\":[{\"role\":\"system\",\"content\":\"rules\"},{\"role\":\"user\",\"content\":\"ab\"},"
+                "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"think\",\"tool_calls\":["
+                "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
+                "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r1\",\"name\":\"f\"},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"r2\",\"name\":\"g\"},"
+                "{\"role\":\"assistant\",\"content\":\"done\"}]}");
+    /* tools, tool_choice, text.format */
+    expect_chat(d,
+                "{\"input\":\"q\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"d\",\"parameters\":"
+                "{\"type\":\"object\"},\"strict\":true}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
+                "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"s\",\"schema\":{\"type\":\"object\"},"
+                "\"strict\":true}},\"parallel_tool_calls\":false}",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"parallel_tool_calls\":false,\"tools\":["
+                "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":"
+                "\"object\"},\"strict\":true}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+                "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":"
+                "\"object\"},\"strict\":true}}}");
+    expect_chat(d, "{\"input\":\"q\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"response_format\":{\"type\":\"json_object\"}}");
+}
+
+static void test_responses_refusals(void **state) {
+    (void)state;
+    const srv_dialect *d = &SRV_DIALECT_RESPONSES;
+    expect_refused(d, "{}", 400, "'input' is required");
+    expect_refused(d, "{\"input\":[]}", 400, "no messages");
+    expect_refused(d, "{\"input\":\"q\",\"previous_response_id\":\"r\"}", 400, "whole conversation");
+    expect_refused(d, "{\"input\":\"q\",\"conversation\":\"c\"}", 400, "statelessly");
+    expect_refused(d, "{\"input\":\"q\",\"include\":[\"reasoning.encrypted_content\"]}", 400, "reasoning.encrypted_content");
+    expect_refused(d, "{\"input\":\"q\",\"truncation\":\"auto\"}", 400, "never drops input");
+    expect_refused(d, "{\"input\":\"q\",\"reasoning\":{\"effort\":\"high\"}}", 400, "reasoning.effort");
+    expect_refused(d, "{\"input\":\"q\",\"background\":true}", 400, "background");
+    expect_refused(d, "{\"input\":\"q\",\"frobnicate\":1}", 400, "'frobnicate' is not a parameter");
+    expect_refused(d, "{\"input\":\"q\",\"tools\":[{\"type\":\"web_search\"}]}", 400, "'web_search'");
+    expect_refused(d, "{\"input\":\"q\",\"tool_choice\":{\"type\":\"allowed_tools\"}}", 400, "'tool_choice' must be");
+    expect_refused(d, "{\"input\":\"q\",\"text\":{\"format\":{\"type\":\"yaml\"}}}", 400, "text.format.type");
+    expect_refused(d, "{\"input\":\"q\",\"max_output_tokens\":\"9\"}", 400, "'max_output_tokens' must be an integer");
+    expect_refused(d, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}", 400,
+                   "'input_image'");
+    expect_refused(d, "{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", 400, "item_reference");
+    expect_refused(d, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}", 400, "call_id");
+    expect_refused(d, "{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "role");
+    expect_refused(d, "{\"input\":[{\"type\":\"computer_call\"}]}", 400, "'computer_call'");
+}
+
+/* ---- answers ---- */
+
+static srv_reply reply_of(const char *id, int stop_string) {
+    srv_reply rp = {.kind = SRV_CHAT, .model_name = "m", .created = 1700000000, .n_choices = 1};
+    snprintf(rp.id, sizeof rp.id, "%s", id);
+    rp.choices[0].stop_string = stop_string;
+    return rp;
+}
+
+static const char *const DONE_ALL =
+    "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hello\",\"reasoning_content\":"
+    "\"hmm\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+    "\"{\\\"a\\\":1}\"}}]},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":5,"
+    "\"total_tokens\":15,\"prompt_tokens_details\":{\"cached_tokens\":4}}}";
+
+static void expect_json(json_t *got, const char *path_desc, const char *want) {
+    json_t *w = parse(want);
+    if (!json_equal(got, w)) {
+        char *g = json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS);
+        fail_msg("%s\n got  %s\n want %s", path_desc, g, want);
+    }
+    json_decref(w);
+}
+
+static void test_responses_answer(void **state) {
+    (void)state;
+    srv_reply rp = reply_of("resp_ab", 0);
+    srv_gen_req r = {0};
+    json_t *body = parse("{\"input\":\"q\",\"max_output_tokens\":9}"), *done = parse(DONE_ALL);
+    json_t *a = SRV_DIALECT_RESPONSES.from_chat(body, done, &rp, &r);
+    assert_non_null(a);
+    assert_string_equal(json_string_value(json_object_get(a, "status")), "completed");
+    assert_int_equal(json_integer_value(json_object_get(a, "max_output_tokens")), 9);
+    expect_json(json_object_get(a, "output"), "output",
+                "[{\"id\":\"rs_ab_0\",\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\","
+                "\"text\":\"hmm\"}]},{\"id\":\"msg_ab_1\",\"type\":\"message\",\"status\":\"completed\",\"role\":"
+                "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"hello\",\"annotations\":[],\"logprobs\":"
+                "[]}]},{\"id\":\"fc_ab_2\",\"type\":\"function_call\",\"status\":\"completed\",\"call_id\":\"call_1\","
+                "\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}]");
+    expect_json(json_object_get(a, "usage"), "usage",
+                "{\"input_tokens\":10,\"input_tokens_details\":{\"cached_tokens\":4},\"output_tokens\":5,\"total_tokens\":15}");
+    json_decref(a), json_decref(done);
+    /* cut by its length: incomplete, the last item too */
+    done = parse("{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"hel\"},\"finish_reason\":\"length\"}],"
+                 "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":3}}");
+    a = SRV_DIALECT_RESPONSES.from_chat(body, done, &rp, &r);
+    assert_string_equal(json_string_value(json_object_get(a, "status")), "incomplete");
+    expect_json(json_object_get(a, "incomplete_details"), "incomplete_details", "{\"reason\":\"max_output_tokens\"}");
+    json_t *item = json_array_get(json_object_get(a, "output"), 0);
+    assert_string_equal(json_string_value(json_object_get(item, "status")), "incomplete");
+    json_decref(a), json_decref(done), json_decref(body);
+}
+
+static void test_messages_answer(void **state) {
+    (void)state;
+    srv_reply rp = reply_of("msg_ab", 0);
+    srv_gen_req r = {0};
+    json_t *body = parse("{}"), *done = parse(DONE_ALL);
+    json_t *a = SRV_DIALECT_MESSAGES.from_chat(body, done, &rp, &r);
+    expect_json(a, "message",
+                "{\"id\":\"msg_ab\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":["
+                "{\"type\":\"thinking\",\"thinking\":\"hmm\",\"signature\":\"\"},{\"type\":\"text\",\"text\":\"hello\"},"
+                "{\"type\":\"tool_use\",\"id\":\"call_1\",\"name\":\"f\",\"input\":{\"a\":1}}],\"stop_reason\":"
+                "\"tool_use\",\"stop_sequence\":null,\"usage\":{\"input_tokens\":6,\"cache_creation_input_tokens\":0,"
+                "\"cache_read_input_tokens\":4,\"output_tokens\":5}}");
+    json_decref(a), json_decref(done);
+    /* the second of two stop strings ended it */
+    const char *stops[] = {"never", "END"};
+    r.stop[0] = stops[0], r.stop[1] = stops[1], r.n_stop = 2;
+    rp = reply_of("msg_ab", 2);
+    done = parse("{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"x\"},\"finish_reason\":\"stop\"}],"
+                 "\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}");
+    a = SRV_DIALECT_MESSAGES.from_chat(body, done, &rp, &r);
+    assert_string_equal(json_string_value(json_object_get(a, "stop_reason")), "stop_sequence");
+    assert_string_equal(json_string_value(json_object_get(a, "stop_sequence")), "END");
+    json_decref(a), json_decref(done);
+    /* an end of turn; a call cut by max_tokens is left out, not half-sent */
+    rp = reply_of("msg_ab", 0);
+    done = parse("{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
+                 "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\"}}]},"
+                 "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":9}}");
+    a = SRV_DIALECT_MESSAGES.from_chat(body, done, &rp, &r);
+    assert_string_equal(json_string_value(json_object_get(a, "stop_reason")), "max_tokens");
+    assert_int_equal(json_array_size(json_object_get(a, "content")), 0);
+    json_decref(a), json_decref(done), json_decref(body);
+}
+
+/* ---- Messages: requests ---- */
+
+static void test_messages_request(void **state) {
+    (void)state;
+    const srv_dialect *d = &SRV_DIALECT_MESSAGES;
+    expect_chat(d,
+                "{\"model\":\"m\",\"max_tokens\":8,\"system\":[{\"type\":\"text\",\"text\":\"sys\",\"cache_control\":"
+                "{\"type\":\"ephemeral\"}}],\"stop_sequences\":[\"END\"],\"temperature\":0.5,\"top_k\":5,"
+                "\"metadata\":{\"user_id\":\"u\"},\"thinking\":{\"type\":\"disabled\"},"
+                "\"tools\":[{\"name\":\"f\",\"description\":\"d\",\"input_schema\":{\"type\":\"object\"}}],"
+                "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true},"
+                "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+                "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"t\",\"signature\":\"s\"},"
+                "{\"type\":\"text\",\"text\":\"calling\"},{\"type\":\"tool_use\",\"id\":\"tu1\",\"name\":\"f\",\"input\":"
+                "{\"a\":1}}]},"
+                "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"tu1\",\"content\":[{\"type\":"
+                "\"text\",\"text\":\"r\"}]},{\"type\":\"tool_result\",\"tool_use_id\":\"tu2\",\"content\":\"bad\","
+                "\"is_error\":true},{\"type\":\"text\",\"text\":\"and?\"}]}]}",
+                "{\"model\":\"m\",\"max_tokens\":8,\"stop\":[\"END\"],\"temperature\":0.5,\"top_k\":5,"
+                "\"chat_template_kwargs\":{\"enable_thinking\":false},\"tools\":[{\"type\":\"function\",\"function\":{"
+                "\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":\"required\","
+                "\"parallel_tool_calls\":false,\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\","
+                "\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"calling\",\"reasoning_content\":\"t\","
+                "\"tool_calls\":[{\"id\":\"tu1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+                "\"{\\\"a\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"tu1\",\"content\":\"r\"},{\"role\":\"tool\","
+                "\"tool_call_id\":\"tu2\",\"content\":\"Error: bad\"},{\"role\":\"user\",\"content\":\"and?\"}]}");
+    expect_chat(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":{\"type\":\"tool\",\"name\":\"f\"}}",
+                "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":{\"type\":"
+                "\"function\",\"function\":{\"name\":\"f\"}}}");
+    /* count_tokens: the same body without max_tokens (and no stream) */
+    json_t *b = parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    srv_error e = {0};
+    json_t *chat = srv_messages_count_body(b, &e);
+    expect_json(chat, "count body", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    json_decref(chat), json_decref(b);
+}
+
+static void test_messages_refusals(void **state) {
+    (void)state;
+    const srv_dialect *d = &SRV_DIALECT_MESSAGES;
+    expect_refused(d, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", 400, "'max_tokens' is required");
+    expect_refused(d, "{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", 400, "at least 1");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[]}", 400, "non-empty");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"q\"}]}", 400, "role");
+    expect_refused(d,
+                   "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",
+                   400, "'image'");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":"
+                      "\"bash_20250124\",\"name\":\"bash\"}]}",
+                   400, "server tool");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":{\"type\":\"x\"}}",
+                   400, "'tool_choice' must be");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"thinking\":{\"type\":\"on\"}}",
+                   400, "thinking.type");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"mcp_servers\":[{}]}", 400,
+                   "'mcp_servers' is not a parameter");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":"
+                      "\"x\",\"name\":\"f\"}]}]}",
+                   400, "tool_use {id, name, input}");
+    /* the error objects */
+    srv_error e;
+    srv_fail(&e, 401, "authentication_error", NULL, NULL, "no key");
+    char *s = SRV_DIALECT_MESSAGES.error_json(&e);
+    json_t *j = parse(s);
+    expect_json(j, "anthropic error", "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"no key\"}}");
+    json_decref(j), free(s);
+    srv_fail(&e, 503, "server_error", NULL, NULL, "busy");
+    s = SRV_DIALECT_MESSAGES.error_json(&e);
+    assert_non_null(strstr(s, "overloaded_error"));
+    free(s);
+}
+
+/* ---- streams ---- */
+
+/* The chunks of a reply that thinks, writes and calls one tool. */
+static const char *const CHUNKS[] = {
+    "{\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hm\"}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"m\"}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hel\"}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\","
+    "\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\\\"\"}}]}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]}}]}",
+    "{\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}",
+};
+
+/* The stream's events: their names in order and their data objects. */
+static json_t *stream_events(const srv_dialect *d, const srv_reply *rp, const srv_gen_req *r, char *names, size_t cap) {
+    json_t *body = parse("{\"input\":\"q\"}");
+    srv_xlate *x = d->stream_new(body, rp, r, 10);
+    assert_non_null(x);
+    srv_buf out = {0};
+    for (size_t i = 0; i < sizeof CHUNKS / sizeof CHUNKS[0]; i++) assert_true(d->stream_chunk(x, parse(CHUNKS[i]), &out));
+    kt_request_usage u = {.prompt_tokens = 10, .cached_tokens = 4, .completion_tokens = 5};
+    assert_true(d->stream_end(x, &u, &out));
+    assert_true(srv_buf_append(&out, "", 1));
+    d->stream_free(x);
+    json_decref(body);
+    json_t *events = json_array();
+    names[0] = 0;
+    for (char *p = out.data; (p = strstr(p, "event: "));) {
+        char *nl = strchr(p, '\n'), *data = strstr(p, "\ndata: ");
+        assert_non_null(nl);
+        assert_true(data == nl);
+        char *end = strstr(data, "\n\n");
+        assert_non_null(end);
+        snprintf(names + strlen(names), cap - strlen(names), "%.*s ", (int)(nl - p - 7), p + 7);
+        json_t *ev = json_loadb(data + 7, (size_t)(end - data - 7), 0, NULL);
+        assert_non_null(ev);
+        /* each event's data says its own type */
+        if (strncmp(json_string_value(json_object_get(ev, "type")), p + 7, (size_t)(nl - p - 7))) fail_msg("type of %.40s", p);
+        json_array_append_new(events, ev);
+        p = end;
+    }
+    srv_buf_free(&out);
+    return events;
+}
+
+static void test_responses_stream(void **state) {
+    (void)state;
+    srv_reply rp = reply_of("resp_ab", 0);
+    srv_gen_req r = {0};
+    char names[2048];
+    json_t *ev = stream_events(&SRV_DIALECT_RESPONSES, &rp, &r, names, sizeof names);
+    assert_string_equal(names,
+                        "response.created response.in_progress "
+                        "response.output_item.added response.reasoning_text.delta response.reasoning_text.delta "
+                        "response.reasoning_text.done response.output_item.done "
+                        "response.output_item.added response.content_part.added response.output_text.delta "
+                        "response.output_text.delta response.output_text.done response.content_part.done "
+                        "response.output_item.done "
+                        "response.output_item.added response.function_call_arguments.delta "
+                        "response.function_call_arguments.delta response.function_call_arguments.done "
+                        "response.output_item.done response.completed ");
+    for (size_t i = 0; i < json_array_size(ev); i++)
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(ev, i), "sequence_number")), (json_int_t)i);
+    /* the final response's output is what the whole answer has */
+    json_t *last = json_object_get(json_array_get(ev, json_array_size(ev) - 1), "response");
+    json_t *body = parse("{\"input\":\"q\"}"), *done = parse(DONE_ALL);
+    json_t *whole = SRV_DIALECT_RESPONSES.from_chat(body, done, &rp, &r);
+    assert_true(json_equal(json_object_get(last, "output"), json_object_get(whole, "output")));
+    assert_true(json_equal(json_object_get(last, "usage"), json_object_get(whole, "usage")));
+    json_decref(whole), json_decref(done), json_decref(body), json_decref(ev);
+}
+
+static void test_messages_stream(void **state) {
+    (void)state;
+    srv_reply rp = reply_of("msg_ab", 0);
+    srv_gen_req r = {0};
+    char names[2048];
+    json_t *ev = stream_events(&SRV_DIALECT_MESSAGES, &rp, &r, names, sizeof names);
+    assert_string_equal(names, "message_start ping content_block_start content_block_delta content_block_delta "
+                               "content_block_stop content_block_start content_block_delta content_block_delta "
+                               "content_block_stop content_block_start content_block_delta content_block_delta "
+                               "content_block_stop message_delta message_stop ");
+    expect_json(json_object_get(json_array_get(ev, 2), "content_block"), "thinking start",
+                "{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}");
+    expect_json(json_array_get(ev, 10), "tool_use start",
+                "{\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":\"tool_use\",\"id\":\"call_1\","
+                "\"name\":\"f\",\"input\":{}}}");
+    expect_json(json_array_get(ev, 12), "input delta",
+                "{\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":"
+                "\":1}\"}}");
+    expect_json(json_array_get(ev, 14), "message_delta",
+                "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":"
+                "{\"input_tokens\":6,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":4,\"output_tokens\":5}}");
+    json_decref(ev);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_responses_request), cmocka_unit_test(test_responses_refusals),
+        cmocka_unit_test(test_responses_answer),  cmocka_unit_test(test_messages_answer),
+        cmocka_unit_test(test_messages_request),  cmocka_unit_test(test_messages_refusals),
+        cmocka_unit_test(test_responses_stream),  cmocka_unit_test(test_messages_stream),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
