@@ -164,6 +164,8 @@ kt_session *kt_session_new(kt_model *model, const kt_session_params *params,
 void kt_session_free(kt_session *s);
 /* Positions filled so far. */
 int kt_session_n_past(const kt_session *s);
+/* Positions the session holds at most (its context length). */
+int kt_session_n_ctx(const kt_session *s);
 /* Drops every position >= n_keep (e.g. 0 to start over). A model with
  * sliding-window layers keeps only their window's positions, so a length
  * whose window they no longer hold drops everything (kt_session_n_past

@@ -330,6 +330,10 @@ void kt_session_free(kt_session *s) {
     free(s);
 }
 
+int kt_session_n_ctx(const kt_session *s) {
+    return s->n_ctx;
+}
+
 int kt_session_n_past(const kt_session *s) {
     return s->seq->len;
 }
