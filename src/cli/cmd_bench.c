@@ -344,7 +344,7 @@ static int bench_models(const bench_opts *o, bp_plot *plot) {
     int rc = 0;
     for (int mi = 0; mi < o->n_models && rc == 0; mi++) {
         kt_error err = {0};
-        kt_model *m = kt_model_load_ex(o->models[mi], o->load, &err);
+        kt_model *m = cli_load_model(o->models[mi], o->load, &err);
         if (!m) return cli_fail("bench", &err);
         for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
             const int_list *lists[2] = {&o->pp, &o->tg};

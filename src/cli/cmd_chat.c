@@ -447,7 +447,7 @@ int cmd_chat(int argc, char **argv) {
     kt_error err = {0};
     chat c = {.opts = &o, .messages = json_array()};
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
-    if ((!o.template_arg || tmpl) && (c.model = kt_model_load_ex(o.g.model, o.g.load, &err))) {
+    if ((!o.template_arg || tmpl) && (c.model = cli_load_model(o.g.model, o.g.load, &err))) {
         const kt_model_desc *d = kt_model_describe(c.model);
         c.template_text = tmpl;
         if (!tmpl && !kt_model_chat_template(c.model))

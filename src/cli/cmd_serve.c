@@ -248,7 +248,7 @@ int cmd_serve(int argc, char **argv) {
     if (!srv_check_listen(o.host, o.port, &err)) return cli_fail("serve", &err); /* before a long load */
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
     if (o.template_arg && !tmpl) return cli_fail("serve", &err);
-    kt_model *model = kt_model_load_ex(o.model, o.load, &err);
+    kt_model *model = cli_load_model(o.model, o.load, &err);
     if (!model) {
         free(tmpl);
         return cli_fail("serve", &err);
