@@ -20,6 +20,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -279,17 +280,10 @@ def test_bench_svg():
 CONTROL = re.compile(r"[\r\x1b]")
 
 
-def test_clean_and_bar():
-    out = os.path.join(TMP, "q.gguf")
-    for args in (["run", "-m", STORIES, "-p", "Once", "-n", "4", "-t", "1"], ["quantize", TINY_F16, out, "Q8_0"],
-                 ["bench", "-m", STORIES, "-p", "8", "-n", "2", "-r", "1", "-t", "1"]):
-        r = run(args)
-        check(r.returncode == 0, " ".join(args[:1]) + " exits 0", r.stderr)
-        check(not CONTROL.search(r.stderr), args[0] + ": no progress-bar control characters off a terminal",
-              repr(r.stderr))
-    # a terminal gets the bar
+def on_terminal(args):
+    """(exit status, what args wrote to stderr) with stderr a pseudo-terminal."""
     master, slave = pty.openpty()
-    p = subprocess.Popen([KETTLE, "quantize", TINY_F16, out, "Q8_0"], stdout=subprocess.DEVNULL, stderr=slave)
+    p = subprocess.Popen([KETTLE] + args, stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
     got = b""
     while True:
@@ -302,8 +296,33 @@ def test_clean_and_bar():
             break
         got += d
     os.close(master)
-    check(p.wait(30) == 0, "quantize on a terminal exits 0", repr(got))
-    check(re.search(rb"\r\x1b\[K\[#*\.*\] +\d+%", got) is not None, "a progress bar on a terminal", repr(got[:400]))
+    return p.wait(30), got
+
+
+def bar(stage):
+    return re.compile(rb"\r\x1b\[K\[#*\.*\] +\d+%  " + stage)
+
+
+def test_clean_and_bar():
+    out = os.path.join(TMP, "q.gguf")
+    # a load bar is for files of 64 MiB or more: a random-weight SmolLM-135M in Q4_0 is 71 MB
+    big = os.path.join(TMP, "big.gguf")
+    subprocess.run([KETTLE, "gen-model", "--shape", "smollm-135m", "--type", "Q4_0", "--vocab", TINY_Q8, "-o", big],
+                   check=True, capture_output=True, timeout=60)
+    for args in (["run", "-m", big, "-p", "Once", "-n", "2", "-t", "1"], ["quantize", TINY_F16, out, "Q8_0"],
+                 ["bench", "-m", STORIES, "-p", "8", "-n", "2", "-r", "1", "-t", "1"]):
+        r = run(args)
+        check(r.returncode == 0, " ".join(args[:1]) + " exits 0", r.stderr)
+        check(not CONTROL.search(r.stderr), args[0] + ": no progress-bar control characters off a terminal",
+              repr(r.stderr))
+    rc, got = on_terminal(["quantize", TINY_F16, out, "Q8_0"])
+    check(rc == 0 and bar(rb"\S").search(got), "quantize: a progress bar on a terminal", repr(got[:400]))
+    rc, got = on_terminal(["run", "-m", big, "-p", "Once", "-n", "2", "-t", "1"])
+    check(rc == 0 and bar(b"reading").search(got) and bar(b"repacking").search(got),
+          "run: reading and repacking bars while a big model loads", repr(got[:400]))
+    rc, got = on_terminal(["run", "-m", STORIES, "-p", "Once", "-n", "2", "-t", "1"])
+    check(rc == 0 and not bar(b"reading").search(got), "no load bar for a small file", repr(got[:400]))
+    os.unlink(big)
 
 
 TESTS = {"version": test_version, "serve_log": test_serve_log, "port": test_port, "chat": test_chat,
@@ -321,6 +340,7 @@ def main():
         except Exception as e:  # report every test, then fail
             failed += 1
             print(f"FAIL {n}: {type(e).__name__}: {e}")
+    shutil.rmtree(TMP, ignore_errors=True)
     return 1 if failed else 0
 
 
