@@ -73,6 +73,15 @@ typedef enum kt_load_mode {
 } kt_load_mode;
 
 kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err);
+/* How far a load has got: `done` of `total` units of `stage`: "reading"
+ * (bytes copied from the file: copy, repack) then "repacking" (matrices
+ * rewritten: repack). Called on the loading thread, a few hundred times at
+ * most, ending with done == total; a mapped file (mmap, populate) reports
+ * nothing, its pages come in later or in one system call. */
+typedef void (*kt_progress_fn)(void *user, const char *stage, uint64_t done, uint64_t total);
+/* kt_model_load_ex that tells `progress` (may be NULL) how far it is. */
+kt_model *kt_model_load_progress(const char *path, kt_load_mode mode, kt_progress_fn progress, void *user,
+                                 kt_error *err);
 void kt_model_free(kt_model *model);
 const kt_model_desc *kt_model_describe(const kt_model *model);
 
@@ -164,6 +173,8 @@ kt_session *kt_session_new(kt_model *model, const kt_session_params *params,
 void kt_session_free(kt_session *s);
 /* Positions filled so far. */
 int kt_session_n_past(const kt_session *s);
+/* Positions the session holds at most (its context length). */
+int kt_session_n_ctx(const kt_session *s);
 /* Drops every position >= n_keep (e.g. 0 to start over). A model with
  * sliding-window layers keeps only their window's positions, so a length
  * whose window they no longer hold drops everything (kt_session_n_past

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -294,6 +295,36 @@ void cli_progress_add(cli_progress *p, uint64_t n, const char *what) {
 double cli_progress_end(cli_progress *p) {
     if (p->tty && p->last_pct >= 0) fprintf(stderr, "\r\033[K");
     return (kt_time_ms() - p->t0_ms) / 1e3;
+}
+
+/* ---- loading ---- */
+
+/* Small files load in a blink: a bar would only flash. */
+#define CLI_LOAD_BAR_BYTES ((uint64_t)64 << 20)
+
+typedef struct load_bar {
+    cli_progress p;
+    const char *stage; /* the stage the bar is drawing; NULL: none yet */
+} load_bar;
+
+/* kt_progress_fn: a bar per stage, labelled with it. */
+static void on_load_progress(void *user, const char *stage, uint64_t done, uint64_t total) {
+    load_bar *b = user;
+    if (b->stage != stage) { /* the library passes each stage's one literal */
+        if (b->stage) cli_progress_end(&b->p);
+        cli_progress_start(&b->p, total);
+        b->stage = stage;
+    }
+    if (done > b->p.done) cli_progress_add(&b->p, done - b->p.done, stage);
+}
+
+kt_model *cli_load_model(const char *path, kt_load_mode mode, kt_error *err) {
+    struct stat st;
+    bool big = stat(path, &st) == 0 && (uint64_t)st.st_size >= CLI_LOAD_BAR_BYTES && isatty(STDERR_FILENO);
+    load_bar bar = {0};
+    kt_model *m = kt_model_load_progress(path, mode, big ? on_load_progress : NULL, &bar, err);
+    if (bar.stage) cli_progress_end(&bar.p);
+    return m;
 }
 
 const char *cli_human_bytes(uint64_t n, char *buf, size_t cap) {

@@ -115,6 +115,10 @@ void cli_progress_add(cli_progress *p, uint64_t n, const char *what);
 /* Clears the bar; returns seconds since start. */
 double cli_progress_end(cli_progress *p);
 
+/* kt_model_load_ex with a progress bar on stderr (a terminal only) for
+ * files of 64 MiB or more: reading, then repacking. */
+kt_model *cli_load_model(const char *path, kt_load_mode mode, kt_error *err);
+
 /* "12.3 MiB" into buf. */
 const char *cli_human_bytes(uint64_t n, char *buf, size_t cap);
 

@@ -14,6 +14,10 @@
  * median of tokens/s, and for tg the weight bytes streamed per second
  * (model bytes x tokens/s), to compare with `--membw`. Tokens are random
  * ids from a fixed seed: speed depends on shape, not on which tokens.
+ *
+ * --svg FILE also plots the median tokens/s against the context depth
+ * (-d): a prefill panel and a decode panel, a line per model, thread
+ * count and test length (bench_plot.h).
  */
 #include <errno.h>
 #include <math.h>
@@ -24,6 +28,7 @@
 
 #include "base/rng.h"
 #include "base/timing.h"
+#include "cli/bench_plot.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "kettle.h"
@@ -48,6 +53,7 @@ typedef struct bench_opts {
     kt_load_mode load;
     kt_kv_type kv_type;
     bool membw, peak;
+    const char *svg; /* --svg FILE, or NULL */
 } bench_opts;
 
 typedef struct bench_result {
@@ -79,7 +85,9 @@ static void usage(FILE *out) {
             "      --kv-type T    KV cache element type: f16 (default, as kettle serve and llama-bench\n"
             "                     keep it), f32 or q8_0\n"
             "      --membw        measure memory bandwidth (read, triad)\n"
-            "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n");
+            "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n"
+            "      --svg FILE     also plot median t/s against the depth (-d): prefill and decode\n"
+            "                     panels, a line per model, thread count and test length (at most 8)\n");
 }
 
 static bool parse_list(const char *s, int lo, int hi, int_list *out) {
@@ -97,6 +105,13 @@ static bool parse_list(const char *s, int lo, int hi, int_list *out) {
     return out->n > 0;
 }
 
+/* Test lengths of a -p / -n list that run (0 means none). */
+static int n_nonzero(const int_list *l) {
+    int n = 0;
+    for (int i = 0; i < l->n; i++) n += l->v[i] != 0;
+    return n;
+}
+
 static int parse_opts(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.load = KT_LOAD_REPACK, .kv_type = KT_KV_F16, .reps = 5, .pp = {{512}, 1}, .tg = {{128}, 1}, .threads = {{0}, 1},
                         .depth = {{0}, 1}};
@@ -108,7 +123,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "--json")) o->fmt = FMT_JSON;
         else if (!strcmp(a, "--membw")) o->membw = true;
         else if (!strcmp(a, "--peak")) o->peak = true;
-        else if ((r = cli_opt("bench", argc, argv, &i, "-m", &v)) ||
+        else if ((r = cli_opt("bench", argc, argv, &i, "--svg", &o->svg))) {
+            if (r < 0) return 2;
+        } else if ((r = cli_opt("bench", argc, argv, &i, "-m", &v)) ||
                  (r = cli_opt("bench", argc, argv, &i, "--model", &v))) {
             if (r < 0) return 2;
             if (o->n_models == MAX_LIST) return cli_usage_error("bench", "at most %d models", MAX_LIST);
@@ -144,6 +161,12 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     }
     if (!o->n_models && !o->membw && !o->peak)
         return cli_usage_error("bench", "nothing to measure: give -m MODEL, --membw or --peak");
+    if (o->svg && !o->n_models) return cli_usage_error("bench", "--svg plots model tests: give -m MODEL");
+    int most = n_nonzero(&o->pp) > n_nonzero(&o->tg) ? n_nonzero(&o->pp) : n_nonzero(&o->tg);
+    if (o->svg && o->n_models * o->threads.n * most > BP_MAX_SERIES)
+        return cli_usage_error("bench", "--svg draws at most %d lines a panel; %d models x %d thread counts x %d test "
+                               "lengths make %d", BP_MAX_SERIES, o->n_models, o->threads.n, most,
+                               o->n_models * o->threads.n * most);
     return 0;
 }
 
@@ -268,29 +291,74 @@ static void print_result(out_fmt f, const bench_result *r, bool first) {
     fflush(stdout);
 }
 
+/* ---- --svg ---- */
+
+static const char *const COLORS[BP_MAX_SERIES] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                                  "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+
+/* Empty panels (pp, tg) with one x tick per depth; the series are named
+ * as results come (plot_add). */
+static void plot_init(bp_plot *p, const bench_opts *o) {
+    *p = (bp_plot){.n_x = o->depth.n, .x_label = "context depth (tokens)",
+                   .caption = "kettle bench: median tokens/s"};
+    for (int i = 0; i < o->depth.n; i++) snprintf(p->x_tick[i], sizeof p->x_tick[i], "%d", o->depth.v[i]);
+    p->panels[0] = (bp_panel){.title = "Prefill (pp)", .y_label = "tokens/s"};
+    p->panels[1] = (bp_panel){.title = "Decode (tg)", .y_label = "tokens/s"};
+}
+
+/* Series names live here: bp_series holds pointers. */
+static char g_series_names[2][BP_MAX_SERIES][96];
+
+/* Result r at depth index di into line `series` of its panel; bench_models
+ * numbers the lines by model, thread count and test length, so a line is
+ * the same at every depth. */
+static void plot_add(bp_plot *p, const bench_result *r, int series, int di) {
+    bp_panel *pa = &p->panels[r->gen ? 1 : 0];
+    if (series >= BP_MAX_SERIES) return; /* parse_opts refused such a plot */
+    bp_series *s = &pa->s[series];
+    if (series >= pa->n_series) {
+        pa->n_series = series + 1;
+        snprintf(g_series_names[r->gen][series], sizeof g_series_names[0][0], "%.60s %s%d t%d", base_name(r->model),
+                 r->gen ? "tg" : "pp", r->n_tokens, r->threads);
+        s->name = g_series_names[r->gen][series], s->color = COLORS[series];
+    }
+    s->v[di] = r->median;
+}
+
+/* The panels that have lines, written to o->svg. */
+static int plot_write(bp_plot *p, const bench_opts *o) {
+    if (!p->panels[0].n_series) p->panels[0] = p->panels[1], p->panels[1] = (bp_panel){0};
+    p->n_panels = p->panels[1].n_series ? 2 : 1;
+    if (bp_write_svg(o->svg, p)) return 0;
+    fprintf(stderr, "kettle bench: cannot write %s: %s\n", o->svg, strerror(errno));
+    return 1;
+}
+
 static int threads_or_default(int t) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return t > 0 ? t : n > 0 ? (int)n : 1;
 }
 
-static int bench_models(const bench_opts *o) {
+static int bench_models(const bench_opts *o, bp_plot *plot) {
     bool first = true;
     int rc = 0;
     for (int mi = 0; mi < o->n_models && rc == 0; mi++) {
         kt_error err = {0};
-        kt_model *m = kt_model_load_ex(o->models[mi], o->load, &err);
+        kt_model *m = cli_load_model(o->models[mi], o->load, &err);
         if (!m) return cli_fail("bench", &err);
         for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
             const int_list *lists[2] = {&o->pp, &o->tg};
             for (int di = 0; di < o->depth.n && rc == 0; di++)
                 for (int g = 0; g < 2 && rc == 0; g++)
-                    for (int k = 0; k < lists[g]->n && rc == 0; k++) {
+                    for (int k = 0, nth = 0; k < lists[g]->n && rc == 0; k++) {
                         if (lists[g]->v[k] == 0) continue;
+                        int series = (mi * o->threads.n + ti) * n_nonzero(lists[g]) + nth++;
                         bench_result r = {.model = o->models[mi]};
                         if (run_test(m, threads_or_default(o->threads.v[ti]), lists[g]->v[k], o->depth.v[di],
                                      o->kv_type, g == 1, o->reps, &r, &err))
                             rc = cli_fail("bench", &err);
                         else print_result(o->fmt, &r, first), first = false;
+                        if (rc == 0 && plot) plot_add(plot, &r, series, di);
                     }
         }
         kt_model_free(m);
@@ -340,7 +408,10 @@ int cmd_bench(int argc, char **argv) {
     if (!o.n_models) return 0;
     if (o.fmt == FMT_JSON) printf("[\n");
     print_header(o.fmt);
-    rc = bench_models(&o);
+    static bp_plot plot; /* ~13 KB: off the stack */
+    if (o.svg) plot_init(&plot, &o);
+    rc = bench_models(&o, o.svg ? &plot : NULL);
     if (o.fmt == FMT_JSON) printf("\n]\n");
+    if (!rc && o.svg) rc = plot_write(&plot, &o);
     return rc;
 }

@@ -8,8 +8,19 @@
  * prefilled, so a turn costs its new tokens, not the whole history. That is
  * the agent-loop property kettle is built around; stderr shows the reuse.
  *
- * Lines: a message; "/reset" starts over (keeping --system); "/exit" or
- * end of input quits.
+ * Lines: a message, or a command (/help lists them): /clear (or /reset)
+ * starts over, keeping --system, with an empty KV cache; /save FILE and
+ * /load FILE write and read the conversation as a JSON array of
+ * {"role", "content"} messages (what an OpenAI request's "messages"
+ * holds; the KV cache is not in it, see --session); /exit or end of input
+ * quits. A reply runs until the model ends its turn or the context is
+ * full (-n limits it).
+ *
+ * Ctrl-C during a reply stops the reply, which stays in the conversation
+ * as far as it got, and returns to the prompt. At the prompt, Ctrl-C
+ * twice in a row (or Ctrl-D) quits. SIGINT only sets a flag, checked
+ * once per token; the handler is installed without SA_RESTART, so it also
+ * wakes the read of the next line.
  *
  * --session FILE: the conversation and its KV are restored from FILE when
  * it exists, and saved to it on the way out (kt_session_save: checksummed,
@@ -19,6 +30,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +58,14 @@ typedef struct chat {
     const chat_opts *opts;
 } chat;
 
+/* Set by SIGINT; cleared by whoever acts on it (the reply loop, the prompt). */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle chat -m MODEL [options]\n"
@@ -55,7 +75,9 @@ static void usage(FILE *out) {
             "      --session FILE     restore the conversation and its KV cache from FILE if it\n"
             "                         exists, and save them there when the chat ends\n"
             "%s"
-            "Type a message per line; /reset starts over, /exit (or end of input) quits.\n",
+            "A reply runs to the end of the model's turn or of the context unless -n is given.\n"
+            "Type a message per line; /help lists the commands. Ctrl-C stops a reply; Ctrl-C\n"
+            "twice at the prompt, Ctrl-D or /exit quits.\n",
             cli_gen_usage());
 }
 
@@ -147,6 +169,11 @@ static char *generate(chat *c, int *n_gen, kt_error *err) {
     if (!dt || !reply) goto fail;
     reply[0] = 0;
     for (int i = 0; c->opts->g.n_predict < 0 || i < c->opts->g.n_predict; i++) {
+        if (g_interrupted) { /* Ctrl-C: the reply so far is kept */
+            g_interrupted = 0;
+            fprintf(stderr, "\n[stopped]");
+            break;
+        }
         int32_t tok = kt_sampler_sample(c->sampler, c->logits);
         kt_sampler_accept(c->sampler, tok);
         if (kt_token_is_eog(c->model, tok)) break;
@@ -162,7 +189,7 @@ static char *generate(chat *c, int *n_gen, kt_error *err) {
         fflush(stdout);
         (*n_gen)++;
         if (kt_session_eval(c->session, &tok, 1, c->logits, false, err)) {
-            if (err->status == KT_ERR_CONTEXT) fprintf(stderr, "\n[the context is full: /reset to start over]");
+            if (err->status == KT_ERR_CONTEXT) fprintf(stderr, "\n[the context is full: /clear starts over]");
             break;
         }
         if (!kv_push(c, tok)) goto fail;
@@ -206,19 +233,130 @@ static bool turn(chat *c, const char *line) {
     return true;
 }
 
+/* ---- commands ---- */
+
+static void help(void) {
+    fprintf(stderr, "commands:\n"
+                    "  /help         this list\n"
+                    "  /clear        start a new conversation (--system kept; /reset is the same)\n"
+                    "  /save FILE    write the conversation to FILE as JSON messages\n"
+                    "  /load FILE    replace the conversation with FILE's messages (as /save writes them)\n"
+                    "  /exit         quit (so do Ctrl-D and Ctrl-C twice at the prompt)\n"
+                    "Ctrl-C during a reply stops it.\n");
+}
+
+/* The conversation to path, atomically (a temporary file renamed over it). */
+static bool save_messages(const chat *c, const char *path, char *why, size_t cap) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return snprintf(why, cap, "the name is too long"), false;
+    if (json_dump_file(c->messages, tmp, JSON_INDENT(2)) != 0) {
+        snprintf(why, cap, "cannot write %.300s: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return false;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(why, cap, "cannot rename %.300s.tmp into place: %s", path, strerror(errno));
+        unlink(tmp);
+        return false;
+    }
+    return true;
+}
+
+/* A JSON array of objects, each with a string "role" (what a template
+ * renders), or NULL with why filled. */
+static json_t *read_messages(const char *path, char *why, size_t cap) {
+    json_error_t je;
+    json_t *m = json_load_file(path, 0, &je);
+    if (!m) return snprintf(why, cap, "cannot read %.200s: %s (line %d)", path, je.text, je.line), NULL;
+    size_t i;
+    json_t *msg;
+    bool ok = json_is_array(m);
+    json_array_foreach(m, i, msg) {
+        if (!ok) break;
+        ok = json_is_object(msg) && json_is_string(json_object_get(msg, "role"));
+    }
+    if (!ok) {
+        snprintf(why, cap, "%.300s is not a JSON array of messages ({\"role\": ..., \"content\": ...})", path);
+        json_decref(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* The next turn renders the loaded messages; the KV cache is kept, so a
+ * file that starts like the conversation in it reuses that much. */
+static void load_messages(chat *c, const char *path) {
+    char why[512];
+    json_t *m = read_messages(path, why, sizeof why);
+    if (!m) {
+        fprintf(stderr, "kettle chat: /load: %s\n", why);
+        return;
+    }
+    json_decref(c->messages);
+    c->messages = m;
+    fprintf(stderr, "[loaded %zu messages from %s]\n", json_array_size(m), path);
+}
+
+/* The argument of "/cmd ARG", or NULL when line is not that command. */
+static const char *command_arg(const char *line, const char *cmd) {
+    size_t n = strlen(cmd);
+    if (strncmp(line, cmd, n) || (line[n] && line[n] != ' ')) return NULL;
+    const char *a = line + n;
+    while (*a == ' ') a++;
+    return a;
+}
+
+typedef enum line_action { LINE_DONE, LINE_QUIT, LINE_MESSAGE } line_action;
+
+/* A line starting with '/': runs the command. */
+static line_action run_command(chat *c, const char *line) {
+    const char *arg;
+    char why[512];
+    if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) return LINE_QUIT;
+    if (!strcmp(line, "/help") || !strcmp(line, "/?")) help();
+    else if (!strcmp(line, "/clear") || !strcmp(line, "/reset")) reset(c), fprintf(stderr, "[new conversation]\n");
+    else if ((arg = command_arg(line, "/save"))) {
+        if (!*arg) fprintf(stderr, "kettle chat: /save needs a file name\n");
+        else if (save_messages(c, arg, why, sizeof why))
+            fprintf(stderr, "[saved %zu messages to %s]\n", json_array_size(c->messages), arg);
+        else fprintf(stderr, "kettle chat: /save: %s\n", why);
+    } else if ((arg = command_arg(line, "/load"))) {
+        if (!*arg) fprintf(stderr, "kettle chat: /load needs a file name\n");
+        else load_messages(c, arg);
+    } else {
+        fprintf(stderr, "kettle chat: unknown command %s (/help lists them; start a message with a space "
+                        "to send it as text)\n", line);
+    }
+    return LINE_DONE;
+}
+
+/* Ctrl-C at the prompt: true when it is the second in a row (quit). */
+static bool prompt_interrupted(bool *armed) {
+    g_interrupted = 0;
+    clearerr(stdin);
+    if (*armed) return true;
+    *armed = true;
+    fprintf(stderr, "\n[Ctrl-C again, Ctrl-D or /exit quits]\n");
+    return false;
+}
+
 static void chat_loop(chat *c) {
-    bool tty = isatty(STDIN_FILENO);
+    bool tty = isatty(STDIN_FILENO), armed = false;
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
     for (;;) {
         if (tty) fputs("> ", stdout), fflush(stdout);
-        if ((len = getline(&line, &cap, stdin)) < 0) break;
+        g_interrupted = 0;
+        if ((len = getline(&line, &cap, stdin)) < 0) {
+            if (g_interrupted && !prompt_interrupted(&armed)) continue;
+            break;
+        }
+        armed = false;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (len == 0) continue;
-        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
-        if (!strcmp(line, "/reset")) {
-            reset(c);
+        if (line[0] == '/') {
+            if (run_command(c, line) == LINE_QUIT) break;
             continue;
         }
         if (!turn(c, line)) break;
@@ -281,6 +419,23 @@ static bool save_session(chat *c, kt_error *err) {
 
 /* ---- set-up ---- */
 
+/* What the user talks to and how to get help, once, on stderr. */
+static void banner(const chat *c) {
+    const char *name = strrchr(c->opts->g.model, '/');
+    const char *tmpl = c->opts->template_arg ? c->opts->template_arg : "the model's own";
+    fprintf(stderr, "kettle chat: %s, context %d positions, template %s\n"
+                    "kettle chat: /help lists commands; Ctrl-C stops a reply; Ctrl-D or /exit quits\n",
+            name ? name + 1 : c->opts->g.model, kt_session_n_ctx(c->session), tmpl);
+}
+
+/* SIGINT sets g_interrupted instead of ending the process; no SA_RESTART,
+ * so a blocked read of the next line returns (EINTR) and sees it. */
+static void catch_sigint(void) {
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
@@ -292,7 +447,7 @@ int cmd_chat(int argc, char **argv) {
     kt_error err = {0};
     chat c = {.opts = &o, .messages = json_array()};
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
-    if ((!o.template_arg || tmpl) && (c.model = kt_model_load_ex(o.g.model, o.g.load, &err))) {
+    if ((!o.template_arg || tmpl) && (c.model = cli_load_model(o.g.model, o.g.load, &err))) {
         const kt_model_desc *d = kt_model_describe(c.model);
         c.template_text = tmpl;
         if (!tmpl && !kt_model_chat_template(c.model))
@@ -305,6 +460,8 @@ int cmd_chat(int argc, char **argv) {
             if (o.g.sp.temperature > 0 && !o.g.seed_given)
                 fprintf(stderr, "[seed %llu: --seed repeats this conversation]\n", (unsigned long long)o.g.sp.seed);
             if (restore_session(&c, &err)) {
+                banner(&c);
+                catch_sigint();
                 chat_loop(&c);
                 save_session(&c, &err);
             }

@@ -170,7 +170,7 @@ int cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     kt_error err = {0};
-    kt_model *m = kt_model_load_ex(o.model, o.load, &err);
+    kt_model *m = cli_load_model(o.model, o.load, &err);
     int32_t *toks = NULL;
     int n = m ? kt_tokenize(m, text, len, NULL, 0, 1, &err) : -1;
     if (n >= 0 && !(toks = malloc(sizeof(int32_t) * ((size_t)n + 1)))) n = -1, snprintf(err.msg, sizeof err.msg, "out of memory");

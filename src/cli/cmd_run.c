@@ -172,7 +172,7 @@ int cmd_run(int argc, char **argv) {
     kt_error err = {0};
     run_stats st = {0};
     double t0 = kt_time_ms();
-    kt_model *m = kt_model_load_ex(o.g.model, o.g.load, &err);
+    kt_model *m = cli_load_model(o.g.model, o.g.load, &err);
     st.load_ms = kt_time_ms() - t0;
     if (!m) {
         fprintf(stderr, "kettle run: %s\n", err.msg);

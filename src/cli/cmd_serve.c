@@ -29,6 +29,7 @@
 
 typedef struct serve_opts {
     const char *model, *host, *api_key, *template_arg, *kv_type, *prefix_cache, *cache_dir;
+    srv_log_format log_format;
     const char *aliases[MAX_ALIASES];
     int n_aliases;
     bool strict_model_names;
@@ -36,7 +37,7 @@ typedef struct serve_opts {
     int result_cache;
     kt_load_mode load;
     float itl_stretch;
-    bool has_stretch, log_requests;
+    bool has_stretch;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -75,8 +76,11 @@ static void usage(FILE *out) {
             "      --chat-template T   a Jinja file or a built-in name (chatml, llama2, llama3,\n"
             "                          mistral, phi3, gemma); default: the model's own\n"
             "      --load MODE         repack, copy, mmap or populate (default repack)\n"
-            "      --log-requests      one line per generation request on stderr: prompt tokens\n"
-            "                          (cached / prefilled), completion tokens, latencies\n"
+            "      --log-format F      the request log on stderr, one line per request: text\n"
+            "                          (default), json (one JSON object a line) or off; method,\n"
+            "                          path, status, total ms and, for generation, model, prompt /\n"
+            "                          cached / generated tokens and time to first token\n"
+            "      --log-requests      the same as --log-format text (kept for old scripts)\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
             "GET /v1/models, /v1/models/{id}, /health, /metrics.\n");
 }
@@ -101,7 +105,11 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir}};
     const char *v = NULL;
     int r;
-    if (!strcmp(argv[*i], "--log-requests")) return o->log_requests = true, 1;
+    if (!strcmp(argv[*i], "--log-requests")) return o->log_format = SRV_LOG_TEXT, 1;
+    if ((r = cli_opt("serve", argc, argv, i, "--log-format", &v))) {
+        if (r < 0) return 2;
+        return srv_log_format_parse(v, &o->log_format) ? 1 : cli_usage_error("serve", "invalid --log-format '%s' (text, json, off)", v);
+    }
     if (!strcmp(argv[*i], "--strict-model-names")) return o->strict_model_names = true, 1;
     if ((r = cli_opt("serve", argc, argv, i, "--alias", &v))) {
         if (r < 0) return 2;
@@ -138,7 +146,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
 }
 
 static int parse_opts(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK};
+    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK, .log_format = SRV_LOG_TEXT};
     for (int i = 1; i < argc; i++) {
         int r = take_option(argc, argv, &i, o);
         if (r == 2) return 2;
@@ -186,7 +194,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
     srv_config cfg = {.host = o->host, .port = o->port, .api_key = o->api_key,
                       .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
                       .strict_model_names = o->strict_model_names, .template_text = tmpl,
-                      .http_threads = o->http_threads, .log_requests = o->log_requests,
+                      .http_threads = o->http_threads, .log_format = o->log_format,
                       .result_cache = o->result_cache};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
@@ -237,9 +245,10 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     kt_error err = {0};
+    if (!srv_check_listen(o.host, o.port, &err)) return cli_fail("serve", &err); /* before a long load */
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
     if (o.template_arg && !tmpl) return cli_fail("serve", &err);
-    kt_model *model = kt_model_load_ex(o.model, o.load, &err);
+    kt_model *model = cli_load_model(o.model, o.load, &err);
     if (!model) {
         free(tmpl);
         return cli_fail("serve", &err);

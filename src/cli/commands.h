@@ -22,5 +22,6 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_version(int argc, char **argv); /* also `kettle --version` */
 
 #endif

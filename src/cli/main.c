@@ -24,13 +24,14 @@ static const command COMMANDS[] = {
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"quantize", cmd_quantize, "quantize a GGUF model (Q8_0, Q4_0)"},
     {"gen-model", cmd_gen_model, "write a random-weight model of a real shape"},
+    {"version", cmd_version, "print the version, the git commit and the CPU kernels in use"},
 };
 
 static void usage(FILE *out) {
     fprintf(out, "usage: kettle COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
         fprintf(out, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].help);
-    fprintf(out, "\n'kettle COMMAND --help' describes a command.\n");
+    fprintf(out, "\n'kettle COMMAND --help' describes a command; 'kettle --version' prints the version.\n");
 }
 
 int main(int argc, char **argv) {
@@ -42,6 +43,7 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) return cmd_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
         if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "kettle: unknown command '%s'\n\n", argv[1]);

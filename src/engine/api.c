@@ -81,10 +81,10 @@ static bool read_chat_template(kt_model *m) {
 
 /* KT_LOAD_REPACK: the weights are our copy of the file; rewritten while
  * writable, then read-only again like any other load. */
-static bool repack(kt_model *m, const char *path, kt_error *err) {
+static bool repack(kt_model *m, const char *path, kt_progress_fn progress, void *user, kt_error *err) {
     /* a file too large to copy was mapped (gguf.h): it runs as it is */
     if (!gguf_set_writable(m->file, true)) return true;
-    m->n_repacked = llm_model_repack(m->llm, err);
+    m->n_repacked = llm_model_repack(m->llm, progress, user, err);
     gguf_set_writable(m->file, false);
     if (m->n_repacked < 0) kt_error_wrap(err, "%s", path);
     return m->n_repacked >= 0;
@@ -95,6 +95,11 @@ kt_model *kt_model_load(const char *path, kt_error *err) {
 }
 
 kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err) {
+    return kt_model_load_progress(path, mode, NULL, NULL, err);
+}
+
+kt_model *kt_model_load_progress(const char *path, kt_load_mode mode, kt_progress_fn progress, void *user,
+                                 kt_error *err) {
     static const gguf_load_mode MODES[] = {GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY, GGUF_LOAD_COPY};
     if ((unsigned)mode > KT_LOAD_REPACK) {
         kt_error_set(err, KT_ERR_ARG, "unknown load mode %d", (int)mode);
@@ -105,12 +110,12 @@ kt_model *kt_model_load_ex(const char *path, kt_load_mode mode, kt_error *err) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory");
         return NULL;
     }
-    if (!(m->file = gguf_open_mode(path, MODES[mode], err))) goto fail;
+    if (!(m->file = gguf_open_progress(path, MODES[mode], progress, user, err))) goto fail;
     if (!(m->llm = llm_model_load(m->file, err)) || !(m->vocab = kt_vocab_from_gguf(m->file, err))) {
         kt_error_wrap(err, "%s", path);
         goto fail;
     }
-    if (mode == KT_LOAD_REPACK && !repack(m, path, err)) goto fail;
+    if (mode == KT_LOAD_REPACK && !repack(m, path, progress, user, err)) goto fail;
     if (kt_vocab_size(m->vocab) != m->llm->cfg.n_vocab) {
         kt_error_set(err, KT_ERR_FORMAT, "%s: the tokenizer has %d tokens but the weights have %d rows",
                      path, kt_vocab_size(m->vocab), m->llm->cfg.n_vocab);
@@ -328,6 +333,10 @@ void kt_session_free(kt_session *s) {
     llm_work_free(s->work);
     kt_pool_free(s->pool);
     free(s);
+}
+
+int kt_session_n_ctx(const kt_session *s) {
+    return s->n_ctx;
 }
 
 int kt_session_n_past(const kt_session *s) {

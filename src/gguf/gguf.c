@@ -531,7 +531,17 @@ gguf_file *gguf_open_buffer(const void *data, size_t size, const char *name, kt_
 
 /* The whole file in anonymous memory backed by huge pages where the
  * kernel has them, read-only once filled. NULL with err set on failure. */
-static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const char *path, kt_error *err) {
+/* Reads go in chunks of this, so a progress bar moves (and a 64 MiB
+ * read() costs nothing next to one of the whole file). */
+#define COPY_CHUNK ((size_t)64 << 20)
+
+typedef struct load_progress {
+    kt_progress_fn fn;
+    void *user;
+} load_progress;
+
+static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const char *path, const load_progress *lp,
+                                kt_error *err) {
     char *buf = kt_huge_alloc(size, map_size);
     if (!buf) {
         kt_error_set(err, KT_ERR_NOMEM, "%s: cannot allocate %zu bytes to load the file: %s", path, size,
@@ -540,7 +550,8 @@ static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const cha
     }
     size_t done = 0;
     while (done < size) {
-        ssize_t n = read(fd, buf + done, size - done);
+        size_t want = size - done < COPY_CHUNK ? size - done : COPY_CHUNK;
+        ssize_t n = read(fd, buf + done, want);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
             kt_error_set(err, KT_ERR_IO, "%s: read failed after %zu of %zu bytes: %s", path, done, size,
@@ -549,6 +560,7 @@ static void *copy_to_huge_pages(int fd, size_t size, size_t *map_size, const cha
             return NULL;
         }
         done += (size_t)n;
+        if (lp->fn) lp->fn(lp->user, "reading", done, size);
     }
     mprotect(buf, *map_size, PROT_READ); /* the same promise as a read-only map */
     return buf;
@@ -573,11 +585,11 @@ bool gguf_copy_fits(uint64_t file_bytes, uint64_t available_bytes) {
 
 /* *copied: whether the result is our copy (GGUF_LOAD_COPY that fits). */
 static void *map_file(int fd, size_t size, gguf_load_mode mode, size_t *map_size, bool *copied,
-                      const char *path, kt_error *err) {
+                      const char *path, const load_progress *lp, kt_error *err) {
     /* a copy that does not fit would push the machine into swap or the
      * OOM killer; the mapping pages in from the file instead */
     *copied = mode == GGUF_LOAD_COPY && gguf_copy_fits(size, mem_available_bytes());
-    if (*copied) return copy_to_huge_pages(fd, size, map_size, path, err);
+    if (*copied) return copy_to_huge_pages(fd, size, map_size, path, lp, err);
     if (mode == GGUF_LOAD_COPY) mode = GGUF_LOAD_MAP;
     *map_size = size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | (mode == GGUF_LOAD_POPULATE ? MAP_POPULATE : 0), fd, 0);
@@ -593,6 +605,12 @@ gguf_file *gguf_open(const char *path, kt_error *err) {
 }
 
 gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err) {
+    return gguf_open_progress(path, mode, NULL, NULL, err);
+}
+
+gguf_file *gguf_open_progress(const char *path, gguf_load_mode mode, kt_progress_fn progress, void *user,
+                              kt_error *err) {
+    const load_progress lp = {progress, user};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         kt_error_set(err, KT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -608,7 +626,7 @@ gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err) 
     }
     size_t size = (size_t)st.st_size, map_size = 0;
     bool copied = false;
-    void *map = size > 0 ? map_file(fd, size, mode, &map_size, &copied, path, err) : NULL;
+    void *map = size > 0 ? map_file(fd, size, mode, &map_size, &copied, path, &lp, err) : NULL;
     close(fd);
     if (size > 0 && !map) return NULL;
     gguf_file *f = gguf_open_buffer(map, size, path, err);

@@ -79,6 +79,10 @@ gguf_file *gguf_open(const char *path, kt_error *err);
 typedef enum gguf_load_mode { GGUF_LOAD_MAP, GGUF_LOAD_POPULATE, GGUF_LOAD_COPY } gguf_load_mode;
 
 gguf_file *gguf_open_mode(const char *path, gguf_load_mode mode, kt_error *err);
+/* gguf_open_mode telling `progress` (may be NULL) the bytes a copy has
+ * read, as stage "reading" (kettle.h's kt_progress_fn). */
+gguf_file *gguf_open_progress(const char *path, gguf_load_mode mode, kt_progress_fn progress, void *user,
+                              kt_error *err);
 
 /* Whether a copy of file_bytes fits in available_bytes (with a margin). */
 bool gguf_copy_fits(uint64_t file_bytes, uint64_t available_bytes);

@@ -486,7 +486,7 @@ static int matmul_weights(llm_model *m, llm_tensor **out) {
     return n;
 }
 
-int llm_model_repack(llm_model *m, kt_error *err) {
+int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error *err) {
     llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (7 + 3 * (size_t)m->cfg.n_expert) + 1));
     if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
     const int n = matmul_weights(m, ts);
@@ -507,10 +507,12 @@ int llm_model_repack(llm_model *m, kt_error *err) {
         if (!kt_repack_supported(t->type, t->n_in, t->n_out)) continue;
         /* the caller made the file's copy writable; the tensor is ours */
         kt_repack((void *)(uintptr_t)t->data, t->type, t->n_in, t->n_out, tmp);
+        if (progress) progress(user, "repacking", (uint64_t)i + 1, (uint64_t)n);
         t->type = kt_repack_type(t->type, t->n_in, t->n_out);
         if (t->data == m->tok_embd.data) m->tok_embd.type = t->type; /* tied: one table */
         repacked++;
     }
+    if (progress && n) progress(user, "repacking", (uint64_t)n, (uint64_t)n); /* the last ones may not repack */
     free(tmp);
     free(ts);
     return repacked;

@@ -101,6 +101,6 @@ void llm_model_free(llm_model *m);
  * layout (ops/repack.h) and retypes it. The weights must be writable: the caller
  * owns a copy of the file. Returns how many were repacked, or -1 with err
  * set (out of memory; nothing half-done: each matrix is all or nothing). */
-int llm_model_repack(llm_model *m, kt_error *err);
+int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error *err);
 
 #endif

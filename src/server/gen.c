@@ -460,21 +460,7 @@ enum MHD_Result srv_gen_continue(srv_conn *c) {
     return srv_respond_json(c, 200, j);
 }
 
-/* --log-requests: what the request cost, in one line. */
-static void log_request(const srv_conn *c) {
-    kt_request_usage u = kt_request_get_usage(c->req);
-    double ms = 1e-6;
-    fprintf(stderr,
-            "kettle serve: %s %s %d: prompt %d tokens (cached %d, prefilled %d), completion %d, "
-            "first token %.0f ms, total %.0f ms\n",
-            c->method, c->url, c->status ? c->status : 499, u.prompt_tokens, u.cached_tokens,
-            u.prompt_tokens - u.cached_tokens, u.completion_tokens,
-            u.first_token_ns ? (double)(u.first_token_ns - u.submit_ns) * ms : -1.0,
-            u.done_ns ? (double)(u.done_ns - u.submit_ns) * ms : -1.0);
-}
-
 void srv_gen_release(srv_conn *c) {
-    if (c->req && c->s->cfg.log_requests) log_request(c);
     if (c->req) {
         kt_request_cancel(c->req);
         kt_request_free(c->req);

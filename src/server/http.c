@@ -11,14 +11,18 @@
  * which is answered 413 at once without reading the body.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "base/timing.h"
 #include "server/http_internal.h"
+#include "server/reqlog.h"
 #include "server/sampled.h"
 
 #define DEFAULT_MAX_BODY (8u << 20)
@@ -267,7 +271,7 @@ static enum MHD_Result begin(srv_server *s, struct MHD_Connection *mc, const cha
                              void **con_cls) {
     srv_conn *c = calloc(1, sizeof *c);
     if (!c) return MHD_NO;
-    c->s = s, c->mc = mc;
+    c->s = s, c->mc = mc, c->t0_ms = kt_time_ms();
     snprintf(c->url, sizeof c->url, "%s", srv_utf8_valid(url, strlen(url)) ? url : "(a path that is not UTF-8)");
     snprintf(c->method, sizeof c->method, "%s", srv_utf8_valid(method, strlen(method)) ? method : "?");
     c->ep = route_of(url, method, &c->route_status);
@@ -313,6 +317,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     if (!c) return;
     /* 499 (nginx's "client closed request"): it left before any answer */
     srv_metrics_count(&s->metrics, endpoint_name(c->ep), c->status ? c->status : 499);
+    srv_reqlog_conn(c); /* before the release: it reads the request's usage */
     srv_gen_release(c);
     srv_buf_free(&c->body);
     free(c);
@@ -336,21 +341,52 @@ static bool resolve(const char *host, int port, struct sockaddr_storage *addr, k
     return true;
 }
 
+/* Whether a socket of ours can bind addr; false with err saying why. MHD
+ * is started without its own error printing (MHD_USE_ERROR_LOG writes
+ * libmicrohttpd's messages, and one for every client that hangs up, to
+ * stderr), so this is how its failure gets a cause a user can act on. */
+static bool try_bind(const struct sockaddr_storage *addr, const char *host, int port, kt_error *err) {
+    int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), e = 0, one = 1;
+    socklen_t len = addr->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (fd < 0) e = errno;
+    else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) || bind(fd, (const struct sockaddr *)addr, len))
+        e = errno;
+    if (fd >= 0) close(fd);
+    if (!e) return true;
+    err->status = KT_ERR_IO;
+    if (e == EADDRINUSE)
+        snprintf(err->msg, sizeof err->msg,
+                 "port %d on %s is already in use (another kettle or program is listening); pick another with --port",
+                 port, host);
+    else if (e == EADDRNOTAVAIL)
+        snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d: %s is not an address of this machine (--host)",
+                 host, port, host);
+    else if (e == EACCES)
+        snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d: permission denied (ports below 1024 need "
+                 "privileges; pick another with --port)", host, port);
+    else
+        snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d: %s", host, port, strerror(e));
+    return false;
+}
+
+bool srv_check_listen(const char *host, int port, kt_error *err) {
+    struct sockaddr_storage addr = {0};
+    if (!host) host = "127.0.0.1";
+    return resolve(host, port, &addr, err) && try_bind(&addr, host, port, err);
+}
+
 static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     struct sockaddr_storage addr = {0};
     const char *host = s->cfg.host ? s->cfg.host : "127.0.0.1";
     if (!resolve(host, s->cfg.port, &addr, err)) return NULL;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_END);
-    if (!d) {
-        err->status = KT_ERR_IO;
-        snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d (in use, or not an address of this machine?)",
-                 host, s->cfg.port);
-    }
+    if (!d && try_bind(&addr, host, s->cfg.port, err)) /* it binds now: another cause */
+        snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server on %s:%d", host, s->cfg.port);
     return d;
 }
 

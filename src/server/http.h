@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "kettle.h"
+#include "server/reqlog.h"
 
 typedef struct srv_config {
     const char *host;          /* numeric address or name to bind; NULL: 127.0.0.1 */
@@ -29,7 +30,7 @@ typedef struct srv_config {
     const char *template_text; /* chat template; NULL: the model's own */
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
-    bool log_requests;         /* one line per generation request on stderr */
+    srv_log_format log_format; /* one line per request on stderr (reqlog.h); 0: off */
     int result_cache;          /* answers of deterministic requests kept (0: off) */
 } srv_config;
 
@@ -38,6 +39,10 @@ typedef struct srv_server srv_server;
 /* Starts serving. The server takes over the engine (srv_stop frees it);
  * the model and the config's strings must outlive the server. */
 srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg, kt_error *err);
+/* Whether host:port can be bound now (a port in use, an address not of
+ * this machine: false with err saying so), so `kettle serve` can say it
+ * before loading a model; srv_start binds for real. */
+bool srv_check_listen(const char *host, int port, kt_error *err);
 /* The port actually bound. */
 int srv_port(const srv_server *s);
 /* Refuses new work, frees the engine (which ends every request as

@@ -61,6 +61,7 @@ typedef struct srv_conn {
                                  * NULL: OpenAI's chat / completions */
     int route_status;       /* 0, or 404 / 405 decided from the URL */
     char url[160], method[16]; /* for messages (cut) */
+    double t0_ms;           /* kt_time_ms when the headers came: the log's total_ms */
     srv_buf body;
     bool too_big;
     int status;             /* the status queued, for /metrics */
