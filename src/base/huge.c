@@ -3,8 +3,10 @@
  */
 #include "base/huge.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
@@ -35,6 +37,27 @@ size_t kt_mem_available(void) {
     return kb > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)kb * 1024;
 }
 
+/* A cgroup v2 limit left (memory.max - memory.current): in a container
+ * /proc/meminfo shows the host's memory, not the container's. 0: none. */
+static size_t cgroup_room(void) {
+    unsigned long long max = 0, cur = 0;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    bool limited = f && fscanf(f, "%llu", &max) == 1; /* "max": no limit */
+    if (f) fclose(f);
+    if (!limited) return 0;
+    if ((f = fopen("/sys/fs/cgroup/memory.current", "r"))) {
+        if (fscanf(f, "%llu", &cur) != 1) cur = 0;
+        fclose(f);
+    }
+    return cur < max ? (size_t)(max - cur) : 1;
+}
+
 size_t kt_mem_budget(void) {
-    return kt_mem_available() / 10 * 9;
+    const char *env = getenv("KETTLE_MEM_MB");
+    char *end;
+    unsigned long long mb = env ? strtoull(env, &end, 10) : 0;
+    if (env && *env && !*end && mb > 0 && mb < SIZE_MAX / 1048576) return (size_t)mb * 1048576;
+    size_t avail = kt_mem_available(), room = cgroup_room();
+    if (room && (!avail || room < avail)) avail = room;
+    return avail / 10 * 9;
 }

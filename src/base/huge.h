@@ -26,8 +26,10 @@ void kt_huge_free(void *p, size_t mapped);
  * larger than this succeeds (overcommit) and is killed when touched, so
  * big buffers are sized against it first. */
 size_t kt_mem_available(void);
-/* What a big buffer (the KV cache) may take: 90% of kt_mem_available,
- * the rest left to activations, buffers and the system; 0: unknown. */
+/* What a big buffer (the KV cache) may take: 90% of kt_mem_available
+ * (or of the room a cgroup v2 limit leaves, when smaller: a container's
+ * share), the rest left to activations, buffers and the system; 0:
+ * unknown. The environment variable KETTLE_MEM_MB sets it instead (MiB). */
 size_t kt_mem_budget(void);
 
 #endif

@@ -84,7 +84,7 @@ static int64_t head_dim_of(const shape *s) { return s->head_dim ? s->head_dim : 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
-            "                        [--seed S]\n"
+            "                        [--seed S] [--ctx-train N]\n"
             "\n"
             "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3) with deterministic random weights\n"
             "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
@@ -97,7 +97,8 @@ static void usage(FILE *out) {
             "  --vocab FILE     a GGUF whose tokenizer.* keys are copied; the vocabulary\n"
             "                   size is its token count\n"
             "  -o, --output OUT the file to write\n"
-            "  --seed S         random seed (default 0)\n",
+            "  --seed S         random seed (default 0)\n"
+            "  --ctx-train N    the training context written in the metadata (default: the shape's)\n",
             cli_out_type_list());
 }
 
@@ -320,8 +321,9 @@ static kt_status copy_tokenizer(gguf_writer *w, const gguf_file *v, kt_error *er
 /* ---- writing ---- */
 
 typedef struct gen_args {
-    const char *shape_name, *type_name, *vocab, *out, *seed_str;
+    const char *shape_name, *type_name, *vocab, *out, *seed_str, *ctx_str;
     const shape *shape;
+    shape custom; /* the shape with --ctx-train's context */
     kt_dtype type;
     uint64_t seed;
 } gen_args;
@@ -407,6 +409,7 @@ static int parse_opts(int argc, char **argv, gen_args *a) {
             (r = cli_opt(CMD, argc, argv, &i, "--type", &a->type_name)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--vocab", &a->vocab)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--seed", &a->seed_str)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--ctx-train", &a->ctx_str)) ||
             (r = cli_opt(CMD, argc, argv, &i, "-o", &a->out)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--output", &a->out))) {
             if (r < 0) return 2;
@@ -442,6 +445,14 @@ static int check_args(gen_args *a) {
     if (a->seed_str && !cli_parse_u64(a->seed_str, &a->seed))
         return cli_usage_error(CMD, "invalid seed '%s' (expected a non-negative integer)",
                                a->seed_str);
+    uint64_t ctx;
+    if (a->ctx_str && (!cli_parse_u64(a->ctx_str, &ctx) || ctx < 1 || ctx > UINT32_MAX))
+        return cli_usage_error(CMD, "invalid --ctx-train '%s' (expected 1 to %u positions)", a->ctx_str, UINT32_MAX);
+    if (a->ctx_str) { /* files of real models say 131072 and more: --ctx-train tests their defaults */
+        a->custom = *a->shape;
+        a->custom.ctx = (int64_t)ctx;
+        a->shape = &a->custom;
+    }
     return 0;
 }
 

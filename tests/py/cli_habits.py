@@ -10,6 +10,10 @@ tiny models:
   chat_sig  Ctrl-C stops a reply and the session answers the next line; no
             128-token cut; Ctrl-C twice at the prompt quits
   bench_svg `kettle bench --svg`: well-formed SVG with the expected lines
+  defaults  a file whose metadata says 131072 positions: serve and run pick
+            4096, a pool too big for the memory (KETTLE_MEM_MB) is cut with
+            a banner saying so, a --kv-mb or -c that cannot fit is refused
+            naming the flag, a context past the training length warns
   clean     stderr that is not a terminal carries no progress-bar control
             characters, and a terminal gets the bar (quantize, under a pty)
 
@@ -68,12 +72,12 @@ def test_version():
 # ---- serve ----
 
 class Server:
-    def __init__(self, extra):
+    def __init__(self, extra, model=STORIES, env=None):
         self.log = []
-        self.p = subprocess.Popen([KETTLE, "serve", "-m", STORIES, "--port", "0", "-t", "1",
+        self.p = subprocess.Popen([KETTLE, "serve", "-m", model, "--port", "0", "-t", "1",
                                    "--chat-template", "chatml"] + extra,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True)
+                                  text=True, env=env)
         found = threading.Event()
         self.port = None
 
@@ -178,6 +182,43 @@ def test_port():
     msg = (f"port {port} on 127.0.0.1 is already in use (another kettle or program is listening); "
            f"pick another with --port")
     check(msg in r.stderr and "missing.gguf" not in r.stderr, "the port is named, before the model", r.stderr)
+
+
+# ---- defaults on a long-context file ----
+
+def test_defaults():
+    model = os.path.join(TMP, "long.gguf")
+    r = run(["gen-model", "--shape", "test-tiny", "--type", "Q8_0", "--ctx-train", "131072",
+             "--vocab", os.path.join(SHARED, "vocab", "ggml-vocab-llama-bpe.gguf"), "-o", model])
+    check(r.returncode == 0, "gen-model --ctx-train", r.stderr)
+    s = Server([], model=model)
+    banner = "".join(s.log)
+    check(s.req("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 2}) == 200, "it answers", banner)
+    s.stop()
+    check(", ctx 4096, parallel 16," in banner and "(64 MiB, 65536 positions)" in banner,
+          "serve: ctx 4096 of the 131072 trained, 16 x 4096 positions", banner)
+    check("beyond" not in banner and "would take" not in banner, "no warning for the defaults", banner)
+    # the machine 'has' 200 MiB: 8 x 131072 positions (1 GiB) cannot be; the pool is cut to fit
+    env = dict(os.environ, KETTLE_MEM_MB="200")
+    s = Server(["-c", "131072", "--parallel", "8"], model=model, env=env)
+    banner = "".join(s.log)
+    check(s.req("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 2}) == 200, "the cut pool answers", banner)
+    s.stop()
+    m = re.search(r"KV cache (\d+) blocks of 16 positions \((\d+) MiB", banner)
+    check(m and int(m.group(2)) <= 200, "the pool fits the 200 MiB", banner)
+    check("8 x 131072 positions would take 1024 MiB of KV cache, more than the memory available now" in banner
+          and "--kv-mb, --ctx or --parallel" in banner, "the banner says what was cut and which flags set it", banner)
+    r = run(["serve", "-m", model, "--port", "0", "--kv-mb", "500"], env=env)
+    check(r.returncode != 0 and "--kv-mb 500 is more than the 200 MiB" in r.stderr and "lower --kv-mb" in r.stderr,
+          "serve: a --kv-mb above the memory is refused naming the flag", r.stderr)
+    r = run(["run", "-m", model, "-p", "Hi", "-n", "2", "-c", "131072"], env=dict(os.environ, KETTLE_MEM_MB="100"))
+    check(r.returncode != 0 and "lower -c" in r.stderr, "run: a context whose KV cannot fit is refused naming -c",
+          r.stderr)
+    r = run(["run", "-m", model, "-p", "Hi", "-n", "2", "-c", "262144", "-t", "1"])
+    check(r.returncode == 0 and "-c 262144 is beyond the 131072 positions the model was trained on" in r.stderr,
+          "run: a context past the training length warns", r.stderr)
+    r = run(["run", "-m", model, "-p", "Hi", "-n", "2", "-t", "1"])
+    check(r.returncode == 0 and "beyond" not in r.stderr, "run: no warning for the default context", r.stderr)
 
 
 # ---- chat ----
@@ -326,7 +367,8 @@ def test_clean_and_bar():
 
 
 TESTS = {"version": test_version, "serve_log": test_serve_log, "port": test_port, "chat": test_chat,
-         "chat_sig": test_chat_sigint, "bench_svg": test_bench_svg, "clean": test_clean_and_bar}
+         "chat_sig": test_chat_sigint, "bench_svg": test_bench_svg, "defaults": test_defaults,
+         "clean": test_clean_and_bar}
 
 
 def main():
