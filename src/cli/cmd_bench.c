@@ -26,6 +26,7 @@
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "kettle.h"
 #include "ops/cpu.h"
 #include "ops/pool.h"
@@ -278,7 +279,10 @@ static int bench_models(const bench_opts *o) {
     int rc = 0;
     for (int mi = 0; mi < o->n_models && rc == 0; mi++) {
         kt_error err = {0};
-        kt_model *m = kt_model_load_ex(o->models[mi], o->load, &err);
+        const char *model = o->models[mi];
+        char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+        if (ms_resolve_opt("bench", &model, model_path, sizeof model_path)) return 1;
+        kt_model *m = kt_model_load_ex(model, o->load, &err);
         if (!m) return cli_fail("bench", &err);
         for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
             const int_list *lists[2] = {&o->pp, &o->tg};

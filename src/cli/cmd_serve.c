@@ -21,6 +21,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/http.h"
@@ -230,6 +231,8 @@ int cmd_serve(int argc, char **argv) {
     serve_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("serve", &o.model, model_path, sizeof model_path)) return 1;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

@@ -22,5 +22,8 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
 
 #endif
