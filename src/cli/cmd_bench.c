@@ -68,7 +68,7 @@ static void usage(FILE *out) {
             "                                (see 'kettle bench agent --help')\n"
             "       kettle bench grammar ... structured output without a model: schema compile time, mask\n"
             "                                time per token (see 'kettle bench grammar --help')\n"
-            "  -m, --model FILE   model to measure (repeatable)\n"
+            "  -m, --model FILE   model to measure (repeatable; OWNER/REPO[:QUANT]: a pulled one)\n"
             "  -p, --n-prompt N   prompt lengths for pp tests, comma-separated (default 512; 0: none)\n"
             "  -n, --n-gen N      generation lengths for tg tests (default 128; 0: none)\n"
             "  -d, --n-depth N    context already in the cache before each test, comma-separated\n"

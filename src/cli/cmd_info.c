@@ -28,7 +28,7 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: kettle info MODEL.gguf\n"
+            "usage: kettle info (MODEL.gguf | OWNER/REPO[:QUANT])\n"
             "\n"
             "Prints a GGUF file's header, every metadata key with its type and value\n"
             "(arrays: length and first elements), the tensor table (name, type, dims,\n"

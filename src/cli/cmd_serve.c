@@ -43,7 +43,7 @@ typedef struct serve_opts {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle serve -m MODEL [options]\n"
-            "  -m, --model FILE        GGUF model\n"
+            "  -m, --model FILE        GGUF model, or OWNER/REPO[:QUANT] pulled with kettle pull\n"
             "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
             "      --port N            port (default 8080; 0: any free port, printed)\n"
             "  -c, --ctx N             positions per sequence, prompt + output (default: the model's)\n"

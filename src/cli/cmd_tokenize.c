@@ -32,7 +32,7 @@ typedef struct tok_opts {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle tokenize (-m MODEL | --vocab VOCAB.gguf) [options] (TEXT | -f FILE)\n"
-            "  -m, --model FILE    model whose tokenizer to use\n"
+            "  -m, --model FILE    model whose tokenizer to use (or OWNER/REPO[:QUANT], pulled)\n"
             "      --vocab FILE    vocab-only GGUF (same thing, no weights needed)\n"
             "  -f, --file FILE     read the text from FILE ('-': standard input)\n"
             "      --ids           print the ids only, as a list\n"

@@ -409,11 +409,14 @@ static void draw_progress(fetch_state *s, uint64_t total, uint64_t now) {
         s->bar.done += delta;
         return;
     }
-    char what[96], a[32], b[32], r[32];
+    char what[96], a[32], b[32], r[32] = "";
     double secs = (kt_time_ms() - s->bar.t0_ms) / 1e3;
-    uint64_t rate = secs > 0.2 ? (uint64_t)((double)(s->f->size - s->f->resumed_from) / secs) : 0;
-    snprintf(what, sizeof what, "%s / %s  %s/s", cli_human_bytes(s->f->size, a, sizeof a),
-             cli_human_bytes(s->bar.total, b, sizeof b), cli_human_bytes(rate, r, sizeof r));
+    if (secs > 0.1) { /* a rate over less time is noise */
+        cli_human_bytes((uint64_t)((double)(s->f->size - s->f->resumed_from) / secs), r, sizeof r - 2);
+        strcat(r, "/s");
+    }
+    snprintf(what, sizeof what, "%s / %s  %s", cli_human_bytes(s->f->size, a, sizeof a),
+             cli_human_bytes(s->bar.total, b, sizeof b), r);
     cli_progress_add(&s->bar, delta, what);
 }
 
@@ -515,7 +518,10 @@ static kt_status run_transfer(fetch_state *s, request *r, kt_error *err) {
         long code = response_code(r);
         if (rc == CURLE_OK) return KT_OK;
         if (rc == CURLE_HTTP_RETURNED_ERROR && code == 416 && s->offset > 0) {
-            if (s->range_total == s->offset) return KT_OK; /* the part was whole already */
+            if (s->range_total == s->offset) { /* the part was whole already */
+                if (!s->f->server_size) s->f->server_size = s->range_total;
+                return KT_OK;
+            }
             if (attempt == 0 && start_over(s)) continue;   /* not a prefix of this file */
         }
         if (rc == CURLE_ABORTED_BY_CALLBACK && g_interrupted) return stopped(s, "interrupted", err);

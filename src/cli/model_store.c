@@ -129,19 +129,22 @@ static int match_kind(const char *hay, const char *needle) {
  * when asked for by name. */
 static bool is_projector(const char *name) { return strncasecmp(name, "mmproj", 6) == 0; }
 
-bool ms_is_split(const char *name) {
+/* The "-of-" of a split file's "-NNNNN-of-MMMMM"; NULL if not split. */
+static const char *split_of(const char *name) {
     const char *of = NULL;
     for (const char *p = strstr(name, "-of-"); p; p = strstr(p + 1, "-of-")) of = p;
-    if (!of || of - name < 6 || of[-6] != '-') return false;
+    if (!of || of - name < 6 || of[-6] != '-') return NULL;
     for (int i = 1; i <= 5; i++)
-        if (!isdigit((unsigned char)of[-i]) || !isdigit((unsigned char)of[4 + i - 1])) return false;
-    return true;
+        if (!isdigit((unsigned char)of[-i]) || !isdigit((unsigned char)of[4 + i - 1])) return NULL;
+    return of;
 }
+
+bool ms_is_split(const char *name) { return split_of(name) != NULL; }
 
 /* A later shard of a split file: only the first one stands for the set. */
 static bool is_later_shard(const char *name) {
-    const char *of = strstr(name, "-of-");
-    return ms_is_split(name) && of && strncmp(of - 5, "00001", 5) != 0;
+    const char *of = split_of(name);
+    return of && strncmp(of - 5, "00001", 5) != 0;
 }
 
 /* Counts candidates matching `quant` with kind `kind`; *last = the last one. */

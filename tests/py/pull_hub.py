@@ -17,6 +17,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -331,6 +332,26 @@ class PullTest(unittest.TestCase):
         ranges = [r for p, r, _ in Hub.seen() if p.startswith("/cdn/")]
         self.assertEqual(ranges, ["bytes=%d-" % have])
 
+    def test_whole_part_is_checked_not_fetched(self):
+        path = self.stored("test/tiny-GGUF", "tiny-Q4_0.gguf")
+        os.makedirs(os.path.dirname(path))
+        with open(path + ".part", "wb") as f:
+            f.write(TINY_Q4)
+        err = self.pull_ok("test/tiny-GGUF:Q4_0", "test/tiny-GGUF", "tiny-Q4_0.gguf", TINY_Q4)
+        self.assertIn("sha256 verified", err)
+        self.assertFalse(any(p.startswith("/cdn/") for p, _, _ in Hub.seen()))
+        # a URL's whole part: the server answers the range with 416 and the file's size
+        host = "127.0.0.1_%d" % SERVER.server_address[1]
+        path = self.stored("_url/" + host, "story.gguf")
+        os.makedirs(os.path.dirname(path))
+        with open(path + ".part", "wb") as f:
+            f.write(STORIES)
+        rc, out, err = self.kettle("pull", ENDPOINT + "/plain/files/story.gguf")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("only its size was checked", err)
+        self.assertEqual(read(path), STORIES)
+        self.assertIn(("/plain/files/story.gguf", "bytes=%d-" % len(STORIES)), [(p, r) for p, r, _ in Hub.seen()])
+
     def test_server_ignoring_range_restarts(self):
         rc, out, err = self.kettle("pull", "test/norange-GGUF")
         self.assertEqual(rc, 1)
@@ -356,6 +377,21 @@ class PullTest(unittest.TestCase):
         self.assertLess(time.time() - t0, 7)
         self.assertIn("resume", err)
         self.assertEqual(os.path.getsize(self.stored("test/stall-GGUF", "stall-Q8_0.gguf") + ".part"), 1000)
+
+    def test_ctrl_c_keeps_the_part(self):
+        e = dict(os.environ, KETTLE_MODELS=self.store, KETTLE_HF_ENDPOINT=ENDPOINT)
+        p = subprocess.Popen([KETTLE, "pull", "test/stall-GGUF"], env=e, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        part = self.stored("test/stall-GGUF", "stall-Q8_0.gguf") + ".part"
+        deadline = time.time() + 10
+        while time.time() < deadline and not (os.path.exists(part) and os.path.getsize(part) == 1000):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("interrupted", err)
+        self.assertIn("resume", err)
+        self.assertEqual(os.path.getsize(part), 1000)
 
     def test_gated_needs_token(self):
         rc, out, err = self.kettle("pull", "test/gated-GGUF")
