@@ -327,8 +327,8 @@ static size_t on_header(char *line, size_t size, size_t n, void *user) {
         lower_sha(s->etag, v);
     } else if (header_value(line, len, "X-Linked-Size", v, sizeof v)) {
         s->f->server_size = strtoull(v, NULL, 10);
-    } else if (header_value(line, len, "X-Repo-Commit", v, sizeof v)) {
-        snprintf(s->f->commit, sizeof s->f->commit, "%s", v);
+    } else if (header_value(line, len, "X-Repo-Commit", s->f->commit, sizeof s->f->commit)) {
+        /* kept as it came (a git id; cut at the buffer if longer) */
     } else if (header_value(line, len, "Content-Length", v, sizeof v)) {
         s->content_length = strtoull(v, NULL, 10);
     } else if (header_value(line, len, "Content-Range", v, sizeof v)) {
