@@ -357,9 +357,11 @@ class PullTest(unittest.TestCase):
         self.assertEqual(rc, 1)
         path = self.stored("test/norange-GGUF", "norange-Q4_0.gguf")
         self.assertEqual(os.path.getsize(path + ".part"), 2 << 20)
+        Hub.clear()
         err = self.pull_ok("test/norange-GGUF", "test/norange-GGUF", "norange-Q4_0.gguf", TINY_Q4)
         self.assertIn("ignored the resume request", err)
         self.assertIn("sha256 verified", err)
+        self.assertEqual([r for p, r, _ in Hub.seen() if p.startswith("/cdn/")], ["bytes=%d-" % (2 << 20)])
 
     def test_wrong_checksum(self):
         rc, out, err = self.kettle("pull", "test/bad-GGUF:Q8_0")
