@@ -119,7 +119,7 @@ void cli_warn_ctx(const char *cmd, const kt_model *m, int n_ctx) {
 }
 
 const char *cli_gen_usage(void) {
-    return "  -m, --model FILE      GGUF model\n"
+    return "  -m, --model FILE      GGUF model, or OWNER/REPO[:QUANT] pulled with kettle pull\n"
            "      --load MODE       repack (default: read into huge pages, Q4_0 rewritten\n"
            "                        for the kernels; fastest, RAM = file size), copy (the\n"
            "                        same without the rewrite), mmap (zero-copy: least RAM,\n"

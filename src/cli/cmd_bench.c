@@ -31,6 +31,7 @@
 #include "cli/bench_plot.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "kettle.h"
 #include "ops/cpu.h"
 #include "ops/pool.h"
@@ -73,7 +74,7 @@ static void usage(FILE *out) {
             "                                (see 'kettle bench agent --help')\n"
             "       kettle bench grammar ... structured output without a model: schema compile time, mask\n"
             "                                time per token (see 'kettle bench grammar --help')\n"
-            "  -m, --model FILE   model to measure (repeatable)\n"
+            "  -m, --model FILE   model to measure (repeatable; OWNER/REPO[:QUANT]: a pulled one)\n"
             "  -p, --n-prompt N   prompt lengths for pp tests, comma-separated (default 512; 0: none)\n"
             "  -n, --n-gen N      generation lengths for tg tests (default 128; 0: none)\n"
             "  -d, --n-depth N    context already in the cache before each test, comma-separated\n"
@@ -344,7 +345,10 @@ static int bench_models(const bench_opts *o, bp_plot *plot) {
     int rc = 0;
     for (int mi = 0; mi < o->n_models && rc == 0; mi++) {
         kt_error err = {0};
-        kt_model *m = cli_load_model(o->models[mi], o->load, &err);
+        const char *model = o->models[mi];
+        char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+        if (ms_resolve_opt("bench", &model, model_path, sizeof model_path)) return 1;
+        kt_model *m = cli_load_model(model, o->load, &err);
         if (!m) return cli_fail("bench", &err);
         for (int ti = 0; ti < o->threads.n && rc == 0; ti++) {
             const int_list *lists[2] = {&o->pp, &o->tg};

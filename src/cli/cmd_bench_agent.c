@@ -37,6 +37,7 @@
 #include "cli/bench_http.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "gguf/gguf.h"
 
 #define CMD "bench agent"
@@ -593,6 +594,8 @@ int cmd_bench_agent(int argc, char **argv) {
     ba_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt(CMD, &o.model, model_path, sizeof model_path)) return 1;
     run_ctx c = {.o = &o, .child = BH_CHILD_NONE};
     ba_workload w = {0};
     if (o.replay && !build_workload(&o, NULL, &w)) return 1; /* a bad file fails before any server starts */

@@ -38,6 +38,7 @@
 #include "cli/bench_serve.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 
 #define CMD "bench serve"
 #define MAX_LEVELS 16
@@ -555,6 +556,8 @@ int cmd_bench_serve(int argc, char **argv) {
     bs_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt(CMD, &o.model, model_path, sizeof model_path)) return 1;
     bh_child child = BH_CHILD_NONE;
     if (o.model && !start_server(&o, &child)) return 1;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {

@@ -39,6 +39,7 @@
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "kettle.h"
 
 typedef struct chat_opts {
@@ -444,6 +445,8 @@ int cmd_chat(int argc, char **argv) {
     chat_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("chat", &o.g.model, model_path, sizeof model_path)) return 1;
     kt_error err = {0};
     chat c = {.opts = &o, .messages = json_array()};
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "gguf/gguf.h"
 
 #define STR_MAX_CHARS 64   /* scalar strings: characters shown */
@@ -27,7 +28,7 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: kettle info MODEL.gguf\n"
+            "usage: kettle info (MODEL.gguf | OWNER/REPO[:QUANT])\n"
             "\n"
             "Prints a GGUF file's header, every metadata key with its type and value\n"
             "(arrays: length and first elements), the tensor table (name, type, dims,\n"
@@ -281,10 +282,13 @@ int cmd_info(int argc, char **argv) {
     if (argc != 2) return cli_usage_error("info", "expected one MODEL argument");
     if (argv[1][0] == '-' && argv[1][1])
         return cli_usage_error("info", "unknown option '%s'", argv[1]);
+    const char *model = argv[1];
+    char model_path[MS_PATH_MAX]; /* OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("info", &model, model_path, sizeof model_path)) return 1;
     kt_error err = {0};
-    gguf_file *f = gguf_open(argv[1], &err);
+    gguf_file *f = gguf_open(model, &err);
     if (!f) return cli_fail("info", &err);
-    print_header(f, argv[1]);
+    print_header(f, model);
     print_metadata(f);
     print_tensors(f);
     print_totals(f);

@@ -19,6 +19,7 @@
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "kettle.h"
 
 typedef struct ppl_opts {
@@ -163,6 +164,8 @@ int cmd_perplexity(int argc, char **argv) {
     ppl_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("perplexity", &o.model, model_path, sizeof model_path)) return 1;
     size_t len = 0;
     char *text = cli_read_file(o.file, &len);
     if (!text) {

@@ -15,6 +15,7 @@
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "kettle.h"
 
 typedef struct run_opts {
@@ -161,6 +162,8 @@ int cmd_run(int argc, char **argv) {
     run_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("run", &o.g.model, model_path, sizeof model_path)) return 1;
     size_t len = 0;
     char *file_text = NULL;
     if (o.prompt_file && !(file_text = cli_read_file(o.prompt_file, &len))) {

@@ -21,6 +21,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/http.h"
@@ -43,7 +44,7 @@ typedef struct serve_opts {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle serve -m MODEL [options]\n"
-            "  -m, --model FILE        GGUF model\n"
+            "  -m, --model FILE        GGUF model, or OWNER/REPO[:QUANT] pulled with kettle pull\n"
             "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
             "      --port N            port (default 8080; 0: any free port, printed)\n"
             "  -c, --ctx N             positions per sequence, prompt + output (default: the model's training\n"
@@ -239,6 +240,8 @@ int cmd_serve(int argc, char **argv) {
     serve_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("serve", &o.model, model_path, sizeof model_path)) return 1;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

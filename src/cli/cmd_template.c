@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "gguf/gguf.h"
 #include "text/chat.h"
 #include "text/chat_builtin.h"
@@ -164,6 +165,8 @@ int cmd_template(int argc, char **argv) {
     tmpl_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("template", &o.model, model_path, sizeof model_path)) return 1;
     kt_error err = {0};
     char *tmpl = NULL, *bos = NULL, *eos = NULL;
     kt_status st = KT_OK;

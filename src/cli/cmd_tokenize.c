@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/model_store.h"
 #include "gguf/gguf.h"
 #include "text/vocab.h"
 
@@ -31,7 +32,7 @@ typedef struct tok_opts {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle tokenize (-m MODEL | --vocab VOCAB.gguf) [options] (TEXT | -f FILE)\n"
-            "  -m, --model FILE    model whose tokenizer to use\n"
+            "  -m, --model FILE    model whose tokenizer to use (or OWNER/REPO[:QUANT], pulled)\n"
             "      --vocab FILE    vocab-only GGUF (same thing, no weights needed)\n"
             "  -f, --file FILE     read the text from FILE ('-': standard input)\n"
             "      --ids           print the ids only, as a list\n"
@@ -133,6 +134,8 @@ int cmd_tokenize(int argc, char **argv) {
     tok_opts o;
     int rc = parse_opts(argc, argv, &o);
     if (rc) return rc;
+    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
+    if (ms_resolve_opt("tokenize", &o.model, model_path, sizeof model_path)) return 1;
     size_t len = 0;
     char *file_text = NULL;
     if (o.file && !(file_text = cli_read_file(o.file, &len))) {
