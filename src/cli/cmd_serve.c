@@ -36,7 +36,7 @@ typedef struct serve_opts {
     int result_cache;
     kt_load_mode load;
     float itl_stretch;
-    bool has_stretch, log_requests;
+    bool has_stretch, log_requests, no_webui;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -77,8 +77,10 @@ static void usage(FILE *out) {
             "      --load MODE         repack, copy, mmap or populate (default repack)\n"
             "      --log-requests      one line per generation request on stderr: prompt tokens\n"
             "                          (cached / prefilled), completion tokens, latencies\n"
+            "      --no-webui          no chat page at / (a 404 there; the API is unchanged)\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
-            "GET /v1/models, /v1/models/{id}, /health, /metrics.\n");
+            "GET /v1/models, /v1/models/{id}, /health, /metrics; GET / is a chat page\n"
+            "(built in, no API key needed to load it; its requests send the key you give it).\n");
 }
 
 typedef struct int_option {
@@ -103,6 +105,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     int r;
     if (!strcmp(argv[*i], "--log-requests")) return o->log_requests = true, 1;
     if (!strcmp(argv[*i], "--strict-model-names")) return o->strict_model_names = true, 1;
+    if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
     if ((r = cli_opt("serve", argc, argv, i, "--alias", &v))) {
         if (r < 0) return 2;
         if (o->n_aliases == MAX_ALIASES) return cli_usage_error("serve", "at most %d --alias names", MAX_ALIASES);
@@ -187,7 +190,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
                       .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
                       .strict_model_names = o->strict_model_names, .template_text = tmpl,
                       .http_threads = o->http_threads, .log_requests = o->log_requests,
-                      .result_cache = o->result_cache};
+                      .result_cache = o->result_cache, .no_webui = o->no_webui};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
         kt_engine_free(engine);
@@ -215,6 +218,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
         fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
                 "caches)\n", st.kv_window_slots_total,
                 ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
+    if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);

@@ -2,7 +2,8 @@
  * http.c - the libmicrohttpd daemon of `kettle serve` (see http.h):
  * binding, routing, body limits, API-key checks, the small endpoints
  * (/health, /v1/models, /metrics, /tokenize, /detokenize) and the JSON /
- * error responses every endpoint uses. Generation requests go to gen.c.
+ * error responses every endpoint uses. Generation requests go to gen.c,
+ * the chat page (GET /) to webui.c.
  *
  * MHD runs its own worker threads (a small pool, epoll each) and calls
  * on_request once when the headers are in, once per piece of body, then
@@ -20,6 +21,7 @@
 
 #include "server/http_internal.h"
 #include "server/sampled.h"
+#include "server/webui.h"
 
 #define DEFAULT_MAX_BODY (8u << 20)
 
@@ -42,14 +44,18 @@ static const route ROUTES[] = {
 
 static const char *endpoint_name(srv_endpoint ep) {
     static const char *const NAMES[] = {"health",     "models",           "model",       "metrics", "tokenize",
-                                        "detokenize", "chat_completions", "completions", "other"};
+                                        "detokenize", "chat_completions", "completions", "webui",   "other"};
     return NAMES[ep];
 }
 
 #define MODEL_PREFIX "/v1/models/" /* GET /v1/models/{id}: the id may hold '/' (OWNER/REPO) */
 
 /* The endpoint for url+method; *status 404 (no such path) or 405. */
-static srv_endpoint route_of(const char *url, const char *method, int *status) {
+static srv_endpoint route_of(const srv_server *s, const char *url, const char *method, int *status) {
+    if (!s->cfg.no_webui && srv_webui_find(url)) { /* the chat page's files */
+        *status = strcmp(method, "GET") && strcmp(method, "HEAD") ? 405 : 0;
+        return EP_WEBUI;
+    }
     if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) {
         *status = strcmp(method, "GET") ? 405 : 0;
         return EP_MODEL;
@@ -75,6 +81,7 @@ enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, c
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (c->result_hit) MHD_add_response_header(r, "x-kettle-cache", "hit");
+    if (status == 405 && c->ep == EP_WEBUI) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     if (status == 405)
         for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
             if (ROUTES[i].ep == c->ep) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ROUTES[i].method);
@@ -205,7 +212,7 @@ static bool same_secret(const char *a, const char *b) {
 
 static bool authorized(srv_conn *c) {
     const char *key = c->s->cfg.api_key;
-    if (!key || c->ep == EP_HEALTH) return true;
+    if (!key || c->ep == EP_HEALTH || c->ep == EP_WEBUI) return true; /* the page is static; its API calls need the key */
     const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     return h && !strncmp(h, "Bearer ", 7) && same_secret(h + 7, key);
 }
@@ -237,6 +244,7 @@ static enum MHD_Result dispatch(srv_conn *c) {
     case EP_DETOKENIZE: return tokens(c, false);
     case EP_CHAT: return srv_gen_start(c, SRV_CHAT);
     case EP_COMPLETIONS: return srv_gen_start(c, SRV_COMPLETION);
+    case EP_WEBUI: return srv_webui_respond(c);
     default: return MHD_NO;
     }
 }
@@ -249,7 +257,7 @@ static enum MHD_Result begin(srv_server *s, struct MHD_Connection *mc, const cha
     c->s = s, c->mc = mc;
     snprintf(c->url, sizeof c->url, "%s", srv_utf8_valid(url, strlen(url)) ? url : "(a path that is not UTF-8)");
     snprintf(c->method, sizeof c->method, "%s", srv_utf8_valid(method, strlen(method)) ? method : "?");
-    c->ep = route_of(url, method, &c->route_status);
+    c->ep = route_of(s, url, method, &c->route_status);
     *con_cls = c;
     const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {

@@ -31,6 +31,7 @@ typedef struct srv_config {
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     bool log_requests;         /* one line per generation request on stderr */
     int result_cache;          /* answers of deterministic requests kept (0: off) */
+    bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
 } srv_config;
 
 typedef struct srv_server srv_server;

@@ -30,7 +30,7 @@ typedef struct srv_link {
 } srv_link;
 
 typedef enum srv_endpoint {
-    EP_HEALTH, EP_MODELS, EP_MODEL, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS, EP_OTHER
+    EP_HEALTH, EP_MODELS, EP_MODEL, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS, EP_WEBUI, EP_OTHER
 } srv_endpoint;
 
 struct srv_server {
