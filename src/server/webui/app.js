@@ -246,7 +246,7 @@
         add('tps', `\u2248${Math.round(tps)} tok/s`);
         add('tokens', `\u2248${this.deltas} tokens`);
       }
-      if (this.finish && this.finish !== 'stop') add('flag', `finish: ${this.finish}`);
+      if (this.finish && this.finish !== 'stop') add('note', `finish: ${this.finish}`);
       if (state === 'stopped') add('flag', 'stopped');
       if (!s.childElementCount) s.remove();
     }
@@ -338,6 +338,7 @@
         showError(reply.bubble, e.message || String(e));
       }
     } finally {
+      if (state === 'error') controller.abort(); // an error mid-stream: hang up, do not read on
       controller = null;
       setBusy(false);
     }
