@@ -135,6 +135,12 @@ async function session(browser, root, model) {
   page.setDefaultTimeout(STEP_MS);
   const pageErrors = [];
   page.on('pageerror', (e) => pageErrors.push(String(e)));
+  // anything the Content-Security-Policy blocked (an inline style or script
+  // would be), counted from before the page's own script runs
+  await page.evaluateOnNewDocument(() => {
+    window.cspViolations = [];
+    document.addEventListener('securitypolicyviolation', (e) => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));
+  });
 
   await check('GET / serves the page with a strict CSP, without the API key', async () => {
     const res = await page.goto(`${root}/`, { waitUntil: 'load' });
@@ -318,8 +324,16 @@ async function session(browser, root, model) {
     assert.equal(await page.$eval('#api_key', (e) => e.value), 'wrong-key');
   });
 
-  await check('no script errors on the page', async () => {
+  await check('no script errors on the page, nothing blocked by its CSP', async () => {
     assert.deepEqual(pageErrors, []);
+    // typing grows the composer (app.js sets its height): a style the CSP must allow
+    await page.type('#input', 'one more line');
+    await page.keyboard.down('Shift');
+    await page.keyboard.press('Enter');
+    await page.keyboard.up('Shift');
+    await page.type('#input', 'and a second');
+    assert.deepEqual(await page.evaluate(() => window.cspViolations), []);
+    assert.equal(await page.$eval('#input', (e) => e.value), 'one more line\nand a second');
   });
 }
 
