@@ -322,6 +322,62 @@ static void test_health_models_metrics(void **state) {
     free(r.body);
 }
 
+/* method (GET or HEAD) path: the reply, and its Content-Type into type. */
+static reply fetch_typed(const server *s, const char *method, const char *path, char *type, size_t cap) {
+    reply r = {0};
+    CURL *c = make_easy(s, method, path, NULL, 0, NULL, &r);
+    if (!strcmp(method, "HEAD")) curl_easy_setopt(c, CURLOPT_NOBODY, 1L); /* else curl waits for the body */
+    CURLcode rc = curl_easy_perform(c);
+    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    const char *ct = NULL;
+    curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ct);
+    snprintf(type, cap, "%s", ct ? ct : "");
+    curl_easy_cleanup(c);
+    if (!r.body) r.body = calloc(1, 1);
+    return r;
+}
+
+/* The built-in chat page: / and its files with their types, HEAD without
+ * a body, other methods 405; --no-webui makes / a 404 (tests/js/webui_e2e.mjs
+ * drives the page itself in Chromium). */
+static void test_webui(void **state) {
+    (void)state;
+    char type[128];
+    reply r = fetch_typed(&S, "GET", "/", type, sizeof type);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(type, "text/html; charset=utf-8");
+    assert_non_null(strstr(r.body, "<!doctype html>"));
+    assert_non_null(strstr(r.body, "app.js"));
+    free(r.body);
+    const char *files[][2] = {{"/index.html", "text/html"}, {"/app.js", "text/javascript"}, {"/app.css", "text/css"}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        r = fetch_typed(&S, "GET", files[i][0], type, sizeof type);
+        assert_int_equal(r.status, 200);
+        assert_true(r.len > 100);
+        assert_non_null(strstr(type, files[i][1]));
+        free(r.body);
+    }
+    r = fetch_typed(&S, "HEAD", "/", type, sizeof type);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.len, 0);
+    free(r.body);
+    r = http_full(&S, "POST", "/", "{}", 2, NULL);
+    assert_int_equal(r.status, 405);
+    free(r.body);
+    r = get(&S, "/app.jsx");
+    assert_int_equal(r.status, 404);
+    free(r.body);
+    server off = start_server("serve-no-webui.log", "--chat-template chatml --ctx 256 --no-webui");
+    r = get(&off, "/");
+    assert_int_equal(r.status, 404);
+    free(r.body);
+    r = get(&off, "/health");
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    stop_server(&off);
+}
+
 static void test_tokenize_roundtrip(void **state) {
     (void)state;
     json_t *t = post_ok(&S, "/tokenize", "{\"content\":\"Hello world, again.\",\"add_special\":false}");
@@ -470,6 +526,9 @@ static void test_api_key_alias_tools(void **state) {
     free(r.body);
     r = http_full(&s, "GET", "/v1/models", NULL, 0, "Authorization: Bearer wrong");
     assert_int_equal(r.status, 401);
+    free(r.body);
+    r = get(&s, "/"); /* the chat page is static: no key needed (its API calls need one) */
+    assert_int_equal(r.status, 200);
     free(r.body);
     r = http_full(&s, "GET", "/v1/models", NULL, 0, "Authorization: Bearer sekrit");
     assert_int_equal(r.status, 200);
@@ -1064,6 +1123,7 @@ int main(void) {
         cmocka_unit_test(test_chat_stream_equals_plain),
         cmocka_unit_test(test_chat_n2_logprobs),
         cmocka_unit_test(test_health_models_metrics),
+        cmocka_unit_test(test_webui),
         cmocka_unit_test(test_tokenize_roundtrip),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_disconnect_frees_kv),

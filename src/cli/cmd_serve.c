@@ -38,7 +38,7 @@ typedef struct serve_opts {
     int result_cache;
     kt_load_mode load;
     float itl_stretch;
-    bool has_stretch;
+    bool has_stretch, no_webui;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -83,8 +83,10 @@ static void usage(FILE *out) {
             "                          path, status, total ms and, for generation, model, prompt /\n"
             "                          cached / generated tokens and time to first token\n"
             "      --log-requests      the same as --log-format text (kept for old scripts)\n"
+            "      --no-webui          no chat page at / (a 404 there; the API is unchanged)\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
-            "GET /v1/models, /v1/models/{id}, /health, /metrics.\n");
+            "GET /v1/models, /v1/models/{id}, /health, /metrics; GET / is a chat page\n"
+            "(built in, no API key needed to load it; its requests send the key you give it).\n");
 }
 
 typedef struct int_option {
@@ -113,6 +115,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         return srv_log_format_parse(v, &o->log_format) ? 1 : cli_usage_error("serve", "invalid --log-format '%s' (text, json, off)", v);
     }
     if (!strcmp(argv[*i], "--strict-model-names")) return o->strict_model_names = true, 1;
+    if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
     if ((r = cli_opt("serve", argc, argv, i, "--alias", &v))) {
         if (r < 0) return 2;
         if (o->n_aliases == MAX_ALIASES) return cli_usage_error("serve", "at most %d --alias names", MAX_ALIASES);
@@ -197,7 +200,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
                       .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
                       .strict_model_names = o->strict_model_names, .template_text = tmpl,
                       .http_threads = o->http_threads, .log_format = o->log_format,
-                      .result_cache = o->result_cache};
+                      .result_cache = o->result_cache, .no_webui = o->no_webui};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
         kt_engine_free(engine);
@@ -225,6 +228,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
         fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
                 "caches)\n", st.kv_window_slots_total,
                 ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
+    if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);

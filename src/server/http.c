@@ -2,7 +2,8 @@
  * http.c - the libmicrohttpd daemon of `kettle serve` (see http.h):
  * binding, routing, body limits, API-key checks, the small endpoints
  * (/health, /v1/models, /metrics, /tokenize, /detokenize) and the JSON /
- * error responses every endpoint uses. Generation requests go to gen.c.
+ * error responses every endpoint uses. Generation requests go to gen.c,
+ * the chat page (GET /) to webui.c.
  *
  * MHD runs its own worker threads (a small pool, epoll each) and calls
  * on_request once when the headers are in, once per piece of body, then
@@ -24,6 +25,7 @@
 #include "server/http_internal.h"
 #include "server/reqlog.h"
 #include "server/sampled.h"
+#include "server/webui.h"
 
 #define DEFAULT_MAX_BODY (8u << 20)
 
@@ -50,7 +52,7 @@ static const route ROUTES[] = {
 static const char *endpoint_name(srv_endpoint ep) {
     static const char *const NAMES[] = {"health",      "models",     "model",    "metrics",      "tokenize",
                                         "detokenize",  "chat_completions", "completions", "responses",
-                                        "response_id", "messages",   "count_tokens", "other"};
+                                        "response_id", "messages",   "count_tokens", "webui", "other"};
     return NAMES[ep];
 }
 
@@ -58,7 +60,11 @@ static const char *endpoint_name(srv_endpoint ep) {
 #define RESPONSE_PREFIX "/v1/responses/" /* GET /v1/responses/{id}: nothing is stored, a 404 saying so */
 
 /* The endpoint for url+method; *status 404 (no such path) or 405. */
-static srv_endpoint route_of(const char *url, const char *method, int *status) {
+static srv_endpoint route_of(const srv_server *s, const char *url, const char *method, int *status) {
+    if (!s->cfg.no_webui && srv_webui_find(url)) { /* the chat page's files */
+        *status = strcmp(method, "GET") && strcmp(method, "HEAD") ? 405 : 0;
+        return EP_WEBUI;
+    }
     if (!strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) {
         *status = strcmp(method, "GET") ? 405 : 0;
         return EP_MODEL;
@@ -88,6 +94,7 @@ enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, c
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (c->result_hit) MHD_add_response_header(r, "x-kettle-cache", "hit");
+    if (status == 405 && c->ep == EP_WEBUI) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     if (status == 405)
         for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
             if (ROUTES[i].ep == c->ep) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ROUTES[i].method);
@@ -218,7 +225,7 @@ static bool same_secret(const char *a, const char *b) {
 
 static bool authorized(srv_conn *c) {
     const char *key = c->s->cfg.api_key;
-    if (!key || c->ep == EP_HEALTH) return true;
+    if (!key || c->ep == EP_HEALTH || c->ep == EP_WEBUI) return true; /* the page is static; its API calls need the key */
     const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (h && !strncmp(h, "Bearer ", 7) && same_secret(h + 7, key)) return true;
     /* Anthropic's clients send the key in x-api-key */
@@ -262,6 +269,7 @@ static enum MHD_Result dispatch(srv_conn *c) {
                                               "kettle does not store responses (each is answered statelessly, as "
                                               "with store: false); keep the output you need on the client"),
                                      &e));
+    case EP_WEBUI: return srv_webui_respond(c);
     default: return MHD_NO;
     }
 }
@@ -274,7 +282,7 @@ static enum MHD_Result begin(srv_server *s, struct MHD_Connection *mc, const cha
     c->s = s, c->mc = mc, c->t0_ms = kt_time_ms();
     snprintf(c->url, sizeof c->url, "%s", srv_utf8_valid(url, strlen(url)) ? url : "(a path that is not UTF-8)");
     snprintf(c->method, sizeof c->method, "%s", srv_utf8_valid(method, strlen(method)) ? method : "?");
-    c->ep = route_of(url, method, &c->route_status);
+    c->ep = route_of(s, url, method, &c->route_status);
     c->dialect = c->ep == EP_RESPONSES                                ? &SRV_DIALECT_RESPONSES
                  : c->ep == EP_MESSAGES || c->ep == EP_COUNT_TOKENS ? &SRV_DIALECT_MESSAGES
                                                                     : NULL;
