@@ -53,6 +53,8 @@ typedef struct kt_model_desc {
     uint64_t active_bytes; /* of them, what one token's forward reads: all but the unused experts and an untied embedding table's other rows */
     uint64_t n_params;     /* values in all tensors */
     int bos_id, eos_id;    /* -1 if none */
+    int pooling_type;      /* the file's pooling for embeddings (GGUF: 0 none (a generator), 1 mean,
+                              2 cls, 3 last, 4 rank); 0 when it declares none */
     int n_repacked;        /* matrices rewritten at load (KT_LOAD_REPACK) */
 } kt_model_desc;
 

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "engine/engine.h"
+#include "gguf/gguf.h"
 #include "kettle.h"
 #include "testutil.h"
 
@@ -1139,6 +1140,135 @@ static int bench(const char *path, int n_threads) {
     return 0;
 }
 
+
+/* ---- embeddings ---- */
+
+#define EMBD 64 /* stories260K's n_embd */
+
+/* The pooled vector of ids (one request, waited for). */
+static void embed_ids(kt_engine *e, const int32_t *ids, int n, kt_pooling pooling, float *out, int *cached) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n, p.embed = pooling;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    output o = {0};
+    drain(r, &o);
+    assert_int_equal(o.finish, KT_FINISH_STOP);
+    assert_int_equal(o.n, 0); /* nothing generated */
+    int n_embd = 0;
+    const float *v = kt_request_embedding(r, &n_embd);
+    assert_non_null(v);
+    assert_int_equal(n_embd, EMBD);
+    memcpy(out, v, sizeof(float) * EMBD);
+    if (cached) *cached = kt_request_get_usage(r).cached_tokens;
+    kt_request_free(r);
+}
+
+static float max_diff(const float *a, const float *b, int n) {
+    float d = 0;
+    for (int i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
+    return d;
+}
+
+/* The last hidden state is what the classifier reads: output.weight times
+ * the last token's embedding gives llama.cpp's logits for that position. */
+static void test_embed_is_classifier_input(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F32, 1.8f);
+    const int32_t ids[] = {1, 403, 407, 261, 378}; /* golden/stories260K.once.json's prompt */
+    float last[EMBD];
+    embed_ids(e, ids, 5, KT_POOL_LAST, last, NULL);
+    kt_error err = {0};
+    gguf_file *f = gguf_open(tu_shared("models/stories260K.gguf"), &err);
+    assert_non_null(f);
+    const gguf_tensor *w = gguf_tensor_find(f, "output.weight");
+    assert_true(w && w->type == KT_F32 && w->dims[0] == EMBD && w->dims[1] == 512);
+    size_t size = 0;
+    float *golden = (float *)tu_read_file(tu_shared("golden/stories260K.once.logits.f32"), &size);
+    assert_true(golden && size >= 5 * 512 * sizeof(float));
+    float worst = 0;
+    for (int v = 0; v < 512; v++) {
+        double logit = 0;
+        for (int i = 0; i < EMBD; i++) logit += (double)((const float *)w->data)[(size_t)v * EMBD + i] * last[i];
+        worst = fmaxf(worst, fabsf((float)logit - golden[4 * 512 + v]));
+    }
+    if (worst > 1e-4f) fail_msg("logits from the embedding differ from llama.cpp's by %g", worst);
+    free(golden);
+    gguf_close(f);
+    kt_engine_free(e);
+}
+
+/* Causal attention: token k's hidden state is the last-token embedding of
+ * the prompt cut after k. So CLS is LAST of the first token, and MEAN is
+ * the mean of LAST over every prefix; chunked prefill (a 90-token prompt,
+ * 32-token steps) and a prompt the prefix cache already holds change no
+ * bit of it. */
+static void test_embed_pooling(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 32, KT_KV_F32, 1.8f);
+    int32_t ids[128];
+    int n = tokenize("Once upon a time there was a little girl named Lily. She loved to play outside in the sun with "
+                     "her red ball and her friend Tom, who had a dog called Max.", ids, 128);
+    assert_true(n > 32 && n < 128);
+    float mean[EMBD], cls[EMBD], last[EMBD], v[EMBD], sum[EMBD] = {0};
+    int cached = -1;
+    embed_ids(e, ids, n, KT_POOL_MEAN, mean, &cached);
+    assert_int_equal(cached, 0);
+    embed_ids(e, ids, n, KT_POOL_CLS, cls, NULL);
+    embed_ids(e, ids, 1, KT_POOL_LAST, v, NULL);
+    assert_true(max_diff(cls, v, EMBD) == 0);
+    for (int k = 1; k <= n; k++) {
+        embed_ids(e, ids, k, KT_POOL_LAST, v, NULL);
+        for (int i = 0; i < EMBD; i++) sum[i] += v[i];
+        if (k == n) memcpy(last, v, sizeof v);
+    }
+    for (int i = 0; i < EMBD; i++) sum[i] /= (float)n;
+    if (max_diff(mean, sum, EMBD) > 1e-5f) fail_msg("mean pooling differs from the prefixes' mean by %g", max_diff(mean, sum, EMBD));
+    /* a generation has put the prompt in the prefix cache: the embedding still computes every token, the same bits */
+    output o;
+    run_alone(e, "Once upon a time there was a little girl named Lily.", 4, &o);
+    embed_ids(e, ids, n, KT_POOL_MEAN, v, &cached);
+    assert_int_equal(cached, 0);
+    assert_true(max_diff(mean, v, EMBD) == 0);
+    embed_ids(e, ids, n, KT_POOL_LAST, v, NULL);
+    assert_true(max_diff(last, v, EMBD) == 0);
+    kt_engine_free(e);
+}
+
+/* Beside generations, an embedding is the same; the engine's limits. */
+static void test_embed_batch_and_limits(void **state) {
+    (void)state;
+    kt_engine *e = engine(4, 64, KT_KV_F32, 1.8f);
+    int32_t ids[256];
+    int n = tokenize("Tom had a big red ball.", ids, 256);
+    float alone[EMBD], busy[EMBD];
+    embed_ids(e, ids, n, KT_POOL_MEAN, alone, NULL);
+    kt_request *g1 = submit(e, "Once upon a time", 40, 1), *g2 = submit(e, "The cat sat", 40, 1);
+    embed_ids(e, ids, n, KT_POOL_MEAN, busy, NULL);
+    output o[2] = {0};
+    drain(g1, &o[0]), drain(g2, &o[1]);
+    kt_request_free(g1), kt_request_free(g2);
+    assert_true(max_diff(alone, busy, EMBD) == 0);
+    /* the whole context may be embedded; more is refused, and so are choices */
+    for (int i = 0; i < 256; i++) ids[i] = 300;
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = 256, p.embed = KT_POOL_MEAN;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    output full = {0};
+    drain(r, &full);
+    assert_int_equal(full.finish, KT_FINISH_STOP);
+    kt_request_free(r);
+    p.n_prompt = 257;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_CONTEXT);
+    assert_non_null(strstr(err.msg, "257 tokens"));
+    p.n_prompt = 4, p.n_choices = 2;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    kt_engine_free(e);
+}
+
 int main(void) {
     const char *bench_model = getenv("KT_ENGINE_BENCH");
     if (bench_model) {
@@ -1168,6 +1298,9 @@ int main(void) {
         cmocka_unit_test(test_lazy_grammar),
         cmocka_unit_test(test_window_layers),
         cmocka_unit_test(test_kv_fits_memory),
+        cmocka_unit_test(test_embed_is_classifier_input),
+        cmocka_unit_test(test_embed_pooling),
+        cmocka_unit_test(test_embed_batch_and_limits),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -341,6 +341,49 @@ static reply fetch_typed(const server *s, const char *method, const char *path, 
 /* The built-in chat page: / and its files with their types, HEAD without
  * a body, other methods 405; --no-webui makes / a 404 (tests/js/webui_e2e.mjs
  * drives the page itself in Chromium). */
+/* /v1/embeddings: refused on the shared server (a generator started
+ * without --embeddings), answered with --embeddings, every bad input a
+ * 400 naming it; a vector is unit length, base64 decodes to the floats. */
+static void test_embeddings(void **state) {
+    (void)state;
+    const char *E = "/v1/embeddings";
+    expect_error(&S, E, "{\"input\": \"hi\"}", 400, "start kettle serve with --embeddings");
+    server es = start_server("embeddings.log", "--embeddings=last");
+    json_t *j = post_ok(&es, E, "{\"input\": [\"Once upon a time\", [1, 403]], \"encoding_format\": \"float\"}");
+    json_t *data = json_object_get(j, "data");
+    assert_int_equal(json_array_size(data), 2);
+    json_t *v = json_object_get(json_array_get(data, 0), "embedding");
+    assert_int_equal(json_array_size(v), 64);
+    double norm = 0;
+    for (size_t i = 0; i < 64; i++) norm += json_real_value(json_array_get(v, i)) * json_real_value(json_array_get(v, i));
+    assert_true(fabs(norm - 1) < 1e-5);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 5 + 2);
+    json_t *b = post_ok(&es, E, "{\"input\": \"Once upon a time\", \"encoding_format\": \"base64\"}");
+    const char *b64 = json_string_value(json_object_get(json_array_get(json_object_get(b, "data"), 0), "embedding"));
+    assert_non_null(b64);
+    assert_int_equal(strlen(b64), (64 * 4 + 2) / 3 * 4);
+    /* the first float, decoded by hand: 4 bytes from the first 8 characters (6 bytes) */
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    unsigned char raw[6];
+    for (int g = 0; g < 2; g++) {
+        unsigned x = 0;
+        for (int k = 0; k < 4; k++) x = x << 6 | (unsigned)(strchr(A, b64[g * 4 + k]) - A);
+        raw[g * 3] = (unsigned char)(x >> 16), raw[g * 3 + 1] = (unsigned char)(x >> 8), raw[g * 3 + 2] = (unsigned char)x;
+    }
+    float f0;
+    memcpy(&f0, raw, 4);
+    assert_true(fabs(f0 - json_real_value(json_array_get(v, 0))) < 1e-7);
+    json_decref(b), json_decref(j);
+    expect_error(&es, E, "{}", 400, "'input' is required");
+    expect_error(&es, E, "{\"input\": \"\"}", 400, "'input[0]' is empty");
+    expect_error(&es, E, "{\"input\": [[1, 99999]]}", 400, "not a token id");
+    expect_error(&es, E, "{\"input\": [true]}", 400, "'input[0]' must be");
+    expect_error(&es, E, "{\"input\": \"x\", \"dimensions\": 3}", 400, "64 dimensions");
+    expect_error(&es, E, "{\"input\": \"x\", \"encoding_format\": \"int8\"}", 400, "encoding_format");
+    expect_error(&es, E, "{\"input\": \"x\", \"pooling\": \"max\"}", 400, "'pooling' is not a parameter");
+    stop_server(&es);
+}
+
 static void test_webui(void **state) {
     (void)state;
     char type[128];
@@ -1124,6 +1167,7 @@ int main(void) {
         cmocka_unit_test(test_chat_n2_logprobs),
         cmocka_unit_test(test_health_models_metrics),
         cmocka_unit_test(test_webui),
+        cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_tokenize_roundtrip),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_disconnect_frees_kv),

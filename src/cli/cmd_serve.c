@@ -39,6 +39,7 @@ typedef struct serve_opts {
     kt_load_mode load;
     float itl_stretch;
     bool has_stretch, no_webui;
+    const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -84,6 +85,9 @@ static void usage(FILE *out) {
             "                          cached / generated tokens and time to first token\n"
             "      --log-requests      the same as --log-format text (kept for old scripts)\n"
             "      --no-webui          no chat page at / (a 404 there; the API is unchanged)\n"
+            "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
+            "                          hidden states pooled by P, mean (default), last or cls. A file\n"
+            "                          that declares a pooling (an embedding model) embeds without it\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
             "GET /v1/models, /v1/models/{id}, /health, /metrics; GET / is a chat page\n"
             "(built in, no API key needed to load it; its requests send the key you give it).\n");
@@ -116,6 +120,13 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     }
     if (!strcmp(argv[*i], "--strict-model-names")) return o->strict_model_names = true, 1;
     if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
+    if (!strcmp(argv[*i], "--embeddings")) return o->embeddings = "", 1;
+    if (!strncmp(argv[*i], "--embeddings=", 13)) {
+        o->embeddings = argv[*i] + 13;
+        if (strcmp(o->embeddings, "mean") && strcmp(o->embeddings, "last") && strcmp(o->embeddings, "cls"))
+            return cli_usage_error("serve", "invalid --embeddings pooling '%s' (mean, last, cls)", o->embeddings);
+        return 1;
+    }
     if ((r = cli_opt("serve", argc, argv, i, "--alias", &v))) {
         if (r < 0) return 2;
         if (o->n_aliases == MAX_ALIASES) return cli_usage_error("serve", "at most %d --alias names", MAX_ALIASES);
@@ -190,6 +201,22 @@ static void wait_for_signal(const sigset_t *set) {
     fprintf(stderr, "kettle serve: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
 }
 
+/* How /v1/embeddings pools: --embeddings' choice, else the file's
+ * pooling_type (GGUF: 1 mean, 2 cls, 3 last), else mean with a bare
+ * --embeddings; KT_POOL_NONE: the server does not embed. */
+static kt_pooling embed_pooling(const kt_model *m, const serve_opts *o) {
+    const char *p = o->embeddings;
+    if (p && !strcmp(p, "mean")) return KT_POOL_MEAN;
+    if (p && !strcmp(p, "last")) return KT_POOL_LAST;
+    if (p && !strcmp(p, "cls")) return KT_POOL_CLS;
+    switch (kt_model_describe(m)->pooling_type) {
+    case 1: return KT_POOL_MEAN;
+    case 2: return KT_POOL_CLS;
+    case 3: return KT_POOL_LAST;
+    default: return p ? KT_POOL_MEAN : KT_POOL_NONE;
+    }
+}
+
 static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const sigset_t *set) {
     kt_error err = {0};
     kt_engine_params ep = engine_params(o);
@@ -200,7 +227,8 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
                       .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
                       .strict_model_names = o->strict_model_names, .template_text = tmpl,
                       .http_threads = o->http_threads, .log_format = o->log_format,
-                      .result_cache = o->result_cache, .no_webui = o->no_webui};
+                      .result_cache = o->result_cache, .no_webui = o->no_webui,
+                      .embed_pooling = embed_pooling(model, o)};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
         kt_engine_free(engine);
@@ -229,6 +257,9 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
                 "caches)\n", st.kv_window_slots_total,
                 ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
+    static const char *const POOLS[] = {"", "mean", "cls", "last"};
+    if (cfg.embed_pooling != KT_POOL_NONE)
+        fprintf(stderr, "kettle serve: /v1/embeddings: %s pooling of the last hidden states\n", POOLS[cfg.embed_pooling]);
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);

@@ -42,7 +42,7 @@ static void describe(kt_model *m) {
         .rope_freq_base = c->rope_freq_base, .rms_eps = c->rms_eps,
         .weight_bytes = m->llm->weight_bytes, .active_bytes = m->llm->active_bytes, .n_params = m->llm->n_params,
         .bos_id = kt_vocab_bos(m->vocab), .eos_id = kt_vocab_eos(m->vocab),
-        .n_repacked = m->n_repacked,
+        .n_repacked = m->n_repacked, .pooling_type = c->pooling_type,
     };
 }
 
@@ -366,7 +366,7 @@ static kt_status session_forward(kt_session *s, const int32_t *tokens, int n, fl
             seqs[i] = s->seq;
             want[i] = logits && (all_logits || done + i == n - 1);
         }
-        llm_batch b = {chunk, tokens + done, pos, seqs, want};
+        llm_batch b = {chunk, tokens + done, pos, seqs, want, NULL, NULL};
         llm_forward(s->model->llm, s->work, s->pool, &b,
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
         done += chunk;

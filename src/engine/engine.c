@@ -88,10 +88,12 @@ struct kt_engine {
     int *b_pos;
     kv_seq **b_seq;
     bool *b_logits;
+    bool *b_hidden;     /* per batch token: an embedding wants its hidden state */
     kt_request **b_req; /* per batch token: whose */
     int *b_choice;      /* per batch token: which choice, -1 for prefill */
     float *logits;      /* one row per token with b_logits set */
     float *row;         /* one choice's logits, biased, for sampling */
+    float *hidden;      /* one row of n_embd per token with b_hidden set */
     double *t_decode_ms; /* [n_parallel + 1]: measured cost of a decode-only step
                             by its number of decode tokens (EMA; 0: unknown) */
     double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
@@ -269,6 +271,8 @@ static bool alloc_batch(kt_engine *e) {
     e->b_pos = malloc(sizeof *e->b_pos * (size_t)cap);
     e->b_seq = malloc(sizeof *e->b_seq * (size_t)cap);
     e->b_logits = malloc(sizeof *e->b_logits * (size_t)cap);
+    e->b_hidden = malloc(sizeof *e->b_hidden * (size_t)cap);
+    e->hidden = malloc(sizeof(float) * (size_t)e->llm->cfg.n_embd * (size_t)cap);
     e->b_req = malloc(sizeof *e->b_req * (size_t)cap);
     e->b_choice = malloc(sizeof *e->b_choice * (size_t)cap);
     e->logits = malloc(sizeof(float) * n_vocab * (size_t)rows);
@@ -280,7 +284,7 @@ static bool alloc_batch(kt_engine *e) {
     e->seq_tokens = malloc(sizeof *e->seq_tokens * (size_t)e->p.n_ctx);
     e->hit_blocks = malloc(sizeof *e->hit_blocks * (size_t)(e->p.n_ctx / KV_BLOCK_TOKENS + 1));
     return e->prefill_order && e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
-           e->logits && e->row && e->active && e->waiting;
+           e->b_hidden && e->hidden && e->logits && e->row && e->active && e->waiting;
 }
 
 static void *engine_main(void *arg);
@@ -525,7 +529,8 @@ static bool start_request(kt_engine *e, kt_request *r) {
     gen_choice *c0 = &r->choices[0];
     if (!(c0->seq = kv_seq_new(e->kv, &err))) return false;
     r->state = REQ_PREFILL;
-    r->n_prefilled = r->n_cached = take_cached_prefix(e, r, c0->seq);
+    /* an embedding needs every token's hidden state: it computes them all */
+    r->n_prefilled = r->n_cached = r->embed ? 0 : take_cached_prefix(e, r, c0->seq);
     note_cached(e, r, 0);
     return true;
 }
@@ -546,7 +551,7 @@ static int shared_blocks_len(const kt_request *a, const kt_request *b) {
 static void share_prefix(kt_engine *e, int a_index) {
     kt_request *r = e->active[a_index];
     r->waits_for_prefix = false;
-    if (!e->cache || r->state != REQ_PREFILL || r->n_prefilled != r->n_cached) return;
+    if (!e->cache || r->state != REQ_PREFILL || r->n_prefilled != r->n_cached || r->embed) return;
     kv_seq *seq = r->choices[0].seq;
     int m = kv_cache_lookup(e->cache, r->prompt, r->n_prompt - 1, e->hit_blocks, r->n_prompt / KV_BLOCK_TOKENS);
     if (m * KV_BLOCK_TOKENS > r->n_cached) {
@@ -624,7 +629,9 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
     const int n_ctx = e->p.n_ctx, n_vocab = e->llm->cfg.n_vocab;
     *field = KT_FIELD_PROMPT;
     if (!p->prompt || p->n_prompt < 1) return kt_error_set(err, KT_ERR_ARG, "the prompt is empty");
-    if (p->n_prompt >= n_ctx)
+    if (p->embed && p->n_prompt > n_ctx)
+        return kt_error_set(err, KT_ERR_CONTEXT, "the input has %d tokens but the context holds %d", p->n_prompt, n_ctx);
+    if (!p->embed && p->n_prompt >= n_ctx)
         return kt_error_set(err, KT_ERR_CONTEXT,
                             "the prompt has %d tokens but the context holds %d, and at least one "
                             "must be left to generate",
@@ -634,13 +641,14 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
             return kt_error_set(err, KT_ERR_ARG, "prompt token %d at index %d is outside the vocabulary [0, %d)",
                                 p->prompt[i], i, n_vocab);
     *field = KT_FIELD_MAX_TOKENS;
-    *max_tokens = p->max_tokens > 0 ? p->max_tokens : n_ctx - p->n_prompt;
-    if (*max_tokens > n_ctx - p->n_prompt)
+    *max_tokens = p->embed ? 0 : p->max_tokens > 0 ? p->max_tokens : n_ctx - p->n_prompt;
+    if (!p->embed && *max_tokens > n_ctx - p->n_prompt)
         return kt_error_set(err, KT_ERR_ARG,
                             "max_tokens %d is too large: the prompt has %d tokens and the context "
                             "holds %d, so at most %d can be generated",
                             p->max_tokens, p->n_prompt, n_ctx, n_ctx - p->n_prompt);
     *field = KT_FIELD_N_CHOICES;
+    if (p->embed && p->n_choices != 1) return kt_error_set(err, KT_ERR_ARG, "an embedding has one choice");
     if (p->n_choices < 1 || p->n_choices > KT_MAX_CHOICES || p->n_choices > e->p.n_parallel)
         return kt_error_set(err, KT_ERR_ARG, "n = %d is out of range [1, %d]", p->n_choices,
                             KT_MAX_CHOICES < e->p.n_parallel ? KT_MAX_CHOICES : e->p.n_parallel);
@@ -715,6 +723,11 @@ kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request *
     r->triggers = trig;
     r->special_text = p->special_text;
     r->max_tokens = max_tokens;
+    if (r->embed && !(r->embd = calloc((size_t)e->llm->cfg.n_embd, sizeof *r->embd))) {
+        req_release(r), req_release(r);
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory for the embedding");
+    }
+    r->n_embd = e->llm->cfg.n_embd;
     r->blocks_reserved = blocks_needed(e->kv, p->n_prompt, max_tokens, p->n_choices);
     r->slots_reserved = slots_needed(e, r->blocks_reserved, p->n_choices);
     r->usage.submit_ns = now_ns();
@@ -933,6 +946,7 @@ static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *s
     e->b_pos[*n] = seq->len - 1;
     e->b_seq[*n] = seq;
     e->b_logits[*n] = logits;
+    e->b_hidden[*n] = false;
     e->b_req[*n] = r;
     e->b_choice[*n] = choice;
     (*n)++;
@@ -1024,7 +1038,9 @@ static int build_batch(kt_engine *e, int *n_prefill) {
             e->b_tokens[n] = r->prompt[k];
             e->b_pos[n] = k;
             e->b_seq[n] = seq;
-            e->b_logits[n] = k == r->n_prompt - 1;
+            e->b_logits[n] = !r->embed && k == r->n_prompt - 1;
+            e->b_hidden[n] = r->embed == KT_POOL_MEAN || (r->embed == KT_POOL_CLS && k == 0) ||
+                             (r->embed == KT_POOL_LAST && k == r->n_prompt - 1);
             e->b_req[n] = r;
             e->b_choice[n] = -1;
             n++;
@@ -1068,6 +1084,31 @@ static void consume_logits(kt_engine *e, int n) {
         if (atomic_load(&r->cancel)) continue;
         if (e->b_choice[t] < 0) prompt_done(e, r, logits);
         else sample_choice(e, r, e->b_choice[t], logits);
+    }
+}
+
+/* Embeddings: each hidden row asked for is added to its request's sum;
+ * a request whose prompt is all in gets its pooled vector and ends. */
+static void consume_hidden(kt_engine *e, int n) {
+    const int n_embd = e->llm->cfg.n_embd;
+    int row = 0;
+    for (int t = 0; t < n; t++) {
+        if (!e->b_hidden[t]) continue;
+        const float *h = e->hidden + (size_t)row++ * (size_t)n_embd;
+        kt_request *r = e->b_req[t];
+        for (int i = 0; i < n_embd; i++) r->embd[i] += h[i];
+    }
+    for (int a = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        if (!r->embed || r->state != REQ_PREFILL || r->n_prefilled < r->n_prompt || atomic_load(&r->cancel)) continue;
+        if (r->embed == KT_POOL_MEAN)
+            for (int i = 0; i < n_embd; i++) r->embd[i] /= (float)r->n_prompt;
+        pthread_mutex_lock(&r->mu);
+        r->embd_done = true;
+        pthread_mutex_unlock(&r->mu);
+        r->state = REQ_DECODE; /* retire_finished takes it */
+        r->choices[0].finish = KT_FINISH_STOP;
+        finish_only_event(r, 0, KT_FINISH_STOP, NULL);
     }
 }
 
@@ -1127,7 +1168,9 @@ static void engine_step(kt_engine *e) {
         publish_counts_locked(e);
         pthread_mutex_unlock(&e->mu);
         double t0 = now_ns() / 1e6;
-        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits};
+        bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
+        for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
+        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         update_costs(e, n - n_prefill, n_prefill, ms);
@@ -1136,6 +1179,7 @@ static void engine_step(kt_engine *e) {
             fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, %.1f ms (prefill token ~%.2f ms)\n",
                     n - n_prefill, n_prefill, ms, e->t_token_ms);
         consume_logits(e, n);
+        consume_hidden(e, n);
     }
     retire_finished(e);
     pthread_mutex_lock(&e->mu);
@@ -1210,7 +1254,7 @@ void kt_engine_free(kt_engine *e) {
     kv_pool_free(e->kv);
     llm_work_free(e->work);
     kt_pool_free(e->pool);
-    free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits);
+    free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits), free(e->b_hidden), free(e->hidden);
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
     free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
     free(e->prefill_order);

@@ -87,6 +87,14 @@ typedef struct kt_logit_bias {
 #define KT_MAX_CHOICES 16
 #define KT_MAX_TRIGGERS 4
 
+/* How an embedding pools its tokens' hidden states. */
+typedef enum kt_pooling {
+    KT_POOL_NONE = 0, /* no embedding: generate */
+    KT_POOL_MEAN,     /* the mean over every prompt token */
+    KT_POOL_CLS,      /* the first token's */
+    KT_POOL_LAST,     /* the last token's (causal embedding models: Qwen3-Embedding) */
+} kt_pooling;
+
 typedef struct kt_gen_params {
     const int32_t *prompt;  /* copied by submit; n_prompt >= 1 */
     int n_prompt;
@@ -140,6 +148,14 @@ typedef struct kt_gen_params {
      * waiting for its first token has nothing to write, so nothing else
      * would notice. Must be cheap and non-blocking; may be NULL. */
     bool (*client_gone)(void *ctx);
+    /* != KT_POOL_NONE: an embedding, not a generation. The prompt (up to
+     * the whole context) is prefilled without taking the prefix cache's
+     * hits (every token's hidden state is needed; what it computes is
+     * cached for others), its tokens' last hidden states (the output norm
+     * of the last layer) are pooled into one vector of n_embd floats
+     * (kt_request_embedding), and the request ends with one finish-only
+     * event (stop). One choice; the sampling fields are not used. */
+    kt_pooling embed;
 } kt_gen_params;
 
 kt_gen_params kt_gen_defaults(void); /* 1 choice, greedy, no stop, no logprobs */
@@ -223,6 +239,10 @@ int kt_request_wait(kt_request *r, kt_event *ev, int timeout_ms);
 void kt_request_cancel(kt_request *r);
 /* Counts so far (final once poll returned -1). */
 kt_request_usage kt_request_get_usage(kt_request *r);
+/* An embedding request's pooled vector (not normalized) and its length,
+ * once the request finished with KT_FINISH_STOP; NULL before, or for a
+ * generation. Valid until kt_request_free. */
+const float *kt_request_embedding(kt_request *r, int *n);
 /* Cancels if needed and releases the client's reference; the engine frees
  * the memory once it has let go too. */
 void kt_request_free(kt_request *r);

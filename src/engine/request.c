@@ -25,6 +25,7 @@ static void req_free_memory(kt_request *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
     free(r->bias);
+    free(r->embd);
     kt_grammar_free(r->grammar);
     eng_triggers_free(&r->triggers);
     free(r->choices);
@@ -48,6 +49,7 @@ kt_request *req_new(const kt_gen_params *p, kt_error *err) {
     r->priority = p->priority;
     r->sampling = p->sampling;
     r->ignore_eos = p->ignore_eos;
+    r->embed = p->embed;
     r->notify = p->notify;
     r->client_gone = p->client_gone;
     r->notify_ctx = p->notify_ctx;
@@ -176,6 +178,14 @@ kt_request_usage kt_request_get_usage(kt_request *r) {
     kt_request_usage u = r->usage;
     pthread_mutex_unlock(&r->mu);
     return u;
+}
+
+const float *kt_request_embedding(kt_request *r, int *n) {
+    pthread_mutex_lock(&r->mu);
+    const bool done = r->embd_done;
+    pthread_mutex_unlock(&r->mu);
+    *n = done ? r->n_embd : 0;
+    return done ? r->embd : NULL;
 }
 
 void kt_request_free(kt_request *r) {

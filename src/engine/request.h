@@ -68,6 +68,10 @@ struct kt_request {
     kt_grammar *grammar;  /* NULL: unconstrained */
     eng_triggers triggers; /* lazy grammars (n == 0: none) */
     bool special_text;
+    kt_pooling embed;     /* KT_POOL_NONE: a generation */
+    float *embd;          /* embed: the pooled vector being summed, n_embd floats */
+    int n_embd;
+    bool embd_done;       /* embd is final (under mu) */
     void (*notify)(void *ctx); /* under notify_mu */
     bool (*client_gone)(void *ctx); /* under notify_mu */
     void *notify_ctx;

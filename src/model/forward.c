@@ -402,8 +402,14 @@ static void attention_block(const llm_model *m, llm_work *w, kt_pool *pool, cons
     attend(m, w, pool, project_and_store(m, w, pool, b, il, t0, n, true), il, n);
 }
 
-/* Moves the rows of the chunk's tokens that want logits (out non-NULL and
- * b->logits set) to the front: their x and xn rows, block tables,
+/* Whether token t of the batch goes through the last layer: it wants
+ * logits (and there is somewhere to put them) or its hidden state. */
+static bool wants_output(const llm_batch *b, int t, const float *out) {
+    return (out && b->logits && b->logits[t]) || (b->hidden && b->hidden[t]);
+}
+
+/* Moves the rows of the chunk's tokens that want an output
+ * (wants_output) to the front: their x and xn rows, block tables,
  * attention lengths and rope angles. Returns how many. Kept rows only move
  * down (row t to row j <= t), so the copy is safe in place. */
 static int keep_output_rows(const llm_config *c, llm_work *w, const llm_batch *b, int t0, int n,
@@ -411,9 +417,8 @@ static int keep_output_rows(const llm_config *c, llm_work *w, const llm_batch *b
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     const size_t embd_bytes = (size_t)c->n_embd * sizeof(float), pair_bytes = pairs * sizeof(float);
     int j = 0;
-    if (!out || !b->logits) return 0;
     for (int t = 0; t < n; t++) {
-        if (!b->logits[t0 + t]) continue;
+        if (!wants_output(b, t0 + t, out)) continue;
         if (j != t) {
             memcpy(w->x + (size_t)j * c->n_embd, w->x + (size_t)t * c->n_embd, embd_bytes);
             memcpy(w->xn + (size_t)j * c->n_embd, w->xn + (size_t)t * c->n_embd, embd_bytes);
@@ -564,10 +569,32 @@ static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     matmul(pool, w->xn, &l->w_down, w->gate, n);
 }
 
+/* The kept rows (keep_output_rows' order) that want their hidden state
+ * go to hidden_out; the rest, which want logits, close up at the front.
+ * Returns how many are left for logits; *n_hidden: how many went out. */
+static int take_hidden_rows(const llm_config *c, llm_work *w, const llm_batch *b, int t0, int n_chunk, int n_kept,
+                            const float *out, float *hidden_out, int *n_hidden) {
+    const size_t embd = (size_t)c->n_embd;
+    int j = 0, n_logits = 0;
+    *n_hidden = 0;
+    for (int t = 0; t < n_chunk && j < n_kept; t++) {
+        if (!wants_output(b, t0 + t, out)) continue;
+        const float *row = w->xn + (size_t)j++ * embd;
+        if (b->hidden && b->hidden[t0 + t])
+            memcpy(hidden_out + (size_t)(*n_hidden)++ * embd, row, embd * sizeof(float));
+        else
+            memmove(w->xn + (size_t)n_logits++ * embd, row, embd * sizeof(float));
+    }
+    return n_logits;
+}
+
 /* Runs the chunk's tokens through every layer; returns how many logits
- * rows it wrote to out (the tokens with b->logits set, in batch order). */
+ * rows it wrote to out (the tokens with b->logits set, in batch order);
+ * the hidden states asked for go to hidden_out (*n_hidden rows). */
 static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
-                         int t0, int n, float *out) {
+                         int t0, int n, float *out, float *hidden_out, int *n_hidden) {
+    const int n_chunk = n;
+    *n_hidden = 0;
     const llm_config *c = &m->cfg;
     for (int t = 0; t < n; t++) {
         w->blocks[t] = b->seq[t0 + t]->blocks;
@@ -595,6 +622,8 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         add_norm_rows(pool, w->x, w->xn, last ? &m->output_norm : &m->layers[il + 1].attn_norm, n, c->n_embd,
                       c->rms_eps);
     }
+    if (b->hidden) n = take_hidden_rows(c, w, b, t0, n_chunk, n, out, hidden_out, n_hidden);
+    if (n == 0) return 0;
     matmul(pool, out, &m->output, w->xn, n);
     if (c->final_softcap > 0) softcap_rows(out, c->final_softcap, n, c->n_vocab);
     return n;
@@ -603,9 +632,11 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
 void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
                  float *logits) {
     size_t n_vocab = (size_t)m->cfg.n_vocab;
-    size_t n_out = 0;
+    size_t n_out = 0, n_hidden = 0;
     for (int t0 = 0; t0 < b->n_tokens; t0 += LLM_MAX_BATCH) {
-        int n = b->n_tokens - t0 < LLM_MAX_BATCH ? b->n_tokens - t0 : LLM_MAX_BATCH;
-        n_out += (size_t)forward_chunk(m, w, pool, b, t0, n, logits ? logits + n_out * n_vocab : NULL);
+        int n = b->n_tokens - t0 < LLM_MAX_BATCH ? b->n_tokens - t0 : LLM_MAX_BATCH, h = 0;
+        float *hidden = b->hidden ? b->hidden_out + n_hidden * (size_t)m->cfg.n_embd : NULL;
+        n_out += (size_t)forward_chunk(m, w, pool, b, t0, n, logits ? logits + n_out * n_vocab : NULL, hidden, &h);
+        n_hidden += (size_t)h;
     }
 }

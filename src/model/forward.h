@@ -36,6 +36,12 @@ typedef struct llm_batch {
     const int *pos;        /* each token's position in its sequence */
     kv_seq *const *seq;    /* each token's sequence, all on one pool */
     const bool *logits;    /* which tokens want logits; NULL: none */
+    /* which tokens want their last hidden state instead (embeddings): the
+     * output norm of the last layer's output, n_embd floats each, written
+     * one after another in batch order to hidden_out; NULL: none. A token
+     * wants one or the other, never both. */
+    const bool *hidden;
+    float *hidden_out;
 } llm_batch;
 
 /* Scratch activations for one chunk; one per thread that runs forwards. */

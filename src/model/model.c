@@ -209,7 +209,8 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
         (st = read_int(f, a, "attention.head_count", -1, 1, 4096, &c->n_head, err)) ||
         (st = read_int(f, a, "attention.head_count_kv", c->n_head, 1, c->n_head, &c->n_head_kv, err)) ||
         (st = read_int(f, a, "feed_forward_length", -1, 1, big, &c->n_ff, err)) ||
-        (st = read_int(f, a, "context_length", 2048, 1, 1 << 24, &c->n_ctx_train, err)))
+        (st = read_int(f, a, "context_length", 2048, 1, 1 << 24, &c->n_ctx_train, err)) ||
+        (st = read_int(f, a, "pooling_type", 0, 0, 4, &c->pooling_type, err)))
         return st;
     if (c->n_head % c->n_head_kv)
         return kt_error_set(err, KT_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d",

@@ -55,6 +55,7 @@ typedef struct llm_layer {
 typedef struct llm_config {
     char arch[32];
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx_train;
+    int pooling_type;  /* embedding models: GGUF's pooling_type (0 none, 1 mean, 2 cls, 3 last, 4 rank) */
     int head_dim, rope_dim;
     int n_expert, n_expert_used, n_ff_exp; /* 0 experts: a dense FFN */
     float rope_freq_base, rms_eps;

@@ -48,7 +48,7 @@
 
 /* ---- links ---- */
 
-static srv_link *link_acquire(srv_server *s, struct MHD_Connection *mc) {
+srv_link *srv_link_acquire(srv_server *s, struct MHD_Connection *mc) {
     pthread_mutex_lock(&s->link_mu);
     srv_link *l = s->free_links;
     if (l) s->free_links = l->next_free;
@@ -62,7 +62,7 @@ static srv_link *link_acquire(srv_server *s, struct MHD_Connection *mc) {
     return l;
 }
 
-static void link_release(srv_link *l) {
+void srv_link_release(srv_link *l) {
     srv_server *s = l->s;
     pthread_mutex_lock(&s->link_mu);
     l->mc = NULL, l->fd = -1, l->suspended = false;
@@ -100,17 +100,15 @@ bool srv_link_client_gone(void *ctx) {
     return gone;
 }
 
-static void link_arm(srv_link *l) {
+void srv_link_arm(srv_link *l) {
     pthread_mutex_lock(&l->s->link_mu);
     l->notified = false;
     pthread_mutex_unlock(&l->s->link_mu);
 }
 
-typedef enum { WAIT_SUSPENDED, WAIT_RETRY, WAIT_SHUTDOWN } wait_result;
-
 /* Suspends the connection unless news came since link_arm. */
-static wait_result link_suspend(srv_link *l) {
-    wait_result r = WAIT_SUSPENDED;
+srv_wait srv_link_suspend(srv_link *l) {
+    srv_wait r = WAIT_SUSPENDED;
     pthread_mutex_lock(&l->s->link_mu);
     if (l->s->shutting) r = WAIT_SHUTDOWN;
     else if (l->notified) r = WAIT_RETRY;
@@ -250,7 +248,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         c->out.len = c->out_pos = 0;
         if (c->stream_failed) return stream_tail(c, buf, max);
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
-        link_arm(c->link);
+        srv_link_arm(c->link);
         int r = drain(c);
         size_t mark = c->out.len;
         if (r == 1 && !stream_end(c)) c->out.len = mark, r = -1;
@@ -265,7 +263,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             continue;
         }
         if (c->out.len) continue;
-        wait_result w = link_suspend(c->link);
+        srv_wait w = srv_link_suspend(c->link);
         if (w == WAIT_SUSPENDED) return 0;
         if (w == WAIT_SHUTDOWN) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -390,7 +388,7 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
         c->result_hit = srv_results_get(s->results, c->result_key, &c->result);
         c->result_cacheable = !c->result_hit;
     }
-    bool ok = c->result_hit || (c->link = link_acquire(s, c->mc)) != NULL;
+    bool ok = c->result_hit || (c->link = srv_link_acquire(s, c->mc)) != NULL;
     if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     ok = ok && (c->result_hit || submit(c, ids, n, e)) && start_reply(c, e);
     free(ids);
@@ -440,11 +438,11 @@ enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
 enum MHD_Result srv_gen_continue(srv_conn *c) {
     srv_error e;
     for (;;) {
-        link_arm(c->link);
+        srv_link_arm(c->link);
         int r = drain(c);
         if (r < 0) return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
         if (r == 1) break;
-        wait_result w = link_suspend(c->link);
+        srv_wait w = srv_link_suspend(c->link);
         if (w == WAIT_SUSPENDED) return MHD_YES;
         if (w == WAIT_SHUTDOWN)
             return srv_fail(&e, 503, "server_error", NULL, NULL, "the server is shutting down"), srv_respond_error(c, &e);
@@ -466,7 +464,7 @@ void srv_gen_release(srv_conn *c) {
         kt_request_free(c->req);
         c->req = NULL;
     }
-    if (c->link) link_release(c->link), c->link = NULL;
+    if (c->link) srv_link_release(c->link), c->link = NULL;
     if (c->have_reply) srv_reply_free(&c->reply), c->have_reply = false;
     srv_result_clear(&c->result);
     if (c->have_gen) srv_gen_req_free(&c->gen), c->have_gen = false;

@@ -47,12 +47,13 @@ static const route ROUTES[] = {
     {"/v1/responses", "POST", EP_RESPONSES},
     {"/v1/messages", "POST", EP_MESSAGES},
     {"/v1/messages/count_tokens", "POST", EP_COUNT_TOKENS},
+    {"/v1/embeddings", "POST", EP_EMBEDDINGS},
 };
 
 static const char *endpoint_name(srv_endpoint ep) {
     static const char *const NAMES[] = {"health",      "models",     "model",    "metrics",      "tokenize",
                                         "detokenize",  "chat_completions", "completions", "responses",
-                                        "response_id", "messages",   "count_tokens", "webui", "other"};
+                                        "response_id", "messages",   "count_tokens", "embeddings", "webui", "other"};
     return NAMES[ep];
 }
 
@@ -241,7 +242,8 @@ static enum MHD_Result dispatch(srv_conn *c) {
     else if (c->route_status == 404)
         srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
                  "no such endpoint: %s (there are /v1/chat/completions, /v1/completions, /v1/responses, "
-                 "/v1/messages[/count_tokens], /v1/models[/ID], /health, /metrics, /tokenize and /detokenize)",
+                 "/v1/messages[/count_tokens], /v1/embeddings, /v1/models[/ID], /health, /metrics, /tokenize and "
+                 "/detokenize)",
                  c->url);
     else if (c->route_status == 405)
         srv_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s does not accept %s", c->url,
@@ -264,6 +266,7 @@ static enum MHD_Result dispatch(srv_conn *c) {
     case EP_RESPONSES:
     case EP_MESSAGES: return srv_gen_start(c, SRV_CHAT);
     case EP_COUNT_TOKENS: return srv_count_tokens(c);
+    case EP_EMBEDDINGS: return srv_embed_start(c);
     case EP_RESPONSE_ID:
         return srv_respond_error(c, (srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
                                               "kettle does not store responses (each is answered statelessly, as "
@@ -315,7 +318,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (c->status) return MHD_YES; /* answered already (413 at the headers) */
-    return c->started ? srv_gen_continue(c) : dispatch(c);
+    if (!c->started) return dispatch(c);
+    return c->embed ? srv_embed_continue(c) : srv_gen_continue(c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -326,6 +330,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     /* 499 (nginx's "client closed request"): it left before any answer */
     srv_metrics_count(&s->metrics, endpoint_name(c->ep), c->status ? c->status : 499);
     srv_reqlog_conn(c); /* before the release: it reads the request's usage */
+    srv_embed_release(c);
     srv_gen_release(c);
     srv_buf_free(&c->body);
     free(c);

@@ -32,6 +32,7 @@ typedef struct srv_config {
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     srv_log_format log_format; /* one line per request on stderr (reqlog.h); 0: off */
     int result_cache;          /* answers of deterministic requests kept (0: off) */
+    kt_pooling embed_pooling;  /* /v1/embeddings pools so; KT_POOL_NONE: it is a 400 (the model cannot embed) */
     bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
 } srv_config;
 

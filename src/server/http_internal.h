@@ -32,7 +32,7 @@ typedef struct srv_link {
 
 typedef enum srv_endpoint {
     EP_HEALTH, EP_MODELS, EP_MODEL, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE, EP_CHAT, EP_COMPLETIONS,
-    EP_RESPONSES, EP_RESPONSE_ID, EP_MESSAGES, EP_COUNT_TOKENS, EP_WEBUI, EP_OTHER
+    EP_RESPONSES, EP_RESPONSE_ID, EP_MESSAGES, EP_COUNT_TOKENS, EP_EMBEDDINGS, EP_WEBUI, EP_OTHER
 } srv_endpoint;
 
 struct srv_server {
@@ -70,6 +70,7 @@ typedef struct srv_conn {
     json_t *dialect_body;   /* a dialect's own body, or NULL */
     struct srv_xlate *xlate; /* a dialect stream's translation state */
     int n_prompt;           /* the prompt's tokens */
+    struct srv_embed *embed; /* /v1/embeddings (embed.c), or NULL */
     srv_gen_req gen;
     bool have_gen, have_reply, started, stream_done;
     bool stream_failed;     /* out of memory: the stream ends with an error */
@@ -98,10 +99,25 @@ json_t *srv_parse_body(srv_conn *c, srv_error *e);
 /* gen.c */
 enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind);
 enum MHD_Result srv_gen_continue(srv_conn *c);
+/* embed.c: POST /v1/embeddings, first call and resumes; release frees its requests. */
+typedef struct srv_embed srv_embed;
+enum MHD_Result srv_embed_start(srv_conn *c);
+enum MHD_Result srv_embed_continue(srv_conn *c);
+void srv_embed_release(srv_conn *c);
 /* POST /v1/messages/count_tokens: the prompt's token count, nothing generated. */
 enum MHD_Result srv_count_tokens(srv_conn *c);
 void srv_gen_release(srv_conn *c);
 void srv_link_notify(void *link);
+/* A link for the connection's requests (NULL: out of memory); back to the
+ * pool with srv_link_release. */
+srv_link *srv_link_acquire(srv_server *s, struct MHD_Connection *mc);
+void srv_link_release(srv_link *l);
+/* Before reading a request's events: forget earlier news. */
+void srv_link_arm(srv_link *l);
+typedef enum srv_wait { WAIT_SUSPENDED, WAIT_RETRY, WAIT_SHUTDOWN } srv_wait;
+/* Suspends the connection unless news came since srv_link_arm: RETRY
+ * (read again), or SHUTDOWN (the server is stopping). */
+srv_wait srv_link_suspend(srv_link *l);
 /* True when the link's client has closed or reset its connection. */
 bool srv_link_client_gone(void *link);
 /* At shutdown: resumes every suspended connection (under link_mu). */

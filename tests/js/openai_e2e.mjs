@@ -335,6 +335,40 @@ async function main() {
     }
   });
 
+  await check('embeddings.create: unit vectors, base64 (the default) = float, a batch = its singles; no --embeddings: 400', async () => {
+    const emb = await startServer(['--embeddings']);
+    try {
+      const ec = new OpenAI({ baseURL: `http://127.0.0.1:${emb.port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 20_000 });
+      const texts = ['Once upon a time', 'Lily saw a big red ball.', 'The cat sat'];
+      const batch = await ec.embeddings.create({ model: 'anything', input: texts }); // the SDK asks for base64
+      assert.equal(batch.object, 'list');
+      assert.deepEqual(batch.data.map((d) => d.index), [0, 1, 2]);
+      const norm = (v) => Math.sqrt(v.reduce((a, x) => a + x * x, 0));
+      for (const d of batch.data) {
+        assert.equal(d.embedding.length, 64); // stories260K's n_embd
+        assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5, `norm ${norm(d.embedding)}`);
+      }
+      let tokens = 0;
+      for (let i = 0; i < texts.length; i++) {
+        const one = await ec.embeddings.create({ model: 'anything', input: texts[i], encoding_format: 'float' });
+        const diff = Math.max(...one.data[0].embedding.map((x, k) => Math.abs(x - batch.data[i].embedding[k])));
+        assert.ok(diff < 1e-6, `input ${i}: batch and single differ by ${diff}`);
+        tokens += one.usage.prompt_tokens;
+      }
+      assert.equal(batch.usage.prompt_tokens, tokens);
+      const [a, b] = [batch.data[0].embedding, batch.data[1].embedding];
+      assert.ok(a.some((x, k) => Math.abs(x - b[k]) > 1e-3), 'different texts, different vectors');
+      const ids = await ec.embeddings.create({ model: 'x', input: [[1, 403, 407, 261, 378]], encoding_format: 'float' });
+      const diff = Math.max(...ids.data[0].embedding.map((x, k) => Math.abs(x - a[k])));
+      assert.ok(diff < 1e-6, `token ids of the same text differ by ${diff}`);
+      await assert.rejects(ec.embeddings.create({ model: 'x', input: 'hi', dimensions: 8 }), (e) => e.status === 400 && /64 dimensions/.test(e.message));
+    } finally {
+      await stopServer(emb);
+    }
+    await assert.rejects(client.embeddings.create({ model: 'x', input: 'hi' }),
+      (e) => e instanceof OpenAI.BadRequestError && /--embeddings/.test(e.message) && e.code === 'model_cannot_embed');
+  });
+
   await check('prompt longer than the context: status 400 naming both numbers', async () => {
     const long = 'a b '.repeat(Math.ceil(ctx / 2) + 100);
     const tok = await (await fetch(`${root}/tokenize`, { method: 'POST', body: JSON.stringify({ content: long }) })).json();
