@@ -12,8 +12,11 @@ kill -9s one replica mid-run, restarts it, and checks:
   - streams cut by the kill end with an error the client sees (no [DONE],
     an incomplete chunked body), within the socket timeout, not a hang;
   - affinity: each session's turns go to one replica (X-Kettle-Replica, set
-    by HAProxy), sessions of the survivors do not move, and the survivors'
-    prefix-cache hit rate (from /metrics) stays high after the kill;
+    by HAProxy), sessions of the survivors do not move, the killed one's
+    move to one survivor each (requests sent in the moment between the kill
+    and HAProxy marking the replica down are left out: a redispatch may
+    place one elsewhere), and the survivors' prefix-cache hit rate (from
+    /metrics) stays high after the kill;
   - moved sessions find their KV in the shared --cache-dir (disk hits);
   - the killed replica rejoins when restarted (HAProxy marks it UP, and it
     answers requests again).
@@ -308,14 +311,19 @@ def main():
         t_kill = time.time()
         reps.procs[killed].send_signal(signal.SIGKILL)
         reps.procs[killed].wait()
-        down_s = hap.wait_status(f"r{a.kill}", "DOWN", 10)
+        down_s = hap.wait_status(f"r{a.kill}", "DOWN", 10)  # from the kill
         for t in threads:
             t.join(TIMEOUT_S * 4)
         m_after = [metrics(p) for p in rports]
         wall = time.time() - t_start
 
-        def phase(r):  # done before the kill, in flight at it, or sent after
-            return "before" if r[8] < t_kill else "during" if r[7] < t_kill else "after"
+        # done before the kill; in flight at it or sent before HAProxy saw
+        # the replica down (a redispatch then may pick a replica other than
+        # the session's new home on the hash ring, once); or sent after
+        t_down = t_kill + (down_s or 0)
+
+        def phase(r):
+            return "before" if r[8] < t_kill else "during" if r[7] < t_down else "after"
         rows = [r[:3] + (phase(r),) + r[4:] for r in tally.rows]
 
         # the killed replica rejoins
