@@ -161,6 +161,28 @@ static void test_round_trip_and_restart(void **state) {
     kv_pool_free(r.pool);
 }
 
+/* Two processes sharing a directory (replicas behind a balancer): a
+ * block one writes after the other opened is found by the other, and
+ * counted in its index from then on. */
+static void test_shared_dir(void **state) {
+    (void)state;
+    const char *dir = fresh_dir("disk-shared");
+    rig r = rig_new();
+    kv_disk *a = open_disk(dir, 1 << 20, 42), *b = open_disk(dir, 1 << 20, 42);
+    assert_false(kv_disk_has(b, r.key[0]));
+    put(&r, a, 0);
+    kv_disk_flush(a);
+    assert_int_equal(stats(b).files, 0);
+    assert_true(kv_disk_has(b, r.key[0]));
+    assert_true(get(&r, b, 0));
+    assert_int_equal(stats(b).files, 1);
+    assert_int_equal(stats(b).reads, 1);
+    assert_false(kv_disk_has(b, r.key[1])); /* nobody wrote it */
+    kv_disk_close(a);
+    kv_disk_close(b);
+    kv_pool_free(r.pool);
+}
+
 static void copy_file(const char *from, const char *to) {
     size_t n;
     char *data = tu_read_file(from, &n);
@@ -194,13 +216,23 @@ static void test_bad_files_never_load(void **state) {
     block_path(dir, 42, r.key[2], path, sizeof path);
     block_path(dir, 7, r.key[2], other, sizeof other);
     copy_file(path, other);
-    /* a temporary left by a killed writer */
-    snprintf(other, sizeof other, "%s/%016llx/.tmp-1234-5", dir, 42ull);
+    /* a temporary left by a killed writer (a pid that has exited), and
+     * one of a live process sharing the directory (ours) */
+    pid_t dead = fork();
+    assert_true(dead >= 0);
+    if (dead == 0) _exit(0);
+    waitpid(dead, NULL, 0);
+    snprintf(other, sizeof other, "%s/%016llx/.tmp-%d-5", dir, 42ull, (int)dead);
     assert_int_equal(tu_write_file(other, "partial", 7), 0);
+    char live[600];
+    snprintf(live, sizeof live, "%s/%016llx/.tmp-%d-6", dir, 42ull, (int)getpid());
+    assert_int_equal(tu_write_file(live, "writing", 7), 0);
 
     d = open_disk(dir, 1 << 20, 42);
     assert_int_equal(stats(d).rejected, 1); /* the truncated one, at start */
-    assert_true(access(other, F_OK) != 0);  /* the temporary is gone */
+    assert_true(access(other, F_OK) != 0);  /* the dead writer's temporary is gone */
+    assert_true(access(live, F_OK) == 0);   /* the live one's is left alone */
+    unlink(live);
     assert_false(get(&r, d, 0));
     assert_false(get(&r, d, 1)); /* checksum */
     assert_true(get(&r, d, 2));
@@ -525,6 +557,7 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_and_restart),
+        cmocka_unit_test(test_shared_dir),
         cmocka_unit_test(test_bad_files_never_load),
         cmocka_unit_test(test_size_limit),
         cmocka_unit_test(test_failed_write),

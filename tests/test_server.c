@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/timing.h"
 #include "kettle.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -972,34 +973,76 @@ static void test_result_cache(void **state) {
     stop_server(&s);
 }
 
-/* SIGTERM while a stream runs: the stream ends as "cancelled" with
- * [DONE], and the server still exits 0. */
-static void test_shutdown_mid_stream(void **state) {
-    (void)state;
-    server s = start_server("serve-term.log", "--parallel 1 --ctx 32768");
-    const char *body = "{\"prompt\":\"" PROMPT "\",\"max_tokens\":32000,\"stream\":true,\"ignore_eos\":true}";
+/* A stream of max_tokens; once its first bytes came, SIGTERM, and with
+ * twice a second one 300 ms later. Returns the stream's body. */
+static char *stream_through_sigterm(server *s, int max_tokens, bool twice) {
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":%d,\"stream\":true,\"ignore_eos\":true}",
+             max_tokens);
     reply r = {0};
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    CURL *c = make_easy(&s, "POST", "/v1/completions", body, strlen(body), h, &r);
+    CURL *c = make_easy(s, "POST", "/v1/completions", body, strlen(body), h, &r);
     CURLM *multi = curl_multi_init();
     curl_multi_add_handle(multi, c);
     int running = 1;
-    bool sent = false;
+    double sent_ms = 0;
+    bool second = false;
     while (running) {
         curl_multi_perform(multi, &running);
-        if (!sent && r.len > 0) kill(s.pid, SIGTERM), sent = true;
+        if (!sent_ms && r.len > 0) kill(s->pid, SIGTERM), sent_ms = kt_time_ms();
+        if (twice && sent_ms && !second && kt_time_ms() - sent_ms > 300) kill(s->pid, SIGTERM), second = true;
         if (running) curl_multi_poll(multi, NULL, 0, 50, NULL);
     }
-    assert_true(sent);
-    if (!strstr(r.body, "\"finish_reason\":\"cancelled\""))
-        fail_msg("no cancelled finish in: ...%s", r.len > 600 ? r.body + r.len - 600 : r.body);
+    assert_true(sent_ms > 0);
     json_decref(sse_events(r.body)); /* well-formed, ends with [DONE] */
     curl_multi_remove_handle(multi, c);
     curl_easy_cleanup(c);
     curl_multi_cleanup(multi);
     curl_slist_free_all(h);
-    free(r.body);
+    return r.body;
+}
+
+static void expect_finish(const char *body, const char *finish) {
+    char want[64];
+    snprintf(want, sizeof want, "\"finish_reason\":\"%s\"", finish);
+    if (!strstr(body, want))
+        fail_msg("no %s finish in: ...%s", finish, strlen(body) > 600 ? body + strlen(body) - 600 : body);
+}
+
+/* SIGTERM with --drain-s 0 while a stream runs: the stream ends as
+ * "cancelled" with [DONE], and the server still exits 0. */
+static void test_shutdown_mid_stream(void **state) {
+    (void)state;
+    server s = start_server("serve-term.log", "--parallel 1 --ctx 32768 --drain-s 0");
+    char *body = stream_through_sigterm(&s, 32000, false);
+    expect_finish(body, "cancelled");
+    free(body);
     stop_server(&s);
+}
+
+/* SIGTERM with a drain: the running stream ends normally ("length") and
+ * the server exits 0 once it has; a second SIGTERM during a drain stops at
+ * once (the stream is cancelled, not waited for). stop_server allows 10 s. */
+static void test_drain_on_sigterm(void **state) {
+    (void)state;
+    server s = start_server("serve-drain.log", "--parallel 1 --ctx 8192 --drain-s 60");
+    char *body = stream_through_sigterm(&s, 6000, false);
+    expect_finish(body, "length");
+    free(body);
+    char *log = NULL;
+    for (int i = 0; i < 100 && !(log && strstr(log, "kettle serve: drained")); i++) /* it exits by itself */
+        free(log), sleep_ms(50), log = tu_read_file(s.log, NULL);
+    if (!log || !strstr(log, "kettle serve: drained")) fail_msg("no drained line in the log: %s", log ? log : "(none)");
+    free(log);
+    stop_server(&s);
+    s = start_server("serve-drain2.log", "--parallel 1 --ctx 32768 --drain-s 60");
+    body = stream_through_sigterm(&s, 32000, true);
+    expect_finish(body, "cancelled");
+    free(body);
+    stop_server(&s);
+    log = tu_read_file(s.log, NULL);
+    assert_non_null(log && strstr(log, "terminated again, stopping now"));
+    free(log);
 }
 
 /* ---- the JSON layer without HTTP ---- */
@@ -1177,6 +1220,7 @@ int main(void) {
         cmocka_unit_test(test_many_open_streams),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_shutdown_mid_stream),
+        cmocka_unit_test(test_drain_on_sigterm),
         cmocka_unit_test(test_reply_ids_reused),
         cmocka_unit_test(test_result_cache),
         cmocka_unit_test(test_structured_output),

@@ -11,6 +11,11 @@
  * not polled by libmicrohttpd; only the engine's client_gone check can see
  * it close, and the test asserts that it does in the very next step.
  *
+ * The states a load balancer reads from /health: a server opened before
+ * its model answers 503 "loading" (and every request but /metrics 503);
+ * a draining one answers 503 "draining", refuses new generation with 503,
+ * and lets the requests it has run to their normal end.
+ *
  * Out of memory mid-stream: jansson's allocator is ours here, and can be
  * made to fail; the stream must end with an error event and [DONE], after
  * the whole events it had, never go quiet or drop text silently.
@@ -352,6 +357,92 @@ static void test_stop_while_refusing(void **state) {
     assert_int_equal(__atomic_load_n(&h.bad, __ATOMIC_RELAXED), 0);
 }
 
+/* One request with Connection: close; the status (0: no answer) and, in
+ * body (cap bytes), what came. */
+static int one_request(int port, const char *method, const char *path, const char *body, char *out, size_t cap) {
+    char req[1024];
+    int len = snprintf(req, sizeof req,
+                       "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                       "Content-Length: %zu\r\n\r\n%s",
+                       method, path, strlen(body), body);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, req, (size_t)len, 0), len);
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < cap && (n = recv(fd, out + got, cap - 1 - got, 0)) > 0) got += (size_t)n;
+    out[got] = 0;
+    close(fd);
+    return !strncmp(out, "HTTP/1.1 ", 9) ? atoi(out + 9) : 0;
+}
+
+static const char SHORT_COMPLETION[] = "{\"prompt\":\"a dog\",\"max_tokens\":4}";
+
+/* Bound before the model: 503 "loading" until srv_ready, then 200. */
+static void test_health_while_loading(void **state) {
+    (void)state;
+    kt_error err = {0};
+    srv_config cfg = {.port = 0, .model_name = "stories260K", .http_threads = 2};
+    srv_server *srv = srv_open(&cfg, &err);
+    if (!srv) fail_msg("%s", err.msg);
+    int port = srv_port(srv);
+    char buf[8192];
+    assert_int_equal(srv_get_state(srv), SRV_LOADING);
+    assert_int_equal(one_request(port, "GET", "/health", "", buf, sizeof buf), 503);
+    assert_non_null(strstr(buf, "{\"status\":\"loading\"}"));
+    assert_int_equal(one_request(port, "POST", "/v1/completions", SHORT_COMPLETION, buf, sizeof buf), 503);
+    assert_non_null(strstr(buf, "Retry-After: 1"));
+    assert_non_null(strstr(buf, "\"code\":\"loading\""));
+    assert_int_equal(one_request(port, "GET", "/v1/models", "", buf, sizeof buf), 503);
+    assert_int_equal(one_request(port, "GET", "/metrics", "", buf, sizeof buf), 200);
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 512, p.n_parallel = 1, p.n_threads = 1;
+    kt_engine *engine = kt_engine_new(g_model, &p, &err);
+    if (!engine) fail_msg("%s", err.msg);
+    srv_ready(srv, g_model, engine, KT_POOL_NONE);
+    assert_int_equal(one_request(port, "GET", "/health", "", buf, sizeof buf), 200);
+    assert_non_null(strstr(buf, "\"state\":\"ready\""));
+    assert_non_null(strstr(buf, "\"kv_blocks_free\":"));
+    assert_int_equal(one_request(port, "POST", "/v1/completions", SHORT_COMPLETION, buf, sizeof buf), 200);
+    srv_stop(srv);
+}
+
+/* Draining: the stream that runs ends normally ("length", not
+ * "cancelled"); meanwhile /health and new generation are 503, other
+ * endpoints still answer; once it ends nothing is busy. */
+static void test_drain_lets_running_finish(void **state) {
+    (void)state;
+    rig r = rig_start();
+    int fd = send_request(&r, 4, true);
+    wait_queued(&r, 1);
+    run_to_first_token(&r, fd, true);
+    char buf[8192];
+    assert_int_equal(one_request(r.port, "GET", "/health", "", buf, sizeof buf), 200);
+    srv_drain(r.srv);
+    assert_int_equal(srv_get_state(r.srv), SRV_DRAINING);
+    assert_int_equal(srv_busy(r.srv), 1);
+    assert_int_equal(one_request(r.port, "GET", "/health", "", buf, sizeof buf), 503);
+    assert_non_null(strstr(buf, "\"status\":\"draining\""));
+    assert_int_equal(one_request(r.port, "POST", "/v1/completions", SHORT_COMPLETION, buf, sizeof buf), 503);
+    assert_non_null(strstr(buf, "\"code\":\"draining\""));
+    assert_non_null(strstr(buf, "Retry-After: 1"));
+    assert_int_equal(one_request(r.port, "POST", "/tokenize", "{\"content\":\"a dog\"}", buf, sizeof buf), 200);
+    assert_int_equal(stats(&r).queue_depth, 0); /* the refused request never reached the engine */
+    kt_engine_hold(r.engine, false);
+    char *got = read_stream(fd);
+    if (!strstr(got, "\"finish_reason\":\"length\"") || !strstr(got, "data: [DONE]"))
+        fail_msg("the drained stream did not end normally: ...%s", strlen(got) > 400 ? got + strlen(got) - 400 : got);
+    free(got);
+    close(fd);
+    for (int i = 0; i < 500 && srv_busy(r.srv); i++) sleep_ms(10);
+    assert_int_equal(srv_busy(r.srv), 0);
+    assert_int_equal(stats(&r).requests_finished[KT_FINISH_CANCELLED], 0);
+    rig_stop(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hang_up_plain),
@@ -360,6 +451,8 @@ int main(void) {
         cmocka_unit_test(test_chunk_event_oom),
         cmocka_unit_test(test_stream_out_of_memory),
         cmocka_unit_test(test_stop_while_refusing),
+        cmocka_unit_test(test_health_while_loading),
+        cmocka_unit_test(test_drain_lets_running_finish),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

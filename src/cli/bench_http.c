@@ -195,6 +195,13 @@ static bool req_headers(bh_req *r, const char *api_key) {
     return l != NULL;
 }
 
+bool bh_req_add_header(bh_req *r, const char *line) {
+    struct curl_slist *l = curl_slist_append(r->headers, line); /* the head stays: CURLOPT_HTTPHEADER sees it */
+    if (!l) return false;
+    r->headers = l;
+    return true;
+}
+
 bool bh_req_init(bh_req *r, const bh_conn *conn, const char *path) {
     char full[1024];
     snprintf(full, sizeof full, "%s%s", conn->url, path);

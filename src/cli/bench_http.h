@@ -75,6 +75,9 @@ typedef struct bh_conn {
  * + path: a streaming POST when there is a body. CURLOPT_PRIVATE is r.
  * False if out of memory. */
 bool bh_req_init(bh_req *r, const bh_conn *conn, const char *path);
+/* One more request header, "Name: value" (before the request starts).
+ * False if out of memory. */
+bool bh_req_add_header(bh_req *r, const char *line);
 /* Frees the handle, headers, body and parser state (r itself stays). */
 void bh_req_free(bh_req *r);
 /* Why a finished request failed (transport, HTTP status, a stream error,

@@ -49,6 +49,7 @@ typedef struct ba_opts {
     int n_urls;
     const char *model, *api_key, *model_name, *svg, *replay, *replay_tools, *tool_choice;
     const char *logit_bias; /* a JSON object sent as every request's logit_bias */
+    const char *session_header; /* a header naming the session, for a balancer's affinity; NULL: none */
     const char *srv_args[BH_MAX_SRV_ARGS];
     int n_srv_args;
     int sessions, concurrency, turns, system_tokens, doc_tokens, tool_tokens, gen_tokens;
@@ -101,6 +102,9 @@ static void usage(FILE *out) {
             "  --rounds R           run everything R times per server (default 1); from round 2 on the\n"
             "                       first message starts with \"(round R)\", so no cache carries over\n"
             "  --model-name NAME    the \"model\" field of requests (default: none sent)\n"
+            "  --session-header H   send header H with every turn, one value per session and round\n"
+            "                       (agent-rROUND-sSESSION), so a balancer hashing on it keeps a session\n"
+            "                       on one replica (e.g. --session-header X-Session-Id; default: none)\n"
             "  --api-key KEY        sent as 'Authorization: Bearer KEY' (and given to the server with -m)\n"
             "  --timeout S          fail a turn that receives nothing for S seconds (default 120)\n"
             "  --md | --csv | --json  output (default md; csv: one row per turn measured)\n"
@@ -147,7 +151,7 @@ static int take_string(int argc, char **argv, int *i, ba_opts *o) {
         {"-m", &o->model},         {"--model", &o->model},   {"--svg", &o->svg},
         {"--api-key", &o->api_key}, {"--replay", &o->replay}, {"--replay-tools", &o->replay_tools},
         {"--tool-choice", &o->tool_choice}, {"--logit-bias", &o->logit_bias},
-        {"--model-name", &o->model_name}};
+        {"--model-name", &o->model_name}, {"--session-header", &o->session_header}};
     const char *v = NULL;
     int r;
     for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++)
@@ -197,6 +201,8 @@ static int check_opts(ba_opts *o) {
     if (!o->n_urls == !o->model) return cli_usage_error(CMD, "give either --url URL (up to %d) or -m MODEL", MAX_URLS);
     if (o->n_urls && o->n_srv_args) return cli_usage_error(CMD, "server options (%s) need -m MODEL", o->srv_args[0]);
     if (o->api_key && !o->api_key[0]) return cli_usage_error(CMD, "--api-key must not be empty");
+    if (o->session_header && (!o->session_header[0] || strpbrk(o->session_header, ": \t\r\n")))
+        return cli_usage_error(CMD, "--session-header takes a header name, like X-Session-Id");
     if (o->replay && o->synth_only)
         return cli_usage_error(CMD, "%s is for the synthetic workload, not --replay (use --replay-limit)",
                                o->synth_only);
@@ -377,12 +383,21 @@ static char *turn_body(const ba_opts *o, json_t *messages, json_t *tools) {
     return text;
 }
 
+/* --session-header: the same value on every turn of a session, another
+ * for each session and round. */
+static bool add_session_header(const round_run *rr, sess_run *sr) {
+    if (!rr->o->session_header) return true;
+    char line[512];
+    snprintf(line, sizeof line, "%s: agent-r%d-s%d", rr->o->session_header, rr->round, (int)(sr - rr->runs) + 1);
+    return bh_req_add_header(&sr->req, line);
+}
+
 static bool start_turn(round_run *rr, sess_run *sr) {
     json_t *msgs = ba_turn_messages(sr->s, sr->history, sr->turn);
     sr->req = (bh_req){.index = sr->turn};
     sr->req.body = msgs ? turn_body(rr->o, msgs, sr->s->tools) : NULL;
     json_decref(msgs);
-    if (!sr->req.body || !bh_req_init(&sr->req, &rr->conn, "/v1/chat/completions"))
+    if (!sr->req.body || !bh_req_init(&sr->req, &rr->conn, "/v1/chat/completions") || !add_session_header(rr, sr))
         return run_fail(rr, sr, "out of memory");
     sr->req.sse.keep_text = true; /* the reply goes back in the next turn */
     curl_easy_setopt(sr->req.h, CURLOPT_PRIVATE, sr);

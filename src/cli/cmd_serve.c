@@ -1,12 +1,15 @@
 /*
  * cmd_serve.c - `kettle serve`: the OpenAI-compatible HTTP server.
  *
- * Loads the model, starts the engine (one thread owning the model and the
- * paged KV cache) and the HTTP server (src/server/), prints one line
- * "kettle serve: listening on http://HOST:PORT" to stderr when requests
- * can be sent, and runs until SIGINT or SIGTERM, then shuts down in order:
- * no new requests, engine stopped (streams end as "cancelled"), daemon
- * stopped, model freed.
+ * Binds the HTTP server (src/server/) first, answering /health 503
+ * "loading", then loads the model and starts the engine (one thread owning
+ * the model and the paged KV cache), turns the server ready, prints one
+ * line "kettle serve: listening on http://HOST:PORT" to stderr when
+ * requests can be sent, and runs until SIGINT or SIGTERM. Then it drains
+ * (--drain-s: /health 503 "draining" so a load balancer stops sending, new
+ * generation requests 503, running ones finish; an idle server skips
+ * this) and shuts down in order: engine stopped (what still runs ends as
+ * "cancelled"), daemon stopped, model freed.
  *
  * SIGINT/SIGTERM are blocked before any thread starts and taken with
  * sigwait, so no thread is interrupted by them and no handler runs in a
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/model_store.h"
@@ -35,7 +39,7 @@ typedef struct serve_opts {
     int n_aliases;
     bool strict_model_names;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
-    int result_cache;
+    int result_cache, drain_s;
     kt_load_mode load;
     float itl_stretch;
     bool has_stretch, no_webui;
@@ -88,8 +92,14 @@ static void usage(FILE *out) {
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
             "                          hidden states pooled by P, mean (default), last or cls. A file\n"
             "                          that declares a pooling (an embedding model) embeds without it\n"
+            "      --drain-s N         on SIGTERM or SIGINT, drain: /health says 503 draining, new\n"
+            "                          generation requests get 503, running ones have up to N s to\n"
+            "                          finish (default 30; 0: cancel them at once); exits as soon as\n"
+            "                          none runs; a second signal exits at once\n"
             "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
             "GET /v1/models, /v1/models/{id}, /health, /metrics; GET / is a chat page\n"
+            "/health: 200 {\"status\":\"ok\",...} when ready; 503 {\"status\":\"loading\"} while the\n"
+            "model loads (the port is bound first), 503 {\"status\":\"draining\"} while draining\n"
             "(built in, no API key needed to load it; its requests send the key you give it).\n");
 }
 
@@ -106,7 +116,8 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--batch-tokens", NULL, 1, 1 << 20, &o->batch_tokens}, {"--threads", "-t", 1, 1024, &o->n_threads},
                          {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads},
                          {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
-                         {"--result-cache", NULL, 0, 1 << 20, &o->result_cache}};
+                         {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
+                         {"--drain-s", NULL, 0, 86400, &o->drain_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
@@ -162,7 +173,8 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
 }
 
 static int parse_opts(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK, .log_format = SRV_LOG_TEXT};
+    *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK, .log_format = SRV_LOG_TEXT,
+                      .drain_s = 30};
     for (int i = 1; i < argc; i++) {
         int r = take_option(argc, argv, &i, o);
         if (r == 2) return 2;
@@ -194,11 +206,15 @@ static kt_engine_params engine_params(const serve_opts *o) {
     return p;
 }
 
+static const char *signal_name(int sig) {
+    return sig == SIGINT ? "interrupted" : "terminated";
+}
+
 /* Blocks until SIGINT or SIGTERM (blocked in every thread). */
 static void wait_for_signal(const sigset_t *set) {
     int sig = 0;
     while (sigwait(set, &sig) != 0) {}
-    fprintf(stderr, "kettle serve: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
+    fprintf(stderr, "kettle serve: %s, shutting down\n", signal_name(sig));
 }
 
 /* How /v1/embeddings pools: --embeddings' choice, else the file's
@@ -217,31 +233,51 @@ static kt_pooling embed_pooling(const kt_model *m, const serve_opts *o) {
     }
 }
 
-static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const sigset_t *set) {
-    kt_error err = {0};
-    kt_engine_params ep = engine_params(o);
-    kt_engine *engine = kt_engine_new(model, &ep, &err);
-    if (!engine) return cli_fail("serve", &err);
-    const char *base = strrchr(o->model, '/');
-    srv_config cfg = {.host = o->host, .port = o->port, .api_key = o->api_key,
-                      .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
-                      .strict_model_names = o->strict_model_names, .template_text = tmpl,
-                      .http_threads = o->http_threads, .log_format = o->log_format,
-                      .result_cache = o->result_cache, .no_webui = o->no_webui,
-                      .embed_pooling = embed_pooling(model, o)};
-    srv_server *srv = srv_start(model, engine, &cfg, &err);
-    if (!srv) {
-        kt_engine_free(engine);
-        return cli_fail("serve", &err);
+/* The drain: health checks see 503 and stop sending, running requests go
+ * on until none is left, drain_s seconds pass, or a second signal comes.
+ * An idle server does not wait at all. */
+static void drain(srv_server *srv, const sigset_t *set, int drain_s) {
+    srv_drain(srv);
+    int busy = srv_busy(srv);
+    if (!busy || !drain_s) return;
+    fprintf(stderr, "kettle serve: draining: %d request%s running, up to %d s (a second signal stops at once)\n", busy,
+            busy == 1 ? "" : "s", drain_s);
+    double deadline = kt_time_ms() + drain_s * 1000.0;
+    while ((busy = srv_busy(srv)) > 0) {
+        if (kt_time_ms() >= deadline) {
+            fprintf(stderr, "kettle serve: drain deadline (--drain-s %d): cancelling %d request%s\n", drain_s, busy,
+                    busy == 1 ? "" : "s");
+            return;
+        }
+        struct timespec tick = {0, 20 * 1000000L};
+        int sig = sigtimedwait(set, NULL, &tick);
+        if (sig > 0) {
+            fprintf(stderr, "kettle serve: %s again, stopping now (%d request%s cancelled)\n", signal_name(sig), busy,
+                    busy == 1 ? "" : "s");
+            return;
+        }
     }
+    fprintf(stderr, "kettle serve: drained\n");
+}
+
+static srv_config server_config(const serve_opts *o, const char *tmpl) {
+    const char *base = strrchr(o->model, '/');
+    return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key,
+                        .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
+                        .strict_model_names = o->strict_model_names, .template_text = tmpl,
+                        .http_threads = o->http_threads, .log_format = o->log_format,
+                        .result_cache = o->result_cache, .no_webui = o->no_webui};
+}
+
+static void print_banner(const kt_model *model, const kt_engine *engine, const srv_config *cfg) {
     const kt_engine_params *ap = kt_engine_get_params(engine);
     kt_engine_stats st;
-    kt_engine_get_stats(engine, &st);
-    fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg.model_name, ap->n_ctx,
+    kt_engine_get_stats((kt_engine *)engine, &st);
+    fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg->model_name, ap->n_ctx,
             ap->n_parallel, ap->batch_tokens);
-    for (int i = 0; i < cfg.n_aliases; i++) fprintf(stderr, "kettle serve: also answers to '%s'\n", cfg.aliases[i]);
-    fprintf(stderr, "kettle serve: %s\n", cfg.strict_model_names ? "a request naming another model gets 404 (--strict-model-names)"
-                                                                : "a request naming another model is served by this one");
+    for (int i = 0; i < cfg->n_aliases; i++) fprintf(stderr, "kettle serve: also answers to '%s'\n", cfg->aliases[i]);
+    fprintf(stderr, "kettle serve: %s\n", cfg->strict_model_names ? "a request naming another model gets 404 (--strict-model-names)"
+                                                                 : "a request naming another model is served by this one");
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
@@ -256,14 +292,26 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
         fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
                 "caches)\n", st.kv_window_slots_total,
                 ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
+}
+
+/* The model is loaded and the server bound (answering "loading"): makes
+ * the engine, turns the server ready, serves until a signal, drains. */
+static int serve(srv_server *srv, kt_model *model, const srv_config *cfg, const serve_opts *o, const sigset_t *set) {
+    kt_error err = {0};
+    kt_engine_params ep = engine_params(o);
+    kt_engine *engine = kt_engine_new(model, &ep, &err);
+    if (!engine) return cli_fail("serve", &err);
+    const kt_pooling pooling = embed_pooling(model, o);
+    srv_ready(srv, model, engine, pooling);
+    print_banner(model, engine, cfg);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
     static const char *const POOLS[] = {"", "mean", "cls", "last"};
-    if (cfg.embed_pooling != KT_POOL_NONE)
-        fprintf(stderr, "kettle serve: /v1/embeddings: %s pooling of the last hidden states\n", POOLS[cfg.embed_pooling]);
+    if (pooling != KT_POOL_NONE)
+        fprintf(stderr, "kettle serve: /v1/embeddings: %s pooling of the last hidden states\n", POOLS[pooling]);
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);
-    srv_stop(srv); /* frees the engine too */
+    drain(srv, set, o->drain_s);
     return 0;
 }
 
@@ -284,18 +332,27 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     kt_error err = {0};
-    if (!srv_check_listen(o.host, o.port, &err)) return cli_fail("serve", &err); /* before a long load */
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
     if (o.template_arg && !tmpl) return cli_fail("serve", &err);
+    srv_config cfg = server_config(&o, tmpl);
+    /* bound before the load: a port in use fails at once, and a health
+     * check sees "loading" (503) rather than a refused connection */
+    srv_server *srv = srv_open(&cfg, &err);
+    if (!srv) {
+        free(tmpl);
+        return cli_fail("serve", &err);
+    }
     kt_model *model = cli_load_model(o.model, o.load, &err);
     if (!model) {
+        srv_stop(srv);
         free(tmpl);
         return cli_fail("serve", &err);
     }
     if (!tmpl && !kt_model_chat_template(model))
         fprintf(stderr, "kettle serve: %s has no chat template: /v1/chat/completions will fail "
                         "(name one with --chat-template)\n", o.model);
-    rc = serve(model, tmpl, &o, &set);
+    rc = serve(srv, model, &cfg, &o, &set);
+    srv_stop(srv); /* frees the engine too */
     kt_model_free(model);
     free(tmpl);
     return rc;

@@ -27,12 +27,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -309,6 +311,16 @@ static int by_mtime(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A temporary ".tmp-PID-SEQ" is a killed writer's when no process PID
+ * lives here, or when it is older than any write takes. Replicas sharing
+ * the directory must not remove each other's writes in progress. */
+static bool temp_is_orphan(const char *name, const char *path) {
+    long pid = strtol(name + 5, NULL, 10);
+    if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) return true;
+    struct stat s;
+    return stat(path, &s) == 0 && time(NULL) - s.st_mtime > 600;
+}
+
 /* Indexes the block files of d->dir, oldest first; removes temporaries
  * and files of the wrong size (never loadable). */
 static bool scan(kv_disk *d, kt_error *err) {
@@ -320,8 +332,8 @@ static bool scan(kv_disk *d, kt_error *err) {
     while ((de = readdir(dir))) {
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", d->dir, de->d_name);
-        if (!strncmp(de->d_name, ".tmp-", 5)) { /* a write a killed run left */
-            unlink(path);
+        if (!strncmp(de->d_name, ".tmp-", 5)) {
+            if (temp_is_orphan(de->d_name, path)) unlink(path); /* a write a killed run left */
             continue;
         }
         kv_disk_key key;
@@ -439,9 +451,25 @@ void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, k
     pthread_mutex_unlock(&d->mu);
 }
 
+/* A file of key that another process sharing the directory wrote after
+ * our scan: indexed now (mu held), so it loads and counts toward the size
+ * limit like ours. One stat, on a miss only. */
+static bool adopt_foreign_file(kv_disk *d, kv_disk_key key) {
+    char path[4200];
+    file_path(d, key, path, sizeof path);
+    struct stat s;
+    if (stat(path, &s) != 0 || !S_ISREG(s.st_mode)) return false;
+    if ((uint64_t)s.st_size != d->file_bytes && (uint64_t)s.st_size != d->file_bytes_nowin) return false;
+    return index_add(d, key, (uint64_t)s.st_size, false) != NULL;
+}
+
 bool kv_disk_has(kv_disk *d, kv_disk_key key) {
     pthread_mutex_lock(&d->mu);
     entry *e = find(d, key);
+    if (!e && adopt_foreign_file(d, key)) {
+        enforce_limit(d);
+        e = find(d, key); /* the limit may have taken it at once */
+    }
     bool has = e && !e->pending;
     pthread_mutex_unlock(&d->mu);
     return has;

@@ -138,11 +138,53 @@ json_t *srv_parse_body(srv_conn *c, srv_error *e) {
     return NULL;
 }
 
+srv_state srv_get_state(const srv_server *s) {
+    return (srv_state)__atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+}
+
+int srv_busy(srv_server *s) {
+    pthread_mutex_lock(&s->link_mu);
+    int n = s->n_links_used;
+    pthread_mutex_unlock(&s->link_mu);
+    return n;
+}
+
+/* Ready: 200 with the load a balancer or an operator may weigh (queue,
+ * running requests, free KV blocks). Loading, draining, stopping: 503, so
+ * an HTTP health check takes the replica out. */
 static enum MHD_Result health(srv_conn *c) {
-    pthread_mutex_lock(&c->s->engine_mu);
-    bool up = c->s->engine != NULL;
-    pthread_mutex_unlock(&c->s->engine_mu);
-    return srv_respond_json(c, up ? 200 : 503, json_pack("{s:s}", "status", up ? "ok" : "shutting down"));
+    srv_server *s = c->s;
+    srv_state state = srv_get_state(s);
+    kt_engine_stats st = {0};
+    pthread_mutex_lock(&s->engine_mu);
+    bool up = s->engine != NULL;
+    if (up) kt_engine_get_stats(s->engine, &st);
+    pthread_mutex_unlock(&s->engine_mu);
+    if (state == SRV_LOADING) return srv_respond_json(c, 503, json_pack("{s:s}", "status", "loading"));
+    if (!up) return srv_respond_json(c, 503, json_pack("{s:s}", "status", "shutting down"));
+    if (state == SRV_DRAINING)
+        return srv_respond_json(c, 503, json_pack("{s:s, s:i}", "status", "draining", "busy", srv_busy(s)));
+    return srv_respond_json(c, 200, json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "status", "ok", "state", "ready",
+                                              "queued", st.queue_depth, "running", st.requests_running,
+                                              "kv_blocks_free", st.kv_blocks_free, "kv_blocks_total",
+                                              st.kv_blocks_total));
+}
+
+static bool is_generation(srv_endpoint ep) {
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_RESPONSES || ep == EP_MESSAGES;
+}
+
+/* While loading only /health and /metrics answer (nothing else has a
+ * model to use); while draining no new generation starts. Both are 503
+ * with Retry-After, which a balancer's retry-on 503 sends elsewhere. */
+static bool refused_by_state(const srv_conn *c, srv_error *e) {
+    srv_state state = srv_get_state(c->s);
+    if (state == SRV_LOADING && c->ep != EP_HEALTH && c->ep != EP_METRICS)
+        return srv_fail(e, 503, "server_error", NULL, "loading", "the model is still loading; retry shortly"), true;
+    if (state == SRV_DRAINING && is_generation(c->ep))
+        return srv_fail(e, 503, "server_error", NULL, "draining",
+                        "the server is draining (shutting down); retry, another replica will answer"), true;
+    return false;
 }
 
 srv_model_info srv_model_info_of(const srv_server *s) {
@@ -251,7 +293,7 @@ static enum MHD_Result dispatch(srv_conn *c) {
     else if (!authorized(c))
         srv_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
                  "missing or wrong API key: send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY')");
-    else
+    else if (!refused_by_state(c, &e))
         e.status = 0;
     if (e.status) return srv_respond_error(c, &e);
     switch (c->ep) {
@@ -382,12 +424,6 @@ static bool try_bind(const struct sockaddr_storage *addr, const char *host, int 
     return false;
 }
 
-bool srv_check_listen(const char *host, int port, kt_error *err) {
-    struct sockaddr_storage addr = {0};
-    if (!host) host = "127.0.0.1";
-    return resolve(host, port, &addr, err) && try_bind(&addr, host, port, err);
-}
-
 static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     struct sockaddr_storage addr = {0};
     const char *host = s->cfg.host ? s->cfg.host : "127.0.0.1";
@@ -403,13 +439,13 @@ static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     return d;
 }
 
-srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg, kt_error *err) {
+srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     srv_server *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return NULL;
     }
-    s->model = model, s->engine = engine, s->cfg = *cfg, s->started = (long long)time(NULL);
+    s->cfg = *cfg, s->started = (long long)time(NULL), s->state = SRV_LOADING;
     if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
     if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
     pthread_mutex_init(&s->engine_mu, NULL);
@@ -419,12 +455,30 @@ srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg,
         (s->cfg.result_cache > 0 && !(s->results = srv_results_new(s->cfg.result_cache))) ||
         !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
-        s->engine = NULL; /* still the caller's */
         srv_stop(s);
         return NULL;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info ? info->port : cfg->port;
+    return s;
+}
+
+void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling embed_pooling) {
+    s->model = model, s->cfg.embed_pooling = embed_pooling;
+    pthread_mutex_lock(&s->engine_mu);
+    s->engine = engine;
+    pthread_mutex_unlock(&s->engine_mu);
+    __atomic_store_n(&s->state, SRV_READY, __ATOMIC_RELEASE); /* after the model: handlers read it once ready */
+}
+
+void srv_drain(srv_server *s) {
+    int ready = SRV_READY; /* a server still loading has nothing to drain */
+    __atomic_compare_exchange_n(&s->state, &ready, SRV_DRAINING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg, kt_error *err) {
+    srv_server *s = srv_open(cfg, err);
+    if (s) srv_ready(s, model, engine, cfg->embed_pooling);
     return s;
 }
 

@@ -38,13 +38,28 @@ typedef struct srv_config {
 
 typedef struct srv_server srv_server;
 
+/* What /health reports, and so what a load balancer does with the server:
+ * only a ready one gets traffic (loading and draining answer 503). */
+typedef enum srv_state { SRV_LOADING, SRV_READY, SRV_DRAINING } srv_state;
+
 /* Starts serving. The server takes over the engine (srv_stop frees it);
  * the model and the config's strings must outlive the server. */
 srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg, kt_error *err);
-/* Whether host:port can be bound now (a port in use, an address not of
- * this machine: false with err saying so), so `kettle serve` can say it
- * before loading a model; srv_start binds for real. */
-bool srv_check_listen(const char *host, int port, kt_error *err);
+/* Binds and answers before there is a model, so a load balancer sees a
+ * replica that is up but not ready: /health is 503 {"status":"loading"},
+ * /metrics answers, every other request is 503 with Retry-After until
+ * srv_ready. */
+srv_server *srv_open(const srv_config *cfg, kt_error *err);
+/* The model is loaded: from now on the server answers everything. It
+ * takes over the engine as srv_start does. */
+void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling embed_pooling);
+/* Begins a drain: /health becomes 503 {"status":"draining"} (so health
+ * checks take the server out), new generation requests get 503 with
+ * Retry-After, and the ones running go on to their end. */
+void srv_drain(srv_server *s);
+srv_state srv_get_state(const srv_server *s);
+/* Generation requests still being answered (streams included). */
+int srv_busy(srv_server *s);
 /* The port actually bound. */
 int srv_port(const srv_server *s);
 /* Refuses new work, frees the engine (which ends every request as

@@ -37,7 +37,8 @@ typedef enum srv_endpoint {
 
 struct srv_server {
     kt_model *model;
-    kt_engine *engine;      /* NULL once srv_stop began */
+    kt_engine *engine;      /* NULL while loading and once srv_stop began */
+    int state;              /* srv_state (atomic): model and engine are set before it becomes SRV_READY */
     srv_config cfg;
     struct MHD_Daemon *daemon;
     int port;
