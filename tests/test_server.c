@@ -1177,10 +1177,12 @@ static void test_metrics_histogram_cumulative(void **state) {
     assert_true(srv_metrics_init(&m));
     srv_metrics_count(&m, "health", 200);
     srv_metrics_count(&m, "health", 200);
-    kt_engine_stats st = {0};
-    st.ttft.counts[0] = 2, st.ttft.counts[3] = 1, st.ttft.counts[KT_LAT_N_BUCKETS - 1] = 4;
-    st.ttft.n = 7, st.ttft.sum_ms = 1500;
-    char *t = srv_metrics_text(&m, &st);
+    srv_class_stats cs[2] = {{.name = "router"}, {.name = "big", .has_results = true, .result_hits = 5}};
+    kt_engine_stats *st = &cs[0].engine;
+    st->ttft.counts[0] = 2, st->ttft.counts[3] = 1, st->ttft.counts[KT_LAT_N_BUCKETS - 1] = 4;
+    st->ttft.n = 7, st->ttft.sum_ms = 1500;
+    cs[1].engine.queue_depth = 3;
+    char *t = srv_metrics_text(&m, cs, 1);
     assert_non_null(strstr(t, "kettle_http_requests_total{endpoint=\"health\",status=\"200\"} 2\n"));
     char want[128];
     snprintf(want, sizeof want, "kettle_time_to_first_token_seconds_bucket{le=\"%g\"} 3\n", kt_lat_bucket_ms[3] / 1e3);
@@ -1188,6 +1190,21 @@ static void test_metrics_histogram_cumulative(void **state) {
     assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_bucket{le=\"+Inf\"} 7\n"));
     assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_sum 1.5\n"));
     assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_count 7\n"));
+    assert_null(strstr(t, "model=")); /* one class: no label, as before classes */
+    free(t);
+    /* two classes: every engine series has its model label, each family's header once */
+    t = srv_metrics_text(&m, cs, 2);
+    assert_non_null(strstr(t, "kettle_queue_depth{model=\"router\"} 0\nkettle_queue_depth{model=\"big\"} 3\n"));
+    snprintf(want, sizeof want, "kettle_time_to_first_token_seconds_bucket{le=\"%g\",model=\"router\"} 3\n",
+             kt_lat_bucket_ms[3] / 1e3);
+    assert_non_null(strstr(t, want));
+    assert_non_null(strstr(t, "kettle_time_to_first_token_seconds_count{model=\"router\"} 7\n"));
+    assert_non_null(strstr(t, "kettle_requests_finished_total{reason=\"stop\",model=\"big\"} 0\n"));
+    assert_non_null(strstr(t, "kettle_result_cache_hits_total{model=\"big\"} 5\n"));
+    assert_null(strstr(t, "kettle_result_cache_hits_total{model=\"router\"}"));
+    const char *h = strstr(t, "# TYPE kettle_queue_depth");
+    assert_non_null(h);
+    assert_null(strstr(h + 1, "# TYPE kettle_queue_depth"));
     free(t);
     srv_metrics_destroy(&m);
 }

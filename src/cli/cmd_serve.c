@@ -22,10 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
+#include "base/huge.h"
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/model_store.h"
+#include "cli/serve_classes.h"
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/http.h"
@@ -44,12 +47,22 @@ typedef struct serve_opts {
     float itl_stretch;
     bool has_stretch, no_webui;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
+    const char *config;     /* --config FILE */
+    serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
+    int n_classes;
 } serve_opts;
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle serve -m MODEL [options]\n"
+            "       kettle serve --model NAME=PATH[,key=value...] [--model ...] [options]\n"
+            "       kettle serve --config FILE.json [options]\n"
             "  -m, --model FILE        GGUF model, or OWNER/REPO[:QUANT] pulled with kettle pull\n"
+            "      --model NAME=PATH[,key=value...]\n"
+            "                          serve several models (inference classes), each under NAME; a\n"
+            "                          request's \"model\" picks one (none: the first). Keys: %s\n"
+            "      --config FILE       the classes in a JSON file: {\"models\": [{\"name\", \"path\", the same\n"
+            "                          keys, \"aliases\": [...]}]}; see the README\n"
             "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
             "      --port N            port (default 8080; 0: any free port, printed)\n"
             "  -c, --ctx N             positions per sequence, prompt + output (default: the model's training\n"
@@ -100,7 +113,7 @@ static void usage(FILE *out) {
             "GET /v1/models, /v1/models/{id}, /health, /metrics; GET / is a chat page\n"
             "/health: 200 {\"status\":\"ok\",...} when ready; 503 {\"status\":\"loading\"} while the\n"
             "model loads (the port is bound first), 503 {\"status\":\"draining\"} while draining\n"
-            "(built in, no API key needed to load it; its requests send the key you give it).\n");
+            "(built in, no API key needed to load it; its requests send the key you give it).\n", serve_class_keys_help());
 }
 
 typedef struct int_option {
@@ -119,7 +132,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
                          {"--drain-s", NULL, 0, 86400, &o->drain_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
-        {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
+        {"--config", NULL, &o->config}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
         {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir}};
     const char *v = NULL;
@@ -130,6 +143,12 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         return srv_log_format_parse(v, &o->log_format) ? 1 : cli_usage_error("serve", "invalid --log-format '%s' (text, json, off)", v);
     }
     if (!strcmp(argv[*i], "--strict-model-names")) return o->strict_model_names = true, 1;
+    if ((r = cli_opt("serve", argc, argv, i, "--model", &v)) || (r = cli_opt("serve", argc, argv, i, "-m", &v))) {
+        if (r < 0) return 2;
+        if (!serve_class_is_spec(v)) return o->model = v, 1;
+        if (o->n_classes == SERVE_MAX_CLASSES) return cli_usage_error("serve", "at most %d models", SERVE_MAX_CLASSES);
+        return serve_class_parse(v, &o->classes[o->n_classes++]) ? 2 : 1;
+    }
     if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
     if (!strcmp(argv[*i], "--embeddings")) return o->embeddings = "", 1;
     if (!strncmp(argv[*i], "--embeddings=", 13)) {
@@ -180,7 +199,18 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         if (r == 2) return 2;
         if (r == 0) return cli_usage_error("serve", "unknown option '%s'", argv[i]);
     }
-    if (!o->model) return cli_usage_error("serve", "need -m MODEL");
+    if (o->config && serve_config_load(o->config, o->classes, SERVE_MAX_CLASSES, &o->n_classes)) return 2;
+    if (!o->model && !o->n_classes) return cli_usage_error("serve", "need -m MODEL (or --model NAME=PATH, or --config FILE)");
+    if (o->model && o->n_classes)
+        return cli_usage_error("serve", "give one model with -m PATH, or classes with --model NAME=PATH / --config, not both");
+    if (o->model) { /* one class: the file's name, the --alias names */
+        serve_class *c = &o->classes[o->n_classes++];
+        const char *base = strrchr(o->model, '/');
+        *c = (serve_class){.name = base ? base + 1 : o->model, .path = o->model, .n_aliases = o->n_aliases};
+        memcpy(c->aliases, o->aliases, sizeof(const char *) * (size_t)o->n_aliases);
+    } else if (o->n_aliases) {
+        return cli_usage_error("serve", "--alias names the one -m model; a class takes alias=NAME");
+    }
     if (o->api_key && !o->api_key[0]) return cli_usage_error("serve", "--api-key must not be empty");
     if (o->kv_type && strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32") && strcmp(o->kv_type, "q8_0"))
         return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
@@ -189,11 +219,15 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     return 0;
 }
 
-static kt_engine_params engine_params(const serve_opts *o) {
+/* The engine of class c: its own settings, else the command line's. */
+static kt_engine_params engine_params(const serve_opts *o, const serve_class *c) {
     kt_engine_params p = kt_engine_defaults();
-    if (o->n_ctx) p.n_ctx = o->n_ctx;
-    if (o->n_parallel) p.n_parallel = o->n_parallel;
-    if (o->kv_mb) p.kv_bytes = (size_t)o->kv_mb << 20;
+    const int n_ctx = c->n_ctx ? c->n_ctx : o->n_ctx, n_parallel = c->n_parallel ? c->n_parallel : o->n_parallel;
+    const int kv_mb = c->kv_mb ? c->kv_mb : o->kv_mb;
+    const char *kv_type = c->kv_type ? c->kv_type : o->kv_type;
+    if (n_ctx) p.n_ctx = n_ctx;
+    if (n_parallel) p.n_parallel = n_parallel;
+    if (kv_mb) p.kv_bytes = (size_t)kv_mb << 20;
     if (o->batch_tokens) p.batch_tokens = o->batch_tokens;
     if (o->n_threads) p.n_threads = o->n_threads;
     if (o->queue_max) p.queue_max = o->queue_max;
@@ -201,8 +235,7 @@ static kt_engine_params engine_params(const serve_opts *o) {
     if (o->prefix_cache) p.prefix_cache = strcmp(o->prefix_cache, "off") != 0;
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;
-    if (o->kv_type)
-        p.kv_type = !strcmp(o->kv_type, "f32") ? KT_KV_F32 : !strcmp(o->kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
+    if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     return p;
 }
 
@@ -220,8 +253,8 @@ static void wait_for_signal(const sigset_t *set) {
 /* How /v1/embeddings pools: --embeddings' choice, else the file's
  * pooling_type (GGUF: 1 mean, 2 cls, 3 last), else mean with a bare
  * --embeddings; KT_POOL_NONE: the server does not embed. */
-static kt_pooling embed_pooling(const kt_model *m, const serve_opts *o) {
-    const char *p = o->embeddings;
+static kt_pooling embed_pooling(const kt_model *m, const serve_opts *o, const serve_class *c) {
+    const char *p = c->embeddings ? c->embeddings : o->embeddings;
     if (p && !strcmp(p, "mean")) return KT_POOL_MEAN;
     if (p && !strcmp(p, "last")) return KT_POOL_LAST;
     if (p && !strcmp(p, "cls")) return KT_POOL_CLS;
@@ -260,24 +293,28 @@ static void drain(srv_server *srv, const sigset_t *set, int drain_s) {
     fprintf(stderr, "kettle serve: drained\n");
 }
 
-static srv_config server_config(const serve_opts *o, const char *tmpl) {
-    const char *base = strrchr(o->model, '/');
+static srv_config server_config(const serve_opts *o) {
     return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key,
-                        .model_name = base ? base + 1 : o->model, .aliases = o->aliases, .n_aliases = o->n_aliases,
-                        .strict_model_names = o->strict_model_names, .template_text = tmpl,
-                        .http_threads = o->http_threads, .log_format = o->log_format,
-                        .result_cache = o->result_cache, .no_webui = o->no_webui};
+                        .strict_model_names = o->strict_model_names, .http_threads = o->http_threads,
+                        .log_format = o->log_format, .no_webui = o->no_webui};
 }
 
-static void print_banner(const kt_model *model, const kt_engine *engine, const srv_config *cfg) {
+/* What a loaded class holds until the server stops. */
+typedef struct loaded_class {
+    kt_model *model;
+    char *tmpl; /* its chat template text, or NULL: the model's own */
+} loaded_class;
+
+static void print_banner(const srv_class_config *k, const kt_engine *engine, const serve_opts *o, int n_classes) {
     const kt_engine_params *ap = kt_engine_get_params(engine);
     kt_engine_stats st;
     kt_engine_get_stats((kt_engine *)engine, &st);
-    fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", cfg->model_name, ap->n_ctx,
+    fprintf(stderr, "kettle serve: model %s, ctx %d, parallel %d, batch %d tokens\n", k->name, ap->n_ctx,
             ap->n_parallel, ap->batch_tokens);
-    for (int i = 0; i < cfg->n_aliases; i++) fprintf(stderr, "kettle serve: also answers to '%s'\n", cfg->aliases[i]);
-    fprintf(stderr, "kettle serve: %s\n", cfg->strict_model_names ? "a request naming another model gets 404 (--strict-model-names)"
-                                                                 : "a request naming another model is served by this one");
+    for (int i = 0; i < k->n_aliases; i++) fprintf(stderr, "kettle serve: also answers to '%s'\n", k->aliases[i]);
+    if (n_classes == 1)
+        fprintf(stderr, "kettle serve: %s\n", o->strict_model_names ? "a request naming another model gets 404 (--strict-model-names)"
+                                                                    : "a request naming another model is served by this one");
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
@@ -285,29 +322,81 @@ static void print_banner(const kt_model *model, const kt_engine *engine, const s
         fprintf(stderr, "kettle serve: %d x %d positions would take %.0f MiB of KV cache, more than the memory available "
                 "now: the pool holds %d positions (requests wait for room; --kv-mb, --ctx or --parallel set it)\n",
                 ap->n_parallel, ap->n_ctx, (double)st.kv_wanted_bytes / 1048576.0, st.kv_blocks_total * st.kv_block_tokens);
-    if (ap->n_ctx > kt_model_describe(model)->n_ctx_train)
+    if (ap->n_ctx > kt_model_describe(k->model)->n_ctx_train)
         fprintf(stderr, "kettle serve: warning: --ctx %d is beyond the %d positions the model was trained on; its output "
-                "past them may degrade\n", ap->n_ctx, kt_model_describe(model)->n_ctx_train);
+                "past them may degrade\n", ap->n_ctx, kt_model_describe(k->model)->n_ctx_train);
     if (st.kv_window_slots_total > 0)
         fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
                 "caches)\n", st.kv_window_slots_total,
                 ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
+    static const char *const POOLS[] = {"", "mean", "cls", "last"};
+    if (k->embed_pooling != KT_POOL_NONE)
+        fprintf(stderr, "kettle serve: %s: /v1/embeddings by %s pooling of the last hidden states\n", k->name,
+                POOLS[k->embed_pooling]);
 }
 
-/* The model is loaded and the server bound (answering "loading"): makes
- * the engine, turns the server ready, serves until a signal, drains. */
-static int serve(srv_server *srv, kt_model *model, const srv_config *cfg, const serve_opts *o, const sigset_t *set) {
+/* Loads every class's model and template (the server answers "loading"
+ * meanwhile). Returns 0, or 1 after saying which class failed. */
+static int load_classes(serve_opts *o, loaded_class *lc) {
     kt_error err = {0};
-    kt_engine_params ep = engine_params(o);
-    kt_engine *engine = kt_engine_new(model, &ep, &err);
-    if (!engine) return cli_fail("serve", &err);
-    const kt_pooling pooling = embed_pooling(model, o);
-    srv_ready(srv, model, engine, pooling);
-    print_banner(model, engine, cfg);
+    for (int i = 0; i < o->n_classes; i++) {
+        serve_class *c = &o->classes[i];
+        const char *t = c->template_arg ? c->template_arg : o->template_arg;
+        if ((t && !(lc[i].tmpl = cli_load_template(t, &err))) || !(lc[i].model = cli_load_model(c->path, o->load, &err))) {
+            if (o->n_classes > 1) kt_error_wrap(&err, "model '%s'", c->name);
+            return cli_fail("serve", &err);
+        }
+        if (!lc[i].tmpl && !kt_model_chat_template(lc[i].model))
+            fprintf(stderr, "kettle serve: %s has no chat template: /v1/chat/completions will fail for '%s' "
+                            "(name one with --chat-template, or chat-template= for a class)\n", c->path, c->name);
+    }
+    return 0;
+}
+
+/* The engines, one per class, sharing the memory: each class's KV pool is
+ * fitted to what the classes before it left (kt_mem_budget once every
+ * model is in memory), so together they never ask for more than the
+ * machine has. Returns 0, or 1 after naming the class that does not fit. */
+static int make_engines(const serve_opts *o, const loaded_class *lc, srv_class_config *k) {
+    size_t left = kt_mem_budget();
+    for (int i = 0; i < o->n_classes; i++) {
+        const serve_class *c = &o->classes[i];
+        kt_engine_params p = engine_params(o, c);
+        p.mem_limit = left ? left : 1; /* nothing left: every pool is refused, naming the flag */
+        kt_error err = {0};
+        kt_engine *e = kt_engine_new(lc[i].model, &p, &err);
+        if (!e) {
+            for (int j = 0; j < i; j++) kt_engine_free(k[j].engine);
+            if (o->n_classes > 1)
+                fprintf(stderr, "kettle serve: %d model%s loaded before '%s' took %zu MiB of the memory for KV caches\n",
+                        i, i == 1 ? "" : "s", c->name, (kt_mem_budget() - left) >> 20);
+            if (o->n_classes > 1) kt_error_wrap(&err, "model '%s'", c->name);
+            return cli_fail("serve", &err);
+        }
+        kt_engine_stats st;
+        kt_engine_get_stats(e, &st);
+        left = left > st.kv_pool_bytes ? left - st.kv_pool_bytes : 0;
+        k[i] = (srv_class_config){.name = c->name, .aliases = c->aliases, .n_aliases = c->n_aliases,
+                                  .model = lc[i].model, .engine = e, .template_text = lc[i].tmpl,
+                                  .embed_pooling = embed_pooling(lc[i].model, o, c), .defaults = c->defaults,
+                                  .result_cache = o->result_cache};
+    }
+    return 0;
+}
+
+/* The models are loaded and the server bound (answering "loading"):
+ * makes the engines, turns the server ready, serves until a signal,
+ * drains. */
+static int serve(srv_server *srv, const loaded_class *lc, const serve_opts *o, const sigset_t *set) {
+    srv_class_config k[SERVE_MAX_CLASSES];
+    if (make_engines(o, lc, k)) return 1;
+    kt_error err = {0};
+    if (!srv_ready_classes(srv, k, o->n_classes, &err)) return cli_fail("serve", &err);
+    for (int i = 0; i < o->n_classes; i++) print_banner(&k[i], k[i].engine, o, o->n_classes);
+    if (o->n_classes > 1)
+        fprintf(stderr, "kettle serve: %d models; a request's \"model\" picks one (none: '%s'), another name is a 404\n",
+                o->n_classes, k[0].name);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
-    static const char *const POOLS[] = {"", "mean", "cls", "last"};
-    if (pooling != KT_POOL_NONE)
-        fprintf(stderr, "kettle serve: /v1/embeddings: %s pooling of the last hidden states\n", POOLS[pooling]);
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
     wait_for_signal(set);
@@ -320,11 +409,14 @@ int cmd_serve(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    serve_opts o;
+    static serve_opts o; /* 16 classes' path buffers: not on the stack */
     int rc = parse_opts(argc, argv, &o);
-    if (rc) return rc;
-    char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
-    if (ms_resolve_opt("serve", &o.model, model_path, sizeof model_path)) return 1;
+    for (int i = 0; !rc && i < o.n_classes; i++) /* OWNER/REPO:QUANT: the pulled file */
+        if (ms_resolve_opt("serve", &o.classes[i].path, o.classes[i].path_buf, sizeof o.classes[i].path_buf)) rc = 1;
+    if (rc) {
+        for (int i = 0; i < o.n_classes; i++) serve_class_free(&o.classes[i]);
+        return rc;
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -332,28 +424,18 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     kt_error err = {0};
-    char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
-    if (o.template_arg && !tmpl) return cli_fail("serve", &err);
-    srv_config cfg = server_config(&o, tmpl);
+    srv_config cfg = server_config(&o);
     /* bound before the load: a port in use fails at once, and a health
      * check sees "loading" (503) rather than a refused connection */
     srv_server *srv = srv_open(&cfg, &err);
-    if (!srv) {
-        free(tmpl);
-        return cli_fail("serve", &err);
+    loaded_class lc[SERVE_MAX_CLASSES] = {{0}};
+    rc = srv ? load_classes(&o, lc) : cli_fail("serve", &err);
+    if (!rc) rc = serve(srv, lc, &o, &set);
+    srv_stop(srv); /* frees the engines too */
+    for (int i = 0; i < o.n_classes; i++) {
+        kt_model_free(lc[i].model);
+        free(lc[i].tmpl);
+        serve_class_free(&o.classes[i]);
     }
-    kt_model *model = cli_load_model(o.model, o.load, &err);
-    if (!model) {
-        srv_stop(srv);
-        free(tmpl);
-        return cli_fail("serve", &err);
-    }
-    if (!tmpl && !kt_model_chat_template(model))
-        fprintf(stderr, "kettle serve: %s has no chat template: /v1/chat/completions will fail "
-                        "(name one with --chat-template)\n", o.model);
-    rc = serve(srv, model, &cfg, &o, &set);
-    srv_stop(srv); /* frees the engine too */
-    kt_model_free(model);
-    free(tmpl);
     return rc;
 }

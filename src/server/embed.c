@@ -79,17 +79,12 @@ static json_t *inputs_of(json_t *body, srv_error *e) {
 
 /* model, encoding_format, dimensions, user; anything else is refused. */
 static bool check_fields(srv_conn *c, json_t *body, srv_error *e) {
-    const srv_model_info mi = srv_model_info_of(c->s);
-    const int n_embd = kt_model_describe(c->s->model)->n_embd;
+    const int n_embd = kt_model_describe(c->cls->cfg.model)->n_embd;
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) {
-        if (!strcmp(k, "input") || !strcmp(k, "user") || json_is_null(v)) continue;
-        if (!strcmp(k, "model")) {
-            if (!json_is_string(v)) return srv_fail(e, 400, INVALID, "model", NULL, "'model' must be a string");
-            if (mi.strict && !srv_model_served(&mi, json_string_value(v)))
-                return srv_model_not_found(&mi, json_string_value(v), e);
-        } else if (!strcmp(k, "encoding_format")) {
+        if (!strcmp(k, "input") || !strcmp(k, "user") || !strcmp(k, "model") || json_is_null(v)) continue;
+        if (!strcmp(k, "encoding_format")) {
             const char *f = json_string_value(v);
             if (!f || (strcmp(f, "float") && strcmp(f, "base64")))
                 return srv_fail(e, 400, INVALID, k, NULL, "'encoding_format' must be \"float\" or \"base64\"");
@@ -111,13 +106,13 @@ static bool check_fields(srv_conn *c, json_t *body, srv_error *e) {
 static bool submit_one(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     srv_server *s = c->s;
     kt_gen_params p = kt_gen_defaults();
-    p.prompt = ids, p.n_prompt = n, p.embed = s->cfg.embed_pooling;
+    p.prompt = ids, p.n_prompt = n, p.embed = c->cls->cfg.embed_pooling;
     p.notify = srv_link_notify, p.notify_ctx = c->link, p.client_gone = srv_link_client_gone;
     kt_error err = {0};
     kt_gen_field field = KT_FIELD_NONE;
     kt_request **slot = &c->embed->reqs[c->embed->n];
     pthread_mutex_lock(&s->engine_mu);
-    kt_status st = s->engine ? kt_engine_submit_ex(s->engine, &p, slot, &err, &field)
+    kt_status st = c->cls->engine ? kt_engine_submit_ex(c->cls->engine, &p, slot, &err, &field)
                              : kt_error_set(&err, KT_ERR_BUSY, "the server is shutting down");
     pthread_mutex_unlock(&s->engine_mu);
     if (st != KT_OK) {
@@ -130,28 +125,29 @@ static bool submit_one(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
 }
 
 /* Why this server cannot embed, or NULL. */
-static const char *cannot_embed(const srv_server *s) {
-    if (kt_model_describe(s->model)->pooling_type == 4)
+static const char *cannot_embed(const srv_class *k) {
+    if (kt_model_describe(k->cfg.model)->pooling_type == 4)
         return "this model is a reranker (pooling \"rank\"): it scores pairs and makes no embeddings";
-    if (s->cfg.embed_pooling == KT_POOL_NONE)
+    if (k->cfg.embed_pooling == KT_POOL_NONE)
         return "this model is a text generator (its file declares no pooling); start kettle serve with "
                "--embeddings to embed with the mean of its last hidden states";
     return NULL;
 }
 
 static bool start(srv_conn *c, srv_error *e) {
-    const char *why = cannot_embed(c->s);
+    if (!(c->json = srv_parse_body(c, e)) || !(c->cls = srv_route(c->s, c->json, e))) return false;
+    const char *why = cannot_embed(c->cls);
     if (why) return srv_fail(e, 400, INVALID, "model", "model_cannot_embed", "%s", why);
     if (!(c->embed = calloc(1, sizeof *c->embed))) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     json_t *inputs = NULL;
-    bool ok = (c->json = srv_parse_body(c, e)) && check_fields(c, c->json, e) && (inputs = inputs_of(c->json, e));
+    bool ok = check_fields(c, c->json, e) && (inputs = inputs_of(c->json, e));
     if (ok && !(c->link = srv_link_acquire(c->s, c->mc))) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     size_t i;
     json_t *in;
     json_array_foreach(inputs, i, in) {
         if (!ok) break;
         int32_t *ids = NULL;
-        int n = input_ids(c->s->model, in, i, &ids, e);
+        int n = input_ids(c->cls->cfg.model, in, i, &ids, e);
         ok = n > 0 && submit_one(c, ids, n, e);
         free(ids);
     }
@@ -201,12 +197,6 @@ static json_t *vector_json(const float *v, int n, bool b64) {
     return j;
 }
 
-static const char *model_name(const srv_conn *c) {
-    json_t *v = json_object_get(c->json, "model");
-    const srv_model_info mi = srv_model_info_of(c->s);
-    return json_is_string(v) && srv_model_served(&mi, json_string_value(v)) ? json_string_value(v) : mi.name;
-}
-
 static enum MHD_Result answer(srv_conn *c) {
     srv_error e;
     srv_embed *em = c->embed;
@@ -225,7 +215,7 @@ static enum MHD_Result answer(srv_conn *c) {
         if (!item || json_array_append_new(data, item)) json_decref(data), data = NULL;
         tokens += em->n_tokens[i];
     }
-    json_t *j = data ? json_pack("{s:s, s:o, s:s, s:{s:i, s:i}}", "object", "list", "data", data, "model", model_name(c),
+    json_t *j = data ? json_pack("{s:s, s:o, s:s, s:{s:i, s:i}}", "object", "list", "data", data, "model", srv_reply_name(c->cls, c->json),
                                  "usage", "prompt_tokens", tokens, "total_tokens", tokens)
                      : NULL;
     return srv_respond_json(c, 200, j);

@@ -194,10 +194,10 @@ static int drain(srv_conn *c) {
         }
     }
     if (r < 0) {
-        srv_reply_remember(&c->reply, c->s->sampled);
+        srv_reply_remember(&c->reply, c->cls->sampled);
         if (c->result_cacheable) {
             kt_request_usage u = kt_request_get_usage(c->req);
-            srv_results_put(c->s->results, c->result_key, &c->reply, &u);
+            srv_results_put(c->cls->results, c->result_key, &c->reply, &u);
         }
     }
     return r < 0 ? 1 : 0;
@@ -316,21 +316,13 @@ static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     kt_gen_params p = gen_params(&c->gen, ids, n, c->link);
     kt_error err = {0};
     kt_gen_field field = KT_FIELD_NONE;
-    pthread_mutex_lock(&s->engine_mu); /* srv_stop clears s->engine under it */
-    kt_status st = s->engine ? kt_engine_submit_ex(s->engine, &p, &c->req, &err, &field)
+    pthread_mutex_lock(&s->engine_mu); /* srv_stop clears the engines under it */
+    kt_status st = c->cls->engine ? kt_engine_submit_ex(c->cls->engine, &p, &c->req, &err, &field)
                              : kt_error_set(&err, KT_ERR_BUSY, "the server is shutting down");
     pthread_mutex_unlock(&s->engine_mu);
     if (st == KT_OK) return true;
     srv_submit_error(&err, field, c->gen.kind, e);
     return false;
-}
-
-/* The name a reply gives its model: the one the request used, when it is
- * one of the model's names; else (any name is accepted) the file's. */
-static const char *reply_model_name(const srv_conn *c) {
-    json_t *v = c->json ? json_object_get(c->json, "model") : NULL;
-    const srv_model_info mi = srv_model_info_of(c->s);
-    return json_is_string(v) && srv_model_served(&mi, json_string_value(v)) ? json_string_value(v) : mi.name;
 }
 
 static bool start_reply(srv_conn *c, srv_error *e) {
@@ -342,7 +334,8 @@ static bool start_reply(srv_conn *c, srv_error *e) {
                                                                : "cmpl-";
     snprintf(id, sizeof id, "%s%016llx", prefix, (unsigned long long)fresh_random(s));
     c->have_reply = true;
-    if (!srv_reply_init(&c->reply, &c->gen, s->model, reply_model_name(c), id, (long long)time(NULL)))
+    if (!srv_reply_init(&c->reply, &c->gen, c->cls->cfg.model, srv_reply_name(c->cls, c->json), id,
+                        (long long)time(NULL)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (!c->gen.stream || c->gen.kind != SRV_CHAT) return true;
     if (c->dialect && !(c->xlate = c->dialect->stream_new(c->dialect_body, &c->reply, &c->gen, c->n_prompt)))
@@ -367,25 +360,25 @@ static enum MHD_Result start_stream(srv_conn *c) {
 /* Parse, tokenize, submit; on success the connection owns a request. */
 static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     srv_server *s = c->s;
-    const kt_model_desc *d = kt_model_describe(s->model);
-    srv_model_info mi = srv_model_info_of(s);
-    mi.n_vocab = d->n_vocab;
-    if (!(c->json = srv_parse_body(c, e))) return false;
+    if (!(c->json = srv_parse_body(c, e)) || !(c->cls = srv_route(s, c->json, e))) return false;
+    srv_class *k = c->cls;
+    const srv_model_info mi = srv_class_info(k);
     if (c->dialect) {
         c->dialect_body = c->json;
         if (!(c->json = c->dialect->to_chat(c->dialect_body, e))) return false;
     }
+    if (!srv_class_defaults(k, c->json)) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (!srv_parse_gen(c->json, kind, &mi, fresh_random(s), &c->gen, e)) return false;
     c->have_gen = true;
     if (c->dialect && c->gen.n_choices != 1)
         return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
-    int n = srv_prompt_tokens(s->model, s->cfg.template_text, s->sampled, &c->gen, &ids, e);
+    int n = srv_prompt_tokens(k->cfg.model, k->cfg.template_text, k->sampled, &c->gen, &ids, e);
     if (n < 0) return false;
     c->n_prompt = n;
-    if (s->results && srv_result_cacheable(&c->gen)) {
+    if (k->results && srv_result_cacheable(&c->gen)) {
         c->result_key = srv_result_key_of(&c->gen, ids, n);
-        c->result_hit = srv_results_get(s->results, c->result_key, &c->result);
+        c->result_hit = srv_results_get(k->results, c->result_key, &c->result);
         c->result_cacheable = !c->result_hit;
     }
     bool ok = c->result_hit || (c->link = srv_link_acquire(s, c->mc)) != NULL;
@@ -476,15 +469,16 @@ void srv_gen_release(srv_conn *c) {
 
 enum MHD_Result srv_count_tokens(srv_conn *c) {
     srv_error e;
-    srv_server *s = c->s;
-    srv_model_info mi = srv_model_info_of(s);
-    mi.n_vocab = kt_model_describe(s->model)->n_vocab;
     int32_t *ids = NULL;
     int n = -1;
-    if ((c->dialect_body = srv_parse_body(c, &e)) && (c->json = srv_messages_count_body(c->dialect_body, &e)) &&
-        srv_parse_gen(c->json, SRV_CHAT, &mi, 0, &c->gen, &e)) {
+    srv_model_info mi = {0};
+    srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"); /* what is left if nothing below says more */
+    if ((c->dialect_body = srv_parse_body(c, &e)) && (c->cls = srv_route(c->s, c->dialect_body, &e)) &&
+        (mi = srv_class_info(c->cls), c->json = srv_messages_count_body(c->dialect_body, &e)) &&
+        srv_class_defaults(c->cls, c->json) && srv_parse_gen(c->json, SRV_CHAT, &mi, 0, &c->gen, &e)) {
+        const srv_class *k = c->cls;
         c->have_gen = true;
-        n = srv_prompt_tokens(s->model, s->cfg.template_text, s->sampled, &c->gen, &ids, &e);
+        n = srv_prompt_tokens(k->cfg.model, k->cfg.template_text, k->sampled, &c->gen, &ids, &e);
     }
     free(ids);
     if (n < 0) return srv_respond_error(c, &e);

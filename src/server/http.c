@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/timing.h"
+#include "base/error.h"
 #include "server/http_internal.h"
 #include "server/reqlog.h"
 #include "server/sampled.h"
@@ -155,10 +156,14 @@ int srv_busy(srv_server *s) {
 static enum MHD_Result health(srv_conn *c) {
     srv_server *s = c->s;
     srv_state state = srv_get_state(s);
-    kt_engine_stats st = {0};
+    kt_engine_stats st = {0}, one;
     pthread_mutex_lock(&s->engine_mu);
-    bool up = s->engine != NULL;
-    if (up) kt_engine_get_stats(s->engine, &st);
+    bool up = s->n_classes > 0 && s->classes[0].engine != NULL; /* srv_stop takes every engine at once */
+    for (int i = 0; up && i < s->n_classes; i++) { /* the load of every class together */
+        kt_engine_get_stats(s->classes[i].engine, &one);
+        st.queue_depth += one.queue_depth, st.requests_running += one.requests_running;
+        st.kv_blocks_free += one.kv_blocks_free, st.kv_blocks_total += one.kv_blocks_total;
+    }
     pthread_mutex_unlock(&s->engine_mu);
     if (state == SRV_LOADING) return srv_respond_json(c, 503, json_pack("{s:s}", "status", "loading"));
     if (!up) return srv_respond_json(c, 503, json_pack("{s:s}", "status", "shutting down"));
@@ -187,63 +192,36 @@ static bool refused_by_state(const srv_conn *c, srv_error *e) {
     return false;
 }
 
-srv_model_info srv_model_info_of(const srv_server *s) {
-    return (srv_model_info){.name = s->cfg.model_name, .aliases = s->cfg.aliases, .n_aliases = s->cfg.n_aliases,
-                            .strict = s->cfg.strict_model_names};
-}
-
-static json_t *model_object(const srv_server *s, const char *name) {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", name, "object", "model", "created", (json_int_t)s->started,
-                     "owned_by", "kettle");
-}
-
-/* Every name the model answers to: the file's, then the aliases. */
+/* Every class's names: its own, then its aliases. */
 static enum MHD_Result models(srv_conn *c) {
-    srv_server *s = c->s;
-    json_t *data = json_array();
-    if (data) json_array_append_new(data, model_object(s, s->cfg.model_name));
-    for (int i = 0; data && i < s->cfg.n_aliases; i++) json_array_append_new(data, model_object(s, s->cfg.aliases[i]));
-    return srv_respond_json(c, 200, data ? json_pack("{s:s, s:o}", "object", "list", "data", data) : NULL);
+    return srv_respond_json(c, 200, srv_models_json(c->s));
 }
 
-/* GET /v1/models/{id}: a served name's object; another name is this
- * model too (its object, under the file's name) unless
- * --strict-model-names, where it is a 404 as for a generation request. */
+/* GET /v1/models/{id}: a served name's object (srv_model_json). */
 static enum MHD_Result one_model(srv_conn *c) {
-    srv_server *s = c->s;
     srv_error e;
     if (strncmp(c->url, MODEL_PREFIX, strlen(MODEL_PREFIX))) /* the path was not UTF-8 (c->url says so) */
         return srv_respond_error(c, (srv_fail(&e, 404, "invalid_request_error", NULL, "not_found",
                                               "no such model: the path is not UTF-8"), &e));
-    const char *id = c->url + strlen(MODEL_PREFIX);
-    srv_model_info mi = srv_model_info_of(s);
-    if (srv_model_served(&mi, id)) return srv_respond_json(c, 200, model_object(s, id));
-    if (!mi.strict) return srv_respond_json(c, 200, model_object(s, s->cfg.model_name));
-    srv_model_not_found(&mi, id, &e);
-    return srv_respond_error(c, &e);
+    json_t *j = srv_model_json(c->s, c->url + strlen(MODEL_PREFIX), &e);
+    return j ? srv_respond_json(c, 200, j) : srv_respond_error(c, &e);
 }
 
+/* Every class's engine figures (one snapshot each) and result-cache hits. */
 static enum MHD_Result metrics(srv_conn *c) {
     srv_server *s = c->s;
-    kt_engine_stats st = {0};
+    srv_class_stats cs[SRV_MAX_CLASSES] = {{0}};
     pthread_mutex_lock(&s->engine_mu);
-    if (s->engine) kt_engine_get_stats(s->engine, &st);
-    pthread_mutex_unlock(&s->engine_mu);
-    char *text = srv_metrics_text(&s->metrics, &st);
-    if (!text) return MHD_NO;
-    if (s->results) { /* the result cache is the server's, not the engine's */
-        srv_buf b = {text, strlen(text), strlen(text) + 1};
-        char line[200];
-        int n = snprintf(line, sizeof line,
-                         "# HELP kettle_result_cache_hits_total requests answered from --result-cache\n"
-                         "# TYPE kettle_result_cache_hits_total counter\nkettle_result_cache_hits_total %llu\n",
-                         (unsigned long long)srv_results_hits(s->results));
-        if (!srv_buf_append(&b, line, (size_t)n)) {
-            free(b.data);
-            return MHD_NO;
-        }
-        text = b.data;
+    for (int i = 0; i < s->n_classes; i++) {
+        const srv_class *k = &s->classes[i];
+        cs[i].name = k->cfg.name;
+        if (k->engine) kt_engine_get_stats(k->engine, &cs[i].engine);
+        cs[i].has_results = k->results != NULL;
+        cs[i].result_hits = k->results ? srv_results_hits(k->results) : 0;
     }
+    pthread_mutex_unlock(&s->engine_mu);
+    char *text = srv_metrics_text(&s->metrics, cs, s->n_classes);
+    if (!text) return MHD_NO;
     return srv_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
 }
 
@@ -252,8 +230,8 @@ static enum MHD_Result tokens(srv_conn *c, bool tokenize) {
     json_t *body = srv_parse_body(c, &e), *out = NULL;
     if (body && !json_is_object(body))
         srv_fail(&e, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
-    else if (body)
-        out = tokenize ? srv_tokenize(c->s->model, body, &e) : srv_detokenize(c->s->model, body, &e);
+    else if (body && (c->cls = srv_route(c->s, body, &e)))
+        out = tokenize ? srv_tokenize(c->cls->cfg.model, body, &e) : srv_detokenize(c->cls->cfg.model, body, &e);
     json_decref(body);
     return out ? srv_respond_json(c, 200, out) : srv_respond_error(c, &e);
 }
@@ -439,6 +417,31 @@ static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     return d;
 }
 
+/* A class's own parts: its engine and memories (false: out of memory). */
+static bool class_init(srv_class *k, const srv_class_config *cfg) {
+    k->cfg = *cfg, k->engine = cfg->engine;
+    /* 1M ids (4 MB): the replies of many sessions' recent turns */
+    return (k->sampled = srv_sampled_new(1u << 20)) &&
+           (cfg->result_cache <= 0 || (k->results = srv_results_new(cfg->result_cache)));
+}
+
+/* Names must say one class each: a name two classes answer to would
+ * route to the first only. */
+static bool names_unique(const srv_class_config *classes, int n, kt_error *err) {
+    for (int a = 0; a < n; a++)
+        for (int i = -1; i < classes[a].n_aliases; i++) {
+            const char *name = i < 0 ? classes[a].name : classes[a].aliases[i];
+            for (int b = 0; b <= a; b++)
+                for (int j = -1; j < classes[b].n_aliases && !(b == a && j >= i); j++)
+                    if (!strcmp(name, j < 0 ? classes[b].name : classes[b].aliases[j])) {
+                        kt_error_set(err, KT_ERR_ARG, "the model name '%s' is given twice (names and aliases "
+                                     "must be unique across --model classes)", name);
+                        return false;
+                    }
+        }
+    return true;
+}
+
 srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     srv_server *s = calloc(1, sizeof *s);
     if (!s) {
@@ -450,10 +453,7 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
     pthread_mutex_init(&s->engine_mu, NULL);
     pthread_mutex_init(&s->link_mu, NULL);
-    /* 1M ids (4 MB): the replies of many sessions' recent turns */
-    if (!srv_metrics_init(&s->metrics) || !(s->sampled = srv_sampled_new(1u << 20)) ||
-        (s->cfg.result_cache > 0 && !(s->results = srv_results_new(s->cfg.result_cache))) ||
-        !(s->daemon = start_daemon(s, err))) {
+    if (!srv_metrics_init(&s->metrics) || !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         srv_stop(s);
         return NULL;
@@ -463,12 +463,33 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     return s;
 }
 
-void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling embed_pooling) {
-    s->model = model, s->cfg.embed_pooling = embed_pooling;
+bool srv_ready_classes(srv_server *s, const srv_class_config *classes, int n, kt_error *err) {
+    bool ok = n >= 1 && n <= SRV_MAX_CLASSES;
+    if (!ok) kt_error_set(err, KT_ERR_ARG, "1 to %d models can be served", SRV_MAX_CLASSES);
+    ok = ok && names_unique(classes, n, err);
     pthread_mutex_lock(&s->engine_mu);
-    s->engine = engine;
+    for (int i = 0; ok && i < n; i++) {
+        ok = class_init(&s->classes[i], &classes[i]);
+        s->n_classes = i + 1;
+        if (!ok) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    }
     pthread_mutex_unlock(&s->engine_mu);
-    __atomic_store_n(&s->state, SRV_READY, __ATOMIC_RELEASE); /* after the model: handlers read it once ready */
+    if (!ok) { /* the engines are the server's now: those not in a class go */
+        for (int i = s->n_classes; i < n; i++) kt_engine_free(classes[i].engine);
+        return false;
+    }
+    __atomic_store_n(&s->state, SRV_READY, __ATOMIC_RELEASE); /* after the classes: handlers read them once ready */
+    return true;
+}
+
+void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling embed_pooling) {
+    const srv_config *cfg = &s->cfg;
+    srv_class_config one = {.name = cfg->model_name ? cfg->model_name : "model", .aliases = cfg->aliases,
+                            .n_aliases = cfg->n_aliases, .model = model, .engine = engine,
+                            .template_text = cfg->template_text, .embed_pooling = embed_pooling,
+                            .result_cache = cfg->result_cache};
+    kt_error err = {0};
+    srv_ready_classes(s, &one, 1, &err); /* one class: only out of memory can refuse it */
 }
 
 void srv_drain(srv_server *s) {
@@ -478,7 +499,17 @@ void srv_drain(srv_server *s) {
 
 srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg, kt_error *err) {
     srv_server *s = srv_open(cfg, err);
-    if (s) srv_ready(s, model, engine, cfg->embed_pooling);
+    if (s) srv_ready(s, model, engine, cfg->embed_pooling); /* on failure the engine is still the caller's */
+    return s;
+}
+
+srv_server *srv_start_classes(const srv_config *cfg, const srv_class_config *classes, int n, kt_error *err) {
+    srv_server *s = srv_open(cfg, err);
+    if (!s) {
+        for (int i = 0; i < n; i++) kt_engine_free(classes[i].engine);
+        return NULL;
+    }
+    if (!srv_ready_classes(s, classes, n, err)) srv_stop(s), s = NULL;
     return s;
 }
 
@@ -488,18 +519,17 @@ int srv_port(const srv_server *s) {
 
 void srv_stop(srv_server *s) {
     if (!s) return;
+    kt_engine *engines[SRV_MAX_CLASSES];
     pthread_mutex_lock(&s->engine_mu);
-    kt_engine *e = s->engine;
-    s->engine = NULL;
+    for (int i = 0; i < s->n_classes; i++) engines[i] = s->classes[i].engine, s->classes[i].engine = NULL;
     pthread_mutex_unlock(&s->engine_mu);
-    if (e) kt_engine_free(e); /* every request ends as cancelled and notifies */
+    for (int i = 0; i < s->n_classes; i++) kt_engine_free(engines[i]); /* every request ends as cancelled and notifies */
     srv_links_wake_all(s);
     /* let the woken streams send their last chunks and [DONE] (up to 3 s) */
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_links_free(s);
-    srv_sampled_free(s->sampled);
-    srv_results_free(s->results);
+    for (int i = 0; i < s->n_classes; i++) srv_sampled_free(s->classes[i].sampled), srv_results_free(s->classes[i].results);
     srv_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->engine_mu);
     pthread_mutex_destroy(&s->link_mu);

@@ -11,28 +11,46 @@
 #ifndef KT_SERVER_HTTP_H
 #define KT_SERVER_HTTP_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/reqlog.h"
 
+/* One model served under a name: an inference class (a small fast router,
+ * a bigger reasoner, ...). Requests go to the class their `model` names. */
+typedef struct srv_class_config {
+    const char *name;          /* its name in the API, listed first */
+    const char *const *aliases; /* more names it answers to and lists */
+    int n_aliases;
+    kt_model *model;           /* the caller's; outlives the server */
+    kt_engine *engine;         /* the server takes it over (srv_stop frees it) */
+    const char *template_text; /* chat template; NULL: the model's own */
+    kt_pooling embed_pooling;  /* /v1/embeddings pools so; KT_POOL_NONE: a 400 (the model cannot embed) */
+    json_t *defaults;          /* request fields a request without them gets (e.g. {"temperature": 0} for a
+                                * router); NULL: none. Borrowed */
+    int result_cache;          /* answers of deterministic requests kept (0: off) */
+} srv_class_config;
+
 typedef struct srv_config {
     const char *host;          /* numeric address or name to bind; NULL: 127.0.0.1 */
     int port;                  /* 0: any free port (see srv_port) */
     const char *api_key;       /* NULL: no authentication */
+    /* srv_start's one class (srv_start_classes takes its own) */
     const char *model_name;    /* the model's name in the API (the file's), first in /v1/models */
     const char *const *aliases; /* more names it answers to and lists (--alias) */
     int n_aliases;
-    bool strict_model_names;   /* a `model` naming none of them is a 404 (default: with one model
-                                * served, any name is this model, as clients configured for another
-                                * server expect) */
     const char *template_text; /* chat template; NULL: the model's own */
+    int result_cache;          /* answers of deterministic requests kept (0: off) */
+    kt_pooling embed_pooling;  /* /v1/embeddings pools so; KT_POOL_NONE: it is a 400 (the model cannot embed) */
+    /* the server's */
+    bool strict_model_names;   /* a `model` naming no class is a 404 (default: with one class
+                                * served, any name is that class, as clients configured for another
+                                * server expect; with several, an unknown name is always a 404) */
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     srv_log_format log_format; /* one line per request on stderr (reqlog.h); 0: off */
-    int result_cache;          /* answers of deterministic requests kept (0: off) */
-    kt_pooling embed_pooling;  /* /v1/embeddings pools so; KT_POOL_NONE: it is a 400 (the model cannot embed) */
     bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
 } srv_config;
 
@@ -50,9 +68,17 @@ srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg,
  * /metrics answers, every other request is 503 with Retry-After until
  * srv_ready. */
 srv_server *srv_open(const srv_config *cfg, kt_error *err);
-/* The model is loaded: from now on the server answers everything. It
- * takes over the engine as srv_start does. */
+/* The models are loaded: from now on the server answers everything. It
+ * takes over every class's engine (srv_stop frees them), also when it
+ * refuses the classes (1..SRV_MAX_CLASSES, names and aliases unique
+ * across them: false with err). */
+#define SRV_MAX_CLASSES 16
+bool srv_ready_classes(srv_server *s, const srv_class_config *classes, int n, kt_error *err);
+/* srv_ready_classes with srv_open's config's one class (model_name,
+ * aliases, template_text, result_cache) and this model and engine. */
 void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling embed_pooling);
+/* srv_open then srv_ready_classes. */
+srv_server *srv_start_classes(const srv_config *cfg, const srv_class_config *classes, int n, kt_error *err);
 /* Begins a drain: /health becomes 503 {"status":"draining"} (so health
  * checks take the server out), new generation requests get 503 with
  * Retry-After, and the ones running go on to their end. */

@@ -35,10 +35,18 @@ typedef enum srv_endpoint {
     EP_RESPONSES, EP_RESPONSE_ID, EP_MESSAGES, EP_COUNT_TOKENS, EP_EMBEDDINGS, EP_WEBUI, EP_OTHER
 } srv_endpoint;
 
+/* A class being served (classes.c). */
+typedef struct srv_class {
+    srv_class_config cfg;
+    kt_engine *engine;      /* NULL once srv_stop began (under the server's engine_mu) */
+    struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h): token ids are the class's */
+    srv_results *results;   /* its result cache (results.h), or NULL */
+} srv_class;
+
 struct srv_server {
-    kt_model *model;
-    kt_engine *engine;      /* NULL while loading and once srv_stop began */
-    int state;              /* srv_state (atomic): model and engine are set before it becomes SRV_READY */
+    srv_class classes[SRV_MAX_CLASSES]; /* set before state becomes SRV_READY */
+    int n_classes;
+    int state;              /* srv_state (atomic): the classes are set before it becomes SRV_READY */
     srv_config cfg;
     struct MHD_Daemon *daemon;
     int port;
@@ -49,8 +57,6 @@ struct srv_server {
     int n_links_used;       /* generation requests still being answered */
     bool shutting;          /* under link_mu: no more suspending */
     srv_metrics metrics;
-    struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h) */
-    srv_results *results;   /* --result-cache (results.h), or NULL */
     unsigned long long n_requests; /* for ids and default seeds (atomic) */
 };
 
@@ -58,6 +64,7 @@ typedef struct srv_conn {
     srv_server *s;
     struct MHD_Connection *mc;
     srv_endpoint ep;
+    srv_class *cls;         /* the class the request's model names (srv_route) */
     const srv_dialect *dialect; /* /v1/responses, /v1/messages: how the body and the answer are translated;
                                  * NULL: OpenAI's chat / completions */
     int route_status;       /* 0, or 404 / 405 decided from the URL */
@@ -92,8 +99,22 @@ typedef struct srv_conn {
 enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, char *body, size_t len);
 enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j);
 enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e);
-/* The served model's names, as the request parsers take them (n_vocab 0). */
-srv_model_info srv_model_info_of(const struct srv_server *s);
+/* classes.c */
+/* The class body's "model" names (absent: the first class); NULL with e
+ * filled (a 404 listing what is served, a 400 for a model that is not a
+ * string). With one class and no --strict-model-names, any name is it. */
+srv_class *srv_route(srv_server *s, json_t *body, srv_error *e);
+/* A class's names, as the request parsers take them (not strict: the
+ * route already decided; n_vocab set). */
+srv_model_info srv_class_info(const srv_class *k);
+/* The name a reply gives its model: the one the request used, when it is
+ * one of the class's names; else the class's. */
+const char *srv_reply_name(const srv_class *k, json_t *body);
+/* Adds the class's default fields a chat body lacks; false if out of memory. */
+bool srv_class_defaults(const srv_class *k, json_t *chat);
+/* GET /v1/models and /v1/models/{id}. */
+json_t *srv_models_json(const srv_server *s);
+json_t *srv_model_json(const srv_server *s, const char *id, srv_error *e);
 /* The body parsed as JSON, or NULL with e filled (400, saying where). */
 json_t *srv_parse_body(srv_conn *c, srv_error *e);
 

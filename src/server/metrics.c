@@ -48,20 +48,45 @@ static bool family(srv_buf *b, const char *name, const char *type, const char *h
     return put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static bool scalar(srv_buf *b, const char *name, const char *type, const char *help, double v) {
-    return family(b, name, type, help) && put(b, "%s %.17g\n", name, v);
+/* The label of class i: empty with one class, {model="NAME"} (or
+ * ,model="NAME" inside other labels) with several. */
+static void label(char *out, size_t cap, const srv_class_stats *cs, int n, int i, bool inner) {
+    if (n == 1) out[0] = 0;
+    else snprintf(out, cap, inner ? ",model=\"%.100s\"" : "{model=\"%.100s\"}", cs[i].name);
 }
 
-static bool histogram(srv_buf *b, const char *name, const char *help, const kt_latency_hist *h) {
-    bool ok = family(b, name, "histogram", help);
-    uint64_t cum = 0;
-    for (int i = 0; ok && i < KT_LAT_N_BUCKETS - 1; i++) {
-        cum += h->counts[i];
-        ok = put(b, "%s_bucket{le=\"%g\"} %llu\n", name, kt_lat_bucket_ms[i] / 1e3, (unsigned long long)cum);
+/* One gauge or counter: a line per class. */
+typedef struct scalar_def {
+    const char *name, *type, *help;
+    double (*get)(const srv_class_stats *c);
+} scalar_def;
+
+static bool scalars(srv_buf *b, const scalar_def *d, const srv_class_stats *cs, int n) {
+    bool ok = family(b, d->name, d->type, d->help);
+    char lab[128];
+    for (int i = 0; ok && i < n; i++) {
+        label(lab, sizeof lab, cs, n, i, false);
+        ok = put(b, "%s%s %.17g\n", d->name, lab, d->get(&cs[i]));
     }
-    cum += h->counts[KT_LAT_N_BUCKETS - 1];
-    return ok && put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum) &&
-           put(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum_ms / 1e3, name, (unsigned long long)h->n);
+    return ok;
+}
+
+static bool histogram(srv_buf *b, const char *name, const char *help, const srv_class_stats *cs, int n, bool ttft) {
+    bool ok = family(b, name, "histogram", help);
+    char in[128], out[128];
+    for (int c = 0; ok && c < n; c++) {
+        const kt_latency_hist *h = ttft ? &cs[c].engine.ttft : &cs[c].engine.itl;
+        label(in, sizeof in, cs, n, c, true), label(out, sizeof out, cs, n, c, false);
+        uint64_t cum = 0;
+        for (int i = 0; ok && i < KT_LAT_N_BUCKETS - 1; i++) {
+            cum += h->counts[i];
+            ok = put(b, "%s_bucket{le=\"%g\"%s} %llu\n", name, kt_lat_bucket_ms[i] / 1e3, in, (unsigned long long)cum);
+        }
+        cum += h->counts[KT_LAT_N_BUCKETS - 1];
+        ok = ok && put(b, "%s_bucket{le=\"+Inf\"%s} %llu\n", name, in, (unsigned long long)cum) &&
+             put(b, "%s_sum%s %.9g\n%s_count%s %llu\n", name, out, h->sum_ms / 1e3, name, out, (unsigned long long)h->n);
+    }
+    return ok;
 }
 
 static bool http_requests(srv_buf *b, srv_metrics *m) {
@@ -74,50 +99,77 @@ static bool http_requests(srv_buf *b, srv_metrics *m) {
     return ok;
 }
 
-static bool finished(srv_buf *b, const kt_engine_stats *st) {
+static bool finished(srv_buf *b, const srv_class_stats *cs, int n) {
     bool ok = family(b, "kettle_requests_finished_total", "counter", "generation choices finished, by reason");
-    for (int f = KT_FINISH_STOP; ok && f <= KT_FINISH_ERROR; f++)
-        ok = put(b, "kettle_requests_finished_total{reason=\"%s\"} %llu\n", kt_finish_name((kt_finish)f),
-                 (unsigned long long)st->requests_finished[f]);
+    char lab[128];
+    for (int c = 0; c < n; c++) {
+        label(lab, sizeof lab, cs, n, c, true);
+        for (int f = KT_FINISH_STOP; ok && f <= KT_FINISH_ERROR; f++)
+            ok = put(b, "kettle_requests_finished_total{reason=\"%s\"%s} %llu\n", kt_finish_name((kt_finish)f), lab,
+                     (unsigned long long)cs[c].engine.requests_finished[f]);
+    }
     return ok;
 }
 
-char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st) {
+#define GET(field) \
+    static double get_##field(const srv_class_stats *c) { return (double)c->engine.field; }
+GET(prompt_tokens) GET(cached_prompt_tokens) GET(generated_tokens) GET(steps) GET(queue_depth) GET(running)
+GET(kv_blocks_used) GET(kv_blocks_free) GET(kv_blocks_total) GET(kv_window_slots_used) GET(kv_window_slots_total)
+GET(kv_block_tokens) GET(kv_blocks_cached) GET(cache_evicted_blocks) GET(disk_cached_prompt_tokens) GET(disk_files)
+GET(disk_bytes) GET(disk_writes) GET(disk_reads) GET(disk_rejected) GET(disk_removed)
+#undef GET
+
+static const scalar_def SCALARS[] = {
+    {"kettle_prompt_tokens_total", "counter", "prompt tokens prefilled (computed)", get_prompt_tokens},
+    {"kettle_cache_hit_tokens_total", "counter", "prompt tokens served from the prefix cache", get_cached_prompt_tokens},
+    {"kettle_generated_tokens_total", "counter", "tokens generated", get_generated_tokens},
+    {"kettle_engine_steps_total", "counter", "engine steps run", get_steps},
+};
+static const scalar_def GAUGES[] = {
+    {"kettle_queue_depth", "gauge", "requests waiting for admission", get_queue_depth},
+    {"kettle_running_sequences", "gauge", "sequences prefilling or decoding", get_running},
+    {"kettle_kv_blocks_used", "gauge", "KV cache blocks in use", get_kv_blocks_used},
+    {"kettle_kv_blocks_free", "gauge", "KV cache blocks free", get_kv_blocks_free},
+    {"kettle_kv_blocks_total", "gauge", "KV cache blocks in the pool", get_kv_blocks_total},
+    {"kettle_kv_window_slots_used", "gauge", "sliding-window layers' block slots in use", get_kv_window_slots_used},
+    {"kettle_kv_window_slots_total", "gauge", "sliding-window layers' block slots in the pool", get_kv_window_slots_total},
+    {"kettle_kv_block_tokens", "gauge", "positions per KV block", get_kv_block_tokens},
+    {"kettle_cache_blocks", "gauge", "KV blocks the prefix cache indexes (in use or idle)", get_kv_blocks_cached},
+    {"kettle_cache_evicted_blocks_total", "counter", "idle cached KV blocks taken back for running requests",
+     get_cache_evicted_blocks},
+    {"kettle_cache_disk_hit_tokens_total", "counter", "prompt tokens read back from the disk tier",
+     get_disk_cached_prompt_tokens},
+    {"kettle_cache_disk_files", "gauge", "KV block files in --cache-dir", get_disk_files},
+    {"kettle_cache_disk_bytes", "gauge", "bytes of KV block files in --cache-dir", get_disk_bytes},
+    {"kettle_cache_disk_writes_total", "counter", "KV blocks written to disk", get_disk_writes},
+    {"kettle_cache_disk_reads_total", "counter", "KV blocks read back from disk", get_disk_reads},
+    {"kettle_cache_disk_rejected_total", "counter", "files skipped and removed: another model, truncated, corrupt",
+     get_disk_rejected},
+    {"kettle_cache_disk_removed_total", "counter", "files removed to stay under --cache-disk-mb", get_disk_removed},
+};
+
+/* The result cache's hits, for the classes that keep one. */
+static bool result_hits(srv_buf *b, const srv_class_stats *cs, int n) {
+    bool any = false, ok = true;
+    char lab[128];
+    for (int i = 0; i < n; i++) any |= cs[i].has_results;
+    if (any) ok = family(b, "kettle_result_cache_hits_total", "counter", "requests answered from --result-cache");
+    for (int i = 0; ok && i < n; i++) {
+        if (!cs[i].has_results) continue;
+        label(lab, sizeof lab, cs, n, i, false);
+        ok = put(b, "kettle_result_cache_hits_total%s %llu\n", lab, cs[i].result_hits);
+    }
+    return ok;
+}
+
+char *srv_metrics_text(srv_metrics *m, const srv_class_stats *cs, int n) {
     srv_buf b = {0};
-    bool ok = http_requests(&b, m) && finished(&b, st) &&
-              scalar(&b, "kettle_prompt_tokens_total", "counter", "prompt tokens prefilled (computed)",
-                     (double)st->prompt_tokens) &&
-              scalar(&b, "kettle_cache_hit_tokens_total", "counter", "prompt tokens served from the prefix cache",
-                     (double)st->cached_prompt_tokens) &&
-              scalar(&b, "kettle_generated_tokens_total", "counter", "tokens generated", (double)st->generated_tokens) &&
-              scalar(&b, "kettle_engine_steps_total", "counter", "engine steps run", (double)st->steps) &&
-              histogram(&b, "kettle_time_to_first_token_seconds", "submit to first token", &st->ttft) &&
-              histogram(&b, "kettle_inter_token_latency_seconds", "time between tokens of one choice", &st->itl) &&
-              scalar(&b, "kettle_queue_depth", "gauge", "requests waiting for admission", st->queue_depth) &&
-              scalar(&b, "kettle_running_sequences", "gauge", "sequences prefilling or decoding", st->running) &&
-              scalar(&b, "kettle_kv_blocks_used", "gauge", "KV cache blocks in use", st->kv_blocks_used) &&
-              scalar(&b, "kettle_kv_blocks_free", "gauge", "KV cache blocks free", st->kv_blocks_free) &&
-              scalar(&b, "kettle_kv_blocks_total", "gauge", "KV cache blocks in the pool", st->kv_blocks_total) &&
-              scalar(&b, "kettle_kv_window_slots_used", "gauge", "sliding-window layers' block slots in use",
-                     st->kv_window_slots_used) &&
-              scalar(&b, "kettle_kv_window_slots_total", "gauge", "sliding-window layers' block slots in the pool",
-                     st->kv_window_slots_total) &&
-              scalar(&b, "kettle_kv_block_tokens", "gauge", "positions per KV block", st->kv_block_tokens) &&
-              scalar(&b, "kettle_cache_blocks", "gauge", "KV blocks the prefix cache indexes (in use or idle)",
-                     st->kv_blocks_cached) &&
-              scalar(&b, "kettle_cache_evicted_blocks_total", "counter",
-                     "idle cached KV blocks taken back for running requests", (double)st->cache_evicted_blocks) &&
-              scalar(&b, "kettle_cache_disk_hit_tokens_total", "counter", "prompt tokens read back from the disk tier",
-                     (double)st->disk_cached_prompt_tokens) &&
-              scalar(&b, "kettle_cache_disk_files", "gauge", "KV block files in --cache-dir", (double)st->disk_files) &&
-              scalar(&b, "kettle_cache_disk_bytes", "gauge", "bytes of KV block files in --cache-dir",
-                     (double)st->disk_bytes) &&
-              scalar(&b, "kettle_cache_disk_writes_total", "counter", "KV blocks written to disk", (double)st->disk_writes) &&
-              scalar(&b, "kettle_cache_disk_reads_total", "counter", "KV blocks read back from disk", (double)st->disk_reads) &&
-              scalar(&b, "kettle_cache_disk_rejected_total", "counter",
-                     "files skipped and removed: another model, truncated, corrupt", (double)st->disk_rejected) &&
-              scalar(&b, "kettle_cache_disk_removed_total", "counter", "files removed to stay under --cache-disk-mb",
-                     (double)st->disk_removed);
+    bool ok = http_requests(&b, m) && finished(&b, cs, n);
+    for (size_t i = 0; ok && i < sizeof SCALARS / sizeof SCALARS[0]; i++) ok = scalars(&b, &SCALARS[i], cs, n);
+    ok = ok && histogram(&b, "kettle_time_to_first_token_seconds", "submit to first token", cs, n, true) &&
+         histogram(&b, "kettle_inter_token_latency_seconds", "time between tokens of one choice", cs, n, false);
+    for (size_t i = 0; ok && i < sizeof GAUGES / sizeof GAUGES[0]; i++) ok = scalars(&b, &GAUGES[i], cs, n);
+    ok = ok && result_hits(&b, cs, n);
     if (!ok) srv_buf_free(&b);
     return ok ? b.data : NULL;
 }

@@ -30,7 +30,17 @@ bool srv_metrics_init(srv_metrics *m);
 void srv_metrics_destroy(srv_metrics *m);
 /* Counts one finished HTTP request; `endpoint` must be a static string. */
 void srv_metrics_count(srv_metrics *m, const char *endpoint, int status);
-/* The Prometheus text exposition (malloc'ed), or NULL when out of memory. */
-char *srv_metrics_text(srv_metrics *m, const kt_engine_stats *st);
+/* One class's figures for a scrape. */
+typedef struct srv_class_stats {
+    const char *name;        /* the class's name: the `model` label */
+    kt_engine_stats engine;  /* one snapshot of its engine */
+    bool has_results;        /* it keeps a result cache */
+    unsigned long long result_hits;
+} srv_class_stats;
+
+/* The Prometheus text exposition (malloc'ed), or NULL when out of memory.
+ * With one class the engine's series carry no label (as before there
+ * were classes); with several, each carries model="NAME". */
+char *srv_metrics_text(srv_metrics *m, const srv_class_stats *cs, int n);
 
 #endif

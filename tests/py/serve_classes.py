@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""serve_classes.py - several models in one `kettle serve` (inference
+classes), end to end:
+
+  routing   the request's "model" picks the class (an alias too; none: the
+            first); an unknown name is a 404 listing every served name
+  params    each class's own context and parallel sequences, default
+            request fields (a router at temperature 0), embeddings
+  metrics   /metrics carries each class's figures under a model label
+  config    --config FILE.json declares the same classes
+  memory    classes share the memory: a class that cannot fit what the
+            ones before it left is refused naming it and the flag; a
+            default pool is cut to fit, and said so
+  usage     bad class declarations are usage errors naming the key
+
+usage: serve_classes.py KETTLE SHARED_DIR   (exit 0: all passed)
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+KETTLE, SHARED = sys.argv[1], sys.argv[2]
+STORIES = os.path.join(SHARED, "models", "stories260K.gguf")
+TMP = tempfile.mkdtemp(prefix="kettle_classes_")
+QWEN = os.path.join(TMP, "qwen.gguf")
+QWEN_TMPL = os.path.join(SHARED, "templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        raise AssertionError(what + (("\n" + detail) if detail else ""))
+
+
+class Server:
+    def __init__(self, args, env=None):
+        self.log = []
+        self.p = subprocess.Popen([KETTLE, "serve", "--port", "0", "-t", "1"] + args, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        found = threading.Event()
+        self.port = None
+
+        def reader():
+            for line in self.p.stderr:
+                self.log.append(line)
+                m = re.search(r"listening on http://[^\s]+:(\d+)", line)
+                if m and not self.port:
+                    self.port = int(m.group(1))
+                    found.set()
+            found.set()
+
+        threading.Thread(target=reader, daemon=True).start()
+        found.wait(60)
+        check(self.port, "kettle serve started", "".join(self.log))
+
+    def req(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        r = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+                                   headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(r, timeout=60) as resp:
+                text = resp.read().decode()
+                return resp.status, (json.loads(text) if path != "/metrics" else text)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read().decode())
+
+    def chat(self, model, content="Hi", **kw):
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": kw.pop("max_tokens", 8), **kw}
+        if model is not None:
+            body["model"] = model
+        return self.req("POST", "/v1/chat/completions", body)
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        rc = self.p.wait(20)
+        check(rc == 0, "kettle serve exits 0 on SIGTERM", "".join(self.log))
+
+
+def run(args, env=None):
+    return subprocess.run([KETTLE] + args, capture_output=True, text=True, timeout=60, env=env)
+
+
+ROUTER = f"router={STORIES},temperature=0,alias=fast,chat-template=chatml,ctx=512,embeddings"
+BIG = f"big={QWEN},ctx=256,parallel=2,chat-template={QWEN_TMPL}"
+
+
+def test_routing_and_params():
+    s = Server(["--model", ROUTER, "--model", BIG])
+    banner = "".join(s.log)
+    try:
+        st, models = s.req("GET", "/v1/models")
+        check([m["id"] for m in models["data"]] == ["router", "fast", "big"], "/v1/models lists classes and aliases",
+              json.dumps(models))
+        check(", ctx 512, parallel 16," in banner and ", ctx 256, parallel 2," in banner, "each class's ctx/parallel",
+              banner)
+        # the router's default temperature 0: two unseeded requests agree, and equal an explicit temperature 0
+        a, b = s.chat("router")[1], s.chat(None)[1]
+        c = s.chat("fast", temperature=0)[1]
+        texts = [x["choices"][0]["message"]["content"] for x in (a, b, c)]
+        check(texts[0] == texts[1] == texts[2], "router: default temperature 0 (and no model = the first class)",
+              json.dumps(texts))
+        check(a["model"] == "router" and b["model"] == "router" and c["model"] == "fast", "the name asked for", "")
+        # a request's own temperature wins over the class default
+        hot = {s.chat("router", temperature=1.5, seed=k)[1]["choices"][0]["message"]["content"] for k in range(4)}
+        check(len(hot) > 1, "a request's temperature overrides the class's", json.dumps(sorted(hot)))
+        # big's context is 256: a long prompt is refused there, served by the router (512)
+        long = " ".join(["Once upon a time"] * 80)
+        st_big, e = s.chat("big", long)
+        check(st_big == 400 and e["error"]["code"] == "context_length_exceeded" and "256" in e["error"]["message"],
+              "big: its own context", json.dumps(e))
+        check(s.chat("router", long)[0] == 200, "router: a longer context", "")
+        st, e = s.chat("gpt-4o")
+        check(st == 404 and e["error"]["code"] == "model_not_found" and "'router', 'fast', 'big'" in e["error"]["message"],
+              "an unknown model is a 404 listing the served names", json.dumps(e))
+        st, r = s.req("POST", "/v1/embeddings", {"model": "router", "input": "Once"})
+        check(st == 200 and len(r["data"][0]["embedding"]) == 64, "embeddings=: the router embeds", json.dumps(r)[:200])
+        st, e = s.req("POST", "/v1/embeddings", {"model": "big", "input": "Once"})
+        check(st == 400 and "--embeddings" in e["error"]["message"], "big does not embed", json.dumps(e))
+        st, r = s.req("POST", "/v1/responses", {"model": "big", "input": "Hi", "max_output_tokens": 4})
+        check(st == 200 and r["model"] == "big", "the Responses API routes too", json.dumps(r)[:200])
+        st, t = s.req("POST", "/tokenize", {"model": "big", "content": "Hello"})
+        st2, t2 = s.req("POST", "/tokenize", {"model": "router", "content": "Hello"})
+        check(st == 200 and st2 == 200 and t["tokens"] != t2["tokens"], "/tokenize uses the class's vocabulary",
+              json.dumps([t, t2]))
+        # metrics: each class under its label, the tokens on the class that made them
+        _, m = s.req("GET", "/metrics")
+        gen = dict(re.findall(r'kettle_generated_tokens_total\{model="(\w+)"\} (\d+)', m))
+        check(set(gen) == {"router", "big"} and int(gen["router"]) > 0 and int(gen["big"]) > 0,
+              "per-class generated tokens", m[:400])
+        check(re.search(r'kettle_queue_depth\{model="big"\} 0', m) and "# TYPE kettle_queue_depth gauge" in m,
+              "per-class gauges", "")
+        check(re.search(r'kettle_time_to_first_token_seconds_count\{model="router"\} [1-9]', m), "per-class TTFT", "")
+    finally:
+        s.stop()
+
+
+def test_config():
+    cfg = os.path.join(TMP, "classes.json")
+    with open(cfg, "w") as f:
+        json.dump({"models": [
+            {"name": "router", "path": STORIES, "aliases": ["fast"], "temperature": 0, "chat-template": "chatml",
+             "ctx": 512},
+            {"name": "big", "path": QWEN, "ctx": 256, "parallel": 2, "chat-template": QWEN_TMPL}]}, f)
+    s = Server(["--config", cfg])
+    try:
+        _, models = s.req("GET", "/v1/models")
+        check([m["id"] for m in models["data"]] == ["router", "fast", "big"], "--config: the same classes",
+              json.dumps(models))
+        check(s.chat("big")[0] == 200, "--config: big answers", "")
+    finally:
+        s.stop()
+    bad = os.path.join(TMP, "bad.json")
+    for doc, want in [({"models": [{"name": "a", "path": STORIES, "colour": 1}]}, 'unknown key "colour"'),
+                      ({"models": [{"name": "a"}]}, 'needs a non-empty "name" and "path"'),
+                      ({"models": []}, "non-empty array"), ({"model": []}, 'unknown key "model"')]:
+        with open(bad, "w") as f:
+            json.dump(doc, f)
+        r = run(["serve", "--config", bad, "--port", "0"])
+        check(r.returncode == 2 and want in r.stderr, f"--config error: {want}", r.stderr)
+    with open(bad, "w") as f:
+        f.write("{\"models\": [")
+    r = run(["serve", "--config", bad, "--port", "0"])
+    check(r.returncode == 2 and "line" in r.stderr, "--config: malformed JSON names the line", r.stderr)
+
+
+def test_memory():
+    # 64 MiB for the KV caches of both: the first class's explicit 48 leaves 16; the second's 32 cannot fit
+    env = dict(os.environ, KETTLE_MEM_MB="64")
+    r = run(["serve", "--port", "0", "--model", f"a={STORIES},kv-mb=48,chat-template=chatml",
+             "--model", f"b={QWEN},kv-mb=32,chat-template=chatml"], env=env)
+    check(r.returncode != 0 and "model 'b'" in r.stderr and "--kv-mb 32" in r.stderr
+          and re.search(r"took \d+ MiB", r.stderr), "a class that does not fit is refused, naming it and the flag", r.stderr)
+    # without --kv-mb the second class's default pool is cut to what is left, and the banner says so
+    s = Server(["--model", f"a={STORIES},kv-mb=48,chat-template=chatml",
+                "--model", f"b={QWEN},ctx=2048,parallel=16,chat-template=chatml"], env=env)
+    banner = "".join(s.log)
+    try:
+        m = re.findall(r"KV cache \d+ blocks of 16 positions \((\d+) MiB", banner)
+        check(len(m) == 2 and int(m[0]) == 48 and int(m[1]) <= 16, "the second pool fits what the first left", banner)
+        check("more than the memory available now" in banner, "the cut is said", banner)
+        check(s.chat("b")[0] == 200, "the cut class answers", "")
+    finally:
+        s.stop()
+
+
+def test_usage():
+    cases = [
+        (["--model", f"a={STORIES},colour=red"], "unknown key 'colour'"),
+        (["--model", f"a={STORIES},ctx=x"], "ctx=x is not an integer"),
+        (["--model", f"a={STORIES},kv-type=q4"], "kv-type=q4"),
+        (["--model", "a="], "the path is empty"),
+        (["-m", STORIES, "--model", f"a={STORIES}"], "not both"),
+        (["--model", f"a={STORIES}", "--alias", "x"], "a class takes alias=NAME"),
+    ]
+    for args, want in cases:
+        r = run(["serve", "--port", "0"] + args)
+        check(r.returncode == 2 and want in r.stderr, f"usage error: {want}", r.stderr)
+    r = run(["serve", "--port", "0", "--model", f"a={STORIES},alias=b,chat-template=chatml", "--model",
+             f"b={STORIES},chat-template=chatml"])
+    check(r.returncode != 0 and "the model name 'b' is given twice" in r.stderr, "names are unique across classes",
+          r.stderr)
+
+
+TESTS = {"routing": test_routing_and_params, "config": test_config, "memory": test_memory, "usage": test_usage}
+
+
+def main():
+    r = run(["gen-model", "--shape", "test-tiny", "--type", "Q8_0", "--vocab",
+             os.path.join(SHARED, "vocab", "ggml-vocab-qwen2.gguf"), "-o", QWEN])
+    if r.returncode:
+        print("FAIL setup: gen-model\n" + r.stderr)
+        return 1
+    failed = 0
+    for n in sys.argv[3:] or list(TESTS):
+        t = time.time()
+        try:
+            TESTS[n]()
+            print(f"ok   {n} ({time.time() - t:.1f} s)")
+        except Exception as e:  # report every test, then fail
+            failed += 1
+            print(f"FAIL {n}: {type(e).__name__}: {e}")
+    shutil.rmtree(TMP, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
