@@ -36,6 +36,9 @@ import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kettle_server import check, run_named  # noqa: E402
+
 KETTLE, SHARED = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(SHARED, "models", "stories260K.gguf")
 TINY_Q8 = os.path.join(SHARED, "models", "test-tiny-Q8_0.gguf")
@@ -43,9 +46,6 @@ TINY_F16 = os.path.join(SHARED, "models", "test-tiny-F16.gguf")
 TMP = tempfile.mkdtemp(prefix="kettle_cli_habits_")
 
 
-def check(cond, what, detail=""):
-    if not cond:
-        raise AssertionError(what + (("\n" + detail) if detail else ""))
 
 
 def run(args, **kw):
@@ -372,18 +372,7 @@ TESTS = {"version": test_version, "serve_log": test_serve_log, "port": test_port
 
 
 def main():
-    names = sys.argv[3:] or list(TESTS)
-    failed = 0
-    for n in names:
-        t = time.time()
-        try:
-            TESTS[n]()
-            print(f"ok   {n} ({time.time() - t:.1f} s)")
-        except Exception as e:  # report every test, then fail
-            failed += 1
-            print(f"FAIL {n}: {type(e).__name__}: {e}")
-    shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if failed else 0
+    return run_named(TESTS, sys.argv[3:], TMP)
 
 
 if __name__ == "__main__":

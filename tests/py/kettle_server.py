@@ -102,3 +102,30 @@ def post(url, body):
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
+
+
+# ---- named checks (cli_habits.py, serve_classes.py) ----
+
+def check(cond, what, detail=""):
+    """An assertion that says what failed and shows the evidence."""
+    if not cond:
+        raise AssertionError(what + (("\n" + detail) if detail else ""))
+
+
+def run_named(tests, names, cleanup_dir=None):
+    """Runs tests[name]() for each name (all when none are given), printing
+    'ok' or 'FAIL' with the time; every test runs even after a failure.
+    Returns the exit status: 0 only if all passed."""
+    import time
+    failed = 0
+    for n in names or list(tests):
+        t = time.time()
+        try:
+            tests[n]()
+            print(f"ok   {n} ({time.time() - t:.1f} s)")
+        except Exception as e:  # report every test, then fail
+            failed += 1
+            print(f"FAIL {n}: {type(e).__name__}: {e}")
+    if cleanup_dir:
+        shutil.rmtree(cleanup_dir, ignore_errors=True)
+    return 1 if failed else 0

@@ -28,6 +28,9 @@ import time
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kettle_server import check, run_named  # noqa: E402
+
 KETTLE, SHARED = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(SHARED, "models", "stories260K.gguf")
 TMP = tempfile.mkdtemp(prefix="kettle_classes_")
@@ -35,9 +38,6 @@ QWEN = os.path.join(TMP, "qwen.gguf")
 QWEN_TMPL = os.path.join(SHARED, "templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
 
 
-def check(cond, what, detail=""):
-    if not cond:
-        raise AssertionError(what + (("\n" + detail) if detail else ""))
 
 
 class Server:
@@ -218,17 +218,7 @@ def main():
     if r.returncode:
         print("FAIL setup: gen-model\n" + r.stderr)
         return 1
-    failed = 0
-    for n in sys.argv[3:] or list(TESTS):
-        t = time.time()
-        try:
-            TESTS[n]()
-            print(f"ok   {n} ({time.time() - t:.1f} s)")
-        except Exception as e:  # report every test, then fail
-            failed += 1
-            print(f"FAIL {n}: {type(e).__name__}: {e}")
-    shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if failed else 0
+    return run_named(TESTS, sys.argv[3:], TMP)
 
 
 if __name__ == "__main__":
