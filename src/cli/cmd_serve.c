@@ -258,7 +258,7 @@ static kt_pooling embed_pooling(const kt_model *m, const serve_opts *o, const se
     if (p && !strcmp(p, "mean")) return KT_POOL_MEAN;
     if (p && !strcmp(p, "last")) return KT_POOL_LAST;
     if (p && !strcmp(p, "cls")) return KT_POOL_CLS;
-    switch (kt_model_describe(m)->pooling_type) {
+    switch (m ? kt_model_describe(m)->pooling_type : 0) {
     case 1: return KT_POOL_MEAN;
     case 2: return KT_POOL_CLS;
     case 3: return KT_POOL_LAST;
@@ -299,10 +299,13 @@ static srv_config server_config(const serve_opts *o) {
                         .log_format = o->log_format, .no_webui = o->no_webui};
 }
 
-/* What a loaded class holds until the server stops. */
+/* What a class holds until the server stops, and what loading it again
+ * needs (the server's load callback). */
 typedef struct loaded_class {
-    kt_model *model;
-    char *tmpl; /* its chat template text, or NULL: the model's own */
+    kt_model *model; /* loaded at start; then the server's (it may unload and reload it) */
+    char *tmpl;      /* its chat template text, or NULL: the model's own */
+    const serve_opts *o;
+    const serve_class *c;
 } loaded_class;
 
 static void print_banner(const srv_class_config *k, const kt_engine *engine, const serve_opts *o, int n_classes) {
@@ -342,6 +345,14 @@ static int load_classes(serve_opts *o, loaded_class *lc) {
     for (int i = 0; i < o->n_classes; i++) {
         serve_class *c = &o->classes[i];
         const char *t = c->template_arg ? c->template_arg : o->template_arg;
+        lc[i].o = o, lc[i].c = c;
+        if (c->lazy) { /* checked now, loaded on its first request */
+            if (t && !(lc[i].tmpl = cli_load_template(t, &err))) return cli_fail("serve", &err);
+            FILE *f = fopen(c->path, "rb");
+            if (!f) return cli_usage_error("serve", "model '%s': cannot open %s", c->name, c->path), 1;
+            fclose(f);
+            continue;
+        }
         if ((t && !(lc[i].tmpl = cli_load_template(t, &err))) || !(lc[i].model = cli_load_model(c->path, o->load, &err))) {
             if (o->n_classes > 1) kt_error_wrap(&err, "model '%s'", c->name);
             return cli_fail("serve", &err);
@@ -353,20 +364,56 @@ static int load_classes(serve_opts *o, loaded_class *lc) {
     return 0;
 }
 
-/* The engines, one per class, sharing the memory: each class's KV pool is
- * fitted to what the classes before it left (kt_mem_budget once every
- * model is in memory), so together they never ask for more than the
- * machine has. Returns 0, or 1 after naming the class that does not fit. */
-static int make_engines(const serve_opts *o, const loaded_class *lc, srv_class_config *k) {
-    size_t left = kt_mem_budget();
+/* The server's load callback: a class's model and engine again (or for
+ * the first time, for a lazy one), its KV pool within kv_limit. */
+static kt_status load_one(void *ctx, size_t kv_limit, kt_model **model, kt_engine **engine, kt_error *err) {
+    const loaded_class *lc = ctx;
+    kt_engine_params p = engine_params(lc->o, lc->c);
+    p.mem_limit = kv_limit;
+    if (!(*model = cli_load_model(lc->c->path, lc->o->load, err))) return err->status;
+    if (!(*engine = kt_engine_new(*model, &p, err))) {
+        kt_model_free(*model), *model = NULL;
+        return err->status;
+    }
+    return KT_OK;
+}
+
+/* What loading a class takes besides its KV cache: its file's size (the
+ * weights, copied into memory by --load copy and repack). */
+static size_t file_bytes(const char *path) {
+    FILE *f = fopen(path, "rb");
+    long n = f && !fseek(f, 0, SEEK_END) ? ftell(f) : 0;
+    if (f) fclose(f);
+    return n > 0 ? (size_t)n : 0;
+}
+
+/* The engines, one per class loaded at start, sharing the memory: each
+ * class's KV pool is fitted to what the classes before it left
+ * (kt_mem_budget once every such model is in memory), so together they
+ * never ask for more than the machine has; lazy classes load later within
+ * what is left (cfg->mem_budget). Returns 0, or 1 after naming the class
+ * that does not fit. */
+static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config *k, srv_config *cfg) {
+    size_t left = kt_mem_budget(), weights = 0;
     for (int i = 0; i < o->n_classes; i++) {
         const serve_class *c = &o->classes[i];
+        k[i] = (srv_class_config){.name = c->name, .aliases = c->aliases, .n_aliases = c->n_aliases,
+                                  .template_text = lc[i].tmpl, .defaults = c->defaults, .result_cache = o->result_cache,
+                                  .load = load_one, .load_ctx = &lc[i], .lazy = c->lazy,
+                                  .keep_alive_s = c->keep_alive_set ? c->keep_alive_s : -1,
+                                  .load_bytes = file_bytes(c->path),
+                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20};
+        if (c->lazy) { /* its file's pooling is not known before it loads: embeddings= says it */
+            k[i].embed_pooling = embed_pooling(NULL, o, c);
+            continue;
+        }
+        weights += k[i].load_bytes;
         kt_engine_params p = engine_params(o, c);
         p.mem_limit = left ? left : 1; /* nothing left: every pool is refused, naming the flag */
         kt_error err = {0};
         kt_engine *e = kt_engine_new(lc[i].model, &p, &err);
         if (!e) {
-            for (int j = 0; j < i; j++) kt_engine_free(k[j].engine);
+            for (int j = 0; j < i; j++) kt_engine_free(k[j].engine), kt_model_free(k[j].model);
             if (o->n_classes > 1)
                 fprintf(stderr, "kettle serve: %d model%s loaded before '%s' took %zu MiB of the memory for KV caches\n",
                         i, i == 1 ? "" : "s", c->name, (kt_mem_budget() - left) >> 20);
@@ -376,23 +423,30 @@ static int make_engines(const serve_opts *o, const loaded_class *lc, srv_class_c
         kt_engine_stats st;
         kt_engine_get_stats(e, &st);
         left = left > st.kv_pool_bytes ? left - st.kv_pool_bytes : 0;
-        k[i] = (srv_class_config){.name = c->name, .aliases = c->aliases, .n_aliases = c->n_aliases,
-                                  .model = lc[i].model, .engine = e, .template_text = lc[i].tmpl,
-                                  .embed_pooling = embed_pooling(lc[i].model, o, c), .defaults = c->defaults,
-                                  .result_cache = o->result_cache};
+        k[i].model = lc[i].model, k[i].engine = e, k[i].embed_pooling = embed_pooling(lc[i].model, o, c);
+        lc[i].model = NULL; /* the server's now */
     }
+    /* the budget as if no model were loaded: an unloaded class gives its weights back */
+    cfg->mem_budget = kt_mem_budget() + weights;
     return 0;
 }
 
 /* The models are loaded and the server bound (answering "loading"):
  * makes the engines, turns the server ready, serves until a signal,
  * drains. */
-static int serve(srv_server *srv, const loaded_class *lc, const serve_opts *o, const sigset_t *set) {
+static int serve(srv_server *srv, loaded_class *lc, const serve_opts *o, srv_config *cfg, const sigset_t *set) {
     srv_class_config k[SERVE_MAX_CLASSES];
-    if (make_engines(o, lc, k)) return 1;
+    if (make_engines(o, lc, k, cfg)) return 1;
+    srv_set_mem_budget(srv, cfg->mem_budget);
     kt_error err = {0};
     if (!srv_ready_classes(srv, k, o->n_classes, &err)) return cli_fail("serve", &err);
-    for (int i = 0; i < o->n_classes; i++) print_banner(&k[i], k[i].engine, o, o->n_classes);
+    for (int i = 0; i < o->n_classes; i++) {
+        if (k[i].engine) print_banner(&k[i], k[i].engine, o, o->n_classes);
+        else fprintf(stderr, "kettle serve: model %s: loaded on its first request (lazy)\n", k[i].name);
+        if (k[i].keep_alive_s >= 0)
+            fprintf(stderr, "kettle serve: %s: unloaded after %d s without requests (keep-alive)\n", k[i].name,
+                    k[i].keep_alive_s);
+    }
     if (o->n_classes > 1)
         fprintf(stderr, "kettle serve: %d models; a request's \"model\" picks one (none: '%s'), another name is a 404\n",
                 o->n_classes, k[0].name);
@@ -430,7 +484,7 @@ int cmd_serve(int argc, char **argv) {
     srv_server *srv = srv_open(&cfg, &err);
     loaded_class lc[SERVE_MAX_CLASSES] = {{0}};
     rc = srv ? load_classes(&o, lc) : cli_fail("serve", &err);
-    if (!rc) rc = serve(srv, lc, &o, &set);
+    if (!rc) rc = serve(srv, lc, &o, &cfg, &set);
     srv_stop(srv); /* frees the engines too */
     for (int i = 0; i < o.n_classes; i++) {
         kt_model_free(lc[i].model);

@@ -25,7 +25,7 @@ bool serve_class_is_spec(const char *v) {
 
 /* ---- the keys ---- */
 
-typedef enum key_kind { K_INT, K_STR, K_ALIAS, K_EMBED, K_DEFAULT_NUM, K_DEFAULT_INT } key_kind;
+typedef enum key_kind { K_INT, K_STR, K_ALIAS, K_EMBED, K_LAZY, K_DEFAULT_NUM, K_DEFAULT_INT } key_kind;
 
 typedef struct class_key {
     const char *name;
@@ -35,6 +35,7 @@ typedef struct class_key {
 
 static const class_key KEYS[] = {
     {"ctx", K_INT, 1, 1 << 24},      {"parallel", K_INT, 1, 1024},       {"kv-mb", K_INT, 1, 1 << 24},
+    {"keep-alive", K_INT, 0, 1 << 24}, {"lazy", K_LAZY, 0, 0},
     {"kv-type", K_STR, 0, 0},        {"chat-template", K_STR, 0, 0},     {"alias", K_ALIAS, 0, 0},
     {"embeddings", K_EMBED, 0, 0},   {"temperature", K_DEFAULT_NUM, 0, 2}, {"top_p", K_DEFAULT_NUM, 0, 1},
     {"min_p", K_DEFAULT_NUM, 0, 1},  {"top_k", K_DEFAULT_INT, 0, 1 << 20}, {"max_tokens", K_DEFAULT_INT, 1, 1 << 24},
@@ -43,7 +44,8 @@ static const class_key KEYS[] = {
 
 const char *serve_class_keys_help(void) {
     return "ctx=N, parallel=N, kv-mb=N, kv-type=f16|q8_0|f32, chat-template=FILE|NAME, alias=NAME (repeatable),\n"
-           "embeddings[=mean|last|cls], and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=";
+           "embeddings[=mean|last|cls], lazy (load on first use), keep-alive=S (unload after S idle seconds),\n"
+           "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=";
 }
 
 static const class_key *find_key(const char *name, size_t len) {
@@ -53,6 +55,7 @@ static const class_key *find_key(const char *name, size_t len) {
 }
 
 static int *int_field(serve_class *c, const char *name) {
+    if (!strcmp(name, "keep-alive")) return c->keep_alive_set = true, &c->keep_alive_s;
     return !strcmp(name, "ctx") ? &c->n_ctx : !strcmp(name, "parallel") ? &c->n_parallel : &c->kv_mb;
 }
 
@@ -70,6 +73,9 @@ static int set_key(serve_class *c, const class_key *k, const char *v, const char
         if (!v || !v[0]) return cli_usage_error(CMD, "%s: alias needs a name", where);
         if (c->n_aliases == SERVE_MAX_ALIASES) return cli_usage_error(CMD, "%s: at most %d aliases", where, SERVE_MAX_ALIASES);
         c->aliases[c->n_aliases++] = v;
+    } else if (k->kind == K_LAZY) {
+        if (v && strcmp(v, "true")) return cli_usage_error(CMD, "%s: lazy takes no value", where);
+        c->lazy = true;
     } else if (k->kind == K_EMBED) {
         if (v && strcmp(v, "mean") && strcmp(v, "last") && strcmp(v, "cls"))
             return cli_usage_error(CMD, "%s: embeddings=%s (mean, last, cls)", where, v);
@@ -109,7 +115,7 @@ int serve_class_parse(const char *spec, serve_class *c) {
         if (!k)
             return cli_usage_error(CMD, "%s: unknown key '%.*s' (keys: %s)", where, (int)(e ? e - p : (long)strlen(p)), p,
                                    serve_class_keys_help());
-        if (!e && k->kind != K_EMBED) return cli_usage_error(CMD, "%s: %s needs =VALUE", where, k->name);
+        if (!e && k->kind != K_EMBED && k->kind != K_LAZY) return cli_usage_error(CMD, "%s: %s needs =VALUE", where, k->name);
         int rc = set_key(c, k, e ? e + 1 : NULL, where);
         if (rc) return rc;
         p = next ? next + 1 : NULL;

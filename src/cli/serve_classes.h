@@ -28,6 +28,9 @@ typedef struct serve_class {
     const char *kv_type;          /* NULL: the command line's */
     const char *template_arg;     /* a file or a built-in name; NULL: the command line's, else the model's */
     const char *embeddings;       /* NULL: the command line's; "" the file's pooling or mean; mean, last, cls */
+    bool lazy;                    /* loaded on its first request, not at start */
+    bool keep_alive_set;
+    int keep_alive_s;             /* unloaded after this many idle seconds (keep_alive_set); else never */
     json_t *defaults;             /* request fields given to requests without them (temperature, ...); owned */
     char *owned;                  /* the spec text the strings above point into */
     json_t *config;               /* the config file's JSON the strings point into */

@@ -79,7 +79,7 @@ static json_t *inputs_of(json_t *body, srv_error *e) {
 
 /* model, encoding_format, dimensions, user; anything else is refused. */
 static bool check_fields(srv_conn *c, json_t *body, srv_error *e) {
-    const int n_embd = kt_model_describe(c->cls->cfg.model)->n_embd;
+    const int n_embd = kt_model_describe(c->cls->model)->n_embd;
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) {
@@ -126,7 +126,7 @@ static bool submit_one(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
 
 /* Why this server cannot embed, or NULL. */
 static const char *cannot_embed(const srv_class *k) {
-    if (kt_model_describe(k->cfg.model)->pooling_type == 4)
+    if (kt_model_describe(k->model)->pooling_type == 4)
         return "this model is a reranker (pooling \"rank\"): it scores pairs and makes no embeddings";
     if (k->cfg.embed_pooling == KT_POOL_NONE)
         return "this model is a text generator (its file declares no pooling); start kettle serve with "
@@ -135,19 +135,19 @@ static const char *cannot_embed(const srv_class *k) {
 }
 
 static bool start(srv_conn *c, srv_error *e) {
-    if (!(c->json = srv_parse_body(c, e)) || !(c->cls = srv_route(c->s, c->json, e))) return false;
     const char *why = cannot_embed(c->cls);
     if (why) return srv_fail(e, 400, INVALID, "model", "model_cannot_embed", "%s", why);
     if (!(c->embed = calloc(1, sizeof *c->embed))) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     json_t *inputs = NULL;
     bool ok = check_fields(c, c->json, e) && (inputs = inputs_of(c->json, e));
-    if (ok && !(c->link = srv_link_acquire(c->s, c->mc))) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (ok && !c->link && !(c->link = srv_link_acquire(c->s, c->mc)))
+        ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     size_t i;
     json_t *in;
     json_array_foreach(inputs, i, in) {
         if (!ok) break;
         int32_t *ids = NULL;
-        int n = input_ids(c->cls->cfg.model, in, i, &ids, e);
+        int n = input_ids(c->cls->model, in, i, &ids, e);
         ok = n > 0 && submit_one(c, ids, n, e);
         free(ids);
     }
@@ -234,8 +234,15 @@ static bool all_done(srv_embed *em) {
     return all;
 }
 
+static enum MHD_Result begin(srv_conn *c) {
+    srv_error e;
+    if (!start(c, &e)) return srv_respond_error(c, &e);
+    return srv_embed_continue(c);
+}
+
 enum MHD_Result srv_embed_continue(srv_conn *c) {
     srv_error e;
+    if (c->waiting_class) return srv_class_gate(c, begin);
     for (;;) {
         srv_link_arm(c->link);
         if (all_done(c->embed)) return answer(c);
@@ -249,8 +256,8 @@ enum MHD_Result srv_embed_continue(srv_conn *c) {
 enum MHD_Result srv_embed_start(srv_conn *c) {
     srv_error e;
     c->started = true;
-    if (!start(c, &e)) return srv_respond_error(c, &e);
-    return srv_embed_continue(c);
+    if (!(c->json = srv_parse_body(c, &e)) || !(c->cls = srv_route(c->s, c->json, &e))) return srv_respond_error(c, &e);
+    return srv_class_gate(c, begin);
 }
 
 void srv_embed_release(srv_conn *c) {

@@ -334,7 +334,7 @@ static bool start_reply(srv_conn *c, srv_error *e) {
                                                                : "cmpl-";
     snprintf(id, sizeof id, "%s%016llx", prefix, (unsigned long long)fresh_random(s));
     c->have_reply = true;
-    if (!srv_reply_init(&c->reply, &c->gen, c->cls->cfg.model, srv_reply_name(c->cls, c->json), id,
+    if (!srv_reply_init(&c->reply, &c->gen, c->cls->model, srv_reply_name(c->cls, c->json), id,
                         (long long)time(NULL)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (!c->gen.stream || c->gen.kind != SRV_CHAT) return true;
@@ -357,10 +357,10 @@ static enum MHD_Result start_stream(srv_conn *c) {
     return q;
 }
 
-/* Parse, tokenize, submit; on success the connection owns a request. */
+/* Translate, validate, tokenize, submit (the body parsed and routed, the
+ * class loaded); on success the connection owns a request. */
 static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     srv_server *s = c->s;
-    if (!(c->json = srv_parse_body(c, e)) || !(c->cls = srv_route(s, c->json, e))) return false;
     srv_class *k = c->cls;
     const srv_model_info mi = srv_class_info(k);
     if (c->dialect) {
@@ -373,7 +373,7 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     if (c->dialect && c->gen.n_choices != 1)
         return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
-    int n = srv_prompt_tokens(k->cfg.model, k->cfg.template_text, k->sampled, &c->gen, &ids, e);
+    int n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &ids, e);
     if (n < 0) return false;
     c->n_prompt = n;
     if (k->results && srv_result_cacheable(&c->gen)) {
@@ -381,7 +381,7 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
         c->result_hit = srv_results_get(k->results, c->result_key, &c->result);
         c->result_cacheable = !c->result_hit;
     }
-    bool ok = c->result_hit || (c->link = srv_link_acquire(s, c->mc)) != NULL;
+    bool ok = c->result_hit || c->link || (c->link = srv_link_acquire(s, c->mc)) != NULL;
     if (!ok) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     ok = ok && (c->result_hit || submit(c, ids, n, e)) && start_reply(c, e);
     free(ids);
@@ -419,17 +419,44 @@ static enum MHD_Result answer_from_results(srv_conn *c) {
     return srv_respond(c, 200, "text/event-stream", body, len);
 }
 
-enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
+enum MHD_Result srv_class_gate(srv_conn *c, enum MHD_Result (*go)(srv_conn *c)) {
     srv_error e;
-    c->started = true;
-    if (!prepare(c, kind, &e)) return srv_respond_error(c, &e);
+    for (;;) {
+        if (c->link) srv_link_arm(c->link); /* before queueing: a load that ends at once is not missed */
+        srv_class_wait w = srv_class_ready(c, c->link, &e);
+        if (w == CLASS_GO) return go(c);
+        if (w == CLASS_FAILED) return srv_respond_error(c, &e);
+        if (!c->link) {
+            if (!(c->link = srv_link_acquire(c->s, c->mc)))
+                return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
+            continue; /* queue it */
+        }
+        srv_wait r = srv_link_suspend(c->link);
+        if (r == WAIT_SUSPENDED) return MHD_YES;
+        if (r == WAIT_SHUTDOWN)
+            return srv_fail(&e, 503, "server_error", NULL, NULL, "the server is shutting down"), srv_respond_error(c, &e);
+    }
+}
+
+/* The class is loaded: the request goes on as it came. */
+static enum MHD_Result begin(srv_conn *c) {
+    srv_error e;
+    if (!prepare(c, c->kind, &e)) return srv_respond_error(c, &e);
     if (c->result_hit) return answer_from_results(c);
     return c->gen.stream ? start_stream(c) : srv_gen_continue(c);
+}
+
+enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
+    srv_error e;
+    c->started = true, c->kind = kind;
+    if (!(c->json = srv_parse_body(c, &e)) || !(c->cls = srv_route(c->s, c->json, &e))) return srv_respond_error(c, &e);
+    return srv_class_gate(c, begin);
 }
 
 /* A non-streaming request: gather events; answer once finished. */
 enum MHD_Result srv_gen_continue(srv_conn *c) {
     srv_error e;
+    if (c->waiting_class) return srv_class_gate(c, begin);
     for (;;) {
         srv_link_arm(c->link);
         int r = drain(c);
@@ -474,11 +501,11 @@ enum MHD_Result srv_count_tokens(srv_conn *c) {
     srv_model_info mi = {0};
     srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"); /* what is left if nothing below says more */
     if ((c->dialect_body = srv_parse_body(c, &e)) && (c->cls = srv_route(c->s, c->dialect_body, &e)) &&
-        (mi = srv_class_info(c->cls), c->json = srv_messages_count_body(c->dialect_body, &e)) &&
+        srv_loaded_now(c, &e) && (mi = srv_class_info(c->cls), c->json = srv_messages_count_body(c->dialect_body, &e)) &&
         srv_class_defaults(c->cls, c->json) && srv_parse_gen(c->json, SRV_CHAT, &mi, 0, &c->gen, &e)) {
         const srv_class *k = c->cls;
         c->have_gen = true;
-        n = srv_prompt_tokens(k->cfg.model, k->cfg.template_text, k->sampled, &c->gen, &ids, &e);
+        n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &ids, &e);
     }
     free(ids);
     if (n < 0) return srv_respond_error(c, &e);

@@ -158,8 +158,9 @@ static enum MHD_Result health(srv_conn *c) {
     srv_state state = srv_get_state(s);
     kt_engine_stats st = {0}, one;
     pthread_mutex_lock(&s->engine_mu);
-    bool up = s->n_classes > 0 && s->classes[0].engine != NULL; /* srv_stop takes every engine at once */
-    for (int i = 0; up && i < s->n_classes; i++) { /* the load of every class together */
+    bool up = s->n_classes > 0 && !s->stopping;
+    for (int i = 0; up && i < s->n_classes; i++) { /* the load of every class together (loaded ones) */
+        if (!s->classes[i].engine) continue;
         kt_engine_get_stats(s->classes[i].engine, &one);
         st.queue_depth += one.queue_depth, st.requests_running += one.requests_running;
         st.kv_blocks_free += one.kv_blocks_free, st.kv_blocks_total += one.kv_blocks_total;
@@ -215,6 +216,7 @@ static enum MHD_Result metrics(srv_conn *c) {
     for (int i = 0; i < s->n_classes; i++) {
         const srv_class *k = &s->classes[i];
         cs[i].name = k->cfg.name;
+        cs[i].loaded = k->engine != NULL;
         if (k->engine) kt_engine_get_stats(k->engine, &cs[i].engine);
         cs[i].has_results = k->results != NULL;
         cs[i].result_hits = k->results ? srv_results_hits(k->results) : 0;
@@ -230,8 +232,8 @@ static enum MHD_Result tokens(srv_conn *c, bool tokenize) {
     json_t *body = srv_parse_body(c, &e), *out = NULL;
     if (body && !json_is_object(body))
         srv_fail(&e, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
-    else if (body && (c->cls = srv_route(c->s, body, &e)))
-        out = tokenize ? srv_tokenize(c->cls->cfg.model, body, &e) : srv_detokenize(c->cls->cfg.model, body, &e);
+    else if (body && (c->cls = srv_route(c->s, body, &e)) && srv_loaded_now(c, &e))
+        out = tokenize ? srv_tokenize(c->cls->model, body, &e) : srv_detokenize(c->cls->model, body, &e);
     json_decref(body);
     return out ? srv_respond_json(c, 200, out) : srv_respond_error(c, &e);
 }
@@ -339,7 +341,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (c->status) return MHD_YES; /* answered already (413 at the headers) */
     if (!c->started) return dispatch(c);
-    return c->embed ? srv_embed_continue(c) : srv_gen_continue(c);
+    return c->ep == EP_EMBEDDINGS ? srv_embed_continue(c) : srv_gen_continue(c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -352,6 +354,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     srv_reqlog_conn(c); /* before the release: it reads the request's usage */
     srv_embed_release(c);
     srv_gen_release(c);
+    srv_class_release(c);
     srv_buf_free(&c->body);
     free(c);
     *con_cls = NULL;
@@ -417,9 +420,18 @@ static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     return d;
 }
 
+/* Tokenize and the like answer at once: a class still loading is a 503
+ * (its load begun), as for a server still loading. */
+bool srv_loaded_now(srv_conn *c, srv_error *e) {
+    srv_class_wait w = srv_class_ready(c, NULL, e);
+    if (w == CLASS_WAIT)
+        srv_fail(e, 503, "server_error", "model", "loading", "the model '%s' is loading; retry shortly", c->cls->cfg.name);
+    return w == CLASS_GO;
+}
+
 /* A class's own parts: its engine and memories (false: out of memory). */
 static bool class_init(srv_class *k, const srv_class_config *cfg) {
-    k->cfg = *cfg, k->engine = cfg->engine;
+    k->cfg = *cfg, k->engine = cfg->engine, k->model = cfg->model; /* srv_classes_start decides their state */
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
     return (k->sampled = srv_sampled_new(1u << 20)) &&
            (cfg->result_cache <= 0 || (k->results = srv_results_new(cfg->result_cache)));
@@ -453,6 +465,9 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
     pthread_mutex_init(&s->engine_mu, NULL);
     pthread_mutex_init(&s->link_mu, NULL);
+    pthread_mutex_init(&s->load_mu, NULL);
+    pthread_cond_init(&s->keeper_cv, NULL);
+    s->mem_budget = cfg->mem_budget;
     if (!srv_metrics_init(&s->metrics) || !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         srv_stop(s);
@@ -478,6 +493,7 @@ bool srv_ready_classes(srv_server *s, const srv_class_config *classes, int n, kt
         for (int i = s->n_classes; i < n; i++) kt_engine_free(classes[i].engine);
         return false;
     }
+    if (!srv_classes_start(s)) return kt_error_set(err, KT_ERR_NOMEM, "cannot start the thread that unloads idle models"), false;
     __atomic_store_n(&s->state, SRV_READY, __ATOMIC_RELEASE); /* after the classes: handlers read them once ready */
     return true;
 }
@@ -490,6 +506,12 @@ void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling emb
                             .result_cache = cfg->result_cache};
     kt_error err = {0};
     srv_ready_classes(s, &one, 1, &err); /* one class: only out of memory can refuse it */
+}
+
+void srv_set_mem_budget(srv_server *s, size_t bytes) {
+    pthread_mutex_lock(&s->load_mu);
+    s->mem_budget = bytes;
+    pthread_mutex_unlock(&s->load_mu);
 }
 
 void srv_drain(srv_server *s) {
@@ -519,6 +541,7 @@ int srv_port(const srv_server *s) {
 
 void srv_stop(srv_server *s) {
     if (!s) return;
+    srv_classes_stop(s); /* no load or unload from here on */
     kt_engine *engines[SRV_MAX_CLASSES];
     pthread_mutex_lock(&s->engine_mu);
     for (int i = 0; i < s->n_classes; i++) engines[i] = s->classes[i].engine, s->classes[i].engine = NULL;
@@ -529,9 +552,15 @@ void srv_stop(srv_server *s) {
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_links_free(s);
-    for (int i = 0; i < s->n_classes; i++) srv_sampled_free(s->classes[i].sampled), srv_results_free(s->classes[i].results);
+    for (int i = 0; i < s->n_classes; i++) {
+        srv_class *k = &s->classes[i];
+        srv_sampled_free(k->sampled), srv_results_free(k->results);
+        if (k->cfg.load) kt_model_free(k->model); /* loaded on demand: the server's */
+    }
     srv_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->engine_mu);
     pthread_mutex_destroy(&s->link_mu);
+    pthread_mutex_destroy(&s->load_mu);
+    pthread_cond_destroy(&s->keeper_cv);
     free(s);
 }

@@ -31,6 +31,17 @@ typedef struct srv_class_config {
     json_t *defaults;          /* request fields a request without them gets (e.g. {"temperature": 0} for a
                                 * router); NULL: none. Borrowed */
     int result_cache;          /* answers of deterministic requests kept (0: off) */
+    /* Loading on demand. Without `load` the class is loaded for the
+     * server's life and its model stays the caller's. With it, the server
+     * owns the class's model (srv_stop frees it) and may unload the class
+     * (engine and model freed) after keep_alive_s seconds without a
+     * request, loading it again, with `load`, for the next one. */
+    kt_status (*load)(void *ctx, size_t kv_limit, kt_model **model, kt_engine **engine, kt_error *err);
+    void *load_ctx;
+    bool lazy;                 /* with load: not loaded yet (model and engine NULL): the first request loads it */
+    int keep_alive_s;          /* with load: unloaded after this many idle seconds; < 0: never (pinned) */
+    size_t load_bytes;         /* what a load takes besides the KV cache (the weights), for srv_config.mem_budget */
+    size_t kv_bytes;           /* the KV budget a load asks for (an explicit kv-mb); 0: what is left */
 } srv_class_config;
 
 typedef struct srv_config {
@@ -52,6 +63,9 @@ typedef struct srv_config {
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     srv_log_format log_format; /* one line per request on stderr (reqlog.h); 0: off */
     bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
+    size_t mem_budget;         /* what the classes' weights and KV caches may take together (srv_set_mem_budget
+                                * may set it later): a load that would pass it first unloads idle classes,
+                                * else is refused. 0: no accounting */
 } srv_config;
 
 typedef struct srv_server srv_server;
@@ -77,6 +91,8 @@ bool srv_ready_classes(srv_server *s, const srv_class_config *classes, int n, kt
 /* srv_ready_classes with srv_open's config's one class (model_name,
  * aliases, template_text, result_cache) and this model and engine. */
 void srv_ready(srv_server *s, kt_model *model, kt_engine *engine, kt_pooling embed_pooling);
+/* The memory budget (srv_config.mem_budget), before srv_ready_classes. */
+void srv_set_mem_budget(srv_server *s, size_t bytes);
 /* srv_open then srv_ready_classes. */
 srv_server *srv_start_classes(const srv_config *cfg, const srv_class_config *classes, int n, kt_error *err);
 /* Begins a drain: /health becomes 503 {"status":"draining"} (so health

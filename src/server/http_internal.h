@@ -28,6 +28,7 @@ typedef struct srv_link {
     int fd;                    /* mc's socket, for srv_link_client_gone; -1 */
     bool suspended, notified;
     struct srv_link *next_free, *next_all;
+    struct srv_link *next_waiting; /* in a class's list of requests waiting for its load */
 } srv_link;
 
 typedef enum srv_endpoint {
@@ -35,10 +36,27 @@ typedef enum srv_endpoint {
     EP_RESPONSES, EP_RESPONSE_ID, EP_MESSAGES, EP_COUNT_TOKENS, EP_EMBEDDINGS, EP_WEBUI, EP_OTHER
 } srv_endpoint;
 
-/* A class being served (classes.c). */
+typedef enum srv_class_state { CLASS_READY, CLASS_UNLOADED, CLASS_LOADING } srv_class_state;
+
+/* A class being served (classes.c). Under the server's engine_mu: state,
+ * model, engine, users, last_used_ms, waiters, error, load_gen. A request
+ * holds the class (users) from srv_route to its end, so a class with users
+ * is never unloaded; model and engine do not change while it is READY
+ * and held. */
 typedef struct srv_class {
+    struct srv_server *s;
     srv_class_config cfg;
-    kt_engine *engine;      /* NULL once srv_stop began (under the server's engine_mu) */
+    srv_class_state state;
+    kt_model *model;        /* NULL unless READY */
+    kt_engine *engine;      /* NULL unless READY, and once srv_stop began */
+    int users;              /* requests holding it */
+    double last_used_ms;    /* when the last request let go */
+    srv_link *waiters;      /* requests waiting for the load under way */
+    unsigned load_gen;      /* loads begun: a waiter whose load ended without READY failed */
+    char error[512];        /* why the last load failed (a kt_error message) */
+    size_t mem_bytes;       /* what it holds of the server's mem_budget */
+    pthread_t loader;
+    bool loader_joinable;
     struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h): token ids are the class's */
     srv_results *results;   /* its result cache (results.h), or NULL */
 } srv_class;
@@ -46,6 +64,12 @@ typedef struct srv_class {
 struct srv_server {
     srv_class classes[SRV_MAX_CLASSES]; /* set before state becomes SRV_READY */
     int n_classes;
+    pthread_mutex_t load_mu; /* one load or unload at a time (the memory they change) */
+    size_t mem_budget, mem_used; /* under load_mu (srv_config.mem_budget) */
+    pthread_t keeper;       /* unloads idle classes (classes.c) */
+    bool keeper_joinable;
+    pthread_cond_t keeper_cv;
+    bool stopping;          /* under engine_mu: srv_stop began */
     int state;              /* srv_state (atomic): the classes are set before it becomes SRV_READY */
     srv_config cfg;
     struct MHD_Daemon *daemon;
@@ -64,7 +88,10 @@ typedef struct srv_conn {
     srv_server *s;
     struct MHD_Connection *mc;
     srv_endpoint ep;
-    srv_class *cls;         /* the class the request's model names (srv_route) */
+    srv_class *cls;         /* the class the request's model names (srv_route), held until the request ends */
+    unsigned load_gen;      /* waiting for its class's load: the load it waits for */
+    bool waiting_class;     /* suspended until its class is loaded */
+    srv_kind kind;          /* what srv_gen_start was asked for */
     const srv_dialect *dialect; /* /v1/responses, /v1/messages: how the body and the answer are translated;
                                  * NULL: OpenAI's chat / completions */
     int route_status;       /* 0, or 404 / 405 decided from the URL */
@@ -104,6 +131,20 @@ enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e);
  * filled (a 404 listing what is served, a 400 for a model that is not a
  * string). With one class and no --strict-model-names, any name is it. */
 srv_class *srv_route(srv_server *s, json_t *body, srv_error *e);
+/* http.c: whether the request's class is loaded now; else (its load begun) a 503 saying it loads. */
+bool srv_loaded_now(srv_conn *c, srv_error *e);
+/* Lets go of the request's class (the last one out starts its idle time). */
+void srv_class_release(srv_conn *c);
+/* Whether the request's class is loaded: READY; WAIT after starting its
+ * load if needed and, with a link, queueing the connection to be woken
+ * when the load ends (srv_link_arm it before); FAILED with e filled (the
+ * load failed, or there is no memory for it). */
+typedef enum srv_class_wait { CLASS_GO, CLASS_WAIT, CLASS_FAILED } srv_class_wait;
+srv_class_wait srv_class_ready(srv_conn *c, srv_link *link, srv_error *e);
+/* Starts the thread that unloads idle classes (when any may be), and
+ * stops it and any load under way (srv_stop). */
+bool srv_classes_start(srv_server *s);
+void srv_classes_stop(srv_server *s);
 /* A class's names, as the request parsers take them (not strict: the
  * route already decided; n_vocab set). */
 srv_model_info srv_class_info(const srv_class *k);
@@ -121,6 +162,9 @@ json_t *srv_parse_body(srv_conn *c, srv_error *e);
 /* gen.c */
 enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind);
 enum MHD_Result srv_gen_continue(srv_conn *c);
+/* Waits (suspended) until the request's class is loaded, then calls go;
+ * a load that fails is answered with its error. Called again on resume. */
+enum MHD_Result srv_class_gate(srv_conn *c, enum MHD_Result (*go)(srv_conn *c));
 /* embed.c: POST /v1/embeddings, first call and resumes; release frees its requests. */
 typedef struct srv_embed srv_embed;
 enum MHD_Result srv_embed_start(srv_conn *c);

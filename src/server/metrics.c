@@ -148,6 +148,8 @@ static const scalar_def GAUGES[] = {
     {"kettle_cache_disk_removed_total", "counter", "files removed to stay under --cache-disk-mb", get_disk_removed},
 };
 
+static double get_loaded(const srv_class_stats *c) { return c->loaded; }
+
 /* The result cache's hits, for the classes that keep one. */
 static bool result_hits(srv_buf *b, const srv_class_stats *cs, int n) {
     bool any = false, ok = true;
@@ -169,7 +171,9 @@ char *srv_metrics_text(srv_metrics *m, const srv_class_stats *cs, int n) {
     ok = ok && histogram(&b, "kettle_time_to_first_token_seconds", "submit to first token", cs, n, true) &&
          histogram(&b, "kettle_inter_token_latency_seconds", "time between tokens of one choice", cs, n, false);
     for (size_t i = 0; ok && i < sizeof GAUGES / sizeof GAUGES[0]; i++) ok = scalars(&b, &GAUGES[i], cs, n);
-    ok = ok && result_hits(&b, cs, n);
+    static const scalar_def LOADED = {"kettle_model_loaded", "gauge", "1 while the model is in memory (classes load "
+                                      "on first use and unload when idle)", get_loaded};
+    ok = ok && result_hits(&b, cs, n) && scalars(&b, &LOADED, cs, n);
     if (!ok) srv_buf_free(&b);
     return ok ? b.data : NULL;
 }

@@ -33,6 +33,7 @@ void srv_metrics_count(srv_metrics *m, const char *endpoint, int status);
 /* One class's figures for a scrape. */
 typedef struct srv_class_stats {
     const char *name;        /* the class's name: the `model` label */
+    bool loaded;             /* its model is in memory (engine figures are zero otherwise) */
     kt_engine_stats engine;  /* one snapshot of its engine */
     bool has_results;        /* it keeps a result cache */
     unsigned long long result_hits;

@@ -11,6 +11,11 @@ classes), end to end:
   memory    classes share the memory: a class that cannot fit what the
             ones before it left is refused naming it and the flag; a
             default pool is cut to fit, and said so
+  lazy      a class loads on its first request (which waits) and unloads
+            after keep-alive idle seconds, then loads again; a stream on
+            another class runs through the load untouched; a file that
+            cannot load is a 503 saying why; a load that does not fit the
+            memory unloads an idle class first, or is refused
   usage     bad class declarations are usage errors naming the key
 
 usage: serve_classes.py KETTLE SHARED_DIR   (exit 0: all passed)
@@ -209,7 +214,100 @@ def test_usage():
           r.stderr)
 
 
-TESTS = {"routing": test_routing_and_params, "config": test_config, "memory": test_memory, "usage": test_usage}
+def metric(s, name, model):
+    _, m = s.req("GET", "/metrics")
+    found = re.search(r'%s\{model="%s"\} (\S+)' % (name, model), m)
+    return float(found.group(1)) if found else None
+
+
+def wait_for(cond, seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def stream_tokens(s, model, n):
+    """A streamed completion of n tokens; returns (finish_reason, tokens)."""
+    body = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": n, "ignore_eos": True,
+                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    r = urllib.request.Request(f"http://127.0.0.1:{s.port}/v1/completions", data=body,
+                               headers={"Content-Type": "application/json"})
+    finish, usage = None, None
+    with urllib.request.urlopen(r, timeout=60) as resp:
+        for line in resp:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            ev = json.loads(line[6:])
+            for ch in ev.get("choices", []):
+                finish = ch.get("finish_reason") or finish
+            usage = ev.get("usage") or usage
+    return finish, usage["completion_tokens"] if usage else 0
+
+
+def test_lazy():
+    broken = os.path.join(TMP, "broken.gguf")
+    with open(broken, "wb") as f:
+        f.write(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    s = Server(["--model", f"router={STORIES},chat-template=chatml",
+                "--model", f"big={QWEN},lazy,keep-alive=1,ctx=256,chat-template={QWEN_TMPL}",
+                "--model", f"bad={broken},lazy,chat-template=chatml"])
+    try:
+        check("model big: loaded on its first request (lazy)" in "".join(s.log), "the banner says big is lazy",
+              "".join(s.log))
+        check(metric(s, "kettle_model_loaded", "big") == 0 and metric(s, "kettle_model_loaded", "router") == 1,
+              "big is not loaded at start", "")
+        st, t = s.req("POST", "/tokenize", {"model": "big", "content": "Hello"})
+        check(st == 503 and "is loading" in t["error"]["message"], "/tokenize while big loads: 503", json.dumps(t))
+        # a stream on the router runs while big loads (and unloads)
+        result = {}
+        th = threading.Thread(target=lambda: result.update(r=stream_tokens(s, "router", 300)))
+        th.start()
+        st, first = s.chat("big", temperature=0)
+        check(st == 200 and first["model"] == "big", "the first request waited for the load", json.dumps(first))
+        check(metric(s, "kettle_model_loaded", "big") == 1, "big is loaded", "")
+        check(any("loaded 'big' in" in l for l in s.log), "the load is logged", "".join(s.log))
+        th.join(60)
+        check(result.get("r") == ("length", 300), "the router's stream ran through big's load", str(result))
+        check(wait_for(lambda: metric(s, "kettle_model_loaded", "big") == 0, 6), "big unloads after 1 s idle",
+              "".join(s.log))
+        check(any("unloaded 'big' (idle for 1 s" in l for l in s.log), "the unload is logged", "".join(s.log))
+        st, again = s.chat("big", temperature=0)
+        check(st == 200 and again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"],
+              "loaded again, the same answer", json.dumps([first, again]))
+        st, e = s.chat("bad")
+        check(st == 503 and e["error"]["code"] == "model_not_loaded" and "could not be loaded" in e["error"]["message"],
+              "a file that cannot load: a 503 saying why", json.dumps(e))
+        check(s.chat("router")[0] == 200, "the others still answer", "")
+    finally:
+        s.stop()
+    # memory (100 MiB): the pinned router holds 49 (its KV and weights); big needs its weights (~48) and 32 of
+    # KV, so it cannot load until the router may be unloaded
+    env = dict(os.environ, KETTLE_MEM_MB="100")
+    lazy_big = f"big={QWEN},lazy,kv-mb=32,chat-template={QWEN_TMPL}"
+    s = Server(["--model", f"router={STORIES},kv-mb=48,chat-template=chatml", "--model", lazy_big], env=env)
+    try:
+        st, e = s.chat("big")
+        check(st == 503 and "not enough memory to load 'big'" in e["error"]["message"],
+              "a load that cannot fit beside a pinned class is refused", json.dumps(e))
+    finally:
+        s.stop()
+    s = Server(["--model", f"router={STORIES},kv-mb=48,keep-alive=600,chat-template=chatml", "--model", lazy_big],
+               env=env)
+    try:
+        st, _ = s.chat("big")
+        check(st == 200 and metric(s, "kettle_model_loaded", "router") == 0, "an idle class makes room",
+              "".join(s.log))
+        check(any("unloaded 'router' (to make room" in l for l in s.log), "the unload says why", "".join(s.log))
+    finally:
+        s.stop()
+
+
+TESTS = {"routing": test_routing_and_params, "config": test_config, "memory": test_memory, "lazy": test_lazy,
+         "usage": test_usage}
 
 
 def main():
