@@ -1049,7 +1049,7 @@ static void test_drain_on_sigterm(void **state) {
 
 static void test_parse_defaults_and_bias(void **state) {
     (void)state;
-    srv_model_info mi = {.name = "m", .n_vocab = 100};
+    srv_model_info mi = {.n_vocab = 100};
     srv_gen_req r;
     srv_error e;
     json_t *b = json_loads("{\"prompt\":\"hi\",\"logit_bias\":{\"5\":-100,\"7\":2.5},\"stop\":\"\\n\"}", 0, NULL);

@@ -145,8 +145,7 @@ srv_class_wait srv_class_ready(srv_conn *c, srv_link *link, srv_error *e);
  * stops it and any load under way (srv_stop). */
 bool srv_classes_start(srv_server *s);
 void srv_classes_stop(srv_server *s);
-/* A class's names, as the request parsers take them (not strict: the
- * route already decided; n_vocab set). */
+/* What the request parser needs of a class's model. */
 srv_model_info srv_class_info(const srv_class *k);
 /* The name a reply gives its model: the one the request used, when it is
  * one of the class's names; else the class's. */

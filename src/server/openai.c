@@ -90,28 +90,11 @@ static bool read_bool(json_t *body, const char *key, bool *out, srv_error *e) {
 
 /* ---- the parts of a generation request ---- */
 
-bool srv_model_served(const srv_model_info *mi, const char *name) {
-    if (!strcmp(name, mi->name)) return true;
-    for (int i = 0; i < mi->n_aliases; i++)
-        if (!strcmp(name, mi->aliases[i])) return true;
-    return false;
-}
-
-bool srv_model_not_found(const srv_model_info *mi, const char *name, srv_error *e) {
-    char names[512];
-    int n = snprintf(names, sizeof names, "'%.200s'", mi->name);
-    for (int i = 0; i < mi->n_aliases && n > 0 && (size_t)n < sizeof names; i++)
-        n += snprintf(names + n, sizeof names - (size_t)n, ", '%.100s'", mi->aliases[i]);
-    return srv_fail(e, 404, INVALID, "model", "model_not_found",
-                    "The model '%.200s' does not exist; this server serves %s (it was started with "
-                    "--strict-model-names)", name, names);
-}
-
-static bool parse_model(json_t *body, const srv_model_info *mi, srv_error *e) {
+/* Which class a model name is was decided by the server's routing
+ * (classes.c); here it only has to be a string. */
+static bool parse_model(json_t *body, srv_error *e) {
     json_t *v = field(body, "model");
-    if (!v) return true;
-    if (!json_is_string(v)) return srv_fail(e, 400, INVALID, "model", NULL, "'model' must be a string");
-    if (mi->strict && !srv_model_served(mi, json_string_value(v))) return srv_model_not_found(mi, json_string_value(v), e);
+    if (v && !json_is_string(v)) return srv_fail(e, 400, INVALID, "model", NULL, "'model' must be a string");
     return true;
 }
 
@@ -472,7 +455,7 @@ bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64
                    srv_gen_req *out, srv_error *e) {
     *out = (srv_gen_req){.kind = kind};
     if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the request body must be a JSON object");
-    bool ok = check_params(body, kind, e) && parse_model(body, mi, e) &&
+    bool ok = check_params(body, kind, e) && parse_model(body, e) &&
               (kind == SRV_CHAT ? parse_messages(body, out, e) && parse_tools(body, out, e) &&
                                       parse_reasoning(body, out, e)
                                 : parse_prompt(body, out, e)) &&

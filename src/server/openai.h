@@ -78,20 +78,11 @@ typedef struct srv_gen_req {
     kt_tool_grammar tools_grammar; /* what keeps calls valid (empty without tools) */
 } srv_gen_req;
 
-/* What the parser needs to know about the served model. */
+/* What the parser needs to know about the model a request goes to (its
+ * name was matched by the server's routing, classes.c). */
 typedef struct srv_model_info {
-    const char *name; /* the model's name (srv_config.model_name) */
-    const char *const *aliases;
-    int n_aliases;
-    bool strict; /* a `model` that names none of them is a 404 */
-    int n_vocab;
+    int n_vocab; /* logit_bias keys are token ids below it */
 } srv_model_info;
-
-/* Whether name is the model's name or one of its aliases. */
-bool srv_model_served(const srv_model_info *mi, const char *name);
-/* The 404 (model_not_found) for a name the model does not answer to,
- * listing the ones it does. Returns false. */
-bool srv_model_not_found(const srv_model_info *mi, const char *name, srv_error *e);
 
 /* Validates a chat / completion body. `random_seed` is used when the
  * request names none. Returns false with e filled (400/404). */
