@@ -40,6 +40,9 @@ typedef struct serve_opts {
     float itl_stretch;
     bool has_stretch, no_webui;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
+    /* --fallback URL and its settings (server/fallback.h) */
+    const char *fallback, *fallback_key_env, *fallback_on, *fallback_model;
+    int fallback_timeout_s, fallback_max_s;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -85,6 +88,18 @@ static void usage(FILE *out) {
             "                          cached / generated tokens and time to first token\n"
             "      --log-requests      the same as --log-format text (kept for old scripts)\n"
             "      --no-webui          no chat page at / (a 404 there; the API is unchanged)\n"
+            "      --fallback URL      another OpenAI-compatible server (its base URL, e.g.\n"
+            "                          http://127.0.0.1:9000/v1) that gets the generation requests\n"
+            "                          kettle cannot serve; the answer says x-kettle-served-by: fallback\n"
+            "      --fallback-key-env NAME  the environment variable holding its API key, sent as a\n"
+            "                          Bearer token (default KETTLE_FALLBACK_API_KEY; unset: no key)\n"
+            "      --fallback-on LIST  which refusals forward, a comma list of context (the prompt does\n"
+            "                          not fit), busy (the queue is full), unknown-model (with\n"
+            "                          --strict-model-names), error (the engine failed) (default: all)\n"
+            "      --fallback-model NAME  the model to ask the upstream for (default: the request's)\n"
+            "      --fallback-timeout-s N  connect, and a stream's first byte, within N s, else 504\n"
+            "                          (default 10)\n"
+            "      --fallback-max-s N  a whole forwarded request within N s (default 600)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
             "                          hidden states pooled by P, mean (default), last or cls. A file\n"
             "                          that declares a pooling (an embedding model) embeds without it\n"
@@ -106,11 +121,15 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--batch-tokens", NULL, 1, 1 << 20, &o->batch_tokens}, {"--threads", "-t", 1, 1024, &o->n_threads},
                          {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads},
                          {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
-                         {"--result-cache", NULL, 0, 1 << 20, &o->result_cache}};
+                         {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
+                         {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
+                         {"--fallback-max-s", NULL, 1, 86400, &o->fallback_max_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--model", "-m", &o->model}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
-        {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir}};
+        {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir},
+        {"--fallback", NULL, &o->fallback}, {"--fallback-key-env", NULL, &o->fallback_key_env},
+        {"--fallback-on", NULL, &o->fallback_on}, {"--fallback-model", NULL, &o->fallback_model}};
     const char *v = NULL;
     int r;
     if (!strcmp(argv[*i], "--log-requests")) return o->log_format = SRV_LOG_TEXT, 1;
@@ -161,6 +180,28 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     return 0;
 }
 
+/* The --fallback options together; the key itself is only looked for,
+ * never printed. */
+static int check_fallback(const serve_opts *o, srv_fallback *fb) {
+    char msg[300];
+    bool any = o->fallback_key_env || o->fallback_on || o->fallback_model || o->fallback_timeout_s || o->fallback_max_s;
+    if (!o->fallback) return any ? cli_usage_error("serve", "the --fallback-* options need --fallback URL") : 0;
+    if (!srv_fb_check_url(o->fallback, msg, sizeof msg)) return cli_usage_error("serve", "--fallback: %s", msg);
+    *fb = (srv_fallback){.url = o->fallback, .key_env = o->fallback_key_env, .model = o->fallback_model,
+                         .timeout_s = o->fallback_timeout_s, .max_s = o->fallback_max_s};
+    if (o->fallback_on && !srv_fb_parse_triggers(o->fallback_on, &fb->triggers, msg, sizeof msg))
+        return cli_usage_error("serve", "--fallback-on: %s", msg);
+    if (o->fallback_model && !o->fallback_model[0]) return cli_usage_error("serve", "--fallback-model must not be empty");
+    if (o->fallback_key_env && !srv_fb_check_env_name(o->fallback_key_env))
+        return cli_usage_error("serve", "--fallback-key-env '%s' is not an environment variable's name (letters, "
+                               "digits, '_'); give the variable's name, not the key", o->fallback_key_env);
+    const char *key = o->fallback_key_env ? getenv(o->fallback_key_env) : NULL;
+    if (o->fallback_key_env && (!key || !key[0]))
+        return cli_usage_error("serve", "--fallback-key-env %s: that environment variable is not set (or empty)",
+                               o->fallback_key_env);
+    return 0;
+}
+
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK, .log_format = SRV_LOG_TEXT};
     for (int i = 1; i < argc; i++) {
@@ -175,6 +216,19 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
     return 0;
+}
+
+/* Where the fallback goes, which refusals forward and whether a key is
+ * sent (the variable's name, never its value). */
+static void print_fallback(const srv_fallback *fb) {
+    if (!fb->url) return;
+    char on[80] = "";
+    for (int r = 0; r < SRV_FB_N_REASONS; r++)
+        if (!fb->triggers || (fb->triggers & (1u << r)))
+            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "", srv_fb_reason_name(r));
+    const char *env = fb->key_env ? fb->key_env : SRV_FB_DEFAULT_KEY_ENV, *key = getenv(env);
+    fprintf(stderr, "kettle serve: fallback upstream %s on %s (%s $%s)\n", fb->url, on,
+            key && key[0] ? "API key from" : "no API key: unset", env);
 }
 
 static kt_engine_params engine_params(const serve_opts *o) {
@@ -217,7 +271,8 @@ static kt_pooling embed_pooling(const kt_model *m, const serve_opts *o) {
     }
 }
 
-static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const sigset_t *set) {
+static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const srv_fallback *fb,
+                 const sigset_t *set) {
     kt_error err = {0};
     kt_engine_params ep = engine_params(o);
     kt_engine *engine = kt_engine_new(model, &ep, &err);
@@ -228,7 +283,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
                       .strict_model_names = o->strict_model_names, .template_text = tmpl,
                       .http_threads = o->http_threads, .log_format = o->log_format,
                       .result_cache = o->result_cache, .no_webui = o->no_webui,
-                      .embed_pooling = embed_pooling(model, o)};
+                      .embed_pooling = embed_pooling(model, o), .fallback = *fb};
     srv_server *srv = srv_start(model, engine, &cfg, &err);
     if (!srv) {
         kt_engine_free(engine);
@@ -256,6 +311,7 @@ static int serve(kt_model *model, const char *tmpl, const serve_opts *o, const s
         fprintf(stderr, "kettle serve: the sliding-window layers keep %d block slots (%.0f MiB less than full "
                 "caches)\n", st.kv_window_slots_total,
                 ((double)st.kv_block_bytes * st.kv_blocks_total - (double)st.kv_pool_bytes) / 1048576.0);
+    print_fallback(&cfg.fallback);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
     static const char *const POOLS[] = {"", "mean", "cls", "last"};
     if (cfg.embed_pooling != KT_POOL_NONE)
@@ -273,7 +329,9 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     serve_opts o;
+    srv_fallback fb = {0};
     int rc = parse_opts(argc, argv, &o);
+    if (!rc) rc = check_fallback(&o, &fb);
     if (rc) return rc;
     char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
     if (ms_resolve_opt("serve", &o.model, model_path, sizeof model_path)) return 1;
@@ -295,7 +353,7 @@ int cmd_serve(int argc, char **argv) {
     if (!tmpl && !kt_model_chat_template(model))
         fprintf(stderr, "kettle serve: %s has no chat template: /v1/chat/completions will fail "
                         "(name one with --chat-template)\n", o.model);
-    rc = serve(model, tmpl, &o, &set);
+    rc = serve(model, tmpl, &o, &fb, &set);
     kt_model_free(model);
     free(tmpl);
     return rc;

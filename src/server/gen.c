@@ -429,7 +429,7 @@ static enum MHD_Result answer_from_results(srv_conn *c) {
 enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
     srv_error e;
     c->started = true;
-    if (!prepare(c, kind, &e)) return srv_respond_error(c, &e);
+    if (!prepare(c, kind, &e)) return srv_fallback_or_error(c, &e); /* forwarded, or the error answered */
     if (c->result_hit) return answer_from_results(c);
     return c->gen.stream ? start_stream(c) : srv_gen_continue(c);
 }
@@ -448,9 +448,9 @@ enum MHD_Result srv_gen_continue(srv_conn *c) {
             return srv_fail(&e, 503, "server_error", NULL, NULL, "the server is shutting down"), srv_respond_error(c, &e);
     }
     int bad = srv_reply_error_choice(&c->reply);
-    if (bad >= 0) {
+    if (bad >= 0) { /* nothing was sent yet: the fallback upstream may answer instead */
         srv_fail(&e, 500, "server_error", NULL, NULL, "%s", c->reply.choices[bad].error[0] ? c->reply.choices[bad].error : "the engine failed");
-        return srv_respond_error(c, &e);
+        return srv_fallback_or_error(c, &e);
     }
     kt_request_usage u = kt_request_get_usage(c->req);
     json_t *j = answer_json(c, &u);

@@ -319,6 +319,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (c->status) return MHD_YES; /* answered already (413 at the headers) */
     if (!c->started) return dispatch(c);
+    if (c->fwd) return srv_fallback_continue(c);
     return c->embed ? srv_embed_continue(c) : srv_gen_continue(c);
 }
 
@@ -330,6 +331,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     /* 499 (nginx's "client closed request"): it left before any answer */
     srv_metrics_count(&s->metrics, endpoint_name(c->ep), c->status ? c->status : 499);
     srv_reqlog_conn(c); /* before the release: it reads the request's usage */
+    srv_fallback_release(c); /* before the link goes back to its pool */
     srv_embed_release(c);
     srv_gen_release(c);
     srv_buf_free(&c->body);
@@ -417,6 +419,7 @@ srv_server *srv_start(kt_model *model, kt_engine *engine, const srv_config *cfg,
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
     if (!srv_metrics_init(&s->metrics) || !(s->sampled = srv_sampled_new(1u << 20)) ||
         (s->cfg.result_cache > 0 && !(s->results = srv_results_new(s->cfg.result_cache))) ||
+        (s->cfg.fallback.url && !(s->fallback = srv_fb_state_new(&s->cfg.fallback, err))) ||
         !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         s->engine = NULL; /* still the caller's */
@@ -443,6 +446,7 @@ void srv_stop(srv_server *s) {
     /* let the woken streams send their last chunks and [DONE] (up to 3 s) */
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_fb_state_free(s->fallback); /* after the daemon: every transfer has been released */
     srv_links_free(s);
     srv_sampled_free(s->sampled);
     srv_results_free(s->results);

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "kettle.h"
+#include "server/fallback.h"
 #include "server/reqlog.h"
 
 typedef struct srv_config {
@@ -34,6 +35,7 @@ typedef struct srv_config {
     int result_cache;          /* answers of deterministic requests kept (0: off) */
     kt_pooling embed_pooling;  /* /v1/embeddings pools so; KT_POOL_NONE: it is a 400 (the model cannot embed) */
     bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
+    srv_fallback fallback;     /* where refused generation requests go (fallback.h); url NULL: nowhere */
 } srv_config;
 
 typedef struct srv_server srv_server;
