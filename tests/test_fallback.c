@@ -515,11 +515,13 @@ static void test_upstream_status(void **state) {
 
 /* An upstream that accepts and never answers: a stream's first byte is
  * bounded by --fallback-timeout-s (1 s), a whole answer by
- * --fallback-max-s (3 s); both 504, never a hang. */
+ * --fallback-max-s (3 s); both 504, never a hang, and never retried (the
+ * request reached the upstream: the stub counts one each). */
 static void test_slow_upstream(void **state) {
     (void)state;
     stub_mode_set(STUB_SLOW);
     long long before = metric_of(&B, "kettle_fallback_failures_total{kind=\"timeout\"} ");
+    int n = stub_requests();
     double t0 = kt_time_ms();
     fb_reply r = fb_post(&B, "/v1/chat/completions",
                          "{\"model\":\"gpt-x\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
@@ -534,6 +536,7 @@ static void test_slow_upstream(void **state) {
     expect_fallback(&r, 504, "unknown-model");
     if (ms < 2800 || ms > 5000) fail_msg("the whole answer's 504 came after %.0f ms, not about 3 s", ms);
     free(r.body);
+    assert_int_equal(stub_requests(), n + 2);
     assert_int_equal(metric_of(&B, "kettle_fallback_failures_total{kind=\"timeout\"} "), before + 2);
 }
 
@@ -558,7 +561,8 @@ static void test_client_gone_cancels(void **state) {
     free(r.body);
 }
 
-/* Nobody listening: a 502 at once (one retry), naming the upstream. */
+/* Nobody listening: a 502 at once, after the one retry of a refused
+ * connection (200 ms later), naming the upstream. */
 static void test_dead_upstream(void **state) {
     (void)state;
     char *body = completion_body(LONG_PROMPT, "");
@@ -567,7 +571,7 @@ static void test_dead_upstream(void **state) {
     double ms = kt_time_ms() - t0;
     expect_fallback(&r, 502, "context");
     assert_non_null(strstr(r.body, "the fallback upstream 127.0.0.1:"));
-    if (ms > 2000) fail_msg("the 502 took %.0f ms", ms);
+    if (ms < 150 || ms > 2000) fail_msg("the 502 took %.0f ms (want one retry 200 ms after the refusal)", ms);
     assert_int_equal(metric_of(&D, "kettle_fallback_failures_total{kind=\"connect\"} "), 1);
     free(r.body), free(body);
 }
