@@ -107,6 +107,7 @@ static void finish(srv_fwd *f, srv_fwd_failure failure, const char *msg) {
 /* ---- curl callbacks (the thread) ---- */
 
 static bool buf_append(srv_fwd *f, const char *data, size_t n) {
+    if (!n) return true;
     if (f->pos == f->len) f->pos = f->len = 0;
     if (f->len + n > f->cap && f->pos) { /* reuse the read part first */
         memmove(f->buf, f->buf + f->pos, f->len - f->pos);
@@ -408,7 +409,7 @@ void srv_fwd_peek(srv_fwd *f, srv_fwd_view *v) {
 size_t srv_fwd_read(srv_fwd *f, char *buf, size_t max) {
     pthread_mutex_lock(&f->mu);
     size_t n = f->len - f->pos < max ? f->len - f->pos : max;
-    memcpy(buf, f->buf + f->pos, n);
+    if (n) memcpy(buf, f->buf + f->pos, n); /* no body yet: buf may be NULL */
     f->pos += n;
     f->v.available = f->len - f->pos;
     /* a paused stream goes on once the client has taken most of it */
