@@ -50,6 +50,9 @@ typedef struct serve_opts {
     const char *config;     /* --config FILE */
     serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
     int n_classes;
+    /* --fallback URL and its settings (server/fallback.h) */
+    const char *fallback, *fallback_key_env, *fallback_on, *fallback_model;
+    int fallback_timeout_s, fallback_max_s;
 } serve_opts;
 
 static void usage(FILE *out) {
@@ -102,6 +105,18 @@ static void usage(FILE *out) {
             "                          cached / generated tokens and time to first token\n"
             "      --log-requests      the same as --log-format text (kept for old scripts)\n"
             "      --no-webui          no chat page at / (a 404 there; the API is unchanged)\n"
+            "      --fallback URL      another OpenAI-compatible server (its base URL, e.g.\n"
+            "                          http://127.0.0.1:9000/v1) that gets the generation requests\n"
+            "                          kettle cannot serve; the answer says x-kettle-served-by: fallback\n"
+            "      --fallback-key-env NAME  the environment variable holding its API key, sent as a\n"
+            "                          Bearer token (default KETTLE_FALLBACK_API_KEY; unset: no key)\n"
+            "      --fallback-on LIST  which refusals forward, a comma list of context (the prompt does\n"
+            "                          not fit), busy (the queue is full), unknown-model (with\n"
+            "                          --strict-model-names), error (the engine failed) (default: all)\n"
+            "      --fallback-model NAME  the model to ask the upstream for (default: the request's)\n"
+            "      --fallback-timeout-s N  connect, and a stream's first byte, within N s, else 504\n"
+            "                          (default 10)\n"
+            "      --fallback-max-s N  a whole forwarded request within N s (default 600)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
             "                          hidden states pooled by P, mean (default), last or cls. A file\n"
             "                          that declares a pooling (an embedding model) embeds without it\n"
@@ -130,11 +145,16 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads},
                          {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
                          {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
-                         {"--drain-s", NULL, 0, 86400, &o->drain_s}};
+                         {"--drain-s", NULL, 0, 86400, &o->drain_s},
+
+                         {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
+                         {"--fallback-max-s", NULL, 1, 86400, &o->fallback_max_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
         {"--config", NULL, &o->config}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
-        {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir}};
+        {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir},
+        {"--fallback", NULL, &o->fallback}, {"--fallback-key-env", NULL, &o->fallback_key_env},
+        {"--fallback-on", NULL, &o->fallback_on}, {"--fallback-model", NULL, &o->fallback_model}};
     const char *v = NULL;
     int r;
     if (!strcmp(argv[*i], "--log-requests")) return o->log_format = SRV_LOG_TEXT, 1;
@@ -191,6 +211,28 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     return 0;
 }
 
+/* The --fallback options together; the key itself is only looked for,
+ * never printed. */
+static int check_fallback(const serve_opts *o, srv_fallback *fb) {
+    char msg[300];
+    bool any = o->fallback_key_env || o->fallback_on || o->fallback_model || o->fallback_timeout_s || o->fallback_max_s;
+    if (!o->fallback) return any ? cli_usage_error("serve", "the --fallback-* options need --fallback URL") : 0;
+    if (!srv_fb_check_url(o->fallback, msg, sizeof msg)) return cli_usage_error("serve", "--fallback: %s", msg);
+    *fb = (srv_fallback){.url = o->fallback, .key_env = o->fallback_key_env, .model = o->fallback_model,
+                         .timeout_s = o->fallback_timeout_s, .max_s = o->fallback_max_s};
+    if (o->fallback_on && !srv_fb_parse_triggers(o->fallback_on, &fb->triggers, msg, sizeof msg))
+        return cli_usage_error("serve", "--fallback-on: %s", msg);
+    if (o->fallback_model && !o->fallback_model[0]) return cli_usage_error("serve", "--fallback-model must not be empty");
+    if (o->fallback_key_env && !srv_fb_check_env_name(o->fallback_key_env))
+        return cli_usage_error("serve", "--fallback-key-env '%s' is not an environment variable's name (letters, "
+                               "digits, '_'); give the variable's name, not the key", o->fallback_key_env);
+    const char *key = o->fallback_key_env ? getenv(o->fallback_key_env) : NULL;
+    if (o->fallback_key_env && (!key || !key[0]))
+        return cli_usage_error("serve", "--fallback-key-env %s: that environment variable is not set (or empty)",
+                               o->fallback_key_env);
+    return 0;
+}
+
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK, .log_format = SRV_LOG_TEXT,
                       .drain_s = 30};
@@ -217,6 +259,19 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
     return 0;
+}
+
+/* Where the fallback goes, which refusals forward and whether a key is
+ * sent (the variable's name, never its value). */
+static void print_fallback(const srv_fallback *fb) {
+    if (!fb->url) return;
+    char on[80] = "";
+    for (int r = 0; r < SRV_FB_N_REASONS; r++)
+        if (!fb->triggers || (fb->triggers & (1u << r)))
+            snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "", srv_fb_reason_name(r));
+    const char *env = fb->key_env ? fb->key_env : SRV_FB_DEFAULT_KEY_ENV, *key = getenv(env);
+    fprintf(stderr, "kettle serve: fallback upstream %s on %s (%s $%s)\n", fb->url, on,
+            key && key[0] ? "API key from" : "no API key: unset", env);
 }
 
 /* The engine of class c: its own settings, else the command line's. */
@@ -450,6 +505,7 @@ static int serve(srv_server *srv, loaded_class *lc, const serve_opts *o, srv_con
     if (o->n_classes > 1)
         fprintf(stderr, "kettle serve: %d models; a request's \"model\" picks one (none: '%s'), another name is a 404\n",
                 o->n_classes, k[0].name);
+    print_fallback(&cfg->fallback);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
@@ -464,7 +520,9 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     static serve_opts o; /* 16 classes' path buffers: not on the stack */
+    srv_fallback fb = {0};
     int rc = parse_opts(argc, argv, &o);
+    if (!rc) rc = check_fallback(&o, &fb);
     for (int i = 0; !rc && i < o.n_classes; i++) /* OWNER/REPO:QUANT: the pulled file */
         if (ms_resolve_opt("serve", &o.classes[i].path, o.classes[i].path_buf, sizeof o.classes[i].path_buf)) rc = 1;
     if (rc) {
@@ -479,6 +537,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     kt_error err = {0};
     srv_config cfg = server_config(&o);
+    cfg.fallback = fb;
     /* bound before the load: a port in use fails at once, and a health
      * check sees "loading" (503) rather than a refused connection */
     srv_server *srv = srv_open(&cfg, &err);

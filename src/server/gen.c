@@ -425,7 +425,7 @@ enum MHD_Result srv_class_gate(srv_conn *c, enum MHD_Result (*go)(srv_conn *c)) 
         if (c->link) srv_link_arm(c->link); /* before queueing: a load that ends at once is not missed */
         srv_class_wait w = srv_class_ready(c, c->link, &e);
         if (w == CLASS_GO) return go(c);
-        if (w == CLASS_FAILED) return srv_respond_error(c, &e);
+        if (w == CLASS_FAILED) return srv_fallback_or_error(c, &e); /* it could not be loaded */
         if (!c->link) {
             if (!(c->link = srv_link_acquire(c->s, c->mc)))
                 return srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"), srv_respond_error(c, &e);
@@ -441,7 +441,7 @@ enum MHD_Result srv_class_gate(srv_conn *c, enum MHD_Result (*go)(srv_conn *c)) 
 /* The class is loaded: the request goes on as it came. */
 static enum MHD_Result begin(srv_conn *c) {
     srv_error e;
-    if (!prepare(c, c->kind, &e)) return srv_respond_error(c, &e);
+    if (!prepare(c, c->kind, &e)) return srv_fallback_or_error(c, &e); /* forwarded, or the error answered */
     if (c->result_hit) return answer_from_results(c);
     return c->gen.stream ? start_stream(c) : srv_gen_continue(c);
 }
@@ -449,7 +449,8 @@ static enum MHD_Result begin(srv_conn *c) {
 enum MHD_Result srv_gen_start(srv_conn *c, srv_kind kind) {
     srv_error e;
     c->started = true, c->kind = kind;
-    if (!(c->json = srv_parse_body(c, &e)) || !(c->cls = srv_route(c->s, c->json, &e))) return srv_respond_error(c, &e);
+    if (!(c->json = srv_parse_body(c, &e))) return srv_respond_error(c, &e);
+    if (!(c->cls = srv_route(c->s, c->json, &e))) return srv_fallback_or_error(c, &e); /* an unknown model */
     return srv_class_gate(c, begin);
 }
 
@@ -468,9 +469,9 @@ enum MHD_Result srv_gen_continue(srv_conn *c) {
             return srv_fail(&e, 503, "server_error", NULL, NULL, "the server is shutting down"), srv_respond_error(c, &e);
     }
     int bad = srv_reply_error_choice(&c->reply);
-    if (bad >= 0) {
+    if (bad >= 0) { /* nothing was sent yet: the fallback upstream may answer instead */
         srv_fail(&e, 500, "server_error", NULL, NULL, "%s", c->reply.choices[bad].error[0] ? c->reply.choices[bad].error : "the engine failed");
-        return srv_respond_error(c, &e);
+        return srv_fallback_or_error(c, &e);
     }
     kt_request_usage u = kt_request_get_usage(c->req);
     json_t *j = answer_json(c, &u);

@@ -341,6 +341,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (c->status) return MHD_YES; /* answered already (413 at the headers) */
     if (!c->started) return dispatch(c);
+    if (c->fwd) return srv_fallback_continue(c);
     return c->ep == EP_EMBEDDINGS ? srv_embed_continue(c) : srv_gen_continue(c);
 }
 
@@ -352,6 +353,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     /* 499 (nginx's "client closed request"): it left before any answer */
     srv_metrics_count(&s->metrics, endpoint_name(c->ep), c->status ? c->status : 499);
     srv_reqlog_conn(c); /* before the release: it reads the request's usage */
+    srv_fallback_release(c); /* before the link goes back to its pool */
     srv_embed_release(c);
     srv_gen_release(c);
     srv_class_release(c);
@@ -468,7 +470,9 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     pthread_mutex_init(&s->load_mu, NULL);
     pthread_cond_init(&s->keeper_cv, NULL);
     s->mem_budget = cfg->mem_budget;
-    if (!srv_metrics_init(&s->metrics) || !(s->daemon = start_daemon(s, err))) {
+    if (!srv_metrics_init(&s->metrics) ||
+        (s->cfg.fallback.url && !(s->fallback = srv_fb_state_new(&s->cfg.fallback, err))) ||
+        !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         srv_stop(s);
         return NULL;
@@ -551,6 +555,7 @@ void srv_stop(srv_server *s) {
     /* let the woken streams send their last chunks and [DONE] (up to 3 s) */
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_fb_state_free(s->fallback); /* after the daemon: every transfer has been released */
     srv_links_free(s);
     for (int i = 0; i < s->n_classes; i++) {
         srv_class *k = &s->classes[i];

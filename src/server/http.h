@@ -16,6 +16,7 @@
 
 #include "engine/engine.h"
 #include "kettle.h"
+#include "server/fallback.h"
 #include "server/reqlog.h"
 
 /* One model served under a name: an inference class (a small fast router,
@@ -66,6 +67,7 @@ typedef struct srv_config {
     size_t mem_budget;         /* what the classes' weights and KV caches may take together (srv_set_mem_budget
                                 * may set it later): a load that would pass it first unloads idle classes,
                                 * else is refused. 0: no accounting */
+    srv_fallback fallback;     /* where refused generation requests go (fallback.h); url NULL: nowhere */
 } srv_config;
 
 typedef struct srv_server srv_server;

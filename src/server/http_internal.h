@@ -81,6 +81,7 @@ struct srv_server {
     int n_links_used;       /* generation requests still being answered */
     bool shutting;          /* under link_mu: no more suspending */
     srv_metrics metrics;
+    struct srv_fb_state *fallback; /* the fallback upstream (fallback.c), or NULL */
     unsigned long long n_requests; /* for ids and default seeds (atomic) */
 };
 
@@ -120,6 +121,9 @@ typedef struct srv_conn {
     bool result_hit;        /* answered from `result` */
     srv_result_key result_key;
     srv_result result;
+    /* forwarded to the fallback upstream (fallback.c) */
+    struct srv_fwd *fwd;    /* the transfer, or NULL */
+    const char *fallback_reason; /* why (a static name), or NULL */
 } srv_conn;
 
 /* http.c */
@@ -190,5 +194,19 @@ void srv_links_wake_all(srv_server *s);
 /* True when no generation request is being answered any more. */
 bool srv_links_idle(srv_server *s);
 void srv_links_free(srv_server *s);
+
+/* fallback.c: the fallback upstream (fallback.h) */
+typedef struct srv_fb_state srv_fb_state;
+/* Checks the settings, reads the key from its environment variable and
+ * starts the upstream thread; NULL with err filled. */
+srv_fb_state *srv_fb_state_new(const srv_fallback *cfg, kt_error *err);
+void srv_fb_state_free(srv_fb_state *fb);
+/* Where gen.c would answer the error e: forwards the request when e is a
+ * trigger that applies, else answers e. */
+enum MHD_Result srv_fallback_or_error(srv_conn *c, const srv_error *e);
+/* A forwarded request's next call (after a resume), until it is answered. */
+enum MHD_Result srv_fallback_continue(srv_conn *c);
+/* Cancels a running transfer; before srv_gen_release (which frees the link). */
+void srv_fallback_release(srv_conn *c);
 
 #endif

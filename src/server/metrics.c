@@ -34,6 +34,20 @@ void srv_metrics_count(srv_metrics *m, const char *endpoint, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_fallback(srv_metrics *m, srv_fb_reason r) {
+    if (r < 0 || r >= SRV_FB_N_REASONS) return;
+    pthread_mutex_lock(&m->mu);
+    m->fallback_requests[r]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_fallback_failure(srv_metrics *m, srv_fb_failure f) {
+    if (f < 0 || f >= SRV_FB_N_FAILURES) return;
+    pthread_mutex_lock(&m->mu);
+    m->fallback_failures[f]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static bool put(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool put(srv_buf *b, const char *fmt, ...) {
     char line[512];
@@ -95,6 +109,24 @@ static bool http_requests(srv_buf *b, srv_metrics *m) {
     for (int i = 0; ok && i < m->n_rows; i++)
         ok = put(b, "kettle_http_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", m->rows[i].endpoint,
                  m->rows[i].status, m->rows[i].count);
+    pthread_mutex_unlock(&m->mu);
+    return ok;
+}
+
+/* Always every label, zeros too, so rate() works from the first scrape. */
+static bool fallback(srv_buf *b, srv_metrics *m) {
+    bool ok = family(b, "kettle_fallback_requests_total", "counter",
+                     "generation requests forwarded to the fallback upstream, by reason");
+    pthread_mutex_lock(&m->mu);
+    for (int r = 0; ok && r < SRV_FB_N_REASONS; r++)
+        ok = put(b, "kettle_fallback_requests_total{reason=\"%s\"} %llu\n", srv_fb_reason_name((srv_fb_reason)r),
+                 m->fallback_requests[r]);
+    ok = ok && family(b, "kettle_fallback_failures_total", "counter",
+                      "forwarded requests the fallback upstream failed: connect (unreachable or broken), timeout, "
+                      "status (an error status passed on)");
+    for (int f = 0; ok && f < SRV_FB_N_FAILURES; f++)
+        ok = put(b, "kettle_fallback_failures_total{kind=\"%s\"} %llu\n", srv_fb_failure_name((srv_fb_failure)f),
+                 m->fallback_failures[f]);
     pthread_mutex_unlock(&m->mu);
     return ok;
 }
@@ -166,7 +198,7 @@ static bool result_hits(srv_buf *b, const srv_class_stats *cs, int n) {
 
 char *srv_metrics_text(srv_metrics *m, const srv_class_stats *cs, int n) {
     srv_buf b = {0};
-    bool ok = http_requests(&b, m) && finished(&b, cs, n);
+    bool ok = http_requests(&b, m) && fallback(&b, m) && finished(&b, cs, n);
     for (size_t i = 0; ok && i < sizeof SCALARS / sizeof SCALARS[0]; i++) ok = scalars(&b, &SCALARS[i], cs, n);
     ok = ok && histogram(&b, "kettle_time_to_first_token_seconds", "submit to first token", cs, n, true) &&
          histogram(&b, "kettle_inter_token_latency_seconds", "time between tokens of one choice", cs, n, false);

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 
 #include "engine/engine.h"
+#include "server/fallback.h"
 
 #define SRV_METRICS_MAX 96
 
@@ -24,12 +25,17 @@ typedef struct srv_metrics {
         unsigned long long count;
     } rows[SRV_METRICS_MAX];
     int n_rows;
+    unsigned long long fallback_requests[SRV_FB_N_REASONS]; /* forwarded, by reason */
+    unsigned long long fallback_failures[SRV_FB_N_FAILURES]; /* forwarded and failed, by kind */
 } srv_metrics;
 
 bool srv_metrics_init(srv_metrics *m);
 void srv_metrics_destroy(srv_metrics *m);
 /* Counts one finished HTTP request; `endpoint` must be a static string. */
 void srv_metrics_count(srv_metrics *m, const char *endpoint, int status);
+/* Counts a request forwarded to the fallback upstream, and one that failed there. */
+void srv_metrics_fallback(srv_metrics *m, srv_fb_reason r);
+void srv_metrics_fallback_failure(srv_metrics *m, srv_fb_failure f);
 /* One class's figures for a scrape. */
 typedef struct srv_class_stats {
     const char *name;        /* the class's name: the `model` label */

@@ -50,10 +50,13 @@ static char *quoted(const char *s) {
 static char *text_line(const srv_reqlog_entry *e, const char *when) {
     char *path = safe_bare(e->path) ? strdup(e->path) : quoted(e->path);
     char *model = e->model ? quoted(e->model) : strdup("-");
-    char gen[256] = "";
+    char gen[300] = "";
+    int n = 0;
     if (e->generated)
-        snprintf(gen, sizeof gen, " prompt=%d cached=%d generated=%d ttft_ms=%.1f", e->prompt_tokens,
-                 e->cached_tokens, e->generated_tokens, e->ttft_ms);
+        n = snprintf(gen, sizeof gen, " prompt=%d cached=%d generated=%d ttft_ms=%.1f", e->prompt_tokens,
+                     e->cached_tokens, e->generated_tokens, e->ttft_ms);
+    if (e->fallback && n >= 0 && (size_t)n < sizeof gen && safe_bare(e->fallback))
+        snprintf(gen + n, sizeof gen - (size_t)n, " fallback=%.32s", e->fallback);
     char *line = NULL;
     if (path && model) {
         size_t cap = strlen(path) + strlen(model) + strlen(gen) + 160;
@@ -74,6 +77,7 @@ static char *json_line(const srv_reqlog_entry *e, const char *when) {
         json_object_set_new(j, "generated_tokens", json_integer(e->generated_tokens));
         json_object_set_new(j, "ttft_ms", e->ttft_ms >= 0 ? json_real(e->ttft_ms) : json_null());
     }
+    if (j && e->fallback) json_object_set_new(j, "fallback", json_string(e->fallback));
     if (j) json_object_set_new(j, "total_ms", json_real(e->total_ms));
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
     json_decref(j);
@@ -121,7 +125,8 @@ void srv_reqlog_conn(const srv_conn *c) {
     srv_log_format f = c->s->cfg.log_format;
     if (f == SRV_LOG_OFF) return;
     srv_reqlog_entry e = {.unix_ms = unix_now_ms(), .method = c->method, .path = c->url,
-                          .status = c->status ? c->status : 499, .total_ms = kt_time_ms() - c->t0_ms, .ttft_ms = -1};
+                          .status = c->status ? c->status : 499, .total_ms = kt_time_ms() - c->t0_ms, .ttft_ms = -1,
+                          .fallback = c->fallback_reason};
     if (c->ep == EP_CHAT || c->ep == EP_COMPLETIONS) add_usage(c, &e);
     srv_reqlog_write(stderr, f, &e);
 }

@@ -8,6 +8,9 @@
  * json:  {"time": "...", "method": "POST", "path": "...", "status": 200, "model": "m", "prompt_tokens": 12,
  *         "cached_tokens": 0, "generated_tokens": 20, "ttft_ms": 35.1, "total_ms": 120.4}
  *
+ * A request forwarded to the fallback upstream has fallback=REASON
+ * (json: "fallback": "REASON") before total_ms.
+ *
  * Requests that generate nothing (/health, /v1/models, a 4xx refused
  * before the engine) carry only time, method, path, status and total_ms.
  * A text value with spaces, quotes or control characters is written as a
@@ -33,6 +36,7 @@ typedef struct srv_reqlog_entry {
     const char *model;          /* the request's "model"; NULL: it named none */
     int prompt_tokens, cached_tokens, generated_tokens;
     double ttft_ms;             /* submit -> first token; < 0: none came */
+    const char *fallback;       /* forwarded to the fallback upstream: why ("context", ...); NULL: not */
 } srv_reqlog_entry;
 
 /* The entry as one line ending in '\n', malloc'ed; NULL if out of memory
