@@ -211,6 +211,21 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     return 0;
 }
 
+/* Class c's own upstream: the command line's with its fallback= and
+ * fallback-on= (url NULL: it has none of its own). 0 or a usage error. */
+static int class_fallback(const serve_class *c, const srv_fallback *global, srv_fallback *out) {
+    char msg[300];
+    *out = (srv_fallback){0};
+    if (!c->fallback && !c->fallback_on) return 0;
+    *out = *global;
+    if (c->fallback) out->url = c->fallback;
+    if (!out->url) return cli_usage_error("serve", "model '%s': fallback-on= needs fallback=URL or --fallback", c->name);
+    if (!srv_fb_check_url(out->url, msg, sizeof msg)) return cli_usage_error("serve", "model '%s': fallback: %s", c->name, msg);
+    if (c->fallback_on && !srv_fb_parse_triggers(c->fallback_on, &out->triggers, msg, sizeof msg))
+        return cli_usage_error("serve", "model '%s': fallback-on: %s", c->name, msg);
+    return 0;
+}
+
 /* The --fallback options together; the key itself is only looked for,
  * never printed. */
 static int check_fallback(const serve_opts *o, srv_fallback *fb) {
@@ -263,14 +278,15 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
 
 /* Where the fallback goes, which refusals forward and whether a key is
  * sent (the variable's name, never its value). */
-static void print_fallback(const srv_fallback *fb) {
+static void print_fallback(const srv_fallback *fb, const char *class_name) {
     if (!fb->url) return;
     char on[80] = "";
     for (int r = 0; r < SRV_FB_N_REASONS; r++)
         if (!fb->triggers || (fb->triggers & (1u << r)))
             snprintf(on + strlen(on), sizeof on - strlen(on), "%s%s", on[0] ? ", " : "", srv_fb_reason_name(r));
     const char *env = fb->key_env ? fb->key_env : SRV_FB_DEFAULT_KEY_ENV, *key = getenv(env);
-    fprintf(stderr, "kettle serve: fallback upstream %s on %s (%s $%s)\n", fb->url, on,
+    fprintf(stderr, "kettle serve: %s%sfallback upstream %s on %s (%s $%s)\n", class_name ? class_name : "",
+            class_name ? ": " : "", fb->url, on,
             key && key[0] ? "API key from" : "no API key: unset", env);
 }
 
@@ -457,7 +473,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
                                   .load = load_one, .load_ctx = &lc[i], .lazy = c->lazy,
                                   .keep_alive_s = c->keep_alive_set ? c->keep_alive_s : -1,
                                   .load_bytes = file_bytes(c->path),
-                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20};
+                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20, .fallback = *c->fb};
         if (c->lazy) { /* its file's pooling is not known before it loads: embeddings= says it */
             k[i].embed_pooling = embed_pooling(NULL, o, c);
             continue;
@@ -505,7 +521,8 @@ static int serve(srv_server *srv, loaded_class *lc, const serve_opts *o, srv_con
     if (o->n_classes > 1)
         fprintf(stderr, "kettle serve: %d models; a request's \"model\" picks one (none: '%s'), another name is a 404\n",
                 o->n_classes, k[0].name);
-    print_fallback(&cfg->fallback);
+    print_fallback(&cfg->fallback, NULL);
+    for (int i = 0; i < o->n_classes; i++) print_fallback(&k[i].fallback, k[i].name);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
     bool v6 = strchr(o->host, ':') != NULL; /* an IPv6 address goes in brackets */
     fprintf(stderr, "kettle serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", o->host, v6 ? "]" : "", srv_port(srv));
@@ -520,9 +537,12 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     static serve_opts o; /* 16 classes' path buffers: not on the stack */
+    static srv_fallback class_fb[SERVE_MAX_CLASSES];
     srv_fallback fb = {0};
     int rc = parse_opts(argc, argv, &o);
     if (!rc) rc = check_fallback(&o, &fb);
+    for (int i = 0; !rc && i < o.n_classes; i++) rc = class_fallback(&o.classes[i], &fb, &class_fb[i]);
+    for (int i = 0; !rc && i < o.n_classes; i++) o.classes[i].fb = &class_fb[i];
     for (int i = 0; !rc && i < o.n_classes; i++) /* OWNER/REPO:QUANT: the pulled file */
         if (ms_resolve_opt("serve", &o.classes[i].path, o.classes[i].path_buf, sizeof o.classes[i].path_buf)) rc = 1;
     if (rc) {

@@ -37,6 +37,7 @@ static const class_key KEYS[] = {
     {"ctx", K_INT, 1, 1 << 24},      {"parallel", K_INT, 1, 1024},       {"kv-mb", K_INT, 1, 1 << 24},
     {"keep-alive", K_INT, 0, 1 << 24}, {"lazy", K_LAZY, 0, 0},
     {"kv-type", K_STR, 0, 0},        {"chat-template", K_STR, 0, 0},     {"alias", K_ALIAS, 0, 0},
+    {"fallback", K_STR, 0, 0},       {"fallback-on", K_STR, 0, 0},
     {"embeddings", K_EMBED, 0, 0},   {"temperature", K_DEFAULT_NUM, 0, 2}, {"top_p", K_DEFAULT_NUM, 0, 1},
     {"min_p", K_DEFAULT_NUM, 0, 1},  {"top_k", K_DEFAULT_INT, 0, 1 << 20}, {"max_tokens", K_DEFAULT_INT, 1, 1 << 24},
     {"seed", K_DEFAULT_INT, 0, 1L << 30},
@@ -45,6 +46,7 @@ static const class_key KEYS[] = {
 const char *serve_class_keys_help(void) {
     return "ctx=N, parallel=N, kv-mb=N, kv-type=f16|q8_0|f32, chat-template=FILE|NAME, alias=NAME (repeatable),\n"
            "embeddings[=mean|last|cls], lazy (load on first use), keep-alive=S (unload after S idle seconds),\n"
+           "fallback=URL and fallback-on=LIST (its own upstream and triggers),\n"
            "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=";
 }
 
@@ -68,7 +70,10 @@ static int set_key(serve_class *c, const class_key *k, const char *v, const char
         if (!v || !v[0]) return cli_usage_error(CMD, "%s: %s needs a value", where, k->name);
         if (!strcmp(k->name, "kv-type") && strcmp(v, "f16") && strcmp(v, "q8_0") && strcmp(v, "f32"))
             return cli_usage_error(CMD, "%s: kv-type=%s (f16, q8_0, f32)", where, v);
-        *(!strcmp(k->name, "kv-type") ? &c->kv_type : &c->template_arg) = v;
+        *(!strcmp(k->name, "kv-type")       ? &c->kv_type
+          : !strcmp(k->name, "fallback")    ? &c->fallback
+          : !strcmp(k->name, "fallback-on") ? &c->fallback_on
+                                            : &c->template_arg) = v;
     } else if (k->kind == K_ALIAS) {
         if (!v || !v[0]) return cli_usage_error(CMD, "%s: alias needs a name", where);
         if (c->n_aliases == SERVE_MAX_ALIASES) return cli_usage_error(CMD, "%s: at most %d aliases", where, SERVE_MAX_ALIASES);

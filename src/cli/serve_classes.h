@@ -28,6 +28,9 @@ typedef struct serve_class {
     const char *kv_type;          /* NULL: the command line's */
     const char *template_arg;     /* a file or a built-in name; NULL: the command line's, else the model's */
     const char *embeddings;       /* NULL: the command line's; "" the file's pooling or mean; mean, last, cls */
+    const char *fallback;         /* its own fallback upstream's URL; NULL: the command line's --fallback */
+    const char *fallback_on;      /* which refusals it forwards; NULL: the command line's --fallback-on */
+    const struct srv_fallback *fb; /* its own upstream as cmd_serve built it (url NULL: the server's) */
     bool lazy;                    /* loaded on its first request, not at start */
     bool keep_alive_set;
     int keep_alive_s;             /* unloaded after this many idle seconds (keep_alive_set); else never */

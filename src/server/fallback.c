@@ -370,7 +370,8 @@ static bool start_forward(srv_conn *c, srv_fb_state *fb, srv_fb_reason reason) {
 }
 
 enum MHD_Result srv_fallback_or_error(srv_conn *c, const srv_error *e) {
-    srv_fb_state *fb = c->s->fallback;
+    /* the class's own upstream, else the server's (also for a name no class has) */
+    srv_fb_state *fb = c->cls && c->cls->fallback ? c->cls->fallback : c->s->fallback;
     srv_fb_reason reason = srv_fb_reason_of(e);
     if (!fb || reason == SRV_FB_NONE || !(fb->cfg.triggers & (1u << reason)) || !forwardable(c) || c->fwd ||
         stopping(c->s) || !start_forward(c, fb, reason))

@@ -431,12 +431,14 @@ bool srv_loaded_now(srv_conn *c, srv_error *e) {
     return w == CLASS_GO;
 }
 
-/* A class's own parts: its engine and memories (false: out of memory). */
-static bool class_init(srv_class *k, const srv_class_config *cfg) {
+/* A class's own parts: its engine, memories and fallback (false with err). */
+static bool class_init(srv_class *k, const srv_class_config *cfg, kt_error *err) {
     k->cfg = *cfg, k->engine = cfg->engine, k->model = cfg->model; /* srv_classes_start decides their state */
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
-    return (k->sampled = srv_sampled_new(1u << 20)) &&
-           (cfg->result_cache <= 0 || (k->results = srv_results_new(cfg->result_cache)));
+    bool ok = (k->sampled = srv_sampled_new(1u << 20)) &&
+              (cfg->result_cache <= 0 || (k->results = srv_results_new(cfg->result_cache)));
+    if (!ok) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), false;
+    return !cfg->fallback.url || (k->fallback = srv_fb_state_new(&k->cfg.fallback, err));
 }
 
 /* Names must say one class each: a name two classes answer to would
@@ -488,9 +490,8 @@ bool srv_ready_classes(srv_server *s, const srv_class_config *classes, int n, kt
     ok = ok && names_unique(classes, n, err);
     pthread_mutex_lock(&s->engine_mu);
     for (int i = 0; ok && i < n; i++) {
-        ok = class_init(&s->classes[i], &classes[i]);
+        ok = class_init(&s->classes[i], &classes[i], err);
         s->n_classes = i + 1;
-        if (!ok) kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     }
     pthread_mutex_unlock(&s->engine_mu);
     if (!ok) { /* the engines are the server's now: those not in a class go */
@@ -556,6 +557,7 @@ void srv_stop(srv_server *s) {
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_fb_state_free(s->fallback); /* after the daemon: every transfer has been released */
+    for (int i = 0; i < s->n_classes; i++) srv_fb_state_free(s->classes[i].fallback);
     srv_links_free(s);
     for (int i = 0; i < s->n_classes; i++) {
         srv_class *k = &s->classes[i];

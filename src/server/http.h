@@ -43,6 +43,7 @@ typedef struct srv_class_config {
     int keep_alive_s;          /* with load: unloaded after this many idle seconds; < 0: never (pinned) */
     size_t load_bytes;         /* what a load takes besides the KV cache (the weights), for srv_config.mem_budget */
     size_t kv_bytes;           /* the KV budget a load asks for (an explicit kv-mb); 0: what is left */
+    srv_fallback fallback;     /* its own fallback upstream (fallback.h); url NULL: the server's */
 } srv_class_config;
 
 typedef struct srv_config {

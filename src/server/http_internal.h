@@ -58,6 +58,7 @@ typedef struct srv_class {
     pthread_t loader;
     bool loader_joinable;
     struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h): token ids are the class's */
+    struct srv_fb_state *fallback; /* its own fallback upstream, or NULL: the server's */
     srv_results *results;   /* its result cache (results.h), or NULL */
 } srv_class;
 

@@ -16,6 +16,9 @@ classes), end to end:
             another class runs through the load untouched; a file that
             cannot load is a 503 saying why; a load that does not fit the
             memory unloads an idle class first, or is refused
+  fallback  a class's own fallback upstream (fallback=, fallback-on=): its
+            prompts too long for it go there, marked; another class's are
+            refused as before; a trigger it does not list is not forwarded
   usage     bad class declarations are usage errors naming the key
 
 usage: serve_classes.py KETTLE SHARED_DIR   (exit 0: all passed)
@@ -306,8 +309,53 @@ def test_lazy():
         s.stop()
 
 
+def post_headers(s, path, body):
+    r = urllib.request.Request(f"http://127.0.0.1:{s.port}{path}", data=json.dumps(body).encode(),
+                               headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(r, timeout=60) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read().decode())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read().decode())
+
+
+def test_fallback():
+    # the upstream: the same qwen file with a context long enough
+    up = Server(["-m", QWEN, "--ctx", "2048", "--chat-template", QWEN_TMPL, "--alias", "big"])
+    url = f"http://127.0.0.1:{up.port}/v1"
+    s = Server(["--model", f"router={STORIES},chat-template=chatml,ctx=512",
+                "--model", f"big={QWEN},ctx=256,chat-template={QWEN_TMPL},fallback={url}",
+                "--model", f"strict={QWEN},ctx=256,chat-template={QWEN_TMPL},fallback={url},fallback-on=busy"])
+    try:
+        check(f"big: fallback upstream {url} on context, busy, unknown-model, error" in "".join(s.log),
+              "the banner names the class's upstream", "".join(s.log))
+        long = " ".join(["Once upon a time"] * 80)
+        body = {"model": "big", "messages": [{"role": "user", "content": long}], "max_tokens": 4, "temperature": 0}
+        st, h, r = post_headers(s, "/v1/chat/completions", body)
+        check(st == 200 and h.get("x-kettle-served-by") == "fallback" and h.get("x-kettle-fallback-reason") == "context",
+              "big: a prompt too long for it is answered by its upstream", json.dumps([st, h, r])[:600])
+        st2, _, direct = post_headers(up, "/v1/chat/completions", body)
+        check(r["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"],
+              "the upstream's own answer, passed on", json.dumps([r, direct])[:600])
+        st, h, e = post_headers(s, "/v1/chat/completions", dict(body, model="strict"))
+        check(st == 400 and "x-kettle-served-by" not in h and e["error"]["code"] == "context_length_exceeded",
+              "fallback-on=busy: a context refusal stays local", json.dumps([st, e]))
+        st, h, e = post_headers(s, "/v1/chat/completions", dict(body, model="router",
+                                                                  messages=[{"role": "user", "content": long * 3}]))
+        check(st == 400 and "x-kettle-served-by" not in h, "router has no upstream: refused as before", json.dumps(e))
+        st, h, e = post_headers(s, "/v1/chat/completions", dict(body, model="gpt-9"))
+        check(st == 404 and "x-kettle-served-by" not in h, "an unknown name, no server-wide --fallback: 404", "")
+    finally:
+        s.stop()
+        up.stop()
+    r = run(["serve", "--port", "0", "--model", f"a={STORIES},fallback-on=context"])
+    check(r.returncode == 2 and "fallback-on= needs fallback=URL" in r.stderr, "fallback-on without an upstream", r.stderr)
+    r = run(["serve", "--port", "0", "--model", f"a={STORIES},fallback=ftp://x"])
+    check(r.returncode == 2 and "model 'a': fallback:" in r.stderr, "a bad class upstream URL", r.stderr)
+
+
 TESTS = {"routing": test_routing_and_params, "config": test_config, "memory": test_memory, "lazy": test_lazy,
-         "usage": test_usage}
+         "fallback": test_fallback, "usage": test_usage}
 
 
 def main():
