@@ -180,8 +180,9 @@ int serve_config_load(const char *file, serve_class *c, int cap, int *n) {
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) if (strcmp(key, "models")) {
-        json_decref(root);
-        return cli_usage_error(CMD, "--config %s: unknown key \"%s\" (a config has \"models\": [...])", file, key);
+        int rc = cli_usage_error(CMD, "--config %s: unknown key \"%s\" (a config has \"models\": [...])", file, key);
+        json_decref(root); /* after the message: key is the document's */
+        return rc;
     }
     if (!json_array_size(models)) {
         json_decref(root);
