@@ -323,7 +323,11 @@ def test_fallback():
     # the upstream: the same qwen file with a context long enough
     up = Server(["-m", QWEN, "--ctx", "2048", "--chat-template", QWEN_TMPL, "--alias", "big"])
     url = f"http://127.0.0.1:{up.port}/v1"
+    broken = os.path.join(TMP, "broken2.gguf")
+    with open(broken, "wb") as f:
+        f.write(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
     s = Server(["--model", f"router={STORIES},chat-template=chatml,ctx=512",
+                "--model", f"bad={broken},lazy,chat-template=chatml,fallback={url}",
                 "--model", f"big={QWEN},ctx=256,chat-template={QWEN_TMPL},fallback={url}",
                 "--model", f"strict={QWEN},ctx=256,chat-template={QWEN_TMPL},fallback={url},fallback-on=busy"])
     try:
@@ -343,6 +347,11 @@ def test_fallback():
         st, h, e = post_headers(s, "/v1/chat/completions", dict(body, model="router",
                                                                   messages=[{"role": "user", "content": long * 3}]))
         check(st == 400 and "x-kettle-served-by" not in h, "router has no upstream: refused as before", json.dumps(e))
+        st, h, r = post_headers(s, "/v1/chat/completions", dict(body, model="bad", messages=[{"role": "user",
+                                                                                            "content": "Hi"}]))
+        check(st == 200 and h.get("x-kettle-served-by") == "fallback" and
+              h.get("x-kettle-fallback-reason") == "unknown-model", "a class that cannot load goes to its upstream",
+              json.dumps([st, h, r])[:600])
         st, h, e = post_headers(s, "/v1/chat/completions", dict(body, model="gpt-9"))
         check(st == 404 and "x-kettle-served-by" not in h, "an unknown name, no server-wide --fallback: 404", "")
     finally:
