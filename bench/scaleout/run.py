@@ -388,7 +388,11 @@ def main():
         moved, kept, bad = 0, 0, []
         for k in range(a.sessions):
             b = {r[5] for r in rows if r[0] == k and r[3] == "before" and r[4] == "ok"}
-            af = {r[5] for r in rows if r[0] == k and r[3] == "after" and r[4] == "ok"}
+            # the re-send of a turn that was in flight at the kill may land on
+            # any survivor (HAProxy redispatches while the failover settles);
+            # every later turn must stay on one replica
+            resent = {r[1] for r in rows if r[0] == k and r[3] == "during"}
+            af = {r[5] for r in rows if r[0] == k and r[3] == "after" and r[4] == "ok" and r[1] not in resent}
             if len(b) > 1 or len(af) > 1:
                 print(f"  session {k} split: before {sorted(b)}, after {sorted(af)}: " +
                       " ".join(f"{r[1]}:{r[5]}:{r[3]}" for r in rows if r[0] == k))

@@ -40,9 +40,9 @@ const CHROMIUM = process.env.KETTLE_CHROMIUM || '/usr/bin/chromium';
 const KEY = 'webui-test-key';
 const N = 24;         // max_tokens of the compared answers
 const LONG = 1500;    // max_tokens of the reply that is stopped (ctx 2048, with the history)
-const STEP_MS = 10_000; // the most one page step may wait
+const STEP_MS = 20_000; // the most one page step may wait (a busy machine under the sanitizers)
 
-const { startServer, check, run } = harness({ bin: BIN, model: MODEL, pass: 'ok', globalTimeoutMs: 60_000 });
+const { startServer, check, run } = harness({ bin: BIN, model: MODEL, pass: 'ok', globalTimeoutMs: 110_000 }); // under ctest's 120 s
 
 let browser = null;
 // the harness's exit paths kill servers; the browser is a child too
@@ -119,7 +119,7 @@ async function main() {
     executablePath: CHROMIUM,
     headless: true,
     args: ['--no-sandbox', '--headless=new', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
-    timeout: 20_000,
+    timeout: 60_000, // a first start on a busy machine (ctest -j2) has taken over 20 s
   });
   try {
     await session(browser, root, model);
