@@ -234,6 +234,45 @@ int32_t kt_sampler_sample(kt_sampler *s, float *logits);
 /* Tells the sampler a token is part of the sequence (for penalties). */
 void kt_sampler_accept(kt_sampler *s, int32_t id);
 
+/* ---- speculative decoding for a session (prompt lookup) ----
+ *
+ * Each step evaluates the pending token together with up to k tokens the
+ * context predicts after it (the tokens that followed the latest earlier
+ * occurrence of its last few tokens), in one forward pass, and keeps the
+ * proposals the sampler draws anyway: every emitted token is the sampler's
+ * draw from the same logits with the same random state as plain decoding,
+ * so the output is plain decoding's, token for token, at any temperature;
+ * only fewer passes produce it. Rejected positions are dropped from the
+ * session (kt_session_truncate). */
+typedef struct kt_spec_params {
+    int k_max;          /* most tokens proposed per step (<= 0: 8; at most 32) */
+    int min_match;      /* shortest context suffix looked up (<= 0: 2) */
+    int max_match;      /* longest (<= 0: 4) */
+    bool fixed_k;       /* propose all the lookup finds, up to k_max; else k follows the measured
+                           acceptance and cost of verifying, down to 0 (plain decoding) */
+} kt_spec_params;
+
+typedef struct kt_spec_stats {
+    uint64_t steps;     /* forward passes */
+    uint64_t proposed;  /* tokens verified beyond the pending one */
+    uint64_t accepted;  /* of them, kept */
+} kt_spec_stats;
+
+typedef struct kt_spec kt_spec;
+kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err);
+void kt_spec_free(kt_spec *sp);
+/* ctx[0..n) is the sequence: the n - 1 tokens the session holds, then the
+ * pending token (sampled and kt_sampler_accept'ed, not yet evaluated).
+ * Evaluates it with the step's proposals and writes to out the accepted
+ * proposals followed by the next pending token, each drawn by smp (and
+ * accepted into it); returns how many (>= 1), or -1 with err (the session
+ * is as it was; KT_ERR_CONTEXT when the pending token does not fit). The
+ * session then holds ctx and every out token but the last. out has room
+ * for k_max + 1. */
+int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx, int n, int32_t *out,
+                 kt_error *err);
+kt_spec_stats kt_spec_get_stats(const kt_spec *sp);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,9 @@ typedef struct run_opts {
     cli_gen_opts g;
     const char *prompt, *prompt_file;
     bool no_bos;
+    bool spec;       /* --spec ngram: prompt-lookup speculative decoding */
+    int draft_max;   /* --draft-max K: most tokens proposed per step (0: 8) */
+    bool spec_fixed; /* --spec-fixed: always verify what the lookup finds (no adaptive k) */
 } run_opts;
 
 static void run_usage(FILE *out) {
@@ -30,6 +33,11 @@ static void run_usage(FILE *out) {
             "  -p, --prompt TEXT     prompt text\n"
             "  -f, --file FILE       read the prompt from a file ('-': standard input)\n"
             "      --no-bos          do not add the beginning-of-sequence token\n"
+            "      --spec off|ngram  speculative decoding: ngram verifies what the context predicts\n"
+            "                        (prompt lookup) in one pass; the output is the same, token for\n"
+            "                        token, at any temperature (default off)\n"
+            "      --draft-max K     most tokens proposed per step (default 8; k adapts to the measured\n"
+            "                        acceptance and cost unless --spec-fixed)\n"
             "%s",
             cli_gen_usage());
 }
@@ -42,7 +50,15 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         const char *v = NULL;
         int r;
         if (!strcmp(argv[i], "--no-bos")) o->no_bos = true;
-        else if ((r = cli_gen_opt("run", argc, argv, &i, &o->g))) {
+        else if (!strcmp(argv[i], "--spec-fixed")) o->spec_fixed = true;
+        else if ((r = cli_opt("run", argc, argv, &i, "--spec", &v))) {
+            if (r < 0) return 2;
+            if (strcmp(v, "off") && strcmp(v, "ngram")) return cli_usage_error("run", "invalid --spec '%s' (off, ngram)", v);
+            o->spec = !strcmp(v, "ngram");
+        } else if ((r = cli_opt("run", argc, argv, &i, "--draft-max", &v))) {
+            if (r < 0) return 2;
+            if (!cli_parse_int(v, 1, 32, &o->draft_max)) return cli_usage_error("run", "invalid --draft-max '%s' (1..32)", v);
+        } else if ((r = cli_gen_opt("run", argc, argv, &i, &o->g))) {
             if (r != 1) return r;
         } else if ((r = cli_opt("run", argc, argv, &i, "-p", &v)) || (r = cli_opt("run", argc, argv, &i, "--prompt", &v))) {
             if (r < 0) return 2;
@@ -75,6 +91,8 @@ static int tokenize_prompt(const kt_model *m, const char *text, size_t len, int 
 typedef struct run_stats {
     double load_ms, prefill_ms, ttft_ms, decode_ms;
     int n_prompt, n_gen;
+    bool spec;
+    kt_spec_stats spec_stats;
 } run_stats;
 
 static void print_stats(const run_stats *st) {
@@ -86,6 +104,64 @@ static void print_stats(const run_stats *st) {
     int n_decoded = st->n_gen > 0 ? st->n_gen - 1 : 0; /* the first token came from prefill */
     fprintf(stderr, "decode:        %8.2f tok/s (%d tokens in %.1f ms)\n",
             st->decode_ms > 0 ? n_decoded * 1e3 / st->decode_ms : 0.0, n_decoded, st->decode_ms);
+    if (!st->spec) return;
+    const kt_spec_stats *ss = &st->spec_stats;
+    fprintf(stderr, "speculation:   %8llu passes, %llu tokens proposed, %llu accepted (%.1f%%)\n",
+            (unsigned long long)ss->steps, (unsigned long long)ss->proposed, (unsigned long long)ss->accepted,
+            ss->proposed ? 100.0 * (double)ss->accepted / (double)ss->proposed : 0.0);
+}
+
+/* Emits one token; false when it ends the reply (EOS, or -n reached). */
+static bool emit(const kt_model_desc *d, kt_detok *dt, const run_opts *o, int32_t tok, run_stats *st) {
+    st->n_gen++;
+    if (tok == d->eos_id) return false;
+    fputs(kt_detok_push(dt, tok), stdout);
+    fflush(stdout);
+    return o->g.n_predict < 0 || st->n_gen < o->g.n_predict;
+}
+
+/* --spec ngram: each step evaluates the pending token with what the
+ * context predicts after it; the tokens are plain decoding's. */
+static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_opts *o, float *logits,
+                         const int32_t *prompt, int n_prompt, double t_start, run_stats *st) {
+    const kt_model_desc *d = kt_model_describe(m);
+    const int cap = kt_session_n_ctx(s) + 40;
+    int32_t *ctx = malloc(sizeof *ctx * (size_t)cap), out[33];
+    kt_detok *dt = kt_detok_new(m);
+    kt_error err = {0};
+    kt_spec *sp = ctx && dt ? kt_spec_new(m, &(kt_spec_params){.k_max = o->draft_max, .fixed_k = o->spec_fixed}, &err)
+                            : NULL;
+    int rc = 0;
+    if (!sp) {
+        fprintf(stderr, "kettle run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        rc = 1;
+        goto done;
+    }
+    memcpy(ctx, prompt, sizeof *ctx * (size_t)n_prompt);
+    int n = n_prompt;
+    int32_t tok = kt_sampler_sample(smp, logits);
+    kt_sampler_accept(smp, tok);
+    st->ttft_ms = kt_time_ms() - t_start;
+    double t_decode = kt_time_ms();
+    ctx[n++] = tok;
+    for (bool more = emit(d, dt, o, tok, st); more;) {
+        int got = kt_spec_step(sp, s, smp, ctx, n, out, &err);
+        if (got < 0) {
+            if (err.status == KT_ERR_CONTEXT) fprintf(stderr, "\n[stopped: the context is full]");
+            else fprintf(stderr, "\nkettle run: %s\n", err.msg), rc = 1;
+            break;
+        }
+        for (int i = 0; i < got && more && n < cap; i++) ctx[n++] = out[i], more = emit(d, dt, o, out[i], st);
+    }
+    st->decode_ms = kt_time_ms() - t_decode;
+    st->spec = true, st->spec_stats = kt_spec_get_stats(sp);
+    fputs(kt_detok_flush(dt), stdout);
+    fflush(stdout);
+done:
+    kt_spec_free(sp);
+    kt_detok_free(dt);
+    free(ctx);
+    return rc;
 }
 
 /* Samples, streams and evaluates until a stop; returns 0 or 1. */
@@ -142,7 +218,7 @@ static int run_model(kt_model *m, const run_opts *o, const char *text, size_t le
     double t0 = kt_time_ms();
     if (kt_session_eval(s, ids, st->n_prompt, logits, false, &err)) goto done;
     st->prefill_ms = kt_time_ms() - t0;
-    rc = generate(m, s, smp, o, logits, t0, st);
+    rc = o->spec ? generate_spec(m, s, smp, o, logits, ids, st->n_prompt, t0, st) : generate(m, s, smp, o, logits, t0, st);
     err.msg[0] = 0;
 done:
     if (rc && err.msg[0]) fprintf(stderr, "kettle run: %s\n", err.msg);
