@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "base/timing.h"
 #include "testutil.h"
 
 /* ---- the server process ---- */
@@ -92,6 +94,7 @@ void stop_server(server *s) {
 size_t on_body(char *data, size_t size, size_t n, void *ctx) {
     reply *r = ctx;
     size_t add = size * n;
+    if (!r->t_first_ms) r->t_first_ms = kt_time_ms();
     char *b = realloc(r->body, r->len + add + 1);
     if (!b) return 0;
     memcpy(b + r->len, data, add);
@@ -99,8 +102,18 @@ size_t on_body(char *data, size_t size, size_t n, void *ctx) {
     return r->abort_after && r->len >= r->abort_after ? 0 : add;
 }
 
+/* A header line's value into out when it is `name:`. */
+static void take_header(const char *data, size_t n, const char *name, char *out, size_t cap) {
+    size_t k = strlen(name);
+    if (n > k + 2 && !strncasecmp(data, name, k) && data[k] == ':')
+        snprintf(out, cap, "%.*s", (int)strcspn(data + k + 2, "\r\n"), data + k + 2);
+}
+
 size_t on_header(char *data, size_t size, size_t n, void *ctx) {
     reply *r = ctx;
+    take_header(data, size * n, "x-kettle-served-by", r->served_by, sizeof r->served_by);
+    take_header(data, size * n, "x-kettle-fallback-reason", r->fallback_reason, sizeof r->fallback_reason);
+    take_header(data, size * n, "Content-Type", r->content_type, sizeof r->content_type);
     if (size * n >= 19 && !strncasecmp(data, "x-kettle-cache: hit", 19)) r->cache_hit = true;
     if (size * n > 13 && !strncasecmp(data, "Retry-After: ", 13))
         snprintf(r->retry_after, sizeof r->retry_after, "%.*s", (int)strcspn(data + 13, "\r\n"), data + 13);
@@ -135,6 +148,7 @@ reply http_full(const server *s, const char *method, const char *path, const cha
     if (header) h = curl_slist_append(h, header);
     CURL *c = make_easy(s, method, path, body, body_len, h, &r);
     CURLcode rc = curl_easy_perform(c);
+    r.t_end_ms = kt_time_ms();
     if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
     curl_easy_cleanup(c);

@@ -24,6 +24,10 @@ typedef struct reply {
     char *body;
     size_t len;
     char retry_after[16];
+    char served_by[32], fallback_reason[32]; /* x-kettle-served-by, x-kettle-fallback-reason ("": none) */
+    char content_type[64];
+    double t_first_ms;  /* when the first body byte came (kt_time_ms) */
+    double t_end_ms;    /* when the transfer ended (set by whoever performed it) */
     bool cache_hit;     /* x-kettle-cache: hit */
     size_t abort_after; /* > 0: drop the connection after this many bytes */
 } reply;

@@ -195,54 +195,11 @@ static int stub_requests(void) {
 
 /* ---- the client ---- */
 
-typedef struct fb_reply {
-    long status;
-    char *body;
-    size_t len;
-    char served_by[32], reason[32], ctype[64], retry_after[16];
-    double t_first_ms, t_end_ms; /* the first body byte, the end */
-} fb_reply;
-
-static size_t fb_body(char *data, size_t size, size_t n, void *ctx) {
-    fb_reply *r = ctx;
-    size_t add = size * n;
-    if (!r->t_first_ms) r->t_first_ms = kt_time_ms();
-    char *b = realloc(r->body, r->len + add + 1);
-    if (!b) return 0;
-    memcpy(b + r->len, data, add);
-    r->body = b, r->len += add, r->body[r->len] = 0;
-    return add;
-}
-
-static void take_header(const char *data, size_t n, const char *name, char *out, size_t cap) {
-    size_t k = strlen(name);
-    if (n > k + 2 && !strncasecmp(data, name, k) && data[k] == ':')
-        snprintf(out, cap, "%.*s", (int)strcspn(data + k + 2, "\r\n"), data + k + 2);
-}
-
-static size_t fb_header(char *data, size_t size, size_t n, void *ctx) {
-    fb_reply *r = ctx;
-    take_header(data, size * n, "x-kettle-served-by", r->served_by, sizeof r->served_by);
-    take_header(data, size * n, "x-kettle-fallback-reason", r->reason, sizeof r->reason);
-    take_header(data, size * n, "Content-Type", r->ctype, sizeof r->ctype);
-    take_header(data, size * n, "Retry-After", r->retry_after, sizeof r->retry_after);
-    return size * n;
-}
+/* server_util's replies carry the fallback's headers and the timing. */
+typedef reply fb_reply;
 
 static CURL *fb_easy(const server *s, const char *path, const char *body, fb_reply *r, struct curl_slist *h) {
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
-    CURL *c = curl_easy_init();
-    assert_non_null(c);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, fb_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, fb_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
-    return c;
+    return make_easy(s, "POST", path, body, strlen(body), h, r);
 }
 
 /* POSTs; a client timeout (timeout_ms > 0) is allowed to cut it. */
@@ -267,9 +224,9 @@ static fb_reply fb_post(const server *s, const char *path, const char *body) {
 }
 
 static void expect_fallback(const fb_reply *r, long status, const char *reason) {
-    if (r->status != status || strcmp(r->served_by, "fallback") || strcmp(r->reason, reason))
+    if (r->status != status || strcmp(r->served_by, "fallback") || strcmp(r->fallback_reason, reason))
         fail_msg("want %ld served by the fallback (%s); got %ld served-by '%s' reason '%s': %s", status, reason,
-                 r->status, r->served_by, r->reason, r->body);
+                 r->status, r->served_by, r->fallback_reason, r->body);
 }
 
 static void expect_local(const fb_reply *r, long status, const char *msg) {
@@ -358,7 +315,7 @@ static void test_context(void **state) {
     char *sbody = completion_body(LONG_PROMPT, ",\"stream\":true");
     fb_reply s = fb_post(&A, "/v1/completions", sbody);
     expect_fallback(&s, 200, "context");
-    assert_string_equal(s.ctype, "text/event-stream");
+    assert_string_equal(s.content_type, "text/event-stream");
     json_t *events = sse_events(s.body);
     assert_true(json_array_size(events) >= 2);
     json_decref(events);
@@ -416,7 +373,7 @@ static void test_busy(void **state) {
     for (int i = 0; i < N; i++) {
         curl_easy_getinfo(easy[i], CURLINFO_RESPONSE_CODE, &r[i].status);
         if (r[i].status != 200) fail_msg("request %d: %ld %s", i, r[i].status, r[i].body);
-        if (!strcmp(r[i].reason, "busy")) busy++, assert_string_equal(r[i].served_by, "fallback");
+        if (!strcmp(r[i].fallback_reason, "busy")) busy++, assert_string_equal(r[i].served_by, "fallback");
         assert_non_null(strstr(r[i].body, "\"text_completion\""));
         curl_multi_remove_handle(multi, easy[i]);
         curl_easy_cleanup(easy[i]);
@@ -460,7 +417,7 @@ static void test_json_passthrough(void **state) {
     fb_reply r = fb_post(&B, "/v1/chat/completions", body);
     expect_fallback(&r, 200, "unknown-model");
     assert_string_equal(r.body, STUB_JSON_BODY);
-    assert_string_equal(r.ctype, "application/json");
+    assert_string_equal(r.content_type, "application/json");
     pthread_mutex_lock(&STUB.mu);
     assert_string_equal(STUB.path, "/v1/chat/completions"); /* the URL's trailing '/' is not doubled */
     assert_string_equal(STUB.body, body);
@@ -492,7 +449,7 @@ static void test_stream_passthrough(void **state) {
     fb_reply r = fb_post(&B, "/v1/chat/completions",
                          "{\"model\":\"gpt-x\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
     expect_fallback(&r, 200, "unknown-model");
-    assert_string_equal(r.ctype, "text/event-stream");
+    assert_string_equal(r.content_type, "text/event-stream");
     char want[2048] = "";
     for (size_t i = 0; i < sizeof STUB_SSE_PARTS / sizeof STUB_SSE_PARTS[0]; i++) strcat(want, STUB_SSE_PARTS[i]);
     assert_string_equal(r.body, want);
