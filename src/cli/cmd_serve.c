@@ -473,7 +473,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
                                   .load = load_one, .load_ctx = &lc[i], .lazy = c->lazy,
                                   .keep_alive_s = c->keep_alive_set ? c->keep_alive_s : -1,
                                   .load_bytes = file_bytes(c->path),
-                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20, .fallback = *c->fb};
+                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20, .fallback = c->fb};
         if (c->lazy) { /* its file's pooling is not known before it loads: embeddings= says it */
             k[i].embed_pooling = embed_pooling(NULL, o, c);
             continue;
@@ -537,12 +537,10 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     }
     static serve_opts o; /* 16 classes' path buffers: not on the stack */
-    static srv_fallback class_fb[SERVE_MAX_CLASSES];
     srv_fallback fb = {0};
     int rc = parse_opts(argc, argv, &o);
     if (!rc) rc = check_fallback(&o, &fb);
-    for (int i = 0; !rc && i < o.n_classes; i++) rc = class_fallback(&o.classes[i], &fb, &class_fb[i]);
-    for (int i = 0; !rc && i < o.n_classes; i++) o.classes[i].fb = &class_fb[i];
+    for (int i = 0; !rc && i < o.n_classes; i++) rc = class_fallback(&o.classes[i], &fb, &o.classes[i].fb);
     for (int i = 0; !rc && i < o.n_classes; i++) /* OWNER/REPO:QUANT: the pulled file */
         if (ms_resolve_opt("serve", &o.classes[i].path, o.classes[i].path_buf, sizeof o.classes[i].path_buf)) rc = 1;
     if (rc) {

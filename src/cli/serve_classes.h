@@ -16,6 +16,7 @@
 #include <stdbool.h>
 
 #include "cli/model_store.h"
+#include "server/fallback.h"
 
 #define SERVE_MAX_CLASSES 16
 #define SERVE_MAX_ALIASES 16
@@ -30,7 +31,7 @@ typedef struct serve_class {
     const char *embeddings;       /* NULL: the command line's; "" the file's pooling or mean; mean, last, cls */
     const char *fallback;         /* its own fallback upstream's URL; NULL: the command line's --fallback */
     const char *fallback_on;      /* which refusals it forwards; NULL: the command line's --fallback-on */
-    const struct srv_fallback *fb; /* its own upstream as cmd_serve built it (url NULL: the server's) */
+    srv_fallback fb;              /* its own upstream as cmd_serve built it (url NULL: the server's) */
     bool lazy;                    /* loaded on its first request, not at start */
     bool keep_alive_set;
     int keep_alive_s;             /* unloaded after this many idle seconds (keep_alive_set); else never */

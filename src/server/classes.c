@@ -269,6 +269,15 @@ srv_class_wait srv_class_ready(srv_conn *c, srv_link *link, srv_error *e) {
     return r;
 }
 
+/* Tokenize and the like (no waiting) answer at once: a class still loading is a 503
+ * (its load begun), as for a server still loading. */
+bool srv_loaded_now(srv_conn *c, srv_error *e) {
+    srv_class_wait w = srv_class_ready(c, NULL, e);
+    if (w == CLASS_WAIT)
+        srv_fail(e, 503, "server_error", "model", "loading", "the model '%s' is loading; retry shortly", c->cls->cfg.name);
+    return w == CLASS_GO;
+}
+
 /* The keeper: every half second, unloads a class no request has held for
  * its keep_alive_s. */
 static void *keeper_main(void *arg) {

@@ -422,15 +422,6 @@ static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     return d;
 }
 
-/* Tokenize and the like answer at once: a class still loading is a 503
- * (its load begun), as for a server still loading. */
-bool srv_loaded_now(srv_conn *c, srv_error *e) {
-    srv_class_wait w = srv_class_ready(c, NULL, e);
-    if (w == CLASS_WAIT)
-        srv_fail(e, 503, "server_error", "model", "loading", "the model '%s' is loading; retry shortly", c->cls->cfg.name);
-    return w == CLASS_GO;
-}
-
 /* A class's own parts: its engine, memories and fallback (false with err). */
 static bool class_init(srv_class *k, const srv_class_config *cfg, kt_error *err) {
     k->cfg = *cfg, k->engine = cfg->engine, k->model = cfg->model; /* srv_classes_start decides their state */

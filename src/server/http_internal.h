@@ -136,7 +136,7 @@ enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e);
  * filled (a 404 listing what is served, a 400 for a model that is not a
  * string). With one class and no --strict-model-names, any name is it. */
 srv_class *srv_route(srv_server *s, json_t *body, srv_error *e);
-/* http.c: whether the request's class is loaded now; else (its load begun) a 503 saying it loads. */
+/* Whether the request's class is loaded now; else (its load begun) a 503 saying it loads. */
 bool srv_loaded_now(srv_conn *c, srv_error *e);
 /* Lets go of the request's class (the last one out starts its idle time). */
 void srv_class_release(srv_conn *c);

@@ -54,11 +54,12 @@ kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) 
     if (sp->p.max_match < sp->p.min_match) sp->p.max_match = sp->p.min_match > 4 ? sp->p.min_match : 4;
     sp->n_vocab = kt_model_describe(m)->n_vocab;
     sp->accept = 0.5;
-    sp->rows = malloc(sizeof *sp->rows * (size_t)sp->n_vocab * (size_t)(sp->p.k_max + 1));
-    sp->batch = malloc(sizeof *sp->batch * (size_t)(sp->p.k_max + 1));
+    const int rows = sp->p.k_max + 1;
+    sp->rows = malloc(sizeof *sp->rows * (size_t)sp->n_vocab * (size_t)rows);
+    sp->batch = malloc(sizeof *sp->batch * (size_t)rows);
     if (!sp->rows || !sp->batch) {
         kt_spec_free(sp);
-        return kt_error_set(err, KT_ERR_NOMEM, "out of memory for %d rows of logits", p ? p->k_max + 1 : 9), NULL;
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory for %d rows of logits", rows), NULL;
     }
     return sp;
 }
