@@ -244,27 +244,13 @@ bool bh_req_failed(const bh_req *r, CURLcode rc, char *msg, size_t cap) {
 
 /* ---- /tokenize ---- */
 
-typedef struct text_buf {
-    char *p;
-    size_t len;
-} text_buf;
-
-static size_t on_text(char *data, size_t size, size_t n, void *user) {
-    text_buf *b = user;
-    char *q = realloc(b->p, b->len + size * n + 1);
-    if (!q) return 0;
-    memcpy(q + b->len, data, size * n);
-    b->p = q, b->len += size * n, q[b->len] = 0;
-    return size * n;
-}
-
 int bh_count_tokens(const bh_conn *conn, const char *text) {
     json_t *req = text ? json_pack("{s:s}", "content", text) : NULL;
     bh_req r = {.plain = true, .body = req ? json_dumps(req, JSON_COMPACT) : NULL};
-    text_buf b = {0};
+    cli_text b = {0};
     int n = -1;
     if (r.body && bh_req_init(&r, conn, "/tokenize")) {
-        curl_easy_setopt(r.h, CURLOPT_WRITEFUNCTION, on_text);
+        curl_easy_setopt(r.h, CURLOPT_WRITEFUNCTION, cli_text_append);
         curl_easy_setopt(r.h, CURLOPT_WRITEDATA, &b);
         curl_easy_setopt(r.h, CURLOPT_TIMEOUT_MS, 10000L);
         long status = 0;

@@ -349,3 +349,16 @@ char *cli_load_template(const char *arg, kt_error *err) {
                  strerror(errno));
     return text;
 }
+
+/* ---- a growing text buffer ---- */
+
+size_t cli_text_append(char *data, size_t size, size_t n, void *user) {
+    cli_text *b = user;
+    const size_t add = size * n;
+    if (b->max && b->len + add > b->max) return 0;
+    char *q = realloc(b->p, b->len + add + 1);
+    if (!q) return 0;
+    memcpy(q + b->len, data, add);
+    b->p = q, b->len += add, q[b->len] = 0;
+    return add;
+}

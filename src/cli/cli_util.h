@@ -115,6 +115,18 @@ void cli_progress_add(cli_progress *p, uint64_t n, const char *what);
 /* Clears the bar; returns seconds since start. */
 double cli_progress_end(cli_progress *p);
 
+/* ---- a growing text buffer (libcurl write callbacks) ---- */
+
+typedef struct cli_text {
+    char *p;    /* NUL-terminated; NULL until something came */
+    size_t len;
+    size_t max; /* more than this is refused (the transfer fails); 0: no limit */
+} cli_text;
+
+/* A CURLOPT_WRITEFUNCTION for a cli_text (user): appends; 0 when out of
+ * memory or over max, which ends the transfer. */
+size_t cli_text_append(char *data, size_t size, size_t n, void *user);
+
 /* kt_model_load_ex with a progress bar on stderr (a terminal only) for
  * files of 64 MiB or more: reading, then repacking. */
 kt_model *cli_load_model(const char *path, kt_load_mode mode, kt_error *err);

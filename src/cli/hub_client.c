@@ -123,31 +123,16 @@ static kt_status transfer_error(const request *r, CURLcode rc, const char *what,
 
 /* ---- the listing ---- */
 
-typedef struct text_buf {
-    char *p;
-    size_t len;
-} text_buf;
-
-static size_t on_text(char *data, size_t size, size_t n, void *user) {
-    text_buf *b = user;
-    if (b->len + size * n > MAX_LISTING) return 0;
-    char *q = realloc(b->p, b->len + size * n + 1);
-    if (!q) return 0;
-    memcpy(q + b->len, data, size * n);
-    b->p = q, b->len += size * n, q[b->len] = 0;
-    return size * n;
-}
-
 /* GET url as JSON. On an HTTP error *code has the status. */
 static json_t *get_json(const char *url, long *code, kt_error *err) {
     request r;
-    text_buf b = {0};
+    cli_text b = {.max = MAX_LISTING};
     json_t *doc = NULL;
     *code = 0;
     if (!request_init(&r, url)) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     } else {
-        curl_easy_setopt(r.h, CURLOPT_WRITEFUNCTION, on_text);
+        curl_easy_setopt(r.h, CURLOPT_WRITEFUNCTION, cli_text_append);
         curl_easy_setopt(r.h, CURLOPT_WRITEDATA, &b);
         curl_easy_setopt(r.h, CURLOPT_TIMEOUT, 120L);
         CURLcode rc = curl_easy_perform(r.h);
