@@ -37,7 +37,7 @@ import urllib.request
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kettle_server import check, run_named  # noqa: E402
+from kettle_server import ServeChild, check, run_named  # noqa: E402
 
 KETTLE, SHARED = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(SHARED, "models", "stories260K.gguf")
@@ -71,46 +71,19 @@ def test_version():
 
 # ---- serve ----
 
-class Server:
+class Server(ServeChild):
+    """kettle serve on a model with the chatml template; req() gives the status."""
+
     def __init__(self, extra, model=STORIES, env=None):
-        self.log = []
-        self.p = subprocess.Popen([KETTLE, "serve", "-m", model, "--port", "0", "-t", "1",
-                                   "--chat-template", "chatml"] + extra,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, env=env)
-        found = threading.Event()
-        self.port = None
-
-        def reader():
-            for line in self.p.stderr:
-                self.log.append(line)
-                m = re.search(r"listening on http://[^\s]+:(\d+)", line)
-                if m and not self.port:
-                    self.port = int(m.group(1))
-                    found.set()
-            found.set()
-
-        self.t = threading.Thread(target=reader, daemon=True)
-        self.t.start()
-        found.wait(30)
-        check(self.port, "kettle serve started", "".join(self.log))
+        super().__init__(KETTLE, ["-m", model, "-t", "1", "--chat-template", "chatml"] + extra, env, start_s=30)
         self.n_banner = len(self.log)
 
     def req(self, method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        r = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-                                   headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(r, timeout=30) as resp:
-                return resp.status
-        except urllib.error.HTTPError as e:
-            return e.code
+        with self.open(method, path, body, timeout=30) as resp:
+            return resp.status
 
     def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        rc = self.p.wait(20)
-        self.t.join(5)
-        check(rc == 0, "kettle serve exits 0 on SIGTERM", "".join(self.log))
+        super().stop()
         # the request lines: everything after the banner but the shutdown line
         return [l for l in self.log[self.n_banner:] if not l.startswith("kettle serve:")]
 

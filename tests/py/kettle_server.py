@@ -129,3 +129,49 @@ def run_named(tests, names, cleanup_dir=None):
     if cleanup_dir:
         shutil.rmtree(cleanup_dir, ignore_errors=True)
     return 1 if failed else 0
+
+
+# ---- a `kettle serve` child that logs (cli_habits.py, serve_classes.py) ----
+
+class ServeChild:
+    """`KETTLE serve --port 0 ARGS`: its stderr lines kept in .log, its
+    port read from the "listening on" line (a failed check after
+    start_s). stop() sends SIGTERM and checks for exit status 0."""
+
+    def __init__(self, kettle, args, env=None, start_s=60):
+        import re
+        self.log = []
+        self.port = None
+        self.p = subprocess.Popen([kettle, "serve", "--port", "0"] + args, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        found = threading.Event()
+
+        def reader():
+            for line in self.p.stderr:
+                self.log.append(line)
+                m = re.search(r"listening on http://[^\s]+:(\d+)", line)
+                if m and not self.port:
+                    self.port = int(m.group(1))
+                    found.set()
+            found.set()
+
+        self.t = threading.Thread(target=reader, daemon=True)
+        self.t.start()
+        found.wait(start_s)
+        check(self.port, "kettle serve started", "".join(self.log))
+
+    def open(self, method, path, body=None, timeout=60):
+        """The urllib response (an HTTPError is returned, not raised)."""
+        data = json.dumps(body).encode() if body is not None else None
+        r = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+                                   headers={"Content-Type": "application/json"})
+        try:
+            return urllib.request.urlopen(r, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            return e
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        rc = self.p.wait(20)
+        self.t.join(5)
+        check(rc == 0, "kettle serve exits 0 on SIGTERM", "".join(self.log))

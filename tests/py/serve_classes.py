@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kettle_server import check, run_named  # noqa: E402
+from kettle_server import ServeChild, check, run_named  # noqa: E402
 
 KETTLE, SHARED = sys.argv[1], sys.argv[2]
 STORIES = os.path.join(SHARED, "models", "stories260K.gguf")
@@ -48,48 +48,22 @@ QWEN_TMPL = os.path.join(SHARED, "templates", "Qwen-Qwen2.5-7B-Instruct.jinja")
 
 
 
-class Server:
+class Server(ServeChild):
+    """kettle serve ARGS; req() gives (status, JSON or /metrics text)."""
+
     def __init__(self, args, env=None):
-        self.log = []
-        self.p = subprocess.Popen([KETTLE, "serve", "--port", "0", "-t", "1"] + args, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        found = threading.Event()
-        self.port = None
-
-        def reader():
-            for line in self.p.stderr:
-                self.log.append(line)
-                m = re.search(r"listening on http://[^\s]+:(\d+)", line)
-                if m and not self.port:
-                    self.port = int(m.group(1))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=reader, daemon=True).start()
-        found.wait(60)
-        check(self.port, "kettle serve started", "".join(self.log))
+        super().__init__(KETTLE, ["-t", "1"] + args, env)
 
     def req(self, method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        r = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
-                                   headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(r, timeout=60) as resp:
-                text = resp.read().decode()
-                return resp.status, (json.loads(text) if path != "/metrics" else text)
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read().decode())
+        with self.open(method, path, body) as resp:
+            text = resp.read().decode()
+            return resp.status, (json.loads(text) if path != "/metrics" or resp.status != 200 else text)
 
     def chat(self, model, content="Hi", **kw):
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": kw.pop("max_tokens", 8), **kw}
         if model is not None:
             body["model"] = model
         return self.req("POST", "/v1/chat/completions", body)
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        rc = self.p.wait(20)
-        check(rc == 0, "kettle serve exits 0 on SIGTERM", "".join(self.log))
 
 
 def run(args, env=None):
