@@ -244,12 +244,26 @@ void kt_sampler_accept(kt_sampler *s, int32_t id);
  * so the output is plain decoding's, token for token, at any temperature;
  * only fewer passes produce it. Rejected positions are dropped from the
  * session (kt_session_truncate). */
+/* Where proposals come from. */
+typedef enum kt_spec_kind {
+    KT_SPEC_OFF = 0,
+    KT_SPEC_NGRAM, /* prompt lookup: the sequence's own context, then earlier requests' (kettle serve) */
+} kt_spec_kind;
+
+/* A proposer of one's own (benchmarks forcing an acceptance rate, tests):
+ * given the sequence so far, tokens[0..n) (its last token the pending
+ * one), writes up to k guesses of the tokens after it to out and returns
+ * how many (0..k). */
+typedef int (*kt_spec_propose_fn)(void *ctx, const int32_t *tokens, int n, int k, int32_t *out);
+
 typedef struct kt_spec_params {
     int k_max;          /* most tokens proposed per step (<= 0: 8; at most 32) */
     int min_match;      /* shortest context suffix looked up (<= 0: 2) */
     int max_match;      /* longest (<= 0: 4) */
     bool fixed_k;       /* propose all the lookup finds, up to k_max; else k follows the measured
                            acceptance and cost of verifying, down to 0 (plain decoding) */
+    kt_spec_propose_fn propose; /* NULL: prompt lookup */
+    void *propose_ctx;
 } kt_spec_params;
 
 typedef struct kt_spec_stats {

@@ -3,7 +3,9 @@
  * prompt-lookup proposer, and the claim that matters, that kt_spec_step
  * emits plain decoding's tokens exactly (greedy, sampled with a seed,
  * with penalties, F32 and Q4_0 weights, fixed and adaptive k, up to a
- * full context) while fewer forward passes produce them.
+ * full context) while fewer forward passes produce them; the rule's
+ * statistics at temperature 1; the cross-request table and the choice of
+ * k (spec/policy.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,11 @@
 
 #include "kettle.h"
 #include "spec/ngram.h"
+#include "spec/policy.h"
+#include "spec/table.h"
 #include "testutil.h"
+
+#include <math.h>
 
 /* ---- the proposer ---- */
 
@@ -40,6 +46,78 @@ static void test_ngram(void **state) {
     const int32_t e[] = {3, 4, 3, 4, 3};
     assert_int_equal(spec_ngram_propose(e, 5, 2, 4, 8, out), 2);
     assert_int_equal(out[0], 4), assert_int_equal(out[1], 3);
+}
+
+/* ---- the cross-request table ---- */
+
+static void test_table(void **state) {
+    (void)state;
+    spec_table *t = spec_table_new(64);
+    assert_non_null(t);
+    int32_t out[8];
+    const int32_t run1[] = {10, 11, 12, 13, 14, 15};
+    spec_table_add(t, run1, 6);
+    const int32_t ctx[] = {1, 2, 10, 11, 12};
+    assert_int_equal(spec_table_propose(t, ctx, 5, 8, out), 3); /* to the run's end */
+    assert_int_equal(out[0], 13), assert_int_equal(out[2], 15);
+    assert_int_equal(spec_table_propose(t, ctx, 5, 2, out), 2); /* k caps */
+    assert_int_equal(spec_table_propose(t, ctx, 2, 8, out), 0); /* shorter than the n-gram */
+    /* runs do not join: 14 15 | 20 is no n-gram, and the latest occurrence wins */
+    const int32_t run2[] = {20, 10, 11, 12, 99};
+    spec_table_add(t, run2, 5);
+    assert_int_equal(spec_table_propose(t, ctx, 5, 8, out), 1);
+    assert_int_equal(out[0], 99);
+    const int32_t across[] = {14, 15, 20};
+    assert_int_equal(spec_table_propose(t, across, 3, 8, out), 0);
+    /* overwritten entries are misses: 200 tokens through a 64-token ring */
+    int32_t big[200];
+    for (int i = 0; i < 200; i++) big[i] = 1000 + i;
+    spec_table_add(t, big, 200);
+    assert_int_equal(spec_table_propose(t, ctx, 5, 8, out), 0);
+    const int32_t late[] = {1190, 1191, 1192};
+    assert_int_equal(spec_table_propose(t, late, 3, 8, out), 7);
+    assert_int_equal(out[0], 1193), assert_int_equal(out[6], 1199);
+    const int32_t early[] = {1000, 1001, 1002};
+    assert_int_equal(spec_table_propose(t, early, 3, 8, out), 0);
+    spec_table_free(t);
+}
+
+/* ---- the choice of k ---- */
+
+static void test_policy(void **state) {
+    (void)state;
+    double ms[40] = {0};
+    spec_costs c = {ms, 39};
+    spec_accept a;
+    spec_accept_init(&a);
+    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8); /* nothing measured: try */
+    /* flat costs (bandwidth-bound decode) and proposals kept: verify them all */
+    for (int n = 1; n <= 39; n++) spec_cost_note(&c, n, 30.0 + 0.5 * n);
+    for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 8);
+    assert_true(spec_accept_expected(&a, 8) > 8.0);
+    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8);
+    /* never kept: back off to 0, with a short probe every SPEC_PROBE_EVERY calls */
+    spec_accept_init(&a);
+    for (int i = 0; i < 40; i++) spec_accept_note(&a, 8, 0);
+    int probes = 0;
+    for (int i = 0; i < 4 * SPEC_PROBE_EVERY; i++) {
+        int k = spec_choose_k(&a, &c, 8, 1, 1.0, false);
+        assert_true(k == 0 || k == SPEC_PROBE_K);
+        probes += k > 0;
+    }
+    assert_int_equal(probes, 4);
+    /* half kept but the pass is compute-bound (cost grows with every
+     * token: a batch that already fills the GEMM): not worth it */
+    for (int n = 1; n <= 39; n++) ms[n] = 10.0 * n;
+    spec_accept_init(&a);
+    for (int i = 0; i < 20; i++) spec_accept_note(&a, 4, 2);
+    assert_int_equal(spec_choose_k(&a, &c, 8, 16, 16.0, false), 0);
+    assert_int_equal(spec_choose_k(&a, &c, 8, 16, 16.0, true), 8); /* fixed: all */
+    /* unmeasured sizes borrow the largest measured smaller one */
+    double ms2[40] = {0};
+    spec_costs c2 = {ms2, 39};
+    spec_cost_note(&c2, 3, 7.0);
+    assert_true(spec_cost(&c2, 9) == 7.0 && spec_cost(&c2, 2) == 0.0);
 }
 
 /* ---- exactness ---- */
@@ -185,9 +263,117 @@ static void test_exact_q4_0_and_full_context(void **state) {
     kt_model_free(m);
 }
 
+/* ---- the rule's statistics ----
+ *
+ * The rule for a proposal y from a draft distribution q is "keep y with
+ * probability min(1, p(y) / q(y)), else draw from the residual
+ * max(0, p - q), normalized". kettle's proposals are single tokens (q is
+ * one-hot on y), where the rule is "keep y with probability p(y), else
+ * draw from p without y": drawing x from p and keeping y iff x == y is
+ * that rule. Checked at temperature 1 over 4000 seeds on stories260K (512
+ * tokens): the first token's distribution is p, y is kept at rate p(y),
+ * and after a kept y the next token follows p(. | y). */
+typedef struct fixed_prop {
+    int32_t y[2];
+} fixed_prop;
+
+static int propose_fixed(void *ctx, const int32_t *tokens, int n, int k, int32_t *out) {
+    (void)tokens, (void)n;
+    const fixed_prop *f = ctx;
+    int got = k < 2 ? k : 2;
+    memcpy(out, f->y, sizeof *out * (size_t)got);
+    return got;
+}
+
+/* Softmax at temperature 1 of the logits after ctx[0..n). */
+static void target_dist(kt_model *m, const int32_t *ctx, int n, double *p) {
+    const int n_vocab = kt_model_describe(m)->n_vocab;
+    float *logits = malloc(sizeof(float) * (size_t)n_vocab);
+    kt_error err = {0};
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = 256, .n_threads = 2}, &err);
+    assert_non_null(s);
+    assert_int_equal(kt_session_eval(s, ctx, n, logits, false, &err), KT_OK);
+    double max = logits[0], sum = 0;
+    for (int i = 1; i < n_vocab; i++) max = logits[i] > max ? logits[i] : max;
+    for (int i = 0; i < n_vocab; i++) sum += p[i] = exp(logits[i] - max);
+    for (int i = 0; i < n_vocab; i++) p[i] /= sum;
+    kt_session_free(s), free(logits);
+}
+
+/* Pearson's chi-square of counts against p (bins of expected < 5 pooled);
+ * fails past 6 standard deviations of its distribution. */
+static void expect_distribution(const int *count, const double *p, int n_vocab, int total, const char *what) {
+    double chi2 = 0, pooled_e = 0, pooled_o = 0;
+    int df = -1;
+    for (int i = 0; i < n_vocab; i++) {
+        double e = p[i] * total;
+        if (e < 5) {
+            pooled_e += e, pooled_o += count[i];
+            continue;
+        }
+        chi2 += (count[i] - e) * (count[i] - e) / e, df++;
+    }
+    if (pooled_e >= 5) chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e, df++;
+    const double limit = df + 6 * sqrt(2.0 * df);
+    printf("# %s: chi-square %.1f, %d degrees of freedom (limit %.1f)\n", what, chi2, df, limit);
+    assert_true(df >= 3 && chi2 < limit);
+}
+
+static void test_rule_statistics(void **state) {
+    (void)state;
+    kt_model *m = load("models/stories260K.gguf");
+    const int n_vocab = kt_model_describe(m)->n_vocab, runs = 4000;
+    int32_t ctx[64], out[9];
+    kt_error err = {0};
+    int n = kt_tokenize(m, "Once upon a time, there was a", 29, ctx, 60, true, &err);
+    assert_true(n > 0);
+    double *p1 = calloc((size_t)n_vocab, sizeof *p1), *p2 = calloc((size_t)n_vocab, sizeof *p2);
+    int *c1 = calloc((size_t)n_vocab, sizeof *c1), *c2 = calloc((size_t)n_vocab, sizeof *c2);
+    target_dist(m, ctx, n, p1);
+    /* the proposals: the likeliest first token (kept often), then the likeliest after it */
+    fixed_prop f;
+    f.y[0] = 0;
+    for (int i = 1; i < n_vocab; i++) f.y[0] = p1[i] > p1[f.y[0]] ? i : f.y[0];
+    ctx[n] = f.y[0];
+    target_dist(m, ctx, n + 1, p2);
+    f.y[1] = 0;
+    for (int i = 1; i < n_vocab; i++) f.y[1] = p2[i] > p2[f.y[1]] ? i : f.y[1];
+    /* the session holds ctx[0..n-1); ctx[n-1] is the pending token */
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = 256, .n_threads = 2}, &err);
+    float *logits = malloc(sizeof(float) * (size_t)n_vocab);
+    assert_int_equal(kt_session_eval(s, ctx, n - 1, logits, false, &err), KT_OK);
+    kt_spec *sp = kt_spec_new(m, &(kt_spec_params){.k_max = 2, .fixed_k = true, .propose = propose_fixed,
+                                                   .propose_ctx = &f}, &err);
+    assert_non_null(sp);
+    int kept = 0, n_second = 0;
+    for (int r = 0; r < runs; r++) {
+        kt_sampler_params spp = {.temperature = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f, .seed = 1000 + (uint64_t)r};
+        kt_sampler *smp = kt_sampler_new(&spp, n_vocab, &err);
+        assert_non_null(smp);
+        int got = kt_spec_step(sp, s, smp, ctx, n, out, &err);
+        assert_true(got >= 1 && got <= 3);
+        c1[out[0]]++;
+        if (out[0] == f.y[0]) kept++, n_second++, c2[out[1]]++;
+        kt_session_truncate(s, n - 1);
+        kt_sampler_free(smp);
+    }
+    /* kept at rate p(y): a binomial, within 5 standard deviations */
+    const double sd = sqrt(runs * p1[f.y[0]] * (1 - p1[f.y[0]]));
+    printf("# first proposal kept %d of %d (p(y) %.3f: %.0f expected)\n", kept, runs, p1[f.y[0]], runs * p1[f.y[0]]);
+    assert_true(fabs(kept - runs * p1[f.y[0]]) < 5 * sd);
+    expect_distribution(c1, p1, n_vocab, runs, "first token");
+    expect_distribution(c2, p2, n_vocab, n_second, "second token after a kept proposal");
+    kt_spec_free(sp), kt_session_free(s), free(logits);
+    free(p1), free(p2), free(c1), free(c2);
+    kt_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_rule_statistics),
         cmocka_unit_test(test_exact_greedy_and_sampled),
         cmocka_unit_test(test_exact_q4_0_and_full_context),
     };

@@ -13,6 +13,11 @@
  *   4. runs the forward pass once for the whole batch;
  *   5. samples each choice whose logits came out, queues its events, and
  *      retires requests whose choices have all finished.
+ * With speculation (engine.h's spec), a decoding choice's token in step 3
+ * may bring proposals after it, and step 5 samples its rows in order,
+ * keeping proposals while the draws equal them, then truncates the KV of
+ * the rest (kv_seq_truncate: within the blocks the append made, so also
+ * across a block boundary; a copied shared block stays the sequence's).
  *
  * Prefill chunk size: alone, a prompt takes the whole token budget. Beside
  * decoding sequences, a step's prefill is sized from measured costs so the
@@ -44,6 +49,9 @@
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
 #include "ops/pool.h"
+#include "spec/ngram.h"
+#include "spec/policy.h"
+#include "spec/table.h"
 
 #define KV_BLOCK_TOKENS 16
 #define SHORT_PROMPT_TOKENS 32 /* prompts this short are never chunked */
@@ -94,8 +102,11 @@ struct kt_engine {
     float *logits;      /* one row per token with b_logits set */
     float *row;         /* one choice's logits, biased, for sampling */
     float *hidden;      /* one row of n_embd per token with b_hidden set */
-    double *t_decode_ms; /* [n_parallel + 1]: measured cost of a decode-only step
-                            by its number of decode tokens (EMA; 0: unknown) */
+    double *t_decode_ms; /* [batch_tokens + 1]: measured cost of a decode-only step
+                            by its number of tokens, proposals included (EMA; 0: unknown) */
+    spec_costs costs;   /* a view of t_decode_ms for spec/policy.h */
+    int spec_max_tokens; /* proposals one step may carry (logits rows for them) */
+    spec_table *spec_table; /* earlier requests' outputs; NULL: none */
     double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
     bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
 };
@@ -192,6 +203,9 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
                             "--batch-tokens %d must exceed --parallel %d: every step decodes one "
                             "token of each running sequence and needs room for prefill",
                             p.batch_tokens, p.n_parallel);
+    if (p.spec_k_max <= 0) p.spec_k_max = 8;
+    if (p.spec_k_max > SPEC_K_MAX) p.spec_k_max = SPEC_K_MAX;
+    if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
     e->p = p;
     return KT_OK;
 }
@@ -264,8 +278,18 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     return kv_pool_new(&kp, err);
 }
 
+/* Proposals per step: at most half the budget beyond one token per
+ * sequence (prefill keeps the rest), and 64 logits rows. */
+static int spec_max_tokens(const kt_engine_params *p) {
+    if (!p->spec) return 0;
+    int n = (p->batch_tokens - p->n_parallel) / 2, by_k = p->n_parallel * p->spec_k_max;
+    if (n > by_k) n = by_k;
+    return n < 64 ? n : 64;
+}
+
 static bool alloc_batch(kt_engine *e) {
-    int cap = e->p.batch_tokens, rows = 2 * e->p.n_parallel;
+    e->spec_max_tokens = spec_max_tokens(&e->p);
+    int cap = e->p.batch_tokens, rows = 2 * e->p.n_parallel + e->spec_max_tokens;
     size_t n_vocab = (size_t)e->llm->cfg.n_vocab;
     e->b_tokens = malloc(sizeof *e->b_tokens * (size_t)cap);
     e->b_pos = malloc(sizeof *e->b_pos * (size_t)cap);
@@ -280,7 +304,11 @@ static bool alloc_batch(kt_engine *e) {
     e->active = malloc(sizeof *e->active * (size_t)e->p.n_parallel);
     e->prefill_order = malloc(sizeof *e->prefill_order * (size_t)e->p.n_parallel);
     e->waiting = malloc(sizeof *e->waiting * (size_t)e->p.queue_max);
-    e->t_decode_ms = calloc((size_t)e->p.n_parallel + 1, sizeof *e->t_decode_ms);
+    e->t_decode_ms = calloc((size_t)e->p.batch_tokens + 1, sizeof *e->t_decode_ms);
+    e->costs = (spec_costs){e->t_decode_ms, e->p.batch_tokens};
+    if (e->p.spec == KT_SPEC_NGRAM && e->p.spec_table_tokens > 0 && !e->p.spec_propose &&
+        !(e->spec_table = spec_table_new((size_t)e->p.spec_table_tokens)))
+        return false;
     e->seq_tokens = malloc(sizeof *e->seq_tokens * (size_t)e->p.n_ctx);
     e->hit_blocks = malloc(sizeof *e->hit_blocks * (size_t)(e->p.n_ctx / KV_BLOCK_TOKENS + 1));
     return e->prefill_order && e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
@@ -350,6 +378,17 @@ static void cache_choice(kt_engine *e, const kt_request *r, const gen_choice *c)
     kv_cache_insert(e->cache, c->seq, e->seq_tokens, n, true);
 }
 
+/* A finished choice's output goes into the cross-request table, led by
+ * the prompt's last tokens (so a reply's start is found from its prompt). */
+static void table_choice(kt_engine *e, const kt_request *r, const gen_choice *c) {
+    if (!e->spec_table || c->n_generated == 0) return;
+    const int lead = r->n_prompt < SPEC_TABLE_NGRAM ? r->n_prompt : SPEC_TABLE_NGRAM;
+    if (lead + c->n_generated > e->p.n_ctx) return;
+    memcpy(e->seq_tokens, r->prompt + r->n_prompt - lead, sizeof(int32_t) * (size_t)lead);
+    memcpy(e->seq_tokens + lead, c->generated, sizeof(int32_t) * (size_t)c->n_generated);
+    spec_table_add(e->spec_table, e->seq_tokens, lead + c->n_generated);
+}
+
 static void choice_release(gen_choice *c) {
     free(c->generated);
     kv_seq_free(c->seq);
@@ -391,6 +430,7 @@ static void retire(kt_engine *e, kt_request *r) {
     for (int i = 0; i < r->n_choices; i++) {
         if (r->choices[i].finish > worst || i == 0) worst = r->choices[i].finish;
         cache_choice(e, r, &r->choices[i]);
+        table_choice(e, r, &r->choices[i]);
         choice_release(&r->choices[i]);
     }
     if (r->state != REQ_WAITING) {
@@ -761,6 +801,7 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     if (r->grammar && !(c->constraint = eng_grammar_start(&e->gram, e->model, r->grammar, &err))) return false;
     c->detok = kt_detok_new_ex(e->model, r->special_text);
     c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
+    spec_accept_init(&c->accept);
     return c->sampler && c->detok && c->generated;
 }
 
@@ -941,9 +982,12 @@ static void sample_choice(kt_engine *e, kt_request *r, int i, const float *logit
 
 /* ---- the step -------------------------------------------------------- */
 
-static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *seq, int32_t tok, bool logits) {
+/* A token at position seq->len - 1 - after (after: tokens of the same
+ * sequence that follow it in this step, already appended). */
+static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *seq, int32_t tok, bool logits,
+                      int after) {
     e->b_tokens[*n] = tok;
-    e->b_pos[*n] = seq->len - 1;
+    e->b_pos[*n] = seq->len - 1 - after;
     e->b_seq[*n] = seq;
     e->b_logits[*n] = logits;
     e->b_hidden[*n] = false;
@@ -957,7 +1001,7 @@ static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *s
  * sizes prefill chunks wrongly; every n is learned once (one decode-only
  * step) and then kept current by later decode-only steps. */
 static double decode_cost_ms(const kt_engine *e, int n) {
-    return e->t_decode_ms[n < e->p.n_parallel ? n : e->p.n_parallel];
+    return e->t_decode_ms[n < e->p.batch_tokens ? n : e->p.batch_tokens];
 }
 
 /* Tokens of prefill the step may carry beside n_decode decode tokens. */
@@ -966,7 +1010,11 @@ static int prefill_budget(const kt_engine *e, int n_decode) {
     if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return budget;
     /* a decode-only step first while this decode cost is unknown, then a
      * small chunk to learn the prefill cost */
-    const double t_decode = decode_cost_ms(e, n_decode);
+    double t_decode = decode_cost_ms(e, n_decode);
+    /* proposals vary the decode tokens step to step: there the nearest
+     * smaller measured step stands in, so prefill is not held back while
+     * each size is learned */
+    if (t_decode <= 0.0 && e->spec_max_tokens) t_decode = spec_cost(&e->costs, n_decode);
     if (t_decode <= 0.0) return 0;
     if (e->t_token_ms <= 0.0) return budget < 8 ? budget : 8;
     double n = (e->p.max_itl_stretch - 1.0) * t_decode / e->t_token_ms;
@@ -997,23 +1045,111 @@ static int order_prefills(kt_engine *e) {
     return n;
 }
 
+/* ---- speculation ------------------------------------------------------ */
+
+/* Up to k proposals for what follows choice c's tokens (its pending one
+ * last): the caller's proposer, else the choice's own context (prompt and
+ * output), else what earlier requests went on to say. */
+static int propose(kt_engine *e, const kt_request *r, const gen_choice *c, int k) {
+    int32_t *ctx = e->seq_tokens; /* [n_ctx]: the prompt and the output fit */
+    const int n = r->n_prompt + c->n_generated;
+    memcpy(ctx, r->prompt, sizeof *ctx * (size_t)r->n_prompt);
+    memcpy(ctx + r->n_prompt, c->generated, sizeof *ctx * (size_t)c->n_generated);
+    int32_t *out = (int32_t *)c->prop;
+    int got = 0;
+    if (e->p.spec_propose) {
+        got = e->p.spec_propose(e->p.spec_propose_ctx, ctx, n, k, out);
+        got = got < 0 ? 0 : got > k ? k : got;
+    } else {
+        got = spec_ngram_propose(ctx, n, 2, 4, k, out);
+        if (!got && e->spec_table) got = spec_table_propose(e->spec_table, ctx, n, k, out);
+    }
+    for (int i = 0; i < got; i++)
+        if (out[i] < 0 || out[i] >= e->llm->cfg.n_vocab) got = i; /* a proposer's bad id ends the run */
+    /* a proposal the grammar refuses can never be drawn: verify none from it on */
+    if (got && c->constraint) got = kt_constraint_allows_run(c->constraint, out, got);
+    return got;
+}
+
+/* How many proposals each decoding choice feeds this step (c->n_prop):
+ * every choice counts its one token first, then each choice in turn
+ * takes the k that maximises the step's expected tokens per measured
+ * millisecond (policy.h), given what the choices before it took. A choice
+ * never verifies past its max_tokens (nor so past its KV reservation, nor
+ * its context: max_tokens is within both). */
+static void plan_speculation(kt_engine *e) {
+    int n_tokens = 0;
+    for (int a = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
+            r->choices[i].n_prop = 0;
+            n_tokens += r->choices[i].finish == KT_FINISH_NONE;
+        }
+    }
+    if (!e->spec_max_tokens) return;
+    double expected = n_tokens;
+    int budget = e->spec_max_tokens;
+    for (int a = 0; a < e->n_active && budget > 0; a++) {
+        kt_request *r = e->active[a];
+        for (int i = 0; r->state == REQ_DECODE && i < r->n_choices && budget > 0; i++) {
+            gen_choice *c = &r->choices[i];
+            int limit = r->max_tokens - c->n_generated - 1; /* the pending token's draw is one more */
+            if (limit > e->p.spec_k_max) limit = e->p.spec_k_max;
+            if (limit > budget) limit = budget;
+            if (c->finish != KT_FINISH_NONE || limit <= 0) continue;
+            const int avail = propose(e, r, c, limit);
+            const int k = spec_choose_k(&c->accept, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k);
+            c->n_prop = k;
+            n_tokens += k, budget -= k;
+            expected += spec_accept_expected(&c->accept, k) - 1.0;
+        }
+    }
+}
+
+/* Samples choice i's rows in order (rows[j]: after its pending token for
+ * j = 0, after proposal j otherwise), keeping proposals while the draws
+ * equal them; stops where the choice ends. Then the sequence keeps the
+ * pending token and the kept proposals: the positions whose rows were
+ * drawn from. Returns how many rows it drew from. */
+static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) {
+    gen_choice *c = &r->choices[i];
+    const size_t n_vocab = (size_t)e->llm->cfg.n_vocab;
+    const int k = c->n_prop, len_before = c->seq->len - (k + 1);
+    int j = 0;
+    for (;; j++) {
+        sample_choice(e, r, i, rows + (size_t)j * n_vocab);
+        if (c->finish != KT_FINISH_NONE || j == k || c->next_token != c->prop[j]) break;
+    }
+    const int kept = j; /* rows 0..j-1 drew their proposals */
+    kt_error err;
+    if (kv_seq_truncate(c->seq, len_before + 1 + j, &err) != KT_OK) fail_request(r, err.msg);
+    spec_accept_note(&c->accept, k, kept);
+    pthread_mutex_lock(&e->mu);
+    e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
+    pthread_mutex_unlock(&e->mu);
+    c->n_prop = 0;
+    return j + 1;
+}
+
 /* Appends the decode tokens, then prefill chunks; returns the batch size
  * and the number of prefill tokens in *n_prefill. A sequence that cannot
  * grow (which the reservation rules out) ends its request with an error. */
 static int build_batch(kt_engine *e, int *n_prefill) {
     int n = 0;
     kt_error err;
+    plan_speculation(e);
     for (int a = 0; a < e->n_active; a++) {
         kt_request *r = e->active[a];
         if (r->state != REQ_DECODE) continue;
         for (int i = 0; i < r->n_choices; i++) {
             gen_choice *c = &r->choices[i];
             if (c->finish != KT_FINISH_NONE) continue;
-            if (kv_seq_append(c->seq, 1, &err) != KT_OK) {
+            if (kv_seq_append(c->seq, 1 + c->n_prop, &err) != KT_OK) {
                 fail_request(r, err.msg);
                 break;
             }
-            batch_add(e, &n, r, i, c->seq, c->next_token, true);
+            batch_add(e, &n, r, i, c->seq, c->next_token, true, c->n_prop);
+            for (int j = 0; j < c->n_prop; j++) batch_add(e, &n, r, i, c->seq, c->prop[j], true, c->n_prop - 1 - j);
         }
     }
     int budget = prefill_budget(e, n), n_decode = n;
@@ -1082,8 +1218,17 @@ static void consume_logits(kt_engine *e, int n) {
         const float *logits = e->logits + (size_t)row++ * n_vocab;
         kt_request *r = e->b_req[t];
         if (atomic_load(&r->cancel)) continue;
-        if (e->b_choice[t] < 0) prompt_done(e, r, logits);
-        else sample_choice(e, r, e->b_choice[t], logits);
+        if (e->b_choice[t] < 0) {
+            prompt_done(e, r, logits);
+            continue;
+        }
+        const int k = r->choices[e->b_choice[t]].n_prop;
+        if (k == 0) {
+            sample_choice(e, r, e->b_choice[t], logits);
+            continue;
+        }
+        verify_choice(e, r, e->b_choice[t], logits);
+        t += k, row += k; /* its proposals' rows are verify's */
     }
 }
 
@@ -1131,10 +1276,9 @@ static void retire_finished(kt_engine *e) {
 
 static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
     const double alpha = 0.25;
-    const int k = n_decode < e->p.n_parallel ? n_decode : e->p.n_parallel;
+    const int k = n_decode < e->p.batch_tokens ? n_decode : e->p.batch_tokens;
     if (n_prefill == 0 && n_decode > 0) {
-        double *t = &e->t_decode_ms[k];
-        *t = *t > 0 ? (1 - alpha) * *t + alpha * ms : ms;
+        spec_cost_note(&e->costs, k, ms);
     } else if (n_prefill > 0 && n_decode > 0 && decode_cost_ms(e, k) > 0) {
         double per = (ms - decode_cost_ms(e, k)) / n_prefill;
         if (per < 0.0) per = 0.0;
@@ -1258,6 +1402,7 @@ void kt_engine_free(kt_engine *e) {
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
     free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
     free(e->prefill_order);
+    spec_table_free(e->spec_table);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->cv_step);

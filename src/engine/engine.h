@@ -62,6 +62,24 @@ typedef struct kt_engine_params {
      * touches the disk. */
     const char *cache_dir;
     size_t cache_disk_bytes;
+    /* Speculative decoding (spec/): each step, a decoding choice may feed
+     * up to spec_k_max proposed tokens after its pending one, in the same
+     * ragged pass as everyone else's tokens; the choice samples the rows in
+     * order and keeps a proposal while the draw equals it, and the KV of
+     * the rest is truncated. Every token is the draw plain decoding makes
+     * from the same bits with the same random state, so the output (and
+     * its logprobs) is plain decoding's at any temperature, with grammars,
+     * penalties, stop strings and n > 1; only fewer passes produce it. k is
+     * chosen per choice and step against measured pass costs (policy.h),
+     * down to 0. */
+    kt_spec_kind spec;        /* KT_SPEC_OFF (default) or KT_SPEC_NGRAM */
+    int spec_k_max;           /* most proposals per choice and step; <= 0: 8 (at most 32) */
+    bool spec_fixed_k;        /* verify every proposal found, up to spec_k_max (benchmarks) */
+    int spec_table_tokens;    /* the cross-request n-gram table's size (table.h); 0: 65536; < 0: none */
+    /* Proposals from the caller instead of the lookup (benchmarks that
+     * force an acceptance rate, tests); NULL: spec's own. Engine thread. */
+    kt_spec_propose_fn spec_propose;
+    void *spec_propose_ctx;
 } kt_engine_params;
 
 kt_engine_params kt_engine_defaults(void);
@@ -280,6 +298,9 @@ typedef struct kt_engine_stats {
     uint64_t steps;
     uint64_t steps_multi_seq; /* steps whose batch held two or more sequences */
     int max_step_seqs;      /* the most sequences one step's batch held */
+    /* speculation: proposed tokens verified, of them kept, passes of a
+     * choice that verified any */
+    uint64_t spec_proposed, spec_accepted, spec_passes;
     kt_latency_hist ttft;   /* submit -> first token */
     kt_latency_hist itl;    /* between consecutive tokens of one choice */
 } kt_engine_stats;

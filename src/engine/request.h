@@ -30,6 +30,7 @@
 #include "engine/grammar_sample.h"
 #include "grammar/constraint.h"
 #include "kv/block_pool.h"
+#include "spec/policy.h"
 
 /* One choice's generation state (engine only). */
 typedef struct gen_choice {
@@ -45,6 +46,11 @@ typedef struct gen_choice {
     char *held;          /* decoded text not yet released: may start a stop string */
     size_t held_len, held_cap;
     uint64_t last_token_ns;
+    /* speculation: this step's proposals (fed after next_token), and how
+     * well this choice's proposals have fared */
+    int32_t prop[SPEC_K_MAX];
+    int n_prop;
+    spec_accept accept;
 } gen_choice;
 
 typedef enum req_state { REQ_WAITING, REQ_PREFILL, REQ_DECODE, REQ_DONE } req_state;

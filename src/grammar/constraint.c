@@ -1236,6 +1236,17 @@ bool kt_constraint_allows(kt_constraint *c, int32_t token) {
     return step_token(c, c->state, token) != DEAD;
 }
 
+int kt_constraint_allows_run(kt_constraint *c, const int32_t *tokens, int n) {
+    if (c->error[0] || c->ended) return 0;
+    uint32_t state = c->state;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->trie->n_vocab) return i;
+        if (is_eog(c, tokens[i])) return c->st_flags[state] & ST_DONE ? i + 1 : i; /* nothing follows an end */
+        if ((state = step_token(c, state, tokens[i])) == DEAD) return i;
+    }
+    return n;
+}
+
 bool kt_constraint_accept(kt_constraint *c, int32_t token) {
     if (c->error[0] || c->ended || token < 0 || token >= c->trie->n_vocab) return false;
     if (is_eog(c, token)) {

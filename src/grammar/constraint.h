@@ -76,6 +76,11 @@ bool kt_constraint_allows(kt_constraint *c, int32_t token);
 /* Every token that may come next: bit t of mask ((n_vocab + 63) / 64
  * words) set iff kt_constraint_allows(c, t). */
 void kt_constraint_mask(kt_constraint *c, uint64_t *mask);
+/* How many of tokens[0..n) the grammar takes one after another from here
+ * (an end-of-generation id counts where the grammar can end, and nothing
+ * after it): speculative decoding's proposals cut before the first token
+ * that could never be drawn. Changes nothing. */
+int kt_constraint_allows_run(kt_constraint *c, const int32_t *tokens, int n);
 /* Takes `token`; false (nothing changed) if it is not allowed. */
 bool kt_constraint_accept(kt_constraint *c, int32_t token);
 /* Takes text that arrived inside a token the grammar did not see (the

@@ -1,0 +1,56 @@
+/*
+ * policy.c - the choice of k (see policy.h).
+ */
+#include "spec/policy.h"
+
+#define EMA 0.2f      /* weight of the newest step in the acceptance averages */
+#define COST_EMA 0.25 /* and in the cost averages */
+
+void spec_accept_init(spec_accept *a) {
+    for (int i = 0; i < SPEC_K_MAX; i++) a->p[i] = 0.5f; /* no evidence either way */
+    a->idle_steps = 0;
+}
+
+void spec_accept_note(spec_accept *a, int k, int accepted) {
+    if (k <= 0) return;
+    a->idle_steps = 0;
+    for (int i = 0; i < accepted && i < SPEC_K_MAX; i++) a->p[i] += EMA * (1.0f - a->p[i]);
+    if (accepted < k && accepted < SPEC_K_MAX) a->p[accepted] -= EMA * a->p[accepted];
+    /* depths past the first rejection were not tried: no evidence */
+}
+
+double spec_accept_expected(const spec_accept *a, int k) {
+    double e = 1.0, run = 1.0;
+    for (int i = 0; i < k && i < SPEC_K_MAX; i++) run *= a->p[i], e += run;
+    return e;
+}
+
+double spec_cost(const spec_costs *c, int n) {
+    if (n > c->n_max) n = c->n_max;
+    for (; n >= 1; n--)
+        if (c->ms[n] > 0) return c->ms[n];
+    return 0;
+}
+
+void spec_cost_note(spec_costs *c, int n, double ms) {
+    if (n < 1 || n > c->n_max) return;
+    c->ms[n] = c->ms[n] > 0 ? (1 - COST_EMA) * c->ms[n] + COST_EMA * ms : ms;
+}
+
+int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed) {
+    if (avail > SPEC_K_MAX) avail = SPEC_K_MAX;
+    if (avail <= 0 || fixed) return avail > 0 ? avail : 0;
+    const double base_cost = spec_cost(c, n_tokens);
+    if (base_cost <= 0) return avail; /* nothing measured yet: try, and measure */
+    int best = 0;
+    double best_rate = expected / base_cost;
+    for (int k = 1; k <= avail; k++) {
+        double rate = (expected - 1.0 + spec_accept_expected(a, k)) / spec_cost(c, n_tokens + k);
+        if (rate > best_rate) best = k, best_rate = rate;
+    }
+    if (best == 0 && ++a->idle_steps >= SPEC_PROBE_EVERY) {
+        a->idle_steps = 0;
+        return avail < SPEC_PROBE_K ? avail : SPEC_PROBE_K;
+    }
+    return best;
+}

@@ -1,0 +1,63 @@
+/*
+ * policy.h - how many proposed tokens to verify: the choice that makes
+ * speculation never slower than plain decoding.
+ *
+ * Verifying k proposals costs a pass of k more tokens; on a CPU that cost
+ * is flat while the weights dominate and jumps where a GEMM tile fills or
+ * the arithmetic becomes the bound (a batch of many sequences). So k is
+ * chosen against measured costs, not assumed: the expected tokens of a
+ * pass with k proposals (from the sequence's acceptance so far) over the
+ * measured cost of a pass of that many tokens, maximised over k, with
+ * k = 0 (plain decoding) whenever nothing beats it.
+ *
+ * Acceptance is tracked by depth: p[i] is the chance that proposal i + 1
+ * is kept given proposal i was (an average over recent steps), so the
+ * expected tokens of a pass with k proposals are
+ *   E(k) = 1 + p[0] + p[0] p[1] + ... + p[0] ... p[k-1].
+ * This fits both ways proposals fail: a geometric fall-off (every token a
+ * fresh guess) and a prefix that holds for a while then stops (a quoted
+ * span that ends).
+ */
+#ifndef KT_SPEC_POLICY_H
+#define KT_SPEC_POLICY_H
+
+#include <stdbool.h>
+
+#define SPEC_K_MAX 32       /* most proposals one pass verifies */
+#define SPEC_PROBE_EVERY 16 /* backed off to k = 0: a short proposal this often */
+#define SPEC_PROBE_K 2
+
+typedef struct spec_accept {
+    float p[SPEC_K_MAX]; /* P(proposal i + 1 kept | proposal i kept), recent average */
+    int idle_steps;      /* steps at k = 0 with proposals available */
+} spec_accept;
+
+void spec_accept_init(spec_accept *a);
+/* A pass verified k proposals and kept the first `accepted` of them. */
+void spec_accept_note(spec_accept *a, int k, int accepted);
+/* E(k): the expected tokens a pass with k proposals emits (>= 1). */
+double spec_accept_expected(const spec_accept *a, int k);
+
+/* Measured pass costs by tokens in the pass: cost_ms[n] for n in
+ * [1, n_max] (0: not measured yet), an average of recent passes. */
+typedef struct spec_costs {
+    double *ms;
+    int n_max;
+} spec_costs;
+
+/* The cost of a pass of n tokens: measured, or, not yet measured, that of
+ * the largest measured smaller pass (an optimistic guess, so each size is
+ * tried once and then known); 0 when nothing is measured. */
+double spec_cost(const spec_costs *c, int n);
+void spec_cost_note(spec_costs *c, int n, double ms);
+
+/* How many of `avail` proposals this sequence verifies, in a pass that
+ * already holds n_tokens tokens expected to emit `expected` tokens (one
+ * per decoding sequence, plus what earlier sequences' proposals are
+ * expected to add): the k maximising (expected - 1 + E(k)) / cost(n_tokens
+ * + k). While that is 0, every SPEC_PROBE_EVERY-th call still verifies
+ * SPEC_PROBE_K, so a sequence that starts to repeat its context is
+ * noticed. fixed: all of avail. */
+int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed);
+
+#endif
