@@ -90,7 +90,9 @@ static void test_policy(void **state) {
     spec_costs c = {ms, 39};
     spec_accept a;
     spec_accept_init(&a);
-    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8); /* nothing measured: try */
+    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 0); /* plain decoding's cost first */
+    spec_cost_note(&c, 1, 30.0);
+    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8); /* then larger passes, unmeasured, are tried */
     /* flat costs (bandwidth-bound decode) and proposals kept: verify them all */
     for (int n = 1; n <= 39; n++) spec_cost_note(&c, n, 30.0 + 0.5 * n);
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 8);

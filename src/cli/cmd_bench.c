@@ -72,6 +72,9 @@ static void usage(FILE *out) {
             "       kettle bench serve ...   load-test an OpenAI-compatible server (see 'kettle bench serve --help')\n"
             "       kettle bench agent ...   agent sessions against a server: TTFT per turn, task time\n"
             "                                (see 'kettle bench agent --help')\n"
+            "       kettle bench spec ...    speculative decoding against plain decoding in the engine:\n"
+            "                                forced acceptance rates, prompt lookup, concurrent streams\n"
+            "                                (see 'kettle bench spec --help')\n"
             "       kettle bench grammar ... structured output without a model: schema compile time, mask\n"
             "                                time per token (see 'kettle bench grammar --help')\n"
             "  -m, --model FILE   model to measure (repeatable; OWNER/REPO[:QUANT]: a pulled one)\n"
@@ -400,6 +403,7 @@ int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "agent")) return cmd_bench_agent(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "grammar")) return cmd_bench_grammar(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "spec")) return cmd_bench_spec(argc - 1, argv + 1);
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
         return 0;

@@ -48,6 +48,9 @@ typedef struct serve_opts {
     bool has_stretch, no_webui;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
     const char *config;     /* --config FILE */
+    const char *spec;       /* --spec off|ngram */
+    int draft_max;          /* --draft-max K */
+    bool spec_fixed;        /* --spec-fixed */
     serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
     int n_classes;
     /* --fallback URL and its settings (server/fallback.h) */
@@ -117,6 +120,13 @@ static void usage(FILE *out) {
             "      --fallback-timeout-s N  connect, and a stream's first byte, within N s, else 504\n"
             "                          (default 10)\n"
             "      --fallback-max-s N  a whole forwarded request within N s (default 600)\n"
+            "      --spec off|ngram    speculative decoding: ngram verifies, with each decode step,\n"
+            "                          the tokens the request's context (or an earlier request's\n"
+            "                          output) predicts next; the output is exactly plain\n"
+            "                          decoding's; k adapts to the measured acceptance and cost,\n"
+            "                          down to 0 (default off)\n"
+            "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
+            "      --spec-fixed        verify every proposal found (no adaptive k; for benchmarks)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
             "                          hidden states pooled by P, mean (default), last or cls. A file\n"
             "                          that declares a pooling (an embedding model) embeds without it\n"
@@ -146,11 +156,12 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
                          {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
                          {"--drain-s", NULL, 0, 86400, &o->drain_s},
+                         {"--draft-max", NULL, 1, 32, &o->draft_max},
 
                          {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
                          {"--fallback-max-s", NULL, 1, 86400, &o->fallback_max_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
-        {"--config", NULL, &o->config}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
+        {"--config", NULL, &o->config}, {"--spec", NULL, &o->spec}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
         {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir},
         {"--fallback", NULL, &o->fallback}, {"--fallback-key-env", NULL, &o->fallback_key_env},
@@ -170,6 +181,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         return serve_class_parse(v, &o->classes[o->n_classes++]) ? 2 : 1;
     }
     if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
+    if (!strcmp(argv[*i], "--spec-fixed")) return o->spec_fixed = true, 1;
     if (!strcmp(argv[*i], "--embeddings")) return o->embeddings = "", 1;
     if (!strncmp(argv[*i], "--embeddings=", 13)) {
         o->embeddings = argv[*i] + 13;
@@ -273,6 +285,10 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
     if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
+    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram"))
+        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram)", o->spec);
+    if ((o->draft_max || o->spec_fixed) && !(o->spec && !strcmp(o->spec, "ngram")))
+        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram");
     return 0;
 }
 
@@ -307,6 +323,9 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;
     if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
+    if (o->spec) p.spec = !strcmp(o->spec, "ngram") ? KT_SPEC_NGRAM : KT_SPEC_OFF;
+    if (o->draft_max) p.spec_k_max = o->draft_max;
+    p.spec_fixed_k = o->spec_fixed;
     return p;
 }
 

@@ -149,6 +149,7 @@ GET(prompt_tokens) GET(cached_prompt_tokens) GET(generated_tokens) GET(steps) GE
 GET(kv_blocks_used) GET(kv_blocks_free) GET(kv_blocks_total) GET(kv_window_slots_used) GET(kv_window_slots_total)
 GET(kv_block_tokens) GET(kv_blocks_cached) GET(cache_evicted_blocks) GET(disk_cached_prompt_tokens) GET(disk_files)
 GET(disk_bytes) GET(disk_writes) GET(disk_reads) GET(disk_rejected) GET(disk_removed)
+GET(spec_proposed) GET(spec_accepted) GET(spec_passes)
 #undef GET
 
 static const scalar_def SCALARS[] = {
@@ -156,6 +157,11 @@ static const scalar_def SCALARS[] = {
     {"kettle_cache_hit_tokens_total", "counter", "prompt tokens served from the prefix cache", get_cached_prompt_tokens},
     {"kettle_generated_tokens_total", "counter", "tokens generated", get_generated_tokens},
     {"kettle_engine_steps_total", "counter", "engine steps run", get_steps},
+    {"kettle_spec_proposed_tokens_total", "counter", "speculative decoding: proposed tokens verified",
+     get_spec_proposed},
+    {"kettle_spec_accepted_tokens_total", "counter", "speculative decoding: proposed tokens kept", get_spec_accepted},
+    {"kettle_spec_passes_total", "counter", "speculative decoding: choices' steps that verified proposals",
+     get_spec_passes},
 };
 static const scalar_def GAUGES[] = {
     {"kettle_queue_depth", "gauge", "requests waiting for admission", get_queue_depth},

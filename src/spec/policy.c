@@ -5,6 +5,8 @@
 
 #define EMA 0.2f      /* weight of the newest step in the acceptance averages */
 #define COST_EMA 0.25 /* and in the cost averages */
+#define MARGIN 1.03   /* speculate only for a gain past the timer's noise: on a model whose
+                       * passes cost the same at any k, noise alone would pick k > 0 half the time */
 
 void spec_accept_init(spec_accept *a) {
     for (int i = 0; i < SPEC_K_MAX; i++) a->p[i] = 0.5f; /* no evidence either way */
@@ -41,9 +43,9 @@ int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, 
     if (avail > SPEC_K_MAX) avail = SPEC_K_MAX;
     if (avail <= 0 || fixed) return avail > 0 ? avail : 0;
     const double base_cost = spec_cost(c, n_tokens);
-    if (base_cost <= 0) return avail; /* nothing measured yet: try, and measure */
+    if (base_cost <= 0) return 0; /* plain decoding's cost first: what every k is weighed against */
     int best = 0;
-    double best_rate = expected / base_cost;
+    double best_rate = MARGIN * expected / base_cost;
     for (int k = 1; k <= avail; k++) {
         double rate = (expected - 1.0 + spec_accept_expected(a, k)) / spec_cost(c, n_tokens + k);
         if (rate > best_rate) best = k, best_rate = rate;

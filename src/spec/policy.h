@@ -57,7 +57,8 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * expected to add): the k maximising (expected - 1 + E(k)) / cost(n_tokens
  * + k). While that is 0, every SPEC_PROBE_EVERY-th call still verifies
  * SPEC_PROBE_K, so a sequence that starts to repeat its context is
- * noticed. fixed: all of avail. */
+ * noticed. Until a pass of n_tokens is measured, 0 (plain decoding's
+ * cost is what every k is weighed against). fixed: all of avail. */
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed);
 
 #endif
