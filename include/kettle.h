@@ -248,6 +248,7 @@ void kt_sampler_accept(kt_sampler *s, int32_t id);
 typedef enum kt_spec_kind {
     KT_SPEC_OFF = 0,
     KT_SPEC_NGRAM, /* prompt lookup: the sequence's own context, then earlier requests' (kettle serve) */
+    KT_SPEC_DRAFT, /* a draft model's greedy guesses (kettle serve --draft) */
 } kt_spec_kind;
 
 /* A proposer of one's own (benchmarks forcing an acceptance rate, tests):

@@ -92,22 +92,30 @@ static void test_policy(void **state) {
     spec_accept_init(&a);
     assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 0); /* plain decoding's cost first */
     spec_cost_note(&c, 1, 30.0);
-    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8); /* then larger passes, unmeasured, are tried */
+    /* then, with no evidence on acceptance (1/2 a depth) and the cost prior, a short try */
+    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 1);
     /* flat costs (bandwidth-bound decode) and proposals kept: verify them all */
     for (int n = 1; n <= 39; n++) spec_cost_note(&c, n, 30.0 + 0.5 * n);
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 8);
     assert_true(spec_accept_expected(&a, 8) > 8.0);
     assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8);
-    /* never kept: back off to 0, with a short probe every SPEC_PROBE_EVERY calls */
+    /* never kept: back off to 0, with a one-token probe after SPEC_PROBE_EVERY
+     * calls, the wait doubling while probes find nothing (16, 32, 64, 128, 256) */
+    for (int n = 1; n <= 39; n++) ms[n] = 30.0 + 10.0 * n; /* where a kept proposal in 6 would not pay */
     spec_accept_init(&a);
-    for (int i = 0; i < 40; i++) spec_accept_note(&a, 8, 0);
-    int probes = 0;
-    for (int i = 0; i < 4 * SPEC_PROBE_EVERY; i++) {
+    for (int i = 0; i < 5; i++) spec_accept_note(&a, 8, 0);
+    a.probe_every = SPEC_PROBE_EVERY;
+    int probes = 0, last = 0;
+    for (int i = 1; i <= 16 + 32 + 64 + 128 + 256; i++) {
         int k = spec_choose_k(&a, &c, 8, 1, 1.0, false);
         assert_true(k == 0 || k == SPEC_PROBE_K);
-        probes += k > 0;
+        if (k) probes++, last = i, spec_accept_note(&a, k, 0);
     }
-    assert_int_equal(probes, 4);
+    assert_int_equal(probes, 5);
+    assert_int_equal(last, 16 + 32 + 64 + 128 + 256);
+    /* a probe that is kept brings the short wait back */
+    spec_accept_note(&a, 1, 1);
+    assert_int_equal(a.probe_every, SPEC_PROBE_EVERY);
     /* half kept but the pass is compute-bound (cost grows with every
      * token: a batch that already fills the GEMM): not worth it */
     for (int n = 1; n <= 39; n++) ms[n] = 10.0 * n;
@@ -115,11 +123,11 @@ static void test_policy(void **state) {
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 4, 2);
     assert_int_equal(spec_choose_k(&a, &c, 8, 16, 16.0, false), 0);
     assert_int_equal(spec_choose_k(&a, &c, 8, 16, 16.0, true), 8); /* fixed: all */
-    /* unmeasured sizes borrow the largest measured smaller one */
+    /* unmeasured sizes: the largest measured smaller one, a quarter more per token */
     double ms2[40] = {0};
     spec_costs c2 = {ms2, 39};
-    spec_cost_note(&c2, 3, 7.0);
-    assert_true(spec_cost(&c2, 9) == 7.0 && spec_cost(&c2, 2) == 0.0);
+    spec_cost_note(&c2, 3, 8.0);
+    assert_true(spec_cost(&c2, 3) == 8.0 && spec_cost(&c2, 7) == 16.0 && spec_cost(&c2, 2) == 0.0);
 }
 
 /* ---- exactness ---- */

@@ -48,7 +48,9 @@ typedef struct serve_opts {
     bool has_stretch, no_webui;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
     const char *config;     /* --config FILE */
-    const char *spec;       /* --spec off|ngram */
+    const char *spec;       /* --spec off|ngram|draft */
+    const char *draft;      /* --draft PATH */
+    kt_model *draft_model;  /* loaded once, shared by reloads of the class */
     int draft_max;          /* --draft-max K */
     bool spec_fixed;        /* --spec-fixed */
     serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
@@ -120,11 +122,14 @@ static void usage(FILE *out) {
             "      --fallback-timeout-s N  connect, and a stream's first byte, within N s, else 504\n"
             "                          (default 10)\n"
             "      --fallback-max-s N  a whole forwarded request within N s (default 600)\n"
-            "      --spec off|ngram    speculative decoding: ngram verifies, with each decode step,\n"
+            "      --spec off|ngram|draft  speculative decoding: ngram verifies, with each decode step,\n"
             "                          the tokens the request's context (or an earlier request's\n"
             "                          output) predicts next; the output is exactly plain\n"
             "                          decoding's; k adapts to the measured acceptance and cost,\n"
             "                          down to 0 (default off)\n"
+            "                          draft: a smaller model of the same family (--draft PATH,\n"
+            "                          the same vocabulary, checked) guesses the next tokens\n"
+            "      --draft PATH        the draft model (implies --spec draft; one -m model only)\n"
             "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
             "      --spec-fixed        verify every proposal found (no adaptive k; for benchmarks)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
@@ -161,7 +166,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
                          {"--fallback-max-s", NULL, 1, 86400, &o->fallback_max_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
-        {"--config", NULL, &o->config}, {"--spec", NULL, &o->spec}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
+        {"--config", NULL, &o->config}, {"--spec", NULL, &o->spec}, {"--draft", NULL, &o->draft}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
         {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir},
         {"--fallback", NULL, &o->fallback}, {"--fallback-key-env", NULL, &o->fallback_key_env},
@@ -285,10 +290,15 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
     if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
-    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram"))
-        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram)", o->spec);
-    if ((o->draft_max || o->spec_fixed) && !(o->spec && !strcmp(o->spec, "ngram")))
-        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram");
+    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram") && strcmp(o->spec, "draft"))
+        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram, draft)", o->spec);
+    if (o->draft && !o->spec) o->spec = "draft";
+    if (o->spec && !strcmp(o->spec, "draft") && !o->draft) return cli_usage_error("serve", "--spec draft needs --draft PATH");
+    if (o->draft && strcmp(o->spec, "draft")) return cli_usage_error("serve", "--draft goes with --spec draft");
+    if (o->draft && (o->n_classes > 1 || o->classes[0].lazy))
+        return cli_usage_error("serve", "--draft works with one model loaded at start (not with several classes yet)");
+    if ((o->draft_max || o->spec_fixed) && !(o->spec && strcmp(o->spec, "off")))
+        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram or draft");
     return 0;
 }
 
@@ -323,7 +333,8 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;
     if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
-    if (o->spec) p.spec = !strcmp(o->spec, "ngram") ? KT_SPEC_NGRAM : KT_SPEC_OFF;
+    if (o->spec) p.spec = !strcmp(o->spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(o->spec, "draft") ? KT_SPEC_DRAFT : KT_SPEC_OFF;
+    p.spec_draft = o->draft_model;
     if (o->draft_max) p.spec_k_max = o->draft_max;
     p.spec_fixed_k = o->spec_fixed;
     return p;
@@ -411,6 +422,10 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
+    if (ap->spec != KT_SPEC_OFF)
+        fprintf(stderr, "kettle serve: speculative decoding: %s, up to %d tokens a step, %s\n",
+                ap->spec == KT_SPEC_DRAFT ? "a draft model" : "prompt lookup and earlier requests' outputs",
+                ap->spec_k_max, ap->spec_fixed_k ? "all verified (--spec-fixed)" : "k adapting to acceptance and cost");
     if (st.kv_wanted_bytes)
         fprintf(stderr, "kettle serve: %d x %d positions would take %.0f MiB of KV cache, more than the memory available "
                 "now: the pool holds %d positions (requests wait for room; --kv-mb, --ctx or --parallel set it)\n",
@@ -580,8 +595,11 @@ int cmd_serve(int argc, char **argv) {
     srv_server *srv = srv_open(&cfg, &err);
     loaded_class lc[SERVE_MAX_CLASSES] = {{0}};
     rc = srv ? load_classes(&o, lc) : cli_fail("serve", &err);
+    if (!rc && o.draft && !(o.draft_model = cli_load_model(o.draft, o.load, &err)))
+        rc = (kt_error_wrap(&err, "--draft %s", o.draft), cli_fail("serve", &err));
     if (!rc) rc = serve(srv, lc, &o, &cfg, &set);
     srv_stop(srv); /* frees the engines too */
+    kt_model_free(o.draft_model);
     for (int i = 0; i < o.n_classes; i++) {
         kt_model_free(lc[i].model);
         free(lc[i].tmpl);

@@ -42,6 +42,7 @@
 
 #include "base/error.h"
 #include "base/huge.h"
+#include "engine/draft.h"
 #include "engine/grammar_sample.h"
 #include "engine/model_internal.h"
 #include "engine/request.h"
@@ -107,6 +108,9 @@ struct kt_engine {
     spec_costs costs;   /* a view of t_decode_ms for spec/policy.h */
     int spec_max_tokens; /* proposals one step may carry (logits rows for them) */
     spec_table *spec_table; /* earlier requests' outputs; NULL: none */
+    eng_draft *draft;       /* KT_SPEC_DRAFT's model; NULL: none */
+    eng_draft_job *draft_jobs; /* [n_parallel] */
+    int32_t *draft_ctx;     /* [n_parallel][n_ctx]: each job's tokens */
     double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
     bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
 };
@@ -206,6 +210,8 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec_k_max <= 0) p.spec_k_max = 8;
     if (p.spec_k_max > SPEC_K_MAX) p.spec_k_max = SPEC_K_MAX;
     if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
+    if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
+        return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
     e->p = p;
     return KT_OK;
 }
@@ -309,6 +315,10 @@ static bool alloc_batch(kt_engine *e) {
     if (e->p.spec == KT_SPEC_NGRAM && e->p.spec_table_tokens > 0 && !e->p.spec_propose &&
         !(e->spec_table = spec_table_new((size_t)e->p.spec_table_tokens)))
         return false;
+    if (e->p.spec == KT_SPEC_DRAFT && !e->p.spec_propose &&
+        (!(e->draft_jobs = calloc((size_t)e->p.n_parallel, sizeof *e->draft_jobs)) ||
+         !(e->draft_ctx = malloc(sizeof *e->draft_ctx * (size_t)e->p.n_parallel * (size_t)e->p.n_ctx))))
+        return false;
     e->seq_tokens = malloc(sizeof *e->seq_tokens * (size_t)e->p.n_ctx);
     e->hit_blocks = malloc(sizeof *e->hit_blocks * (size_t)(e->p.n_ctx / KV_BLOCK_TOKENS + 1));
     return e->prefill_order && e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
@@ -344,6 +354,9 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
         (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
         !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
+        goto fail;
+    if (e->p.spec == KT_SPEC_DRAFT && !e->p.spec_propose &&
+        !(e->draft = eng_draft_new(model, e->p.spec_draft, e->p.n_parallel, e->p.n_ctx, e->p.spec_k_max, err)))
         goto fail;
     publish_counts_locked(e); /* no thread yet: no lock needed */
     if (!alloc_batch(e)) {
@@ -392,6 +405,7 @@ static void table_choice(kt_engine *e, const kt_request *r, const gen_choice *c)
 static void choice_release(gen_choice *c) {
     free(c->generated);
     kv_seq_free(c->seq);
+    kv_seq_free(c->draft_seq);
     kt_sampler_free(c->sampler);
     kt_constraint_free(c->constraint);
     eng_watch_free(&c->watch);
@@ -1050,12 +1064,27 @@ static int order_prefills(kt_engine *e) {
 /* Up to k proposals for what follows choice c's tokens (its pending one
  * last): the caller's proposer, else the choice's own context (prompt and
  * output), else what earlier requests went on to say. */
-static int propose(kt_engine *e, const kt_request *r, const gen_choice *c, int k) {
-    int32_t *ctx = e->seq_tokens; /* [n_ctx]: the prompt and the output fit */
-    const int n = r->n_prompt + c->n_generated;
+/* The choice's tokens (prompt, then output: its pending token last) in
+ * ctx[n_ctx]; returns how many. */
+static int choice_tokens(const kt_request *r, const gen_choice *c, int32_t *ctx) {
     memcpy(ctx, r->prompt, sizeof *ctx * (size_t)r->n_prompt);
     memcpy(ctx + r->n_prompt, c->generated, sizeof *ctx * (size_t)c->n_generated);
-    int32_t *out = (int32_t *)c->prop;
+    return r->n_prompt + c->n_generated;
+}
+
+/* Cuts proposals at a bad id or where the grammar refuses them: a token
+ * the grammar refuses can never be drawn, so none from it on is verified. */
+static int cut_proposals(const kt_engine *e, const gen_choice *c, int got) {
+    for (int i = 0; i < got; i++)
+        if (c->prop[i] < 0 || c->prop[i] >= e->llm->cfg.n_vocab) got = i;
+    if (got && c->constraint) got = kt_constraint_allows_run(c->constraint, c->prop, got);
+    return got;
+}
+
+static int propose(kt_engine *e, const kt_request *r, gen_choice *c, int k) {
+    int32_t *ctx = e->seq_tokens; /* [n_ctx]: the prompt and the output fit */
+    const int n = choice_tokens(r, c, ctx);
+    int32_t *out = c->prop;
     int got = 0;
     if (e->p.spec_propose) {
         got = e->p.spec_propose(e->p.spec_propose_ctx, ctx, n, k, out);
@@ -1064,11 +1093,33 @@ static int propose(kt_engine *e, const kt_request *r, const gen_choice *c, int k
         got = spec_ngram_propose(ctx, n, 2, 4, k, out);
         if (!got && e->spec_table) got = spec_table_propose(e->spec_table, ctx, n, k, out);
     }
-    for (int i = 0; i < got; i++)
-        if (out[i] < 0 || out[i] >= e->llm->cfg.n_vocab) got = i; /* a proposer's bad id ends the run */
-    /* a proposal the grammar refuses can never be drawn: verify none from it on */
-    if (got && c->constraint) got = kt_constraint_allows_run(c->constraint, out, got);
-    return got;
+    return cut_proposals(e, c, got);
+}
+
+/* The draft model's guesses for the choices that chose k > 0 (their
+ * n_prop, which becomes what the draft gave, cut like any proposals). */
+static void draft_proposals(kt_engine *e) {
+    int n_jobs = 0;
+    for (int a = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
+            gen_choice *c = &r->choices[i];
+            if (c->n_prop == 0) continue;
+            int32_t *ctx = e->draft_ctx + (size_t)n_jobs * (size_t)e->p.n_ctx;
+            e->draft_jobs[n_jobs++] = (eng_draft_job){.seq = &c->draft_seq, .ctx = ctx, .n = choice_tokens(r, c, ctx),
+                                                      .k = c->n_prop, .out = c->prop};
+        }
+    }
+    kt_error err;
+    if (!n_jobs) return;
+    const bool ok = eng_draft_propose(e->draft, e->pool, e->draft_jobs, n_jobs, e->p.batch_tokens, &err) == KT_OK;
+    for (int a = 0, j = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
+            gen_choice *c = &r->choices[i];
+            if (c->n_prop) c->n_prop = ok ? cut_proposals(e, c, e->draft_jobs[j++].got) : 0;
+        }
+    }
 }
 
 /* How many proposals each decoding choice feeds this step (c->n_prop):
@@ -1097,13 +1148,17 @@ static void plan_speculation(kt_engine *e) {
             if (limit > e->p.spec_k_max) limit = e->p.spec_k_max;
             if (limit > budget) limit = budget;
             if (c->finish != KT_FINISH_NONE || limit <= 0) continue;
-            const int avail = propose(e, r, c, limit);
-            const int k = spec_choose_k(&c->accept, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k);
+            /* a draft guesses after the choice of k (its guesses cost a pass each); a lookup before */
+            const int avail = e->draft ? limit : propose(e, r, c, limit);
+            const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : 0.0;
+            const int k = spec_choose_k_paid(&c->accept, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k,
+                                             ms_per_k);
             c->n_prop = k;
             n_tokens += k, budget -= k;
             expected += spec_accept_expected(&c->accept, k) - 1.0;
         }
     }
+    if (e->draft) draft_proposals(e);
 }
 
 /* Samples choice i's rows in order (rows[j]: after its pending token for
@@ -1123,6 +1178,7 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
     const int kept = j; /* rows 0..j-1 drew their proposals */
     kt_error err;
     if (kv_seq_truncate(c->seq, len_before + 1 + j, &err) != KT_OK) fail_request(r, err.msg);
+    eng_draft_keep(c->draft_seq, c->seq->len); /* the draft's guesses that stood stay read */
     spec_accept_note(&c->accept, k, kept);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
@@ -1403,6 +1459,8 @@ void kt_engine_free(kt_engine *e) {
     free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
     free(e->prefill_order);
     spec_table_free(e->spec_table);
+    eng_draft_free(e->draft); /* after the choices: their draft sequences are its pool's */
+    free(e->draft_jobs), free(e->draft_ctx);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->cv_step);

@@ -72,11 +72,14 @@ typedef struct kt_engine_params {
      * penalties, stop strings and n > 1; only fewer passes produce it. k is
      * chosen per choice and step against measured pass costs (policy.h),
      * down to 0. */
-    kt_spec_kind spec;        /* KT_SPEC_OFF (default) or KT_SPEC_NGRAM */
+    kt_spec_kind spec;        /* KT_SPEC_OFF (default), KT_SPEC_NGRAM or KT_SPEC_DRAFT */
+    /* KT_SPEC_DRAFT: the draft model (the same vocabulary, checked; it must
+     * outlive the engine). Its KV is a pool of its own (draft.h). */
+    const kt_model *spec_draft;
     int spec_k_max;           /* most proposals per choice and step; <= 0: 8 (at most 32) */
     bool spec_fixed_k;        /* verify every proposal found, up to spec_k_max (benchmarks) */
     int spec_table_tokens;    /* the cross-request n-gram table's size (table.h); 0: 65536; < 0: none */
-    /* Proposals from the caller instead of the lookup (benchmarks that
+    /* Proposals from the caller instead of the lookup or the draft (benchmarks that
      * force an acceptance rate, tests); NULL: spec's own. Engine thread. */
     kt_spec_propose_fn spec_propose;
     void *spec_propose_ctx;

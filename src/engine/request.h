@@ -50,6 +50,7 @@ typedef struct gen_choice {
      * well this choice's proposals have fared */
     int32_t prop[SPEC_K_MAX];
     int n_prop;
+    kv_seq *draft_seq;   /* the draft model's sequence (draft.h), or NULL */
     spec_accept accept;
 } gen_choice;
 

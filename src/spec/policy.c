@@ -11,11 +11,14 @@
 void spec_accept_init(spec_accept *a) {
     for (int i = 0; i < SPEC_K_MAX; i++) a->p[i] = 0.5f; /* no evidence either way */
     a->idle_steps = 0;
+    a->probe_every = SPEC_PROBE_EVERY;
 }
 
 void spec_accept_note(spec_accept *a, int k, int accepted) {
     if (k <= 0) return;
     a->idle_steps = 0;
+    if (accepted > 0) a->probe_every = SPEC_PROBE_EVERY;
+    else if (a->probe_every < SPEC_PROBE_MAX) a->probe_every *= 2; /* no gain yet: look less often */
     for (int i = 0; i < accepted && i < SPEC_K_MAX; i++) a->p[i] += EMA * (1.0f - a->p[i]);
     if (accepted < k && accepted < SPEC_K_MAX) a->p[accepted] -= EMA * a->p[accepted];
     /* depths past the first rejection were not tried: no evidence */
@@ -29,8 +32,8 @@ double spec_accept_expected(const spec_accept *a, int k) {
 
 double spec_cost(const spec_costs *c, int n) {
     if (n > c->n_max) n = c->n_max;
-    for (; n >= 1; n--)
-        if (c->ms[n] > 0) return c->ms[n];
+    for (int m = n; m >= 1; m--)
+        if (c->ms[m] > 0) return c->ms[m] * (1.0 + 0.25 * (n - m));
     return 0;
 }
 
@@ -40,6 +43,11 @@ void spec_cost_note(spec_costs *c, int n, double ms) {
 }
 
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed) {
+    return spec_choose_k_paid(a, c, avail, n_tokens, expected, fixed, 0.0);
+}
+
+int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed,
+                       double ms_per_k) {
     if (avail > SPEC_K_MAX) avail = SPEC_K_MAX;
     if (avail <= 0 || fixed) return avail > 0 ? avail : 0;
     const double base_cost = spec_cost(c, n_tokens);
@@ -47,10 +55,10 @@ int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, 
     int best = 0;
     double best_rate = MARGIN * expected / base_cost;
     for (int k = 1; k <= avail; k++) {
-        double rate = (expected - 1.0 + spec_accept_expected(a, k)) / spec_cost(c, n_tokens + k);
+        double rate = (expected - 1.0 + spec_accept_expected(a, k)) / (spec_cost(c, n_tokens + k) + k * ms_per_k);
         if (rate > best_rate) best = k, best_rate = rate;
     }
-    if (best == 0 && ++a->idle_steps >= SPEC_PROBE_EVERY) {
+    if (best == 0 && ++a->idle_steps >= a->probe_every) {
         a->idle_steps = 0;
         return avail < SPEC_PROBE_K ? avail : SPEC_PROBE_K;
     }

@@ -24,12 +24,14 @@
 #include <stdbool.h>
 
 #define SPEC_K_MAX 32       /* most proposals one pass verifies */
-#define SPEC_PROBE_EVERY 16 /* backed off to k = 0: a short proposal this often */
-#define SPEC_PROBE_K 2
+#define SPEC_PROBE_EVERY 16 /* backed off to k = 0: a one-token proposal after this many steps, */
+#define SPEC_PROBE_MAX 256  /* the wait doubling after each probe that finds nothing, up to this */
+#define SPEC_PROBE_K 1
 
 typedef struct spec_accept {
     float p[SPEC_K_MAX]; /* P(proposal i + 1 kept | proposal i kept), recent average */
     int idle_steps;      /* steps at k = 0 with proposals available */
+    int probe_every;     /* the wait before the next probe (SPEC_PROBE_EVERY..SPEC_PROBE_MAX) */
 } spec_accept;
 
 void spec_accept_init(spec_accept *a);
@@ -45,9 +47,11 @@ typedef struct spec_costs {
     int n_max;
 } spec_costs;
 
-/* The cost of a pass of n tokens: measured, or, not yet measured, that of
- * the largest measured smaller pass (an optimistic guess, so each size is
- * tried once and then known); 0 when nothing is measured. */
+/* The cost of a pass of n tokens: measured, or, not yet measured, a
+ * guess from the largest measured smaller pass m: C(m) (1 + (n - m) / 4),
+ * a CPU's usual slope while the weights' reads dominate (a guess a size
+ * must beat once to be tried, and then it is known); 0 when nothing is
+ * measured. */
 double spec_cost(const spec_costs *c, int n);
 void spec_cost_note(spec_costs *c, int n, double ms);
 
@@ -55,10 +59,15 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * already holds n_tokens tokens expected to emit `expected` tokens (one
  * per decoding sequence, plus what earlier sequences' proposals are
  * expected to add): the k maximising (expected - 1 + E(k)) / cost(n_tokens
- * + k). While that is 0, every SPEC_PROBE_EVERY-th call still verifies
- * SPEC_PROBE_K, so a sequence that starts to repeat its context is
- * noticed. Until a pass of n_tokens is measured, 0 (plain decoding's
+ * + k). While that is 0, a probe still verifies SPEC_PROBE_K now and
+ * then (after SPEC_PROBE_EVERY calls, the wait doubling while probes find
+ * nothing), so a sequence that starts to repeat its context is noticed
+ * and one that never does costs almost nothing. Until a pass of n_tokens is measured, 0 (plain decoding's
  * cost is what every k is weighed against). fixed: all of avail. */
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed);
+/* The same when each proposal also costs ms_per_k to make (a draft
+ * model's pass). */
+int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed,
+                       double ms_per_k);
 
 #endif
