@@ -165,6 +165,7 @@ static int compare_walks(const kt_grammar *g, const kt_token_trie *t, kt_gmask_c
     const uint32_t n_words = ((uint32_t)t->n_vocab + 63) / 64;
     uint64_t *mask = tu_xmalloc(n_words * 8);
     int32_t *allowed = tu_xmalloc(sizeof(int32_t) * (size_t)t->n_vocab);
+    int32_t *picks = tu_xmalloc(sizeof(int32_t) * (size_t)steps), *refused = tu_xmalloc(sizeof(int32_t) * (size_t)steps);
     kt_rng rng;
     kt_rng_seed(&rng, seed);
     int taken = 0;
@@ -174,7 +175,9 @@ static int compare_walks(const kt_grammar *g, const kt_token_trie *t, kt_gmask_c
         if (!c) fail_msg("%s", err.msg);
         kt_gmatch *m = kt_gmatch_new(g, &err);
         if (!m) fail_msg("%s", err.msg);
+        int n_picks = 0;
         for (int s = 0; s < steps; s++) {
+            refused[s] = -1;
             kt_constraint_mask(c, mask);
             assert_null(kt_constraint_error(c));
             int n_allowed = 0, n_long = 0;
@@ -188,6 +191,7 @@ static int compare_walks(const kt_grammar *g, const kt_token_trie *t, kt_gmask_c
                              (int)t->tok_len[id], (const char *)t->bytes + t->tok_off[id],
                              bit(mask, id) ? "allowed" : "refused", want ? "allowed" : "refused");
                 if (kt_constraint_allows(c, id) != want) fail_msg("walk %d step %d: allows(%d) disagrees", w, s, (int)id);
+                if (!want && refused[s] < 0) refused[s] = id;
                 if (want && id != eog) {
                     allowed[n_allowed++] = id;
                     n_long += t->tok_len[id] > 1;
@@ -200,12 +204,27 @@ static int compare_walks(const kt_grammar *g, const kt_token_trie *t, kt_gmask_c
             while (n_long > 0 && t->tok_len[pick] < 2 && kt_rng_u64(&rng) % 4);
             assert_true(kt_constraint_accept(c, pick));
             assert_true(kt_gmatch_token(m, pick, t->bytes + t->tok_off[pick], t->tok_len[pick]));
+            picks[n_picks++] = pick;
             taken++;
         }
+        /* the walk as speculative proposals: all taken from the start; a
+         * refused token at step j cuts the run there; nothing changes */
+        kt_constraint *c2 = kt_constraint_new(g, t, cache, &eog, 1, &err);
+        assert_non_null(c2);
+        assert_int_equal(kt_constraint_allows_run(c2, picks, n_picks), n_picks);
+        const int j = n_picks / 2;
+        if (j < n_picks && refused[j] >= 0) {
+            const int32_t keep = picks[j];
+            picks[j] = refused[j];
+            assert_int_equal(kt_constraint_allows_run(c2, picks, n_picks), j);
+            picks[j] = keep;
+        }
+        if (n_picks) assert_true(kt_constraint_accept(c2, picks[0]));
+        kt_constraint_free(c2);
         kt_gmatch_free(m);
         kt_constraint_free(c);
     }
-    free(mask), free(allowed);
+    free(mask), free(allowed), free(picks), free(refused);
     return taken;
 }
 

@@ -122,13 +122,13 @@ static void usage(FILE *out) {
             "      --fallback-timeout-s N  connect, and a stream's first byte, within N s, else 504\n"
             "                          (default 10)\n"
             "      --fallback-max-s N  a whole forwarded request within N s (default 600)\n"
-            "      --spec off|ngram|draft  speculative decoding: ngram verifies, with each decode step,\n"
+            "      --spec off|ngram|draft|auto  speculative decoding: ngram verifies, with each decode step,\n"
             "                          the tokens the request's context (or an earlier request's\n"
             "                          output) predicts next; the output is exactly plain\n"
             "                          decoding's; k adapts to the measured acceptance and cost,\n"
-            "                          down to 0 (default off)\n"
-            "                          draft: a smaller model of the same family (--draft PATH,\n"
-            "                          the same vocabulary, checked) guesses the next tokens\n"
+            "                          down to 0 (default off); draft: a smaller model of the same\n"
+            "                          family (--draft PATH, the same vocabulary, checked) guesses\n"
+            "                          them instead; auto: draft with --draft, else ngram\n"
             "      --draft PATH        the draft model (implies --spec draft; one -m model only)\n"
             "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
             "      --spec-fixed        verify every proposal found (no adaptive k; for benchmarks)\n"
@@ -290,8 +290,9 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
     if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
-    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram") && strcmp(o->spec, "draft"))
-        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram, draft)", o->spec);
+    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram") && strcmp(o->spec, "draft") && strcmp(o->spec, "auto"))
+        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram, draft, auto)", o->spec);
+    if (o->spec && !strcmp(o->spec, "auto")) o->spec = o->draft ? "draft" : "ngram"; /* the best proposer at hand */
     if (o->draft && !o->spec) o->spec = "draft";
     if (o->spec && !strcmp(o->spec, "draft") && !o->draft) return cli_usage_error("serve", "--spec draft needs --draft PATH");
     if (o->draft && strcmp(o->spec, "draft")) return cli_usage_error("serve", "--draft goes with --spec draft");

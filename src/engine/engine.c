@@ -1061,9 +1061,6 @@ static int order_prefills(kt_engine *e) {
 
 /* ---- speculation ------------------------------------------------------ */
 
-/* Up to k proposals for what follows choice c's tokens (its pending one
- * last): the caller's proposer, else the choice's own context (prompt and
- * output), else what earlier requests went on to say. */
 /* The choice's tokens (prompt, then output: its pending token last) in
  * ctx[n_ctx]; returns how many. */
 static int choice_tokens(const kt_request *r, const gen_choice *c, int32_t *ctx) {
@@ -1081,6 +1078,9 @@ static int cut_proposals(const kt_engine *e, const gen_choice *c, int got) {
     return got;
 }
 
+/* Up to k proposals for what follows choice c's tokens (its pending one
+ * last): the caller's proposer, else the choice's own context (prompt and
+ * output), else what earlier requests went on to say. */
 static int propose(kt_engine *e, const kt_request *r, gen_choice *c, int k) {
     int32_t *ctx = e->seq_tokens; /* [n_ctx]: the prompt and the output fit */
     const int n = choice_tokens(r, c, ctx);
