@@ -99,6 +99,14 @@ static void test_policy(void **state) {
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 8);
     assert_true(spec_accept_expected(&a, 8) > 8.0);
     assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8);
+    /* one-token proposals always kept: deeper ones, never tried, take that rate, so they are tried */
+    spec_accept_init(&a);
+    for (int i = 0; i < 20; i++) spec_accept_note(&a, 1, 1);
+    assert_true(spec_accept_expected(&a, 8) > 7.0);
+    assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 8);
+    const double e8 = spec_accept_expected(&a, 8);
+    spec_accept_note(&a, 8, 3); /* a first look at depth 4: it fails there, and what lies past it looks worse */
+    assert_true(spec_accept_expected(&a, 3) > 3.5 && spec_accept_expected(&a, 8) < e8 - 1.0);
     /* never kept: back off to 0, with a one-token probe after SPEC_PROBE_EVERY
      * calls, the wait doubling while probes find nothing (16, 32, 64, 128, 256) */
     for (int n = 1; n <= 39; n++) ms[n] = 30.0 + 10.0 * n; /* where a kept proposal in 6 would not pay */

@@ -17,7 +17,8 @@
  *   --ngram  the engine's own proposers (prompt lookup, the table).
  *
  * Every run's outputs are compared with plain decoding's ("identical").
- * Each repetition gets a fresh engine (the table starts empty).
+ * Each run gets a fresh engine (the table starts empty); the modes take
+ * turns within each round (bench_streams).
  */
 #include <math.h>
 #include <stdio.h>
@@ -74,7 +75,8 @@ static void usage(FILE *out) {
             "      --draft-max K    most proposals per stream and step (default 8)\n"
             "      --spec-fixed     verify every proposal (no adaptive k)\n"
             "  -t, --threads N      forward-pass threads (default: all CPUs)\n"
-            "  -r, --repetitions N  runs of each mode (default 3); medians reported\n");
+            "  -r, --repetitions N  rounds, each running every mode once in turn (default 3);\n"
+            "                       medians reported\n");
 }
 
 static bool parse_ints(const char *s, int lo, int hi, int *v, int *n) {
@@ -221,32 +223,70 @@ static bool same_outputs(const bs_run *a, const bs_run *b, int S) {
     return true;
 }
 
-/* -r runs of one mode; prints its row. */
-static int bench_mode(kt_model *m, const bs_opts *o, int S, int32_t *const *prompts, int n_prompt, const char *name,
-                      kt_spec_kind spec, bs_oracle *oracle, bs_run *runs, const bs_run *plain, double plain_tps) {
-    double tps[1000];
-    bool identical = true;
-    uint64_t proposed = 0, accepted = 0, passes = 0, steps = 0, tokens = 0;
-    for (int r = 0; r < o->reps; r++) {
-        kt_error err = {0};
-        if (oracle) oracle->carry = 0;
-        if (run_streams(m, o, S, prompts, n_prompt, spec, oracle, &runs[0], &err)) return cli_fail("bench spec", &err);
-        tps[r] = runs[0].tps;
-        identical = identical && (!plain || same_outputs(plain, &runs[0], S));
-        proposed += runs[0].st.spec_proposed, accepted += runs[0].st.spec_accepted, passes += runs[0].st.spec_passes;
-        steps += runs[0].st.steps, tokens += runs[0].st.generated_tokens;
-    }
-    qsort(tps, (size_t)o->reps, sizeof *tps, cmp_double);
-    const double med = o->reps % 2 ? tps[o->reps / 2] : (tps[o->reps / 2 - 1] + tps[o->reps / 2]) / 2;
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#define MAX_MODES (MAX_LIST + 2)
+
+/* One mode of the table: plain decoding, a forced rate, or the lookup. */
+typedef struct bs_mode {
+    char name[48];
+    kt_spec_kind spec;
+    float rate; /* < 0: no oracle */
+    double tps[1000], ratio[1000];
+    bool identical;
+    uint64_t proposed, accepted, steps, tokens;
+} bs_mode;
+
+static void print_mode(const bs_opts *o, int S, bs_mode *md, bool reference) {
     char speed[32] = "", rate[32] = "-";
-    if (plain_tps > 0) snprintf(speed, sizeof speed, "%.2fx", med / plain_tps);
-    if (proposed) snprintf(rate, sizeof rate, "%.1f%%", 100.0 * (double)accepted / (double)proposed);
-    printf("| %d | %s | %.2f | %.2f | %s | %.1f | %.1f | %s | %.2f | %s |\n", S, name, med, tps[0], speed,
-           (double)proposed / o->reps, (double)accepted / o->reps, rate, (double)tokens / (double)(steps ? steps : 1),
-           plain ? (identical ? "yes" : "**NO**") : "(reference)");
+    const double med = median(md->tps, o->reps), lo = md->tps[0];
+    if (!reference) snprintf(speed, sizeof speed, "%.2fx", median(md->ratio, o->reps));
+    if (md->proposed) snprintf(rate, sizeof rate, "%.1f%%", 100.0 * (double)md->accepted / (double)md->proposed);
+    printf("| %d | %s | %.2f | %.2f | %s | %.1f | %.1f | %s | %.2f | %s |\n", S, md->name, med, lo, speed,
+           (double)md->proposed / o->reps, (double)md->accepted / o->reps, rate,
+           (double)md->tokens / (double)(md->steps ? md->steps : 1),
+           reference ? "(reference)" : md->identical ? "yes" : "**NO**");
     fflush(stdout);
-    runs[0].tps = med;
-    return identical ? 0 : 1;
+}
+
+/* S streams: a first plain run (untimed: the outputs every mode is
+ * checked against, and the forced rates' source), then -r rounds, each
+ * running every mode once in turn, so a slow spell of the machine falls
+ * on all modes alike; "vs plain" is the median of each round's ratio. */
+static int bench_streams(kt_model *m, const bs_opts *o, int S, int32_t *const *prompts, int n_prompt, bs_run *ref,
+                         bs_run *run) {
+    static bs_mode modes[MAX_MODES];
+    int n_modes = 0;
+    modes[n_modes++] = (bs_mode){.name = "plain", .spec = KT_SPEC_OFF, .rate = -1};
+    for (int a = 0; a < o->n_accept; a++) {
+        bs_mode *md = &modes[n_modes++];
+        *md = (bs_mode){.spec = KT_SPEC_NGRAM, .rate = o->accept[a]};
+        snprintf(md->name, sizeof md->name, "forced %.0f%%", 100.0 * o->accept[a]);
+    }
+    if (o->ngram) modes[n_modes++] = (bs_mode){.name = "ngram", .spec = KT_SPEC_NGRAM, .rate = -1};
+    kt_error err = {0};
+    if (run_streams(m, o, S, prompts, n_prompt, KT_SPEC_OFF, NULL, ref, &err)) return cli_fail("bench spec", &err);
+    bs_oracle oracle = {.n_prompt = n_prompt, .plain = ref, .n_streams = S, .n_vocab = kt_model_describe(m)->n_vocab};
+    for (int s = 0; s < S; s++) oracle.prompt[s] = prompts[s];
+    for (int i = 0; i < n_modes; i++) modes[i].identical = true;
+    for (int r = 0; r < o->reps; r++)
+        for (int i = 0; i < n_modes; i++) {
+            bs_mode *md = &modes[i];
+            oracle.rate = md->rate, oracle.carry = 0;
+            if (run_streams(m, o, S, prompts, n_prompt, md->spec, md->rate >= 0 ? &oracle : NULL, run, &err))
+                return cli_fail("bench spec", &err);
+            md->tps[r] = run->tps;
+            md->ratio[r] = modes[0].tps[r] > 0 ? run->tps / modes[0].tps[r] : 0;
+            md->identical = md->identical && same_outputs(ref, run, S);
+            md->proposed += run->st.spec_proposed, md->accepted += run->st.spec_accepted;
+            md->steps += run->st.steps, md->tokens += run->st.generated_tokens;
+        }
+    bool all_same = true;
+    for (int i = 0; i < n_modes; i++) print_mode(o, S, &modes[i], i == 0), all_same = all_same && modes[i].identical;
+    return all_same ? 0 : 1;
 }
 
 /* The prompt of each stream: the file's tokens (or random ones), each
@@ -304,20 +344,7 @@ int cmd_bench_spec(int argc, char **argv) {
         printf("| streams | mode | decode t/s median | min | vs plain | proposed / run | accepted / run | acceptance | tokens / step | identical |\n");
         printf("|---:|---|---:|---:|---|---:|---:|---|---:|---|\n");
     }
-    for (int si = 0; si < o.n_streams && !rc; si++) {
-        const int S = o.streams[si];
-        rc = bench_mode(m, &o, S, prompts, n_prompt, "plain", KT_SPEC_OFF, NULL, &plain, NULL, 0);
-        const double plain_tps = plain.tps;
-        bs_oracle oracle = {.n_prompt = n_prompt, .plain = &plain, .n_streams = S, .n_vocab = kt_model_describe(m)->n_vocab};
-        for (int s = 0; s < S; s++) oracle.prompt[s] = prompts[s];
-        for (int a = 0; a < o.n_accept && !rc; a++) {
-            char name[48];
-            snprintf(name, sizeof name, "forced %.0f%%", 100.0 * o.accept[a]);
-            oracle.rate = o.accept[a];
-            rc = bench_mode(m, &o, S, prompts, n_prompt, name, KT_SPEC_NGRAM, &oracle, &run, &plain, plain_tps);
-        }
-        if (o.ngram && !rc) rc = bench_mode(m, &o, S, prompts, n_prompt, "ngram", KT_SPEC_NGRAM, NULL, &run, &plain, plain_tps);
-    }
+    for (int si = 0; si < o.n_streams && !rc; si++) rc = bench_streams(m, &o, o.streams[si], prompts, n_prompt, &plain, &run);
     for (int s = 0; s < MAX_STREAMS; s++) free(prompts[s]), free(plain.out[s]), free(run.out[s]);
     kt_model_free(m);
     return rc;

@@ -334,9 +334,11 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;
     if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
-    if (o->spec) p.spec = !strcmp(o->spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(o->spec, "draft") ? KT_SPEC_DRAFT : KT_SPEC_OFF;
+    const char *spec = c->spec ? c->spec : o->spec;
+    if (spec) p.spec = !strcmp(spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(spec, "draft") ? KT_SPEC_DRAFT : KT_SPEC_OFF;
     p.spec_draft = o->draft_model;
     if (o->draft_max) p.spec_k_max = o->draft_max;
+    if (c->draft_max) p.spec_k_max = c->draft_max;
     p.spec_fixed_k = o->spec_fixed;
     return p;
 }

@@ -31,6 +31,8 @@ typedef struct serve_class {
     const char *embeddings;       /* NULL: the command line's; "" the file's pooling or mean; mean, last, cls */
     const char *fallback;         /* its own fallback upstream's URL; NULL: the command line's --fallback */
     const char *fallback_on;      /* which refusals it forwards; NULL: the command line's --fallback-on */
+    const char *spec;             /* speculative decoding: off, ngram; NULL: the command line's --spec */
+    int draft_max;                /* proposals per step; 0: the command line's --draft-max */
     srv_fallback fb;              /* its own upstream as cmd_serve built it (url NULL: the server's) */
     bool lazy;                    /* loaded on its first request, not at start */
     bool keep_alive_set;

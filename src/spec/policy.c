@@ -3,14 +3,17 @@
  */
 #include "spec/policy.h"
 
-#define EMA 0.2f      /* weight of the newest step in the acceptance averages */
-#define COST_EMA 0.25 /* and in the cost averages */
+#include <string.h>
+
+#define FORGET 0.95f  /* how much of the counts a verifying step keeps */
+#define PRIOR_P 0.5f  /* depth 0 before any evidence */
+#define COST_EMA 0.25 /* weight of the newest pass in the cost averages */
 #define MARGIN 1.03   /* speculate only for a gain past the timer's noise: on a model whose
                        * passes cost the same at any k, noise alone would pick k > 0 half the time */
+#define FLAT_WHEN 0.6 /* E(k) >= this x (k + 1): proposals mostly kept, larger passes worth a try */
 
 void spec_accept_init(spec_accept *a) {
-    for (int i = 0; i < SPEC_K_MAX; i++) a->p[i] = 0.5f; /* no evidence either way */
-    a->idle_steps = 0;
+    memset(a, 0, sizeof *a);
     a->probe_every = SPEC_PROBE_EVERY;
 }
 
@@ -19,14 +22,18 @@ void spec_accept_note(spec_accept *a, int k, int accepted) {
     a->idle_steps = 0;
     if (accepted > 0) a->probe_every = SPEC_PROBE_EVERY;
     else if (a->probe_every < SPEC_PROBE_MAX) a->probe_every *= 2; /* no gain yet: look less often */
-    for (int i = 0; i < accepted && i < SPEC_K_MAX; i++) a->p[i] += EMA * (1.0f - a->p[i]);
-    if (accepted < k && accepted < SPEC_K_MAX) a->p[accepted] -= EMA * a->p[accepted];
-    /* depths past the first rejection were not tried: no evidence */
+    for (int i = 0; i < SPEC_K_MAX; i++) a->kept[i] *= FORGET, a->tried[i] *= FORGET;
+    for (int i = 0; i < accepted && i < SPEC_K_MAX; i++) a->kept[i] += 1, a->tried[i] += 1;
+    if (accepted < k && accepted < SPEC_K_MAX) a->tried[accepted] += 1; /* the first one drawn otherwise */
+    /* depths past it were not tried: no evidence */
 }
 
 double spec_accept_expected(const spec_accept *a, int k) {
-    double e = 1.0, run = 1.0;
-    for (int i = 0; i < k && i < SPEC_K_MAX; i++) run *= a->p[i], e += run;
+    double e = 1.0, run = 1.0, p = PRIOR_P;
+    for (int i = 0; i < k && i < SPEC_K_MAX; i++) {
+        p = (a->kept[i] + p) / (a->tried[i] + 1.0); /* one pseudo-trial at the depth before's rate */
+        run *= p, e += run;
+    }
     return e;
 }
 
@@ -34,6 +41,13 @@ double spec_cost(const spec_costs *c, int n) {
     if (n > c->n_max) n = c->n_max;
     for (int m = n; m >= 1; m--)
         if (c->ms[m] > 0) return c->ms[m] * (1.0 + 0.25 * (n - m));
+    return 0;
+}
+
+double spec_cost_flat(const spec_costs *c, int n) {
+    if (n > c->n_max) n = c->n_max;
+    for (int m = n; m >= 1; m--)
+        if (c->ms[m] > 0) return c->ms[m];
     return 0;
 }
 
@@ -55,7 +69,9 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     int best = 0;
     double best_rate = MARGIN * expected / base_cost;
     for (int k = 1; k <= avail; k++) {
-        double rate = (expected - 1.0 + spec_accept_expected(a, k)) / (spec_cost(c, n_tokens + k) + k * ms_per_k);
+        const double e = spec_accept_expected(a, k);
+        const double cost = e >= FLAT_WHEN * (k + 1) ? spec_cost_flat(c, n_tokens + k) : spec_cost(c, n_tokens + k);
+        double rate = (expected - 1.0 + e) / (cost + k * ms_per_k);
         if (rate > best_rate) best = k, best_rate = rate;
     }
     if (best == 0 && ++a->idle_steps >= a->probe_every) {

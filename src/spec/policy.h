@@ -11,12 +11,16 @@
  * k = 0 (plain decoding) whenever nothing beats it.
  *
  * Acceptance is tracked by depth: p[i] is the chance that proposal i + 1
- * is kept given proposal i was (an average over recent steps), so the
- * expected tokens of a pass with k proposals are
+ * is kept given proposal i was, so the expected tokens of a pass with k
+ * proposals are
  *   E(k) = 1 + p[0] + p[0] p[1] + ... + p[0] ... p[k-1].
  * This fits both ways proposals fail: a geometric fall-off (every token a
  * fresh guess) and a prefix that holds for a while then stops (a quoted
- * span that ends).
+ * span that ends). Each p[i] is counted, kept over tried (both counts
+ * fading by FORGET a verifying step, so the recent past speaks), with one
+ * pseudo-trial at the rate of the depth before it: a depth never tried
+ * is expected to do as the one before (kept proposals tend to go on being
+ * kept), and one trial already moves it most of the way.
  */
 #ifndef KT_SPEC_POLICY_H
 #define KT_SPEC_POLICY_H
@@ -29,7 +33,7 @@
 #define SPEC_PROBE_K 1
 
 typedef struct spec_accept {
-    float p[SPEC_K_MAX]; /* P(proposal i + 1 kept | proposal i kept), recent average */
+    float kept[SPEC_K_MAX], tried[SPEC_K_MAX]; /* proposal i + 1, given proposal i was kept (fading counts) */
     int idle_steps;      /* steps at k = 0 with proposals available */
     int probe_every;     /* the wait before the next probe (SPEC_PROBE_EVERY..SPEC_PROBE_MAX) */
 } spec_accept;
@@ -53,6 +57,10 @@ typedef struct spec_costs {
  * must beat once to be tried, and then it is known); 0 when nothing is
  * measured. */
 double spec_cost(const spec_costs *c, int n);
+/* The same guess without the slope, C(m): for a size worth trying if a
+ * GEMM tile that fills makes it nearly free (a CPU's cost curve flattens
+ * there), once proposals are mostly kept. */
+double spec_cost_flat(const spec_costs *c, int n);
 void spec_cost_note(spec_costs *c, int n, double ms);
 
 /* How many of `avail` proposals this sequence verifies, in a pass that

@@ -70,7 +70,7 @@ def run(args, env=None):
     return subprocess.run([KETTLE] + args, capture_output=True, text=True, timeout=60, env=env)
 
 
-ROUTER = f"router={STORIES},temperature=0,alias=fast,chat-template=chatml,ctx=512,embeddings"
+ROUTER = f"router={STORIES},temperature=0,alias=fast,chat-template=chatml,ctx=512,embeddings,spec=ngram,draft-max=4"
 BIG = f"big={QWEN},ctx=256,parallel=2,chat-template={QWEN_TMPL}"
 
 
@@ -83,6 +83,8 @@ def test_routing_and_params():
               json.dumps(models))
         check(", ctx 512, parallel 16," in banner and ", ctx 256, parallel 2," in banner, "each class's ctx/parallel",
               banner)
+        check(banner.count("speculative decoding: prompt lookup") == 1 and "up to 4 tokens" in banner,
+              "spec= and draft-max=: the router speculates, big does not", banner)
         # the router's default temperature 0: two unseeded requests agree, and equal an explicit temperature 0
         a, b = s.chat("router")[1], s.chat(None)[1]
         c = s.chat("fast", temperature=0)[1]
@@ -120,6 +122,9 @@ def test_routing_and_params():
         check(re.search(r'kettle_queue_depth\{model="big"\} 0', m) and "# TYPE kettle_queue_depth gauge" in m,
               "per-class gauges", "")
         check(re.search(r'kettle_time_to_first_token_seconds_count\{model="router"\} [1-9]', m), "per-class TTFT", "")
+        spec = dict(re.findall(r'kettle_spec_proposed_tokens_total\{model="(\w+)"\} (\d+)', m))
+        check(int(spec.get("router", 0)) > 0 and spec.get("big") == "0", "the router's proposals, none on big",
+              json.dumps(spec))
     finally:
         s.stop()
 
@@ -178,6 +183,8 @@ def test_usage():
         (["--model", f"a={STORIES},colour=red"], "unknown key 'colour'"),
         (["--model", f"a={STORIES},ctx=x"], "ctx=x is not an integer"),
         (["--model", f"a={STORIES},kv-type=q4"], "kv-type=q4"),
+        (["--model", f"a={STORIES},spec=fast"], "spec=fast (off, ngram)"),
+        (["--model", f"a={STORIES},spec=draft"], "a class's own draft model is not supported yet"),
         (["--model", "a="], "the path is empty"),
         (["-m", STORIES, "--model", f"a={STORIES}"], "not both"),
         (["--model", f"a={STORIES}", "--alias", "x"], "a class takes alias=NAME"),
