@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "text/jinja.h"
 #include "text/jinja_int.h"
 
 #define MAX_CALL_DEPTH 100
@@ -207,11 +208,22 @@ static jv *concat(jctx *c, const jv *a, const jv *b) {
 static jv *repeat(jctx *c, const jv *seq, int64_t times, int line) {
     size_t unit = seq->kind == JV_STR ? seq->u.str.n : seq->u.list.n;
     if (times < 0) times = 0;
-    if (unit && (uint64_t)times > ((size_t)1 << 28) / unit)
-        return jfail(c, line, KT_ERR_FORMAT, "repetition result too large");
-    jv *r = seq->kind == JV_STR ? jv_str(c, "", 0) : jv_list(c);
-    for (int64_t k = 0; r && k < times; k++) r = concat(c, r, seq);
-    if (r && seq->kind == JV_STR) r->u.str.safe = seq->u.str.safe;
+    if (unit && (uint64_t)times > KT_JINJA_MAX_STRING / unit)
+        return jfail(c, line, KT_ERR_FORMAT, "repetition result over %zu MiB (the limit)", KT_JINJA_MAX_STRING >> 20);
+    if (seq->kind == JV_STR) {
+        /* built in one piece: concatenating `times` times would be quadratic */
+        size_t n = unit * (size_t)times;
+        jv *r = jv_new(c, JV_STR);
+        char *s = r ? ja_alloc(c->arena, n + 1) : NULL; /* zeroed: NUL-terminated */
+        if (!s) return jnomem(c);
+        for (size_t k = 0; k < (size_t)times; k++) memcpy(s + k * unit, seq->u.str.s, unit);
+        r->u.str.s = s, r->u.str.n = n, r->u.str.safe = seq->u.str.safe;
+        return r;
+    }
+    jv *r = jv_list(c);
+    for (int64_t k = 0; r && k < times; k++)
+        for (size_t i = 0; i < unit; i++)
+            if (!jv_list_push(c, r, seq->u.list.items[i])) return NULL;
     return r;
 }
 
@@ -539,8 +551,17 @@ static jv *eval_slice(jctx *c, jframe *f, const jnode *n) {
 
 static jv *eval_node(jctx *c, jframe *f, const jnode *n);
 
+/* One more statement or expression run; false (the error set) past the
+ * budget, which is what ends a loop over loops (each loop alone is bounded
+ * by range()'s limit, not their product). */
+static bool step(jctx *c, int line) {
+    if (++c->steps <= KT_JINJA_MAX_STEPS) return true;
+    jfail(c, line, KT_ERR_FORMAT, "template runs more than %d steps (the limit)", KT_JINJA_MAX_STEPS);
+    return false;
+}
+
 static jv *eval(jctx *c, jframe *f, const jnode *n) {
-    if (c->failed) return NULL;
+    if (c->failed || !step(c, n->line)) return NULL;
     if (++c->nest > MAX_NEST) {
         c->nest--;
         return jfail(c, n->line, KT_ERR_FORMAT, "template nested too deeply when run");
@@ -698,7 +719,25 @@ static xres exec_if(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     return exec_body(c, f, jv_truthy(cond) ? &n->args : &n->kwvals, out);
 }
 
+/* Text written by one template or block past KT_JINJA_MAX_OUTPUT: an
+ * error, checked after each statement (it may overshoot by one value,
+ * which the memory limit bounds). */
+static xres out_checked(jctx *c, const jnode *n, const jbuf *out, xres r) {
+    if (r != X_ERR && out->n > KT_JINJA_MAX_OUTPUT) {
+        jfail(c, n->line, KT_ERR_FORMAT, "template writes more than %zu MiB (the limit)", KT_JINJA_MAX_OUTPUT >> 20);
+        return X_ERR;
+    }
+    return r;
+}
+
+static xres exec_stmt_kind(jctx *c, jframe *f, const jnode *n, jbuf *out);
+
 static xres exec_stmt(jctx *c, jframe *f, const jnode *n, jbuf *out) {
+    if (!step(c, n->line)) return X_ERR;
+    return out_checked(c, n, out, exec_stmt_kind(c, f, n, out));
+}
+
+static xres exec_stmt_kind(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     jv *v;
     switch (n->kind) {
     case S_TEXT: return jbuf_put(out, n->name, n->nnames) ? X_OK : (jnomem(c), X_ERR);
