@@ -35,11 +35,12 @@ typedef struct kt_jinja_options {
  * input to: each breach ends the render with KT_ERR_FORMAT and a message
  * naming the limit, never a hang or an exhausted machine. A real chat
  * template over a long conversation stays orders of magnitude below.
- *   STEPS   statements run plus expressions evaluated (loops over loops)
+ *   STEPS   statements run plus expressions evaluated, a loop iteration
+ *           counting as 16 (its loop object is that many values)
  *   MEMORY  bytes of values alive at once (the render's arena)
  *   OUTPUT  bytes of text written by one template or block
  *   STRING  bytes (or items) of one repetition, 'x' * n */
-#define KT_JINJA_MAX_STEPS  5000000
+#define KT_JINJA_MAX_STEPS  1000000
 #define KT_JINJA_MAX_MEMORY ((size_t)256 << 20)
 #define KT_JINJA_MAX_OUTPUT ((size_t)32 << 20)
 #define KT_JINJA_MAX_STRING ((size_t)16 << 20)

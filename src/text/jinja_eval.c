@@ -16,6 +16,7 @@
 #include "text/jinja_int.h"
 
 #define MAX_CALL_DEPTH 100
+#define LOOP_STEPS 16 /* steps one for-loop iteration counts (KT_JINJA_MAX_STEPS) */
 #define MAX_NEST 800 /* evaluator recursion, keeps the C stack bounded */
 
 struct jframe {
@@ -554,14 +555,14 @@ static jv *eval_node(jctx *c, jframe *f, const jnode *n);
 /* One more statement or expression run; false (the error set) past the
  * budget, which is what ends a loop over loops (each loop alone is bounded
  * by range()'s limit, not their product). */
-static bool step(jctx *c, int line) {
-    if (++c->steps <= KT_JINJA_MAX_STEPS) return true;
+static bool steps(jctx *c, int line, unsigned n) {
+    if ((c->steps += n) <= KT_JINJA_MAX_STEPS) return true;
     jfail(c, line, KT_ERR_FORMAT, "template runs more than %d steps (the limit)", KT_JINJA_MAX_STEPS);
     return false;
 }
 
 static jv *eval(jctx *c, jframe *f, const jnode *n) {
-    if (c->failed || !step(c, n->line)) return NULL;
+    if (c->failed || !steps(c, n->line, 1)) return NULL;
     if (++c->nest > MAX_NEST) {
         c->nest--;
         return jfail(c, n->line, KT_ERR_FORMAT, "template nested too deeply when run");
@@ -681,6 +682,9 @@ static xres exec_for(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     if (!items) return X_ERR;
     if (!items->u.list.n) return exec_body(c, f, &n->kwvals, out) == X_ERR ? X_ERR : X_OK;
     for (size_t i = 0; i < items->u.list.n; i++) {
+        /* an iteration costs its loop object's values: a long loop with a
+         * tiny body ends within the budget's time too (found by fuzzing) */
+        if (!steps(c, n->line, LOOP_STEPS)) return X_ERR;
         /* jinja2: assignments in the body do not survive the iteration */
         jv *loop = loop_obj(c, items, i);
         if (!loop || !(lf = frame_new(c, f)) || !frame_set(c, lf, "loop", loop))
@@ -733,7 +737,7 @@ static xres out_checked(jctx *c, const jnode *n, const jbuf *out, xres r) {
 static xres exec_stmt_kind(jctx *c, jframe *f, const jnode *n, jbuf *out);
 
 static xres exec_stmt(jctx *c, jframe *f, const jnode *n, jbuf *out) {
-    if (!step(c, n->line)) return X_ERR;
+    if (!steps(c, n->line, 1)) return X_ERR;
     return out_checked(c, n, out, exec_stmt_kind(c, f, n, out));
 }
 
