@@ -681,12 +681,16 @@ static void test_errors(void **state) {
     expect_error("{% for i in range(1000000) %}x{% endfor %}", KT_ERR_FORMAT,
                  "template line 1: template runs more than 1000000 steps (the limit)");
     expect_error("{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}", KT_ERR_FORMAT,
-                 "template line 1: template writes more than 32 MiB (the limit)");
+                 "template line 1: template writes more than 8 MiB (the limit)");
     expect_error("{{ 'ab' * 100000000 }}", KT_ERR_FORMAT,
                  "template line 1: repetition result over 16 MiB (the limit)");
-    expect_error("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}"
-                 "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    expect_error("{% for i in range(40) %}{% set x = 'x' * 8000000 %}{% endfor %}",
                  KT_ERR_FORMAT, "template: the render needs more than 256 MiB of memory (the limit)");
+    expect_error("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(30) %}"
+                 "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+                 KT_ERR_FORMAT, "template: a string over 16 MiB (the limit)");
+    expect_error("{% set s = 'x' * 16000000 %}{% for i in range(100000) %}{{ s|length }}{% endfor %}",
+                 KT_ERR_FORMAT, "template line 1: template runs more than 1000000 steps (the limit)");
     {
         /* repetition is one copy now, and still exact */
         kt_error e = {0};

@@ -38,11 +38,15 @@ typedef struct kt_jinja_options {
  *   STEPS   statements run plus expressions evaluated, a loop iteration
  *           counting as 16 (its loop object is that many values)
  *   MEMORY  bytes of values alive at once (the render's arena)
- *   OUTPUT  bytes of text written by one template or block
- *   STRING  bytes (or items) of one repetition, 'x' * n */
+ *   OUTPUT  bytes of text written by one template or block (8 MiB is
+ *           some 2M tokens, past any context; 32 MiB took seconds to
+ *           write under the sanitizers, a slow unit when fuzzing)
+ *   STRING  bytes of one string (a ~ b, a + b) and bytes or items of
+ *           one repetition, 'x' * n; a filter over a string costs a
+ *           step per KiB of it */
 #define KT_JINJA_MAX_STEPS  1000000
 #define KT_JINJA_MAX_MEMORY ((size_t)256 << 20)
-#define KT_JINJA_MAX_OUTPUT ((size_t)32 << 20)
+#define KT_JINJA_MAX_OUTPUT ((size_t)8 << 20)
 #define KT_JINJA_MAX_STRING ((size_t)16 << 20)
 
 /* Parses a template; NULL with err set on a syntax error. */

@@ -186,7 +186,11 @@ static jv *type_error(jctx *c, int line, const char *op, const jv *a, const jv *
                  "'%s' and '%s'", op, jv_typename(a), jv_typename(b));
 }
 
+static bool steps(jctx *c, int line, unsigned n);
+
 static jv *concat(jctx *c, const jv *a, const jv *b) {
+    if (a->kind == JV_STR && a->u.str.n + b->u.str.n > KT_JINJA_MAX_STRING)
+        return jfail(c, 0, KT_ERR_FORMAT, "template: a string over %zu MiB (the limit)", KT_JINJA_MAX_STRING >> 20);
     jv *r = jv_new(c, a->kind);
     if (!r) return NULL;
     if (a->kind == JV_STR) {
@@ -488,6 +492,9 @@ static jv *eval_filter(jctx *c, jframe *f, const jnode *n, jv *input) {
     if (!v) return NULL;
     jargs a;
     if (!eval_args(c, f, n, &a)) return NULL;
+    /* a filter walks its input: a big string costs a step per KiB, or
+     * `s|length` in a loop over a 16 MiB s would run for hours */
+    if (v->kind == JV_STR && !steps(c, n->line, (unsigned)(v->u.str.n >> 10))) return NULL;
     return jb_filter(c, n->name, v, &a, n->line);
 }
 
@@ -520,7 +527,10 @@ static jv *eval_binary(jctx *c, jframe *f, const jnode *n) {
     if (!strcmp(n->name, "~")) {
         jbuf s = {0};
         bool ok = jv_to_str(c, &s, a) && jv_to_str(c, &s, b) && jbuf_put(&s, "", 0);
-        jv *r = ok ? jv_str(c, s.p, s.n) : jnomem(c);
+        jv *r = !ok ? jnomem(c)
+                : s.n > KT_JINJA_MAX_STRING ? jfail(c, n->line, KT_ERR_FORMAT, "a string over %zu MiB (the limit)",
+                                                    KT_JINJA_MAX_STRING >> 20)
+                : jv_str(c, s.p, s.n);
         jbuf_free(&s);
         return r;
     }
