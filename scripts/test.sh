@@ -20,7 +20,7 @@ cmake -S . -B build-asan -DKT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs")
 # The fuzz targets: their own clang build of only what they link (the
-# kernels unsanitized, see CMakeLists.txt), about 5 s of fuzzing each.
+# kernels unsanitized, see CMakeLists.txt), 3 s of fuzzing each.
 fuzz_targets=$(for f in tests/fuzz/fuzz_*.c; do basename "$f" .c; done)
 CC=clang cmake -S . -B build-fuzz -DKT_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 # shellcheck disable=SC2086 # a list of target names
