@@ -2,13 +2,14 @@
 # Installs the Debian packages kettle needs to build and test, if any is
 # missing. Does nothing (and needs no network) when all are present.
 set -eu
-PKGS="build-essential cmake pkg-config libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev libxxhash-dev nettle-dev curl python3-jsonschema chromium haproxy"
+PKGS="build-essential cmake pkg-config libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev libxxhash-dev nettle-dev curl python3-jsonschema chromium haproxy clang"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
     || missing="$missing $p"
 done
 # chromium: headless, for tests/js/webui_e2e.mjs (the chat page at /).
+# clang: the sanitizer build and the libFuzzer targets (tests/fuzz/, KT_FUZZ).
 # haproxy: test_scaleout (bench/scaleout/run.py), replicas behind a real balancer.
 # Node.js and npm run tests/js (the `openai` npm package against kettle serve).
 # Checked by command, not by package: a nodesource nodejs ships its own npm,

@@ -674,6 +674,31 @@ static void test_errors(void **state) {
                  "template line 1: macro 'f': calls nested too deeply");
     expect_error("{{ range(100000000)|length }}", KT_ERR_UNSUPPORTED,
                  "template line 1: range() too large (over 1000000 items)");
+    /* hostile templates (also tests/fuzz/regressions/jinja/): each ran for
+     * minutes or grew toward a GiB before its limit existed */
+    expect_error("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+                 KT_ERR_FORMAT, "template line 1: template runs more than 1000000 steps (the limit)");
+    expect_error("{% for i in range(1000000) %}x{% endfor %}", KT_ERR_FORMAT,
+                 "template line 1: template runs more than 1000000 steps (the limit)");
+    expect_error("{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}", KT_ERR_FORMAT,
+                 "template line 1: template writes more than 8 MiB (the limit)");
+    expect_error("{{ 'ab' * 100000000 }}", KT_ERR_FORMAT,
+                 "template line 1: repetition result over 16 MiB (the limit)");
+    expect_error("{% for i in range(40) %}{% set x = 'x' * 8000000 %}{% endfor %}",
+                 KT_ERR_FORMAT, "template: the render needs more than 256 MiB of memory (the limit)");
+    expect_error("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(30) %}"
+                 "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+                 KT_ERR_FORMAT, "template: a string over 16 MiB (the limit)");
+    expect_error("{% set s = 'x' * 16000000 %}{% for i in range(100000) %}{{ s|length }}{% endfor %}",
+                 KT_ERR_FORMAT, "template line 1: template runs more than 1000000 steps (the limit)");
+    {
+        /* repetition is one copy now, and still exact */
+        kt_error e = {0};
+        char *out = render("{{ 'ab' * 3 }}|{{ ([1, 2] * 2)|length }}|{{ 'x' * 0 }}|{{ 'x' * -1 }}", "{}", &e);
+        assert_non_null(out);
+        assert_string_equal(out, "ababab|4||");
+        free(out);
+    }
     /* nested blocks in a deeply recursing macro: bounded, not a stack overflow */
     {
         size_t cap = 8192, n = 0;

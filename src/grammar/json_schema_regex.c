@@ -434,7 +434,9 @@ static bool rx_atom(rx *r) {
     }
     if (c == '[') {
         r->i++;
-        return rx_class(r, &s) && rx_put_set(r, &s);
+        if (rx_class(r, &s)) return rx_put_set(r, &s);
+        free(s.r); /* a class that fails after some ranges (found by fuzzing: a leak) */
+        return false;
     }
     if (c == '.') {
         r->i++;

@@ -475,6 +475,30 @@ bool kv_disk_has(kv_disk *d, kv_disk_key key) {
     return has;
 }
 
+bool kv_disk_check_block(const uint8_t *h, size_t got, const kv_disk_expect *x, bool *windows) {
+    /* every read below is inside h: the header once got covers it, the
+     * rest once got is exactly the size this kind of file has */
+    *windows = got >= HEADER_BYTES && x->n_win_layers > 0 && get_u32(h + 64) == x->n_win_layers;
+    const size_t n = *windows ? x->file_bytes : x->file_bytes_nowin;
+    return got == n && n >= HEADER_BYTES + 4 * (size_t)x->block_tokens + 8 &&
+           !((get_u32(h + 64) != 0 && !*windows) || get_u32(h + 68) != 0 || memcmp(h, MAGIC, 8) != 0 ||
+             get_u64(h + 8) != x->fingerprint || get_u64(h + 16) != x->key.lo || get_u64(h + 24) != x->key.hi ||
+             get_u64(h + 32) != x->parent.lo || get_u64(h + 40) != x->parent.hi ||
+             get_u32(h + 48) != x->block_tokens || get_u32(h + 52) != x->n_layer ||
+             get_u32(h + 56) != x->row_bytes || get_u32(h + 60) != x->kv_type ||
+             memcmp(h + HEADER_BYTES, x->ids, 4 * (size_t)x->block_tokens) != 0 ||
+             get_u64(h + n - 8) != XXH3_64bits(h, n - 8));
+}
+
+/* What the file of key after parent holding ids must say for d. */
+static kv_disk_expect expect_of(const kv_disk *d, kv_disk_key key, kv_disk_key parent, const int32_t *ids) {
+    return (kv_disk_expect){.fingerprint = d->fingerprint, .block_tokens = (uint32_t)d->block_tokens,
+                            .n_layer = (uint32_t)d->n_layer, .row_bytes = (uint32_t)d->row_bytes,
+                            .kv_type = (uint32_t)d->kv_type, .n_win_layers = (uint32_t)d->n_win_layers,
+                            .file_bytes = d->file_bytes, .file_bytes_nowin = d->file_bytes_nowin,
+                            .key = key, .parent = parent, .ids = ids};
+}
+
 /* The whole file of key, checked, and whether it holds the window
  * layers' rows; NULL (bad set when it exists but does not check)
  * otherwise. */
@@ -493,17 +517,8 @@ static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, co
     ssize_t got = 0, r;
     while ((size_t)got < d->file_bytes + 1 && (r = read(fd, buf + got, d->file_bytes + 1 - (size_t)got)) > 0) got += r;
     close(fd);
-    const uint8_t *h = buf;
-    *windows = got >= HEADER_BYTES && d->n_win_layers > 0 && get_u32(h + 64) == (uint32_t)d->n_win_layers;
-    const size_t n = file_size(d, *windows);
-    *bad = got != (ssize_t)n || (get_u32(h + 64) != 0 && !*windows) || get_u32(h + 68) != 0 ||
-           memcmp(h, MAGIC, 8) != 0 || get_u64(h + 8) != d->fingerprint ||
-           get_u64(h + 16) != key.lo || get_u64(h + 24) != key.hi || get_u64(h + 32) != parent.lo ||
-           get_u64(h + 40) != parent.hi || get_u32(h + 48) != (uint32_t)d->block_tokens ||
-           get_u32(h + 52) != (uint32_t)d->n_layer || get_u32(h + 56) != (uint32_t)d->row_bytes ||
-           get_u32(h + 60) != (uint32_t)d->kv_type ||
-           memcmp(h + HEADER_BYTES, ids, 4 * (size_t)d->block_tokens) != 0 ||
-           get_u64(h + n - 8) != XXH3_64bits(h, n - 8);
+    const kv_disk_expect x = expect_of(d, key, parent, ids);
+    *bad = !kv_disk_check_block(buf, (size_t)got, &x, windows);
     if (*bad) {
         free(buf);
         return NULL;

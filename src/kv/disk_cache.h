@@ -83,6 +83,23 @@ typedef struct kv_disk_stats {
     uint64_t write_errors;       /* writes that failed (disk full, ...) */
 } kv_disk_stats;
 
+/* What a block file must say to be loaded: the cache's layout and the
+ * lookup's key, parent and ids (block_tokens of them). */
+typedef struct kv_disk_expect {
+    uint64_t fingerprint;
+    uint32_t block_tokens, n_layer, row_bytes, kv_type, n_win_layers;
+    size_t file_bytes, file_bytes_nowin; /* with / without the window layers' rows */
+    kv_disk_key key, parent;
+    const int32_t *ids;
+} kv_disk_expect;
+
+/* Whether the n bytes of a block file check against x (size, magic,
+ * version, layout, fingerprint, keys, ids, checksum); *windows: whether
+ * they hold the window layers' rows. Reads nothing past bytes + n. The
+ * file reader's check, apart so that it can be fuzzed from a buffer
+ * (tests/fuzz/fuzz_disk_cache.c). */
+bool kv_disk_check_block(const uint8_t *bytes, size_t n, const kv_disk_expect *x, bool *windows);
+
 void kv_disk_get_stats(kv_disk *d, kv_disk_stats *out);
 /* Waits until every queued write is done (tests, shutdown). */
 void kv_disk_flush(kv_disk *d);

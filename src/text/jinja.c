@@ -77,7 +77,7 @@ char *kt_jinja_render(const kt_jinja *t, const json_t *vars,
         kt_error_set(err, KT_ERR_ARG, "template: variables must be a JSON object");
         return NULL;
     }
-    ja_arena arena = {0};
+    ja_arena arena = {.limit = KT_JINJA_MAX_MEMORY};
     jctx c = {.arena = &arena, .err = err, .now = opts ? opts->now : 0};
     jbuf out = {0};
     jv *root = vars ? from_json(&c, vars, 0) : jv_dict(&c);

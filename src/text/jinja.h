@@ -31,6 +31,24 @@ typedef struct kt_jinja_options {
     int64_t now;
 } kt_jinja_options;
 
+/* Limits on a render, which a template from a downloaded GGUF is hostile
+ * input to: each breach ends the render with KT_ERR_FORMAT and a message
+ * naming the limit, never a hang or an exhausted machine. A real chat
+ * template over a long conversation stays orders of magnitude below.
+ *   STEPS   statements run plus expressions evaluated, a loop iteration
+ *           counting as 16 (its loop object is that many values)
+ *   MEMORY  bytes of values alive at once (the render's arena)
+ *   OUTPUT  bytes of text written by one template or block (8 MiB is
+ *           some 2M tokens, past any context; 32 MiB took seconds to
+ *           write under the sanitizers, a slow unit when fuzzing)
+ *   STRING  bytes of one string (a ~ b, a + b) and bytes or items of
+ *           one repetition, 'x' * n; a filter over a string costs a
+ *           step per KiB of it */
+#define KT_JINJA_MAX_STEPS  1000000
+#define KT_JINJA_MAX_MEMORY ((size_t)256 << 20)
+#define KT_JINJA_MAX_OUTPUT ((size_t)8 << 20)
+#define KT_JINJA_MAX_STRING ((size_t)16 << 20)
+
 /* Parses a template; NULL with err set on a syntax error. */
 kt_jinja *kt_jinja_parse(const char *text, kt_error *err);
 void kt_jinja_free(kt_jinja *t);

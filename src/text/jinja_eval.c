@@ -12,9 +12,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "text/jinja.h"
 #include "text/jinja_int.h"
 
 #define MAX_CALL_DEPTH 100
+#define LOOP_STEPS 16 /* steps one for-loop iteration counts (KT_JINJA_MAX_STEPS) */
 #define MAX_NEST 800 /* evaluator recursion, keeps the C stack bounded */
 
 struct jframe {
@@ -184,7 +186,11 @@ static jv *type_error(jctx *c, int line, const char *op, const jv *a, const jv *
                  "'%s' and '%s'", op, jv_typename(a), jv_typename(b));
 }
 
+static bool steps(jctx *c, int line, unsigned n);
+
 static jv *concat(jctx *c, const jv *a, const jv *b) {
+    if (a->kind == JV_STR && a->u.str.n + b->u.str.n > KT_JINJA_MAX_STRING)
+        return jfail(c, 0, KT_ERR_FORMAT, "template: a string over %zu MiB (the limit)", KT_JINJA_MAX_STRING >> 20);
     jv *r = jv_new(c, a->kind);
     if (!r) return NULL;
     if (a->kind == JV_STR) {
@@ -207,11 +213,22 @@ static jv *concat(jctx *c, const jv *a, const jv *b) {
 static jv *repeat(jctx *c, const jv *seq, int64_t times, int line) {
     size_t unit = seq->kind == JV_STR ? seq->u.str.n : seq->u.list.n;
     if (times < 0) times = 0;
-    if (unit && (uint64_t)times > ((size_t)1 << 28) / unit)
-        return jfail(c, line, KT_ERR_FORMAT, "repetition result too large");
-    jv *r = seq->kind == JV_STR ? jv_str(c, "", 0) : jv_list(c);
-    for (int64_t k = 0; r && k < times; k++) r = concat(c, r, seq);
-    if (r && seq->kind == JV_STR) r->u.str.safe = seq->u.str.safe;
+    if (unit && (uint64_t)times > KT_JINJA_MAX_STRING / unit)
+        return jfail(c, line, KT_ERR_FORMAT, "repetition result over %zu MiB (the limit)", KT_JINJA_MAX_STRING >> 20);
+    if (seq->kind == JV_STR) {
+        /* built in one piece: concatenating `times` times would be quadratic */
+        size_t n = unit * (size_t)times;
+        jv *r = jv_new(c, JV_STR);
+        char *s = r ? ja_alloc(c->arena, n + 1) : NULL; /* zeroed: NUL-terminated */
+        if (!s) return jnomem(c);
+        for (size_t k = 0; k < (size_t)times; k++) memcpy(s + k * unit, seq->u.str.s, unit);
+        r->u.str.s = s, r->u.str.n = n, r->u.str.safe = seq->u.str.safe;
+        return r;
+    }
+    jv *r = jv_list(c);
+    for (int64_t k = 0; r && k < times; k++)
+        for (size_t i = 0; i < unit; i++)
+            if (!jv_list_push(c, r, seq->u.list.items[i])) return NULL;
     return r;
 }
 
@@ -475,6 +492,9 @@ static jv *eval_filter(jctx *c, jframe *f, const jnode *n, jv *input) {
     if (!v) return NULL;
     jargs a;
     if (!eval_args(c, f, n, &a)) return NULL;
+    /* a filter walks its input: a big string costs a step per KiB, or
+     * `s|length` in a loop over a 16 MiB s would run for hours */
+    if (v->kind == JV_STR && !steps(c, n->line, (unsigned)(v->u.str.n >> 10))) return NULL;
     return jb_filter(c, n->name, v, &a, n->line);
 }
 
@@ -507,7 +527,10 @@ static jv *eval_binary(jctx *c, jframe *f, const jnode *n) {
     if (!strcmp(n->name, "~")) {
         jbuf s = {0};
         bool ok = jv_to_str(c, &s, a) && jv_to_str(c, &s, b) && jbuf_put(&s, "", 0);
-        jv *r = ok ? jv_str(c, s.p, s.n) : jnomem(c);
+        jv *r = !ok ? jnomem(c)
+                : s.n > KT_JINJA_MAX_STRING ? jfail(c, n->line, KT_ERR_FORMAT, "a string over %zu MiB (the limit)",
+                                                    KT_JINJA_MAX_STRING >> 20)
+                : jv_str(c, s.p, s.n);
         jbuf_free(&s);
         return r;
     }
@@ -539,8 +562,17 @@ static jv *eval_slice(jctx *c, jframe *f, const jnode *n) {
 
 static jv *eval_node(jctx *c, jframe *f, const jnode *n);
 
+/* One more statement or expression run; false (the error set) past the
+ * budget, which is what ends a loop over loops (each loop alone is bounded
+ * by range()'s limit, not their product). */
+static bool steps(jctx *c, int line, unsigned n) {
+    if ((c->steps += n) <= KT_JINJA_MAX_STEPS) return true;
+    jfail(c, line, KT_ERR_FORMAT, "template runs more than %d steps (the limit)", KT_JINJA_MAX_STEPS);
+    return false;
+}
+
 static jv *eval(jctx *c, jframe *f, const jnode *n) {
-    if (c->failed) return NULL;
+    if (c->failed || !steps(c, n->line, 1)) return NULL;
     if (++c->nest > MAX_NEST) {
         c->nest--;
         return jfail(c, n->line, KT_ERR_FORMAT, "template nested too deeply when run");
@@ -660,6 +692,9 @@ static xres exec_for(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     if (!items) return X_ERR;
     if (!items->u.list.n) return exec_body(c, f, &n->kwvals, out) == X_ERR ? X_ERR : X_OK;
     for (size_t i = 0; i < items->u.list.n; i++) {
+        /* an iteration costs its loop object's values: a long loop with a
+         * tiny body ends within the budget's time too (found by fuzzing) */
+        if (!steps(c, n->line, LOOP_STEPS)) return X_ERR;
         /* jinja2: assignments in the body do not survive the iteration */
         jv *loop = loop_obj(c, items, i);
         if (!loop || !(lf = frame_new(c, f)) || !frame_set(c, lf, "loop", loop))
@@ -698,7 +733,25 @@ static xres exec_if(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     return exec_body(c, f, jv_truthy(cond) ? &n->args : &n->kwvals, out);
 }
 
+/* Text written by one template or block past KT_JINJA_MAX_OUTPUT: an
+ * error, checked after each statement (it may overshoot by one value,
+ * which the memory limit bounds). */
+static xres out_checked(jctx *c, const jnode *n, const jbuf *out, xres r) {
+    if (r != X_ERR && out->n > KT_JINJA_MAX_OUTPUT) {
+        jfail(c, n->line, KT_ERR_FORMAT, "template writes more than %zu MiB (the limit)", KT_JINJA_MAX_OUTPUT >> 20);
+        return X_ERR;
+    }
+    return r;
+}
+
+static xres exec_stmt_kind(jctx *c, jframe *f, const jnode *n, jbuf *out);
+
 static xres exec_stmt(jctx *c, jframe *f, const jnode *n, jbuf *out) {
+    if (!steps(c, n->line, 1)) return X_ERR;
+    return out_checked(c, n, out, exec_stmt_kind(c, f, n, out));
+}
+
+static xres exec_stmt_kind(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     jv *v;
     switch (n->kind) {
     case S_TEXT: return jbuf_put(out, n->name, n->nnames) ? X_OK : (jnomem(c), X_ERR);

@@ -23,6 +23,8 @@ typedef struct ja_chunk ja_chunk;
 typedef struct ja_arena {
     ja_chunk *head;
     size_t used; /* bytes handed out, for the memory limit */
+    size_t limit; /* 0: JA_LIMIT; renders use KT_JINJA_MAX_MEMORY */
+    bool over_limit; /* an allocation was refused by the limit, not by malloc */
 } ja_arena;
 
 /* Zeroed memory, or NULL when out of memory (or over the limit). */
@@ -148,6 +150,7 @@ typedef struct jctx {
     bool failed;
     int depth;        /* macro calls */
     int nest;         /* evaluator recursion */
+    uint64_t steps;   /* statements and expressions run (KT_JINJA_MAX_STEPS) */
     int64_t now;      /* seconds since the epoch, for strftime_now */
     jframe *root;
 } jctx;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/jinja.h"
 #include "text/jinja_int.h"
 
 /* ---- arena ---------------------------------------------------------- */
@@ -29,7 +30,11 @@ struct ja_chunk {
 
 void *ja_alloc(ja_arena *a, size_t size) {
     size = (size + 15) & ~(size_t)15;
-    if (size > JA_LIMIT || a->used + size > JA_LIMIT) return NULL;
+    const size_t limit = a->limit ? a->limit : JA_LIMIT;
+    if (size > limit || a->used + size > limit) {
+        a->over_limit = true;
+        return NULL;
+    }
     ja_chunk *h = a->head;
     if (!h || h->size - h->used < size) {
         size_t cap = size > JA_CHUNK ? size : JA_CHUNK;
@@ -115,6 +120,9 @@ void *jfail(jctx *c, int line, kt_status st, const char *fmt, ...) {
 }
 
 void *jnomem(jctx *c) {
+    if (c->arena->over_limit)
+        return jfail(c, 0, KT_ERR_FORMAT, "template: the render needs more than %zu MiB of memory (the limit)",
+                     KT_JINJA_MAX_MEMORY >> 20);
     return jfail(c, 0, KT_ERR_NOMEM, "template: out of memory");
 }
 
