@@ -11,6 +11,8 @@
 #define MARGIN 1.03   /* speculate only for a gain past the timer's noise: on a model whose
                        * passes cost the same at any k, noise alone would pick k > 0 half the time */
 #define FLAT_WHEN 0.6 /* E(k) >= this x (k + 1): proposals mostly kept, larger passes worth a try */
+#define BOUND 1.5     /* a pass already this many times a one-token pass: compute-bound (a batch of
+                       * sequences fills the GEMM), where a token more costs its full share */
 
 void spec_accept_init(spec_accept *a) {
     memset(a, 0, sizeof *a);
@@ -66,15 +68,20 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     if (avail <= 0 || fixed) return avail > 0 ? avail : 0;
     const double base_cost = spec_cost(c, n_tokens);
     if (base_cost <= 0) return 0; /* plain decoding's cost first: what every k is weighed against */
+    /* compute-bound: no optimism about unmeasured sizes and no probes, which
+     * would cost every sequence of the batch a slower step */
+    const double one = spec_cost(c, 1);
+    const bool bound = one > 0 && base_cost >= BOUND * one;
     int best = 0;
     double best_rate = MARGIN * expected / base_cost;
     for (int k = 1; k <= avail; k++) {
         const double e = spec_accept_expected(a, k);
-        const double cost = e >= FLAT_WHEN * (k + 1) ? spec_cost_flat(c, n_tokens + k) : spec_cost(c, n_tokens + k);
+        const double cost = !bound && e >= FLAT_WHEN * (k + 1) ? spec_cost_flat(c, n_tokens + k)
+                                                               : spec_cost(c, n_tokens + k);
         double rate = (expected - 1.0 + e) / (cost + k * ms_per_k);
         if (rate > best_rate) best = k, best_rate = rate;
     }
-    if (best == 0 && ++a->idle_steps >= a->probe_every) {
+    if (best == 0 && !bound && ++a->idle_steps >= a->probe_every) {
         a->idle_steps = 0;
         return avail < SPEC_PROBE_K ? avail : SPEC_PROBE_K;
     }

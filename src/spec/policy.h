@@ -70,8 +70,11 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * + k). While that is 0, a probe still verifies SPEC_PROBE_K now and
  * then (after SPEC_PROBE_EVERY calls, the wait doubling while probes find
  * nothing), so a sequence that starts to repeat its context is noticed
- * and one that never does costs almost nothing. Until a pass of n_tokens is measured, 0 (plain decoding's
- * cost is what every k is weighed against). fixed: all of avail. */
+ * and one that never does costs almost nothing. Until a pass of n_tokens
+ * is measured, 0 (plain decoding's cost is what every k is weighed
+ * against). In a pass already compute-bound (1.5 x a one-token pass or
+ * more: a batch that fills the GEMM), no probes and no optimism, only
+ * measured gains. fixed: all of avail. */
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed);
 /* The same when each proposal also costs ms_per_k to make (a draft
  * model's pass). */
