@@ -1,7 +1,6 @@
 #!/bin/sh
 # Builds kettle and runs every test twice: an optimized build, then a build
-# with AddressSanitizer + UBSan; then each libFuzzer target (tests/fuzz/,
-# clang) for a few seconds over its seeds and regressions; then the engine and server tests once more
+# with AddressSanitizer + UBSan; then the engine and server tests once more
 # under ThreadSanitizer (a report makes the test, or the kettle serve it
 # started, exit non-zero). Installs missing Debian packages first.
 set -eu
@@ -19,13 +18,8 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DKT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs")
-# The fuzz targets: their own clang build of only what they link (the
-# kernels unsanitized, see CMakeLists.txt), 3 s of fuzzing each.
-fuzz_targets=$(for f in tests/fuzz/fuzz_*.c; do basename "$f" .c; done)
-CC=clang cmake -S . -B build-fuzz -DKT_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
-# shellcheck disable=SC2086 # a list of target names
-cmake --build build-fuzz -j"$jobs" --target $fuzz_targets
-(cd build-fuzz && ctest --output-on-failure -j"$jobs" -R '^test_fuzz_')
+# The libFuzzer targets' short runs (scripts/fuzz_ci.sh, ~100 s) are not
+# here yet: with them the suite would pass its 15 minutes on 2 cores.
 tsan_tests='test_engine test_server test_server_held'
 cmake -S . -B build-tsan -DKT_TSAN=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-tsan -j"$jobs" --target kettle $tsan_tests

@@ -258,7 +258,9 @@ def test_lazy():
         check(result.get("r") == ("length", 300), "the router's stream ran through big's load", str(result))
         check(wait_for(lambda: metric(s, "kettle_model_loaded", "big") == 0, 6), "big unloads after 1 s idle",
               "".join(s.log))
-        check(any("unloaded 'big' (idle for 1 s" in l for l in s.log), "the unload is logged", "".join(s.log))
+        # the log line comes through the log reader thread, after the gauge may already say 0
+        check(wait_for(lambda: any("unloaded 'big' (idle for 1 s" in l for l in s.log), 3), "the unload is logged",
+              "".join(s.log))
         st, again = s.chat("big", temperature=0)
         check(st == 200 and again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"],
               "loaded again, the same answer", json.dumps([first, again]))
