@@ -30,13 +30,15 @@
 #define N_REQ 6
 #define BLOCK 16 /* the engine's KV block (KV_BLOCK_TOKENS) */
 /* Under AddressSanitizer (looking for memory errors, within the CI's
- * time) the mixed cases run with fixed k only; the Release build runs
- * adaptive k too (the same verify and rollback paths, other k). */
+ * time) the mixed cases run with fixed k only and one round; the Release
+ * build runs adaptive k and the round from the prefix cache too (the same
+ * verify and rollback paths, other k and blocks). */
 #if defined(__SANITIZE_ADDRESS__)
-#define LAST_FIXED 1
+#define SANITIZED 1
 #else
-#define LAST_FIXED 0
+#define SANITIZED 0
 #endif
+#define LAST_FIXED SANITIZED
 
 typedef struct choice_out {
     int32_t tok[MAX_OUT];
@@ -213,7 +215,7 @@ static void test_exact_with_oracle(void **state) {
     static choice_out plain[N_REQ][2], plain2[N_REQ][2], spec[N_REQ][2];
     kt_engine *e = engine_with(m, KT_SPEC_OFF, false, NULL, NULL);
     run_cases(e, m, plain);
-    run_cases(e, m, plain2); /* a second round: prompts from the prefix cache */
+    if (!SANITIZED) run_cases(e, m, plain2); /* a second round: prompts from the prefix cache */
     kt_engine_free(e);
     assert_int_equal(plain[3][0].finish, KT_FINISH_STOP); /* the stop string and the grammar end their cases */
     assert_int_equal(plain[3][0].stop_string, 1);
@@ -227,8 +229,10 @@ static void test_exact_with_oracle(void **state) {
         e = engine_with(m, KT_SPEC_NGRAM, fixed, oracle_propose, o);
         run_cases(e, m, spec);
         expect_same(plain, spec, fixed ? "fixed k" : "adaptive k");
-        run_cases(e, m, spec);
-        expect_same(plain2, spec, fixed ? "fixed k, cached prompts" : "adaptive k, cached prompts");
+        if (!SANITIZED) { /* the cached round's copy-on-write paths also run in the oracle's n = 2 case */
+            run_cases(e, m, spec);
+            expect_same(plain2, spec, fixed ? "fixed k, cached prompts" : "adaptive k, cached prompts");
+        }
         kt_engine_stats st;
         kt_engine_get_stats(e, &st);
         print_stats(e, fixed ? "oracle, fixed k" : "oracle, adaptive k");
