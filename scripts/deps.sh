@@ -9,7 +9,7 @@ for p in $PKGS; do
     || missing="$missing $p"
 done
 # chromium: headless, for tests/js/webui_e2e.mjs (the chat page at /).
-# clang: the sanitizer build and the libFuzzer targets (tests/fuzz/, KT_FUZZ).
+# clang: the libFuzzer targets (tests/fuzz/, KT_FUZZ; scripts/fuzz_ci.sh, scripts/fuzz_long.sh).
 # haproxy: test_scaleout (bench/scaleout/run.py), replicas behind a real balancer.
 # Node.js and npm run tests/js (the `openai` npm package against kettle serve).
 # Checked by command, not by package: a nodesource nodejs ships its own npm,

@@ -164,6 +164,21 @@ bool cli_parse_int(const char *s, long lo, long hi, int *out) {
     return true;
 }
 
+bool cli_parse_int_list(const char *s, long lo, long hi, int *v, int cap, int *n) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long x = strtol(s, &end, 10);
+        if (errno || end == s || x < lo || x > hi || *n == cap) return false;
+        v[(*n)++] = (int)x;
+        if (*end == ',') end++;
+        else if (*end) return false;
+        s = end;
+    }
+    return *n > 0;
+}
+
 static bool parse_float(const char *s, float lo, float hi, float *out) {
     char *end;
     errno = 0;

@@ -33,6 +33,9 @@ int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name,
 bool cli_parse_u64(const char *s, uint64_t *out);
 /* A decimal integer in [lo, hi] (within int's range), the whole string. */
 bool cli_parse_int(const char *s, long lo, long hi, int *out);
+/* A comma-separated list of integers in [lo, hi], at most cap of them,
+ * into v[0..*n); false (at least one needed) if invalid. */
+bool cli_parse_int_list(const char *s, long lo, long hi, int *v, int cap, int *n);
 /* A chat template given as a built-in name (chatml, llama3, ...) or a
  * file path, as malloc'd text; NULL with err->msg saying why. */
 char *cli_load_template(const char *arg, kt_error *err);

@@ -95,18 +95,7 @@ static void usage(FILE *out) {
 }
 
 static bool parse_list(const char *s, int lo, int hi, int_list *out) {
-    out->n = 0;
-    while (*s) {
-        char *end;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (errno || end == s || v < lo || v > hi || out->n == MAX_LIST) return false;
-        out->v[out->n++] = (int)v;
-        if (*end == ',') end++;
-        else if (*end) return false;
-        s = end;
-    }
-    return out->n > 0;
+    return cli_parse_int_list(s, lo, hi, out->v, MAX_LIST, &out->n);
 }
 
 /* Test lengths of a -p / -n list that run (0 means none). */

@@ -204,11 +204,6 @@ static bool samples_add(samples *s, double x) {
     return true;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Masks along one instance: appends each mask's time (us) to all and
  * mine; true when the grammar took the whole instance and could end. */
 static bool follow_instance(const kt_grammar *g, const kt_token_trie *t, kt_gmask_cache *cache, int32_t eog,
@@ -284,7 +279,7 @@ static void run_schema(const bg_opts *o, const char *path, const kt_vocab *v, co
             free(text);
         }
         if (mine.n) {
-            qsort(mine.v, (size_t)mine.n, sizeof *mine.v, cmp_double);
+            bs_sort(mine.v, (int)mine.n);
             row->mask_p50_us = bs_percentile(mine.v, (int)mine.n, 50);
             row->mask_p99_us = bs_percentile(mine.v, (int)mine.n, 99);
             row->mask_max_us = mine.v[mine.n - 1];
@@ -333,14 +328,14 @@ static bool run_vocab(const bg_opts *o, const file_list *files, const char *voca
         double sum = 0;
         for (long i = 0; i < all.n; i++) sum += all.v[i];
         if (all.n) {
-            qsort(all.v, (size_t)all.n, sizeof *all.v, cmp_double);
+            bs_sort(all.v, (int)all.n);
             tot->mask_mean_us = sum / (double)all.n;
             tot->mask_p50_us = bs_percentile(all.v, (int)all.n, 50);
             tot->mask_p99_us = bs_percentile(all.v, (int)all.n, 99);
             tot->mask_max_us = all.v[all.n - 1];
         }
         if (compile.n) {
-            qsort(compile.v, (size_t)compile.n, sizeof *compile.v, cmp_double);
+            bs_sort(compile.v, (int)compile.n);
             tot->compile_p50_ms = bs_percentile(compile.v, (int)compile.n, 50);
             tot->compile_p99_ms = bs_percentile(compile.v, (int)compile.n, 99);
             tot->compile_max_ms = compile.v[compile.n - 1];

@@ -27,6 +27,7 @@
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "cli/bench_serve.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/model_store.h"
@@ -79,16 +80,6 @@ static void usage(FILE *out) {
             "                       medians reported\n");
 }
 
-static bool parse_ints(const char *s, int lo, int hi, int *v, int *n) {
-    for (*n = 0; *s && *n < MAX_LIST; (*n)++) {
-        char *end;
-        long x = strtol(s, &end, 10);
-        if (end == s || x < lo || x > hi || (*end && *end != ',')) return false;
-        v[*n] = (int)x, s = *end ? end + 1 : end;
-    }
-    return *n > 0 && !*s;
-}
-
 static bool parse_rates(const char *s, float *v, int *n) {
     for (*n = 0; *s && *n < MAX_LIST; (*n)++) {
         char *end;
@@ -113,7 +104,7 @@ static int parse(int argc, char **argv, bs_opts *o) {
             if (r < 0) return 2;
             o->prompt_file = v;
         } else if ((r = cli_opt("bench spec", argc, argv, &i, "--streams", &v))) {
-            if (r < 0 || !parse_ints(v, 1, MAX_STREAMS, o->streams, &o->n_streams))
+            if (r < 0 || !cli_parse_int_list(v, 1, MAX_STREAMS, o->streams, MAX_LIST, &o->n_streams))
                 return r < 0 ? 2 : cli_usage_error("bench spec", "bad --streams '%s' (1..%d, comma-separated)", v, MAX_STREAMS);
         } else if ((r = cli_opt("bench spec", argc, argv, &i, "--accept", &v))) {
             if (r < 0 || !parse_rates(v, o->accept, &o->n_accept))
@@ -212,11 +203,6 @@ static int run_streams(kt_model *m, const bs_opts *o, int S, int32_t *const *pro
     return rc;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static bool same_outputs(const bs_run *a, const bs_run *b, int S) {
     for (int s = 0; s < S; s++)
         if (a->n_out[s] != b->n_out[s] || memcmp(a->out[s], b->out[s], sizeof(int32_t) * (size_t)a->n_out[s])) return false;
@@ -224,7 +210,7 @@ static bool same_outputs(const bs_run *a, const bs_run *b, int S) {
 }
 
 static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    bs_sort(v, n);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
