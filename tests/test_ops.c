@@ -943,7 +943,9 @@ static void test_repack_layout(void **state) {
 
 /* Every x8 path (each SIMD tier, the scalar fallback, the reference)
  * gives the bits of the plain type's reference on the original matrix, for one
- * token, decode-sized batches, and batches that span token chunks. */
+ * token, decode-sized batches, and batches that span token chunks
+ * (under AddressSanitizer those, the slow reference's largest, at one
+ * width only: the same chunking, a ninth of the arithmetic). */
 static void check_repacked_type(kt_dtype type) {
     const kt_dtype x8_type = kt_repack_type(type, 256, 8);
     const int unit = kt_dtype_get(type)->block_size;
@@ -960,6 +962,7 @@ static void check_repacked_type(kt_dtype type) {
             for (int c = 0; c < 8; c++) {
                 const int nt = n_toks[c];
                 if (nt > 13 && n_in < 2048) continue; /* chunks need long rows */
+                if (nt > 13 && TU_SANITIZED && b != 1) continue;
                 const size_t no = (size_t)nt * n_out;
                 float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
                 float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);

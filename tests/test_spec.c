@@ -340,11 +340,7 @@ static void expect_distribution(const int *count, const double *p, int n_vocab, 
 static void test_rule_statistics(void **state) {
     (void)state;
     kt_model *m = load("models/stories260K.gguf");
-#if defined(__SANITIZE_ADDRESS__)
-    const int runs = 1500; /* the sanitized build looks for memory errors; fewer seeds, the same test */
-#else
-    const int runs = 4000;
-#endif
+    const int runs = TU_SANITIZED ? 1500 : 4000; /* the sanitized build: fewer seeds, the same test */
     const int n_vocab = kt_model_describe(m)->n_vocab;
     int32_t ctx[64], out[9];
     kt_error err = {0};

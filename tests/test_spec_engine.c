@@ -33,12 +33,7 @@
  * time) the mixed cases run with fixed k only and one round; the Release
  * build runs adaptive k and the round from the prefix cache too (the same
  * verify and rollback paths, other k and blocks). */
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#else
-#define SANITIZED 0
-#endif
-#define LAST_FIXED SANITIZED
+#define LAST_FIXED TU_SANITIZED
 
 typedef struct choice_out {
     int32_t tok[MAX_OUT];
@@ -215,7 +210,7 @@ static void test_exact_with_oracle(void **state) {
     static choice_out plain[N_REQ][2], plain2[N_REQ][2], spec[N_REQ][2];
     kt_engine *e = engine_with(m, KT_SPEC_OFF, false, NULL, NULL);
     run_cases(e, m, plain);
-    if (!SANITIZED) run_cases(e, m, plain2); /* a second round: prompts from the prefix cache */
+    if (!TU_SANITIZED) run_cases(e, m, plain2); /* a second round: prompts from the prefix cache */
     kt_engine_free(e);
     assert_int_equal(plain[3][0].finish, KT_FINISH_STOP); /* the stop string and the grammar end their cases */
     assert_int_equal(plain[3][0].stop_string, 1);
@@ -229,7 +224,7 @@ static void test_exact_with_oracle(void **state) {
         e = engine_with(m, KT_SPEC_NGRAM, fixed, oracle_propose, o);
         run_cases(e, m, spec);
         expect_same(plain, spec, fixed ? "fixed k" : "adaptive k");
-        if (!SANITIZED) { /* the cached round's copy-on-write paths also run in the oracle's n = 2 case */
+        if (!TU_SANITIZED) { /* the cached round's copy-on-write paths also run in the oracle's n = 2 case */
             run_cases(e, m, spec);
             expect_same(plain2, spec, fixed ? "fixed k, cached prompts" : "adaptive k, cached prompts");
         }

@@ -14,6 +14,16 @@
 
 #include "base/dtype.h"
 
+/* 1 in a build under AddressSanitizer. Such a build looks for memory
+ * errors, not for wrong answers, and runs ~7x slower: tests that repeat
+ * the same paths over many seeds or cases run fewer repetitions there
+ * (saying so where they do), so the CI's suite stays within its time. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_SANITIZED 1
+#else
+#define TU_SANITIZED 0
+#endif
+
 /* "<shared>/<rel>" in a static buffer (overwritten by the next call). */
 const char *tu_shared(const char *rel);
 /* "<build>/tmp/<name>" in a static buffer (overwritten by the next call). */
