@@ -2,10 +2,12 @@
  * deadline.c - slow clients cut (see deadline.h).
  *
  * Each connection's entry lives from MHD's STARTED notification to its
- * CLOSED one, in a list under one mutex. MHD calls CLOSED before it
- * closes the socket, and the cutting thread shuts a socket down only
- * under that mutex, so it never touches a descriptor MHD has closed; the
- * peer address is compared too, as a second guard against a reused one.
+ * CLOSED one, in a list under one mutex. libmicrohttpd's cleanup calls
+ * CLOSED before it closes the socket, and the cutting thread shuts a
+ * socket down only under that mutex, so it does not touch a descriptor
+ * MHD has closed; in case a version orders it otherwise (or fails a
+ * connection without CLOSED), the peer address is compared before the
+ * shutdown, so a reused descriptor of another client is left alone.
  */
 #include "server/deadline.h"
 
