@@ -34,6 +34,7 @@
 #include "server/http.h"
 
 #define MAX_ALIASES 32
+#define MAX_NAME_LISTS 32 /* --allowed-host and --cors-origin flags, each a comma list */
 
 typedef struct serve_opts {
     const char *model, *host, *api_key, *template_arg, *kv_type, *prefix_cache, *cache_dir;
@@ -42,7 +43,10 @@ typedef struct serve_opts {
     int n_aliases;
     bool strict_model_names;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
-    int result_cache, drain_s;
+    int result_cache, drain_s, http_timeout_s, max_connections;
+    /* --allowed-host, --cors-origin: each flag's comma list, joined by the server config */
+    const char *allowed_hosts[MAX_NAME_LISTS], *cors_origins[MAX_NAME_LISTS];
+    int n_allowed_hosts, n_cors_origins;
     kt_load_mode load;
     float itl_stretch;
     bool has_stretch, no_webui;
@@ -96,7 +100,20 @@ static void usage(FILE *out) {
             "                          decoding; marked x-kettle-cache: hit (default 0: off)\n"
             "  -t, --threads N         forward-pass threads (default: all CPUs)\n"
             "      --http-threads N    HTTP worker threads (default 4)\n"
+            "      --http-timeout S    a request must arrive whole (headers and body) within S seconds of\n"
+            "                          its connection opening or the previous answer ending, else the\n"
+            "                          connection is closed; idle keep-alive connections close after S\n"
+            "                          seconds too (default 60). Answers themselves have no deadline\n"
+            "      --http-max-connections N  open connections at once; more are refused (default 4096)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
+            "      --allowed-host NAME[,NAME...]  answer requests whose Host is NAME (any port), besides\n"
+            "                          localhost, 127.0.0.1 and [::1] (repeatable; '*': any). Bound to a\n"
+            "                          loopback address, other names get 403 (DNS rebinding); bound\n"
+            "                          elsewhere, the Host is only checked when names are given\n"
+            "      --cors-origin ORIGIN[,ORIGIN...]  web pages from ORIGIN (e.g. http://localhost:3000)\n"
+            "                          may call the API: CORS headers and preflight answers for them\n"
+            "                          (repeatable; '*': any page). Without it a request carrying another\n"
+            "                          page's Origin gets 403; the chat page at / is this server's own\n"
             "      --alias NAME        another name the model answers to and lists in /v1/models\n"
             "                          (repeatable; the file's name stays)\n"
             "      --strict-model-names  a request naming none of the model's names gets 404\n"
@@ -152,6 +169,25 @@ typedef struct int_option {
     int *dst;
 } int_option;
 
+/* One more --allowed-host / --cors-origin value: 1, or 2 (reported). */
+static int add_name_list(const char *flag, const char **lists, int *n, const char *v) {
+    if (*n == MAX_NAME_LISTS) return cli_usage_error("serve", "at most %d %s flags (each takes a comma list)", MAX_NAME_LISTS, flag);
+    if (!v[0]) return cli_usage_error("serve", "%s needs a value", flag);
+    lists[(*n)++] = v;
+    return 1;
+}
+
+/* The flags' values as one comma list (malloc'ed; NULL: none given, or out of memory). */
+static char *join_lists(const char *const *lists, int n) {
+    size_t len = 1;
+    for (int k = 0; k < n; k++) len += strlen(lists[k]) + 1;
+    char *out = n ? malloc(len) : NULL;
+    if (!out) return NULL;
+    out[0] = 0;
+    for (int k = 0; k < n; k++) strcat(strcat(out, k ? "," : ""), lists[k]);
+    return out;
+}
+
 /* One option at argv[*i]: 1 taken, 0 unknown, 2 usage error (reported). */
 static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     int_option ints[] = {{"--port", NULL, 0, 65535, &o->port},          {"--ctx", "-c", 0, 1 << 24, &o->n_ctx},
@@ -161,6 +197,8 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
                          {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
                          {"--drain-s", NULL, 0, 86400, &o->drain_s},
+                         {"--http-timeout", NULL, 1, 3600, &o->http_timeout_s},
+                         {"--http-max-connections", NULL, 16, 1 << 16, &o->max_connections},
                          {"--draft-max", NULL, 1, 32, &o->draft_max},
 
                          {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
@@ -185,6 +223,10 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
         if (o->n_classes == SERVE_MAX_CLASSES) return cli_usage_error("serve", "at most %d models", SERVE_MAX_CLASSES);
         return serve_class_parse(v, &o->classes[o->n_classes++]) ? 2 : 1;
     }
+    if ((r = cli_opt("serve", argc, argv, i, "--allowed-host", &v)))
+        return r < 0 ? 2 : add_name_list("--allowed-host", o->allowed_hosts, &o->n_allowed_hosts, v);
+    if ((r = cli_opt("serve", argc, argv, i, "--cors-origin", &v)))
+        return r < 0 ? 2 : add_name_list("--cors-origin", o->cors_origins, &o->n_cors_origins, v);
     if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
     if (!strcmp(argv[*i], "--spec-fixed")) return o->spec_fixed = true, 1;
     if (!strcmp(argv[*i], "--embeddings")) return o->embeddings = "", 1;
@@ -400,7 +442,19 @@ static void drain(srv_server *srv, const sigset_t *set, int drain_s) {
 static srv_config server_config(const serve_opts *o) {
     return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key,
                         .strict_model_names = o->strict_model_names, .http_threads = o->http_threads,
+                        .http_timeout_s = o->http_timeout_s, .max_connections = o->max_connections,
                         .log_format = o->log_format, .no_webui = o->no_webui};
+}
+
+/* Who may drive the server besides local programs (origin.h), so an
+ * operator sees what a web page can do. */
+static void print_origin_rules(const srv_config *cfg) {
+    if (cfg->allowed_hosts) fprintf(stderr, "kettle serve: also answers to the Host names %s\n", cfg->allowed_hosts);
+    else if (strcmp(cfg->host, "127.0.0.1") && strcmp(cfg->host, "localhost") && strcmp(cfg->host, "::1"))
+        fprintf(stderr, "kettle serve: bound to %s: the Host header is checked only for a loopback address (name the "
+                        "hosts to accept with --allowed-host)\n", cfg->host);
+    if (cfg->cors_origins) fprintf(stderr, "kettle serve: web pages may call the API from %s (CORS)\n", cfg->cors_origins);
+    else fprintf(stderr, "kettle serve: web pages of other origins are refused (--cors-origin allows some)\n");
 }
 
 /* What a class holds until the server stops, and what loading it again
@@ -558,6 +612,7 @@ static int serve(srv_server *srv, loaded_class *lc, const serve_opts *o, srv_con
     if (o->n_classes > 1)
         fprintf(stderr, "kettle serve: %d models; a request's \"model\" picks one (none: '%s'), another name is a 404\n",
                 o->n_classes, k[0].name);
+    print_origin_rules(cfg);
     print_fallback(&cfg->fallback, NULL);
     for (int i = 0; i < o->n_classes; i++) print_fallback(&k[i].fallback, k[i].name);
     if (!o->no_webui) fprintf(stderr, "kettle serve: a chat page at / (--no-webui turns it off)\n");
@@ -593,6 +648,12 @@ int cmd_serve(int argc, char **argv) {
     kt_error err = {0};
     srv_config cfg = server_config(&o);
     cfg.fallback = fb;
+    char *hosts = join_lists(o.allowed_hosts, o.n_allowed_hosts), *origins = join_lists(o.cors_origins, o.n_cors_origins);
+    cfg.allowed_hosts = hosts, cfg.cors_origins = origins;
+    if ((o.n_allowed_hosts && !hosts) || (o.n_cors_origins && !origins)) {
+        free(hosts), free(origins);
+        return kt_error_set(&err, KT_ERR_NOMEM, "out of memory"), cli_fail("serve", &err);
+    }
     /* bound before the load: a port in use fails at once, and a health
      * check sees "loading" (503) rather than a refused connection */
     srv_server *srv = srv_open(&cfg, &err);
@@ -602,6 +663,7 @@ int cmd_serve(int argc, char **argv) {
         rc = (kt_error_wrap(&err, "--draft %s", o.draft), cli_fail("serve", &err));
     if (!rc) rc = serve(srv, lc, &o, &cfg, &set);
     srv_stop(srv); /* frees the engines too */
+    free(hosts), free(origins);
     kt_model_free(o.draft_model);
     for (int i = 0; i < o.n_classes; i++) {
         kt_model_free(lc[i].model);

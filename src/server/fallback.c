@@ -190,6 +190,7 @@ static enum MHD_Result queue(srv_conn *c, int status, struct MHD_Response *r, co
     MHD_add_response_header(r, "x-kettle-served-by", "fallback");
     MHD_add_response_header(r, "x-kettle-fallback-reason", c->fallback_reason);
     if (retry_after && retry_after[0]) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
+    srv_add_cors_headers(c, r);
     enum MHD_Result q = MHD_queue_response(c->mc, (unsigned)status, r);
     MHD_destroy_response(r);
     c->status = status;

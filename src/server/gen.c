@@ -351,6 +351,7 @@ static enum MHD_Result start_stream(srv_conn *c) {
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    srv_add_cors_headers(c, r);
     enum MHD_Result q = MHD_queue_response(c->mc, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     c->status = MHD_HTTP_OK;

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,8 @@
 #include "server/webui.h"
 
 #define DEFAULT_MAX_BODY (8u << 20)
+#define DEFAULT_HTTP_TIMEOUT_S 60
+#define DEFAULT_MAX_CONNECTIONS 4096
 
 /* ---- routing ---- */
 
@@ -86,6 +89,16 @@ static srv_endpoint route_of(const srv_server *s, const char *url, const char *m
 
 /* ---- responses ---- */
 
+/* What a page may read of an answer besides the simple headers. */
+#define CORS_EXPOSED "x-kettle-cache, x-kettle-served-by, x-kettle-fallback-reason, Retry-After"
+
+void srv_add_cors_headers(const srv_conn *c, struct MHD_Response *r) {
+    if (!c->cors_origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", c->cors_origin);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", CORS_EXPOSED);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
+
 enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -96,6 +109,7 @@ enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, c
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (c->result_hit) MHD_add_response_header(r, "x-kettle-cache", "hit");
+    srv_add_cors_headers(c, r);
     if (status == 405 && c->ep == EP_WEBUI) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     if (status == 405)
         for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
@@ -128,6 +142,11 @@ enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e) {
 json_t *srv_parse_body(srv_conn *c, srv_error *e) {
     json_error_t je;
     if (!c->body.len) return srv_fail(e, 400, "invalid_request_error", NULL, NULL, "the request body is empty; send JSON"), NULL;
+    int depth = srv_json_depth(c->body.data, c->body.len);
+    if (depth > SRV_MAX_JSON_DEPTH)
+        return srv_fail(e, 400, "invalid_request_error", NULL, "nesting_too_deep",
+                        "the request body nests %d levels deep; at most %d are allowed", depth, SRV_MAX_JSON_DEPTH),
+               NULL;
     json_t *j = json_loadb(c->body.data, c->body.len, 0, &je);
     if (j) return j;
     if (json_error_code(&je) == json_error_invalid_utf8)
@@ -256,8 +275,48 @@ static bool authorized(srv_conn *c) {
     return x && same_secret(x, key);
 }
 
+/* The Host and Origin rules (origin.h): a 403 saying how to allow what
+ * was refused; a --cors-origin page's origin is kept for its answer's
+ * CORS headers. */
+static bool refused_by_origin(srv_conn *c, srv_error *e) {
+    const char *host = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    if (!srv_host_allowed(&c->s->origin_rules, host))
+        return srv_fail(e, 403, "invalid_request_error", NULL, "host_not_allowed",
+                        "the Host header '%.100s' is not a name of this server; a web page whose own name resolves "
+                        "to this machine (DNS rebinding) could otherwise drive it. To allow the name, start kettle "
+                        "serve with --allowed-host NAME", host), true;
+    srv_origin_verdict v = srv_origin_check(&c->s->origin_rules, origin, host);
+    if (v == SRV_ORIGIN_REFUSED)
+        return srv_fail(e, 403, "invalid_request_error", NULL, "origin_not_allowed",
+                        "a web page from the origin '%.100s' may not call this server (only its own chat page and "
+                        "the origins given with --cors-origin may); to allow that page, start kettle serve with "
+                        "--cors-origin ORIGIN", origin), true;
+    if (v == SRV_ORIGIN_CORS) c->cors_origin = origin;
+    return false;
+}
+
+/* A --cors-origin page's preflight: 204 allowing the methods and the
+ * headers it asks for (SDKs send their own, e.g. x-stainless-*). */
+static enum MHD_Result preflight(srv_conn *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    const char *asked = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    srv_add_cors_headers(c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            asked && asked[0] ? asked : "Authorization, Content-Type, x-api-key");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result q = MHD_queue_response(c->mc, MHD_HTTP_NO_CONTENT, r);
+    MHD_destroy_response(r);
+    c->status = MHD_HTTP_NO_CONTENT;
+    return q;
+}
+
 static enum MHD_Result dispatch(srv_conn *c) {
     srv_error e;
+    if (refused_by_origin(c, &e)) return srv_respond_error(c, &e);
+    if (c->cors_origin && !strcmp(c->method, "OPTIONS")) return preflight(c);
     if (c->too_big)
         srv_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
                  "the request body is larger than the limit of %zu bytes", c->s->cfg.max_body);
@@ -315,6 +374,7 @@ static enum MHD_Result begin(srv_server *s, struct MHD_Connection *mc, const cha
     const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {
         c->too_big = true;
+        srv_deadline_received(mc); /* answered now; the body is not read */
         return dispatch(c);
     }
     return MHD_YES;
@@ -335,21 +395,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     srv_conn *c = *con_cls;
     if (!c) return begin(cls, mc, url, method, con_cls);
     if (*upload_size) {
+        if (srv_deadline_passed(mc)) return c->status = 408, MHD_NO; /* a slow body: closed (deadline.h) */
         take_body(c, upload_data, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
     if (c->status) return MHD_YES; /* answered already (413 at the headers) */
-    if (!c->started) return dispatch(c);
+    if (!c->started) {
+        srv_deadline_received(mc); /* the whole request is in: answering it has no deadline */
+        return dispatch(c);
+    }
     if (c->fwd) return srv_fallback_continue(c);
     return c->ep == EP_EMBEDDINGS ? srv_embed_continue(c) : srv_gen_continue(c);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)mc, (void)toe;
+    (void)toe;
     srv_server *s = cls;
     srv_conn *c = *con_cls;
+    bool late = srv_deadline_passed(mc);
+    srv_deadline_restart(mc); /* the next request on the connection has its own deadline */
     if (!c) return;
+    if (!c->status && !c->started && late) c->status = 408; /* cut: its body came too slowly */
     /* 499 (nginx's "client closed request"): it left before any answer */
     srv_metrics_count(&s->metrics, endpoint_name(c->ep), c->status ? c->status : 499);
     srv_reqlog_conn(c); /* before the release: it reads the request's usage */
@@ -407,16 +474,28 @@ static bool try_bind(const struct sockaddr_storage *addr, const char *host, int 
     return false;
 }
 
+static bool is_loopback(const struct sockaddr_storage *addr) {
+    if (addr->ss_family == AF_INET) return ntohl(((const struct sockaddr_in *)addr)->sin_addr.s_addr) >> 24 == 127;
+    if (addr->ss_family != AF_INET6) return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)addr)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
 static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
     struct sockaddr_storage addr = {0};
     const char *host = s->cfg.host ? s->cfg.host : "127.0.0.1";
     if (!resolve(host, s->cfg.port, &addr, err)) return NULL;
+    /* the Host check guards a loopback server (origin.h): bound elsewhere, only names asked for */
+    if (!srv_origin_rules_init(&s->origin_rules, is_loopback(&addr), host, s->cfg.allowed_hosts, s->cfg.cors_origins,
+                               err))
+        return NULL;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, srv_deadline_notify, s->deadlines, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->cfg.http_timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections, MHD_OPTION_END);
     if (!d && try_bind(&addr, host, s->cfg.port, err)) /* it binds now: another cause */
         snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server on %s:%d", host, s->cfg.port);
     return d;
@@ -458,6 +537,8 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     s->cfg = *cfg, s->started = (long long)time(NULL), s->state = SRV_LOADING;
     if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
     if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
+    if (s->cfg.http_timeout_s <= 0) s->cfg.http_timeout_s = DEFAULT_HTTP_TIMEOUT_S;
+    if (s->cfg.max_connections <= 0) s->cfg.max_connections = DEFAULT_MAX_CONNECTIONS;
     pthread_mutex_init(&s->engine_mu, NULL);
     pthread_mutex_init(&s->link_mu, NULL);
     pthread_mutex_init(&s->load_mu, NULL);
@@ -465,7 +546,7 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     s->mem_budget = cfg->mem_budget;
     if (!srv_metrics_init(&s->metrics) ||
         (s->cfg.fallback.url && !(s->fallback = srv_fb_state_new(&s->cfg.fallback, err))) ||
-        !(s->daemon = start_daemon(s, err))) {
+        !(s->deadlines = srv_deadlines_new(s->cfg.http_timeout_s, err)) || !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
         srv_stop(s);
         return NULL;
@@ -547,6 +628,8 @@ void srv_stop(srv_server *s) {
     /* let the woken streams send their last chunks and [DONE] (up to 3 s) */
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_deadlines_free(s->deadlines); /* after the daemon: every connection has closed */
+    srv_origin_rules_free(&s->origin_rules);
     srv_fb_state_free(s->fallback); /* after the daemon: every transfer has been released */
     for (int i = 0; i < s->n_classes; i++) srv_fb_state_free(s->classes[i].fallback);
     srv_links_free(s);

@@ -63,6 +63,13 @@ typedef struct srv_config {
                                 * server expect; with several, an unknown name is always a 404) */
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
+    int http_timeout_s;        /* a request must arrive whole within this many seconds of its connection opening
+                                * or the previous answer ending, and an idle connection closes after it
+                                * (deadline.h); <= 0: 60 */
+    int max_connections;       /* open connections at once, beyond which new ones are refused; <= 0: 4096 */
+    const char *allowed_hosts; /* comma list of more Host names to answer (origin.h; "*": any); NULL: none */
+    const char *cors_origins;  /* comma list of origins whose pages may call the API (origin.h; "*": any);
+                                * NULL: none, only the server's own page */
     srv_log_format log_format; /* one line per request on stderr (reqlog.h); 0: off */
     bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
     size_t mem_budget;         /* what the classes' weights and KV caches may take together (srv_set_mem_budget

@@ -10,10 +10,12 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "server/deadline.h"
 #include "server/dialect.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/origin.h"
 #include "server/results.h"
 
 /* The engine's way back to a connection. The engine thread calls
@@ -84,6 +86,8 @@ struct srv_server {
     srv_metrics metrics;
     struct srv_fb_state *fallback; /* the fallback upstream (fallback.c), or NULL */
     unsigned long long n_requests; /* for ids and default seeds (atomic) */
+    srv_origin_rules origin_rules; /* which Host names and page origins may drive the API (origin.h) */
+    srv_deadlines *deadlines;      /* slow clients cut (deadline.h) */
 };
 
 typedef struct srv_conn {
@@ -101,6 +105,7 @@ typedef struct srv_conn {
     double t0_ms;           /* kt_time_ms when the headers came: the log's total_ms */
     srv_buf body;
     bool too_big;
+    const char *cors_origin; /* a --cors-origin page's Origin (MHD's copy): answers carry CORS headers; NULL: none */
     int status;             /* the status queued, for /metrics */
     /* generation requests (gen.c) */
     json_t *json;           /* the chat body (a dialect's, translated) */
@@ -128,6 +133,8 @@ typedef struct srv_conn {
 } srv_conn;
 
 /* http.c */
+/* The CORS headers of an answer to a --cors-origin page (none otherwise). */
+void srv_add_cors_headers(const srv_conn *c, struct MHD_Response *r);
 enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, char *body, size_t len);
 enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j);
 enum MHD_Result srv_respond_error(srv_conn *c, const srv_error *e);

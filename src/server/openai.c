@@ -141,6 +141,9 @@ static bool parse_messages(json_t *body, srv_gen_req *r, srv_error *e) {
     if (!v) return srv_fail(e, 400, INVALID, "messages", NULL, "'messages' is required");
     if (!json_is_array(v) || json_array_size(v) == 0)
         return srv_fail(e, 400, INVALID, "messages", NULL, "'messages' must be a non-empty array");
+    if (json_array_size(v) > SRV_MAX_MESSAGES)
+        return srv_fail(e, 400, INVALID, "messages", NULL, "'messages' has %zu entries; at most %d are allowed",
+                        json_array_size(v), SRV_MAX_MESSAGES);
     size_t i;
     json_t *msg;
     json_array_foreach(v, i, msg) if (!check_message(msg, i, e)) return false;
@@ -149,8 +152,6 @@ static bool parse_messages(json_t *body, srv_gen_req *r, srv_error *e) {
 }
 
 /* ---- tools ---- */
-
-#define MAX_TOOLS 128
 
 static bool check_tool(json_t *t, size_t i, srv_error *e) {
     json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
@@ -176,9 +177,9 @@ static bool parse_tools(json_t *body, srv_gen_req *r, srv_error *e) {
     r->parallel_tool_calls = true;
     if (!read_bool(body, "parallel_tool_calls", &r->parallel_tool_calls, e)) return false;
     if (tools && !json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array");
-    if (json_array_size(tools) > MAX_TOOLS)
+    if (json_array_size(tools) > SRV_MAX_TOOLS)
         return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' has %zu functions; at most %d are allowed",
-                        json_array_size(tools), MAX_TOOLS);
+                        json_array_size(tools), SRV_MAX_TOOLS);
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) if (!check_tool(t, i, e)) return false;
@@ -323,6 +324,9 @@ static bool parse_logit_bias(json_t *body, const srv_model_info *mi, srv_gen_req
         return srv_fail(e, 400, INVALID, "logit_bias", NULL, "'logit_bias' must be an object of token id -> bias");
     size_t n = json_object_size(v);
     if (n == 0) return true;
+    if (n > SRV_MAX_LOGIT_BIAS) /* each entry costs every step of every choice */
+        return srv_fail(e, 400, INVALID, "logit_bias", NULL, "'logit_bias' has %zu entries; at most %d are allowed", n,
+                        SRV_MAX_LOGIT_BIAS);
     if (!(r->logit_bias = calloc(n, sizeof *r->logit_bias)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     const char *key;
@@ -704,6 +708,27 @@ bool srv_buf_sse(srv_buf *b, json_t *j) {
 void srv_buf_free(srv_buf *b) {
     free(b->data);
     *b = (srv_buf){0};
+}
+
+/* ---- JSON nesting ---- */
+
+int srv_json_depth(const char *s, size_t n) {
+    int depth = 0, max = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (in_string) {
+            if (ch == '\\') i++; /* the escaped byte cannot end the string */
+            else if (ch == '"') in_string = false;
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == '{' || ch == '[') {
+            if (++depth > max) max = depth;
+        } else if ((ch == '}' || ch == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return max;
 }
 
 /* ---- UTF-8 and tokens ---- */

@@ -30,6 +30,24 @@ typedef struct srv_error {
     char msg[640];
 } srv_error;
 
+/* Limits on what one request may hold, each refused with a 400 naming it
+ * and its value (the body's size, srv_config.max_body, is a 413). Where
+ * OpenAI documents a limit kettle takes it (128 tools); the rest are
+ * kettle's own, far above what real clients send: a hostile body must
+ * not cost more than a fixed multiple of a normal one. 'stop' (KT_MAX_STOP),
+ * 'n' (KT_MAX_CHOICES) and 'top_logprobs' (KT_MAX_TOP_LOGPROBS) are the
+ * engine's, in engine.h. */
+#define SRV_MAX_JSON_DEPTH 128   /* { and [ nested in the body; real tool schemas nest about 20 */
+#define SRV_MAX_MESSAGES   4096  /* 'messages' entries */
+#define SRV_MAX_TOOLS      128   /* 'tools' entries (OpenAI's limit) */
+#define SRV_MAX_LOGIT_BIAS 1024  /* 'logit_bias' entries */
+
+/* How deeply JSON text nests ({ and [ outside strings), by one scan of
+ * its bytes: checked before parsing, since jansson accepts up to 2048
+ * levels and the walkers after it (schemas, templates) recurse. Not a
+ * validator: malformed text is left to the parser. */
+int srv_json_depth(const char *s, size_t n);
+
 /* A growable byte buffer (srv_buf_append). */
 typedef struct srv_buf {
     char *data;
