@@ -54,7 +54,6 @@ typedef struct serve_opts {
     const char *config;     /* --config FILE */
     const char *spec;       /* --spec off|ngram|draft */
     const char *draft;      /* --draft PATH */
-    kt_model *draft_model;  /* loaded once, shared by reloads of the class */
     int draft_max;          /* --draft-max K */
     bool spec_fixed;        /* --spec-fixed */
     serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
@@ -146,7 +145,8 @@ static void usage(FILE *out) {
             "                          down to 0 (default off); draft: a smaller model of the same\n"
             "                          family (--draft PATH, the same vocabulary, checked) guesses\n"
             "                          them instead; auto: draft with --draft, else ngram\n"
-            "      --draft PATH        the draft model (implies --spec draft; one -m model only)\n"
+            "      --draft PATH        the -m model's draft model (implies --spec draft; with several\n"
+            "                          models a class gives its own: draft=PATH)\n"
             "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
             "      --spec-fixed        verify every proposal found (no adaptive k; for benchmarks)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
@@ -285,6 +285,37 @@ static int class_fallback(const serve_class *c, const srv_fallback *global, srv_
     return 0;
 }
 
+/* Each class's proposer: its spec= or --spec; a draft model is a class's
+ * draft= (--draft is the one -m model's); auto is the draft where a class
+ * has one, else prompt lookup. Returns 0, or 2 after a usage error. */
+static int check_spec(serve_opts *o) {
+    if (o->draft && o->spec && strcmp(o->spec, "draft") && strcmp(o->spec, "auto"))
+        return cli_usage_error("serve", "--draft goes with --spec draft (or auto)");
+    if (o->draft && o->n_classes > 1)
+        return cli_usage_error("serve", "--draft names the one -m model's draft; with several models give each its "
+                               "own draft=PATH");
+    if (o->draft && !o->classes[0].draft) o->classes[0].draft = o->draft;
+    bool any_on = false;
+    for (int i = 0; i < o->n_classes; i++) {
+        serve_class *c = &o->classes[i];
+        const char *spec = c->spec ? c->spec : o->spec;
+        if (!spec && c->draft) spec = "draft";
+        if (spec && !strcmp(spec, "auto")) spec = c->draft ? "draft" : "ngram"; /* the best proposer at hand */
+        if (spec && !strcmp(spec, "draft") && !c->draft && !c->spec && o->n_classes == 1)
+            return cli_usage_error("serve", "--spec draft needs --draft PATH");
+        if (spec && !strcmp(spec, "draft") && !c->draft)
+            return cli_usage_error("serve", "model '%s': %s needs draft=PATH", c->name, c->spec ? "spec=draft" : "--spec draft");
+        if (c->draft && strcmp(spec, "draft"))
+            return cli_usage_error("serve", "model '%s': a draft model goes with spec=draft (it has spec=%s)", c->name,
+                                   spec);
+        c->spec = spec;
+        any_on = any_on || (spec && strcmp(spec, "off"));
+    }
+    if ((o->draft_max || o->spec_fixed) && !any_on)
+        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram or draft");
+    return 0;
+}
+
 /* The --fallback options together; the key itself is only looked for,
  * never printed. */
 static int check_fallback(const serve_opts *o, srv_fallback *fb) {
@@ -334,15 +365,7 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
     if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram") && strcmp(o->spec, "draft") && strcmp(o->spec, "auto"))
         return cli_usage_error("serve", "invalid --spec '%s' (off, ngram, draft, auto)", o->spec);
-    if (o->spec && !strcmp(o->spec, "auto")) o->spec = o->draft ? "draft" : "ngram"; /* the best proposer at hand */
-    if (o->draft && !o->spec) o->spec = "draft";
-    if (o->spec && !strcmp(o->spec, "draft") && !o->draft) return cli_usage_error("serve", "--spec draft needs --draft PATH");
-    if (o->draft && strcmp(o->spec, "draft")) return cli_usage_error("serve", "--draft goes with --spec draft");
-    if (o->draft && (o->n_classes > 1 || o->classes[0].lazy))
-        return cli_usage_error("serve", "--draft works with one model loaded at start (not with several classes yet)");
-    if ((o->draft_max || o->spec_fixed) && !(o->spec && strcmp(o->spec, "off")))
-        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram or draft");
-    return 0;
+    return check_spec(o);
 }
 
 /* Where the fallback goes, which refusals forward and whether a key is
@@ -378,7 +401,6 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     const char *spec = c->spec ? c->spec : o->spec;
     if (spec) p.spec = !strcmp(spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(spec, "draft") ? KT_SPEC_DRAFT : KT_SPEC_OFF;
-    p.spec_draft = o->draft_model;
     if (o->draft_max) p.spec_k_max = o->draft_max;
     if (c->draft_max) p.spec_k_max = c->draft_max;
     p.spec_fixed_k = o->spec_fixed;
@@ -461,6 +483,7 @@ static void print_origin_rules(const srv_config *cfg) {
  * needs (the server's load callback). */
 typedef struct loaded_class {
     kt_model *model; /* loaded at start; then the server's (it may unload and reload it) */
+    kt_model *draft; /* its draft model, loaded with it; then its engine's (spec_draft_owned) */
     char *tmpl;      /* its chat template text, or NULL: the model's own */
     const serve_opts *o;
     const serve_class *c;
@@ -500,6 +523,14 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
                 POOLS[k->embed_pooling]);
 }
 
+/* A class's draft model (draft=, or --draft for the one model); NULL
+ * with err naming the file. Its vocabulary is checked by the engine. */
+static kt_model *load_draft(const serve_class *c, kt_load_mode load, kt_error *err) {
+    kt_model *d = cli_load_model(c->draft, load, err);
+    if (!d) kt_error_wrap(err, "draft model %s", c->draft);
+    return d;
+}
+
 /* Loads every class's model and template (the server answers "loading"
  * meanwhile). Returns 0, or 1 after saying which class failed. */
 static int load_classes(serve_opts *o, loaded_class *lc) {
@@ -510,12 +541,16 @@ static int load_classes(serve_opts *o, loaded_class *lc) {
         lc[i].o = o, lc[i].c = c;
         if (c->lazy) { /* checked now, loaded on its first request */
             if (t && !(lc[i].tmpl = cli_load_template(t, &err))) return cli_fail("serve", &err);
-            FILE *f = fopen(c->path, "rb");
-            if (!f) return cli_usage_error("serve", "model '%s': cannot open %s", c->name, c->path), 1;
-            fclose(f);
+            for (int k = 0; k < 1 + (c->draft != NULL); k++) {
+                const char *path = k ? c->draft : c->path;
+                FILE *f = fopen(path, "rb");
+                if (!f) return cli_usage_error("serve", "model '%s': cannot open %s", c->name, path), 1;
+                fclose(f);
+            }
             continue;
         }
-        if ((t && !(lc[i].tmpl = cli_load_template(t, &err))) || !(lc[i].model = cli_load_model(c->path, o->load, &err))) {
+        if ((t && !(lc[i].tmpl = cli_load_template(t, &err))) || !(lc[i].model = cli_load_model(c->path, o->load, &err)) ||
+            (c->draft && !(lc[i].draft = load_draft(c, o->load, &err)))) {
             if (o->n_classes > 1) kt_error_wrap(&err, "model '%s'", c->name);
             return cli_fail("serve", &err);
         }
@@ -533,7 +568,10 @@ static kt_status load_one(void *ctx, size_t kv_limit, kt_model **model, kt_engin
     kt_engine_params p = engine_params(lc->o, lc->c);
     p.mem_limit = kv_limit;
     if (!(*model = cli_load_model(lc->c->path, lc->o->load, err))) return err->status;
-    if (!(*engine = kt_engine_new(*model, &p, err))) {
+    kt_model *draft = lc->c->draft ? load_draft(lc->c, lc->o->load, err) : NULL;
+    p.spec_draft = draft, p.spec_draft_owned = draft != NULL;
+    if ((lc->c->draft && !draft) || !(*engine = kt_engine_new(*model, &p, err))) {
+        kt_model_free(draft);
         kt_model_free(*model), *model = NULL;
         return err->status;
     }
@@ -563,7 +601,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
                                   .template_text = lc[i].tmpl, .defaults = c->defaults, .result_cache = o->result_cache,
                                   .load = load_one, .load_ctx = &lc[i], .lazy = c->lazy,
                                   .keep_alive_s = c->keep_alive_set ? c->keep_alive_s : -1,
-                                  .load_bytes = file_bytes(c->path),
+                                  .load_bytes = file_bytes(c->path) + (c->draft ? file_bytes(c->draft) : 0),
                                   .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20, .fallback = c->fb};
         if (c->lazy) { /* its file's pooling is not known before it loads: embeddings= says it */
             k[i].embed_pooling = embed_pooling(NULL, o, c);
@@ -572,6 +610,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
         weights += k[i].load_bytes;
         kt_engine_params p = engine_params(o, c);
         p.mem_limit = left ? left : 1; /* nothing left: every pool is refused, naming the flag */
+        p.spec_draft = lc[i].draft, p.spec_draft_owned = lc[i].draft != NULL;
         kt_error err = {0};
         kt_engine *e = kt_engine_new(lc[i].model, &p, &err);
         if (!e) {
@@ -586,7 +625,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
         kt_engine_get_stats(e, &st);
         left = left > st.kv_pool_bytes ? left - st.kv_pool_bytes : 0;
         k[i].model = lc[i].model, k[i].engine = e, k[i].embed_pooling = embed_pooling(lc[i].model, o, c);
-        lc[i].model = NULL; /* the server's now */
+        lc[i].model = NULL, lc[i].draft = NULL; /* the server's and its engine's now */
     }
     /* the budget as if no model were loaded: an unloaded class gives its weights back */
     cfg->mem_budget = kt_mem_budget() + weights;
@@ -659,14 +698,12 @@ int cmd_serve(int argc, char **argv) {
     srv_server *srv = srv_open(&cfg, &err);
     loaded_class lc[SERVE_MAX_CLASSES] = {{0}};
     rc = srv ? load_classes(&o, lc) : cli_fail("serve", &err);
-    if (!rc && o.draft && !(o.draft_model = cli_load_model(o.draft, o.load, &err)))
-        rc = (kt_error_wrap(&err, "--draft %s", o.draft), cli_fail("serve", &err));
     if (!rc) rc = serve(srv, lc, &o, &cfg, &set);
     srv_stop(srv); /* frees the engines too */
     free(hosts), free(origins);
-    kt_model_free(o.draft_model);
     for (int i = 0; i < o.n_classes; i++) {
         kt_model_free(lc[i].model);
+        kt_model_free(lc[i].draft);
         free(lc[i].tmpl);
         serve_class_free(&o.classes[i]);
     }

@@ -38,7 +38,7 @@ static const class_key KEYS[] = {
     {"keep-alive", K_INT, 0, 1 << 24}, {"lazy", K_LAZY, 0, 0},
     {"kv-type", K_STR, 0, 0},        {"chat-template", K_STR, 0, 0},     {"alias", K_ALIAS, 0, 0},
     {"fallback", K_STR, 0, 0},       {"fallback-on", K_STR, 0, 0},
-    {"spec", K_STR, 0, 0},           {"draft-max", K_INT, 1, 32},
+    {"spec", K_STR, 0, 0},           {"draft-max", K_INT, 1, 32},       {"draft", K_STR, 0, 0},
     {"embeddings", K_EMBED, 0, 0},   {"temperature", K_DEFAULT_NUM, 0, 2}, {"top_p", K_DEFAULT_NUM, 0, 1},
     {"min_p", K_DEFAULT_NUM, 0, 1},  {"top_k", K_DEFAULT_INT, 0, 1 << 20}, {"max_tokens", K_DEFAULT_INT, 1, 1 << 24},
     {"seed", K_DEFAULT_INT, 0, 1L << 30},
@@ -47,8 +47,8 @@ static const class_key KEYS[] = {
 const char *serve_class_keys_help(void) {
     return "ctx=N, parallel=N, kv-mb=N, kv-type=f16|q8_0|f32, chat-template=FILE|NAME, alias=NAME (repeatable),\n"
            "embeddings[=mean|last|cls], lazy (load on first use), keep-alive=S (unload after S idle seconds),\n"
-           "fallback=URL and fallback-on=LIST (its own upstream and triggers), spec=off|ngram and draft-max=K\n"
-           "(speculative decoding),\n"
+           "fallback=URL and fallback-on=LIST (its own upstream and triggers), spec=off|ngram|draft, draft=PATH\n"
+           "(its own draft model, the same vocabulary) and draft-max=K (speculative decoding),\n"
            "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=";
 }
 
@@ -73,13 +73,11 @@ static int set_key(serve_class *c, const class_key *k, const char *v, const char
         if (!v || !v[0]) return cli_usage_error(CMD, "%s: %s needs a value", where, k->name);
         if (!strcmp(k->name, "kv-type") && strcmp(v, "f16") && strcmp(v, "q8_0") && strcmp(v, "f32"))
             return cli_usage_error(CMD, "%s: kv-type=%s (f16, q8_0, f32)", where, v);
-        if (!strcmp(k->name, "spec") && !strcmp(v, "draft"))
-            return cli_usage_error(CMD, "%s: spec=draft: a class's own draft model is not supported yet (--draft "
-                                   "works with one -m model)", where);
-        if (!strcmp(k->name, "spec") && strcmp(v, "off") && strcmp(v, "ngram"))
-            return cli_usage_error(CMD, "%s: spec=%s (off, ngram)", where, v);
+        if (!strcmp(k->name, "spec") && strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft"))
+            return cli_usage_error(CMD, "%s: spec=%s (off, ngram, draft)", where, v);
         *(!strcmp(k->name, "kv-type")       ? &c->kv_type
           : !strcmp(k->name, "spec")        ? &c->spec
+          : !strcmp(k->name, "draft")       ? &c->draft
           : !strcmp(k->name, "fallback")    ? &c->fallback
           : !strcmp(k->name, "fallback-on") ? &c->fallback_on
                                             : &c->template_arg) = v;

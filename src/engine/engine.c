@@ -1460,6 +1460,7 @@ void kt_engine_free(kt_engine *e) {
     free(e->prefill_order);
     spec_table_free(e->spec_table);
     eng_draft_free(e->draft); /* after the choices: their draft sequences are its pool's */
+    if (e->p.spec_draft_owned) kt_model_free((kt_model *)e->p.spec_draft); /* after its pool */
     free(e->draft_jobs), free(e->draft_ctx);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

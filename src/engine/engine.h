@@ -76,6 +76,9 @@ typedef struct kt_engine_params {
     /* KT_SPEC_DRAFT: the draft model (the same vocabulary, checked; it must
      * outlive the engine). Its KV is a pool of its own (draft.h). */
     const kt_model *spec_draft;
+    /* kt_engine_free frees spec_draft (once kt_engine_new succeeded; on a
+     * failure it stays the caller's): a class's own draft, unloaded with it. */
+    bool spec_draft_owned;
     int spec_k_max;           /* most proposals per choice and step; <= 0: 8 (at most 32) */
     bool spec_fixed_k;        /* verify every proposal found, up to spec_k_max (benchmarks) */
     int spec_table_tokens;    /* the cross-request n-gram table's size (table.h); 0: 65536; < 0: none */

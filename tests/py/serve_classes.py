@@ -183,8 +183,10 @@ def test_usage():
         (["--model", f"a={STORIES},colour=red"], "unknown key 'colour'"),
         (["--model", f"a={STORIES},ctx=x"], "ctx=x is not an integer"),
         (["--model", f"a={STORIES},kv-type=q4"], "kv-type=q4"),
-        (["--model", f"a={STORIES},spec=fast"], "spec=fast (off, ngram)"),
-        (["--model", f"a={STORIES},spec=draft"], "a class's own draft model is not supported yet"),
+        (["--model", f"a={STORIES},spec=fast"], "spec=fast (off, ngram, draft)"),
+        (["--model", f"a={STORIES},spec=draft"], "model 'a': spec=draft needs draft=PATH"),
+        (["--model", f"a={STORIES},spec=ngram,draft={STORIES}"], "a draft model goes with spec=draft (it has spec=ngram)"),
+        (["--model", f"a={STORIES}", "--model", f"b={STORIES}", "--draft", STORIES], "give each its own draft=PATH"),
         (["--model", "a="], "the path is empty"),
         (["-m", STORIES, "--model", f"a={STORIES}"], "not both"),
         (["--model", f"a={STORIES}", "--alias", "x"], "a class takes alias=NAME"),
@@ -192,10 +194,46 @@ def test_usage():
     for args, want in cases:
         r = run(["serve", "--port", "0"] + args)
         check(r.returncode == 2 and want in r.stderr, f"usage error: {want}", r.stderr)
+    r = run(["serve", "--port", "0", "--model", f"a={STORIES},lazy,draft=/nonexistent.gguf"])
+    check(r.returncode == 1 and "model 'a': cannot open /nonexistent.gguf" in r.stderr,
+          "a lazy class's draft is checked at start", r.stderr)
     r = run(["serve", "--port", "0", "--model", f"a={STORIES},alias=b,chat-template=chatml", "--model",
              f"b={STORIES},chat-template=chatml"])
     check(r.returncode != 0 and "the model name 'b' is given twice" in r.stderr, "names are unique across classes",
           r.stderr)
+
+
+def test_class_drafts():
+    """Each class its own draft model (draft=PATH): one loaded at start,
+    one lazy that unloads and loads again with it (its engine owns the
+    draft); the answers are plain decoding's, the drafts' proposals are
+    on their classes' metrics; a draft of another vocabulary is refused
+    at start, naming the class."""
+    plain = f"plain={STORIES},chat-template=chatml,temperature=0"
+    a = f"a={STORIES},chat-template=chatml,temperature=0,draft={STORIES},draft-max=4"
+    b = f"b={STORIES},chat-template=chatml,temperature=0,draft={STORIES},lazy,keep-alive=1"
+    s = Server(["--model", plain, "--model", a, "--model", b])
+    try:
+        banner = "".join(s.log)
+        check(banner.count("speculative decoding: a draft model, up to 4 tokens") == 1, "a's draft in the banner",
+              banner)
+        text = {m: s.chat(m, "Once upon a time", max_tokens=48)[1]["choices"][0]["message"]["content"]
+                for m in ("plain", "a", "b")}
+        check(text["a"] == text["plain"] == text["b"] and text["plain"], "drafts change no token", json.dumps(text))
+        check(wait_for(lambda: metric(s, "kettle_model_loaded", "b") == 0, 6), "b unloads, its draft with it", "")
+        again = s.chat("b", "Once upon a time", max_tokens=48)[1]["choices"][0]["message"]["content"]
+        check(again == text["plain"], "b loaded again with its draft, the same answer", json.dumps([again, text]))
+        for m in ("a", "b"):
+            kept, proposed = metric(s, "kettle_spec_accepted_tokens_total", m), metric(s, "kettle_spec_proposed_tokens_total", m)
+            check(proposed and kept and kept > 0.5 * proposed, f"{m}: its draft's proposals, mostly kept (itself)",
+                  f"{kept} of {proposed}")
+        check(metric(s, "kettle_spec_proposed_tokens_total", "plain") == 0, "plain: no proposals", "")
+    finally:
+        s.stop()
+    r = run(["serve", "--port", "0", "--model", f"a={STORIES},chat-template=chatml", "--model",
+             f"q={STORIES},chat-template=chatml,draft={QWEN}"])
+    check(r.returncode != 0 and "model 'q'" in r.stderr and "vocabular" in r.stderr,
+          "a draft of another vocabulary is refused, naming the class", r.stderr)
 
 
 def metric(s, name, model):
@@ -347,7 +385,7 @@ def test_fallback():
 
 
 TESTS = {"routing": test_routing_and_params, "config": test_config, "memory": test_memory, "lazy": test_lazy,
-         "fallback": test_fallback, "usage": test_usage}
+         "fallback": test_fallback, "usage": test_usage, "drafts": test_class_drafts}
 
 
 def main():
