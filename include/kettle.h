@@ -263,8 +263,13 @@ typedef struct kt_spec_params {
     int max_match;      /* longest (<= 0: 4) */
     bool fixed_k;       /* propose all the lookup finds, up to k_max; else k follows the measured
                            acceptance and cost of verifying, down to 0 (plain decoding) */
-    kt_spec_propose_fn propose; /* NULL: prompt lookup */
+    kt_spec_propose_fn propose; /* NULL: prompt lookup (or the draft) */
     void *propose_ctx;
+    /* A draft model (the same vocabulary, checked by kt_spec_new; it must
+     * outlive the kt_spec): its greedy guesses instead of prompt lookup,
+     * from a session of its own kept in step with the target's. */
+    kt_model *draft;
+    int draft_threads;  /* the draft session's threads (0: as kt_session_params) */
 } kt_spec_params;
 
 typedef struct kt_spec_stats {

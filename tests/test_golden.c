@@ -551,11 +551,13 @@ static void test_teacher_forcing_2_threads(void **state) {
     for_each_golden(2);
 }
 
-static void check_run_prints_golden(const char *model) {
+/* `kettle run` prints llama.cpp's text; with extra options (speculation)
+ * the same text, and the summary line they add. */
+static void check_run_prints_golden(const char *model, const char *extra, const char *summary) {
     char *want = tu_read_file(tu_shared("golden/stories260K.once.txt"), NULL);
     assert_non_null(want);
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 200 --temp 0 -t 2", KT_BIN, model);
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "%s run -m '%s' -p 'Once upon a time' -n 200 --temp 0 -t 2 %s", KT_BIN, model, extra);
     char *out = NULL, *err = NULL;
     int rc = tu_run(cmd, &out, &err);
     if (rc != 0 || strcmp(out, want)) fprintf(stderr, "rc %d\nstdout: %s\nstderr: %s\n", rc, out, err);
@@ -563,6 +565,7 @@ static void check_run_prints_golden(const char *model) {
     assert_string_equal(out, want);
     assert_non_null(strstr(err, "TTFT"));
     assert_non_null(strstr(err, "decode:"));
+    if (summary && !strstr(err, summary)) fail_msg("%s: no '%s' in\n%s", cmd, summary, err);
     free(want);
     free(out);
     free(err);
@@ -572,7 +575,11 @@ static void test_run_stories_gguf(void **state) {
     (void)state;
     char model[4096];
     snprintf(model, sizeof model, "%s", tu_shared("models/stories260K.gguf"));
-    check_run_prints_golden(model);
+    check_run_prints_golden(model, "", NULL);
+    check_run_prints_golden(model, "--spec ngram", "speculation: ");
+    char draft[4200];
+    snprintf(draft, sizeof draft, "--draft '%s' --draft-max 4", model); /* itself: every guess kept */
+    check_run_prints_golden(model, draft, "accepted (100.0%)");
 }
 
 static void test_run_converted_llama2c(void **state) {
@@ -583,7 +590,7 @@ static void test_run_converted_llama2c(void **state) {
     snprintf(out, sizeof out, "%s", tu_tmp("golden-stories260K-converted.gguf"));
     snprintf(cmd, sizeof cmd, "%s convert llama2c '%s' '%s' -o '%s'", KT_BIN, bin, tok, out);
     assert_int_equal(tu_run(cmd, NULL, NULL), 0);
-    check_run_prints_golden(out);
+    check_run_prints_golden(out, "", NULL);
 }
 
 int main(void) {

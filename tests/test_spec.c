@@ -186,6 +186,8 @@ static void plain(kt_model *m, int n_ctx, const char *prompt, float temp, float 
     kt_sampler_free(smp), kt_session_free(s), free(logits);
 }
 
+static kt_model *g_draft; /* spec()'s draft model; NULL: prompt lookup */
+
 /* The same through kt_spec_step. */
 static void spec(kt_model *m, int n_ctx, const char *prompt, float temp, float repeat, bool fixed, gen_out *g) {
     int32_t ids[512], ctx[1024], out[33];
@@ -194,7 +196,7 @@ static void spec(kt_model *m, int n_ctx, const char *prompt, float temp, float r
     kt_session *s = session_for(m, n_ctx, prompt, ids, &n, logits);
     kt_sampler *smp = sampler(m, temp, repeat, ids, n);
     kt_error err = {0};
-    kt_spec *sp = kt_spec_new(m, &(kt_spec_params){.k_max = 8, .fixed_k = fixed}, &err);
+    kt_spec *sp = kt_spec_new(m, &(kt_spec_params){.k_max = 8, .fixed_k = fixed, .draft = g_draft, .draft_threads = 1}, &err);
     assert_non_null(sp);
     memcpy(ctx, ids, sizeof *ids * (size_t)n);
     int32_t t = kt_sampler_sample(smp, logits);
@@ -278,6 +280,39 @@ static void test_exact_q4_0_and_full_context(void **state) {
     expect_same(a, b, "up to a full context");
     assert_int_equal(a->n, b->n);
     free(a), free(b);
+    kt_model_free(m);
+}
+
+/* A draft model (stories260K drafting for itself, so its greedy guesses
+ * are kept at temperature 0 and often at 0.8): plain decoding's tokens,
+ * up to a full context, the draft's session cut back and read again
+ * after each rejection; a draft of another vocabulary is refused. */
+static void test_exact_with_draft(void **state) {
+    (void)state;
+    kt_model *m = load("models/stories260K.gguf");
+    g_draft = m;
+    struct { int n_ctx; float temp, repeat; bool fixed; const char *what; } cases[] = {
+        {2048, 0.0f, 1.0f, true, "draft, greedy, fixed k"}, {2048, 0.8f, 1.0f, false, "draft, temperature 0.8"},
+        {2048, 1.0f, 1.3f, true, "draft, temperature 1, repeat penalty"}, {96, 0.0f, 1.0f, true, "draft, full context"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        gen_out *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        plain(m, cases[c].n_ctx, "Once upon a time", cases[c].temp, cases[c].repeat, a);
+        spec(m, cases[c].n_ctx, "Once upon a time", cases[c].temp, cases[c].repeat, cases[c].fixed, b);
+        expect_same(a, b, cases[c].what);
+        printf("# %s: %llu passes for %d tokens, %llu of %llu proposed accepted\n", cases[c].what,
+               (unsigned long long)b->stats.steps, b->n, (unsigned long long)b->stats.accepted,
+               (unsigned long long)b->stats.proposed);
+        if (c == 0) assert_true(b->stats.accepted == b->stats.proposed && b->stats.steps * 4 < (unsigned long long)b->n);
+        if (c == 2) assert_true(b->stats.accepted > 0 && b->stats.accepted < b->stats.proposed);
+        free(a), free(b);
+    }
+    g_draft = NULL;
+    kt_model *other = load("models/test-tiny-Q4_0.gguf");
+    kt_error err = {0};
+    assert_null(kt_spec_new(m, &(kt_spec_params){.draft = other}, &err));
+    if (!strstr(err.msg, "a draft needs the same vocabulary")) fail_msg("%s", err.msg);
+    kt_model_free(other);
     kt_model_free(m);
 }
 
@@ -395,6 +430,7 @@ int main(void) {
         cmocka_unit_test(test_rule_statistics),
         cmocka_unit_test(test_exact_greedy_and_sampled),
         cmocka_unit_test(test_exact_q4_0_and_full_context),
+        cmocka_unit_test(test_exact_with_draft),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,7 +22,9 @@ typedef struct run_opts {
     cli_gen_opts g;
     const char *prompt, *prompt_file;
     bool no_bos;
-    bool spec;       /* --spec ngram: prompt-lookup speculative decoding */
+    bool spec;       /* --spec ngram|draft: speculative decoding */
+    const char *draft; /* --draft PATH: the draft model (--spec draft) */
+    kt_model *draft_model;
     int draft_max;   /* --draft-max K: most tokens proposed per step (0: 8) */
     bool spec_fixed; /* --spec-fixed: always verify what the lookup finds (no adaptive k) */
 } run_opts;
@@ -33,9 +35,11 @@ static void run_usage(FILE *out) {
             "  -p, --prompt TEXT     prompt text\n"
             "  -f, --file FILE       read the prompt from a file ('-': standard input)\n"
             "      --no-bos          do not add the beginning-of-sequence token\n"
-            "      --spec off|ngram  speculative decoding: ngram verifies what the context predicts\n"
-            "                        (prompt lookup) in one pass; the output is the same, token for\n"
-            "                        token, at any temperature (default off)\n"
+            "      --spec off|ngram|draft  speculative decoding: ngram verifies what the context\n"
+            "                        predicts (prompt lookup) in one pass; draft: what a smaller model\n"
+            "                        of the same vocabulary (--draft PATH) guesses; the output is the\n"
+            "                        same, token for token, at any temperature (default off)\n"
+            "      --draft PATH      the draft model (implies --spec draft)\n"
             "      --draft-max K     most tokens proposed per step (default 8; k adapts to the measured\n"
             "                        acceptance and cost unless --spec-fixed)\n"
             "%s",
@@ -46,6 +50,7 @@ static void run_usage(FILE *out) {
 static int parse_opts(int argc, char **argv, run_opts *o) {
     *o = (run_opts){0};
     cli_gen_defaults(&o->g);
+    const char *spec_kind = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         int r;
@@ -53,8 +58,12 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         else if (!strcmp(argv[i], "--spec-fixed")) o->spec_fixed = true;
         else if ((r = cli_opt("run", argc, argv, &i, "--spec", &v))) {
             if (r < 0) return 2;
-            if (strcmp(v, "off") && strcmp(v, "ngram")) return cli_usage_error("run", "invalid --spec '%s' (off, ngram)", v);
-            o->spec = !strcmp(v, "ngram");
+            if (strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft"))
+                return cli_usage_error("run", "invalid --spec '%s' (off, ngram, draft)", v);
+            o->spec = strcmp(v, "off") != 0, spec_kind = v;
+        } else if ((r = cli_opt("run", argc, argv, &i, "--draft", &v))) {
+            if (r < 0) return 2;
+            o->draft = v;
         } else if ((r = cli_opt("run", argc, argv, &i, "--draft-max", &v))) {
             if (r < 0) return 2;
             if (!cli_parse_int(v, 1, 32, &o->draft_max)) return cli_usage_error("run", "invalid --draft-max '%s' (1..32)", v);
@@ -72,6 +81,11 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     }
     if (!o->g.model || (!o->prompt == !o->prompt_file))
         return cli_usage_error("run", "need -m MODEL and one of -p PROMPT or -f FILE");
+    if (o->draft && !spec_kind) spec_kind = "draft", o->spec = true;
+    if (spec_kind && !strcmp(spec_kind, "draft") && !o->draft) return cli_usage_error("run", "--spec draft needs --draft PATH");
+    if (o->draft && strcmp(spec_kind, "draft")) return cli_usage_error("run", "--draft goes with --spec draft");
+    if ((o->draft_max || o->spec_fixed) && !o->spec)
+        return cli_usage_error("run", "--draft-max and --spec-fixed need --spec ngram or draft");
     return 0;
 }
 
@@ -120,8 +134,9 @@ static bool emit(const kt_model_desc *d, kt_detok *dt, const run_opts *o, int32_
     return o->g.n_predict < 0 || st->n_gen < o->g.n_predict;
 }
 
-/* --spec ngram: each step evaluates the pending token with what the
- * context predicts after it; the tokens are plain decoding's. */
+/* --spec ngram|draft: each step evaluates the pending token with what the
+ * context predicts after it (or the draft guesses); the tokens are plain
+ * decoding's. */
 static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_opts *o, float *logits,
                          const int32_t *prompt, int n_prompt, double t_start, run_stats *st) {
     const kt_model_desc *d = kt_model_describe(m);
@@ -129,7 +144,8 @@ static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_
     int32_t *ctx = malloc(sizeof *ctx * (size_t)cap), out[33];
     kt_detok *dt = kt_detok_new(m);
     kt_error err = {0};
-    kt_spec *sp = ctx && dt ? kt_spec_new(m, &(kt_spec_params){.k_max = o->draft_max, .fixed_k = o->spec_fixed}, &err)
+    kt_spec *sp = ctx && dt ? kt_spec_new(m, &(kt_spec_params){.k_max = o->draft_max, .fixed_k = o->spec_fixed,
+                                                                  .draft = o->draft_model, .draft_threads = o->g.n_threads}, &err)
                             : NULL;
     int rc = 0;
     if (!sp) {
@@ -258,10 +274,17 @@ int cmd_run(int argc, char **argv) {
         free(file_text);
         return 1;
     }
+    if (o.draft && !(o.draft_model = cli_load_model(o.draft, o.g.load, &err))) {
+        fprintf(stderr, "kettle run: the draft model %s: %s\n", o.draft, err.msg);
+        kt_model_free(m);
+        free(file_text);
+        return 1;
+    }
     rc = run_model(m, &o, text, len, &st);
     if (rc == 0) print_stats(&st);
     if (rc == 0 && o.g.sp.temperature > 0) /* what repeats this run */
         fprintf(stderr, "seed:          %llu%s\n", (unsigned long long)o.g.sp.seed, o.g.seed_given ? "" : " (drawn; --seed repeats it)");
+    kt_model_free(o.draft_model);
     kt_model_free(m);
     free(file_text);
     return rc;

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/timing.h"
 #include "engine/model_internal.h"
+#include "spec/vocab_match.h"
 
 #define DRAFT_BLOCK_TOKENS 16
 
@@ -33,25 +34,9 @@ struct eng_draft {
     double pass_ms;   /* EMA of a drafting pass (after pass 0) */
 };
 
-/* Same ids, same texts: the draft's guesses mean what the target reads. */
-static kt_status same_vocab(const kt_model *t, const kt_model *d, kt_error *err) {
-    const int nt = kt_model_describe(t)->n_vocab, nd = kt_model_describe(d)->n_vocab;
-    if (nt != nd)
-        return kt_error_set(err, KT_ERR_ARG, "the draft model has %d tokens and the model %d: a draft needs the same "
-                            "vocabulary (a smaller model of the same family)", nd, nt);
-    char a[256], b[256];
-    for (int i = 0; i < nt; i++) {
-        int la = kt_token_text(t, i, a, sizeof a), lb = kt_token_text(d, i, b, sizeof b);
-        if (la != lb || strcmp(a, b))
-            return kt_error_set(err, KT_ERR_ARG, "the draft model's token %d is '%.40s' where the model's is '%.40s': a "
-                                "draft needs the same vocabulary", i, b, a);
-    }
-    return KT_OK;
-}
-
 eng_draft *eng_draft_new(const kt_model *target, const kt_model *draft, int n_parallel, int n_ctx, int k_max,
                          kt_error *err) {
-    if (same_vocab(target, draft, err) != KT_OK) return NULL;
+    if (spec_same_vocab(target, draft, err) != KT_OK) return NULL;
     eng_draft *d = calloc(1, sizeof *d);
     if (!d) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), NULL;
     d->model = draft;

@@ -1,6 +1,7 @@
 /*
  * spec_session.c - speculative decoding for a kt_session with prompt
- * lookup proposals (see kettle.h, "speculative decoding").
+ * lookup proposals or a draft model's (see kettle.h, "speculative
+ * decoding").
  *
  * Exactness: a step evaluates [pending, p1..pk] in one pass. Row i holds
  * the logits for the position after token i, with the same bits a
@@ -14,7 +15,14 @@
  *
  * Never slower: k is chosen each step by spec/policy.h, against the
  * measured cost of a pass of k + 1 tokens, down to 0 (plain decoding); a
- * step with no proposal costs nothing extra.
+ * step with no proposal costs nothing extra. A draft's guesses cost a
+ * draft pass each, weighed per proposal (spec_choose_k_paid) before it
+ * guesses.
+ *
+ * The draft's session holds d.tok[0..n_past): the sequence as far as the
+ * draft has read it, then its guesses. Each step cuts it back to where it
+ * still agrees with the sequence (kept guesses stay: their KV is the
+ * sequence's), reads the rest, and guesses one token per pass.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +32,14 @@
 #include "kettle.h"
 #include "spec/ngram.h"
 #include "spec/policy.h"
+#include "spec/vocab_match.h"
+
+typedef struct spec_draft {
+    kt_session *s;   /* made at the first step, as long as the target's context */
+    int32_t *tok;    /* what s holds */
+    float *logits;   /* one row */
+    double pass_ms;  /* a one-token draft pass, smoothed */
+} spec_draft;
 
 struct kt_spec {
     kt_spec_params p;
@@ -34,6 +50,7 @@ struct kt_spec {
     spec_costs costs;                /* over cost_ms */
     spec_accept accept;
     kt_spec_stats stats;
+    spec_draft d;    /* with p.draft */
 };
 
 kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) {
@@ -50,7 +67,9 @@ kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) 
     const int rows = sp->p.k_max + 1;
     sp->rows = malloc(sizeof *sp->rows * (size_t)sp->n_vocab * (size_t)rows);
     sp->batch = malloc(sizeof *sp->batch * (size_t)rows);
-    if (!sp->rows || !sp->batch) {
+    if (sp->p.draft && spec_same_vocab(m, sp->p.draft, err) != KT_OK) return kt_spec_free(sp), NULL;
+    if (sp->p.draft) sp->d.logits = malloc(sizeof *sp->d.logits * (size_t)sp->n_vocab);
+    if (!sp->rows || !sp->batch || (sp->p.draft && !sp->d.logits)) {
         kt_spec_free(sp);
         return kt_error_set(err, KT_ERR_NOMEM, "out of memory for %d rows of logits", rows), NULL;
     }
@@ -61,6 +80,8 @@ void kt_spec_free(kt_spec *sp) {
     if (!sp) return;
     free(sp->rows);
     free(sp->batch);
+    kt_session_free(sp->d.s);
+    free(sp->d.tok), free(sp->d.logits);
     free(sp);
 }
 
@@ -76,14 +97,65 @@ static int propose(const kt_spec *sp, const int32_t *ctx, int n, int k, int32_t 
     return got < 0 ? 0 : got > k ? k : got;
 }
 
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* The draft's session, as long as the target's context. */
+static kt_status draft_open(spec_draft *d, const kt_spec_params *p, int n_ctx, kt_error *err) {
+    if (d->s) return KT_OK;
+    kt_session_params sp = {.n_ctx = n_ctx, .n_threads = p->draft_threads};
+    d->tok = malloc(sizeof *d->tok * (size_t)n_ctx);
+    if (!d->tok) return kt_error_set(err, KT_ERR_NOMEM, "out of memory for the draft's %d tokens", n_ctx);
+    if (!(d->s = kt_session_new(p->draft, &sp, err))) return kt_error_wrap(err, "the draft model"), err->status;
+    return KT_OK;
+}
+
+static kt_status draft_eval(spec_draft *d, const int32_t *tokens, int n, kt_error *err) {
+    const int at = kt_session_n_past(d->s);
+    if (kt_session_eval(d->s, tokens, n, d->logits, false, err) != KT_OK) return err->status;
+    memcpy(d->tok + at, tokens, sizeof *tokens * (size_t)n);
+    return KT_OK;
+}
+
+/* k greedy guesses of the draft for what follows ctx[0..n); how many
+ * (k), or -1 with err. */
+static int draft_guess(spec_draft *d, int n_vocab, const int32_t *ctx, int n, int k, int32_t *out, kt_error *err) {
+    int same = 0; /* what the draft holds that is still the sequence (at most all but the pending token) */
+    const int held = kt_session_n_past(d->s);
+    while (same < held && same < n - 1 && d->tok[same] == ctx[same]) same++;
+    kt_session_truncate(d->s, same);
+    if (draft_eval(d, ctx + same, n - same, err) != KT_OK) return -1;
+    for (int i = 0; i < k; i++) {
+        out[i] = argmax(d->logits, n_vocab);
+        if (i + 1 == k) break;
+        const double t0 = kt_time_ms();
+        if (draft_eval(d, &out[i], 1, err) != KT_OK) return -1;
+        const double ms = kt_time_ms() - t0;
+        d->pass_ms = d->pass_ms > 0 ? 0.8 * d->pass_ms + 0.2 * ms : ms;
+    }
+    return k;
+}
+
 int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx, int n, int32_t *out,
                  kt_error *err) {
     if (n < 1 || kt_session_n_past(s) != n - 1)
         return kt_error_set(err, KT_ERR_ARG, "the session holds %d tokens; the step needs the %d before the pending one",
                             kt_session_n_past(s), n - 1), -1;
     const int room = kt_session_n_ctx(s) - n; /* proposals that fit after the pending token */
-    int k = propose(sp, ctx, n, room < sp->p.k_max ? room : sp->p.k_max, sp->batch + 1);
-    k = spec_choose_k(&sp->accept, &sp->costs, k, 1, 1.0, sp->p.fixed_k);
+    const int limit = room < sp->p.k_max ? room : sp->p.k_max;
+    int k;
+    if (sp->p.draft && !sp->p.propose) { /* a draft guesses after the choice of k: each guess costs a pass */
+        if (draft_open(&sp->d, &sp->p, kt_session_n_ctx(s), err) != KT_OK) return -1;
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms);
+        if (k > 0 && draft_guess(&sp->d, sp->n_vocab, ctx, n, k, sp->batch + 1, err) < 0) return -1;
+    } else {
+        k = propose(sp, ctx, n, limit, sp->batch + 1);
+        k = spec_choose_k(&sp->accept, &sp->costs, k, 1, 1.0, sp->p.fixed_k);
+    }
     sp->batch[0] = ctx[n - 1];
     const double t0 = kt_time_ms();
     if (kt_session_eval(s, sp->batch, k + 1, sp->rows, true, err) != KT_OK) return -1;
