@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/rng.h"
+#include "sample/exp_nonpos.h"
 #include "sample/sampler.h"
 
 #define N_DRAWS 20000
@@ -404,6 +405,25 @@ static void test_seed(void **state) {
     assert_true(same < N / 2);
 }
 
+/* The softmax terms' exponential against libm's double exp(): within 2
+ * ulp over [-87, 0] (a million points and the ends), 0 below and for
+ * -inf and NaN (masked and broken logits). */
+static void test_exp_nonpos(void **state) {
+    (void)state;
+    double worst = 0.0;
+    for (int i = 0; i <= 1000000; i++) {
+        const float x = -87.0f * (float)i / 1000000.0f;
+        const double want = exp((double)x), got = kt_exp_nonpos(x);
+        const double ulp = nextafterf((float)want, INFINITY) - (float)want;
+        const double err = fabs(got - want) / ulp;
+        if (err > worst) worst = err;
+        if (err > 2.0) fail_msg("e^%.9g: %.9g, exp() %.9g (%.2f ulp)", x, got, want, err);
+    }
+    printf("# kt_exp_nonpos: worst %.2f ulp over [-87, 0]\n", worst);
+    assert_true(kt_exp_nonpos(0.0f) == 1.0f);
+    assert_true(kt_exp_nonpos(-88.0f) == 0.0f && kt_exp_nonpos(-INFINITY) == 0.0f && kt_exp_nonpos(NAN) == 0.0f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -418,6 +438,7 @@ int main(void) {
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_penalty_window),
         cmocka_unit_test(test_seed),
+        cmocka_unit_test(test_exp_nonpos),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -27,6 +27,7 @@
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "sample/exp_nonpos.h"
 
 typedef struct kt_cand {
     int32_t id;
@@ -259,11 +260,14 @@ static float max_logit(const kt_cand *c, int n) {
 }
 
 /* probs[i] = exp(logit_i / temp - max / temp) for the n candidates;
- * returns their sum (>= 1 when max is finite: the best term is 1). */
+ * returns their sum (>= 1 when max is finite: the best term is 1). The
+ * terms in float (exp_nonpos.h: a call of exp() per vocabulary entry was
+ * most of a draw), summed in double. */
 static double softmax_terms(const kt_cand *c, int n, double temp, double *probs) {
-    double m = max_logit(c, n), sum = 0.0;
+    const float m = max_logit(c, n), inv_temp = (float)(1.0 / temp);
+    double sum = 0.0;
     for (int i = 0; i < n; i++) {
-        probs[i] = (m == -INFINITY) ? 1.0 : exp(((double)c[i].logit - m) / temp);
+        probs[i] = (m == -INFINITY) ? 1.0 : (double)kt_exp_nonpos((c[i].logit - m) * inv_temp);
         sum += probs[i];
     }
     return sum;
