@@ -734,7 +734,7 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        if (packed && T == 1) x8_prefetch(a, f, grp, Q4_ROWS * a->row_bytes, b);
+        if (packed) x8_prefetch(a, f, grp, Q4_ROWS * a->row_bytes, b);
         __m256i isum[Q4_TOKENS], isum16[Q4_TOKENS];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) isum[t] = isum16[t] = _mm256_setzero_si256();
@@ -791,7 +791,7 @@ TARGET_VNNI INL void q4_tile_vnni(const q_args *a, const legacy_fmt *f, const bo
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        if (packed && T == 1) x8_prefetch(a, f, grp, Q4_ROWS * a->row_bytes, b);
+        if (packed) x8_prefetch(a, f, grp, Q4_ROWS * a->row_bytes, b);
         __m256i isum[Q4_TOKENS];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) isum[t] = _mm256_setzero_si256();
@@ -840,7 +840,7 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
 
     for (int b = 0; b < a->x->nb; b++) {
-        if (packed && T == 1) {
+        if (packed) { /* every tile: a wide one is long enough to hide the next group's fetch */
             x8_prefetch(a, f, g0, 2 * Q4_ROWS * a->row_bytes, b);
             x8_prefetch(a, f, g1, 2 * Q4_ROWS * a->row_bytes, b);
         }

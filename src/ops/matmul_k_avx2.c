@@ -1073,9 +1073,9 @@ INL void kx8_tile(const kq_args *a, const bool q5, const bool vnni, const bool e
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * f->block_bytes;
-        if (T == 1) /* the next group, into L2 (see x8_prefetch in matmul_avx2.c) */
+        /* every tile, the next group into L2 (see x8_prefetch in matmul_avx2.c) */
 #pragma GCC unroll 22
-            for (int l = 0; l < f->block_bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T1);
+        for (int l = 0; l < f->block_bytes; l += 64) _mm_prefetch((const char *)o + 8 * a->row_bytes + l, _MM_HINT_T1);
         __m256i u[3], sc[8], mp[4];
         for (int i = 0; i < 3; i++) u[i] = _mm256_loadu_si256((const __m256i *)(o + f->scales + 32 * i));
 #pragma GCC unroll 8
