@@ -136,6 +136,27 @@ static void test_policy(void **state) {
     spec_costs c2 = {ms2, 39};
     spec_cost_note(&c2, 3, 8.0);
     assert_true(spec_cost(&c2, 3) == 8.0 && spec_cost(&c2, 7) == 16.0 && spec_cost(&c2, 2) == 0.0);
+    /* two measured: the line through the two largest below, flat at worst */
+    spec_cost_note(&c2, 1, 4.0);
+    assert_true(spec_cost(&c2, 5) == 12.0); /* 8 + 2 x (8 - 4) / 2 */
+    spec_cost_note(&c2, 4, 7.0);            /* cheaper than 3 (noise): flat */
+    assert_true(spec_cost(&c2, 9) == 7.0);
+    /* a model whose extra rows cost a whole token each (2 tokens 2.3x one:
+     * per-row work is the pass) and a lookup that keeps about half: the
+     * line says no larger pass pays, so none is tried */
+    double ms3[40] = {0};
+    spec_costs c3 = {ms3, 39};
+    spec_cost_note(&c3, 1, 10.0), spec_cost_note(&c3, 2, 23.0);
+    spec_accept_init(&a);
+    for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 0), spec_accept_note(&a, 8, 1);
+    for (int i = 0; i < 8; i++) assert_int_equal(spec_choose_k(&a, &c3, 8, 1, 1.0, false), 0);
+    /* the same line where the pass is flat (bandwidth-bound) and proposals are kept: all 8 tried */
+    double ms4[40] = {0};
+    spec_costs c4 = {ms4, 39};
+    spec_cost_note(&c4, 1, 30.0), spec_cost_note(&c4, 2, 31.0);
+    spec_accept_init(&a);
+    for (int i = 0; i < 20; i++) spec_accept_note(&a, 1, 1);
+    assert_int_equal(spec_choose_k(&a, &c4, 8, 1, 1.0, false), 8);
 }
 
 /* ---- exactness ---- */

@@ -104,9 +104,17 @@ static _Atomic int g_forced_no_avx512 = 0;
  * kt_cpu_has_avx_vnni and otherwise takes the AVX2 tile (the same bits).
  * Some CPUs (AMD Zen 4 / 5 as some hypervisors show them) report AVX-512
  * VNNI without AVX-VNNI. */
+static _Atomic int g_env_no_vnni = -1; /* KETTLE_NO_VNNI, read once: this is asked per matmul call */
+
 static bool vnni_switched_off(void) {
-    const char *env = getenv("KETTLE_NO_VNNI");
-    return atomic_load_explicit(&g_forced_no_vnni, memory_order_relaxed) || (env && *env && strcmp(env, "0") != 0);
+    if (atomic_load_explicit(&g_forced_no_vnni, memory_order_relaxed)) return true;
+    int v = atomic_load_explicit(&g_env_no_vnni, memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("KETTLE_NO_VNNI");
+        v = env && *env && strcmp(env, "0") != 0;
+        atomic_store_explicit(&g_env_no_vnni, v, memory_order_relaxed);
+    }
+    return v == 1;
 }
 
 bool kt_cpu_has_avx512_vnni(void) {

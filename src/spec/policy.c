@@ -10,7 +10,6 @@
 #define COST_EMA 0.25 /* weight of the newest pass in the cost averages */
 #define MARGIN 1.03   /* speculate only for a gain past the timer's noise: on a model whose
                        * passes cost the same at any k, noise alone would pick k > 0 half the time */
-#define FLAT_WHEN 0.6 /* E(k) >= this x (k + 1): proposals mostly kept, larger passes worth a try */
 #define BOUND 1.5     /* a pass already this many times a one-token pass: compute-bound (a batch of
                        * sequences fills the GEMM), where a token more costs its full share */
 
@@ -41,16 +40,15 @@ double spec_accept_expected(const spec_accept *a, int k) {
 
 double spec_cost(const spec_costs *c, int n) {
     if (n > c->n_max) n = c->n_max;
-    for (int m = n; m >= 1; m--)
-        if (c->ms[m] > 0) return c->ms[m] * (1.0 + 0.25 * (n - m));
-    return 0;
-}
-
-double spec_cost_flat(const spec_costs *c, int n) {
-    if (n > c->n_max) n = c->n_max;
-    for (int m = n; m >= 1; m--)
-        if (c->ms[m] > 0) return c->ms[m];
-    return 0;
+    int m = n;
+    while (m >= 1 && c->ms[m] <= 0) m--;
+    if (m < 1) return 0;
+    if (m == n) return c->ms[n];
+    int m2 = m - 1;
+    while (m2 >= 1 && c->ms[m2] <= 0) m2--;
+    double slope = m2 >= 1 ? (c->ms[m] - c->ms[m2]) / (m - m2) : 0.25 * c->ms[m];
+    if (slope < 0) slope = 0; /* timer noise: flat at worst, and the size, once tried, is known */
+    return c->ms[m] + slope * (n - m);
 }
 
 void spec_cost_note(spec_costs *c, int n, double ms) {
@@ -76,8 +74,7 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     double best_rate = MARGIN * expected / base_cost;
     for (int k = 1; k <= avail; k++) {
         const double e = spec_accept_expected(a, k);
-        const double cost = !bound && e >= FLAT_WHEN * (k + 1) ? spec_cost_flat(c, n_tokens + k)
-                                                               : spec_cost(c, n_tokens + k);
+        const double cost = spec_cost(c, n_tokens + k);
         double rate = (expected - 1.0 + e) / (cost + k * ms_per_k);
         if (rate > best_rate) best = k, best_rate = rate;
     }

@@ -51,16 +51,17 @@ typedef struct spec_costs {
     int n_max;
 } spec_costs;
 
-/* The cost of a pass of n tokens: measured, or, not yet measured, a
- * guess from the largest measured smaller pass m: C(m) (1 + (n - m) / 4),
- * a CPU's usual slope while the weights' reads dominate (a guess a size
- * must beat once to be tried, and then it is known); 0 when nothing is
- * measured. */
+/* The cost of a pass of n tokens: measured, or, not yet measured, the
+ * line through the two largest measured smaller passes carried on to n
+ * (flat at worst), or from the only one, m: C(m) (1 + (n - m) / 4), a
+ * CPU's usual slope while the weights' reads dominate. A guess a size
+ * must beat once to be tried, and then it is known: where passes grow by
+ * a whole token's work each (a model so small that attention and
+ * per-row work are the pass) larger ones are never tried for a gain
+ * they cannot give; where a GEMM tile fills and the curve flattens, a
+ * high acceptance still pays for the line's guess, and the try finds
+ * the flat part. 0 when nothing is measured. */
 double spec_cost(const spec_costs *c, int n);
-/* The same guess without the slope, C(m): for a size worth trying if a
- * GEMM tile that fills makes it nearly free (a CPU's cost curve flattens
- * there), once proposals are mostly kept. */
-double spec_cost_flat(const spec_costs *c, int n);
 void spec_cost_note(spec_costs *c, int n, double ms);
 
 /* How many of `avail` proposals this sequence verifies, in a pass that
