@@ -35,10 +35,11 @@ static void run_usage(FILE *out) {
             "  -p, --prompt TEXT     prompt text\n"
             "  -f, --file FILE       read the prompt from a file ('-': standard input)\n"
             "      --no-bos          do not add the beginning-of-sequence token\n"
-            "      --spec off|ngram|draft  speculative decoding: ngram verifies what the context\n"
-            "                        predicts (prompt lookup) in one pass; draft: what a smaller model\n"
-            "                        of the same vocabulary (--draft PATH) guesses; the output is the\n"
-            "                        same, token for token, at any temperature (default off)\n"
+            "      --spec off|ngram|draft|auto  speculative decoding: ngram verifies what the\n"
+            "                        context predicts (prompt lookup) in one pass; draft: what a smaller\n"
+            "                        model of the same vocabulary (--draft PATH) guesses; auto: draft\n"
+            "                        with --draft, else ngram; the output is the same, token for token,\n"
+            "                        at any temperature (default off here; kettle serve's is auto)\n"
             "      --draft PATH      the draft model (implies --spec draft)\n"
             "      --draft-max K     most tokens proposed per step (default 8; k adapts to the measured\n"
             "                        acceptance and cost unless --spec-fixed)\n"
@@ -58,8 +59,8 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         else if (!strcmp(argv[i], "--spec-fixed")) o->spec_fixed = true;
         else if ((r = cli_opt("run", argc, argv, &i, "--spec", &v))) {
             if (r < 0) return 2;
-            if (strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft"))
-                return cli_usage_error("run", "invalid --spec '%s' (off, ngram, draft)", v);
+            if (strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "auto"))
+                return cli_usage_error("run", "invalid --spec '%s' (off, ngram, draft, auto)", v);
             o->spec = strcmp(v, "off") != 0, spec_kind = v;
         } else if ((r = cli_opt("run", argc, argv, &i, "--draft", &v))) {
             if (r < 0) return 2;
@@ -82,6 +83,7 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     if (!o->g.model || (!o->prompt == !o->prompt_file))
         return cli_usage_error("run", "need -m MODEL and one of -p PROMPT or -f FILE");
     if (o->draft && !spec_kind) spec_kind = "draft", o->spec = true;
+    if (spec_kind && !strcmp(spec_kind, "auto")) spec_kind = o->draft ? "draft" : "ngram"; /* as kettle serve's */
     if (spec_kind && !strcmp(spec_kind, "draft") && !o->draft) return cli_usage_error("run", "--spec draft needs --draft PATH");
     if (o->draft && strcmp(spec_kind, "draft")) return cli_usage_error("run", "--draft goes with --spec draft");
     if ((o->draft_max || o->spec_fixed) && !o->spec)

@@ -142,9 +142,9 @@ static void usage(FILE *out) {
             "                          the tokens the request's context (or an earlier request's\n"
             "                          output) predicts next; the output is exactly plain\n"
             "                          decoding's; k adapts to the measured acceptance and cost,\n"
-            "                          down to 0 (default off); draft: a smaller model of the same\n"
-            "                          family (--draft PATH, the same vocabulary, checked) guesses\n"
-            "                          them instead; auto: draft with --draft, else ngram\n"
+            "                          down to 0; draft: a smaller model of the same family\n"
+            "                          (--draft PATH, the same vocabulary, checked) guesses them\n"
+            "                          instead; auto (the default): draft with --draft, else ngram\n"
             "      --draft PATH        the -m model's draft model (implies --spec draft; with several\n"
             "                          models a class gives its own: draft=PATH)\n"
             "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
@@ -285,9 +285,10 @@ static int class_fallback(const serve_class *c, const srv_fallback *global, srv_
     return 0;
 }
 
-/* Each class's proposer: its spec= or --spec; a draft model is a class's
- * draft= (--draft is the one -m model's); auto is the draft where a class
- * has one, else prompt lookup. Returns 0, or 2 after a usage error. */
+/* Each class's proposer: its spec= or --spec, auto when neither says; a
+ * draft model is a class's draft= (--draft is the one -m model's); auto
+ * is the draft where a class has one, else prompt lookup. Returns 0, or
+ * 2 after a usage error. */
 static int check_spec(serve_opts *o) {
     if (o->draft && o->spec && strcmp(o->spec, "draft") && strcmp(o->spec, "auto"))
         return cli_usage_error("serve", "--draft goes with --spec draft (or auto)");
@@ -299,8 +300,11 @@ static int check_spec(serve_opts *o) {
     for (int i = 0; i < o->n_classes; i++) {
         serve_class *c = &o->classes[i];
         const char *spec = c->spec ? c->spec : o->spec;
-        if (!spec && c->draft) spec = "draft";
-        if (spec && !strcmp(spec, "auto")) spec = c->draft ? "draft" : "ngram"; /* the best proposer at hand */
+        /* auto, the default: the best proposer at hand. Speculation is on
+         * unless asked off because it changes no token (the same draws from
+         * the same rows) and adaptive k keeps it at plain decoding's speed
+         * where nothing is kept (docs/PERFORMANCE.md) */
+        if (!spec || !strcmp(spec, "auto")) spec = c->draft ? "draft" : "ngram";
         if (spec && !strcmp(spec, "draft") && !c->draft && !c->spec && o->n_classes == 1)
             return cli_usage_error("serve", "--spec draft needs --draft PATH");
         if (spec && !strcmp(spec, "draft") && !c->draft)
