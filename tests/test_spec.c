@@ -157,6 +157,13 @@ static void test_policy(void **state) {
     spec_accept_init(&a);
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 1, 1);
     assert_int_equal(spec_choose_k(&a, &c4, 8, 1, 1.0, false), 8);
+    /* compute-bound (8 streams, a step 3.3x one token's) and the line flat
+     * from noise (7 and 8 tokens alike): an unmeasured size is guessed at
+     * its full share, so nothing is tried on the flat line's word */
+    spec_cost_note(&c4, 7, 99.0), spec_cost_note(&c4, 8, 99.0);
+    assert_int_equal(spec_choose_k(&a, &c4, 8, 8, 8.0, false), 0);
+    spec_cost_note(&c4, 16, 110.0); /* measured cheap (a filling tile): taken */
+    assert_int_equal(spec_choose_k(&a, &c4, 8, 8, 8.0, false), 8);
 }
 
 /* ---- exactness ---- */

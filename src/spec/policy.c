@@ -56,6 +56,17 @@ void spec_cost_note(spec_costs *c, int n, double ms) {
     c->ms[n] = c->ms[n] > 0 ? (1 - COST_EMA) * c->ms[n] + COST_EMA * ms : ms;
 }
 
+/* In a compute-bound pass a size not yet measured is guessed at no less
+ * than its full share of the base pass: the line through two measured
+ * sizes can come out flat from timer noise, and there a wrong guess
+ * costs every sequence of the batch a slower step. */
+static double guess_cost(const spec_costs *c, int n, int n_base, double base_cost, bool bound) {
+    const double line = spec_cost(c, n);
+    if (!bound || (n <= c->n_max && c->ms[n] > 0)) return line;
+    const double share = base_cost * n / n_base;
+    return line > share ? line : share;
+}
+
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed) {
     return spec_choose_k_paid(a, c, avail, n_tokens, expected, fixed, 0.0);
 }
@@ -74,7 +85,7 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     double best_rate = MARGIN * expected / base_cost;
     for (int k = 1; k <= avail; k++) {
         const double e = spec_accept_expected(a, k);
-        const double cost = spec_cost(c, n_tokens + k);
+        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound);
         double rate = (expected - 1.0 + e) / (cost + k * ms_per_k);
         if (rate > best_rate) best = k, best_rate = rate;
     }
