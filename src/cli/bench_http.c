@@ -186,6 +186,7 @@ long long bh_child_rss(const bh_child *c) { return proc_status_bytes(c, "VmRSS:"
 static size_t on_data(char *data, size_t size, size_t n, void *user) {
     bh_req *r = user;
     size_t len = size * n;
+    r->last_rx_ms = kt_time_ms();
     if (!r->status) curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
     if (r->keep_body && cli_text_append(data, 1, len, &r->resp) != len) return 0; /* out of memory: abort */
     if (r->status != 200) {
@@ -196,7 +197,7 @@ static size_t on_data(char *data, size_t size, size_t n, void *user) {
         return len;
     }
     if (r->plain) return len;
-    return bs_sse_feed(&r->sse, data, len, kt_time_ms()) ? len : 0; /* 0 aborts the transfer */
+    return bs_sse_feed(&r->sse, data, len, r->last_rx_ms) ? len : 0; /* 0 aborts the transfer */
 }
 
 void bh_req_free(bh_req *r) {

@@ -69,6 +69,7 @@ typedef struct bh_req {
     struct curl_slist *headers;
     char *body; /* owned; POSTed when not NULL */
     double start_ms, end_ms;
+    double last_rx_ms; /* when the last bytes of the answer came; 0: none yet */
     bs_sse sse;
     long status;
     char err_body[512]; /* the start of a non-200 answer */

@@ -151,6 +151,7 @@ typedef struct sk_sample {
     long long rss_bytes; /* -1: unknown */
     double kv_used, kv_cached; /* kettle_kv_blocks_used, kettle_cache_blocks; -1: unknown */
     int in_flight;       /* client requests open then */
+    double queued;       /* of them, waiting for admission (kettle_queue_depth); -1: unknown */
 } sk_sample;
 
 typedef struct sk_stats {

@@ -189,12 +189,13 @@ static void md_kinds(FILE *f, const sk_stats *s) {
 }
 
 static void md_series(FILE *f, const sk_result *r) {
-    fprintf(f, "\nServer every %d s (t from the start of the load):\n\n| t s | RSS MiB | KV used | KV cached | "
-               "in flight |\n|---:|---:|---:|---:|---:|\n", r->rss_every_s);
+    fprintf(f, "\nServer every %d s (t from the start of the load; the last row after it settled):\n\n"
+               "| t s | RSS MiB | KV used | KV cached | in flight | queued |\n|---:|---:|---:|---:|---:|---:|\n",
+            r->rss_every_s);
     for (int i = 0; i < r->stats.n_samples; i++) {
         const sk_sample *x = &r->stats.samples[i];
-        fprintf(f, "| %.0f | %.1f | %.0f | %.0f | %d |\n", x->t_s, x->rss_bytes > 0 ? x->rss_bytes / 1048576.0 : -1,
-                x->kv_used, x->kv_cached, x->in_flight);
+        fprintf(f, "| %.0f | %.1f | %.0f | %.0f | %d | %.0f |\n", x->t_s,
+                x->rss_bytes > 0 ? x->rss_bytes / 1048576.0 : -1, x->kv_used, x->kv_cached, x->in_flight, x->queued);
     }
 }
 
@@ -269,9 +270,9 @@ static json_t *samples_json(const sk_stats *s) {
     json_t *a = json_array();
     for (int i = 0; a && i < s->n_samples; i++) {
         const sk_sample *x = &s->samples[i];
-        json_array_append_new(a, json_pack("{s:f, s:I, s:f, s:f, s:i}", "t_s", x->t_s, "rss_bytes",
+        json_array_append_new(a, json_pack("{s:f, s:I, s:f, s:f, s:i, s:f}", "t_s", x->t_s, "rss_bytes",
                                            (json_int_t)x->rss_bytes, "kv_used", x->kv_used, "kv_cached",
-                                           x->kv_cached, "in_flight", x->in_flight));
+                                           x->kv_cached, "in_flight", x->in_flight, "queued", x->queued));
     }
     return a;
 }

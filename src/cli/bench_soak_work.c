@@ -70,10 +70,20 @@ sk_kind sk_pick(kt_rng *rng) {
     return (sk_kind)k;
 }
 
-/* Usually a short prompt, sometimes a long one (3..150 words). */
+/* 3..24 words. */
+static json_t *short_text(kt_rng *r) {
+    char *s = ba_words(kt_rng_u64(r), draw(r, 3, 24));
+    json_t *j = s ? json_string(s) : NULL;
+    free(s);
+    return j;
+}
+
+/* Usually a short prompt, sometimes a long one (25..150 words: about 300
+ * tokens in a Llama 2 vocabulary, so with tools and max_tokens any
+ * request fits a context of 1024). */
 static json_t *prompt_text(kt_rng *r) {
-    int n_words = coin(r) ? draw(r, 3, 24) : draw(r, 25, 150);
-    char *s = ba_words(kt_rng_u64(r), n_words);
+    if (coin(r)) return short_text(r);
+    char *s = ba_words(kt_rng_u64(r), draw(r, 25, 150));
     json_t *j = s ? json_string(s) : NULL;
     free(s);
     return j;
@@ -83,13 +93,14 @@ static bool push_message(json_t *msgs, const char *role, json_t *content) {
     return content && !json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", role, "content", content));
 }
 
-/* One user message; or a system message before it; or an earlier turn. */
+/* One user message; or a system message before it; or a short earlier
+ * turn. */
 static json_t *messages(kt_rng *r) {
     json_t *m = json_array();
     int shape = draw(r, 0, 2);
     bool ok = m != NULL;
     if (ok && shape == 1) ok = push_message(m, "system", json_string(SYSTEMS[draw(r, 0, 2)]));
-    if (ok && shape == 2) ok = push_message(m, "user", prompt_text(r)) && push_message(m, "assistant", prompt_text(r));
+    if (ok && shape == 2) ok = push_message(m, "user", short_text(r)) && push_message(m, "assistant", short_text(r));
     if (ok) ok = push_message(m, "user", prompt_text(r));
     if (!ok) json_decref(m);
     return ok ? m : NULL;

@@ -223,13 +223,26 @@ static bool finish_client(soak *s, client *c, CURLcode rc, bool abandoned) {
     return ok ? true : soak_fail(s, "out of memory");
 }
 
-/* Streams to abandon that have had their few chunks: hang up now. */
-static bool abandon_due(soak *s) {
+/* A request has received nothing for --timeout seconds: it is hung (its
+ * transfer is dropped, as the client would). Measured here rather than by
+ * libcurl's low-speed limit, which averages over several seconds and
+ * counts the bytes sent. */
+static bool is_hung(const soak *s, const client *c, double now) {
+    double last_ms = c->h.last_rx_ms > 0 ? c->h.last_rx_ms : c->h.start_ms;
+    return now - last_ms > s->o->timeout_s * 1e3;
+}
+
+/* Streams to abandon that have had their few chunks: hang up now; and
+ * requests that are hung. */
+static bool police_clients(soak *s) {
+    double now = kt_time_ms();
     for (int i = 0; i < s->o->clients; i++) {
         client *c = &s->clients[i];
-        if (c->busy && c->q.kind == SK_ABANDON && c->h.status == 200 && !c->h.sse.done &&
-            c->h.sse.n_tok >= c->q.abandon_after && !finish_client(s, c, CURLE_OK, true))
-            return false;
+        if (!c->busy) continue;
+        bool abandon = c->q.kind == SK_ABANDON && c->h.status == 200 && !c->h.sse.done &&
+                       c->h.sse.n_tok >= c->q.abandon_after;
+        if (abandon && !finish_client(s, c, CURLE_OK, true)) return false;
+        if (!abandon && is_hung(s, c, now) && !finish_client(s, c, CURLE_OPERATION_TIMEDOUT, false)) return false;
     }
     return true;
 }
@@ -246,7 +259,7 @@ static bool start_due(soak *s, double now) {
 
 static bool start_probe(soak *s, double now) {
     s->pending = (sk_sample){.t_s = (now - s->t0_ms) / 1e3, .rss_bytes = -1, .kv_used = -1, .kv_cached = -1,
-                             .in_flight = s->n_busy};
+                             .queued = -1, .in_flight = s->n_busy};
     if (s->child) s->pending.rss_bytes = bh_child_rss(s->child);
     s->next_sample_ms += s->o->rss_every_s * 1e3;
     s->probe = (bh_req){.plain = true, .keep_body = true};
@@ -265,13 +278,14 @@ static void read_metrics(const char *text, bool rss, sk_sample *x) {
     if (!text) return;
     if (sk_metric_sum(text, "kettle_kv_blocks_used", &v)) x->kv_used = v;
     if (sk_metric_sum(text, "kettle_cache_blocks", &v)) x->kv_cached = v;
+    if (sk_metric_sum(text, "kettle_queue_depth", &v)) x->queued = v;
     if (rss && sk_metric_sum(text, "process_resident_memory_bytes", &v)) x->rss_bytes = (long long)v;
 }
 
 static void print_progress(const soak *s, const sk_sample *x) {
-    fprintf(stderr, "kettle %s: t=%.0f s: %d requests, RSS %.1f MiB, KV used %.0f cached %.0f, %d in flight\n", CMD,
-            x->t_s, s->res->stats.n_requests, x->rss_bytes > 0 ? x->rss_bytes / 1048576.0 : -1.0, x->kv_used,
-            x->kv_cached, x->in_flight);
+    fprintf(stderr, "kettle %s: t=%.0f s: %d requests, RSS %.1f MiB, KV used %.0f cached %.0f, %d in flight, "
+            "%.0f queued\n", CMD, x->t_s, s->res->stats.n_requests, x->rss_bytes > 0 ? x->rss_bytes / 1048576.0 : -1.0,
+            x->kv_used, x->kv_cached, x->in_flight, x->queued);
 }
 
 static bool finish_probe(soak *s, CURLcode rc) {
@@ -318,7 +332,7 @@ static bool soak_loop(soak *s) {
         if (!loading && !s->n_busy && !s->probe_busy && s->next_sample_ms > s->t_stop_ms + 1) return true;
         int running;
         if (curl_multi_perform(s->m, &running) != CURLM_OK) return soak_fail(s, "curl_multi_perform failed");
-        if (!drain_done(s) || !abandon_due(s)) return false;
+        if (!drain_done(s) || !police_clients(s)) return false;
         if (curl_multi_poll(s->m, NULL, 0, 20, NULL) != CURLM_OK) return soak_fail(s, "curl_multi_poll failed");
     }
 }
@@ -426,7 +440,7 @@ static void read_end(const soak_opts *o, const bh_conn *conn, const bh_child *ch
     if (!read_kv(conn, o->timeout_s, &res->kv_end_used, &res->kv_end_cached, &total))
         fprintf(stderr, "kettle %s: cannot read the KV blocks from /metrics after the run\n", CMD);
     sk_sample x = {.t_s = (kt_time_ms() - t0_ms) / 1e3, .rss_bytes = child ? bh_child_rss(child) : -1,
-                   .kv_used = res->kv_end_used, .kv_cached = res->kv_end_cached};
+                   .kv_used = res->kv_end_used, .kv_cached = res->kv_end_cached, .queued = -1};
     if (!child) {
         char *text = get_text(conn, "/metrics", o->timeout_s);
         read_metrics(text, true, &x);
