@@ -115,7 +115,7 @@ static bs_pcts all_pcts(const sk_stats *s, bool ttft) {
     if (!v) return (bs_pcts){0};
     for (int k = 0; k < SK_N_KINDS; k++) {
         const sk_samples *x = ttft ? &s->kinds[k].ttft_ms : &s->kinds[k].lat_ms;
-        memcpy(v + at, x->v, sizeof *v * (size_t)x->n);
+        if (x->n) memcpy(v + at, x->v, sizeof *v * (size_t)x->n); /* x->v is NULL while empty */
         at += x->n;
     }
     bs_pcts p = bs_pcts_of(v, n);

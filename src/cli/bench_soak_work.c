@@ -186,7 +186,7 @@ static bool set_bad_schema(kt_rng *r, json_t *b) {
 static bool set_nine_stops(json_t *b) {
     json_t *a = json_array();
     for (int i = 0; a && i < 9; i++) {
-        char s[8];
+        char s[16];
         snprintf(s, sizeof s, "s%d", i);
         if (json_array_append_new(a, json_string(s))) return json_decref(a), false;
     }
