@@ -896,6 +896,46 @@ static void test_cache_shared_prefix_once(void **state) {
     kt_engine_free(cold), kt_engine_free(e);
 }
 
+/* Under a steady stream of shorter prompts a long one is still prefilled:
+ * least prompt left first alone would serve the shorter ones for as long
+ * as they come; passed over 8 steps, the long one goes first. Three
+ * sequences, 32-token steps, no ITL stretch: two 60-token prompts at a
+ * time take every step's budget, and 20 of them wait, which alone would
+ * hold the 200-token prompt back ~38 steps. With the rule its first token
+ * comes after 8 steps passed over and 7 of its own. */
+static void test_long_prompt_not_starved(void **state) {
+    (void)state;
+    enum { N_SHORT = 20 };
+    kt_engine *e = engine(3, 32, KT_KV_F16, 0.0f);
+    static int32_t long_ids[200], short_ids[N_SHORT][60];
+    story_ids(long_ids, 200, 1);
+    kt_engine_hold(e, true);
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = long_ids, p.n_prompt = 200, p.max_tokens = 1;
+    kt_request *lr = NULL, *sr[N_SHORT];
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &lr, &err) != KT_OK) fail_msg("%s", err.msg);
+    for (int i = 0; i < N_SHORT; i++) {
+        p.prompt = short_ids[i], p.n_prompt = story_ids(short_ids[i], 60, 100 + (uint32_t)i);
+        if (kt_engine_submit(e, &p, &sr[i], &err) != KT_OK) fail_msg("%s", err.msg);
+    }
+    int step = 0;
+    kt_event ev;
+    for (bool first = false; !first && step < 60; step++) {
+        kt_engine_run_steps(e, 1);
+        while (!first && kt_request_poll(lr, &ev) == 1) first = ev.token >= 0;
+    }
+    uint64_t done = stats_of(e).requests_finished[KT_FINISH_LENGTH]; /* the long one's too */
+    print_message("the long prompt's first token after %d steps, %llu requests done\n", step,
+                  (unsigned long long)done);
+    assert_true(step <= 20);
+    assert_true(done < N_SHORT / 2); /* the stream of short ones was still going */
+    kt_engine_hold(e, false);
+    kt_request_free(lr);
+    for (int i = 0; i < N_SHORT; i++) kt_request_free(sr[i]);
+    kt_engine_free(e);
+}
+
 /* Waiting requests of one priority: one whose prompt the cache holds goes
  * before one that arrived earlier with nothing cached, but never more than
  * 4 times in a row (no starvation). One sequence at a time. */
@@ -1295,6 +1335,7 @@ int main(void) {
         cmocka_unit_test(test_cache_concurrent),
         cmocka_unit_test(test_cache_shared_prefix_once),
         cmocka_unit_test(test_cache_hits_first),
+        cmocka_unit_test(test_long_prompt_not_starved),
         cmocka_unit_test(test_lazy_grammar),
         cmocka_unit_test(test_window_layers),
         cmocka_unit_test(test_kv_fits_memory),

@@ -317,9 +317,11 @@ static void test_health_models_metrics(void **state) {
                               "kettle_time_to_first_token_seconds_sum ", "kettle_time_to_first_token_seconds_count ",
                               "kettle_inter_token_latency_seconds_bucket{le=\"+Inf\"} ", "kettle_queue_depth ",
                               "kettle_running_sequences ", "kettle_kv_blocks_used ", "kettle_kv_blocks_free ",
-                              "kettle_kv_blocks_total "};
+                              "kettle_kv_blocks_total ", "process_resident_memory_bytes "};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         if (!strstr(r.body, families[i])) fail_msg("/metrics lacks %s:\n%s", families[i], r.body);
+    const char *rss = strstr(r.body, "\nprocess_resident_memory_bytes ");
+    assert_true(rss && atof(rss + 31) > 1e6); /* a loaded model: more than a megabyte resident */
     free(r.body);
 }
 

@@ -22,6 +22,7 @@
 #include "base/timing.h"
 #include "cli/bench_http.h"
 #include "cli/cli_util.h"
+#include "gguf/gguf.h"
 
 /* ---- server options ---- */
 
@@ -47,6 +48,21 @@ int bh_take_server_opt(const char *cmd, int argc, char **argv, int *i, const cha
         return 1;
     }
     return 0;
+}
+
+bool bh_has_server_opt(const char *const *args, int n_args, const char *name) {
+    for (int i = 0; i < n_args; i += 2)
+        if (!strcmp(args[i], name)) return true;
+    return false;
+}
+
+bool bh_model_has_template(const char *path) {
+    kt_error err = {0};
+    gguf_file *f = gguf_open(path, &err);
+    if (!f) return true;
+    bool has = gguf_find_key(f, "tokenizer.chat_template") >= 0;
+    gguf_close(f);
+    return has;
 }
 
 /* ---- the child ---- */
@@ -146,25 +162,33 @@ void bh_child_report_death(bh_child *c, const char *cmd) {
     }
 }
 
-long long bh_child_peak_rss(const bh_child *c) {
+/* A "Key:   N kB" line of /proc/PID/status in bytes; -1 if unknown. */
+static long long proc_status_bytes(const bh_child *c, const char *key) {
     char path[64], line[256];
     if (c->pid <= 0) return -1;
     snprintf(path, sizeof path, "/proc/%d/status", (int)c->pid);
     FILE *f = fopen(path, "r");
     if (!f) return -1;
+    size_t n = strlen(key);
     long long kib = -1;
     while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6) && sscanf(line + 6, "%lld", &kib) == 1) break;
+        if (!strncmp(line, key, n) && sscanf(line + n, "%lld", &kib) == 1) break;
     fclose(f);
     return kib >= 0 ? kib * 1024 : -1;
 }
+
+long long bh_child_peak_rss(const bh_child *c) { return proc_status_bytes(c, "VmHWM:"); }
+
+long long bh_child_rss(const bh_child *c) { return proc_status_bytes(c, "VmRSS:"); }
 
 /* ---- one HTTP request ---- */
 
 static size_t on_data(char *data, size_t size, size_t n, void *user) {
     bh_req *r = user;
     size_t len = size * n;
+    r->last_rx_ms = kt_time_ms();
     if (!r->status) curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (r->keep_body && cli_text_append(data, 1, len, &r->resp) != len) return 0; /* out of memory: abort */
     if (r->status != 200) {
         size_t k = len < sizeof r->err_body - 1 - r->err_len ? len : sizeof r->err_body - 1 - r->err_len;
         memcpy(r->err_body + r->err_len, data, k);
@@ -173,15 +197,16 @@ static size_t on_data(char *data, size_t size, size_t n, void *user) {
         return len;
     }
     if (r->plain) return len;
-    return bs_sse_feed(&r->sse, data, len, kt_time_ms()) ? len : 0; /* 0 aborts the transfer */
+    return bs_sse_feed(&r->sse, data, len, r->last_rx_ms) ? len : 0; /* 0 aborts the transfer */
 }
 
 void bh_req_free(bh_req *r) {
     if (r->h) curl_easy_cleanup(r->h);
     curl_slist_free_all(r->headers);
     free(r->body);
+    free(r->resp.p);
     bs_sse_free(&r->sse);
-    r->h = NULL, r->headers = NULL, r->body = NULL;
+    r->h = NULL, r->headers = NULL, r->body = NULL, r->resp = (cli_text){0};
 }
 
 static bool req_headers(bh_req *r, const char *api_key) {

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include "cli/bench_serve.h"
+#include "cli/cli_util.h"
 
 #define BH_MAX_SRV_ARGS 32
 
@@ -27,6 +28,12 @@
 int bh_take_server_opt(const char *cmd, int argc, char **argv, int *i, const char **args, int *n_args);
 /* The usage lines naming those options, for --help. */
 extern const char BH_SERVER_OPTS_USAGE[];
+/* Whether args (name, value pairs from bh_take_server_opt) hold `name`. */
+bool bh_has_server_opt(const char *const *args, int n_args, const char *name);
+/* Whether a GGUF file has a chat template; true if it cannot be read (the
+ * server will say why). A bench that sends chat requests gives a model
+ * without one `--chat-template chatml`. */
+bool bh_model_has_template(const char *path);
 
 typedef struct bh_child {
     pid_t pid;  /* -1: none */
@@ -48,16 +55,21 @@ void bh_child_report_death(bh_child *c, const char *cmd);
 /* The server's peak resident memory (VmHWM of /proc/PID/status) in bytes;
  * -1 if unknown. */
 long long bh_child_peak_rss(const bh_child *c);
+/* Its resident memory now (VmRSS) in bytes; -1 if unknown. */
+long long bh_child_rss(const bh_child *c);
 
 /* ---- one HTTP request ---- */
 
 typedef struct bh_req {
     int kind, index; /* the caller's: what the request is, for its messages */
     bool plain;      /* not a stream: the body is not parsed (GET /health) */
+    bool keep_body;  /* keep the whole answer, whatever its status, in resp */
+    cli_text resp;   /* keep_body: the answer's bytes (resp.p NULL: none came) */
     CURL *h;
     struct curl_slist *headers;
     char *body; /* owned; POSTed when not NULL */
     double start_ms, end_ms;
+    double last_rx_ms; /* when the last bytes of the answer came; 0: none yet */
     bs_sse sse;
     long status;
     char err_body[512]; /* the start of a non-200 answer */

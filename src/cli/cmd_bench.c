@@ -72,6 +72,9 @@ static void usage(FILE *out) {
             "       kettle bench serve ...   load-test an OpenAI-compatible server (see 'kettle bench serve --help')\n"
             "       kettle bench agent ...   agent sessions against a server: TTFT per turn, task time\n"
             "                                (see 'kettle bench agent --help')\n"
+            "       kettle bench soak ...    soak and load test: many clients, every kind of request, for\n"
+            "                                minutes; checks statuses, hangs, RSS and KV blocks (see\n"
+            "                                'kettle bench soak --help')\n"
             "       kettle bench spec ...    speculative decoding against plain decoding in the engine:\n"
             "                                forced acceptance rates, prompt lookup, concurrent streams\n"
             "                                (see 'kettle bench spec --help')\n"
@@ -391,6 +394,7 @@ static int bench_machine(const bench_opts *o) {
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "agent")) return cmd_bench_agent(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "soak")) return cmd_bench_soak(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "grammar")) return cmd_bench_grammar(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "spec")) return cmd_bench_spec(argc - 1, argv + 1);
     if (cli_wants_help(argc, argv)) {

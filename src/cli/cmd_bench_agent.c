@@ -38,7 +38,6 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/model_store.h"
-#include "gguf/gguf.h"
 
 #define CMD "bench agent"
 #define MAX_URLS 4
@@ -239,23 +238,6 @@ static int parse_opts(int argc, char **argv, ba_opts *o) {
 
 /* ---- the server as a child ---- */
 
-static bool has_server_opt(const ba_opts *o, const char *name) {
-    for (int i = 0; i < o->n_srv_args; i += 2)
-        if (!strcmp(o->srv_args[i], name)) return true;
-    return false;
-}
-
-/* Whether the GGUF has a chat template; true if it cannot be read (the
- * server will say why). */
-static bool model_has_template(const char *path) {
-    kt_error err = {0};
-    gguf_file *f = gguf_open(path, &err);
-    if (!f) return true;
-    bool has = gguf_find_key(f, "tokenizer.chat_template") >= 0;
-    gguf_close(f);
-    return has;
-}
-
 static bool start_server(const ba_opts *o, bh_child *c) {
     const char *argv[BH_MAX_SRV_ARGS + 16];
     int n = 0;
@@ -263,7 +245,7 @@ static bool start_server(const ba_opts *o, bh_child *c) {
     argv[n++] = "--port", argv[n++] = "0";
     for (int i = 0; i < o->n_srv_args; i++) argv[n++] = o->srv_args[i];
     if (o->api_key) argv[n++] = "--api-key", argv[n++] = o->api_key;
-    if (!has_server_opt(o, "--chat-template") && !model_has_template(o->model)) {
+    if (!bh_has_server_opt(o->srv_args, o->n_srv_args, "--chat-template") && !bh_model_has_template(o->model)) {
         fprintf(stderr, "kettle %s: %s has no chat template: the server uses chatml (--chat-template to choose)\n",
                 CMD, o->model);
         argv[n++] = "--chat-template", argv[n++] = "chatml";

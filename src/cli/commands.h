@@ -17,6 +17,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv); /* `kettle bench serve ...`, reached through cmd_bench */
 int cmd_bench_agent(int argc, char **argv); /* `kettle bench agent ...`, likewise */
+int cmd_bench_soak(int argc, char **argv);    /* `kettle bench soak ...`, likewise */
 int cmd_bench_spec(int argc, char **argv);    /* `kettle bench spec ...`, likewise */
 int cmd_bench_grammar(int argc, char **argv); /* `kettle bench grammar ...`, likewise */
 int cmd_perplexity(int argc, char **argv);

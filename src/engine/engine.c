@@ -1036,21 +1036,37 @@ static int prefill_budget(const kt_engine *e, int n_decode) {
     return n < budget ? (int)n : budget;
 }
 
+/* A prefill passed over this many steps goes before those with less
+ * prompt left, from then on (see order_prefills). */
+#define MAX_PREFILL_PASSED_OVER 8
+
+/* Whether q's prefill goes before r's (q admitted earlier): one passed
+ * over MAX_PREFILL_PASSED_OVER times first, in admission order; then the
+ * least prompt left first. */
+static bool prefill_before(const kt_request *q, const kt_request *r) {
+    const bool q_late = q->prefill_passed_over >= MAX_PREFILL_PASSED_OVER;
+    const bool r_late = r->prefill_passed_over >= MAX_PREFILL_PASSED_OVER;
+    if (q_late != r_late) return q_late;
+    return q_late || q->n_prompt - q->n_prefilled <= r->n_prompt - r->n_prefilled;
+}
+
 /* The prefilling requests that may go on this step, the one with the
  * least prompt left first (ties in admission order): an agent's next turn,
  * most of it cached, gets its first token before another session's long
  * first prompt is through, and the step's prefill budget serves it first.
- * Returns their number, in e->prefill_order. */
+ * Alone, that would starve a long prompt for as long as shorter ones keep
+ * coming (a busy server's steady state: a soak test saw first tokens
+ * after 40 s); one passed over MAX_PREFILL_PASSED_OVER steps goes first
+ * until its prompt is in. Returns their number, in e->prefill_order. */
 static int order_prefills(kt_engine *e) {
     int n = 0;
     for (int a = 0; a < e->n_active; a++) {
         const kt_request *r = e->active[a];
         if (r->state != REQ_PREFILL || r->waits_for_prefix) continue;
-        const int left = r->n_prompt - r->n_prefilled;
         int i = n++;
         while (i > 0) {
             const kt_request *q = e->active[e->prefill_order[i - 1]];
-            if (q->n_prompt - q->n_prefilled <= left) break;
+            if (prefill_before(q, r)) break;
             e->prefill_order[i] = e->prefill_order[i - 1];
             i--;
         }
@@ -1218,7 +1234,10 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         /* a short prompt goes in whole: one step a little longer beats its
          * first token waiting a step per token or two */
         if (left <= SHORT_PROMPT_TOKENS && left <= e->p.batch_tokens - n && left > room) room = left;
-        if (room <= 0) continue;
+        if (room <= 0) {
+            r->prefill_passed_over++; /* the prompts before it took the step */
+            continue;
+        }
         int chunk = left < room ? left : room;
         kv_seq *seq = r->choices[0].seq;
         if (kv_seq_append(seq, chunk, &err) != KT_OK) {

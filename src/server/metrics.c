@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/openai.h"
 
@@ -202,6 +203,21 @@ static bool result_hits(srv_buf *b, const srv_class_stats *cs, int n) {
     return ok;
 }
 
+/* The process's resident memory, Prometheus's standard process metric, so
+ * that whoever watches a server it did not start (`kettle bench soak
+ * --url`) sees it grow or stay flat: /proc/self/statm's second field, in
+ * pages. Left out where /proc cannot be read. */
+static bool process_rss(srv_buf *b) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long size_pages, rss_pages;
+    bool have = f && fscanf(f, "%lld %lld", &size_pages, &rss_pages) == 2;
+    if (f) fclose(f);
+    long page_bytes = sysconf(_SC_PAGESIZE);
+    if (!have || page_bytes <= 0) return true;
+    return family(b, "process_resident_memory_bytes", "gauge", "resident memory size in bytes") &&
+           put(b, "process_resident_memory_bytes %lld\n", rss_pages * page_bytes);
+}
+
 char *srv_metrics_text(srv_metrics *m, const srv_class_stats *cs, int n) {
     srv_buf b = {0};
     bool ok = http_requests(&b, m) && fallback(&b, m) && finished(&b, cs, n);
@@ -211,7 +227,7 @@ char *srv_metrics_text(srv_metrics *m, const srv_class_stats *cs, int n) {
     for (size_t i = 0; ok && i < sizeof GAUGES / sizeof GAUGES[0]; i++) ok = scalars(&b, &GAUGES[i], cs, n);
     static const scalar_def LOADED = {"kettle_model_loaded", "gauge", "1 while the model is in memory (classes load "
                                       "on first use and unload when idle)", get_loaded};
-    ok = ok && result_hits(&b, cs, n) && scalars(&b, &LOADED, cs, n);
+    ok = ok && result_hits(&b, cs, n) && scalars(&b, &LOADED, cs, n) && process_rss(&b);
     if (!ok) srv_buf_free(&b);
     return ok ? b.data : NULL;
 }
