@@ -121,9 +121,23 @@ static void test_policy(void **state) {
     }
     assert_int_equal(probes, 5);
     assert_int_equal(last, 16 + 32 + 64 + 128 + 256);
-    /* a probe that is kept brings the short wait back */
-    spec_accept_note(&a, 1, 1);
+    /* probes kept until speculation pays bring the short wait back */
+    for (int i = 0; i < 10; i++) spec_accept_note(&a, 1, 1);
+    assert_true(spec_choose_k(&a, &c, 8, 1, 1.0, false) > 0);
     assert_int_equal(a.probe_every, SPEC_PROBE_EVERY);
+    /* near break-even (kept at 60%, where a 2-token pass pays from 75%):
+     * the probes' waits still double */
+    for (int n = 1; n <= 39; n++) ms[n] = 0.0;
+    spec_cost_note(&c, 1, 40.0), spec_cost_note(&c, 2, 70.0), spec_cost_note(&c, 3, 100.0);
+    spec_accept_init(&a);
+    for (int i = 0; i < 30; i++) spec_accept_note(&a, 1, i % 5 < 3);
+    probes = 0;
+    for (int i = 1; i <= 16 + 32 + 64 + 128 + 256; i++) {
+        int k = spec_choose_k(&a, &c, 1, 1, 1.0, false);
+        assert_true(k == 0 || k == SPEC_PROBE_K);
+        if (k) spec_accept_note(&a, k, probes++ % 5 < 3);
+    }
+    assert_int_equal(probes, 5);
     /* half kept but the pass is compute-bound (cost grows with every
      * token: a batch that already fills the GEMM): not worth it */
     for (int n = 1; n <= 39; n++) ms[n] = 10.0 * n;
@@ -150,6 +164,9 @@ static void test_policy(void **state) {
     spec_accept_init(&a);
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 0), spec_accept_note(&a, 8, 1);
     for (int i = 0; i < 8; i++) assert_int_equal(spec_choose_k(&a, &c3, 8, 1, 1.0, false), 0);
+    /* nor probed: even all kept, 9 tokens for a 9-token pass (the line's
+     * 101) do not beat one token for 10 */
+    for (int i = 0; i < 4 * SPEC_PROBE_MAX; i++) assert_int_equal(spec_choose_k(&a, &c3, 8, 1, 1.0, false), 0);
     /* the same line where the pass is flat (bandwidth-bound) and proposals are kept: all 8 tried */
     double ms4[40] = {0};
     spec_costs c4 = {ms4, 39};

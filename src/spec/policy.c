@@ -10,6 +10,7 @@
 #define COST_EMA 0.25 /* weight of the newest pass in the cost averages */
 #define MARGIN 1.03   /* speculate only for a gain past the timer's noise: on a model whose
                        * passes cost the same at any k, noise alone would pick k > 0 half the time */
+#define PAYS_E 1.25   /* E(k) from which a chosen k pays on acceptance, not on timer noise */
 #define BOUND 1.5     /* a pass already this many times a one-token pass: compute-bound (a batch of
                        * sequences fills the GEMM), where a token more costs its full share */
 
@@ -21,8 +22,6 @@ void spec_accept_init(spec_accept *a) {
 void spec_accept_note(spec_accept *a, int k, int accepted) {
     if (k <= 0) return;
     a->idle_steps = 0;
-    if (accepted > 0) a->probe_every = SPEC_PROBE_EVERY;
-    else if (a->probe_every < SPEC_PROBE_MAX) a->probe_every *= 2; /* no gain yet: look less often */
     for (int i = 0; i < SPEC_K_MAX; i++) a->kept[i] *= FORGET, a->tried[i] *= FORGET;
     for (int i = 0; i < accepted && i < SPEC_K_MAX; i++) a->kept[i] += 1, a->tried[i] += 1;
     if (accepted < k && accepted < SPEC_K_MAX) a->tried[accepted] += 1; /* the first one drawn otherwise */
@@ -82,15 +81,31 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     const double one = spec_cost(c, 1);
     const bool bound = one > 0 && base_cost >= BOUND * one;
     int best = 0;
-    double best_rate = MARGIN * expected / base_cost;
+    const double plain_rate = MARGIN * expected / base_cost;
+    double best_rate = plain_rate;
+    bool could_pay = false; /* were every proposal kept, some k would beat plain decoding */
     for (int k = 1; k <= avail; k++) {
         const double e = spec_accept_expected(a, k);
-        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound);
-        double rate = (expected - 1.0 + e) / (cost + k * ms_per_k);
+        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound) + k * ms_per_k;
+        const double rate = (expected - 1.0 + e) / cost;
         if (rate > best_rate) best = k, best_rate = rate;
+        could_pay = could_pay || (expected + k) / cost > plain_rate;
     }
-    if (best == 0 && !bound && ++a->idle_steps >= a->probe_every) {
+    /* A probe looks for acceptance rising; where even all kept could not
+     * pay (a pass whose every extra row costs a whole token's work: a
+     * model so small that per-row work is the pass), there is nothing to
+     * look for, and each probe is a loss. */
+    if (best > 0) {
+        /* it pays on acceptance: should it stop, look again soon (a k
+         * chosen on a cost reading alone, a pass timed in a quiet spell
+         * against plain decoding's in a busy one, is no such reason) */
+        if (spec_accept_expected(a, best) >= PAYS_E) a->probe_every = SPEC_PROBE_EVERY;
+    } else if (!bound && could_pay && ++a->idle_steps >= a->probe_every) {
+        /* each probe that leaves plain decoding the better choice makes the
+         * next wait longer, a kept one too: near the break-even point a
+         * probe is kept now and then without ever paying for itself */
         a->idle_steps = 0;
+        if (a->probe_every < SPEC_PROBE_MAX) a->probe_every *= 2;
         return avail < SPEC_PROBE_K ? avail : SPEC_PROBE_K;
     }
     return best;

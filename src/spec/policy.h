@@ -29,7 +29,7 @@
 
 #define SPEC_K_MAX 32       /* most proposals one pass verifies */
 #define SPEC_PROBE_EVERY 16 /* backed off to k = 0: a one-token proposal after this many steps, */
-#define SPEC_PROBE_MAX 256  /* the wait doubling after each probe that finds nothing, up to this */
+#define SPEC_PROBE_MAX 256  /* the wait doubling after each probe while plain decoding stays better, up to this */
 #define SPEC_PROBE_K 1
 
 typedef struct spec_accept {
@@ -69,9 +69,11 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * per decoding sequence, plus what earlier sequences' proposals are
  * expected to add): the k maximising (expected - 1 + E(k)) / cost(n_tokens
  * + k). While that is 0, a probe still verifies SPEC_PROBE_K now and
- * then (after SPEC_PROBE_EVERY calls, the wait doubling while probes find
- * nothing), so a sequence that starts to repeat its context is noticed
- * and one that never does costs almost nothing. Until a pass of n_tokens
+ * then (after SPEC_PROBE_EVERY calls, the wait doubling after each probe
+ * while plain decoding stays the better choice, back to the shortest
+ * once speculation pays), so a sequence that starts to repeat its
+ * context is noticed and one that never does costs almost nothing; no
+ * probe where even all proposals kept could not pay. Until a pass of n_tokens
  * is measured, 0 (plain decoding's cost is what every k is weighed
  * against). In a pass already compute-bound (1.5 x a one-token pass or
  * more: a batch that fills the GEMM), no probes and no optimism, only
