@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_safe.h"
+
 #define INVALID "invalid_request_error"
 
 static bool oom(srv_error *e) { return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"); }
@@ -107,7 +109,7 @@ static bool add_assistant_blocks(json_t *msgs, json_t *blocks, size_t i, srv_err
             continue; /* encrypted by another server: nothing kettle can read */
         } else if (type && !strcmp(type, "tool_use") && json_is_string(id) && json_is_string(name) &&
                    json_is_object(input)) {
-            char *args = json_dumps(input, JSON_COMPACT);
+            char *args = kt_json_dumps(input, JSON_COMPACT);
             ok = args && push(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
                                                "name", name, "arguments", args), e);
             free(args);
@@ -368,7 +370,7 @@ static char *messages_error_json(const srv_error *e) {
     char msg[sizeof e->msg];
     snprintf(msg, sizeof msg, "%s", srv_utf8_valid(e->msg, strlen(e->msg)) ? e->msg : "invalid request");
     json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", error_type(e->status), "message", msg);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
 }
