@@ -305,10 +305,13 @@ static json_t *usage_of(int prompt, int cached, int completion) {
 }
 
 /* NULL when the arguments are not a JSON object: the grammar makes them
- * one, so only a call cut by max_tokens is left out (stop_reason says so). */
-static json_t *tool_use_block(const char *id, const char *name, const char *args, size_t n) {
-    json_t *input = srv_args_object(args, n);
-    return input ? json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name", name, "input", input) : NULL;
+ * one, so only a call cut by max_tokens is left out (stop_reason says so);
+ * *oom: NULL because memory ran out, which must fail the answer instead. */
+static json_t *tool_use_block(const char *id, const char *name, const char *args, size_t n, bool *oom) {
+    json_t *input = srv_args_object(args, n, oom);
+    json_t *blk = input ? json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name", name, "input", input) : NULL;
+    if (input && !blk) *oom = true;
+    return blk;
 }
 
 static json_t *content_of(json_t *msg) {
@@ -323,10 +326,11 @@ static json_t *content_of(json_t *msg) {
     json_t *c;
     json_array_foreach(calls, i, c) if (ok) {
         json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+        bool oom;
         json_t *blk = tool_use_block(json_string_value(json_object_get(c, "id")),
                                      json_string_value(json_object_get(fn, "name")), json_string_value(args),
-                                     json_string_length(args));
-        ok = !blk || push(out, blk, &e);
+                                     json_string_length(args), &oom);
+        ok = blk ? push(out, blk, &e) : !oom;
     }
     if (!ok) json_decref(out), out = NULL;
     return out;

@@ -131,8 +131,10 @@ json_t *srv_parts_text(json_t *content, const char *const *types, const char *wh
     return s;
 }
 
-json_t *srv_args_object(const char *s, size_t n) {
-    json_t *j = kt_json_loadb(s, n, JSON_DECODE_ANY, NULL);
+json_t *srv_args_object(const char *s, size_t n, bool *oom) {
+    json_error_t je;
+    json_t *j = kt_json_loadb(s, n, JSON_DECODE_ANY, &je);
+    *oom = !j && json_error_code(&je) == json_error_out_of_memory;
     if (j && !json_is_object(j)) json_decref(j), j = NULL;
     return j;
 }
