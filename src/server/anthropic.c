@@ -172,6 +172,7 @@ static json_t *messages_of(json_t *body, srv_error *e) {
 static json_t *tools_of(json_t *tools, srv_error *e) {
     if (!json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array"), NULL;
     json_t *out = json_array();
+    if (!out) return oom(e), NULL;
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -187,7 +188,7 @@ static json_t *tools_of(json_t *tools, srv_error *e) {
         if (fn && (!srv_copy_field(fn, t, "name") || !srv_copy_field(fn, t, "description"))) json_decref(fn), fn = NULL;
         json_t *schema = json_object_get(t, "input_schema");
         if (fn && schema && json_object_set(fn, "parameters", schema)) json_decref(fn), fn = NULL;
-        if (!out || !push(out, fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL, e)) {
+        if (!push(out, fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL, e)) {
             json_decref(out);
             return NULL;
         }

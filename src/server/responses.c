@@ -180,6 +180,7 @@ static json_t *messages_of(json_t *body, srv_error *e) {
 static json_t *tools_of(json_t *tools, srv_error *e) {
     if (!json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array"), NULL;
     json_t *out = json_array();
+    if (!out) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -195,7 +196,7 @@ static json_t *tools_of(json_t *tools, srv_error *e) {
         const char *keys[] = {"name", "description", "parameters", "strict"};
         for (size_t k = 0; fn && k < sizeof keys / sizeof keys[0]; k++)
             if (!srv_copy_field(fn, t, keys[k])) json_decref(fn), fn = NULL;
-        if (!fn || !out || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
+        if (!fn || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
             json_decref(out);
             return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
         }
