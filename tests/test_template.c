@@ -832,7 +832,7 @@ static void test_tool_arguments_parsed(void **state) {
                            "{\"function\": {\"name\": \"g\", \"arguments\": \"not json\"}},"
                            "{\"function\": {\"name\": \"h\", \"arguments\": {\"x\": 1}}}]}]", 0, NULL);
     assert_non_null(m);
-    kt_chat_parse_tool_arguments(m);
+    assert_true(kt_chat_parse_tool_arguments(m));
     json_t *calls = json_object_get(json_array_get(m, 0), "tool_calls");
     json_t *a0 = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
     json_t *a1 = json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments");

@@ -147,10 +147,8 @@ static int render(const tmpl_opts *o, const char *tmpl, const char *bos, const c
     else if (messages && json_is_object(doc)) tools = json_incref(json_object_get(doc, "tools"));
     if (messages && (!o->tools || tools)) ctx = make_context(o, bos, eos, &err);
     char *text = NULL;
-    if (ctx) {
-        kt_chat_parse_tool_arguments(messages);
-        text = kt_chat_render(tmpl, messages, tools, !o->no_gen_prompt, ctx, &err);
-    }
+    if (ctx && !kt_chat_parse_tool_arguments(messages)) kt_error_set(&err, KT_ERR_NOMEM, "out of memory");
+    else if (ctx) text = kt_chat_render(tmpl, messages, tools, !o->no_gen_prompt, ctx, &err);
     if (text) fputs(text, stdout);
     free(text);
     json_decref(ctx), json_decref(tools), json_decref(doc);

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/huge.h"
+#include "base/json_safe.h"
 #include "gguf/gguf.h"
 #include "kettle.h"
 #include "model/forward.h"
@@ -186,7 +187,11 @@ const char *kt_chat_builtin_template(const char *name) {
 
 static json_t *parse_json_arg(const char *text, const char *what, kt_error *err) {
     json_error_t jerr;
-    json_t *j = json_loads(text, 0, &jerr);
+    json_t *j = kt_json_loads(text, 0, &jerr);
+    if (!j && json_error_code(&jerr) == json_error_out_of_memory) {
+        kt_error_set(err, KT_ERR_NOMEM, "%s: out of memory reading the JSON", what);
+        return NULL;
+    }
     if (!j || !json_is_array(j)) {
         json_decref(j);
         kt_error_set(err, KT_ERR_ARG, "%s: expected a JSON array (%s)", what, j ? "got another type" : jerr.text);
@@ -208,7 +213,7 @@ static json_t *chat_context(const kt_model *m) {
 
 char *kt_chat_context_json(const kt_model *m) {
     json_t *ctx = chat_context(m);
-    char *s = ctx ? json_dumps(ctx, JSON_COMPACT) : NULL;
+    char *s = ctx ? kt_json_dumps(ctx, JSON_COMPACT) : NULL;
     json_decref(ctx);
     return s;
 }
@@ -224,11 +229,11 @@ char *kt_chat_apply_ex(const kt_model *m, const char *template_text, const char 
     }
     json_t *messages = parse_json_arg(messages_json, "messages", err), *tools = NULL, *ctx = NULL, *vars = NULL;
     char *out = NULL;
-    if (vars_json && !json_is_object(vars = json_loads(vars_json, 0, NULL))) {
+    if (vars_json && !json_is_object(vars = kt_json_loads(vars_json, 0, NULL))) {
         kt_error_set(err, KT_ERR_ARG, "chat template variables must be a JSON object");
     } else if (messages && (!tools_json || (tools = parse_json_arg(tools_json, "tools", err)))) {
-        if (parse_tool_arguments) kt_chat_parse_tool_arguments(messages);
-        if (!(ctx = chat_context(m)) || (vars && json_object_update(ctx, vars)))
+        if ((parse_tool_arguments && !kt_chat_parse_tool_arguments(messages)) || !(ctx = chat_context(m)) ||
+            (vars && json_object_update(ctx, vars)))
             kt_error_set(err, KT_ERR_NOMEM, "out of memory");
         else out = kt_chat_render(tmpl, messages, tools, add_generation_prompt, ctx, err);
     }

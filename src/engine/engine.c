@@ -414,8 +414,9 @@ static void choice_release(gen_choice *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* Queues an event; if the queue cannot grow (out of memory) the request
- * is cancelled at the next step, and the client sees it end. */
+/* Queues an event; if it cannot be queued (out of memory) the request is
+ * cancelled at the next step, and the client sees each unfinished choice
+ * end in error after the events queued before (request.h, `lost`). */
 static void push_event(kt_request *r, const kt_event *ev) {
     if (!req_push(r, ev)) atomic_store(&r->cancel, true);
 }
@@ -581,8 +582,8 @@ static void note_cached(kt_engine *e, kt_request *r, int before) {
 static bool start_request(kt_engine *e, kt_request *r) {
     kt_error err;
     gen_choice *c0 = &r->choices[0];
+    r->state = REQ_PREFILL; /* admitted: retire gives its reservation back, also when it fails here */
     if (!(c0->seq = kv_seq_new(e->kv, &err))) return false;
-    r->state = REQ_PREFILL;
     /* an embedding needs every token's hidden state: it computes them all */
     r->n_prefilled = r->n_cached = r->embed ? 0 : take_cached_prefix(e, r, c0->seq);
     note_cached(e, r, 0);

@@ -15,9 +15,10 @@
 static kt_status ensure(eng_grammar *eg, const kt_model *model, kt_error *err) {
     if (eg->trie) return KT_OK;
     const int n = kt_vocab_size(model->vocab);
-    eg->eog = malloc(sizeof *eg->eog * (size_t)n);
-    eg->mask = malloc(((size_t)n + 63) / 64 * sizeof *eg->mask);
-    eg->row = malloc(sizeof *eg->row * (size_t)n);
+    /* what an earlier call that failed made is kept (the next grammar tries again) */
+    if (!eg->eog) eg->eog = malloc(sizeof *eg->eog * (size_t)n);
+    if (!eg->mask) eg->mask = malloc(((size_t)n + 63) / 64 * sizeof *eg->mask);
+    if (!eg->row) eg->row = malloc(sizeof *eg->row * (size_t)n);
     if (!eg->eog || !eg->mask || !eg->row) return kt_error_set(err, KT_ERR_NOMEM, "out of memory for grammar sampling");
     eg->n_eog = 0;
     for (int32_t i = 0; i < n; i++)

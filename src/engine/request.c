@@ -5,6 +5,7 @@
  */
 #include "engine/request.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -74,17 +75,33 @@ nomem:
     return NULL;
 }
 
+_Static_assert(KT_MAX_CHOICES <= 32, "finish_queued and finish_lost are bit sets of choices");
+
+/* An event was dropped (mu held): the rest will be too. */
+static bool lose_locked(kt_request *r) {
+    r->lost = true;
+    pthread_cond_broadcast(&r->cv);
+    r->events_pending = true;
+    return false;
+}
+
 bool req_push(kt_request *r, const kt_event *ev) {
     char *text = dup_bytes(ev->text ? ev->text : "", ev->text ? ev->text_len : 0);
-    if (!text) return false;
     pthread_mutex_lock(&r->mu);
+    if (!text || r->lost) {
+        free(text);
+        bool ok = lose_locked(r);
+        pthread_mutex_unlock(&r->mu);
+        return ok;
+    }
     if (r->ev_len == r->ev_cap) {
         int cap = r->ev_cap ? 2 * r->ev_cap : 16;
         queued_event *q = malloc(sizeof *q * (size_t)cap);
         if (!q) {
+            bool ok = lose_locked(r);
             pthread_mutex_unlock(&r->mu);
             free(text);
-            return false;
+            return ok;
         }
         for (int i = 0; i < r->ev_len; i++) q[i] = r->events[(r->ev_head + i) % r->ev_cap];
         free(r->events);
@@ -95,6 +112,7 @@ bool req_push(kt_request *r, const kt_event *ev) {
     slot->text = text;
     slot->ev.text = text;
     r->ev_len++;
+    if (ev->finish != KT_FINISH_NONE && ev->choice >= 0 && ev->choice < 32) r->finish_queued |= 1u << ev->choice;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     r->events_pending = true;
@@ -131,9 +149,23 @@ void req_release(kt_request *r) {
     if (last) req_free_memory(r);
 }
 
+/* After the queued events of a lost request: an error end for the next
+ * choice whose end was not queued, from no memory; 0 when none is left. */
+static int lost_end_locked(kt_request *r, kt_event *ev) {
+    for (int i = 0; i < r->n_choices && i < 32; i++) {
+        if ((r->finish_queued | r->finish_lost) & (1u << i)) continue;
+        r->finish_lost |= 1u << i;
+        *ev = (kt_event){.choice = i, .token = -1, .text = "", .finish = KT_FINISH_ERROR};
+        snprintf(ev->error, sizeof ev->error, "out of memory: the engine could not hand over this reply's text");
+        return 1;
+    }
+    return 0;
+}
+
 /* Pops the oldest event into *ev (mu held); its text now belongs to the
  * client until the next pop. */
 static int pop_locked(kt_request *r, kt_event *ev) {
+    if (r->ev_len == 0 && r->lost && lost_end_locked(r, ev)) return 1;
     if (r->ev_len == 0) return r->done ? -1 : 0;
     queued_event *q = &r->events[r->ev_head];
     free(r->client_text);

@@ -98,6 +98,13 @@ struct kt_request {
     bool done;            /* the engine queued its last event */
     kt_request_usage usage;
     char *client_text;    /* text of the event the client read last */
+    /* An event could not be queued (out of memory): every later one is
+     * dropped, and once the client has read the queued ones each choice
+     * whose end was not queued ends in KT_FINISH_ERROR, made by the pop
+     * without memory, so an answer never goes on with a gap or ends as if
+     * complete. */
+    bool lost;
+    uint32_t finish_queued, finish_lost; /* by choice: an end queued; an error end handed out */
     atomic_bool cancel;
 
     /* engine only */
@@ -112,7 +119,8 @@ struct kt_request {
 
 /* A request with its parameters copied; NULL with err. */
 kt_request *req_new(const kt_gen_params *p, kt_error *err);
-/* Queues an event (text copied); false if out of memory. */
+/* Queues an event (text copied); false if out of memory, and then the
+ * request is `lost` (above). */
 bool req_push(kt_request *r, const kt_event *ev);
 /* Marks the request finished (no more events) and wakes the client. */
 void req_finish(kt_request *r);

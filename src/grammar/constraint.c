@@ -99,16 +99,20 @@ static bool u64map_put(u64map *m, uint64_t key, uint32_t val) {
     return true;
 }
 
-/* A growable uint32 vector. */
+/* A growable uint32 vector. A push that could not grow it sets `failed`
+ * for good: most pushes are in loops that go on, and the vector's owner
+ * checks the flag once it is done with them (a frame, a key word or a
+ * context node lost would give wrong masks). */
 typedef struct u32vec {
     uint32_t *v;
     uint32_t n, cap;
+    bool failed;
 } u32vec;
 
 static bool u32vec_grow(u32vec *a) {
     uint32_t cap = a->cap ? a->cap * 2 : 64;
     uint32_t *nv = realloc(a->v, cap * sizeof *nv);
-    if (!nv) return false;
+    if (!nv) return a->failed = true, false;
     a->v = nv, a->cap = cap;
     return true;
 }
@@ -340,7 +344,8 @@ static void expand(kt_constraint *c, uint32_t pos, uint32_t parent) {
     c->work.n = 0;
     u32vec_push(&c->work, pos), u32vec_push(&c->work, parent);
     uint32_t steps = 0;
-    while (c->work.n) {
+    /* work holds (pos, parent) pairs: one half lost would misread the rest */
+    while (c->work.n && !c->work.failed && !c->out.failed) {
         parent = c->work.v[--c->work.n];
         pos = c->work.v[--c->work.n];
         if (++steps > MAX_EXPAND_STEPS) return fail(c, "the grammar's expansion does not terminate");
@@ -376,6 +381,7 @@ static void expand(kt_constraint *c, uint32_t pos, uint32_t parent) {
         for (uint32_t a = 0; a < r->n_alts; a++)
             u32vec_push(&c->work, g->alts[r->first_alt + a]), u32vec_push(&c->work, ret);
     }
+    if (c->work.failed || c->out.failed) fail(c, "out of memory expanding the grammar");
 }
 
 static int cmp_u32(const void *a, const void *b) {
@@ -625,7 +631,7 @@ static bool class_key(kt_constraint *c, const chain *ch, uint32_t n_chains) {
             u32vec_push(&c->key, K_CHAIN_SEP);
         }
     }
-    return c->key.v != NULL && c->key.n > 0;
+    return !c->key.failed && c->key.n > 0;
 }
 
 static void set_range(uint64_t *bits, const int32_t *ids, uint32_t from, uint32_t to) {
@@ -834,7 +840,7 @@ static void walk(kt_constraint *c, uint32_t u, uint32_t s, uint64_t *bits, runs 
         }
         take(bits, r, t->sorted, t->first[i], t->first[i + 1]);
         const bool at_ctx = c->st_flags[next] & ST_CTX;
-        if (ctx && at_ctx) u32vec_push(ctx, i);
+        if (ctx && at_ctx) u32vec_push(ctx, i); /* failed: the caller sees ctx->failed */
         if (t->end[i] > i + 1) {
             if (t->end[i] - i >= SKIP_MIN_NODES && !(ctx && at_ctx) && subtree_live(c, next, i, ctx != NULL)) {
                 take(bits, r, t->sorted, t->first[i + 1], t->first[t->end[i]]);
@@ -1009,7 +1015,7 @@ static bool compose_class(kt_constraint *c, const chain *ch, uint32_t n_chains, 
             if (t->end[x] > x + 1) walk(c, x, next, c->scratch, NULL, ctx);
         }
     }
-    return !c->error[0];
+    return !c->error[0] && !ctx->failed;
 }
 
 /* The class of chains ch (one group): from the cache, or computed by
@@ -1042,7 +1048,7 @@ static gclass *class_of(kt_constraint *c, const chain *ch, uint32_t n_chains) {
             runs r = {0};
             if (s0 != DEAD) walk(c, 0, s0, c->scratch, &r, &ctx);
             runs_to_bits(c->trie, &r, c->cache->all, c->scratch, c->n_words);
-            ok = !r.failed;
+            ok = !r.failed && !ctx.failed;
             free(r.v.v);
         }
         ok = ok && store_accept(c, k) && group_ctx(c->trie, &ctx, &more, k);
@@ -1210,6 +1216,7 @@ static uint32_t step_token(kt_constraint *c, uint32_t s, int32_t token) {
         uint32_t m;
         const uint32_t *bf = frames_of(c, by_bytes, &m);
         for (uint32_t i = 0; i < m; i++) u32vec_push(&c->out, bf[i]);
+        if (c->out.failed) fail(c, "out of memory for parse states");
     }
     uint32_t next = c->error[0] ? DEAD : intern(c, from);
     c->out.n = from;

@@ -68,6 +68,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/json_safe.h"
 #include "grammar/grammar.h"
 
 /* Limits for hostile schemas; each breach is an error naming it. */
@@ -576,7 +577,7 @@ static char *rule_name(cx *c, const char *ptr) {
         if (old) sb_puts(&b, old);
         free(old);
     }
-    if (b.p[b.n - 1] != '-') sb_puts(&b, "-");
+    if (!b.oom && b.p[b.n - 1] != '-') sb_puts(&b, "-"); /* oom: nothing to read (ktake reports it) */
     sb_printf(&b, "%u", c->n_rules);
     return ktake(c, &b);
 }
@@ -798,7 +799,7 @@ static bool put_value(cx *c, sbuf *b, const json_t *v) {
         }
         return true;
     }
-    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+    char *s = kt_json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
     if (!s) return nomem(c), false;
     sb_lit(b, s, strlen(s));
     free(s);
@@ -1003,7 +1004,7 @@ static bool emit_number(cx *c, const node *n, sbuf *b, bool *any) {
         else t.n = mark;
     }
     if (t.oom) b->oom = true;
-    if (some) {
+    if (some && !t.oom) { /* oom: t.p may be NULL, and b fails anyway */
         t.p[t.n] = 0;
         sb_printf(b, "%s( ", *any ? " | " : "");
         sb_puts(b, t.p);
@@ -1400,7 +1401,7 @@ static bool obj_seq(cx *c, const obj *o, size_t i, bool first, sbuf *b, const ch
         return true;
     }
     json_t *js = json_string(o->p[i].key);
-    char *lit = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+    char *lit = js ? kt_json_dumps(js, JSON_ENCODE_ANY) : NULL;
     json_decref(js);
     if (!lit) return nomem(c), false;
     sbuf kv = {0};
@@ -1408,7 +1409,11 @@ static bool obj_seq(cx *c, const obj *o, size_t i, bool first, sbuf *b, const ch
     sb_lit(&kv, lit, strlen(lit));
     sb_printf(&kv, " ws \":\" ws %s ws ", o->p[i].rule);
     free(lit);
-    bool ok = !kv.oom;
+    if (kv.oom) { /* kv.p may be NULL */
+        free(kv.p);
+        return nomem(c), false;
+    }
+    bool ok = true;
     if (o->p[i].required) {
         sb_puts(b, kv.p);
         ok = ok && obj_seq(c, o, i + 1, false, b, memo_rules);

@@ -514,9 +514,17 @@ static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, co
         close(fd);
         return NULL;
     }
-    ssize_t got = 0, r;
-    while ((size_t)got < d->file_bytes + 1 && (r = read(fd, buf + got, d->file_bytes + 1 - (size_t)got)) > 0) got += r;
+    ssize_t got = 0, r = 0;
+    while ((size_t)got < d->file_bytes + 1 && (r = read(fd, buf + got, d->file_bytes + 1 - (size_t)got)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        got += r;
+    }
     close(fd);
+    if (r < 0) { /* a read that failed says nothing of the file: a miss, and the file stays */
+        free(buf);
+        return NULL;
+    }
     const kv_disk_expect x = expect_of(d, key, parent, ids);
     *bad = !kv_disk_check_block(buf, (size_t)got, &x, windows);
     if (*bad) {

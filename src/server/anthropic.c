@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_safe.h"
+
 #define INVALID "invalid_request_error"
 
 static bool oom(srv_error *e) { return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"); }
@@ -107,7 +109,7 @@ static bool add_assistant_blocks(json_t *msgs, json_t *blocks, size_t i, srv_err
             continue; /* encrypted by another server: nothing kettle can read */
         } else if (type && !strcmp(type, "tool_use") && json_is_string(id) && json_is_string(name) &&
                    json_is_object(input)) {
-            char *args = json_dumps(input, JSON_COMPACT);
+            char *args = kt_json_dumps(input, JSON_COMPACT);
             ok = args && push(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
                                                "name", name, "arguments", args), e);
             free(args);
@@ -170,6 +172,7 @@ static json_t *messages_of(json_t *body, srv_error *e) {
 static json_t *tools_of(json_t *tools, srv_error *e) {
     if (!json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array"), NULL;
     json_t *out = json_array();
+    if (!out) return oom(e), NULL;
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -185,7 +188,7 @@ static json_t *tools_of(json_t *tools, srv_error *e) {
         if (fn && (!srv_copy_field(fn, t, "name") || !srv_copy_field(fn, t, "description"))) json_decref(fn), fn = NULL;
         json_t *schema = json_object_get(t, "input_schema");
         if (fn && schema && json_object_set(fn, "parameters", schema)) json_decref(fn), fn = NULL;
-        if (!out || !push(out, fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL, e)) {
+        if (!push(out, fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL, e)) {
             json_decref(out);
             return NULL;
         }
@@ -303,10 +306,13 @@ static json_t *usage_of(int prompt, int cached, int completion) {
 }
 
 /* NULL when the arguments are not a JSON object: the grammar makes them
- * one, so only a call cut by max_tokens is left out (stop_reason says so). */
-static json_t *tool_use_block(const char *id, const char *name, const char *args, size_t n) {
-    json_t *input = srv_args_object(args, n);
-    return input ? json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name", name, "input", input) : NULL;
+ * one, so only a call cut by max_tokens is left out (stop_reason says so);
+ * *oom: NULL because memory ran out, which must fail the answer instead. */
+static json_t *tool_use_block(const char *id, const char *name, const char *args, size_t n, bool *oom) {
+    json_t *input = srv_args_object(args, n, oom);
+    json_t *blk = input ? json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name", name, "input", input) : NULL;
+    if (input && !blk) *oom = true;
+    return blk;
 }
 
 static json_t *content_of(json_t *msg) {
@@ -321,10 +327,11 @@ static json_t *content_of(json_t *msg) {
     json_t *c;
     json_array_foreach(calls, i, c) if (ok) {
         json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+        bool oom;
         json_t *blk = tool_use_block(json_string_value(json_object_get(c, "id")),
                                      json_string_value(json_object_get(fn, "name")), json_string_value(args),
-                                     json_string_length(args));
-        ok = !blk || push(out, blk, &e);
+                                     json_string_length(args), &oom);
+        ok = blk ? push(out, blk, &e) : !oom;
     }
     if (!ok) json_decref(out), out = NULL;
     return out;
@@ -368,7 +375,7 @@ static char *messages_error_json(const srv_error *e) {
     char msg[sizeof e->msg];
     snprintf(msg, sizeof msg, "%s", srv_utf8_valid(e->msg, strlen(e->msg)) ? e->msg : "invalid request");
     json_t *j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", error_type(e->status), "message", msg);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
 }

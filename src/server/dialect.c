@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_safe.h"
+
 /* ---- blocks ---- */
 
 static bool block_close(srv_blocks *bs, const srv_block_ops *ops, void *ctx) {
@@ -79,7 +81,7 @@ void srv_blocks_free(srv_blocks *bs) {
 /* ---- shared helpers ---- */
 
 bool srv_buf_event(srv_buf *b, const char *name, json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     bool ok = s && srv_buf_append(b, "event: ", 7) && srv_buf_append(b, name, strlen(name)) &&
               srv_buf_append(b, "\ndata: ", 7) && srv_buf_append(b, s, strlen(s)) && srv_buf_append(b, "\n\n", 2);
@@ -129,8 +131,10 @@ json_t *srv_parts_text(json_t *content, const char *const *types, const char *wh
     return s;
 }
 
-json_t *srv_args_object(const char *s, size_t n) {
-    json_t *j = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+json_t *srv_args_object(const char *s, size_t n, bool *oom) {
+    json_error_t je;
+    json_t *j = kt_json_loadb(s, n, JSON_DECODE_ANY, &je);
+    *oom = !j && json_error_code(&je) == json_error_out_of_memory;
     if (j && !json_is_object(j)) json_decref(j), j = NULL;
     return j;
 }

@@ -105,7 +105,8 @@ bool srv_copy_field(json_t *chat, json_t *body, const char *key);
  * (naming `where`) for another part type or shape. */
 json_t *srv_parts_text(json_t *content, const char *const *types, const char *where, srv_error *e);
 /* A call's arguments text parsed as JSON (the object a tool_use block
- * carries). NULL if it is not a JSON object (a call cut short). */
-json_t *srv_args_object(const char *s, size_t n);
+ * carries). NULL if it is not a JSON object (a call cut short), or when
+ * out of memory (*oom). */
+json_t *srv_args_object(const char *s, size_t n, bool *oom);
 
 #endif

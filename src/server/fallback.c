@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_safe.h"
 #include "server/http_internal.h"
 #include "server/upstream.h"
 
@@ -315,9 +316,9 @@ static char *upstream_body(const srv_conn *c, const srv_fb_state *fb, size_t *le
         if (b) memcpy(b, c->body.data, c->body.len), b[c->body.len] = 0, *len = c->body.len;
         return b;
     }
-    json_t *j = json_loadb(c->body.data, c->body.len, 0, NULL); /* parsed once already: it is JSON */
+    json_t *j = kt_json_loadb(c->body.data, c->body.len, 0, NULL); /* parsed once already: it is JSON */
     char *s = NULL;
-    if (j && !json_object_set_new(j, "model", json_string(fb->cfg.model))) s = json_dumps(j, JSON_COMPACT);
+    if (j && !json_object_set_new(j, "model", json_string(fb->cfg.model))) s = kt_json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (s) *len = strlen(s);
     return s;

@@ -24,6 +24,7 @@
 
 #include "base/timing.h"
 #include "base/error.h"
+#include "base/json_safe.h"
 #include "server/http_internal.h"
 #include "server/reqlog.h"
 #include "server/sampled.h"
@@ -121,7 +122,7 @@ enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, c
 }
 
 enum MHD_Result srv_respond_json(srv_conn *c, int status, json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!s) {
         srv_error e;
@@ -147,9 +148,11 @@ json_t *srv_parse_body(srv_conn *c, srv_error *e) {
         return srv_fail(e, 400, "invalid_request_error", NULL, "nesting_too_deep",
                         "the request body nests %d levels deep; at most %d are allowed", depth, SRV_MAX_JSON_DEPTH),
                NULL;
-    json_t *j = json_loadb(c->body.data, c->body.len, 0, &je);
+    json_t *j = kt_json_loadb(c->body.data, c->body.len, 0, &je);
     if (j) return j;
-    if (json_error_code(&je) == json_error_invalid_utf8)
+    if (json_error_code(&je) == json_error_out_of_memory) /* the body is not at fault */
+        srv_fail(e, 500, "server_error", NULL, NULL, "out of memory reading the request body");
+    else if (json_error_code(&je) == json_error_invalid_utf8)
         srv_fail(e, 400, "invalid_request_error", NULL, NULL, "the request body is not valid UTF-8 (%s at byte %d)",
                  je.text, je.position);
     else

@@ -11,6 +11,7 @@
 #include "server/openai.h"
 
 #include "base/error.h"
+#include "base/json_safe.h"
 #include "grammar/json_schema.h"
 #include "server/sampled.h"
 #include "text/utf8.h"
@@ -44,7 +45,7 @@ char *srv_error_json(const srv_error *e) {
                           e->type ? e->type : "server_error", "param",
                           e->param[0] ? json_string(e->param) : json_null(), "code",
                           e->code ? json_string(e->code) : json_null());
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
 }
@@ -99,21 +100,25 @@ static bool parse_model(json_t *body, srv_error *e) {
 }
 
 /* OpenAI content parts ([{"type":"text","text":...}]) joined into one
- * string, which is what chat templates expect. NULL if not text parts. */
-static json_t *join_text_parts(json_t *parts) {
+ * string, which is what chat templates expect. NULL if not text parts,
+ * or (*oom) when out of memory. */
+static json_t *join_text_parts(json_t *parts, bool *oom) {
     srv_buf b = {0};
     size_t i;
     json_t *p;
+    *oom = false;
     json_array_foreach(parts, i, p) {
         json_t *type = json_object_get(p, "type"), *text = json_object_get(p, "text");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text) ||
-            !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
+        const bool is_text = json_is_string(type) && !strcmp(json_string_value(type), "text") && json_is_string(text);
+        if (!is_text || !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
+            *oom = is_text;
             srv_buf_free(&b);
             return NULL;
         }
     }
-    json_t *s = json_stringn(b.data ? b.data : "", b.len);
+    json_t *s = json_stringn(b.data ? b.data : "", b.len); /* valid UTF-8: jansson parsed the parts */
     srv_buf_free(&b);
+    *oom = !s;
     return s;
 }
 
@@ -127,11 +132,13 @@ static bool check_message(json_t *msg, size_t i, srv_error *e) {
         return srv_fail(e, 400, INVALID, "messages", NULL,
                         "'messages[%zu].content' must be a string or an array of text parts", i);
     if (json_is_array(content)) {
-        json_t *joined = join_text_parts(content);
-        if (!joined)
+        bool oom;
+        json_t *joined = join_text_parts(content, &oom);
+        if (!joined && !oom)
             return srv_fail(e, 400, INVALID, "messages", NULL,
                             "'messages[%zu].content': only parts of type \"text\" are supported", i);
-        json_object_set_new(msg, "content", joined);
+        if (!joined || json_object_set_new(msg, "content", joined))
+            return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     return true;
 }
@@ -583,7 +590,7 @@ static char *render_chat(const kt_model *m, const char *tmpl, srv_gen_req *r, sr
         return srv_fail(e, 400, INVALID, "messages", NULL, "the model has no chat template; start the server with "
                         "--chat-template (a Jinja file, or a built-in)"), NULL;
     char *ctx = kt_chat_context_json(m);
-    json_t *vars = ctx ? json_loads(ctx, 0, NULL) : NULL;
+    json_t *vars = ctx ? kt_json_loads(ctx, 0, NULL) : NULL;
     free(ctx);
     kt_error err = {0};
     char *out = NULL;
@@ -698,7 +705,7 @@ bool srv_buf_append(srv_buf *b, const char *s, size_t n) {
 }
 
 bool srv_buf_sse(srv_buf *b, json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     bool ok = s && srv_buf_append(b, "data: ", 6) && srv_buf_append(b, s, strlen(s)) && srv_buf_append(b, "\n\n", 2);
     free(s);
@@ -761,7 +768,8 @@ json_t *srv_token_json(const kt_model *m, int32_t token, json_t **bytes) {
     if (token_bytes(m, token, &b)) s = json_stringn(b.data ? b.data : "", b.len);
     if (s && bytes) {
         *bytes = json_array();
-        for (size_t i = 0; *bytes && i < b.len; i++) json_array_append_new(*bytes, json_integer((unsigned char)b.data[i]));
+        for (size_t i = 0; *bytes && i < b.len; i++) /* out of memory: no array, rather than one missing bytes */
+            if (json_array_append_new(*bytes, json_integer((unsigned char)b.data[i]))) json_decref(*bytes), *bytes = NULL;
         if (!*bytes) json_decref(s), s = NULL;
     }
     srv_buf_free(&b);

@@ -25,7 +25,8 @@ static json_t *chat_lp_item(const kt_model *m, const kt_token_logprob *lp, const
     json_t *o = tok ? json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp->logprob, "bytes", bytes) : NULL;
     if (!o || !top) return o;
     json_t *arr = json_array();
-    for (int i = 0; arr && i < top->n_top; i++) json_array_append_new(arr, chat_lp_item(m, &top->top[i], NULL));
+    for (int i = 0; arr && i < top->n_top; i++) /* out of memory: no answer, rather than one missing an item */
+        if (json_array_append_new(arr, chat_lp_item(m, &top->top[i], NULL))) json_decref(arr), arr = NULL;
     if (!arr || json_object_set_new(o, "top_logprobs", arr)) json_decref(o), o = NULL;
     return o;
 }
@@ -35,15 +36,18 @@ static bool completion_lp_add(const kt_model *m, const kt_event *ev, json_t *tok
                               json_t *offsets, size_t *offset) {
     json_t *tok = srv_token_json(m, ev->logprob.token, NULL), *top = json_object();
     if (!tok || !top) return json_decref(tok), json_decref(top), false;
-    for (int i = 0; i < ev->n_top; i++) {
+    bool ok = true; /* out of memory: the caller fails the answer, rather than send one missing an item */
+    for (int i = 0; ok && i < ev->n_top; i++) {
         json_t *t = srv_token_json(m, ev->top[i].token, NULL);
-        if (t) json_object_set_new(top, json_string_value(t), json_real(ev->top[i].logprob));
+        ok = t && !json_object_set_new(top, json_string_value(t), json_real(ev->top[i].logprob));
         json_decref(t);
     }
-    json_array_append_new(offsets, json_integer((json_int_t)*offset));
+    if (!ok || json_array_append_new(offsets, json_integer((json_int_t)*offset)))
+        return json_decref(tok), json_decref(top), false;
     *offset += json_string_length(tok);
-    return !json_array_append_new(tokens, tok) && !json_array_append_new(tlps, json_real(ev->logprob.logprob)) &&
-           !json_array_append_new(tops, top);
+    if (json_array_append_new(tokens, tok) || json_array_append_new(tlps, json_real(ev->logprob.logprob)))
+        return json_decref(top), false; /* top was not handed over yet */
+    return !json_array_append_new(tops, top);
 }
 
 /* ---- gathering a whole answer ---- */
@@ -105,7 +109,8 @@ static bool on_delta(void *ctx, const kt_tool_delta *d) {
     }
     if (ok && rp->streaming) {
         json_t *ch = delta_choice(c, d);
-        ok = ch && (rp->pending || (rp->pending = json_array())) && !json_array_append_new(rp->pending, ch);
+        if (ch && !rp->pending && !(rp->pending = json_array())) json_decref(ch), ch = NULL;
+        ok = ch && !json_array_append_new(rp->pending, ch);
     }
     return ok;
 }
@@ -293,6 +298,7 @@ json_t *srv_reply_json(const srv_reply *rp, const kt_request_usage *u) {
     }
     if (!o || !choices || json_object_set_new(o, "choices", choices) ||
         json_object_set_new(o, "usage", usage_json(u))) {
+        if (!o) json_decref(choices); /* else the failed set took it */
         json_decref(o);
         return NULL;
     }
@@ -304,7 +310,11 @@ json_t *srv_reply_json(const srv_reply *rp, const kt_request_usage *u) {
 /* The chunk envelope with one choice. */
 static json_t *chunk(const srv_reply *rp, json_t *choice, bool include_usage) {
     json_t *o = envelope(rp, rp->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    if (!o || !choice || json_object_set_new(o, "choices", json_pack("[o]", choice)) ||
+    if (!o || !choice) { /* the one that was made is ours to free */
+        json_decref(o), json_decref(choice);
+        return NULL;
+    }
+    if (json_object_set_new(o, "choices", json_pack("[o]", choice)) ||
         (include_usage && json_object_set_new(o, "usage", json_null()))) {
         json_decref(o);
         return NULL;

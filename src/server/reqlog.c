@@ -5,6 +5,7 @@
  */
 #include "server/reqlog.h"
 
+#include "base/json_safe.h"
 #include "base/timing.h"
 #include "server/http_internal.h"
 
@@ -42,7 +43,7 @@ static bool safe_bare(const char *s) {
 static char *quoted(const char *s) {
     json_t *j = json_string(s);
     if (!j) j = json_string("(not UTF-8)");
-    char *q = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+    char *q = j ? kt_json_dumps(j, JSON_ENCODE_ANY) : NULL;
     json_decref(j);
     return q;
 }
@@ -79,7 +80,7 @@ static char *json_line(const srv_reqlog_entry *e, const char *when) {
     }
     if (j && e->fallback) json_object_set_new(j, "fallback", json_string(e->fallback));
     if (j) json_object_set_new(j, "total_ms", json_real(e->total_ms));
-    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
+    char *s = j ? kt_json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
     json_decref(j);
     char *line = s ? realloc(s, strlen(s) + 2) : NULL;
     if (!line) return free(s), NULL;

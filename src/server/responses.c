@@ -180,6 +180,7 @@ static json_t *messages_of(json_t *body, srv_error *e) {
 static json_t *tools_of(json_t *tools, srv_error *e) {
     if (!json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array"), NULL;
     json_t *out = json_array();
+    if (!out) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -195,7 +196,7 @@ static json_t *tools_of(json_t *tools, srv_error *e) {
         const char *keys[] = {"name", "description", "parameters", "strict"};
         for (size_t k = 0; fn && k < sizeof keys / sizeof keys[0]; k++)
             if (!srv_copy_field(fn, t, keys[k])) json_decref(fn), fn = NULL;
-        if (!fn || !out || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
+        if (!fn || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
             json_decref(out);
             return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
         }
@@ -385,7 +386,9 @@ static json_t *echo(json_t *body, const char *key, json_t *dflt) {
     return dflt;
 }
 
-/* The response object; output, usage, incomplete and error are stolen. */
+/* The response object; output, usage, incomplete and error are stolen
+ * (NULL: none; a caller whose value could not be made must not pass NULL
+ * for it, which would answer null in its place). */
 static json_t *response_object(json_t *body, const srv_reply *rp, const char *status, json_t *output, json_t *usage,
                                json_t *incomplete, json_t *error) {
     json_t *o = json_pack(
@@ -470,8 +473,9 @@ static json_t *responses_from_chat(json_t *body, json_t *done, const srv_reply *
                              (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
                                                                      "cached_tokens")),
                              (int)json_integer_value(json_object_get(u, "completion_tokens")));
-    return response_object(body, rp, cut ? "incomplete" : "completed", output, usage,
-                           cut ? json_pack("{s:s}", "reason", "max_output_tokens") : NULL, NULL);
+    json_t *incomplete = cut ? json_pack("{s:s}", "reason", "max_output_tokens") : NULL;
+    if (!usage || (cut && !incomplete)) return json_decref(output), json_decref(usage), json_decref(incomplete), NULL;
+    return response_object(body, rp, cut ? "incomplete" : "completed", output, usage, incomplete, NULL);
 }
 
 static char *responses_error_json(const srv_error *e) { return srv_error_json(e); }
@@ -541,7 +545,8 @@ static bool on_open(void *ctx, const srv_block *b) {
     if (ok && b->kind == SRV_BLOCK_TEXT) {
         json_t *f = item_ref(x, b);
         ok = f && !json_object_set_new(f, "content_index", json_integer(0)) &&
-             !json_object_set_new(f, "part", text_part("", 0)) && event(x, "response.content_part.added", f);
+             !json_object_set_new(f, "part", text_part("", 0));
+        ok = ok ? event(x, "response.content_part.added", f) : (json_decref(f), false); /* event takes f */
     }
     return ok;
 }
@@ -550,14 +555,18 @@ static bool on_delta(void *ctx, const srv_block *b, const char *s, size_t n) {
     srv_xlate *x = ctx;
     json_t *f = item_ref(x, b);
     if (!f || json_object_set_new(f, "delta", json_stringn(s, n))) return json_decref(f), false;
+    /* event takes f; a field that could not be set leaves it to us */
     switch (b->kind) {
     case SRV_BLOCK_REASONING:
-        return !json_object_set_new(f, "content_index", json_integer(0)) && event(x, "response.reasoning_text.delta", f);
+        if (json_object_set_new(f, "content_index", json_integer(0))) break;
+        return event(x, "response.reasoning_text.delta", f);
     case SRV_BLOCK_TEXT:
-        return !json_object_set_new(f, "content_index", json_integer(0)) &&
-               !json_object_set_new(f, "logprobs", json_array()) && event(x, "response.output_text.delta", f);
+        if (json_object_set_new(f, "content_index", json_integer(0)) || json_object_set_new(f, "logprobs", json_array()))
+            break;
+        return event(x, "response.output_text.delta", f);
     case SRV_BLOCK_CALL: return event(x, "response.function_call_arguments.delta", f);
     }
+    json_decref(f);
     return false;
 }
 
@@ -577,14 +586,14 @@ static bool on_close(void *ctx, const srv_block *b) {
     if (ok && b->kind == SRV_BLOCK_TEXT) {
         json_t *p = item_ref(x, b);
         ok = p && !json_object_set_new(p, "content_index", json_integer(0)) &&
-             !json_object_set_new(p, "part", text_part(b->text.data ? b->text.data : "", b->text.len)) &&
-             event(x, "response.content_part.done", p);
+             !json_object_set_new(p, "part", text_part(b->text.data ? b->text.data : "", b->text.len));
+        ok = ok ? event(x, "response.content_part.done", p) : (json_decref(p), false); /* event takes p */
     }
     json_decref(f), json_decref(text);
     /* the block the finish closes is the one a length limit cut */
     json_t *item = ok ? block_item(x, b, strcmp(x->blocks.finish, "length") ? "completed" : "incomplete") : NULL;
-    ok = item && !json_array_append(x->output, item) &&
-         event(x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", b->index, "item", item));
+    if (item && json_array_append(x->output, item)) json_decref(item), item = NULL; /* our reference, not taken */
+    ok = item && event(x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", b->index, "item", item));
     return ok;
 }
 
@@ -609,9 +618,11 @@ static bool responses_stream_end(srv_xlate *x, const kt_request_usage *u, srv_bu
     x->out = out;
     if (!start(x) || !srv_blocks_close(&x->blocks, &OPS, x)) return false;
     bool cut = !strcmp(x->blocks.finish, "length");
-    json_t *resp = response_object(x->body, x->rp, cut ? "incomplete" : "completed", json_incref(x->output),
-                                   usage_of(u->prompt_tokens, u->cached_tokens, u->completion_tokens),
-                                   cut ? json_pack("{s:s}", "reason", "max_output_tokens") : NULL, NULL);
+    json_t *usage = usage_of(u->prompt_tokens, u->cached_tokens, u->completion_tokens);
+    json_t *incomplete = cut ? json_pack("{s:s}", "reason", "max_output_tokens") : NULL;
+    if (!usage || (cut && !incomplete)) return json_decref(usage), json_decref(incomplete), false;
+    json_t *resp = response_object(x->body, x->rp, cut ? "incomplete" : "completed", json_incref(x->output), usage,
+                                   incomplete, NULL);
     return event(x, cut ? "response.incomplete" : "response.completed", json_pack("{s:o}", "response", resp));
 }
 
@@ -619,9 +630,10 @@ static bool responses_stream_error(srv_xlate *x, const char *msg, srv_buf *out) 
     x->out = out;
     const char *m = msg[0] ? msg : "the engine failed";
     json_t *err = json_pack("{s:s, s:s}", "code", "server_error", "message", m);
-    return start(x) &&
-           event(x, "error", json_pack("{s:s, s:s, s:n}", "code", "server_error", "message", m, "param")) &&
-           event(x, "response.failed",
+    if (!err || !start(x) ||
+        !event(x, "error", json_pack("{s:s, s:s, s:n}", "code", "server_error", "message", m, "param")))
+        return json_decref(err), false;
+    return event(x, "response.failed",
                  json_pack("{s:o}", "response",
                            response_object(x->body, x->rp, "failed", json_incref(x->output), NULL, NULL, err)));
 }

@@ -5,6 +5,7 @@
 #include "text/chat.h"
 
 #include "base/error.h"
+#include "base/json_safe.h"
 #include "text/jinja.h"
 
 static json_t *chat_vars(const json_t *messages, const json_t *tools,
@@ -54,16 +55,20 @@ char *kt_chat_render(const char *template_text, const json_t *messages,
                              add_generation_prompt, context, 0, err);
 }
 
-void kt_chat_parse_tool_arguments(json_t *messages) {
+bool kt_chat_parse_tool_arguments(json_t *messages) {
     size_t i, j;
     json_t *msg, *call;
     json_array_foreach(messages, i, msg) {
         json_array_foreach(json_object_get(msg, "tool_calls"), j, call) {
             json_t *fn = json_object_get(call, "function");
             const char *args = json_string_value(json_object_get(fn, "arguments"));
-            json_t *parsed = args ? json_loads(args, 0, NULL) : NULL;
-            if (json_is_object(parsed)) json_object_set_new(fn, "arguments", parsed);
-            else json_decref(parsed);
+            json_error_t je;
+            json_t *parsed = args ? kt_json_loads(args, 0, &je) : NULL;
+            /* out of memory is not "not JSON": the template would see a string */
+            if (args && !parsed && json_error_code(&je) == json_error_out_of_memory) return false;
+            if (json_is_object(parsed) && json_object_set_new(fn, "arguments", parsed)) return false;
+            if (!json_is_object(parsed)) json_decref(parsed);
         }
     }
+    return true;
 }

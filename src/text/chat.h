@@ -34,7 +34,8 @@ char *kt_chat_render_at(const char *template_text, const json_t *messages,
 /* OpenAI clients send tool-call arguments as a JSON string; templates
  * index them as objects (`tool_call.arguments.city`). Replaces, in place,
  * every `tool_calls[].function.arguments` string that holds a JSON object
- * by that object; other values are left as they are. */
-void kt_chat_parse_tool_arguments(json_t *messages);
+ * by that object; other values are left as they are. False when out of
+ * memory (some arguments may be left as strings then). */
+bool kt_chat_parse_tool_arguments(json_t *messages);
 
 #endif

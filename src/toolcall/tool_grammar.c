@@ -117,32 +117,32 @@ static const json_t *fn_params(const json_t *tool) {
  * are the parameters it declares (as OpenAI's strict mode, llama.cpp and
  * XGrammar read such a schema for a call). Left open, a model may append
  * invented properties until max_tokens cuts the call. */
-static void close_objects(json_t *s) {
-    if (!json_is_object(s)) return;
+static bool close_objects(json_t *s) { /* false: out of memory */
+    if (!json_is_object(s)) return true;
     if (json_is_object(json_object_get(s, "properties")) && !json_object_get(s, "additionalProperties") &&
-        !json_object_get(s, "patternProperties") && !json_object_get(s, "unevaluatedProperties"))
-        json_object_set_new(s, "additionalProperties", json_false());
+        !json_object_get(s, "patternProperties") && !json_object_get(s, "unevaluatedProperties") &&
+        json_object_set_new(s, "additionalProperties", json_false()))
+        return false;
     static const char *const maps[] = {"properties", "$defs", "definitions"};
     static const char *const lists[] = {"anyOf", "oneOf", "allOf", "prefixItems"};
     for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
         const char *k;
         json_t *v;
-        json_object_foreach(json_object_get(s, maps[i]), k, v) close_objects(v);
+        json_object_foreach(json_object_get(s, maps[i]), k, v) if (!close_objects(v)) return false;
     }
     for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
         size_t j;
         json_t *v;
-        json_array_foreach(json_object_get(s, lists[i]), j, v) close_objects(v);
+        json_array_foreach(json_object_get(s, lists[i]), j, v) if (!close_objects(v)) return false;
     }
-    close_objects(json_object_get(s, "items"));
+    return close_objects(json_object_get(s, "items"));
 }
 
 /* Appends schema's rules as PREFIX-*; false with err set. */
 static bool add_schema(gcx *g, const json_t *schema, const char *prefix, const char *what) {
     kt_error e = {0};
     json_t *own = schema ? json_deep_copy(schema) : json_pack("{s:s, s:{}}", "type", "object", "properties");
-    close_objects(own);
-    char *gbnf = own ? kt_json_schema_to_gbnf(own, &e) : NULL;
+    char *gbnf = own && close_objects(own) ? kt_json_schema_to_gbnf(own, &e) : NULL;
     json_decref(own);
     if (!gbnf) {
         kt_error_set(g->err, e.status ? e.status : KT_ERR_NOMEM, "%s: %s", what, e.msg[0] ? e.msg : "out of memory");
@@ -305,7 +305,7 @@ static bool py_call(gcx *g, const json_t *tool, int t) {
     }
     while (n_open--) sb_puts(&r, " )?"); /* the first optional one, when none is required */
     sb_puts(&r, " \")\"\n");
-    sb_putn(&g->rules, r.p, r.n);
+    if (!r.oom) sb_putn(&g->rules, r.p, r.n); /* oom: r.p may be NULL */
     g->rules.oom |= r.oom;
     free(r.p);
     return true;
@@ -345,7 +345,7 @@ static bool add_tool(gcx *g, const json_t *tool, int t) {
 /* ---- the grammars ---- */
 
 static char *finish(sbuf *root, const sbuf *rules) {
-    sb_putn(root, rules->p, rules->n);
+    if (!rules->oom) sb_putn(root, rules->p, rules->n); /* oom: rules->p may be NULL */
     if (root->oom || rules->oom) {
         free(root->p);
         return NULL;

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/json_safe.h"
+#include "text/utf8.h"
 #include "toolcall/format_int.h"
 
 typedef struct tbuf {
@@ -417,10 +419,22 @@ static bool send_args(kt_tool_parser *p, size_t upto) {
     return out(p, KT_TD_ARGS, p->raw.p + from, upto - from);
 }
 
+/* s[0..n) as a JSON value, or NULL: not JSON, or (*oom) out of memory,
+ * which must not pass for "not JSON" (a call would lose its arguments or
+ * turn into content). */
+static json_t *parse_any(const char *s, size_t n, bool *oom) {
+    json_error_t je;
+    json_t *j = kt_json_loadb(s, n, JSON_DECODE_ANY, &je);
+    *oom = !j && json_error_code(&je) == json_error_out_of_memory;
+    return j;
+}
+
 /* Arguments given as a JSON string holding JSON: sent decoded, once. */
 static bool send_string_args(kt_tool_parser *p) {
     if (!p->js.has_args || p->raw.p[p->js.args_from] != '"' || p->args_sent) return true;
-    json_t *s = json_loadb(p->raw.p + p->js.args_from, p->js.args_to - p->js.args_from, JSON_DECODE_ANY, NULL);
+    bool oom;
+    json_t *s = parse_any(p->raw.p + p->js.args_from, p->js.args_to - p->js.args_from, &oom);
+    if (oom) return p->failed = true, false;
     bool ok = !json_is_string(s) || out(p, KT_TD_ARGS, json_string_value(s), json_string_length(s));
     p->args_sent = 1;
     json_decref(s);
@@ -434,7 +448,9 @@ static bool json_state(kt_tool_parser *p) {
         if (!p->js.started && isspace((unsigned char)p->pend.p[i])) continue;
         if (!scan_object(&p->js, p->f, p->pend.p[i], p->raw.n - 1)) return p->failed = true, false;
         if (!p->announced && p->js.has_name) {
-            json_t *s = json_loadb(p->raw.p + p->js.name_from, p->js.name_to - p->js.name_from, JSON_DECODE_ANY, NULL);
+            bool oom;
+            json_t *s = parse_any(p->raw.p + p->js.name_from, p->js.name_to - p->js.name_from, &oom);
+            if (oom) return p->failed = true, false;
             bool ok = json_is_string(s) && tb_add(&p->name, json_string_value(s), json_string_length(s));
             json_decref(s);
             if (ok && !announce(p)) return false;
@@ -603,11 +619,13 @@ static bool send_param(kt_tool_parser *p) {
     if (n && v[n - 1] == '\n') n--;
     const char *ty = param_type(p, p->key.p);
     json_t *val = NULL;
-    if (!ty || strcmp(ty, "string")) val = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+    bool oom = false;
+    if (!ty || strcmp(ty, "string")) val = parse_any(v, n, &oom);
+    if (oom) return p->failed = true, false;
     if (!val) val = json_stringn(v, n);
-    char *vs = val ? json_dumps(val, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    char *vs = val ? kt_json_dumps(val, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     json_t *k = json_string(p->key.p);
-    char *ks = k ? json_dumps(k, JSON_ENCODE_ANY) : NULL;
+    char *ks = k ? kt_json_dumps(k, JSON_ENCODE_ANY) : NULL;
     tbuf b = {0};
     bool ok = vs && ks && tb_add(&b, p->n_params ? ", " : "{", p->n_params ? 2 : 1) && tb_add(&b, ks, strlen(ks)) &&
               tb_add(&b, ": ", 2) && tb_add(&b, vs, strlen(vs));
@@ -824,7 +842,8 @@ static bool code_state(kt_tool_parser *p) {
 
 /* One Python literal at s[0..n) as JSON: a quoted string, True / False /
  * None, or JSON itself (numbers, lists and dicts written as JSON). */
-static json_t *py_literal(const char *s, size_t n) {
+static json_t *py_literal(const char *s, size_t n, bool *oom) {
+    *oom = false;
     while (n && isspace((unsigned char)s[n - 1])) n--;
     if (n == 4 && !memcmp(s, "True", 4)) return json_true();
     if (n == 5 && !memcmp(s, "False", 5)) return json_false();
@@ -841,17 +860,20 @@ static json_t *py_literal(const char *s, size_t n) {
             ok = tb_add(&b, &c, 1);
         }
         json_t *v = ok ? json_stringn(b.p, b.n) : NULL;
+        *oom = !ok || (!v && kt_utf8_valid(b.p, b.n, NULL)); /* else not text JSON can hold */
         free(b.p);
         return v;
     }
-    return json_loadb(s, n, JSON_DECODE_ANY, NULL);
+    return parse_any(s, n, oom);
 }
 
-/* `k1="v", k2=3` as a JSON object's text (malloc'ed), or NULL. */
-static char *py_kwargs_json(const char *s, size_t n) {
+/* `k1="v", k2=3` as a JSON object's text (malloc'ed), or NULL: not such
+ * text, or (*oom) out of memory. */
+static char *py_kwargs_json(const char *s, size_t n, bool *oom) {
     json_t *obj = json_object();
     size_t i = 0;
     bool ok = obj != NULL;
+    *oom = !obj;
     while (ok) {
         while (i < n && isspace((unsigned char)s[i])) i++;
         if (i == n) break;
@@ -875,11 +897,13 @@ static char *py_kwargs_json(const char *s, size_t n) {
             else if (c == ',' && depth == 0) break;
         }
         while (v0 < i && isspace((unsigned char)s[v0])) v0++;
-        json_t *v = py_literal(s + v0, i - v0);
+        json_t *v = py_literal(s + v0, i - v0, oom);
         ok = v && !json_object_setn_new(obj, s + k0, k1 - k0, v);
+        if (v && !ok) *oom = true; /* setn refuses only for memory here: the key is ASCII */
         if (i < n) i++; /* the ',' */
     }
-    char *text = ok ? json_dumps(obj, JSON_COMPACT) : NULL;
+    char *text = ok ? kt_json_dumps(obj, JSON_COMPACT) : NULL;
+    if (ok && !text) *oom = true;
     json_decref(obj);
     return text;
 }
@@ -940,7 +964,9 @@ static bool pycall_state(kt_tool_parser *p) {
         return p->failed = true, false;
     tb_drop(&p->pend, i);
     if (!closed) return p->final ? py_not_a_call(p) : false;
-    char *args = py_kwargs_json(p->val.p, p->val.n);
+    bool oom;
+    char *args = py_kwargs_json(p->val.p, p->val.n, &oom);
+    if (oom) return p->failed = true, false;
     if (!args) return py_not_a_call(p);
     bool ok = announce(p) && p->announced && out(p, KT_TD_ARGS, args, strlen(args));
     free(args);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/json_safe.h"
 #include "text/chat.h"
 #include "toolcall/format_int.h"
 
@@ -53,13 +54,15 @@ static json_t *family_id(const kt_tool_format *f, json_t *id) {
 static bool fix_arguments(json_t *fn, bool as_string) {
     json_t *a = json_object_get(fn, "arguments");
     if (as_string && !json_is_string(a)) {
-        char *s = a ? json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
+        char *s = a ? kt_json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
         bool ok = s && !json_object_set_new(fn, "arguments", json_string(s));
         free(s);
         return ok;
     }
     if (!as_string && json_is_string(a)) {
-        json_t *parsed = json_loads(json_string_value(a), 0, NULL);
+        json_error_t je;
+        json_t *parsed = kt_json_loads(json_string_value(a), 0, &je);
+        if (!parsed && json_error_code(&je) == json_error_out_of_memory) return false; /* not "not JSON" */
         if (json_is_object(parsed)) return !json_object_set_new(fn, "arguments", parsed);
         json_decref(parsed);
     }
@@ -122,7 +125,7 @@ static char *tools_text(const json_t *tools) {
     } while (0)
     PUT(head);
     json_array_foreach(tools, i, t) {
-        char *j = json_dumps(json_object_get(t, "function") ? json_object_get(t, "function") : t, JSON_COMPACT);
+        char *j = kt_json_dumps(json_object_get(t, "function") ? json_object_get(t, "function") : t, JSON_COMPACT);
         if (!j) ok = false;
         else {
             PUT(j);
@@ -145,10 +148,12 @@ static bool calls_as_text(json_t *msg) {
     json_array_foreach(calls, i, c) {
         json_t *fn = json_object_get(c, "function");
         json_t *args = json_object_get(fn, "arguments");
-        json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+        json_error_t je;
+        json_t *parsed = json_is_string(args) ? kt_json_loads(json_string_value(args), 0, &je) : json_incref(args);
+        if (json_is_string(args) && !parsed && json_error_code(&je) == json_error_out_of_memory) return false;
         json_t *call = json_pack("{s:O, s:o}", "name", json_object_get(fn, "name"), "arguments",
                                  parsed ? parsed : json_object());
-        char *j = call ? json_dumps(call, JSON_COMPACT) : NULL;
+        char *j = call ? kt_json_dumps(call, JSON_COMPACT) : NULL;
         json_decref(call);
         size_t n = j ? strlen(j) + 32 : 0;
         char *text = j ? malloc(n) : NULL;
@@ -227,28 +232,30 @@ json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, cons
 
 /* Tools with a description on every function and parameter, "" where
  * there was none (templates that print them unconditionally). */
-static json_t *with_descriptions(const json_t *tools) {
+static json_t *with_descriptions(const json_t *tools) { /* NULL: out of memory */
     json_t *t = json_deep_copy(tools);
     size_t i;
     json_t *tool;
+    bool ok = t != NULL;
     json_array_foreach(t, i, tool) {
         json_t *fn = json_object_get(tool, "function");
         if (json_is_object(fn) && !json_object_get(fn, "description"))
-            json_object_set_new(fn, "description", json_string(""));
+            ok = ok && !json_object_set_new(fn, "description", json_string(""));
         const char *k;
         json_t *prop;
         json_object_foreach(json_object_get(json_object_get(fn, "parameters"), "properties"), k, prop)
             if (json_is_object(prop) && !json_object_get(prop, "description"))
-                json_object_set_new(prop, "description", json_string(""));
+                ok = ok && !json_object_set_new(prop, "description", json_string(""));
     }
+    if (!ok) json_decref(t), t = NULL;
     return t;
 }
 
 /* The system message folded into the first user turn (templates that
  * refuse the system role, such as Gemma 2's). */
-static void fold_system(json_t *msgs) {
+static bool fold_system(json_t *msgs) { /* false: out of memory */
     json_t *sys = json_array_get(msgs, 0);
-    if (!sys || !is_role(sys, "system")) return;
+    if (!sys || !is_role(sys, "system")) return true;
     for (size_t i = 1; i < json_array_size(msgs); i++) {
         json_t *u = json_array_get(msgs, i);
         if (!is_role(u, "user")) continue;
@@ -256,13 +263,14 @@ static void fold_system(json_t *msgs) {
         const char *b = json_string_value(json_object_get(u, "content"));
         size_t n = (a ? strlen(a) : 0) + (b ? strlen(b) : 0) + 3;
         char *joined = malloc(n);
-        if (!joined) return;
+        if (!joined) return false;
         snprintf(joined, n, "%s\n\n%s", a ? a : "", b ? b : "");
-        json_object_set_new(u, "content", json_string(joined));
+        bool ok = !json_object_set_new(u, "content", json_string(joined)); /* else the system message stays */
         free(joined);
-        json_array_remove(msgs, 0);
-        return;
+        if (ok) json_array_remove(msgs, 0);
+        return ok;
     }
+    return true;
 }
 
 /* Llama 3.1's built-in tools (format_int.h) go to the template as its
@@ -307,14 +315,18 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
     for (int attempt = 0; attempt < 4 && !out; attempt++) {
         kt_error e = {0};
         json_t *t = NULL;
-        if (attempt == 2 && tools && !(described = with_descriptions(tools))) break;
+        if (attempt == 2 && tools && !(described = with_descriptions(tools))) {
+            kt_error_set(&first, KT_ERR_NOMEM, "out of memory");
+            break;
+        }
         json_t *msgs = kt_tool_prepare(f, template_text, messages, attempt >= 2 && described ? described : tools,
                                        attempt >= 1, &t, &e);
-        if (msgs && attempt == 3) fold_system(msgs);
-        if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
-        if (attempt == 0) first = e;
+        if (msgs && attempt == 3 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        else if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
+        if (attempt == 0 || e.status == KT_ERR_NOMEM) first = e;
         json_decref(msgs), json_decref(t);
         if (!msgs) break; /* a malformed message: no retry helps */
+        if (!out && e.status == KT_ERR_NOMEM) break; /* the next rung would render another prompt */
     }
     json_decref(described), json_decref(tools), json_decref(vars);
     if (!out && err) *err = first;
