@@ -1296,7 +1296,7 @@ static void test_server_path(void **state) {
     json_decref(j);
     for (size_t i = 0; i <= N_REQS; i++) free(x.base[i]), x.base[i] = NULL;
     x.have_base = false;
-    scenario sc = {"server request path", run_server, NULL, &x, 500};
+    scenario sc = {"server request path", run_server, NULL, &x, 300};
     sweep(&sc);
     for (size_t i = 0; i <= N_REQS; i++) free(x.base[i]);
     free(x.turn2_body);
