@@ -26,7 +26,7 @@ static json_t *parse(const char *s) {
 static void expect_chat(const srv_dialect *d, const char *body, const char *want) {
     json_t *b = parse(body), *w = parse(want);
     srv_error e = {0};
-    json_t *chat = d->to_chat(b, &e);
+    json_t *chat = d->to_chat(b, NULL, &e);
     if (!chat) fail_msg("refused (%d): %s", e.status, e.msg);
     if (!json_equal(chat, w)) {
         char *got = json_dumps(chat, JSON_COMPACT | JSON_SORT_KEYS);
@@ -39,7 +39,7 @@ static void expect_chat(const srv_dialect *d, const char *body, const char *want
 static void expect_refused(const srv_dialect *d, const char *body, int status, const char *part) {
     json_t *b = parse(body);
     srv_error e = {0};
-    json_t *chat = d->to_chat(b, &e);
+    json_t *chat = d->to_chat(b, NULL, &e);
     if (chat) fail_msg("accepted: %s", body);
     assert_int_equal(e.status, status);
     if (!strstr(e.msg, part)) fail_msg("message '%s' lacks '%s'", e.msg, part);
@@ -234,7 +234,7 @@ static void test_messages_request(void **state) {
     /* count_tokens: the same body without max_tokens (and no stream) */
     json_t *b = parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
     srv_error e = {0};
-    json_t *chat = srv_messages_count_body(b, &e);
+    json_t *chat = srv_messages_count_body(b, NULL, &e);
     expect_json(chat, "count body", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
     json_decref(chat), json_decref(b);
 }

@@ -258,7 +258,8 @@ static bool check_fields(json_t *body, json_t *chat, bool counting, srv_error *e
     return true;
 }
 
-static json_t *to_chat(json_t *body, bool counting, srv_error *e) {
+static json_t *to_chat(json_t *body, bool counting, srv_notes *notes, srv_error *e) {
+    (void)notes;
     if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the body must be a JSON object"), NULL;
     json_t *max = json_object_get(body, "max_tokens");
     if (!counting && !json_is_integer(max))
@@ -281,9 +282,9 @@ static json_t *to_chat(json_t *body, bool counting, srv_error *e) {
     return chat;
 }
 
-static json_t *messages_to_chat(json_t *body, srv_error *e) { return to_chat(body, false, e); }
+static json_t *messages_to_chat(json_t *body, srv_notes *notes, srv_error *e) { return to_chat(body, false, notes, e); }
 
-json_t *srv_messages_count_body(json_t *body, srv_error *e) { return to_chat(body, true, e); }
+json_t *srv_messages_count_body(json_t *body, srv_notes *notes, srv_error *e) { return to_chat(body, true, notes, e); }
 
 /* ---- the answer ---- */
 

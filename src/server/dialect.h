@@ -67,8 +67,9 @@ typedef struct srv_xlate srv_xlate;
 typedef struct srv_dialect {
     const char *path; /* "/v1/responses", "/v1/messages" */
     /* The dialect's request body as a chat-completions body (a new
-     * object; body is not changed), or NULL with e filled. */
-    json_t *(*to_chat)(json_t *body, srv_error *e);
+     * object; body is not changed), or NULL with e filled. What it
+     * accepts but leaves out goes to notes (may be NULL). */
+    json_t *(*to_chat)(json_t *body, srv_notes *notes, srv_error *e);
     /* The whole answer: the chat completion `done` (as srv_reply_json
      * makes it) in the dialect's shape. rp gives what the chat JSON does
      * not say (which stop string ended it). NULL: out of memory. */
@@ -92,7 +93,7 @@ extern const srv_dialect SRV_DIALECT_MESSAGES;  /* Anthropic's Messages API (ant
 
 /* POST /v1/messages/count_tokens's body as a chat body (anthropic.c): the
  * Messages body without max_tokens. */
-json_t *srv_messages_count_body(json_t *body, srv_error *e);
+json_t *srv_messages_count_body(json_t *body, srv_notes *notes, srv_error *e);
 
 /* ---- helpers the dialects share (dialect.c) ---- */
 

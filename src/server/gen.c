@@ -351,6 +351,7 @@ static enum MHD_Result start_stream(srv_conn *c) {
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    if (c->notes.len) MHD_add_response_header(r, "x-kettle-warning", c->notes.text);
     srv_add_cors_headers(c, r);
     enum MHD_Result q = MHD_queue_response(c->mc, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
@@ -366,11 +367,12 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     const srv_model_info mi = srv_class_info(k);
     if (c->dialect) {
         c->dialect_body = c->json;
-        if (!(c->json = c->dialect->to_chat(c->dialect_body, e))) return false;
+        if (!(c->json = c->dialect->to_chat(c->dialect_body, &c->notes, e))) return false;
     }
     if (!srv_class_defaults(k, c->json)) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (!srv_parse_gen(c->json, kind, &mi, fresh_random(s), &c->gen, e)) return false;
     c->have_gen = true;
+    c->gen.notes = &c->notes;
     if (c->dialect && c->gen.n_choices != 1)
         return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
@@ -503,10 +505,11 @@ enum MHD_Result srv_count_tokens(srv_conn *c) {
     srv_model_info mi = {0};
     srv_fail(&e, 500, "server_error", NULL, NULL, "out of memory"); /* what is left if nothing below says more */
     if ((c->dialect_body = srv_parse_body(c, &e)) && (c->cls = srv_route(c->s, c->dialect_body, &e)) &&
-        srv_loaded_now(c, &e) && (mi = srv_class_info(c->cls), c->json = srv_messages_count_body(c->dialect_body, &e)) &&
+        srv_loaded_now(c, &e) && (mi = srv_class_info(c->cls), c->json = srv_messages_count_body(c->dialect_body, &c->notes, &e)) &&
         srv_class_defaults(c->cls, c->json) && srv_parse_gen(c->json, SRV_CHAT, &mi, 0, &c->gen, &e)) {
         const srv_class *k = c->cls;
         c->have_gen = true;
+        c->gen.notes = &c->notes;
         n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &ids, &e);
     }
     free(ids);

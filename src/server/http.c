@@ -110,6 +110,7 @@ enum MHD_Result srv_respond(srv_conn *c, int status, const char *content_type, c
     if (status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (c->result_hit) MHD_add_response_header(r, "x-kettle-cache", "hit");
+    if (c->notes.len) MHD_add_response_header(r, "x-kettle-warning", c->notes.text);
     srv_add_cors_headers(c, r);
     if (status == 405 && c->ep == EP_WEBUI) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     if (status == 405)

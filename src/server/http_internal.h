@@ -114,6 +114,7 @@ typedef struct srv_conn {
     int n_prompt;           /* the prompt's tokens */
     struct srv_embed *embed; /* /v1/embeddings (embed.c), or NULL */
     srv_gen_req gen;
+    srv_notes notes;        /* what was left out of the request: the x-kettle-warning header */
     bool have_gen, have_reply, started, stream_done;
     bool stream_failed;     /* out of memory: the stream ends with an error */
     size_t tail_pos;        /* how much of that ending has been sent */

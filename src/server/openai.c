@@ -37,6 +37,27 @@ bool srv_fail(srv_error *e, int status, const char *type, const char *param, con
     return false;
 }
 
+void srv_note(srv_notes *n, const char *fmt, ...) {
+    if (!n) return;
+    char item[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(item, sizeof item, fmt, ap);
+    va_end(ap);
+    for (char *p = item; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
+    const size_t cap = sizeof n->text, sep = n->len ? 2 : 0, len = strlen(item);
+    if (n->cut) return;
+    if (n->len + sep + len + 4 > cap) { /* "..." always fits: it is kept room for */
+        memcpy(n->text + n->len, "...", 4);
+        n->len += 3, n->cut = true;
+        return;
+    }
+    memcpy(n->text + n->len, "; ", sep);
+    memcpy(n->text + n->len + sep, item, len + 1);
+    n->len += sep + len;
+}
+
 char *srv_error_json(const srv_error *e) {
     /* messages may quote user text cut at a byte limit: keep them valid */
     char msg[sizeof e->msg];

@@ -30,6 +30,21 @@ typedef struct srv_error {
     char msg[640];
 } srv_error;
 
+/* What kettle took from a request but left out of the prompt or enforced
+ * only in part (a hosted tool under tool_choice auto, a schema bound past
+ * the grammar's limit), said back to the client in the response header
+ * x-kettle-warning, items joined by "; ". Only for what cannot change an
+ * answer the client relies on: anything else is a 400 naming it. */
+typedef struct srv_notes {
+    char text[1024]; /* printable ASCII only: it goes into an HTTP header */
+    size_t len;
+    bool cut; /* an item did not fit: the text ends with "..." and takes no more */
+} srv_notes;
+
+/* Adds one item (n may be NULL: nothing to tell). Bytes outside printable
+ * ASCII become '?'; an item that does not fit ends the text with "...". */
+void srv_note(srv_notes *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Limits on what one request may hold, each refused with a 400 naming it
  * and its value (the body's size, srv_config.max_body, is a 413). Where
  * OpenAI documents a limit kettle takes it (128 tools); the rest are
@@ -94,6 +109,7 @@ typedef struct srv_gen_req {
     const kt_tool_format *format; /* the template's family; NULL: completions */
     kt_tool_think think;       /* where the prompt left the thinking block */
     kt_tool_grammar tools_grammar; /* what keeps calls valid (empty without tools) */
+    srv_notes *notes;          /* where to say what was left out (the connection's); NULL: nowhere */
 } srv_gen_req;
 
 /* What the parser needs to know about the model a request goes to (its

@@ -338,7 +338,8 @@ static bool check_fields(json_t *body, json_t *chat, srv_error *e) {
     return true;
 }
 
-static json_t *responses_to_chat(json_t *body, srv_error *e) {
+static json_t *responses_to_chat(json_t *body, srv_notes *notes, srv_error *e) {
+    (void)notes;
     if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the body must be a JSON object"), NULL;
     json_t *chat = json_object(), *msgs = NULL;
     if (!chat) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;

@@ -1024,7 +1024,7 @@ static void serve_one(srv_ctx *x, kt_engine *e, srv_sampled *sampled, srv_result
     if (!body) goto error;
     if (q.d) {
         q.dialect_body = body;
-        if (!(body = q.d->to_chat(q.dialect_body, &er))) goto error;
+        if (!(body = q.d->to_chat(q.dialect_body, NULL, &er))) goto error;
     }
     if (!srv_parse_gen(body, rc->kind, &(srv_model_info){.n_vocab = kt_model_describe(x->m)->n_vocab}, 42, &q.g, &er))
         goto error;

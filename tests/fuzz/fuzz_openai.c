@@ -25,7 +25,7 @@ static void parse_as(json_t *body, srv_kind kind) {
 
 static void translate(const srv_dialect *d, json_t *body) {
     srv_error e;
-    json_t *chat = d->to_chat(body, &e);
+    json_t *chat = d->to_chat(body, NULL, &e);
     if (!chat) {
         free(d->error_json(&e));
         return;
@@ -44,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         translate(&SRV_DIALECT_RESPONSES, body);
         translate(&SRV_DIALECT_MESSAGES, body);
         srv_error e;
-        json_t *count = srv_messages_count_body(body, &e);
+        json_t *count = srv_messages_count_body(body, NULL, &e);
         json_decref(count);
     }
     json_decref(body);
