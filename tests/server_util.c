@@ -112,6 +112,7 @@ static void take_header(const char *data, size_t n, const char *name, char *out,
 size_t on_header(char *data, size_t size, size_t n, void *ctx) {
     reply *r = ctx;
     take_header(data, size * n, "x-kettle-served-by", r->served_by, sizeof r->served_by);
+    take_header(data, size * n, "x-kettle-warning", r->warning, sizeof r->warning);
     take_header(data, size * n, "x-kettle-fallback-reason", r->fallback_reason, sizeof r->fallback_reason);
     take_header(data, size * n, "Content-Type", r->content_type, sizeof r->content_type);
     if (size * n >= 19 && !strncasecmp(data, "x-kettle-cache: hit", 19)) r->cache_hit = true;

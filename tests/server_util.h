@@ -26,6 +26,7 @@ typedef struct reply {
     char retry_after[16];
     char served_by[32], fallback_reason[32]; /* x-kettle-served-by, x-kettle-fallback-reason ("": none) */
     char content_type[64];
+    char warning[1024];  /* x-kettle-warning: what the server left out ("": nothing) */
     double t_first_ms;  /* when the first body byte came (kt_time_ms) */
     double t_end_ms;    /* when the transfer ended (set by whoever performed it) */
     bool cache_hit;     /* x-kettle-cache: hit */

@@ -585,11 +585,18 @@ static void test_errors(void **state) {
     assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_CONTEXT);
     assert_non_null(strstr(err.msg, "300"));
     assert_non_null(strstr(err.msg, "256"));
+    /* max_tokens past the room left is cut to it: the reply ends at the
+     * context's end, "length" */
     p.n_prompt = 100;
     p.max_tokens = 200;
-    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
-    assert_non_null(strstr(err.msg, "max_tokens 200"));
-    assert_non_null(strstr(err.msg, "156"));
+    p.ignore_eos = true, p.top_logprobs = 0;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    output cut = {0};
+    drain(r, &cut);
+    assert_int_equal(cut.n, 156);
+    assert_int_equal(cut.finish, KT_FINISH_LENGTH);
+    kt_request_free(r), r = NULL;
+    p.ignore_eos = false;
     p.max_tokens = 10;
     ids[5] = 99999;
     assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
@@ -603,6 +610,50 @@ static void test_errors(void **state) {
     assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
     assert_null(r);
     free(ids);
+    kt_engine_free(e);
+}
+
+/* strict_max_tokens: a max_tokens past the room left is refused, naming
+ * the numbers, as a context error on the max_tokens field; one that fits
+ * runs. A small pool cuts max_tokens to what it holds by default. */
+static void test_strict_max_tokens(void **state) {
+    (void)state;
+    kt_engine_params ep = kt_engine_defaults();
+    ep.n_ctx = 256, ep.n_parallel = 2, ep.batch_tokens = 64, ep.n_threads = 2, ep.strict_max_tokens = true;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(g_model, &ep, &err);
+    assert_non_null(e);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = 1 + i % 50;
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = 100, p.max_tokens = 200, p.top_logprobs = 0;
+    kt_request *r = NULL;
+    kt_gen_field field = KT_FIELD_NONE;
+    assert_int_equal(kt_engine_submit_ex(e, &p, &r, &err, &field), KT_ERR_CONTEXT);
+    assert_int_equal(field, KT_FIELD_MAX_TOKENS);
+    assert_non_null(strstr(err.msg, "max_tokens 200"));
+    assert_non_null(strstr(err.msg, "156"));
+    assert_null(r);
+    p.max_tokens = 156;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    output o = {0};
+    drain(r, &o);
+    kt_request_free(r);
+    const size_t block_bytes = stats_of(e).kv_block_bytes;
+    kt_engine_free(e);
+    /* a pool of 4 blocks (64 positions) under a 256 context: max_tokens is
+     * cut to what the pool holds, 64 - 10 */
+    ep.strict_max_tokens = false, ep.prefix_cache = false, ep.n_parallel = 1;
+    ep.kv_bytes = 4 * block_bytes;
+    assert_non_null(e = kt_engine_new(g_model, &ep, &err));
+    assert_int_equal(stats_of(e).kv_blocks_total, 4);
+    p.n_prompt = 10, p.max_tokens = 200, p.ignore_eos = true;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_OK);
+    output small = {0};
+    drain(r, &small);
+    assert_int_equal(small.n, 54);
+    assert_int_equal(small.finish, KT_FINISH_LENGTH);
+    kt_request_free(r);
     kt_engine_free(e);
 }
 
@@ -1328,6 +1379,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_stages),
         cmocka_unit_test(test_priority_and_busy),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_strict_max_tokens),
         cmocka_unit_test(test_shutdown_in_flight),
         cmocka_unit_test(test_cache_exact),
         cmocka_unit_test(test_cache_exact_q4_0),

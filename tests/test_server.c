@@ -439,6 +439,60 @@ static void test_tokenize_roundtrip(void **state) {
 
 /* ---- errors ---- */
 
+/* An error's message and code, whichever API's shape it has. */
+static void expect_api_error(const server *s, const char *path, const char *body, const char *code, const char *msg) {
+    reply r = post(s, path, body);
+    json_t *j = parse(r.body), *err = json_object_get(j, "error");
+    const char *m = json_string_value(json_object_get(err, "message"));
+    const char *c = json_string_value(json_object_get(err, "code"));
+    if (r.status != 400 || !m || !strstr(m, msg) || (code && (!c || strcmp(c, code))))
+        fail_msg("POST %s: %ld %s (want 400, code %s, '%s')", path, r.status, r.body, code ? code : "-", msg);
+    json_decref(j);
+    free(r.body);
+}
+
+/* max_tokens past the room the context leaves is cut to it and the reply
+ * ends at "length" (agent clients ask for 32000 or 64000 whatever the
+ * model); --strict-max-tokens refuses it. A prompt that does not fit, or
+ * a strict refusal, is told in each API's own words, the ones clients'
+ * recovery paths match. */
+static void test_max_tokens_room(void **state) {
+    (void)state;
+    json_t *j = post_ok(&S, "/v1/completions",
+                        "{\"prompt\":\"" PROMPT "\",\"max_tokens\":100000,\"temperature\":0,\"ignore_eos\":true}");
+    json_t *u = json_object_get(j, "usage");
+    assert_string_equal(jstr(json_array_get(json_object_get(j, "choices"), 0), "finish_reason", NULL), "length");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")) +
+                         json_integer_value(json_object_get(u, "completion_tokens")), 256);
+    json_decref(j);
+    j = post_ok(&S, "/v1/messages",
+                "{\"max_tokens\":64000,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":0}");
+    assert_string_equal(json_string_value(json_object_get(j, "type")), "message");
+    json_decref(j);
+    /* the prompt does not fit: OpenAI's code and wording, Anthropic's "prompt is too long" */
+    char big[4096] = "{\"messages\":[{\"role\":\"user\",\"content\":\"";
+    for (int i = 0; i < 300; i++) strcat(big, "ab ");
+    strcat(big, "\"}],\"max_tokens\":8}");
+    expect_api_error(&S, "/v1/chat/completions", big, "context_length_exceeded",
+                     "This model's maximum context length is 256 tokens. However, your messages resulted in");
+    reply r = post(&S, "/v1/messages", big);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "\"message\":\"prompt is too long: "));
+    assert_non_null(strstr(r.body, " tokens > 255 maximum\""));
+    assert_non_null(strstr(r.body, "\"type\":\"invalid_request_error\""));
+    free(r.body);
+    server strict = start_server("serve-strict-max.log", "--chat-template chatml --ctx 256 --strict-max-tokens");
+    expect_api_error(&strict, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000}", "context_length_exceeded",
+                     "This model's maximum context length is 256 tokens. However, you requested");
+    r = post(&strict, "/v1/messages", "{\"max_tokens\":64000,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "input length and `max_tokens` exceed context limit: "));
+    assert_non_null(strstr(r.body, " + 64000 > 256"));
+    free(r.body);
+    json_decref(post_ok(&strict, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":8}"));
+    stop_server(&strict);
+}
+
 static void test_errors(void **state) {
     (void)state;
     const char *C = "/v1/completions", *CH = "/v1/chat/completions";
@@ -452,7 +506,6 @@ static void test_errors(void **state) {
     expect_error(&S, C, "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "not a token id");
     expect_error(&S, C, "{\"prompt\":[\"a\",\"b\"]}", 400, "not supported");
     expect_error(&S, C, "{\"prompt\":\"x\",\"model\":7}", 400, "'model' must be a string");
-    expect_error(&S, C, "{\"prompt\":\"x\",\"max_tokens\":100000}", 400, "max_tokens");
     expect_error(&S, CH, "{\"messages\":\"hi\"}", 400, "'messages' must be a non-empty array");
     expect_error(&S, CH, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "'messages[0].role'");
     /* invalid UTF-8 inside a string */
@@ -1235,6 +1288,7 @@ int main(void) {
         cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_tokenize_roundtrip),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_max_tokens_room),
         cmocka_unit_test(test_disconnect_frees_kv),
         cmocka_unit_test(test_sixteen_concurrent_streams),
         cmocka_unit_test(test_api_key_alias_tools),

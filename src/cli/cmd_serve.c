@@ -49,7 +49,7 @@ typedef struct serve_opts {
     int n_allowed_hosts, n_cors_origins;
     kt_load_mode load;
     float itl_stretch;
-    bool has_stretch, no_webui;
+    bool has_stretch, no_webui, strict_max_tokens;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
     const char *config;     /* --config FILE */
     const char *spec;       /* --spec off|ngram|draft */
@@ -85,6 +85,8 @@ static void usage(FILE *out) {
             "      --itl-stretch X     beside decoding streams, size prefill so a step takes about\n"
             "                          X times a decode-only step (default 1.8; lower: smoother\n"
             "                          streams, slower first token of new prompts; 0: off)\n"
+            "      --strict-max-tokens a max_tokens past the room the context leaves is a 400 (default:\n"
+            "                          cut to that room, the reply ending at \"length\")\n"
             "      --kv-type T         KV cache element type: f16 (default), q8_0 (half the\n"
             "                          memory; head size a multiple of 32) or f32\n"
             "      --prefix-cache on|off  reuse the KV of earlier prompts and replies that a\n"
@@ -228,6 +230,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     if ((r = cli_opt("serve", argc, argv, i, "--cors-origin", &v)))
         return r < 0 ? 2 : add_name_list("--cors-origin", o->cors_origins, &o->n_cors_origins, v);
     if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
+    if (!strcmp(argv[*i], "--strict-max-tokens")) return o->strict_max_tokens = true, 1;
     if (!strcmp(argv[*i], "--spec-fixed")) return o->spec_fixed = true, 1;
     if (!strcmp(argv[*i], "--embeddings")) return o->embeddings = "", 1;
     if (!strncmp(argv[*i], "--embeddings=", 13)) {
@@ -399,6 +402,7 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     if (o->n_threads) p.n_threads = o->n_threads;
     if (o->queue_max) p.queue_max = o->queue_max;
     if (o->has_stretch) p.max_itl_stretch = o->itl_stretch;
+    p.strict_max_tokens = o->strict_max_tokens;
     if (o->prefix_cache) p.prefix_cache = strcmp(o->prefix_cache, "off") != 0;
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;

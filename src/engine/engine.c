@@ -696,12 +696,20 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
             return kt_error_set(err, KT_ERR_ARG, "prompt token %d at index %d is outside the vocabulary [0, %d)",
                                 p->prompt[i], i, n_vocab);
     *field = KT_FIELD_MAX_TOKENS;
-    *max_tokens = p->embed ? 0 : p->max_tokens > 0 ? p->max_tokens : n_ctx - p->n_prompt;
-    if (!p->embed && *max_tokens > n_ctx - p->n_prompt)
-        return kt_error_set(err, KT_ERR_ARG,
-                            "max_tokens %d is too large: the prompt has %d tokens and the context "
-                            "holds %d, so at most %d can be generated",
-                            p->max_tokens, p->n_prompt, n_ctx, n_ctx - p->n_prompt);
+    /* max_tokens is a cap, not a promise: past the room the context leaves
+     * it is cut to that room and the reply may end at "length", as
+     * llama-server and Ollama do (agent clients ask for 32000 or 64000
+     * whatever the model); strict_max_tokens refuses it instead. */
+    const int room = n_ctx - p->n_prompt;
+    *max_tokens = p->embed ? 0 : p->max_tokens > 0 ? p->max_tokens : room;
+    if (!p->embed && *max_tokens > room) {
+        if (e->p.strict_max_tokens)
+            return kt_error_set(err, KT_ERR_CONTEXT,
+                                "max_tokens %d is too large: the prompt has %d tokens and the context "
+                                "holds %d, so at most %d can be generated",
+                                p->max_tokens, p->n_prompt, n_ctx, room);
+        *max_tokens = room;
+    }
     *field = KT_FIELD_N_CHOICES;
     if (p->embed && p->n_choices != 1) return kt_error_set(err, KT_ERR_ARG, "an embedding has one choice");
     if (p->n_choices < 1 || p->n_choices > KT_MAX_CHOICES || p->n_choices > e->p.n_parallel)
@@ -723,6 +731,17 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
                                 p->logit_bias[i].token, n_vocab);
     *field = KT_FIELD_MAX_TOKENS; /* the KV a request needs grows with it */
     int need = blocks_needed(e->kv, p->n_prompt, *max_tokens, p->n_choices);
+    if (need > kv_pool_n_total(e->kv) && !p->embed && !e->p.strict_max_tokens) {
+        /* the same for a pool smaller than n_parallel contexts: the most
+         * that fits (blocks_needed grows with max_tokens) */
+        int lo = 0, hi = *max_tokens;
+        while (lo < hi) {
+            int mid = lo + (hi - lo + 1) / 2;
+            if (blocks_needed(e->kv, p->n_prompt, mid, p->n_choices) <= kv_pool_n_total(e->kv)) lo = mid;
+            else hi = mid - 1;
+        }
+        if (lo > 0) *max_tokens = lo, need = blocks_needed(e->kv, p->n_prompt, lo, p->n_choices);
+    }
     if (need > kv_pool_n_total(e->kv))
         return kt_error_set(err, KT_ERR_ARG,
                             "the request needs up to %d KV blocks of %d positions (%d prompt + %d new "

@@ -56,6 +56,10 @@ typedef struct kt_engine_params {
      * one computed. On by default; idle cached blocks are taken back
      * whenever a running request needs room. */
     bool prefix_cache;
+    /* A max_tokens past the room the context (or the KV pool) leaves is an
+     * error (KT_ERR_CONTEXT, field max_tokens) instead of being cut to
+     * that room. Default false: cut, the reply ends at "length". */
+    bool strict_max_tokens;
     /* The prefix cache's disk tier (kv/disk_cache.h): every cached block is
      * also written under cache_dir, and found there again, also after a
      * restart; at most cache_disk_bytes of files (0: 10 GiB). NULL: nothing

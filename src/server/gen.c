@@ -310,18 +310,53 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
     return p;
 }
 
+/* A prompt (or, with --strict-max-tokens, a prompt and max_tokens) that
+ * does not fit the context, in the words of the API the client speaks:
+ * agent clients recover by matching them (Claude Code compacts its
+ * history on Anthropic's "prompt is too long: N tokens > M maximum";
+ * OpenAI clients look for the code context_length_exceeded). */
+static void context_error(const srv_conn *c, kt_gen_field field, int n_prompt, int n_ctx, srv_error *e) {
+    const bool anthropic = c->dialect == &SRV_DIALECT_MESSAGES, responses = c->dialect == &SRV_DIALECT_RESPONSES;
+    const bool chat = c->gen.kind == SRV_CHAT;
+    const char *code = "context_length_exceeded", *type = "invalid_request_error";
+    if (field == KT_FIELD_MAX_TOKENS) { /* only under --strict-max-tokens */
+        const int max = c->gen.max_tokens;
+        if (anthropic)
+            srv_fail(e, 400, type, "max_tokens", code,
+                     "input length and `max_tokens` exceed context limit: %d + %d > %d, decrease input length or "
+                     "`max_tokens` and try again", n_prompt, max, n_ctx);
+        else
+            srv_fail(e, 400, type, responses ? "max_output_tokens" : "max_tokens", code,
+                     "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the "
+                     "%s, %d in the completion). Please reduce the length of the %s or completion.",
+                     n_ctx, n_prompt + max, n_prompt, chat ? "messages" : "prompt", max, chat ? "messages" : "prompt");
+        return;
+    }
+    if (anthropic)
+        srv_fail(e, 400, type, "messages", code, "prompt is too long: %d tokens > %d maximum", n_prompt, n_ctx - 1);
+    else
+        srv_fail(e, 400, type, responses ? "input" : chat ? "messages" : "prompt", code,
+                 "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens (and one "
+                 "must be left to generate). Please reduce the length of the %s.",
+                 n_ctx, responses ? "input" : chat ? "messages" : "prompt", n_prompt,
+                 responses ? "input" : chat ? "messages" : "prompt");
+}
+
 /* Submits under engine_mu so srv_stop cannot free the engine meanwhile. */
 static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     srv_server *s = c->s;
     kt_gen_params p = gen_params(&c->gen, ids, n, c->link);
     kt_error err = {0};
     kt_gen_field field = KT_FIELD_NONE;
+    int n_ctx = 0;
     pthread_mutex_lock(&s->engine_mu); /* srv_stop clears the engines under it */
     kt_status st = c->cls->engine ? kt_engine_submit_ex(c->cls->engine, &p, &c->req, &err, &field)
                              : kt_error_set(&err, KT_ERR_BUSY, "the server is shutting down");
+    if (c->cls->engine) n_ctx = kt_engine_get_params(c->cls->engine)->n_ctx;
     pthread_mutex_unlock(&s->engine_mu);
     if (st == KT_OK) return true;
-    srv_submit_error(&err, field, c->gen.kind, e);
+    if (st == KT_ERR_CONTEXT && n_ctx > 0) context_error(c, field, n, n_ctx, e);
+    else srv_submit_error(&err, field, c->gen.kind, e);
     return false;
 }
 
