@@ -69,7 +69,7 @@ static void test_responses_request(void **state) {
                 "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"r1\"},"
                 "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":[{\"type\":\"input_text\",\"text\":\"r2\"}]},"
                 "{\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"done\"}]}]}",
-                "{\"messages\":[{\"role\":\"system\",\"content\":\"rules\"},{\"role\":\"user\",\"content\":\"ab\"},"
+                "{\"messages\":[{\"role\":\"system\",\"content\":\"rules\"},{\"role\":\"user\",\"content\":\"a\\n\\nb\"},"
                 "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"think\",\"tool_calls\":["
                 "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
                 "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
@@ -230,12 +230,13 @@ static void test_messages_request(void **state) {
                 "\"tool_call_id\":\"tu2\",\"content\":\"Error: bad\"},{\"role\":\"user\",\"content\":\"and?\"}]}");
     expect_chat(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":{\"type\":\"tool\",\"name\":\"f\"}}",
                 "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":{\"type\":"
-                "\"function\",\"function\":{\"name\":\"f\"}}}");
+                "\"function\",\"function\":{\"name\":\"f\"}},\"chat_template_kwargs\":{\"enable_thinking\":false}}");
     /* count_tokens: the same body without max_tokens (and no stream) */
     json_t *b = parse("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
     srv_error e = {0};
     json_t *chat = srv_messages_count_body(b, NULL, &e);
-    expect_json(chat, "count body", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    expect_json(chat, "count body", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+                "\"chat_template_kwargs\":{\"enable_thinking\":false}}");
     json_decref(chat), json_decref(b);
 }
 
@@ -245,19 +246,25 @@ static void test_messages_refusals(void **state) {
     expect_refused(d, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", 400, "'max_tokens' is required");
     expect_refused(d, "{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", 400, "at least 1");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[]}", 400, "non-empty");
-    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"q\"}]}", 400, "role");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"wizard\",\"content\":\"q\"}]}", 400, "role");
     expect_refused(d,
                    "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",
                    400, "'image'");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":"
-                      "\"bash_20250124\",\"name\":\"bash\"}]}",
-                   400, "server tool");
+                      "\"bash_20250124\",\"name\":\"bash\"}],\"tool_choice\":{\"type\":\"tool\",\"name\":\"bash\"}}",
+                   400, "Anthropic's own tools");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":"
+                      "\"web_search_20250305\",\"name\":\"web_search\"}],\"tool_choice\":{\"type\":\"any\"}}",
+                   400, "none of the tools");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":"
+                      "\"quantum_9\",\"name\":\"q\"}]}",
+                   400, "does not know");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tool_choice\":{\"type\":\"x\"}}",
                    400, "'tool_choice' must be");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"thinking\":{\"type\":\"on\"}}",
                    400, "thinking.type");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"mcp_servers\":[{}]}", 400,
-                   "'mcp_servers' is not a parameter");
+                   "'mcp_servers' asks for Anthropic's hosted MCP connector");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":"
                       "\"x\",\"name\":\"f\"}]}]}",
                    400, "tool_use {id, name, input}");
@@ -272,6 +279,91 @@ static void test_messages_refusals(void **state) {
     s = SRV_DIALECT_MESSAGES.error_json(&e);
     assert_non_null(strstr(s, "overloaded_error"));
     free(s);
+}
+
+/* The chat body of `body` as compact sorted text, and the notes made. */
+static char *chat_of(const srv_dialect *d, const char *body, srv_notes *notes) {
+    json_t *b = parse(body);
+    srv_error e = {0};
+    json_t *chat = d->to_chat(b, notes, &e);
+    if (!chat) fail_msg("refused (%d): %s", e.status, e.msg);
+    char *s = json_dumps(chat, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(chat), json_decref(b);
+    return s;
+}
+
+/* What Claude Code sends (2.1.x): fields of Anthropic's current API that
+ * kettle once refused, each accepted with its meaning. */
+static void test_messages_claude_code_fields(void **state) {
+    (void)state;
+    const srv_dialect *d = &SRV_DIALECT_MESSAGES;
+    /* a system message inside messages stays in place; adaptive thinking
+     * is thinking on; output_config.effort is the chat path's
+     * reasoning_effort; context_management changes nothing here */
+    expect_chat(d,
+                "{\"max_tokens\":32000,\"thinking\":{\"type\":\"adaptive\"},\"output_config\":{\"effort\":\"high\"},"
+                "\"context_management\":{\"edits\":[{\"type\":\"clear_thinking_20251015\",\"keep\":\"all\"}]},"
+                "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"},"
+                "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"note\"}]},{\"role\":\"user\",\"content\":\"r\"}]}",
+                "{\"max_tokens\":32000,\"chat_template_kwargs\":{\"enable_thinking\":true},\"reasoning_effort\":\"high\","
+                "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"},"
+                "{\"role\":\"system\",\"content\":\"note\"},{\"role\":\"user\",\"content\":\"r\"}]}");
+    /* output_config.format and output_format: a JSON Schema answer */
+    expect_chat(d,
+                "{\"max_tokens\":5,\"thinking\":{\"type\":\"disabled\"},\"output_config\":{\"format\":{\"type\":"
+                "\"json_schema\",\"schema\":{\"type\":\"object\"}}},\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+                "{\"max_tokens\":5,\"chat_template_kwargs\":{\"enable_thinking\":false},\"response_format\":{\"type\":"
+                "\"json_schema\",\"json_schema\":{\"name\":\"output\",\"schema\":{\"type\":\"object\"},\"strict\":true}},"
+                "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    /* the billing header block is not the model's: left out; the other
+     * system blocks and a user message's text blocks are paragraphs */
+    expect_chat(d,
+                "{\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"x-anthropic-billing-header: cc_version="
+                "2.1.197.abc; cc_entrypoint=sdk-cli; cch=00000;\"},{\"type\":\"text\",\"text\":\"You are an agent.\"},"
+                "{\"type\":\"text\",\"text\":\"Be brief.\"}],\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                "\"text\",\"text\":\"Hello\"},{\"type\":\"text\",\"text\":\"World\"}]}]}",
+                "{\"max_tokens\":5,\"chat_template_kwargs\":{\"enable_thinking\":false},\"messages\":[{\"role\":\"system\","
+                "\"content\":\"You are an agent.\\n\\nBe brief.\"},{\"role\":\"user\",\"content\":\"Hello\\n\\nWorld\"}]}");
+    /* a user message's blocks keep their order; an empty final assistant
+     * turn is no prefill (dropped), as Anthropic reads it */
+    expect_chat(d,
+                "{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"first\"},"
+                "{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":\"r\"},{\"type\":\"text\",\"text\":\"then\"}]},"
+                "{\"role\":\"assistant\",\"content\":[]}]}",
+                "{\"max_tokens\":5,\"chat_template_kwargs\":{\"enable_thinking\":false},\"messages\":[{\"role\":\"user\","
+                "\"content\":\"first\"},{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"r\"},{\"role\":\"user\","
+                "\"content\":\"then\"}]}");
+    /* Anthropic's own tools under auto: left out, and said so */
+    srv_notes notes = {0};
+    char *got = chat_of(d,
+                        "{\"max_tokens\":5,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2048},\"tools\":[{\"type\":"
+                        "\"web_search_20250305\",\"name\":\"web_search\"},{\"name\":\"Read\",\"input_schema\":{\"type\":"
+                        "\"object\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+                        &notes);
+    assert_non_null(strstr(got, "\"name\":\"Read\""));
+    assert_null(strstr(got, "web_search"));
+    assert_non_null(strstr(notes.text, "tools[0] (web_search_20250305 'web_search') left out"));
+    assert_non_null(strstr(notes.text, "budget_tokens 2048 not enforced"));
+    free(got);
+    /* a tool_result the client got wrong is its fault: 400, never a 500
+     * (SDKs retry 500s; the fallback would get it) */
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                      "\"tool_use_id\":\"t\",\"content\":5}]}]}",
+                   400, "content");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                      "\"tool_use_id\":\"t\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}]}",
+                   400, "'image'");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                      "\"content\":\"r\"}]}]}",
+                   400, "tool_use_id");
+    /* an empty message anywhere else is refused in Anthropic's words */
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[]},{\"role\":\"user\",\"content\":\"q\"}]}",
+                   400, "messages.0: all messages must have non-empty content");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"output_config\":{\"speed\":1}}",
+                   400, "'output_config.speed'");
+    expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"thinking\":{\"type\":"
+                      "\"enabled\",\"display\":\"x\"}}",
+                   400, "'thinking.display'");
 }
 
 /* ---- streams ---- */
@@ -378,6 +470,7 @@ int main(void) {
         cmocka_unit_test(test_responses_request), cmocka_unit_test(test_responses_refusals),
         cmocka_unit_test(test_responses_answer),  cmocka_unit_test(test_messages_answer),
         cmocka_unit_test(test_messages_request),  cmocka_unit_test(test_messages_refusals),
+        cmocka_unit_test(test_messages_claude_code_fields),
         cmocka_unit_test(test_responses_stream),  cmocka_unit_test(test_messages_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

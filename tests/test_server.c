@@ -1130,7 +1130,8 @@ static void test_parse_defaults_and_bias(void **state) {
     b = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],"
                    "\"max_completion_tokens\":3,\"top_logprobs\":2,\"logprobs\":true,\"seed\":-1}", 0, NULL);
     assert_true(srv_parse_gen(b, SRV_CHAT, &mi, 0, &r, &e));
-    assert_string_equal(json_string_value(json_object_get(json_array_get(r.messages, 0), "content")), "ab");
+    /* text parts are paragraphs, never glued into one word */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r.messages, 0), "content")), "a\n\nb");
     assert_int_equal(r.max_tokens, 3);
     assert_int_equal(r.top_logprobs, 2);
     assert_true(r.sampling.seed == UINT64_MAX);

@@ -36,13 +36,16 @@ static bool push(json_t *arr, json_t *v, srv_error *e) {
 
 static const char *const TEXT_BLOCKS[] = {"text", NULL};
 
-/* A tool_result block as a chat tool message. */
+/* A tool_result block as a chat tool message; NULL with e filled (a 400
+ * for a malformed block: the client's fault is never a 500). */
 static json_t *tool_result_msg(json_t *blk, const char *where, srv_error *e) {
     json_t *id = json_object_get(blk, "tool_use_id"), *content = json_object_get(blk, "content");
     if (!json_is_string(id))
         return srv_fail(e, 400, INVALID, "messages", NULL, "'%s' (tool_result) needs a string 'tool_use_id'", where), NULL;
-    json_t *text = content && !json_is_null(content) ? srv_parts_text(content, TEXT_BLOCKS, where, e) : json_string("");
-    if (!text) return NULL;
+    char inner[96];
+    snprintf(inner, sizeof inner, "%s.content", where);
+    json_t *text = content && !json_is_null(content) ? srv_parts_text(content, TEXT_BLOCKS, inner, e) : json_string("");
+    if (!text) return content && !json_is_null(content) ? NULL : (oom(e), NULL);
     /* chat templates have no error flag: the result says it in words */
     if (json_is_true(json_object_get(blk, "is_error"))) {
         size_t n = json_string_length(text);
@@ -57,11 +60,32 @@ static json_t *tool_result_msg(json_t *blk, const char *where, srv_error *e) {
     return m ? m : (oom(e), NULL);
 }
 
-/* A user message's blocks: each tool_result a tool message, the text
- * blocks one user message after them. */
+/* Text gathered from consecutive text blocks, pushed as one message of
+ * `role` (the blocks joined by SRV_TEXT_PART_SEP). */
+typedef struct text_run {
+    srv_buf buf;
+    bool any;
+} text_run;
+
+static bool run_add(text_run *t, json_t *text, srv_error *e) {
+    if (t->any && !srv_buf_append(&t->buf, SRV_TEXT_PART_SEP, strlen(SRV_TEXT_PART_SEP))) return oom(e);
+    t->any = true;
+    return srv_buf_append(&t->buf, json_string_value(text), json_string_length(text)) || oom(e);
+}
+
+static bool run_flush(text_run *t, json_t *msgs, const char *role, srv_error *e) {
+    if (!t->any) return true;
+    t->any = false;
+    json_t *m = json_pack("{s:s, s:s%}", "role", role, "content", t->buf.data ? t->buf.data : "", t->buf.len);
+    t->buf.len = 0;
+    return push(msgs, m, e);
+}
+
+/* A user message's blocks, in their order: each run of text blocks one
+ * user message, each tool_result a tool message. */
 static bool add_user_blocks(json_t *msgs, json_t *blocks, size_t i, srv_error *e) {
-    srv_buf text = {0};
-    bool ok = true, any_text = false;
+    text_run run = {0};
+    bool ok = true;
     size_t k;
     json_t *b;
     json_array_foreach(blocks, k, b) {
@@ -70,10 +94,10 @@ static bool add_user_blocks(json_t *msgs, json_t *blocks, size_t i, srv_error *e
         const char *type = json_string_value(json_object_get(b, "type"));
         json_t *t = json_object_get(b, "text");
         if (type && !strcmp(type, "text") && json_is_string(t)) {
-            any_text = true;
-            ok = srv_buf_append(&text, json_string_value(t), json_string_length(t)) || oom(e);
+            ok = run_add(&run, t, e);
         } else if (type && !strcmp(type, "tool_result")) {
-            ok = push(msgs, tool_result_msg(b, where, e), e);
+            json_t *m = (ok = run_flush(&run, msgs, "user", e)) ? tool_result_msg(b, where, e) : NULL;
+            ok = m && push(msgs, m, e);
         } else {
             ok = srv_fail(e, 400, INVALID, "messages", "unsupported_content",
                           "'%s' is a block of type '%.40s'; kettle serves text models and takes text, tool_use, "
@@ -82,16 +106,25 @@ static bool add_user_blocks(json_t *msgs, json_t *blocks, size_t i, srv_error *e
         }
         if (!ok) break;
     }
-    if (ok && any_text)
-        ok = push(msgs, json_pack("{s:s, s:s%}", "role", "user", "content", text.data ? text.data : "", text.len), e);
-    srv_buf_free(&text);
+    if (ok) ok = run_flush(&run, msgs, "user", e);
+    srv_buf_free(&run.buf);
     return ok;
 }
 
+/* A tool_use block as a chat tool call (the input as arguments text). */
+static bool add_call(json_t *calls, json_t *id, json_t *name, json_t *input, srv_error *e) {
+    char *args = kt_json_dumps(input, JSON_COMPACT);
+    json_t *c = args ? json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name", name,
+                                 "arguments", args)
+                     : NULL;
+    free(args);
+    return push(calls, c, e);
+}
+
 /* An assistant message's blocks: text, thinking (reasoning_content) and
- * tool_use (tool_calls, the input as arguments text). */
+ * tool_use (tool_calls). */
 static bool add_assistant_blocks(json_t *msgs, json_t *blocks, size_t i, srv_error *e) {
-    srv_buf text = {0}, thinking = {0};
+    text_run text = {0}, thinking = {0};
     json_t *calls = json_array();
     bool ok = calls || oom(e);
     size_t k;
@@ -102,18 +135,14 @@ static bool add_assistant_blocks(json_t *msgs, json_t *blocks, size_t i, srv_err
         json_t *t = json_object_get(b, "text"), *th = json_object_get(b, "thinking");
         json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"), *input = json_object_get(b, "input");
         if (type && !strcmp(type, "text") && json_is_string(t)) {
-            ok = srv_buf_append(&text, json_string_value(t), json_string_length(t)) || oom(e);
+            ok = run_add(&text, t, e);
         } else if (type && !strcmp(type, "thinking") && json_is_string(th)) {
-            ok = srv_buf_append(&thinking, json_string_value(th), json_string_length(th)) || oom(e);
+            ok = run_add(&thinking, th, e);
         } else if (type && !strcmp(type, "redacted_thinking")) {
             continue; /* encrypted by another server: nothing kettle can read */
         } else if (type && !strcmp(type, "tool_use") && json_is_string(id) && json_is_string(name) &&
                    json_is_object(input)) {
-            char *args = kt_json_dumps(input, JSON_COMPACT);
-            ok = args && push(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
-                                               "name", name, "arguments", args), e);
-            free(args);
-            if (!ok && !e->status) oom(e);
+            ok = add_call(calls, id, name, input, e);
         } else {
             ok = srv_fail(e, 400, INVALID, "messages", "unsupported_content",
                           "'messages[%zu].content[%zu]' is a block of type '%.40s' (or lacks its fields); an "
@@ -122,16 +151,83 @@ static bool add_assistant_blocks(json_t *msgs, json_t *blocks, size_t i, srv_err
         }
     }
     json_t *m = ok ? json_pack("{s:s, s:o}", "role", "assistant", "content",
-                               text.len || !json_array_size(calls) ? json_stringn(text.data ? text.data : "", text.len)
-                                                                   : json_null())
+                               text.any || !json_array_size(calls)
+                                   ? json_stringn(text.buf.data ? text.buf.data : "", text.buf.len)
+                                   : json_null())
                    : NULL;
-    if (ok && m && thinking.len && json_object_set_new(m, "reasoning_content", json_stringn(thinking.data, thinking.len)))
+    if (ok && m && thinking.any &&
+        json_object_set_new(m, "reasoning_content", json_stringn(thinking.buf.data ? thinking.buf.data : "", thinking.buf.len)))
         json_decref(m), m = NULL;
     if (ok && m && json_array_size(calls) && json_object_set(m, "tool_calls", calls)) json_decref(m), m = NULL;
     if (ok) ok = push(msgs, m, e);
     json_decref(calls);
-    srv_buf_free(&text), srv_buf_free(&thinking);
+    srv_buf_free(&text.buf), srv_buf_free(&thinking.buf);
     return ok;
+}
+
+/* Claude Code opens its system prompt with a block "x-anthropic-billing-
+ * header: cc_version=...; cc_entrypoint=...; ..." whose values change from
+ * prompt to prompt. It is a note to Anthropic's billing, not to the model,
+ * and at the very start of the prompt it would make every request's
+ * tokens differ from the first position on: no prefix-cache hit, the
+ * whole history prefilled again on every turn. It is left out. */
+static const char CLIENT_HEADER[] = "x-anthropic-billing-header:";
+
+static bool is_client_header(const char *text) { return !strncmp(text, CLIENT_HEADER, strlen(CLIENT_HEADER)); }
+
+/* `system` (a string or text blocks) without the client's header, as a
+ * string; NULL with e filled. */
+static json_t *system_text(json_t *sys, srv_error *e) {
+    if (json_is_string(sys)) {
+        const char *s = json_string_value(sys), *nl = strchr(s, '\n');
+        if (!is_client_header(s)) return json_incref(sys);
+        return nl ? json_string(nl + 1) : json_string("");
+    }
+    if (!json_is_array(sys)) return srv_parts_text(sys, TEXT_BLOCKS, "system", e);
+    json_t *kept = json_array();
+    if (!kept) return oom(e), NULL;
+    size_t i;
+    json_t *b;
+    json_array_foreach(sys, i, b) {
+        const char *t = json_string_value(json_object_get(b, "text"));
+        if (t && is_client_header(t)) continue;
+        if (json_array_append(kept, b)) return json_decref(kept), oom(e), NULL;
+    }
+    json_t *text = srv_parts_text(kept, TEXT_BLOCKS, "system", e);
+    json_decref(kept);
+    return text;
+}
+
+static bool empty_content(json_t *content) {
+    return (json_is_string(content) && !json_string_length(content)) || (json_is_array(content) && !json_array_size(content));
+}
+
+static bool add_message(json_t *msgs, json_t *m, size_t i, bool last, srv_error *e) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *content = json_object_get(m, "content");
+    bool user = role && !strcmp(role, "user"), assistant = role && !strcmp(role, "assistant");
+    bool system = role && !strcmp(role, "system");
+    if (!user && !assistant && !system)
+        return srv_fail(e, 400, INVALID, "messages", NULL,
+                        "'messages[%zu].role' must be \"user\", \"assistant\" or \"system\"", i);
+    if (!json_is_string(content) && !json_is_array(content))
+        return srv_fail(e, 400, INVALID, "messages", NULL,
+                        "'messages[%zu].content' must be a string or an array of content blocks", i);
+    if (empty_content(content)) {
+        /* Anthropic's rule: an empty final assistant turn is no prefill at all */
+        if (assistant && last) return true;
+        return srv_fail(e, 400, INVALID, "messages", NULL,
+                        "messages.%zu: all messages must have non-empty content except for the optional final "
+                        "assistant message", i);
+    }
+    if (system) { /* in place where the template allows it (tool_prepare merges it otherwise) */
+        char where[40];
+        snprintf(where, sizeof where, "messages[%zu].content", i);
+        json_t *text = srv_parts_text(content, TEXT_BLOCKS, where, e);
+        return text && push(msgs, json_pack("{s:s, s:o}", "role", "system", "content", text), e);
+    }
+    if (json_is_string(content)) return push(msgs, json_pack("{s:s, s:O}", "role", role, "content", content), e);
+    return user ? add_user_blocks(msgs, content, i, e) : add_assistant_blocks(msgs, content, i, e);
 }
 
 static json_t *messages_of(json_t *body, srv_error *e) {
@@ -141,7 +237,7 @@ static json_t *messages_of(json_t *body, srv_error *e) {
     json_t *msgs = json_array();
     bool ok = msgs || oom(e);
     if (ok && sys && !json_is_null(sys)) {
-        json_t *text = srv_parts_text(sys, TEXT_BLOCKS, "system", e);
+        json_t *text = system_text(sys, e);
         ok = text && (json_string_length(text) == 0 ? (json_decref(text), true)
                                                      : push(msgs, json_pack("{s:s, s:o}", "role", "system", "content",
                                                                             text), e));
@@ -150,26 +246,31 @@ static json_t *messages_of(json_t *body, srv_error *e) {
     json_t *m;
     json_array_foreach(in, i, m) {
         if (!ok) break;
-        const char *role = json_string_value(json_object_get(m, "role"));
-        json_t *content = json_object_get(m, "content");
-        bool user = role && !strcmp(role, "user"), assistant = role && !strcmp(role, "assistant");
-        if (!user && !assistant)
-            ok = srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu].role' must be \"user\" or \"assistant\"", i);
-        else if (json_is_string(content))
-            ok = push(msgs, json_pack("{s:s, s:O}", "role", role, "content", content), e);
-        else if (!json_is_array(content))
-            ok = srv_fail(e, 400, INVALID, "messages", NULL,
-                          "'messages[%zu].content' must be a string or an array of content blocks", i);
-        else
-            ok = user ? add_user_blocks(msgs, content, i, e) : add_assistant_blocks(msgs, content, i, e);
+        ok = json_is_object(m) ? add_message(msgs, m, i, i + 1 == json_array_size(in), e)
+                               : srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu]' must be an object", i);
     }
     if (!ok) json_decref(msgs), msgs = NULL;
     return msgs;
 }
 
+/* Tools Anthropic defines itself, by their versioned type's stem: its
+ * servers run the first group (nothing kettle can run), the client runs
+ * the second with a schema Anthropic's models know by heart (kettle's
+ * model does not). Either way kettle leaves them out of the prompt under
+ * tool_choice auto, saying so in x-kettle-warning, and refuses a request
+ * that forces one. */
+static const char *const HOSTED_TOOLS[] = {"web_search_", "web_fetch_", "code_execution_", "tool_search_tool_",
+                                           "mcp_toolset", "bash_", "text_editor_", "computer_", "memory_", NULL};
+
+static bool is_hosted_tool(const char *type) {
+    for (int i = 0; HOSTED_TOOLS[i]; i++)
+        if (!strncmp(type, HOSTED_TOOLS[i], strlen(HOSTED_TOOLS[i]))) return true;
+    return false;
+}
+
 /* Anthropic's tools ({name, description, input_schema}) as chat tools;
- * server tools (a versioned `type`) are refused. */
-static json_t *tools_of(json_t *tools, srv_error *e) {
+ * Anthropic's own tools left out (noted), anything else refused. */
+static json_t *tools_of(json_t *tools, srv_notes *notes, srv_error *e) {
     if (!json_is_array(tools)) return srv_fail(e, 400, INVALID, "tools", NULL, "'tools' must be an array"), NULL;
     json_t *out = json_array();
     if (!out) return oom(e), NULL;
@@ -177,12 +278,18 @@ static json_t *tools_of(json_t *tools, srv_error *e) {
     json_t *t;
     json_array_foreach(tools, i, t) {
         const char *type = json_string_value(json_object_get(t, "type"));
+        const char *name = json_string_value(json_object_get(t, "name"));
         if (type && strcmp(type, "custom")) {
-            srv_fail(e, 400, INVALID, "tools", "unsupported_tool",
-                     "'tools[%zu]' is Anthropic's server tool '%.40s'; kettle runs the client's own tools only "
-                     "({name, description, input_schema})",
-                     i, type);
-            return json_decref(out), NULL;
+            if (!is_hosted_tool(type)) {
+                srv_fail(e, 400, INVALID, "tools", "unsupported_tool",
+                         "'tools[%zu]' has type '%.40s', which kettle does not know; it runs the client's own tools "
+                         "({name, description, input_schema})",
+                         i, type);
+                return json_decref(out), NULL;
+            }
+            srv_note(notes, "tools[%zu] (%.40s '%.64s') left out: Anthropic's own tool, which this server cannot run",
+                     i, type, name ? name : "");
+            continue;
         }
         json_t *fn = json_object();
         if (fn && (!srv_copy_field(fn, t, "name") || !srv_copy_field(fn, t, "description"))) json_decref(fn), fn = NULL;
@@ -196,10 +303,30 @@ static json_t *tools_of(json_t *tools, srv_error *e) {
     return out;
 }
 
+/* Whether tools (the request's own) has a tool named `name` that was left out. */
+static bool left_out(json_t *tools, const char *name) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *n = json_string_value(json_object_get(t, "name"));
+        if (type && strcmp(type, "custom") && n && !strcmp(n, name)) return true;
+    }
+    return false;
+}
+
 /* tool_choice {type: auto | any | tool | none, name, disable_parallel_tool_use}. */
-static bool tool_choice_of(json_t *tc, json_t *chat, srv_error *e) {
+static bool tool_choice_of(json_t *tc, json_t *tools, json_t *chat, srv_error *e) {
     const char *type = json_string_value(json_object_get(tc, "type"));
     json_t *name = json_object_get(tc, "name"), *v = NULL;
+    if (type && !strcmp(type, "tool") && json_is_string(name) && left_out(tools, json_string_value(name)))
+        return srv_fail(e, 400, INVALID, "tool_choice", "unsupported_tool",
+                        "'tool_choice' forces '%.64s', one of Anthropic's own tools, which this server cannot run",
+                        json_string_value(name));
+    if (type && !strcmp(type, "any") && !json_array_size(json_object_get(chat, "tools")))
+        return srv_fail(e, 400, INVALID, "tool_choice", "unsupported_tool",
+                        "'tool_choice' any: none of the tools is one this server can run (Anthropic's own tools are "
+                        "left out)");
     if (type && !strcmp(type, "auto")) v = json_string("auto");
     else if (type && !strcmp(type, "any")) v = json_string("required");
     else if (type && !strcmp(type, "none")) v = json_string("none");
@@ -216,22 +343,88 @@ static bool tool_choice_of(json_t *tc, json_t *chat, srv_error *e) {
     return true;
 }
 
-/* thinking {type: enabled | disabled}: the template's enable_thinking. */
-static bool thinking_of(json_t *th, json_t *chat, srv_error *e) {
-    const char *type = json_string_value(json_object_get(th, "type"));
-    if (!type || (strcmp(type, "enabled") && strcmp(type, "disabled")))
-        return srv_fail(e, 400, INVALID, "thinking", NULL, "'thinking.type' must be \"enabled\" or \"disabled\"");
+/* chat_template_kwargs[key] = v (stolen), unless the request set it there itself. */
+static bool set_kwarg(json_t *chat, const char *key, json_t *v, srv_error *e) {
     json_t *kw = json_object_get(chat, "chat_template_kwargs");
     if (!kw && (json_object_set_new(chat, "chat_template_kwargs", json_object()) ||
                 !(kw = json_object_get(chat, "chat_template_kwargs"))))
-        return oom(e);
-    return !json_object_set_new(kw, "enable_thinking", json_boolean(!strcmp(type, "enabled"))) || oom(e);
+        return json_decref(v), oom(e);
+    if (!json_is_object(kw)) return json_decref(v), true; /* the chat path says what is wrong with it */
+    if (json_object_get(kw, key)) return json_decref(v), true;
+    return !json_object_set_new(kw, key, v) || oom(e);
+}
+
+/* thinking {type: enabled | adaptive | disabled, budget_tokens}: the
+ * template's enable_thinking. Absent means off, as in Anthropic's API
+ * (a Qwen 3 template thinks unless told not to). A budget cannot be held
+ * to: the thinking ends when the model ends it, within max_tokens. */
+static bool thinking_of(json_t *th, json_t *chat, srv_notes *notes, srv_error *e) {
+    if (!th || json_is_null(th)) return set_kwarg(chat, "enable_thinking", json_false(), e);
+    const char *type = json_string_value(json_object_get(th, "type"));
+    if (!json_is_object(th) || !type || (strcmp(type, "enabled") && strcmp(type, "adaptive") && strcmp(type, "disabled")))
+        return srv_fail(e, 400, INVALID, "thinking", NULL,
+                        "'thinking.type' must be \"enabled\", \"adaptive\" or \"disabled\"");
+    const char *k;
+    json_t *v;
+    json_object_foreach(th, k, v) {
+        if (!strcmp(k, "type") || json_is_null(v)) continue;
+        if (!strcmp(k, "budget_tokens") && json_is_integer(v)) {
+            srv_note(notes, "thinking.budget_tokens %lld not enforced: the thinking ends when the model ends it",
+                     (long long)json_integer_value(v));
+            continue;
+        }
+        return srv_fail(e, 400, INVALID, "thinking", "unsupported_parameter",
+                        "'thinking.%.40s' is not a field kettle implements (type, budget_tokens)", k);
+    }
+    return set_kwarg(chat, "enable_thinking", json_boolean(strcmp(type, "disabled") != 0), e);
+}
+
+/* output_config {effort, format} (and the older top-level output_format):
+ * effort is the chat path's reasoning_effort (the template's thinking
+ * switch and its reasoning_effort variable), format a JSON Schema output. */
+static bool format_of(json_t *f, json_t *chat, const char *where, srv_error *e) {
+    const char *type = json_string_value(json_object_get(f, "type"));
+    json_t *schema = json_object_get(f, "schema");
+    if (!type || strcmp(type, "json_schema") || !json_is_object(schema))
+        return srv_fail(e, 400, INVALID, where, NULL, "'%s' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                        where);
+    json_t *rf = json_pack("{s:s, s:{s:s, s:O, s:b}}", "type", "json_schema", "json_schema", "name", "output",
+                           "schema", schema, "strict", 1);
+    return (rf && !json_object_set_new(chat, "response_format", rf)) || oom(e);
+}
+
+static bool output_config_of(json_t *oc, json_t *chat, srv_error *e) {
+    if (!json_is_object(oc)) return srv_fail(e, 400, INVALID, "output_config", NULL, "'output_config' must be an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(oc, k, v) {
+        if (json_is_null(v)) continue;
+        bool ok = true;
+        if (!strcmp(k, "effort")) {
+            if (!json_is_string(v))
+                return srv_fail(e, 400, INVALID, "output_config", NULL, "'output_config.effort' must be a string");
+            ok = !json_object_set(chat, "reasoning_effort", v) || oom(e);
+        } else if (!strcmp(k, "format")) {
+            ok = format_of(v, chat, "output_config.format", e);
+        } else {
+            return srv_fail(e, 400, INVALID, "output_config", "unsupported_parameter",
+                            "'output_config.%.40s' is not a field kettle implements (effort, format)", k);
+        }
+        if (!ok) return false;
+    }
+    return true;
 }
 
 static const char *const PASSED[] = {"model", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "priority",
                                      "chat_template_kwargs", NULL};
 static const char *const MAPPED[] = {"messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice",
-                                     "thinking", NULL};
+                                     "thinking", "output_config", "output_format", NULL};
+/* Accepted, and nothing for a local server to do: metadata.user_id (for
+ * abuse reports), service_tier (one tier here), context_management (its
+ * edits clear old thinking and tool results from the provider's stored
+ * context; kettle stores nothing, the client sends its history as it
+ * wants it read), inference_geo (where the model runs: here). */
+static const char *const ACCEPTED[] = {"metadata", "service_tier", "context_management", "inference_geo", NULL};
 
 static bool listed(const char *k, const char *const *list) {
     for (int i = 0; list[i]; i++)
@@ -248,10 +441,12 @@ static bool check_fields(json_t *body, json_t *chat, bool counting, srv_error *e
             if (json_object_set(chat, k, v)) return oom(e);
             continue;
         }
-        if (!strcmp(k, "metadata")) continue; /* user_id: for abuse reports, nothing to do locally */
-        if (!strcmp(k, "service_tier") && json_is_string(v) &&
-            (!strcmp(json_string_value(v), "auto") || !strcmp(json_string_value(v), "standard_only")))
-            continue;
+        if (listed(k, ACCEPTED)) continue;
+        if (!strcmp(k, "mcp_servers") && json_is_array(v) && !json_array_size(v)) continue; /* none asked for */
+        if (!strcmp(k, "mcp_servers") || !strcmp(k, "container"))
+            return srv_fail(e, 400, INVALID, k, "unsupported_parameter",
+                            "'%s' asks for Anthropic's hosted %s, which a local server cannot give; remove it", k,
+                            !strcmp(k, "mcp_servers") ? "MCP connector" : "code execution container");
         return srv_fail(e, 400, INVALID, k, "unsupported_parameter",
                         "'%.60s' is not a parameter kettle implements for /v1/messages; remove it", k);
     }
@@ -259,7 +454,6 @@ static bool check_fields(json_t *body, json_t *chat, bool counting, srv_error *e
 }
 
 static json_t *to_chat(json_t *body, bool counting, srv_notes *notes, srv_error *e) {
-    (void)notes;
     if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the body must be a JSON object"), NULL;
     json_t *max = json_object_get(body, "max_tokens");
     if (!counting && !json_is_integer(max))
@@ -271,13 +465,18 @@ static json_t *to_chat(json_t *body, bool counting, srv_notes *notes, srv_error 
               (!json_object_set_new(chat, "messages", msgs) || oom(e));
     if (ok && !counting) ok = !json_object_set(chat, "max_tokens", max) || oom(e);
     json_t *stop = json_object_get(body, "stop_sequences"), *t = json_object_get(body, "tools");
-    json_t *tc = json_object_get(body, "tool_choice"), *th = json_object_get(body, "thinking");
+    json_t *tc = json_object_get(body, "tool_choice"), *oc = json_object_get(body, "output_config");
+    json_t *of = json_object_get(body, "output_format");
     if (ok && stop && !json_is_null(stop))
         ok = json_is_array(stop) ? !json_object_set(chat, "stop", stop) || oom(e)
                                  : srv_fail(e, 400, INVALID, "stop_sequences", NULL, "'stop_sequences' must be an array of strings");
-    if (ok && t && !json_is_null(t)) ok = (tools = tools_of(t, e)) && (!json_object_set_new(chat, "tools", tools) || oom(e));
-    if (ok && tc && !json_is_null(tc)) ok = tool_choice_of(tc, chat, e);
-    if (ok && th && !json_is_null(th)) ok = thinking_of(th, chat, e);
+    if (ok && t && !json_is_null(t))
+        ok = (tools = tools_of(t, notes, e)) &&
+             (json_array_size(tools) ? !json_object_set_new(chat, "tools", tools) || oom(e) : (json_decref(tools), true));
+    if (ok && tc && !json_is_null(tc)) ok = tool_choice_of(tc, t, chat, e);
+    if (ok) ok = thinking_of(json_object_get(body, "thinking"), chat, notes, e);
+    if (ok && oc && !json_is_null(oc)) ok = output_config_of(oc, chat, e);
+    if (ok && of && !json_is_null(of)) ok = format_of(of, chat, "output_format", e);
     if (!ok) json_decref(chat), chat = NULL;
     return chat;
 }

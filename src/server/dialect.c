@@ -120,7 +120,8 @@ json_t *srv_parts_text(json_t *content, const char *const *types, const char *wh
                      where, i, t ? t : "(none)", types[0]);
             return NULL;
         }
-        if (!srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
+        if ((i && !srv_buf_append(&b, SRV_TEXT_PART_SEP, strlen(SRV_TEXT_PART_SEP))) ||
+            !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
             srv_buf_free(&b);
             srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             return NULL;

@@ -131,7 +131,8 @@ static json_t *join_text_parts(json_t *parts, bool *oom) {
     json_array_foreach(parts, i, p) {
         json_t *type = json_object_get(p, "type"), *text = json_object_get(p, "text");
         const bool is_text = json_is_string(type) && !strcmp(json_string_value(type), "text") && json_is_string(text);
-        if (!is_text || !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
+        if (!is_text || (i && !srv_buf_append(&b, SRV_TEXT_PART_SEP, strlen(SRV_TEXT_PART_SEP))) ||
+            !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
             *oom = is_text;
             srv_buf_free(&b);
             return NULL;
@@ -149,6 +150,15 @@ static bool check_message(json_t *msg, size_t i, srv_error *e) {
     json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
     if (!json_is_string(role))
         return srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu].role' must be a string", i);
+    static const char *const ROLES[] = {"system", "developer", "user", "assistant", "tool", NULL};
+    bool known = false;
+    for (int k = 0; ROLES[k] && !known; k++) known = !strcmp(ROLES[k], json_string_value(role));
+    if (!known)
+        return srv_fail(e, 400, INVALID, "messages", NULL,
+                        "'messages[%zu].role' '%.40s' is not one of \"system\", \"developer\", \"user\", "
+                        "\"assistant\", \"tool\"%s",
+                        i, json_string_value(role),
+                        strcmp(json_string_value(role), "function") ? "" : " (the deprecated function role: use tool)");
     if (content && !json_is_null(content) && !json_is_string(content) && !json_is_array(content))
         return srv_fail(e, 400, INVALID, "messages", NULL,
                         "'messages[%zu].content' must be a string or an array of text parts", i);
@@ -239,6 +249,38 @@ static bool parse_tools(json_t *body, srv_gen_req *r, srv_error *e) {
     return true;
 }
 
+/* kwargs[key] = v (stolen) unless the request set that variable itself. */
+static bool default_kwarg(json_t *kw, const char *key, json_t *v) {
+    if (json_object_get(kw, key)) return json_decref(v), true;
+    return !json_object_set_new(kw, key, v);
+}
+
+/* reasoning_effort (OpenAI's "none" | "minimal" | "low" | "medium" |
+ * "high" | "xhigh", and Anthropic's "max" through the Messages API) is the
+ * template's thinking switch: enable_thinking false for none and minimal,
+ * true otherwise; and the value itself as the variable reasoning_effort,
+ * which gpt-oss's template reads. chat_template_kwargs, when it sets
+ * either, wins. *kw may be made here (inside the body, which owns it). */
+static bool parse_effort(json_t *body, json_t **kw, srv_error *e) {
+    static const char *const EFFORTS[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max", NULL};
+    json_t *v = field(body, "reasoning_effort");
+    if (!v) return true;
+    bool known = false;
+    for (int i = 0; EFFORTS[i] && json_is_string(v) && !known; i++) known = !strcmp(EFFORTS[i], json_string_value(v));
+    if (!known)
+        return srv_fail(e, 400, INVALID, "reasoning_effort", NULL,
+                        "'reasoning_effort' must be one of \"none\", \"minimal\", \"low\", \"medium\", \"high\", "
+                        "\"xhigh\", \"max\"");
+    const char *s = json_string_value(v);
+    if (!*kw && (json_object_set_new(body, "chat_template_kwargs", json_object()) ||
+                 !(*kw = json_object_get(body, "chat_template_kwargs"))))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    bool off = !strcmp(s, "none") || !strcmp(s, "minimal");
+    if (!default_kwarg(*kw, "enable_thinking", json_boolean(!off)) || !default_kwarg(*kw, "reasoning_effort", json_string(s)))
+        return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return true;
+}
+
 /* reasoning_format ("auto" | "none", as llama-server's) and
  * chat_template_kwargs (extra template variables, as vLLM's and
  * llama-server's: {"enable_thinking": false}). */
@@ -255,31 +297,60 @@ static bool parse_reasoning(json_t *body, srv_gen_req *r, srv_error *e) {
     }
     if (kw && !json_is_object(kw))
         return srv_fail(e, 400, INVALID, "chat_template_kwargs", NULL, "'chat_template_kwargs' must be an object");
+    if (!parse_effort(body, &kw, e)) return false;
     r->template_kwargs = kw;
     return true;
 }
 
-/* Every parameter a request may have. One kettle does not implement is a
- * 400 naming it: a client must never believe a setting took effect when
- * it did not. */
+/* Every parameter a request may have (the README's compatibility table
+ * says what each does). One kettle does not implement is a 400 naming
+ * it: a client must never believe a setting took effect when it did not. */
 static const char *const CHAT_PARAMS[] = {
     "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "max_completion_tokens", "n",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "seed", "stop", "logprobs",
     "top_logprobs", "logit_bias", "response_format", "grammar", "stream", "stream_options", "priority",
-    "ignore_eos", "reasoning_format", "chat_template_kwargs", "user", NULL};
+    "ignore_eos", "reasoning_format", "chat_template_kwargs", "reasoning_effort", NULL};
 static const char *const COMPLETION_PARAMS[] = {
     "model", "prompt", "echo", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
     "frequency_penalty", "seed", "stop", "logprobs", "logit_bias", "response_format", "grammar", "stream",
-    "stream_options", "priority", "ignore_eos", "user", NULL};
+    "stream_options", "priority", "ignore_eos", NULL};
+/* OpenAI's fields that change nothing a local server answers, accepted
+ * with any value: who is asking (user, safety_identifier, metadata), the
+ * provider's prompt cache (prompt_cache_key, prompt_cache_retention:
+ * kettle's prefix cache needs no key), stored completions (store: kettle
+ * stores nothing), the billing tier (service_tier), a predicted output
+ * (prediction: a latency hint; the answer does not depend on it). */
+static const char *const ACCEPTED_PARAMS[] = {"user", "safety_identifier", "metadata", "prompt_cache_key",
+                                              "prompt_cache_retention", "store", "service_tier", "prediction", NULL};
+/* OpenAI's fields kettle cannot honour: fine when null or false (not set), a
+ * 400 saying why otherwise. Any other name is a 400 whatever its value. */
+static const char *const REFUSED_PARAMS[] = {"functions", "function_call", "best_of", "suffix", "audio", "modalities",
+                                             "web_search_options", "verbosity", NULL};
+
+static bool in_list(const char *const *list, const char *k) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], k)) return true;
+    return false;
+}
 
 static const char *why_unsupported(const char *k) {
     if (!strcmp(k, "functions") || !strcmp(k, "function_call"))
         return "the deprecated function-calling API is not supported; use 'tools' and 'tool_choice'";
     if (!strcmp(k, "best_of")) return "'best_of' is not supported; use 'n'";
     if (!strcmp(k, "suffix")) return "'suffix' (fill-in-the-middle) is not supported";
-    if (!strcmp(k, "reasoning_effort")) return "'reasoning_effort' is not supported; chat_template_kwargs can turn a "
-                                                "model's thinking on or off where its template allows";
+    if (!strcmp(k, "audio")) return "'audio' output is not supported: kettle serves text models";
+    if (!strcmp(k, "web_search_options")) return "'web_search_options': a local server has no web search";
+    if (!strcmp(k, "verbosity")) return "'verbosity' is not supported: no chat template kettle knows takes it";
     return NULL;
+}
+
+/* modalities ["text"] is what kettle does anyway; verbosity "medium" is the default. */
+static bool is_default_value(const char *k, json_t *v) {
+    if (!strcmp(k, "modalities"))
+        return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+               !strcmp(json_string_value(json_array_get(v, 0)), "text");
+    if (!strcmp(k, "verbosity")) return json_is_string(v) && !strcmp(json_string_value(v), "medium");
+    return false;
 }
 
 static bool check_params(json_t *body, srv_kind kind, srv_error *e) {
@@ -287,13 +358,15 @@ static bool check_params(json_t *body, srv_kind kind, srv_error *e) {
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) {
-        bool ok = false;
-        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(known[i], k);
-        if (ok) continue;
-        /* an explicit "off" is no setting at all */
-        if (json_is_null(v) || json_is_false(v)) continue;
-        const char *why = why_unsupported(k);
-        if (why) return srv_fail(e, 400, INVALID, k, "unsupported_parameter", "%s", why);
+        if (in_list(known, k) || in_list(ACCEPTED_PARAMS, k)) continue;
+        if (in_list(REFUSED_PARAMS, k)) {
+            /* an explicit "off" is no setting at all */
+            if (json_is_null(v) || json_is_false(v) || is_default_value(k, v)) continue;
+            const char *why = why_unsupported(k);
+            if (why) return srv_fail(e, 400, INVALID, k, "unsupported_parameter", "%s", why);
+            return srv_fail(e, 400, INVALID, k, "unsupported_parameter",
+                            "'%.60s' must be [\"text\"]: kettle serves text models", k);
+        }
         return srv_fail(e, 400, INVALID, k, "unsupported_parameter",
                         "'%.60s' is not a parameter kettle implements for %s; remove it", k,
                         kind == SRV_CHAT ? "/v1/chat/completions" : "/v1/completions");
@@ -321,7 +394,9 @@ static bool parse_stop(json_t *body, srv_gen_req *r, srv_error *e) {
     json_t *v = field(body, "stop");
     if (!v) return true;
     if (json_is_string(v)) {
-        if (json_string_length(v)) r->stop[r->n_stop++] = json_string_value(v);
+        if (!json_string_length(v))
+            return srv_fail(e, 400, INVALID, "stop", NULL, "'stop' is empty: an empty stop string would end every reply at once");
+        r->stop[r->n_stop++] = json_string_value(v);
         return true;
     }
     if (!json_is_array(v)) return srv_fail(e, 400, INVALID, "stop", NULL, "'stop' must be a string or an array of strings");
@@ -332,7 +407,10 @@ static bool parse_stop(json_t *body, srv_gen_req *r, srv_error *e) {
     json_t *s;
     json_array_foreach(v, i, s) {
         if (!json_is_string(s)) return srv_fail(e, 400, INVALID, "stop", NULL, "'stop[%zu]' must be a string", i);
-        if (json_string_length(s)) r->stop[r->n_stop++] = json_string_value(s);
+        if (!json_string_length(s))
+            return srv_fail(e, 400, INVALID, "stop", NULL,
+                            "'stop[%zu]' is empty: an empty stop string would end every reply at once", i);
+        r->stop[r->n_stop++] = json_string_value(s);
     }
     return true;
 }
@@ -429,6 +507,16 @@ static bool parse_lengths(json_t *body, srv_gen_req *r, srv_error *e) {
  * A schema kettle cannot enforce is a 400 naming the keyword, never a
  * silently unconstrained answer. The grammar itself is parsed by the
  * engine's submit (a 400 with line and column). */
+/* A key of obj outside `keys` (NULL-terminated) is a 400 naming it. */
+static bool only_keys(json_t *obj, const char *const *keys, const char *where, srv_error *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v) if (!in_list(keys, k))
+        return srv_fail(e, 400, INVALID, "response_format", "unsupported_parameter",
+                        "'%s.%.40s' is not a field kettle implements; remove it", where, k);
+    return true;
+}
+
 static bool parse_structured(json_t *body, srv_gen_req *r, srv_error *e) {
     json_t *gr = field(body, "grammar"), *rf = field(body, "response_format");
     if (gr && !json_is_string(gr)) return srv_fail(e, 400, INVALID, "grammar", NULL, "'grammar' must be a GBNF string");
@@ -440,6 +528,12 @@ static bool parse_structured(json_t *body, srv_gen_req *r, srv_error *e) {
                             "'response_format' must be an object with a 'type' (\"text\", \"json_object\" or "
                             "\"json_schema\")");
         type = json_string_value(t);
+        static const char *const RF_KEYS[] = {"type", "json_schema", NULL};
+        static const char *const JS_KEYS[] = {"name", "description", "schema", "strict", NULL};
+        if (!only_keys(rf, RF_KEYS, "response_format", e) ||
+            (json_is_object(field(rf, "json_schema")) &&
+             !only_keys(field(rf, "json_schema"), JS_KEYS, "response_format.json_schema", e)))
+            return false;
         if (strcmp(type, "text") && strcmp(type, "json_object") && strcmp(type, "json_schema"))
             return srv_fail(e, 400, INVALID, "response_format", NULL,
                             "'response_format.type' '%.40s' is not one of \"text\", \"json_object\", \"json_schema\"",
@@ -476,6 +570,13 @@ static bool parse_stream(json_t *body, srv_gen_req *r, srv_error *e) {
     json_t *so = field(body, "stream_options");
     if (!so) return true;
     if (!json_is_object(so)) return srv_fail(e, 400, INVALID, "stream_options", NULL, "'stream_options' must be an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(so, k, v) /* include_obfuscation pads chunks against a network observer: none here */
+        if (strcmp(k, "include_usage") && strcmp(k, "include_obfuscation"))
+            return srv_fail(e, 400, INVALID, "stream_options", "unsupported_parameter",
+                            "'stream_options.%.40s' is not an option kettle implements (include_usage, "
+                            "include_obfuscation)", k);
     json_t *iu = field(so, "include_usage");
     if (iu && !json_is_boolean(iu))
         return srv_fail(e, 400, INVALID, "stream_options", NULL, "'stream_options.include_usage' must be true or false");

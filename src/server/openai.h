@@ -63,6 +63,12 @@ void srv_note(srv_notes *n, const char *fmt, ...) __attribute__((format(printf, 
  * validator: malformed text is left to the parser. */
 int srv_json_depth(const char *s, size_t n);
 
+/* What stands between the text parts of one message when they are joined
+ * into the one string chat templates take (OpenAI's text parts, Anthropic's
+ * text blocks, the Responses API's input_text parts): a paragraph break,
+ * so two parts never run together into one word ("Hello" + "World"). */
+#define SRV_TEXT_PART_SEP "\n\n"
+
 /* A growable byte buffer (srv_buf_append). */
 typedef struct srv_buf {
     char *data;

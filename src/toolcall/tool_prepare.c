@@ -213,7 +213,15 @@ json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, cons
     if (!msgs) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), NULL;
     size_t i;
     json_t *m;
+    /* OpenAI's developer role is the system role of its newer models; a
+     * template that has no such role (all but gpt-oss's) gets it as system */
+    const bool has_developer = template_text && strstr(template_text, "developer");
     json_array_foreach(msgs, i, m) {
+        if (!has_developer && is_role(m, "developer") && json_object_set_new(m, "role", json_string("system"))) {
+            json_decref(msgs);
+            kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
         if (!fix_message(f, m, arguments_as_strings)) {
             json_decref(msgs);
             kt_error_set(err, KT_ERR_ARG, "'messages[%zu].tool_calls' must be a list of {id, type, function: {name, arguments}}", i);
@@ -249,6 +257,34 @@ static json_t *with_descriptions(const json_t *tools) { /* NULL: out of memory *
     }
     if (!ok) json_decref(t), t = NULL;
     return t;
+}
+
+/* System messages after the first turn appended to the leading one (made
+ * if there is none), for templates that allow a system message only at
+ * the start (Llama 3's raise on any other; Claude Code sends one
+ * mid-conversation). False: out of memory. */
+static bool merge_late_system(json_t *msgs) {
+    json_t *first = json_array_get(msgs, 0);
+    bool lead = first && is_role(first, "system");
+    for (size_t i = lead ? 1 : 0; i < json_array_size(msgs);) {
+        json_t *m = json_array_get(msgs, i);
+        if (!is_role(m, "system")) {
+            i++;
+            continue;
+        }
+        const char *text = json_string_value(json_object_get(m, "content"));
+        if (!lead) {
+            json_t *sys = json_pack("{s:s, s:s}", "role", "system", "content", text ? text : "");
+            if (!sys || json_array_insert_new(msgs, 0, sys)) return false;
+            first = json_array_get(msgs, 0), lead = true;
+            json_array_remove(msgs, i + 1);
+            i = 1;
+            continue;
+        }
+        if (!append_text(first, "\n\n", text ? text : "")) return false;
+        json_array_remove(msgs, i);
+    }
+    return true;
 }
 
 /* The system message folded into the first user turn (templates that
@@ -312,7 +348,7 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
     char *out = NULL;
     kt_error first = {0};
     json_t *described = NULL;
-    for (int attempt = 0; attempt < 4 && !out; attempt++) {
+    for (int attempt = 0; attempt < 5 && !out; attempt++) {
         kt_error e = {0};
         json_t *t = NULL;
         if (attempt == 2 && tools && !(described = with_descriptions(tools))) {
@@ -321,7 +357,8 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
         }
         json_t *msgs = kt_tool_prepare(f, template_text, messages, attempt >= 2 && described ? described : tools,
                                        attempt >= 1, &t, &e);
-        if (msgs && attempt == 3 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        if (msgs && attempt >= 3 && !merge_late_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        else if (msgs && attempt == 4 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
         else if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
         if (attempt == 0 || e.status == KT_ERR_NOMEM) first = e;
         json_decref(msgs), json_decref(t);

@@ -260,7 +260,12 @@ async function anthropicChecks(anthropic, ref, baseURL) {
     const err = await expectError(anthropic.messages.create({ ...base, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } }] }] }), Anthropic.BadRequestError, 400, /image/);
     assert.equal(err.error.type, 'error');
     assert.equal(err.error.error.type, 'invalid_request_error');
-    await expectError(anthropic.messages.create({ ...base, tools: [{ type: 'web_search_20250305', name: 'web_search' }] }), Anthropic.BadRequestError, 400, /server tool/);
+    // Anthropic's own tools: left out under auto (said in x-kettle-warning), refused when forced
+    const webSearch = [{ type: 'web_search_20250305', name: 'web_search' }];
+    const { data, response } = await anthropic.messages.create({ ...base, tools: webSearch }).withResponse();
+    assert.equal(data.type, 'message');
+    assert.match(response.headers.get('x-kettle-warning') ?? '', /tools\[0\] \(web_search_20250305 'web_search'\) left out/);
+    await expectError(anthropic.messages.create({ ...base, tools: webSearch, tool_choice: { type: 'tool', name: 'web_search' } }), Anthropic.BadRequestError, 400, /Anthropic's own tools/);
     const raw = await fetch(`${baseURL}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: base.messages }) });
     assert.equal(raw.status, 400);
     assert.deepEqual(Object.keys(await raw.json()), ['type', 'error']);
