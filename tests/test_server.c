@@ -1105,6 +1105,79 @@ static void test_drain_on_sigterm(void **state) {
 
 /* ---- the JSON layer without HTTP ---- */
 
+/* srv_parse_gen on `body` (chat): whether it is accepted, and if not, that
+ * the message holds `part`. The request is freed; its body returned when
+ * accepted (kept: the caller reads what parsing wrote into it). */
+static json_t *parse_chat(const char *body, bool ok, const char *part) {
+    srv_model_info mi = {.n_vocab = 100};
+    srv_gen_req r;
+    srv_error e = {0};
+    json_t *b = json_loads(body, 0, NULL);
+    assert_non_null(b);
+    bool got = srv_parse_gen(b, SRV_CHAT, &mi, 1, &r, &e);
+    if (got != ok) fail_msg("%s: %s (%s)", body, got ? "accepted" : "refused", e.msg);
+    if (got) srv_gen_req_free(&r);
+    if (!got && !strstr(e.msg, part)) fail_msg("%s: message '%s' lacks '%s'", body, e.msg, part);
+    if (!got) json_decref(b), b = NULL;
+    return b;
+}
+
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]"
+
+/* Every field of OpenAI's chat API is honoured, accepted with a stated
+ * meaning, or refused naming it; a name it does not have is refused
+ * whatever its value (a `false` or `null` once passed silently), and so
+ * are unknown roles, empty stop strings and unknown keys inside
+ * response_format and stream_options. */
+static void test_parse_field_policy(void **state) {
+    (void)state;
+    static const char *const accepted[] = {
+        "\"service_tier\":\"flex\"", "\"store\":true", "\"metadata\":{\"a\":\"b\"}", "\"user\":\"u\"",
+        "\"safety_identifier\":\"s\"", "\"prompt_cache_key\":\"k\"", "\"prediction\":{\"type\":\"content\",\"content\":\"x\"}",
+        "\"modalities\":[\"text\"]", "\"verbosity\":\"medium\"", "\"functions\":null", "\"audio\":null",
+        "\"stream_options\":{\"include_usage\":true,\"include_obfuscation\":false}",
+        "\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"q\"}]"};
+    for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{%s%s%s}", strncmp(accepted[i], "\"messages\"", 11) ? MSG "," : "", accepted[i], "");
+        json_decref(parse_chat(body, true, NULL));
+    }
+    static const char *const refused[][2] = {
+        {"\"frobnicate\":false", "'frobnicate' is not a parameter"},
+        {"\"frobnicate\":null", "'frobnicate' is not a parameter"},
+        {"\"functions\":[{\"name\":\"f\"}]", "deprecated function-calling"},
+        {"\"modalities\":[\"text\",\"audio\"]", "must be [\"text\"]"},
+        {"\"verbosity\":\"low\"", "'verbosity'"},
+        {"\"web_search_options\":{}", "web search"},
+        {"\"reasoning_effort\":\"extreme\"", "'reasoning_effort' must be one of"},
+        {"\"stop\":\"\"", "'stop' is empty"},
+        {"\"stop\":[\"a\",\"\"]", "'stop[1]' is empty"},
+        {"\"response_format\":{\"type\":\"text\",\"strict\":true}", "'response_format.strict'"},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{},\"x\":1}}",
+         "'response_format.json_schema.x'"},
+        {"\"stream_options\":{\"include_usage\":true,\"chunk\":1}", "'stream_options.chunk'"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{" MSG ",%s}", refused[i][0]);
+        parse_chat(body, false, refused[i][1]);
+    }
+    parse_chat("{\"messages\":[{\"role\":\"wizard\",\"content\":\"q\"}]}", false, "'wizard' is not one of");
+    parse_chat("{\"messages\":[{\"role\":\"function\",\"content\":\"q\"}]}", false, "use tool");
+    /* reasoning_effort is the template's thinking switch and variable;
+     * chat_template_kwargs, when it says, wins */
+    json_t *b = parse_chat("{" MSG ",\"reasoning_effort\":\"low\"}", true, NULL);
+    json_t *kw = json_object_get(b, "chat_template_kwargs");
+    assert_true(json_is_true(json_object_get(kw, "enable_thinking")));
+    assert_string_equal(json_string_value(json_object_get(kw, "reasoning_effort")), "low");
+    json_decref(b);
+    b = parse_chat("{" MSG ",\"reasoning_effort\":\"minimal\"}", true, NULL);
+    assert_true(json_is_false(json_object_get(json_object_get(b, "chat_template_kwargs"), "enable_thinking")));
+    json_decref(b);
+    b = parse_chat("{" MSG ",\"reasoning_effort\":\"none\",\"chat_template_kwargs\":{\"enable_thinking\":true}}", true, NULL);
+    assert_true(json_is_true(json_object_get(json_object_get(b, "chat_template_kwargs"), "enable_thinking")));
+    json_decref(b);
+}
+
 static void test_parse_defaults_and_bias(void **state) {
     (void)state;
     srv_model_info mi = {.n_vocab = 100};
@@ -1271,6 +1344,7 @@ static void test_metrics_histogram_cumulative(void **state) {
 int main(void) {
     const struct CMUnitTest unit[] = {
         cmocka_unit_test(test_parse_defaults_and_bias),
+        cmocka_unit_test(test_parse_field_policy),
         cmocka_unit_test(test_error_json_and_utf8),
         cmocka_unit_test(test_submit_error_fields),
         cmocka_unit_test(test_sampled_memory),

@@ -652,6 +652,37 @@ static void test_render_tool_loop_everywhere(void **state) {
     json_decref(vars), json_decref(tools), json_decref(msgs);
 }
 
+/* A developer message (OpenAI's newer system role) and a system message
+ * in the middle of the conversation (Claude Code sends one) reach the
+ * prompt with every template: developer is system where the template has
+ * no developer role, and a late system message is merged into the
+ * leading one (then folded into the first user turn) where the template
+ * refuses it in place. Before, developer vanished and a late system
+ * message made Llama-style templates raise. */
+static void test_render_developer_and_late_system(void **state) {
+    (void)state;
+    json_t *msgs = json_loads("[{\"role\":\"developer\",\"content\":\"Rules-XYZ\"},{\"role\":\"user\",\"content\":\"q1\"},"
+                              "{\"role\":\"assistant\",\"content\":\"a1\"},{\"role\":\"system\",\"content\":\"Late-ABC\"},"
+                              "{\"role\":\"user\",\"content\":\"q2\"}]",
+                              0, NULL);
+    assert_non_null(msgs);
+    json_t *vars = json_pack("{s:s, s:s}", "bos_token", "<s>", "eos_token", "</s>");
+    DIR_LIST_TEMPLATES(name) {
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", tu_shared("templates"), name);
+        char *t = tu_read_file(path, NULL);
+        assert_non_null(t);
+        kt_error err = {0};
+        char *out = kt_tool_render(kt_tool_format_detect(t), t, msgs, NULL, vars, 1721952000, &err);
+        if (!out) fail_msg("%s: %s", name, err.msg);
+        if (!strstr(out, "Rules-XYZ") || !strstr(out, "Late-ABC") || !strstr(out, "q2"))
+            fail_msg("%s: a developer or late system message is not in the prompt:\n%s", name, out);
+        free(out), free(t);
+    }
+    DIR_LIST_END;
+    json_decref(vars), json_decref(msgs);
+}
+
 /* The tool loop through functionary v3.2's template, and Llama 3.1's
  * built-in tools through its real template (builtin_tools, the earlier
  * call written in Python). */
@@ -714,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_prepare),
         cmocka_unit_test(test_render_tool_loop_everywhere),
         cmocka_unit_test(test_render_v32_and_builtins),
+        cmocka_unit_test(test_render_developer_and_late_system),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

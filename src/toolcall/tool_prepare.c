@@ -259,16 +259,18 @@ static json_t *with_descriptions(const json_t *tools) { /* NULL: out of memory *
     return t;
 }
 
-/* System messages after the first turn appended to the leading one (made
- * if there is none), for templates that allow a system message only at
+/* System (and developer) messages after the first turn appended to the
+ * leading one (made if there is none), for templates that allow a system message only at
  * the start (Llama 3's raise on any other; Claude Code sends one
  * mid-conversation). False: out of memory. */
+static bool is_system(const json_t *m) { return is_role(m, "system") || is_role(m, "developer"); }
+
 static bool merge_late_system(json_t *msgs) {
     json_t *first = json_array_get(msgs, 0);
-    bool lead = first && is_role(first, "system");
+    bool lead = first && is_system(first);
     for (size_t i = lead ? 1 : 0; i < json_array_size(msgs);) {
         json_t *m = json_array_get(msgs, i);
-        if (!is_role(m, "system")) {
+        if (!is_system(m)) {
             i++;
             continue;
         }
@@ -283,6 +285,18 @@ static bool merge_late_system(json_t *msgs) {
         }
         if (!append_text(first, "\n\n", text ? text : "")) return false;
         json_array_remove(msgs, i);
+    }
+    return true;
+}
+
+/* Whether every system (or developer) message is in the rendered prompt:
+ * some templates drop one without raising (DeepSeek R1's keeps only the
+ * last system message, gpt-oss's only a first one). */
+static bool systems_rendered(const json_t *msgs, const char *out) {
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const json_t *m = json_array_get(msgs, i);
+        const char *text = json_string_value(json_object_get(m, "content"));
+        if (is_system(m) && text && text[0] && !strstr(out, text)) return false;
     }
     return true;
 }
@@ -360,6 +374,10 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
         if (msgs && attempt >= 3 && !merge_late_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
         else if (msgs && attempt == 4 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
         else if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
+        if (out && attempt < 3 && !systems_rendered(msgs, out)) { /* the next rungs merge them */
+            free(out), out = NULL;
+            kt_error_set(&e, KT_ERR_FORMAT, "the template dropped a system message after the first turn");
+        }
         if (attempt == 0 || e.status == KT_ERR_NOMEM) first = e;
         json_decref(msgs), json_decref(t);
         if (!msgs) break; /* a malformed message: no retry helps */
