@@ -88,6 +88,36 @@ static void expect_refusal(const char *schema_json, kt_status st, const char *ms
     if (msg && strcmp(err.msg, msg)) fail_msg("message '%s', expected '%s'", err.msg, msg);
 }
 
+/* Count bounds past the grammar's repeat limit: refused, naming where
+ * (once said "at the root" whatever the depth), or under relax_bounds
+ * enforced as far as a grammar can and said (a maximum left out, a
+ * minimum lowered to the limit); the relaxed grammar still takes a long
+ * value and still refuses a wrong type. */
+static void test_relaxed_bounds(void **state) {
+    (void)state;
+    const char *schema_json = "{\"type\":\"object\",\"properties\":{\"script\":{\"type\":\"string\",\"maxLength\":524288},"
+                              "\"xs\":{\"type\":\"array\",\"minItems\":20000}}}";
+    expect_refusal(schema_json, KT_ERR_UNSUPPORTED, "at /properties/script: string length bound over 10000");
+    json_t *s = json_loads(schema_json, 0, NULL);
+    char relaxed[400] = "";
+    kt_schema_opts opts = {.relax_bounds = true, .relaxed = relaxed, .relaxed_cap = sizeof relaxed};
+    kt_error err = {0};
+    char *g = kt_json_schema_to_gbnf_ex(s, &opts, &err);
+    if (!g) fail_msg("relaxed: %s", err.msg);
+    assert_string_equal(relaxed, "at /properties/script: string length maximum 524288 not enforced (over 10000); "
+                                 "at /properties/xs: item count minimum 20000 enforced as 10000");
+    kt_grammar *gr = kt_grammar_parse(g, strlen(g), NULL, &err);
+    assert_non_null(gr);
+    char *long_value = malloc(30000);
+    assert_non_null(long_value);
+    strcpy(long_value, "{\"script\":\"");
+    memset(long_value + 11, 'a', 20000);
+    strcpy(long_value + 20011, "\"}");
+    assert_true(accepts(gr, long_value));
+    assert_false(accepts(gr, "{\"script\":5}"));
+    free(long_value), kt_grammar_free(gr), free(g), json_decref(s);
+}
+
 static json_t *load(const char *path) {
     json_error_t je;
     json_t *j = json_load_file(path, JSON_ALLOW_NUL, &je);
@@ -690,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_any),
         cmocka_unit_test(test_llamacpp_integration),
         cmocka_unit_test(test_llamacpp_js2g),
+        cmocka_unit_test(test_relaxed_bounds),
         cmocka_unit_test(test_suite),
         cmocka_unit_test(test_bench),
     };

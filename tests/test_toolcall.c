@@ -449,6 +449,39 @@ static void test_grammar_open_reply(void **state) {
     json_decref(tools);
 }
 
+/* Parameter schemas enforced only in part are built that far and said in
+ * `relaxed`, never refused: Claude Code's Workflow tool (maxLength
+ * 524288) in a JSON family, and string keywords the raw-text arguments of
+ * an XML family cannot carry; a keyword no format can carry is still an
+ * error. */
+static void test_grammar_relaxed(void **state) {
+    (void)state;
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"Workflow\",\"parameters\":{\"type\":"
+                               "\"object\",\"properties\":{\"script\":{\"type\":\"string\",\"maxLength\":524288},"
+                               "\"id\":{\"type\":\"string\",\"pattern\":\"^[a-z]+$\"}},\"required\":[\"script\"]}}}]",
+                               0, NULL);
+    assert_non_null(tools);
+    kt_tool_grammar tg;
+    kt_error err = {0};
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("hermes"), tools, KT_TOOL_AUTO, NULL, true,
+                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    assert_string_equal(tg.relaxed, "tool 'Workflow': at /properties/script: string length maximum 524288 not enforced "
+                                    "(over 10000)");
+    kt_tool_grammar_free(&tg);
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("qwen3-coder"), tools, KT_TOOL_REQUIRED, NULL, true,
+                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_OK);
+    assert_non_null(strstr(tg.relaxed, "tool 'Workflow': parameter 'script': 'maxLength' not enforced"));
+    assert_non_null(strstr(tg.relaxed, "parameter 'id': 'pattern' not enforced"));
+    kt_tool_grammar_free(&tg);
+    json_t *fn = json_object_get(json_array_get(tools, 0), "function");
+    json_object_set_new(json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), "id"),
+                        "contentMediaType", json_string("text/x"));
+    assert_int_equal(kt_tool_grammar_build(kt_tool_format_by_name("qwen3-coder"), tools, KT_TOOL_AUTO, NULL, true,
+                                           KT_THINK_MAYBE, NULL, NULL, NULL, &tg, &err), KT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "'contentMediaType'"));
+    json_decref(tools);
+}
+
 /* A named function: only it; a name not offered is an error naming it. */
 static void test_grammar_named(void **state) {
     (void)state;
@@ -746,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_render_tool_loop_everywhere),
         cmocka_unit_test(test_render_v32_and_builtins),
         cmocka_unit_test(test_render_developer_and_late_system),
+        cmocka_unit_test(test_grammar_relaxed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -202,6 +202,7 @@ typedef struct cx {
     unsigned used; /* PRELUDE bits */
     unsigned depth;
     unsigned n_rules;
+    const kt_schema_opts *opts; /* NULL: every bound enforced or refused */
 } cx;
 
 /* The name of "no JSON value": a subschema that nothing satisfies. */
@@ -590,6 +591,7 @@ typedef struct node {
     double lo, hi;
     const char *lo_ptr, *hi_ptr;
     long min_len, max_len; /* -1: none */
+    const char *len_ptr;   /* where the tightest length bound was, for messages */
     const char *pattern, *pattern_ptr;
     const char *format, *format_ptr;
     long min_items, max_items;
@@ -645,8 +647,8 @@ static bool is_defined_format(const char *f) {
 static bool merge_string(cx *c, node *n, const conj *cj) {
     long mn = -1, mx = -1;
     if (!get_count(c, cj, "minLength", &mn) || !get_count(c, cj, "maxLength", &mx)) return false;
-    if (mn > n->min_len) n->min_len = mn;
-    if (mx >= 0 && (n->max_len < 0 || mx < n->max_len)) n->max_len = mx;
+    if (mn > n->min_len) n->min_len = mn, n->len_ptr = cj->ptr;
+    if (mx >= 0 && (n->max_len < 0 || mx < n->max_len)) n->max_len = mx, n->len_ptr = cj->ptr;
     const json_t *p = json_object_get(cj->s, "pattern"), *f = json_object_get(cj->s, "format");
     if (p) {
         if (!json_is_string(p)) return fail(c, cj->ptr, KT_ERR_ARG, "'pattern' must be a string"), false;
@@ -1017,12 +1019,42 @@ static bool emit_number(cx *c, const node *n, sbuf *b, bool *any) {
 
 /* ---- strings --------------------------------------------------------------- */
 
-static bool emit_string(cx *c, const node *n, sbuf *b, bool *any) {
+/* Adds "at PTR: what" to opts->relaxed (cut when full). */
+static void note_relaxed(cx *c, const char *ptr, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void note_relaxed(cx *c, const char *ptr, const char *fmt, ...) {
+    kt_schema_opts *o = (kt_schema_opts *)c->opts;
+    if (!o->relaxed || !o->relaxed_cap) return;
+    size_t len = strlen(o->relaxed);
+    char what[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    snprintf(o->relaxed + len, o->relaxed_cap - len, "%sat %s: %s", len ? "; " : "", *ptr ? ptr : "the root", what);
+}
+
+/* A count bound past the grammar's repeat limit, under relax_bounds: a
+ * maximum is left out (the value may be longer), a minimum lowered to the
+ * limit (enforced as far as a grammar can); each said in opts->relaxed.
+ * False: refused (no relaxing asked for). */
+static bool relax_counts(cx *c, const char *ptr, const char *what, long *min, long *max) {
+    const long limit = (long)KT_GRAMMAR_MAX_REPEAT;
+    if (*min <= limit && *max <= limit) return true;
+    if (!c->opts || !c->opts->relax_bounds)
+        return fail(c, ptr, KT_ERR_UNSUPPORTED, "%s bound over %u", what, KT_GRAMMAR_MAX_REPEAT), false;
+    if (*max > limit) note_relaxed(c, ptr, "%s maximum %ld not enforced (over %ld)", what, *max, limit), *max = -1;
+    if (*min > limit) note_relaxed(c, ptr, "%s minimum %ld enforced as %ld", what, *min, limit), *min = limit;
+    return true;
+}
+
+static bool emit_string(cx *c, const node *n_in, sbuf *b, bool *any) {
+    node relaxed = *n_in;
+    const node *n = &relaxed;
     const char *ptr = n->pattern_ptr ? n->pattern_ptr : n->format_ptr ? n->format_ptr : "";
-    bool lengths = n->min_len > 0 || n->max_len >= 0;
     if (n->max_len >= 0 && n->max_len < n->min_len) return true;
-    if (n->min_len > (long)KT_GRAMMAR_MAX_REPEAT || n->max_len > (long)KT_GRAMMAR_MAX_REPEAT)
-        return fail(c, ptr, KT_ERR_UNSUPPORTED, "string length bound over %u", KT_GRAMMAR_MAX_REPEAT), false;
+    if (!relax_counts(c, n->len_ptr ? n->len_ptr : ptr, "string length", &relaxed.min_len, &relaxed.max_len))
+        return false;
+    bool lengths = n->min_len > 0 || n->max_len >= 0;
     if ((n->pattern || n->format) && lengths)
         return fail(c, ptr, KT_ERR_UNSUPPORTED, "'%s' together with minLength/maxLength is not supported",
                     n->pattern ? "pattern" : "format"), false;
@@ -1140,8 +1172,7 @@ static bool emit_array(cx *c, const clist *l, const node *n, sbuf *b, bool *any)
     }
     long cap = tail ? max : (long)reach;
     if (cap >= 0 && min > cap) return true;
-    if (max > (long)KT_GRAMMAR_MAX_REPEAT || min > (long)KT_GRAMMAR_MAX_REPEAT)
-        return fail(c, l->v[0].ptr, KT_ERR_UNSUPPORTED, "item count bound over %u", KT_GRAMMAR_MAX_REPEAT), false;
+    if (!relax_counts(c, l->v[0].ptr, "item count", &min, &max)) return false;
     c->used |= 1u << P_WS;
     sb_printf(b, "%s\"[\" ws ", *any ? " | " : "");
     *any = true;
@@ -1685,8 +1716,10 @@ static char *assemble(cx *c, const char *root_rule) {
     return out.p;
 }
 
-char *kt_json_schema_to_gbnf(const json_t *schema, kt_error *err) {
-    cx c = {.root = schema, .err = err};
+char *kt_json_schema_to_gbnf(const json_t *schema, kt_error *err) { return kt_json_schema_to_gbnf_ex(schema, NULL, err); }
+
+char *kt_json_schema_to_gbnf_ex(const json_t *schema, const kt_schema_opts *opts, kt_error *err) {
+    cx c = {.root = schema, .err = err, .opts = opts};
     char *result = NULL;
     if (!schema) {
         kt_error_set(err, KT_ERR_ARG, "no schema");

@@ -28,6 +28,22 @@
  * valid JSON Schema (a bad $ref, a type that is not a type name). */
 char *kt_json_schema_to_gbnf(const json_t *schema, kt_error *err);
 
+/* How a schema kettle can enforce only in part is taken. Tool-call
+ * arguments are the model's proposal to the client, which checks them
+ * anyway: there a count bound past the grammar's repeat limit
+ * (KT_GRAMMAR_MAX_REPEAT; Claude Code gives a script parameter maxLength
+ * 524288) is enforced as far as a grammar can, a maximum left out and a
+ * minimum lowered to the limit, and said in `relaxed`, instead of the
+ * whole request refused. response_format takes no options: an answer must
+ * match its schema or the request is refused. */
+typedef struct kt_schema_opts {
+    bool relax_bounds;
+    char *relaxed;     /* what was not enforced, "at POINTER: what" items joined by "; " (cut when full); may be NULL */
+    size_t relaxed_cap;
+} kt_schema_opts;
+
+char *kt_json_schema_to_gbnf_ex(const json_t *schema, const kt_schema_opts *opts, kt_error *err);
+
 /* The grammar of any JSON value (response_format json_object uses the
  * object form: `object_only`). Static text; never fails. */
 const char *kt_json_any_gbnf(bool object_only);

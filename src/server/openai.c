@@ -740,6 +740,7 @@ static bool tools_grammar(const kt_model *m, srv_gen_req *r, srv_error *e) {
         return srv_fail(e, err.status == KT_ERR_NOMEM ? 500 : 400, err.status == KT_ERR_NOMEM ? "server_error" : INVALID,
                         r->tool_choice == KT_TOOL_NAMED && err.status == KT_ERR_ARG ? "tool_choice" : "tools", NULL,
                         "%s", err.msg);
+    if (r->tools_grammar.relaxed[0]) srv_note(r->notes, "%s", r->tools_grammar.relaxed);
     return true;
 }
 

@@ -31,7 +31,15 @@ typedef struct gcx {
     void *ctx;
     kt_error *err;
     sbuf python;    /* " | py-N" for each tool called in Python (Llama 3.1's built-in tools) */
+    char *relaxed;  /* the grammar's `relaxed` (what is enforced only in part) */
+    size_t relaxed_cap;
 } gcx;
+
+/* Adds "tool 'T': what" to g->relaxed (cut when full). */
+static void note_relaxed(gcx *g, const char *tool, const char *what) {
+    size_t len = strlen(g->relaxed);
+    snprintf(g->relaxed + len, g->relaxed_cap - len, "%stool '%.64s': %s", len ? "; " : "", tool, what);
+}
 
 /* A GBNF literal for s[0..n). */
 static void put_lit(sbuf *b, const char *s, size_t n) {
@@ -138,11 +146,15 @@ static bool close_objects(json_t *s) { /* false: out of memory */
     return close_objects(json_object_get(s, "items"));
 }
 
-/* Appends schema's rules as PREFIX-*; false with err set. */
-static bool add_schema(gcx *g, const json_t *schema, const char *prefix, const char *what) {
+/* Appends schema's rules as PREFIX-*; false with err set. Bounds past the
+ * grammar's limit are relaxed (kt_schema_opts), noted under `tool`. */
+static bool add_schema(gcx *g, const json_t *schema, const char *prefix, const char *what, const char *tool) {
     kt_error e = {0};
+    char relaxed[256] = "";
+    kt_schema_opts opts = {.relax_bounds = true, .relaxed = relaxed, .relaxed_cap = sizeof relaxed};
     json_t *own = schema ? json_deep_copy(schema) : json_pack("{s:s, s:{}}", "type", "object", "properties");
-    char *gbnf = own && close_objects(own) ? kt_json_schema_to_gbnf(own, &e) : NULL;
+    char *gbnf = own && close_objects(own) ? kt_json_schema_to_gbnf_ex(own, &opts, &e) : NULL;
+    if (gbnf && relaxed[0]) note_relaxed(g, tool, relaxed);
     json_decref(own);
     if (!gbnf) {
         kt_error_set(g->err, e.status ? e.status : KT_ERR_NOMEM, "%s: %s", what, e.msg[0] ? e.msg : "out of memory");
@@ -153,17 +165,29 @@ static bool add_schema(gcx *g, const json_t *schema, const char *prefix, const c
     return true;
 }
 
-/* Keywords a string parameter of an XML family may have: its value is
- * raw text there, so anything that constrains a string beyond its enum
- * cannot be enforced. */
-static bool plain_text_ok(const json_t *prop, const char **bad) {
+/* A string parameter of an XML family is raw text, which carries nothing
+ * that constrains a string beyond its enum. The keywords that shape its
+ * text (lengths, pattern, format) are the model's to respect and the
+ * client's to check: noted as not enforced. Any other constraint is
+ * refused (false with err set). */
+static bool plain_text_ok(gcx *g, const json_t *prop, const char *tool, const char *key) {
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)prop, k, v) {
         if (!strcmp(k, "type") || !strcmp(k, "description") || !strcmp(k, "title") || !strcmp(k, "default") ||
             !strcmp(k, "examples") || !strcmp(k, "enum") || !strcmp(k, "$comment"))
             continue;
-        *bad = k;
+        if (!strcmp(k, "minLength") || !strcmp(k, "maxLength") || !strcmp(k, "pattern") || !strcmp(k, "format")) {
+            char what[160];
+            snprintf(what, sizeof what, "parameter '%.60s': '%s' not enforced (the %s format's arguments are raw text)",
+                     key, k, g->f->name);
+            note_relaxed(g, tool, what);
+            continue;
+        }
+        kt_error_set(g->err, KT_ERR_UNSUPPORTED,
+                     "tool '%.80s', parameter '%.80s': keyword '%.40s' cannot be enforced on the raw-text "
+                     "arguments of the %s format",
+                     tool, key, k, g->f->name);
         return false;
     }
     return true;
@@ -174,15 +198,8 @@ static bool xml_value_rule(gcx *g, const json_t *prop, int t, int j, const char 
                            char *out, size_t cap) {
     const json_t *type = json_object_get(prop, "type");
     const json_t *en = json_object_get(prop, "enum");
-    const char *bad = NULL;
     bool text = json_is_string(type) && !strcmp(json_string_value(type), "string");
-    if (text && !plain_text_ok(prop, &bad)) {
-        kt_error_set(g->err, KT_ERR_UNSUPPORTED,
-                     "tool '%.80s', parameter '%.80s': keyword '%.40s' cannot be enforced on the raw-text "
-                     "arguments of the %s format",
-                     tool, key, bad, g->f->name);
-        return false;
-    }
+    if (text && !plain_text_ok(g, prop, tool, key)) return false;
     snprintf(out, cap, "t%d-v%d", t, j);
     if (text && json_is_array(en)) {
         sb_printf(&g->rules, "%s ::=", out);
@@ -200,7 +217,7 @@ static bool xml_value_rule(gcx *g, const json_t *prop, int t, int j, const char 
     char prefix[48], what[256];
     snprintf(prefix, sizeof prefix, "t%d-p%d-", t, j);
     snprintf(what, sizeof what, "tool '%.80s', parameter '%.80s'", tool, key);
-    if (!add_schema(g, prop, prefix, what)) return false;
+    if (!add_schema(g, prop, prefix, what, tool)) return false;
     snprintf(out, cap, "t%d-p%d-root", t, j);
     return true;
 }
@@ -294,7 +311,7 @@ static bool py_call(gcx *g, const json_t *tool, int t) {
             char prefix[48], what[256], kv[300];
             snprintf(prefix, sizeof prefix, "t%d-k%d-", t, k);
             snprintf(what, sizeof what, "tool '%.80s', parameter '%.80s'", fn_name(tool), key);
-            if (!add_schema(g, prop, prefix, what)) return free(r.p), false;
+            if (!add_schema(g, prop, prefix, what, fn_name(tool))) return free(r.p), false;
             snprintf(kv, sizeof kv, "%s%.200s=", n_written ? ", " : "", key);
             if (pass == 1) sb_puts(&r, " ("), n_open++;
             put_lit(&r, kv, strlen(kv));
@@ -325,7 +342,7 @@ static bool add_tool(gcx *g, const json_t *tool, int t) {
     snprintf(prefix, sizeof prefix, "t%d-", t);
     snprintf(args, sizeof args, "t%d-root", t);
     snprintf(params, sizeof params, "t%d-params", t);
-    if (g->f->shape == SHAPE_XML ? !xml_params(g, tool, t) : !add_schema(g, fn_params(tool), prefix, what))
+    if (g->f->shape == SHAPE_XML ? !xml_params(g, tool, t) : !add_schema(g, fn_params(tool), prefix, what, name))
         return false;
     if (pythonic(g, tool)) {
         if (tc_is_code_tool(name)) sb_printf(&g->rules, "py-%d ::= [^{ \\t\\n] .*\n", t);
@@ -462,7 +479,8 @@ kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt
                                 kt_tool_control_id control_id, void *ctx, kt_tool_grammar *out, kt_error *err) {
     *out = (kt_tool_grammar){.special_text = f->special_text};
     if (choice == KT_TOOL_NONE || !json_array_size(tools)) return KT_OK;
-    gcx g = {.f = f, .control_id = control_id, .ctx = ctx, .err = err};
+    gcx g = {.f = f, .control_id = control_id, .ctx = ctx, .err = err, .relaxed = out->relaxed,
+             .relaxed_cap = sizeof out->relaxed};
     int n = 0;
     if (choice == KT_TOOL_NAMED) {
         const json_t *t = tc_find_tool(tools, name, strlen(name));

@@ -120,6 +120,12 @@ typedef struct kt_tool_grammar {
     int max_calls;   /* constrained segments before the reply ends (1: the
                         grammar's body holds every call) */
     bool special_text;
+    /* What of the parameter schemas is enforced only in part ("tool 'T':
+     * at POINTER: what", joined by "; "; "" when all is): count bounds past
+     * the grammar's limit, and string keywords the raw-text arguments of
+     * the XML families cannot carry. The client checks the arguments it
+     * gets anyway; the server says this back (x-kettle-warning). */
+    char relaxed[512];
 } kt_tool_grammar;
 
 /* The id of the control token whose text is s[0..n), or -1 (markers that
@@ -132,7 +138,8 @@ typedef int32_t (*kt_tool_control_id)(void *ctx, const char *s, size_t n);
  * the grammar a text answer must match instead of a call (a
  * response_format). `control_id` may be NULL (every marker is text). A
  * parameter schema kettle cannot enforce is KT_ERR_UNSUPPORTED naming the
- * tool and the keyword. */
+ * tool and the keyword; one it can enforce only in part is enforced that
+ * far and said in out->relaxed. */
 kt_status kt_tool_grammar_build(const kt_tool_format *f, const json_t *tools, kt_tool_choice choice,
                                 const char *name, bool parallel, kt_tool_think think, const char *content_gbnf,
                                 kt_tool_control_id control_id, void *ctx, kt_tool_grammar *out, kt_error *err);

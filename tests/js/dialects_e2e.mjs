@@ -266,6 +266,11 @@ async function anthropicChecks(anthropic, ref, baseURL) {
     assert.equal(data.type, 'message');
     assert.match(response.headers.get('x-kettle-warning') ?? '', /tools\[0\] \(web_search_20250305 'web_search'\) left out/);
     await expectError(anthropic.messages.create({ ...base, tools: webSearch, tool_choice: { type: 'tool', name: 'web_search' } }), Anthropic.BadRequestError, 400, /Anthropic's own tools/);
+    // a schema bound past the grammar's limit (Claude Code's Workflow tool): enforced as far as it can be, said
+    const workflow = [{ name: 'Workflow', input_schema: { type: 'object', properties: { script: { type: 'string', maxLength: 524288 } }, required: ['script'] } }];
+    const wf = await anthropic.messages.create({ ...base, tools: workflow }).withResponse();
+    assert.equal(wf.data.type, 'message');
+    assert.match(wf.response.headers.get('x-kettle-warning') ?? '', /tool 'Workflow': at \/properties\/script: string length maximum 524288 not enforced/);
     const raw = await fetch(`${baseURL}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: base.messages }) });
     assert.equal(raw.status, 400);
     assert.deepEqual(Object.keys(await raw.json()), ['type', 'error']);
