@@ -270,7 +270,7 @@ static int group_setup(void **state) {
     snprintf(args, sizeof args, "--chat-template chatml --ctx 512 --parallel 1 --queue 1 --strict-model-names "
              "--fallback http://127.0.0.1:%d/v1 --fallback-model upstream-name", U.port);
     A = start_server("fb-a.log", args);
-    snprintf(args, sizeof args, "--chat-template chatml --ctx 64 --strict-model-names --fallback http://127.0.0.1:%d/v1/ "
+    snprintf(args, sizeof args, "--chat-template chatml --ctx 64 --strict-model-names --fallback http://127.0.0.1:%d/ "
              "--fallback-key-env FB_TEST_KEY --fallback-on unknown-model,error --fallback-timeout-s 1 "
              "--fallback-max-s 3", STUB.port);
     B = start_server("fb-b.log", args);
@@ -399,6 +399,12 @@ static void test_own_fault_not_forwarded(void **state) {
     r = fb_post(&B, "/v1/chat/completions", "{\"model\":\"gpt-4o\",\"messages\":\"nope\"");
     expect_local(&r, 400, "malformed JSON");
     free(r.body);
+    /* a malformed Anthropic tool_result is the client's fault (a 400): it
+     * was a 500 "out of memory", which B forwards (--fallback-on error) */
+    r = fb_post(&B, "/v1/messages", "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                                    "\"tool_result\",\"tool_use_id\":\"t\",\"content\":5}]}]}");
+    expect_local(&r, 400, "content");
+    free(r.body);
     assert_int_equal(stub_requests(), n);
     assert_int_equal(fallbacks(&A), before);
 }
@@ -419,7 +425,7 @@ static void test_json_passthrough(void **state) {
     assert_string_equal(r.body, STUB_JSON_BODY);
     assert_string_equal(r.content_type, "application/json");
     pthread_mutex_lock(&STUB.mu);
-    assert_string_equal(STUB.path, "/v1/chat/completions"); /* the URL's trailing '/' is not doubled */
+    assert_string_equal(STUB.path, "/v1/chat/completions"); /* B's URL is the root: /v1 is added, '/' not doubled */
     assert_string_equal(STUB.body, body);
     assert_string_equal(STUB.auth, "Bearer " KEY);
     assert_string_equal(STUB.xapi, "");

@@ -103,6 +103,27 @@ static void parse_cut(const char *family, const char *text, const size_t *cuts, 
     json_decref(tools);
 }
 
+/* A reply max_tokens cut inside a call marker ("<t", "<tool" of
+ * "<tool_call>") shows no marker fragment as content; the same text at a
+ * normal end is the answer's ("a < b and <tool" above). */
+static void test_parse_cut_marker(void **state) {
+    (void)state;
+    static const char *const texts[][2] = {{"Let me look.<t", "Let me look."}, {"Sure <tool", "Sure "},
+                                           {"x <tool_cal", "x "}, {"a < b", "a < b"}};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        got g;
+        memset(&g, 0, sizeof g);
+        kt_tool_parse_opts o = {.calls = true, .reasoning = true, .id_seed = "chatcmpl-test"};
+        kt_tool_parser *p = kt_tool_parser_new(kt_tool_format_by_name("hermes"), &o, collect, &g);
+        assert_non_null(p);
+        assert_true(kt_tool_parser_feed(p, texts[i][0], strlen(texts[i][0]) - 2, false));
+        kt_tool_parser_cut(p);
+        assert_true(kt_tool_parser_feed(p, texts[i][0] + strlen(texts[i][0]) - 2, 2, true));
+        if (strcmp(g.content, texts[i][1])) fail_msg("'%s' cut: content '%s', want '%s'", texts[i][0], g.content, texts[i][1]);
+        kt_tool_parser_free(p);
+    }
+}
+
 typedef struct pcase {
     const char *family, *text;
     const char *content, *reasoning;
@@ -780,6 +801,7 @@ int main(void) {
         cmocka_unit_test(test_render_v32_and_builtins),
         cmocka_unit_test(test_render_developer_and_late_system),
         cmocka_unit_test(test_grammar_relaxed),
+        cmocka_unit_test(test_parse_cut_marker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,6 +114,17 @@ srv_fb_reason srv_fb_reason_of(const srv_error *e) {
     return SRV_FB_NONE;
 }
 
+/* Whether url has no path (or only "/"). */
+static bool is_root_url(const char *url) {
+    CURLU *h = curl_url();
+    char *path = NULL;
+    bool root = h && curl_url_set(h, CURLUPART_URL, url, 0) == CURLUE_OK &&
+                curl_url_get(h, CURLUPART_PATH, &path, 0) == CURLUE_OK && (!path[0] || !strcmp(path, "/"));
+    curl_free(path);
+    curl_url_cleanup(h);
+    return root;
+}
+
 /* ---- the server's upstream ---- */
 
 struct srv_fb_state {
@@ -173,6 +184,10 @@ srv_fb_state *srv_fb_state_new(const srv_fallback *cfg, kt_error *err) {
     if (fb->cfg.max_s <= 0) fb->cfg.max_s = SRV_FB_DEFAULT_MAX_S;
     snprintf(fb->base, sizeof fb->base, "%s", cfg->url);
     for (size_t n = strlen(fb->base); n && fb->base[n - 1] == '/'; n--) fb->base[n - 1] = 0;
+    /* a server's root (http://HOST:PORT, as Ollama's and llama-server's
+     * URLs are often given) serves the API under /v1: forwarded requests
+     * went to /chat/completions and came back 404 */
+    if (is_root_url(cfg->url) && strlen(fb->base) + 3 < sizeof fb->base) strcat(fb->base, "/v1");
     host_of(cfg->url, fb->host, sizeof fb->host);
     if (!key_headers(fb)) {
         srv_fb_state_free(fb);

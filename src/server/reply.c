@@ -199,9 +199,9 @@ bool srv_reply_track(srv_reply *rp, const kt_event *ev) {
     }
     json_decref(rp->pending), rp->pending = NULL;
     rp->pending_choice = ev->choice;
-    if (c->parser && (ev->text_len || ev->finish != KT_FINISH_NONE))
-        return kt_tool_parser_feed(c->parser, ev->text, ev->text_len, ev->finish != KT_FINISH_NONE);
-    return true;
+    if (!c->parser || (!ev->text_len && ev->finish == KT_FINISH_NONE)) return true;
+    if (ev->finish == KT_FINISH_LENGTH) kt_tool_parser_cut(c->parser);
+    return kt_tool_parser_feed(c->parser, ev->text, ev->text_len, ev->finish != KT_FINISH_NONE);
 }
 
 void srv_reply_remember(const srv_reply *rp, srv_sampled *m) {

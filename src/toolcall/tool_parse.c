@@ -194,6 +194,7 @@ struct kt_tool_parser {
     tbuf pend;
     pstate st;
     bool final, failed;
+    bool cut;          /* the reply was cut short: a marker's beginning held back at the end is dropped */
     int n_calls;
     bool skip_lead;       /* drop whitespace before the next text (see drop_lead) */
     bool list_open;       /* JSON list section: its '[' was read */
@@ -359,8 +360,9 @@ static bool content_state(kt_tool_parser *p) {
     int which;
     size_t at = find_markers(p->pend.p, p->pend.n, m, nm, &which);
     if (which < 0) { /* no whole marker: emit what cannot start one */
-        size_t upto = p->final ? p->pend.n : at;
+        size_t upto = p->final && !p->cut ? p->pend.n : at;
         tb_drop(&p->pend, emit_content(p, p->pend.p, upto, p->final));
+        if (p->final && p->cut) p->pend.n = 0; /* "<tool" of a call max_tokens cut: not the answer's text */
         return false; /* needs more text */
     }
     emit_content(p, p->pend.p, at, false);
@@ -1028,6 +1030,8 @@ bool kt_tool_parser_feed(kt_tool_parser *p, const char *text, size_t n, bool fin
     if (final && p->pend.n && !p->failed) tb_drop(&p->pend, emit_content(p, p->pend.p, p->pend.n, true));
     return !p->failed;
 }
+
+void kt_tool_parser_cut(kt_tool_parser *p) { p->cut = true; }
 
 int kt_tool_parser_calls(const kt_tool_parser *p) { return p->n_calls; }
 

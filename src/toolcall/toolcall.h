@@ -179,6 +179,11 @@ kt_tool_parser *kt_tool_parser_new(const kt_tool_format *f, const kt_tool_parse_
 /* Feeds generated text; `final` at the end of the reply flushes what was
  * held back. False when emit failed (out of memory). */
 bool kt_tool_parser_feed(kt_tool_parser *p, const char *text, size_t n, bool final);
+/* The reply was cut short (max_tokens, the context's end): call before the
+ * final feed. Text held back because it may begin a marker ("<tool" of
+ * "<tool_call>") is then dropped rather than shown as content; a reply
+ * that ended normally keeps it (a "<" that ends an answer is the answer's). */
+void kt_tool_parser_cut(kt_tool_parser *p);
 int kt_tool_parser_calls(const kt_tool_parser *p); /* calls started so far */
 void kt_tool_parser_free(kt_tool_parser *p);
 
