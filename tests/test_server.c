@@ -451,6 +451,40 @@ static void expect_api_error(const server *s, const char *path, const char *body
     free(r.body);
 }
 
+/* The message_start of a /v1/messages stream: its usage's field `key`. */
+static long long message_start_usage(const char *body, const char *key) {
+    const char *at = strstr(body, "event: message_start\ndata: ");
+    assert_non_null(at);
+    at += strlen("event: message_start\ndata: ");
+    char *line = strndup(at, strcspn(at, "\n"));
+    json_t *j = parse(line);
+    long long v = json_integer_value(json_object_get(json_object_get(json_object_get(j, "message"), "usage"), key));
+    json_decref(j), free(line);
+    return v;
+}
+
+/* A Messages stream's message_start says how much of the prompt the
+ * prefix cache served (it said 0 always: it went out before the engine
+ * had looked); message_delta's usage agrees. */
+static void test_messages_stream_cache_usage(void **state) {
+    (void)state;
+    char body[2048];
+    snprintf(body, sizeof body, "{\"max_tokens\":4,\"stream\":true,\"temperature\":0,\"messages\":[{\"role\":\"user\","
+             "\"content\":\"%s %s %s\"}]}", PROMPT, PROMPT, PROMPT);
+    reply first = post(&S, "/v1/messages", body), second = post(&S, "/v1/messages", body);
+    assert_int_equal(first.status, 200);
+    assert_int_equal(second.status, 200);
+    long long cached = message_start_usage(second.body, "cache_read_input_tokens");
+    if (cached <= 0) fail_msg("the repeated prompt's message_start reports %lld cached tokens:\n%.600s", cached, second.body);
+    assert_non_null(strstr(second.body, "\"cache_read_input_tokens\":"));
+    const char *delta = strstr(second.body, "event: message_delta");
+    assert_non_null(delta);
+    char want[64];
+    snprintf(want, sizeof want, "\"cache_read_input_tokens\":%lld", cached);
+    assert_non_null(strstr(delta, want));
+    free(first.body), free(second.body);
+}
+
 /* max_tokens past the room the context leaves is cut to it and the reply
  * ends at "length" (agent clients ask for 32000 or 64000 whatever the
  * model); --strict-max-tokens refuses it. A prompt that does not fit, or
@@ -1364,6 +1398,7 @@ int main(void) {
         cmocka_unit_test(test_tokenize_roundtrip),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_max_tokens_room),
+        cmocka_unit_test(test_messages_stream_cache_usage),
         cmocka_unit_test(test_disconnect_frees_kv),
         cmocka_unit_test(test_sixteen_concurrent_streams),
         cmocka_unit_test(test_api_key_alias_tools),

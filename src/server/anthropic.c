@@ -600,12 +600,25 @@ static bool event(srv_xlate *x, const char *type, json_t *fields) {
     return srv_buf_event(x->out, type, fields);
 }
 
+/* message_start goes out with the reply's first news (a token, the end,
+ * an error, a keep-alive), not when the request is queued: by then the
+ * engine has taken the prompt's cached prefix, and the usage it carries
+ * says how much of the prompt the cache served, as Anthropic's does. */
 static bool start(srv_xlate *x) {
     if (x->started) return true;
     x->started = true;
-    /* the cache's share is known at the end (message_delta's usage) */
-    json_t *msg = message_object(x->rp, json_array(), NULL, NULL, usage_of(x->n_prompt, 0, 0));
+    int cached = x->rp->req ? kt_request_get_usage(x->rp->req).cached_tokens : x->n_prompt;
+    json_t *msg = message_object(x->rp, json_array(), NULL, NULL, usage_of(x->n_prompt, cached, 0));
     return event(x, "message_start", json_pack("{s:o}", "message", msg)) && event(x, "ping", json_object());
+}
+
+/* A chunk with something to say: text, thinking, a call, a finish (the
+ * role chunk a stream opens with has none). */
+static bool has_news(json_t *chunk) {
+    json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0), *d = json_object_get(choice, "delta");
+    return !choice || json_is_string(json_object_get(choice, "finish_reason")) ||
+           json_string_length(json_object_get(d, "content")) || json_string_length(json_object_get(d, "reasoning_content")) ||
+           json_array_size(json_object_get(d, "tool_calls"));
 }
 
 static bool on_open(void *ctx, const srv_block *b) {
@@ -641,7 +654,7 @@ static srv_xlate *messages_stream_new(json_t *body, const srv_reply *rp, const s
 
 static bool messages_stream_chunk(srv_xlate *x, json_t *chunk, srv_buf *out) {
     x->out = out;
-    bool ok = start(x) && srv_blocks_feed(&x->blocks, chunk, &OPS, x);
+    bool ok = !has_news(chunk) || (start(x) && srv_blocks_feed(&x->blocks, chunk, &OPS, x));
     json_decref(chunk);
     return ok;
 }

@@ -372,6 +372,7 @@ static bool start_reply(srv_conn *c, srv_error *e) {
     if (!srv_reply_init(&c->reply, &c->gen, c->cls->model, srv_reply_name(c->cls, c->json), id,
                         (long long)time(NULL)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    c->reply.req = c->req;
     if (!c->gen.stream || c->gen.kind != SRV_CHAT) return true;
     if (c->dialect && !(c->xlate = c->dialect->stream_new(c->dialect_body, &c->reply, &c->gen, c->n_prompt)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");

@@ -191,6 +191,8 @@ typedef struct srv_reply {
     bool streaming;       /* deltas of the parsers become chunks (pending) */
     json_t *pending;      /* chunks made by the last srv_reply_track */
     int pending_choice;
+    kt_request *req;        /* the engine request, for what a stream reports before it ends (the prompt tokens
+                             * the cache served); NULL: a stored answer (--result-cache) */
     srv_choice choices[KT_MAX_CHOICES];
 } srv_reply;
 
