@@ -803,7 +803,8 @@ static json_t *item_ref(const srv_xlate *x, const srv_block *b) {
 /* item_ref with one more field (v stolen); NULL when out of memory. */
 static json_t *ref_with(const srv_xlate *x, const srv_block *b, const char *k, json_t *v) {
     json_t *f = item_ref(x, b);
-    if (!f || json_object_set_new(f, k, v)) return json_decref(f), NULL;
+    if (!f) return json_decref(v), NULL;
+    if (json_object_set_new(f, k, v)) return json_decref(f), NULL; /* v went with the failed set */
     return f;
 }
 

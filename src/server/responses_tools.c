@@ -179,9 +179,8 @@ static bool add_callable(toolset *ts, json_t *t, const char *type, const char *n
     if (!custom && !function_tool(t, chat_name, &tool)) return oom(ts->e);
     json_t *what = json_pack("{s:s, s:O}", "type", type, "name", name);
     if (what && ns && json_object_set_new(what, "namespace", json_string(ns))) json_decref(what), what = NULL;
-    if (!what || json_object_set_new(ts->callables, chat_name, what) || json_array_append_new(ts->chat, tool))
-        return json_decref(tool), oom(ts->e);
-    return true;
+    if (!what || json_object_set_new(ts->callables, chat_name, what)) return json_decref(tool), oom(ts->e);
+    return !json_array_append_new(ts->chat, tool) || oom(ts->e); /* which takes tool, even when it fails */
 }
 
 /* A namespace's function and custom tools, under its name. */
