@@ -687,16 +687,30 @@ static void test_api_key_alias_tools(void **state) {
     r = get(&s, "/health");
     assert_int_equal(r.status, 200);
     free(r.body);
+    /* the other APIs' generation requests, for the log below */
+    const char *dialects[][2] = {{"/v1/responses", "{\"model\":\"tiny\",\"input\":\"hi\",\"max_output_tokens\":1}"},
+                                 {"/v1/messages", "{\"model\":\"tiny\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\","
+                                                  "\"content\":\"hi\"}]}"}};
+    for (int i = 0; i < 2; i++) {
+        r = http_full(&s, "POST", dialects[i][0], dialects[i][1], strlen(dialects[i][1]), "Authorization: Bearer sekrit");
+        assert_int_equal(r.status, 200);
+        free(r.body);
+    }
     stop_server(&s);
     /* --log-requests (the text request log, src/server/reqlog.h): a line per
-     * request, a generation request's with its token counts */
+     * request, a generation request's with its model and token counts,
+     * whichever API it came in */
     char *log = tu_read_file(s.log, NULL);
     assert_non_null(log);
-    const char *line = strstr(log, "Z POST /v1/chat/completions 200 model=\"tiny\" prompt=");
-    const char *eol = line ? strchr(line, '\n') : NULL;
-    const char *gen = line ? strstr(line, " generated=1 ttft_ms=") : NULL;
-    if (!eol || !gen || gen > eol || !strstr(log, "Z GET /v1/models/gpt-9 404 total_ms="))
-        fail_msg("no request line in the log: %s", log);
+    const char *starts[] = {"Z POST /v1/chat/completions 200 model=\"tiny\" prompt=",
+                            "Z POST /v1/responses 200 model=\"tiny\" prompt=", "Z POST /v1/messages 200 model=\"tiny\" prompt="};
+    for (int i = 0; i < 3; i++) {
+        const char *line = strstr(log, starts[i]);
+        const char *eol = line ? strchr(line, '\n') : NULL;
+        const char *gen = line ? strstr(line, " generated=1 ttft_ms=") : NULL;
+        if (!eol || !gen || gen > eol) fail_msg("no line '%s... generated=1' in the log: %s", starts[i], log);
+    }
+    if (!strstr(log, "Z GET /v1/models/gpt-9 404 total_ms=")) fail_msg("no request line in the log: %s", log);
     free(log);
 }
 

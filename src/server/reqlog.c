@@ -118,8 +118,13 @@ static void add_usage(const srv_conn *c, srv_reqlog_entry *e) {
     e->generated = true;
     e->prompt_tokens = u.prompt_tokens, e->cached_tokens = u.cached_tokens, e->generated_tokens = u.completion_tokens;
     e->ttft_ms = u.first_token_ns && u.submit_ns ? (double)(u.first_token_ns - u.submit_ns) / 1e6 : -1;
-    const char *model = json_string_value(json_object_get(c->json, "model"));
-    e->model = model;
+    /* the request's own body: a dialect's (gen.c keeps it beside the chat body made of it) */
+    e->model = json_string_value(json_object_get(c->dialect_body ? c->dialect_body : c->json, "model"));
+}
+
+/* The endpoints that generate: the chat path and the dialects over it. */
+static bool generates(srv_endpoint ep) {
+    return ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_RESPONSES || ep == EP_MESSAGES;
 }
 
 void srv_reqlog_conn(const srv_conn *c) {
@@ -128,6 +133,6 @@ void srv_reqlog_conn(const srv_conn *c) {
     srv_reqlog_entry e = {.unix_ms = unix_now_ms(), .method = c->method, .path = c->url,
                           .status = c->status ? c->status : 499, .total_ms = kt_time_ms() - c->t0_ms, .ttft_ms = -1,
                           .fallback = c->fallback_reason};
-    if (c->ep == EP_CHAT || c->ep == EP_COMPLETIONS) add_usage(c, &e);
+    if (generates(c->ep)) add_usage(c, &e);
     srv_reqlog_write(stderr, f, &e);
 }

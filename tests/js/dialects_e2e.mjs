@@ -18,7 +18,7 @@
 // Prints one line per check; exits 0 only if every check passed.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -74,6 +74,110 @@ async function expectError(promise, Class, status, pattern) {
   assert.equal(err.status, status, err.message);
   if (pattern) assert.match(err.message, pattern);
   return err;
+}
+
+// What OpenAI Codex CLI (0.171.0) sends on /v1/responses: the captured
+// request (tests/data/agent_requests/codex_responses.json) when the
+// repository has it, else this reconstruction of its shape from Codex's
+// ResponsesApiRequest: instructions, developer / user messages, its function
+// tools, an MCP server's tools under a namespace, the hosted web_search
+// tool, tool_choice auto, reasoning.summary, include
+// reasoning.encrypted_content, store false, prompt_cache_key and
+// client_metadata (the last five cannot be turned off in Codex). The
+// length is capped here only because a random-weight model never stops.
+const CODEX_FIXTURE = path.resolve(HERE, '../data/agent_requests/codex_responses.json');
+function codexRequest() {
+  if (existsSync(CODEX_FIXTURE)) {
+    return { ...JSON.parse(readFileSync(CODEX_FIXTURE, 'utf8')), model: 'kettle', stream: true, max_output_tokens: 48 };
+  }
+  const fn = (name, description, properties, required) => ({
+    type: 'function', name, description, strict: false,
+    parameters: { type: 'object', properties, required, additionalProperties: false },
+  });
+  return {
+    model: 'kettle',
+    instructions: 'You are Codex, a coding agent. Use the tools to inspect and change the workspace.',
+    input: [
+      { type: 'message', role: 'developer', content: [{ type: 'input_text', text: '<permissions instructions>sandbox: workspace-write</permissions instructions>' }] },
+      { type: 'message', role: 'user', content: [{ type: 'input_text', text: '<environment_context>\n  <cwd>/work</cwd>\n  <shell>bash</shell>\n</environment_context>' }] },
+      { type: 'message', role: 'user', content: [{ type: 'input_text', text: ASK }] },
+    ],
+    tools: [
+      fn('shell_command', 'Runs a shell command and returns its output.', { command: { type: 'string' }, workdir: { type: 'string' }, timeout_ms: { type: 'number' } }, ['command']),
+      fn('update_plan', 'Updates the task plan.', { explanation: { type: 'string' }, plan: { type: 'array', items: { type: 'object', properties: { step: { type: 'string' }, status: { type: 'string', enum: ['pending', 'in_progress', 'completed'] } }, required: ['step', 'status'], additionalProperties: false } } }, ['plan']),
+      fn('apply_patch', 'Applies a patch to files.', { input: { type: 'string' } }, ['input']),
+      { type: 'namespace', name: 'mcp__weather', description: 'Tools in the mcp__weather namespace.', tools: [{ type: 'function', name: 'get_weather', description: 'Weather of a city', strict: false, parameters: CITY_SCHEMA }] },
+      { type: 'web_search', external_web_access: false },
+    ],
+    tool_choice: 'auto',
+    parallel_tool_calls: false,
+    reasoning: { summary: 'auto' },
+    store: false,
+    stream: true,
+    include: ['reasoning.encrypted_content'],
+    prompt_cache_key: '0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b',
+    client_metadata: { 'x-codex-installation-id': '5f0c2e9a-1b7d-4c3e-9a8f-2d6b4e1c7a90' },
+    max_output_tokens: 48,
+  };
+}
+
+// Reads a Responses stream and checks its shape: sequence numbers 0, 1,
+// ...; response.created and in_progress first; every item added is done
+// once, by the same id; the final response's output is the items done, in
+// order. Returns the final event.
+async function wellFormed(stream) {
+  let seq = -1, last = null;
+  const types = [], open = new Map(), done = [];
+  for await (const ev of stream) {
+    assert.equal(ev.sequence_number, seq + 1, `sequence_number after ${seq}`);
+    seq = ev.sequence_number;
+    types.push(ev.type);
+    if (ev.type === 'response.output_item.added') {
+      assert.ok(!open.has(ev.output_index), `output_index ${ev.output_index} added twice`);
+      open.set(ev.output_index, ev.item.id);
+    }
+    if (ev.type === 'response.output_item.done') {
+      assert.equal(ev.item.id, open.get(ev.output_index), `item ${ev.output_index} done, not added`);
+      open.delete(ev.output_index);
+      done.push(ev.item);
+    }
+    last = ev;
+  }
+  assert.deepEqual(types.slice(0, 2), ['response.created', 'response.in_progress']);
+  assert.equal(open.size, 0, 'items added and never done');
+  assert.ok(['response.completed', 'response.incomplete'].includes(last.type), last.type);
+  assert.deepEqual(last.response.output, done);
+  return last;
+}
+
+async function codexChecks(openai) {
+  await check('responses: a Codex request streams a well-formed answer; x-kettle-warning names the hosted tool left out', async () => {
+    const { data: stream, response } = await openai.responses.create(codexRequest()).withResponse();
+    assert.equal(response.status, 200);
+    assert.match(response.headers.get('x-kettle-warning') || '', /hosted tools left out of the prompt.*web_search/);
+    const last = await wellFormed(stream);
+    assert.ok(last.response.usage.input_tokens > 0);
+  });
+
+  await check('responses: a namespaced tool is called as Codex routes it (name + namespace), and its result answered', async () => {
+    const codex = codexRequest();
+    const forced = { ...codex, max_output_tokens: 200, tool_choice: { type: 'function', name: 'get_weather' }, temperature: 1, seed: 7 };
+    const { data: stream, response } = await openai.responses.create(forced).withResponse();
+    assert.equal(response.status, 200);
+    const last = await wellFormed(stream);
+    const calls = last.response.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 1, JSON.stringify(last.response.output));
+    assert.equal(calls[0].name, 'get_weather');
+    assert.equal(calls[0].namespace, 'mcp__weather');
+    assert.ok(City.safeParse(JSON.parse(calls[0].arguments)).success, calls[0].arguments);
+    // Codex's next turn: its items replayed, the call's output appended
+    const next = await openai.responses.create({
+      ...codex, stream: false,
+      input: [...codex.input, ...last.response.output, { type: 'function_call_output', call_id: calls[0].call_id, output: 'clear, 21 C' }],
+    });
+    assert.equal(next.status === 'completed' || next.status === 'incomplete', true, next.status);
+    assert.ok(next.usage.input_tokens > last.response.usage.input_tokens, 'the call and its result are in the prompt');
+  });
 }
 
 async function responsesChecks(openai, ref) {
@@ -152,8 +256,10 @@ async function responsesChecks(openai, ref) {
   await check('responses: what kettle does not do is a 400 (or 404) the SDK raises', async () => {
     await expectError(openai.responses.create({ ...base, previous_response_id: 'resp_1' }), OpenAI.BadRequestError, 400, /whole conversation in 'input'/);
     await expectError(openai.responses.create({ ...base, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] }), OpenAI.BadRequestError, 400, /input_image/);
-    await expectError(openai.responses.create({ ...base, tools: [{ type: 'web_search' }] }), OpenAI.BadRequestError, 400, /web_search/);
-    await expectError(openai.responses.create({ ...base, truncation: 'auto' }), OpenAI.BadRequestError, 400, /truncation/);
+    // a hosted tool is left out under tool_choice auto, refused when forced
+    await expectError(openai.responses.create({ ...base, tools: [{ type: 'web_search' }], tool_choice: { type: 'web_search' } }), OpenAI.BadRequestError, 400, /web_search/);
+    await expectError(openai.responses.create({ ...base, include: ['message.output_text.logprobs'] }), OpenAI.BadRequestError, 400, /logprobs/);
+    await expectError(openai.responses.create({ ...base, background: true }), OpenAI.BadRequestError, 400, /background/);
     await expectError(openai.responses.retrieve('resp_1'), OpenAI.NotFoundError, 404, /does not store/);
   });
 }
@@ -284,6 +390,7 @@ await run(async () => {
   const openai = new OpenAI({ baseURL: `${root}/v1`, apiKey: 'none' });
   const ref = await chatReference(openai, 24);
   await responsesChecks(openai, ref);
+  await codexChecks(openai);
   await agentsChecks(openai);
   await anthropicChecks(new Anthropic({ baseURL: root, apiKey: 'none' }), ref, root);
 
