@@ -436,12 +436,13 @@ static bool check_fields(json_t *body, json_t *chat, bool counting, srv_error *e
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) {
-        if (listed(k, MAPPED) || json_is_null(v)) continue;
+        if (listed(k, MAPPED)) continue;
         if (listed(k, PASSED) && !(counting && !strcmp(k, "stream"))) {
-            if (json_object_set(chat, k, v)) return oom(e);
+            if (!json_is_null(v) && json_object_set(chat, k, v)) return oom(e);
             continue;
         }
-        if (listed(k, ACCEPTED)) continue;
+        if (listed(k, ACCEPTED) || listed(k, PASSED)) continue;
+        if (json_is_null(v) && (!strcmp(k, "mcp_servers") || !strcmp(k, "container"))) continue; /* not set */
         if (!strcmp(k, "mcp_servers") && json_is_array(v) && !json_array_size(v)) continue; /* none asked for */
         if (!strcmp(k, "mcp_servers") || !strcmp(k, "container"))
             return srv_fail(e, 400, INVALID, k, "unsupported_parameter",

@@ -332,19 +332,17 @@ static bool text_format_of(json_t *text, json_t *chat, srv_notes *notes, srv_err
 }
 
 /* reasoning.effort -> chat's reasoning_effort (the template's thinking
- * switch: none / minimal off, low..high on); xhigh and max, which chat
- * does not know, as its strongest. */
-static bool effort_of(json_t *v, json_t *chat, srv_notes *notes, srv_error *e) {
-    static const char *const CHAT_EFFORTS[] = {"none", "minimal", "low", "medium", "high", NULL};
-    static const char *const STRONGER[] = {"xhigh", "max", NULL};
+ * switch: none / minimal off, low..max on, and its reasoning_effort
+ * variable). */
+static bool effort_of(json_t *v, json_t *chat, srv_error *e) {
+    static const char *const EFFORTS[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max", NULL};
     const char *s = json_string_value(v);
-    if (one_of(s, STRONGER)) srv_note(notes, "reasoning.effort '%s' is sent to the template as 'high'", s);
-    else if (!one_of(s, CHAT_EFFORTS))
+    if (!one_of(s, EFFORTS))
         return srv_fail(e, 400, INVALID, "reasoning.effort", NULL,
                         "'reasoning.effort' '%.20s' is not one of \"none\", \"minimal\", \"low\", \"medium\", "
                         "\"high\", \"xhigh\" or \"max\"",
                         s ? s : "?");
-    return !json_object_set_new(chat, "reasoning_effort", json_string(one_of(s, STRONGER) ? "high" : s)) || oom(e);
+    return !json_object_set(chat, "reasoning_effort", v) || oom(e);
 }
 
 /* reasoning: {effort, summary (generate_summary), context, mode}. A
@@ -359,7 +357,7 @@ static bool reasoning_of(json_t *r, json_t *chat, srv_notes *notes, srv_error *e
         const char *s = json_string_value(v);
         if (json_is_null(v)) continue;
         if (!strcmp(k, "effort")) {
-            if (!effort_of(v, chat, notes, e)) return false;
+            if (!effort_of(v, chat, e)) return false;
         } else if (!strcmp(k, "summary") || !strcmp(k, "generate_summary")) {
             if (!one_of(s, SUMMARIES))
                 return srv_fail(e, 400, INVALID, "reasoning.summary", NULL,
@@ -484,14 +482,19 @@ static bool check_fields(json_t *body, json_t *chat, srv_notes *notes, srv_error
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) {
-        if (one_of(k, MAPPED) || one_of(k, INERT) || json_is_null(v)) continue;
+        if (one_of(k, MAPPED) || one_of(k, INERT)) continue;
         if (one_of(k, PASSED)) {
-            if (json_object_set(chat, k, v)) return oom(e);
+            if (!json_is_null(v) && json_object_set(chat, k, v)) return oom(e);
             continue;
         }
-        field_verdict f = checked_field(k, v, notes, e);
-        if (f == FIELD_REFUSED) return false;
-        if (f == FIELD_OK || json_is_false(v)) continue; /* an explicit "off" is no setting at all */
+        if (json_is_null(v) || json_is_false(v)) { /* an explicit "off" of a field the API has is no setting */
+            srv_error unused;
+            if (checked_field(k, v, NULL, &unused) != FIELD_UNKNOWN) continue;
+        } else {
+            field_verdict f = checked_field(k, v, notes, e);
+            if (f == FIELD_REFUSED) return false;
+            if (f == FIELD_OK) continue;
+        }
         return srv_fail(e, 400, INVALID, k, "unsupported_parameter",
                         "'%.60s' is not a parameter kettle implements for /v1/responses; remove it", k);
     }
