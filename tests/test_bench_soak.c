@@ -126,19 +126,19 @@ static void check_fault(const sk_request *q) {
         return;
     }
     assert_non_null(doc);
-    json_t *n = json_object_get(doc, "n"), *mt = json_object_get(doc, "max_tokens");
+    json_t *n = json_object_get(doc, "n"), *stop = json_object_get(doc, "stop");
     json_t *rf = json_object_get(json_object_get(doc, "response_format"), "json_schema");
     switch (q->fault) {
-    case SK_FAULT_MAX_TOKENS: assert_true(json_integer_value(mt) > 100000); break;
+    case SK_FAULT_EMPTY_STOP: assert_string_equal(json_string_value(json_array_get(stop, 0)), ""); break;
     case SK_FAULT_SCHEMA: assert_non_null(json_object_get(rf, "schema")); break;
     case SK_FAULT_N: assert_int_equal(json_integer_value(n), 17); break;
-    case SK_FAULT_STOP: assert_int_equal(json_array_size(json_object_get(doc, "stop")), 9); break;
+    case SK_FAULT_STOP: assert_int_equal(json_array_size(stop), 9); break;
     case SK_FAULT_UNKNOWN:
         assert_true(json_object_get(doc, "frobnicate") || json_object_get(doc, "best_of") ||
                     json_object_get(doc, "functions") || json_object_get(doc, "suffix"));
         break;
     default: /* SK_FAULT_TYPE: some known field is a string or number where it must not be */
-        assert_true(json_is_string(mt) || json_is_string(json_object_get(doc, "temperature")) ||
+        assert_true(json_is_string(json_object_get(doc, "max_tokens")) || json_is_string(json_object_get(doc, "temperature")) ||
                     json_is_string(json_object_get(doc, "stream")) || json_is_integer(json_object_get(doc, "stop")) ||
                     json_is_integer(json_object_get(doc, "messages")) || json_is_integer(json_object_get(doc, "prompt")));
     }

@@ -50,7 +50,7 @@ typedef enum sk_fault {
     SK_FAULT_TYPE,       /* a known field of the wrong type */
     SK_FAULT_UNKNOWN,    /* a field kettle does not implement, with a value */
     SK_FAULT_UTF8,       /* invalid UTF-8 inside a string */
-    SK_FAULT_MAX_TOKENS, /* max_tokens past what the context holds */
+    SK_FAULT_EMPTY_STOP, /* an empty stop string (it would end every reply at once) */
     SK_FAULT_SCHEMA,     /* a json_schema that is no schema */
     SK_FAULT_N,          /* n above the engine's KT_MAX_CHOICES (16) */
     SK_FAULT_STOP,       /* 9 stop strings, above KT_MAX_STOP (8) */

@@ -22,14 +22,10 @@ const char *const sk_kind_names[SK_N_KINDS] = {
 const int sk_kind_pct[SK_N_KINDS] = {14, 14, 12, 12, 8, 10, 8, 7, 10, 5};
 
 const char *const sk_fault_names[SK_N_FAULTS] = {"broken JSON", "wrong type", "unknown field", "invalid UTF-8",
-                                                  "max_tokens past the context", "invalid schema", "n > 16",
+                                                  "empty stop string", "invalid schema", "n > 16",
                                                   "9 stop strings"};
 const char *const sk_outcome_names[SK_N_OUTCOMES] = {"ok", "503", "hung", "transport", "bad status", "bad answer"};
 const char *const sk_stop_strings[SK_N_STOP_STRINGS] = {".", " the", "\n", "ing", " and"};
-
-/* Past any context kettle serves (4096 by default at most), within the
- * integer range the parser takes: the refusal is the context check's. */
-#define SK_HUGE_MAX_TOKENS 1000000
 
 static const char TOOLS_JSON[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The weather in a city\","
@@ -198,7 +194,7 @@ static bool corrupt_json(kt_rng *r, json_t *b, const sk_request *q) {
     switch (q->fault) {
     case SK_FAULT_TYPE: return set_wrong_type(r, b, q->chat);
     case SK_FAULT_UNKNOWN: return set_unknown(r, b, q->chat);
-    case SK_FAULT_MAX_TOKENS: return !json_object_set_new(b, "max_tokens", json_integer(SK_HUGE_MAX_TOKENS));
+    case SK_FAULT_EMPTY_STOP: return !json_object_set_new(b, "stop", json_pack("[s]", ""));
     case SK_FAULT_SCHEMA: return set_bad_schema(r, b);
     case SK_FAULT_N: return !json_object_set_new(b, "n", json_integer(17));
     case SK_FAULT_STOP: return set_nine_stops(b);
