@@ -19,8 +19,15 @@
  * Out of memory mid-stream: jansson's allocator is ours here, and can be
  * made to fail; the stream must end with an error event and [DONE], after
  * the whole events it had, never go quiet or drop text silently.
+ *
+ * Keep-alives (--sse-keepalive-ms): libcurl clients that give up on a
+ * stream after 2 s without a byte wait 10 s for their first token (the
+ * engine held) and 2.5 s more between two tokens, on every streaming API
+ * at once; with keep-alives they get the whole answer, with its pings or
+ * comments where the API allows them; without, they all give up.
  */
 #include <arpa/inet.h>
+#include <curl/curl.h>
 #include <jansson.h>
 #include <stdatomic.h>
 #include <netinet/in.h>
@@ -36,6 +43,7 @@
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/http.h"
+#include "base/timing.h"
 #include "server/openai.h"
 #include "testutil.h"
 
@@ -50,6 +58,7 @@ static void *json_malloc(size_t n) {
 static int setup(void **state) {
     (void)state;
     json_set_alloc_funcs(json_malloc, free); /* before any server thread */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
     kt_error err = {0};
     g_model = kt_model_load(tu_shared("models/stories260K.gguf"), &err);
     if (!g_model) fprintf(stderr, "%s\n", err.msg);
@@ -68,21 +77,26 @@ typedef struct rig {
     int port;
 } rig;
 
-/* One sequence at a time and 16-token steps: a second request queues, and
- * a 200-token prompt takes 13 steps to read. */
-static rig rig_start(void) {
+/* A held engine of n_parallel sequences and steps of batch_tokens behind
+ * a server of cfg. */
+static rig rig_start_with(int n_parallel, int batch_tokens, srv_config cfg) {
     kt_engine_params p = kt_engine_defaults();
-    p.n_ctx = 512, p.n_parallel = 1, p.batch_tokens = 16, p.n_threads = 1;
+    p.n_ctx = 512, p.n_parallel = n_parallel, p.batch_tokens = batch_tokens, p.n_threads = 1;
     kt_error err = {0};
     rig r = {0};
     r.engine = kt_engine_new(g_model, &p, &err);
     if (!r.engine) fail_msg("%s", err.msg);
     kt_engine_hold(r.engine, true);
-    srv_config cfg = {.port = 0, .model_name = "stories260K", .http_threads = 2};
     r.srv = srv_start(g_model, r.engine, &cfg, &err);
     if (!r.srv) fail_msg("%s", err.msg);
     r.port = srv_port(r.srv);
     return r;
+}
+
+/* One sequence at a time and 16-token steps: a second request queues, and
+ * a 200-token prompt takes 13 steps to read. */
+static rig rig_start(void) {
+    return rig_start_with(1, 16, (srv_config){.port = 0, .model_name = "stories260K", .http_threads = 2});
 }
 
 static void rig_stop(rig *r) {
@@ -443,6 +457,270 @@ static void test_drain_lets_running_finish(void **state) {
     rig_stop(&r);
 }
 
+/* ---- keep-alives ---- */
+
+#define IDLE_TIMEOUT_MS 2000 /* the clients give up on a stream silent this long */
+
+typedef enum api { API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES, N_APIS } api;
+
+/* prompts that differ, so none waits to share another's prefill */
+#define TELL(what) "\"messages\":[{\"role\":\"user\",\"content\":\"Tell me " what "\"}]"
+static const struct {
+    const char *path, *body;
+    const char *text; /* in the first event that carries text, and none before */
+} APIS[N_APIS] = {
+    {"/v1/chat/completions", "{" TELL("a story") ",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
+     "\"delta\":{\"content\":\""},
+    {"/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0,\"ignore_eos\":true,"
+     "\"stream\":true}", "\"text\":\""},
+    {"/v1/responses", "{\"input\":\"Tell me a joke\",\"max_output_tokens\":16,\"temperature\":0,\"stream\":true}",
+     "response.output_text.delta"},
+    {"/v1/messages", "{" TELL("a tale") ",\"max_tokens\":16,\"temperature\":0,\"stream\":true}", "content_block_delta"},
+};
+
+/* One streaming client: libcurl, giving up after IDLE_TIMEOUT_MS without
+ * a byte (checked every 50 ms by the loop; libcurl's own low-speed limit,
+ * 1 byte/s over 2 s, is set too, as a client would). */
+typedef struct ka_client {
+    api api;
+    CURL *h;
+    char *data;
+    size_t len, cap;
+    double last_byte_ms;
+    atomic_bool has_text;  /* the first text event came */
+    atomic_bool gave_up;   /* silent for IDLE_TIMEOUT_MS, or libcurl's low-speed limit */
+    bool done;
+    CURLcode rc;
+    long status;
+} ka_client;
+
+typedef struct ka_run {
+    int port;
+    ka_client c[N_APIS];
+} ka_run;
+
+static size_t ka_on_body(char *p, size_t size, size_t n, void *arg) {
+    ka_client *c = arg;
+    size_t len = size * n;
+    if (c->len + len + 1 > c->cap) {
+        c->cap = (c->len + len + 1) * 2;
+        c->data = realloc(c->data, c->cap);
+        if (!c->data) return 0;
+    }
+    memcpy(c->data + c->len, p, len);
+    c->len += len;
+    c->data[c->len] = 0;
+    c->last_byte_ms = kt_time_ms();
+    if (strstr(c->data, APIS[c->api].text)) atomic_store(&c->has_text, true);
+    return len;
+}
+
+static size_t ka_on_header(char *p, size_t size, size_t n, void *arg) {
+    (void)p;
+    ((ka_client *)arg)->last_byte_ms = kt_time_ms();
+    return size * n;
+}
+
+static void ka_add(CURLM *m, ka_client *c, int port, struct curl_slist *headers) {
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, APIS[c->api].path);
+    c->h = curl_easy_init();
+    assert_non_null(c->h);
+    curl_easy_setopt(c->h, CURLOPT_URL, url);
+    curl_easy_setopt(c->h, CURLOPT_POSTFIELDS, APIS[c->api].body);
+    curl_easy_setopt(c->h, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, ka_on_body);
+    curl_easy_setopt(c->h, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(c->h, CURLOPT_HEADERFUNCTION, ka_on_header);
+    curl_easy_setopt(c->h, CURLOPT_HEADERDATA, c);
+    curl_easy_setopt(c->h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c->h, CURLOPT_LOW_SPEED_TIME, 2L);
+    c->last_byte_ms = kt_time_ms();
+    curl_multi_add_handle(m, c->h);
+}
+
+/* Gives up on the clients silent for IDLE_TIMEOUT_MS. */
+static void ka_idle_check(CURLM *m, ka_run *run) {
+    double now = kt_time_ms();
+    for (int i = 0; i < N_APIS; i++) {
+        ka_client *c = &run->c[i];
+        if (c->done || now - c->last_byte_ms < IDLE_TIMEOUT_MS) continue;
+        curl_multi_remove_handle(m, c->h);
+        c->done = true;
+        atomic_store(&c->gave_up, true);
+    }
+}
+
+/* Every API's stream at once, until each has ended or its client gave up. */
+static void *ka_clients(void *arg) {
+    ka_run *run = arg;
+    CURLM *m = curl_multi_init();
+    struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    for (int i = 0; i < N_APIS; i++) run->c[i].api = (api)i, ka_add(m, &run->c[i], run->port, headers);
+    for (int left = N_APIS; left > 0;) {
+        int running, queued;
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        while ((msg = curl_multi_info_read(m, &queued)))
+            for (int i = 0; msg->msg == CURLMSG_DONE && i < N_APIS; i++) {
+                ka_client *c = &run->c[i];
+                if (c->h != msg->easy_handle) continue;
+                c->rc = msg->data.result, c->done = true;
+                curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &c->status);
+                if (c->rc == CURLE_OPERATION_TIMEDOUT) atomic_store(&c->gave_up, true);
+                curl_multi_remove_handle(m, c->h);
+            }
+        ka_idle_check(m, run);
+        left = 0;
+        for (int i = 0; i < N_APIS; i++) left += !run->c[i].done;
+        if (left) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    for (int i = 0; i < N_APIS; i++) curl_easy_cleanup(run->c[i].h);
+    curl_multi_cleanup(m);
+    curl_slist_free_all(headers);
+    return NULL;
+}
+
+/* What a stream held: keep-alives before and after its first text event. */
+typedef struct ka_tally {
+    int before, after;
+    bool ended; /* its last event is the API's end */
+} ka_tally;
+
+/* One event (an SSE block, its "\n\n" cut off) of an API that names its
+ * events: the data's type is the event's name; Anthropic's ping is
+ * exactly {"type":"ping"}. Returns the type (valid while j lives). */
+static const char *ka_named_event(api a, char *block, json_t **j) {
+    char *data = strstr(block, "\ndata: ");
+    if (strncmp(block, "event: ", 7) || !data) fail_msg("%s: not an event: %s", APIS[a].path, block);
+    *data = 0;
+    json_error_t je;
+    *j = json_loads(data + 7, 0, &je);
+    const char *type = json_string_value(json_object_get(*j, "type"));
+    if (!type || strcmp(type, block + 7)) fail_msg("%s: event %s has data %s", APIS[a].path, block + 7, data + 7);
+    if (!strcmp(type, "ping") && json_object_size(*j) != 1) fail_msg("a ping with more: %s", data + 7);
+    return type;
+}
+
+/* Checks every event of a stream (whole or cut short) and counts its
+ * keep-alives: SSE comments, or on /v1/messages ping events (but the one
+ * that always follows message_start). */
+static ka_tally ka_check_stream(api a, const char *data) {
+    ka_tally t = {0};
+    char *copy = strdup(data), *save = NULL, *last = NULL;
+    bool text = false;
+    int n = 0, seq = -1;
+    for (char *b = copy; b && *b; b = save, n++) {
+        char *end = strstr(b, "\n\n");
+        if (!end) fail_msg("%s: a cut event at the end: %s", APIS[a].path, b);
+        const char *orig = data + (b - copy); /* the block as it came (b is cut up below) */
+        text = text || memmem(orig, (size_t)(end - b), APIS[a].text, strlen(APIS[a].text));
+        *end = 0, save = end + 2;
+        bool ka = false;
+        json_t *j = NULL;
+        if (b[0] == ':') {
+            if (strcmp(b, ": keep-alive") || a == API_MESSAGES) fail_msg("%s: comment %s", APIS[a].path, b);
+            ka = true;
+        } else if (a == API_CHAT || a == API_COMPLETIONS) {
+            if (strncmp(b, "data: ", 6)) fail_msg("%s: not a data line: %s", APIS[a].path, b);
+            if (strcmp(b, "data: [DONE]") && !(j = json_loads(b + 6, 0, NULL))) fail_msg("not JSON: %s", b);
+            last = b;
+        } else {
+            const char *type = ka_named_event(a, b, &j);
+            if (n == 0 && strcmp(type, a == API_MESSAGES ? "message_start" : "response.created"))
+                fail_msg("%s: the first event is %s", APIS[a].path, type);
+            if (a == API_RESPONSES) { /* the comments are not events: no number is skipped */
+                json_int_t sn = json_integer_value(json_object_get(j, "sequence_number"));
+                if (sn != ++seq) fail_msg("sequence_number %lld after %d", (long long)sn, seq - 1);
+            }
+            ka = !strcmp(type, "ping") && n != 1; /* n 1: the ping of the stream's start */
+            last = strcpy(b, type);
+        }
+        json_decref(j);
+        if (ka) *(text ? &t.after : &t.before) += 1;
+    }
+    const char *want = a == API_MESSAGES ? "message_stop" : a == API_RESPONSES ? "response." : "data: [DONE]";
+    t.ended = last && !strncmp(last, want, strlen(want)) && (a != API_RESPONSES || strstr(last, "complete"));
+    free(copy);
+    return t;
+}
+
+static bool ka_all_have_text(ka_run *run) {
+    for (int i = 0; i < N_APIS; i++)
+        if (!atomic_load(&run->c[i].has_text)) return false;
+    return true;
+}
+
+static srv_config ka_config(int keepalive_ms) {
+    return (srv_config){.port = 0, .model_name = "stories260K", .http_threads = 2, .sse_keepalive_ms = keepalive_ms,
+                        .template_text = kt_chat_builtin_template("chatml")};
+}
+
+/* With keep-alives every second, clients that give up after 2 s of
+ * silence wait 10 s for their first token and 2.5 s between two, then get
+ * the whole answer: pings on /v1/messages (after message_start), comments
+ * elsewhere, both while queued and between tokens. */
+static void test_keepalive_holds_idle_clients(void **state) {
+    (void)state;
+    rig r = rig_start_with(N_APIS, 512, ka_config(1000));
+    ka_run run = {.port = r.port};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, ka_clients, &run), 0);
+    wait_queued(&r, N_APIS);
+    sleep_ms(10000); /* queued, as behind a long prefill */
+    /* the prompts, read whole (512-token steps): a first token each, in a step or a few */
+    for (int i = 0; i < 8 && !ka_all_have_text(&run); i++) {
+        kt_engine_run_steps(r.engine, 1);
+        for (int k = 0; k < 100 && !ka_all_have_text(&run); k++) sleep_ms(10);
+    }
+    bool text = ka_all_have_text(&run);
+    if (text) sleep_ms(2500); /* a gap between tokens */
+    kt_engine_hold(r.engine, false);
+    pthread_join(t, NULL); /* before any check: the clients write to `run` */
+    for (int i = 0; i < N_APIS; i++) {
+        ka_client *c = &run.c[i];
+        if (atomic_load(&c->gave_up) || c->rc != CURLE_OK || c->status != 200)
+            fail_msg("%s: gave up %d, curl %d, status %ld: %s", APIS[i].path, atomic_load(&c->gave_up), c->rc,
+                     c->status, c->data ? c->data : "");
+        ka_tally k = ka_check_stream((api)i, c->data);
+        if (!k.ended || k.before < 8 || k.after < 1)
+            fail_msg("%s: ended %d, %d keep-alives before the text, %d after: %s", APIS[i].path, k.ended, k.before,
+                     k.after, c->data);
+        free(c->data);
+    }
+    assert_true(text);
+    rig_stop(&r);
+}
+
+/* The negative control: without keep-alives (0) the same clients give up
+ * on every API while the engine is held, with nothing but the streams'
+ * start (and Anthropic's ping of message_start) received. */
+static void test_keepalive_off_clients_give_up(void **state) {
+    (void)state;
+    rig r = rig_start_with(N_APIS, 512, ka_config(0));
+    ka_run run = {.port = r.port};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, ka_clients, &run), 0);
+    wait_queued(&r, N_APIS);
+    bool all = false;
+    for (int i = 0; i < 600 && !all; i++) { /* up to 6 s, 2 s of silence each */
+        sleep_ms(10);
+        all = true;
+        for (int k = 0; k < N_APIS; k++) all = all && atomic_load(&run.c[k].gave_up);
+    }
+    kt_engine_hold(r.engine, false); /* any client still there gets its answer, and the test fails */
+    pthread_join(t, NULL);
+    for (int i = 0; i < N_APIS; i++) {
+        ka_client *c = &run.c[i];
+        if (!atomic_load(&c->gave_up)) fail_msg("%s: the client did not give up: %s", APIS[i].path, c->data);
+        ka_tally k = ka_check_stream((api)i, c->data ? c->data : "");
+        assert_int_equal(k.before + k.after, 0);
+        assert_false(k.ended);
+        free(c->data);
+    }
+    rig_stop(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hang_up_plain),
@@ -453,6 +731,8 @@ int main(void) {
         cmocka_unit_test(test_stop_while_refusing),
         cmocka_unit_test(test_health_while_loading),
         cmocka_unit_test(test_drain_lets_running_finish),
+        cmocka_unit_test(test_keepalive_holds_idle_clients),
+        cmocka_unit_test(test_keepalive_off_clients_give_up),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

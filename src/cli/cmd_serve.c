@@ -43,7 +43,7 @@ typedef struct serve_opts {
     int n_aliases;
     bool strict_model_names;
     int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
-    int result_cache, drain_s, http_timeout_s, max_connections;
+    int result_cache, drain_s, http_timeout_s, max_connections, sse_keepalive_ms;
     /* --allowed-host, --cors-origin: each flag's comma list, joined by the server config */
     const char *allowed_hosts[MAX_NAME_LISTS], *cors_origins[MAX_NAME_LISTS];
     int n_allowed_hosts, n_cors_origins;
@@ -106,6 +106,11 @@ static void usage(FILE *out) {
             "                          connection is closed; idle keep-alive connections close after S\n"
             "                          seconds too (default 60). Answers themselves have no deadline\n"
             "      --http-max-connections N  open connections at once; more are refused (default 4096)\n"
+            "      --sse-keepalive-ms N  a streamed reply that has sent nothing for N ms (queued, reading\n"
+            "                          a long prompt, or between slow tokens) gets a keep-alive, so\n"
+            "                          clients and proxies with an idle timeout keep it: a ping event\n"
+            "                          on /v1/messages, an SSE comment (': keep-alive') on the other\n"
+            "                          APIs (default 1000; 0: none)\n"
             "      --api-key KEY       require 'Authorization: Bearer KEY' (not for /health)\n"
             "      --allowed-host NAME[,NAME...]  answer requests whose Host is NAME (any port), besides\n"
             "                          localhost, 127.0.0.1 and [::1] (repeatable; '*': any). Bound to a\n"
@@ -201,6 +206,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--drain-s", NULL, 0, 86400, &o->drain_s},
                          {"--http-timeout", NULL, 1, 3600, &o->http_timeout_s},
                          {"--http-max-connections", NULL, 16, 1 << 16, &o->max_connections},
+                         {"--sse-keepalive-ms", NULL, 0, 3600000, &o->sse_keepalive_ms},
                          {"--draft-max", NULL, 1, 32, &o->draft_max},
 
                          {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
@@ -347,7 +353,7 @@ static int check_fallback(const serve_opts *o, srv_fallback *fb) {
 
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){.host = "127.0.0.1", .port = 8080, .load = KT_LOAD_REPACK, .log_format = SRV_LOG_TEXT,
-                      .drain_s = 30};
+                      .drain_s = 30, .sse_keepalive_ms = 1000}; /* 1 s: a client with a 2 s idle timeout stays */
     for (int i = 1; i < argc; i++) {
         int r = take_option(argc, argv, &i, o);
         if (r == 2) return 2;
@@ -473,7 +479,7 @@ static srv_config server_config(const serve_opts *o) {
     return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key,
                         .strict_model_names = o->strict_model_names, .http_threads = o->http_threads,
                         .http_timeout_s = o->http_timeout_s, .max_connections = o->max_connections,
-                        .log_format = o->log_format, .no_webui = o->no_webui};
+                        .sse_keepalive_ms = o->sse_keepalive_ms, .log_format = o->log_format, .no_webui = o->no_webui};
 }
 
 /* Who may drive the server besides local programs (origin.h), so an

@@ -694,4 +694,6 @@ const srv_dialect SRV_DIALECT_MESSAGES = {
     .stream_free = messages_stream_free,
     .stream_oom_end = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the "
                       "server ran out of memory while streaming this reply; the text so far is incomplete\"}}\n\n",
+    /* Anthropic's own keep-alive, which its SDKs skip; after message_start (start_reply sends it first) */
+    .stream_keepalive = "event: ping\ndata: {\"type\":\"ping\"}\n\n",
 };

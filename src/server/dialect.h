@@ -86,6 +86,10 @@ typedef struct srv_dialect {
     void (*stream_free)(srv_xlate *x);
     /* What a stream that ran out of memory ends with (static text). */
     const char *stream_oom_end;
+    /* What a stream quiet for --sse-keepalive-ms sends (static text): an
+     * event the API's clients know to skip, or an SSE comment, which every
+     * SSE parser skips. Sent only after the stream's first event. */
+    const char *stream_keepalive;
 } srv_dialect;
 
 extern const srv_dialect SRV_DIALECT_RESPONSES; /* OpenAI's Responses API (responses.c) */

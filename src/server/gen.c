@@ -29,10 +29,16 @@
  * request-completed callback, which (through srv_gen_release) frees the
  * engine request.
  *
+ * A stream that has nothing to send for --sse-keepalive-ms is resumed by
+ * the keep-alive thread (keepalive.c) with `keepalive_due` set, found by
+ * srv_link_arm; stream_read then sends its API's keep-alive instead of
+ * events and suspends again.
+ *
  * Lock order: the engine calls srv_link_notify and srv_link_client_gone
  * with the request's notify_mu held; they take link_mu, then
- * MHD_resume_connection takes MHD's own. Nothing here calls into a
- * kt_request while holding link_mu.
+ * MHD_resume_connection takes MHD's own (the keep-alive thread takes
+ * link_mu, then MHD's). Nothing here calls into a kt_request while
+ * holding link_mu.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -42,6 +48,7 @@
 #include <time.h>
 
 #include "base/error.h"
+#include "base/timing.h"
 #include "server/http_internal.h"
 #include "server/results.h"
 #include "server/sampled.h"
@@ -57,6 +64,7 @@ srv_link *srv_link_acquire(srv_server *s, struct MHD_Connection *mc) {
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
         l->mc = mc, l->fd = ci ? ci->connect_fd : -1;
         l->suspended = false, l->notified = false, s->n_links_used++;
+        l->quiet_since_ms = 0, l->keepalive_due = false;
     }
     pthread_mutex_unlock(&s->link_mu);
     return l;
@@ -100,21 +108,49 @@ bool srv_link_client_gone(void *ctx) {
     return gone;
 }
 
-void srv_link_arm(srv_link *l) {
+bool srv_link_arm(srv_link *l) {
     pthread_mutex_lock(&l->s->link_mu);
-    l->notified = false;
+    bool keepalive = l->keepalive_due;
+    l->notified = false, l->keepalive_due = false;
     pthread_mutex_unlock(&l->s->link_mu);
+    return keepalive;
 }
 
-/* Suspends the connection unless news came since link_arm. */
-srv_wait srv_link_suspend(srv_link *l) {
+/* Tells the keep-alive thread when a stream that just suspended is due,
+ * if that is before it means to wake (it sleeps until signalled when no
+ * stream is suspended). Flowing streams are due after that, so they never
+ * wake it. Under link_mu. */
+static void keepalive_plan(srv_server *s, double quiet_since_ms) {
+    if (s->cfg.sse_keepalive_ms <= 0 || !quiet_since_ms) return;
+    double due = quiet_since_ms + s->cfg.sse_keepalive_ms;
+    if (s->keepalive_wake_ms && s->keepalive_wake_ms <= due) return;
+    s->keepalive_wake_ms = due;
+    pthread_cond_signal(&s->keepalive_cv);
+}
+
+/* Suspends the connection unless news came since link_arm; a stream's
+ * (quiet_since_ms > 0) keep-alive is planned. */
+static srv_wait suspend(srv_link *l, double quiet_since_ms) {
     srv_wait r = WAIT_SUSPENDED;
-    pthread_mutex_lock(&l->s->link_mu);
-    if (l->s->shutting) r = WAIT_SHUTDOWN;
+    srv_server *s = l->s;
+    pthread_mutex_lock(&s->link_mu);
+    if (s->shutting) r = WAIT_SHUTDOWN;
     else if (l->notified) r = WAIT_RETRY;
-    else l->suspended = true, MHD_suspend_connection(l->mc);
-    pthread_mutex_unlock(&l->s->link_mu);
+    else {
+        l->suspended = true, l->quiet_since_ms = quiet_since_ms;
+        MHD_suspend_connection(l->mc);
+        keepalive_plan(s, quiet_since_ms);
+    }
+    pthread_mutex_unlock(&s->link_mu);
     return r;
+}
+
+srv_wait srv_link_suspend(srv_link *l) {
+    return suspend(l, 0);
+}
+
+srv_wait srv_link_suspend_stream(srv_link *l, double quiet_since_ms) {
+    return suspend(l, quiet_since_ms);
 }
 
 void srv_links_wake_all(srv_server *s) {
@@ -211,6 +247,19 @@ static const char STREAM_OOM_END[] =
     "so far is incomplete\",\"type\":\"server_error\",\"param\":null,\"code\":\"out_of_memory\"}}\n\n"
     "data: [DONE]\n\n";
 
+/* What a quiet chat or completions stream sends (--sse-keepalive-ms): an
+ * SSE comment, which every SSE parser skips; the other APIs say theirs in
+ * srv_dialect.stream_keepalive. */
+static const char STREAM_KEEPALIVE[] = ": keep-alive\n\n";
+
+/* The stream's keep-alive into c->out. Out of memory it is skipped, and
+ * the stream counts as having just sent, so the next try comes one
+ * interval later rather than at once. */
+static void stream_keepalive(srv_conn *c) {
+    const char *ka = c->dialect ? c->dialect->stream_keepalive : STREAM_KEEPALIVE;
+    if (!srv_buf_append(&c->out, ka, strlen(ka))) c->out_fresh = true;
+}
+
 /* Copies what is left of a static stream ending into MHD's buffer. */
 static ssize_t stream_tail(srv_conn *c, char *buf, size_t max) {
     const char *end = c->dialect ? c->dialect->stream_oom_end : STREAM_OOM_END;
@@ -234,7 +283,7 @@ static bool stream_end(srv_conn *c) {
 }
 
 /* MHD's content reader for a stream: bytes ready, or suspend until the
- * engine has more. */
+ * engine has more (or the stream is due a keep-alive). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     srv_conn *c = cls;
@@ -243,12 +292,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             size_t n = c->out.len - c->out_pos < max ? c->out.len - c->out_pos : max;
             memcpy(buf, c->out.data + c->out_pos, n);
             c->out_pos += n;
+            c->out_fresh = true;
             return (ssize_t)n;
         }
         c->out.len = c->out_pos = 0;
         if (c->stream_failed) return stream_tail(c, buf, max);
         if (c->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
-        srv_link_arm(c->link);
+        bool keepalive = srv_link_arm(c->link);
         int r = drain(c);
         size_t mark = c->out.len;
         if (r == 1 && !stream_end(c)) c->out.len = mark, r = -1;
@@ -262,8 +312,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             c->stream_done = true;
             continue;
         }
+        if (!c->out.len && keepalive) stream_keepalive(c); /* quiet for the interval: events would have done */
         if (c->out.len) continue;
-        srv_wait w = srv_link_suspend(c->link);
+        /* MHD asks for more once it has room, so the bytes handed to it
+         * last are on their way: the quiet starts now */
+        if (c->out_fresh) c->quiet_since_ms = kt_time_ms(), c->out_fresh = false;
+        srv_wait w = srv_link_suspend_stream(c->link, c->quiet_since_ms);
         if (w == WAIT_SUSPENDED) return 0;
         if (w == WAIT_SHUTDOWN) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -389,6 +443,7 @@ static enum MHD_Result start_stream(srv_conn *c) {
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     if (c->notes.len) MHD_add_response_header(r, "x-kettle-warning", c->notes.text);
     srv_add_cors_headers(c, r);
+    c->quiet_since_ms = kt_time_ms(); /* the headers go now: a stream with no first event still gets keep-alives */
     enum MHD_Result q = MHD_queue_response(c->mc, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     c->status = MHD_HTTP_OK;

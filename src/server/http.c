@@ -548,7 +548,9 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
     pthread_mutex_init(&s->load_mu, NULL);
     pthread_cond_init(&s->keeper_cv, NULL);
     s->mem_budget = cfg->mem_budget;
-    if (!srv_metrics_init(&s->metrics) ||
+    bool keepalive = srv_keepalive_init(s); /* before any stream: they plan their keep-alives with it */
+    if (!keepalive) kt_error_set(err, KT_ERR_NOMEM, "cannot start the thread that sends keep-alives on quiet streams");
+    if (!keepalive || !srv_metrics_init(&s->metrics) ||
         (s->cfg.fallback.url && !(s->fallback = srv_fb_state_new(&s->cfg.fallback, err))) ||
         !(s->deadlines = srv_deadlines_new(s->cfg.http_timeout_s, err)) || !(s->daemon = start_daemon(s, err))) {
         if (!err->msg[0]) snprintf(err->msg, sizeof err->msg, "cannot start the HTTP server");
@@ -631,6 +633,7 @@ void srv_stop(srv_server *s) {
     srv_links_wake_all(s);
     /* let the woken streams send their last chunks and [DONE] (up to 3 s) */
     for (int i = 0; s->daemon && i < 300 && !srv_links_idle(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    srv_keepalive_stop(s); /* before the daemon: it resumes connections */
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_deadlines_free(s->deadlines); /* after the daemon: every connection has closed */
     srv_origin_rules_free(&s->origin_rules);
@@ -647,5 +650,6 @@ void srv_stop(srv_server *s) {
     pthread_mutex_destroy(&s->link_mu);
     pthread_mutex_destroy(&s->load_mu);
     pthread_cond_destroy(&s->keeper_cv);
+    srv_keepalive_destroy(s);
     free(s);
 }

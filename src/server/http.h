@@ -70,6 +70,10 @@ typedef struct srv_config {
     const char *allowed_hosts; /* comma list of more Host names to answer (origin.h; "*": any); NULL: none */
     const char *cors_origins;  /* comma list of origins whose pages may call the API (origin.h; "*": any);
                                 * NULL: none, only the server's own page */
+    int sse_keepalive_ms;      /* a streamed reply that has sent nothing for this long gets a keep-alive: the
+                                * API's own (Anthropic's ping event, an SSE comment elsewhere), so clients and
+                                * proxies with an idle timeout keep a stream that waits for its first token
+                                * (keepalive.c); <= 0: none (kettle serve's default is 1000) */
     srv_log_format log_format; /* one line per request on stderr (reqlog.h); 0: off */
     bool no_webui;             /* no chat page: GET / is a 404 (--no-webui) */
     size_t mem_budget;         /* what the classes' weights and KV caches may take together (srv_set_mem_budget

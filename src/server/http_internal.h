@@ -29,6 +29,12 @@ typedef struct srv_link {
     struct MHD_Connection *mc; /* NULL while in the free pool */
     int fd;                    /* mc's socket, for srv_link_client_gone; -1 */
     bool suspended, notified;
+    /* --sse-keepalive-ms (keepalive.c): a suspended stream's quiet_since_ms
+     * is when its last bytes went to MHD (kt_time_ms; 0: not a stream, no
+     * keep-alive); keepalive_due: the keep-alive thread resumed it, so the
+     * stream sends a keep-alive if it has nothing else */
+    double quiet_since_ms;
+    bool keepalive_due;
     struct srv_link *next_free, *next_all;
     struct srv_link *next_waiting; /* in a class's list of requests waiting for its load */
 } srv_link;
@@ -83,6 +89,13 @@ struct srv_server {
     srv_link *free_links, *all_links;
     int n_links_used;       /* generation requests still being answered */
     bool shutting;          /* under link_mu: no more suspending */
+    /* the keep-alive thread (keepalive.c), started when cfg.sse_keepalive_ms > 0; it waits on keepalive_cv
+     * with link_mu; under link_mu: keepalive_wake_ms (when it wakes next, kt_time_ms; 0: when signalled),
+     * keepalive_stop */
+    pthread_t keepalive;
+    bool keepalive_joinable, keepalive_stop;
+    pthread_cond_t keepalive_cv;
+    double keepalive_wake_ms;
     srv_metrics metrics;
     struct srv_fb_state *fallback; /* the fallback upstream (fallback.c), or NULL */
     unsigned long long n_requests; /* for ids and default seeds (atomic) */
@@ -123,6 +136,8 @@ typedef struct srv_conn {
     srv_reply reply;
     srv_buf out;            /* stream bytes not yet handed to MHD */
     size_t out_pos;
+    double quiet_since_ms;  /* a stream: when it last handed bytes to MHD (kt_time_ms), for the keep-alive */
+    bool out_fresh;         /* bytes went to MHD since quiet_since_ms was last set */
     /* --result-cache */
     bool result_cacheable;  /* store the answer when it is done */
     bool result_hit;        /* answered from `result` */
@@ -190,12 +205,18 @@ void srv_link_notify(void *link);
  * pool with srv_link_release. */
 srv_link *srv_link_acquire(srv_server *s, struct MHD_Connection *mc);
 void srv_link_release(srv_link *l);
-/* Before reading a request's events: forget earlier news. */
-void srv_link_arm(srv_link *l);
+/* Before reading a request's events: forget earlier news. True when the
+ * keep-alive thread resumed the connection (and no more): a stream with
+ * nothing to send sends a keep-alive. */
+bool srv_link_arm(srv_link *l);
 typedef enum srv_wait { WAIT_SUSPENDED, WAIT_RETRY, WAIT_SHUTDOWN } srv_wait;
 /* Suspends the connection unless news came since srv_link_arm: RETRY
  * (read again), or SHUTDOWN (the server is stopping). */
 srv_wait srv_link_suspend(srv_link *l);
+/* The same for a stream whose last bytes went to MHD at quiet_since_ms
+ * (kt_time_ms): the keep-alive thread resumes it once it has been quiet
+ * for --sse-keepalive-ms. */
+srv_wait srv_link_suspend_stream(srv_link *l, double quiet_since_ms);
 /* True when the link's client has closed or reset its connection. */
 bool srv_link_client_gone(void *link);
 /* At shutdown: resumes every suspended connection (under link_mu). */
@@ -203,6 +224,13 @@ void srv_links_wake_all(srv_server *s);
 /* True when no generation request is being answered any more. */
 bool srv_links_idle(srv_server *s);
 void srv_links_free(srv_server *s);
+/* keepalive.c: the thread that resumes quiet streams for their keep-alive.
+ * srv_keepalive_init before any link is used (false: the thread could not
+ * start); srv_keepalive_stop joins it, before MHD_stop_daemon (it resumes
+ * connections); srv_keepalive_destroy after. */
+bool srv_keepalive_init(srv_server *s);
+void srv_keepalive_stop(srv_server *s);
+void srv_keepalive_destroy(srv_server *s);
 
 /* fallback.c: the fallback upstream (fallback.h) */
 typedef struct srv_fb_state srv_fb_state;

@@ -974,4 +974,6 @@ const srv_dialect SRV_DIALECT_RESPONSES = {
     .stream_oom_end = "event: error\ndata: {\"type\":\"error\",\"code\":\"out_of_memory\",\"message\":\"the server ran "
                       "out of memory while streaming this reply; the text so far is incomplete\",\"param\":null,"
                       "\"sequence_number\":0}\n\n",
+    /* a comment: the Responses API has no keep-alive event, and an event would take a sequence_number */
+    .stream_keepalive = ": keep-alive\n\n",
 };
