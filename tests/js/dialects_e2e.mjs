@@ -14,7 +14,10 @@
 // the same prompt, forced tool use gives calls whose arguments the schema
 // accepts, a tool's result sent back in the dialect's own shape is
 // answered, the SDKs' loops complete, and what kettle does not support is
-// a 400 in the dialect's error shape that the SDK raises.
+// a 400 in the dialect's error shape that the SDK raises. Streams that wait
+// seconds for their first token, behind another request, reach SDKs whose
+// fetch gives up after 2 s of silence whole: kettle's keep-alives (pings,
+// SSE comments) hold them, and the SDKs skip them.
 // Prints one line per check; exits 0 only if every check passed.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -383,6 +386,110 @@ async function anthropicChecks(anthropic, ref, baseURL) {
   });
 }
 
+// A fetch that gives up on a body silent for ms, as clients and proxies
+// with an idle timeout do; raw[path] collects each body as it came.
+function idleFetch(ms, raw) {
+  return async (url, init = {}) => {
+    const idle = new AbortController();
+    const signal = init.signal ? AbortSignal.any([init.signal, idle.signal]) : idle.signal;
+    const res = await fetch(url, { ...init, signal });
+    const path = new URL(url).pathname, text = new TextDecoder();
+    let timer;
+    const arm = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => idle.abort(new Error(`${path}: no byte for ${ms} ms`)), ms);
+    };
+    arm();
+    const body = res.body.pipeThrough(new TransformStream({
+      transform(chunk, out) { arm(); raw[path] = (raw[path] || '') + text.decode(chunk, { stream: true }); out.enqueue(chunk); },
+      flush() { clearTimeout(timer); },
+    }));
+    return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+  };
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Streams queued behind a long generation on a one-sequence server, each
+// silent until the test cancels that generation (4 s): SDKs giving up
+// after 2 s without a byte get every event and the same text as a whole
+// answer, while the raw bodies show the keep-alives they skipped. The
+// wait does not depend on the machine's speed: the blocker asks for 8000
+// tokens and is cut at 4 s (a check says so if it ever ends sooner).
+async function quietStreamChecks(root) {
+  const IDLE_MS = 2000, WAIT_MS = 4000;
+  const raw = {};
+  const fetchIdle = idleFetch(IDLE_MS, raw);
+  const openai = new OpenAI({ baseURL: `${root}/v1`, apiKey: 'none', fetch: fetchIdle, maxRetries: 0 });
+  const anthropic = new Anthropic({ baseURL: root, apiKey: 'none', fetch: fetchIdle, maxRetries: 0 });
+  const chatBase = { model: 'kettle', temperature: 0, max_tokens: 12, messages: [{ role: 'user', content: ASK }] };
+  const respBase = { model: 'kettle', temperature: 0, max_output_tokens: 12, input: ASK };
+  const msgBase = { model: 'kettle', temperature: 0, max_tokens: 12, messages: [{ role: 'user', content: ASK }] };
+  const refChat = (await openai.chat.completions.create(chatBase)).choices[0].message.content;
+  const refResp = (await openai.responses.create(respBase)).output_text;
+  const refMsg = (await anthropic.messages.create(msgBase)).content.map((b) => b.text || '').join('');
+  for (const k of Object.keys(raw)) delete raw[k];
+
+  const blocker = new AbortController();
+  const blocked = await fetch(`${root}/v1/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, signal: blocker.signal,
+    body: JSON.stringify({ prompt: 'Once', max_tokens: 8000, ignore_eos: true, temperature: 0, stream: true }),
+  });
+  let blockerEnded = false;
+  const blockerRead = (async () => {
+    try { for await (const c of blocked.body) if (new TextDecoder().decode(c).includes('[DONE]')) blockerEnded = true; } catch { /* cut */ }
+  })();
+  const t0 = Date.now();
+  const firstText = {};
+  const seen = (api) => { firstText[api] ??= Date.now() - t0; };
+  const chat = (async () => {
+    let text = '';
+    for await (const ch of await openai.chat.completions.create({ ...chatBase, stream: true })) {
+      assert.equal(ch.object, 'chat.completion.chunk');
+      const d = ch.choices[0]?.delta?.content;
+      if (d) seen('chat'), text += d;
+    }
+    return text;
+  })();
+  const resp = (async () => {
+    let text = '', seq = -1;
+    for await (const ev of await openai.responses.create({ ...respBase, stream: true })) {
+      assert.equal(ev.sequence_number, seq + 1, `sequence_number after ${seq}`);
+      seq = ev.sequence_number;
+      if (ev.type === 'response.output_text.delta') seen('responses'), text += ev.delta;
+    }
+    return text;
+  })();
+  const msg = (async () => {
+    const types = [];
+    let text = '';
+    const stream = anthropic.messages.stream(msgBase);
+    stream.on('streamEvent', (ev) => types.push(ev.type));
+    stream.on('text', (t) => { seen('messages'); text += t; });
+    await stream.finalMessage();
+    assert.equal(types[0], 'message_start');
+    assert.equal(types.at(-1), 'message_stop');
+    assert.ok(!types.includes('ping'), 'the SDK passed a ping on');
+    return text;
+  })();
+  const all = Promise.all([chat, resp, msg]);
+  all.catch(() => {}); // awaited below, after the blocker is cut
+  await sleep(WAIT_MS);
+  assert.ok(!blockerEnded, `the blocker's 8000 tokens took under ${WAIT_MS} ms: the streams did not wait`);
+  blocker.abort();
+  const [chatText, respText, msgText] = await all;
+  await blockerRead;
+  assert.equal(chatText, refChat);
+  assert.equal(respText, refResp);
+  assert.equal(msgText, refMsg);
+  for (const api of ['chat', 'responses', 'messages'])
+    assert.ok(firstText[api] >= WAIT_MS - 500, `${api}: its first text after ${firstText[api]} ms`);
+  const count = (s, what) => (s || '').split(what).length - 1;
+  assert.ok(count(raw['/v1/chat/completions'], '\n: keep-alive\n') >= 2, raw['/v1/chat/completions']);
+  assert.ok(count(raw['/v1/responses'], '\n: keep-alive\n') >= 2, raw['/v1/responses']);
+  assert.ok(count(raw['/v1/messages'], 'event: ping\n') >= 3, raw['/v1/messages']); // one is message_start's
+}
+
 await run(async () => {
   const model = makeModel();
   const srv = await startServer(['--alias', 'kettle', '--ctx', '2048', '--chat-template', path.join(SHARED, 'templates/Qwen-Qwen2.5-7B-Instruct.jinja')], { model });
@@ -403,4 +510,7 @@ await run(async () => {
     assert.equal(err.error.error.type, 'authentication_error');
     await expectError(new OpenAI({ baseURL: `${keyedRoot}/v1`, apiKey: 'wrong' }).responses.create({ model: 'any', input: 'hi', max_output_tokens: 4 }), OpenAI.AuthenticationError, 401);
   });
+
+  const single = await startServer(['--alias', 'kettle', '--parallel', '1', '--ctx', '16384'], { model });
+  await check('streams silent for seconds behind another request: keep-alives hold SDKs with a 2 s idle timeout, which skip them', () => quietStreamChecks(`http://127.0.0.1:${single.port}`));
 });
