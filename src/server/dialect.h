@@ -88,7 +88,9 @@ typedef struct srv_dialect {
     const char *stream_oom_end;
     /* What a stream quiet for --sse-keepalive-ms sends (static text): an
      * event the API's clients know to skip, or an SSE comment, which every
-     * SSE parser skips. Sent only after the stream's first event. */
+     * SSE parser skips. Never before the stream's opening events
+     * (stream_chunk's for the role chunk, queued before the response
+     * starts), so Anthropic's ping comes after message_start. */
     const char *stream_keepalive;
 } srv_dialect;
 

@@ -14,11 +14,13 @@
  * its API's keep-alive (srv_dialect.stream_keepalive), then suspends
  * again, quiet from then on.
  *
- * Nothing is spent while streams flow: a stream moves its own
- * quiet_since_ms forward at each suspend, and signals the thread only when
- * it is due before the thread means to wake, that is when the thread
- * sleeps with no stream to watch. Otherwise it wakes at most once per
- * interval while a stream is suspended, and finds flowing ones not due.
+ * Flowing streams cost next to nothing: one clock read at each suspend,
+ * where a stream moves its own quiet_since_ms forward; it signals the
+ * thread only when it is due before the thread means to wake, which
+ * happens only when the thread sleeps with no stream to watch. Otherwise
+ * the thread wakes at most once per interval while any stream is
+ * suspended (flowing ones are, between tokens), finds the flowing ones not
+ * due, and sleeps again.
  *
  * Locking: all of it is under the server's link_mu (the thread waits on
  * keepalive_cv with it), and MHD_resume_connection takes MHD's own lock
