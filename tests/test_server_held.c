@@ -603,14 +603,15 @@ static const char *ka_named_event(api a, char *block, json_t **j) {
 }
 
 /* Checks every event of a stream (whole or cut short) and counts its
- * keep-alives: SSE comments, or on /v1/messages ping events (but the one
- * that always follows message_start). */
+ * keep-alives: SSE comments, and on /v1/messages ping events (but the one
+ * that always follows message_start); there comments may only come before
+ * message_start, and pings only after it. */
 static ka_tally ka_check_stream(api a, const char *data) {
     ka_tally t = {0};
     char *copy = strdup(data), *save = NULL, *last = NULL;
     bool text = false;
-    int n = 0, seq = -1;
-    for (char *b = copy; b && *b; b = save, n++) {
+    int n = 0, seq = -1; /* n: events so far, comments not counted */
+    for (char *b = copy; b && *b; b = save) {
         char *end = strstr(b, "\n\n");
         if (!end) fail_msg("%s: a cut event at the end: %s", APIS[a].path, b);
         const char *orig = data + (b - copy); /* the block as it came (b is cut up below) */
@@ -619,12 +620,13 @@ static ka_tally ka_check_stream(api a, const char *data) {
         bool ka = false;
         json_t *j = NULL;
         if (b[0] == ':') {
-            if (strcmp(b, ": keep-alive") || a == API_MESSAGES) fail_msg("%s: comment %s", APIS[a].path, b);
+            if (strcmp(b, ": keep-alive") || (a == API_MESSAGES && n > 0))
+                fail_msg("%s: comment %s after %d events", APIS[a].path, b, n);
             ka = true;
         } else if (a == API_CHAT || a == API_COMPLETIONS) {
             if (strncmp(b, "data: ", 6)) fail_msg("%s: not a data line: %s", APIS[a].path, b);
             if (strcmp(b, "data: [DONE]") && !(j = json_loads(b + 6, 0, NULL))) fail_msg("not JSON: %s", b);
-            last = b;
+            last = b, n++;
         } else {
             const char *type = ka_named_event(a, b, &j);
             if (n == 0 && strcmp(type, a == API_MESSAGES ? "message_start" : "response.created"))
@@ -634,7 +636,7 @@ static ka_tally ka_check_stream(api a, const char *data) {
                 if (sn != ++seq) fail_msg("sequence_number %lld after %d", (long long)sn, seq - 1);
             }
             ka = !strcmp(type, "ping") && n != 1; /* n 1: the ping of the stream's start */
-            last = strcpy(b, type);
+            last = strcpy(b, type), n++;
         }
         json_decref(j);
         if (ka) *(text ? &t.after : &t.before) += 1;
@@ -658,8 +660,9 @@ static srv_config ka_config(int keepalive_ms) {
 
 /* With keep-alives every second, clients that give up after 2 s of
  * silence wait 10 s for their first token and 2.5 s between two, then get
- * the whole answer: pings on /v1/messages (after message_start), comments
- * elsewhere, both while queued and between tokens. */
+ * the whole answer: comments while queued (on /v1/messages too: its
+ * message_start waits for the first token), then between tokens pings on
+ * /v1/messages and comments elsewhere. */
 static void test_keepalive_holds_idle_clients(void **state) {
     (void)state;
     rig r = rig_start_with(N_APIS, 512, ka_config(1000));
@@ -694,7 +697,7 @@ static void test_keepalive_holds_idle_clients(void **state) {
 
 /* The negative control: without keep-alives (0) the same clients give up
  * on every API while the engine is held, with nothing but the streams'
- * start (and Anthropic's ping of message_start) received. */
+ * opening events (none on /v1/messages) received. */
 static void test_keepalive_off_clients_give_up(void **state) {
     (void)state;
     rig r = rig_start_with(N_APIS, 512, ka_config(0));

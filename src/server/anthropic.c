@@ -676,6 +676,11 @@ static bool messages_stream_error(srv_xlate *x, const char *msg, srv_buf *out) {
                                                     msg[0] ? msg : "the engine failed"));
 }
 
+/* message_start is out (it waits for the reply's first news). */
+static bool messages_stream_begun(const srv_xlate *x) {
+    return x->started;
+}
+
 static void messages_stream_free(srv_xlate *x) {
     if (!x) return;
     srv_blocks_free(&x->blocks);
@@ -694,6 +699,8 @@ const srv_dialect SRV_DIALECT_MESSAGES = {
     .stream_free = messages_stream_free,
     .stream_oom_end = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the "
                       "server ran out of memory while streaming this reply; the text so far is incomplete\"}}\n\n",
-    /* Anthropic's own keep-alive, which its SDKs skip; after message_start (start_reply sends it first) */
+    /* Anthropic's own keep-alive, which its SDKs skip; only after message_start, which Anthropic's streams
+     * open with (before it, the SSE comment: message_start waits for the cached count, see start) */
     .stream_keepalive = "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+    .stream_begun = messages_stream_begun,
 };

@@ -88,10 +88,13 @@ typedef struct srv_dialect {
     const char *stream_oom_end;
     /* What a stream quiet for --sse-keepalive-ms sends (static text): an
      * event the API's clients know to skip, or an SSE comment, which every
-     * SSE parser skips. Never before the stream's opening events
-     * (stream_chunk's for the role chunk, queued before the response
-     * starts), so Anthropic's ping comes after message_start. */
+     * SSE parser skips. An event goes only after the stream's opening
+     * events: before stream_begun says they are out, the stream sends the
+     * SSE comment instead (gen.c). */
     const char *stream_keepalive;
+    /* Whether the stream's opening events have been written (so an event
+     * may follow them); NULL: from stream_new on. */
+    bool (*stream_begun)(const srv_xlate *x);
 } srv_dialect;
 
 extern const srv_dialect SRV_DIALECT_RESPONSES; /* OpenAI's Responses API (responses.c) */

@@ -252,11 +252,15 @@ static const char STREAM_OOM_END[] =
  * srv_dialect.stream_keepalive. */
 static const char STREAM_KEEPALIVE[] = ": keep-alive\n\n";
 
-/* The stream's keep-alive into c->out. Out of memory it is skipped, and
- * the stream counts as having just sent, so the next try comes one
- * interval later rather than at once. */
+/* The stream's keep-alive into c->out: its API's, or the comment while a
+ * dialect's stream has not begun (an event there would come before the
+ * stream's opening one, e.g. a ping before message_start). Out of memory
+ * it is skipped, and the stream counts as having just sent, so the next
+ * try comes one interval later rather than at once. */
 static void stream_keepalive(srv_conn *c) {
-    const char *ka = c->dialect ? c->dialect->stream_keepalive : STREAM_KEEPALIVE;
+    const srv_dialect *d = c->dialect;
+    const bool begun = d && (!d->stream_begun || d->stream_begun(c->xlate));
+    const char *ka = begun ? d->stream_keepalive : STREAM_KEEPALIVE;
     if (!srv_buf_append(&c->out, ka, strlen(ka))) c->out_fresh = true;
 }
 
