@@ -82,6 +82,7 @@ typedef struct rig {
 static rig rig_start_with(int n_parallel, int batch_tokens, srv_config cfg) {
     kt_engine_params p = kt_engine_defaults();
     p.n_ctx = 512, p.n_parallel = n_parallel, p.batch_tokens = batch_tokens, p.n_threads = 1;
+    p.strict_max_tokens = true; /* test_stop_while_refusing's max_tokens past the context is refused, not cut */
     kt_error err = {0};
     rig r = {0};
     r.engine = kt_engine_new(g_model, &p, &err);
