@@ -602,7 +602,8 @@ static bool event(srv_xlate *x, const char *type, json_t *fields) {
 }
 
 /* message_start goes out with the reply's first news (a token, the end,
- * an error, a keep-alive), not when the request is queued: by then the
+ * an error; a keep-alive before it is an SSE comment, see
+ * messages_stream_begun), not when the request is queued: by then the
  * engine has taken the prompt's cached prefix, and the usage it carries
  * says how much of the prompt the cache served, as Anthropic's does. */
 static bool start(srv_xlate *x) {
