@@ -416,8 +416,9 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // answer, while the raw bodies show the keep-alives they skipped (SSE
 // comments while queued, on Messages too: pings only after message_start,
 // which waits for the first token). The
-// wait does not depend on the machine's speed: the blocker asks for 8000
-// tokens and is cut at 4 s (a check says so if it ever ends sooner).
+// wait does not depend on the machine's speed: the blocker asks for 32000
+// tokens, without speculation, and is cut at 4 s (a check says so if it
+// ever ends sooner).
 async function quietStreamChecks(root) {
   const IDLE_MS = 2000, WAIT_MS = 4000;
   const raw = {};
@@ -435,7 +436,7 @@ async function quietStreamChecks(root) {
   const blocker = new AbortController();
   const blocked = await fetch(`${root}/v1/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' }, signal: blocker.signal,
-    body: JSON.stringify({ prompt: 'Once', max_tokens: 8000, ignore_eos: true, temperature: 0, stream: true }),
+    body: JSON.stringify({ prompt: 'Once', max_tokens: 32000, ignore_eos: true, temperature: 0, stream: true }),
   });
   let blockerEnded = false;
   const blockerRead = (async () => {
@@ -477,7 +478,7 @@ async function quietStreamChecks(root) {
   const all = Promise.all([chat, resp, msg]);
   all.catch(() => {}); // awaited below, after the blocker is cut
   await sleep(WAIT_MS);
-  assert.ok(!blockerEnded, `the blocker's 8000 tokens took under ${WAIT_MS} ms: the streams did not wait`);
+  assert.ok(!blockerEnded, `the blocker's 32000 tokens took under ${WAIT_MS} ms: the streams did not wait`);
   blocker.abort();
   const [chatText, respText, msgText] = await all;
   await blockerRead;
@@ -516,6 +517,6 @@ await run(async () => {
     await expectError(new OpenAI({ baseURL: `${keyedRoot}/v1`, apiKey: 'wrong' }).responses.create({ model: 'any', input: 'hi', max_output_tokens: 4 }), OpenAI.AuthenticationError, 401);
   });
 
-  const single = await startServer(['--alias', 'kettle', '--parallel', '1', '--ctx', '16384'], { model });
+  const single = await startServer(['--alias', 'kettle', '--parallel', '1', '--ctx', '32768', '--spec', 'off'], { model });
   await check('streams silent for seconds behind another request: keep-alives hold SDKs with a 2 s idle timeout, which skip them', () => quietStreamChecks(`http://127.0.0.1:${single.port}`));
 });
