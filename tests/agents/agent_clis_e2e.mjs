@@ -146,14 +146,13 @@ const CLIENTS = {
       const dir = path.join(ctx.home, '.qwen');
       fs.mkdirSync(dir, { recursive: true });
       fs.writeFileSync(path.join(dir, 'settings.json'), JSON.stringify({
-        // the OpenAI-compatible API (OPENAI_* below), not Qwen's OAuth sign-in
-        security: { auth: { selectedType: 'openai' } },
         // no usage statistics, no telemetry, no update check
         privacy: { usageStatisticsEnabled: false },
         telemetry: { enabled: false },
         general: { enableAutoUpdate: false },
       }, null, 2));
       return {
+        // OPENAI_API_KEY set, -p picks the OpenAI-compatible API by itself
         env: {
           OPENAI_BASE_URL: `${ctx.url}/v1`,
           OPENAI_API_KEY: DUMMY_KEY,
@@ -192,11 +191,11 @@ const CLIENTS = {
       }, null, 2));
       return {
         env: {
-          // no fetch of the model catalogue from models.dev
+          // no fetch of the model catalogue (models.opencode.ai/api.json),
+          // which it tries at every start
           OPENCODE_DISABLE_MODELS_FETCH: '1',
-          // no npm install of the default plugins at start
-          OPENCODE_DISABLE_DEFAULT_PLUGINS: '1',
-          // no language-server downloads
+          // no language-server downloads, which it starts on demand when
+          // a tool touches a source file
           OPENCODE_DISABLE_LSP_DOWNLOAD: '1',
         },
         // the message as words: `opencode run` quotes an argument that
@@ -277,7 +276,8 @@ function startServer(config, cacheDir) {
 
 // kettle's request log (one line each: status, prompt and cached tokens, times)
 function requestLog(srv) {
-  return srv.stderr.split('\n').filter((l) => /^\S+Z (GET|HEAD|POST) /.test(l)).map((l) => `#   ${l}`).join('\n');
+  const lines = srv.stderr.split('\n').filter((l) => /^\S+Z (GET|HEAD|POST) /.test(l));
+  return lines.length ? lines.map((l) => `#   ${l}`).join('\n') : '#   (none)';
 }
 
 async function stopServer(srv) {
@@ -293,8 +293,9 @@ async function stopServer(srv) {
 
 // Forwards every request to kettle unchanged (body, headers but Host)
 // and keeps {method, url, headers, body, status, response}; onRequest(rec)
-// runs as each request has arrived whole, before it is forwarded.
-function startProxy(upstreamPort, onRequest) {
+// runs as each request has arrived whole, before it is forwarded, and
+// onAnswered(rec) once kettle's answer to it has been passed on whole.
+function startProxy(upstreamPort, onRequest = () => {}, onAnswered = () => {}) {
   const records = [];
   const server = http.createServer((req, res) => {
     const chunks = [];
@@ -317,13 +318,14 @@ function startProxy(upstreamPort, onRequest) {
           if (rec.response.length < (1 << 20)) rec.response += c.toString('utf8');
           res.write(c);
         });
-        ur.on('end', () => res.end());
+        ur.on('end', () => { res.end(); onAnswered(rec); });
       });
       up.on('error', (e) => {
         rec.status = 502;
         rec.response = `proxy: ${e.message}`;
         if (!res.headersSent) res.writeHead(502);
         res.end();
+        onAnswered(rec);
       });
       // a client that goes away takes its kettle request with it
       res.on('close', () => { if (!res.writableFinished) up.destroy(); });
@@ -458,7 +460,9 @@ async function main() {
   const marker = `kettle-marker-${randomBytes(6).toString('hex')}`;
 
   await check(`${CLIENT} --version is the pinned ${pinned}`, async () => {
-    const v = execFileSync(bin, ['--version'], { encoding: 'utf8', timeout: 30_000, env: clientEnv(freshHome(root, marker), {}) });
+    const v = execFileSync(bin, ['--version'], {
+      encoding: 'utf8', timeout: 30_000, stdio: ['ignore', 'pipe', 'pipe'], env: clientEnv(freshHome(root, marker), {}),
+    });
     assert.ok(v.includes(pinned), `--version printed ${JSON.stringify(v.trim())}`);
   });
 
@@ -477,7 +481,7 @@ async function main() {
     const cfg = path.join(root, 'plain.json');
     writeConfig(cfg, model, `root ::= ${gbnfString(ANSWER)}`, tokenId('Hello'));
     const srv = await startServer(cfg, cacheDir);
-    const proxy = await startProxy(srv.port, () => {});
+    const proxy = await startProxy(srv.port);
     try {
       ctx.url = `http://127.0.0.1:${proxy.port}`;
       const { env, args } = def.setup(ctx);
@@ -511,13 +515,16 @@ async function main() {
       for (const res of toolResults(def.api, rec.body)) {
         const issued = proxy.records.some((r) => r !== rec && res.id && r.response.includes(res.id));
         if (issued && res.text.includes(marker)) {
-          found = { ...res, request: proxy.records.indexOf(rec) + 1 };
-          run?.stop();
+          found = { ...res, rec, request: proxy.records.indexOf(rec) + 1 };
           return;
         }
       }
     };
-    const proxy = await startProxy(srv.port, (rec) => onRequest(rec));
+    // kettle's answer to that request is part of the round trip: once it
+    // is through, the client (which would call the tool again and again)
+    // is stopped
+    const onAnswered = (rec) => { if (found?.rec === rec) run?.stop(); };
+    const proxy = await startProxy(srv.port, onRequest, onAnswered);
     try {
       ctx.url = `http://127.0.0.1:${proxy.port}`;
       const { env, args } = def.setup(ctx);
@@ -529,6 +536,8 @@ async function main() {
       assert.ok(found, `${r.timedOut ? `no tool result within ${CLIENT_TIMEOUT_MS / 1000} s`
         : `it exited (code ${r.code}, signal ${r.signal}) without sending the ${call.name} call's result`}${why}`);
       console.log(`# request #${found.request} carries the result of ${found.id}`);
+      assert.ok(found.rec.status >= 200 && found.rec.status < 300,
+        `kettle refused the request carrying the result (#${found.request})${why}`);
     } finally {
       await proxy.close();
       await stopServer(srv);
