@@ -28,9 +28,14 @@
 //               parses into the client's API), reading hello.txt in the
 //               work folder; the client must execute it: a later request
 //               of it carries the tool's result for the call id kettle
-//               gave, holding the file's random marker. The model calls
-//               the tool in every reply, so the client would go on
-//               forever: it is killed once the result has been seen.
+//               gave, holding the file's random marker, and kettle must
+//               answer that request. The model calls the tool in every
+//               reply, so the client would go on forever: it is killed
+//               once that answer is through.
+// Beyond the model file, template and port, the servers differ from
+// kettle's defaults only in that class (its ctx, grammar, logit_bias and
+// a max_tokens that Codex alone leaves to it) and --cache-dir, which the
+// two servers of a test share (the second finds the first's prefill).
 // Under tool_choice "auto" kettle's grammar is "the class's grammar, or a
 // call the model chooses"; the bias on the grammar's first token ("Hello",
 // "Calling"), which no call starts with, is what picks the grammar's
