@@ -299,7 +299,9 @@ async function stopServer(srv) {
 // Forwards every request to kettle unchanged (body, headers but Host)
 // and keeps {method, url, headers, body, status, response}; onRequest(rec)
 // runs as each request has arrived whole, before it is forwarded, and
-// onAnswered(rec) once kettle's answer to it has been passed on whole.
+// onAnswered(rec) once kettle's answer to it is over: passed on whole, or
+// cut short by the client going away (Codex closes a stream as soon as it
+// has read response.completed).
 function startProxy(upstreamPort, onRequest = () => {}, onAnswered = () => {}) {
   const records = [];
   const server = http.createServer((req, res) => {
@@ -323,7 +325,8 @@ function startProxy(upstreamPort, onRequest = () => {}, onAnswered = () => {}) {
           if (rec.response.length < (1 << 20)) rec.response += c.toString('utf8');
           res.write(c);
         });
-        ur.on('end', () => { res.end(); onAnswered(rec); });
+        ur.on('end', () => res.end());
+        ur.on('close', () => onAnswered(rec));
       });
       up.on('error', (e) => {
         rec.status = 502;
