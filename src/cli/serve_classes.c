@@ -5,7 +5,9 @@
  * One table of keys serves both forms: a key's value is a string on the
  * command line and a JSON value in the file. Sampling keys (temperature,
  * top_p, top_k, min_p, max_tokens, seed) become the class's default
- * request fields: a request that gives its own keeps it.
+ * request fields: a request that gives its own keeps it. Two more default
+ * fields, grammar (GBNF text) and logit_bias (an object), exist in the
+ * file only: the command line's comma list cannot hold them.
  */
 #include "cli/serve_classes.h"
 
@@ -25,7 +27,7 @@ bool serve_class_is_spec(const char *v) {
 
 /* ---- the keys ---- */
 
-typedef enum key_kind { K_INT, K_STR, K_ALIAS, K_EMBED, K_LAZY, K_DEFAULT_NUM, K_DEFAULT_INT } key_kind;
+typedef enum key_kind { K_INT, K_STR, K_ALIAS, K_EMBED, K_LAZY, K_DEFAULT_NUM, K_DEFAULT_INT, K_DEFAULT_JSON } key_kind;
 
 typedef struct class_key {
     const char *name;
@@ -41,7 +43,7 @@ static const class_key KEYS[] = {
     {"spec", K_STR, 0, 0},           {"draft-max", K_INT, 1, 32},       {"draft", K_STR, 0, 0},
     {"embeddings", K_EMBED, 0, 0},   {"temperature", K_DEFAULT_NUM, 0, 2}, {"top_p", K_DEFAULT_NUM, 0, 1},
     {"min_p", K_DEFAULT_NUM, 0, 1},  {"top_k", K_DEFAULT_INT, 0, 1 << 20}, {"max_tokens", K_DEFAULT_INT, 1, 1 << 24},
-    {"seed", K_DEFAULT_INT, 0, 1L << 30},
+    {"seed", K_DEFAULT_INT, 0, 1L << 30}, {"grammar", K_DEFAULT_JSON, 0, 0}, {"logit_bias", K_DEFAULT_JSON, 0, 0},
 };
 
 const char *serve_class_keys_help(void) {
@@ -49,7 +51,8 @@ const char *serve_class_keys_help(void) {
            "embeddings[=mean|last|cls], lazy (load on first use), keep-alive=S (unload after S idle seconds),\n"
            "fallback=URL and fallback-on=LIST (its own upstream and triggers), spec=off|ngram|draft|auto, draft=PATH\n"
            "(its own draft model, the same vocabulary) and draft-max=K (speculative decoding),\n"
-           "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=";
+           "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=\n"
+           "(in a --config file also \"grammar\": GBNF text and \"logit_bias\": {\"TOKEN_ID\": BIAS})";
 }
 
 static const class_key *find_key(const char *name, size_t len) {
@@ -64,9 +67,24 @@ static int *int_field(serve_class *c, const char *name) {
            : !strcmp(name, "draft-max") ? &c->draft_max : &c->kv_mb;
 }
 
+/* A default request field whose value is JSON as it stands in a --config
+ * file (grammar: a string, logit_bias: an object); the server checks its
+ * content as it checks a request's own. 0 or 2 (reported). */
+static int set_json_default(serve_class *c, const class_key *k, json_t *v, const char *where) {
+    bool str = !strcmp(k->name, "grammar");
+    if (str ? !json_is_string(v) : !json_is_object(v))
+        return cli_usage_error(CMD, "%s: \"%s\" must be %s", where, k->name,
+                               str ? "a GBNF string" : "an object of token id -> bias");
+    if ((!c->defaults && !(c->defaults = json_object())) || json_object_set(c->defaults, k->name, v))
+        return cli_usage_error(CMD, "out of memory");
+    return 0;
+}
+
 /* One key's value (text from either form) into c; 0 or 2 (reported). */
 static int set_key(serve_class *c, const class_key *k, const char *v, const char *where) {
-    if (k->kind == K_INT) {
+    if (k->kind == K_DEFAULT_JSON) {
+        return cli_usage_error(CMD, "%s: %s is a JSON value: give it in a --config file", where, k->name);
+    } else if (k->kind == K_INT) {
         if (!v || !cli_parse_int(v, k->lo, k->hi, int_field(c, k->name)))
             return cli_usage_error(CMD, "%s: %s=%s is not an integer in %ld..%ld", where, k->name, v ? v : "", k->lo, k->hi);
     } else if (k->kind == K_STR) {
@@ -173,7 +191,8 @@ static int config_entry(json_t *m, size_t i, const char *file, serve_class *c) {
         if (!k) return cli_usage_error(CMD, "%s: unknown key \"%s\" (keys: name, path, aliases, %s)", where, key,
                                        serve_class_keys_help());
         char buf[64];
-        int rc = set_key(c, k, value_text(v, buf, sizeof buf), where);
+        int rc = k->kind == K_DEFAULT_JSON ? set_json_default(c, k, v, where)
+                                           : set_key(c, k, value_text(v, buf, sizeof buf), where);
         if (rc) return rc;
     }
     return 0;

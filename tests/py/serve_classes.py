@@ -7,7 +7,8 @@ classes), end to end:
   params    each class's own context and parallel sequences, default
             request fields (a router at temperature 0), embeddings
   metrics   /metrics carries each class's figures under a model label
-  config    --config FILE.json declares the same classes
+  config    --config FILE.json declares the same classes, and the default
+            fields only a file can give (grammar, logit_bias)
   memory    classes share the memory: a class that cannot fit what the
             ones before it left is refused naming it and the flag; a
             default pool is cut to fit, and said so
@@ -136,19 +137,43 @@ def test_config():
         json.dump({"models": [
             {"name": "router", "path": STORIES, "aliases": ["fast"], "temperature": 0, "chat-template": "chatml",
              "ctx": 512},
-            {"name": "big", "path": QWEN, "ctx": 256, "parallel": 2, "chat-template": QWEN_TMPL}]}, f)
+            {"name": "big", "path": QWEN, "ctx": 256, "parallel": 2, "chat-template": QWEN_TMPL},
+            # the default fields only a file can give: the grammar allows two
+            # answers and the bias picks one, whatever the random weights say
+            {"name": "forced", "path": QWEN, "ctx": 256, "parallel": 2, "chat-template": QWEN_TMPL,
+             "grammar": 'root ::= "yes" | "no"', "logit_bias": {}}]}, f)
     s = Server(["--config", cfg])
     try:
         _, models = s.req("GET", "/v1/models")
-        check([m["id"] for m in models["data"]] == ["router", "fast", "big"], "--config: the same classes",
+        check([m["id"] for m in models["data"]] == ["router", "fast", "big", "forced"], "--config: the same classes",
               json.dumps(models))
         check(s.chat("big")[0] == 200, "--config: big answers", "")
+        # the bias needs the token id of "no": the class's tokenizer says it
+        _, tok = s.req("POST", "/tokenize", {"model": "forced", "content": "no"})
+    finally:
+        s.stop()
+    check(len(tok["tokens"]) == 1, "'no' is one token", json.dumps(tok))
+    with open(cfg) as f:
+        doc = json.load(f)
+    doc["models"][-1]["logit_bias"] = {str(tok["tokens"][0]): 100}
+    with open(cfg, "w") as f:
+        json.dump(doc, f)
+    s = Server(["--config", cfg])
+    try:
+        answers = [s.chat("forced", f"Hi {k}", temperature=1.0, seed=k)[1]["choices"][0]["message"]["content"]
+                   for k in range(8)]
+        check(answers == ["no"] * 8, "--config: a class's default grammar and logit_bias shape its answers",
+              json.dumps(answers))
+        own = s.chat("forced", grammar='root ::= "mine"', logit_bias={"0": 0})[1]["choices"][0]["message"]["content"]
+        check(own == "mine", "a request's own grammar and logit_bias win over the class's", json.dumps(own))
     finally:
         s.stop()
     bad = os.path.join(TMP, "bad.json")
     for doc, want in [({"models": [{"name": "a", "path": STORIES, "colour": 1}]}, 'unknown key "colour"'),
                       ({"models": [{"name": "a"}]}, 'needs a non-empty "name" and "path"'),
-                      ({"models": []}, "non-empty array"), ({"model": []}, 'unknown key "model"')]:
+                      ({"models": []}, "non-empty array"), ({"model": []}, 'unknown key "model"'),
+                      ({"models": [{"name": "a", "path": STORIES, "grammar": 1}]}, '"grammar" must be a GBNF string'),
+                      ({"models": [{"name": "a", "path": STORIES, "logit_bias": [1]}]}, '"logit_bias" must be an object')]:
         with open(bad, "w") as f:
             json.dump(doc, f)
         r = run(["serve", "--config", bad, "--port", "0"])
@@ -184,6 +209,7 @@ def test_usage():
         (["--model", f"a={STORIES},colour=red"], "unknown key 'colour'"),
         (["--model", f"a={STORIES},ctx=x"], "ctx=x is not an integer"),
         (["--model", f"a={STORIES},kv-type=q4"], "kv-type=q4"),
+        (["--model", f"a={STORIES},grammar=x"], "grammar is a JSON value: give it in a --config file"),
         (["--model", f"a={STORIES},spec=fast"], "spec=fast (off, ngram, draft, auto)"),
         (["--model", f"a={STORIES},spec=draft"], "model 'a': spec=draft needs draft=PATH"),
         (["--model", f"a={STORIES},spec=ngram,draft={STORIES}"], "a draft model goes with spec=draft (it has spec=ngram)"),
