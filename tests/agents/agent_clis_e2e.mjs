@@ -461,7 +461,7 @@ async function main() {
   if (!def || !BIN) throw new Error(`usage: agent_clis_e2e.mjs ${Object.keys(CLIENTS).join('|')} KETTLE_BIN`);
   const pinned = JSON.parse(fs.readFileSync(path.join(HERE, 'package.json'), 'utf8')).dependencies[def.pkg];
   const bin = path.join(HERE, 'node_modules', '.bin', def.bin);
-  if (!fs.existsSync(bin)) throw new Error(`${bin} is missing; run: npm ci --prefix tests/agents`);
+  if (!fs.existsSync(bin)) throw new Error(`${bin} is missing; run: npm install --prefix tests/agents`);
 
   const root = fs.mkdtempSync(path.join(os.tmpdir(), `kettle-agent-${CLIENT}-`));
   process.on('exit', () => fs.rmSync(root, { recursive: true, force: true }));
