@@ -21,7 +21,7 @@
 // Prints one line per check; exits 0 only if every check passed.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -79,20 +79,16 @@ async function expectError(promise, Class, status, pattern) {
   return err;
 }
 
-// What OpenAI Codex CLI (0.171.0) sends on /v1/responses: the captured
-// request (tests/data/agent_requests/codex_responses.json) when the
-// repository has it, else this reconstruction of its shape from Codex's
-// ResponsesApiRequest: instructions, developer / user messages, its function
+// What OpenAI Codex CLI (0.171.0) sends on /v1/responses, reconstructed
+// small enough for this server's context from Codex's ResponsesApiRequest
+// (the real 8,700-token request, tests/data/agent_requests/
+// codex_responses.json, is what test_agent_codex's Codex itself sends): instructions, developer / user messages, its function
 // tools, an MCP server's tools under a namespace, the hosted web_search
 // tool, tool_choice auto, reasoning.summary, include
 // reasoning.encrypted_content, store false, prompt_cache_key and
 // client_metadata (the last five cannot be turned off in Codex). The
 // length is capped here only because a random-weight model never stops.
-const CODEX_FIXTURE = path.resolve(HERE, '../data/agent_requests/codex_responses.json');
 function codexRequest() {
-  if (existsSync(CODEX_FIXTURE)) {
-    return { ...JSON.parse(readFileSync(CODEX_FIXTURE, 'utf8')), model: 'kettle', stream: true, max_output_tokens: 48 };
-  }
   const fn = (name, description, properties, required) => ({
     type: 'function', name, description, strict: false,
     parameters: { type: 'object', properties, required, additionalProperties: false },
