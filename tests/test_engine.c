@@ -987,6 +987,188 @@ static void test_long_prompt_not_starved(void **state) {
     kt_engine_free(e);
 }
 
+/* ---- scheduling prefill beside decoding streams (engine.c's rule) ----
+ * The engine's costs are fixed (kt_engine_fix_costs): a decode step 10 ms,
+ * a prefill token 1 ms, stretch 2, so a step's prefill allowance is 10 ms
+ * = 10 tokens, and with a 100 ms stall a remainder of up to 110 tokens
+ * goes in whole. 64-token steps; two streams decode throughout. */
+#define SCHED_DECODE_MS 10.0
+#define SCHED_TOKEN_MS 1.0
+#define SCHED_ALLOWANCE_TOKENS 10 /* (2 - 1) x 10 ms / 1 ms */
+#define SCHED_STALL_MS 100.0f
+
+typedef struct sched {
+    kt_engine *e;
+    kt_request *streams[2];
+    int32_t prefix[100], stream_ids[2][8];
+    double debt_ms; /* the streams' stall debt, as the rule keeps it */
+    uint64_t prompt_tokens;
+} sched;
+
+static kt_request *submit_prompt(kt_engine *e, const int32_t *ids, int n, int max_tokens) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n, p.max_tokens = max_tokens, p.ignore_eos = true;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    return r;
+}
+
+/* An engine whose cache holds the 100-token prefix, held, with two
+ * streams decoding. */
+static void sched_start(sched *s, int n_parallel) {
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 256, p.n_parallel = n_parallel, p.batch_tokens = 64, p.n_threads = 2;
+    p.max_itl_stretch = 2.0f, p.max_stall_ms = SCHED_STALL_MS;
+    kt_error err = {0};
+    s->e = kt_engine_new(g_model, &p, &err);
+    if (!s->e) fail_msg("%s", err.msg);
+    kt_engine_fix_costs(s->e, SCHED_DECODE_MS, SCHED_TOKEN_MS);
+    static output o[1];
+    run_ids(s->e, s->prefix, story_ids(s->prefix, 100, 11), (run_opts){2, 1, 0.0f}, o);
+    kt_engine_hold(s->e, true);
+    for (int i = 0; i < 2; i++)
+        s->streams[i] = submit_long(s->e, s->stream_ids[i], story_ids(s->stream_ids[i], 8, 20 + (uint32_t)i), 1);
+    kt_engine_run_steps(s->e, 2); /* their prompts (short: whole) and a first decode step */
+    s->debt_ms = 0.0;
+    s->prompt_tokens = stats_of(s->e).prompt_tokens;
+}
+
+/* One step; returns its prefill tokens and checks the stall bound: the
+ * step's prefill costs at most the allowance and the stall, and the
+ * streams are never more than the stall behind the stretch's pace. */
+static int sched_step(sched *s) {
+    kt_engine_run_steps(s->e, 1);
+    const uint64_t now = stats_of(s->e).prompt_tokens;
+    const int n = (int)(now - s->prompt_tokens);
+    s->prompt_tokens = now;
+    s->debt_ms += n * SCHED_TOKEN_MS - SCHED_ALLOWANCE_TOKENS * SCHED_TOKEN_MS;
+    if (s->debt_ms < 0.0) s->debt_ms = 0.0;
+    assert_true(n <= SCHED_ALLOWANCE_TOKENS + (int)SCHED_STALL_MS);
+    assert_true(s->debt_ms <= SCHED_STALL_MS);
+    return n;
+}
+
+static void sched_end(sched *s) {
+    kt_engine_hold(s->e, false);
+    for (int i = 0; i < 2; i++) kt_request_free(s->streams[i]);
+    kt_engine_free(s->e);
+}
+
+/* A request's first token, if one came (its events are read). */
+static bool first_token_came(kt_request *r) {
+    kt_event ev;
+    bool got = false;
+    while (kt_request_poll(r, &ev) == 1) got = got || ev.token >= 0;
+    return got;
+}
+
+/* An agent's next turn: the 100-token prefix cached (the first run's
+ * reply token's KV too), 60 tokens to prefill. Beside the streams it goes
+ * in whole, in the step that admits it, and its first token comes from
+ * that step (by the stretch alone: 6 steps). */
+static void test_cached_turn_whole(void **state) {
+    (void)state;
+    static sched s;
+    sched_start(&s, 3);
+    static int32_t turn[160];
+    memcpy(turn, s.prefix, sizeof s.prefix);
+    story_ids(turn + 100, 60, 12);
+    kt_request *r = submit_prompt(s.e, turn, 160, 4);
+    assert_int_equal(sched_step(&s), 60);
+    assert_true(first_token_came(r));
+    assert_int_equal(kt_request_get_usage(r).cached_tokens, 100);
+    kt_request_free(r);
+    sched_end(&s);
+}
+
+/* A long cold prompt beside the streams is read in chunks of the stretch
+ * while its remainder costs more than the stall allows (199 - 9 x 10 =
+ * 109 <= 110; its BOS is cached), then the rest whole: 62 + 47 tokens
+ * (the step's room). */
+static void test_long_prompt_chunked(void **state) {
+    (void)state;
+    static sched s;
+    sched_start(&s, 3);
+    static int32_t cold[200];
+    story_ids(cold, 200, 13);
+    kt_request *r = submit_prompt(s.e, cold, 200, 4);
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(sched_step(&s), SCHED_ALLOWANCE_TOKENS);
+        assert_false(first_token_came(r));
+    }
+    assert_int_equal(sched_step(&s), 62);
+    assert_false(first_token_came(r));
+    assert_int_equal(kt_request_get_usage(r).cached_tokens, 1);
+    assert_int_equal(sched_step(&s), 47);
+    assert_true(first_token_came(r));
+    kt_request_free(r);
+    sched_end(&s);
+}
+
+/* Three next turns at once (60 tokens each to prefill): the first goes in
+ * whole (stall debt 50 ms), the second in the next step (debt 100 ms);
+ * the third would stall the streams past the bound, so it is read in
+ * chunks of half the allowance while the other half pays the debt back,
+ * and goes in whole once the stall left covers its remainder (step 8; by
+ * the stretch alone, step 18). */
+static void test_cached_turns_pay_back(void **state) {
+    (void)state;
+    static sched s;
+    sched_start(&s, 5);
+    static int32_t turn[3][160];
+    kt_request *r[3];
+    for (int i = 0; i < 3; i++) {
+        memcpy(turn[i], s.prefix, sizeof s.prefix);
+        story_ids(turn[i] + 100, 60, 30 + (uint32_t)i);
+        r[i] = submit_prompt(s.e, turn[i], 160, 64);
+    }
+    int first_step[3] = {0, 0, 0}, n_done = 0;
+    for (int step = 1; step <= 30 && n_done < 3; step++) {
+        sched_step(&s);
+        for (int i = 0; i < 3; i++)
+            if (!first_step[i] && first_token_came(r[i])) first_step[i] = step, n_done++;
+    }
+    print_message("next turns' first tokens at steps %d, %d, %d\n", first_step[0], first_step[1], first_step[2]);
+    assert_int_equal(first_step[0], 1);
+    assert_int_equal(first_step[1], 2);
+    assert_int_equal(first_step[2], 8);
+    for (int i = 0; i < 3; i++) kt_request_free(r[i]);
+    sched_end(&s);
+}
+
+/* Next turns keep coming, each taking the stall as soon as it is paid
+ * back, while a long cold prompt waits: passed over 8 steps, it goes
+ * first and gets its chunk every step, stall debt or not, so its first
+ * token comes (200 tokens at >= 4 a step, most at 8) while the turns go
+ * on being served. */
+static void test_long_prompt_not_starved_by_turns(void **state) {
+    (void)state;
+    static sched s;
+    sched_start(&s, 4);
+    static int32_t cold[200], turn[40][140];
+    story_ids(cold, 200, 14);
+    kt_request *lr = submit_prompt(s.e, cold, 200, 1), *tr = NULL;
+    int n_turns = 0, step = 0;
+    bool long_first = false;
+    for (step = 1; step <= 80 && !long_first; step++) {
+        if (!tr && n_turns < 40) {
+            memcpy(turn[n_turns], s.prefix, sizeof s.prefix);
+            story_ids(turn[n_turns] + 100, 40, 40 + (uint32_t)n_turns);
+            tr = submit_prompt(s.e, turn[n_turns++], 140, 1);
+        }
+        sched_step(&s);
+        long_first = first_token_came(lr);
+        if (tr && first_token_came(tr)) kt_request_free(tr), tr = NULL; /* the next one comes */
+    }
+    print_message("the long prompt's first token after %d steps, beside %d next turns\n", step - 1, n_turns);
+    assert_true(long_first && step - 1 <= 50);
+    assert_true(n_turns >= 5);
+    kt_request_free(tr);
+    kt_request_free(lr);
+    sched_end(&s);
+}
+
 /* Waiting requests of one priority: one whose prompt the cache holds goes
  * before one that arrived earlier with nothing cached, but never more than
  * 4 times in a row (no starvation). One sequence at a time. */
@@ -1388,6 +1570,10 @@ int main(void) {
         cmocka_unit_test(test_cache_shared_prefix_once),
         cmocka_unit_test(test_cache_hits_first),
         cmocka_unit_test(test_long_prompt_not_starved),
+        cmocka_unit_test(test_cached_turn_whole),
+        cmocka_unit_test(test_long_prompt_chunked),
+        cmocka_unit_test(test_cached_turns_pay_back),
+        cmocka_unit_test(test_long_prompt_not_starved_by_turns),
         cmocka_unit_test(test_lazy_grammar),
         cmocka_unit_test(test_window_layers),
         cmocka_unit_test(test_kv_fits_memory),

@@ -48,8 +48,8 @@ typedef struct serve_opts {
     const char *allowed_hosts[MAX_NAME_LISTS], *cors_origins[MAX_NAME_LISTS];
     int n_allowed_hosts, n_cors_origins;
     kt_load_mode load;
-    float itl_stretch;
-    bool has_stretch, no_webui, strict_max_tokens;
+    float itl_stretch, max_stall_ms;
+    bool has_stretch, has_max_stall, no_webui, strict_max_tokens;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
     const char *config;     /* --config FILE */
     const char *spec;       /* --spec off|ngram|draft */
@@ -87,6 +87,10 @@ static void usage(FILE *out) {
             "                          streams, slower first token of new prompts; 0: off)\n"
             "      --strict-max-tokens a max_tokens past the room the context leaves is a 400 (default:\n"
             "                          cut to that room, the reply ending at \"length\")\n"
+            "      --max-stall-ms N    beside decoding streams, a prompt whose remaining tokens cost\n"
+            "                          at most N ms goes in whole (an agent's next turn: first token\n"
+            "                          at once); streams then wait up to N ms more than the stretch,\n"
+            "                          paid back after (default 1000; 0: only within the stretch)\n"
             "      --kv-type T         KV cache element type: f16 (default), q8_0 (half the\n"
             "                          memory; head size a multiple of 32) or f32\n"
             "      --prefix-cache on|off  reuse the KV of earlier prompts and replies that a\n"
@@ -272,6 +276,13 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                    ? 1
                    : cli_usage_error("serve", "invalid --itl-stretch '%s' (0 = off, or a factor >= 1, e.g. 1.8)", v);
     }
+    if ((r = cli_opt("serve", argc, argv, i, "--max-stall-ms", &v))) {
+        if (r < 0) return 2;
+        o->has_max_stall = true;
+        return cli_parse_float(v, 0.0f, 60000.0f, &o->max_stall_ms)
+                   ? 1
+                   : cli_usage_error("serve", "invalid --max-stall-ms '%s' (0..60000, e.g. 1000)", v);
+    }
     if ((r = cli_opt("serve", argc, argv, i, "--load", &v))) {
         if (r < 0) return 2;
         return cli_parse_load_mode(v, &o->load) ? 1 : cli_usage_error("serve", "invalid --load '%s' (mmap, populate, copy, repack)", v);
@@ -409,6 +420,7 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     if (o->queue_max) p.queue_max = o->queue_max;
     if (o->has_stretch) p.max_itl_stretch = o->itl_stretch;
     p.strict_max_tokens = o->strict_max_tokens;
+    if (o->has_max_stall) p.max_stall_ms = o->max_stall_ms;
     if (o->prefix_cache) p.prefix_cache = strcmp(o->prefix_cache, "off") != 0;
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;

@@ -9,7 +9,7 @@
  *      KV blocks fit beside what running requests have reserved (so a
  *      running sequence never runs out of blocks and is never evicted);
  *   3. builds one ragged batch: the next token of every decoding choice,
- *      then prefill chunks of admitted prompts in admission order;
+ *      then prefill chunks of admitted prompts (the rule below);
  *   4. runs the forward pass once for the whole batch;
  *   5. samples each choice whose logits came out, queues its events, and
  *      retires requests whose choices have all finished.
@@ -19,11 +19,32 @@
  * the rest (kv_seq_truncate: within the blocks the append made, so also
  * across a block boundary; a copied shared block stays the sequence's).
  *
- * Prefill chunk size: alone, a prompt takes the whole token budget. Beside
- * decoding sequences, a step's prefill is sized from measured costs so the
- * step takes about max_itl_stretch times a decode-only step: streams keep
- * their inter-token latency while a long prompt is read, and the prompt
- * still gets a fixed share of the machine.
+ * Scheduling prefill (build_batch). Alone, prompts take the whole token
+ * budget. Beside decoding streams, from the measured costs of a
+ * decode-only step (t_decode) and of a prefill token (t_token):
+ *   - the stretch: a step's prefill may cost A = (max_itl_stretch - 1) x
+ *     t_decode, so a long prompt is read in chunks while the streams keep
+ *     their pace, and it still gets a fixed share of the machine;
+ *   - whole: a prompt whose remaining tokens cost at most what the streams
+ *     may still be stalled (A + max_stall_ms - stall_debt_ms) goes in
+ *     whole, in as many steps as batch_tokens needs (one for an agent's
+ *     next turn of a few hundred uncached tokens), so its first token
+ *     comes at once instead of after remainder / chunk steps. A long
+ *     prompt is chunked until its remainder fits, then goes in whole;
+ *   - paying back: stall_debt_ms is how far the streams are behind the
+ *     stretch's pace (each step adds its prefill cost less A). While
+ *     there is debt, chunks get A minus up to half of it, the rest pays
+ *     the debt back; a step with no prefill pays A. So a stream waits at
+ *     most about stretch x t_decode + max_stall_ms for a token, and over
+ *     any stretch of time falls at most max_stall_ms behind the stretch's
+ *     pace; chunked prompts keep at least half their share;
+ *   - order: the least prompt left first (an agent's next turn before
+ *     another session's long first prompt); one passed over
+ *     MAX_PREFILL_PASSED_OVER steps goes first, so none starves;
+ *   - while the prefill token's cost is unknown (before any prefill ran),
+ *     chunks are 8 tokens and remainders of <= SHORT_PROMPT_TOKENS go in
+ *     whole, standing in for the stall.
+ * The costs are estimates (EMAs), so the bounds hold as well as they do.
  *
  * Invariant (relied on by admission and by the decode step): the sum of
  * blocks_reserved over running requests is <= the pool's blocks, and each
@@ -55,7 +76,7 @@
 #include "spec/table.h"
 
 #define KV_BLOCK_TOKENS 16
-#define SHORT_PROMPT_TOKENS 32 /* prompts this short are never chunked */
+#define SHORT_PROMPT_TOKENS 32 /* prompts this short go in whole while the prefill cost is unknown */
 
 const double kt_lat_bucket_ms[KT_LAT_N_BUCKETS - 1] = {1,   2.5,  5,    10,   25,   50,   100,
                                                       250, 500, 1000, 2500, 5000, 10000};
@@ -112,6 +133,9 @@ struct kt_engine {
     eng_draft_job *draft_jobs; /* [n_parallel] */
     int32_t *draft_ctx;     /* [n_parallel][n_ctx]: each job's tokens */
     double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
+    bool costs_fixed;   /* kt_engine_fix_costs: t_decode_ms and t_token_ms are not measured */
+    double stall_debt_ms; /* how far the streams are behind the stretch's pace (build_batch) */
+    bool step_over_allowance; /* this step's prefill cost more than the stretch allows */
     bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
 };
 
@@ -124,7 +148,8 @@ static uint64_t now_ns(void) {
 kt_engine_params kt_engine_defaults(void) {
     kt_engine_params p = {
         .n_ctx = 0, .n_parallel = 16, .kv_bytes = 0, .batch_tokens = 256, .n_threads = 0,
-        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f, .prefix_cache = true,
+        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f, .max_stall_ms = 1000.0f,
+        .prefix_cache = true,
     };
     return p;
 }
@@ -1038,10 +1063,26 @@ static double decode_cost_ms(const kt_engine *e, int n) {
     return e->t_decode_ms[n < e->p.batch_tokens ? n : e->p.batch_tokens];
 }
 
-/* Tokens of prefill the step may carry beside n_decode decode tokens. */
-static int prefill_budget(const kt_engine *e, int n_decode) {
-    int budget = e->p.batch_tokens - n_decode;
-    if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return budget;
+/* What a step's prefill may hold beside n_decode decode tokens (the
+ * scheduling rule at the top of this file). */
+typedef struct prefill_budget {
+    int chunk_tokens;    /* in all, for prompts the step does not finish: the stretch, less what pays the
+                          * debt back */
+    int whole_tokens;    /* in all, where the step finishes prompts: the stretch and the stall left; may
+                          * exceed the batch (a whole remainder then takes whole steps until it is in) */
+    double allowance_ms; /* the stretch's A; 0: no debt is kept (no streams, no stretch, costs unknown) */
+} prefill_budget;
+
+/* How many prefill tokens cost about ms (at least 1, at most cap). */
+static int tokens_costing(const kt_engine *e, double ms, int cap) {
+    const double n = ms / e->t_token_ms;
+    return n < 1.0 ? 1 : n < cap ? (int)n : cap;
+}
+
+static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
+    const int room = e->p.batch_tokens - n_decode;
+    prefill_budget b = {room, room, 0.0};
+    if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return b;
     /* a decode-only step first while this decode cost is unknown, then a
      * small chunk to learn the prefill cost */
     double t_decode = decode_cost_ms(e, n_decode);
@@ -1049,11 +1090,36 @@ static int prefill_budget(const kt_engine *e, int n_decode) {
      * smaller measured step stands in, so prefill is not held back while
      * each size is learned */
     if (t_decode <= 0.0 && e->spec_max_tokens) t_decode = spec_cost(&e->costs, n_decode);
-    if (t_decode <= 0.0) return 0;
-    if (e->t_token_ms <= 0.0) return budget < 8 ? budget : 8;
-    double n = (e->p.max_itl_stretch - 1.0) * t_decode / e->t_token_ms;
-    if (n < 1.0) n = 1.0;
-    return n < budget ? (int)n : budget;
+    if (t_decode <= 0.0) {
+        b.chunk_tokens = b.whole_tokens = 0;
+        return b;
+    }
+    if (e->t_token_ms <= 0.0) { /* short prompts stand in for those within the stall */
+        b.chunk_tokens = room < 8 ? room : 8;
+        b.whole_tokens = SHORT_PROMPT_TOKENS;
+        return b;
+    }
+    b.allowance_ms = (e->p.max_itl_stretch - 1.0) * t_decode;
+    const double repay_ms = e->stall_debt_ms < b.allowance_ms / 2 ? e->stall_debt_ms : b.allowance_ms / 2;
+    b.chunk_tokens = tokens_costing(e, b.allowance_ms - repay_ms, room);
+    const double stall_left_ms = e->p.max_stall_ms > e->stall_debt_ms ? e->p.max_stall_ms - e->stall_debt_ms : 0.0;
+    b.whole_tokens = tokens_costing(e, b.allowance_ms + stall_left_ms, e->p.n_ctx);
+    if (b.whole_tokens < b.chunk_tokens) b.whole_tokens = b.chunk_tokens;
+    return b;
+}
+
+/* After a step that held n_prefill prompt tokens: the streams' debt grows
+ * by what the prefill cost beyond the stretch's allowance, and shrinks by
+ * what it left of it. */
+static void note_prefill_cost(kt_engine *e, const prefill_budget *b, int n_decode, int n_prefill) {
+    const double spent_ms = n_prefill * e->t_token_ms;
+    e->step_over_allowance = b->allowance_ms > 0.0 && spent_ms > b->allowance_ms;
+    if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) {
+        e->stall_debt_ms = 0.0; /* no stream is kept waiting */
+    } else if (b->allowance_ms > 0.0) {
+        const double debt_ms = e->stall_debt_ms + spent_ms - b->allowance_ms;
+        e->stall_debt_ms = debt_ms > 0.0 ? debt_ms : 0.0;
+    }
 }
 
 /* A prefill passed over this many steps goes before those with less
@@ -1244,16 +1310,17 @@ static int build_batch(kt_engine *e, int *n_prefill) {
             for (int j = 0; j < c->n_prop; j++) batch_add(e, &n, r, i, c->seq, c->prop[j], true, c->n_prop - 1 - j);
         }
     }
-    int budget = prefill_budget(e, n), n_decode = n;
+    const int n_decode = n;
+    const prefill_budget budget = plan_prefill(e, n_decode);
     for (int a = 0; a < e->n_active; a++) share_prefix(e, a);
     const int n_order = order_prefills(e);
-    for (int o = 0; o < n_order && budget > 0; o++) {
+    for (int o = 0; o < n_order && budget.whole_tokens > 0; o++) {
         kt_request *r = e->active[e->prefill_order[o]];
-        const int left = r->n_prompt - r->n_prefilled;
-        int room = budget - (n - n_decode);
-        /* a short prompt goes in whole: one step a little longer beats its
-         * first token waiting a step per token or two */
-        if (left <= SHORT_PROMPT_TOKENS && left <= e->p.batch_tokens - n && left > room) room = left;
+        const int left = r->n_prompt - r->n_prefilled, batch_room = e->p.batch_tokens - n;
+        const int in_step = n - n_decode;
+        if (!r->prefill_whole && batch_room > 0 && left <= budget.whole_tokens - in_step) r->prefill_whole = true;
+        int room = r->prefill_whole ? batch_room : budget.chunk_tokens - in_step;
+        if (room > batch_room) room = batch_room;
         if (room <= 0) {
             r->prefill_passed_over++; /* the prompts before it took the step */
             continue;
@@ -1278,6 +1345,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         }
         r->n_prefilled += chunk;
     }
+    note_prefill_cost(e, &budget, n_decode, n - n_decode);
     *n_prefill = n - n_decode;
     return n;
 }
@@ -1369,12 +1437,19 @@ static void retire_finished(kt_engine *e) {
     }
 }
 
+/* The prefill token's cost is learned from chunks within the stretch's
+ * allowance: a whole remainder's larger chunk costs less a token, and
+ * learned from it the estimate would size the next chunks too large (the
+ * streams' steps past the stretch); kept from chunks, it errs long for
+ * whole ones, which then stall the streams less than estimated. */
 static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
     const double alpha = 0.25;
     const int k = n_decode < e->p.batch_tokens ? n_decode : e->p.batch_tokens;
+    if (e->costs_fixed) return;
     if (n_prefill == 0 && n_decode > 0) {
         spec_cost_note(&e->costs, k, ms);
     } else if (n_prefill > 0 && n_decode > 0 && decode_cost_ms(e, k) > 0) {
+        if (e->step_over_allowance) return;
         double per = (ms - decode_cost_ms(e, k)) / n_prefill;
         if (per < 0.0) per = 0.0;
         e->t_token_ms = e->t_token_ms > 0 ? (1 - alpha) * e->t_token_ms + alpha * per : per;
@@ -1422,8 +1497,8 @@ static void engine_step(kt_engine *e) {
         consume_hidden(e, n);
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
         if (e->trace)
-            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms)\n",
-                    n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms);
+            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, streams' stall debt %.0f ms)\n",
+                    n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->stall_debt_ms);
     }
     retire_finished(e);
     pthread_mutex_lock(&e->mu);
@@ -1474,6 +1549,14 @@ void kt_engine_run_steps(kt_engine *e, int n) {
     while (e->held && !e->stop &&
            (e->in_step || (e->steps_granted > 0 && (e->n_waiting > 0 || e->stats.requests_running > 0))))
         pthread_cond_wait(&e->cv_step, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void kt_engine_fix_costs(kt_engine *e, double decode_step_ms, double prefill_token_ms) {
+    pthread_mutex_lock(&e->mu); /* the engine thread reads them after taking mu for its next step */
+    for (int n = 0; n <= e->p.batch_tokens; n++) e->t_decode_ms[n] = decode_step_ms;
+    e->t_token_ms = prefill_token_ms;
+    e->costs_fixed = true;
     pthread_mutex_unlock(&e->mu);
 }
 

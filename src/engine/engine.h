@@ -51,6 +51,15 @@ typedef struct kt_engine_params {
      * prompt is read. Default 1.8; <= 1: prefill takes the whole token
      * budget every step. */
     float max_itl_stretch;
+    /* Beside decoding sequences, a prompt whose remaining tokens are
+     * estimated to cost at most this (ms, measured per-token cost) goes
+     * in whole, stalling the streams by up to this much beyond the stretch
+     * above, so its first token comes at once (an agent's next turn, most
+     * of it cached). The streams never fall more than this behind the
+     * stretch's pace: later steps pay the stall back. Default 1000; 0:
+     * prompts go in whole only where the stretch allows. Engine.c's top
+     * comment has the whole rule. */
+    float max_stall_ms;
     /* Reuse the KV of earlier requests' prompts and outputs (the prefix
      * cache, kv/prefix_cache.h): a request prefills only what no earlier
      * one computed. On by default; idle cached blocks are taken back
@@ -326,5 +335,10 @@ void kt_engine_hold(kt_engine *e, bool hold);
 /* While held: lets the engine run n more steps and returns once they are
  * done, or sooner if it runs out of work. */
 void kt_engine_run_steps(kt_engine *e, int n);
+/* Test hook: the engine stops measuring its costs and takes these: a
+ * decode-only step of any size costs decode_step_ms, a prefill token
+ * beside decoding prefill_token_ms. Then how a step's prefill is sized
+ * does not depend on the machine's speed. Call while held or idle. */
+void kt_engine_fix_costs(kt_engine *e, double decode_step_ms, double prefill_token_ms);
 
 #endif
