@@ -87,7 +87,9 @@ static void test_percentiles(void **state) {
     double v[20];
     for (int i = 0; i < 20; i++) v[i] = 20 - i; /* 20..1, sorted by bs_pcts_of */
     bs_pcts p = bs_pcts_of(v, 10);               /* 20..11 -> 11..20 */
-    assert_true(p.p50 == 15 && p.p95 == 20 && p.p99 == 20 && p.n == 10);
+    assert_true(p.p50 == 15 && p.p95 == 20 && p.p99 == 20 && p.max == 20 && p.n == 10);
+    p = bs_pcts_of(v, 0);
+    assert_true(p.max == 0 && p.n == 0);
     for (int i = 0; i < 20; i++) v[i] = i + 1;
     assert_true(bs_percentile(v, 20, 95) == 19); /* rank exactly 19, no rounding up */
     assert_true(bs_percentile(v, 20, 50) == 10);
@@ -100,9 +102,9 @@ static void test_percentiles(void **state) {
 /* ITL may be 0: two chunks can arrive in one read. */
 static void check_pcts(json_t *p, int min_samples, bool may_be_zero) {
     double p50 = json_number_value(json_object_get(p, "p50")), p95 = json_number_value(json_object_get(p, "p95")),
-           p99 = json_number_value(json_object_get(p, "p99"));
+           p99 = json_number_value(json_object_get(p, "p99")), max = json_number_value(json_object_get(p, "max"));
     assert_true(json_integer_value(json_object_get(p, "samples")) >= min_samples);
-    assert_true((p50 > 0 || (may_be_zero && p50 == 0)) && p50 <= p95 && p95 <= p99 && isfinite(p99));
+    assert_true((p50 > 0 || (may_be_zero && p50 == 0)) && p50 <= p95 && p95 <= p99 && p99 <= max && isfinite(max));
 }
 
 static json_t *run_json(const char *args, int want_rc) {

@@ -58,11 +58,11 @@ double bs_percentile(const double *sorted, int n, double p);
 void bs_sort(double *v, int n);
 
 typedef struct bs_pcts {
-    double p50, p95, p99;
-    int n; /* samples */
+    double p50, p95, p99, max; /* max: the longest single stall, where a rare one hides past p99 */
+    int n;                     /* samples */
 } bs_pcts;
 
-/* Sorts v and fills p50/p95/p99. */
+/* Sorts v and fills p50/p95/p99/max. */
 bs_pcts bs_pcts_of(double *v, int n);
 
 /* The figures of one concurrency level. */

@@ -76,8 +76,8 @@ static void print_csv(FILE *f, const bs_report *r) {
 /* ---- JSON ---- */
 
 static void print_json_pcts(FILE *f, const char *name, const bs_pcts *p) {
-    fprintf(f, "\"%s\": {\"p50\": %.6g, \"p95\": %.6g, \"p99\": %.6g, \"samples\": %d}", name, p->p50, p->p95,
-            p->p99, p->n);
+    fprintf(f, "\"%s\": {\"p50\": %.6g, \"p95\": %.6g, \"p99\": %.6g, \"max\": %.6g, \"samples\": %d}", name, p->p50,
+            p->p95, p->p99, p->max, p->n);
 }
 
 static void print_json_long(FILE *f, const bs_level *l) {

@@ -227,5 +227,6 @@ void bs_sort(double *v, int n) {
 
 bs_pcts bs_pcts_of(double *v, int n) {
     bs_sort(v, n);
-    return (bs_pcts){bs_percentile(v, n, 50), bs_percentile(v, n, 95), bs_percentile(v, n, 99), n};
+    return (bs_pcts){bs_percentile(v, n, 50), bs_percentile(v, n, 95), bs_percentile(v, n, 99), n > 0 ? v[n - 1] : 0.0,
+                     n};
 }
