@@ -133,6 +133,7 @@ struct kt_engine {
     eng_draft_job *draft_jobs; /* [n_parallel] */
     int32_t *draft_ctx;     /* [n_parallel][n_ctx]: each job's tokens */
     double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
+    bool t_token_measured_beside; /* t_token_ms comes from chunks beside decoding (update_costs) */
     bool costs_fixed;   /* kt_engine_fix_costs: t_decode_ms and t_token_ms are not measured */
     double stall_debt_ms; /* how far the streams are behind the stretch's pace (build_batch) */
     bool step_over_allowance; /* this step's prefill cost more than the stretch allows */
@@ -1063,6 +1064,16 @@ static double decode_cost_ms(const kt_engine *e, int n) {
     return e->t_decode_ms[n < e->p.batch_tokens ? n : e->p.batch_tokens];
 }
 
+/* What a decode-only step of n tokens costs, as prefill is sized and
+ * measured against it: the measured cost; with speculation, whose
+ * proposals vary the decode tokens step to step, else the nearest smaller
+ * measured step's (spec_cost), so prefill is neither held back nor left
+ * unmeasured while each size is learned. 0 while unknown. */
+static double decode_step_ms(const kt_engine *e, int n) {
+    const double ms = decode_cost_ms(e, n);
+    return ms <= 0.0 && e->spec_max_tokens ? spec_cost(&e->costs, n) : ms;
+}
+
 /* What a step's prefill may hold beside n_decode decode tokens (the
  * scheduling rule at the top of this file). */
 typedef struct prefill_budget {
@@ -1085,11 +1096,7 @@ static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
     if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return b;
     /* a decode-only step first while this decode cost is unknown, then a
      * small chunk to learn the prefill cost */
-    double t_decode = decode_cost_ms(e, n_decode);
-    /* proposals vary the decode tokens step to step: there the nearest
-     * smaller measured step stands in, so prefill is not held back while
-     * each size is learned */
-    if (t_decode <= 0.0 && e->spec_max_tokens) t_decode = spec_cost(&e->costs, n_decode);
+    const double t_decode = decode_step_ms(e, n_decode);
     if (t_decode <= 0.0) {
         b.chunk_tokens = b.whole_tokens = 0;
         return b;
@@ -1441,20 +1448,27 @@ static void retire_finished(kt_engine *e) {
  * allowance: a whole remainder's larger chunk costs less a token, and
  * learned from it the estimate would size the next chunks too large (the
  * streams' steps past the stretch); kept from chunks, it errs long for
- * whole ones, which then stall the streams less than estimated. */
+ * whole ones, which then stall the streams less than estimated. Until
+ * the first chunk beside decoding, prompts alone give the estimate: the
+ * very first step also pays for first touches of memory (a cold pass
+ * measured 39-64 ms a token against 10-20 warm), and kept alone that
+ * guess sized chunks at one token a step. */
 static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
     const double alpha = 0.25;
     const int k = n_decode < e->p.batch_tokens ? n_decode : e->p.batch_tokens;
+    const double t_decode = decode_step_ms(e, k);
     if (e->costs_fixed) return;
     if (n_prefill == 0 && n_decode > 0) {
         spec_cost_note(&e->costs, k, ms);
-    } else if (n_prefill > 0 && n_decode > 0 && decode_cost_ms(e, k) > 0) {
+    } else if (n_prefill > 0 && n_decode > 0 && t_decode > 0) {
         if (e->step_over_allowance) return;
-        double per = (ms - decode_cost_ms(e, k)) / n_prefill;
+        double per = (ms - t_decode) / n_prefill;
         if (per < 0.0) per = 0.0;
+        e->t_token_ms = e->t_token_measured_beside ? (1 - alpha) * e->t_token_ms + alpha * per : per;
+        e->t_token_measured_beside = true;
+    } else if (n_prefill > 0 && n_decode == 0 && !e->t_token_measured_beside) {
+        const double per = ms / n_prefill;
         e->t_token_ms = e->t_token_ms > 0 ? (1 - alpha) * e->t_token_ms + alpha * per : per;
-    } else if (n_prefill > 0 && e->t_token_ms <= 0) {
-        e->t_token_ms = ms / n_prefill; /* a first guess, refined beside decoding */
     }
 }
 
