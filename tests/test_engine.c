@@ -1023,7 +1023,7 @@ static void sched_start(sched *s, int n_parallel) {
     kt_error err = {0};
     s->e = kt_engine_new(g_model, &p, &err);
     if (!s->e) fail_msg("%s", err.msg);
-    kt_engine_fix_costs(s->e, SCHED_DECODE_MS, SCHED_TOKEN_MS);
+    kt_engine_fix_costs(s->e, SCHED_DECODE_MS, SCHED_TOKEN_MS, SCHED_TOKEN_MS);
     static output o[1];
     run_ids(s->e, s->prefix, story_ids(s->prefix, 100, 11), (run_opts){2, 1, 0.0f}, o);
     kt_engine_hold(s->e, true);
@@ -1078,6 +1078,26 @@ static void test_cached_turn_whole(void **state) {
     assert_int_equal(sched_step(&s), 60);
     assert_true(first_token_came(r));
     assert_int_equal(kt_request_get_usage(r).cached_tokens, 100);
+    kt_request_free(r);
+    sched_end(&s);
+}
+
+/* A whole prompt is costed at what large steps cost a token, chunks at
+ * what chunks do: with one-token chunks at 2 ms and large steps at 1 ms a
+ * token, the 60-token next turn (120 ms as chunks, past the 110 ms the
+ * stall leaves) goes in whole at 60 ms. */
+static void test_whole_costed_as_large_steps(void **state) {
+    (void)state;
+    static sched s;
+    sched_start(&s, 3);
+    kt_engine_fix_costs(s.e, SCHED_DECODE_MS, 2.0 * SCHED_TOKEN_MS, SCHED_TOKEN_MS);
+    static int32_t turn[160];
+    memcpy(turn, s.prefix, sizeof s.prefix);
+    story_ids(turn + 100, 60, 15);
+    kt_request *r = submit_prompt(s.e, turn, 160, 4);
+    kt_engine_run_steps(s.e, 1);
+    assert_int_equal(stats_of(s.e).prompt_tokens - s.prompt_tokens, 60);
+    assert_true(first_token_came(r));
     kt_request_free(r);
     sched_end(&s);
 }
@@ -1572,6 +1592,7 @@ int main(void) {
         cmocka_unit_test(test_long_prompt_not_starved),
         cmocka_unit_test(test_cached_turn_whole),
         cmocka_unit_test(test_long_prompt_chunked),
+        cmocka_unit_test(test_whole_costed_as_large_steps),
         cmocka_unit_test(test_cached_turns_pay_back),
         cmocka_unit_test(test_long_prompt_not_starved_by_turns),
         cmocka_unit_test(test_lazy_grammar),

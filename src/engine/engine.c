@@ -21,7 +21,9 @@
  *
  * Scheduling prefill (build_batch). Alone, prompts take the whole token
  * budget. Beside decoding streams, from the measured costs of a
- * decode-only step (t_decode) and of a prefill token (t_token):
+ * decode-only step (t_decode) and of a prefill token (t_token; one in a
+ * small chunk costs more than one in a large step, so each has its own
+ * estimate, see update_costs):
  *   - the stretch: a step's prefill may cost A = (max_itl_stretch - 1) x
  *     t_decode, so a long prompt is read in chunks while the streams keep
  *     their pace, and it still gets a fixed share of the machine;
@@ -44,7 +46,12 @@
  *   - while the prefill token's cost is unknown (before any prefill ran),
  *     chunks are 8 tokens and remainders of <= SHORT_PROMPT_TOKENS go in
  *     whole, standing in for the stall.
- * The costs are estimates (EMAs), so the bounds hold as well as they do.
+ * Why whole rather than chunked: chunking a prompt costs the streams the
+ * same time in all (spread over many stretched steps: more, as small
+ * chunks cost more a token) and delays its first token by as many steps;
+ * all a chunk buys is a shorter longest gap, and max_stall_ms says how
+ * long a gap the streams may see. The costs are estimates (EMAs), so the
+ * bounds hold as well as they do.
  *
  * Invariant (relied on by admission and by the decode step): the sum of
  * blocks_reserved over running requests is <= the pool's blocks, and each
@@ -132,11 +139,12 @@ struct kt_engine {
     eng_draft *draft;       /* KT_SPEC_DRAFT's model; NULL: none */
     eng_draft_job *draft_jobs; /* [n_parallel] */
     int32_t *draft_ctx;     /* [n_parallel][n_ctx]: each job's tokens */
-    double t_token_ms;  /* measured cost of one prefill token beside decoding (EMA) */
+    double t_token_ms;  /* measured cost of one prefill token in chunks beside decoding (EMA) */
     bool t_token_measured_beside; /* t_token_ms comes from chunks beside decoding (update_costs) */
-    bool costs_fixed;   /* kt_engine_fix_costs: t_decode_ms and t_token_ms are not measured */
+    double t_whole_token_ms; /* ... in steps of >= WHOLE_COST_MIN_TOKENS prefill tokens (EMA; 0: unknown) */
+    bool costs_fixed;   /* kt_engine_fix_costs: the costs are not measured */
     double stall_debt_ms; /* how far the streams are behind the stretch's pace (build_batch) */
-    bool step_over_allowance; /* this step's prefill cost more than the stretch allows */
+    bool step_has_whole; /* this step's prefill went past the chunk budget (a whole prompt) */
     bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
 };
 
@@ -1084,9 +1092,16 @@ typedef struct prefill_budget {
     double allowance_ms; /* the stretch's A; 0: no debt is kept (no streams, no stretch, costs unknown) */
 } prefill_budget;
 
-/* How many prefill tokens cost about ms (at least 1, at most cap). */
-static int tokens_costing(const kt_engine *e, double ms, int cap) {
-    const double n = ms / e->t_token_ms;
+/* A prefill token's cost in a step that carries a whole prompt: what
+ * large steps measured, once they have (see update_costs). */
+static double whole_token_ms(const kt_engine *e) {
+    return e->t_whole_token_ms > 0.0 ? e->t_whole_token_ms : e->t_token_ms;
+}
+
+/* How many prefill tokens cost about ms at per_token_ms (at least 1, at
+ * most cap). */
+static int tokens_costing(double ms, double per_token_ms, int cap) {
+    const double n = ms / per_token_ms;
     return n < 1.0 ? 1 : n < cap ? (int)n : cap;
 }
 
@@ -1108,9 +1123,9 @@ static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
     }
     b.allowance_ms = (e->p.max_itl_stretch - 1.0) * t_decode;
     const double repay_ms = e->stall_debt_ms < b.allowance_ms / 2 ? e->stall_debt_ms : b.allowance_ms / 2;
-    b.chunk_tokens = tokens_costing(e, b.allowance_ms - repay_ms, room);
+    b.chunk_tokens = tokens_costing(b.allowance_ms - repay_ms, e->t_token_ms, room);
     const double stall_left_ms = e->p.max_stall_ms > e->stall_debt_ms ? e->p.max_stall_ms - e->stall_debt_ms : 0.0;
-    b.whole_tokens = tokens_costing(e, b.allowance_ms + stall_left_ms, e->p.n_ctx);
+    b.whole_tokens = tokens_costing(b.allowance_ms + stall_left_ms, whole_token_ms(e), e->p.n_ctx);
     if (b.whole_tokens < b.chunk_tokens) b.whole_tokens = b.chunk_tokens;
     return b;
 }
@@ -1119,8 +1134,8 @@ static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
  * by what the prefill cost beyond the stretch's allowance, and shrinks by
  * what it left of it. */
 static void note_prefill_cost(kt_engine *e, const prefill_budget *b, int n_decode, int n_prefill) {
-    const double spent_ms = n_prefill * e->t_token_ms;
-    e->step_over_allowance = b->allowance_ms > 0.0 && spent_ms > b->allowance_ms;
+    e->step_has_whole = n_prefill > b->chunk_tokens;
+    const double spent_ms = n_prefill * (e->step_has_whole ? whole_token_ms(e) : e->t_token_ms);
     if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) {
         e->stall_debt_ms = 0.0; /* no stream is kept waiting */
     } else if (b->allowance_ms > 0.0) {
@@ -1444,30 +1459,38 @@ static void retire_finished(kt_engine *e) {
     }
 }
 
-/* The prefill token's cost is learned from chunks within the stretch's
- * allowance: a whole remainder's larger chunk costs less a token, and
- * learned from it the estimate would size the next chunks too large (the
- * streams' steps past the stretch); kept from chunks, it errs long for
- * whole ones, which then stall the streams less than estimated. Until
- * the first chunk beside decoding, prompts alone give the estimate: the
- * very first step also pays for first touches of memory (a cold pass
- * measured 39-64 ms a token against 10-20 warm), and kept alone that
- * guess sized chunks at one token a step. */
+/* Prefill steps this large give the whole-prompt token cost. */
+#define WHOLE_COST_MIN_TOKENS 64
+
+/* A prefill token's cost depends on the step's size: beside one or two
+ * decode tokens a one-token chunk cost 22 ms, a token of a 256-token step
+ * 9 ms (PERFORMANCE.md's scheduling section, a 2-core AVX2 machine). So
+ * two estimates: chunks beside decoding size chunks (t_token_ms), large
+ * steps (alone or a whole prompt beside decoding) cost whole prompts
+ * (t_whole_token_ms); one learned from the other's steps would size chunks
+ * past the stretch, or keep whole prompts out of the stall they fit. Until
+ * the first chunk beside decoding, prompts alone give t_token_ms too: the
+ * very first step also pays for first touches of memory (24-64 ms a token
+ * cold there, against 10-19 warm), and kept alone that guess sized chunks
+ * at one token a step. */
 static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
     const double alpha = 0.25;
     const int k = n_decode < e->p.batch_tokens ? n_decode : e->p.batch_tokens;
-    const double t_decode = decode_step_ms(e, k);
+    const double t_decode = n_decode > 0 ? decode_step_ms(e, k) : 0.0;
     if (e->costs_fixed) return;
-    if (n_prefill == 0 && n_decode > 0) {
-        spec_cost_note(&e->costs, k, ms);
-    } else if (n_prefill > 0 && n_decode > 0 && t_decode > 0) {
-        if (e->step_over_allowance) return;
-        double per = (ms - t_decode) / n_prefill;
-        if (per < 0.0) per = 0.0;
+    if (n_prefill == 0) {
+        if (n_decode > 0) spec_cost_note(&e->costs, k, ms);
+        return;
+    }
+    if (n_decode > 0 && t_decode <= 0.0) return; /* the prefill's share is unknown */
+    double per = (ms - t_decode) / n_prefill;
+    if (per < 0.0) per = 0.0;
+    if (n_prefill >= WHOLE_COST_MIN_TOKENS)
+        e->t_whole_token_ms = e->t_whole_token_ms > 0 ? (1 - alpha) * e->t_whole_token_ms + alpha * per : per;
+    if (n_decode > 0 && !e->step_has_whole) {
         e->t_token_ms = e->t_token_measured_beside ? (1 - alpha) * e->t_token_ms + alpha * per : per;
         e->t_token_measured_beside = true;
-    } else if (n_prefill > 0 && n_decode == 0 && !e->t_token_measured_beside) {
-        const double per = ms / n_prefill;
+    } else if (n_decode == 0 && !e->t_token_measured_beside) {
         e->t_token_ms = e->t_token_ms > 0 ? (1 - alpha) * e->t_token_ms + alpha * per : per;
     }
 }
@@ -1511,8 +1534,9 @@ static void engine_step(kt_engine *e) {
         consume_hidden(e, n);
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
         if (e->trace)
-            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, streams' stall debt %.0f ms)\n",
-                    n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->stall_debt_ms);
+            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f, streams' stall debt %.0f ms)\n",
+                    n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->t_whole_token_ms,
+                    e->stall_debt_ms);
     }
     retire_finished(e);
     pthread_mutex_lock(&e->mu);
@@ -1566,10 +1590,11 @@ void kt_engine_run_steps(kt_engine *e, int n) {
     pthread_mutex_unlock(&e->mu);
 }
 
-void kt_engine_fix_costs(kt_engine *e, double decode_step_ms, double prefill_token_ms) {
+void kt_engine_fix_costs(kt_engine *e, double decode_step_ms, double chunk_token_ms, double whole_token_ms) {
     pthread_mutex_lock(&e->mu); /* the engine thread reads them after taking mu for its next step */
     for (int n = 0; n <= e->p.batch_tokens; n++) e->t_decode_ms[n] = decode_step_ms;
-    e->t_token_ms = prefill_token_ms;
+    e->t_token_ms = chunk_token_ms;
+    e->t_whole_token_ms = whole_token_ms;
     e->costs_fixed = true;
     pthread_mutex_unlock(&e->mu);
 }

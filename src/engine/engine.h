@@ -337,8 +337,9 @@ void kt_engine_hold(kt_engine *e, bool hold);
 void kt_engine_run_steps(kt_engine *e, int n);
 /* Test hook: the engine stops measuring its costs and takes these: a
  * decode-only step of any size costs decode_step_ms, a prefill token
- * beside decoding prefill_token_ms. Then how a step's prefill is sized
- * does not depend on the machine's speed. Call while held or idle. */
-void kt_engine_fix_costs(kt_engine *e, double decode_step_ms, double prefill_token_ms);
+ * chunk_token_ms in chunks beside decoding and whole_token_ms in a step
+ * that carries a whole prompt. Then how a step's prefill is sized does
+ * not depend on the machine's speed. Call while held or idle. */
+void kt_engine_fix_costs(kt_engine *e, double decode_step_ms, double chunk_token_ms, double whole_token_ms);
 
 #endif
