@@ -1001,7 +1001,6 @@ typedef struct sched {
     kt_engine *e;
     kt_request *streams[2];
     int32_t prefix[100], stream_ids[2][8];
-    double debt_ms; /* the streams' stall debt, as the rule keeps it */
     uint64_t prompt_tokens;
 } sched;
 
@@ -1030,22 +1029,27 @@ static void sched_start(sched *s, int n_parallel) {
     for (int i = 0; i < 2; i++)
         s->streams[i] = submit_long(s->e, s->stream_ids[i], story_ids(s->stream_ids[i], 8, 20 + (uint32_t)i), 1);
     kt_engine_run_steps(s->e, 2); /* their prompts (short: whole) and a first decode step */
-    s->debt_ms = 0.0;
     s->prompt_tokens = stats_of(s->e).prompt_tokens;
 }
 
-/* One step; returns its prefill tokens and checks the stall bound: the
- * step's prefill costs at most the allowance and the stall, and the
- * streams are never more than the stall behind the stretch's pace. */
+/* The streams' tokens so far. */
+static int streams_tokens(sched *s) {
+    int n = 0;
+    for (int i = 0; i < 2; i++) n += kt_request_get_usage(s->streams[i]).completion_tokens;
+    return n;
+}
+
+/* One step; returns its prefill tokens and checks the bounds: the step's
+ * prefill costs at most the allowance and the stall, and each stream got
+ * its token. */
 static int sched_step(sched *s) {
+    const int before = streams_tokens(s);
     kt_engine_run_steps(s->e, 1);
     const uint64_t now = stats_of(s->e).prompt_tokens;
     const int n = (int)(now - s->prompt_tokens);
     s->prompt_tokens = now;
-    s->debt_ms += n * SCHED_TOKEN_MS - SCHED_ALLOWANCE_TOKENS * SCHED_TOKEN_MS;
-    if (s->debt_ms < 0.0) s->debt_ms = 0.0;
     assert_true(n <= SCHED_ALLOWANCE_TOKENS + (int)SCHED_STALL_MS);
-    assert_true(s->debt_ms <= SCHED_STALL_MS);
+    assert_int_equal(streams_tokens(s), before + 2);
     return n;
 }
 
@@ -1126,13 +1130,12 @@ static void test_long_prompt_chunked(void **state) {
     sched_end(&s);
 }
 
-/* Three next turns at once (60 tokens each to prefill): the first goes in
- * whole (stall debt 50 ms), the second in the next step (debt 100 ms);
- * the third would stall the streams past the bound, so it is read in
- * chunks of half the allowance while the other half pays the debt back,
- * and goes in whole once the stall left covers its remainder (step 8; by
- * the stretch alone, step 18). */
-static void test_cached_turns_pay_back(void **state) {
+/* Three next turns at once (60 tokens each to prefill): one goes in
+ * whole each step (two would cost 120 ms, past the 110 the stretch and
+ * the stall allow), so their first tokens come at steps 1, 2 and 3 (by
+ * the stretch alone, 6, 12 and 18), the streams getting a token every
+ * step. */
+static void test_cached_turns_whole_in_turn(void **state) {
     (void)state;
     static sched s;
     sched_start(&s, 5);
@@ -1152,14 +1155,14 @@ static void test_cached_turns_pay_back(void **state) {
     print_message("next turns' first tokens at steps %d, %d, %d\n", first_step[0], first_step[1], first_step[2]);
     assert_int_equal(first_step[0], 1);
     assert_int_equal(first_step[1], 2);
-    assert_int_equal(first_step[2], 8);
+    assert_int_equal(first_step[2], 3);
     for (int i = 0; i < 3; i++) kt_request_free(r[i]);
     sched_end(&s);
 }
 
-/* Next turns keep coming, each taking the stall as soon as it is paid
- * back, while a long cold prompt waits: passed over 8 steps, it goes
- * first and gets its chunk every step, stall debt or not, so its first
+/* Next turns keep coming, one whole every step, while a long cold prompt
+ * waits: passed over 8 steps, it goes
+ * first and gets its chunk every step, so its first
  * token comes (200 tokens at >= 4 a step, most at 8) while the turns go
  * on being served. */
 static void test_long_prompt_not_starved_by_turns(void **state) {
@@ -1593,7 +1596,7 @@ int main(void) {
         cmocka_unit_test(test_cached_turn_whole),
         cmocka_unit_test(test_long_prompt_chunked),
         cmocka_unit_test(test_whole_costed_as_large_steps),
-        cmocka_unit_test(test_cached_turns_pay_back),
+        cmocka_unit_test(test_cached_turns_whole_in_turn),
         cmocka_unit_test(test_long_prompt_not_starved_by_turns),
         cmocka_unit_test(test_lazy_grammar),
         cmocka_unit_test(test_window_layers),

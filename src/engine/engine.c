@@ -27,19 +27,14 @@
  *   - the stretch: a step's prefill may cost A = (max_itl_stretch - 1) x
  *     t_decode, so a long prompt is read in chunks while the streams keep
  *     their pace, and it still gets a fixed share of the machine;
- *   - whole: a prompt whose remaining tokens cost at most what the streams
- *     may still be stalled (A + max_stall_ms - stall_debt_ms) goes in
- *     whole, in as many steps as batch_tokens needs (one for an agent's
- *     next turn of a few hundred uncached tokens), so its first token
- *     comes at once instead of after remainder / chunk steps. A long
- *     prompt is chunked until its remainder fits, then goes in whole;
- *   - paying back: stall_debt_ms is how far the streams are behind the
- *     stretch's pace (each step adds its prefill cost less A). While
- *     there is debt, chunks get A minus up to half of it, the rest pays
- *     the debt back; a step with no prefill pays A. So a stream waits at
- *     most about stretch x t_decode + max_stall_ms for a token, and over
- *     any stretch of time falls at most max_stall_ms behind the stretch's
- *     pace; chunked prompts keep at least half their share;
+ *   - whole: a prompt whose remaining tokens cost at most A +
+ *     max_stall_ms goes in whole, in as many steps as batch_tokens needs
+ *     (one for an agent's next turn of a few hundred uncached tokens), so
+ *     its first token comes at once instead of after remainder / chunk
+ *     steps. A long prompt is chunked until its remainder fits, then goes
+ *     in whole. So a stream still gets a token every step (a step holds at
+ *     most batch_tokens tokens), and one prompt holds it back at most
+ *     about max_stall_ms beyond the stretch;
  *   - order: the least prompt left first (an agent's next turn before
  *     another session's long first prompt); one passed over
  *     MAX_PREFILL_PASSED_OVER steps goes first, so none starves;
@@ -50,8 +45,12 @@
  * same time in all (spread over many stretched steps: more, as small
  * chunks cost more a token) and delays its first token by as many steps;
  * all a chunk buys is a shorter longest gap, and max_stall_ms says how
- * long a gap the streams may see. The costs are estimates (EMAs), so the
- * bounds hold as well as they do.
+ * long a stall the streams may see. Why no pay-back of the stall by later
+ * steps: in an agent loop prefill is most of the work (PERFORMANCE.md: 90%
+ * of the 4-session workload's time on a 2-core CPU), so any rule that
+ * gives streams a fixed share over time queues the next turns behind
+ * them; every stream still moves each step. The costs are estimates
+ * (EMAs), so the bounds hold as well as they do.
  *
  * Invariant (relied on by admission and by the decode step): the sum of
  * blocks_reserved over running requests is <= the pool's blocks, and each
@@ -143,7 +142,6 @@ struct kt_engine {
     bool t_token_measured_beside; /* t_token_ms comes from chunks beside decoding (update_costs) */
     double t_whole_token_ms; /* ... in steps of >= WHOLE_COST_MIN_TOKENS prefill tokens (EMA; 0: unknown) */
     bool costs_fixed;   /* kt_engine_fix_costs: the costs are not measured */
-    double stall_debt_ms; /* how far the streams are behind the stretch's pace (build_batch) */
     bool step_has_whole; /* this step's prefill went past the chunk budget (a whole prompt) */
     bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
 };
@@ -157,7 +155,7 @@ static uint64_t now_ns(void) {
 kt_engine_params kt_engine_defaults(void) {
     kt_engine_params p = {
         .n_ctx = 0, .n_parallel = 16, .kv_bytes = 0, .batch_tokens = 256, .n_threads = 0,
-        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f, .max_stall_ms = 1000.0f,
+        .queue_max = 64, .kv_type = KT_KV_F16, .max_itl_stretch = 1.8f, .max_stall_ms = 5000.0f,
         .prefix_cache = true,
     };
     return p;
@@ -1085,11 +1083,9 @@ static double decode_step_ms(const kt_engine *e, int n) {
 /* What a step's prefill may hold beside n_decode decode tokens (the
  * scheduling rule at the top of this file). */
 typedef struct prefill_budget {
-    int chunk_tokens;    /* in all, for prompts the step does not finish: the stretch, less what pays the
-                          * debt back */
-    int whole_tokens;    /* in all, where the step finishes prompts: the stretch and the stall left; may
-                          * exceed the batch (a whole remainder then takes whole steps until it is in) */
-    double allowance_ms; /* the stretch's A; 0: no debt is kept (no streams, no stretch, costs unknown) */
+    int chunk_tokens; /* in all, for prompts the step does not finish: the stretch */
+    int whole_tokens; /* in all, where the step finishes prompts: the stretch and the stall; may exceed
+                       * the batch (a whole remainder then takes whole steps until it is in) */
 } prefill_budget;
 
 /* A prefill token's cost in a step that carries a whole prompt: what
@@ -1107,7 +1103,7 @@ static int tokens_costing(double ms, double per_token_ms, int cap) {
 
 static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
     const int room = e->p.batch_tokens - n_decode;
-    prefill_budget b = {room, room, 0.0};
+    prefill_budget b = {room, room};
     if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) return b;
     /* a decode-only step first while this decode cost is unknown, then a
      * small chunk to learn the prefill cost */
@@ -1121,27 +1117,11 @@ static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
         b.whole_tokens = SHORT_PROMPT_TOKENS;
         return b;
     }
-    b.allowance_ms = (e->p.max_itl_stretch - 1.0) * t_decode;
-    const double repay_ms = e->stall_debt_ms < b.allowance_ms / 2 ? e->stall_debt_ms : b.allowance_ms / 2;
-    b.chunk_tokens = tokens_costing(b.allowance_ms - repay_ms, e->t_token_ms, room);
-    const double stall_left_ms = e->p.max_stall_ms > e->stall_debt_ms ? e->p.max_stall_ms - e->stall_debt_ms : 0.0;
-    b.whole_tokens = tokens_costing(b.allowance_ms + stall_left_ms, whole_token_ms(e), e->p.n_ctx);
+    const double allowance_ms = (e->p.max_itl_stretch - 1.0) * t_decode;
+    b.chunk_tokens = tokens_costing(allowance_ms, e->t_token_ms, room);
+    b.whole_tokens = tokens_costing(allowance_ms + e->p.max_stall_ms, whole_token_ms(e), e->p.n_ctx);
     if (b.whole_tokens < b.chunk_tokens) b.whole_tokens = b.chunk_tokens;
     return b;
-}
-
-/* After a step that held n_prefill prompt tokens: the streams' debt grows
- * by what the prefill cost beyond the stretch's allowance, and shrinks by
- * what it left of it. */
-static void note_prefill_cost(kt_engine *e, const prefill_budget *b, int n_decode, int n_prefill) {
-    e->step_has_whole = n_prefill > b->chunk_tokens;
-    const double spent_ms = n_prefill * (e->step_has_whole ? whole_token_ms(e) : e->t_token_ms);
-    if (n_decode == 0 || e->p.max_itl_stretch <= 1.0f) {
-        e->stall_debt_ms = 0.0; /* no stream is kept waiting */
-    } else if (b->allowance_ms > 0.0) {
-        const double debt_ms = e->stall_debt_ms + spent_ms - b->allowance_ms;
-        e->stall_debt_ms = debt_ms > 0.0 ? debt_ms : 0.0;
-    }
 }
 
 /* A prefill passed over this many steps goes before those with less
@@ -1367,7 +1347,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         }
         r->n_prefilled += chunk;
     }
-    note_prefill_cost(e, &budget, n_decode, n - n_decode);
+    e->step_has_whole = n - n_decode > budget.chunk_tokens;
     *n_prefill = n - n_decode;
     return n;
 }
@@ -1534,9 +1514,8 @@ static void engine_step(kt_engine *e) {
         consume_hidden(e, n);
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
         if (e->trace)
-            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f, streams' stall debt %.0f ms)\n",
-                    n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->t_whole_token_ms,
-                    e->stall_debt_ms);
+            fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f)\n",
+                    n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->t_whole_token_ms);
     }
     retire_finished(e);
     pthread_mutex_lock(&e->mu);

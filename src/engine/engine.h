@@ -55,10 +55,9 @@ typedef struct kt_engine_params {
      * estimated to cost at most this (ms, measured per-token cost) goes
      * in whole, stalling the streams by up to this much beyond the stretch
      * above, so its first token comes at once (an agent's next turn, most
-     * of it cached). The streams never fall more than this behind the
-     * stretch's pace: later steps pay the stall back. Default 1000; 0:
-     * prompts go in whole only where the stretch allows. Engine.c's top
-     * comment has the whole rule. */
+     * of it cached); the streams still get a token every step. Default
+     * 5000; 0: prompts go in whole only where the stretch allows.
+     * Engine.c's top comment has the whole rule. */
     float max_stall_ms;
     /* Reuse the KV of earlier requests' prompts and outputs (the prefix
      * cache, kv/prefix_cache.h): a request prefills only what no earlier
