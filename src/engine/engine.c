@@ -1124,8 +1124,8 @@ static prefill_budget plan_prefill(const kt_engine *e, int n_decode) {
     return b;
 }
 
-/* A prefill passed over this many steps goes before those with less
- * prompt left, from then on (see order_prefills). */
+/* A prefill passed over by later prompts this many steps goes before
+ * those with less prompt left, from then on (see order_prefills). */
 #define MAX_PREFILL_PASSED_OVER 8
 
 /* Whether q's prefill goes before r's (q admitted earlier): one passed
@@ -1316,6 +1316,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
     const prefill_budget budget = plan_prefill(e, n_decode);
     for (int a = 0; a < e->n_active; a++) share_prefix(e, a);
     const int n_order = order_prefills(e);
+    int youngest_served = -1; /* the latest admitted prompt given tokens so far this step */
     for (int o = 0; o < n_order && budget.whole_tokens > 0; o++) {
         kt_request *r = e->active[e->prefill_order[o]];
         const int left = r->n_prompt - r->n_prefilled, batch_room = e->p.batch_tokens - n;
@@ -1324,9 +1325,14 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         int room = r->prefill_whole ? batch_room : budget.chunk_tokens - in_step;
         if (room > batch_room) room = batch_room;
         if (room <= 0) {
-            r->prefill_passed_over++; /* the prompts before it took the step */
+            /* the prompts before it took the step; it counts as passed over
+             * only if one of them came after it (among prompts of its own
+             * age the least left going first is no starvation, and counting
+             * it made every long prompt "late" behind a single stream) */
+            if (youngest_served > e->prefill_order[o]) r->prefill_passed_over++;
             continue;
         }
+        if (e->prefill_order[o] > youngest_served) youngest_served = e->prefill_order[o];
         int chunk = left < room ? left : room;
         kv_seq *seq = r->choices[0].seq;
         if (kv_seq_append(seq, chunk, &err) != KT_OK) {
