@@ -77,9 +77,10 @@ static void usage(FILE *out) {
             "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
             "      --port N            port (default 8080; 0: any free port, printed)\n"
             "  -c, --ctx N             positions per sequence, prompt + output (default: the model's training\n"
-            "                          context, at most 4096)\n"
+            "                          context, at most 32768)\n"
             "      --parallel N        sequences decoding at once; each choice counts (default 16)\n"
-            "      --kv-mb N           KV cache budget in MiB (default: parallel x ctx positions)\n"
+            "      --kv-mb N           KV cache budget in MiB (default: parallel x min(ctx, 4096)\n"
+            "                          positions, at least one ctx; cut to the memory available)\n"
             "      --batch-tokens N    tokens per engine step, decode + prefill (default 256)\n"
             "      --queue N           requests waiting before 503 (default 64)\n"
             "      --itl-stretch X     beside decoding streams, size prefill so a step takes about\n"
@@ -534,9 +535,11 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
                 ap->spec == KT_SPEC_DRAFT ? "a draft model" : "prompt lookup and earlier requests' outputs",
                 ap->spec_k_max, ap->spec_fixed_k ? "all verified (--spec-fixed)" : "k adapting to acceptance and cost");
     if (st.kv_wanted_bytes)
-        fprintf(stderr, "kettle serve: %d x %d positions would take %.0f MiB of KV cache, more than the memory available "
-                "now: the pool holds %d positions (requests wait for room; --kv-mb, --ctx or --parallel set it)\n",
-                ap->n_parallel, ap->n_ctx, (double)st.kv_wanted_bytes / 1048576.0, st.kv_blocks_total * st.kv_block_tokens);
+        fprintf(stderr, "kettle serve: the default KV pool (%d x %d positions, at least one context) would take %.0f MiB, "
+                "more than the memory available now: it holds %d positions (requests wait for room; --kv-mb, --ctx or "
+                "--parallel set it)\n",
+                ap->n_parallel, ap->n_ctx < 4096 ? ap->n_ctx : 4096, (double)st.kv_wanted_bytes / 1048576.0,
+                st.kv_blocks_total * st.kv_block_tokens);
     if (ap->n_ctx > kt_model_describe(k->model)->n_ctx_train)
         fprintf(stderr, "kettle serve: warning: --ctx %d is beyond the %d positions the model was trained on; its output "
                 "past them may degrade\n", ap->n_ctx, kt_model_describe(k->model)->n_ctx_train);

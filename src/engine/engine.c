@@ -82,6 +82,8 @@
 #include "spec/table.h"
 
 #define KV_BLOCK_TOKENS 16
+#define DEFAULT_CTX_MAX 32768   /* the default context, at most (fill_params) */
+#define POOL_POSITIONS_PER_SEQ 4096 /* the default pool: this many positions a sequence (make_kv_pool) */
 #define SHORT_PROMPT_TOKENS 32 /* prompts this short go in whole while the prefill cost is unknown */
 
 const double kt_lat_bucket_ms[KT_LAT_N_BUCKETS - 1] = {1,   2.5,  5,    10,   25,   50,   100,
@@ -226,7 +228,10 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
 static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error *err) {
     kt_engine_params p = in ? *in : kt_engine_defaults();
     const llm_config *c = &e->llm->cfg;
-    if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train < 4096 ? c->n_ctx_train : 4096;
+    /* the training context up to DEFAULT_CTX_MAX: agent clients' first
+     * prompts alone are 6k-22k tokens (their system prompts and tools);
+     * the KV pool does not grow with it (make_kv_pool) */
+    if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train < DEFAULT_CTX_MAX ? c->n_ctx_train : DEFAULT_CTX_MAX;
     if (p.n_parallel <= 0) p.n_parallel = 16;
     if (p.batch_tokens <= 0) p.batch_tokens = 256;
     if (p.queue_max <= 0) p.queue_max = 64;
@@ -288,7 +293,12 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
     const size_t one_ctx = (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
-    const size_t ctx_blocks = (size_t)p->n_parallel * one_ctx;
+    /* n_parallel sequences of up to POOL_POSITIONS_PER_SEQ each, and at
+     * least one whole context: a long context then costs one context's
+     * memory, not n_parallel of them (a request reserves what it may use,
+     * so few long ones run at once and many short ones) */
+    const size_t seq_blocks = p->n_ctx < POOL_POSITIONS_PER_SEQ ? one_ctx : POOL_POSITIONS_PER_SEQ / KV_BLOCK_TOKENS;
+    const size_t ctx_blocks = (size_t)p->n_parallel * seq_blocks > one_ctx ? (size_t)p->n_parallel * seq_blocks : one_ctx;
     const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)kv_window_span(&kp, p->batch_tokens);
     const size_t limit = p->mem_limit ? p->mem_limit : kt_mem_budget(), mib = 1048576;
     if (p->kv_bytes && limit && p->kv_bytes > limit) {
@@ -303,7 +313,7 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
         if ((size_t)kp.n_blocks < one_ctx) {
             kt_error_set(err, KT_ERR_NOMEM, "one context of %d positions needs %.0f MiB of KV cache but %zu MiB of memory "
                          "are available now: lower --ctx (or use --kv-type q8_0)", p->n_ctx,
-                         (double)e->kv_wanted_bytes / (double)p->n_parallel / mib, limit / mib);
+                         (double)e->kv_wanted_bytes * (double)one_ctx / (double)ctx_blocks / mib, limit / mib);
             return NULL;
         }
     }

@@ -168,18 +168,19 @@ def test_defaults():
     banner = "".join(s.log)
     check(s.req("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 2}) == 200, "it answers", banner)
     s.stop()
-    check(", ctx 4096, parallel 16," in banner and "(64 MiB, 65536 positions)" in banner,
-          "serve: ctx 4096 of the 131072 trained, 16 x 4096 positions", banner)
+    check(", ctx 32768, parallel 16," in banner and "(64 MiB, 65536 positions)" in banner,
+          "serve: ctx 32768 of the 131072 trained, a pool of 16 x 4096 positions", banner)
     check("beyond" not in banner and "would take" not in banner, "no warning for the defaults", banner)
-    # the machine 'has' 200 MiB: 8 x 131072 positions (1 GiB) cannot be; the pool is cut to fit
+    # the machine 'has' 200 MiB: 64 x 4096 positions (256 MiB) cannot be; the pool is cut to fit
     env = dict(os.environ, KETTLE_MEM_MB="200")
-    s = Server(["-c", "131072", "--parallel", "8"], model=model, env=env)
+    s = Server(["-c", "8192", "--parallel", "64", "--batch-tokens", "256"], model=model, env=env)
     banner = "".join(s.log)
     check(s.req("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 2}) == 200, "the cut pool answers", banner)
     s.stop()
     m = re.search(r"KV cache (\d+) blocks of 16 positions \((\d+) MiB", banner)
     check(m and int(m.group(2)) <= 200, "the pool fits the 200 MiB", banner)
-    check("8 x 131072 positions would take 1024 MiB of KV cache, more than the memory available now" in banner
+    check("the default KV pool (64 x 4096 positions, at least one context) would take 256 MiB, more than the "
+          "memory available now" in banner
           and "--kv-mb, --ctx or --parallel" in banner, "the banner says what was cut and which flags set it", banner)
     r = run(["serve", "-m", model, "--port", "0", "--kv-mb", "500"], env=env)
     check(r.returncode != 0 and "--kv-mb 500 is more than the 200 MiB" in r.stderr and "lower --kv-mb" in r.stderr,
