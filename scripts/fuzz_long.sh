@@ -1,5 +1,5 @@
 #!/bin/sh
-# The long fuzzing runs of docs/PERFORMANCE.md ("Fuzzing, long runs"): each
+# The long fuzzing runs of docs/PERFORMANCE.md ("Fuzzing"): each
 # target named (default: all) for SECONDS (default 600) at the lowest CPU
 # priority, one at a time, from its committed seeds and regressions, into a
 # scratch corpus under BUILD/fuzz-long/NAME (the committed corpus is never

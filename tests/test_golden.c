@@ -483,7 +483,7 @@ static void test_arch_gemma(void **state) {
  * disagrees with itself by as much: its repacked and plain kernels on the
  * same files are 0.033 (Q3_K) and 0.039 (IQ4_XS) apart, and kettle's
  * Q4_K / Q6_K, which these files also hold, are 0.039 / 0.032 from it
- * (docs/PERFORMANCE.md, "Low-bit types"). A wrong decoding moves logits by
+ * (docs/PERFORMANCE.md, "Agreement with llama.cpp"). A wrong decoding moves logits by
  * whole units.
  * test-tiny's ffn_down rows (704) are not a multiple of 256: they are
  * the fallback types (Q4_0, IQ4_NL), so each file mixes several types. */

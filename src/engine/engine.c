@@ -1460,7 +1460,7 @@ static void retire_finished(kt_engine *e) {
 
 /* A prefill token's cost depends on the step's size: beside one or two
  * decode tokens a one-token chunk cost 22 ms, a token of a 256-token step
- * 9 ms (PERFORMANCE.md's scheduling section, a 2-core AVX2 machine). So
+ * 9 ms (PERFORMANCE.md's agent workload section, a 2-core AVX2 machine). So
  * two estimates: chunks beside decoding size chunks (t_token_ms), large
  * steps (alone or a whole prompt beside decoding) cost whole prompts
  * (t_whole_token_ms); one learned from the other's steps would size chunks

@@ -33,7 +33,7 @@
 //               reply, so the client would go on forever: it is killed
 //               once that answer is through.
 // Beyond the model file, template and port, the servers differ from
-// kettle's defaults only in that class (its ctx, grammar, logit_bias and
+// kettle's defaults only in that class (its grammar, logit_bias and
 // a max_tokens that Codex alone leaves to it) and --cache-dir, which the
 // two servers of a test share (the second finds the first's prefill).
 // Under tool_choice "auto" kettle's grammar is "the class's grammar, or a
@@ -65,10 +65,11 @@ const VOCAB = path.join(SHARED, 'vocab', 'ggml-vocab-qwen2.gguf');
 // prefilled on two loaded cores) takes 20 to 60 s.
 const CLIENT_TIMEOUT_MS = 120_000;
 const SERVER_START_MS = 30_000;
-// Positions per sequence: the clients' first prompts are 6k (Codex) to 19k
-// (Claude Code) tokens, past kettle's default context (the model's
-// training context, at most 4096).
-const CTX = 32768;
+// The model's training context, Qwen 3's: the clients' first prompts are
+// 6k (Codex) to 19k (Claude Code) tokens, and the servers run on kettle's
+// default context (the training context, at most 32768), no --ctx.
+const CTX_TRAIN = 40960;
+const CTX = 32768; // what the clients are told the context is
 // The clients' output cap, where they have one (below): room for the tool
 // turn's forced reply (about 60 tokens) and no more.
 const OUTPUT_CAP = 128;
@@ -421,7 +422,7 @@ function tail(text, n = 1500) {
 function writeConfig(file, model, grammar, biasToken) {
   fs.writeFileSync(file, JSON.stringify({
     models: [{
-      name: 'kettle', path: model, ctx: CTX, 'chat-template': TEMPLATE,
+      name: 'kettle', path: model, 'chat-template': TEMPLATE,
       grammar, logit_bias: { [biasToken]: 100 }, max_tokens: SERVER_MAX_TOKENS,
     }],
   }, null, 2));
@@ -475,7 +476,7 @@ async function main() {
   });
 
   const model = path.join(root, 'model.gguf');
-  execFileSync(BIN, ['gen-model', '--shape', 'test-tiny', '--type', 'Q8_0', '--vocab', VOCAB, '-o', model], { stdio: 'ignore' });
+  execFileSync(BIN, ['gen-model', '--shape', 'test-tiny', '--type', 'Q8_0', '--ctx-train', String(CTX_TRAIN), '--vocab', VOCAB, '-o', model], { stdio: 'ignore' });
   const tokenId = (text) => {
     const ids = JSON.parse(execFileSync(BIN, ['tokenize', '-m', model, '--ids', '--no-bos', text], { encoding: 'utf8' }));
     if (ids.length !== 1) throw new Error(`'${text}' is ${ids.length} tokens in this vocabulary; the bias needs one`);
