@@ -73,6 +73,17 @@ int tu_run(const char *cmd, char **out, char **err_out) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+void tu_expect_run(const char *cmd, int want_rc, const char *msg1, const char *msg2) {
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    const char *e = err ? err : "";
+    if (rc != want_rc || !strstr(e, msg1) || (msg2 && !strstr(e, msg2))) fprintf(stderr, "%s\n-> %d\n%s\n", cmd, rc, e);
+    assert_int_equal(rc, want_rc);
+    assert_non_null(strstr(e, msg1));
+    if (msg2) assert_non_null(strstr(e, msg2));
+    free(out), free(err);
+}
+
 void tu_fill_normal(float *x, size_t n, float std, uint64_t seed) {
     kt_rng r;
     kt_rng_seed(&r, seed);

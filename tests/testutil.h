@@ -36,6 +36,11 @@ int tu_write_file(const char *path, const void *data, size_t size);
  * not NULL). Returns the exit status (or -1). Caller frees the strings. */
 int tu_run(const char *cmd, char **out, char **err_out);
 
+/* Runs cmd (tu_run) and checks that it exits want_rc with msg1, and msg2
+ * unless NULL, on stderr; prints the command and its stderr first when
+ * not, so a failure shows what the program said. */
+void tu_expect_run(const char *cmd, int want_rc, const char *msg1, const char *msg2);
+
 /* x[i] = std * normal, from a seeded generator: the same numbers on every
  * run. */
 void tu_fill_normal(float *x, size_t n, float std, uint64_t seed);
