@@ -7,15 +7,27 @@
 #include "ops/quant.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+const char *tu_shared_dir(void) {
+    static bool present; /* checked until found once; the folder does not go away mid-run */
+    /* access(), not stat(): test_fault makes stat fail on purpose */
+    if (!present && access(KT_SHARED_DIR "/models", R_OK | X_OK) != 0)
+        fail_msg("the shared test data is not at %s (KETTLE_TESTDATA, default ../shared beside the "
+                 "repository): point KETTLE_TESTDATA at the folder holding models/, vocab/ and golden/ "
+                 "and configure again (cmake -S . -B build -DKETTLE_TESTDATA=DIR)", KT_SHARED_DIR);
+    present = true;
+    return KT_SHARED_DIR;
+}
+
 const char *tu_shared(const char *rel) {
     static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/%s", KT_SHARED_DIR, rel);
+    snprintf(buf, sizeof buf, "%s/%s", tu_shared_dir(), rel);
     return buf;
 }
 

@@ -1,5 +1,6 @@
 /*
- * testutil.h - helpers shared by the tests: paths to ../shared and to the
+ * testutil.h - helpers shared by the tests: paths to the shared test data
+ * (KETTLE_TESTDATA, default ../shared) and to the
  * kettle binary, reading whole files, running a command and capturing its
  * output.
  */
@@ -24,7 +25,13 @@
 #define TU_SANITIZED 0
 #endif
 
-/* "<shared>/<rel>" in a static buffer (overwritten by the next call). */
+/* The shared test data folder (CMake's KETTLE_TESTDATA, default ../shared
+ * beside the repository). When it is missing, fails the running test with
+ * a message naming KETTLE_TESTDATA and how to set it, so a test reports the
+ * cause once instead of a "no such file" for each file it opens. */
+const char *tu_shared_dir(void);
+/* "<shared>/<rel>" in a static buffer (overwritten by the next call);
+ * checks the folder as tu_shared_dir does. */
 const char *tu_shared(const char *rel);
 /* "<build>/tmp/<name>" in a static buffer (overwritten by the next call). */
 const char *tu_tmp(const char *name);
