@@ -14,20 +14,17 @@
  * stalls past --timeout, bad options) give a message naming the session
  * and turn and exit status 1 (2 for usage). No speed is asserted.
  */
-#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/bench_agent.h"
+#include "fake_server.h"
 #include "testutil.h"
 
 static const ba_sizing FIXED_SIZING = {1.0, 0.3, false};
@@ -583,20 +580,15 @@ static void test_end_to_end_replay(void **state) {
 /* ---- failures ---- */
 
 static void expect_failure(const char *args, int want_rc, const char *msg1, const char *msg2) {
-    char cmd[8192], *out = NULL, *err = NULL;
+    char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s bench agent %s", KT_BIN, args);
-    int rc = tu_run(cmd, &out, &err);
-    if (rc != want_rc || !strstr(err, msg1) || (msg2 && !strstr(err, msg2)))
-        fprintf(stderr, "%s\n-> %d\n%s\n", cmd, rc, err);
-    assert_int_equal(rc, want_rc);
-    assert_non_null(strstr(err, msg1));
-    if (msg2) assert_non_null(strstr(err, msg2));
-    free(out), free(err);
+    tu_expect_run(cmd, want_rc, msg1, msg2);
 }
 
-/* A fake server: /tokenize is 404, the warm-up ("Hello.") gets a good
- * stream, a turn gets what `mode` says. Runs in a child until killed. */
-static void fake_reply(int c, const char *req, const char *mode) {
+/* A fake server's answer (fake_server.h): /tokenize is 404, the warm-up
+ * ("Hello.") gets a good stream, a turn gets what the mode (arg) says. */
+static void fake_reply(int c, const char *req, void *arg) {
+    const char *mode = arg;
     static const char HEAD[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
     static const char CHUNK[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n";
     if (strstr(req, "/tokenize")) {
@@ -611,49 +603,14 @@ static void fake_reply(int c, const char *req, const char *mode) {
     else if (!strcmp(mode, "stall")) sleep(30);
 }
 
-static void fake_serve(int ls, const char *mode) {
-    for (;;) {
-        int c = accept(ls, NULL, NULL);
-        if (c < 0) _exit(0);
-        char req[65536];
-        size_t n = 0;
-        ssize_t k;
-        /* the whole request: headers, then Content-Length bytes of body */
-        while (n < sizeof req - 1 && (k = read(c, req + n, sizeof req - 1 - n)) > 0) {
-            n += (size_t)k, req[n] = 0;
-            char *end = strstr(req, "\r\n\r\n"), *cl = strcasestr(req, "content-length:");
-            if (end && (!cl || (size_t)(end + 4 - req) + strtoul(cl + 15, NULL, 10) <= n)) break;
-        }
-        req[n] = 0;
-        fake_reply(c, req, mode);
-        close(c);
-    }
-}
-
-static pid_t fake_start(const char *mode, int *port) {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_true(ls >= 0 && !bind(ls, (struct sockaddr *)&a, sizeof a) && !listen(ls, 16));
-    assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &len), 0);
-    *port = ntohs(a.sin_port);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) fake_serve(ls, mode);
-    close(ls);
-    return pid;
-}
-
 static void expect_fake_failure(const char *mode, const char *extra, const char *msg) {
     int port;
-    pid_t pid = fake_start(mode, &port);
+    pid_t pid = tu_fake_server_start(fake_reply, (void *)mode, false, &port);
     char args[512];
     snprintf(args, sizeof args, "--url http://127.0.0.1:%d --sessions 2 --turns 2 --system-tokens 50 "
              "--doc-tokens 50 --tool-tokens 10 --gen-tokens 4 %s", port, extra);
     expect_failure(args, 1, ", turn 1/2: ", msg); /* "URL, round 1, session N, turn 1/2: MSG" */
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    tu_fake_server_stop(pid);
 }
 
 static void test_failures(void **state) {

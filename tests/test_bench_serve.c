@@ -204,15 +204,9 @@ static void test_md_and_csv(void **state) {
 }
 
 static void expect_failure(const char *args, int want_rc, const char *msg1, const char *msg2) {
-    char cmd[8192], *out = NULL, *err = NULL;
+    char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s bench serve %s", KT_BIN, args);
-    int rc = tu_run(cmd, &out, &err);
-    if (rc != want_rc || !strstr(err, msg1) || (msg2 && !strstr(err, msg2)))
-        fprintf(stderr, "%s\n-> %d\n%s\n", cmd, rc, err);
-    assert_int_equal(rc, want_rc);
-    assert_non_null(strstr(err, msg1));
-    if (msg2) assert_non_null(strstr(err, msg2));
-    free(out), free(err);
+    tu_expect_run(cmd, want_rc, msg1, msg2);
 }
 
 static void test_failures(void **state) {

@@ -12,22 +12,18 @@
  * against `kettle serve` on stories260K must pass (timing-bound: under
  * the sanitizers it would be mostly queueing).
  */
-#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/bench_soak.h"
+#include "fake_server.h"
 #include "testutil.h"
 
 /* ---- the mix ---- */
@@ -435,12 +431,19 @@ static void expect(const char *args, int want_rc, const char *msg1, const char *
     free(out), free(err);
 }
 
-/* A fake server: /metrics with KV figures (in "leak" mode, blocks in use
- * once any generation came), /health idle, the warm-up answered; every
- * other generation gets what `mode` says: "500", "stall" (nothing for
- * 30 s), or "leak" (a 503, which is no failure). A process per
- * connection, closed after its answer; *n_gen is shared memory. */
-static void fake_reply(int c, const char *req, const char *mode, int *n_gen) {
+/* A fake server's answers (fake_server.h, a process per connection):
+ * /metrics with KV figures (in "leak" mode, blocks in use once any
+ * generation came), /health idle, the warm-up answered; every other
+ * generation gets what the mode says: "500", "stall" (nothing for 30 s),
+ * or "leak" (a 503, which is no failure). n_gen is shared memory. */
+typedef struct fake_state {
+    const char *mode;
+    int *n_gen;
+} fake_state;
+
+static void fake_reply(int c, const char *req, void *arg) {
+    const char *mode = ((fake_state *)arg)->mode;
+    int *n_gen = ((fake_state *)arg)->n_gen;
     char head[256], body[256];
     int status = 200;
     const char *type = "application/json";
@@ -464,59 +467,17 @@ static void fake_reply(int c, const char *req, const char *mode, int *n_gen) {
     (void)!write(c, body, strlen(body));
 }
 
-static void fake_connection(int c, const char *mode, int *n_gen) {
-    char req[65536];
-    size_t n = 0;
-    ssize_t k;
-    while (n < sizeof req - 1 && (k = read(c, req + n, sizeof req - 1 - n)) > 0) {
-        n += (size_t)k, req[n] = 0;
-        char *end = strstr(req, "\r\n\r\n"), *cl = strcasestr(req, "content-length:");
-        if (end && (!cl || (size_t)(end + 4 - req) + strtoul(cl + 15, NULL, 10) <= n)) break;
-    }
-    req[n] = 0;
-    fake_reply(c, req, mode, n_gen);
-}
-
-static void fake_serve(int ls, const char *mode) {
-    int *n_gen = mmap(NULL, sizeof *n_gen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (n_gen == MAP_FAILED) _exit(1);
-    signal(SIGCHLD, SIG_IGN); /* no zombies */
-    for (;;) {
-        int c = accept(ls, NULL, NULL);
-        if (c < 0) _exit(0);
-        pid_t pid = fork();
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL); /* a stalled one goes with the server */
-            fake_connection(c, mode, n_gen);
-            _exit(0);
-        }
-        close(c);
-    }
-}
-
-static pid_t fake_start(const char *mode, int *port) {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_true(ls >= 0 && !bind(ls, (struct sockaddr *)&a, sizeof a) && !listen(ls, 64));
-    assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &len), 0);
-    *port = ntohs(a.sin_port);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) fake_serve(ls, mode);
-    close(ls);
-    return pid;
-}
-
 static void expect_fake(const char *mode, const char *extra, const char *msg1, const char *msg2) {
+    int *n_gen = mmap(NULL, sizeof *n_gen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(n_gen != MAP_FAILED);
+    fake_state f = {mode, n_gen};
     int port;
-    pid_t pid = fake_start(mode, &port);
+    pid_t pid = tu_fake_server_start(fake_reply, &f, true, &port);
     char args[512];
     snprintf(args, sizeof args, "--url http://127.0.0.1:%d --clients 2 --duration 1 --rss-every 1 %s", port, extra);
     expect(args, 1, msg1, msg2);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    tu_fake_server_stop(pid);
+    munmap(n_gen, sizeof *n_gen);
 }
 
 static void test_failures(void **state) {

@@ -17,10 +17,8 @@
  * client got equals what the upstream sent, and what the upstream got
  * equals what the client sent.
  */
-#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,6 +29,7 @@
 #include <unistd.h>
 
 #include "base/timing.h"
+#include "fake_server.h"
 #include "server/fallback.h"
 #include "server_util.h"
 #include "testutil.h"
@@ -170,18 +169,6 @@ static void *stub_run(void *arg) {
     return NULL;
 }
 
-/* A loopback socket bound to a free port; listening or not. */
-static int bound_socket(int *port, bool listening) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_true(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a));
-    assert_true(!getsockname(fd, (struct sockaddr *)&a, &len));
-    if (listening) assert_true(!listen(fd, 16));
-    *port = ntohs(a.sin_port);
-    return fd;
-}
-
 static void stub_mode_set(stub_mode m) {
     __atomic_store_n(&STUB.mode, (int)m, __ATOMIC_RELEASE);
 }
@@ -258,10 +245,10 @@ static char *LONG_PROMPT; /* more tokens than A's context of 512 */
 static int group_setup(void **state) {
     (void)state;
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    STUB.fd = bound_socket(&STUB.port, true);
+    STUB.fd = tu_loopback_socket(16, &STUB.port);
     if (pthread_create(&STUB.thread, NULL, stub_run, NULL)) return -1;
     int dead_port;
-    close(bound_socket(&dead_port, false)); /* free now, and nobody listens */
+    close(tu_loopback_socket(0, &dead_port)); /* free now, and nobody listens */
     LONG_PROMPT = calloc(1, 17 * 200 + 1);
     for (int i = 0; i < 200; i++) strcat(LONG_PROMPT, "Once upon a time ");
     setenv("FB_TEST_KEY", KEY, 1);

@@ -203,7 +203,7 @@ static void check_golden_file(const char *json_path, int n_threads, kt_load_mode
     json_t *g = json_load_file(json_path, 0, &jerr);
     assert_non_null(g);
     char model_path[4096];
-    snprintf(model_path, sizeof model_path, "%s/models/%s", KT_SHARED_DIR,
+    snprintf(model_path, sizeof model_path, "%s/models/%s", tu_shared_dir(),
              json_string_value(json_object_get(g, "model")));
     json_decref(g);
     check_golden(json_path, model_path, tolerance_for(model_path), n_threads, mode);
@@ -218,8 +218,8 @@ static void check_arch(const char *name) {
     static const struct { const char *type; double tol; } runs[] = {{"F16", 6e-3}, {"Q8_0", 0.1}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         char json_path[4096], model_path[4096];
-        snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-%s.json", KT_SHARED_DIR, name, runs[i].type);
-        snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-%s.gguf", KT_SHARED_DIR, name, runs[i].type);
+        snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-%s.json", tu_shared_dir(), name, runs[i].type);
+        snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-%s.gguf", tu_shared_dir(), name, runs[i].type);
         check_golden(json_path, model_path, runs[i].tol, 2, i ? KT_LOAD_REPACK : KT_LOAD_MMAP);
     }
 }
@@ -230,7 +230,7 @@ static void check_arch(const char *name) {
 static const char *rewritten(const char *name, const char *key, char type, const char *value, const char *drop) {
     kt_error e = {0};
     char src_path[4096];
-    snprintf(src_path, sizeof src_path, "%s/golden/arch/%s", KT_SHARED_DIR, name);
+    snprintf(src_path, sizeof src_path, "%s/golden/arch/%s", tu_shared_dir(), name);
     gguf_file *src = gguf_open(src_path, &e);
     assert_non_null(src);
     const char *path = tu_tmp("rope-refused.gguf");
@@ -283,7 +283,7 @@ static uint64_t file_xxh3(const char *path, size_t *size) {
 static void write_longrope(const char *path, int orig_ctx, bool with_short) {
     kt_error e = {0};
     char src_path[4096];
-    snprintf(src_path, sizeof src_path, "%s/golden/arch/phi3-F16.gguf", KT_SHARED_DIR);
+    snprintf(src_path, sizeof src_path, "%s/golden/arch/phi3-F16.gguf", tu_shared_dir());
     gguf_file *src = gguf_open(src_path, &e);
     assert_non_null(src);
     gguf_writer *w = gguf_writer_new(&e);
@@ -391,7 +391,7 @@ static void test_arch_rope_scaling(void **state) {
  * one batch (each expert a GEMM over its tokens), mapped and repacked. */
 static void check_moe_one_by_one(const char *file, kt_load_mode mode) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/golden/arch/%s", KT_SHARED_DIR, file);
+    snprintf(path, sizeof path, "%s/golden/arch/%s", tu_shared_dir(), file);
     kt_error err = {0};
     kt_model *m = kt_model_load_ex(path, mode, &err);
     assert_non_null(m);
@@ -417,8 +417,8 @@ static void test_arch_moe(void **state) {
     (void)state;
     check_arch("mixtral");
     char json_path[4096], model_path[4096];
-    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-F16.json", KT_SHARED_DIR);
-    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-F16.gguf", KT_SHARED_DIR);
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-F16.json", tu_shared_dir());
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-F16.gguf", tu_shared_dir());
     check_golden(json_path, model_path, 6e-3, 2, KT_LOAD_MMAP);
     /* Q8_0 as the README says for MoE goldens: activations rounded
      * otherwise than llama.cpp's route a few near-tied positions to
@@ -428,8 +428,8 @@ static void test_arch_moe(void **state) {
      * move by more than 0.5; the README's own near-tie positions are
      * skipped. */
     static const int near_ties[] = {46, 133, 150, 160, 211};
-    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-Q8_0.json", KT_SHARED_DIR);
-    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-Q8_0.gguf", KT_SHARED_DIR);
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen3moe-Q8_0.json", tu_shared_dir());
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen3moe-Q8_0.gguf", tu_shared_dir());
     check_golden_except(json_path, model_path, 0.15, 0.5, 2, KT_LOAD_REPACK, near_ties, 5);
     check_moe_one_by_one("qwen3moe-F16.gguf", KT_LOAD_MMAP);
     check_moe_one_by_one("qwen3moe-Q8_0.gguf", KT_LOAD_REPACK);
@@ -462,8 +462,8 @@ static void test_arch_gemma(void **state) {
     for (int i = 0; i < 2; i++) {
         check_arch(names[i]);
         char json_path[4096], model_path[4096];
-        snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F32-ref64.json", KT_SHARED_DIR, names[i]);
-        snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", KT_SHARED_DIR, names[i]);
+        snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F32-ref64.json", tu_shared_dir(), names[i]);
+        snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", tu_shared_dir(), names[i]);
         check_golden(json_path, model_path, 1e-4, 2, KT_LOAD_MMAP);
     }
 }
@@ -500,7 +500,7 @@ static void test_lowbit_types(void **state) {
         {"tiny-IQ4_XS", "%s %s IQ4_XS", 0xd6b62e0a33b635eaULL},
     };
     char src[4096], out[4096], args[8192 + 64], cmd[12288], json[4096];
-    snprintf(src, sizeof src, "%s/models/test-tiny-F16.gguf", KT_SHARED_DIR);
+    snprintf(src, sizeof src, "%s/models/test-tiny-F16.gguf", tu_shared_dir());
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(out, sizeof out, "%s", tu_tmp("lowbit.gguf"));
         snprintf(args, sizeof args, cases[i].args, src, out);

@@ -27,6 +27,7 @@
 
 #include "base/timing.h"
 #include "kettle.h"
+#include "server/http.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/sampled.h"
@@ -899,6 +900,28 @@ static void test_bad_options(void **state) {
     }
 }
 
+/* `kettle serve --help` names every route the server answers: it lists
+ * them from the server's own table (srv_route_at), and this keeps it so. */
+static void test_help_lists_routes(void **state) {
+    (void)state;
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s serve --help", KT_BIN);
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    const char *list = strstr(out, "Endpoints:"), *path, *method;
+    assert_non_null(list);
+    size_t n = 0;
+    for (; srv_route_at(n, &path, &method); n++) {
+        bool found = false; /* whole: /v1/messages is not /v1/messages/count_tokens */
+        for (const char *p = strstr(list, path); p && !found; p = strstr(p + 1, path))
+            found = p[strlen(path)] && strchr(",\n ", p[strlen(path)]);
+        if (!found) fail_msg("kettle serve --help does not list %s %s:\n%s", method, path, list);
+    }
+    assert_int_equal(n, 13);
+    static const char *const NAMED[] = {"/v1/responses", "/v1/messages", "/v1/embeddings"}; /* once left out */
+    for (size_t i = 0; i < sizeof NAMED / sizeof NAMED[0]; i++) assert_non_null(strstr(list, NAMED[i]));
+    free(out);
+}
+
 /* A template that closes every turn with </s> (stories260K's EOS), as
  * chat templates close turns with an end-of-turn token. */
 static const char *eos_template(void) {
@@ -1419,6 +1442,7 @@ int main(void) {
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_many_open_streams),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_help_lists_routes),
         cmocka_unit_test(test_shutdown_mid_stream),
         cmocka_unit_test(test_drain_on_sigterm),
         cmocka_unit_test(test_reply_ids_reused),

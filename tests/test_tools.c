@@ -11,6 +11,7 @@
  * must fail with the documented exit code and a message that says what is
  * wrong.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -396,6 +397,47 @@ static void test_quantize_errors(void **state) {
     expect_fail(args, 1, "/nonexistent/dir/out.gguf");
     assert_false(exists(outp));
     free(q4), free(f16), free(outp);
+}
+
+/* Whether `word` stands in text as a whole word: not inside a longer name
+ * (Q4_K in Q4_K_M, Q3_K in Q3_K_S). */
+static bool has_word(const char *text, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = strstr(text, word); p; p = strstr(p + 1, word)) {
+        char before = p == text ? ' ' : p[-1], after = p[n];
+        if (!isalnum((unsigned char)before) && before != '_' && !isalnum((unsigned char)after) && after != '_')
+            return true;
+    }
+    return false;
+}
+
+/* Every TYPE that quantize's error lists is accepted (a run on a missing
+ * file fails on the file, not the type) and listed by `kettle --help`. */
+static void test_quantize_types_listed(void **state) {
+    (void)state;
+    char *err = NULL, *help = NULL, args[512];
+    assert_int_equal(kettle("quantize in.gguf out.gguf banana", NULL, &err), 2);
+    const char *p = err ? strstr(err, "expected one of ") : NULL;
+    if (!p) fail_msg("no type list in: %s", err ? err : "(none)");
+    assert_int_equal(kettle("--help", &help, NULL), 0);
+    int n = 0;
+    for (p += strlen("expected one of "); *p && *p != ')';) {
+        size_t len = strspn(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_");
+        if (!len) { p++; continue; }
+        char type[32];
+        snprintf(type, sizeof type, "%.*s", (int)len, p);
+        p += len;
+        if (!isupper((unsigned char)type[0])) continue; /* "or a mix" */
+        n++;
+        if (!has_word(help, type)) fail_msg("kettle --help does not list quantize's type %s:\n%s", type, help);
+        snprintf(args, sizeof args, "quantize /nonexistent/in.gguf %s %s", tu_tmp("never.gguf"), type);
+        char *e2 = NULL;
+        int rc = kettle(args, NULL, &e2);
+        if (rc != 1 || !e2 || strstr(e2, "unknown type")) fail_msg("%s: exit %d, %s", type, rc, e2 ? e2 : "");
+        free(e2);
+    }
+    assert_int_equal(n, 19); /* 11 plain types and 8 of llama.cpp's mixes */
+    free(err), free(help);
 }
 
 /* All-position logits of `tokens` through model `path`, loaded `mode`;
@@ -870,6 +912,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_legacy_types),
         cmocka_unit_test(test_quantize_other_types),
         cmocka_unit_test(test_quantize_errors),
+        cmocka_unit_test(test_quantize_types_listed),
         cmocka_unit_test(test_gen_model_deterministic),
         cmocka_unit_test(test_gen_model_values),
         cmocka_unit_test(test_gen_model_moe),

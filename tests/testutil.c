@@ -7,15 +7,27 @@
 #include "ops/quant.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+const char *tu_shared_dir(void) {
+    static bool present; /* checked until found once; the folder does not go away mid-run */
+    /* access(), not stat(): test_fault makes stat fail on purpose */
+    if (!present && access(KT_SHARED_DIR "/models", R_OK | X_OK) != 0)
+        fail_msg("the shared test data is not at %s (KETTLE_TESTDATA, default ../shared beside the "
+                 "repository): point KETTLE_TESTDATA at the folder holding models/, vocab/ and golden/ "
+                 "and configure again (cmake -S . -B build -DKETTLE_TESTDATA=DIR)", KT_SHARED_DIR);
+    present = true;
+    return KT_SHARED_DIR;
+}
+
 const char *tu_shared(const char *rel) {
     static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/%s", KT_SHARED_DIR, rel);
+    snprintf(buf, sizeof buf, "%s/%s", tu_shared_dir(), rel);
     return buf;
 }
 
@@ -71,6 +83,17 @@ int tu_run(const char *cmd, char **out, char **err_out) {
     if (err_out) *err_out = tu_read_file(errpath, NULL);
     unlink(errpath);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void tu_expect_run(const char *cmd, int want_rc, const char *msg1, const char *msg2) {
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    const char *e = err ? err : "";
+    if (rc != want_rc || !strstr(e, msg1) || (msg2 && !strstr(e, msg2))) fprintf(stderr, "%s\n-> %d\n%s\n", cmd, rc, e);
+    assert_int_equal(rc, want_rc);
+    assert_non_null(strstr(e, msg1));
+    if (msg2) assert_non_null(strstr(e, msg2));
+    free(out), free(err);
 }
 
 void tu_fill_normal(float *x, size_t n, float std, uint64_t seed) {

@@ -1,5 +1,6 @@
 /*
- * testutil.h - helpers shared by the tests: paths to ../shared and to the
+ * testutil.h - helpers shared by the tests: paths to the shared test data
+ * (KETTLE_TESTDATA, default ../shared) and to the
  * kettle binary, reading whole files, running a command and capturing its
  * output.
  */
@@ -24,7 +25,13 @@
 #define TU_SANITIZED 0
 #endif
 
-/* "<shared>/<rel>" in a static buffer (overwritten by the next call). */
+/* The shared test data folder (CMake's KETTLE_TESTDATA, default ../shared
+ * beside the repository). When it is missing, fails the running test with
+ * a message naming KETTLE_TESTDATA and how to set it, so a test reports the
+ * cause once instead of a "no such file" for each file it opens. */
+const char *tu_shared_dir(void);
+/* "<shared>/<rel>" in a static buffer (overwritten by the next call);
+ * checks the folder as tu_shared_dir does. */
 const char *tu_shared(const char *rel);
 /* "<build>/tmp/<name>" in a static buffer (overwritten by the next call). */
 const char *tu_tmp(const char *name);
@@ -35,6 +42,11 @@ int tu_write_file(const char *path, const void *data, size_t size);
 /* Runs `sh -c cmd`, capturing stdout (and stderr separately if err_out is
  * not NULL). Returns the exit status (or -1). Caller frees the strings. */
 int tu_run(const char *cmd, char **out, char **err_out);
+
+/* Runs cmd (tu_run) and checks that it exits want_rc with msg1, and msg2
+ * unless NULL, on stderr; prints the command and its stderr first when
+ * not, so a failure shows what the program said. */
+void tu_expect_run(const char *cmd, int want_rc, const char *msg1, const char *msg2);
 
 /* x[i] = std * normal, from a seeded generator: the same numbers on every
  * run. */

@@ -26,7 +26,7 @@ the figures; exit 0 when every check passes, 1 otherwise, 77 when haproxy
 is not installed.
 
   python3 bench/scaleout/run.py --kettle build/kettle \
-      --model ../shared/models/stories260K.gguf
+      --model models/stories260K.gguf
 """
 import argparse
 import http.client

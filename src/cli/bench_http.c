@@ -130,6 +130,41 @@ void bh_child_stop(bh_child *c) {
     c->pid = -1, c->log_fd = -1;
 }
 
+bool bh_server_start(bh_child *c, const char *cmd, const bh_serve_spec *spec) {
+    const char *argv[BH_MAX_SRV_ARGS + 16];
+    int n = 0;
+    argv[n++] = "kettle", argv[n++] = "serve", argv[n++] = "-m", argv[n++] = spec->model;
+    argv[n++] = "--port", argv[n++] = "0";
+    for (int i = 0; i < spec->n_args && i < BH_MAX_SRV_ARGS; i++) argv[n++] = spec->args[i];
+    if (spec->api_key) argv[n++] = "--api-key", argv[n++] = spec->api_key;
+    if (spec->chat && !bh_has_server_opt(spec->args, spec->n_args, "--chat-template") &&
+        !bh_model_has_template(spec->model)) {
+        fprintf(stderr, "kettle %s: %s has no chat template: the server uses chatml (--chat-template to choose)\n",
+                cmd, spec->model);
+        argv[n++] = "--chat-template", argv[n++] = "chatml";
+    }
+    argv[n] = NULL;
+    return bh_child_start(c, cmd, argv, spec->timeout_s);
+}
+
+int bh_run_bench(const char *cmd, const bh_serve_spec *spec, const char *url,
+                 int (*run)(void *ctx, const char *url, const bh_child *child), void *ctx) {
+    bh_child child = BH_CHILD_NONE;
+    if (spec->model && !bh_server_start(&child, cmd, spec)) return 1;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
+        bh_child_stop(&child);
+        return fprintf(stderr, "kettle %s: curl_global_init failed\n", cmd), 1;
+    }
+    char base[1024];
+    snprintf(base, sizeof base, "%s", spec->model ? child.url : url ? url : "");
+    bh_trim_url(base);
+    int rc = run(ctx, base, spec->model ? &child : NULL);
+    if (rc) bh_child_report_death(&child, cmd);
+    bh_child_stop(&child);
+    curl_global_cleanup();
+    return rc;
+}
+
 bool bh_child_start(bh_child *c, const char *cmd, const char *const *argv, int timeout_s) {
     *c = (bh_child){.pid = -1, .log_fd = open_log()};
     if (c->log_fd < 0) return fprintf(stderr, "kettle %s: temporary file: %s\n", cmd, strerror(errno)), false;
@@ -288,6 +323,18 @@ int bh_count_tokens(const bh_conn *conn, const char *text) {
     }
     free(b.p), json_decref(req), bh_req_free(&r);
     return n;
+}
+
+bool bh_drain_done(CURLM *m, bool (*finish)(void *ctx, void *priv, CURLcode rc), void *ctx) {
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left))) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        void *priv = NULL;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&priv);
+        if (!finish(ctx, priv, msg->data.result)) return false;
+    }
+    return true;
 }
 
 void bh_trim_url(char *url) {

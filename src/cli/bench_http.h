@@ -1,6 +1,6 @@
 /*
- * bench_http.h - the network half shared by `kettle bench serve` and
- * `kettle bench agent`: this same binary's `kettle serve` started as a
+ * bench_http.h - the network half shared by `kettle bench serve`, `kettle
+ * bench agent` and `kettle bench soak`: this same binary's `kettle serve` started as a
  * child process for the run, and one HTTP request to an OpenAI-compatible
  * server set up for libcurl's multi interface, its streamed answer fed to
  * the SSE parser of bench_serve.h as it arrives.
@@ -48,6 +48,29 @@ typedef struct bh_child {
  * "listening on URL". It dies with us (PR_SET_PDEATHSIG). False with a
  * message on stderr (naming `cmd`, and the server's last output). */
 bool bh_child_start(bh_child *c, const char *cmd, const char *const *argv, int timeout_s);
+/* The server a bench runs against with -m: `kettle serve -m MODEL --port 0
+ * ARGS [--api-key KEY]`. */
+typedef struct bh_serve_spec {
+    const char *model;       /* NULL: none (the bench has --url) */
+    const char *const *args; /* name, value pairs from bh_take_server_opt */
+    int n_args;              /* at most BH_MAX_SRV_ARGS */
+    const char *api_key;     /* NULL: none */
+    bool chat; /* the bench sends chat requests: a model without a chat template gets `--chat-template chatml`
+                * (said on stderr) unless args choose one */
+    int timeout_s;
+} bh_serve_spec;
+
+/* Starts spec's server by bh_child_start. */
+bool bh_server_start(bh_child *c, const char *cmd, const bh_serve_spec *spec);
+/* What every bench command does around its measurement: spec's server
+ * started when spec->model is set, libcurl set up, then run(ctx, URL,
+ * child) with the server's URL (child: the server) or `url` (child NULL;
+ * url may be NULL when the bench keeps its own list), trailing '/'
+ * dropped; after a failed run the server's last output if it died; the
+ * server stopped and libcurl cleaned up, whatever happened. run's exit
+ * status, or 1 when the server or libcurl did not start. */
+int bh_run_bench(const char *cmd, const bh_serve_spec *spec, const char *url,
+                 int (*run)(void *ctx, const char *url, const bh_child *child), void *ctx);
 /* SIGTERM, then SIGKILL after 10 s; closes the log. Safe on BH_CHILD_NONE. */
 void bh_child_stop(bh_child *c);
 /* After a failure: if the server has died, says so with its last output. */
@@ -99,6 +122,11 @@ bool bh_req_failed(const bh_req *r, CURLcode rc, char *msg, size_t cap);
 /* Tokens of text by POST /tokenize ({"content": TEXT} -> {"tokens": [...]},
  * as kettle and llama.cpp's server); -1 if that does not work. */
 int bh_count_tokens(const bh_conn *conn, const char *text);
+
+/* Hands each finished transfer of m to finish(ctx, its CURLOPT_PRIVATE,
+ * its result) until none is left; false as soon as finish returns false
+ * (the bench then stops). */
+bool bh_drain_done(CURLM *m, bool (*finish)(void *ctx, void *priv, CURLcode rc), void *ctx);
 
 /* Drops trailing '/' from url (in place). */
 void bh_trim_url(char *url);

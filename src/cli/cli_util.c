@@ -43,6 +43,23 @@ int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name,
     return 1;
 }
 
+int cli_take_opt(const char *cmd, int argc, char **argv, int *i, const cli_int_opt *ints, size_t n_ints,
+                 const cli_str_opt *strs, size_t n_strs) {
+    const char *v = NULL;
+    int r;
+    for (size_t k = 0; k < n_ints; k++)
+        if ((r = cli_opt(cmd, argc, argv, i, ints[k].name, &v))) {
+            if (r < 0) return 2;
+            return cli_parse_int(v, ints[k].lo, ints[k].hi, ints[k].dst)
+                       ? 1
+                       : cli_usage_error(cmd, "invalid value '%s' for %s (%ld..%ld)", v, ints[k].name, ints[k].lo,
+                                         ints[k].hi);
+        }
+    for (size_t k = 0; k < n_strs; k++)
+        if ((r = cli_opt(cmd, argc, argv, i, strs[k].name, strs[k].dst))) return r < 0 ? 2 : 1;
+    return 0;
+}
+
 bool cli_parse_u64(const char *s, uint64_t *out) {
     if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return false;
     char *end = NULL;

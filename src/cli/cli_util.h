@@ -29,6 +29,23 @@ bool cli_wants_help(int argc, char **argv);
 int cli_opt(const char *cmd, int argc, char **argv, int *i, const char *name,
             const char **value);
 
+/* Option tables for cli_take_opt: an integer option with its range, a
+ * string option. */
+typedef struct cli_int_opt {
+    const char *name;
+    long lo, hi;
+    int *dst;
+} cli_int_opt;
+typedef struct cli_str_opt {
+    const char *name;
+    const char **dst;
+} cli_str_opt;
+/* Whether argv[*i] is one of ints or strs (either table may be empty):
+ * 1 taken (the value into its dst, an integer checked against its range),
+ * 0 none of them, 2 a usage error (reported, naming `cmd`). */
+int cli_take_opt(const char *cmd, int argc, char **argv, int *i, const cli_int_opt *ints, size_t n_ints,
+                 const cli_str_opt *strs, size_t n_strs);
+
 /* Parses a whole decimal (or 0x hex) unsigned number; false if invalid. */
 bool cli_parse_u64(const char *s, uint64_t *out);
 /* A decimal integer in [lo, hi] (within int's range), the whole string. */

@@ -146,15 +146,14 @@ static int take_int(int argc, char **argv, int *i, const int_opt *io, ba_opts *o
 }
 
 static int take_string(int argc, char **argv, int *i, ba_opts *o) {
-    struct { const char *name; const char **dst; } strs[] = {
+    const cli_str_opt strs[] = {
         {"-m", &o->model},         {"--model", &o->model},   {"--svg", &o->svg},
         {"--api-key", &o->api_key}, {"--replay", &o->replay}, {"--replay-tools", &o->replay_tools},
         {"--tool-choice", &o->tool_choice}, {"--logit-bias", &o->logit_bias},
         {"--model-name", &o->model_name}, {"--session-header", &o->session_header}};
+    int r = cli_take_opt(CMD, argc, argv, i, NULL, 0, strs, sizeof strs / sizeof strs[0]);
+    if (r) return r;
     const char *v = NULL;
-    int r;
-    for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++)
-        if ((r = cli_opt(CMD, argc, argv, i, strs[k].name, strs[k].dst))) return r < 0 ? 2 : 1;
     if ((r = cli_opt(CMD, argc, argv, i, "--url", &v))) {
         if (r < 0) return 2;
         if (o->n_urls == MAX_URLS) return cli_usage_error(CMD, "at most %d --url", MAX_URLS);
@@ -234,24 +233,6 @@ static int parse_opts(int argc, char **argv, ba_opts *o) {
         }
     }
     return check_opts(o);
-}
-
-/* ---- the server as a child ---- */
-
-static bool start_server(const ba_opts *o, bh_child *c) {
-    const char *argv[BH_MAX_SRV_ARGS + 16];
-    int n = 0;
-    argv[n++] = "kettle", argv[n++] = "serve", argv[n++] = "-m", argv[n++] = o->model;
-    argv[n++] = "--port", argv[n++] = "0";
-    for (int i = 0; i < o->n_srv_args; i++) argv[n++] = o->srv_args[i];
-    if (o->api_key) argv[n++] = "--api-key", argv[n++] = o->api_key;
-    if (!bh_has_server_opt(o->srv_args, o->n_srv_args, "--chat-template") && !bh_model_has_template(o->model)) {
-        fprintf(stderr, "kettle %s: %s has no chat template: the server uses chatml (--chat-template to choose)\n",
-                CMD, o->model);
-        argv[n++] = "--chat-template", argv[n++] = "chatml";
-    }
-    argv[n] = NULL;
-    return bh_child_start(c, CMD, argv, o->timeout_s);
 }
 
 /* ---- the workload ---- */
@@ -427,16 +408,13 @@ static bool finish_turn(round_run *rr, sess_run *sr, CURLcode rc) {
     return true;
 }
 
+/* bh_drain_done's finish: a session's turn (its sess_run is the private pointer). */
+static bool finish_done(void *rr, void *sr, CURLcode rc) {
+    return finish_turn(rr, sr, rc);
+}
+
 static bool drain_done(round_run *rr) {
-    CURLMsg *msg;
-    int left;
-    while ((msg = curl_multi_info_read(rr->m, &left))) {
-        if (msg->msg != CURLMSG_DONE) continue;
-        sess_run *sr = NULL;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&sr);
-        if (!finish_turn(rr, sr, msg->data.result)) return false;
-    }
-    return true;
+    return bh_drain_done(rr->m, finish_done, rr);
 }
 
 static bool round_loop(round_run *rr) {
@@ -508,7 +486,8 @@ typedef struct run_ctx {
     char urls[MAX_URLS][1024];
     const char *names[MAX_URLS]; /* what the reports call each server */
     int n;
-    bh_child child;
+    const bh_child *child; /* the server with -m; NULL with --url */
+    ba_workload *w;
 } run_ctx;
 
 static int fail_oom(void) {
@@ -553,24 +532,30 @@ static int run_all(run_ctx *c, const ba_workload *w, CURLM *m) {
     for (int round = 1; !rc && round <= c->o->rounds; round++)
         for (int i = 0; !rc && i < c->n; i++)
             if (!run_round(c->o, w, &c->conns[i], m, round, &res[i], (char)('A' + i))) rc = 1;
-    if (!rc && c->o->model) res[0].peak_rss = bh_child_peak_rss(&c->child);
+    if (!rc && c->child) res[0].peak_rss = bh_child_peak_rss(c->child);
     if (!rc) rc = report(c->o, w, res, c->n);
     for (int i = 0; i < made; i++) ba_result_free(&res[i]);
     return rc;
 }
 
-static void set_targets(run_ctx *c) {
+/* The servers: with -m the one started (its URL server_url), else every --url. */
+static void set_targets(run_ctx *c, const char *server_url) {
     const ba_opts *o = c->o;
     c->n = o->model ? 1 : o->n_urls;
     for (int i = 0; i < c->n; i++) {
-        snprintf(c->urls[i], sizeof c->urls[i], "%s", o->model ? c->child.url : o->urls[i]);
+        snprintf(c->urls[i], sizeof c->urls[i], "%s", o->model ? server_url : o->urls[i]);
         bh_trim_url(c->urls[i]);
         c->conns[i] = (bh_conn){.url = c->urls[i], .api_key = o->api_key, .timeout_s = o->timeout_s};
         c->names[i] = o->model ? o->model : c->urls[i];
     }
 }
 
-static int run(run_ctx *c, ba_workload *w) {
+/* bh_run_bench's run: url is the started server's (none with --url). */
+static int run(void *ctx, const char *url, const bh_child *child) {
+    run_ctx *c = ctx;
+    ba_workload *w = c->w;
+    c->child = child;
+    set_targets(c, url);
     CURLM *m = curl_multi_init();
     int rc = 0;
     if (!m) {
@@ -593,20 +578,12 @@ int cmd_bench_agent(int argc, char **argv) {
     if (rc) return rc;
     char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
     if (ms_resolve_opt(CMD, &o.model, model_path, sizeof model_path)) return 1;
-    run_ctx c = {.o = &o, .child = BH_CHILD_NONE};
     ba_workload w = {0};
     if (o.replay && !build_workload(&o, NULL, &w)) return 1; /* a bad file fails before any server starts */
-    if (o.model && !start_server(&o, &c.child)) return ba_workload_free(&w), 1;
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-        bh_child_stop(&c.child);
-        ba_workload_free(&w);
-        return fprintf(stderr, "kettle %s: curl_global_init failed\n", CMD), 1;
-    }
-    set_targets(&c);
-    rc = run(&c, &w);
-    if (rc) bh_child_report_death(&c.child, CMD);
-    bh_child_stop(&c.child);
+    run_ctx c = {.o = &o, .w = &w};
+    bh_serve_spec spec = {.model = o.model, .args = o.srv_args, .n_args = o.n_srv_args, .api_key = o.api_key,
+                          .chat = true, .timeout_s = o.timeout_s};
+    rc = bh_run_bench(CMD, &spec, NULL, run, &c);
     ba_workload_free(&w);
-    curl_global_cleanup();
     return rc;
 }

@@ -74,10 +74,10 @@ typedef struct bg_total {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle bench grammar DIR [--vocab FILE]... [options]\n"
-            "  DIR                  JSON Schema files (*.json), searched recursively, e.g.\n"
-            "                       ../shared/structured/jsonschemabench\n"
+            "  DIR                  JSON Schema files (*.json), searched recursively, e.g. the\n"
+            "                       data/ folder of JSONSchemaBench (github.com/guidance-ai/jsonschemabench)\n"
             "  --vocab FILE         a model or vocab-only GGUF whose tokens the masks cover\n"
-            "                       (repeatable, up to %d; e.g. ../shared/vocab/ggml-vocab-llama-bpe.gguf)\n"
+            "                       (repeatable, up to %d; e.g. models/stories260K.gguf, or a pulled model)\n"
             "  --instances N        valid test instances followed per schema (default 4)\n"
             "  --per-schema         also list every schema: compile time or refusal, mask times\n"
             "  --md | --csv | --json  output format (default md)\n",

@@ -98,31 +98,17 @@ static int take_server_opt(int argc, char **argv, int *i, bs_opts *o) {
     return bh_take_server_opt(CMD, argc, argv, i, o->srv_args, &o->n_srv_args);
 }
 
-typedef struct int_opt {
-    const char *name;
-    long lo, hi;
-    int *dst;
-} int_opt;
-
 /* An option of the bench itself: 1 taken, 0 unknown, 2 usage error. */
 static int take_bench_opt(int argc, char **argv, int *i, bs_opts *o) {
-    int_opt ints[] = {{"--requests", 1, 1 << 20, &o->requests}, {"-p", 1, 1 << 20, &o->prompt_tokens},
-                      {"-n", 1, 1 << 20, &o->max_tokens},       {"--long-prompt", 1, 1 << 22, &o->long_prompt},
-                      {"--long-at-ms", 0, 1 << 26, &o->long_at_ms}, {"--timeout", 1, 86400, &o->timeout_s}};
-    struct { const char *name; const char **dst; } strs[] = {
+    const cli_int_opt ints[] = {
+        {"--requests", 1, 1 << 20, &o->requests}, {"-p", 1, 1 << 20, &o->prompt_tokens},
+        {"-n", 1, 1 << 20, &o->max_tokens},       {"--long-prompt", 1, 1 << 22, &o->long_prompt},
+        {"--long-at-ms", 0, 1 << 26, &o->long_at_ms}, {"--timeout", 1, 86400, &o->timeout_s}};
+    const cli_str_opt strs[] = {
         {"--url", &o->url}, {"-m", &o->model}, {"--model", &o->model}, {"--svg", &o->svg}, {"--api-key", &o->api_key}};
+    int r = cli_take_opt(CMD, argc, argv, i, ints, sizeof ints / sizeof ints[0], strs, sizeof strs / sizeof strs[0]);
+    if (r) return r;
     const char *v = NULL;
-    int r;
-    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
-        if ((r = cli_opt(CMD, argc, argv, i, ints[k].name, &v))) {
-            if (r < 0) return 2;
-            return cli_parse_int(v, ints[k].lo, ints[k].hi, ints[k].dst)
-                       ? 1
-                       : cli_usage_error(CMD, "invalid value '%s' for %s (%ld..%ld)", v, ints[k].name, ints[k].lo,
-                                         ints[k].hi);
-        }
-    for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++)
-        if ((r = cli_opt(CMD, argc, argv, i, strs[k].name, strs[k].dst))) return r < 0 ? 2 : 1;
     if ((r = cli_opt(CMD, argc, argv, i, "-c", &v))) {
         if (r < 0) return 2;
         return parse_levels(v, o) ? 1 : cli_usage_error(CMD, "invalid -c '%s' (e.g. 1,2,4,8,16)", v);
@@ -319,16 +305,13 @@ static bool finish_req(level_run *lr, bh_req *r, CURLcode rc) {
     return true;
 }
 
+/* bh_drain_done's finish: a request (its bh_req is the private pointer). */
+static bool finish_done(void *lr, void *r, CURLcode rc) {
+    return finish_req(lr, r, rc);
+}
+
 static bool drain_done(level_run *lr) {
-    CURLMsg *msg;
-    int left;
-    while ((msg = curl_multi_info_read(lr->m, &left))) {
-        if (msg->msg != CURLMSG_DONE) continue;
-        bh_req *r = NULL;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&r);
-        if (!finish_req(lr, r, msg->data.result)) return false;
-    }
-    return true;
+    return bh_drain_done(lr->m, finish_done, lr);
 }
 
 static bool level_busy(const level_run *lr) {
@@ -536,16 +519,10 @@ static int run_all(const bs_opts *o, const char *url) {
     return rc ? rc : report(o, o->model ? o->model : url, lv);
 }
 
-/* `kettle serve -m MODEL --port 0 [server options] [--api-key KEY]`. */
-static bool start_server(const bs_opts *o, bh_child *c) {
-    const char *argv[BH_MAX_SRV_ARGS + 12];
-    int n = 0;
-    argv[n++] = "kettle", argv[n++] = "serve", argv[n++] = "-m", argv[n++] = o->model;
-    argv[n++] = "--port", argv[n++] = "0";
-    for (int i = 0; i < o->n_srv_args; i++) argv[n++] = o->srv_args[i];
-    if (o->api_key) argv[n++] = "--api-key", argv[n++] = o->api_key;
-    argv[n] = NULL;
-    return bh_child_start(c, CMD, argv, o->timeout_s);
+/* bh_run_bench's run: every level against url. */
+static int run_levels(void *o, const char *url, const bh_child *child) {
+    (void)child;
+    return run_all(o, url);
 }
 
 int cmd_bench_serve(int argc, char **argv) {
@@ -558,18 +535,7 @@ int cmd_bench_serve(int argc, char **argv) {
     if (rc) return rc;
     char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
     if (ms_resolve_opt(CMD, &o.model, model_path, sizeof model_path)) return 1;
-    bh_child child = BH_CHILD_NONE;
-    if (o.model && !start_server(&o, &child)) return 1;
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-        bh_child_stop(&child);
-        return fprintf(stderr, "kettle bench serve: curl_global_init failed\n"), 1;
-    }
-    char url[1024];
-    snprintf(url, sizeof url, "%s", o.model ? child.url : o.url);
-    bh_trim_url(url);
-    rc = run_all(&o, url);
-    if (rc) bh_child_report_death(&child, CMD);
-    bh_child_stop(&child);
-    curl_global_cleanup();
-    return rc;
+    bh_serve_spec spec = {.model = o.model, .args = o.srv_args, .n_args = o.n_srv_args, .api_key = o.api_key,
+                          .chat = false, .timeout_s = o.timeout_s};
+    return bh_run_bench(CMD, &spec, o.url, run_levels, &o);
 }

@@ -80,30 +80,15 @@ static void usage(FILE *out) {
 
 /* ---- options ---- */
 
-typedef struct int_opt {
-    const char *name;
-    long lo, hi;
-    int *dst;
-} int_opt;
-
 /* An option of the bench itself: 1 taken, 0 unknown, 2 usage error. */
 static int take_bench_opt(int argc, char **argv, int *i, soak_opts *o) {
-    int_opt ints[] = {{"--clients", 1, 1024, &o->clients}, {"--duration", 1, 7 * 86400, &o->duration_s},
-                      {"--rss-every", 1, 86400, &o->rss_every_s}, {"--timeout", 1, 86400, &o->timeout_s}};
-    struct { const char *name; const char **dst; } strs[] = {
+    const cli_int_opt ints[] = {{"--clients", 1, 1024, &o->clients}, {"--duration", 1, 7 * 86400, &o->duration_s},
+                                {"--rss-every", 1, 86400, &o->rss_every_s}, {"--timeout", 1, 86400, &o->timeout_s}};
+    const cli_str_opt strs[] = {
         {"--url", &o->url}, {"-m", &o->model}, {"--model", &o->model}, {"--api-key", &o->api_key}};
+    int r = cli_take_opt(CMD, argc, argv, i, ints, sizeof ints / sizeof ints[0], strs, sizeof strs / sizeof strs[0]);
+    if (r) return r;
     const char *v = NULL;
-    int r;
-    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
-        if ((r = cli_opt(CMD, argc, argv, i, ints[k].name, &v))) {
-            if (r < 0) return 2;
-            return cli_parse_int(v, ints[k].lo, ints[k].hi, ints[k].dst)
-                       ? 1
-                       : cli_usage_error(CMD, "invalid value '%s' for %s (%ld..%ld)", v, ints[k].name, ints[k].lo,
-                                         ints[k].hi);
-        }
-    for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++)
-        if ((r = cli_opt(CMD, argc, argv, i, strs[k].name, strs[k].dst))) return r < 0 ? 2 : 1;
     if ((r = cli_opt(CMD, argc, argv, i, "--seed", &v))) {
         if (r < 0) return 2;
         return cli_parse_u64(v, &o->seed) ? 1 : cli_usage_error(CMD, "invalid --seed '%s'", v);
@@ -304,17 +289,14 @@ static bool finish_probe(soak *s, CURLcode rc) {
 
 /* ---- the load ---- */
 
+/* bh_drain_done's finish: a client's request (its client is the private
+ * pointer), or the metrics probe (none). */
+static bool finish_done(void *s, void *c, CURLcode rc) {
+    return c ? finish_client(s, c, rc, false) : finish_probe(s, rc);
+}
+
 static bool drain_done(soak *s) {
-    CURLMsg *msg;
-    int left;
-    while ((msg = curl_multi_info_read(s->m, &left))) {
-        if (msg->msg != CURLMSG_DONE) continue;
-        client *c = NULL;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
-        bool ok = c ? finish_client(s, c, msg->data.result, false) : finish_probe(s, msg->data.result);
-        if (!ok) return false;
-    }
-    return true;
+    return bh_drain_done(s->m, finish_done, s);
 }
 
 static bool sample_due(const soak *s, double now) {
@@ -472,21 +454,9 @@ static int run(const soak_opts *o, const char *url, const bh_child *child) {
     return rc;
 }
 
-/* `kettle serve -m MODEL --port 0 [server options] [--api-key KEY]`. */
-static bool start_server(const soak_opts *o, bh_child *c) {
-    const char *argv[BH_MAX_SRV_ARGS + 16];
-    int n = 0;
-    argv[n++] = "kettle", argv[n++] = "serve", argv[n++] = "-m", argv[n++] = o->model;
-    argv[n++] = "--port", argv[n++] = "0";
-    for (int i = 0; i < o->n_srv_args; i++) argv[n++] = o->srv_args[i];
-    if (o->api_key) argv[n++] = "--api-key", argv[n++] = o->api_key;
-    if (!bh_has_server_opt(o->srv_args, o->n_srv_args, "--chat-template") && !bh_model_has_template(o->model)) {
-        fprintf(stderr, "kettle %s: %s has no chat template: the server uses chatml (--chat-template to choose)\n",
-                CMD, o->model);
-        argv[n++] = "--chat-template", argv[n++] = "chatml";
-    }
-    argv[n] = NULL;
-    return bh_child_start(c, CMD, argv, o->timeout_s);
+/* bh_run_bench's run. */
+static int run_soak(void *o, const char *url, const bh_child *child) {
+    return run(o, url, child);
 }
 
 int cmd_bench_soak(int argc, char **argv) {
@@ -499,18 +469,7 @@ int cmd_bench_soak(int argc, char **argv) {
     if (rc) return rc;
     char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
     if (ms_resolve_opt(CMD, &o.model, model_path, sizeof model_path)) return 1;
-    bh_child child = BH_CHILD_NONE;
-    if (o.model && !start_server(&o, &child)) return 1;
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-        bh_child_stop(&child);
-        return fprintf(stderr, "kettle %s: curl_global_init failed\n", CMD), 1;
-    }
-    char url[1024];
-    snprintf(url, sizeof url, "%s", o.model ? child.url : o.url);
-    bh_trim_url(url);
-    rc = run(&o, url, o.model ? &child : NULL);
-    if (rc) bh_child_report_death(&child, CMD);
-    bh_child_stop(&child);
-    curl_global_cleanup();
-    return rc;
+    bh_serve_spec spec = {.model = o.model, .args = o.srv_args, .n_args = o.n_srv_args, .api_key = o.api_key,
+                          .chat = true, .timeout_s = o.timeout_s};
+    return bh_run_bench(CMD, &spec, o.url, run_soak, &o);
 }

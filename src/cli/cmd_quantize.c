@@ -79,17 +79,18 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle quantize [--pure] IN.gguf OUT.gguf TYPE\n"
             "\n"
-            "Writes IN with every 2-D weight tensor converted to TYPE (%s,\n"
-            "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K); norms and other 1-D tensors\n"
-            "stay as they are (like llama.cpp's llama-quantize --pure). TYPE\n"
-            "Q2_K, Q3_K_S, Q3_K_M (or Q3_K), Q3_K_L, IQ4_NL, IQ4_XS, Q4_K_M or\n"
-            "Q5_K_M writes llama.cpp's mix of that name instead (the output, and\n"
+            "Writes IN with every 2-D weight tensor converted to TYPE, one of\n"
+            "  %s;\n"
+            "norms and other 1-D tensors stay as they are (like llama.cpp's\n"
+            "llama-quantize --pure). A TYPE of llama.cpp's mixes,\n"
+            "  %s (Q3_K: Q3_K_M),\n"
+            "writes the mix of that name instead (the output, and\n"
             "some attn_v, attn_output and ffn_down tensors with more bits);\n"
             "--pure gives every tensor the base type. Tensors whose rows are\n"
             "not a multiple of a type's block get llama.cpp's fallback types\n"
             "(Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
             "IQ4_XS -> IQ4_NL). Source weights must be F32, F16 or BF16.\n",
-            cli_out_type_list());
+            cmd_quantize_types(false), cmd_quantize_types(true));
 }
 
 /* ---- which tensors change ---- */
@@ -557,28 +558,50 @@ static kt_status run_quantize(const char *in, const char *out, const recipe *r,
     return st;
 }
 
+/* The TYPEs besides cli_parse_out_type's: the other plain types (K-quants
+ * as --pure writes them) and llama.cpp's mixes. The one list that parsing,
+ * `kettle quantize --help`, its error and `kettle --help` all read. */
+static const struct {
+    const char *name;
+    kt_dtype base;
+    bool mix;
+    uint32_t ftype;
+    bool alias; /* accepted, not listed */
+} RECIPES[] = {
+    {"Q4_1", KT_Q4_1, false, 3, false},   /* LLAMA_FTYPE_MOSTLY_Q4_1 */
+    {"Q5_0", KT_Q5_0, false, 8, false},   /* LLAMA_FTYPE_MOSTLY_Q5_0 */
+    {"Q5_1", KT_Q5_1, false, 9, false},   /* LLAMA_FTYPE_MOSTLY_Q5_1 */
+    {"Q4_K", KT_Q4_K, false, 14, false},  /* LLAMA_FTYPE_MOSTLY_Q4_K_S, as --pure writes */
+    {"Q5_K", KT_Q5_K, false, 16, false},  /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
+    {"Q6_K", KT_Q6_K, false, 18, false},  /* LLAMA_FTYPE_MOSTLY_Q6_K */
+    {"Q2_K", KT_Q2_K, true, FT_Q2_K, false},
+    {"Q3_K_S", KT_Q3_K, true, FT_Q3_K_S, false},
+    {"Q3_K_M", KT_Q3_K, true, FT_Q3_K_M, false},
+    {"Q3_K", KT_Q3_K, true, FT_Q3_K_M, true}, /* llama-quantize's alias */
+    {"Q3_K_L", KT_Q3_K, true, FT_Q3_K_L, false},
+    {"IQ4_NL", KT_IQ4_NL, true, FT_IQ4_NL, false},
+    {"IQ4_XS", KT_IQ4_XS, true, FT_IQ4_XS, false},
+    {"Q4_K_M", KT_Q4_K, true, 15, false}, /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
+    {"Q5_K_M", KT_Q5_K, true, 17, false}, /* LLAMA_FTYPE_MOSTLY_Q5_K_M */
+};
+#define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
+
+const char *cmd_quantize_types(bool mixes) {
+    static char lists[2][256]; /* built once: the CLI is one thread */
+    char *buf = lists[mixes];
+    if (buf[0]) return buf;
+    size_t n = mixes ? 0 : (size_t)snprintf(buf, sizeof lists[0], "%s", cli_out_type_list());
+    for (size_t i = 0; i < N_RECIPES && n < sizeof lists[0]; i++) /* 256 holds either list */
+        if (RECIPES[i].mix == mixes && !RECIPES[i].alias)
+            n += (size_t)snprintf(buf + n, sizeof lists[0] - n, "%s%s", n ? ", " : "", RECIPES[i].name);
+    return buf;
+}
+
 /* TYPE: a plain type (cli_parse_out_type or a K-quant, --pure) or a mix. */
 static bool parse_recipe(const char *name, recipe *r) {
-    static const struct { const char *name; kt_dtype base; bool mix; uint32_t ftype; } K[] = {
-        {"Q2_K", KT_Q2_K, true, FT_Q2_K},
-        {"Q3_K_S", KT_Q3_K, true, FT_Q3_K_S},
-        {"Q3_K_M", KT_Q3_K, true, FT_Q3_K_M},
-        {"Q3_K", KT_Q3_K, true, FT_Q3_K_M}, /* llama-quantize's alias */
-        {"Q3_K_L", KT_Q3_K, true, FT_Q3_K_L},
-        {"IQ4_NL", KT_IQ4_NL, true, FT_IQ4_NL},
-        {"IQ4_XS", KT_IQ4_XS, true, FT_IQ4_XS},
-        {"Q4_K_M", KT_Q4_K, true, 15}, /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
-        {"Q5_K_M", KT_Q5_K, true, 17}, /* LLAMA_FTYPE_MOSTLY_Q5_K_M */
-        {"Q4_K", KT_Q4_K, false, 14},  /* LLAMA_FTYPE_MOSTLY_Q4_K_S, as --pure writes */
-        {"Q5_K", KT_Q5_K, false, 16},  /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
-        {"Q6_K", KT_Q6_K, false, 18},  /* LLAMA_FTYPE_MOSTLY_Q6_K */
-        {"Q4_1", KT_Q4_1, false, 3},   /* LLAMA_FTYPE_MOSTLY_Q4_1 */
-        {"Q5_0", KT_Q5_0, false, 8},   /* LLAMA_FTYPE_MOSTLY_Q5_0 */
-        {"Q5_1", KT_Q5_1, false, 9},   /* LLAMA_FTYPE_MOSTLY_Q5_1 */
-    };
-    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++)
-        if (strcasecmp(name, K[i].name) == 0) {
-            *r = (recipe){K[i].base, K[i].mix, K[i].ftype};
+    for (size_t i = 0; i < N_RECIPES; i++)
+        if (strcasecmp(name, RECIPES[i].name) == 0) {
+            *r = (recipe){RECIPES[i].base, RECIPES[i].mix, RECIPES[i].ftype};
             return true;
         }
     int t = cli_parse_out_type(name);
@@ -604,10 +627,8 @@ int cmd_quantize(int argc, char **argv) {
     if (n_pos != 3) return cli_usage_error(CMD, "expected IN.gguf OUT.gguf TYPE");
     recipe r;
     if (!parse_recipe(pos[2], &r))
-        return cli_usage_error(CMD,
-                               "unknown type '%s' (expected one of %s, Q4_1, Q5_0, Q5_1, "
-                               "Q4_K, Q5_K, Q6_K, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, IQ4_NL, IQ4_XS, Q4_K_M, Q5_K_M)",
-                               pos[2], cli_out_type_list());
+        return cli_usage_error(CMD, "unknown type '%s' (expected one of %s, or a mix: %s)", pos[2],
+                               cmd_quantize_types(false), cmd_quantize_types(true));
     if (pure) r.mix = false; /* llama-quantize --pure: the base type everywhere, the mix's file type */
     kt_error err = {0};
     double t0 = kt_time_ms();

@@ -63,6 +63,31 @@ typedef struct serve_opts {
     int fallback_timeout_s, fallback_max_s;
 } serve_opts;
 
+/* "Endpoints:", a line per method, from the server's own route table
+ * (srv_route_at): a route added there is listed here too, and the test
+ * checks the help against that table. */
+static void print_endpoints(FILE *out) {
+    fprintf(out, "Endpoints:\n");
+    const char *path, *method, *p2, *m2;
+    for (size_t i = 0; srv_route_at(i, &path, &method); i++) {
+        bool seen = false; /* the method's line is printed at its first route */
+        for (size_t k = 0; k < i && !seen; k++) seen = srv_route_at(k, &p2, &m2) && !strcmp(m2, method);
+        if (seen) continue;
+        int col = fprintf(out, "  %-4s", method);
+        const char *sep = " ";
+        for (size_t k = i; srv_route_at(k, &p2, &m2); k++) {
+            if (strcmp(m2, method)) continue;
+            if (col + (int)strlen(p2) + 2 > 90) { /* wrap under the first path */
+                fprintf(out, ",\n");
+                col = fprintf(out, "      "), sep = " ";
+            }
+            col += fprintf(out, "%s%s", sep, p2);
+            sep = ", ";
+        }
+        fputc('\n', out);
+    }
+}
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle serve -m MODEL [options]\n"
@@ -168,12 +193,15 @@ static void usage(FILE *out) {
             "      --drain-s N         on SIGTERM or SIGINT, drain: /health says 503 draining, new\n"
             "                          generation requests get 503, running ones have up to N s to\n"
             "                          finish (default 30; 0: cancel them at once); exits as soon as\n"
-            "                          none runs; a second signal exits at once\n"
-            "Endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize;\n"
-            "GET /v1/models, /v1/models/{id}, /health, /metrics; GET / is a chat page\n"
+            "                          none runs; a second signal exits at once\n",
+            serve_class_keys_help());
+    print_endpoints(out);
+    fprintf(out,
+            "  GET  / is a chat page (built in, no API key needed to load it; its requests send the\n"
+            "       key you give it; --no-webui: none)\n"
             "/health: 200 {\"status\":\"ok\",...} when ready; 503 {\"status\":\"loading\"} while the\n"
-            "model loads (the port is bound first), 503 {\"status\":\"draining\"} while draining\n"
-            "(built in, no API key needed to load it; its requests send the key you give it).\n", serve_class_keys_help());
+            "model loads (the port is bound first), 503 {\"status\":\"draining\"} while draining.\n"
+            "GET /v1/responses/{id} is a 404 saying so: kettle stores no responses.\n");
 }
 
 typedef struct int_option {

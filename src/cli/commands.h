@@ -8,10 +8,15 @@
 #ifndef KT_CLI_COMMANDS_H
 #define KT_CLI_COMMANDS_H
 
+#include <stdbool.h>
+
 int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+/* The TYPEs `kettle quantize` takes, comma-separated: the plain ones (every
+ * tensor of that type, llama-quantize --pure) or llama.cpp's mixes. */
+const char *cmd_quantize_types(bool mixes);
 int cmd_gen_model(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

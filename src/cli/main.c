@@ -25,7 +25,7 @@ static const command COMMANDS[] = {
     {"rm", cmd_rm, "delete a pulled model"},
     {"info", cmd_info, "print a GGUF file's metadata and tensors"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
-    {"quantize", cmd_quantize, "quantize a GGUF model (Q8_0, Q4_0)"},
+    {"quantize", cmd_quantize, "convert a GGUF model's weights to another TYPE (below)"},
     {"gen-model", cmd_gen_model, "write a random-weight model of a real shape"},
     {"version", cmd_version, "print the version, the git commit and the CPU kernels in use"},
 };
@@ -34,6 +34,9 @@ static void usage(FILE *out) {
     fprintf(out, "usage: kettle COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
         fprintf(out, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].help);
+    /* from the table quantize parses with, so the list cannot fall behind it */
+    fprintf(out, "\nquantize TYPE: %s,\n  or one of llama.cpp's mixes: %s\n", cmd_quantize_types(false),
+            cmd_quantize_types(true));
     fprintf(out, "\n'kettle COMMAND --help' describes a command; 'kettle --version' prints the version.\n");
 }
 

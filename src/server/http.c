@@ -41,19 +41,36 @@ typedef struct route {
     srv_endpoint ep;
 } route;
 
+/* Exact paths; the order is the one `kettle serve --help` lists them in
+ * (srv_route_at), matching does not depend on it. */
 static const route ROUTES[] = {
-    {"/health", "GET", EP_HEALTH},
-    {"/v1/models", "GET", EP_MODELS},
-    {"/metrics", "GET", EP_METRICS},
-    {"/tokenize", "POST", EP_TOKENIZE},
-    {"/detokenize", "POST", EP_DETOKENIZE},
     {"/v1/chat/completions", "POST", EP_CHAT},
     {"/v1/completions", "POST", EP_COMPLETIONS},
     {"/v1/responses", "POST", EP_RESPONSES},
     {"/v1/messages", "POST", EP_MESSAGES},
     {"/v1/messages/count_tokens", "POST", EP_COUNT_TOKENS},
     {"/v1/embeddings", "POST", EP_EMBEDDINGS},
+    {"/tokenize", "POST", EP_TOKENIZE},
+    {"/detokenize", "POST", EP_DETOKENIZE},
+    {"/v1/models", "GET", EP_MODELS},
+    {"/health", "GET", EP_HEALTH},
+    {"/metrics", "GET", EP_METRICS},
 };
+
+/* The paths route_of matches by prefix (MODEL_PREFIX, RESPONSE_PREFIX), as
+ * the help names them. */
+static const route PREFIX_ROUTES[] = {
+    {"/v1/models/{id}", "GET", EP_MODEL},
+    {"/v1/responses/{id}", "GET", EP_RESPONSE_ID},
+};
+
+bool srv_route_at(size_t i, const char **path, const char **method) {
+    const size_t n = sizeof ROUTES / sizeof ROUTES[0], n_prefix = sizeof PREFIX_ROUTES / sizeof PREFIX_ROUTES[0];
+    if (i >= n + n_prefix) return false;
+    const route *r = i < n ? &ROUTES[i] : &PREFIX_ROUTES[i - n];
+    *path = r->path, *method = r->method;
+    return true;
+}
 
 static const char *endpoint_name(srv_endpoint ep) {
     static const char *const NAMES[] = {"health",      "models",     "model",    "metrics",      "tokenize",

@@ -84,6 +84,13 @@ typedef struct srv_config {
 
 typedef struct srv_server srv_server;
 
+/* The i-th route the server answers (its path, "/v1/models/{id}" where a
+ * path holds an id, and the method it takes); false past the last. The
+ * chat page's files at / are not among them (--no-webui drops them).
+ * `kettle serve --help` lists the endpoints from here, so it names every
+ * one the server has. */
+bool srv_route_at(size_t i, const char **path, const char **method);
+
 /* What /health reports, and so what a load balancer does with the server:
  * only a ready one gets traffic (loading and draining answer 503). */
 typedef enum srv_state { SRV_LOADING, SRV_READY, SRV_DRAINING } srv_state;

@@ -2,8 +2,7 @@
 // `@ai-sdk/openai-compatible` and a `zod` schema).
 //
 //   node tests/js/ai_sdk_e2e.mjs [KETTLE_BIN]      (or env KT_BIN)
-//   env KT_SHARED_DIR: the shared folder holding models/ (default ../shared
-//   beside the repository)
+//   the model: the repository's models/stories260K.gguf
 //
 // Starts `kettle serve` on stories260K on a free loopback port (--port 0,
 // the port read from its "listening on" line). stories260K does not follow
@@ -45,8 +44,7 @@ globalThis.AI_SDK_LOG_WARNINGS = false; // warnings are checked, not printed
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const BIN = process.argv[2] || process.env.KT_BIN;
-const SHARED = process.env.KT_SHARED_DIR || path.resolve(HERE, '../../../shared');
-const MODEL = path.join(SHARED, 'models/stories260K.gguf');
+const MODEL = path.resolve(HERE, '../../models/stories260K.gguf'); // shipped in the repository
 const MAX_SEEDS = 8; // seeds tried per check before an unfinished object fails it
 const MAX_OUTPUT_TOKENS = 256; // the Pet objects of seeds 1..40 take 101..154 tokens
 const GLOBAL_TIMEOUT_MS = 90_000;
@@ -92,7 +90,7 @@ const PROMPT = 'Describe a pet as JSON.';
 async function main() {
   if (!BIN) throw new Error('usage: node ai_sdk_e2e.mjs KETTLE_BIN (or set KT_BIN)');
   if (!existsSync(BIN)) throw new Error(`no kettle binary at ${BIN}`);
-  if (!existsSync(MODEL)) throw new Error(`no model at ${MODEL} (set KT_SHARED_DIR)`);
+  if (!existsSync(MODEL)) throw new Error(`no model at ${MODEL} (the repository ships it: models/README.md)`);
 
   const srv = await startServer();
   const root = `http://127.0.0.1:${srv.port}`;

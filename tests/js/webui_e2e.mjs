@@ -3,7 +3,7 @@
 // /usr/bin/chromium, installed by scripts/deps.sh).
 //
 //   node tests/js/webui_e2e.mjs [KETTLE_BIN]      (or env KT_BIN)
-//   env KT_SHARED_DIR: the shared folder holding models/
+//   the model: the repository's models/stories260K.gguf
 //   env KETTLE_CHROMIUM: another browser binary (default /usr/bin/chromium)
 //   env KETTLE_WEBUI_SCREENSHOT=PATH: also write the screenshot there
 //       (docs/webui.png is made so); without it nothing is written
@@ -34,8 +34,7 @@ try {
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const BIN = process.argv[2] || process.env.KT_BIN;
-const SHARED = process.env.KT_SHARED_DIR || path.resolve(HERE, '../../../shared');
-const MODEL = path.join(SHARED, 'models/stories260K.gguf');
+const MODEL = path.resolve(HERE, '../../models/stories260K.gguf'); // shipped in the repository
 const CHROMIUM = process.env.KETTLE_CHROMIUM || '/usr/bin/chromium';
 const KEY = 'webui-test-key';
 const N = 24;         // max_tokens of the compared answers
@@ -109,7 +108,7 @@ async function direct(root, model, messages) {
 async function main() {
   if (!BIN) throw new Error('usage: node webui_e2e.mjs KETTLE_BIN (or set KT_BIN)');
   if (!existsSync(BIN)) throw new Error(`no kettle binary at ${BIN}`);
-  if (!existsSync(MODEL)) throw new Error(`no model at ${MODEL} (set KT_SHARED_DIR)`);
+  if (!existsSync(MODEL)) throw new Error(`no model at ${MODEL} (the repository ships it: models/README.md)`);
   if (!existsSync(CHROMIUM)) throw new Error(`no browser at ${CHROMIUM}: run scripts/deps.sh (Debian's chromium)`);
 
   const srv = await startServer(['--api-key', KEY]);
