@@ -33,7 +33,7 @@
 #include "kv/block_pool.h"
 
 static kv_pool *make_pool(int n_blocks, int bt, int n_layer, int kv_dim, kv_type t) {
-    kv_pool_params p = {n_blocks, bt, n_layer, kv_dim, t, 0, NULL, 0};
+    kv_pool_params p = {n_blocks, bt, n_layer, kv_dim, t, 0, NULL, 0, 0, 0};
     kt_error err = {0};
     kv_pool *pool = kv_pool_new(&p, &err);
     if (!pool) fail_msg("kv_pool_new: %s", err.msg);
@@ -183,17 +183,17 @@ static void test_alloc_free(void **state) {
 static void test_bad_params(void **state) {
     (void)state;
     kt_error err = {0};
-    kv_pool_params p = {0, 16, 2, 4, KV_F16, 0, NULL, 0};
+    kv_pool_params p = {0, 16, 2, 4, KV_F16, 0, NULL, 0, 0, 0};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
-    p = (kv_pool_params){4, 16, 2, 4, (kv_type)7, 0, NULL, 0};
+    p = (kv_pool_params){4, 16, 2, 4, (kv_type)7, 0, NULL, 0, 0, 0};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
     assert_non_null(strstr(err.msg, "element type 7"));
-    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0, 0, NULL, 0}; /* rows not whole Q8_0 blocks */
+    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0, 0, NULL, 0, 0, 0}; /* rows not whole Q8_0 blocks */
     assert_null(kv_pool_new(&p, &err));
     assert_non_null(strstr(err.msg, "multiple of 32"));
-    p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32, 0, NULL, 0};
+    p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32, 0, NULL, 0, 0, 0};
     memset(&err, 0, sizeof err);
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
@@ -540,7 +540,7 @@ static void run_stress(kv_type type, uint64_t seed, int window, int n_slots) {
     /* Few blocks for 8 sequences of up to 64 positions: exhaustion and
      * copy-on-write both happen often. */
     static const uint8_t windowed[3] = {0, 1, 0};
-    kv_pool_params p = {40, 4, 3, 3, type, window, windowed, n_slots};
+    kv_pool_params p = {40, 4, 3, 3, type, window, windowed, n_slots, 0, 0};
     kt_error err = {0};
     kv_pool *pool = kv_pool_new(&p, &err);
     if (!pool) fail_msg("kv_pool_new: %s", err.msg);
