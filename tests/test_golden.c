@@ -436,6 +436,14 @@ static void test_arch_moe(void **state) {
     check_moe_one_by_one("mixtral-Q8_0.gguf", KT_LOAD_MMAP);
 }
 
+/* Qwen 3.5's hybrid: Gated DeltaNet layers (recurrent state per
+ * sequence) and gated attention layers (partial NeoX rope, the M-RoPE
+ * text positions), tied output; the Qwen 3.5 vocabulary. */
+static void test_arch_qwen35(void **state) {
+    (void)state;
+    check_arch("qwen35");
+}
+
 /* Phi-3: fused attn_qkv (Q | K | V) and ffn_up (gate | up), NeoX rope. */
 static void test_arch_phi3(void **state) {
     (void)state;
@@ -599,6 +607,7 @@ int main(void) {
         cmocka_unit_test(test_arch_rope_scaling),
         cmocka_unit_test(test_rope_scaling_refused),
         cmocka_unit_test(test_arch_qwen3),
+        cmocka_unit_test(test_arch_qwen35),
         cmocka_unit_test(test_arch_gemma),
         cmocka_unit_test(test_arch_phi3_longrope),
         cmocka_unit_test(test_lowbit_types),
@@ -608,5 +617,6 @@ int main(void) {
         cmocka_unit_test(test_run_stories_gguf),
         cmocka_unit_test(test_run_converted_llama2c),
     };
+    if (getenv("KT_TEST_FILTER")) cmocka_set_test_filter(getenv("KT_TEST_FILTER")); /* e.g. test_arch_qwen35* */
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }
