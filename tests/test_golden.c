@@ -444,6 +444,36 @@ static void test_arch_qwen35(void **state) {
     check_arch("qwen35");
 }
 
+/* Qwen 3.5 MoE: the hybrid layers with routed experts (softmax, top-2,
+ * renormalised) and a sigmoid-gated shared expert. */
+static void test_arch_qwen35moe(void **state) {
+    (void)state;
+    char json_path[4096], model_path[4096];
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen35moe-F16.json", KT_SHARED_DIR);
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35moe-F16.gguf", KT_SHARED_DIR);
+    check_golden(json_path, model_path, 6e-3, 2, KT_LOAD_MMAP);
+    /* Q8_0 as for qwen3moe: llama.cpp's own activation rounding is 0.17
+     * from the float64 reference here (README), and a near-tied router
+     * may pick another expert, so the argmax where the gap is over 0.3
+     * and no logit off by more than 0.5 */
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen35moe-Q8_0.json", KT_SHARED_DIR);
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35moe-Q8_0.gguf", KT_SHARED_DIR);
+    check_golden_except(json_path, model_path, 0.15, 0.5, 2, KT_LOAD_REPACK, NULL, 0);
+}
+
+/* The F16 files (weights widened, activations in F32) against the F32
+ * goldens, which are llama.cpp's exact arithmetic on the same weights. */
+static void test_arch_qwen35_f32(void **state) {
+    (void)state;
+    static const char *const names[] = {"qwen35", "qwen35moe"};
+    for (int i = 0; i < 2; i++) {
+        char json_path[4096], model_path[4096];
+        snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F32.json", KT_SHARED_DIR, names[i]);
+        snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", KT_SHARED_DIR, names[i]);
+        check_golden(json_path, model_path, 1e-4, 2, KT_LOAD_MMAP);
+    }
+}
+
 /* Phi-3: fused attn_qkv (Q | K | V) and ffn_up (gate | up), NeoX rope. */
 static void test_arch_phi3(void **state) {
     (void)state;
@@ -608,6 +638,8 @@ int main(void) {
         cmocka_unit_test(test_rope_scaling_refused),
         cmocka_unit_test(test_arch_qwen3),
         cmocka_unit_test(test_arch_qwen35),
+        cmocka_unit_test(test_arch_qwen35moe),
+        cmocka_unit_test(test_arch_qwen35_f32),
         cmocka_unit_test(test_arch_gemma),
         cmocka_unit_test(test_arch_phi3_longrope),
         cmocka_unit_test(test_lowbit_types),
