@@ -436,12 +436,46 @@ static void test_arch_moe(void **state) {
     check_moe_one_by_one("mixtral-Q8_0.gguf", KT_LOAD_MMAP);
 }
 
+/* Greedy decoding one token at a time on top of the prompt's state
+ * gives the golden's gen_ids (the F16 goldens' continuations are the F32
+ * ones, and kettle is within 5e-6 of those). */
+static void check_greedy(const char *name) {
+    char json_path[4096], model_path[4096];
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F16.json", KT_SHARED_DIR, name);
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", KT_SHARED_DIR, name);
+    json_error_t jerr;
+    json_t *g = json_load_file(json_path, 0, &jerr);
+    assert_non_null(g);
+    int n_prompt, n_gen;
+    int32_t *prompt = json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
+    int32_t *gen = json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    assert_non_null(m);
+    const int n_vocab = kt_model_describe(m)->n_vocab;
+    float *logits = malloc(sizeof(float) * (size_t)n_vocab);
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = n_prompt + n_gen, .n_threads = 2}, &err);
+    assert_true(s && logits);
+    assert_int_equal(kt_session_eval(s, prompt, n_prompt, logits, false, &err), KT_OK);
+    for (int i = 0; i < n_gen; i++) {
+        const int32_t tok = (int32_t)argmax(logits, n_vocab);
+        if (tok != gen[i]) fail_msg("%s: greedy token %d is %d, golden %d", name, i, (int)tok, (int)gen[i]);
+        assert_int_equal(kt_session_eval(s, &tok, 1, logits, false, &err), KT_OK);
+    }
+    printf("  %s: %d greedy tokens, one at a time, equal the golden's\n", name, n_gen);
+    kt_session_free(s), kt_model_free(m), free(logits), free(prompt), free(gen), json_decref(g);
+}
+
 /* Qwen 3.5's hybrid: Gated DeltaNet layers (recurrent state per
  * sequence) and gated attention layers (partial NeoX rope, the M-RoPE
  * text positions), tied output; the Qwen 3.5 vocabulary. */
 static void test_arch_qwen35(void **state) {
     (void)state;
     check_arch("qwen35");
+    check_greedy("qwen35");
+    /* the recurrence a token at a time gives the bits of the whole batch */
+    check_moe_one_by_one("qwen35-F16.gguf", KT_LOAD_MMAP);
+    check_moe_one_by_one("qwen35-Q8_0.gguf", KT_LOAD_REPACK);
 }
 
 /* Qwen 3.5 MoE: the hybrid layers with routed experts (softmax, top-2,
@@ -459,6 +493,9 @@ static void test_arch_qwen35moe(void **state) {
     snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen35moe-Q8_0.json", KT_SHARED_DIR);
     snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35moe-Q8_0.gguf", KT_SHARED_DIR);
     check_golden_except(json_path, model_path, 0.15, 0.5, 2, KT_LOAD_REPACK, NULL, 0);
+    check_greedy("qwen35moe");
+    check_moe_one_by_one("qwen35moe-F16.gguf", KT_LOAD_MMAP);
+    check_moe_one_by_one("qwen35moe-Q8_0.gguf", KT_LOAD_REPACK);
 }
 
 /* The F16 files (weights widened, activations in F32) against the F32
