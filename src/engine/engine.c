@@ -249,6 +249,18 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
     if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
         return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
+    if (llm_state_bytes(e->llm)) {
+        /* a hybrid model's recurrent state is not in its KV blocks: until
+         * the prefix cache snapshots it, a cache hit would resume KV without
+         * its state, and a rejected proposal could not be rolled back */
+        if (p.prefix_cache || p.cache_dir)
+            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): prefix cache%s off (its state "
+                    "cannot be reused yet)\n", c->arch, p.cache_dir ? " and disk cache" : "");
+        if (p.spec)
+            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): speculative decoding off (its "
+                    "state cannot roll back yet)\n", c->arch);
+        p.prefix_cache = false, p.cache_dir = NULL, p.spec = KT_SPEC_OFF;
+    }
     e->p = p;
     return KT_OK;
 }
@@ -306,10 +318,20 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
                      "(or use --kv-type q8_0)", p->kv_bytes / mib, limit / mib);
         return NULL;
     }
+    /* a hybrid model: every sequence that may run at once (--parallel)
+     * owns a recurrent-state slot beside its blocks, paid before them */
+    kp.n_state_slots = p->n_parallel;
+    const size_t state_total = kp.state_bytes * (size_t)p->n_parallel;
+    if (state_total && limit && state_total >= limit) {
+        kt_error_set(err, KT_ERR_NOMEM, "the recurrent state of --parallel %d sequences needs %.0f MiB (%.1f MiB each) "
+                     "but %zu MiB of memory are available now: lower --parallel", p->n_parallel,
+                     (double)state_total / mib, (double)kp.state_bytes / mib, limit / mib);
+        return NULL;
+    }
     split_budget(&kp, p->kv_bytes, ctx_blocks, max_slots);
     if (!p->kv_bytes && limit && kv_params_bytes(&kp) > limit) { /* the default does not fit: the memory is the budget */
         e->kv_wanted_bytes = kv_params_bytes(&kp);
-        split_budget(&kp, limit, ctx_blocks, max_slots);
+        split_budget(&kp, limit - state_total, ctx_blocks, max_slots);
         if ((size_t)kp.n_blocks < one_ctx) {
             kt_error_set(err, KT_ERR_NOMEM, "one context of %d positions needs %.0f MiB of KV cache but %zu MiB of memory "
                          "are available now: lower --ctx (or use --kv-type q8_0)", p->n_ctx,

@@ -63,6 +63,9 @@ kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *
     if (n < 0 || n > s->seq->len)
         return kt_error_set(err, KT_ERR_ARG, "session save: %d positions, the session holds %d", n,
                             s->seq->len);
+    if (kv_pool_has_state(s->kv))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "session save: %s is a hybrid model and session files do not hold "
+                            "its recurrent state yet", s->model->llm->cfg.arch);
     const kv_pool_params *p = kv_pool_get_params(s->kv);
     const size_t row = kv_pool_row_bytes(s->kv), note_len = note ? strlen(note) : 0;
     /* the window layers hold rows from their first held block on */
@@ -186,6 +189,9 @@ kt_status kt_session_load(kt_session *s, const char *path, int32_t **tokens, int
                           kt_error *err) {
     *tokens = NULL, *note = NULL, *n_out = 0;
     kt_session_truncate(s, 0);
+    if (kv_pool_has_state(s->kv))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "session load: %s is a hybrid model and session files do not hold "
+                            "its recurrent state yet", s->model->llm->cfg.arch);
     size_t size = 0, note_len = 0;
     int n = 0, window_from = 0;
     uint8_t *buf = read_file(path, &size, err);
