@@ -149,7 +149,7 @@ void llm_work_free(llm_work *w) {
 
 kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens, kv_type type) {
     kv_pool_params p = {
-        .n_blocks = n_blocks, .block_tokens = block_tokens, .n_layer = m->cfg.n_layer,
+        .n_blocks = n_blocks, .block_tokens = block_tokens, .n_layer = m->cfg.n_kv_layer,
         .kv_dim = m->cfg.n_head_kv * m->cfg.head_dim, .type = type,
         .window = m->cfg.n_swa > 0 ? m->cfg.n_swa : 0, .windowed = m->kv_windowed, .n_window_blocks = n_blocks,
         .state_bytes = llm_state_bytes(m), .n_state_slots = 1,
@@ -374,8 +374,8 @@ static void rope_store_some(void *p, int s0, int s1) {
         kt_rope_apply(k, c->n_head_kv, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
         const int pos = r->b->pos[r->t0 + t];
         kv_seq *seq = r->b->seq[r->t0 + t];
-        store_kv_row(kv_seq_row(seq, r->il, KV_K, pos), k, kv_dim, r->type);
-        store_kv_row(kv_seq_row(seq, r->il, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
+        store_kv_row(kv_seq_row(seq, r->l->kv_layer, KV_K, pos), k, kv_dim, r->type);
+        store_kv_row(kv_seq_row(seq, r->l->kv_layer, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
     }
 }
 
@@ -386,10 +386,11 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
     const int q_dim = c->n_head * c->head_dim;
     const kv_pool_params *kp = kv_pool_get_params(kv);
     /* a window layer's rows live in its own planes, addressed by slot */
-    const bool by_slot = kv_pool_layer_windowed(kv, il);
+    const int kl = m->layers[il].kv_layer; /* its layer in the pool */
+    const bool by_slot = kv_pool_layer_windowed(kv, kl);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
-        .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
+        .k = kv_pool_plane(kv, kl, KV_K), .v = kv_pool_plane(kv, kl, KV_V),
         .n_tokens = n, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
         .q_stride = q_dim, .out_stride = q_dim,
         .kv_type = kv_type_dtype(kp->type), .blocks = by_slot ? w->slots : w->blocks, .block_tokens = kp->block_tokens,

@@ -598,9 +598,11 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         return st;
     if (!m->output.data || !strcmp(c->arch, "gemma2")) m->output = m->tok_embd; /* tied (gemma2 always is) */
     if ((st = bind_rope_factors(f, c, err))) return st;
+    c->n_kv_layer = 0;
     for (int il = 0, rec = 0; il < c->n_layer; il++) {
         if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
         if (m->layers[il].recurrent) m->layers[il].rec_index = rec++;
+        else m->layers[il].kv_layer = c->n_kv_layer++;
     }
     uint64_t expert_bytes = 0;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
@@ -634,7 +636,8 @@ llm_model *llm_model_load(const gguf_file *f, kt_error *err) {
         goto fail;
     }
     if (bind_weights(f, m, err)) goto fail;
-    for (int il = 0; il < m->cfg.n_layer; il++) m->kv_windowed[il] = m->layers[il].swa;
+    for (int il = 0; il < m->cfg.n_layer; il++)
+        if (!m->layers[il].recurrent) m->kv_windowed[m->layers[il].kv_layer] = m->layers[il].swa;
     return m;
 fail:
     llm_model_free(m);

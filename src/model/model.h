@@ -58,6 +58,8 @@ typedef struct llm_layer {
      * hold, per head, Q then a gate: attn_gated) */
     bool recurrent, attn_gated;
     int rec_index; /* a recurrent layer's index among them (its place in the state) */
+    int kv_layer;  /* an attention layer's layer in the KV pool (== its index but in hybrid models,
+                      whose recurrent layers keep no KV) */
     llm_tensor ssm_qkv, ssm_z, ssm_conv, ssm_dt_bias, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
 } llm_layer;
 
@@ -102,6 +104,7 @@ typedef struct llm_config {
     int ssm_conv_kernel, ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v, ssm_conv_dim;
     int rope_sections[4]; /* M-RoPE (rope.dimension_sections; all 0: none) */
     int n_ff_shexp;       /* the shared expert's width (0: none) */
+    int n_kv_layer;       /* layers with KV (attention layers): n_layer - n_recurrent */
 } llm_config;
 
 typedef struct llm_model {
