@@ -571,6 +571,10 @@ static void test_arch_qwen35_engine(void **state) {
 static void test_arch_qwen35(void **state) {
     (void)state;
     check_arch("qwen35");
+    char json_path[4096], model_path[4096]; /* and the F16 matrices repacked (summed in another order) */
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen35-F16.json", KT_SHARED_DIR);
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35-F16.gguf", KT_SHARED_DIR);
+    check_golden(json_path, model_path, 6e-3, 2, KT_LOAD_REPACK);
     check_greedy("qwen35");
     /* the recurrence a token at a time gives the bits of the whole batch */
     check_moe_one_by_one("qwen35-F16.gguf", KT_LOAD_MMAP);
@@ -585,6 +589,7 @@ static void test_arch_qwen35moe(void **state) {
     snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen35moe-F16.json", KT_SHARED_DIR);
     snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35moe-F16.gguf", KT_SHARED_DIR);
     check_golden(json_path, model_path, 6e-3, 2, KT_LOAD_MMAP);
+    check_golden(json_path, model_path, 6e-3, 2, KT_LOAD_REPACK);
     /* Q8_0 as for qwen3moe: llama.cpp's own activation rounding is 0.17
      * from the float64 reference here (README), and a near-tied router
      * may pick another expert, so the argmax where the gap is over 0.3

@@ -644,14 +644,16 @@ fail:
     return NULL;
 }
 
-/* Every matrix the forward pass multiplies by, n at most 7 per layer + 1:
+/* Every matrix the forward pass multiplies by, n at most 15 per layer + 1:
  * the output matrix too when it is the embedding table (tied), whose
  * rows the lookup then reads back through kt_repack_row_f32. */
 static int matmul_weights(llm_model *m, llm_tensor **out) {
     int n = 0;
     for (int il = 0; il < m->cfg.n_layer; il++) {
         llm_layer *l = &m->layers[il];
-        llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down,
+                            &l->ssm_qkv, &l->ssm_z, &l->ssm_beta, &l->ssm_alpha, &l->ssm_out,
+                            &l->shexp_gate, &l->shexp_up, &l->shexp_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) out[n++] = ts[i];
         for (int e = 0; l->experts && e < 3 * m->cfg.n_expert; e++) out[n++] = &l->experts[e];
     }
@@ -660,7 +662,7 @@ static int matmul_weights(llm_model *m, llm_tensor **out) {
 }
 
 int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error *err) {
-    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (7 + 3 * (size_t)m->cfg.n_expert) + 1));
+    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (15 + 3 * (size_t)m->cfg.n_expert) + 1));
     if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
     const int n = matmul_weights(m, ts);
     size_t tmp_bytes = 0;
