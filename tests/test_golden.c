@@ -241,7 +241,7 @@ static const char *rewritten(const char *name, const char *key, char type, const
         if (key && k.len == strlen(key) && !memcmp(k.ptr, key, k.len)) continue;
         assert_int_equal(gguf_writer_copy_kv(w, src, i, &e), KT_OK);
     }
-    kt_status st = !key        ? KT_OK
+    kt_status st = !key || type == 'x' ? KT_OK /* 'x': the key removed */
                    : type == 's' ? gguf_writer_set_str(w, key, value, &e)
                    : type == 'f' ? gguf_writer_set_f32(w, key, strtof(value, NULL), &e)
                                  : gguf_writer_set_u32(w, key, (uint32_t)strtoul(value, NULL, 10), &e);
@@ -565,6 +565,77 @@ static void test_arch_qwen35_engine(void **state) {
     check_engine_hybrid("qwen35moe");
 }
 
+/* qwen35moe-F16 as a file with one multi-token-prediction layer is
+ * written: block_count 9, nextn_predict_layers 1, and a block 8 (a copy
+ * of block 7 plus a nextn tensor). Its path. */
+static const char *with_mtp_layer(void) {
+    kt_error e = {0};
+    char src_path[4096];
+    snprintf(src_path, sizeof src_path, "%s/golden/arch/qwen35moe-F16.gguf", KT_SHARED_DIR);
+    gguf_file *src = gguf_open(src_path, &e);
+    assert_non_null(src);
+    const char *path = tu_tmp("qwen35moe-mtp.gguf");
+    gguf_writer *w = gguf_writer_new(&e);
+    for (int64_t i = 0; i < gguf_n_kv(src); i++) {
+        gguf_str k = gguf_kv_key(src, i);
+        if (k.len == strlen("qwen35moe.block_count") && !memcmp(k.ptr, "qwen35moe.block_count", k.len)) continue;
+        assert_int_equal(gguf_writer_copy_kv(w, src, i, &e), KT_OK);
+    }
+    assert_int_equal(gguf_writer_set_u32(w, "qwen35moe.block_count", 9, &e), KT_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "qwen35moe.nextn_predict_layers", 1, &e), KT_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) assert_int_equal(gguf_writer_begin(w, path, &e), KT_OK);
+        for (int copy = 0; copy < 2; copy++)
+            for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
+                const gguf_tensor *t = gguf_tensor_at(src, i);
+                char tname[256];
+                snprintf(tname, sizeof tname, "%.*s", (int)t->name.len, t->name.ptr);
+                if (copy && strncmp(tname, "blk.7.", 6) && strcmp(tname, "output_norm.weight")) continue;
+                if (copy && tname[0] == 'b') tname[4] = '8';
+                if (copy && tname[0] == 'o') snprintf(tname, sizeof tname, "blk.8.nextn.shared_head_norm.weight");
+                kt_status st = pass ? gguf_writer_write_tensor(w, t->data, t->n_bytes, &e)
+                                    : gguf_writer_add_tensor(w, tname, t->type, t->n_dims, t->dims, &e);
+                assert_int_equal(st, KT_OK);
+            }
+    }
+    assert_int_equal(gguf_writer_finish(w, &e), KT_OK);
+    gguf_writer_free(w);
+    gguf_close(src);
+    return path;
+}
+
+/* A missing or bad hybrid key or tensor is refused, naming it; MTP
+ * layers load and are not run (the goldens still match). */
+static void test_arch_qwen35_refused(void **state) {
+    (void)state;
+    const char *moe = "qwen35moe-F16.gguf";
+    expect_refused(rewritten(moe, "qwen35moe.ssm.conv_kernel", 'x', NULL, NULL), "'qwen35moe.ssm.conv_kernel'");
+    expect_refused(rewritten(moe, "qwen35moe.ssm.state_size", 'x', NULL, NULL), "'qwen35moe.ssm.state_size'");
+    expect_refused(rewritten(moe, "qwen35moe.ssm.group_count", 'x', NULL, NULL), "'qwen35moe.ssm.group_count'");
+    expect_refused(rewritten(moe, "qwen35moe.ssm.time_step_rank", 'x', NULL, NULL), "'qwen35moe.ssm.time_step_rank'");
+    expect_refused(rewritten(moe, "qwen35moe.ssm.inner_size", 'x', NULL, NULL), "'qwen35moe.ssm.inner_size'");
+    expect_refused(rewritten(moe, "qwen35moe.ssm.time_step_rank", 'u', "3", NULL), "ssm.time_step_rank 3");
+    expect_refused(rewritten(moe, "qwen35moe.expert_shared_feed_forward_length", 'x', NULL, NULL),
+                   "'qwen35moe.expert_shared_feed_forward_length'");
+    expect_refused(rewritten(moe, "qwen35moe.attention.recurrent_layers", 's', "yes", NULL),
+                   "'qwen35moe.attention.recurrent_layers' is not an array");
+    static const char *const tensors[] = {"blk.1.ssm_a", "blk.2.ssm_conv1d.weight", "blk.0.ssm_norm.weight",
+                                          "blk.4.attn_gate.weight", "blk.3.attn_q_norm.weight",
+                                          "blk.7.attn_k.weight", "blk.5.ffn_gate_inp_shexp.weight",
+                                          "blk.6.ffn_down_shexp.weight", "blk.0.post_attention_norm.weight"};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "missing tensor '%s'", tensors[i]);
+        expect_refused(rewritten(moe, NULL, 0, NULL, tensors[i]), want);
+    }
+    /* the layer kinds from full_attention_interval alone: the same model */
+    char json_path[4096];
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/qwen35moe-F16.json", KT_SHARED_DIR);
+    check_golden(json_path, rewritten(moe, "qwen35moe.attention.recurrent_layers", 'x', NULL, NULL), 6e-3, 2,
+                 KT_LOAD_MMAP);
+    check_golden(json_path, with_mtp_layer(), 6e-3, 2, KT_LOAD_MMAP);
+}
+
 /* Qwen 3.5's hybrid: Gated DeltaNet layers (recurrent state per
  * sequence) and gated attention layers (partial NeoX rope, the M-RoPE
  * text positions), tied output; the Qwen 3.5 vocabulary. */
@@ -782,6 +853,7 @@ int main(void) {
         cmocka_unit_test(test_arch_qwen35moe),
         cmocka_unit_test(test_arch_qwen35_f32),
         cmocka_unit_test(test_arch_qwen35_engine),
+        cmocka_unit_test(test_arch_qwen35_refused),
         cmocka_unit_test(test_arch_gemma),
         cmocka_unit_test(test_arch_phi3_longrope),
         cmocka_unit_test(test_lowbit_types),
