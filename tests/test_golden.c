@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/model_internal.h"
 #include "gguf/gguf.h"
 #include "kettle.h"
 #include "testutil.h"
@@ -636,6 +637,51 @@ static void test_arch_qwen35_refused(void **state) {
     check_golden(json_path, with_mtp_layer(), 6e-3, 2, KT_LOAD_MMAP);
 }
 
+/* M-RoPE positions in the forward pass's interface: text positions given
+ * as (p, p, p, 0) give the bits of plain positions, and another h moves
+ * the logits (the path is live). */
+static void test_arch_qwen35_mrope(void **state) {
+    (void)state;
+    char model_path[4096];
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35-F16.gguf", KT_SHARED_DIR);
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    assert_non_null(m);
+    const llm_model *llm = m->llm;
+    enum { N = 24 };
+    kv_pool_params kp = llm_kv_params(llm, 1, N, KV_F32);
+    kp.n_state_slots = 3;
+    kv_pool *kv = kv_pool_new(&kp, &err);
+    llm_work *w = llm_work_new(llm, N, &err);
+    kt_pool *pool = kt_pool_new(2, &err);
+    assert_true(kv && w && pool);
+    const size_t n_vocab = (size_t)llm->cfg.n_vocab;
+    float *logits[3];
+    int32_t tokens[N];
+    int pos[N], p4[3][4 * N];
+    bool want[N];
+    for (int i = 0; i < N; i++) {
+        tokens[i] = (int32_t)(1000 + 37 * i), pos[i] = i, want[i] = true;
+        for (int r = 0; r < 3; r++)
+            p4[r][4 * i] = i, p4[r][4 * i + 1] = i + (r == 2 ? 5 : 0), p4[r][4 * i + 2] = i, p4[r][4 * i + 3] = 0;
+    }
+    for (int r = 0; r < 3; r++) {
+        kv_seq *seq = kv_seq_new(kv, &err), *seqs[N];
+        assert_non_null(seq);
+        assert_int_equal(kv_seq_append(seq, N, &err), KT_OK);
+        for (int i = 0; i < N; i++) seqs[i] = seq;
+        assert_non_null(logits[r] = malloc(sizeof(float) * n_vocab * N));
+        llm_batch b = {N, tokens, pos, seqs, want, NULL, NULL, r ? p4[r] : NULL};
+        llm_forward(llm, w, pool, &b, logits[r]);
+        kv_seq_free(seq);
+    }
+    assert_memory_equal(logits[0], logits[1], sizeof(float) * n_vocab * N);
+    assert_true(memcmp(logits[0], logits[2], sizeof(float) * n_vocab * N) != 0);
+    printf("  qwen35: text positions as M-RoPE (p, p, p, 0) give the bits of plain positions; h + 5 does not\n");
+    for (int r = 0; r < 3; r++) free(logits[r]);
+    kt_pool_free(pool), llm_work_free(w), kv_pool_free(kv), kt_model_free(m);
+}
+
 /* Qwen 3.5's hybrid: Gated DeltaNet layers (recurrent state per
  * sequence) and gated attention layers (partial NeoX rope, the M-RoPE
  * text positions), tied output; the Qwen 3.5 vocabulary. */
@@ -854,6 +900,7 @@ int main(void) {
         cmocka_unit_test(test_arch_qwen35_f32),
         cmocka_unit_test(test_arch_qwen35_engine),
         cmocka_unit_test(test_arch_qwen35_refused),
+        cmocka_unit_test(test_arch_qwen35_mrope),
         cmocka_unit_test(test_arch_gemma),
         cmocka_unit_test(test_arch_phi3_longrope),
         cmocka_unit_test(test_lowbit_types),

@@ -1544,7 +1544,7 @@ static void engine_step(kt_engine *e) {
         double t0 = now_ns() / 1e6;
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
-        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden};
+        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden, NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         cache_prefills(e);

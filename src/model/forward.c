@@ -308,12 +308,40 @@ typedef struct angles_ctx {
     llm_work *w;
 } angles_ctx;
 
+/* A token's angles under interleaved M-RoPE (ggml's IMROPE, Qwen 3.5):
+ * pair i of the rotated dims takes the position component of its sector
+ * (i mod the sections' sum): t, h, w in turn while each section lasts,
+ * else e. Each component's angles are the plain ones at its position. */
+static void mrope_angles(const llm_config *c, const kt_rope_scaling *scaling, const int *p4, float *cs, float *sn) {
+    enum { MAX_PAIRS = 512 };
+    const int pairs = kt_rope_pairs(c->head_dim, c->rope_dim);
+    const int *sec = c->rope_sections, sect = sec[0] + sec[1] + sec[2] + sec[3];
+    float tc[4][MAX_PAIRS], ts[4][MAX_PAIRS];
+    for (int k = 0; k < 4; k++)
+        kt_rope_angles_scaled(tc[k], ts[k], c->head_dim, c->rope_dim, p4[k], c->rope_freq_base, scaling);
+    for (int i = 0; i < pairs && i < MAX_PAIRS; i++) {
+        const int s = i % sect;
+        const int k = s % 3 == 1 && s < 3 * sec[1]   ? 1
+                      : s % 3 == 2 && s < 3 * sec[2] ? 2
+                      : s % 3 == 0 && s < 3 * sec[0] ? 0
+                                                     : 3;
+        cs[i] = tc[k][i], sn[i] = ts[k][i];
+    }
+}
+
 static void rope_angles_some(void *p, int s0, int s1) {
     const angles_ctx *a = p;
     const llm_config *c = a->c;
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     const kt_rope_scaling *scaling = c->rope_scaled ? &a->w->rope : NULL;
+    const bool mrope = a->b->pos_mrope && c->rope_sections[0] + c->rope_sections[1] + c->rope_sections[2] +
+                                                 c->rope_sections[3] > 0;
     for (int t = s0; t < s1; t++) {
+        if (mrope) {
+            mrope_angles(c, scaling, a->b->pos_mrope + 4 * (size_t)(a->t0 + t), a->w->rope_cs + t * pairs,
+                         a->w->rope_sn + t * pairs);
+            continue;
+        }
         const int pos = a->b->pos[a->t0 + t];
         kt_rope_angles_scaled(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim, pos,
                               c->rope_freq_base, scaling);
