@@ -13,7 +13,9 @@
  * Mixtral-style `llama` files (a mixture of experts in place of the FFN:
  * softmax router, top-k, weights renormalized), `phi3` (fused QKV and
  * gate/up), `gemma2` and `gemma3` (embedding scale, GeGLU, norms after
- * attention and FFN, soft-capping, sliding-window layers). Rope may be
+ * attention and FFN, soft-capping, sliding-window layers), `qwen35` and
+ * `qwen35moe` (Qwen 3.5's hybrid: Gated DeltaNet layers with recurrent
+ * state, model/deltanet.c, beside gated attention layers). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
  * per-pair factors: Llama 3.1's rope_freqs.weight, Phi-3's LongRoPE
  * rope_factors_long / _short.
