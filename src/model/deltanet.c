@@ -12,7 +12,8 @@
  *                         S = S + k u^T;  o = S^T q
  *   out = ssm_out [RMSNorm(o_j) * ssm_norm * silu(z_j)]_j
  * The matmuls run over the whole chunk; the recurrence runs token after
- * token (each token touches only its own sequence's state). Scalar C.
+ * token (each token touches only its own sequence's state), split
+ * between threads by channels and value heads. Scalar C.
  */
 #include "model/deltanet.h"
 
@@ -32,8 +33,7 @@ kt_status llm_dn_work_init(llm_dn_work *dw, const llm_config *c, int n_max, kt_e
     dw->beta = malloc(n * c->ssm_n_v_heads * sizeof(float));
     dw->alpha = malloc(n * c->ssm_n_v_heads * sizeof(float));
     dw->o = malloc(n * inner * sizeof(float));
-    dw->tmp = malloc(((size_t)c->ssm_conv_dim + c->ssm_d_v) * sizeof(float));
-    if (!dw->qkv || !dw->z || !dw->beta || !dw->alpha || !dw->o || !dw->tmp) {
+    if (!dw->qkv || !dw->z || !dw->beta || !dw->alpha || !dw->o) {
         llm_dn_work_free(dw);
         return kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating the DeltaNet scratch");
     }
@@ -41,7 +41,7 @@ kt_status llm_dn_work_init(llm_dn_work *dw, const llm_config *c, int n_max, kt_e
 }
 
 void llm_dn_work_free(llm_dn_work *dw) {
-    free(dw->qkv), free(dw->z), free(dw->beta), free(dw->alpha), free(dw->o), free(dw->tmp);
+    free(dw->qkv), free(dw->z), free(dw->beta), free(dw->alpha), free(dw->o);
     memset(dw, 0, sizeof *dw);
 }
 
@@ -56,21 +56,6 @@ static void l2_norm(float *x, int n, float eps) {
     for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
     for (int i = 0; i < n; i++) x[i] *= scale;
-}
-
-/* The causal convolution of one token: out[c] = sum_k w[c][k] in[t-K+1+k][c]
- * (the state holds the K - 1 inputs before this one, oldest first), then
- * the state moves on and x becomes silu(out). */
-static void conv_step(float *x, float *conv_state, const float *w, int C, int K, float *out) {
-    for (int c = 0; c < C; c++) {
-        float sum = 0;
-        for (int k = 0; k < K - 1; k++) sum += conv_state[(size_t)k * C + c] * w[(size_t)c * K + k];
-        sum += x[c] * w[(size_t)c * K + K - 1];
-        out[c] = sum;
-    }
-    if (K > 2) memmove(conv_state, conv_state + C, sizeof(float) * (size_t)C * (size_t)(K - 2));
-    memcpy(conv_state + (size_t)C * (size_t)(K - 2), x, sizeof(float) * (size_t)C);
-    for (int c = 0; c < C; c++) x[c] = silu(out[c]);
 }
 
 /* One value head's delta rule for one token: S (dk x dv, row r = key
@@ -97,46 +82,107 @@ static void delta_step(float *S, const float *q, const float *k, const float *v,
     }
 }
 
-void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs, int n,
-                        llm_dn_work *dw) {
-    const llm_config *c = &m->cfg;
-    const int E = c->n_embd, C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
-    const int Hk = c->ssm_n_k_heads, Hv = c->ssm_n_v_heads, dk = c->ssm_d_k, dv = c->ssm_d_v, inner = Hv * dv;
-    const kt_matmul_part parts[] = {{dw->qkv, l->ssm_qkv.data, l->ssm_qkv.type, C},
-                                    {dw->z, l->ssm_z.data, l->ssm_z.type, inner},
-                                    {dw->beta, l->ssm_beta.data, l->ssm_beta.type, Hv},
-                                    {dw->alpha, l->ssm_alpha.data, l->ssm_alpha.type, Hv}};
-    kt_matmul_many(pool, parts, 4, xn, E, n);
-    const float *conv_w = l->ssm_conv.data, *dt_bias = l->ssm_dt_bias.data, *a = l->ssm_a.data;
+/* The work of one layer over a chunk, split between the pool's threads
+ * in three phases, each element computed as a serial loop would: the
+ * convolution by channels (each thread runs its channels' tokens in
+ * order: a token's inputs come after its sequence's earlier ones), the
+ * normalisations by tokens, the delta rule and the gated norm by value
+ * heads (tokens in order again: the states are per head). */
+typedef struct dn_job {
+    const llm_config *c;
+    const llm_layer *l;
+    kv_seq *const *seqs;
+    llm_dn_work *dw;
+    int n, phase;
+    size_t layer_floats;
+} dn_job;
+
+static void dn_conv(const dn_job *j, int c0, int c1) {
+    const llm_config *c = j->c;
+    const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
+    const float *w = j->l->ssm_conv.data;
+    for (int t = 0; t < j->n; t++) {
+        float *cs = j->seqs[t]->state + j->layer_floats * (size_t)j->l->rec_index; /* [K - 1][C], oldest first */
+        float *x = j->dw->qkv + (size_t)t * C;
+        for (int ch = c0; ch < c1; ch++) {
+            float sum = 0;
+            for (int k = 0; k < K - 1; k++) sum += cs[(size_t)k * C + ch] * w[(size_t)ch * K + k];
+            sum += x[ch] * w[(size_t)ch * K + K - 1];
+            for (int k = 0; k < K - 2; k++) cs[(size_t)k * C + ch] = cs[(size_t)(k + 1) * C + ch];
+            cs[(size_t)(K - 2) * C + ch] = x[ch];
+            x[ch] = silu(sum);
+        }
+    }
+}
+
+static void dn_norm(const dn_job *j, int t0, int t1) {
+    const llm_config *c = j->c;
+    const int Hk = c->ssm_n_k_heads, dk = c->ssm_d_k;
     const float q_scale = 1.0f / sqrtf((float)dk);
-    const size_t layer_floats = llm_state_layer_floats(c);
-    for (int t = 0; t < n; t++) {
-        float *st = seqs[t]->state + layer_floats * (size_t)l->rec_index;
-        float *conv_state = st, *S = st + (size_t)(K - 1) * C;
-        float *x = dw->qkv + (size_t)t * C;
-        conv_step(x, conv_state, conv_w, C, K, dw->tmp);
-        float *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
+    for (int t = t0; t < t1; t++) {
+        float *q = j->dw->qkv + (size_t)t * c->ssm_conv_dim, *k = q + (size_t)Hk * dk;
         for (int h = 0; h < Hk; h++) {
             l2_norm(q + (size_t)h * dk, dk, c->rms_eps);
             l2_norm(k + (size_t)h * dk, dk, c->rms_eps);
             for (int i = 0; i < dk; i++) q[(size_t)h * dk + i] *= q_scale;
         }
-        const float *bx = dw->beta + (size_t)t * Hv, *ax = dw->alpha + (size_t)t * Hv;
-        float *o = dw->o + (size_t)t * inner;
-        for (int j = 0; j < Hv; j++) {
-            const int kh = j % Hk;
-            const float g = a[j] * softplus(ax[j] + dt_bias[j]);
-            const float beta = 1.0f / (1.0f + expf(-bx[j]));
-            delta_step(S + (size_t)j * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)j * dv, g, beta,
-                       dk, dv, o + (size_t)j * dv, dw->tmp + C);
+    }
+}
+
+static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
+    const llm_config *c = j->c;
+    const llm_layer *l = j->l;
+    const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
+    const int Hk = c->ssm_n_k_heads, Hv = c->ssm_n_v_heads, dk = c->ssm_d_k, dv = c->ssm_d_v, inner = Hv * dv;
+    const float *dt_bias = l->ssm_dt_bias.data, *a = l->ssm_a.data;
+    for (int t = 0; t < j->n; t++) {
+        float *S = j->seqs[t]->state + j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C;
+        const float *x = j->dw->qkv + (size_t)t * C, *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
+        const float *bx = j->dw->beta + (size_t)t * Hv, *ax = j->dw->alpha + (size_t)t * Hv;
+        const float *z = j->dw->z + (size_t)t * inner;
+        float *o = j->dw->o + (size_t)t * inner;
+        for (int h = h0; h < h1; h++) {
+            const int kh = h % Hk; /* ggml's tiled broadcast */
+            const float g = a[h] * softplus(ax[h] + dt_bias[h]);
+            const float beta = 1.0f / (1.0f + expf(-bx[h]));
+            float *oh = o + (size_t)h * dv;
+            delta_step(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, g, beta,
+                       dk, dv, oh, u);
+            kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps); /* the gated RMSNorm */
+            for (int i = 0; i < dv; i++) oh[i] *= silu(z[(size_t)h * dv + i]);
         }
-        /* the gated RMSNorm, head by head */
-        const float *z = dw->z + (size_t)t * inner;
-        for (int j = 0; j < Hv; j++) {
-            float *oj = o + (size_t)j * dv;
-            kt_rmsnorm(oj, oj, l->ssm_norm.data, dv, c->rms_eps);
-            for (int i = 0; i < dv; i++) oj[i] *= silu(z[(size_t)j * dv + i]);
-        }
+    }
+}
+
+static void dn_task(void *p, int ith, int nth) {
+    const dn_job *j = p;
+    const llm_config *c = j->c;
+    const int n_items = j->phase == 0 ? c->ssm_conv_dim : j->phase == 1 ? j->n : c->ssm_n_v_heads;
+    long lo, hi;
+    kt_split_range(n_items, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    if (j->phase == 0) dn_conv(j, (int)lo, (int)hi);
+    else if (j->phase == 1) dn_norm(j, (int)lo, (int)hi);
+    else {
+        float u[1024]; /* d_v <= 1024 (model.c) */
+        dn_heads(j, (int)lo, (int)hi, u);
+    }
+}
+
+void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs, int n,
+                        llm_dn_work *dw) {
+    const llm_config *c = &m->cfg;
+    const int E = c->n_embd, C = c->ssm_conv_dim, Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
+    const kt_matmul_part parts[] = {{dw->qkv, l->ssm_qkv.data, l->ssm_qkv.type, C},
+                                    {dw->z, l->ssm_z.data, l->ssm_z.type, inner},
+                                    {dw->beta, l->ssm_beta.data, l->ssm_beta.type, Hv},
+                                    {dw->alpha, l->ssm_alpha.data, l->ssm_alpha.type, Hv}};
+    kt_matmul_many(pool, parts, 4, xn, E, n);
+    dn_job j = {c, l, seqs, dw, n, 0, llm_state_layer_floats(c)};
+    for (j.phase = 0; j.phase < 3; j.phase++) {
+        /* a few tokens' convolution and norms cost less than waking the pool */
+        if (kt_pool_size(pool) == 1 || (j.phase < 2 && n < 16)) dn_task(&j, 0, 1);
+        else kt_pool_run(pool, dn_task, &j);
     }
     kt_matmul(pool, xn, l->ssm_out.data, l->ssm_out.type, dw->o, inner, E, n);
 }

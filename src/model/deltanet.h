@@ -17,7 +17,6 @@ typedef struct llm_dn_work {
     float *beta;  /* [n][H_v] */
     float *alpha; /* [n][H_v] */
     float *o;     /* [n][H_v d_v] */
-    float *tmp;   /* [conv_dim + d_v] */
 } llm_dn_work;
 
 kt_status llm_dn_work_init(llm_dn_work *dw, const llm_config *c, int n_max, kt_error *err);

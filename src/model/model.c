@@ -218,6 +218,9 @@ static kt_status read_hybrid(const gguf_file *f, llm_config *c, const uint8_t **
                             "value heads must divide the inner size and be a multiple of the key heads", a, inner,
                             c->ssm_n_v_heads, c->ssm_n_k_heads);
     c->ssm_d_v = inner / c->ssm_n_v_heads;
+    if (c->ssm_d_v > 1024)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.ssm.inner_size %d / ssm.time_step_rank %d: a value head of %d "
+                            "(kettle's DeltaNet takes up to 1024)", a, inner, c->ssm_n_v_heads, c->ssm_d_v);
     c->ssm_conv_dim = 2 * c->ssm_n_k_heads * c->ssm_d_k + inner;
     c->n_layer -= nextn; /* the MTP layers: kept in the file, not run */
     char key[128];
