@@ -244,12 +244,14 @@ static kt_status read_hybrid(const gguf_file *f, llm_config *c, const uint8_t **
         const uint64_t n = gguf_kv_type(f, i) == GGUF_ARRAY ? gguf_kv_arr_n(f, i) : 0;
         if (n < 1 || n > 4 || (gguf_kv_arr_type(f, i) != GGUF_I32 && gguf_kv_arr_type(f, i) != GGUF_U32))
             return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of up to 4 integers", key);
-        const int32_t *v = gguf_kv_arr_data(f, i);
+        const uint8_t *data = gguf_kv_arr_data(f, i); /* not aligned in the file */
         int sum = 0;
         for (uint64_t j = 0; j < n; j++) {
-            if (v[j] < 0 || v[j] > 4096)
-                return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has section %d = %d", key, (int)j, (int)v[j]);
-            c->rope_sections[j] = v[j], sum += v[j];
+            int32_t v;
+            memcpy(&v, data + 4 * j, 4);
+            if (v < 0 || v > 4096)
+                return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has section %d = %d", key, (int)j, (int)v);
+            c->rope_sections[j] = v, sum += v;
         }
         if (sum > c->rope_dim / 2)
             return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' covers %d pairs, rope has %d", key, sum,
