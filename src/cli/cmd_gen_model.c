@@ -82,9 +82,10 @@ static const shape SHAPES[] = {
     /* Qwen 3.5's 0.8B and 4B (their config.json: head size 256, linear
      * attention 16 key heads, 16 / 32 value heads of 128, kernel 4, rope
      * base 1e7 on a quarter of the head; the real vocabulary has 248,320
-     * tokens) */
+     * tokens); qwen3.5-tiny their layout in small matrices, for tests */
     {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128},
     {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128},
+    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -306,7 +307,9 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
     TRY(U32("feed_forward_length", s->ffn));
     TRY(U32("rope.dimension_count", s->ssm_head ? head_dim_of(s) / 4 : head_dim_of(s)));
     if (s->ssm_head) {
-        const int32_t sections[4] = {11, 11, 10, 0};
+        /* Qwen 3.5's [11, 11, 10] over the 32 rotated pairs, scaled */
+        const int32_t pairs = (int32_t)(head_dim_of(s) / 8), s0 = (pairs * 11 + 16) / 32;
+        const int32_t sections[4] = {s0, s0, pairs - 2 * s0, 0};
         TRY(U32("ssm.conv_kernel", 4));
         TRY(U32("ssm.state_size", s->ssm_head));
         TRY(U32("ssm.group_count", s->ssm_k_heads));

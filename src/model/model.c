@@ -245,17 +245,15 @@ static kt_status read_hybrid(const gguf_file *f, llm_config *c, const uint8_t **
         if (n < 1 || n > 4 || (gguf_kv_arr_type(f, i) != GGUF_I32 && gguf_kv_arr_type(f, i) != GGUF_U32))
             return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of up to 4 integers", key);
         const uint8_t *data = gguf_kv_arr_data(f, i); /* not aligned in the file */
-        int sum = 0;
+        /* (sections may cover more pairs than rope turns: ggml takes a
+         * pair's sector modulo their sum all the same) */
         for (uint64_t j = 0; j < n; j++) {
             int32_t v;
             memcpy(&v, data + 4 * j, 4);
             if (v < 0 || v > 4096)
                 return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has section %d = %d", key, (int)j, (int)v);
-            c->rope_sections[j] = v, sum += v;
+            c->rope_sections[j] = v;
         }
-        if (sum > c->rope_dim / 2)
-            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' covers %d pairs, rope has %d", key, sum,
-                                c->rope_dim / 2);
     }
     int n_rec = 0;
     for (int il = 0; il < c->n_layer; il++)
