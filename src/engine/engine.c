@@ -74,6 +74,7 @@
 #include "engine/model_internal.h"
 #include "engine/request.h"
 #include "kv/disk_cache.h"
+#include "kv/state_pool.h"
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
 #include "ops/pool.h"
@@ -220,6 +221,9 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     out->kv_block_bytes = kv_pool_block_bytes(e->kv) * 2 * (size_t)kv_pool_get_params(e->kv)->n_layer;
     out->kv_wanted_bytes = e->kv_wanted_bytes;
     out->kv_pool_bytes = kv_pool_bytes(e->kv);
+    const kv_state_pool *sp = kv_pool_state(e->kv);
+    out->state_slots = sp ? kv_state_n_slots(sp) : 0;
+    out->state_slot_bytes = sp ? kv_state_slot_bytes(sp) : 0;
     pthread_mutex_unlock(&e->mu);
 }
 
