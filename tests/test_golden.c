@@ -564,6 +564,56 @@ static void test_arch_qwen35_engine(void **state) {
     (void)state;
     check_engine_hybrid("qwen35");
     check_engine_hybrid("qwen35moe");
+    /* the state of --parallel sequences that does not fit is refused, naming --parallel */
+    char model_path[4096];
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35-F16.gguf", KT_SHARED_DIR);
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    assert_non_null(m);
+    kt_engine_params ep = kt_engine_defaults();
+    ep.n_ctx = 256, ep.n_parallel = 64, ep.mem_limit = 4 << 20; /* 64 x 0.1 MiB of state */
+    kt_engine *e = kt_engine_new(m, &ep, &err);
+    if (e || !strstr(err.msg, "lower --parallel")) fail_msg("engine=%p, error '%s'", (void *)e, err.msg);
+    printf("  refused: %s\n", err.msg);
+    kt_model_free(m);
+}
+
+/* A hybrid model's session saved after the prompt and restored into a
+ * new session goes on with the same bits as the original (the recurrent
+ * state travels in the file); saving fewer positions than it holds is
+ * refused (the state is the one after all of them). */
+static void test_arch_qwen35_session_file(void **state) {
+    (void)state;
+    char model_path[4096];
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/qwen35-F16.gguf", KT_SHARED_DIR);
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    assert_non_null(m);
+    const size_t n_vocab = (size_t)kt_model_describe(m)->n_vocab;
+    enum { N = 40, M = 8 };
+    int32_t ids[N + M];
+    for (int i = 0; i < N + M; i++) ids[i] = (int32_t)(500 + 97 * i);
+    float *a = malloc(sizeof(float) * n_vocab * M), *b = malloc(sizeof(float) * n_vocab * M);
+    kt_session *s1 = kt_session_new(m, &(kt_session_params){.n_ctx = 64, .n_threads = 2}, &err);
+    kt_session *s2 = kt_session_new(m, &(kt_session_params){.n_ctx = 64, .n_threads = 2}, &err);
+    assert_true(a && b && s1 && s2);
+    assert_int_equal(kt_session_eval(s1, ids, N, NULL, false, &err), KT_OK);
+    const char *path = tu_tmp("qwen35.session");
+    assert_int_equal(kt_session_save(s1, path, ids, N - 1, NULL, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "hybrid"));
+    assert_int_equal(kt_session_save(s1, path, ids, N, "note", &err), KT_OK);
+    int32_t *toks = NULL;
+    char *note = NULL;
+    int n = 0;
+    assert_int_equal(kt_session_load(s2, path, &toks, &n, &note, &err), KT_OK);
+    assert_int_equal(n, N);
+    assert_int_equal(kt_session_n_past(s2), N);
+    assert_int_equal(kt_session_eval(s1, ids + N, M, a, true, &err), KT_OK);
+    assert_int_equal(kt_session_eval(s2, ids + N, M, b, true, &err), KT_OK);
+    assert_memory_equal(a, b, sizeof(float) * n_vocab * M);
+    printf("  qwen35: a session restored from its file goes on with the original's bits\n");
+    free(toks), free(note), free(a), free(b);
+    kt_session_free(s1), kt_session_free(s2), kt_model_free(m);
 }
 
 /* qwen35moe-F16 as a file with one multi-token-prediction layer is
@@ -901,6 +951,7 @@ int main(void) {
         cmocka_unit_test(test_arch_qwen35_engine),
         cmocka_unit_test(test_arch_qwen35_refused),
         cmocka_unit_test(test_arch_qwen35_mrope),
+        cmocka_unit_test(test_arch_qwen35_session_file),
         cmocka_unit_test(test_arch_gemma),
         cmocka_unit_test(test_arch_phi3_longrope),
         cmocka_unit_test(test_lowbit_types),
