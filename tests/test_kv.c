@@ -31,9 +31,10 @@
 
 #include "base/rng.h"
 #include "kv/block_pool.h"
+#include "kv/state_pool.h"
 
 static kv_pool *make_pool(int n_blocks, int bt, int n_layer, int kv_dim, kv_type t) {
-    kv_pool_params p = {n_blocks, bt, n_layer, kv_dim, t, 0, NULL, 0};
+    kv_pool_params p = {n_blocks, bt, n_layer, kv_dim, t, 0, NULL, 0, 0, 0};
     kt_error err = {0};
     kv_pool *pool = kv_pool_new(&p, &err);
     if (!pool) fail_msg("kv_pool_new: %s", err.msg);
@@ -183,17 +184,17 @@ static void test_alloc_free(void **state) {
 static void test_bad_params(void **state) {
     (void)state;
     kt_error err = {0};
-    kv_pool_params p = {0, 16, 2, 4, KV_F16, 0, NULL, 0};
+    kv_pool_params p = {0, 16, 2, 4, KV_F16, 0, NULL, 0, 0, 0};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
-    p = (kv_pool_params){4, 16, 2, 4, (kv_type)7, 0, NULL, 0};
+    p = (kv_pool_params){4, 16, 2, 4, (kv_type)7, 0, NULL, 0, 0, 0};
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
     assert_non_null(strstr(err.msg, "element type 7"));
-    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0, 0, NULL, 0}; /* rows not whole Q8_0 blocks */
+    p = (kv_pool_params){4, 16, 2, 48, KV_Q8_0, 0, NULL, 0, 0, 0}; /* rows not whole Q8_0 blocks */
     assert_null(kv_pool_new(&p, &err));
     assert_non_null(strstr(err.msg, "multiple of 32"));
-    p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32, 0, NULL, 0};
+    p = (kv_pool_params){INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, KV_F32, 0, NULL, 0, 0, 0};
     memset(&err, 0, sizeof err);
     assert_null(kv_pool_new(&p, &err));
     assert_int_equal(err.status, KT_ERR_ARG);
@@ -540,7 +541,7 @@ static void run_stress(kv_type type, uint64_t seed, int window, int n_slots) {
     /* Few blocks for 8 sequences of up to 64 positions: exhaustion and
      * copy-on-write both happen often. */
     static const uint8_t windowed[3] = {0, 1, 0};
-    kv_pool_params p = {40, 4, 3, 3, type, window, windowed, n_slots};
+    kv_pool_params p = {40, 4, 3, 3, type, window, windowed, n_slots, 0, 0};
     kt_error err = {0};
     kv_pool *pool = kv_pool_new(&p, &err);
     if (!pool) fail_msg("kv_pool_new: %s", err.msg);
@@ -589,6 +590,44 @@ static void test_stress_window(void **state) {
     run_stress(KV_F32, 7, 1, 12);
 }
 
+/* A pool with recurrent state (a hybrid model): every sequence gets a
+ * zeroed slot until they run out (refused, naming --parallel), the slot
+ * comes back with the sequence, a fork copies it, truncation goes back
+ * only to 0 (zeroing it) and a non-empty prefix cannot be shared. */
+static void test_state_slots(void **state) {
+    (void)state;
+    kv_pool_params p = {8, 4, 2, 4, KV_F32, 0, NULL, 0, 3 * sizeof(float), 2};
+    kt_error err = {0};
+    kv_pool *pool = kv_pool_new(&p, &err);
+    assert_non_null(pool);
+    assert_true(kv_pool_has_state(pool));
+    assert_int_equal(kv_params_bytes(&p), 8 * 2 * 2 * 4 * 4 * 4 + 2 * 3 * 4); /* KV + the slots */
+    kv_seq *a = kv_seq_new(pool, &err), *b = kv_seq_new(pool, &err);
+    assert_true(a && b && a->state && b->state && a->state != b->state);
+    for (int i = 0; i < 3; i++) assert_true(a->state[i] == 0.0f && b->state[i] == 0.0f);
+    assert_null(kv_seq_new(pool, &err)); /* two slots */
+    assert_int_equal(err.status, KT_ERR_NOMEM);
+    assert_non_null(strstr(err.msg, "--parallel"));
+    assert_int_equal(kv_seq_append(a, 6, &err), KT_OK);
+    a->state[0] = 1, a->state[1] = 2, a->state[2] = 3;
+    kv_seq_free(b);
+    kv_seq *f = kv_seq_fork(a, &err); /* the freed slot, with a's state */
+    assert_non_null(f);
+    assert_true(f->state[0] == 1 && f->state[1] == 2 && f->state[2] == 3 && f->state != a->state);
+    assert_int_equal(kv_seq_truncate(a, 3, &err), KT_ERR_ARG);
+    assert_int_equal(a->len, 6);
+    assert_int_equal(kv_seq_truncate(a, 6, &err), KT_OK); /* no-op */
+    assert_int_equal(kv_seq_truncate(a, 0, &err), KT_OK);
+    assert_true(a->state[0] == 0 && a->state[1] == 0 && a->state[2] == 0 && a->len == 0);
+    assert_true(f->state[0] == 1);
+    assert_int_equal(kv_seq_share(a, f->blocks, 1, 4, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "recurrent state"));
+    kv_seq_free(a), kv_seq_free(f);
+    assert_int_equal(kv_pool_n_used(pool), 0);
+    assert_int_equal(kv_state_n_free(kv_pool_state(pool)), 2);
+    kv_pool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout),
@@ -600,6 +639,7 @@ int main(void) {
         cmocka_unit_test(test_stress_f32),
         cmocka_unit_test(test_stress_f16),
         cmocka_unit_test(test_stress_window),
+        cmocka_unit_test(test_state_slots),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

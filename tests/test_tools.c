@@ -830,6 +830,32 @@ static void test_gen_model_moe(void **state) {
     free(out), free(vocab), free(p);
 }
 
+/* Qwen 3.5's hybrid shape (its tiny cut): the ssm keys, DeltaNet tensors
+ * on 3 layers of 4 (the conv kernel F32, ssm_a negative), gated attention
+ * on the 4th; it loads and generates. */
+static void test_gen_model_qwen35(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-qwen35.gguf");
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    gguf_file *f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen35.ssm.time_step_rank"), 4);
+    assert_int_equal(get_i64(f, "qwen35.ssm.inner_size"), 128);
+    assert_int_equal(get_i64(f, "qwen35.full_attention_interval"), 4);
+    assert_int_equal(get_i64(f, "qwen35.rope.dimension_count"), 16);
+    const gguf_tensor *conv = gguf_tensor_find(f, "blk.2.ssm_conv1d.weight"), *a = gguf_tensor_find(f, "blk.0.ssm_a");
+    assert_true(conv && conv->type == KT_F32 && conv->dims[0] == 4 && conv->dims[1] == 256);
+    assert_true(a && ((const float *)a->data)[0] == -1.0f);
+    const gguf_tensor *q = gguf_tensor_find(f, "blk.3.attn_q.weight");
+    assert_true(q && q->dims[1] == 2 * 4 * 64);
+    assert_null(gguf_tensor_find(f, "blk.3.attn_qkv.weight"));
+    gguf_close(f);
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out), free(vocab), free(p);
+}
+
 /* Gemma 3 and Phi-3 shapes (their tiny test cuts): the tensors each
  * architecture has (Q/K norms and post-norms; fused QKV and gate | up),
  * and the model runs, past its sliding window of 8 positions. */
@@ -916,6 +942,7 @@ int main(void) {
         cmocka_unit_test(test_gen_model_deterministic),
         cmocka_unit_test(test_gen_model_values),
         cmocka_unit_test(test_gen_model_moe),
+        cmocka_unit_test(test_gen_model_qwen35),
         cmocka_unit_test(test_gen_model_gemma_phi),
         cmocka_unit_test(test_gen_model_errors),
     };

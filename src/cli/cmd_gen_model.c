@@ -50,6 +50,10 @@ typedef struct shape {
     int64_t head_dim;   /* 0: dim / n_heads */
     int64_t n_expert, n_expert_used, ffn_exp; /* qwen3moe */
     int64_t n_swa; float rope_base_swa;       /* gemma3: the local layers' window and rope base */
+    /* qwen35 (Gated DeltaNet hybrid): key and value heads of ssm_head
+     * values (every 4th layer is gated full attention, rope on a quarter
+     * of the head) */
+    int64_t ssm_k_heads, ssm_v_heads, ssm_head;
 } shape;
 
 /* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
@@ -62,19 +66,26 @@ typedef struct shape {
  * a dense FFN of 8 x 768: the dense model with the MoE's active
  * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
-    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0},
-    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0},
-    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0},
-    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0},
-    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f},
-    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0},
-    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0},
+    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0},
+    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    /* Qwen 3.5's 0.8B and 4B (their config.json: head size 256, linear
+     * attention 16 key heads, 16 / 32 value heads of 128, kernel 4, rope
+     * base 1e7 on a quarter of the head; the real vocabulary has 248,320
+     * tokens); qwen3.5-tiny their layout in small matrices, for tests */
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128},
+    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128},
+    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -86,7 +97,7 @@ static void usage(FILE *out) {
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
             "                        [--seed S] [--ctx-train N]\n"
             "\n"
-            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3) with deterministic random weights\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35) with deterministic random weights\n"
             "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
             "\n"
             "  --shape NAME     ");
@@ -142,6 +153,34 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
         add3(p, n, d0, d1, d2, type);                                \
     } while (0)
     LAYER("attn_norm.weight", s->dim, 0, 0);
+    if (s->ssm_head) { /* qwen35 */
+        const int64_t hk = s->ssm_k_heads * s->ssm_head, inner = s->ssm_v_heads * s->ssm_head;
+        if ((i + 1) % 4) {
+            LAYER("attn_qkv.weight", s->dim, 2 * hk + inner, 0);
+            LAYER("attn_gate.weight", s->dim, inner, 0);
+            LAYER("ssm_conv1d.weight", 4, 2 * hk + inner, 0);
+            p->t[p->n - 1].type = KT_F32; /* as llama.cpp's converter writes it */
+            LAYER("ssm_dt.bias", s->ssm_v_heads, 0, 0);
+            snprintf(n, sizeof n, "blk.%" PRId64 ".ssm_a", i);
+            add3(p, n, s->ssm_v_heads, 0, 0, type);
+            LAYER("ssm_beta.weight", s->dim, s->ssm_v_heads, 0);
+            LAYER("ssm_alpha.weight", s->dim, s->ssm_v_heads, 0);
+            LAYER("ssm_norm.weight", s->ssm_head, 0, 0);
+            LAYER("ssm_out.weight", inner, s->dim, 0);
+        } else {
+            LAYER("attn_q.weight", s->dim, 2 * q, 0); /* per head: Q, then its gate */
+            LAYER("attn_k.weight", s->dim, kv, 0);
+            LAYER("attn_v.weight", s->dim, kv, 0);
+            LAYER("attn_output.weight", q, s->dim, 0);
+            LAYER("attn_q_norm.weight", hd, 0, 0);
+            LAYER("attn_k_norm.weight", hd, 0, 0);
+        }
+        LAYER("post_attention_norm.weight", s->dim, 0, 0);
+        LAYER("ffn_gate.weight", s->dim, s->ffn, 0);
+        LAYER("ffn_down.weight", s->ffn, s->dim, 0);
+        LAYER("ffn_up.weight", s->dim, s->ffn, 0);
+        return;
+    }
     if (fused) {
         LAYER("attn_qkv.weight", s->dim, q + 2 * kv, 0);
     } else {
@@ -177,7 +216,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
 static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtype type,
                            kt_error *err) {
     p->n = 0;
-    p->t = calloc((size_t)(14 * s->n_layers + 3), sizeof *p->t);
+    p->t = calloc((size_t)(16 * s->n_layers + 3), sizeof *p->t);
     if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     add(p, "token_embd.weight", s->dim, n_vocab, type);
     for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, type);
@@ -231,10 +270,14 @@ static void gen_rows(void *ctx, int ith, int nth) {
     int64_t n = j->t->dims[0];
     float *row = j->scratch + (size_t)ith * (size_t)n;
     bool ones = j->t->n_dims == 1;
+    /* a DeltaNet's decay ssm_a holds -exp(A_log): -1 (ones would make every
+     * state grow without bound) */
+    const size_t name_len = strlen(j->t->name);
+    const float one = name_len >= 6 && !strcmp(j->t->name + name_len - 6, ".ssm_a") ? -1.0f : 1.0f;
     kt_split_range(n_rows(j->t), ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         if (ones) {
-            for (int64_t k = 0; k < n; k++) row[k] = 1.0f;
+            for (int64_t k = 0; k < n; k++) row[k] = one;
         } else {
             kt_rng rng;
             kt_rng_seed(&rng, row_seed(j->seed, j->index, (uint64_t)r));
@@ -262,7 +305,20 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
     TRY(U32("embedding_length", s->dim));
     TRY(U32("block_count", s->n_layers));
     TRY(U32("feed_forward_length", s->ffn));
-    TRY(U32("rope.dimension_count", head_dim_of(s)));
+    TRY(U32("rope.dimension_count", s->ssm_head ? head_dim_of(s) / 4 : head_dim_of(s)));
+    if (s->ssm_head) {
+        /* Qwen 3.5's [11, 11, 10] over the 32 rotated pairs, scaled */
+        const int32_t pairs = (int32_t)(head_dim_of(s) / 8), s0 = (pairs * 11 + 16) / 32;
+        const int32_t sections[4] = {s0, s0, pairs - 2 * s0, 0};
+        TRY(U32("ssm.conv_kernel", 4));
+        TRY(U32("ssm.state_size", s->ssm_head));
+        TRY(U32("ssm.group_count", s->ssm_k_heads));
+        TRY(U32("ssm.time_step_rank", s->ssm_v_heads));
+        TRY(U32("ssm.inner_size", s->ssm_v_heads * s->ssm_head));
+        TRY(U32("full_attention_interval", 4));
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+        TRY(gguf_writer_set_arr(w, key, GGUF_I32, sections, 4, err));
+    }
     TRY(U32("attention.head_count", s->n_heads));
     TRY(U32("attention.head_count_kv", s->n_kv_heads));
     if (s->head_dim) {

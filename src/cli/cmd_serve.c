@@ -558,6 +558,9 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
     fprintf(stderr, "kettle serve: KV cache %d blocks of %d positions (%.0f MiB, %d positions), prefix cache %s\n",
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
+    if (st.state_slots)
+        fprintf(stderr, "kettle serve: recurrent state (a hybrid model) %d x %.1f MiB, one per running sequence, in the "
+                "KV cache's memory\n", st.state_slots, (double)st.state_slot_bytes / 1048576.0);
     if (ap->spec != KT_SPEC_OFF)
         fprintf(stderr, "kettle serve: speculative decoding: %s, up to %d tokens a step, %s\n",
                 ap->spec == KT_SPEC_DRAFT ? "a draft model" : "prompt lookup and earlier requests' outputs",

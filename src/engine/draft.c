@@ -46,6 +46,11 @@ eng_draft *eng_draft_new(const kt_model *target, const kt_model *draft, int n_pa
     /* n_parallel contexts, and k_max positions past each for the last guesses */
     const int per_seq = (n_ctx + k_max + DRAFT_BLOCK_TOKENS - 1) / DRAFT_BLOCK_TOKENS + 1;
     kv_pool_params kp = llm_kv_params(draft->llm, n_parallel * per_seq, DRAFT_BLOCK_TOKENS, type);
+    if (kp.state_bytes) {
+        kt_error_set(err, KT_ERR_ARG, "a hybrid draft model (%s: recurrent layers) is not supported yet (its state "
+                     "could not roll back past a step)", draft->llm->cfg.arch);
+        return eng_draft_free(d), NULL;
+    }
     if (kv_params_n_windowed(&kp) > 0) {
         kt_error_set(err, KT_ERR_ARG, "a draft model with sliding-window layers is not supported (its window "
                      "could not roll back past a step)");
@@ -99,7 +104,7 @@ static kt_status add_run(eng_draft *d, int *n, kv_seq *seq, const int32_t *ctx, 
 
 /* One pass over the batch; row r of d->logits is job job_of_row[r]'s. */
 static void run_pass(eng_draft *d, kt_pool *pool, int n) {
-    llm_batch b = {n, d->tokens, d->pos, d->seqs, d->want, NULL, NULL};
+    llm_batch b = {n, d->tokens, d->pos, d->seqs, d->want, NULL, NULL, NULL};
     llm_forward(d->model->llm, d->work, pool, &b, d->logits);
 }
 

@@ -74,6 +74,7 @@
 #include "engine/model_internal.h"
 #include "engine/request.h"
 #include "kv/disk_cache.h"
+#include "kv/state_pool.h"
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
 #include "ops/pool.h"
@@ -220,6 +221,9 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     out->kv_block_bytes = kv_pool_block_bytes(e->kv) * 2 * (size_t)kv_pool_get_params(e->kv)->n_layer;
     out->kv_wanted_bytes = e->kv_wanted_bytes;
     out->kv_pool_bytes = kv_pool_bytes(e->kv);
+    const kv_state_pool *sp = kv_pool_state(e->kv);
+    out->state_slots = sp ? kv_state_n_slots(sp) : 0;
+    out->state_slot_bytes = sp ? kv_state_slot_bytes(sp) : 0;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -249,6 +253,18 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
     if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
         return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
+    if (llm_state_bytes(e->llm)) {
+        /* a hybrid model's recurrent state is not in its KV blocks: until
+         * the prefix cache snapshots it, a cache hit would resume KV without
+         * its state, and a rejected proposal could not be rolled back */
+        if (p.prefix_cache || p.cache_dir)
+            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): prefix cache%s off (its state "
+                    "cannot be reused yet)\n", c->arch, p.cache_dir ? " and disk cache" : "");
+        if (p.spec)
+            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): speculative decoding off (its "
+                    "state cannot roll back yet)\n", c->arch);
+        p.prefix_cache = false, p.cache_dir = NULL, p.spec = KT_SPEC_OFF;
+    }
     e->p = p;
     return KT_OK;
 }
@@ -306,10 +322,20 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
                      "(or use --kv-type q8_0)", p->kv_bytes / mib, limit / mib);
         return NULL;
     }
+    /* a hybrid model: every sequence that may run at once (--parallel)
+     * owns a recurrent-state slot beside its blocks, paid before them */
+    kp.n_state_slots = p->n_parallel;
+    const size_t state_total = kp.state_bytes * (size_t)p->n_parallel;
+    if (state_total && limit && state_total >= limit) {
+        kt_error_set(err, KT_ERR_NOMEM, "the recurrent state of --parallel %d sequences needs %.0f MiB (%.1f MiB each) "
+                     "but %zu MiB of memory are available now: lower --parallel", p->n_parallel,
+                     (double)state_total / mib, (double)kp.state_bytes / mib, limit / mib);
+        return NULL;
+    }
     split_budget(&kp, p->kv_bytes, ctx_blocks, max_slots);
     if (!p->kv_bytes && limit && kv_params_bytes(&kp) > limit) { /* the default does not fit: the memory is the budget */
         e->kv_wanted_bytes = kv_params_bytes(&kp);
-        split_budget(&kp, limit, ctx_blocks, max_slots);
+        split_budget(&kp, limit - state_total, ctx_blocks, max_slots);
         if ((size_t)kp.n_blocks < one_ctx) {
             kt_error_set(err, KT_ERR_NOMEM, "one context of %d positions needs %.0f MiB of KV cache but %zu MiB of memory "
                          "are available now: lower --ctx (or use --kv-type q8_0)", p->n_ctx,
@@ -1522,7 +1548,7 @@ static void engine_step(kt_engine *e) {
         double t0 = now_ns() / 1e6;
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
-        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden};
+        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden, NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         cache_prefills(e);

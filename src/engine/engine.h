@@ -307,7 +307,10 @@ typedef struct kt_engine_stats {
     uint64_t disk_cached_prompt_tokens; /* of cached_prompt_tokens, read back from disk */
     int kv_block_tokens;
     size_t kv_block_bytes;  /* one block: every layer's K and V rows */
-    size_t kv_pool_bytes;   /* the whole pool: blocks of the full layers, slots of the window layers */
+    size_t kv_pool_bytes;   /* the whole pool: blocks of the full layers, slots of the window layers
+                               (and a hybrid model's recurrent-state slots) */
+    int state_slots;        /* a hybrid model's recurrent-state slots (one per --parallel sequence; 0: none) */
+    size_t state_slot_bytes; /* bytes of one */
     size_t kv_wanted_bytes; /* what n_parallel x n_ctx positions would have taken, when the pool was cut
                              * to the available memory (0: it was not) */
     uint64_t requests_finished[5]; /* by kt_finish */

@@ -8,10 +8,13 @@
  *   16 4  n_layer                20 4  row_bytes (one position's K or V row)
  *   24 4  n tokens               28 4  note bytes
  *   32 4  window_from: the first position a sliding-window layer's rows
- *         are saved from (0 without such layers)       36 4  0
+ *         are saved from (0 without such layers)
+ *   36 4  1 when a hybrid model's recurrent state follows the rows, else 0
  *   40    token ids (n x int32), the note, then per layer the K rows and
  *         the V rows of positions 0..n-1 (a window layer's from
- *         window_from), then the XXH3-64 checksum of everything before it.
+ *         window_from), then the recurrent state after position n - 1
+ *         (a hybrid model: its slot's bytes), then the XXH3-64 checksum
+ *         of everything before it.
  * A file is restored only when its size, magic, fingerprint, layout and
  * checksum all match; nothing is written into the session before that.
  */
@@ -24,6 +27,7 @@
 
 #include "base/error.h"
 #include "engine/model_internal.h"
+#include "kv/state_pool.h"
 
 #define HEADER 40
 static const char MAGIC[8] = {'K', 'T', 'S', 'E', 'S', 'S', '0', '2'};
@@ -38,10 +42,16 @@ static int first_row(const kt_session *s, int l, int window_from) {
     return kv_pool_layer_windowed(s->kv, l) ? window_from : 0;
 }
 
+/* A hybrid model's recurrent state (0 bytes otherwise). */
+static size_t state_bytes(const kt_session *s) {
+    const kv_state_pool *sp = kv_pool_state(s->kv);
+    return sp ? kv_state_slot_bytes(sp) : 0;
+}
+
 static size_t file_bytes(const kt_session *s, size_t row_bytes, int n, int window_from, size_t note) {
     size_t rows = 0;
     for (int l = 0; l < kv_pool_get_params(s->kv)->n_layer; l++) rows += 2 * (size_t)(n - first_row(s, l, window_from));
-    return HEADER + 4 * (size_t)n + note + rows * row_bytes + 8;
+    return HEADER + 4 * (size_t)n + note + rows * row_bytes + state_bytes(s) + 8;
 }
 
 /* Positions [from, to) of layer l's `kind` rows into the file at `at`;
@@ -63,6 +73,9 @@ kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *
     if (n < 0 || n > s->seq->len)
         return kt_error_set(err, KT_ERR_ARG, "session save: %d positions, the session holds %d", n,
                             s->seq->len);
+    if (kv_pool_has_state(s->kv) && n != s->seq->len)
+        return kt_error_set(err, KT_ERR_ARG, "session save: %s is a hybrid model, whose recurrent state is the one after "
+                            "all %d positions: save them all, not %d", s->model->llm->cfg.arch, s->seq->len, n);
     const kv_pool_params *p = kv_pool_get_params(s->kv);
     const size_t row = kv_pool_row_bytes(s->kv), note_len = note ? strlen(note) : 0;
     /* the window layers hold rows from their first held block on */
@@ -76,13 +89,14 @@ kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *
     if (!buf) return kt_error_set(err, KT_ERR_NOMEM, "session save: out of memory for %zu bytes", total);
     const uint64_t fp = session_fingerprint(s);
     const uint32_t head[6] = {(uint32_t)p->n_layer, (uint32_t)row, (uint32_t)n, (uint32_t)note_len,
-                              (uint32_t)window_from, 0};
+                              (uint32_t)window_from, kv_pool_has_state(s->kv) ? 1u : 0u};
     memcpy(buf, MAGIC, 8), memcpy(buf + 8, &fp, 8), memcpy(buf + 16, head, sizeof head);
     uint8_t *at = buf + HEADER;
     memcpy(at, tokens, 4 * (size_t)n), at += 4 * (size_t)n;
     memcpy(at, note ? note : "", note_len), at += note_len;
     for (int l = 0; l < p->n_layer; l++)
         for (int k = 0; k < 2; k++) at += save_rows(s, l, (kv_kind)k, first_row(s, l, window_from), n, at);
+    if (s->seq->state) memcpy(at, s->seq->state, state_bytes(s));
     const uint64_t sum = XXH3_64bits(buf, total - 8);
     memcpy(buf + total - 8, &sum, 8);
     char tmp[4200];
@@ -144,7 +158,7 @@ static kt_status check_file(const kt_session *s, const char *path, const uint8_t
     if (head[2] > (uint32_t)s->n_ctx)
         return kt_error_set(err, KT_ERR_ARG, "%s holds %u positions, more than this context's %d (raise -c)", path,
                             head[2], s->n_ctx);
-    if (head[5] != 0 || head[4] > head[2] || (head[4] > 0 && kv_pool_n_window_layers(s->kv) == 0))
+    if (head[5] != (kv_pool_has_state(s->kv) ? 1u : 0u) || head[4] > head[2] || (head[4] > 0 && kv_pool_n_window_layers(s->kv) == 0))
         return kt_error_set(err, KT_ERR_FORMAT, "%s has a bad header", path);
     if (head[2] > 0 && kv_window_first_block(s->kv, (int)head[2]) * kv_pool_get_params(s->kv)->block_tokens <
                            (int)head[4])
@@ -194,6 +208,8 @@ kt_status kt_session_load(kt_session *s, const char *path, int32_t **tokens, int
     if (st == KT_OK && (!(*tokens = malloc(4 * (size_t)n + 4)) || !(*note = malloc(note_len + 1))))
         st = kt_error_set(err, KT_ERR_NOMEM, "out of memory restoring %s", path);
     if (st == KT_OK) st = restore_rows(s, buf + HEADER + 4 * (size_t)n + note_len, n, window_from, err);
+    if (st == KT_OK && s->seq->state) /* a hybrid model: the state after the n positions, last before the checksum */
+        memcpy(s->seq->state, buf + size - 8 - state_bytes(s), state_bytes(s));
     if (st != KT_OK) {
         kt_session_truncate(s, 0);
         free(buf), free(*tokens), free(*note);

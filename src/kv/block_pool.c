@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "base/huge.h"
+#include "kv/state_pool.h"
 
 /* Reference-counted ids with a free stack and an idle list (ids nobody
  * holds that are kept findable, least recently released first): the
@@ -50,6 +51,7 @@ struct kv_pool {
     int32_t *owner;     /* per slot: its block, or -1 when free */
     void (*evict)(void *ctx, int32_t id);
     void *evict_ctx;
+    kv_state_pool *state; /* recurrent state slots (NULL: not a hybrid model) */
 };
 
 size_t kv_row_bytes(kv_type t, int kv_dim) {
@@ -99,7 +101,8 @@ int kv_params_n_windowed(const kv_pool_params *p) {
 size_t kv_params_bytes(const kv_pool_params *p) {
     const int n_win = kv_params_n_windowed(p);
     const double layer = 2.0 * (double)p->block_tokens * (double)kv_row_bytes(p->type, p->kv_dim);
-    const double bytes = layer * ((double)(p->n_layer - n_win) * p->n_blocks + (double)n_win * p->n_window_blocks);
+    const double bytes = layer * ((double)(p->n_layer - n_win) * p->n_blocks + (double)n_win * p->n_window_blocks) +
+                         (double)p->state_bytes * (p->state_bytes ? p->n_state_slots : 0);
     return bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes;
 }
 
@@ -208,8 +211,15 @@ kv_pool *kv_pool_new(const kv_pool_params *params, kt_error *err) {
     pool->win_mem = pool->mem + 2 * (size_t)n_full * pool->plane_bytes;
     for (int i = 0; i < n; i++) pool->slot_of[i] = -1;
     for (int i = 0; i < n_slots; i++) pool->owner[i] = -1;
+    if (params->state_bytes && !(pool->state = kv_state_pool_new(params->n_state_slots, params->state_bytes, err))) {
+        kv_pool_free(pool);
+        return NULL;
+    }
     return pool;
 }
+
+bool kv_pool_has_state(const kv_pool *pool) { return pool->state != NULL; }
+struct kv_state_pool *kv_pool_state(const kv_pool *pool) { return pool->state; }
 
 void kv_pool_free(kv_pool *pool) {
     if (!pool) return;
@@ -222,6 +232,7 @@ void kv_pool_free(kv_pool *pool) {
     free(pool->owner);
     ids_free(&pool->blk);
     ids_free(&pool->win);
+    kv_state_pool_free(pool->state);
     free(pool);
 }
 
@@ -501,6 +512,14 @@ kv_seq *kv_seq_new(kv_pool *pool, kt_error *err) {
     }
     s->pool = pool;
     s->block_tokens = pool->p.block_tokens;
+    s->state_slot = -1;
+    if (pool->state) {
+        if ((s->state_slot = kv_state_alloc(pool->state, err)) < 0) {
+            free(s);
+            return NULL;
+        }
+        s->state = kv_state_data(pool->state, s->state_slot);
+    }
     return s;
 }
 
@@ -545,6 +564,7 @@ static void release_from(kv_seq *s, int from) {
 void kv_seq_free(kv_seq *seq) {
     if (!seq) return;
     release_from(seq, 0);
+    if (seq->state_slot >= 0) kv_state_release(seq->pool->state, seq->state_slot);
     free(seq->blocks);
     free(seq->slots);
     free(seq);
@@ -631,6 +651,10 @@ kt_status kv_seq_append(kv_seq *s, int n, kt_error *err) {
 kt_status kv_seq_truncate(kv_seq *s, int n, kt_error *err) {
     if (n < 0) n = 0;
     if (n >= s->len) return KT_OK;
+    if (n > 0 && s->state)
+        return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot roll back from %d to %d positions: a hybrid model's "
+                            "recurrent state holds only the last position (start over from 0)", s->len, n);
+    if (n == 0 && s->state) kv_state_zero(s->pool->state, s->state_slot);
     if (n > 0 && s->win_lo > kv_window_first_block(s->pool, n))
         return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot roll back from %d to %d positions: the "
                             "sliding-window layers no longer hold the positions before %d", s->len, n,
@@ -659,6 +683,7 @@ kv_seq *kv_seq_fork(const kv_seq *s, kt_error *err) {
     }
     f->n_blocks = s->n_blocks;
     f->len = s->len;
+    if (s->state) kv_state_copy(s->pool->state, f->state_slot, s->state_slot); /* the state after len, too */
     return f;
 }
 
@@ -666,6 +691,9 @@ kt_status kv_seq_share(kv_seq *s, const int32_t *blocks, int n_blocks, int len, 
     if (s->n_blocks != 0 || n_blocks < 0 || len < 0 || kv_blocks_for(s->pool, len) != n_blocks)
         return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot share %d blocks as %d positions of a "
                             "sequence of %d", n_blocks, len, s->len);
+    if (s->state && len > 0)
+        return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot take a %d-position prefix from blocks: a hybrid "
+                            "model's recurrent state is not in them", len);
     for (int i = 0; i < n_blocks; i++)
         if (!valid_id(s->pool, blocks[i]) || (s->pool->blk.ref[blocks[i]] < 1 && !s->pool->cached[blocks[i]]))
             return kt_error_set(err, KT_ERR_INTERNAL, "kv sequence: block %d to share is free", (int)blocks[i]);

@@ -104,6 +104,11 @@ typedef struct kv_pool_params {
     int window;              /* positions a window layer's token attends, itself included */
     const uint8_t *windowed; /* n_layer flags (copied by kv_pool_new) */
     int n_window_blocks;     /* window slots, in [1, n_blocks] when some layer is windowed */
+    /* hybrid models (kv/state_pool.h): every sequence also owns a slot of
+     * state_bytes of recurrent state; n_state_slots of them beside the
+     * blocks (state_bytes 0: none) */
+    size_t state_bytes;
+    int n_state_slots;
 } kv_pool_params;
 
 typedef struct kv_pool kv_pool;
@@ -227,6 +232,8 @@ typedef struct kv_seq {
     int cap;         /* allocated entries of blocks */
     int len;         /* positions in the sequence */
     int block_tokens; /* the pool's, copied for an inline kv_seq_locate */
+    int state_slot;   /* its recurrent-state slot (kv/state_pool.h), -1: the pool has none */
+    float *state;     /* that slot's floats: the state after len positions (NULL: none) */
 } kv_seq;
 
 typedef struct kv_loc {
@@ -234,8 +241,16 @@ typedef struct kv_loc {
     int off;       /* position inside the block */
 } kv_loc;
 
-/* An empty sequence on `pool`; NULL with err on allocation failure. */
+/* An empty sequence on `pool`; NULL with err on allocation failure (or,
+ * on a pool with recurrent state, when every state slot is held). */
 kv_seq *kv_seq_new(kv_pool *pool, kt_error *err);
+/* Whether the pool's sequences carry recurrent state (a hybrid model):
+ * then kv_seq_truncate goes back only to 0 (the state zeroed) and
+ * kv_seq_share refuses a non-empty prefix, since a state cannot be
+ * rolled back or found by tokens. */
+bool kv_pool_has_state(const kv_pool *pool);
+/* The state pool (NULL: none), for its counters. */
+struct kv_state_pool *kv_pool_state(const kv_pool *pool);
 /* Releases every block of the table and frees the sequence (NULL: no-op). */
 void kv_seq_free(kv_seq *seq);
 
@@ -255,6 +270,8 @@ kt_status kv_seq_append(kv_seq *seq, int n, kt_error *err);
  * (kv_pool_window_covers). */
 kt_status kv_seq_share(kv_seq *seq, const int32_t *blocks, int n_blocks, int len, kt_error *err);
 /* Keeps the first n positions (n >= len: no-op; n < 0 counts as 0) and
+ * (on a pool with recurrent state: only n == 0, which zeroes the state;
+ * 0 < n < len is KT_ERR_ARG, nothing changed)
  * releases the blocks wholly past them. KT_ERR_ARG (nothing changed) when
  * the window layers no longer hold what position n's token attends: a
  * sequence gives back window rows as it grows, so it can roll back to 0

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "model/deltanet.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
 #include "ops/repack.h"
@@ -48,6 +49,11 @@ struct llm_work {
     float *rope_cs, *rope_sn;
     float *rope_cs_swa, *rope_sn_swa; /* the sliding-window layers' own angles (NULL: none) */
     kt_rope_scaling rope; /* the model's, with LongRoPE's factors for this context */
+    /* hybrid models: a gated attention layer's Q | gate rows per head
+     * [B][2 q_dim] and the gates [B][q_dim]; the DeltaNet layers' scratch;
+     * the shared expert's output [B][n_embd] */
+    float *qg, *qgate, *shexp;
+    llm_dn_work dn;
 };
 
 llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err) {
@@ -94,6 +100,20 @@ llm_work *llm_work_new(const llm_model *m, int n_ctx, kt_error *err) {
         w->rope_sn_swa = malloc(B * pairs * sizeof(float));
         if (!w->rope_cs_swa || !w->rope_sn_swa) goto nomem;
     }
+    if (c->hybrid) {
+        w->qg = malloc(B * 2 * q_dim * sizeof(float));
+        w->qgate = malloc(B * q_dim * sizeof(float));
+        if (!w->qg || !w->qgate || llm_dn_work_init(&w->dn, c, (int)B, err) != KT_OK) goto nomem;
+        if (c->n_ff_shexp) {
+            const size_t fs = (size_t)c->n_ff_shexp;
+            if (fs > ff) { /* the shared expert's gate and up go in gate / up */
+                free(w->gate), free(w->up);
+                w->gate = malloc(B * fs * sizeof(float));
+                w->up = malloc(B * fs * sizeof(float));
+            }
+            if (!(w->shexp = malloc(B * c->n_embd * sizeof(float)))) goto nomem;
+        }
+    }
     if (!w->x || !w->xn || !w->q || !w->k || !w->v || !w->att || !w->gate || !w->up ||
         !w->blocks || !w->slots || !w->n_pos || !w->rope_cs || !w->rope_sn)
         goto nomem;
@@ -122,14 +142,17 @@ void llm_work_free(llm_work *w) {
     free(w->rope_cs_swa), free(w->rope_sn_swa);
     free(w->router), free(w->moe_w), free(w->moe_y), free(w->moe_x), free(w->moe_out);
     free(w->moe_e), free(w->moe_rows);
+    free(w->qg), free(w->qgate), free(w->shexp);
+    llm_dn_work_free(&w->dn);
     free(w);
 }
 
 kv_pool_params llm_kv_params(const llm_model *m, int n_blocks, int block_tokens, kv_type type) {
     kv_pool_params p = {
-        .n_blocks = n_blocks, .block_tokens = block_tokens, .n_layer = m->cfg.n_layer,
+        .n_blocks = n_blocks, .block_tokens = block_tokens, .n_layer = m->cfg.n_kv_layer,
         .kv_dim = m->cfg.n_head_kv * m->cfg.head_dim, .type = type,
         .window = m->cfg.n_swa > 0 ? m->cfg.n_swa : 0, .windowed = m->kv_windowed, .n_window_blocks = n_blocks,
+        .state_bytes = llm_state_bytes(m), .n_state_slots = 1,
     };
     return p;
 }
@@ -285,12 +308,40 @@ typedef struct angles_ctx {
     llm_work *w;
 } angles_ctx;
 
+/* A token's angles under interleaved M-RoPE (ggml's IMROPE, Qwen 3.5):
+ * pair i of the rotated dims takes the position component of its sector
+ * (i mod the sections' sum): t, h, w in turn while each section lasts,
+ * else e. Each component's angles are the plain ones at its position. */
+static void mrope_angles(const llm_config *c, const kt_rope_scaling *scaling, const int *p4, float *cs, float *sn) {
+    enum { MAX_PAIRS = 512 };
+    const int pairs = kt_rope_pairs(c->head_dim, c->rope_dim);
+    const int *sec = c->rope_sections, sect = sec[0] + sec[1] + sec[2] + sec[3];
+    float tc[4][MAX_PAIRS], ts[4][MAX_PAIRS];
+    for (int k = 0; k < 4; k++)
+        kt_rope_angles_scaled(tc[k], ts[k], c->head_dim, c->rope_dim, p4[k], c->rope_freq_base, scaling);
+    for (int i = 0; i < pairs && i < MAX_PAIRS; i++) {
+        const int s = i % sect;
+        const int k = s % 3 == 1 && s < 3 * sec[1]   ? 1
+                      : s % 3 == 2 && s < 3 * sec[2] ? 2
+                      : s % 3 == 0 && s < 3 * sec[0] ? 0
+                                                     : 3;
+        cs[i] = tc[k][i], sn[i] = ts[k][i];
+    }
+}
+
 static void rope_angles_some(void *p, int s0, int s1) {
     const angles_ctx *a = p;
     const llm_config *c = a->c;
     const size_t pairs = (size_t)kt_rope_pairs(c->head_dim, c->rope_dim);
     const kt_rope_scaling *scaling = c->rope_scaled ? &a->w->rope : NULL;
+    const bool mrope = a->b->pos_mrope && c->rope_sections[0] + c->rope_sections[1] + c->rope_sections[2] +
+                                                 c->rope_sections[3] > 0;
     for (int t = s0; t < s1; t++) {
+        if (mrope) {
+            mrope_angles(c, scaling, a->b->pos_mrope + 4 * (size_t)(a->t0 + t), a->w->rope_cs + t * pairs,
+                         a->w->rope_sn + t * pairs);
+            continue;
+        }
         const int pos = a->b->pos[a->t0 + t];
         kt_rope_angles_scaled(a->w->rope_cs + t * pairs, a->w->rope_sn + t * pairs, c->head_dim, c->rope_dim, pos,
                               c->rope_freq_base, scaling);
@@ -351,8 +402,8 @@ static void rope_store_some(void *p, int s0, int s1) {
         kt_rope_apply(k, c->n_head_kv, c->head_dim, c->rope_dim, cs, sn, c->rope_style);
         const int pos = r->b->pos[r->t0 + t];
         kv_seq *seq = r->b->seq[r->t0 + t];
-        store_kv_row(kv_seq_row(seq, r->il, KV_K, pos), k, kv_dim, r->type);
-        store_kv_row(kv_seq_row(seq, r->il, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
+        store_kv_row(kv_seq_row(seq, r->l->kv_layer, KV_K, pos), k, kv_dim, r->type);
+        store_kv_row(kv_seq_row(seq, r->l->kv_layer, KV_V, pos), r->v + (size_t)t * kv_dim, kv_dim, r->type);
     }
 }
 
@@ -363,10 +414,11 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
     const int q_dim = c->n_head * c->head_dim;
     const kv_pool_params *kp = kv_pool_get_params(kv);
     /* a window layer's rows live in its own planes, addressed by slot */
-    const bool by_slot = kv_pool_layer_windowed(kv, il);
+    const int kl = m->layers[il].kv_layer; /* its layer in the pool */
+    const bool by_slot = kv_pool_layer_windowed(kv, kl);
     kt_attn_args a = {
         .out = w->att, .q = w->q,
-        .k = kv_pool_plane(kv, il, KV_K), .v = kv_pool_plane(kv, il, KV_V),
+        .k = kv_pool_plane(kv, kl, KV_K), .v = kv_pool_plane(kv, kl, KV_V),
         .n_tokens = n, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
         .q_stride = q_dim, .out_stride = q_dim,
         .kv_type = kv_type_dtype(kp->type), .blocks = by_slot ? w->slots : w->blocks, .block_tokens = kp->block_tokens,
@@ -374,19 +426,34 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
         .softcap = c->attn_softcap, .window = m->layers[il].swa ? c->n_swa : 0,
     };
     kt_attention(pool, &a);
+    if (m->layers[il].attn_gated) /* Qwen 3.5: attention * sigmoid(gate) */
+        for (size_t i = 0; i < (size_t)n * q_dim; i++) w->att[i] *= 1.0f / (1.0f + expf(-w->qgate[i]));
     matmul(pool, w->xn, &m->layers[il].wo, w->att, n);
 }
 
 /* Q (with_q), K and V of the chunk's n tokens from norm(x) in xn, with
  * their biases; RoPE, and K and V into the cache. Returns the cache's
  * pool (every sequence of a batch uses one). */
+/* A gated layer's Q rows (per head: Q, then its gate; in qg) apart:
+ * Q into q, the gates into qgate. */
+static void split_q_gate(const llm_config *c, llm_work *w, int n) {
+    const size_t hd = (size_t)c->head_dim, q_dim = (size_t)c->n_head * hd;
+    for (size_t t = 0; t < (size_t)n; t++)
+        for (size_t h = 0; h < (size_t)c->n_head; h++) {
+            const float *src = w->qg + t * 2 * q_dim + h * 2 * hd;
+            memcpy(w->q + t * q_dim + h * hd, src, hd * sizeof(float));
+            memcpy(w->qgate + t * q_dim + h * hd, src + hd, hd * sizeof(float));
+        }
+}
+
 static const kv_pool *project_and_store(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
                                         int il, int t0, int n, bool with_q) {
     const llm_layer *l = &m->layers[il];
-    const kt_matmul_part qkv[] = {{w->q, l->wq.data, l->wq.type, l->wq.n_out},
+    const kt_matmul_part qkv[] = {{l->attn_gated ? w->qg : w->q, l->wq.data, l->wq.type, l->wq.n_out},
                                   {w->k, l->wk.data, l->wk.type, l->wk.n_out},
                                   {w->v, l->wv.data, l->wv.type, l->wv.n_out}};
     kt_matmul_many(pool, qkv + !with_q, 3 - !with_q, w->xn, l->wk.n_in, n);
+    if (with_q && l->attn_gated) split_q_gate(&m->cfg, w, n);
     if (with_q) add_bias(w->q, &l->bq, n);
     add_bias(w->k, &l->bk, n);
     add_bias(w->v, &l->bv, n);
@@ -449,7 +516,12 @@ static int last_attention_block(const llm_model *m, llm_work *w, kt_pool *pool, 
     const kv_pool *kv = project_and_store(m, w, pool, b, il, t0, n, false);
     const int n_keep = keep_output_rows(&m->cfg, w, b, t0, n, out);
     if (!n_keep) return 0;
-    matmul(pool, w->q, &l->wq, w->xn, n_keep);
+    if (l->attn_gated) {
+        matmul(pool, w->qg, &l->wq, w->xn, n_keep);
+        split_q_gate(&m->cfg, w, n_keep);
+    } else {
+        matmul(pool, w->q, &l->wq, w->xn, n_keep);
+    }
     add_bias(w->q, &l->bq, n_keep);
     rope_store_ctx rq = {&m->cfg, l, b, t0, il, w->q, NULL, NULL, layer_cs(w, l), layer_sn(w, l), KV_F32}; /* Q only */
     over_tokens(pool, n_keep, rope_store_some, &rq);
@@ -555,11 +627,35 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     moe_sum(w, n, K, D);
 }
 
+/* Qwen 3.5 MoE's shared expert, into w->shexp: sigmoid(shexp_inp . x)
+ * times down(silu(gate x) * up x), from norm(x) in xn (left as it is). */
+static void shared_expert(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
+    const llm_config *c = &m->cfg;
+    const llm_layer *l = &m->layers[il];
+    const int D = c->n_embd, F = c->n_ff_shexp;
+    const kt_matmul_part gate_up[] = {{w->gate, l->shexp_gate.data, l->shexp_gate.type, F},
+                                      {w->up, l->shexp_up.data, l->shexp_up.type, F}};
+    kt_matmul_many(pool, gate_up, 2, w->xn, D, n);
+    gated_rows(pool, false, w->gate, w->up, n, F);
+    matmul(pool, w->shexp, &l->shexp_down, w->gate, n);
+    const float *gi = l->shexp_inp.data;
+    for (int t = 0; t < n; t++) {
+        const float *x = w->xn + (size_t)t * D;
+        float dot = 0;
+        for (int i = 0; i < D; i++) dot += gi[i] * x[i];
+        const float s = 1.0f / (1.0f + expf(-dot));
+        for (int i = 0; i < D; i++) w->shexp[(size_t)t * D + i] *= s;
+    }
+}
+
 static void ffn_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, int n) {
     const llm_config *c = &m->cfg;
     const llm_layer *l = &m->layers[il];
     if (l->router.data) {
+        if (l->shexp_gate.data) shared_expert(m, w, pool, il, n);
         moe_block(m, w, pool, il, n);
+        if (l->shexp_gate.data)
+            for (size_t i = 0; i < (size_t)n * c->n_embd; i++) w->xn[i] += w->shexp[i];
         return;
     }
     const kt_matmul_part gate_up[] = {{w->gate, l->w_gate.data, l->w_gate.type, l->w_gate.n_out},
@@ -609,11 +705,15 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
     for (int il = 0; il < c->n_layer; il++) {
         /* each block takes norm(x) in xn and leaves its output there */
         const bool last = il == c->n_layer - 1;
-        if (!last)
-            attention_block(m, w, pool, b, il, t0, n);
-        else if (!(n = last_attention_block(m, w, pool, b, il, t0, n, out)))
-            return 0;
         const llm_layer *l = &m->layers[il];
+        if (l->recurrent) { /* every token moves its sequence's state on, wanted or not */
+            llm_deltanet_block(m, l, pool, w->xn, b->seq + t0, n, &w->dn);
+            if (last && !(n = keep_output_rows(c, w, b, t0, n, out))) return 0;
+        } else if (!last) {
+            attention_block(m, w, pool, b, il, t0, n);
+        } else if (!(n = last_attention_block(m, w, pool, b, il, t0, n, out))) {
+            return 0;
+        }
         if (l->post_attn_norm.data) rmsnorm_rows(pool, w->xn, w->xn, &l->post_attn_norm, n, c->n_embd, c->rms_eps);
         add_norm_rows(pool, w->x, w->xn, &l->ffn_norm, n, c->n_embd, c->rms_eps);
         ffn_block(m, w, pool, il, n);

@@ -42,6 +42,11 @@ typedef struct llm_batch {
      * wants one or the other, never both. */
     const bool *hidden;
     float *hidden_out;
+    /* M-RoPE (models with rope.dimension_sections: Qwen 3.5): each token's
+     * position as 4 components (t, h, w, e), 4 ints a token; NULL: text,
+     * whose token at pos p is (p, p, p, 0), i.e. plain rope at p. The
+     * vision issue fills these in for image tokens. */
+    const int *pos_mrope;
 } llm_batch;
 
 /* Scratch activations for one chunk; one per thread that runs forwards. */

@@ -131,6 +131,10 @@ static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) 
     if (gating != 1)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.expert_gating_func %d: kettle routes experts by softmax (1) only",
                             a, gating);
+    if (c->hybrid) { /* qwen35moe: one shared expert, gated (llama.cpp requires it) */
+        if ((st = read_int(f, a, "expert_shared_feed_forward_length", -1, 1, 1 << 20, &c->n_ff_shexp, err))) return st;
+        shared = 0;
+    }
     if (shared)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.expert_shared_count %d: shared experts are not supported yet", a,
                             shared);
@@ -190,18 +194,97 @@ static bool layer_is_swa(const llm_config *c, int il) {
     return c->swa_period == 0 || il % c->swa_period < c->swa_period - 1;
 }
 
+/* Qwen 3.5's hybrid layers as llama.cpp reads them (qwen35.cpp,
+ * llama-model.cpp): ssm.conv_kernel, ssm.state_size (the key head size),
+ * ssm.group_count (key heads), ssm.time_step_rank (value heads),
+ * ssm.inner_size (value heads x value head size); which layers are
+ * recurrent from attention.recurrent_layers, else every layer but each
+ * full_attention_interval-th; rope.dimension_sections for M-RoPE;
+ * nextn_predict_layers (MTP) at the end of block_count are not run. */
+static kt_status read_hybrid(const gguf_file *f, llm_config *c, const uint8_t **flags, int *interval, kt_error *err) {
+    const char *a = c->arch;
+    kt_status st;
+    int inner, nextn;
+    c->hybrid = true;
+    if ((st = read_int(f, a, "ssm.conv_kernel", -1, 2, 64, &c->ssm_conv_kernel, err)) ||
+        (st = read_int(f, a, "ssm.state_size", -1, 1, 4096, &c->ssm_d_k, err)) ||
+        (st = read_int(f, a, "ssm.group_count", -1, 1, 4096, &c->ssm_n_k_heads, err)) ||
+        (st = read_int(f, a, "ssm.time_step_rank", -1, 1, 4096, &c->ssm_n_v_heads, err)) ||
+        (st = read_int(f, a, "ssm.inner_size", -1, 1, 1 << 20, &inner, err)) ||
+        (st = read_int(f, a, "nextn_predict_layers", 0, 0, c->n_layer - 1, &nextn, err)))
+        return st;
+    if (inner % c->ssm_n_v_heads || c->ssm_n_v_heads % c->ssm_n_k_heads)
+        return kt_error_set(err, KT_ERR_FORMAT, "%s.ssm.inner_size %d / ssm.time_step_rank %d / ssm.group_count %d: the "
+                            "value heads must divide the inner size and be a multiple of the key heads", a, inner,
+                            c->ssm_n_v_heads, c->ssm_n_k_heads);
+    c->ssm_d_v = inner / c->ssm_n_v_heads;
+    if (c->ssm_d_v > 1024)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.ssm.inner_size %d / ssm.time_step_rank %d: a value head of %d "
+                            "(kettle's DeltaNet takes up to 1024)", a, inner, c->ssm_n_v_heads, c->ssm_d_v);
+    c->ssm_conv_dim = 2 * c->ssm_n_k_heads * c->ssm_d_k + inner;
+    c->n_layer -= nextn; /* the MTP layers: kept in the file, not run */
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", a);
+    int64_t i = gguf_find_key(f, key);
+    *flags = NULL, *interval = 0;
+    if (i >= 0) {
+        if (gguf_kv_type(f, i) != GGUF_ARRAY || gguf_kv_arr_type(f, i) != GGUF_BOOL ||
+            gguf_kv_arr_n(f, i) < (uint64_t)c->n_layer)
+            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of %d booleans", key, c->n_layer);
+        *flags = gguf_kv_arr_data(f, i);
+    } else {
+        snprintf(key, sizeof key, "%s.full_attention_interval", a);
+        if (gguf_find_key(f, key) < 0)
+            return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key '%s.attention.recurrent_layers' (or '%s'): "
+                                "which layers are recurrent", a, key);
+        if ((st = read_int(f, a, "full_attention_interval", -1, 1, 4096, interval, err))) return st;
+    }
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+    if ((i = gguf_find_key(f, key)) >= 0) {
+        const uint64_t n = gguf_kv_type(f, i) == GGUF_ARRAY ? gguf_kv_arr_n(f, i) : 0;
+        if (n < 1 || n > 4 || (gguf_kv_arr_type(f, i) != GGUF_I32 && gguf_kv_arr_type(f, i) != GGUF_U32))
+            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of up to 4 integers", key);
+        const uint8_t *data = gguf_kv_arr_data(f, i); /* not aligned in the file */
+        /* (sections may cover more pairs than rope turns: ggml takes a
+         * pair's sector modulo their sum all the same) */
+        for (uint64_t j = 0; j < n; j++) {
+            int32_t v;
+            memcpy(&v, data + 4 * j, 4);
+            if (v < 0 || v > 4096)
+                return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has section %d = %d", key, (int)j, (int)v);
+            c->rope_sections[j] = v;
+        }
+    }
+    int n_rec = 0;
+    for (int il = 0; il < c->n_layer; il++)
+        n_rec += *flags ? (*flags)[il] != 0 : (il + 1) % *interval != 0;
+    c->n_recurrent = n_rec;
+    return KT_OK;
+}
+
+size_t llm_state_layer_floats(const llm_config *c) {
+    return (size_t)(c->ssm_conv_kernel - 1) * (size_t)c->ssm_conv_dim +
+           (size_t)c->ssm_n_v_heads * (size_t)c->ssm_d_k * (size_t)c->ssm_d_v;
+}
+
+size_t llm_state_bytes(const llm_model *m) {
+    if (!m->cfg.hybrid) return 0;
+    return llm_state_layer_floats(&m->cfg) * (size_t)m->cfg.n_recurrent * sizeof(float);
+}
+
 static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     memset(c, 0, sizeof *c);
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"};
+    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
+                                        "qwen35", "qwen35moe"};
     bool known = false;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
     if (!known)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, qwen3moe, "
-                            "phi3, gemma2, gemma3)", a);
+                            "phi3, gemma2, gemma3, qwen35, qwen35moe)", a);
     const int64_t big = 1 << 20;
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
@@ -235,6 +318,11 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     c->embd_scale = 1, c->q_scale = 1;
     c->rope_freq_base_swa = c->rope_freq_base;
     if (!strncmp(a, "gemma", 5) && (st = read_gemma(f, c, err))) return st;
+    if (!strncmp(a, "qwen35", 6)) {
+        if ((st = read_hybrid(f, c, &c->recurrent_flags, &c->full_attn_interval, err))) return st;
+        if (!strcmp(a, "qwen35moe") && gguf_find_key(f, "qwen35moe.expert_count") < 0)
+            return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen35moe.expert_count'");
+    }
     if ((st = read_experts(f, c, err))) return st;
     return read_rope_scaling(f, c, err);
 }
@@ -375,8 +463,90 @@ static kt_status bind_experts(const gguf_file *f, const llm_config *c, int il, l
     return KT_OK;
 }
 
+/* Binds the table of tensors of layer il (name, shape, optional), as
+ * bind does each. */
+typedef struct tensor_spec {
+    const char *name;
+    int n_in, n_out;
+    bool optional;
+    llm_tensor *t;
+} tensor_spec;
+
+static kt_status bind_specs(const gguf_file *f, int il, const tensor_spec *specs, size_t n, kt_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s", il, specs[i].name);
+        kt_status st = bind(f, name, specs[i].n_in, specs[i].n_out, specs[i].optional, specs[i].t, err);
+        if (st) return st;
+    }
+    return KT_OK;
+}
+
+static bool layer_is_recurrent(const llm_config *c, int il) {
+    return c->recurrent_flags ? c->recurrent_flags[il] != 0 : (il + 1) % c->full_attn_interval != 0;
+}
+
+static kt_status bind_experts(const gguf_file *f, const llm_config *c, int il, llm_layer *l, kt_error *err);
+
+/* A layer of Qwen 3.5 (qwen35.cpp / qwen35moe.cpp): a Gated DeltaNet or a
+ * gated attention mixer, post_attention_norm as the FFN's input norm, a
+ * dense SwiGLU or experts with a gated shared expert. */
+static kt_status bind_hybrid_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l, kt_error *err) {
+    const int E = c->n_embd, q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    const int Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
+    const bool moe = c->n_expert > 0;
+    l->recurrent = layer_is_recurrent(c, il);
+    l->attn_gated = !l->recurrent;
+    kt_status st;
+    const tensor_spec common[] = {
+        {"attn_norm.weight", E, 0, false, &l->attn_norm},
+        {"post_attention_norm.weight", E, 0, false, &l->ffn_norm},
+        {"ffn_gate.weight", E, c->n_ff, moe, &l->w_gate},
+        {"ffn_up.weight", E, c->n_ff, moe, &l->w_up},
+        {"ffn_down.weight", c->n_ff, E, moe, &l->w_down},
+    };
+    if ((st = bind_specs(f, il, common, sizeof common / sizeof common[0], err))) return st;
+    if (l->recurrent) {
+        const tensor_spec rec[] = {
+            {"attn_qkv.weight", E, c->ssm_conv_dim, false, &l->ssm_qkv},
+            {"attn_gate.weight", E, inner, false, &l->ssm_z},
+            {"ssm_conv1d.weight", c->ssm_conv_kernel, c->ssm_conv_dim, false, &l->ssm_conv},
+            {"ssm_dt.bias", Hv, 0, false, &l->ssm_dt_bias},
+            {"ssm_a", Hv, 0, false, &l->ssm_a},
+            {"ssm_beta.weight", E, Hv, false, &l->ssm_beta},
+            {"ssm_alpha.weight", E, Hv, false, &l->ssm_alpha},
+            {"ssm_norm.weight", c->ssm_d_v, 0, false, &l->ssm_norm},
+            {"ssm_out.weight", inner, E, false, &l->ssm_out},
+        };
+        if ((st = bind_specs(f, il, rec, sizeof rec / sizeof rec[0], err))) return st;
+        if (l->ssm_conv.type != KT_F32)
+            return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor 'blk.%d.ssm_conv1d.weight' has type %s (kettle needs F32)",
+                                il, kt_dtype_name(l->ssm_conv.type));
+    } else {
+        const tensor_spec att[] = {
+            {"attn_q.weight", E, 2 * q_dim, false, &l->wq}, /* per head: Q, then its gate */
+            {"attn_k.weight", E, kv_dim, false, &l->wk},
+            {"attn_v.weight", E, kv_dim, false, &l->wv},
+            {"attn_output.weight", q_dim, E, false, &l->wo},
+            {"attn_q_norm.weight", c->head_dim, 0, false, &l->q_norm},
+            {"attn_k_norm.weight", c->head_dim, 0, false, &l->k_norm},
+        };
+        if ((st = bind_specs(f, il, att, sizeof att / sizeof att[0], err))) return st;
+    }
+    if (!moe) return KT_OK;
+    if ((st = bind_experts(f, c, il, l, err))) return st;
+    const tensor_spec sh[] = {
+        {"ffn_gate_inp_shexp.weight", E, 0, false, &l->shexp_inp},
+        {"ffn_gate_shexp.weight", E, c->n_ff_shexp, false, &l->shexp_gate},
+        {"ffn_up_shexp.weight", E, c->n_ff_shexp, false, &l->shexp_up},
+        {"ffn_down_shexp.weight", c->n_ff_shexp, E, false, &l->shexp_down},
+    };
+    return bind_specs(f, il, sh, sizeof sh / sizeof sh[0], err);
+}
+
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
+    if (c->hybrid) return bind_hybrid_layer(f, c, il, l, err);
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     bool biased = strcmp(c->arch, "qwen2") == 0,
          qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe") || !strcmp(c->arch, "gemma3");
@@ -431,8 +601,12 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         return st;
     if (!m->output.data || !strcmp(c->arch, "gemma2")) m->output = m->tok_embd; /* tied (gemma2 always is) */
     if ((st = bind_rope_factors(f, c, err))) return st;
-    for (int il = 0; il < c->n_layer; il++)
+    c->n_kv_layer = 0;
+    for (int il = 0, rec = 0; il < c->n_layer; il++) {
         if ((st = bind_layer(f, c, il, &m->layers[il], err))) return st;
+        if (m->layers[il].recurrent) m->layers[il].rec_index = rec++;
+        else m->layers[il].kv_layer = c->n_kv_layer++;
+    }
     uint64_t expert_bytes = 0;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
@@ -465,21 +639,24 @@ llm_model *llm_model_load(const gguf_file *f, kt_error *err) {
         goto fail;
     }
     if (bind_weights(f, m, err)) goto fail;
-    for (int il = 0; il < m->cfg.n_layer; il++) m->kv_windowed[il] = m->layers[il].swa;
+    for (int il = 0; il < m->cfg.n_layer; il++)
+        if (!m->layers[il].recurrent) m->kv_windowed[m->layers[il].kv_layer] = m->layers[il].swa;
     return m;
 fail:
     llm_model_free(m);
     return NULL;
 }
 
-/* Every matrix the forward pass multiplies by, n at most 7 per layer + 1:
+/* Every matrix the forward pass multiplies by, n at most 15 per layer + 1:
  * the output matrix too when it is the embedding table (tied), whose
  * rows the lookup then reads back through kt_repack_row_f32. */
 static int matmul_weights(llm_model *m, llm_tensor **out) {
     int n = 0;
     for (int il = 0; il < m->cfg.n_layer; il++) {
         llm_layer *l = &m->layers[il];
-        llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down,
+                            &l->ssm_qkv, &l->ssm_z, &l->ssm_beta, &l->ssm_alpha, &l->ssm_out,
+                            &l->shexp_gate, &l->shexp_up, &l->shexp_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) out[n++] = ts[i];
         for (int e = 0; l->experts && e < 3 * m->cfg.n_expert; e++) out[n++] = &l->experts[e];
     }
@@ -488,7 +665,7 @@ static int matmul_weights(llm_model *m, llm_tensor **out) {
 }
 
 int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error *err) {
-    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (7 + 3 * (size_t)m->cfg.n_expert) + 1));
+    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (15 + 3 * (size_t)m->cfg.n_expert) + 1));
     if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
     const int n = matmul_weights(m, ts);
     size_t tmp_bytes = 0;

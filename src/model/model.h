@@ -13,7 +13,9 @@
  * Mixtral-style `llama` files (a mixture of experts in place of the FFN:
  * softmax router, top-k, weights renormalized), `phi3` (fused QKV and
  * gate/up), `gemma2` and `gemma3` (embedding scale, GeGLU, norms after
- * attention and FFN, soft-capping, sliding-window layers). Rope may be
+ * attention and FFN, soft-capping, sliding-window layers), `qwen35` and
+ * `qwen35moe` (Qwen 3.5's hybrid: Gated DeltaNet layers with recurrent
+ * state, model/deltanet.c, beside gated attention layers). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
  * per-pair factors: Llama 3.1's rope_freqs.weight, Phi-3's LongRoPE
  * rope_factors_long / _short.
@@ -50,6 +52,17 @@ typedef struct llm_layer {
      * the merged 3-D tensors), experts[3 e + 0 / 1 / 2] */
     llm_tensor router;
     llm_tensor *experts;
+    /* qwen35moe's shared expert: gate, up, down and its sigmoid gate
+     * (a vector of n_embd: one logit per token); NULL otherwise */
+    llm_tensor shexp_gate, shexp_up, shexp_down, shexp_inp;
+    /* hybrid models (qwen35, qwen35moe): a Gated DeltaNet layer
+     * (recurrent, model/deltanet.c) or a gated attention layer (wq's rows
+     * hold, per head, Q then a gate: attn_gated) */
+    bool recurrent, attn_gated;
+    int rec_index; /* a recurrent layer's index among them (its place in the state) */
+    int kv_layer;  /* an attention layer's layer in the KV pool (== its index but in hybrid models,
+                      whose recurrent layers keep no KV) */
+    llm_tensor ssm_qkv, ssm_z, ssm_conv, ssm_dt_bias, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
 } llm_layer;
 
 typedef struct llm_config {
@@ -82,6 +95,18 @@ typedef struct llm_config {
     const float *rope_factors_long, *rope_factors_short;
     int n_ctx_orig;
     bool longrope_named; /* rope.scaling.type says "longrope" */
+    /* hybrid models (qwen35, qwen35moe): Gated DeltaNet layers beside
+     * gated attention ones. H_k key heads and H_v value heads of ssm_d_k
+     * / ssm_d_v values, a causal convolution of ssm_conv_kernel taps over
+     * the conv_dim = 2 H_k d_k + H_v d_v channels q | k | v. */
+    bool hybrid;
+    int n_recurrent; /* recurrent layers */
+    const uint8_t *recurrent_flags; /* per layer (the file's bool array), or NULL: by full_attn_interval */
+    int full_attn_interval;
+    int ssm_conv_kernel, ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v, ssm_conv_dim;
+    int rope_sections[4]; /* M-RoPE (rope.dimension_sections; all 0: none) */
+    int n_ff_shexp;       /* the shared expert's width (0: none) */
+    int n_kv_layer;       /* layers with KV (attention layers): n_layer - n_recurrent */
 } llm_config;
 
 typedef struct llm_model {
@@ -92,6 +117,13 @@ typedef struct llm_model {
     uint64_t weight_bytes, n_params;
     uint64_t active_bytes; /* weight_bytes less the experts a token does not use and an untied embedding table (one row) */
 } llm_model;
+
+/* Floats of recurrent state one sequence of a hybrid model keeps per
+ * recurrent layer: the convolution's last ssm_conv_kernel - 1 inputs of
+ * conv_dim channels, then H_v state matrices of d_k x d_v; and bytes for
+ * all of its layers (0: not a hybrid model). */
+size_t llm_state_layer_floats(const llm_config *c);
+size_t llm_state_bytes(const llm_model *m);
 
 /* Validates and binds; errors name the key or tensor at fault. */
 llm_model *llm_model_load(const gguf_file *f, kt_error *err);

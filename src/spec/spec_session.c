@@ -24,11 +24,13 @@
  * still agrees with the sequence (kept guesses stay: their KV is the
  * sequence's), reads the rest, and guesses one token per pass.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/model_internal.h"
 #include "kettle.h"
 #include "spec/ngram.h"
 #include "spec/policy.h"
@@ -51,6 +53,7 @@ struct kt_spec {
     spec_accept accept;
     kt_spec_stats stats;
     spec_draft d;    /* with p.draft */
+    bool off;        /* a hybrid model: no proposals (plain decoding) */
 };
 
 kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) {
@@ -62,6 +65,11 @@ kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) 
     if (sp->p.min_match <= 0) sp->p.min_match = 2;
     if (sp->p.max_match < sp->p.min_match) sp->p.max_match = sp->p.min_match > 4 ? sp->p.min_match : 4;
     sp->n_vocab = kt_model_describe(m)->n_vocab;
+    if (m->llm->cfg.hybrid) { /* rejected proposals could not be rolled back: plain decoding */
+        fprintf(stderr, "kettle: %s is a hybrid model (recurrent layers): speculative decoding off (its state cannot "
+                "roll back yet)\n", m->llm->cfg.arch);
+        sp->off = true;
+    }
     sp->costs = (spec_costs){sp->cost_ms, SPEC_K_MAX + 1};
     spec_accept_init(&sp->accept);
     const int rows = sp->p.k_max + 1;
@@ -148,7 +156,9 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
     const int room = kt_session_n_ctx(s) - n; /* proposals that fit after the pending token */
     const int limit = room < sp->p.k_max ? room : sp->p.k_max;
     int k;
-    if (sp->p.draft && !sp->p.propose) { /* a draft guesses after the choice of k: each guess costs a pass */
+    if (sp->off) {
+        k = 0;
+    } else if (sp->p.draft && !sp->p.propose) { /* a draft guesses after the choice of k: each guess costs a pass */
         if (draft_open(&sp->d, &sp->p, kt_session_n_ctx(s), err) != KT_OK) return -1;
         k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms);
         if (k > 0 && draft_guess(&sp->d, sp->n_vocab, ctx, n, k, sp->batch + 1, err) < 0) return -1;

@@ -1,0 +1,188 @@
+/*
+ * deltanet.c - the Gated DeltaNet layer, recurrent form (see deltanet.h).
+ *
+ * Per token, with H_k key heads and H_v value heads of d values:
+ *   qkv = attn_qkv x, z = attn_gate x, beta = sigmoid(ssm_beta x),
+ *   g = ssm_a * softplus(ssm_alpha x + ssm_dt.bias)     (per value head)
+ *   qkv = silu(causal depthwise conv(qkv))               (kernel K, the
+ *         last K - 1 inputs kept in the state)
+ *   q, k L2-normalised per head, q scaled by 1 / sqrt(d_k)
+ *   value head j uses key head j % H_k (ggml's tiled broadcast), and its
+ *   state S (d_k x d_v):  S = exp(g) S;  u = beta (v - S^T k);
+ *                         S = S + k u^T;  o = S^T q
+ *   out = ssm_out [RMSNorm(o_j) * ssm_norm * silu(z_j)]_j
+ * The matmuls run over the whole chunk; the recurrence runs token after
+ * token (each token touches only its own sequence's state), split
+ * between threads by channels and value heads. Scalar C.
+ */
+#include "model/deltanet.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "ops/matmul.h"
+#include "ops/ops.h"
+
+kt_status llm_dn_work_init(llm_dn_work *dw, const llm_config *c, int n_max, kt_error *err) {
+    memset(dw, 0, sizeof *dw);
+    const size_t n = (size_t)n_max, inner = (size_t)c->ssm_n_v_heads * c->ssm_d_v;
+    dw->qkv = malloc(n * c->ssm_conv_dim * sizeof(float));
+    dw->z = malloc(n * inner * sizeof(float));
+    dw->beta = malloc(n * c->ssm_n_v_heads * sizeof(float));
+    dw->alpha = malloc(n * c->ssm_n_v_heads * sizeof(float));
+    dw->o = malloc(n * inner * sizeof(float));
+    if (!dw->qkv || !dw->z || !dw->beta || !dw->alpha || !dw->o) {
+        llm_dn_work_free(dw);
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating the DeltaNet scratch");
+    }
+    return KT_OK;
+}
+
+void llm_dn_work_free(llm_dn_work *dw) {
+    free(dw->qkv), free(dw->z), free(dw->beta), free(dw->alpha), free(dw->o);
+    memset(dw, 0, sizeof *dw);
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ggml_softplus */
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* ggml_l2_norm: x / max(||x||, eps), the sum in double */
+static void l2_norm(float *x, int n, float eps) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
+    for (int i = 0; i < n; i++) x[i] *= scale;
+}
+
+/* One value head's delta rule for one token: S (dk x dv, row r = key
+ * dim) decays by exp(g), takes beta (v - S^T k) along k, and gives
+ * o = S^T q. */
+static void delta_step(float *S, const float *q, const float *k, const float *v, float g, float beta, int dk, int dv,
+                       float *o, float *u) {
+    const float decay = expf(g);
+    for (int i = 0; i < dk * dv; i++) S[i] *= decay;
+    for (int c = 0; c < dv; c++) u[c] = 0;
+    for (int r = 0; r < dk; r++) {
+        const float kr = k[r], *row = S + (size_t)r * dv;
+        for (int c = 0; c < dv; c++) u[c] += row[c] * kr;
+    }
+    for (int c = 0; c < dv; c++) u[c] = (v[c] - u[c]) * beta;
+    for (int c = 0; c < dv; c++) o[c] = 0;
+    for (int r = 0; r < dk; r++) {
+        float *row = S + (size_t)r * dv;
+        const float kr = k[r], qr = q[r];
+        for (int c = 0; c < dv; c++) {
+            row[c] += kr * u[c];
+            o[c] += row[c] * qr;
+        }
+    }
+}
+
+/* The work of one layer over a chunk, split between the pool's threads
+ * in three phases, each element computed as a serial loop would: the
+ * convolution by channels (each thread runs its channels' tokens in
+ * order: a token's inputs come after its sequence's earlier ones), the
+ * normalisations by tokens, the delta rule and the gated norm by value
+ * heads (tokens in order again: the states are per head). */
+typedef struct dn_job {
+    const llm_config *c;
+    const llm_layer *l;
+    kv_seq *const *seqs;
+    llm_dn_work *dw;
+    int n, phase;
+    size_t layer_floats;
+} dn_job;
+
+static void dn_conv(const dn_job *j, int c0, int c1) {
+    const llm_config *c = j->c;
+    const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
+    const float *w = j->l->ssm_conv.data;
+    for (int t = 0; t < j->n; t++) {
+        float *cs = j->seqs[t]->state + j->layer_floats * (size_t)j->l->rec_index; /* [K - 1][C], oldest first */
+        float *x = j->dw->qkv + (size_t)t * C;
+        for (int ch = c0; ch < c1; ch++) {
+            float sum = 0;
+            for (int k = 0; k < K - 1; k++) sum += cs[(size_t)k * C + ch] * w[(size_t)ch * K + k];
+            sum += x[ch] * w[(size_t)ch * K + K - 1];
+            for (int k = 0; k < K - 2; k++) cs[(size_t)k * C + ch] = cs[(size_t)(k + 1) * C + ch];
+            cs[(size_t)(K - 2) * C + ch] = x[ch];
+            x[ch] = silu(sum);
+        }
+    }
+}
+
+static void dn_norm(const dn_job *j, int t0, int t1) {
+    const llm_config *c = j->c;
+    const int Hk = c->ssm_n_k_heads, dk = c->ssm_d_k;
+    const float q_scale = 1.0f / sqrtf((float)dk);
+    for (int t = t0; t < t1; t++) {
+        float *q = j->dw->qkv + (size_t)t * c->ssm_conv_dim, *k = q + (size_t)Hk * dk;
+        for (int h = 0; h < Hk; h++) {
+            l2_norm(q + (size_t)h * dk, dk, c->rms_eps);
+            l2_norm(k + (size_t)h * dk, dk, c->rms_eps);
+            for (int i = 0; i < dk; i++) q[(size_t)h * dk + i] *= q_scale;
+        }
+    }
+}
+
+static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
+    const llm_config *c = j->c;
+    const llm_layer *l = j->l;
+    const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
+    const int Hk = c->ssm_n_k_heads, Hv = c->ssm_n_v_heads, dk = c->ssm_d_k, dv = c->ssm_d_v, inner = Hv * dv;
+    const float *dt_bias = l->ssm_dt_bias.data, *a = l->ssm_a.data;
+    for (int t = 0; t < j->n; t++) {
+        float *S = j->seqs[t]->state + j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C;
+        const float *x = j->dw->qkv + (size_t)t * C, *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
+        const float *bx = j->dw->beta + (size_t)t * Hv, *ax = j->dw->alpha + (size_t)t * Hv;
+        const float *z = j->dw->z + (size_t)t * inner;
+        float *o = j->dw->o + (size_t)t * inner;
+        for (int h = h0; h < h1; h++) {
+            const int kh = h % Hk; /* ggml's tiled broadcast */
+            const float g = a[h] * softplus(ax[h] + dt_bias[h]);
+            const float beta = 1.0f / (1.0f + expf(-bx[h]));
+            float *oh = o + (size_t)h * dv;
+            delta_step(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, g, beta,
+                       dk, dv, oh, u);
+            kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps); /* the gated RMSNorm */
+            for (int i = 0; i < dv; i++) oh[i] *= silu(z[(size_t)h * dv + i]);
+        }
+    }
+}
+
+static void dn_task(void *p, int ith, int nth) {
+    const dn_job *j = p;
+    const llm_config *c = j->c;
+    const int n_items = j->phase == 0 ? c->ssm_conv_dim : j->phase == 1 ? j->n : c->ssm_n_v_heads;
+    long lo, hi;
+    kt_split_range(n_items, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    if (j->phase == 0) dn_conv(j, (int)lo, (int)hi);
+    else if (j->phase == 1) dn_norm(j, (int)lo, (int)hi);
+    else {
+        float u[1024]; /* d_v <= 1024 (model.c) */
+        dn_heads(j, (int)lo, (int)hi, u);
+    }
+}
+
+void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs, int n,
+                        llm_dn_work *dw) {
+    const llm_config *c = &m->cfg;
+    const int E = c->n_embd, C = c->ssm_conv_dim, Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
+    const kt_matmul_part parts[] = {{dw->qkv, l->ssm_qkv.data, l->ssm_qkv.type, C},
+                                    {dw->z, l->ssm_z.data, l->ssm_z.type, inner},
+                                    {dw->beta, l->ssm_beta.data, l->ssm_beta.type, Hv},
+                                    {dw->alpha, l->ssm_alpha.data, l->ssm_alpha.type, Hv}};
+    kt_matmul_many(pool, parts, 4, xn, E, n);
+    dn_job j = {c, l, seqs, dw, n, 0, llm_state_layer_floats(c)};
+    for (j.phase = 0; j.phase < 3; j.phase++) {
+        /* a few tokens' convolution and norms cost less than waking the pool */
+        if (kt_pool_size(pool) == 1 || (j.phase < 2 && n < 16)) dn_task(&j, 0, 1);
+        else kt_pool_run(pool, dn_task, &j);
+    }
+    kt_matmul(pool, xn, l->ssm_out.data, l->ssm_out.type, dw->o, inner, E, n);
+}
