@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -77,4 +78,9 @@ pid_t tu_fake_server_start(tu_fake_handler handler, void *arg, bool per_connecti
 void tu_fake_server_stop(pid_t pid) {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
+}
+
+void tu_nap_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) continue;
 }

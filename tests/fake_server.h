@@ -31,5 +31,8 @@ size_t tu_read_request(int fd, char *req, size_t cap);
 pid_t tu_fake_server_start(tu_fake_handler handler, void *arg, bool per_connection, int *port);
 /* SIGKILL and reap (its connection processes die with it). */
 void tu_fake_server_stop(pid_t pid);
+/* Sleeps at least ms milliseconds (the rest again after a signal): a
+ * handler's pace. */
+void tu_nap_ms(int ms);
 
 #endif

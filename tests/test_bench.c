@@ -1,8 +1,8 @@
 /*
  * test_bench.c - `kettle bench` as a few-second smoke run: it completes,
  * its JSON and CSV parse, and its numbers are sane (positive, ordered,
- * consistent with each other). Benchmarks are not tests: no speed is
- * asserted here.
+ * consistent with each other, the machine ceilings near figures they
+ * must be near). Benchmarks are not tests: no speed is asserted here.
  */
 #include <jansson.h>
 #include <math.h>
@@ -99,6 +99,34 @@ static void test_bench_depth(void **state) {
     free(err);
 }
 
+/* Read bandwidth as the test measures it itself: memchr for a byte the
+ * buffer lacks (libc's vectorized scan reads each byte once), over
+ * 256 MiB as `kettle bench --membw` does, best of 3, on the test's own
+ * clock: an independent figure from the same machine and moment. */
+static double own_read_gbs(void) {
+    const size_t n = (size_t)256 << 20;
+    unsigned char *buf = tu_xmalloc(n);
+    memset(buf, 1, n); /* every page touched first, as the probe does */
+    double best = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = tu_now_ms();
+        const void *hit = memchr(buf, 0, n);
+        double s = (tu_now_ms() - t0) / 1e3;
+        assert_null(hit);
+        if (s > 0 && (double)n / s / 1e9 > best) best = (double)n / s / 1e9;
+    }
+    free(buf);
+    return best;
+}
+
+/* The ceilings, each against a figure it must be near, so one off by 10x
+ * fails while the noise of a loaded machine (a factor below 2, best-of-N
+ * on both sides) does not: kettle's read bandwidth within 4x of the
+ * test's own memchr scan; triad (two arrays read, one written, counted as
+ * three) within 4x of read, as both stream memory; int8 multiply-add
+ * within [1, 16]x of fp32 FMA: the probe's instructions do 4x the
+ * operations (32 byte products x 2 vs 8 lanes x 2, or 64 vs 16 at 512
+ * bits) at about the same rate on every x86 core. */
 static void test_bench_ceilings(void **state) {
     (void)state;
     char cmd[8192], *out = NULL, *err = NULL;
@@ -111,8 +139,12 @@ static void test_bench_ceilings(void **state) {
     p = strstr(err, "fp32 FMA ");
     assert_non_null(p);
     assert_int_equal(sscanf(p, "fp32 FMA %lf GFLOP/s, int8 multiply-add %lf GOP/s", &fma, &i8), 2);
-    assert_true(rd > 0.5 && triad > 0.5); /* any machine streams > 0.5 GB/s */
-    assert_true(fma > 1 && i8 > 1);
+    double own = own_read_gbs();
+    printf("  read %.1f GB/s (the test's memchr %.1f), triad %.1f GB/s, fp32 FMA %.1f GFLOP/s, int8 %.1f GOP/s\n", rd,
+           own, triad, fma, i8);
+    assert_true(rd >= own / 4 && rd <= own * 4);
+    assert_true(triad >= rd / 4 && triad <= rd * 4);
+    assert_true(fma > 0 && i8 >= fma && i8 <= 16 * fma);
     free(out);
     free(err);
 }

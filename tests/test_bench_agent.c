@@ -9,7 +9,10 @@
  * number of turns; the stream parser keeps reply text, tool calls and
  * cached tokens; the statistics and reports agree with hand-made records.
  * Then end-to-end runs against `kettle serve` on stories260K check the
- * JSON (2 sessions x 3 turns, prompts growing, sane TTFTs), and failures
+ * JSON (2 sessions x 3 turns, prompts growing, later turns served from
+ * the prefix cache, times consistent and within the command's own
+ * duration); a run against a fake server that answers at a known pace
+ * checks the time figures' units from both sides; and failures
  * (unreachable, HTTP 400, a malformed stream, one cut short, one that
  * stalls past --timeout, bad options) give a message naming the session
  * and turn and exit status 1 (2 for usage). No speed is asserted.
@@ -500,11 +503,16 @@ static void test_reports(void **state) {
 
 /* ---- end to end ---- */
 
-static json_t *run_json(const char *args, int want_rc) {
+/* The JSON of `kettle bench agent -m stories260K ARGS`; *wall_ms: how long
+ * the whole command took by the test's clock, the most any of its
+ * figures can be. */
+static json_t *run_json(const char *args, int want_rc, double *wall_ms) {
     char cmd[8192], *out = NULL, *err = NULL;
     snprintf(cmd, sizeof cmd, "%s bench agent -m '%s' -t 2 %s --json", KT_BIN, tu_shared("models/stories260K.gguf"),
              args);
+    double t0 = tu_now_ms();
     int rc = tu_run(cmd, &out, &err);
+    *wall_ms = tu_now_ms() - t0;
     if (rc != want_rc) fprintf(stderr, "%s\n-> %d\n%s\n%s\n", cmd, rc, out, err);
     assert_int_equal(rc, want_rc);
     json_error_t jerr;
@@ -519,8 +527,16 @@ static double num(json_t *o, const char *key) {
     return json_number_value(json_object_get(o, key));
 }
 
-/* Every turn: prompts grow, exactly gen tokens, 0 < TTFT <= turn time. */
-static void check_session(json_t *s, int n_turns, int gen) {
+/* Every turn: prompts grow, exactly gen tokens, 0 < TTFT <= turn time,
+ * TTFT + decode time = turn time, and no time longer than the whole
+ * command took (wall_ms, the test's clock: a figure 10x too large is
+ * caught where the turns are most of the command; test_timing_units
+ * bounds each figure from below too). From turn 2 on, the prompt is the
+ * previous one, its reply and more, and the server keeps the previous
+ * prompt's KV: at least that many tokens must come from the prefix
+ * cache (the server reuses the reply's sampled ids too, so this is
+ * met with room). */
+static void check_session(json_t *s, int n_turns, int gen, double wall_ms) {
     json_t *turns = json_object_get(s, "turns");
     assert_int_equal(json_array_size(turns), (size_t)n_turns);
     double sum = 0, last_prompt = 0;
@@ -528,12 +544,18 @@ static void check_session(json_t *s, int n_turns, int gen) {
         json_t *tr = json_array_get(turns, (size_t)t);
         assert_int_equal(json_integer_value(json_object_get(tr, "turn")), t + 1);
         double p = num(tr, "prompt_tokens"), ttft = num(tr, "ttft_ms"), ms = num(tr, "turn_ms");
+        double dec = num(tr, "decode_ms"), cached = num(tr, "cached_tokens");
         assert_true(p > last_prompt);
         if (gen) assert_int_equal(json_integer_value(json_object_get(tr, "completion_tokens")), gen);
-        assert_true(ttft > 0 && ttft <= ms && ms < 60000);
+        assert_true(ttft > 0 && ttft <= ms && ms <= wall_ms);
+        assert_true(fabs(ttft + dec - ms) <= 1e-3 * ms); /* the JSON's 6 digits */
+        assert_true(json_is_integer(json_object_get(tr, "cached_tokens"))); /* kettle serve reports it */
+        if (t > 0 && cached < last_prompt)
+            fail_msg("turn %d: %.0f of %.0f prompt tokens cached; turn %d's %.0f should all be", t + 1, cached, p, t,
+                     last_prompt);
         last_prompt = p, sum += ms;
     }
-    assert_true(num(s, "task_ms") >= sum * 0.999); /* turns run one after another */
+    assert_true(num(s, "task_ms") >= sum * 0.999 && num(s, "task_ms") <= wall_ms); /* turns run one after another */
 }
 
 static void test_end_to_end(void **state) {
@@ -543,11 +565,12 @@ static void test_end_to_end(void **state) {
     char args[4096];
     snprintf(args, sizeof args, "--sessions 2 --turns 3 --system-tokens 100 --doc-tokens 100 --tool-tokens 30 "
              "--gen-tokens 8 --logit-bias '{\"5\": -100}' --svg '%s'", svg); /* the server takes the bias */
-    json_t *doc = run_json(args, 0);
+    double wall;
+    json_t *doc = run_json(args, 0, &wall);
     assert_string_equal(json_string_value(json_object_get(doc, "mode")), "synthetic");
     json_t *tg = json_array_get(json_object_get(doc, "targets"), 0), *sess = json_object_get(tg, "sessions");
     assert_int_equal(json_array_size(sess), 2);
-    for (size_t i = 0; i < 2; i++) check_session(json_array_get(sess, i), 3, 8);
+    for (size_t i = 0; i < 2; i++) check_session(json_array_get(sess, i), 3, 8, wall);
     /* at ~100 + 100 tokens, the first prompt is a few hundred tokens (a 512-token vocabulary) */
     double p1 = num(json_array_get(json_object_get(tg, "per_turn"), 0), "prompt_tokens_mean");
     assert_true(p1 >= 150 && p1 <= 600);
@@ -556,7 +579,8 @@ static void test_end_to_end(void **state) {
     assert_int_equal(json_integer_value(json_object_get(later, "samples")), 4);
     assert_true(num(later, "p50") > 0 && num(later, "p50") <= num(later, "p95"));
     assert_true(num(tg, "peak_rss_bytes") > 1e6); /* our child: VmHWM was read */
-    assert_true(num(tg, "prefill_tokens") <= num(tg, "prompt_tokens"));
+    /* what was prefilled is what was sent less what the cache served */
+    assert_true(num(tg, "prefill_tokens") == num(tg, "prompt_tokens") - num(tg, "cached_tokens"));
     json_decref(doc);
     char *text = tu_read_file(svg, NULL);
     assert_true(text && !strncmp(text, "<svg ", 5) && strstr(text, "Time to first token"));
@@ -568,12 +592,13 @@ static void test_end_to_end_replay(void **state) {
     char args[4096];
     snprintf(args, sizeof args, "--ctx 4096 --replay '%s' --replay-limit 2 --turns 2 --gen-tokens 4 --concurrency 1",
              tu_shared("agent/tau_bench/MockRetailDomainEnv-few_shot.jsonl"));
-    json_t *doc = run_json(args, 0);
+    double wall;
+    json_t *doc = run_json(args, 0, &wall);
     assert_string_equal(json_string_value(json_object_get(doc, "mode")), "replay");
     assert_int_equal(json_integer_value(json_object_get(doc, "concurrency")), 1);
     json_t *sess = json_object_get(json_array_get(json_object_get(doc, "targets"), 0), "sessions");
     assert_int_equal(json_array_size(sess), 2);
-    for (size_t i = 0; i < 2; i++) check_session(json_array_get(sess, i), 2, 4);
+    for (size_t i = 0; i < 2; i++) check_session(json_array_get(sess, i), 2, 4, wall);
     json_decref(doc);
 }
 
@@ -584,6 +609,11 @@ static void expect_failure(const char *args, int want_rc, const char *msg1, cons
     snprintf(cmd, sizeof cmd, "%s bench agent %s", KT_BIN, args);
     tu_expect_run(cmd, want_rc, msg1, msg2);
 }
+
+/* "paced": a turn's first token comes PACED_FIRST_MS after its request,
+ * the second PACED_GAP_MS after that (test_timing_units). */
+#define PACED_FIRST_MS 200
+#define PACED_GAP_MS 100
 
 /* A fake server's answer (fake_server.h): /tokenize is 404, the warm-up
  * ("Hello.") gets a good stream, a turn gets what the mode (arg) says. */
@@ -596,9 +626,15 @@ static void fake_reply(int c, const char *req, void *arg) {
         (void)!write(c, nf, strlen(nf));
         return;
     }
+    bool turn = strstr(req, "DOCUMENT") != NULL, paced = turn && !strcmp(mode, "paced");
     (void)!write(c, HEAD, sizeof HEAD - 1);
+    if (paced) tu_nap_ms(PACED_FIRST_MS);
     (void)!write(c, CHUNK, sizeof CHUNK - 1);
-    if (!strstr(req, "DOCUMENT")) (void)!write(c, "data: [DONE]\n\n", 14);
+    if (paced) {
+        tu_nap_ms(PACED_GAP_MS);
+        (void)!write(c, CHUNK, sizeof CHUNK - 1);
+        (void)!write(c, "data: [DONE]\n\n", 14);
+    } else if (!turn) (void)!write(c, "data: [DONE]\n\n", 14);
     else if (!strcmp(mode, "malformed")) (void)!write(c, "data: {oops\n\n", 13);
     else if (!strcmp(mode, "stall")) sleep(30);
 }
@@ -611,6 +647,54 @@ static void expect_fake_failure(const char *mode, const char *extra, const char 
              "--doc-tokens 50 --tool-tokens 10 --gen-tokens 4 %s", port, extra);
     expect_failure(args, 1, ", turn 1/2: ", msg); /* "URL, round 1, session N, turn 1/2: MSG" */
     tu_fake_server_stop(pid);
+}
+
+/* The figures are in the unit they claim. Against the "paced" fake server
+ * a turn's first token takes at least PACED_FIRST_MS and its second at
+ * least PACED_GAP_MS more, so TTFT, decode time, turn and task times have
+ * floors the sleeps guarantee; and none can exceed the whole command's
+ * time on the test's own clock, which is a few times the sleeps (the rest
+ * is a warm-up reply and process start). A figure 10x too small is under
+ * its floor, one 10x too large is over the command's time; a loaded
+ * machine only lengthens both, so neither bound can fail by load alone.
+ * Within a turn, TTFT + decode time = turn time, and decode tokens/s is
+ * the tokens after the first over the decode time. */
+static void test_timing_units(void **state) {
+    (void)state;
+    int port;
+    pid_t pid = tu_fake_server_start(fake_reply, (void *)"paced", false, &port);
+    char cmd[1024], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench agent --url http://127.0.0.1:%d --sessions 1 --turns 2 --system-tokens 50 "
+             "--doc-tokens 50 --tool-tokens 10 --gen-tokens 2 --json", KT_BIN, port);
+    double t0 = tu_now_ms();
+    int rc = tu_run(cmd, &out, &err);
+    double wall = tu_now_ms() - t0;
+    tu_fake_server_stop(pid);
+    if (rc != 0) fail_msg("%s\n-> %d\n%s", cmd, rc, err);
+    json_t *doc = json_loads(out, 0, NULL);
+    assert_non_null(doc);
+    json_t *tg = json_array_get(json_object_get(doc, "targets"), 0);
+    json_t *sess = json_array_get(json_object_get(tg, "sessions"), 0), *turns = json_object_get(sess, "turns");
+    assert_int_equal(json_array_size(turns), 2);
+    double decode_sum = 0;
+    for (size_t t = 0; t < 2; t++) {
+        json_t *tr = json_array_get(turns, t);
+        double ttft = num(tr, "ttft_ms"), dec = num(tr, "decode_ms"), ms = num(tr, "turn_ms");
+        printf("  turn %zu: TTFT %.1f ms (>= %d), decode %.1f ms (>= %d), turn %.1f ms; the command took %.1f ms\n",
+               t + 1, ttft, PACED_FIRST_MS, dec, PACED_GAP_MS, ms, wall);
+        assert_int_equal(json_integer_value(json_object_get(tr, "completion_tokens")), 2);
+        assert_true(ttft >= PACED_FIRST_MS && ttft <= wall);
+        assert_true(dec >= PACED_GAP_MS && dec <= wall);
+        assert_true(fabs(ttft + dec - ms) <= 1e-3 * ms); /* the JSON's 6 digits */
+        decode_sum += dec;
+    }
+    double task = num(sess, "task_ms");
+    assert_true(task >= 2 * (PACED_FIRST_MS + PACED_GAP_MS) && task <= wall);
+    /* one token after the first per turn */
+    double tps = num(tg, "decode_tokens_per_s");
+    assert_true(fabs(tps - 2 / (decode_sum / 1e3)) <= 1e-3 * tps);
+    json_decref(doc);
+    free(out), free(err);
 }
 
 static void test_failures(void **state) {
@@ -686,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_end_to_end),
         cmocka_unit_test(test_end_to_end_replay),
         cmocka_unit_test(test_failures),
+        cmocka_unit_test(test_timing_units),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

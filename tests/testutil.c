@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *tu_shared_dir(void) {
@@ -29,6 +30,12 @@ const char *tu_shared(const char *rel) {
     static char buf[4096];
     snprintf(buf, sizeof buf, "%s/%s", tu_shared_dir(), rel);
     return buf;
+}
+
+double tu_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 const char *tu_tmp(const char *name) {

@@ -55,6 +55,9 @@ void tu_fill_normal(float *x, size_t n, float std, uint64_t seed);
  * quantizing normal floats (std 0.1, from the seed); lopsided > 0 adds it
  * to one element of each row, so blocks get a minimum far from 0. */
 void *tu_make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed, float lopsided);
+/* The test's own clock (CLOCK_MONOTONIC) in ms: to time a kettle command
+ * from outside, independently of kettle's clock. */
+double tu_now_ms(void);
 /* malloc that fails the test instead of returning NULL. */
 void *tu_xmalloc(size_t n);
 
