@@ -460,21 +460,40 @@ static void test_arch_moe(void **state) {
     check_moe_one_by_one("mixtral-Q8_0.gguf", KT_LOAD_MMAP);
 }
 
+/* A hybrid golden's F16 file: its JSON (g), model path, prompt and
+ * greedy continuation (the caller frees them). */
+typedef struct f16_golden {
+    json_t *g;
+    char model_path[4096];
+    int32_t *prompt, *gen;
+    int n_prompt, n_gen;
+} f16_golden;
+
+static void f16_golden_load(const char *name, f16_golden *fg) {
+    char json_path[4096];
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F16.json", tu_shared_dir(), name);
+    snprintf(fg->model_path, sizeof fg->model_path, "%s/golden/arch/%s-F16.gguf", tu_shared_dir(), name);
+    json_error_t jerr;
+    fg->g = json_load_file(json_path, 0, &jerr);
+    if (!fg->g) fail_msg("%s: %s", json_path, jerr.text);
+    fg->prompt = json_ids(json_object_get(fg->g, "prompt_ids"), &fg->n_prompt);
+    fg->gen = json_ids(json_object_get(fg->g, "gen_ids"), &fg->n_gen);
+}
+
+static void f16_golden_free(f16_golden *fg) {
+    free(fg->prompt), free(fg->gen), json_decref(fg->g);
+}
+
 /* Greedy decoding one token at a time on top of the prompt's state
  * gives the golden's gen_ids (the F16 goldens' continuations are the F32
  * ones, and kettle is within 5e-6 of those). */
 static void check_greedy(const char *name) {
-    char json_path[4096], model_path[4096];
-    snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F16.json", KT_SHARED_DIR, name);
-    snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", KT_SHARED_DIR, name);
-    json_error_t jerr;
-    json_t *g = json_load_file(json_path, 0, &jerr);
-    assert_non_null(g);
-    int n_prompt, n_gen;
-    int32_t *prompt = json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
-    int32_t *gen = json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    static f16_golden fg;
+    f16_golden_load(name, &fg);
+    const int32_t *prompt = fg.prompt, *gen = fg.gen;
+    const int n_prompt = fg.n_prompt, n_gen = fg.n_gen;
     kt_error err = {0};
-    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    kt_model *m = kt_model_load_ex(fg.model_path, KT_LOAD_MMAP, &err);
     assert_non_null(m);
     const int n_vocab = kt_model_describe(m)->n_vocab;
     float *logits = malloc(sizeof(float) * (size_t)n_vocab);
@@ -487,7 +506,8 @@ static void check_greedy(const char *name) {
         assert_int_equal(kt_session_eval(s, &tok, 1, logits, false, &err), KT_OK);
     }
     printf("  %s: %d greedy tokens, one at a time, equal the golden's\n", name, n_gen);
-    kt_session_free(s), kt_model_free(m), free(logits), free(prompt), free(gen), json_decref(g);
+    kt_session_free(s), kt_model_free(m), free(logits);
+    f16_golden_free(&fg);
 }
 
 /* ---- the batched engine on a hybrid model ---- */
@@ -542,17 +562,12 @@ static void assert_same_out(const eng_out *a, const eng_out *b, const char *what
  * hybrid model: nothing reused, the same bits). Speculation asked for is
  * off as well. */
 static void check_engine_hybrid(const char *name) {
-    char json_path[4096], model_path[4096];
-    snprintf(json_path, sizeof json_path, "%s/golden/arch/%s-F16.json", KT_SHARED_DIR, name);
-    snprintf(model_path, sizeof model_path, "%s/golden/arch/%s-F16.gguf", KT_SHARED_DIR, name);
-    json_error_t jerr;
-    json_t *g = json_load_file(json_path, 0, &jerr);
-    assert_non_null(g);
-    int n_prompt, n_gen;
-    int32_t *prompt = json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
-    int32_t *gen = json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    static f16_golden fg;
+    f16_golden_load(name, &fg);
+    const int32_t *prompt = fg.prompt, *gen = fg.gen;
+    const int n_prompt = fg.n_prompt, n_gen = fg.n_gen;
     kt_error err = {0};
-    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    kt_model *m = kt_model_load_ex(fg.model_path, KT_LOAD_MMAP, &err);
     assert_non_null(m);
     kt_engine_params ep = kt_engine_defaults();
     ep.n_ctx = 512, ep.n_parallel = 4, ep.batch_tokens = 64, ep.n_threads = 2, ep.kv_type = KT_KV_F32;
@@ -579,7 +594,8 @@ static void check_engine_hybrid(const char *name) {
     assert_same_out(&a[0], &alone, "the same prompt again");
     printf("  %s: the engine's %d greedy tokens equal the golden's, alone, beside another request, as n = 3 "
            "choices and again\n", name, n_gen);
-    kt_engine_free(e), kt_model_free(m), free(prompt), free(gen), json_decref(g);
+    kt_engine_free(e), kt_model_free(m);
+    f16_golden_free(&fg);
 }
 
 static void test_arch_qwen35_engine(void **state) {
