@@ -117,11 +117,40 @@ static void test_tier_avx512_vnni(void **state) {
     assert_true(kt_cpu_has_avx512_vnni());
 }
 
+/* AVX-512 VNNI shown without AVX-VNNI, as some hypervisors show Zen 4 /
+ * 5 (machine A on 2026-12-01): the AVX-512 tiles must still run, Q8_0's
+ * included (issue 38: they were gated on AVX-VNNI), and give the
+ * reference's bits, as must the new types. test_ops runs every int8
+ * kernel this way too. */
+static void test_tier_avx512_without_avx_vnni(void **state) {
+    (void)state;
+    TIER(kt_cpu_has_avx512_vnni() && kt_cpu_has_avx_vnni(), "AVX-512 VNNI without AVX-VNNI (hidden)");
+    kt_cpu_hide_avx_vnni(true);
+    assert_false(kt_cpu_has_avx_vnni());
+    assert_true(kt_cpu_has_avx512_vnni());
+    check_new_types_on_tier("AVX-512 VNNI without AVX-VNNI");
+    enum { N_IN = 512, N_OUT = 19, NT = 6 };
+    float *x = tu_xmalloc(sizeof(float) * NT * N_IN);
+    float want[NT * N_OUT], got[NT * N_OUT];
+    tu_fill_normal(x, NT * N_IN, 1.0f, 7);
+    void *w = tu_make_weights(KT_Q8_0, N_IN, N_OUT, 13, 0.0f);
+    for (int nt = 1; nt <= NT; nt += NT - 1) {
+        kt_matmul_ref(want, w, KT_Q8_0, x, N_IN, N_OUT, nt);
+        kt_matmul(NULL, got, w, KT_Q8_0, x, N_IN, N_OUT, nt);
+        if (memcmp(want, got, sizeof(float) * (size_t)(nt * N_OUT)) != 0)
+            fail_msg("Q8_0 with AVX-VNNI hidden, %d tokens: not the reference's bits", nt);
+    }
+    free(w), free(x);
+    kt_cpu_hide_avx_vnni(false);
+    assert_true(kt_cpu_has_avx_vnni());
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tier_avx2),
         cmocka_unit_test(test_tier_avx_vnni),
         cmocka_unit_test(test_tier_avx512_vnni),
+        cmocka_unit_test(test_tier_avx512_without_avx_vnni),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

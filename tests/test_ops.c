@@ -664,14 +664,22 @@ static void check_simd_vs_ref(void) {
     kt_pool_free(pool);
 }
 
-/* Runs check on every int8 tile tier this CPU has: AVX-512 VNNI, AVX-VNNI
- * alone, and plain AVX2. */
+/* Runs check on every int8 tile tier this CPU has: AVX-512 VNNI, AVX-512
+ * VNNI without AVX-VNNI (as some hypervisors show Zen 4 / 5: the
+ * dispatch must still reach the AVX-512 tiles, and the AVX2 ones where a
+ * 256-bit VNNI tile would serve), AVX-VNNI alone, and plain AVX2. */
 static void on_every_int8_tier(void (*check)(bool), bool arg) {
     check(arg);
     if (kt_cpu_has_avx512_vnni()) {
         kt_cpu_force_no_avx512(true);
         check(arg);
         kt_cpu_force_no_avx512(false);
+        if (kt_cpu_has_avx_vnni()) {
+            kt_cpu_hide_avx_vnni(true);
+            assert_true(kt_cpu_has_avx512_vnni());
+            check(arg);
+            kt_cpu_hide_avx_vnni(false);
+        }
     }
     if (kt_cpu_has_avx_vnni()) {
         kt_cpu_force_no_vnni(true);
@@ -688,6 +696,50 @@ static void check_simd_vs_ref_tier(bool unused) {
 static void test_matmul_simd_vs_ref(void **state) {
     (void)state;
     on_every_int8_tier(check_simd_vs_ref_tier, false);
+}
+
+/* Q8_0 at its extremes: quants of -128 (a quantizer writes none, a file
+ * may hold them; |w| = 128 is the largest unsigned factor maddubs gets)
+ * and 127 against activations that quantize to +-127, so maddubs' int16
+ * pairs reach 2 * 128 * 127 = 32512 (no saturation) and the VNNI tiers'
+ * corrections are at their largest; one token and batches that take
+ * every tile shape, with rows left over: the reference's bits. */
+static void check_q8_0_extremes(bool unused) {
+    (void)unused;
+    enum { NB = 3, N_IN = NB * 32, N_OUT = 23, NT = 11 };
+    block_q8_0 *w = tu_xmalloc(sizeof(block_q8_0) * NB * N_OUT);
+    for (int r = 0; r < N_OUT; r++)
+        for (int b = 0; b < NB; b++) {
+            block_q8_0 *blk = w + r * NB + b;
+            blk->d = kt_fp32_to_fp16(0.001f * (float)(1 + (r + b) % 5));
+            for (int j = 0; j < 32; j++)
+                blk->qs[j] = (int8_t)(r % 3 == 0 ? -128 : r % 3 == 1 ? 127 : (j + b) % 2 ? -128 : 127);
+        }
+    float *x = tu_xmalloc(sizeof(float) * NT * N_IN);
+    for (int t = 0; t < NT; t++)
+        for (int i = 0; i < N_IN; i++)
+            x[t * N_IN + i] = (float)(1 + t) * (t % 3 == 0 ? -1.0f : t % 3 == 1 ? 1.0f : i % 2 ? 1.0f : -1.0f);
+    float want[NT * N_OUT], got[NT * N_OUT];
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    static const int nts[] = {1, 2, 3, 4, 7, NT};
+    for (size_t k = 0; k < sizeof nts / sizeof nts[0]; k++) {
+        const int nt = nts[k];
+        kt_matmul_ref(want, w, KT_Q8_0, x, N_IN, N_OUT, nt);
+        for (int p = 0; p < 2; p++) {
+            kt_matmul(p ? pool : NULL, got, w, KT_Q8_0, x, N_IN, N_OUT, nt);
+            if (memcmp(want, got, sizeof(float) * (size_t)(nt * N_OUT)) != 0)
+                fail_msg("Q8_0 extremes, %d tokens%s: not the reference's bits", nt, p ? " (pool)" : "");
+        }
+    }
+    kt_pool_free(pool);
+    free(x);
+    free(w);
+}
+
+static void test_matmul_q8_0_extremes(void **state) {
+    (void)state;
+    on_every_int8_tier(check_q8_0_extremes, false);
 }
 
 /* Float weights allow any n_in (the SIMD tail). */
@@ -2193,6 +2245,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_supported),
         cmocka_unit_test(test_matmul_ref_small),
         cmocka_unit_test(test_matmul_simd_vs_ref),
+        cmocka_unit_test(test_matmul_q8_0_extremes),
         cmocka_unit_test(test_matmul_float_odd_n_in),
         cmocka_unit_test(test_matmul_float_tiers_agree),
         cmocka_unit_test(test_matmul_scalar_is_ref),

@@ -78,9 +78,12 @@ void kt_cpu_force_scalar(bool on) {
 
 static _Atomic int g_has_vnni = -1;
 static _Atomic int g_forced_no_vnni = 0;
+static _Atomic int g_hidden_vnni = 0; /* kt_cpu_hide_avx_vnni: this tier only */
 
 bool kt_cpu_has_avx_vnni(void) {
-    if (!kt_cpu_has_avx2() || atomic_load_explicit(&g_forced_no_vnni, memory_order_relaxed)) return false;
+    if (!kt_cpu_has_avx2() || atomic_load_explicit(&g_forced_no_vnni, memory_order_relaxed) ||
+        atomic_load_explicit(&g_hidden_vnni, memory_order_relaxed))
+        return false;
     int v = atomic_load_explicit(&g_has_vnni, memory_order_relaxed);
     if (v < 0) {
         const char *env = getenv("KETTLE_NO_VNNI");
@@ -92,6 +95,10 @@ bool kt_cpu_has_avx_vnni(void) {
 
 void kt_cpu_force_no_vnni(bool on) {
     atomic_store(&g_forced_no_vnni, on ? 1 : 0);
+}
+
+void kt_cpu_hide_avx_vnni(bool on) {
+    atomic_store(&g_hidden_vnni, on ? 1 : 0);
 }
 
 static _Atomic int g_has_vnni512 = -1;

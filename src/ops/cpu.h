@@ -25,6 +25,11 @@ void kt_cpu_force_no_vnni(bool on);
 /* Turns the AVX-512 tiles off (on = true) or back on, leaving AVX-VNNI;
  * same rules as kt_cpu_force_scalar. */
 void kt_cpu_force_no_avx512(bool on);
+/* Hides AVX-VNNI (on = true) or shows it again, leaving AVX-512 VNNI as it
+ * is: the CPU as some hypervisors show AMD Zen 4 / 5, for tests that check
+ * that the AVX-512 tiles still run there; same rules as
+ * kt_cpu_force_scalar. */
+void kt_cpu_hide_avx_vnni(bool on);
 /* Turns the SIMD kernels off (on = true) or back on, for the whole
  * process, like KETTLE_NO_SIMD=1 does at start-up; for tests that compare
  * the scalar and SIMD paths end to end. Not to be called while kernels

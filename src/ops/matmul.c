@@ -564,11 +564,12 @@ void kt_matmul_many(kt_pool *pool, const kt_matmul_part *parts, int n_parts, con
     void *owned = NULL;
     if (is_quant(wtype)) {
         /* scratch: the quantized activations, then (the SIMD GEMM of the
-         * 32-value formats but Q8_0) one panel per thread */
+         * 32-value formats) one panel per thread */
         size_t act = (kt_q8_act_bytes(n_in, n_tokens) + 63) / 64 * 64;
         bool panels = false;
         for (int p = 0; p < n_parts; p++)
-            panels |= j.simd && n_tokens > 1 && (parts[p].wtype == KT_Q4_0 || is_legacy(parts[p].wtype));
+            panels |= j.simd && n_tokens > 1 &&
+                      (parts[p].wtype == KT_Q4_0 || parts[p].wtype == KT_Q8_0 || is_legacy(parts[p].wtype));
 #if defined(__x86_64__) || defined(__i386__)
         if (panels) j.panel_bytes = kt_matmul_panel_bytes(n_in);
 #endif
