@@ -36,8 +36,8 @@
  *     most batch_tokens tokens), and one prompt holds it back at most
  *     about max_stall_ms beyond the stretch;
  *   - order: the least prompt left first (an agent's next turn before
- *     another session's long first prompt); one passed over
- *     MAX_PREFILL_PASSED_OVER steps goes first, so none starves;
+ *     another session's long first prompt); one passed over by later
+ *     prompts MAX_PREFILL_PASSED_OVER steps goes first, so none starves;
  *   - while the prefill token's cost is unknown (before any prefill ran),
  *     chunks are 8 tokens and remainders of <= SHORT_PROMPT_TOKENS go in
  *     whole, standing in for the stall.
@@ -1180,8 +1180,8 @@ static bool prefill_before(const kt_request *q, const kt_request *r) {
  * first prompt is through, and the step's prefill budget serves it first.
  * Alone, that would starve a long prompt for as long as shorter ones keep
  * coming (a busy server's steady state: a soak test saw first tokens
- * after 40 s); one passed over MAX_PREFILL_PASSED_OVER steps goes first
- * until its prompt is in. Returns their number, in e->prefill_order. */
+ * after 40 s); one passed over by later prompts MAX_PREFILL_PASSED_OVER
+ * steps goes first until its prompt is in. Returns their number, in e->prefill_order. */
 static int order_prefills(kt_engine *e) {
     int n = 0;
     for (int a = 0; a < e->n_active; a++) {
