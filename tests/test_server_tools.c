@@ -2,7 +2,7 @@
  * test_server_tools.c - tool calls and reasoning through `kettle serve`,
  * on random-weight models (`kettle gen-model`) of the real vocabularies
  * with the real templates of several families: Qwen 3 (Hermes JSON),
- * Qwen 3.5 (Qwen3-Coder XML), Llama 3.1 (JSON, <|python_tag|> a control
+ * Qwen 3.5 (Qwen3-Coder XML, on its hybrid architecture), Llama 3.1 (JSON, <|python_tag|> a control
  * token), Mistral Small 3.2 ([TOOL_CALLS]name[ARGS]), QwQ (the prompt
  * opens <think>), functionary v3.2 (the prompt ends with `>>>`: the
  * reply is constrained from its first token, under auto too) and kettle's
@@ -47,40 +47,46 @@
 typedef struct family {
     const char *name, *vocab, *template, *extra; /* extra: request fields for this family */
     server s;
+    const char *shape; /* gen-model's shape; NULL: test-tiny */
 } family;
 
 static family FAMILIES[] = {
     {"hermes", "ggml-vocab-qwen2.gguf", "templates/Qwen-Qwen3-0.6B.jinja",
-     ",\"chat_template_kwargs\":{\"enable_thinking\":false}", {0}},
+     ",\"chat_template_kwargs\":{\"enable_thinking\":false}", {0}, NULL},
+    /* on Qwen 3.5's own hybrid architecture (Gated DeltaNet + gated
+     * attention): its recurrent state through every path below */
     {"qwen3-coder", "ggml-vocab-qwen35.gguf", "templates/Qwen3.5-4B.jinja",
-     ",\"chat_template_kwargs\":{\"enable_thinking\":false}", {0}},
-    {"llama3", "ggml-vocab-llama-bpe.gguf", "templates/meta-llama-Llama-3.1-8B-Instruct.jinja", "", {0}},
-    {"mistral", "ggml-vocab-llama-spm.gguf", "templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "", {0}},
-    {"granite", "ggml-vocab-llama-spm.gguf", "templates/ibm-granite-granite-3.3-2B-Instruct.jinja", "", {0}},
+     ",\"chat_template_kwargs\":{\"enable_thinking\":false}", {0}, "qwen3.5-tiny"},
+    {"llama3", "ggml-vocab-llama-bpe.gguf", "templates/meta-llama-Llama-3.1-8B-Instruct.jinja", "", {0}, NULL},
+    {"mistral", "ggml-vocab-llama-spm.gguf", "templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "", {0}, NULL},
+    {"granite", "ggml-vocab-llama-spm.gguf", "templates/ibm-granite-granite-3.3-2B-Instruct.jinja", "", {0}, NULL},
     /* the prompt ends with `>>>`: the whole reply is constrained, under auto too */
-    {"functionary-v3.2", "ggml-vocab-llama-bpe.gguf", KT_TEST_DATA "/functionary-v3.2.jinja", "", {0}},
-    {"generic", "ggml-vocab-llama-spm.gguf", NULL, "", {0}},
+    {"functionary-v3.2", "ggml-vocab-llama-bpe.gguf", KT_TEST_DATA "/functionary-v3.2.jinja", "", {0}, NULL},
+    {"generic", "ggml-vocab-llama-spm.gguf", NULL, "", {0}, NULL},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
 static server QWQ; /* reasoning: with enable_thinking the prompt opens <think> */
 #define THINK ",\"chat_template_kwargs\":{\"enable_thinking\":true}"
 
-/* A random-weight test-tiny model of the vocabulary, made once per run
- * (servers already running keep theirs: never rewritten under them). */
-static const char *make_model(const char *vocab) {
-    static char made[8][64], paths[8][1024];
+/* A random-weight model of the shape (test-tiny unless given) and
+ * vocabulary, made once per run (servers already running keep theirs:
+ * never rewritten under them). */
+static const char *make_model(const char *vocab, const char *shape) {
+    static char made[8][128], paths[8][1024];
+    char key[128];
+    snprintf(key, sizeof key, "%s-%s", shape ? shape : "test-tiny", vocab);
     for (int i = 0; i < 8 && made[i][0]; i++)
-        if (!strcmp(made[i], vocab)) return paths[i];
+        if (!strcmp(made[i], key)) return paths[i];
     int slot = 0;
     while (slot < 7 && made[slot][0]) slot++;
-    snprintf(paths[slot], sizeof paths[slot], "%s", tu_tmp(vocab));
+    snprintf(paths[slot], sizeof paths[slot], "%s", tu_tmp(key));
     char vpath[1024], cmd[3072];
     snprintf(vpath, sizeof vpath, "%s/%s", tu_shared("vocab"), vocab);
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape test-tiny --type Q8_0 --vocab %s -o %s >/dev/null 2>&1", KT_BIN,
-             vpath, paths[slot]);
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape %s --type Q8_0 --vocab %s -o %s >/dev/null 2>&1", KT_BIN,
+             shape ? shape : "test-tiny", vpath, paths[slot]);
     if (tu_run(cmd, NULL, NULL) != 0) fail_msg("cannot make a model: %s", cmd);
-    snprintf(made[slot], sizeof made[slot], "%s", vocab);
+    snprintf(made[slot], sizeof made[slot], "%s", key);
     return paths[slot];
 }
 
@@ -95,12 +101,12 @@ static int setup(void **state) {
                      f->template[0] == '/' ? f->template : tu_shared(f->template));
         else snprintf(args, sizeof args, "--ctx 2048 --chat-template chatml");
         snprintf(log, sizeof log, "tools-%s.log", f->name);
-        const char *model = make_model(f->vocab);
+        const char *model = make_model(f->vocab, f->shape);
         f->s = start_server_model(log, model, args);
     }
     char args[1200];
     snprintf(args, sizeof args, "--ctx 2048 --chat-template %s", tu_shared("templates/Qwen-QwQ-32B.jinja"));
-    QWQ = start_server_model("tools-qwq.log", make_model("ggml-vocab-qwen2.gguf"), args);
+    QWQ = start_server_model("tools-qwq.log", make_model("ggml-vocab-qwen2.gguf", NULL), args);
     return 0;
 }
 
