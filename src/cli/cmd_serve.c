@@ -569,7 +569,7 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
         fprintf(stderr, "kettle serve: the default KV pool (%d x %d positions, at least one context) would take %.0f MiB, "
                 "more than the memory available now: it holds %d positions (requests wait for room; --kv-mb, --ctx or "
                 "--parallel set it)\n",
-                ap->n_parallel, ap->n_ctx < 4096 ? ap->n_ctx : 4096, (double)st.kv_wanted_bytes / 1048576.0,
+                ap->n_parallel, ap->n_ctx < KT_POOL_POSITIONS_PER_SEQ ? ap->n_ctx : KT_POOL_POSITIONS_PER_SEQ, (double)st.kv_wanted_bytes / 1048576.0,
                 st.kv_blocks_total * st.kv_block_tokens);
     if (ap->n_ctx > kt_model_describe(k->model)->n_ctx_train)
         fprintf(stderr, "kettle serve: warning: --ctx %d is beyond the %d positions the model was trained on; its output "

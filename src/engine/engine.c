@@ -84,7 +84,6 @@
 
 #define KV_BLOCK_TOKENS 16
 #define DEFAULT_CTX_MAX 32768   /* the default context, at most (fill_params) */
-#define POOL_POSITIONS_PER_SEQ 4096 /* the default pool: this many positions a sequence (make_kv_pool) */
 #define SHORT_PROMPT_TOKENS 32 /* prompts this short go in whole while the prefill cost is unknown */
 
 const double kt_lat_bucket_ms[KT_LAT_N_BUCKETS - 1] = {1,   2.5,  5,    10,   25,   50,   100,
@@ -309,11 +308,11 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
     const size_t one_ctx = (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
-    /* n_parallel sequences of up to POOL_POSITIONS_PER_SEQ each, and at
+    /* n_parallel sequences of up to KT_POOL_POSITIONS_PER_SEQ each, and at
      * least one whole context: a long context then costs one context's
      * memory, not n_parallel of them (a request reserves what it may use,
      * so few long ones run at once and many short ones) */
-    const size_t seq_blocks = p->n_ctx < POOL_POSITIONS_PER_SEQ ? one_ctx : POOL_POSITIONS_PER_SEQ / KV_BLOCK_TOKENS;
+    const size_t seq_blocks = p->n_ctx < KT_POOL_POSITIONS_PER_SEQ ? one_ctx : KT_POOL_POSITIONS_PER_SEQ / KV_BLOCK_TOKENS;
     const size_t ctx_blocks = (size_t)p->n_parallel * seq_blocks > one_ctx ? (size_t)p->n_parallel * seq_blocks : one_ctx;
     const size_t max_slots = 2 * (size_t)p->n_parallel * (size_t)kv_window_span(&kp, p->batch_tokens);
     const size_t limit = p->mem_limit ? p->mem_limit : kt_mem_budget(), mib = 1048576;

@@ -34,6 +34,10 @@
 
 #include "kettle.h"
 
+/* The default KV pool: n_parallel sequences of up to this many positions
+ * (at least one whole context), whatever the context (make_kv_pool). */
+#define KT_POOL_POSITIONS_PER_SEQ 4096
+
 typedef struct kt_engine_params {
     int n_ctx;         /* positions per sequence (prompt + output); <= 0: model's n_ctx_train */
     int n_parallel;    /* sequences decoding at once (choices count each); default 16 */

@@ -1156,6 +1156,9 @@ PANEL_KIND(q5_1, FMT_Q5_1, q5_1_few, q5_1_one)
  * 16 rows). */
 static size_t panel_one_bytes(int nb) { return (size_t)nb * Q4_ROWS * (32 + 2 * sizeof(float)); }
 
+/* The Q8_0 GEMM borrows this work area for its panel (q8_panel_build). */
+_Static_assert(Q8P_BLOCK <= 2 * Q4_ROWS * (32 + 2 * sizeof(float)), "the Q8_0 panel fits the work area");
+
 size_t kt_matmul_panel_bytes(int n_in) {
     return 2 * panel_one_bytes(n_in / QK8_0); /* a multiple of 64 */
 }
