@@ -1384,6 +1384,45 @@ static void expect_rel(const float *got, const float *want, int n, float rel, fl
     }
 }
 
+/* The delta rule: the AVX2 version gives the reference's bits (same fmaf
+ * sums, per column), token after token on a state it keeps updating, and
+ * the reference is the definition (double) within float rounding. */
+static void test_delta_rule(void **state) {
+    (void)state;
+    const int shapes[][2] = {{128, 128}, {32, 8}, {16, 40}, {64, 24}, {7, 16}};
+    for (int s = 0; s < 5; s++) {
+        const int dk = shapes[s][0], dv = shapes[s][1], n_tok = 9;
+        float *S0 = tu_xmalloc(sizeof(float) * dk * dv), *S1 = tu_xmalloc(sizeof(float) * dk * dv);
+        double *Sd = tu_xmalloc(sizeof(double) * dk * dv);
+        float *q = tu_xmalloc(sizeof(float) * dk), *k = tu_xmalloc(sizeof(float) * dk), *v = tu_xmalloc(sizeof(float) * dv);
+        float *o0 = tu_xmalloc(sizeof(float) * dv), *o1 = tu_xmalloc(sizeof(float) * dv), *u = tu_xmalloc(sizeof(float) * dv);
+        tu_fill_normal(S0, dk * dv, 0.5f, 7 + s);
+        memcpy(S1, S0, sizeof(float) * dk * dv);
+        for (int i = 0; i < dk * dv; i++) Sd[i] = S0[i];
+        for (int t = 0; t < n_tok; t++) {
+            tu_fill_normal(q, dk, 0.3f, 100 * s + 3 * t), tu_fill_normal(k, dk, 0.3f, 100 * s + 3 * t + 1);
+            tu_fill_normal(v, dv, 1.0f, 100 * s + 3 * t + 2);
+            const float decay = 0.5f + 0.05f * t, beta = 0.9f - 0.07f * t;
+            kt_delta_rule_ref(S0, q, k, v, decay, beta, dk, dv, o0, u);
+            kt_delta_rule(S1, q, k, v, decay, beta, dk, dv, o1, u);
+            if (memcmp(S0, S1, sizeof(float) * dk * dv) != 0 || memcmp(o0, o1, sizeof(float) * dv) != 0)
+                fail_msg("delta rule %d x %d, token %d: the SIMD state or output differs from the reference", dk, dv, t);
+            for (int c = 0; c < dv; c++) { /* the definition in double */
+                double kv = 0, oc = 0;
+                for (int r = 0; r < dk; r++) kv += Sd[(size_t)r * dv + c] * decay * k[r];
+                const double uc = (v[c] - kv) * beta;
+                for (int r = 0; r < dk; r++) {
+                    Sd[(size_t)r * dv + c] = Sd[(size_t)r * dv + c] * decay + k[r] * uc;
+                    oc += Sd[(size_t)r * dv + c] * q[r];
+                }
+                if (!(fabs(o0[c] - oc) <= 1e-4 * (1 + fabs(oc))))
+                    fail_msg("delta rule %d x %d, token %d, column %d: %.9g vs %.9g in double", dk, dv, t, c, o0[c], oc);
+            }
+        }
+        free(S0), free(S1), free(Sd), free(q), free(k), free(v), free(o0), free(o1), free(u);
+    }
+}
+
 /* SIMD within 1e-5 relative: only the sum of squares is ordered
  * differently (and the ref's sequential float sum is the less exact). */
 static void test_rmsnorm(void **state) {
@@ -2260,6 +2299,7 @@ int main(void) {
         cmocka_unit_test(test_repacked_rows),
         cmocka_unit_test(test_x16_matmul),
         cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_delta_rule),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_geglu),

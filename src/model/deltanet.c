@@ -9,11 +9,17 @@
  *   q, k L2-normalised per head, q scaled by 1 / sqrt(d_k)
  *   value head j uses key head j % H_k (ggml's tiled broadcast), and its
  *   state S (d_k x d_v):  S = exp(g) S;  u = beta (v - S^T k);
- *                         S = S + k u^T;  o = S^T q
+ *                         S = S + k u^T;  o = S^T q   (kt_delta_rule, ops/)
  *   out = ssm_out [RMSNorm(o_j) * ssm_norm * silu(z_j)]_j
  * The matmuls run over the whole chunk; the recurrence runs token after
  * token (each token touches only its own sequence's state), split
- * between threads by channels and value heads. Scalar C.
+ * between threads by channels and value heads.
+ *
+ * Prefill runs the recurrence token by token too, not the chunked (WY)
+ * form: the per-token form makes a token's result independent of how the
+ * prompt was cut into steps, so a prefix-cache resume from a state
+ * snapshot gives the cold run's bits (kv/state_pool.h); measured against
+ * the matmuls in docs/PERFORMANCE.md.
  */
 #include "model/deltanet.h"
 
@@ -56,30 +62,6 @@ static void l2_norm(float *x, int n, float eps) {
     for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
     for (int i = 0; i < n; i++) x[i] *= scale;
-}
-
-/* One value head's delta rule for one token: S (dk x dv, row r = key
- * dim) decays by exp(g), takes beta (v - S^T k) along k, and gives
- * o = S^T q. */
-static void delta_step(float *S, const float *q, const float *k, const float *v, float g, float beta, int dk, int dv,
-                       float *o, float *u) {
-    const float decay = expf(g);
-    for (int i = 0; i < dk * dv; i++) S[i] *= decay;
-    for (int c = 0; c < dv; c++) u[c] = 0;
-    for (int r = 0; r < dk; r++) {
-        const float kr = k[r], *row = S + (size_t)r * dv;
-        for (int c = 0; c < dv; c++) u[c] += row[c] * kr;
-    }
-    for (int c = 0; c < dv; c++) u[c] = (v[c] - u[c]) * beta;
-    for (int c = 0; c < dv; c++) o[c] = 0;
-    for (int r = 0; r < dk; r++) {
-        float *row = S + (size_t)r * dv;
-        const float kr = k[r], qr = q[r];
-        for (int c = 0; c < dv; c++) {
-            row[c] += kr * u[c];
-            o[c] += row[c] * qr;
-        }
-    }
 }
 
 /* The work of one layer over a chunk, split between the pool's threads
@@ -129,27 +111,27 @@ static void dn_norm(const dn_job *j, int t0, int t1) {
     }
 }
 
+/* Heads outer, tokens inner: a head's state (d_k x d_v floats, 64 KiB
+ * for Qwen 3.5) stays in the core's cache across a chunk's tokens. */
 static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
     const llm_config *c = j->c;
     const llm_layer *l = j->l;
     const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
     const int Hk = c->ssm_n_k_heads, Hv = c->ssm_n_v_heads, dk = c->ssm_d_k, dv = c->ssm_d_v, inner = Hv * dv;
     const float *dt_bias = l->ssm_dt_bias.data, *a = l->ssm_a.data;
-    for (int t = 0; t < j->n; t++) {
-        float *S = j->seqs[t]->state + j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C;
-        const float *x = j->dw->qkv + (size_t)t * C, *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
-        const float *bx = j->dw->beta + (size_t)t * Hv, *ax = j->dw->alpha + (size_t)t * Hv;
-        const float *z = j->dw->z + (size_t)t * inner;
-        float *o = j->dw->o + (size_t)t * inner;
-        for (int h = h0; h < h1; h++) {
-            const int kh = h % Hk; /* ggml's tiled broadcast */
-            const float g = a[h] * softplus(ax[h] + dt_bias[h]);
-            const float beta = 1.0f / (1.0f + expf(-bx[h]));
-            float *oh = o + (size_t)h * dv;
-            delta_step(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, g, beta,
-                       dk, dv, oh, u);
+    for (int h = h0; h < h1; h++) {
+        const int kh = h % Hk; /* ggml's tiled broadcast */
+        for (int t = 0; t < j->n; t++) {
+            float *S = j->seqs[t]->state + j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C;
+            const float *x = j->dw->qkv + (size_t)t * C, *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
+            const float g = a[h] * softplus(j->dw->alpha[(size_t)t * Hv + h] + dt_bias[h]);
+            const float beta = 1.0f / (1.0f + expf(-j->dw->beta[(size_t)t * Hv + h]));
+            const float *z = j->dw->z + (size_t)t * inner + (size_t)h * dv;
+            float *oh = j->dw->o + (size_t)t * inner + (size_t)h * dv;
+            kt_delta_rule(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, expf(g),
+                          beta, dk, dv, oh, u);
             kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps); /* the gated RMSNorm */
-            for (int i = 0; i < dv; i++) oh[i] *= silu(z[(size_t)h * dv + i]);
+            for (int i = 0; i < dv; i++) oh[i] *= silu(z[i]);
         }
     }
 }

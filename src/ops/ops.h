@@ -19,6 +19,22 @@
 void kt_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void kt_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps);
 
+/* One token of the gated delta rule (Gated DeltaNet) on one head's state
+ * S (dk rows, the key dims, of dv values):
+ *   kv = S^T k;  u = beta (v - decay kv)
+ *   S  = decay S + k u^T;  o = S^T q
+ * which is ggml's order with the decay folded into the two passes over S
+ * (decay S^T k for (decay S)^T k), so S is read twice per token, not
+ * three times. Every sum runs over r in order with fmaf, so the AVX2
+ * version (dv a multiple of 8) gives the reference's bits, and a token's
+ * result does not depend on how tokens were split into steps: prefill,
+ * decode and a prefix-cache resume compute the same state. u: dv floats
+ * of scratch. */
+void kt_delta_rule(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk, int dv,
+                   float *o, float *u);
+void kt_delta_rule_ref(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk,
+                       int dv, float *o, float *u);
+
 typedef enum kt_rope_style {
     KT_ROPE_ADJACENT, /* llama, mistral: rotate (x[2i], x[2i+1]) */
     KT_ROPE_NEOX      /* qwen2: rotate (x[i], x[i + rope_dim/2]) */
