@@ -759,7 +759,7 @@ static void test_arch_qwen35_mrope(void **state) {
         assert_int_equal(kv_seq_append(seq, N, &err), KT_OK);
         for (int i = 0; i < N; i++) seqs[i] = seq;
         assert_non_null(logits[r] = malloc(sizeof(float) * n_vocab * N));
-        llm_batch b = {N, tokens, pos, seqs, want, NULL, NULL, r ? p4[r] : NULL};
+        llm_batch b = {N, tokens, pos, seqs, want, NULL, NULL, r ? p4[r] : NULL, NULL};
         llm_forward(llm, w, pool, &b, logits[r]);
         kv_seq_free(seq);
     }

@@ -327,6 +327,189 @@ static void test_random_workload(void **state) {
     rig_free(&r);
 }
 
+/* ---- hybrid models: recurrent-state snapshots ---- */
+
+/* A stand-in recurrent state: a hash folded over (token, position), kept
+ * in the first float's bits, so a resumed sequence can tell that the
+ * state it got is exactly the one after its prefix. */
+static uint32_t fold(uint32_t h, int32_t token, int pos) {
+    return (h ^ (uint32_t)(token * 31 + pos)) * 16777619u;
+}
+
+static uint32_t state_of_tokens(const int32_t *tokens, int n) {
+    uint32_t h = 2166136261u;
+    for (int p = 0; p < n; p++) h = fold(h, tokens[p], p);
+    return h;
+}
+
+static uint32_t seq_state(const kv_seq *s) {
+    uint32_t h;
+    memcpy(&h, s->state, sizeof h);
+    return s->len == 0 ? 2166136261u : h;
+}
+
+/* compute() that also moves the state on. */
+static void compute_hybrid(kv_seq *s, const int32_t *tokens, int n) {
+    uint32_t h = seq_state(s);
+    for (int p = s->len; p < n; p++) h = fold(h, tokens[p], p);
+    compute(s, tokens, n);
+    memcpy(s->state, &h, sizeof h);
+}
+
+/* The state after s's len positions, snapshotted and hung (as the
+ * engine does at a prompt's block boundary and a generation's end). */
+static bool snapshot(rig *r, const kv_seq *s, const int32_t *tokens) {
+    int slot = kv_cache_state_reserve(r->cache);
+    assert_true(slot >= 0);
+    memcpy(kv_cache_state_data(r->cache, slot), s->state, kv_cache_state_bytes(r->cache));
+    return kv_cache_state_hang(r->cache, slot, tokens, s->len);
+}
+
+static rig rig_new_hybrid(int n_blocks, int n_seqs, int n_snaps) {
+    kv_pool_params p = {.n_blocks = n_blocks, .block_tokens = BT, .n_layer = 1, .kv_dim = 4, .type = KV_F32,
+                        .state_bytes = 2 * sizeof(float), .n_state_slots = n_seqs};
+    kt_error err = {0};
+    rig r = {kv_pool_new(&p, &err), NULL};
+    assert_non_null(r.pool);
+    r.cache = kv_cache_new(r.pool, &err);
+    assert_non_null(r.cache);
+    assert_int_equal(kv_cache_enable_states(r.cache, n_snaps, 2 * sizeof(float), &err), KT_OK);
+    return r;
+}
+
+/* A hybrid sequence started as the engine starts one: the hit (if any)
+ * ends at a snapshot and comes with exactly the state after its prefix;
+ * the rest is computed with a snapshot at a block boundary `at` (0:
+ * none) and indexed. */
+static kv_seq *start_hybrid(rig *r, const int32_t *tokens, int n, int at, int *hit) {
+    kt_error err = {0};
+    kv_seq *s = kv_seq_new(r->pool, &err);
+    assert_non_null(s);
+    int32_t blocks[65];
+    kv_cache_hit h;
+    int m = kv_cache_acquire(r->cache, tokens, n - 1, blocks, 64, true, &h);
+    if (m) {
+        assert_true(h.state >= 0);
+        uint32_t got;
+        memcpy(&got, kv_cache_state_data(r->cache, h.state), sizeof got);
+        if (got != state_of_tokens(tokens, h.n_positions))
+            fail_msg("a hit of %d positions came with another prefix's state", h.n_positions);
+        assert_int_equal(kv_seq_share_state(s, blocks, m, h.n_positions, kv_cache_state_data(r->cache, h.state), &err),
+                         KT_OK);
+    } else {
+        assert_int_equal(h.state, -1);
+    }
+    for (int i = 0; i < m; i++) kv_pool_release(r->pool, blocks[i], NULL);
+    *hit = m ? h.n_positions : 0;
+    if (at > *hit && at < n) {
+        compute_hybrid(s, tokens, at);
+        kv_cache_insert(r->cache, s, tokens, at, false);
+        snapshot(r, s, tokens);
+        check(r);
+    }
+    compute_hybrid(s, tokens, n);
+    assert_kv_of(s, tokens);
+    assert_true(seq_state(s) == state_of_tokens(tokens, n));
+    kv_cache_insert(r->cache, s, tokens, n, false);
+    check(r);
+    return s;
+}
+
+/* A hybrid model's hit ends only where a snapshot hangs: blocks without
+ * one are not served (their KV without the state would be wrong), a
+ * finished sequence's tail snapshot serves a next turn to the position,
+ * and a sequence refuses a prefix without its state. */
+static void test_hybrid_hits_end_at_snapshots(void **state) {
+    (void)state;
+    rig r = rig_new_hybrid(32, 2, 4);
+    int32_t t[40];
+    for (int i = 0; i < 40; i++) t[i] = 500 + i;
+    int hit;
+    kv_seq *s = start_hybrid(&r, t, 22, 0, &hit); /* 5 whole blocks indexed, no snapshot */
+    assert_int_equal(hit, 0);
+    kv_seq_free(s);
+    s = start_hybrid(&r, t, 22, 0, &hit);
+    assert_int_equal(hit, 0); /* the blocks are there, no state for them */
+    kv_cache_insert(r.cache, s, t, s->len, true);
+    assert_true(snapshot(&r, s, t)); /* the generation's end: 22 positions, on the tail entry */
+    kv_seq_free(s);
+    check(&r);
+    s = start_hybrid(&r, t, 30, 0, &hit); /* the next turn */
+    assert_int_equal(hit, 22);
+    kv_seq_free(s);
+    s = start_hybrid(&r, t, 16, 8, &hit); /* a snapshot at 8 */
+    kv_seq_free(s);
+    int32_t other[40];
+    memcpy(other, t, sizeof other);
+    other[13] = 7; /* diverges inside the fourth block: the snapshot at 8 serves it */
+    s = start_hybrid(&r, other, 20, 0, &hit);
+    assert_int_equal(hit, 8);
+    kv_seq_free(s);
+    /* the same state twice is hung once */
+    s = start_hybrid(&r, t, 12, 8, &hit);
+    assert_int_equal(hit, 8);
+    assert_int_equal(kv_cache_n_states(r.cache), 2);
+    /* no prefix without its state */
+    kt_error err = {0};
+    kv_seq *bare = kv_seq_new(r.pool, &err);
+    int32_t blocks[4];
+    assert_int_equal(kv_cache_lookup(r.cache, t, 11, blocks, 4), 2);
+    assert_int_equal(kv_seq_share(bare, blocks, 2, 8, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "state"));
+    kv_seq_free(bare), kv_seq_free(s);
+    check(&r);
+    rig_free(&r);
+}
+
+/* Random hybrid sequences over a few shared prefixes, snapshots at random
+ * block boundaries and at every end, far more snapshots wanted than the
+ * budget holds and more blocks than the pool: every hit comes with the
+ * state of exactly its prefix, the invariants (snapshots and entries
+ * naming each other, no more hung than slots) hold after every step, and
+ * snapshots leave both with their blocks and least recently used first. */
+static void test_hybrid_random_workload(void **state) {
+    (void)state;
+    enum { LIVE = 4, ROUNDS = 600, SNAPS = 6, BLOCKS = 48 };
+    rig r = rig_new_hybrid(BLOCKS, LIVE, SNAPS);
+    kt_rng rng;
+    kt_rng_seed(&rng, 11);
+    kv_seq *live[LIVE] = {0};
+    int32_t toks[LIVE][48];
+    int hits = 0, inside = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        int k = (int)(kt_rng_u64(&rng) % LIVE);
+        if (live[k]) {
+            kv_cache_insert(r.cache, live[k], toks[k], live[k]->len, true);
+            snapshot(&r, live[k], toks[k]);
+            kv_seq_free(live[k]);
+            live[k] = NULL;
+            check(&r);
+            assert_true(kv_cache_n_states(r.cache) <= SNAPS);
+            continue;
+        }
+        int prefix = (int)(kt_rng_u64(&rng) % 3), n = 4 + (int)(kt_rng_u64(&rng) % 44);
+        for (int i = 0; i < n; i++)
+            toks[k][i] = i < 20 ? prefix * 100 + i : (int32_t)(kt_rng_u64(&rng) % 3) + 1000 * prefix;
+        int held = 0;
+        for (int j = 0; j < LIVE; j++) held += live[j] ? live[j]->n_blocks : 0;
+        if (held + kv_blocks_for(r.pool, n) > BLOCKS) continue;
+        int hit, at = (int)(kt_rng_u64(&rng) % (size_t)(n / BT + 1)) * BT;
+        live[k] = start_hybrid(&r, toks[k], n, at, &hit);
+        hits += hit > 0;
+        inside += hit % BT != 0;
+    }
+    for (int j = 0; j < LIVE; j++) kv_seq_free(live[j]);
+    check(&r);
+    assert_int_equal(kv_pool_n_used(r.pool), 0);
+    assert_true(hits > ROUNDS / 8);
+    assert_true(inside > 0); /* tail snapshots */
+    assert_true(kv_cache_n_states_evicted(r.cache) > 0);
+    assert_true(kv_cache_n_evicted(r.cache) > 0);
+    printf("hybrid random workload: %d hits (%d at a tail), %llu snapshots and %llu blocks evicted\n", hits, inside,
+           (unsigned long long)kv_cache_n_states_evicted(r.cache), (unsigned long long)kv_cache_n_evicted(r.cache));
+    rig_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hit_partial_miss),
@@ -336,6 +519,8 @@ int main(void) {
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_cached_block_never_written),
         cmocka_unit_test(test_random_workload),
+        cmocka_unit_test(test_hybrid_hits_end_at_snapshots),
+        cmocka_unit_test(test_hybrid_random_workload),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

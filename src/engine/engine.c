@@ -76,6 +76,7 @@
 #include "kv/disk_cache.h"
 #include "kv/state_pool.h"
 #include "kv/prefix_cache.h"
+#include "engine/snapshots.h"
 #include "model/forward.h"
 #include "ops/pool.h"
 #include "spec/ngram.h"
@@ -96,6 +97,7 @@ struct kt_engine {
     kv_pool *kv;
     kv_prefix_cache *cache; /* NULL when params.prefix_cache is off */
     kv_disk *disk;          /* NULL without params.cache_dir */
+    eng_snaps snaps;        /* a hybrid model's state snapshots (inert otherwise) */
     eng_grammar gram;       /* token trie and mask classes, made at the first grammar */
     int32_t *seq_tokens;    /* [n_ctx]: a sequence's ids, for the cache */
     int32_t *hit_blocks;    /* [blocks of n_ctx]: a lookup's result */
@@ -204,6 +206,14 @@ static void publish_counts_locked(kt_engine *e) {
     e->stats.kv_blocks_free = e->stats.kv_blocks_total - e->stats.kv_blocks_used; /* idle cached ones count */
     e->stats.kv_blocks_cached = e->cache ? kv_cache_n_blocks(e->cache) : 0;
     e->stats.cache_evicted_blocks = e->cache ? kv_cache_n_evicted(e->cache) : 0;
+    if (e->snaps.cache) {
+        e->stats.state_snapshots = kv_cache_n_states(e->cache);
+        e->stats.state_snapshots_max = kv_cache_max_states(e->cache);
+        e->stats.state_snapshots_evicted = kv_cache_n_states_evicted(e->cache);
+        e->stats.state_snapshots_taken = e->snaps.taken;
+        e->stats.state_interval = e->snaps.interval;
+        e->stats.state_snapshot_bytes = kv_cache_state_bytes(e->cache);
+    }
     if (e->disk) {
         kv_disk_stats ds;
         kv_disk_get_stats(e->disk, &ds);
@@ -253,16 +263,17 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
         return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
     if (llm_state_bytes(e->llm)) {
-        /* a hybrid model's recurrent state is not in its KV blocks: until
-         * the prefix cache snapshots it, a cache hit would resume KV without
-         * its state, and a rejected proposal could not be rolled back */
-        if (p.prefix_cache || p.cache_dir)
-            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): prefix cache%s off (its state "
-                    "cannot be reused yet)\n", c->arch, p.cache_dir ? " and disk cache" : "");
+        /* a hybrid model's recurrent state is not in its KV blocks: the
+         * prefix cache keeps snapshots of it in memory, but the disk tier
+         * does not write them yet, and a rejected proposal could not be
+         * rolled back */
+        if (p.cache_dir)
+            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): disk cache off (its state "
+                    "snapshots stay in memory)\n", c->arch);
         if (p.spec)
             fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): speculative decoding off (its "
                     "state cannot roll back yet)\n", c->arch);
-        p.prefix_cache = false, p.cache_dir = NULL, p.spec = KT_SPEC_OFF;
+        p.cache_dir = NULL, p.spec = KT_SPEC_OFF;
     }
     e->p = p;
     return KT_OK;
@@ -420,6 +431,8 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     pthread_cond_init(&e->cv_step, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
         (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
+        eng_snaps_init(&e->snaps, e->cache, llm_state_bytes(e->llm), e->p.state_cache_bytes, e->p.n_ctx,
+                       KV_BLOCK_TOKENS, e->p.batch_tokens, err) != KT_OK ||
         !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
         goto fail;
     if (e->p.spec == KT_SPEC_DRAFT && !e->p.spec_propose &&
@@ -456,6 +469,7 @@ static void cache_choice(kt_engine *e, const kt_request *r, const gen_choice *c)
     memcpy(e->seq_tokens, r->prompt, sizeof(int32_t) * (size_t)(n < r->n_prompt ? n : r->n_prompt));
     if (n > r->n_prompt) memcpy(e->seq_tokens + r->n_prompt, c->generated, sizeof(int32_t) * (size_t)(n - r->n_prompt));
     kv_cache_insert(e->cache, c->seq, e->seq_tokens, n, true);
+    eng_snaps_take(&e->snaps, c->seq, e->seq_tokens, n);
 }
 
 /* A finished choice's output goes into the cross-request table, led by
@@ -625,8 +639,17 @@ static int take_cached_prefix(kt_engine *e, kt_request *r, kv_seq *seq) {
     if (m * KV_BLOCK_TOKENS > hit.n_positions && r->blocks_reserved < m + 1) {
         kv_pool_release(e->kv, e->hit_blocks[--m], NULL);
         hit.n_positions = m * KV_BLOCK_TOKENS;
+        if (hit.state >= 0) /* the snapshot was the tail's: no state for the whole blocks */
+            while (m > 0) kv_pool_release(e->kv, e->hit_blocks[--m], NULL);
     }
-    bool ok = m > 0 && kv_seq_share(seq, e->hit_blocks, m, hit.n_positions, NULL) == KT_OK;
+    /* a hybrid model's hit comes with the state after it (kv/prefix_cache.h) */
+    const float *state = m > 0 && hit.state >= 0 ? kv_cache_state_data(e->cache, hit.state) : NULL;
+    bool ok = m > 0 && kv_seq_share_state(seq, e->hit_blocks, m, hit.n_positions, state, NULL) == KT_OK;
+    if (ok && state) {
+        pthread_mutex_lock(&e->mu);
+        e->stats.state_snapshot_hits++;
+        pthread_mutex_unlock(&e->mu);
+    }
     for (int i = 0; i < m; i++) kv_pool_release(e->kv, e->hit_blocks[i], NULL); /* the sequence holds them now */
     if (hit.from_disk) {
         pthread_mutex_lock(&e->mu);
@@ -687,6 +710,8 @@ static void share_prefix(kt_engine *e, int a_index) {
         if (o->state != REQ_PREFILL || o->waits_for_prefix) continue;
         const int shared = shared_blocks_len(o, r);
         r->waits_for_prefix = o->n_prefilled < shared && shared > r->n_cached;
+        /* a hybrid model's prefix is of use to r only with the state at its end */
+        if (r->waits_for_prefix && shared > o->snap_extra) e->active[a]->snap_extra = shared;
     }
 }
 
@@ -1092,6 +1117,7 @@ static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *s
     e->b_seq[*n] = seq;
     e->b_logits[*n] = logits;
     e->b_hidden[*n] = false;
+    if (e->snaps.b_snap) e->snaps.b_snap[*n] = NULL;
     e->b_req[*n] = r;
     e->b_choice[*n] = choice;
     (*n)++;
@@ -1374,6 +1400,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
             fail_request(r, err.msg);
             continue;
         }
+        eng_snaps_plan(&e->snaps, r, r->n_prefilled, chunk, n, r->snap_extra);
         for (int j = 0; j < chunk; j++) {
             int k = r->n_prefilled + j;
             e->b_tokens[n] = r->prompt[k];
@@ -1547,10 +1574,12 @@ static void engine_step(kt_engine *e) {
         double t0 = now_ns() / 1e6;
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
-        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden, NULL};
+        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden, NULL,
+                       e->snaps.n_pending ? e->snaps.b_snap : NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         cache_prefills(e);
+        eng_snaps_hang(&e->snaps);
         consume_logits(e, n);
         consume_hidden(e, n);
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
@@ -1635,6 +1664,7 @@ void kt_engine_free(kt_engine *e) {
     }
     while (e->n_waiting > 0) end_request(e, e->waiting[--e->n_waiting], KT_FINISH_CANCELLED, NULL);
     kv_disk_close(e->disk); /* its queued writes are finished first */
+    eng_snaps_free(&e->snaps);
     kv_cache_free(e->cache);
     eng_grammar_free(&e->gram);
     kv_pool_free(e->kv);

@@ -78,6 +78,12 @@ typedef struct kt_engine_params {
      * touches the disk. */
     const char *cache_dir;
     size_t cache_disk_bytes;
+    /* Hybrid models (recurrent layers): memory for the prefix cache's
+     * snapshots of the recurrent state (kv/prefix_cache.h), taken at the
+     * end of every prompt (its last block boundary), every
+     * state_interval positions of a long prefill and at the end of every
+     * generation. 0: 1 GiB, and at least 8 snapshots. */
+    size_t state_cache_bytes;
     /* Speculative decoding (spec/): each step, a decoding choice may feed
      * up to spec_k_max proposed tokens after its pending one, in the same
      * ragged pass as everyone else's tokens; the choice samples the rows in
@@ -315,6 +321,11 @@ typedef struct kt_engine_stats {
                                (and a hybrid model's recurrent-state slots) */
     int state_slots;        /* a hybrid model's recurrent-state slots (one per --parallel sequence; 0: none) */
     size_t state_slot_bytes; /* bytes of one */
+    /* the prefix cache's snapshots of that state (kv/prefix_cache.h) */
+    int state_snapshots, state_snapshots_max;
+    size_t state_snapshot_bytes; /* of one (state_slot_bytes); 0: no snapshots */
+    uint64_t state_snapshots_taken, state_snapshots_evicted, state_snapshot_hits;
+    int state_interval;     /* positions between a long prefill's snapshots */
     size_t kv_wanted_bytes; /* what n_parallel x n_ctx positions would have taken, when the pool was cut
                              * to the available memory (0: it was not) */
     uint64_t requests_finished[5]; /* by kt_finish */

@@ -112,6 +112,7 @@ struct kt_request {
     int n_prefilled;
     int n_cached;         /* of n_prefilled, taken from the prefix cache */
     bool waits_for_prefix; /* this step: an earlier request is computing a prefix it shares */
+    int snap_extra;       /* hybrid models: a prefix length a waiting request shares, snapshotted (snapshots.h) */
     int prefill_passed_over; /* steps whose prefill budget went to later prompts with less left, not to it */
     bool prefill_whole;   /* its remainder goes in whole (whole steps until it is in; see build_batch) */
     gen_choice *choices;

@@ -688,12 +688,17 @@ kv_seq *kv_seq_fork(const kv_seq *s, kt_error *err) {
 }
 
 kt_status kv_seq_share(kv_seq *s, const int32_t *blocks, int n_blocks, int len, kt_error *err) {
+    return kv_seq_share_state(s, blocks, n_blocks, len, NULL, err);
+}
+
+kt_status kv_seq_share_state(kv_seq *s, const int32_t *blocks, int n_blocks, int len, const float *state,
+                             kt_error *err) {
     if (s->n_blocks != 0 || n_blocks < 0 || len < 0 || kv_blocks_for(s->pool, len) != n_blocks)
         return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot share %d blocks as %d positions of a "
                             "sequence of %d", n_blocks, len, s->len);
-    if (s->state && len > 0)
+    if (s->state && len > 0 && !state)
         return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot take a %d-position prefix from blocks: a hybrid "
-                            "model's recurrent state is not in them", len);
+                            "model's recurrent state is not in them (give the state after them)", len);
     for (int i = 0; i < n_blocks; i++)
         if (!valid_id(s->pool, blocks[i]) || (s->pool->blk.ref[blocks[i]] < 1 && !s->pool->cached[blocks[i]]))
             return kt_error_set(err, KT_ERR_INTERNAL, "kv sequence: block %d to share is free", (int)blocks[i]);
@@ -713,6 +718,7 @@ kt_status kv_seq_share(kv_seq *s, const int32_t *blocks, int n_blocks, int len, 
     }
     s->n_blocks = n_blocks;
     s->len = len;
+    if (s->state && len > 0) memcpy(s->state, state, kv_state_slot_bytes(s->pool->state));
     return KT_OK;
 }
 

@@ -245,9 +245,9 @@ typedef struct kv_loc {
  * on a pool with recurrent state, when every state slot is held). */
 kv_seq *kv_seq_new(kv_pool *pool, kt_error *err);
 /* Whether the pool's sequences carry recurrent state (a hybrid model):
- * then kv_seq_truncate goes back only to 0 (the state zeroed) and
- * kv_seq_share refuses a non-empty prefix, since a state cannot be
- * rolled back or found by tokens. */
+ * then kv_seq_truncate goes back only to 0 (the state zeroed) and a
+ * non-empty prefix is shared only with its state (kv_seq_share_state),
+ * since a state cannot be rolled back or found by tokens. */
 bool kv_pool_has_state(const kv_pool *pool);
 /* The state pool (NULL: none), for its counters. */
 struct kv_state_pool *kv_pool_state(const kv_pool *pool);
@@ -269,6 +269,11 @@ kt_status kv_seq_append(kv_seq *seq, int n, kt_error *err);
  * match, a free block, or window rows that are gone
  * (kv_pool_window_covers). */
 kt_status kv_seq_share(kv_seq *seq, const int32_t *blocks, int n_blocks, int len, kt_error *err);
+/* kv_seq_share on a pool with recurrent state: state (slot bytes, the
+ * state after the len positions: a prefix-cache snapshot) becomes the
+ * sequence's; NULL only for len 0. */
+kt_status kv_seq_share_state(kv_seq *seq, const int32_t *blocks, int n_blocks, int len, const float *state,
+                             kt_error *err);
 /* Keeps the first n positions (n >= len: no-op; n < 0 counts as 0) and
  * (on a pool with recurrent state: only n == 0, which zeroes the state;
  * 0 < n < len is KT_ERR_ARG, nothing changed)

@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "base/error.h"
+#include "kv/state_pool.h"
 
 #define CHAIN_SEED 0x6b6574746c65ull /* h_{-1}: "kettle" */
 
@@ -36,6 +37,12 @@ struct kv_prefix_cache {
     int n_indexed;
     uint64_t n_evicted;
     kv_disk *disk;       /* the disk tier, or NULL */
+    /* hybrid models: recurrent-state snapshots hung on entries */
+    kv_state_pool *snaps; /* NULL: the model has no recurrent state */
+    int32_t *snap_of;     /* per block: the snapshot after its entry's last position, -1 none */
+    int32_t *snap_block;  /* per snapshot: the block it hangs on, -1 reserved but not hung */
+    uint64_t *snap_used;  /* per snapshot: the tick of its last hang or hit (LRU) */
+    uint64_t tick, n_snaps_evicted;
 };
 
 static uint64_t chain_key(uint64_t prev, const int32_t *tokens, int n) {
@@ -115,10 +122,20 @@ static void table_remove(kv_prefix_cache *c, int32_t b) {
     c->slot[i] = -1;
 }
 
+/* b's snapshot (if any) goes back to the free ones. */
+static void drop_snapshot(kv_prefix_cache *c, int32_t b) {
+    if (!c->snaps || c->snap_of[b] < 0) return;
+    const int32_t s = c->snap_of[b];
+    c->snap_of[b] = -1;
+    c->snap_block[s] = -1;
+    kv_state_release(c->snaps, s);
+}
+
 /* The pool takes b back: it leaves the index. */
 static void on_evict(void *ctx, int32_t b) {
     kv_prefix_cache *c = ctx;
     if (!c->indexed[b]) return;
+    drop_snapshot(c, b);
     if (in_table(c, b)) table_remove(c, b);
     unlink_child(c, b);
     orphan_children(c, b);
@@ -169,6 +186,8 @@ void kv_cache_free(kv_prefix_cache *c) {
     if (c->pool && c->slot) kv_pool_set_evict_hook(c->pool, NULL, NULL);
     free(c->key), free(c->parent), free(c->parent_gen), free(c->tokens), free(c->indexed), free(c->slot);
     free(c->n_valid), free(c->first_child), free(c->next_sib), free(c->prev_sib);
+    kv_state_pool_free(c->snaps);
+    free(c->snap_of), free(c->snap_block), free(c->snap_used);
     free(c);
 }
 
@@ -184,6 +203,8 @@ int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int3
         if (b < 0) break;
         blocks[m] = parent = b;
     }
+    if (c->snaps) /* a hybrid model resumes only where a snapshot is */
+        while (m > 0 && c->snap_of[blocks[m - 1]] < 0) m--;
     return kv_pool_window_resume_len(c->pool, blocks, m * bt) / bt; /* see kv_cache_acquire */
 }
 
@@ -288,6 +309,44 @@ static int32_t load_from_disk(kv_prefix_cache *c, const int32_t *t, uint64_t key
     return b;
 }
 
+/* A tail entry after parent with a snapshot whose positions all equal
+ * t[0..n), the longest; -1 if none. */
+static int32_t snapshot_child(kv_prefix_cache *c, int32_t parent, const int32_t *t, int n) {
+    uint32_t pgen = parent >= 0 ? kv_pool_generation(c->pool, parent) : 0;
+    int32_t best = -1;
+    for (int32_t k = *children_of(c, parent); k >= 0; k = c->next_sib[k]) {
+        const int nv = c->n_valid[k];
+        if (c->parent_gen[k] != pgen || c->snap_of[k] < 0 || nv > n || (best >= 0 && nv <= c->n_valid[best])) continue;
+        if (common_run(c, k, t, nv) == nv) best = k;
+    }
+    return best;
+}
+
+/* kv_cache_acquire on a hybrid model: the m whole blocks walked are cut
+ * back to the longest prefix that ends at a snapshot (a tail entry
+ * after them, or one of them), since the attention layers' KV is of no
+ * use without the recurrent state at the same position. */
+static int cut_to_snapshot(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int m, int32_t parent,
+                           bool partial, kv_cache_hit *hit) {
+    const int bt = c->block_tokens;
+    const int32_t tail = partial && m * bt < n ? snapshot_child(c, parent, tokens + (size_t)m * bt, n - m * bt) : -1;
+    if (tail >= 0) {
+        kv_pool_retain(c->pool, tail, NULL);
+        blocks[m++] = tail;
+        hit->n_positions += c->n_valid[tail];
+    } else {
+        int keep = m;
+        while (keep > 0 && c->snap_of[blocks[keep - 1]] < 0) keep--;
+        while (m > keep) kv_pool_release(c->pool, blocks[--m], NULL);
+        hit->n_positions = m * bt;
+    }
+    if (m > 0) {
+        hit->state = c->snap_of[blocks[m - 1]];
+        c->snap_used[hit->state] = ++c->tick;
+    }
+    return m;
+}
+
 int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int max_blocks,
                      bool partial, kv_cache_hit *hit) {
     const int bt = c->block_tokens;
@@ -308,6 +367,8 @@ int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *
         blocks[m] = parent = b;
     }
     hit->n_positions = m * bt;
+    hit->state = -1;
+    if (c->snaps) return cut_to_snapshot(c, tokens, n, blocks, m, parent, partial, hit);
     int run = 0;
     int32_t b = partial && m * bt < n ? best_child(c, parent, tokens + (size_t)m * (size_t)bt, n - m * bt, &run) : -1;
     if (b >= 0 && run > 0) {
@@ -319,6 +380,106 @@ int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *
     hit->n_positions = kv_pool_window_resume_len(c->pool, blocks, hit->n_positions);
     for (int keep = kv_blocks_for(c->pool, hit->n_positions); m > keep;) kv_pool_release(c->pool, blocks[--m], NULL);
     return m;
+}
+
+/* ---- recurrent-state snapshots (hybrid models) ---------------------- */
+
+kt_status kv_cache_enable_states(kv_prefix_cache *c, int n_snaps, size_t bytes, kt_error *err) {
+    if (!(c->snaps = kv_state_pool_new(n_snaps, bytes, err))) return err ? err->status : KT_ERR_NOMEM;
+    c->snap_of = malloc(sizeof *c->snap_of * (size_t)c->n_blocks);
+    c->snap_block = malloc(sizeof *c->snap_block * (size_t)n_snaps);
+    c->snap_used = calloc((size_t)n_snaps, sizeof *c->snap_used);
+    if (!c->snap_of || !c->snap_block || !c->snap_used)
+        return kt_error_set(err, KT_ERR_NOMEM, "prefix cache: out of memory for the snapshots' index");
+    memset(c->snap_of, 0xff, sizeof *c->snap_of * (size_t)c->n_blocks);
+    memset(c->snap_block, 0xff, sizeof *c->snap_block * (size_t)n_snaps);
+    return KT_OK;
+}
+
+bool kv_cache_has_states(const kv_prefix_cache *c) { return c->snaps != NULL; }
+
+int kv_cache_state_reserve(kv_prefix_cache *c) {
+    if (!c->snaps) return -1;
+    if (kv_state_n_free(c->snaps) == 0) { /* the least recently hung or hit goes */
+        int32_t lru = -1;
+        for (int32_t s = 0; s < kv_state_n_slots(c->snaps); s++)
+            if (c->snap_block[s] >= 0 && (lru < 0 || c->snap_used[s] < c->snap_used[lru])) lru = s;
+        if (lru < 0) return -1; /* every one reserved by a step in flight */
+        drop_snapshot(c, c->snap_block[lru]);
+        c->n_snaps_evicted++;
+    }
+    return kv_state_alloc(c->snaps, NULL);
+}
+
+float *kv_cache_state_data(const kv_prefix_cache *c, int s) { return kv_state_data(c->snaps, s); }
+size_t kv_cache_state_bytes(const kv_prefix_cache *c) { return c->snaps ? kv_state_slot_bytes(c->snaps) : 0; }
+
+void kv_cache_state_release(kv_prefix_cache *c, int s) {
+    if (c->snaps && s >= 0 && c->snap_block[s] < 0) kv_state_release(c->snaps, s);
+}
+
+/* The entry that stands for tokens[0..n) (n > 0): the n/bt-th whole
+ * block of the chain, or a tail entry of exactly the rest; -1 if none. */
+static int32_t entry_for(kv_prefix_cache *c, const int32_t *tokens, int n) {
+    const int bt = c->block_tokens;
+    uint64_t key = CHAIN_SEED;
+    int32_t parent = -1;
+    for (int i = 0; (i + 1) * bt <= n; i++) {
+        const int32_t *t = tokens + (size_t)i * (size_t)bt;
+        key = chain_key(key, t, bt);
+        if ((parent = find(c, key, parent, t)) < 0) return -1;
+    }
+    const int rest = n % bt;
+    if (rest == 0) return parent;
+    uint32_t pgen = parent >= 0 ? kv_pool_generation(c->pool, parent) : 0;
+    for (int32_t k = *children_of(c, parent); k >= 0; k = c->next_sib[k])
+        if (c->parent_gen[k] == pgen && c->n_valid[k] == rest && common_run(c, k, tokens + (n - rest), rest) == rest)
+            return k;
+    return -1;
+}
+
+bool kv_cache_state_hang(kv_prefix_cache *c, int s, const int32_t *tokens, int n) {
+    const int32_t b = c->snaps && s >= 0 && n > 0 ? entry_for(c, tokens, n) : -1;
+    if (b < 0 || c->snap_of[b] >= 0) { /* not indexed, or a snapshot of the same prefix is there */
+        if (b >= 0) c->snap_used[c->snap_of[b]] = ++c->tick;
+        kv_cache_state_release(c, s);
+        return false;
+    }
+    c->snap_of[b] = s;
+    c->snap_block[s] = b;
+    c->snap_used[s] = ++c->tick;
+    return true;
+}
+
+int kv_cache_n_states(const kv_prefix_cache *c) {
+    if (!c->snaps) return 0;
+    int n = 0;
+    for (int32_t s = 0; s < kv_state_n_slots(c->snaps); s++) n += c->snap_block[s] >= 0;
+    return n;
+}
+int kv_cache_max_states(const kv_prefix_cache *c) { return c->snaps ? kv_state_n_slots(c->snaps) : 0; }
+uint64_t kv_cache_n_states_evicted(const kv_prefix_cache *c) { return c->n_snaps_evicted; }
+
+/* Every snapshot hangs on one indexed entry that names it, and back. */
+static kt_status check_states(const kv_prefix_cache *c, kt_error *err) {
+    if (!c->snaps) return KT_OK;
+    const int n_snaps = kv_state_n_slots(c->snaps);
+    int hung = 0;
+    for (int32_t b = 0; b < c->n_blocks; b++) {
+        const int32_t s = c->snap_of[b];
+        if (s < 0) continue;
+        hung++;
+        if (s >= n_snaps || c->snap_block[s] != b || !c->indexed[b])
+            return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: block %d's snapshot %d is not its own", (int)b, (int)s);
+    }
+    for (int32_t s = 0; s < n_snaps; s++)
+        if (c->snap_block[s] >= 0 && c->snap_of[c->snap_block[s]] != s)
+            return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: snapshot %d names block %d, which does not name it",
+                                (int)s, (int)c->snap_block[s]);
+    if (hung > n_snaps - kv_state_n_free(c->snaps))
+        return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: %d snapshots hung, %d slots in use", hung,
+                            n_snaps - kv_state_n_free(c->snaps));
+    return KT_OK;
 }
 
 int kv_cache_n_blocks(const kv_prefix_cache *c) { return c->n_indexed; }
@@ -357,5 +518,5 @@ kt_status kv_cache_check(const kv_prefix_cache *c, kt_error *err) {
                 return kt_error_set(err, KT_ERR_INTERNAL, "prefix cache: a children list loops");
         }
     }
-    return KT_OK;
+    return check_states(c, err);
 }

@@ -31,6 +31,7 @@
 #define KT_KV_PREFIX_CACHE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kv/block_pool.h"
@@ -52,6 +53,7 @@ int kv_cache_lookup(const kv_prefix_cache *c, const int32_t *tokens, int n, int3
 typedef struct kv_cache_hit {
     int n_positions; /* prompt positions the returned blocks hold */
     int from_disk;   /* whole blocks read back from the disk tier */
+    int state;       /* hybrid models: the snapshot of the state after n_positions (kv_cache_state_data), -1 none */
 } kv_cache_hit;
 
 /* The same, going on in the disk tier (if any) where memory has no more:
@@ -79,13 +81,46 @@ void kv_cache_set_disk(kv_prefix_cache *c, kv_disk *disk);
  * for hits inside it (unless a cached block already covers its tokens). */
 void kv_cache_insert(kv_prefix_cache *c, const kv_seq *seq, const int32_t *tokens, int n, bool with_tail);
 
+/*
+ * Hybrid models (Qwen 3.5): a sequence is its attention layers' KV blocks
+ * plus one recurrent state (kv/state_pool.h) that cannot go back, so a
+ * cached prefix is of use only where a copy of the state at its end was
+ * kept. Snapshots are those copies, hung on index entries: a snapshot on
+ * a whole block is the state after that block's last position, one on a
+ * tail entry the state after the tail. Once states are enabled, lookups
+ * and acquires end only where a snapshot hangs (kv_cache_hit.state names
+ * it; copy it into the sequence before anything else reserves one).
+ * A snapshot leaves with its entry (the block evicted) or, when a new one
+ * is wanted and all are taken, least recently hung or hit first. The
+ * budget is a fixed number of snapshot slots, made here.
+ */
+kt_status kv_cache_enable_states(kv_prefix_cache *c, int n_snaps, size_t bytes, kt_error *err);
+bool kv_cache_has_states(const kv_prefix_cache *c);
+/* A snapshot slot to fill (kv_cache_state_data), evicting the least
+ * recently used hung one if none is free; -1 when states are off or
+ * every slot is reserved and not yet hung. */
+int kv_cache_state_reserve(kv_prefix_cache *c);
+float *kv_cache_state_data(const kv_prefix_cache *c, int s);
+size_t kv_cache_state_bytes(const kv_prefix_cache *c); /* of one snapshot */
+/* Gives back a reserved slot that was not hung (hung ones: no effect). */
+void kv_cache_state_release(kv_prefix_cache *c, int s);
+/* Hangs reserved slot s, holding the state after tokens[0..n), on the
+ * entry standing for that prefix (indexed: kv_cache_insert, with the
+ * tail for n off a block boundary). False, and s given back, when there
+ * is no such entry or it has a snapshot already (the same state). */
+bool kv_cache_state_hang(kv_prefix_cache *c, int s, const int32_t *tokens, int n);
+int kv_cache_n_states(const kv_prefix_cache *c);     /* hung now */
+int kv_cache_max_states(const kv_prefix_cache *c);   /* slots */
+uint64_t kv_cache_n_states_evicted(const kv_prefix_cache *c);
+
 /* Blocks indexed now (held by sequences or idle). */
 int kv_cache_n_blocks(const kv_prefix_cache *c);
 /* Blocks taken back from the index since it was made. */
 uint64_t kv_cache_n_evicted(const kv_prefix_cache *c);
 
 /* Verifies the index against the pool (every entry's block is cached,
- * every cached block has an entry, the table finds each entry);
+ * every cached block has an entry, the table finds each entry, each
+ * snapshot and its entry name each other);
  * KT_ERR_INTERNAL naming the first violation. For tests. */
 kt_status kv_cache_check(const kv_prefix_cache *c, kt_error *err);
 

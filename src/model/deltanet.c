@@ -74,6 +74,7 @@ typedef struct dn_job {
     const llm_config *c;
     const llm_layer *l;
     kv_seq *const *seqs;
+    float *const *snap; /* per token: its state's copy after it, or NULL */
     llm_dn_work *dw;
     int n, phase;
     size_t layer_floats;
@@ -93,6 +94,11 @@ static void dn_conv(const dn_job *j, int c0, int c1) {
             for (int k = 0; k < K - 2; k++) cs[(size_t)k * C + ch] = cs[(size_t)(k + 1) * C + ch];
             cs[(size_t)(K - 2) * C + ch] = x[ch];
             x[ch] = silu(sum);
+        }
+        if (j->snap && j->snap[t]) {
+            float *d = j->snap[t] + j->layer_floats * (size_t)j->l->rec_index;
+            for (int k = 0; k < K - 1; k++)
+                memcpy(d + (size_t)k * C + c0, cs + (size_t)k * C + c0, sizeof(float) * (size_t)(c1 - c0));
         }
     }
 }
@@ -130,6 +136,10 @@ static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
             float *oh = j->dw->o + (size_t)t * inner + (size_t)h * dv;
             kt_delta_rule(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, expf(g),
                           beta, dk, dv, oh, u);
+            if (j->snap && j->snap[t]) {
+                const size_t off = j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C + (size_t)h * dk * dv;
+                memcpy(j->snap[t] + off, S + (size_t)h * dk * dv, sizeof(float) * (size_t)dk * dv);
+            }
             kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps); /* the gated RMSNorm */
             for (int i = 0; i < dv; i++) oh[i] *= silu(z[i]);
         }
@@ -151,8 +161,8 @@ static void dn_task(void *p, int ith, int nth) {
     }
 }
 
-void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs, int n,
-                        llm_dn_work *dw) {
+void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs,
+                        float *const *snap, int n, llm_dn_work *dw) {
     const llm_config *c = &m->cfg;
     const int E = c->n_embd, C = c->ssm_conv_dim, Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
     const kt_matmul_part parts[] = {{dw->qkv, l->ssm_qkv.data, l->ssm_qkv.type, C},
@@ -160,7 +170,7 @@ void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, f
                                     {dw->beta, l->ssm_beta.data, l->ssm_beta.type, Hv},
                                     {dw->alpha, l->ssm_alpha.data, l->ssm_alpha.type, Hv}};
     kt_matmul_many(pool, parts, 4, xn, E, n);
-    dn_job j = {c, l, seqs, dw, n, 0, llm_state_layer_floats(c)};
+    dn_job j = {c, l, seqs, snap, dw, n, 0, llm_state_layer_floats(c)};
     for (j.phase = 0; j.phase < 3; j.phase++) {
         /* a few tokens' convolution and norms cost less than waking the pool */
         if (kt_pool_size(pool) == 1 || (j.phase < 2 && n < 16)) dn_task(&j, 0, 1);

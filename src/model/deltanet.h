@@ -1,7 +1,7 @@
 /*
  * deltanet.h - Qwen 3.5's Gated DeltaNet layer (llama.cpp's qwen35.cpp,
  * ggml_gated_delta_net), in its recurrent form: one state update per
- * token, for prefill too (the chunked WY form is a later step).
+ * token, for prefill too (deltanet.c says why).
  */
 #ifndef KT_MODEL_DELTANET_H
 #define KT_MODEL_DELTANET_H
@@ -26,8 +26,11 @@ void llm_dn_work_free(llm_dn_work *dw);
  * [n][n_embd] and gets the layer's output. Token t belongs to seqs[t]
  * and moves that sequence's state (kv_seq.state) on by one position:
  * a sequence's tokens come in position order, each right after the
- * positions its state holds. */
-void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs, int n,
-                        llm_dn_work *dw);
+ * positions its state holds. snap (NULL: none) names, per token, where
+ * to copy this layer's part of its sequence's state as it stands after
+ * that token (a whole slot's layout, llm_state_bytes), or NULL: the
+ * prefix cache's snapshots, taken inside a chunk. */
+void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs,
+                        float *const *snap, int n, llm_dn_work *dw);
 
 #endif

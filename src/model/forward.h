@@ -47,6 +47,10 @@ typedef struct llm_batch {
      * whose token at pos p is (p, p, p, 0), i.e. plain rope at p. The
      * vision issue fills these in for image tokens. */
     const int *pos_mrope;
+    /* hybrid models: per token, NULL or where to copy its sequence's
+     * recurrent state as it stands after that token (llm_state_bytes,
+     * a slot's layout); NULL: none. The prefix cache's snapshots. */
+    float *const *state_snap;
 } llm_batch;
 
 /* Scratch activations for one chunk; one per thread that runs forwards. */

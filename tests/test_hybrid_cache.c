@@ -1,0 +1,248 @@
+/*
+ * test_hybrid_cache.c - the prefix cache on a hybrid model (Qwen 3.5's
+ * Gated DeltaNet + attention, the qwen3.5-tiny shape of `kettle
+ * gen-model`, F32 and Q4_0 weights) through the engine: a warm cache
+ * gives a cold engine's tokens and logprob bits for an agent's next turn,
+ * a prompt that shares a long prefix, requests that arrive together, and
+ * after the snapshots have been evicted; the snapshots stay within their
+ * budget.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "testutil.h"
+
+typedef struct out {
+    int32_t tokens[64];
+    float logprobs[64];
+    int n;
+} out;
+
+static kt_model *g_f32, *g_q4;
+
+static kt_model *make_model(const char *type) {
+    char name[64], cmd[8192];
+    snprintf(name, sizeof name, "hybrid-cache-%s.gguf", type);
+    const char *vocab = tu_shared("models/test-tiny-F16.gguf");
+    char path[4096];
+    snprintf(path, sizeof path, "%s", tu_tmp(name));
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type %s --vocab %s -o %s", KT_BIN, type, vocab, path);
+    tu_expect_run(cmd, 0, "wrote", NULL);
+    kt_error err = {0};
+    kt_model *m = kt_model_load(path, &err);
+    if (!m) fail_msg("%s", err.msg);
+    return m;
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_f32 = make_model("F32");
+    g_q4 = make_model("Q4_0");
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    kt_model_free(g_f32), kt_model_free(g_q4);
+    return 0;
+}
+
+static kt_engine *engine_of(kt_model *m, bool cache, int n_ctx, int batch_tokens, size_t state_bytes) {
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = n_ctx, p.n_parallel = 4, p.batch_tokens = batch_tokens, p.n_threads = 2, p.kv_type = KT_KV_F32;
+    p.prefix_cache = cache, p.state_cache_bytes = state_bytes;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(m, &p, &err);
+    if (!e) fail_msg("%s", err.msg);
+    return e;
+}
+
+static kt_request *submit(kt_engine *e, const int32_t *ids, int n, int max_tokens, float temperature) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n, p.max_tokens = max_tokens, p.ignore_eos = true, p.top_logprobs = 0;
+    p.sampling.temperature = temperature, p.sampling.seed = 1234;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    return r;
+}
+
+static kt_request_usage drain(kt_request *r, out *o) {
+    memset(o, 0, sizeof *o);
+    kt_event ev;
+    int rc;
+    while ((rc = kt_request_wait(r, &ev, 60000)) == 1) {
+        if (ev.finish == KT_FINISH_ERROR) fail_msg("engine error: %s", ev.error);
+        if (ev.token < 0) continue;
+        assert_true(o->n < 64);
+        o->logprobs[o->n] = ev.logprob.logprob;
+        o->tokens[o->n++] = ev.token;
+    }
+    assert_int_equal(rc, -1);
+    kt_request_usage u = kt_request_get_usage(r);
+    kt_request_free(r);
+    return u;
+}
+
+static kt_request_usage run(kt_engine *e, const int32_t *ids, int n, int max_tokens, float temperature, out *o) {
+    return drain(submit(e, ids, n, max_tokens, temperature), o);
+}
+
+static void assert_same(const out *a, const out *b, const char *what) {
+    if (a->n != b->n || memcmp(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n) ||
+        memcmp(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n))
+        fail_msg("%s: tokens or logprob bits differ from the cold engine's", what);
+}
+
+/* Token ids of the tiny vocabulary, from a seed. */
+static void ids_of(int32_t *ids, int n, uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = 3 + (int32_t)((seed >> 33) % 250);
+    }
+}
+
+static kt_engine_stats stats(kt_engine *e) {
+    kt_engine_stats s;
+    kt_engine_get_stats(e, &s);
+    return s;
+}
+
+/* An agent's next turn (turn 1's prompt, its reply, a tool result) on a
+ * warm cache: served from the snapshot at the end of turn 1's generation
+ * (its last sampled token was never fed: prompt + reply - 1 positions),
+ * with the cold engine's tokens and logprob bits, greedy and sampled,
+ * whole and in chunks of 24 tokens a step. */
+static void check_next_turn(kt_model *m) {
+    kt_engine *cold = engine_of(m, false, 1024, 256, 0), *warm = engine_of(m, true, 1024, 256, 0);
+    kt_engine *chunked = engine_of(m, true, 1024, 24, 0);
+    const float temps[2] = {0.0f, 1.0f};
+    for (int k = 0; k < 2; k++) {
+        int32_t ids[400];
+        ids_of(ids, 150, 10 + (uint64_t)k);
+        static out o1, o2, ref;
+        kt_engine *engines[2] = {warm, chunked};
+        for (int w = 0; w < 2; w++) {
+            run(engines[w], ids, 150, 30, temps[k], &o1);
+            assert_int_equal(o1.n, 30);
+            memcpy(ids + 150, o1.tokens, sizeof(int32_t) * 30);
+            ids_of(ids + 180, 40, 99 + (uint64_t)k);
+            kt_request_usage u = run(engines[w], ids, 220, 20, temps[k], &o2);
+            assert_int_equal(u.cached_tokens, 179);
+            run(cold, ids, 220, 20, temps[k], &ref);
+            assert_same(&ref, &o2, temps[k] > 0 ? "the next turn, sampled" : "the next turn, greedy");
+        }
+    }
+    kt_engine_stats s = stats(warm);
+    assert_true(s.state_snapshot_hits >= 2);
+    assert_true(s.state_snapshots > 0 && s.state_snapshots <= s.state_snapshots_max);
+    assert_true(s.state_snapshot_bytes > 0);
+    kt_engine_free(cold), kt_engine_free(warm), kt_engine_free(chunked);
+}
+
+static void test_next_turn_f32(void **state) {
+    (void)state;
+    check_next_turn(g_f32);
+}
+
+static void test_next_turn_q4_0(void **state) {
+    (void)state;
+    check_next_turn(g_q4);
+}
+
+/* A prompt sharing the first 600 positions of an earlier 700-position
+ * one resumes from the snapshot its long prefill took at 512 (the
+ * interval a budget of 8 snapshots gives a 1024 context), and another
+ * identical one from its prompt's last block boundary (688). */
+static void test_long_prefill_interval(void **state) {
+    (void)state;
+    kt_engine *cold = engine_of(g_f32, false, 1024, 256, 0), *warm = engine_of(g_f32, true, 1024, 256, 1);
+    assert_int_equal(stats(warm).state_interval, 512);
+    static int32_t a[700], b[700];
+    ids_of(a, 700, 5);
+    memcpy(b, a, sizeof(int32_t) * 600);
+    ids_of(b + 600, 100, 6);
+    static out o, ref;
+    assert_int_equal(run(warm, a, 700, 4, 0.0f, &o).cached_tokens, 0);
+    kt_request_usage u = run(warm, b, 700, 16, 0.0f, &o);
+    assert_int_equal(u.cached_tokens, 512);
+    run(cold, b, 700, 16, 0.0f, &ref);
+    assert_same(&ref, &o, "a prompt sharing 600 positions");
+    ids_of(b + 690, 10, 7);
+    memcpy(b, a, sizeof(int32_t) * 690);
+    u = run(warm, b, 700, 16, 0.0f, &o);
+    assert_int_equal(u.cached_tokens, 688);
+    run(cold, b, 700, 16, 0.0f, &ref);
+    assert_same(&ref, &o, "a prompt sharing 690 positions");
+    kt_engine_free(cold), kt_engine_free(warm);
+}
+
+/* Three requests sharing a 300-position prefix arrive together: the
+ * later two wait for the first to compute it, which takes a snapshot at
+ * the shared boundary for them, and all three give the cold engine's
+ * bits. */
+static void test_together(void **state) {
+    (void)state;
+    kt_engine *cold = engine_of(g_q4, false, 1024, 256, 0), *warm = engine_of(g_q4, true, 1024, 64, 0);
+    static int32_t ids[3][400];
+    for (int i = 0; i < 3; i++) {
+        ids_of(ids[i], 300, 21);
+        ids_of(ids[i] + 300, 60, 30 + (uint64_t)i);
+    }
+    kt_engine_hold(warm, true);
+    kt_request *r[3];
+    for (int i = 0; i < 3; i++) r[i] = submit(warm, ids[i], 360, 12, 0.0f);
+    kt_engine_hold(warm, false);
+    static out o[3], ref;
+    int cached = 0;
+    for (int i = 0; i < 3; i++) cached += drain(r[i], &o[i]).cached_tokens;
+    for (int i = 0; i < 3; i++) {
+        run(cold, ids[i], 360, 12, 0.0f, &ref);
+        assert_same(&ref, &o[i], "a request beside two sharing its prefix");
+    }
+    assert_int_equal(cached, 2 * 288); /* the shared 300, in whole blocks */
+    kt_engine_free(cold), kt_engine_free(warm);
+}
+
+/* With room for 8 snapshots, 12 conversations of 2 turns: the snapshots
+ * of the first ones are evicted (least recently used first), their next
+ * turns are computed again and still equal the cold engine's, the last
+ * ones' next turns hit, and at no point are more than 8 snapshots held. */
+static void test_after_eviction(void **state) {
+    (void)state;
+    kt_engine *cold = engine_of(g_f32, false, 1024, 256, 0), *warm = engine_of(g_f32, true, 1024, 256, 1);
+    static int32_t ids[12][200];
+    static out o, ref;
+    for (int i = 0; i < 12; i++) {
+        ids_of(ids[i], 100, 50 + (uint64_t)i);
+        run(warm, ids[i], 100, 10, 0.0f, &o);
+        memcpy(ids[i] + 100, o.tokens, sizeof(int32_t) * 10);
+        ids_of(ids[i] + 110, 20, 80 + (uint64_t)i);
+        kt_engine_stats s = stats(warm);
+        assert_true(s.state_snapshots <= 8);
+        assert_int_equal(s.state_snapshots_max, 8);
+    }
+    assert_true(stats(warm).state_snapshots_evicted > 0);
+    kt_request_usage first = run(warm, ids[0], 130, 10, 0.0f, &o);
+    run(cold, ids[0], 130, 10, 0.0f, &ref);
+    assert_same(&ref, &o, "a next turn whose snapshot was evicted");
+    kt_request_usage last = run(warm, ids[11], 130, 10, 0.0f, &o);
+    run(cold, ids[11], 130, 10, 0.0f, &ref);
+    assert_same(&ref, &o, "the last conversation's next turn");
+    assert_true(first.cached_tokens < 100);
+    assert_int_equal(last.cached_tokens, 109);
+    kt_engine_free(cold), kt_engine_free(warm);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_next_turn_f32),
+        cmocka_unit_test(test_next_turn_q4_0),
+        cmocka_unit_test(test_long_prefill_interval),
+        cmocka_unit_test(test_together),
+        cmocka_unit_test(test_after_eviction),
+    };
+    return tu_result(cmocka_run_group_tests(tests, setup, teardown));
+}
