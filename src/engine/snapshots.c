@@ -38,8 +38,13 @@ void eng_snaps_free(eng_snaps *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* p is a block boundary. The prompt's last boundary serves its next
+ * turn; the one before its last token (the same one unless the prompt
+ * ends on a boundary) serves the same prompt again (a retry, a
+ * regeneration), which must compute its last token for the logits. */
 static bool is_snapshot_pos(const eng_snaps *s, int p, int n_prompt, int extra) {
-    return p % s->interval == 0 || p == n_prompt / s->block_tokens * s->block_tokens || p == extra;
+    const int bt = s->block_tokens;
+    return p % s->interval == 0 || p == n_prompt / bt * bt || p == (n_prompt - 1) / bt * bt || p == extra;
 }
 
 void eng_snaps_plan(eng_snaps *s, kt_request *r, int k0, int n, int b0, int extra) {

@@ -6,7 +6,8 @@
  * copy of the recurrent state was kept (kv/prefix_cache.h). An agent's
  * next turn starts with its last turn's prompt and reply, so the engine
  * keeps the state at
- *   - the last block boundary of every prompt (the next turn repeats it),
+ *   - the last block boundary of every prompt (the next turn repeats it)
+ *     and the last one before its last token (the same prompt again),
  *   - every `interval` positions of a long prefill (another session with
  *     the same system prompt and tools, a history cut in the middle),
  *   - a boundary another request waits for (it shares the prefix),
