@@ -42,7 +42,7 @@ typedef struct serve_opts {
     const char *aliases[MAX_ALIASES];
     int n_aliases;
     bool strict_model_names;
-    int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb;
+    int port, n_ctx, n_parallel, kv_mb, batch_tokens, n_threads, queue_max, http_threads, cache_disk_mb, state_cache_mb;
     int result_cache, drain_s, http_timeout_s, max_connections, sse_keepalive_ms;
     /* --allowed-host, --cors-origin: each flag's comma list, joined by the server config */
     const char *allowed_hosts[MAX_NAME_LISTS], *cors_origins[MAX_NAME_LISTS];
@@ -127,6 +127,8 @@ static void usage(FILE *out) {
             "                          after a restart; without it nothing touches the disk\n"
             "      --cache-disk-mb N   at most N MiB of files in --cache-dir (default 10240); the\n"
             "                          least recently used go first\n"
+            "      --state-cache-mb N  hybrid models (Qwen 3.5): N MiB for the prefix cache's copies of\n"
+            "                          the recurrent state (default 1024, at least 8 copies)\n"
             "      --result-cache N    answer a repeated deterministic request (temperature 0 or an\n"
             "                          explicit seed, no logprobs) from the last N answers, without\n"
             "                          decoding; marked x-kettle-cache: hit (default 0: off)\n"
@@ -236,6 +238,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--batch-tokens", NULL, 1, 1 << 20, &o->batch_tokens}, {"--threads", "-t", 1, 1024, &o->n_threads},
                          {"--queue", NULL, 1, 1 << 20, &o->queue_max},  {"--http-threads", NULL, 1, 256, &o->http_threads},
                          {"--cache-disk-mb", NULL, 1, 1 << 30, &o->cache_disk_mb},
+                         {"--state-cache-mb", NULL, 1, 1 << 24, &o->state_cache_mb},
                          {"--result-cache", NULL, 0, 1 << 20, &o->result_cache},
                          {"--drain-s", NULL, 0, 86400, &o->drain_s},
                          {"--http-timeout", NULL, 1, 3600, &o->http_timeout_s},
@@ -454,6 +457,7 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     if (o->prefix_cache) p.prefix_cache = strcmp(o->prefix_cache, "off") != 0;
     p.cache_dir = o->cache_dir;
     p.cache_disk_bytes = (size_t)o->cache_disk_mb << 20;
+    p.state_cache_bytes = (size_t)o->state_cache_mb << 20;
     if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     const char *spec = c->spec ? c->spec : o->spec;
     if (spec) p.spec = !strcmp(spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(spec, "draft") ? KT_SPEC_DRAFT : KT_SPEC_OFF;

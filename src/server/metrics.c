@@ -151,6 +151,8 @@ GET(kv_blocks_used) GET(kv_blocks_free) GET(kv_blocks_total) GET(kv_window_slots
 GET(kv_block_tokens) GET(kv_blocks_cached) GET(cache_evicted_blocks) GET(disk_cached_prompt_tokens) GET(disk_files)
 GET(disk_bytes) GET(disk_writes) GET(disk_reads) GET(disk_rejected) GET(disk_removed)
 GET(spec_proposed) GET(spec_accepted) GET(spec_passes)
+GET(state_snapshots) GET(state_snapshots_max) GET(state_snapshots_taken) GET(state_snapshots_evicted)
+GET(state_snapshot_hits)
 #undef GET
 
 static const scalar_def SCALARS[] = {
@@ -176,6 +178,16 @@ static const scalar_def GAUGES[] = {
     {"kettle_cache_blocks", "gauge", "KV blocks the prefix cache indexes (in use or idle)", get_kv_blocks_cached},
     {"kettle_cache_evicted_blocks_total", "counter", "idle cached KV blocks taken back for running requests",
      get_cache_evicted_blocks},
+    {"kettle_cache_state_snapshots", "gauge", "hybrid models: recurrent-state snapshots the prefix cache holds",
+     get_state_snapshots},
+    {"kettle_cache_state_snapshots_max", "gauge", "hybrid models: snapshots --state-cache-mb holds",
+     get_state_snapshots_max},
+    {"kettle_cache_state_snapshots_taken_total", "counter", "hybrid models: snapshots taken and kept",
+     get_state_snapshots_taken},
+    {"kettle_cache_state_snapshots_evicted_total", "counter", "hybrid models: snapshots evicted for newer ones",
+     get_state_snapshots_evicted},
+    {"kettle_cache_state_hits_total", "counter", "hybrid models: requests resumed from a snapshot",
+     get_state_snapshot_hits},
     {"kettle_cache_disk_hit_tokens_total", "counter", "prompt tokens read back from the disk tier",
      get_disk_cached_prompt_tokens},
     {"kettle_cache_disk_files", "gauge", "KV block files in --cache-dir", get_disk_files},
