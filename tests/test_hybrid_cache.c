@@ -49,14 +49,19 @@ static int teardown(void **state) {
     return 0;
 }
 
-static kt_engine *engine_of(kt_model *m, bool cache, int n_ctx, int batch_tokens, size_t state_bytes) {
+static kt_engine *engine_dir(kt_model *m, bool cache, int n_ctx, int batch_tokens, size_t state_bytes,
+                             const char *dir) {
     kt_engine_params p = kt_engine_defaults();
     p.n_ctx = n_ctx, p.n_parallel = 4, p.batch_tokens = batch_tokens, p.n_threads = 2, p.kv_type = KT_KV_F32;
-    p.prefix_cache = cache, p.state_cache_bytes = state_bytes;
+    p.prefix_cache = cache, p.state_cache_bytes = state_bytes, p.cache_dir = dir;
     kt_error err = {0};
     kt_engine *e = kt_engine_new(m, &p, &err);
     if (!e) fail_msg("%s", err.msg);
     return e;
+}
+
+static kt_engine *engine_of(kt_model *m, bool cache, int n_ctx, int batch_tokens, size_t state_bytes) {
+    return engine_dir(m, cache, n_ctx, batch_tokens, state_bytes, NULL);
 }
 
 static kt_request *submit(kt_engine *e, const int32_t *ids, int n, int max_tokens, float temperature) {
@@ -236,6 +241,47 @@ static void test_after_eviction(void **state) {
     kt_engine_free(cold), kt_engine_free(warm);
 }
 
+/* The disk tier keeps the snapshots of whole blocks: after a restart
+ * with the same --cache-dir, the next turn resumes from the prompt's
+ * last block boundary (read back from disk, blocks and state) with the
+ * cold engine's bits; a state file with a flipped byte is rejected and
+ * removed, and the turn is computed again, still exact. */
+static void test_restart(void **state) {
+    (void)state;
+    char dir[2048], cmd[8300];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("hybrid-cache-dir"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    kt_engine *cold = engine_of(g_f32, false, 1024, 256, 0), *e = engine_dir(g_f32, true, 1024, 256, 0, dir);
+    static int32_t ids[300];
+    static out o, ref;
+    ids_of(ids, 150, 77);
+    run(e, ids, 150, 30, 0.0f, &o);
+    memcpy(ids + 150, o.tokens, sizeof(int32_t) * 30);
+    ids_of(ids + 180, 40, 78);
+    kt_engine_free(e); /* the writes finish */
+    run(cold, ids, 220, 16, 0.0f, &ref);
+    e = engine_dir(g_f32, true, 1024, 256, 0, dir);
+    kt_request_usage u = run(e, ids, 220, 16, 0.0f, &o);
+    assert_int_equal(u.cached_tokens, 144);
+    assert_same(&ref, &o, "the next turn after a restart");
+    kt_engine_stats s = stats(e);
+    assert_int_equal(s.disk_cached_prompt_tokens, 144);
+    kt_engine_free(e);
+    /* flip a byte of every state file */
+    snprintf(cmd, sizeof cmd,
+             "for f in '%s'/*/*.kvs; do printf '\\377' | dd of=\"$f\" bs=1 seek=100 conv=notrunc 2>/dev/null || exit 1; "
+             "done; ls '%s'/*/*.kvs >/dev/null", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    e = engine_dir(g_f32, true, 1024, 256, 0, dir);
+    u = run(e, ids, 220, 16, 0.0f, &o);
+    assert_int_equal(u.cached_tokens, 0);
+    assert_same(&ref, &o, "the next turn after its state file was damaged");
+    s = stats(e);
+    assert_true(s.disk_rejected >= 1);
+    kt_engine_free(e), kt_engine_free(cold);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_next_turn_f32),
@@ -243,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_long_prefill_interval),
         cmocka_unit_test(test_together),
         cmocka_unit_test(test_after_eviction),
+        cmocka_unit_test(test_restart),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -262,18 +262,12 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
     if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
         return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
-    if (llm_state_bytes(e->llm)) {
-        /* a hybrid model's recurrent state is not in its KV blocks: the
-         * prefix cache keeps snapshots of it in memory, but the disk tier
-         * does not write them yet, and a rejected proposal could not be
-         * rolled back */
-        if (p.cache_dir)
-            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): disk cache off (its state "
-                    "snapshots stay in memory)\n", c->arch);
-        if (p.spec)
-            fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): speculative decoding off (its "
-                    "state cannot roll back yet)\n", c->arch);
-        p.cache_dir = NULL, p.spec = KT_SPEC_OFF;
+    if (llm_state_bytes(e->llm) && p.spec) {
+        /* a hybrid model's recurrent state holds only its last position: a
+         * rejected proposal could not be rolled back */
+        fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): speculative decoding off (its "
+                "state cannot roll back yet)\n", c->arch);
+        p.spec = KT_SPEC_OFF;
     }
     e->p = p;
     return KT_OK;

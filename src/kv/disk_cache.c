@@ -21,6 +21,14 @@
  *
  * A file without window rows still serves a hit that ends a window's
  * length past it (kv_pool_window_covers decides).
+ *
+ * A hybrid model's state snapshot (kv_disk_put_state) is a file of its
+ * own, <state key>.kvs, the state key being the block's with a fixed
+ * tweak (so both live in one index, one use list, one size limit):
+ *   0   8  magic "KTKVSTA1"   8  8  fingerprint   16 16  key (lo, hi)
+ *   32  8  state bytes        40     the state, then the XXH3-64 checksum
+ * At most STATE_QUEUE_MAX of them wait for the writer at a time (each
+ * is tens of MB for a real model).
  */
 #include "kv/disk_cache.h"
 
@@ -43,12 +51,16 @@
 #define HEADER_BYTES 72
 #define MAX_BLOCK_TOKENS 64
 #define QUEUE_MAX 512 /* blocks waiting for the writer; past that, writes are dropped */
+#define STATE_HEADER_BYTES 40
+#define STATE_QUEUE_MAX 4
 static const char MAGIC[8] = {'K', 'T', 'K', 'V', 'B', 'L', 'K', '2'};
+static const char STATE_MAGIC[8] = {'K', 'T', 'K', 'V', 'S', 'T', 'A', '1'};
 
 typedef struct entry {
     kv_disk_key key;
     uint64_t bytes;
     bool pending;
+    bool state; /* a .kvs state file, not a .kvb block */
     struct entry *older, *newer; /* the use list */
     struct entry *next_in_slot;  /* the hash chain */
 } entry;
@@ -56,8 +68,9 @@ typedef struct entry {
 typedef struct job {
     kv_disk_key key, parent;
     int32_t ids[MAX_BLOCK_TOKENS];
-    uint8_t *kv;
+    uint8_t *kv;  /* a state job: the state */
     bool windows; /* kv holds the window layers' rows too */
+    bool state;
 } job;
 
 struct kv_disk {
@@ -67,6 +80,8 @@ struct kv_disk {
     uint8_t *windowed; /* per layer (NULL: no window layers) */
     size_t row_bytes, kv_bytes, file_bytes; /* a file with every layer's rows */
     size_t file_bytes_nowin;                /* one without the window layers' */
+    size_t state_bytes, state_file_bytes;   /* a hybrid model's snapshots (0: none) */
+    int q_states;                           /* state jobs queued */
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_idle;
@@ -96,6 +111,10 @@ kv_disk_key kv_disk_chain(kv_disk_key parent, const int32_t *ids, int block_toke
     memcpy(buf + 16, ids, 4 * (size_t)n);
     XXH128_hash_t h = XXH3_128bits(buf, 16 + 4 * (size_t)n);
     return (kv_disk_key){h.low64, h.high64};
+}
+
+kv_disk_key kv_disk_state_key(kv_disk_key block) {
+    return (kv_disk_key){block.lo ^ 0x7374617465736e70ull, block.hi ^ 0x6b6574746c652d73ull};
 }
 
 static bool key_eq(kv_disk_key a, kv_disk_key b) {
@@ -129,10 +148,10 @@ static void use_push_newest(kv_disk *d, entry *e) {
     d->newest = e;
 }
 
-static entry *index_add(kv_disk *d, kv_disk_key key, uint64_t bytes, bool pending) {
+static entry *index_add(kv_disk *d, kv_disk_key key, uint64_t bytes, bool pending, bool state) {
     entry *e = calloc(1, sizeof *e);
     if (!e) return NULL;
-    e->key = key, e->bytes = bytes, e->pending = pending;
+    e->key = key, e->bytes = bytes, e->pending = pending, e->state = state;
     entry **s = slot_of(d, key);
     e->next_in_slot = *s;
     *s = e;
@@ -154,13 +173,14 @@ static void index_remove(kv_disk *d, entry *e) {
 
 /* ---- files ---- */
 
-static void file_path(const kv_disk *d, kv_disk_key key, char *out, size_t cap) {
-    snprintf(out, cap, "%s/%016" PRIx64 "%016" PRIx64 ".kvb", d->dir, key.hi, key.lo);
+static void file_path(const kv_disk *d, kv_disk_key key, bool state, char *out, size_t cap) {
+    snprintf(out, cap, "%s/%016" PRIx64 "%016" PRIx64 "%s", d->dir, key.hi, key.lo, state ? ".kvs" : ".kvb");
 }
 
-/* Name -> key, for files found at start; false for other names. */
-static bool parse_name(const char *name, kv_disk_key *key) {
-    if (strlen(name) != 36 || strcmp(name + 32, ".kvb") != 0) return false;
+/* Name -> key and kind, for files found at start; false for other names. */
+static bool parse_name(const char *name, kv_disk_key *key, bool *state) {
+    if (strlen(name) != 36 || (strcmp(name + 32, ".kvb") != 0 && strcmp(name + 32, ".kvs") != 0)) return false;
+    *state = strcmp(name + 32, ".kvs") == 0;
     char hi[17] = {0}, lo[17] = {0};
     memcpy(hi, name, 16), memcpy(lo, name + 16, 16);
     char *end1, *end2;
@@ -187,6 +207,10 @@ static size_t file_size(const kv_disk *d, bool windows) {
     return windows ? d->file_bytes : d->file_bytes_nowin;
 }
 
+static size_t job_file_size(const kv_disk *d, const job *j) {
+    return j->state ? d->state_file_bytes : file_size(d, j->windows);
+}
+
 /* Whether the file's layer l rows are there. */
 static bool layer_in_file(const kv_disk *d, int l, bool windows) {
     return windows || !d->windowed || !d->windowed[l];
@@ -205,16 +229,25 @@ static bool write_all(int fd, const void *p, size_t n) {
 
 /* Writes one job's file: a temporary, fsynced, then renamed into place. */
 static bool write_block_file(kv_disk *d, const job *j, uint64_t seq) {
-    const size_t n = file_size(d, j->windows);
+    const size_t n = job_file_size(d, j);
     uint8_t *buf = malloc(n);
     if (!buf) return false;
-    write_header(d, buf, j->key, j->parent, j->windows);
-    memcpy(buf + HEADER_BYTES, j->ids, 4 * (size_t)d->block_tokens);
-    memcpy(buf + HEADER_BYTES + 4 * (size_t)d->block_tokens, j->kv, n - HEADER_BYTES - 4 * (size_t)d->block_tokens - 8);
+    if (j->state) {
+        memcpy(buf, STATE_MAGIC, 8);
+        put_u64(buf + 8, d->fingerprint);
+        put_u64(buf + 16, j->key.lo), put_u64(buf + 24, j->key.hi);
+        put_u64(buf + 32, d->state_bytes);
+        memcpy(buf + STATE_HEADER_BYTES, j->kv, d->state_bytes);
+    } else {
+        write_header(d, buf, j->key, j->parent, j->windows);
+        memcpy(buf + HEADER_BYTES, j->ids, 4 * (size_t)d->block_tokens);
+        memcpy(buf + HEADER_BYTES + 4 * (size_t)d->block_tokens, j->kv,
+               n - HEADER_BYTES - 4 * (size_t)d->block_tokens - 8);
+    }
     put_u64(buf + n - 8, XXH3_64bits(buf, n - 8));
     char tmp[4200], path[4200];
     snprintf(tmp, sizeof tmp, "%s/.tmp-%d-%" PRIu64, d->dir, (int)getpid(), seq);
-    file_path(d, j->key, path, sizeof path);
+    file_path(d, j->key, j->state, path, sizeof path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     bool ok = fd >= 0 && write_all(fd, buf, n) && fsync(fd) == 0;
     if (fd >= 0) ok = close(fd) == 0 && ok;
@@ -230,7 +263,7 @@ static void enforce_limit(kv_disk *d) {
         entry *next = e->newer;
         if (!e->pending) {
             char path[4200];
-            file_path(d, e->key, path, sizeof path);
+            file_path(d, e->key, e->state, path, sizeof path);
             unlink(path);
             index_remove(d, e);
             d->st.removed++;
@@ -251,11 +284,12 @@ static void *writer_main(void *arg) {
         job j = d->queue[d->q_head];
         d->q_head = (d->q_head + 1) % QUEUE_MAX;
         d->q_len--;
+        d->q_states -= j.state;
         d->writing = true;
         uint64_t seq = d->tmp_seq++;
         pthread_mutex_unlock(&d->mu);
         bool ok = write_block_file(d, &j, seq);
-        const size_t n_bytes = file_size(d, j.windows);
+        const size_t n_bytes = job_file_size(d, &j);
         free(j.kv);
         pthread_mutex_lock(&d->mu);
         d->writing = false;
@@ -304,6 +338,7 @@ typedef struct found {
     kv_disk_key key;
     uint64_t bytes;
     int64_t mtime_ns;
+    bool state;
 } found;
 
 static int by_mtime(const void *a, const void *b) {
@@ -337,9 +372,11 @@ static bool scan(kv_disk *d, kt_error *err) {
             continue;
         }
         kv_disk_key key;
+        bool state;
         struct stat s;
-        if (!parse_name(de->d_name, &key) || stat(path, &s) != 0 || !S_ISREG(s.st_mode)) continue;
-        if ((uint64_t)s.st_size != d->file_bytes && (uint64_t)s.st_size != d->file_bytes_nowin) {
+        if (!parse_name(de->d_name, &key, &state) || stat(path, &s) != 0 || !S_ISREG(s.st_mode)) continue;
+        if (state ? (!d->state_bytes || (uint64_t)s.st_size != d->state_file_bytes)
+                  : ((uint64_t)s.st_size != d->file_bytes && (uint64_t)s.st_size != d->file_bytes_nowin)) {
             unlink(path);
             d->st.rejected++;
             continue;
@@ -350,11 +387,11 @@ static bool scan(kv_disk *d, kt_error *err) {
             if (!l) break;
             list = l;
         }
-        list[n++] = (found){key, (uint64_t)s.st_size, (int64_t)s.st_mtim.tv_sec * 1000000000 + s.st_mtim.tv_nsec};
+        list[n++] = (found){key, (uint64_t)s.st_size, (int64_t)s.st_mtim.tv_sec * 1000000000 + s.st_mtim.tv_nsec, state};
     }
     closedir(dir);
     if (n > 1) qsort(list, n, sizeof *list, by_mtime);
-    for (size_t i = 0; i < n; i++) index_add(d, list[i].key, list[i].bytes, false);
+    for (size_t i = 0; i < n; i++) index_add(d, list[i].key, list[i].bytes, false, list[i].state);
     free(list);
     enforce_limit(d);
     return true;
@@ -378,6 +415,8 @@ kv_disk *kv_disk_open(const char *dir, size_t max_bytes, uint64_t fingerprint, c
     d->file_bytes = HEADER_BYTES + 4 * (size_t)layout->block_tokens + d->kv_bytes + 8;
     d->n_win_layers = kv_params_n_windowed(layout);
     d->file_bytes_nowin = d->file_bytes - (size_t)d->n_win_layers * layer_bytes;
+    d->state_bytes = layout->state_bytes;
+    d->state_file_bytes = layout->state_bytes ? STATE_HEADER_BYTES + layout->state_bytes + 8 : 0;
     if (d->n_win_layers > 0 && (d->windowed = malloc((size_t)layout->n_layer)))
         memcpy(d->windowed, layout->windowed, (size_t)layout->n_layer);
     d->n_slots = 4096;
@@ -439,13 +478,13 @@ void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, k
         for (int k = 0; k < 2 && layer_in_file(d, l, windows); k++, at += plane)
             memcpy(at, kv_pool_row(pool, id, l, (kv_kind)k, 0), plane);
     pthread_mutex_lock(&d->mu);
-    if (find(d, key) || d->q_len == QUEUE_MAX || !index_add(d, key, 0, true)) {
+    if (find(d, key) || d->q_len == QUEUE_MAX || !index_add(d, key, 0, true, false)) {
         pthread_mutex_unlock(&d->mu);
         free(kv);
         return;
     }
     job *j = &d->queue[(d->q_head + d->q_len++) % QUEUE_MAX];
-    j->key = key, j->parent = parent, j->kv = kv, j->windows = windows;
+    j->key = key, j->parent = parent, j->kv = kv, j->windows = windows, j->state = false;
     memcpy(j->ids, ids, 4 * (size_t)d->block_tokens);
     pthread_cond_signal(&d->cv_work);
     pthread_mutex_unlock(&d->mu);
@@ -456,11 +495,11 @@ void kv_disk_put(kv_disk *d, const kv_pool *pool, int32_t id, kv_disk_key key, k
  * limit like ours. One stat, on a miss only. */
 static bool adopt_foreign_file(kv_disk *d, kv_disk_key key) {
     char path[4200];
-    file_path(d, key, path, sizeof path);
+    file_path(d, key, false, path, sizeof path);
     struct stat s;
     if (stat(path, &s) != 0 || !S_ISREG(s.st_mode)) return false;
     if ((uint64_t)s.st_size != d->file_bytes && (uint64_t)s.st_size != d->file_bytes_nowin) return false;
-    return index_add(d, key, (uint64_t)s.st_size, false) != NULL;
+    return index_add(d, key, (uint64_t)s.st_size, false, false) != NULL;
 }
 
 bool kv_disk_has(kv_disk *d, kv_disk_key key) {
@@ -505,7 +544,7 @@ static kv_disk_expect expect_of(const kv_disk *d, kv_disk_key key, kv_disk_key p
 static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, const int32_t *ids, bool *bad,
                              bool *windows) {
     char path[4200];
-    file_path(d, key, path, sizeof path);
+    file_path(d, key, false, path, sizeof path);
     *bad = *windows = false;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL; /* removed meanwhile: a miss */
@@ -546,7 +585,7 @@ bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk
         d->st.reads++;
     } else if (bad && e && !e->pending) {
         char path[4200];
-        file_path(d, key, path, sizeof path);
+        file_path(d, key, false, path, sizeof path);
         unlink(path);
         index_remove(d, e);
         d->st.rejected++;
@@ -562,6 +601,85 @@ bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk
             if (layer_in_file(d, l, keep_windows)) memcpy(kv_pool_row(pool, id, l, (kv_kind)k, 0), at, plane);
     free(buf);
     return true;
+}
+
+/* ---- state snapshots ---- */
+
+void kv_disk_put_state(kv_disk *d, kv_disk_key block, const void *state) {
+    if (!d->state_bytes) return;
+    const kv_disk_key key = kv_disk_state_key(block);
+    pthread_mutex_lock(&d->mu);
+    bool skip = find(d, key) != NULL;
+    if (!skip && (d->q_len == QUEUE_MAX || d->q_states == STATE_QUEUE_MAX)) skip = true, d->st.dropped++;
+    pthread_mutex_unlock(&d->mu);
+    if (skip) return;
+    uint8_t *copy = malloc(d->state_bytes);
+    if (!copy) return;
+    memcpy(copy, state, d->state_bytes);
+    pthread_mutex_lock(&d->mu);
+    if (find(d, key) || d->q_len == QUEUE_MAX || d->q_states == STATE_QUEUE_MAX || !index_add(d, key, 0, true, true)) {
+        pthread_mutex_unlock(&d->mu);
+        free(copy);
+        return;
+    }
+    job *j = &d->queue[(d->q_head + d->q_len++) % QUEUE_MAX];
+    memset(j, 0, sizeof *j);
+    j->key = key, j->kv = copy, j->state = true;
+    d->q_states++;
+    pthread_cond_signal(&d->cv_work);
+    pthread_mutex_unlock(&d->mu);
+}
+
+bool kv_disk_has_state(kv_disk *d, kv_disk_key block) {
+    if (!d->state_bytes) return false;
+    pthread_mutex_lock(&d->mu);
+    entry *e = find(d, kv_disk_state_key(block));
+    const bool has = e && !e->pending;
+    pthread_mutex_unlock(&d->mu);
+    return has;
+}
+
+bool kv_disk_check_state(const uint8_t *h, size_t got, uint64_t fingerprint, kv_disk_key key, size_t state_bytes) {
+    const size_t n = STATE_HEADER_BYTES + state_bytes + 8;
+    return got == n && memcmp(h, STATE_MAGIC, 8) == 0 && get_u64(h + 8) == fingerprint && get_u64(h + 16) == key.lo &&
+           get_u64(h + 24) == key.hi && get_u64(h + 32) == state_bytes && get_u64(h + n - 8) == XXH3_64bits(h, n - 8);
+}
+
+bool kv_disk_get_state(kv_disk *d, kv_disk_key block, void *out) {
+    if (!kv_disk_has_state(d, block)) return false;
+    const kv_disk_key key = kv_disk_state_key(block);
+    char path[4200];
+    file_path(d, key, true, path, sizeof path);
+    uint8_t *buf = malloc(d->state_file_bytes + 1);
+    int fd = buf ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd < 0) {
+        free(buf);
+        return false;
+    }
+    ssize_t got = 0, r = 0;
+    while ((size_t)got < d->state_file_bytes + 1 &&
+           (r = read(fd, buf + got, d->state_file_bytes + 1 - (size_t)got)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        got += r;
+    }
+    close(fd);
+    const bool ok = r >= 0 && kv_disk_check_state(buf, (size_t)got, d->fingerprint, key, d->state_bytes);
+    pthread_mutex_lock(&d->mu);
+    entry *e = find(d, key);
+    if (ok && e) {
+        use_unlink(d, e);
+        use_push_newest(d, e);
+        d->st.reads++;
+    } else if (!ok && r >= 0 && e && !e->pending) { /* a bad file: never loaded, removed */
+        unlink(path);
+        index_remove(d, e);
+        d->st.rejected++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (ok) memcpy(out, buf + STATE_HEADER_BYTES, d->state_bytes);
+    free(buf);
+    return ok;
 }
 
 void kv_disk_get_stats(kv_disk *d, kv_disk_stats *out) {

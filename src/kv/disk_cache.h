@@ -74,6 +74,21 @@ bool kv_disk_has(kv_disk *d, kv_disk_key key);
  * cached (or released). */
 bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk_key parent, const int32_t *ids);
 
+/* Hybrid models (the layout's state_bytes): the recurrent-state snapshot
+ * after the block whose key is `block`, written as a file of its own
+ * (queued as kv_disk_put; state is copied now). has / get: whether a
+ * file for it is indexed; read it into out (state_bytes), checked (size,
+ * magic, fingerprint, key, checksum; a bad one is removed and counted),
+ * false on a miss. */
+void kv_disk_put_state(kv_disk *d, kv_disk_key block, const void *state);
+bool kv_disk_has_state(kv_disk *d, kv_disk_key block);
+bool kv_disk_get_state(kv_disk *d, kv_disk_key block, void *out);
+/* The key a block's state file is indexed by. */
+kv_disk_key kv_disk_state_key(kv_disk_key block);
+/* Whether the n bytes of a state file check (the reader's check, apart
+ * for fuzzing). */
+bool kv_disk_check_state(const uint8_t *bytes, size_t n, uint64_t fingerprint, kv_disk_key key, size_t state_bytes);
+
 typedef struct kv_disk_stats {
     uint64_t files, bytes;       /* on disk now */
     uint64_t writes, reads;      /* blocks written, blocks read back */

@@ -322,21 +322,49 @@ static int32_t snapshot_child(kv_prefix_cache *c, int32_t parent, const int32_t 
     return best;
 }
 
+/* A state file on disk after the first n_blocks of a walk (0: none). */
+typedef struct disk_snapshot {
+    int n_blocks;
+    kv_disk_key key;
+} disk_snapshot;
+
+/* The disk's snapshot read into a fresh slot and hung on block b; false
+ * (nothing hung) when no slot is free or the file does not check. */
+static bool load_snapshot(kv_prefix_cache *c, int32_t b, kv_disk_key key) {
+    const int s = kv_cache_state_reserve(c);
+    if (s < 0) return false;
+    if (!kv_disk_get_state(c->disk, key, kv_state_data(c->snaps, s))) {
+        kv_state_release(c->snaps, s);
+        return false;
+    }
+    c->snap_of[b] = s;
+    c->snap_block[s] = b;
+    c->snap_used[s] = ++c->tick;
+    return true;
+}
+
 /* kv_cache_acquire on a hybrid model: the m whole blocks walked are cut
  * back to the longest prefix that ends at a snapshot (a tail entry
- * after them, or one of them), since the attention layers' KV is of no
- * use without the recurrent state at the same position. */
+ * after them, one of them, or one read back from disk), since the
+ * attention layers' KV is of no use without the recurrent state at the
+ * same position. */
 static int cut_to_snapshot(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *blocks, int m, int32_t parent,
-                           bool partial, kv_cache_hit *hit) {
+                           bool partial, const disk_snapshot *disk, kv_cache_hit *hit) {
     const int bt = c->block_tokens;
-    const int32_t tail = partial && m * bt < n ? snapshot_child(c, parent, tokens + (size_t)m * bt, n - m * bt) : -1;
+    int32_t tail = partial && m * bt < n ? snapshot_child(c, parent, tokens + (size_t)m * bt, n - m * bt) : -1;
+    int keep = m;
+    while (keep > 0 && c->snap_of[blocks[keep - 1]] < 0) keep--;
+    if (tail < 0 && disk->n_blocks > keep && load_snapshot(c, blocks[disk->n_blocks - 1], disk->key))
+        keep = disk->n_blocks;
     if (tail >= 0) {
         kv_pool_retain(c->pool, tail, NULL);
         blocks[m++] = tail;
         hit->n_positions += c->n_valid[tail];
     } else {
-        int keep = m;
-        while (keep > 0 && c->snap_of[blocks[keep - 1]] < 0) keep--;
+        /* blocks read back from disk are the walk's last ones (a block
+         * after a missing one is unreachable): those cut off count no more */
+        const int cut = m - keep;
+        hit->from_disk = hit->from_disk > cut ? hit->from_disk - cut : 0;
         while (m > keep) kv_pool_release(c->pool, blocks[--m], NULL);
         hit->n_positions = m * bt;
     }
@@ -355,6 +383,7 @@ int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *
     int32_t parent = -1;
     int m = 0, *from_disk = &hit->from_disk;
     *from_disk = 0;
+    disk_snapshot disk_state = {0, {0, 0}}; /* the longest prefix with a state file */
     for (; m < max_blocks && (m + 1) * bt <= n; m++) {
         const int32_t *t = tokens + (size_t)m * (size_t)bt;
         key = chain_key(key, t, bt);
@@ -365,10 +394,12 @@ int kv_cache_acquire(kv_prefix_cache *c, const int32_t *tokens, int n, int32_t *
         else if (c->disk && (b = load_from_disk(c, t, key, parent, dkey, dparent)) >= 0) (*from_disk)++;
         if (b < 0) break;
         blocks[m] = parent = b;
+        if (c->snaps && c->disk && c->snap_of[b] < 0 && kv_disk_has_state(c->disk, dkey))
+            disk_state.n_blocks = m + 1, disk_state.key = dkey;
     }
     hit->n_positions = m * bt;
     hit->state = -1;
-    if (c->snaps) return cut_to_snapshot(c, tokens, n, blocks, m, parent, partial, hit);
+    if (c->snaps) return cut_to_snapshot(c, tokens, n, blocks, m, parent, partial, &disk_state, hit);
     int run = 0;
     int32_t b = partial && m * bt < n ? best_child(c, parent, tokens + (size_t)m * (size_t)bt, n - m * bt, &run) : -1;
     if (b >= 0 && run > 0) {
@@ -419,14 +450,17 @@ void kv_cache_state_release(kv_prefix_cache *c, int s) {
 }
 
 /* The entry that stands for tokens[0..n) (n > 0): the n/bt-th whole
- * block of the chain, or a tail entry of exactly the rest; -1 if none. */
-static int32_t entry_for(kv_prefix_cache *c, const int32_t *tokens, int n) {
+ * block of the chain (its disk key in *dkey), or a tail entry of exactly
+ * the rest; -1 if none. */
+static int32_t entry_for(kv_prefix_cache *c, const int32_t *tokens, int n, kv_disk_key *dkey) {
     const int bt = c->block_tokens;
     uint64_t key = CHAIN_SEED;
     int32_t parent = -1;
+    *dkey = kv_disk_root();
     for (int i = 0; (i + 1) * bt <= n; i++) {
         const int32_t *t = tokens + (size_t)i * (size_t)bt;
         key = chain_key(key, t, bt);
+        if (c->disk) *dkey = kv_disk_chain(*dkey, t, bt);
         if ((parent = find(c, key, parent, t)) < 0) return -1;
     }
     const int rest = n % bt;
@@ -439,7 +473,8 @@ static int32_t entry_for(kv_prefix_cache *c, const int32_t *tokens, int n) {
 }
 
 bool kv_cache_state_hang(kv_prefix_cache *c, int s, const int32_t *tokens, int n) {
-    const int32_t b = c->snaps && s >= 0 && n > 0 ? entry_for(c, tokens, n) : -1;
+    kv_disk_key dkey;
+    const int32_t b = c->snaps && s >= 0 && n > 0 ? entry_for(c, tokens, n, &dkey) : -1;
     if (b < 0 || c->snap_of[b] >= 0) { /* not indexed, or a snapshot of the same prefix is there */
         if (b >= 0) c->snap_used[c->snap_of[b]] = ++c->tick;
         kv_cache_state_release(c, s);
@@ -448,6 +483,8 @@ bool kv_cache_state_hang(kv_prefix_cache *c, int s, const int32_t *tokens, int n
     c->snap_of[b] = s;
     c->snap_block[s] = b;
     c->snap_used[s] = ++c->tick;
+    /* the disk tier keeps whole blocks only: a tail's state stays here */
+    if (c->disk && n % c->block_tokens == 0) kv_disk_put_state(c->disk, dkey, kv_state_data(c->snaps, s));
     return true;
 }
 

@@ -9,7 +9,9 @@
  * fuzzer reaches the checks the checksum would otherwise hide (it cannot
  * find an XXH3 collision by mutation); even, they are checked as read.
  * The layout is fixed and small: 4 positions, 2 layers (the second one
- * windowed), 8-byte rows.
+ * windowed), 8-byte rows. With bit 1 of the first byte set, the bytes are
+ * a hybrid model's state file instead (kv_disk_check_state, 64 bytes of
+ * state).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                               .key = kv_disk_chain(kv_disk_root(), IDS, BLOCK_TOKENS), .parent = kv_disk_root(),
                               .ids = IDS};
     bool windows;
-    volatile bool ok = kv_disk_check_block(buf, n, &x, &windows);
+    volatile bool ok = data[0] & 2 ? kv_disk_check_state(buf, n, x.fingerprint, kv_disk_state_key(x.key), 64)
+                                   : kv_disk_check_block(buf, n, &x, &windows);
     (void)ok;
     free(buf);
     return 0;
