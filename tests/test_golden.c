@@ -560,7 +560,8 @@ static void assert_same_out(const eng_out *a, const eng_out *b, const char *what
  * tokens and logprob bits; n = 3 choices (forked after the prompt, the
  * state copied) each the same; and again, resumed from the prefix
  * cache's state snapshot at the prompt's last block boundary, the same
- * bits. Speculation asked for is off (no state rollback yet). */
+ * bits; all with the n-gram lookup's speculation on (the golden's
+ * greedy tokens repeat, so it proposes). */
 static void check_engine_hybrid(const char *name) {
     static f16_golden fg;
     f16_golden_load(name, &fg);
@@ -571,11 +572,11 @@ static void check_engine_hybrid(const char *name) {
     assert_non_null(m);
     kt_engine_params ep = kt_engine_defaults();
     ep.n_ctx = 512, ep.n_parallel = 4, ep.batch_tokens = 64, ep.n_threads = 2, ep.kv_type = KT_KV_F32;
-    ep.spec = KT_SPEC_NGRAM; /* asked for, turned off */
+    ep.spec = KT_SPEC_NGRAM; /* the lookup's proposals, rolled back exactly (engine/rewind.h) */
     kt_engine *e = kt_engine_new(m, &ep, &err);
     if (!e) fail_msg("%s", err.msg);
     assert_true(kt_engine_get_params(e)->prefix_cache);
-    assert_int_equal(kt_engine_get_params(e)->spec, KT_SPEC_OFF);
+    assert_int_equal(kt_engine_get_params(e)->spec, KT_SPEC_NGRAM);
     static eng_out alone, a[3], b, b_alone;
     eng_drain(eng_submit(e, prompt, n_prompt, n_gen, 1), &alone, 1);
     if (alone.n != n_gen || memcmp(alone.tokens, gen, sizeof(int32_t) * (size_t)n_gen))
@@ -593,8 +594,12 @@ static void check_engine_hybrid(const char *name) {
     /* from the snapshot at the prompt's last block boundary */
     assert_int_equal(u.cached_tokens, (n_prompt - 1) / 16 * 16);
     assert_same_out(&a[0], &alone, "the same prompt again");
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
     printf("  %s: the engine's %d greedy tokens equal the golden's, alone, beside another request, as n = 3 "
-           "choices and again from a snapshot (%d positions cached)\n", name, n_gen, u.cached_tokens);
+           "choices and again from a snapshot (%d positions cached); %llu proposals verified, %llu kept\n", name,
+           n_gen, u.cached_tokens, (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted);
+    assert_true(st.spec_accepted > 0 && st.spec_accepted < st.spec_proposed); /* kept and rolled back */
     kt_engine_free(e), kt_model_free(m);
     f16_golden_free(&fg);
 }
@@ -760,7 +765,7 @@ static void test_arch_qwen35_mrope(void **state) {
         assert_int_equal(kv_seq_append(seq, N, &err), KT_OK);
         for (int i = 0; i < N; i++) seqs[i] = seq;
         assert_non_null(logits[r] = malloc(sizeof(float) * n_vocab * N));
-        llm_batch b = {N, tokens, pos, seqs, want, NULL, NULL, r ? p4[r] : NULL, NULL};
+        llm_batch b = {N, tokens, pos, seqs, want, NULL, NULL, r ? p4[r] : NULL, NULL, NULL};
         llm_forward(llm, w, pool, &b, logits[r]);
         kv_seq_free(seq);
     }

@@ -4,8 +4,9 @@
  * gen-model`, F32 and Q4_0 weights) through the engine: a warm cache
  * gives a cold engine's tokens and logprob bits for an agent's next turn,
  * a prompt that shares a long prefix, requests that arrive together, and
- * after the snapshots have been evicted; the snapshots stay within their
- * budget.
+ * after the snapshots have been evicted, after a restart from the disk
+ * tier; the snapshots stay within their budget. Speculation rolls the
+ * recurrent state back exactly.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,6 +283,83 @@ static void test_restart(void **state) {
     kt_engine_free(e), kt_engine_free(cold);
 }
 
+/* ---- speculation: the recurrent state rolled back ---- */
+
+typedef struct oracle {
+    int32_t seq[600];
+    int len;
+    long spoiled;
+} oracle;
+
+/* The plain run's next k tokens, spoiled at a depth that varies with
+ * the position (k: all right). */
+static int oracle_propose(void *ctx, const int32_t *tokens, int n, int k, int32_t *out) {
+    oracle *o = ctx;
+    if (n >= o->len || memcmp(o->seq, tokens, sizeof *tokens * (size_t)n) != 0) {
+        out[0] = tokens[n - 1];
+        return 1;
+    }
+    const int got = o->len - n < k ? o->len - n : k;
+    memcpy(out, o->seq + n, sizeof *out * (size_t)got);
+    const int right = (int)(((unsigned)n * 2654435761u) >> 13) % (got + 1);
+    if (right < got) out[right] = 3 + (out[right] + 1) % 250, o->spoiled++;
+    return got;
+}
+
+/* Speculation on a hybrid model, greedy and sampled, F32 and Q4_0: the
+ * proposals are plain decoding's own tokens spoiled at every depth, so
+ * passes keep all, some or none of them, and every rejection rolls the
+ * recurrent state back (restore, replay the kept tokens): the tokens and
+ * logprob bits are plain decoding's, and the prefix cache's snapshots
+ * taken after such steps give the next turn the cold bits. */
+static void check_spec(kt_model *m) {
+    static oracle o;
+    const float temps[2] = {0.0f, 0.8f};
+    for (int k = 0; k < 2; k++) {
+        kt_engine *plain = engine_of(m, false, 1024, 256, 0);
+        int32_t ids[400];
+        ids_of(ids, 100, 300 + (uint64_t)k);
+        static out ref, got;
+        run(plain, ids, 100, 60, temps[k], &ref);
+        memcpy(o.seq, ids, sizeof(int32_t) * 100);
+        memcpy(o.seq + 100, ref.tokens, sizeof(int32_t) * (size_t)ref.n);
+        o.len = 100 + ref.n, o.spoiled = 0;
+        kt_engine_params p = kt_engine_defaults();
+        p.n_ctx = 1024, p.n_parallel = 4, p.batch_tokens = 256, p.n_threads = 2, p.kv_type = KT_KV_F32;
+        p.spec = KT_SPEC_NGRAM, p.spec_k_max = 6, p.spec_fixed_k = true, p.spec_propose = oracle_propose;
+        p.spec_propose_ctx = &o;
+        kt_error err = {0};
+        kt_engine *spec = kt_engine_new(m, &p, &err);
+        if (!spec) fail_msg("%s", err.msg);
+        run(spec, ids, 100, 60, temps[k], &got);
+        assert_same(&ref, &got, temps[k] > 0 ? "speculation, sampled" : "speculation, greedy");
+        kt_engine_stats st = stats(spec);
+        printf("  speculation at temperature %.1f: %llu proposed, %llu kept in %llu passes (%ld spoiled)\n",
+               temps[k], (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+               (unsigned long long)st.spec_passes, o.spoiled);
+        assert_true(st.spec_accepted > 0 && st.spec_accepted < st.spec_proposed && o.spoiled > 0);
+        /* the next turn from the generation's snapshot */
+        memcpy(ids + 100, got.tokens, sizeof(int32_t) * 60);
+        ids_of(ids + 160, 20, 400 + (uint64_t)k);
+        static out next, next_ref;
+        kt_request_usage u = run(spec, ids, 180, 12, temps[k], &next);
+        assert_int_equal(u.cached_tokens, 159);
+        run(plain, ids, 180, 12, temps[k], &next_ref);
+        assert_same(&next_ref, &next, "the next turn after speculation");
+        kt_engine_free(spec), kt_engine_free(plain);
+    }
+}
+
+static void test_spec_f32(void **state) {
+    (void)state;
+    check_spec(g_f32);
+}
+
+static void test_spec_q4_0(void **state) {
+    (void)state;
+    check_spec(g_q4);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_next_turn_f32),
@@ -290,6 +368,8 @@ int main(void) {
         cmocka_unit_test(test_together),
         cmocka_unit_test(test_after_eviction),
         cmocka_unit_test(test_restart),
+        cmocka_unit_test(test_spec_f32),
+        cmocka_unit_test(test_spec_q4_0),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

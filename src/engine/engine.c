@@ -76,6 +76,7 @@
 #include "kv/disk_cache.h"
 #include "kv/state_pool.h"
 #include "kv/prefix_cache.h"
+#include "engine/rewind.h"
 #include "engine/snapshots.h"
 #include "model/forward.h"
 #include "ops/pool.h"
@@ -98,6 +99,7 @@ struct kt_engine {
     kv_prefix_cache *cache; /* NULL when params.prefix_cache is off */
     kv_disk *disk;          /* NULL without params.cache_dir */
     eng_snaps snaps;        /* a hybrid model's state snapshots (inert otherwise) */
+    eng_rewind rewind;      /* a hybrid model's speculative rollback (inert otherwise) */
     eng_grammar gram;       /* token trie and mask classes, made at the first grammar */
     int32_t *seq_tokens;    /* [n_ctx]: a sequence's ids, for the cache */
     int32_t *hit_blocks;    /* [blocks of n_ctx]: a lookup's result */
@@ -262,13 +264,9 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
     if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
         return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
-    if (llm_state_bytes(e->llm) && p.spec) {
-        /* a hybrid model's recurrent state holds only its last position: a
-         * rejected proposal could not be rolled back */
-        fprintf(stderr, "kettle engine: %s is a hybrid model (recurrent layers): speculative decoding off (its "
-                "state cannot roll back yet)\n", c->arch);
-        p.spec = KT_SPEC_OFF;
-    }
+    if (p.spec == KT_SPEC_DRAFT && p.spec_draft && llm_state_bytes(p.spec_draft->llm))
+        return kt_error_set(err, KT_ERR_ARG, "the draft model is a hybrid model (recurrent layers): a draft's "
+                            "state cannot roll back; use --spec ngram or a transformer draft model");
     e->p = p;
     return KT_OK;
 }
@@ -427,6 +425,8 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
         (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
         eng_snaps_init(&e->snaps, e->cache, llm_state_bytes(e->llm), e->p.state_cache_bytes, e->p.n_ctx,
                        KV_BLOCK_TOKENS, e->p.batch_tokens, err) != KT_OK ||
+        eng_rewind_init(&e->rewind, e->llm, e->p.n_parallel, e->p.batch_tokens,
+                        e->p.spec ? spec_max_tokens(&e->p) + e->p.n_parallel : 0, err) != KT_OK ||
         !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
         goto fail;
     if (e->p.spec == KT_SPEC_DRAFT && !e->p.spec_propose &&
@@ -1336,7 +1336,10 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
     }
     const int kept = j; /* rows 0..j-1 drew their proposals */
     kt_error err;
-    if (kv_seq_truncate(c->seq, len_before + 1 + j, &err) != KT_OK) fail_request(r, err.msg);
+    const kt_status st = j < k && e->rewind.llm
+                             ? eng_rewind_apply(&e->rewind, e->work, e->pool, c->seq, len_before + 1 + j, 1 + j, &err)
+                             : kv_seq_truncate(c->seq, len_before + 1 + j, &err);
+    if (st != KT_OK) fail_request(r, err.msg);
     eng_draft_keep(c->draft_seq, c->seq->len); /* the draft's guesses that stood stay read */
     spec_accept_note(&c->accept, k, kept);
     pthread_mutex_lock(&e->mu);
@@ -1352,6 +1355,7 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
 static int build_batch(kt_engine *e, int *n_prefill) {
     int n = 0;
     kt_error err;
+    eng_rewind_begin(&e->rewind, e->p.batch_tokens);
     plan_speculation(e);
     for (int a = 0; a < e->n_active; a++) {
         kt_request *r = e->active[a];
@@ -1359,6 +1363,8 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         for (int i = 0; i < r->n_choices; i++) {
             gen_choice *c = &r->choices[i];
             if (c->finish != KT_FINISH_NONE) continue;
+            /* a hybrid model verifies proposals only where it can roll its state back */
+            if (c->n_prop > 0 && e->rewind.llm && !eng_rewind_plan(&e->rewind, c->seq, n, 1 + c->n_prop)) c->n_prop = 0;
             if (kv_seq_append(c->seq, 1 + c->n_prop, &err) != KT_OK) {
                 fail_request(r, err.msg);
                 break;
@@ -1569,7 +1575,7 @@ static void engine_step(kt_engine *e) {
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
         llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden, NULL,
-                       e->snaps.n_pending ? e->snaps.b_snap : NULL};
+                       e->snaps.n_pending ? e->snaps.b_snap : NULL, e->rewind.n_log ? e->rewind.b_log : NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         cache_prefills(e);
@@ -1659,6 +1665,7 @@ void kt_engine_free(kt_engine *e) {
     while (e->n_waiting > 0) end_request(e, e->waiting[--e->n_waiting], KT_FINISH_CANCELLED, NULL);
     kv_disk_close(e->disk); /* its queued writes are finished first */
     eng_snaps_free(&e->snaps);
+    eng_rewind_free(&e->rewind);
     kv_cache_free(e->cache);
     eng_grammar_free(&e->gram);
     kv_pool_free(e->kv);

@@ -665,6 +665,17 @@ kt_status kv_seq_truncate(kv_seq *s, int n, kt_error *err) {
     return KT_OK;
 }
 
+kt_status kv_seq_truncate_rewound(kv_seq *s, int n, kt_error *err) {
+    if (!s->state || n <= 0 || n >= s->len) return kv_seq_truncate(s, n, err);
+    if (s->win_lo > kv_window_first_block(s->pool, n))
+        return kt_error_set(err, KT_ERR_ARG, "kv sequence: cannot roll back from %d to %d positions: the "
+                            "sliding-window layers no longer hold the positions before %d", s->len, n,
+                            s->win_lo * s->block_tokens);
+    s->len = n;
+    release_from(s, kv_blocks_for(s->pool, n));
+    return KT_OK;
+}
+
 kv_seq *kv_seq_fork(const kv_seq *s, kt_error *err) {
     kv_seq *f = kv_seq_new(s->pool, err);
     if (!f) return NULL;

@@ -282,6 +282,10 @@ kt_status kv_seq_share_state(kv_seq *seq, const int32_t *blocks, int n_blocks, i
  * sequence gives back window rows as it grows, so it can roll back to 0
  * or to any length >= (its length before its last append) - block_tokens. */
 kt_status kv_seq_truncate(kv_seq *seq, int n, kt_error *err);
+/* kv_seq_truncate on a pool with recurrent state, to any n, for a caller
+ * that has already set the sequence's state to the one after n positions
+ * (a speculative rollback that replayed the kept tokens). */
+kt_status kv_seq_truncate_rewound(kv_seq *seq, int n, kt_error *err);
 /* A new sequence sharing every block of seq (each retained once more); the
  * next write to a shared block copies it. NULL with err on failure. */
 kv_seq *kv_seq_fork(const kv_seq *seq, kt_error *err);

@@ -78,6 +78,7 @@ typedef struct dn_job {
     llm_dn_work *dw;
     int n, phase;
     size_t layer_floats;
+    bool state_only; /* a replay: the states move on, no output */
 } dn_job;
 
 static void dn_conv(const dn_job *j, int c0, int c1) {
@@ -136,6 +137,7 @@ static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
             float *oh = j->dw->o + (size_t)t * inner + (size_t)h * dv;
             kt_delta_rule(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, expf(g),
                           beta, dk, dv, oh, u);
+            if (j->state_only) continue;
             if (j->snap && j->snap[t]) {
                 const size_t off = j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C + (size_t)h * dk * dv;
                 memcpy(j->snap[t] + off, S + (size_t)h * dk * dv, sizeof(float) * (size_t)dk * dv);
@@ -161,8 +163,39 @@ static void dn_task(void *p, int ith, int nth) {
     }
 }
 
+size_t llm_rec_log_floats(const llm_config *c) {
+    return (size_t)c->n_recurrent * ((size_t)c->ssm_conv_dim + 2 * (size_t)c->ssm_n_v_heads);
+}
+
+/* Copies the n tokens' projections of layer l into their logs (or, with
+ * !to_log, back from them), skipping tokens without a log. */
+static void log_inputs(const llm_config *c, const llm_layer *l, float *const *log, int n, llm_dn_work *dw,
+                       bool to_log) {
+    const size_t C = (size_t)c->ssm_conv_dim, Hv = (size_t)c->ssm_n_v_heads;
+    for (int t = 0; t < n; t++) {
+        if (!log[t]) continue;
+        float *at = log[t] + (size_t)l->rec_index * (C + 2 * Hv);
+        float *qkv = dw->qkv + (size_t)t * C, *beta = dw->beta + (size_t)t * Hv, *alpha = dw->alpha + (size_t)t * Hv;
+        if (to_log) {
+            memcpy(at, qkv, C * sizeof(float)), memcpy(at + C, beta, Hv * sizeof(float));
+            memcpy(at + C + Hv, alpha, Hv * sizeof(float));
+        } else {
+            memcpy(qkv, at, C * sizeof(float)), memcpy(beta, at + C, Hv * sizeof(float));
+            memcpy(alpha, at + C + Hv, Hv * sizeof(float));
+        }
+    }
+}
+
+static void run_phases(kt_pool *pool, dn_job *j) {
+    for (j->phase = 0; j->phase < 3; j->phase++) {
+        /* a few tokens' convolution and norms cost less than waking the pool */
+        if (kt_pool_size(pool) == 1 || (j->phase < 2 && j->n < 16)) dn_task(j, 0, 1);
+        else kt_pool_run(pool, dn_task, j);
+    }
+}
+
 void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs,
-                        float *const *snap, int n, llm_dn_work *dw) {
+                        float *const *snap, float *const *log, int n, llm_dn_work *dw) {
     const llm_config *c = &m->cfg;
     const int E = c->n_embd, C = c->ssm_conv_dim, Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
     const kt_matmul_part parts[] = {{dw->qkv, l->ssm_qkv.data, l->ssm_qkv.type, C},
@@ -170,11 +203,20 @@ void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, f
                                     {dw->beta, l->ssm_beta.data, l->ssm_beta.type, Hv},
                                     {dw->alpha, l->ssm_alpha.data, l->ssm_alpha.type, Hv}};
     kt_matmul_many(pool, parts, 4, xn, E, n);
-    dn_job j = {c, l, seqs, snap, dw, n, 0, llm_state_layer_floats(c)};
-    for (j.phase = 0; j.phase < 3; j.phase++) {
-        /* a few tokens' convolution and norms cost less than waking the pool */
-        if (kt_pool_size(pool) == 1 || (j.phase < 2 && n < 16)) dn_task(&j, 0, 1);
-        else kt_pool_run(pool, dn_task, &j);
-    }
+    if (log) log_inputs(c, l, log, n, dw, true);
+    dn_job j = {c, l, seqs, snap, dw, n, 0, llm_state_layer_floats(c), false};
+    run_phases(pool, &j);
     kt_matmul(pool, xn, l->ssm_out.data, l->ssm_out.type, dw->o, inner, E, n);
+}
+
+void llm_deltanet_replay(const llm_model *m, const llm_layer *l, kt_pool *pool, kv_seq *seq, const float *const *log,
+                         int n, llm_dn_work *dw) {
+    kv_seq *seqs[64];
+    for (int done = 0; done < n; done += 64) {
+        const int nb = n - done < 64 ? n - done : 64;
+        for (int t = 0; t < nb; t++) seqs[t] = seq;
+        log_inputs(&m->cfg, l, (float *const *)(log + done), nb, dw, false);
+        dn_job j = {&m->cfg, l, seqs, NULL, dw, nb, 0, llm_state_layer_floats(&m->cfg), true};
+        run_phases(pool, &j);
+    }
 }

@@ -31,6 +31,16 @@ void llm_dn_work_free(llm_dn_work *dw);
  * that token (a whole slot's layout, llm_state_bytes), or NULL: the
  * prefix cache's snapshots, taken inside a chunk. */
 void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs,
-                        float *const *snap, int n, llm_dn_work *dw);
+                        float *const *snap, float *const *log, int n, llm_dn_work *dw);
+
+/* Speculative rollback: log (NULL: none) names, per token, where the
+ * layer keeps what the token's state update read (its projections qkv,
+ * beta and alpha, llm_rec_log_floats in all for every recurrent layer);
+ * llm_deltanet_replay moves seq's state on by n logged tokens, the
+ * convolution and the delta rule as the block ran them (the same bits),
+ * without the layer's output. */
+size_t llm_rec_log_floats(const llm_config *c);
+void llm_deltanet_replay(const llm_model *m, const llm_layer *l, kt_pool *pool, kv_seq *seq, const float *const *log,
+                         int n, llm_dn_work *dw);
 
 #endif

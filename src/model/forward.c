@@ -707,7 +707,8 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         const bool last = il == c->n_layer - 1;
         const llm_layer *l = &m->layers[il];
         if (l->recurrent) { /* every token moves its sequence's state on, wanted or not */
-            llm_deltanet_block(m, l, pool, w->xn, b->seq + t0, b->state_snap ? b->state_snap + t0 : NULL, n, &w->dn);
+            llm_deltanet_block(m, l, pool, w->xn, b->seq + t0, b->state_snap ? b->state_snap + t0 : NULL,
+                               b->rec_log ? b->rec_log + t0 : NULL, n, &w->dn);
             if (last && !(n = keep_output_rows(c, w, b, t0, n, out))) return 0;
         } else if (!last) {
             attention_block(m, w, pool, b, il, t0, n);
@@ -727,6 +728,11 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
     matmul(pool, out, &m->output, w->xn, n);
     if (c->final_softcap > 0) softcap_rows(out, c->final_softcap, n, c->n_vocab);
     return n;
+}
+
+void llm_state_replay(const llm_model *m, llm_work *w, kt_pool *pool, kv_seq *seq, const float *const *log, int n) {
+    for (int il = 0; il < m->cfg.n_layer; il++)
+        if (m->layers[il].recurrent) llm_deltanet_replay(m, &m->layers[il], pool, seq, log, n, &w->dn);
 }
 
 void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,

@@ -51,6 +51,10 @@ typedef struct llm_batch {
      * recurrent state as it stands after that token (llm_state_bytes,
      * a slot's layout); NULL: none. The prefix cache's snapshots. */
     float *const *state_snap;
+    /* hybrid models: per token, NULL or where to log what its recurrent
+     * layers' state updates read (llm_rec_log_floats, model/deltanet.h),
+     * so a speculative rollback can replay the tokens it keeps. */
+    float *const *rec_log;
 } llm_batch;
 
 /* Scratch activations for one chunk; one per thread that runs forwards. */
@@ -75,6 +79,11 @@ kt_status llm_kv_type(const llm_model *m, kt_kv_type asked, kv_type dflt, kv_typ
 /* Runs the batch, writing each token's K and V rows into its sequence's
  * blocks, and n_vocab logits for each token with logits[t] set, one after
  * another in batch order, into `logits`. */
+/* Moves seq's recurrent state on by n tokens logged by a forward
+ * (llm_batch.rec_log), exactly as that forward did: a speculative
+ * rollback restores the state from before the pass and replays the
+ * tokens it keeps. */
+void llm_state_replay(const llm_model *m, llm_work *w, kt_pool *pool, kv_seq *seq, const float *const *log, int n);
 void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
                  float *logits);
 
