@@ -856,6 +856,69 @@ static void test_gen_model_qwen35(void **state) {
     free(out), free(vocab), free(p);
 }
 
+static bool has_key(const gguf_file *f, const char *key) { return gguf_find_key(f, key) >= 0; }
+
+/* Qwen 3.5's MoE (qwen35moe; qwen3.5moe-tiny is the 35B-A3B's layout in
+ * small matrices): the expert keys, no feed_forward_length (no dense FFN:
+ * llama.cpp's converter writes none for these configs), merged 3-D expert
+ * tensors and router, the gated shared expert with its [n_embd] gate
+ * vector, an untied output; it loads and generates. --layers writes the
+ * first N layers of a shape (the 9B and 35B-A3B are too large for tests:
+ * their layer counts bound --layers). */
+static void test_gen_model_qwen35moe(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-qwen35moe.gguf");
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    gguf_file *f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 8);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_count"), 8);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_used_count"), 2);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_feed_forward_length"), 128);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_shared_feed_forward_length"), 128);
+    assert_int_equal(get_i64(f, "qwen35moe.ssm.group_count"), 2);
+    assert_int_equal(get_i64(f, "qwen35moe.ssm.time_step_rank"), 4);
+    assert_int_equal(get_i64(f, "qwen35moe.full_attention_interval"), 4);
+    assert_false(has_key(f, "qwen35moe.feed_forward_length"));
+    const gguf_tensor *up = gguf_tensor_find(f, "blk.1.ffn_up_exps.weight");
+    assert_true(up && up->n_dims == 3 && up->dims[0] == 256 && up->dims[1] == 128 && up->dims[2] == 8);
+    const gguf_tensor *down = gguf_tensor_find(f, "blk.3.ffn_down_exps.weight");
+    assert_true(down && down->dims[0] == 128 && down->dims[1] == 256 && down->dims[2] == 8);
+    const gguf_tensor *r = gguf_tensor_find(f, "blk.3.ffn_gate_inp.weight");
+    assert_true(r && r->dims[0] == 256 && r->dims[1] == 8);
+    const gguf_tensor *g = gguf_tensor_find(f, "blk.0.ffn_gate_inp_shexp.weight");
+    assert_true(g && g->n_dims == 1 && g->dims[0] == 256 && g->type == KT_F32);
+    const gguf_tensor *sd = gguf_tensor_find(f, "blk.0.ffn_down_shexp.weight");
+    assert_true(sd && sd->dims[0] == 128 && sd->dims[1] == 256 && sd->type == KT_Q8_0);
+    assert_non_null(gguf_tensor_find(f, "blk.0.ffn_gate_shexp.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.0.ffn_up_shexp.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.0.attn_qkv.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.3.attn_q.weight"));
+    assert_null(gguf_tensor_find(f, "blk.0.ffn_up.weight"));
+    assert_non_null(gguf_tensor_find(f, "output.weight"));
+    gguf_close(f);
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out);
+    /* --layers: the first 4 layers (3 DeltaNet, 1 attention), and it runs */
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --layers 4 --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 4);
+    assert_non_null(gguf_tensor_find(f, "blk.3.attn_q.weight"));
+    assert_null(gguf_tensor_find(f, "blk.4.attn_norm.weight"));
+    gguf_close(f);
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out);
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5-35b-a3b --layers 41 --type Q4_0 --vocab %s -o %s", vocab, p);
+    expect_fail(args, 2, "invalid --layers '41' (expected 1 to 40, the layers of qwen3.5-35b-a3b)");
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5-9b --layers 0 --type Q4_0 --vocab %s -o %s", vocab, p);
+    expect_fail(args, 2, "invalid --layers '0' (expected 1 to 32, the layers of qwen3.5-9b)");
+    free(vocab), free(p);
+}
+
 /* Gemma 3 and Phi-3 shapes (their tiny test cuts): the tensors each
  * architecture has (Q/K norms and post-norms; fused QKV and gate | up),
  * and the model runs, past its sliding window of 8 positions. */
@@ -943,6 +1006,7 @@ int main(void) {
         cmocka_unit_test(test_gen_model_values),
         cmocka_unit_test(test_gen_model_moe),
         cmocka_unit_test(test_gen_model_qwen35),
+        cmocka_unit_test(test_gen_model_qwen35moe),
         cmocka_unit_test(test_gen_model_gemma_phi),
         cmocka_unit_test(test_gen_model_errors),
     };
