@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/fp16.h"
 #include "gguf/gguf.h"
 #include "kettle.h"
 #include "testutil.h"
@@ -747,6 +748,207 @@ static void test_quantize_legacy_types(void **state) {
     free(in);
 }
 
+/* ---- quantize: Qwen 3.5 ---- */
+
+/* llama.cpp's own --pure Q8_0 of the qwen35 / qwen35moe goldens
+ * (golden/arch/README.md: `llama-quantize --pure NAME-F16.gguf
+ * NAME-Q8_0.gguf Q8_0`, llama.cpp de3ff81): kettle must pick the same type
+ * for every tensor (ssm_conv1d, ssm_a, ssm_dt.bias, ssm_norm, the router and
+ * the shared expert's gate vector kept; ssm_alpha / ssm_beta, attn_qkv,
+ * attn_gate, ssm_out, experts and shared expert Q8_0) and write the same
+ * bytes. Without --pure llama-quantize chooses the same for Q8_0: no rule
+ * moves a Q8_0 tensor (the output stays Q8_0, 8 experts give attn_v /
+ * attn_qkv / attn_k Q8_0 anyway). */
+static void quantize_matches_arch(const char *name) {
+    char args[8192], rel[128], file[64];
+    snprintf(rel, sizeof rel, "golden/arch/%s-F16.gguf", name);
+    char *in = shared(rel);
+    snprintf(rel, sizeof rel, "golden/arch/%s-Q8_0.gguf", name);
+    char *ref = shared(rel);
+    snprintf(file, sizeof file, "quant-%s-Q8_0.gguf", name);
+    char *outp = tmp(file);
+    snprintf(args, sizeof args, "quantize %s %s Q8_0", in, outp);
+    expect_ok(args);
+    gguf_file *got = open_ok(outp), *r = open_ok(ref);
+    assert_int_equal(gguf_n_tensors(got), gguf_n_tensors(r));
+    assert_int_equal(expect_same_tensors(got, r, NULL), gguf_n_tensors(r));
+    assert_int_equal(get_i64(got, "general.file_type"), 7);
+    gguf_close(got);
+    gguf_close(r);
+    free(in), free(ref), free(outp);
+}
+
+static bool name_ends(gguf_str s, const char *suffix) {
+    size_t n = strlen(suffix);
+    return s.len >= n && memcmp(s.ptr + s.len - n, suffix, n) == 0;
+}
+
+static bool name_has(gguf_str s, const char *needle) {
+    size_t n = strlen(needle);
+    for (uint64_t i = 0; n <= s.len && i + n <= s.len; i++)
+        if (!memcmp(s.ptr + i, needle, n)) return true;
+    return false;
+}
+
+/* The type llama-quantize --pure gives a tensor for a 32-value block type
+ * (llama.cpp de3ff81, src/llama-quant.cpp: tensor_allows_quantization,
+ * then tensor_type_fallback), for the tensor names a qwen35 / qwen35moe
+ * file has: only names ending in "weight" with 2 or more dimensions (ggml_n_dims)
+ * change; norms (also ssm_norm), the router ffn_gate_inp and ssm_conv1d
+ * stay; ssm_a and ssm_dt.bias end otherwise, ffn_gate_inp_shexp is 1-D;
+ * a row no block fits becomes F16. */
+static kt_dtype llama_pure_type(const gguf_tensor *t, kt_dtype target) {
+    uint32_t nd = 1;
+    for (uint32_t d = 1; d < t->n_dims; d++)
+        if (t->dims[d] > 1) nd = d + 1;
+    if (!name_ends(t->name, "weight") || nd < 2 || name_has(t->name, "_norm.weight") ||
+        name_has(t->name, "ffn_gate_inp.weight") || name_has(t->name, "ssm_conv1d"))
+        return t->type;
+    return t->dims[0] % 32 ? KT_F16 : target;
+}
+
+static double max_logit_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(isfinite(b[i]));
+        m = fmax(m, fabs((double)a[i] - b[i]));
+    }
+    return m;
+}
+
+/* gen-model's qwen3.5-tiny (dense) and qwen3.5moe-tiny (256 experts' layout:
+ * routed experts + gated shared expert, untied output) in F32, quantized to
+ * Q4_0 and Q8_0: every tensor gets llama-quantize --pure's type (for Q4_0
+ * llama-quantize without --pure would also make output.weight / a tied
+ * token_embd Q6_K; kettle's plain types are --pure), the recurrent layers'
+ * small tensors stay F32, and the result loads and runs, Q8_0 closer to
+ * the F32 model than Q4_0. */
+static void quantize_qwen35_shape(const char *shape_name, bool moe) {
+    enum { N = 12 };
+    int32_t tokens[N] = {1};
+    for (int i = 1; i < N; i++) tokens[i] = 100 + (i * 977) % 31000;
+    char args[8192], file[96], *vocab = shared("models/test-tiny-F16.gguf");
+    snprintf(file, sizeof file, "%s-F32.gguf", shape_name);
+    char *in = tmp(file);
+    snprintf(args, sizeof args, "gen-model --shape %s --type F32 --vocab %s -o %s", shape_name, vocab, in);
+    expect_ok(args);
+    int nv;
+    float *ref = model_logits(in, tokens, N, &nv);
+    static const struct { const char *name; kt_dtype type; } T[] = {{"Q4_0", KT_Q4_0}, {"Q8_0", KT_Q8_0}};
+    double diff[2];
+    gguf_file *src = open_ok(in);
+    for (int k = 0; k < 2; k++) {
+        snprintf(file, sizeof file, "%s-%s.gguf", shape_name, T[k].name);
+        char *outp = tmp(file);
+        snprintf(args, sizeof args, "quantize %s %s %s", in, outp, T[k].name);
+        expect_ok(args);
+        gguf_file *f = open_ok(outp);
+        assert_int_equal(gguf_n_tensors(f), gguf_n_tensors(src));
+        int n_quant = 0;
+        for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
+            const gguf_tensor *t = gguf_tensor_at(src, i);
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+            const gguf_tensor *g = gguf_tensor_find(f, name);
+            if (!g) fail_msg("%s: tensor %s missing", T[k].name, name);
+            const kt_dtype want = llama_pure_type(t, T[k].type);
+            if (g->type != want)
+                fail_msg("%s %s: %s, llama-quantize --pure gives %s", T[k].name, name, kt_dtype_name(g->type),
+                         kt_dtype_name(want));
+            n_quant += g->type == T[k].type;
+        }
+        /* the qwen35 tensors by name, against the rule written out */
+        static const char *KEPT[] = {"blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.0.ssm_dt.bias",
+                                     "blk.0.ssm_norm.weight", "blk.0.attn_norm.weight",
+                                     "blk.0.post_attention_norm.weight", "blk.3.attn_q_norm.weight",
+                                     "blk.3.attn_k_norm.weight", "output_norm.weight"};
+        static const char *QUANT[] = {"token_embd.weight", "blk.0.attn_qkv.weight", "blk.0.attn_gate.weight",
+                                      "blk.0.ssm_alpha.weight", "blk.0.ssm_beta.weight", "blk.0.ssm_out.weight",
+                                      "blk.3.attn_q.weight", "blk.3.attn_k.weight", "blk.3.attn_v.weight",
+                                      "blk.3.attn_output.weight"};
+        for (size_t i = 0; i < sizeof KEPT / sizeof KEPT[0]; i++)
+            assert_int_equal(gguf_tensor_find(f, KEPT[i])->type, KT_F32);
+        for (size_t i = 0; i < sizeof QUANT / sizeof QUANT[0]; i++)
+            assert_int_equal(gguf_tensor_find(f, QUANT[i])->type, T[k].type);
+        if (moe) {
+            assert_int_equal(gguf_tensor_find(f, "blk.1.ffn_gate_inp.weight")->type, KT_F32);
+            assert_int_equal(gguf_tensor_find(f, "blk.1.ffn_gate_inp_shexp.weight")->type, KT_F32);
+            static const char *MQ[] = {"blk.1.ffn_gate_exps.weight", "blk.1.ffn_up_exps.weight",
+                                       "blk.1.ffn_down_exps.weight", "blk.1.ffn_gate_shexp.weight",
+                                       "blk.1.ffn_up_shexp.weight", "blk.1.ffn_down_shexp.weight",
+                                       "output.weight"};
+            for (size_t i = 0; i < sizeof MQ / sizeof MQ[0]; i++)
+                assert_int_equal(gguf_tensor_find(f, MQ[i])->type, T[k].type);
+        } else {
+            assert_int_equal(gguf_tensor_find(f, "blk.1.ffn_down.weight")->type, T[k].type);
+        }
+        assert_int_equal(get_i64(f, "general.file_type"), k ? 7 : 2);
+        gguf_close(f);
+        char *out = NULL;
+        snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", outp);
+        if (kettle(args, &out, NULL) != 0) fail_msg("kettle %s failed", args);
+        free(out);
+        int nv2;
+        float *got = model_logits(outp, tokens, N, &nv2);
+        assert_int_equal(nv, nv2);
+        diff[k] = max_logit_diff(ref, got, (size_t)N * (size_t)nv);
+        print_message("%s %s vs F32: max |logit diff| %.5f (%d tensors %s)\n", shape_name, T[k].name, diff[k],
+                      n_quant, T[k].name);
+        free(got);
+        free(outp);
+    }
+    assert_true(diff[1] < diff[0]);
+    gguf_close(src);
+    free(ref), free(in), free(vocab);
+}
+
+static void test_quantize_qwen35(void **state) {
+    (void)state;
+    quantize_matches_arch("qwen35");
+    quantize_matches_arch("qwen35moe");
+    quantize_qwen35_shape("qwen3.5-tiny", false);
+    quantize_qwen35_shape("qwen3.5moe-tiny", true);
+}
+
+/* A row that no block of the type fits (48 values: not a multiple of 32)
+ * becomes F16, as llama.cpp's tensor_type_fallback makes it (also after a
+ * K-quant's fallback: Q4_K -> Q5_0 -> F16); rows of 256 take the type. */
+static void test_quantize_f16_fallback(void **state) {
+    (void)state;
+    char args[8192], *in = tmp("odd-rows.gguf"), *outp = tmp("odd-rows-q.gguf");
+    float x[256 * 2];
+    for (int i = 0; i < 256 * 2; i++) x[i] = sinf(0.37f * (float)i);
+    kt_error e = {0};
+    gguf_writer *w = gguf_writer_new(&e);
+    assert_non_null(w);
+    assert_int_equal(gguf_writer_set_str(w, "general.architecture", "llama", &e), KT_OK);
+    const int64_t odd[2] = {48, 2}, even[2] = {256, 2};
+    assert_int_equal(gguf_writer_add_tensor(w, "blk.0.ffn_down.weight", KT_F32, 2, odd, &e), KT_OK);
+    assert_int_equal(gguf_writer_add_tensor(w, "blk.0.ffn_up.weight", KT_F32, 2, even, &e), KT_OK);
+    assert_int_equal(gguf_writer_begin(w, in, &e), KT_OK);
+    assert_int_equal(gguf_writer_write_tensor(w, x, 48 * 2 * sizeof(float), &e), KT_OK);
+    assert_int_equal(gguf_writer_write_tensor(w, x, sizeof x, &e), KT_OK);
+    assert_int_equal(gguf_writer_finish(w, &e), KT_OK);
+    gguf_writer_free(w);
+    static const struct { const char *type; kt_dtype even; } T[] = {{"Q8_0", KT_Q8_0}, {"Q4_0", KT_Q4_0},
+                                                                     {"Q4_K", KT_Q4_K}};
+    for (size_t k = 0; k < sizeof T / sizeof T[0]; k++) {
+        snprintf(args, sizeof args, "quantize %s %s %s", in, outp, T[k].type);
+        char *err = NULL;
+        if (kettle(args, NULL, &err) != 0) fail_msg("kettle %s: %s", args, err ? err : "");
+        assert_non_null(strstr(err, "1 tensor(s) whose rows no block of the type fits written in F16"));
+        free(err);
+        gguf_file *f = open_ok(outp);
+        const gguf_tensor *down = gguf_tensor_find(f, "blk.0.ffn_down.weight");
+        assert_int_equal(down->type, KT_F16);
+        assert_int_equal(gguf_tensor_find(f, "blk.0.ffn_up.weight")->type, T[k].even);
+        const uint16_t *h = down->data;
+        for (int i = 0; i < 48 * 2; i++) assert_true(fabs(kt_fp16_to_fp32(h[i]) - x[i]) < 1e-3);
+        gguf_close(f);
+    }
+    free(in), free(outp);
+}
+
 /* ---- gen-model ---- */
 
 static void gen(const char *type, const char *out, int seed) {
@@ -856,6 +1058,69 @@ static void test_gen_model_qwen35(void **state) {
     free(out), free(vocab), free(p);
 }
 
+static bool has_key(const gguf_file *f, const char *key) { return gguf_find_key(f, key) >= 0; }
+
+/* Qwen 3.5's MoE (qwen35moe; qwen3.5moe-tiny is the 35B-A3B's layout in
+ * small matrices): the expert keys, no feed_forward_length (no dense FFN:
+ * llama.cpp's converter writes none for these configs), merged 3-D expert
+ * tensors and router, the gated shared expert with its [n_embd] gate
+ * vector, an untied output; it loads and generates. --layers writes the
+ * first N layers of a shape (the 9B and 35B-A3B are too large for tests:
+ * their layer counts bound --layers). */
+static void test_gen_model_qwen35moe(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-qwen35moe.gguf");
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    gguf_file *f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 8);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_count"), 8);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_used_count"), 2);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_feed_forward_length"), 128);
+    assert_int_equal(get_i64(f, "qwen35moe.expert_shared_feed_forward_length"), 128);
+    assert_int_equal(get_i64(f, "qwen35moe.ssm.group_count"), 2);
+    assert_int_equal(get_i64(f, "qwen35moe.ssm.time_step_rank"), 4);
+    assert_int_equal(get_i64(f, "qwen35moe.full_attention_interval"), 4);
+    assert_false(has_key(f, "qwen35moe.feed_forward_length"));
+    const gguf_tensor *up = gguf_tensor_find(f, "blk.1.ffn_up_exps.weight");
+    assert_true(up && up->n_dims == 3 && up->dims[0] == 256 && up->dims[1] == 128 && up->dims[2] == 8);
+    const gguf_tensor *down = gguf_tensor_find(f, "blk.3.ffn_down_exps.weight");
+    assert_true(down && down->dims[0] == 128 && down->dims[1] == 256 && down->dims[2] == 8);
+    const gguf_tensor *r = gguf_tensor_find(f, "blk.3.ffn_gate_inp.weight");
+    assert_true(r && r->dims[0] == 256 && r->dims[1] == 8);
+    const gguf_tensor *g = gguf_tensor_find(f, "blk.0.ffn_gate_inp_shexp.weight");
+    assert_true(g && g->n_dims == 1 && g->dims[0] == 256 && g->type == KT_F32);
+    const gguf_tensor *sd = gguf_tensor_find(f, "blk.0.ffn_down_shexp.weight");
+    assert_true(sd && sd->dims[0] == 128 && sd->dims[1] == 256 && sd->type == KT_Q8_0);
+    assert_non_null(gguf_tensor_find(f, "blk.0.ffn_gate_shexp.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.0.ffn_up_shexp.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.0.attn_qkv.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.3.attn_q.weight"));
+    assert_null(gguf_tensor_find(f, "blk.0.ffn_up.weight"));
+    assert_non_null(gguf_tensor_find(f, "output.weight"));
+    gguf_close(f);
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out);
+    /* --layers: the first 4 layers (3 DeltaNet, 1 attention), and it runs */
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --layers 4 --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 4);
+    assert_non_null(gguf_tensor_find(f, "blk.3.attn_q.weight"));
+    assert_null(gguf_tensor_find(f, "blk.4.attn_norm.weight"));
+    gguf_close(f);
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out);
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5-35b-a3b --layers 41 --type Q4_0 --vocab %s -o %s", vocab, p);
+    expect_fail(args, 2, "invalid --layers '41' (expected 1 to 40, the layers of qwen3.5-35b-a3b)");
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5-9b --layers 0 --type Q4_0 --vocab %s -o %s", vocab, p);
+    expect_fail(args, 2, "invalid --layers '0' (expected 1 to 32, the layers of qwen3.5-9b)");
+    free(vocab), free(p);
+}
+
 /* Gemma 3 and Phi-3 shapes (their tiny test cuts): the tensors each
  * architecture has (Q/K norms and post-norms; fused QKV and gate | up),
  * and the model runs, past its sliding window of 8 positions. */
@@ -939,10 +1204,13 @@ int main(void) {
         cmocka_unit_test(test_quantize_other_types),
         cmocka_unit_test(test_quantize_errors),
         cmocka_unit_test(test_quantize_types_listed),
+        cmocka_unit_test(test_quantize_qwen35),
+        cmocka_unit_test(test_quantize_f16_fallback),
         cmocka_unit_test(test_gen_model_deterministic),
         cmocka_unit_test(test_gen_model_values),
         cmocka_unit_test(test_gen_model_moe),
         cmocka_unit_test(test_gen_model_qwen35),
+        cmocka_unit_test(test_gen_model_qwen35moe),
         cmocka_unit_test(test_gen_model_gemma_phi),
         cmocka_unit_test(test_gen_model_errors),
     };

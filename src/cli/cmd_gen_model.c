@@ -1,9 +1,11 @@
 /*
  * cmd_gen_model.c - `kettle gen-model --shape NAME --type TYPE --vocab
- * VOCAB.gguf -o OUT.gguf [--seed S]`: writes a model of a real model's
- * shape (TinyLlama 1.1B, SmolLM 135M, Llama 3.2 1B, Qwen 3 0.6B, Qwen 3
- * 30B-A3B's mixture of experts cut to 12 layers and its dense twin, Gemma 3
- * 1B, Phi-3 mini, tiny test shapes) filled with deterministic random weights.
+ * VOCAB.gguf -o OUT.gguf [--seed S] [--layers N]`: writes a model of a real
+ * model's shape (TinyLlama 1.1B, SmolLM 135M, Llama 3.2 1B, Qwen 3 0.6B,
+ * Qwen 3 30B-A3B's mixture of experts cut to 12 layers and its dense twin,
+ * Gemma 3 1B, Phi-3 mini, Qwen 3.5 0.8B / 4B / 9B / 35B-A3B, tiny test
+ * shapes) filled with deterministic random weights; --layers writes only the
+ * first N layers of one (the 35B-A3B is about 19 GB in Q4_0).
  *
  * Why: benchmarks and memory/speed tests need full-size models, and real
  * weights cannot be downloaded here. The weights are small (about N(0,
@@ -54,6 +56,7 @@ typedef struct shape {
      * values (every 4th layer is gated full attention, rope on a quarter
      * of the head) */
     int64_t ssm_k_heads, ssm_v_heads, ssm_head;
+    int64_t ffn_shexp; /* qwen35moe: the gated shared expert's FFN width */
 } shape;
 
 /* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
@@ -66,26 +69,40 @@ typedef struct shape {
  * a dense FFN of 8 x 768: the dense model with the MoE's active
  * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0},
-    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0},
-    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0},
-    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0},
+    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0},
+    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* Qwen 3.5's 0.8B and 4B (their config.json: head size 256, linear
      * attention 16 key heads, 16 / 32 value heads of 128, kernel 4, rope
      * base 1e7 on a quarter of the head; the real vocabulary has 248,320
      * tokens); qwen3.5-tiny their layout in small matrices, for tests */
-    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128},
-    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128},
-    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32},
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0},
+    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0},
+    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0},
+    /* Qwen 3.5 9B (its config.json: hidden 4096, 32 layers, attention 16
+     * heads / 4 KV of 256, linear attention 16 key / 32 value heads of 128,
+     * FFN 12288; output not tied to the embedding) and 35B-A3B (hidden
+     * 2048, 40 layers, attention 16 / 2 KV of 256, linear attention 16 /
+     * 32 of 128, 256 experts, top 8, expert FFN 512, one gated shared
+     * expert of 512, no dense FFN: like llama.cpp's converter, which writes
+     * feed_forward_length only when the config has intermediate_size, the
+     * file has none; untied). Both: kernel 4, every 4th layer full
+     * attention, rope base 1e7 on a quarter of the head, 262,144 positions.
+     * The real vocabulary has 248,320 tokens; their MTP layer is not
+     * written. qwen3.5moe-tiny is the 35B-A3B's layout in small matrices. */
+    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0},
+    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512},
+    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -95,9 +112,10 @@ static int64_t head_dim_of(const shape *s) { return s->head_dim ? s->head_dim : 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
-            "                        [--seed S] [--ctx-train N]\n"
+            "                        [--seed S] [--ctx-train N] [--layers N]\n"
             "\n"
-            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35) with deterministic random weights\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35, qwen35moe) with deterministic\n"
+            "random weights\n"
             "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
             "\n"
             "  --shape NAME     ");
@@ -109,7 +127,9 @@ static void usage(FILE *out) {
             "                   size is its token count\n"
             "  -o, --output OUT the file to write\n"
             "  --seed S         random seed (default 0)\n"
-            "  --ctx-train N    the training context written in the metadata (default: the shape's)\n",
+            "  --ctx-train N    the training context written in the metadata (default: the shape's)\n"
+            "  --layers N       write only the first N layers (default: the shape's count), to test\n"
+            "                   a shape too large to write in full\n",
             cli_out_type_list());
 }
 
@@ -176,6 +196,17 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
             LAYER("attn_k_norm.weight", hd, 0, 0);
         }
         LAYER("post_attention_norm.weight", s->dim, 0, 0);
+        if (E) { /* qwen35moe: routed experts, then the gated shared expert */
+            LAYER("ffn_gate_inp.weight", s->dim, E, 0);
+            LAYER("ffn_gate_exps.weight", s->dim, s->ffn_exp, E);
+            LAYER("ffn_down_exps.weight", s->ffn_exp, s->dim, E);
+            LAYER("ffn_up_exps.weight", s->dim, s->ffn_exp, E);
+            LAYER("ffn_gate_inp_shexp.weight", s->dim, 0, 0); /* [n_embd]: one gate logit per token */
+            LAYER("ffn_gate_shexp.weight", s->dim, s->ffn_shexp, 0);
+            LAYER("ffn_down_shexp.weight", s->ffn_shexp, s->dim, 0);
+            LAYER("ffn_up_shexp.weight", s->dim, s->ffn_shexp, 0);
+            return;
+        }
         LAYER("ffn_gate.weight", s->dim, s->ffn, 0);
         LAYER("ffn_down.weight", s->ffn, s->dim, 0);
         LAYER("ffn_up.weight", s->dim, s->ffn, 0);
@@ -216,7 +247,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
 static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtype type,
                            kt_error *err) {
     p->n = 0;
-    p->t = calloc((size_t)(16 * s->n_layers + 3), sizeof *p->t);
+    p->t = calloc((size_t)(24 * s->n_layers + 3), sizeof *p->t); /* qwen35moe: 19 a layer */
     if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     add(p, "token_embd.weight", s->dim, n_vocab, type);
     for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, type);
@@ -304,7 +335,7 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
     TRY(U32("context_length", s->ctx));
     TRY(U32("embedding_length", s->dim));
     TRY(U32("block_count", s->n_layers));
-    TRY(U32("feed_forward_length", s->ffn));
+    if (s->ffn) TRY(U32("feed_forward_length", s->ffn)); /* qwen35moe: none, as llama.cpp's converter writes it */
     TRY(U32("rope.dimension_count", s->ssm_head ? head_dim_of(s) / 4 : head_dim_of(s)));
     if (s->ssm_head) {
         /* Qwen 3.5's [11, 11, 10] over the 32 rotated pairs, scaled */
@@ -329,6 +360,7 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
         TRY(U32("expert_count", s->n_expert));
         TRY(U32("expert_used_count", s->n_expert_used));
         TRY(U32("expert_feed_forward_length", s->ffn_exp));
+        if (s->ffn_shexp) TRY(U32("expert_shared_feed_forward_length", s->ffn_shexp));
     }
     TRY(F32("attention.layer_norm_rms_epsilon", s->eps));
     TRY(F32("rope.freq_base", s->rope_base));
@@ -377,9 +409,9 @@ static kt_status copy_tokenizer(gguf_writer *w, const gguf_file *v, kt_error *er
 /* ---- writing ---- */
 
 typedef struct gen_args {
-    const char *shape_name, *type_name, *vocab, *out, *seed_str, *ctx_str;
+    const char *shape_name, *type_name, *vocab, *out, *seed_str, *ctx_str, *layers_str;
     const shape *shape;
-    shape custom; /* the shape with --ctx-train's context */
+    shape custom; /* the shape with --ctx-train's context, --layers' layer count */
     kt_dtype type;
     uint64_t seed;
 } gen_args;
@@ -466,6 +498,7 @@ static int parse_opts(int argc, char **argv, gen_args *a) {
             (r = cli_opt(CMD, argc, argv, &i, "--vocab", &a->vocab)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--seed", &a->seed_str)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--ctx-train", &a->ctx_str)) ||
+            (r = cli_opt(CMD, argc, argv, &i, "--layers", &a->layers_str)) ||
             (r = cli_opt(CMD, argc, argv, &i, "-o", &a->out)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--output", &a->out))) {
             if (r < 0) return 2;
@@ -486,7 +519,7 @@ static int check_args(gen_args *a) {
     for (size_t i = 0; i < N_SHAPES; i++)
         if (!strcmp(a->shape_name, SHAPES[i].name)) a->shape = &SHAPES[i];
     if (!a->shape) {
-        char names[256] = "";
+        char names[512] = "";
         for (size_t i = 0; i < N_SHAPES; i++)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
                      i ? ", " : "", SHAPES[i].name);
@@ -501,12 +534,19 @@ static int check_args(gen_args *a) {
     if (a->seed_str && !cli_parse_u64(a->seed_str, &a->seed))
         return cli_usage_error(CMD, "invalid seed '%s' (expected a non-negative integer)",
                                a->seed_str);
-    uint64_t ctx;
+    uint64_t ctx = 0;
     if (a->ctx_str && (!cli_parse_u64(a->ctx_str, &ctx) || ctx < 1 || ctx > UINT32_MAX))
         return cli_usage_error(CMD, "invalid --ctx-train '%s' (expected 1 to %u positions)", a->ctx_str, UINT32_MAX);
-    if (a->ctx_str) { /* files of real models say 131072 and more: --ctx-train tests their defaults */
+    uint64_t layers = 0;
+    if (a->layers_str && (!cli_parse_u64(a->layers_str, &layers) || layers < 1 || layers > (uint64_t)a->shape->n_layers))
+        return cli_usage_error(CMD, "invalid --layers '%s' (expected 1 to %" PRId64 ", the layers of %s)",
+                               a->layers_str, a->shape->n_layers, a->shape->name);
+    if (a->ctx_str || a->layers_str) {
         a->custom = *a->shape;
-        a->custom.ctx = (int64_t)ctx;
+        /* files of real models say 131072 and more: --ctx-train tests their defaults */
+        if (a->ctx_str) a->custom.ctx = (int64_t)ctx;
+        /* the first N layers of a model too large to write here (block_count says N) */
+        if (a->layers_str) a->custom.n_layers = (int64_t)layers;
         a->shape = &a->custom;
     }
     return 0;

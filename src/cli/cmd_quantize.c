@@ -10,7 +10,8 @@
  * position/token-type embeddings, ...). Rows are converted by dequantizing
  * to float and quantizing with the reference kernels of ops/quant.h, so the
  * bytes equal llama.cpp's. Tensors whose row length is not a multiple of
- * the target block size are copied unchanged. Quantizing an already
+ * the target block size get llama.cpp's fallback type (below), or F16 where
+ * no block fits (llama.cpp's tensor_type_fallback). Quantizing an already
  * quantized tensor is refused (the errors would compound); dequantizing one
  * to F32/F16/BF16 is allowed, and a tensor already of the target type is
  * copied.
@@ -89,7 +90,8 @@ static void usage(FILE *out) {
             "--pure gives every tensor the base type. Tensors whose rows are\n"
             "not a multiple of a type's block get llama.cpp's fallback types\n"
             "(Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
-            "IQ4_XS -> IQ4_NL). Source weights must be F32, F16 or BF16.\n",
+            "IQ4_XS -> IQ4_NL), and F16 where no block fits the rows. Source\n"
+            "weights must be F32, F16 or BF16.\n",
             cmd_quantize_types(false), cmd_quantize_types(true));
 }
 
@@ -115,7 +117,16 @@ static uint32_t effective_dims(const gguf_tensor *t) {
     return n;
 }
 
-/* llama.cpp's rule (llama_model_quantize_impl) for tensors to quantize. */
+/* llama.cpp's rule (tensor_allows_quantization in src/llama-quant.cpp) for
+ * tensors to quantize. For Qwen 3.5 (qwen35, qwen35moe) that keeps
+ * ssm_conv1d, ssm_norm, the router ffn_gate_inp and the 1-D tensors (ssm_a
+ * and ssm_dt.bias, whose names do not end in "weight", and the shared
+ * expert's gate vector ffn_gate_inp_shexp) as they are, and converts
+ * ssm_alpha / ssm_beta ([n_embd, value heads]), attn_qkv, attn_gate,
+ * ssm_out, the experts and the shared expert; llama.cpp has no rule of its
+ * own for MTP (nextn) layers either: their matrices take the type like any
+ * other (checked against llama.cpp de3ff81 and its qwen35 / qwen35moe
+ * Q8_0 goldens in test_tools). */
 static bool is_quantizable(const gguf_tensor *t) {
     static const char *KEEP[] = {"_norm.weight", "ffn_gate_inp.weight",
                                  "ssm_conv1d.weight", "time_mix_first.weight",
@@ -243,11 +254,13 @@ static kt_dtype kquant_fallback(kt_dtype t) {
 }
 
 /* The type a quantizable tensor of row length n0 gets for `want`: K-quants
- * need whole 256-value rows, else their fallback; any type whose block
- * does not divide the row leaves the tensor unchanged (`keep`). */
-static kt_dtype fit_type(kt_dtype want, int64_t n0, kt_dtype keep) {
+ * need whole 256-value rows, else their fallback; where even that block
+ * (or a 32-value type's own) does not divide the row, F16, as llama.cpp's
+ * tensor_type_fallback does ("must use F16 due to unusual shape"). Only
+ * block types fall back: F32 / F16 / BF16 fit every row. */
+static kt_dtype fit_type(kt_dtype want, int64_t n0) {
     if (is_kquant(want) && n0 % 256) want = kquant_fallback(want);
-    return n0 % kt_dtype_get(want)->block_size ? keep : want;
+    return n0 % kt_dtype_get(want)->block_size ? KT_F16 : want;
 }
 
 /* ---- llama.cpp's tensor order ----
@@ -322,10 +335,11 @@ static void read_hparams(const gguf_file *f, mix_state *m) {
 }
 
 /* The output type of every tensor (indexed as in the file), decided in
- * llama.cpp's order; *n_fallback counts the K-quant tensors written in
- * their fallback type. NULL if out of memory. */
+ * llama.cpp's order; n_fallback[0] counts the K-quant tensors written in
+ * their fallback type, n_fallback[1] those written in F16 because no
+ * block fits their rows. NULL if out of memory. */
 static kt_dtype *plan_types(const gguf_file *f, const int64_t *order, const recipe *r,
-                            int *n_fallback) {
+                            int n_fallback[2]) {
     int64_t n = gguf_n_tensors(f);
     kt_dtype *types = malloc(sizeof *types * (size_t)(n ? n : 1));
     if (!types) return NULL;
@@ -339,15 +353,16 @@ static kt_dtype *plan_types(const gguf_file *f, const int64_t *order, const reci
     }
     read_hparams(f, &m);
     if (!m.n_layer) m.n_layer = n_ffn_down; /* no block_count: a dense model has one per layer */
-    *n_fallback = 0;
+    n_fallback[0] = n_fallback[1] = 0;
     for (int64_t k = 0; k < n; k++) {
         const int64_t i = order[k];
         const gguf_tensor *t = gguf_tensor_at(f, i);
         types[i] = t->type;
         if (!is_quantizable(t)) continue;
         kt_dtype want = r->mix ? mix_type(t, r, &m) : r->base;
-        types[i] = fit_type(want, t->dims[0], t->type);
-        *n_fallback += is_kquant(want) && types[i] == kquant_fallback(want);
+        types[i] = fit_type(want, t->dims[0]);
+        n_fallback[0] += is_kquant(want) && types[i] == kquant_fallback(want);
+        n_fallback[1] += types[i] == KT_F16 && want != KT_F16;
     }
     return types;
 }
@@ -534,20 +549,23 @@ static kt_status write_output(quant_state *q, const char *out, kt_error *err) {
 static kt_status run_quantize(const char *in, const char *out, const recipe *r,
                               kt_error *err) {
     size_t max_bytes;
-    int n_fallback = 0;
+    int n_fallback[2] = {0, 0};
     quant_state q = {gguf_open(in, err), *r, NULL, NULL, NULL, NULL};
     if (!q.f) return err ? err->status : KT_ERR_IO;
     kt_status st = KT_OK;
     q.order = tensor_order(q.f);
-    q.types = q.order ? plan_types(q.f, q.order, r, &n_fallback) : NULL;
+    q.types = q.order ? plan_types(q.f, q.order, r, n_fallback) : NULL;
     if (!q.types) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     if (st == KT_OK) st = check_plan(q.f, q.types, &max_bytes, err);
-    if (st == KT_OK && n_fallback)
+    if (st == KT_OK && n_fallback[0])
         fprintf(stderr,
                 "kettle quantize: %d tensor(s) with rows not a multiple of 256 written in "
                 "llama.cpp's fallback types (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, "
                 "Q6_K -> Q8_0, IQ4_XS -> IQ4_NL)\n",
-                n_fallback);
+                n_fallback[0]);
+    if (st == KT_OK && n_fallback[1])
+        fprintf(stderr, "kettle quantize: %d tensor(s) whose rows no block of the type fits written in F16, "
+                "as llama.cpp does\n", n_fallback[1]);
     if (st == KT_OK) st = alloc_buffers(&q, max_bytes, err);
     if (st == KT_OK) st = write_output(&q, out, err);
     free(q.order);

@@ -122,7 +122,7 @@ static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) 
         return KT_OK;
     }
     if ((st = read_int(f, a, "expert_used_count", -1, 1, c->n_expert, &c->n_expert_used, err)) ||
-        (st = read_int(f, a, "expert_feed_forward_length", c->n_ff, 1, 1 << 20, &c->n_ff_exp, err)))
+        (st = read_int(f, a, "expert_feed_forward_length", c->n_ff ? c->n_ff : -1, 1, 1 << 20, &c->n_ff_exp, err)))
         return st;
     int gating = 1, shared = 0;
     if ((st = read_int(f, a, "expert_gating_func", 1, 0, 16, &gating, err)) ||
@@ -286,12 +286,16 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
                             "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, qwen3moe, "
                             "phi3, gemma2, gemma3, qwen35, qwen35moe)", a);
     const int64_t big = 1 << 20;
+    /* qwen35moe has no dense FFN: llama.cpp's converter writes
+     * feed_forward_length only when the HF config has intermediate_size,
+     * and Qwen 3.5's MoE configs have none (llama.cpp reads it as optional) */
+    const bool no_dense_ffn = !strcmp(a, "qwen35moe");
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
         (st = read_int(f, a, "block_count", -1, 1, 4096, &c->n_layer, err)) ||
         (st = read_int(f, a, "attention.head_count", -1, 1, 4096, &c->n_head, err)) ||
         (st = read_int(f, a, "attention.head_count_kv", c->n_head, 1, c->n_head, &c->n_head_kv, err)) ||
-        (st = read_int(f, a, "feed_forward_length", -1, 1, big, &c->n_ff, err)) ||
+        (st = read_int(f, a, "feed_forward_length", no_dense_ffn ? 0 : -1, no_dense_ffn ? 0 : 1, big, &c->n_ff, err)) ||
         (st = read_int(f, a, "context_length", 2048, 1, 1 << 24, &c->n_ctx_train, err)) ||
         (st = read_int(f, a, "pooling_type", 0, 0, 4, &c->pooling_type, err)))
         return st;
