@@ -320,26 +320,44 @@ static void q8_rows(const q_args *a, int n_tokens, int r0, int r1) {
 
 /* ---- Q8_0 prefill over a panel (AVX2) --------------------------------------
  *
- * The order above costs, per output and block, a sign, a maddubs, a madd,
- * a conversion and an fma; those stay (another order would move the
- * logits, see above), and they are what bounds the AVX2 GEMM. What it can
- * shed is the rest: per group of Q8P_ROWS rows and chunk of tokens, the
- * rows' blocks are copied once into a panel in the thread's scratch,
- * 32-byte aligned (in the rows the quants sit 2 bytes into 34-byte
- * blocks, so half their loads split a cache line): per block the rows'
- * quants, their absolute values (maddubs' unsigned side) and their scales
- * as floats. A tile of Q8P_ROWS rows x Q8P_TOKENS tokens then keeps its
- * tokens' activation vectors in registers, loads aligned weight vectors,
- * takes no |w| and converts no fp16 scales, and forms the products
- * d_w * d_x four rows at a time. Kernel, 2048 x 1024 by 120 tokens, one
- * thread (Zen 3): 61-63 -> 77-80 GFLOP/s against q8_rows' 4 x 3 tile.
- * Every output gets q8_tile's operations: the same bits.
+ * The order above fixes the float steps per output and block (a
+ * conversion of the 8 lane sums and an fma); how the lane sums are formed
+ * is free, integer sums being exact. Per group of Q8P_ROWS rows and chunk
+ * of tokens the rows' blocks are copied once into a panel in the
+ * thread's scratch, 32-byte aligned, per block: each row's quants widened
+ * to int16 in two vectors, its even-indexed values (wl) and its odd ones
+ * (wh), and the rows' scales as floats. A token's block is widened the
+ * same way in registers (two shifts for xl, one for xh), and then
+ *   madd(xl, wl) + madd(xh, wh)
+ * has in int32 lane k products 4k, 4k+2 plus 4k+1, 4k+3: lane k's sum,
+ * exactly (no saturation in int16 x int16 pairs of bytes). Per output and
+ * block that is two madds and an add where the sign trick takes a sign,
+ * a maddubs and a madd: the add runs on any of Zen 3's four vector pipes,
+ * the sign only on the two the fmas use (measured here: a sign and an
+ * fma issue 2 per cycle together, an add and an fma 4). The products
+ * d_w * d_x of a token and the four rows are one multiply per block;
+ * each output's is spread over the 8 lanes by an in-lane permute, not a
+ * broadcast load.
+ * The tile is Q8P_ROWS x Q8P_TOKENS = 4 x 2, a token at a time: 8
+ * accumulators and the token's xl, xh and products in registers, the
+ * weights memory operands of the madds (4 x 3 spills). Kernel, one
+ * thread, Zen 3 (load 3-4 from other jobs), best of 9 / 11 alternating
+ * against the sign-trick 4 x 3 tile this replaces, two sittings:
+ * 2048 x 1024 by 120 tokens 77 / 72 -> 85 / 81 GFLOP/s (+10% / +13%),
+ * 5632 x 512 by 120 tokens 76 / 70 -> 76 / 74 (+1% / +7%; its panel,
+ * 50 KB, does not fit L1). Every output gets q8_tile's float operations
+ * on the same integers: the same bits.
  */
 
 #define Q8P_ROWS 4
-#define Q8P_TOKENS 3
-#define Q8P_BLOCK (Q8P_ROWS * 64 + 32) /* panel bytes per block: w, |w|, 4 scales (padded to 32) */
+#define Q8P_TOKENS 2 /* q8_panel_rows takes a last odd token alone */
+#define Q8P_BLOCK (Q8P_ROWS * 64 + 32) /* panel bytes per block: wl, wh, 4 scales (padded to 32) */
 #define Q8P_MIN_GEMM 2                  /* fewer tokens: q8_rows, no panel */
+
+/* int16 lanes j of a block of 32 bytes: byte 2j (lo) or byte 2j+1 (hi),
+ * sign-extended. */
+INL __m256i widen_even(__m256i v) { return _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8); }
+INL __m256i widen_odd(__m256i v) { return _mm256_srai_epi16(v, 8); }
 
 /* The panel of rows r0 .. r0+nr-1 (nr <= Q8P_ROWS; missing rows repeat
  * the last one, computed and not stored); the next group's rows are
@@ -356,8 +374,8 @@ static void q8_panel_build(const q_args *a, int r0, int nr) {
 #pragma GCC unroll 4
         for (int r = 0; r < Q8P_ROWS; r++) {
             const __m256i w = load_q8_0(rows[r], b);
-            _mm256_store_si256((__m256i *)(p + 32 * r), w);
-            _mm256_store_si256((__m256i *)(p + 32 * (Q8P_ROWS + r)), _mm256_sign_epi8(w, w));
+            _mm256_store_si256((__m256i *)(p + 32 * r), widen_even(w));
+            _mm256_store_si256((__m256i *)(p + 32 * (Q8P_ROWS + r)), widen_odd(w));
             h |= half_bits(rows[r] + (size_t)b * sizeof(block_q8_0)) << (16 * r);
         }
         _mm_store_ps((float *)(p + 64 * Q8P_ROWS), _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h)));
@@ -371,30 +389,26 @@ INL void q8p_tile(const q_args *a, const int T, int r0, int nr, int t0, int nt) 
     const int nb = a->x->nb;
     tile_x x;
     tile_x_init(&x, a, t0, nt, T);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[Q8P_ROWS][Q8P_TOKENS];
 #pragma GCC unroll 4
     for (int r = 0; r < Q8P_ROWS; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const int8_t *p = a->panel + (size_t)b * Q8P_BLOCK;
-        const __m128 dw = _mm_load_ps((const float *)(p + 64 * Q8P_ROWS));
-        float sc[Q8P_TOKENS][4] __attribute__((aligned(16))); /* sc[t][r] = d_w[r] * d_x[t] */
-        __m256i xv[Q8P_TOKENS];
+    const int8_t *p = a->panel;
+    for (int b = 0; b < nb; b++, p += Q8P_BLOCK) {
+        /* the 4 rows' scales in both halves: sc lane 4h + r = d_w[r] * d_x[t] */
+        const __m256 dw = _mm256_broadcast_ps((const __m128 *)(p + 64 * Q8P_ROWS));
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_broadcast_ss(x.d[t] + b)));
-            xv[t] = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
-        }
+            const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
+            const __m256i xl = widen_even(xv), xh = widen_odd(xv);
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(x.d[t] + b));
 #pragma GCC unroll 4
-        for (int r = 0; r < Q8P_ROWS; r++) {
-            const __m256i w = _mm256_load_si256((const __m256i *)(p + 32 * r));
-            const __m256i aw = _mm256_load_si256((const __m256i *)(p + 32 * (Q8P_ROWS + r)));
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], w)), ones);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&sc[t][r]), acc[r][t]);
+            for (int r = 0; r < Q8P_ROWS; r++) {
+                const __m256i wl = _mm256_load_si256((const __m256i *)(p + 32 * r));
+                const __m256i wh = _mm256_load_si256((const __m256i *)(p + 32 * (Q8P_ROWS + r)));
+                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(xl, wl), _mm256_madd_epi16(xh, wh));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permute_ps(sc, r * 0x55), acc[r][t]);
             }
         }
     }
@@ -420,8 +434,7 @@ static void q8_panel_rows(q_args *a, int n_tokens, int r0, int r1) {
             q8_panel_build(a, r, nr);
             int t = c0;
             for (; t + Q8P_TOKENS <= c1; t += Q8P_TOKENS) q8p_full(a, r, nr, t);
-            if (c1 - t == 1) q8p_one(a, r, nr, t);
-            else if (t < c1) q8p_tile(a, Q8P_TOKENS, r, nr, t, c1 - t);
+            if (t < c1) q8p_one(a, r, nr, t); /* Q8P_TOKENS is 2: one token left at most */
         }
     }
 }
