@@ -409,6 +409,14 @@ static bool open_disk_tier(kt_engine *e, kt_error *err) {
     return true;
 }
 
+/* The snapshots' memory: as asked, or 1 GiB but at most an eighth of the
+ * memory the pool was sized against (eng_snaps_init keeps 8 at least). */
+static size_t state_cache_budget(const kt_engine_params *p) {
+    if (p->state_cache_bytes) return p->state_cache_bytes;
+    const size_t avail = p->mem_limit ? p->mem_limit : kt_mem_budget(), gib = (size_t)1 << 30;
+    return avail / 8 < gib ? (avail / 8 ? avail / 8 : 1) : gib;
+}
+
 kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_error *err) {
     kt_engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -423,7 +431,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     pthread_cond_init(&e->cv_step, NULL);
     if (fill_params(e, params, err) != KT_OK || !(e->kv = make_kv_pool(e, err)) ||
         (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
-        eng_snaps_init(&e->snaps, e->cache, llm_state_bytes(e->llm), e->p.state_cache_bytes, e->p.n_ctx,
+        eng_snaps_init(&e->snaps, e->cache, llm_state_bytes(e->llm), state_cache_budget(&e->p), e->p.n_ctx,
                        KV_BLOCK_TOKENS, e->p.batch_tokens, err) != KT_OK ||
         eng_rewind_init(&e->rewind, e->llm, e->p.n_parallel, e->p.batch_tokens,
                         e->p.spec ? spec_max_tokens(&e->p) + e->p.n_parallel : 0, err) != KT_OK ||

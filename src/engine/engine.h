@@ -82,7 +82,8 @@ typedef struct kt_engine_params {
      * snapshots of the recurrent state (kv/prefix_cache.h), taken at the
      * end of every prompt (its last block boundary), every
      * state_interval positions of a long prefill and at the end of every
-     * generation. 0: 1 GiB, and at least 8 snapshots. */
+     * generation. 0: 1 GiB, or an eighth of the memory available
+     * (mem_limit) if that is less; at least 8 snapshots either way. */
     size_t state_cache_bytes;
     /* Speculative decoding (spec/): each step, a decoding choice may feed
      * up to spec_k_max proposed tokens after its pending one, in the same

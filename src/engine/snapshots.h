@@ -43,7 +43,7 @@ typedef struct eng_snaps {
 } eng_snaps;
 
 /* Enables the cache's snapshots: as many of slot_bytes as budget_bytes
- * holds (0: 1 GiB), at least 8; the interval from the budget: a quarter
+ * holds (0: 1 GiB), at least 8 (up to 65536); the interval from the budget: a quarter
  * of the snapshots cover one n_ctx prefill, every 512 positions at most
  * often. batch_cap: the batch's tokens. */
 kt_status eng_snaps_init(eng_snaps *s, kv_prefix_cache *cache, size_t slot_bytes, size_t budget_bytes, int n_ctx,

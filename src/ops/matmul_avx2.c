@@ -382,6 +382,18 @@ static void q8_panel_build(const q_args *a, int r0, int nr) {
     }
 }
 
+/* Lane r of each 128-bit half in all four of its lanes. _mm256_permute_ps
+ * wants an immediate: the switch folds away once r is unrolled, and
+ * keeps an unoptimized (-O0, sanitizer) build compiling. */
+INL __m256 q8p_scale_of(__m256 sc, int r) {
+    switch (r) {
+    case 0: return _mm256_permute_ps(sc, 0x00);
+    case 1: return _mm256_permute_ps(sc, 0x55);
+    case 2: return _mm256_permute_ps(sc, 0xaa);
+    default: return _mm256_permute_ps(sc, 0xff);
+    }
+}
+
 /* Rows r0 .. r0+nr-1 x tokens t0 .. t0+nt-1 over the panel; T (<=
  * Q8P_TOKENS) a constant in each caller, tokens past nt repeat the last
  * one and are not stored. */
@@ -408,7 +420,7 @@ INL void q8p_tile(const q_args *a, const int T, int r0, int nr, int t0, int nt) 
                 const __m256i wl = _mm256_load_si256((const __m256i *)(p + 32 * r));
                 const __m256i wh = _mm256_load_si256((const __m256i *)(p + 32 * (Q8P_ROWS + r)));
                 const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(xl, wl), _mm256_madd_epi16(xh, wh));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permute_ps(sc, r * 0x55), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), q8p_scale_of(sc, r), acc[r][t]);
             }
         }
     }
