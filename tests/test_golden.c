@@ -573,6 +573,7 @@ static void check_engine_hybrid(const char *name) {
     kt_engine_params ep = kt_engine_defaults();
     ep.n_ctx = 512, ep.n_parallel = 4, ep.batch_tokens = 64, ep.n_threads = 2, ep.kv_type = KT_KV_F32;
     ep.spec = KT_SPEC_NGRAM; /* the lookup's proposals, rolled back exactly (engine/rewind.h) */
+    ep.spec_fixed_k = true;  /* every proposal found, whatever the measured costs (a sanitized build's) */
     kt_engine *e = kt_engine_new(m, &ep, &err);
     if (!e) fail_msg("%s", err.msg);
     assert_true(kt_engine_get_params(e)->prefix_cache);
@@ -599,7 +600,9 @@ static void check_engine_hybrid(const char *name) {
     printf("  %s: the engine's %d greedy tokens equal the golden's, alone, beside another request, as n = 3 "
            "choices and again from a snapshot (%d positions cached); %llu proposals verified, %llu kept\n", name,
            n_gen, u.cached_tokens, (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted);
-    assert_true(st.spec_accepted > 0 && st.spec_accepted < st.spec_proposed); /* kept and rolled back */
+    /* proposals verified (kept or rolled back: how many of each depends on
+     * the golden's text; test_hybrid_cache forces both) */
+    assert_true(st.spec_proposed > 0);
     kt_engine_free(e), kt_model_free(m);
     f16_golden_free(&fg);
 }
