@@ -541,31 +541,57 @@ static kv_disk_expect expect_of(const kv_disk *d, kv_disk_key key, kv_disk_key p
 /* The whole file of key, checked, and whether it holds the window
  * layers' rows; NULL (bad set when it exists but does not check)
  * otherwise. */
+/* Up to cap bytes of the file at path into a new buffer (*got of them);
+ * NULL when it cannot be opened (removed meanwhile: a miss) or a read
+ * fails (which says nothing of the file: a miss, and the file stays). */
+static uint8_t *read_up_to(const char *path, size_t cap, size_t *got) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    uint8_t *buf = malloc(cap);
+    ssize_t r = 0;
+    *got = 0;
+    while (buf && *got < cap && (r = read(fd, buf + *got, cap - *got)) != 0) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        *got += (size_t)r;
+    }
+    close(fd);
+    if (r < 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* After a read of key's file: a good one becomes the newest used, a bad
+ * one (checked and failed) is removed and counted (mu taken here). */
+static void note_read(kv_disk *d, kv_disk_key key, bool state, bool good, bool bad) {
+    pthread_mutex_lock(&d->mu);
+    entry *e = find(d, key);
+    if (good && e) {
+        use_unlink(d, e);
+        use_push_newest(d, e);
+        d->st.reads++;
+    } else if (bad && e && !e->pending) {
+        char path[4200];
+        file_path(d, key, state, path, sizeof path);
+        unlink(path);
+        index_remove(d, e);
+        d->st.rejected++;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
 static uint8_t *read_checked(kv_disk *d, kv_disk_key key, kv_disk_key parent, const int32_t *ids, bool *bad,
                              bool *windows) {
     char path[4200];
     file_path(d, key, false, path, sizeof path);
     *bad = *windows = false;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return NULL; /* removed meanwhile: a miss */
-    uint8_t *buf = malloc(d->file_bytes + 1);
-    if (!buf) {
-        close(fd);
-        return NULL;
-    }
-    ssize_t got = 0, r = 0;
-    while ((size_t)got < d->file_bytes + 1 && (r = read(fd, buf + got, d->file_bytes + 1 - (size_t)got)) != 0) {
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) break;
-        got += r;
-    }
-    close(fd);
-    if (r < 0) { /* a read that failed says nothing of the file: a miss, and the file stays */
-        free(buf);
-        return NULL;
-    }
+    size_t got;
+    uint8_t *buf = read_up_to(path, d->file_bytes + 1, &got); /* one byte more: a longer file is seen */
+    if (!buf) return NULL;
     const kv_disk_expect x = expect_of(d, key, parent, ids);
-    *bad = !kv_disk_check_block(buf, (size_t)got, &x, windows);
+    *bad = !kv_disk_check_block(buf, got, &x, windows);
     if (*bad) {
         free(buf);
         return NULL;
@@ -577,20 +603,7 @@ bool kv_disk_get(kv_disk *d, kv_pool *pool, int32_t id, kv_disk_key key, kv_disk
     if (!kv_disk_has(d, key)) return false;
     bool bad, windows = false;
     uint8_t *buf = read_checked(d, key, parent, ids, &bad, &windows);
-    pthread_mutex_lock(&d->mu);
-    entry *e = find(d, key);
-    if (buf && e) {
-        use_unlink(d, e);
-        use_push_newest(d, e);
-        d->st.reads++;
-    } else if (bad && e && !e->pending) {
-        char path[4200];
-        file_path(d, key, false, path, sizeof path);
-        unlink(path);
-        index_remove(d, e);
-        d->st.rejected++;
-    }
-    pthread_mutex_unlock(&d->mu);
+    note_read(d, key, false, buf != NULL, bad);
     if (!buf) return false;
     const uint8_t *at = buf + HEADER_BYTES + 4 * (size_t)d->block_tokens;
     const size_t plane = (size_t)d->block_tokens * d->row_bytes;
@@ -650,33 +663,10 @@ bool kv_disk_get_state(kv_disk *d, kv_disk_key block, void *out) {
     const kv_disk_key key = kv_disk_state_key(block);
     char path[4200];
     file_path(d, key, true, path, sizeof path);
-    uint8_t *buf = malloc(d->state_file_bytes + 1);
-    int fd = buf ? open(path, O_RDONLY | O_CLOEXEC) : -1;
-    if (fd < 0) {
-        free(buf);
-        return false;
-    }
-    ssize_t got = 0, r = 0;
-    while ((size_t)got < d->state_file_bytes + 1 &&
-           (r = read(fd, buf + got, d->state_file_bytes + 1 - (size_t)got)) != 0) {
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) break;
-        got += r;
-    }
-    close(fd);
-    const bool ok = r >= 0 && kv_disk_check_state(buf, (size_t)got, d->fingerprint, key, d->state_bytes);
-    pthread_mutex_lock(&d->mu);
-    entry *e = find(d, key);
-    if (ok && e) {
-        use_unlink(d, e);
-        use_push_newest(d, e);
-        d->st.reads++;
-    } else if (!ok && r >= 0 && e && !e->pending) { /* a bad file: never loaded, removed */
-        unlink(path);
-        index_remove(d, e);
-        d->st.rejected++;
-    }
-    pthread_mutex_unlock(&d->mu);
+    size_t got;
+    uint8_t *buf = read_up_to(path, d->state_file_bytes + 1, &got);
+    const bool ok = buf && kv_disk_check_state(buf, got, d->fingerprint, key, d->state_bytes);
+    note_read(d, key, true, ok, buf && !ok);
     if (ok) memcpy(out, buf + STATE_HEADER_BYTES, d->state_bytes);
     free(buf);
     return ok;
