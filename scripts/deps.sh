@@ -2,7 +2,7 @@
 # Installs the Debian packages kettle needs to build and test, if any is
 # missing. Does nothing (and needs no network) when all are present.
 set -eu
-PKGS="build-essential cmake pkg-config libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev libxxhash-dev nettle-dev curl python3-jsonschema chromium haproxy clang"
+PKGS="build-essential cmake pkg-config libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev libxxhash-dev nettle-dev libpng-dev libjpeg62-turbo-dev libwebp-dev curl python3-jsonschema chromium haproxy clang"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
