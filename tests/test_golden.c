@@ -62,58 +62,6 @@ static double tolerance_for(const char *model_path) {
     return tol;
 }
 
-static int32_t *json_ids(json_t *arr, int *n) {
-    *n = (int)json_array_size(arr);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n + 1));
-    assert_non_null(ids);
-    for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
-    return ids;
-}
-
-static double log_sum_exp(const float *x, int n) {
-    double mx = x[0], s = 0;
-    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
-    return mx + log(s);
-}
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
-/* Compares one position's logits with its golden entry; returns the max
- * absolute difference over the golden top entries. */
-static double check_position(const float *logits, int n_vocab, json_t *pos, double tol, int p) {
-    json_t *top = json_object_get(pos, "top");
-    double maxdiff = 0;
-    for (size_t j = 0; j < json_array_size(top); j++) {
-        json_t *e = json_array_get(top, j);
-        int id = (int)json_integer_value(json_array_get(e, 0));
-        double want = json_real_value(json_array_get(e, 1));
-        double d = fabs(logits[id] - want);
-        if (d > maxdiff) maxdiff = d;
-    }
-    double lse = log_sum_exp(logits, n_vocab);
-    double want_lse = json_real_value(json_object_get(pos, "lse"));
-    if (fabs(lse - want_lse) > tol * 10) {
-        fprintf(stderr, "position %d: lse %f, golden %f\n", p, lse, want_lse);
-        fail();
-    }
-    double gap = json_real_value(json_array_get(json_array_get(top, 0), 1)) -
-                 json_real_value(json_array_get(json_array_get(top, 1), 1));
-    int want_top = (int)json_integer_value(json_array_get(json_array_get(top, 0), 0));
-    if (gap > 2 * tol && argmax(logits, n_vocab) != want_top) {
-        int got = argmax(logits, n_vocab);
-        fprintf(stderr, "position %d: argmax %d (logit %f), golden %d (logit %f here, gap %f)\n", p, got,
-                logits[got], want_top, logits[want_top], gap);
-        fail();
-    }
-    return maxdiff;
-}
-
 /* Comparisons of every logit made, and comparisons that had only the
  * golden's top entries (no NAME.logits.f32): both printed at the end, so
  * a run that compared fewer logits than it seems says so. */
@@ -167,8 +115,8 @@ static double check_golden_except(const char *json_path, const char *model_path,
     int n_vocab = kt_model_describe(m)->n_vocab;
 
     int n_prompt, n_gen;
-    int32_t *prompt_ids = json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
-    int32_t *gen_ids = json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    int32_t *prompt_ids = tu_json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
+    int32_t *gen_ids = tu_json_ids(json_object_get(g, "gen_ids"), &n_gen);
     const char *prompt = json_string_value(json_object_get(g, "prompt"));
     int32_t mine[1024];
     int n_mine = kt_tokenize(m, prompt, strlen(prompt), mine, 1024, -1, &err);
@@ -192,7 +140,7 @@ static double check_golden_except(const char *json_path, const char *model_path,
         bool skipped = false;
         for (int i = 0; i < n_skip; i++) skipped |= skip[i] == p;
         if (skipped) continue;
-        double d = check_position(logits + (size_t)p * n_vocab, n_vocab, json_array_get(positions, (size_t)p), tol, p);
+        double d = tu_golden_check_position(logits + (size_t)p * n_vocab, n_vocab, json_array_get(positions, (size_t)p), tol, p);
         if (d > maxdiff) maxdiff = d;
     }
     printf("  %s, %d threads: %d positions, max |diff| over top entries %.3g (tolerance %g", strrchr(json_path, '/') + 1,
@@ -476,8 +424,8 @@ static void f16_golden_load(const char *name, f16_golden *fg) {
     json_error_t jerr;
     fg->g = json_load_file(json_path, 0, &jerr);
     if (!fg->g) fail_msg("%s: %s", json_path, jerr.text);
-    fg->prompt = json_ids(json_object_get(fg->g, "prompt_ids"), &fg->n_prompt);
-    fg->gen = json_ids(json_object_get(fg->g, "gen_ids"), &fg->n_gen);
+    fg->prompt = tu_json_ids(json_object_get(fg->g, "prompt_ids"), &fg->n_prompt);
+    fg->gen = tu_json_ids(json_object_get(fg->g, "gen_ids"), &fg->n_gen);
 }
 
 static void f16_golden_free(f16_golden *fg) {
@@ -501,7 +449,7 @@ static void check_greedy(const char *name) {
     assert_true(s && logits);
     assert_int_equal(kt_session_eval(s, prompt, n_prompt, logits, false, &err), KT_OK);
     for (int i = 0; i < n_gen; i++) {
-        const int32_t tok = (int32_t)argmax(logits, n_vocab);
+        const int32_t tok = (int32_t)tu_argmax(logits, n_vocab);
         if (tok != gen[i]) fail_msg("%s: greedy token %d is %d, golden %d", name, i, (int)tok, (int)gen[i]);
         assert_int_equal(kt_session_eval(s, &tok, 1, logits, false, &err), KT_OK);
     }
@@ -768,7 +716,7 @@ static void test_arch_qwen35_mrope(void **state) {
         assert_int_equal(kv_seq_append(seq, N, &err), KT_OK);
         for (int i = 0; i < N; i++) seqs[i] = seq;
         assert_non_null(logits[r] = malloc(sizeof(float) * n_vocab * N));
-        llm_batch b = {N, tokens, pos, seqs, want, NULL, NULL, r ? p4[r] : NULL, NULL, NULL};
+        llm_batch b = {.n_tokens = N, .tokens = tokens, .pos = pos, .seq = seqs, .logits = want, .pos_mrope = r ? p4[r] : NULL};
         llm_forward(llm, w, pool, &b, logits[r]);
         kv_seq_free(seq);
     }

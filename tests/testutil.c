@@ -6,6 +6,7 @@
 #include "base/rng.h"
 #include "ops/quant.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -145,4 +146,54 @@ void *tu_make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed, float l
     }
     free(row);
     return w;
+}
+
+int32_t *tu_json_ids(json_t *arr, int *n) {
+    *n = (int)json_array_size(arr);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    assert_non_null(ids);
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+    return ids;
+}
+
+static double log_sum_exp(const float *x, int n) {
+    double mx = x[0], s = 0;
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    return mx + log(s);
+}
+
+int tu_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+double tu_golden_check_position(const float *logits, int n_vocab, json_t *pos, double tol, int p) {
+    json_t *top = json_object_get(pos, "top");
+    double maxdiff = 0;
+    for (size_t j = 0; j < json_array_size(top); j++) {
+        json_t *e = json_array_get(top, j);
+        int id = (int)json_integer_value(json_array_get(e, 0));
+        double want = json_real_value(json_array_get(e, 1));
+        double d = fabs(logits[id] - want);
+        if (d > maxdiff) maxdiff = d;
+    }
+    double lse = log_sum_exp(logits, n_vocab);
+    double want_lse = json_real_value(json_object_get(pos, "lse"));
+    if (fabs(lse - want_lse) > tol * 10) {
+        fprintf(stderr, "position %d: lse %f, golden %f\n", p, lse, want_lse);
+        fail();
+    }
+    double gap = json_real_value(json_array_get(json_array_get(top, 0), 1)) -
+                 json_real_value(json_array_get(json_array_get(top, 1), 1));
+    int want_top = (int)json_integer_value(json_array_get(json_array_get(top, 0), 0));
+    if (gap > 2 * tol && tu_argmax(logits, n_vocab) != want_top) {
+        int got = tu_argmax(logits, n_vocab);
+        fprintf(stderr, "position %d: argmax %d (logit %f), golden %d (logit %f here, gap %f)\n", p, got,
+                logits[got], want_top, logits[want_top], gap);
+        fail();
+    }
+    return maxdiff;
 }

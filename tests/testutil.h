@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "base/dtype.h"
 
@@ -60,6 +61,15 @@ void *tu_make_weights(kt_dtype type, int n_in, int n_out, uint64_t seed, float l
 double tu_now_ms(void);
 /* malloc that fails the test instead of returning NULL. */
 void *tu_xmalloc(size_t n);
+
+/* llama.cpp's golden files (golden/, golden/arch/): a JSON array of ids
+ * (caller frees), and one teacher-forced position's logits against its
+ * golden entry: the lse within 10 tol, the argmax where the golden's
+ * top-1 / top-2 gap exceeds 2 tol; returns the max |diff| over the
+ * golden's top entries (p: the position, for the messages). */
+int32_t *tu_json_ids(json_t *arr, int *n);
+int tu_argmax(const float *x, int n);
+double tu_golden_check_position(const float *logits, int n_vocab, json_t *pos, double tol, int p);
 
 /* Skips the running test visibly: prints which test and why, and makes
  * tu_result turn a run with no failure into ctest's skip code, so ctest

@@ -371,7 +371,7 @@ static kt_status session_forward(kt_session *s, const int32_t *tokens, int n, fl
             seqs[i] = s->seq;
             want[i] = logits && (all_logits || done + i == n - 1);
         }
-        llm_batch b = {chunk, tokens + done, pos, seqs, want, NULL, NULL, NULL, NULL, NULL};
+        llm_batch b = {.n_tokens = chunk, .tokens = tokens + done, .pos = pos, .seq = seqs, .logits = want};
         llm_forward(s->model->llm, s->work, s->pool, &b,
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
         done += chunk;

@@ -104,7 +104,7 @@ static kt_status add_run(eng_draft *d, int *n, kv_seq *seq, const int32_t *ctx, 
 
 /* One pass over the batch; row r of d->logits is job job_of_row[r]'s. */
 static void run_pass(eng_draft *d, kt_pool *pool, int n) {
-    llm_batch b = {n, d->tokens, d->pos, d->seqs, d->want, NULL, NULL, NULL, NULL, NULL};
+    llm_batch b = {.n_tokens = n, .tokens = d->tokens, .pos = d->pos, .seq = d->seqs, .logits = d->want};
     llm_forward(d->model->llm, d->work, pool, &b, d->logits);
 }
 

@@ -1582,8 +1582,10 @@ static void engine_step(kt_engine *e) {
         double t0 = now_ns() / 1e6;
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
-        llm_batch b = {n, e->b_tokens, e->b_pos, e->b_seq, e->b_logits, embeds ? e->b_hidden : NULL, e->hidden, NULL,
-                       e->snaps.n_pending ? e->snaps.b_snap : NULL, e->rewind.n_log ? e->rewind.b_log : NULL};
+        llm_batch b = {.n_tokens = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .logits = e->b_logits,
+                       .hidden = embeds ? e->b_hidden : NULL, .hidden_out = e->hidden,
+                       .state_snap = e->snaps.n_pending ? e->snaps.b_snap : NULL,
+                       .rec_log = e->rewind.n_log ? e->rewind.b_log : NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
         const double ms = now_ns() / 1e6 - t0;
         cache_prefills(e);

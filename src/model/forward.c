@@ -288,10 +288,16 @@ static void add_bias(float *x, const llm_tensor *b, int n) {
 }
 
 /* Embedding lookup: token_embd rows may be quantized, and repacked when
- * the table is also the output matrix, so read them back as floats. */
-static void embed(const llm_model *m, const int32_t *tokens, int n, float *x) {
+ * the table is also the output matrix, so read them back as floats. A
+ * token given its embedding (embd[t], an image's) takes that instead. */
+static void embed(const llm_model *m, const int32_t *tokens, const float *const *embd, int n, float *x) {
     const llm_tensor *e = &m->tok_embd;
-    for (int t = 0; t < n; t++) kt_repack_row_f32(e->data, e->type, e->n_in, tokens[t], x + (size_t)t * e->n_in);
+    for (int t = 0; t < n; t++) {
+        if (embd && embd[t])
+            memcpy(x + (size_t)t * e->n_in, embd[t], sizeof(float) * (size_t)e->n_in);
+        else
+            kt_repack_row_f32(e->data, e->type, e->n_in, tokens[t], x + (size_t)t * e->n_in);
+    }
 }
 
 /* One row of K or V into the token's KV block row, in the pool's type. */
@@ -308,10 +314,22 @@ typedef struct angles_ctx {
     llm_work *w;
 } angles_ctx;
 
-/* A token's angles under interleaved M-RoPE (ggml's IMROPE, Qwen 3.5):
- * pair i of the rotated dims takes the position component of its sector
- * (i mod the sections' sum): t, h, w in turn while each section lasts,
- * else e. Each component's angles are the plain ones at its position. */
+/* Which position component (0 t, 1 h, 2 w, 3 e) rotates the pair in
+ * sector s (the pair's index mod the sections' sum). Interleaved M-RoPE
+ * (ggml's IMROPE, Qwen 3.5): t, h, w in turn while each section lasts,
+ * else e; plain M-RoPE (MROPE, Qwen2-VL's text model): the sections one
+ * after another. */
+static int mrope_component(const int *sec, bool interleaved, int s) {
+    if (interleaved)
+        return s % 3 == 1 && s < 3 * sec[1]   ? 1
+               : s % 3 == 2 && s < 3 * sec[2] ? 2
+               : s % 3 == 0 && s < 3 * sec[0] ? 0
+                                              : 3;
+    return s < sec[0] ? 0 : s < sec[0] + sec[1] ? 1 : s < sec[0] + sec[1] + sec[2] ? 2 : 3;
+}
+
+/* A token's angles under M-RoPE: pair i takes the angles of its sector's
+ * position component, each component's the plain ones at its position. */
 static void mrope_angles(const llm_config *c, const kt_rope_scaling *scaling, const int *p4, float *cs, float *sn) {
     enum { MAX_PAIRS = 512 };
     const int pairs = kt_rope_pairs(c->head_dim, c->rope_dim);
@@ -320,11 +338,7 @@ static void mrope_angles(const llm_config *c, const kt_rope_scaling *scaling, co
     for (int k = 0; k < 4; k++)
         kt_rope_angles_scaled(tc[k], ts[k], c->head_dim, c->rope_dim, p4[k], c->rope_freq_base, scaling);
     for (int i = 0; i < pairs && i < MAX_PAIRS; i++) {
-        const int s = i % sect;
-        const int k = s % 3 == 1 && s < 3 * sec[1]   ? 1
-                      : s % 3 == 2 && s < 3 * sec[2] ? 2
-                      : s % 3 == 0 && s < 3 * sec[0] ? 0
-                                                     : 3;
+        const int k = mrope_component(sec, c->rope_sections_interleaved, i % sect);
         cs[i] = tc[k][i], sn[i] = ts[k][i];
     }
 }
@@ -697,7 +711,7 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         w->slots[t] = b->seq[t0 + t]->slots;
         w->n_pos[t] = b->pos[t0 + t] + 1;
     }
-    embed(m, b->tokens + t0, n, w->x);
+    embed(m, b->tokens + t0, b->embd ? b->embd + t0 : NULL, n, w->x);
     if (c->embd_scale != 1) scale_rows(w->x, c->embd_scale, n, c->n_embd);
     angles_ctx ac = {c, b, t0, w};
     over_tokens(pool, n, rope_angles_some, &ac);

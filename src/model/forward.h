@@ -55,6 +55,10 @@ typedef struct llm_batch {
      * layers' state updates read (llm_rec_log_floats, model/deltanet.h),
      * so a speculative rollback can replay the tokens it keeps. */
     float *const *rec_log;
+    /* per token, NULL or the n_embd floats that stand for it instead of
+     * its token's embedding row (an image's embeddings, src/vision/);
+     * NULL: every token is its id. */
+    const float *const *embd;
 } llm_batch;
 
 /* Scratch activations for one chunk; one per thread that runs forwards. */

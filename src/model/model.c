@@ -194,6 +194,37 @@ static bool layer_is_swa(const llm_config *c, int il) {
     return c->swa_period == 0 || il % c->swa_period < c->swa_period - 1;
 }
 
+/* M-RoPE's sections (rope.dimension_sections: how many rotated pairs take
+ * the temporal, height, width and extra position components), for the
+ * Qwen-VL text models (qwen2vl: required) and Qwen 3.5 (optional; text
+ * alone reduces to plain rope). qwen2vl takes the sections one after
+ * another (ggml's MROPE), Qwen 3.5 interleaves them (IMROPE). */
+static kt_status read_rope_sections(const gguf_file *f, llm_config *c, bool required, kt_error *err) {
+    const char *a = c->arch;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+    c->rope_sections_interleaved = !strncmp(a, "qwen35", 6);
+    int64_t i = gguf_find_key(f, key);
+    if (i < 0)
+        return required ? kt_error_set(err, KT_ERR_FORMAT, "missing metadata key '%s' (M-RoPE sections)", key) : KT_OK;
+    const uint64_t n = gguf_kv_type(f, i) == GGUF_ARRAY ? gguf_kv_arr_n(f, i) : 0;
+    if (n < 1 || n > 4 || (gguf_kv_arr_type(f, i) != GGUF_I32 && gguf_kv_arr_type(f, i) != GGUF_U32))
+        return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of up to 4 integers", key);
+    const uint8_t *data = gguf_kv_arr_data(f, i); /* not aligned in the file */
+    /* (sections may cover more pairs than rope turns: ggml takes a
+     * pair's sector modulo their sum all the same) */
+    int sum = 0;
+    for (uint64_t j = 0; j < n; j++) {
+        int32_t v;
+        memcpy(&v, data + 4 * j, 4);
+        if (v < 0 || v > 4096)
+            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has section %d = %d", key, (int)j, (int)v);
+        c->rope_sections[j] = v, sum += v;
+    }
+    if (sum == 0) return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has no non-zero section", key);
+    return KT_OK;
+}
+
 /* Qwen 3.5's hybrid layers as llama.cpp reads them (qwen35.cpp,
  * llama-model.cpp): ssm.conv_kernel, ssm.state_size (the key head size),
  * ssm.group_count (key heads), ssm.time_step_rank (value heads),
@@ -239,22 +270,7 @@ static kt_status read_hybrid(const gguf_file *f, llm_config *c, const uint8_t **
                                 "which layers are recurrent", a, key);
         if ((st = read_int(f, a, "full_attention_interval", -1, 1, 4096, interval, err))) return st;
     }
-    snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
-    if ((i = gguf_find_key(f, key)) >= 0) {
-        const uint64_t n = gguf_kv_type(f, i) == GGUF_ARRAY ? gguf_kv_arr_n(f, i) : 0;
-        if (n < 1 || n > 4 || (gguf_kv_arr_type(f, i) != GGUF_I32 && gguf_kv_arr_type(f, i) != GGUF_U32))
-            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of up to 4 integers", key);
-        const uint8_t *data = gguf_kv_arr_data(f, i); /* not aligned in the file */
-        /* (sections may cover more pairs than rope turns: ggml takes a
-         * pair's sector modulo their sum all the same) */
-        for (uint64_t j = 0; j < n; j++) {
-            int32_t v;
-            memcpy(&v, data + 4 * j, 4);
-            if (v < 0 || v > 4096)
-                return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has section %d = %d", key, (int)j, (int)v);
-            c->rope_sections[j] = v;
-        }
-    }
+    if ((st = read_rope_sections(f, c, false, err))) return st;
     int n_rec = 0;
     for (int il = 0; il < c->n_layer; il++)
         n_rec += *flags ? (*flags)[il] != 0 : (il + 1) % *interval != 0;
@@ -277,14 +293,14 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                        "qwen35", "qwen35moe"};
+    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen2vl", "qwen3", "qwen3moe", "phi3", "gemma2",
+                                        "gemma3", "qwen35", "qwen35moe"};
     bool known = false;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
     if (!known)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen3, qwen3moe, "
-                            "phi3, gemma2, gemma3, qwen35, qwen35moe)", a);
+                            "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen2vl, qwen3, "
+                            "qwen3moe, phi3, gemma2, gemma3, qwen35, qwen35moe)", a);
     const int64_t big = 1 << 20;
     /* qwen35moe has no dense FFN: llama.cpp's converter writes
      * feed_forward_length only when the HF config has intermediate_size,
@@ -327,6 +343,7 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
         if (!strcmp(a, "qwen35moe") && gguf_find_key(f, "qwen35moe.expert_count") < 0)
             return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen35moe.expert_count'");
     }
+    if (!strcmp(a, "qwen2vl") && (st = read_rope_sections(f, c, true, err))) return st;
     if ((st = read_experts(f, c, err))) return st;
     return read_rope_scaling(f, c, err);
 }
@@ -552,7 +569,7 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
                             kt_error *err) {
     if (c->hybrid) return bind_hybrid_layer(f, c, il, l, err);
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
-    bool biased = strcmp(c->arch, "qwen2") == 0,
+    bool biased = !strcmp(c->arch, "qwen2") || !strcmp(c->arch, "qwen2vl"),
          qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe") || !strcmp(c->arch, "gemma3");
     const bool post_normed = !strncmp(c->arch, "gemma", 5);
     const bool fused = strcmp(c->arch, "phi3") == 0; /* attn_qkv and ffn_up (gate | up), split below */

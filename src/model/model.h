@@ -8,7 +8,8 @@
  * copied: they point into the mapped file.
  *
  * Architectures: `llama` (and `mistral`-style files, which use it),
- * `mistral`, `qwen2` (NeoX RoPE, biases on Q, K and V) and `qwen3` (NeoX
+ * `mistral`, `qwen2` (NeoX RoPE, biases on Q, K and V), `qwen2vl`
+ * (Qwen2.5-VL's text model: qwen2 with M-RoPE sections) and `qwen3` (NeoX
  * RoPE, an RMSNorm of each head of Q and K before it), `qwen3moe` and
  * Mixtral-style `llama` files (a mixture of experts in place of the FFN:
  * softmax router, top-k, weights renormalized), `phi3` (fused QKV and
@@ -105,6 +106,7 @@ typedef struct llm_config {
     int full_attn_interval;
     int ssm_conv_kernel, ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v, ssm_conv_dim;
     int rope_sections[4]; /* M-RoPE (rope.dimension_sections; all 0: none) */
+    bool rope_sections_interleaved; /* Qwen 3.5's IMROPE; else qwen2vl's MROPE, sections in a row */
     int n_ff_shexp;       /* the shared expert's width (0: none) */
     int n_kv_layer;       /* layers with KV (attention layers): n_layer - n_recurrent */
 } llm_config;

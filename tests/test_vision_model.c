@@ -1,0 +1,272 @@
+/*
+ * test_vision_model.c - the text models of vision-language models against
+ * llama.cpp's goldens: image embeddings placed at their tokens with the
+ * M-RoPE grid positions, the text after the image on its shifted
+ * positions, teacher-forced logits within golden/arch/README.md's
+ * tolerances.
+ *
+ * The vision goldens (vision-T-P-IMG.json) were made by libmtmd: the text
+ * before the image, the image's embeddings (the .embd.f32 beside them),
+ * then the text after it and 16 greedy tokens. This test feeds the
+ * shipped embeddings, so it checks the model's side (llm_batch.embd and
+ * pos_mrope, qwen2vl's sequential sections and Qwen 3.5's interleaved
+ * ones); the tower's own embeddings are test_vision's. Image token i of a
+ * grid nx x ny starting at position p0 sits at (p0, p0 + i / nx,
+ * p0 + i % nx, 0); the text after it starts at p0 + max(nx, ny).
+ *
+ * The F32 text models are not shipped; their goldens are checked on the
+ * F16 files widened to F32 (the F32 models are those weights: README).
+ * llama.cpp's qwen2vl ignores the file's RMSNorm eps (caveat 14: eps 0);
+ * kettle uses the file's 1e-6, so these checks set the config's eps to 0
+ * to compare the arithmetic, and say so.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model_internal.h"
+#include "kettle.h"
+#include "model/forward.h"
+#include "testutil.h"
+
+/* A sequence to teacher-force: tokens (image tokens: embd rows), their
+ * M-RoPE positions, and which want logits. */
+typedef struct tf_seq {
+    int n;
+    int32_t *tokens;
+    const float **embd;
+    int *pos4;
+    bool *want;
+} tf_seq;
+
+static void tf_seq_alloc(tf_seq *s, int n) {
+    s->n = n;
+    s->tokens = tu_xmalloc(sizeof(int32_t) * (size_t)n);
+    s->embd = tu_xmalloc(sizeof(float *) * (size_t)n);
+    s->pos4 = tu_xmalloc(sizeof(int) * 4 * (size_t)n);
+    s->want = tu_xmalloc(sizeof(bool) * (size_t)n);
+}
+
+static void tf_seq_free(tf_seq *s) {
+    free(s->tokens), free(s->embd), free(s->pos4), free(s->want);
+}
+
+static void put_text(tf_seq *s, int k, int32_t id, int p, bool want) {
+    s->tokens[k] = id, s->embd[k] = NULL, s->want[k] = want;
+    for (int c = 0; c < 3; c++) s->pos4[4 * k + c] = p;
+    s->pos4[4 * k + 3] = 0;
+}
+
+/* Runs s through the model in chunks; returns the logits of the tokens
+ * that want them, in order (caller frees). */
+static float *tf_run(const llm_model *llm, const tf_seq *s, int n_threads) {
+    kt_error err = {0};
+    kv_pool_params kp = llm_kv_params(llm, 1, s->n, KV_F32);
+    kv_pool *kv = kv_pool_new(&kp, &err);
+    llm_work *w = llm_work_new(llm, s->n, &err);
+    kt_pool *pool = kt_pool_new(n_threads, &err);
+    assert_true(kv && w && pool);
+    kv_seq *seq = kv_seq_new(kv, &err);
+    assert_non_null(seq);
+    assert_int_equal(kv_seq_append(seq, s->n, &err), KT_OK);
+    int n_want = 0;
+    for (int k = 0; k < s->n; k++) n_want += s->want[k];
+    const size_t n_vocab = (size_t)llm->cfg.n_vocab;
+    float *logits = tu_xmalloc(sizeof(float) * n_vocab * (size_t)(n_want ? n_want : 1));
+    int *pos = tu_xmalloc(sizeof(int) * (size_t)s->n);
+    kv_seq **seqs = tu_xmalloc(sizeof(kv_seq *) * (size_t)s->n);
+    for (int k = 0; k < s->n; k++) pos[k] = k, seqs[k] = seq;
+    int done_rows = 0;
+    for (int t0 = 0; t0 < s->n; t0 += LLM_MAX_BATCH) {
+        const int n = s->n - t0 < LLM_MAX_BATCH ? s->n - t0 : LLM_MAX_BATCH;
+        llm_batch b = {.n_tokens = n, .tokens = s->tokens + t0, .pos = pos + t0, .seq = seqs + t0,
+                       .logits = s->want + t0, .pos_mrope = s->pos4 + 4 * (size_t)t0, .embd = s->embd + t0};
+        llm_forward(llm, w, pool, &b, logits + (size_t)done_rows * n_vocab);
+        for (int k = t0; k < t0 + n; k++) done_rows += s->want[k];
+    }
+    free(pos), free(seqs);
+    kv_seq_free(seq);
+    kt_pool_free(pool), llm_work_free(w), kv_pool_free(kv);
+    return logits;
+}
+
+/* The golden's logits against ours; returns the max |diff| over its top
+ * entries (no check: control runs, which must differ). */
+static double compare(json_t *positions, const float *logits, int n_vocab, double tol, bool check) {
+    double maxdiff = 0;
+    for (size_t p = 0; p < json_array_size(positions); p++) {
+        const float *row = logits + p * (size_t)n_vocab;
+        json_t *pos = json_array_get(positions, p), *top = json_object_get(pos, "top");
+        if (check) {
+            double d = tu_golden_check_position(row, n_vocab, pos, tol, (int)p);
+            if (d > maxdiff) maxdiff = d;
+            continue;
+        }
+        for (size_t j = 0; j < json_array_size(top); j++) {
+            json_t *e = json_array_get(top, j);
+            double d = fabs(row[json_integer_value(json_array_get(e, 0))] - json_real_value(json_array_get(e, 1)));
+            if (d > maxdiff) maxdiff = d;
+        }
+    }
+    return maxdiff;
+}
+
+static kt_model *load_text_model(const char *file, bool eps0) {
+    kt_error err = {0};
+    kt_model *m = kt_model_load_ex(tu_shared(file), KT_LOAD_MMAP, &err);
+    if (!m) fail_msg("%s: %s", file, err.msg);
+    if (eps0) ((llm_model *)m->llm)->cfg.rms_eps = 0; /* llama.cpp's qwen2vl (caveat 14) */
+    return m;
+}
+
+/* One vision golden: T (qwen3vl / qwen25vl), P (F32 / F16), IMG. With
+ * flat set, the image tokens go on 1-D positions (the README's negative
+ * control): returns the max |diff| either way. */
+static double check_vision_golden(const char *T, const char *P, const char *img, double tol, bool flat) {
+    const bool qwen2vl = !strcmp(T, "qwen25vl");
+    char rel[256];
+    snprintf(rel, sizeof rel, "golden/arch/vision-%s-%s-%s.json", T, P, img);
+    json_error_t jerr;
+    json_t *g = json_load_file(tu_shared(rel), 0, &jerr);
+    if (!g) fail_msg("%s: %s", rel, jerr.text);
+    kt_model *m = load_text_model(qwen2vl ? "golden/arch/qwen2vl-F16.gguf" : "golden/arch/qwen35-F16.gguf", qwen2vl);
+    const llm_model *llm = m->llm;
+    const int n_embd = llm->cfg.n_embd, n_vocab = llm->cfg.n_vocab;
+    assert_int_equal(json_integer_value(json_object_get(g, "n_embd")), n_embd);
+
+    json_t *chunks = json_object_get(g, "chunks"), *image = json_array_get(chunks, 1);
+    assert_string_equal(json_string_value(json_object_get(image, "type")), "image");
+    int n_before, n_after, n_gen;
+    int32_t *before = tu_json_ids(json_object_get(json_array_get(chunks, 0), "ids"), &n_before);
+    int32_t *after = tu_json_ids(json_object_get(g, "after_ids"), &n_after);
+    int32_t *gen = tu_json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    const int p0 = (int)json_integer_value(json_object_get(image, "pos0"));
+    const int n_img = (int)json_integer_value(json_object_get(image, "n_tokens"));
+    const int n_pos = (int)json_integer_value(json_object_get(image, "n_pos"));
+    json_t *grid = json_object_get(image, "grid");
+    const int nx = (int)json_integer_value(json_array_get(grid, 0)), ny = (int)json_integer_value(json_array_get(grid, 1));
+    assert_int_equal(nx * ny, n_img);
+    assert_int_equal(n_pos, nx > ny ? nx : ny);
+    assert_int_equal(p0, n_before);
+
+    snprintf(rel, sizeof rel, "golden/arch/vision-%s-%s-%s.embd.f32", T, P, img);
+    size_t bytes;
+    float *embd = (float *)tu_read_file(tu_shared(rel), &bytes);
+    assert_non_null(embd);
+    assert_int_equal(bytes, sizeof(float) * (size_t)n_img * (size_t)n_embd);
+
+    tf_seq s;
+    tf_seq_alloc(&s, n_before + n_img + n_after + n_gen - 1);
+    int k = 0;
+    for (int i = 0; i < n_before; i++, k++) put_text(&s, k, before[i], i, false);
+    for (int i = 0; i < n_img; i++, k++) {
+        put_text(&s, k, 0, 0, false);
+        s.embd[k] = embd + (size_t)i * n_embd;
+        if (flat) {
+            for (int c = 0; c < 3; c++) s.pos4[4 * k + c] = p0 + i;
+        } else {
+            s.pos4[4 * k] = p0, s.pos4[4 * k + 1] = p0 + i / nx, s.pos4[4 * k + 2] = p0 + i % nx;
+        }
+    }
+    const int p_after = flat ? p0 + n_img : p0 + n_pos;
+    for (int i = 0; i < n_after + n_gen - 1; i++, k++)
+        put_text(&s, k, i < n_after ? after[i] : gen[i - n_after], p_after + i, true);
+    json_t *positions = json_object_get(g, "positions");
+    assert_int_equal(json_array_size(positions), (size_t)(n_after + n_gen - 1));
+    if (!flat) /* the golden's own positions: the text after the image at p0 + n_pos */
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(positions, 0), "pos")), p_after);
+
+    float *logits = tf_run(llm, &s, 2);
+    double d = compare(positions, logits, n_vocab, tol, !flat);
+    printf("  vision-%s-%s-%s: %d image tokens (%dx%d) at %d, %d text after at %d%s: max |diff| %.3g (tolerance %g)\n",
+           T, P, img, n_img, nx, ny, p0, n_after + n_gen - 1, p_after, flat ? " (1-D positions, control)" : "",
+           d, tol);
+    if (!flat) assert_true(d <= tol);
+    free(logits), tf_seq_free(&s), free(embd), free(before), free(after), free(gen);
+    kt_model_free(m);
+    json_decref(g);
+    return d;
+}
+
+/* Qwen 3.5's text model with qwen3vl_merger embeddings: interleaved
+ * M-RoPE sections [3, 3, 2, 0]. F32 goldens 1e-4 (the F16 weights
+ * widened), F16 goldens 6e-3 (llama.cpp ran F16 activations). */
+static void test_qwen35_with_images(void **state) {
+    (void)state;
+    static const char *const imgs[] = {"tiny", "photo", "screenshot"};
+    for (int i = 0; i < 3; i++) {
+        check_vision_golden("qwen3vl", "F32", imgs[i], 1e-4, false);
+        check_vision_golden("qwen3vl", "F16", imgs[i], 6e-3, false);
+    }
+}
+
+/* Qwen2.5-VL's text model (qwen2vl: qwen2 with sequential M-RoPE sections
+ * [4, 6, 6, 0]) with qwen2.5vl_merger embeddings. */
+static void test_qwen2vl_with_images(void **state) {
+    (void)state;
+    static const char *const imgs[] = {"tiny", "photo", "screenshot"};
+    for (int i = 0; i < 3; i++) {
+        check_vision_golden("qwen25vl", "F32", imgs[i], 1e-4, false);
+        check_vision_golden("qwen25vl", "F16", imgs[i], 6e-3, false);
+    }
+}
+
+/* The checks can fail: the same embeddings on 1-D positions are off by
+ * far more than the tolerance (README: 0.04-0.08 for qwen3vl, 1.7-2.2 for
+ * qwen2.5vl). */
+static void test_flat_positions_fail(void **state) {
+    (void)state;
+    assert_true(check_vision_golden("qwen3vl", "F32", "screenshot", 1e-4, true) > 1e-2);
+    assert_true(check_vision_golden("qwen25vl", "F32", "tiny", 1e-4, true) > 0.5);
+}
+
+/* qwen2vl's text goldens (no image: M-RoPE text positions (p, p, p, 0)
+ * are plain rope), F32 on the widened F16 file and F16. */
+static void test_qwen2vl_text(void **state) {
+    (void)state;
+    static const struct { const char *json; double tol; } runs[] = {{"qwen2vl-F32.json", 1e-4},
+                                                                   {"qwen2vl-F16.json", 6e-3}};
+    for (int r = 0; r < 2; r++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "golden/arch/%s", runs[r].json);
+        json_error_t jerr;
+        json_t *g = json_load_file(tu_shared(rel), 0, &jerr);
+        if (!g) fail_msg("%s: %s", rel, jerr.text);
+        kt_model *m = load_text_model("golden/arch/qwen2vl-F16.gguf", true);
+        int n_prompt, n_gen;
+        int32_t *prompt = tu_json_ids(json_object_get(g, "prompt_ids"), &n_prompt);
+        int32_t *gen = tu_json_ids(json_object_get(g, "gen_ids"), &n_gen);
+        tf_seq s;
+        tf_seq_alloc(&s, n_prompt + n_gen - 1);
+        for (int i = 0; i < s.n; i++) put_text(&s, i, i < n_prompt ? prompt[i] : gen[i - n_prompt], i, true);
+        float *logits = tf_run(m->llm, &s, 1);
+        double d = compare(json_object_get(g, "positions"), logits, m->llm->cfg.n_vocab, runs[r].tol, true);
+        printf("  %s: %d positions, max |diff| %.3g (tolerance %g, eps 0 as llama.cpp)\n", runs[r].json, s.n, d,
+               runs[r].tol);
+        assert_true(d <= runs[r].tol);
+        free(logits), tf_seq_free(&s), free(prompt), free(gen);
+        kt_model_free(m);
+        json_decref(g);
+    }
+}
+
+/* The file's eps is what kettle runs (not llama.cpp's 0). */
+static void test_qwen2vl_keeps_file_eps(void **state) {
+    (void)state;
+    kt_model *m = load_text_model("golden/arch/qwen2vl-F16.gguf", false);
+    assert_true(fabsf(m->llm->cfg.rms_eps - 1e-6f) < 1e-12f);
+    assert_int_equal(m->llm->cfg.rope_sections[1], 6);
+    assert_false(m->llm->cfg.rope_sections_interleaved);
+    kt_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen2vl_keeps_file_eps), cmocka_unit_test(test_qwen2vl_text),
+        cmocka_unit_test(test_qwen35_with_images),     cmocka_unit_test(test_qwen2vl_with_images),
+        cmocka_unit_test(test_flat_positions_fail),
+    };
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
+}
