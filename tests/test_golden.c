@@ -460,47 +460,6 @@ static void check_greedy(const char *name) {
 
 /* ---- the batched engine on a hybrid model ---- */
 
-typedef struct eng_out {
-    int32_t tokens[64];
-    float logprobs[64];
-    int n;
-} eng_out;
-
-static kt_request *eng_submit(kt_engine *e, const int32_t *ids, int n, int max_tokens, int n_choices) {
-    kt_gen_params p = kt_gen_defaults();
-    p.prompt = ids, p.n_prompt = n, p.max_tokens = max_tokens, p.n_choices = n_choices;
-    p.top_logprobs = 0, p.ignore_eos = true;
-    kt_request *r = NULL;
-    kt_error err = {0};
-    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
-    return r;
-}
-
-/* Every event of r into out[choice] until it finishes; its usage. */
-static kt_request_usage eng_drain(kt_request *r, eng_out *out, int n_choices) {
-    memset(out, 0, sizeof *out * (size_t)n_choices);
-    kt_event ev;
-    int rc;
-    while ((rc = kt_request_wait(r, &ev, 60000)) == 1) {
-        if (ev.finish == KT_FINISH_ERROR) fail_msg("engine error: %s", ev.error);
-        if (ev.token < 0) continue;
-        eng_out *o = &out[ev.choice];
-        assert_true(o->n < 64);
-        o->logprobs[o->n] = ev.logprob.logprob;
-        o->tokens[o->n++] = ev.token;
-    }
-    assert_int_equal(rc, -1);
-    kt_request_usage u = kt_request_get_usage(r);
-    kt_request_free(r);
-    return u;
-}
-
-static void assert_same_out(const eng_out *a, const eng_out *b, const char *what) {
-    if (a->n != b->n || memcmp(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n) ||
-        memcmp(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n))
-        fail_msg("%s: tokens or logprob bits differ from the request alone", what);
-}
-
 /* The golden prompt through the batched engine (F32 KV, prefill in
  * chunks of at most 64 tokens a step, so the recurrent state crosses
  * steps): greedy tokens equal the golden's gen_ids; beside another
@@ -526,23 +485,23 @@ static void check_engine_hybrid(const char *name) {
     if (!e) fail_msg("%s", err.msg);
     assert_true(kt_engine_get_params(e)->prefix_cache);
     assert_int_equal(kt_engine_get_params(e)->spec, KT_SPEC_NGRAM);
-    static eng_out alone, a[3], b, b_alone;
-    eng_drain(eng_submit(e, prompt, n_prompt, n_gen, 1), &alone, 1);
+    static tu_eng_out alone, a[3], b, b_alone;
+    tu_eng_drain(tu_eng_submit(e, prompt, n_prompt, n_gen, 1), &alone, 1);
     if (alone.n != n_gen || memcmp(alone.tokens, gen, sizeof(int32_t) * (size_t)n_gen))
         fail_msg("%s: the engine's greedy tokens are not the golden's", name);
     /* another prompt: the golden's tokens from 40 on */
-    eng_drain(eng_submit(e, prompt + 40, n_prompt - 40, 24, 1), &b_alone, 1);
-    kt_request *ra = eng_submit(e, prompt, n_prompt, n_gen, 1), *rb = eng_submit(e, prompt + 40, n_prompt - 40, 24, 1);
-    eng_drain(ra, a, 1);
-    eng_drain(rb, &b, 1);
-    assert_same_out(&a[0], &alone, "beside another request");
-    assert_same_out(&b, &b_alone, "the other request");
-    eng_drain(eng_submit(e, prompt, n_prompt, n_gen, 3), a, 3);
-    for (int i = 0; i < 3; i++) assert_same_out(&a[i], &alone, "a choice of n = 3");
-    kt_request_usage u = eng_drain(eng_submit(e, prompt, n_prompt, n_gen, 1), a, 1);
+    tu_eng_drain(tu_eng_submit(e, prompt + 40, n_prompt - 40, 24, 1), &b_alone, 1);
+    kt_request *ra = tu_eng_submit(e, prompt, n_prompt, n_gen, 1), *rb = tu_eng_submit(e, prompt + 40, n_prompt - 40, 24, 1);
+    tu_eng_drain(ra, a, 1);
+    tu_eng_drain(rb, &b, 1);
+    tu_assert_same_out(&a[0], &alone, "beside another request");
+    tu_assert_same_out(&b, &b_alone, "the other request");
+    tu_eng_drain(tu_eng_submit(e, prompt, n_prompt, n_gen, 3), a, 3);
+    for (int i = 0; i < 3; i++) tu_assert_same_out(&a[i], &alone, "a choice of n = 3");
+    kt_request_usage u = tu_eng_drain(tu_eng_submit(e, prompt, n_prompt, n_gen, 1), a, 1);
     /* from the snapshot at the prompt's last block boundary */
     assert_int_equal(u.cached_tokens, (n_prompt - 1) / 16 * 16);
-    assert_same_out(&a[0], &alone, "the same prompt again");
+    tu_assert_same_out(&a[0], &alone, "the same prompt again");
     kt_engine_stats st;
     kt_engine_get_stats(e, &st);
     printf("  %s: the engine's %d greedy tokens equal the golden's, alone, beside another request, as n = 3 "

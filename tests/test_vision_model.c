@@ -25,7 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
+#include "engine/engine.h"
+#include "engine/images.h"
 #include "engine/model_internal.h"
 #include "kettle.h"
 #include "model/forward.h"
@@ -262,11 +265,162 @@ static void test_qwen2vl_keeps_file_eps(void **state) {
     kt_model_free(m);
 }
 
+/* ---- through the batched engine ---- */
+
+/* A vision golden as an engine request: its prompt with the image's
+ * tokens in place, and the image (given embeddings). */
+typedef struct vreq {
+    int32_t ids[2048];
+    int n, n_gen;
+    int32_t gen[16];
+    kt_prompt_image image;
+    float *embd;
+} vreq;
+
+static void vreq_load(vreq *v, const char *T, const char *P, const char *img) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "golden/arch/vision-%s-%s-%s.json", T, P, img);
+    json_error_t jerr;
+    json_t *g = json_load_file(tu_shared(rel), 0, &jerr);
+    if (!g) fail_msg("%s: %s", rel, jerr.text);
+    json_t *chunks = json_object_get(g, "chunks"), *image = json_array_get(chunks, 1), *grid = json_object_get(image, "grid");
+    int n_before, n_after, n_gen;
+    int32_t *before = tu_json_ids(json_object_get(json_array_get(chunks, 0), "ids"), &n_before);
+    int32_t *after = tu_json_ids(json_object_get(g, "after_ids"), &n_after);
+    int32_t *gen = tu_json_ids(json_object_get(g, "gen_ids"), &n_gen);
+    const int nx = (int)json_integer_value(json_array_get(grid, 0)), ny = (int)json_integer_value(json_array_get(grid, 1));
+    assert_true(n_before + nx * ny + n_after <= 2048 && n_gen == 16);
+    memset(v, 0, sizeof *v);
+    memcpy(v->ids, before, sizeof(int32_t) * (size_t)n_before);
+    for (int i = 0; i < nx * ny; i++) v->ids[n_before + i] = 0; /* submit writes the image's keys there */
+    memcpy(v->ids + n_before + nx * ny, after, sizeof(int32_t) * (size_t)n_after);
+    v->n = n_before + nx * ny + n_after;
+    memcpy(v->gen, gen, sizeof gen[0] * 16), v->n_gen = 16;
+    snprintf(rel, sizeof rel, "golden/arch/vision-%s-%s-%s.embd.f32", T, P, img);
+    size_t bytes;
+    assert_non_null(v->embd = (float *)tu_read_file(tu_shared(rel), &bytes));
+    v->image = (kt_prompt_image){.at = n_before, .grid_x = nx, .grid_y = ny, .embd = v->embd,
+                                 .hash = XXH3_64bits(v->embd, bytes)};
+    free(before), free(after), free(gen);
+    json_decref(g);
+}
+
+static kt_request *vreq_submit(kt_engine *e, const vreq *v, int max_tokens) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = v->ids, p.n_prompt = v->n, p.max_tokens = max_tokens, p.n_choices = 1;
+    p.top_logprobs = 0, p.ignore_eos = true;
+    p.images = &v->image, p.n_images = 1;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    return r;
+}
+
+static kt_engine *vision_engine(kt_model *m, int batch_tokens) {
+    kt_engine_params ep = kt_engine_defaults();
+    ep.n_ctx = 2048, ep.n_parallel = 4, ep.batch_tokens = batch_tokens, ep.n_threads = 2, ep.kv_type = KT_KV_F32;
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(m, &ep, &err);
+    if (!e) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* The golden's image prompt through the engine (prefill in chunks of 64
+ * so the image crosses steps): the greedy tokens are the golden's; the
+ * same request again takes the image's KV from the prefix cache (its
+ * blocks keyed by the image's hash) and gives the same bits; beside a
+ * text request, the same bits for both; the same prompt with an image
+ * one value different shares the blocks before the image only. */
+static void check_engine_images(const char *T, const char *model_file, bool eps0) {
+    static vreq v, v2;
+    vreq_load(&v, T, "F32", "photo");
+    kt_model *m = load_text_model(model_file, eps0);
+    kt_engine *e = vision_engine(m, 64);
+    static tu_eng_out alone, again, beside, text_alone, text_beside, other;
+    kt_request_usage u = tu_eng_drain(vreq_submit(e, &v, 16), &alone, 1);
+    assert_int_equal(u.prompt_tokens, v.n);
+    assert_int_equal(u.cached_tokens, 0);
+    if (alone.n != 16 || memcmp(alone.tokens, v.gen, sizeof v.gen))
+        fail_msg("%s: the engine's greedy tokens after the image are not the golden's", T);
+    u = tu_eng_drain(vreq_submit(e, &v, 16), &again, 1);
+    tu_assert_same_out(&again, &alone, "the same image again");
+    assert_true(u.cached_tokens >= v.image.at + v.image.grid_x * v.image.grid_y - 16);
+    const int32_t *text = v.ids + v.image.at + v.image.grid_x * v.image.grid_y;
+    const int n_text = v.n - (v.image.at + v.image.grid_x * v.image.grid_y);
+    tu_eng_drain(tu_eng_submit(e, text, n_text, 16, 1), &text_alone, 1);
+    kt_request *ra = vreq_submit(e, &v, 16), *rb = tu_eng_submit(e, text, n_text, 16, 1);
+    tu_eng_drain(ra, &beside, 1);
+    tu_eng_drain(rb, &text_beside, 1);
+    tu_assert_same_out(&beside, &alone, "beside a text request");
+    tu_assert_same_out(&text_beside, &text_alone, "the text request beside the image");
+    /* one value of one embedding row changed: another image */
+    v2 = v;
+    const size_t n_floats = (size_t)v.image.grid_x * v.image.grid_y * (size_t)m->llm->cfg.n_embd;
+    v2.embd = tu_xmalloc(sizeof(float) * n_floats);
+    memcpy(v2.embd, v.embd, sizeof(float) * n_floats);
+    v2.embd[n_floats / 2] += 0.25f;
+    v2.image.embd = v2.embd, v2.image.hash = XXH3_64bits(v2.embd, sizeof(float) * n_floats);
+    u = tu_eng_drain(vreq_submit(e, &v2, 16), &other, 1);
+    assert_true(u.cached_tokens <= v.image.at);
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
+    printf("  %s through the engine: the golden's 16 greedy tokens; again %d of %d prompt tokens cached, same bits; "
+           "beside a text request, same bits; an image one value apart: %d cached (the image starts at %d)\n",
+           T, (int)u.cached_tokens, v.n, (int)u.cached_tokens, v.image.at);
+    kt_engine_free(e), kt_model_free(m);
+    free(v.embd), free(v2.embd);
+}
+
+static void test_engine_images(void **state) {
+    (void)state;
+    check_engine_images("qwen3vl", "golden/arch/qwen35-F16.gguf", false);
+    check_engine_images("qwen25vl", "golden/arch/qwen2vl-F16.gguf", true);
+}
+
+/* What submit refuses: an image over the prompt's end, overlapping
+ * images, an image without embeddings or pixels on an engine without a
+ * tower, an image on a model without M-RoPE. */
+static void test_engine_images_refused(void **state) {
+    (void)state;
+    static vreq v;
+    vreq_load(&v, "qwen3vl", "F32", "tiny");
+    kt_model *m = load_text_model("golden/arch/qwen35-F16.gguf", false);
+    kt_engine *e = vision_engine(m, 64);
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = v.ids, p.n_prompt = v.n, p.max_tokens = 4;
+    kt_prompt_image im[2] = {v.image, v.image};
+    kt_request *r = NULL;
+    kt_error err = {0};
+    p.images = im, p.n_images = 1;
+    im[0].at = v.n - 2;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "do not fit the prompt"));
+    im[0] = v.image, im[1].at = v.image.at + 3, p.n_images = 2;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "overlaps"));
+    im[0].embd = NULL, p.n_images = 1;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "neither embeddings nor pixels"));
+    kt_engine_free(e), kt_model_free(m);
+    /* a model without M-RoPE sections */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", tu_shared_dir());
+    assert_non_null(m = kt_model_load(path, &err));
+    assert_non_null(e = vision_engine(m, 64));
+    p.n_prompt = 40, im[0] = v.image, im[0].at = 2, im[0].grid_x = 2, im[0].grid_y = 2;
+    for (int i = 0; i < 40; i++) v.ids[i] = 1 + i;
+    assert_int_equal(kt_engine_submit(e, &p, &r, &err), KT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "takes no images"));
+    kt_engine_free(e), kt_model_free(m);
+    free(v.embd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2vl_keeps_file_eps), cmocka_unit_test(test_qwen2vl_text),
         cmocka_unit_test(test_qwen35_with_images),     cmocka_unit_test(test_qwen2vl_with_images),
-        cmocka_unit_test(test_flat_positions_fail),
+        cmocka_unit_test(test_flat_positions_fail),    cmocka_unit_test(test_engine_images),
+        cmocka_unit_test(test_engine_images_refused),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

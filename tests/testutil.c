@@ -3,6 +3,8 @@
  */
 #include "testutil.h"
 
+#include "engine/engine.h"
+
 #include "base/rng.h"
 #include "ops/quant.h"
 
@@ -196,4 +198,38 @@ double tu_golden_check_position(const float *logits, int n_vocab, json_t *pos, d
         fail();
     }
     return maxdiff;
+}
+
+kt_request *tu_eng_submit(kt_engine *e, const int32_t *ids, int n, int max_tokens, int n_choices) {
+    kt_gen_params p = kt_gen_defaults();
+    p.prompt = ids, p.n_prompt = n, p.max_tokens = max_tokens, p.n_choices = n_choices;
+    p.top_logprobs = 0, p.ignore_eos = true;
+    kt_request *r = NULL;
+    kt_error err = {0};
+    if (kt_engine_submit(e, &p, &r, &err) != KT_OK) fail_msg("%s", err.msg);
+    return r;
+}
+
+kt_request_usage tu_eng_drain(kt_request *r, tu_eng_out *out, int n_choices) {
+    memset(out, 0, sizeof *out * (size_t)n_choices);
+    kt_event ev;
+    int rc;
+    while ((rc = kt_request_wait(r, &ev, 60000)) == 1) {
+        if (ev.finish == KT_FINISH_ERROR) fail_msg("engine error: %s", ev.error);
+        if (ev.token < 0) continue;
+        tu_eng_out *o = &out[ev.choice];
+        assert_true(o->n < 64);
+        o->logprobs[o->n] = ev.logprob.logprob;
+        o->tokens[o->n++] = ev.token;
+    }
+    assert_int_equal(rc, -1);
+    kt_request_usage u = kt_request_get_usage(r);
+    kt_request_free(r);
+    return u;
+}
+
+void tu_assert_same_out(const tu_eng_out *a, const tu_eng_out *b, const char *what) {
+    if (a->n != b->n || memcmp(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n) ||
+        memcmp(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n))
+        fail_msg("%s: tokens or logprob bits differ from the request alone", what);
 }

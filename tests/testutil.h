@@ -71,6 +71,20 @@ int32_t *tu_json_ids(json_t *arr, int *n);
 int tu_argmax(const float *x, int n);
 double tu_golden_check_position(const float *logits, int n_vocab, json_t *pos, double tol, int p);
 
+/* The batched engine (engine/engine.h): a request's greedy-or-seeded
+ * output (tokens and their logprob bits), submitted with ignore_eos and
+ * top_logprobs 0; drained until it finishes (failing on an error event),
+ * freed, its usage returned; two outputs compared bit for bit. */
+typedef struct tu_eng_out {
+    int32_t tokens[64];
+    float logprobs[64];
+    int n;
+} tu_eng_out;
+struct kt_engine;
+struct kt_request *tu_eng_submit(struct kt_engine *e, const int32_t *ids, int n, int max_tokens, int n_choices);
+struct kt_request_usage tu_eng_drain(struct kt_request *r, tu_eng_out *out, int n_choices);
+void tu_assert_same_out(const tu_eng_out *a, const tu_eng_out *b, const char *what);
+
 /* Skips the running test visibly: prints which test and why, and makes
  * tu_result turn a run with no failure into ctest's skip code, so ctest
  * shows the program as skipped instead of passed. */

@@ -70,6 +70,7 @@
 #include "base/error.h"
 #include "base/huge.h"
 #include "engine/draft.h"
+#include "engine/images.h"
 #include "engine/grammar_sample.h"
 #include "engine/model_internal.h"
 #include "engine/request.h"
@@ -128,6 +129,10 @@ struct kt_engine {
     size_t kv_wanted_bytes; /* a default pool cut to the memory available: what it would have taken */
     int32_t *b_tokens;
     int *b_pos;
+    int *b_pos4;        /* per batch token: its M-RoPE position (4 ints), filled always */
+    const float **b_embd; /* per batch token: an image's embedding row, or NULL */
+    bool b_images;      /* this step's batch has a token of a request with images */
+    kt_embd_cache *embd_cache; /* the vision tower's outputs by image hash; NULL: no tower */
     kv_seq **b_seq;
     bool *b_logits;
     bool *b_hidden;     /* per batch token: an embedding wants its hidden state */
@@ -267,6 +272,14 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec == KT_SPEC_DRAFT && p.spec_draft && llm_state_bytes(p.spec_draft->llm))
         return kt_error_set(err, KT_ERR_ARG, "the draft model is a hybrid model (recurrent layers): a draft's "
                             "state cannot roll back; use --spec ngram or a transformer draft model");
+    if (p.vision && kt_vision_get_info(p.vision)->n_embd != e->llm->cfg.n_embd)
+        return kt_error_set(err, KT_ERR_ARG, "the vision tower's output width %d is not the model's embedding width "
+                            "%d: the projector is for another model", kt_vision_get_info(p.vision)->n_embd,
+                            e->llm->cfg.n_embd);
+    if (p.vision && !(e->llm->cfg.rope_sections[0] + e->llm->cfg.rope_sections[1] + e->llm->cfg.rope_sections[2]))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "the model (%s) has no M-RoPE sections: kettle places images "
+                            "in Qwen-VL text models (qwen2vl, qwen35, qwen35moe)", e->llm->cfg.arch);
+    if (p.image_cache_bytes == 0) p.image_cache_bytes = (size_t)512 << 20;
     e->p = p;
     return KT_OK;
 }
@@ -369,6 +382,8 @@ static bool alloc_batch(kt_engine *e) {
     size_t n_vocab = (size_t)e->llm->cfg.n_vocab;
     e->b_tokens = malloc(sizeof *e->b_tokens * (size_t)cap);
     e->b_pos = malloc(sizeof *e->b_pos * (size_t)cap);
+    e->b_pos4 = malloc(sizeof *e->b_pos4 * 4 * (size_t)cap);
+    e->b_embd = malloc(sizeof *e->b_embd * (size_t)cap);
     e->b_seq = malloc(sizeof *e->b_seq * (size_t)cap);
     e->b_logits = malloc(sizeof *e->b_logits * (size_t)cap);
     e->b_hidden = malloc(sizeof *e->b_hidden * (size_t)cap);
@@ -391,7 +406,7 @@ static bool alloc_batch(kt_engine *e) {
         return false;
     e->seq_tokens = malloc(sizeof *e->seq_tokens * (size_t)e->p.n_ctx);
     e->hit_blocks = malloc(sizeof *e->hit_blocks * (size_t)(e->p.n_ctx / KV_BLOCK_TOKENS + 1));
-    return e->prefill_order && e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
+    return e->prefill_order && e->seq_tokens && e->hit_blocks && e->t_decode_ms && e->b_tokens && e->b_pos && e->b_pos4 && e->b_embd && e->b_seq && e->b_logits && e->b_req && e->b_choice &&
            e->b_hidden && e->hidden && e->logits && e->row && e->active && e->waiting;
 }
 
@@ -440,6 +455,10 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     if (e->p.spec == KT_SPEC_DRAFT && !e->p.spec_propose &&
         !(e->draft = eng_draft_new(model, e->p.spec_draft, e->p.n_parallel, e->p.n_ctx, e->p.spec_k_max, err)))
         goto fail;
+    if (e->p.vision && !(e->embd_cache = kt_embd_cache_new(e->p.image_cache_bytes))) {
+        kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     publish_counts_locked(e); /* no thread yet: no lock needed */
     if (!alloc_batch(e)) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating the engine's batch");
@@ -536,6 +555,7 @@ static void retire(kt_engine *e, kt_request *r) {
         e->slots_reserved -= r->slots_reserved;
         e->seqs_running -= r->n_choices;
     }
+    req_images_release(&r->images, e->embd_cache);
     r->state = REQ_DONE;
     pthread_mutex_lock(&r->mu);
     r->usage.done_ns = now_ns();
@@ -785,10 +805,21 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
                             "the prompt has %d tokens but the context holds %d, and at least one "
                             "must be left to generate",
                             p->n_prompt, n_ctx);
-    for (int i = 0; i < p->n_prompt; i++)
+    if (p->n_images && p->embed)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "an embedding request cannot have images");
+    if (p->n_images && !(e->llm->cfg.rope_sections[0] + e->llm->cfg.rope_sections[1] + e->llm->cfg.rope_sections[2]))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "the model (%s) takes no images", e->llm->cfg.arch);
+    for (int i = 0, im = 0; i < p->n_prompt; i++) {
+        if (im < p->n_images && p->images && i >= p->images[im].at) { /* an image's tokens: submit writes their keys */
+            const long end = (long)p->images[im].at + (long)p->images[im].grid_x * p->images[im].grid_y;
+            i = end - 1 < p->n_prompt ? (int)end - 1 : p->n_prompt;
+            im++;
+            continue;
+        }
         if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab)
             return kt_error_set(err, KT_ERR_ARG, "prompt token %d at index %d is outside the vocabulary [0, %d)",
                                 p->prompt[i], i, n_vocab);
+    }
     *field = KT_FIELD_MAX_TOKENS;
     /* max_tokens is a cap, not a promise: past the room the context leaves
      * it is cut to that room and the reply may end at "length", as
@@ -873,20 +904,26 @@ kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request *
     if (!field) field = &f_local;
     *out = NULL;
     kt_status st = check_gen_params(e, p, &max_tokens, field, err);
-    if (st != KT_OK) return st;
+    if (st != KT_OK) return eng_images_free_given(p), st;
     kt_grammar *g = NULL;
     if (p->grammar && !(g = kt_grammar_parse(p->grammar, p->grammar_len, NULL, err))) {
         *field = KT_FIELD_GRAMMAR;
-        return kt_error_wrap(err, "grammar");
+        return eng_images_free_given(p), kt_error_wrap(err, "grammar");
     }
     eng_triggers trig;
     if ((st = eng_triggers_init(&trig, p, err)) != KT_OK) {
         kt_grammar_free(g);
         *field = KT_FIELD_GRAMMAR;
-        return st;
+        return eng_images_free_given(p), st;
     }
     kt_request *r = req_new(p, err);
-    if (!r) return kt_grammar_free(g), eng_triggers_free(&trig), KT_ERR_NOMEM;
+    if (!r) return kt_grammar_free(g), eng_triggers_free(&trig), eng_images_free_given(p), KT_ERR_NOMEM;
+    *field = KT_FIELD_PROMPT;
+    if ((st = req_images_copy(&r->images, p, r->prompt, e->llm->cfg.n_embd, e->p.vision != NULL, err)) != KT_OK) {
+        kt_grammar_free(g), eng_triggers_free(&trig);
+        req_release(r), req_release(r);
+        return st;
+    }
     r->grammar = g;
     r->triggers = trig;
     r->special_text = p->special_text;
@@ -1110,12 +1147,26 @@ static void sample_choice(kt_engine *e, kt_request *r, int i, const float *logit
 
 /* ---- the step -------------------------------------------------------- */
 
+/* Batch token n's M-RoPE position, from its index b_pos[n]: shifted past
+ * the request's images, or (p, p, p, 0) in a request without any. */
+static void batch_pos4(kt_engine *e, const kt_request *r, int n) {
+    int *p4 = e->b_pos4 + 4 * (size_t)n;
+    if (r->images.n) {
+        req_images_pos4(&r->images, e->b_pos[n], p4);
+        e->b_images = true;
+    } else {
+        p4[0] = p4[1] = p4[2] = e->b_pos[n], p4[3] = 0;
+    }
+}
+
 /* A token at position seq->len - 1 - after (after: tokens of the same
  * sequence that follow it in this step, already appended). */
 static void batch_add(kt_engine *e, int *n, kt_request *r, int choice, kv_seq *seq, int32_t tok, bool logits,
                       int after) {
     e->b_tokens[*n] = tok;
     e->b_pos[*n] = seq->len - 1 - after;
+    e->b_embd[*n] = NULL;
+    batch_pos4(e, r, *n);
     e->b_seq[*n] = seq;
     e->b_logits[*n] = logits;
     e->b_hidden[*n] = false;
@@ -1271,6 +1322,7 @@ static void draft_proposals(kt_engine *e) {
         kt_request *r = e->active[a];
         for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
             gen_choice *c = &r->choices[i];
+            if (r->images.n) c->n_prop = 0; /* the draft model cannot see the images */
             if (c->n_prop == 0) continue;
             int32_t *ctx = e->draft_ctx + (size_t)n_jobs * (size_t)e->p.n_ctx;
             e->draft_jobs[n_jobs++] = (eng_draft_job){.seq = &c->draft_seq, .ctx = ctx, .n = choice_tokens(r, c, ctx),
@@ -1360,9 +1412,32 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
 /* Appends the decode tokens, then prefill chunks; returns the batch size
  * and the number of prefill tokens in *n_prefill. A sequence that cannot
  * grow (which the reservation rules out) ends its request with an error. */
+/* The embeddings of the images in r's next chunk of `chunk` prompt
+ * tokens: encoded now where the encoder cache has none. False: the
+ * request failed. */
+static bool images_ready(kt_engine *e, kt_request *r, int chunk) {
+    kt_error err = {0};
+    double ms = 0;
+    int n_encoded = 0;
+    kt_status st = req_images_ready(&r->images, r->n_prefilled, chunk, e->p.vision, e->pool, e->embd_cache,
+                                    e->llm->cfg.n_embd, &ms, &n_encoded, &err);
+    pthread_mutex_lock(&e->mu);
+    e->stats.image_encodes += (uint64_t)n_encoded;
+    e->stats.image_encode_ms += ms;
+    if (e->embd_cache) {
+        const kt_embd_cache_stats cs = kt_embd_cache_get_stats(e->embd_cache);
+        e->stats.image_cache_hits = cs.hits, e->stats.image_cache_bytes = cs.bytes;
+        e->stats.image_cache_entries = cs.n_entries;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (st != KT_OK) fail_request(r, err.msg);
+    return st == KT_OK;
+}
+
 static int build_batch(kt_engine *e, int *n_prefill) {
     int n = 0;
     kt_error err;
+    e->b_images = false;
     eng_rewind_begin(&e->rewind, e->p.batch_tokens);
     plan_speculation(e);
     for (int a = 0; a < e->n_active; a++) {
@@ -1404,6 +1479,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         if (e->prefill_order[o] > youngest_served) youngest_served = e->prefill_order[o];
         int chunk = left < room ? left : room;
         kv_seq *seq = r->choices[0].seq;
+        if (r->images.n && !images_ready(e, r, chunk)) continue;
         if (kv_seq_append(seq, chunk, &err) != KT_OK) {
             fail_request(r, err.msg);
             continue;
@@ -1411,8 +1487,11 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         eng_snaps_plan(&e->snaps, r, r->n_prefilled, chunk, n, r->snap_extra);
         for (int j = 0; j < chunk; j++) {
             int k = r->n_prefilled + j;
-            e->b_tokens[n] = r->prompt[k];
+            const float *row = r->images.n ? req_images_row(&r->images, k, e->llm->cfg.n_embd) : NULL;
+            e->b_tokens[n] = row ? 0 : r->prompt[k]; /* an image's row: its key id is no token */
+            e->b_embd[n] = row;
             e->b_pos[n] = k;
+            batch_pos4(e, r, n);
             e->b_seq[n] = seq;
             e->b_logits[n] = !r->embed && k == r->n_prompt - 1;
             e->b_hidden[n] = r->embed == KT_POOL_MEAN || (r->embed == KT_POOL_CLS && k == 0) ||
@@ -1584,6 +1663,7 @@ static void engine_step(kt_engine *e) {
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
         llm_batch b = {.n_tokens = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .logits = e->b_logits,
                        .hidden = embeds ? e->b_hidden : NULL, .hidden_out = e->hidden,
+                       .pos_mrope = e->b_images ? e->b_pos4 : NULL, .embd = e->b_images ? e->b_embd : NULL,
                        .state_snap = e->snaps.n_pending ? e->snaps.b_snap : NULL,
                        .rec_log = e->rewind.n_log ? e->rewind.b_log : NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);

@@ -109,6 +109,13 @@ typedef struct kt_engine_params {
      * force an acceptance rate, tests); NULL: spec's own. Engine thread. */
     kt_spec_propose_fn spec_propose;
     void *spec_propose_ctx;
+    /* A vision-language model's tower (src/vision/, borrowed; outlives the
+     * engine): requests' images are encoded with it when their tokens are
+     * first prefilled. NULL: images must come with their embeddings. The
+     * encoder's outputs are kept by image hash up to image_cache_bytes
+     * (0: 512 MiB). */
+    struct kt_vision *vision;
+    size_t image_cache_bytes;
 } kt_engine_params;
 
 kt_engine_params kt_engine_defaults(void);
@@ -142,9 +149,26 @@ typedef enum kt_pooling {
     KT_POOL_LAST,     /* the last token's (causal embedding models: Qwen3-Embedding) */
 } kt_pooling;
 
+/* An image in a prompt (engine/images.h): its grid_x * grid_y tokens take
+ * prompt indices [at, at + grid_x * grid_y), whose values submit replaces
+ * by the image's key ids. Its embeddings are given (embd: that many rows
+ * of the model's n_embd floats, copied) or made by the engine's vision
+ * tower from prep (taken by submit, also when it fails; hash from
+ * eng_image_hash). */
+typedef struct kt_prompt_image {
+    int at, grid_x, grid_y;
+    uint64_t hash;
+    struct kt_image_prep *prep;
+    const float *embd;
+} kt_prompt_image;
+
+#define KT_MAX_IMAGES 64 /* per request */
+
 typedef struct kt_gen_params {
     const int32_t *prompt;  /* copied by submit; n_prompt >= 1 */
     int n_prompt;
+    const kt_prompt_image *images; /* in prompt order, not overlapping; NULL: none */
+    int n_images;
     int max_tokens;         /* generated tokens per choice; <= 0: until the context is full */
     int n_choices;          /* 1..KT_MAX_CHOICES, sharing the prompt's KV blocks */
     kt_sampler_params sampling; /* choice i samples with seed + i; penalties
@@ -338,6 +362,11 @@ typedef struct kt_engine_stats {
     /* speculation: proposed tokens verified, of them kept, passes of a
      * choice that verified any */
     uint64_t spec_proposed, spec_accepted, spec_passes;
+    /* images: encodes by the vision tower and their time, the encoder
+     * cache's hits and what it holds */
+    uint64_t image_encodes, image_cache_hits;
+    double image_encode_ms;
+    size_t image_cache_bytes, image_cache_entries;
     kt_latency_hist ttft;   /* submit -> first token */
     kt_latency_hist itl;    /* between consecutive tokens of one choice */
 } kt_engine_stats;

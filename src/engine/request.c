@@ -25,6 +25,7 @@ static void req_free_memory(kt_request *r) {
     free(r->client_text);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
+    req_images_release(&r->images, NULL); /* the engine dropped its pins when it retired it */
     free(r->bias);
     free(r->embd);
     kt_grammar_free(r->grammar);

@@ -28,6 +28,7 @@
 
 #include "engine/engine.h"
 #include "engine/grammar_sample.h"
+#include "engine/images.h"
 #include "grammar/constraint.h"
 #include "kv/block_pool.h"
 #include "spec/policy.h"
@@ -63,7 +64,8 @@ typedef struct queued_event {
 
 struct kt_request {
     /* what was asked (immutable after submit) */
-    int32_t *prompt;
+    int32_t *prompt;      /* ids, and images' key ids (images.h) */
+    req_images images;
     int n_prompt, max_tokens, n_choices, top_logprobs, priority;
     kt_sampler_params sampling;
     char *stop[KT_MAX_STOP];
