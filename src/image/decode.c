@@ -68,7 +68,8 @@ static const char *other_format_name(const uint8_t *p, size_t n) {
 static kt_status refuse_unknown(const uint8_t *p, size_t n, kt_error *err) {
     char hex[3 * 8 + 1] = "";
     size_t shown = n < 8 ? n : 8;
-    for (size_t i = 0; i < shown; i++) snprintf(hex + 3 * i, 4, "%s%02x", i ? " " : "", p[i]);
+    size_t len = 0;
+    for (size_t i = 0; i < shown; i++) len += (size_t)snprintf(hex + len, sizeof hex - len, "%s%02x", i ? " " : "", p[i]);
     return kt_error_set(err, KT_ERR_UNSUPPORTED, "not a PNG, JPEG or WebP image (starts with %s%s)", hex,
                         other_format_name(p, n));
 }
