@@ -1,0 +1,302 @@
+/*
+ * vit_ops.c - the vision tower's kernels other than the GEMMs: norms,
+ * activations, the 2-D rotary and bidirectional (full or windowed)
+ * attention, in plain C with threads over rows or heads.
+ *
+ * Each follows the ggml CPU op llama.cpp's graph uses, so that the
+ * embeddings agree with libmtmd's to rounding: LayerNorm / RMSNorm sums in
+ * double, GELU and quick GELU through ggml's F16 lookup (the argument and
+ * the result rounded to F16: ggml_vec_gelu_f32 with GGML_GELU_FP16), the
+ * rotary's angles by repeated multiplication in float as
+ * ggml_mrope_cache_init computes them, softmax normalised before P x V.
+ * The inner loops run over keys (scores) and over the head dim (P x V)
+ * with no reduction across lanes, so the compiler vectorizes them without
+ * -ffast-math.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/fp16.h"
+#include "vision/vision_internal.h"
+
+/* ---- norms ---- */
+
+typedef struct norm_job {
+    vt_norm kind;
+    float *y;
+    const float *x, *w, *b;
+    int n_rows, n;
+    float eps;
+} norm_job;
+
+static void norm_row(const norm_job *j, float *y, const float *x) {
+    int n = j->n;
+    float scale;
+    if (j->kind == VT_NORM_LAYER) {
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += x[i];
+        float mean = (float)sum / (float)n;
+        double var = 0;
+        for (int i = 0; i < n; i++) {
+            y[i] = x[i] - mean;
+            var += (double)(y[i] * y[i]);
+        }
+        scale = 1.0f / sqrtf((float)(var / n) + j->eps);
+    } else {
+        double sum = 0;
+        for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+        scale = 1.0f / sqrtf((float)(sum / n) + j->eps);
+        if (y != x) memcpy(y, x, (size_t)n * sizeof *y);
+    }
+    for (int i = 0; i < n; i++) y[i] *= scale;
+    if (j->w)
+        for (int i = 0; i < n; i++) y[i] *= j->w[i];
+    if (j->b)
+        for (int i = 0; i < n; i++) y[i] += j->b[i];
+}
+
+static void norm_worker(void *ctx, int ith, int nth) {
+    const norm_job *j = ctx;
+    long lo, hi;
+    kt_split_range(j->n_rows, ith, nth, &lo, &hi);
+    for (long r = lo; r < hi; r++) norm_row(j, j->y + r * j->n, j->x + r * j->n);
+}
+
+void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b,
+                  int n_rows, int n, float eps) {
+    norm_job j = {kind, y, x, w, b, n_rows, n, eps};
+    kt_pool_run(pool, norm_worker, &j);
+}
+
+/* ---- element-wise ---- */
+
+void vt_add_bias(float *x, const float *b, int n_rows, int n) {
+    if (!b) return;
+    for (long r = 0; r < n_rows; r++)
+        for (int i = 0; i < n; i++) x[r * n + i] += b[i];
+}
+
+void vt_add(float *y, const float *x, long n) {
+    for (long i = 0; i < n; i++) y[i] += x[i];
+}
+
+static float f16_round(float x) { return kt_fp16_to_fp32(kt_fp32_to_fp16(x)); }
+
+/* ggml_gelu_f32: the tanh form, in float */
+static float gelu_tanh(float x) {
+    const float coef_a = 0.044715f, sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+/* ggml_vec_gelu_f32 under GGML_GELU_FP16: the table holds
+ * fp16(gelu(fp16 argument)); beyond +-10 it is skipped */
+static float gelu_ggml(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return f16_round(gelu_tanh(f16_round(x)));
+}
+
+/* ggml_vec_gelu_quick_f32 under GGML_GELU_QUICK_FP16 (no clamp) */
+static float gelu_quick_ggml(float x) {
+    float h = f16_round(x);
+    return f16_round(h * (1.0f / (1.0f + expf(-1.702f * h))));
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static float act1(vt_act act, float x) {
+    switch (act) {
+    case VT_ACT_GELU: return gelu_ggml(x);
+    case VT_ACT_SILU: return silu(x);
+    case VT_ACT_GELU_QUICK: return gelu_quick_ggml(x);
+    }
+    return x;
+}
+
+void vt_gelu(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = gelu_ggml(x[i]);
+}
+
+void vt_gelu_quick(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = gelu_quick_ggml(x[i]);
+}
+
+void vt_act_inplace(vt_act act, float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = act1(act, x[i]);
+}
+
+void vt_glu(vt_act act, float *gate, const float *up, long n) {
+    for (long i = 0; i < n; i++) gate[i] = act1(act, gate[i]) * up[i];
+}
+
+void vt_round_f16(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = f16_round(x[i]);
+}
+
+/* ---- 2-D rotary ---- */
+
+typedef struct rope_job {
+    float *x;
+    int stride;
+    const int *pos_y, *pos_x;
+    int n_tokens, n_heads, d;
+} rope_job;
+
+/* cos / sin of pair j for one token, as ggml_mrope_cache_init computes them
+ * in vision mode (n_dims = d/2, sections d/4 each, indep_sects): the angle
+ * runs from the row at j = 0 and restarts from the column at j = d/4, each
+ * step times base^(-2 / n_dims) in float. */
+static void rope_cache(int d, int pos_y, int pos_x, float *cs, float *sn) {
+    const float theta_scale = powf(10000.0f, -2.0f / (float)(d / 2));
+    float theta_y = (float)pos_y, theta_x = (float)pos_x;
+    for (int j = 0; j < d / 2; j++) {
+        if (j == d / 4) theta_x = (float)pos_x;
+        float theta = j < d / 4 ? theta_y : theta_x;
+        cs[j] = cosf(theta);
+        sn[j] = sinf(theta);
+        theta_y *= theta_scale;
+        theta_x *= theta_scale;
+    }
+}
+
+static void rope_worker(void *ctx, int ith, int nth) {
+    const rope_job *r = ctx;
+    int d = r->d, half = d / 2;
+    float cs[VT_MAX_HEAD_DIM / 2], sn[VT_MAX_HEAD_DIM / 2];
+    long lo, hi;
+    kt_split_range(r->n_tokens, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        rope_cache(d, r->pos_y[t], r->pos_x[t], cs, sn);
+        for (int h = 0; h < r->n_heads; h++) {
+            float *v = r->x + t * r->stride + (long)h * d;
+            for (int j = 0; j < half; j++) {
+                float x0 = v[j], x1 = v[j + half];
+                v[j] = x0 * cs[j] - x1 * sn[j];
+                v[j + half] = x0 * sn[j] + x1 * cs[j];
+            }
+        }
+    }
+}
+
+void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens,
+                int n_heads, int d_head) {
+    rope_job r = {x, stride, pos_y, pos_x, n_tokens, n_heads, d_head};
+    kt_pool_run(pool, rope_worker, &r);
+}
+
+/* ---- attention ---- */
+
+#define VT_QUERY_CHUNK 32 /* queries per task: enough work per gather of K and V */
+
+typedef struct attn_job {
+    float *out;
+    const float *q, *k, *v;
+    int stride, n_heads, d;
+    const int *win_start, *members;
+    int n_windows;
+    long n_tasks;
+    const long *task_start; /* first task of each window, n_windows + 1 */
+    float *scratch;         /* per thread: scratch_floats */
+    size_t scratch_floats;
+    int max_win;
+} attn_job;
+
+/* K of one window and head transposed to [d][n] (scores loop over keys)
+ * and V gathered to [n][d] (P x V loops over the head dim). */
+static void gather_kv(const attn_job *a, int w, int h, float *kt, float *vw) {
+    int ws = a->win_start[w], n = a->win_start[w + 1] - ws, d = a->d;
+    for (int j = 0; j < n; j++) {
+        long t = a->members[ws + j];
+        const float *kr = a->k + t * a->stride + (long)h * d;
+        const float *vr = a->v + t * a->stride + (long)h * d;
+        for (int c = 0; c < d; c++) kt[(long)c * n + j] = kr[c];
+        memcpy(vw + (long)j * d, vr, (size_t)d * sizeof *vw);
+    }
+}
+
+/* softmax(q K^T / sqrt(d)) V for one query over the n gathered keys */
+static void attend_one(const attn_job *a, const float *qi, int n, const float *kt, const float *vw, float *s,
+                       float *acc, float *o) {
+    int d = a->d;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int j = 0; j < n; j++) s[j] = 0.0f;
+    for (int c = 0; c < d; c++) {
+        const float qc = qi[c], *kr = kt + (long)c * n;
+        for (int j = 0; j < n; j++) s[j] += qc * kr[j];
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] *= scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int c = 0; c < d; c++) acc[c] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float p = s[j] * inv, *vr = vw + (long)j * d;
+        for (int c = 0; c < d; c++) acc[c] += p * vr[c];
+    }
+    memcpy(o, acc, (size_t)d * sizeof *o);
+}
+
+static void attn_worker(void *ctx, int ith, int nth) {
+    const attn_job *a = ctx;
+    int d = a->d;
+    float *kt = a->scratch + (size_t)ith * a->scratch_floats;
+    float *vw = kt + (size_t)a->max_win * d, *s = vw + (size_t)a->max_win * d, *acc = s + a->max_win;
+    int have_w = -1, have_h = -1, w = 0;
+    for (long task = ith; task < a->n_tasks; task += nth) {
+        while (task >= a->task_start[w + 1]) w++; /* tasks ascend, so w only moves forward */
+        int ws = a->win_start[w], n = a->win_start[w + 1] - ws;
+        long n_chunks = (n + VT_QUERY_CHUNK - 1) / VT_QUERY_CHUNK;
+        long local = task - a->task_start[w];
+        int h = (int)(local / n_chunks), chunk = (int)(local % n_chunks);
+        if (w != have_w || h != have_h) {
+            gather_kv(a, w, h, kt, vw);
+            have_w = w;
+            have_h = h;
+        }
+        int i_end = (chunk + 1) * VT_QUERY_CHUNK < n ? (chunk + 1) * VT_QUERY_CHUNK : n;
+        for (int i = chunk * VT_QUERY_CHUNK; i < i_end; i++) {
+            long t = a->members[ws + i];
+            attend_one(a, a->q + t * a->stride + (long)h * d, n, kt, vw, s, acc,
+                       a->out + t * (long)a->n_heads * d + (long)h * d);
+        }
+    }
+}
+
+kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                       kt_error *err) {
+    int max_win = 0;
+    for (int w = 0; w < n_windows; w++)
+        if (win_start[w + 1] - win_start[w] > max_win) max_win = win_start[w + 1] - win_start[w];
+    long *task_start = malloc(((size_t)n_windows + 1) * sizeof *task_start);
+    if (!task_start) return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
+    task_start[0] = 0;
+    for (int w = 0; w < n_windows; w++) {
+        long n = win_start[w + 1] - win_start[w];
+        task_start[w + 1] = task_start[w] + (long)n_heads * ((n + VT_QUERY_CHUNK - 1) / VT_QUERY_CHUNK);
+    }
+    int nth = pool ? kt_pool_size(pool) : 1;
+    size_t per = 2 * (size_t)max_win * d_head + (size_t)max_win + (size_t)d_head;
+    per = (per + 15) & ~(size_t)15; /* threads' scratch on separate cache lines */
+    float *scratch = malloc((size_t)nth * per * sizeof *scratch);
+    if (!scratch) {
+        free(task_start);
+        return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d threads x %d keys", nth,
+                            max_win);
+    }
+    attn_job a = {out,      q,        k,       v,         stride,     n_heads,    d_head,
+                  win_start, members, n_windows, task_start[n_windows], task_start, scratch, per, max_win};
+    kt_pool_run(pool, attn_worker, &a);
+    free(scratch);
+    free(task_start);
+    return KT_OK;
+}
