@@ -342,9 +342,9 @@ static void check_engine_images(const char *T, const char *model_file, bool eps0
     assert_int_equal(u.cached_tokens, 0);
     if (alone.n != 16 || memcmp(alone.tokens, v.gen, sizeof v.gen))
         fail_msg("%s: the engine's greedy tokens after the image are not the golden's", T);
-    u = tu_eng_drain(vreq_submit(e, &v, 16), &again, 1);
+    const kt_request_usage u_again = tu_eng_drain(vreq_submit(e, &v, 16), &again, 1);
     tu_assert_same_out(&again, &alone, "the same image again");
-    assert_true(u.cached_tokens >= v.image.at + v.image.grid_x * v.image.grid_y - 16);
+    assert_true(u_again.cached_tokens >= v.image.at + v.image.grid_x * v.image.grid_y - 16);
     const int32_t *text = v.ids + v.image.at + v.image.grid_x * v.image.grid_y;
     const int n_text = v.n - (v.image.at + v.image.grid_x * v.image.grid_y);
     tu_eng_drain(tu_eng_submit(e, text, n_text, 16, 1), &text_alone, 1);
@@ -366,7 +366,7 @@ static void check_engine_images(const char *T, const char *model_file, bool eps0
     kt_engine_get_stats(e, &st);
     printf("  %s through the engine: the golden's 16 greedy tokens; again %d of %d prompt tokens cached, same bits; "
            "beside a text request, same bits; an image one value apart: %d cached (the image starts at %d)\n",
-           T, (int)u.cached_tokens, v.n, (int)u.cached_tokens, v.image.at);
+           T, (int)u_again.cached_tokens, v.n, (int)u.cached_tokens, v.image.at);
     kt_engine_free(e), kt_model_free(m);
     free(v.embd), free(v2.embd);
 }
