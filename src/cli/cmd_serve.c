@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 #include "kettle.h"
 #include "server/http.h"
+#include "vision/vision.h"
 
 #define MAX_ALIASES 32
 #define MAX_NAME_LISTS 32 /* --allowed-host and --cors-origin flags, each a comma list */
@@ -54,6 +55,8 @@ typedef struct serve_opts {
     const char *config;     /* --config FILE */
     const char *spec;       /* --spec off|ngram|draft */
     const char *draft;      /* --draft PATH */
+    const char *mmproj;     /* --mmproj PATH */
+    int image_max_bytes, image_max_side, image_max_pixels; /* --image-max-*: 0 the defaults */
     int draft_max;          /* --draft-max K */
     bool spec_fixed;        /* --spec-fixed */
     serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
@@ -189,6 +192,12 @@ static void usage(FILE *out) {
             "      --draft PATH        the -m model's draft model (implies --spec draft; with several\n"
             "                          models a class gives its own: draft=PATH)\n"
             "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
+            "      --mmproj PATH       the -m model's vision projector (llama.cpp's mmproj GGUF: Qwen2-VL,\n"
+            "                          Qwen2.5-VL, Qwen3-VL, Qwen 3.5): chat requests may carry images\n"
+            "                          (image_url data: URLs); with several models a class gives mmproj=PATH\n"
+            "      --image-max-bytes N, --image-max-side N, --image-max-pixels N\n"
+            "                          what one image may be: encoded bytes (default 20 MiB), width and\n"
+            "                          height (16384), decoded pixels (40 million); beyond, a 400 naming it\n"
             "      --spec-fixed        verify every proposal found (no adaptive k; for benchmarks)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
             "                          hidden states pooled by P, mean (default), last or cls. A file\n"
@@ -246,11 +255,14 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
                          {"--http-max-connections", NULL, 16, 1 << 16, &o->max_connections},
                          {"--sse-keepalive-ms", NULL, 0, 3600000, &o->sse_keepalive_ms},
                          {"--draft-max", NULL, 1, 32, &o->draft_max},
+                         {"--image-max-bytes", NULL, 1024, 1 << 30, &o->image_max_bytes},
+                         {"--image-max-side", NULL, 16, 1 << 16, &o->image_max_side},
+                         {"--image-max-pixels", NULL, 256, 1 << 30, &o->image_max_pixels},
 
                          {"--fallback-timeout-s", NULL, 1, 3600, &o->fallback_timeout_s},
                          {"--fallback-max-s", NULL, 1, 86400, &o->fallback_max_s}};
     struct { const char *name, *alias; const char **dst; } strs[] = {
-        {"--config", NULL, &o->config}, {"--spec", NULL, &o->spec}, {"--draft", NULL, &o->draft}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
+        {"--config", NULL, &o->config}, {"--spec", NULL, &o->spec}, {"--draft", NULL, &o->draft}, {"--mmproj", NULL, &o->mmproj}, {"--host", NULL, &o->host}, {"--api-key", NULL, &o->api_key},
         {"--chat-template", NULL, &o->template_arg}, {"--kv-type", NULL, &o->kv_type},
         {"--prefix-cache", NULL, &o->prefix_cache}, {"--cache-dir", NULL, &o->cache_dir},
         {"--fallback", NULL, &o->fallback}, {"--fallback-key-env", NULL, &o->fallback_key_env},
@@ -350,6 +362,10 @@ static int check_spec(serve_opts *o) {
         return cli_usage_error("serve", "--draft names the one -m model's draft; with several models give each its "
                                "own draft=PATH");
     if (o->draft && !o->classes[0].draft) o->classes[0].draft = o->draft;
+    if (o->mmproj && o->n_classes > 1)
+        return cli_usage_error("serve", "--mmproj names the one -m model's projector; with several models give each "
+                               "its own mmproj=PATH");
+    if (o->mmproj && !o->classes[0].mmproj) o->classes[0].mmproj = o->mmproj;
     bool any_on = false;
     for (int i = 0; i < o->n_classes; i++) {
         serve_class *c = &o->classes[i];
@@ -523,7 +539,12 @@ static void drain(srv_server *srv, const sigset_t *set, int drain_s) {
 }
 
 static srv_config server_config(const serve_opts *o) {
-    return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key,
+    kt_image_limits lim;
+    kt_image_limits_default(&lim);
+    if (o->image_max_bytes) lim.max_bytes = (size_t)o->image_max_bytes;
+    if (o->image_max_side) lim.max_side = o->image_max_side;
+    if (o->image_max_pixels) lim.max_pixels = o->image_max_pixels;
+    return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key, .image_limits = lim,
                         .strict_model_names = o->strict_model_names, .http_threads = o->http_threads,
                         .http_timeout_s = o->http_timeout_s, .max_connections = o->max_connections,
                         .sse_keepalive_ms = o->sse_keepalive_ms, .log_format = o->log_format, .no_webui = o->no_webui};
@@ -545,6 +566,7 @@ static void print_origin_rules(const srv_config *cfg) {
 typedef struct loaded_class {
     kt_model *model; /* loaded at start; then the server's (it may unload and reload it) */
     kt_model *draft; /* its draft model, loaded with it; then its engine's (spec_draft_owned) */
+    kt_vision *vision; /* its vision tower (mmproj=), loaded at start and kept until the server stops */
     char *tmpl;      /* its chat template text, or NULL: the model's own */
     const serve_opts *o;
     const serve_class *c;
@@ -597,6 +619,21 @@ static kt_model *load_draft(const serve_class *c, kt_load_mode load, kt_error *e
     return d;
 }
 
+/* A class's vision tower (mmproj=, or --mmproj for the one model); NULL
+ * with err naming the file. Its width is checked against the model's by
+ * the engine. */
+static kt_vision *load_vision(const serve_class *c, kt_error *err) {
+    kt_vision *v = kt_vision_load(c->mmproj, err);
+    if (!v) {
+        kt_error_wrap(err, "vision projector %s", c->mmproj);
+        return NULL;
+    }
+    const kt_vision_info *vi = kt_vision_get_info(v);
+    fprintf(stderr, "kettle serve: %s: vision tower %s (%d blocks, width %d, %.0fM parameters) from %s\n", c->name,
+            vi->projector, vi->n_layers, vi->width, (double)vi->n_params / 1e6, c->mmproj);
+    return v;
+}
+
 /* Loads every class's model and template (the server answers "loading"
  * meanwhile). Returns 0, or 1 after saying which class failed. */
 static int load_classes(serve_opts *o, loaded_class *lc) {
@@ -605,6 +642,10 @@ static int load_classes(serve_opts *o, loaded_class *lc) {
         serve_class *c = &o->classes[i];
         const char *t = c->template_arg ? c->template_arg : o->template_arg;
         lc[i].o = o, lc[i].c = c;
+        if (c->mmproj && !(lc[i].vision = load_vision(c, &err))) {
+            if (o->n_classes > 1) kt_error_wrap(&err, "model '%s'", c->name);
+            return cli_fail("serve", &err);
+        }
         if (c->lazy) { /* checked now, loaded on its first request */
             if (t && !(lc[i].tmpl = cli_load_template(t, &err))) return cli_fail("serve", &err);
             for (int k = 0; k < 1 + (c->draft != NULL); k++) {
@@ -636,6 +677,7 @@ static kt_status load_one(void *ctx, size_t kv_limit, kt_model **model, kt_engin
     if (!(*model = cli_load_model(lc->c->path, lc->o->load, err))) return err->status;
     kt_model *draft = lc->c->draft ? load_draft(lc->c, lc->o->load, err) : NULL;
     p.spec_draft = draft, p.spec_draft_owned = draft != NULL;
+    p.vision = lc->vision;
     if ((lc->c->draft && !draft) || !(*engine = kt_engine_new(*model, &p, err))) {
         kt_model_free(draft);
         kt_model_free(*model), *model = NULL;
@@ -668,7 +710,8 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
                                   .load = load_one, .load_ctx = &lc[i], .lazy = c->lazy,
                                   .keep_alive_s = c->keep_alive_set ? c->keep_alive_s : -1,
                                   .load_bytes = file_bytes(c->path) + (c->draft ? file_bytes(c->draft) : 0),
-                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20, .fallback = c->fb};
+                                  .kv_bytes = (size_t)(c->kv_mb ? c->kv_mb : o->kv_mb) << 20, .fallback = c->fb,
+                                  .vision = lc[i].vision};
         if (c->lazy) { /* its file's pooling is not known before it loads: embeddings= says it */
             k[i].embed_pooling = embed_pooling(NULL, o, c);
             continue;
@@ -677,6 +720,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
         kt_engine_params p = engine_params(o, c);
         p.mem_limit = left ? left : 1; /* nothing left: every pool is refused, naming the flag */
         p.spec_draft = lc[i].draft, p.spec_draft_owned = lc[i].draft != NULL;
+        p.vision = lc[i].vision;
         kt_error err = {0};
         kt_engine *e = kt_engine_new(lc[i].model, &p, &err);
         if (!e) {
@@ -770,6 +814,7 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < o.n_classes; i++) {
         kt_model_free(lc[i].model);
         kt_model_free(lc[i].draft);
+        kt_vision_free(lc[i].vision); /* after srv_stop: no engine reads it any more */
         free(lc[i].tmpl);
         serve_class_free(&o.classes[i]);
     }

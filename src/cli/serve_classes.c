@@ -41,6 +41,7 @@ static const class_key KEYS[] = {
     {"kv-type", K_STR, 0, 0},        {"chat-template", K_STR, 0, 0},     {"alias", K_ALIAS, 0, 0},
     {"fallback", K_STR, 0, 0},       {"fallback-on", K_STR, 0, 0},
     {"spec", K_STR, 0, 0},           {"draft-max", K_INT, 1, 32},       {"draft", K_STR, 0, 0},
+    {"mmproj", K_STR, 0, 0},
     {"embeddings", K_EMBED, 0, 0},   {"temperature", K_DEFAULT_NUM, 0, 2}, {"top_p", K_DEFAULT_NUM, 0, 1},
     {"min_p", K_DEFAULT_NUM, 0, 1},  {"top_k", K_DEFAULT_INT, 0, 1 << 20}, {"max_tokens", K_DEFAULT_INT, 1, 1 << 24},
     {"seed", K_DEFAULT_INT, 0, 1L << 30}, {"grammar", K_DEFAULT_JSON, 0, 0}, {"logit_bias", K_DEFAULT_JSON, 0, 0},
@@ -50,7 +51,8 @@ const char *serve_class_keys_help(void) {
     return "ctx=N, parallel=N, kv-mb=N, kv-type=f16|q8_0|f32, chat-template=FILE|NAME, alias=NAME (repeatable),\n"
            "embeddings[=mean|last|cls], lazy (load on first use), keep-alive=S (unload after S idle seconds),\n"
            "fallback=URL and fallback-on=LIST (its own upstream and triggers), spec=off|ngram|draft|auto, draft=PATH\n"
-           "(its own draft model, the same vocabulary) and draft-max=K (speculative decoding),\n"
+           "(its own draft model, the same vocabulary) and draft-max=K (speculative decoding), mmproj=PATH\n"
+           "(its vision projector: chat requests may carry images),\n"
            "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=\n"
            "(in a --config file also \"grammar\": GBNF text and \"logit_bias\": {\"TOKEN_ID\": BIAS})";
 }
@@ -96,6 +98,7 @@ static int set_key(serve_class *c, const class_key *k, const char *v, const char
         *(!strcmp(k->name, "kv-type")       ? &c->kv_type
           : !strcmp(k->name, "spec")        ? &c->spec
           : !strcmp(k->name, "draft")       ? &c->draft
+          : !strcmp(k->name, "mmproj")      ? &c->mmproj
           : !strcmp(k->name, "fallback")    ? &c->fallback
           : !strcmp(k->name, "fallback-on") ? &c->fallback_on
                                             : &c->template_arg) = v;

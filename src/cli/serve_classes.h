@@ -34,6 +34,7 @@ typedef struct serve_class {
     const char *spec;             /* speculative decoding: off, ngram; NULL: the command line's --spec */
     int draft_max;                /* proposals per step; 0: the command line's --draft-max */
     const char *draft;            /* its draft model's path (spec=draft); NULL: none (--draft with one model) */
+    const char *mmproj;           /* its vision projector's path; NULL: none (--mmproj with one model) */
     srv_fallback fb;              /* its own upstream as cmd_serve built it (url NULL: the server's) */
     bool lazy;                    /* loaded on its first request, not at start */
     bool keep_alive_set;

@@ -3,12 +3,14 @@
  * /v1/messages/count_tokens), which coding agents and the Anthropic SDKs
  * speak, as a dialect of chat completions (see dialect.h).
  *
- * A request's `system`, its messages' content blocks (text, tool_use,
- * tool_result, thinking), `tools` (name, description, input_schema),
+ * A request's `system`, its messages' content blocks (text, image,
+ * tool_use, tool_result with text and image content, thinking), `tools`
+ * (name, description, input_schema),
  * `tool_choice` (auto / any / tool / none, disable_parallel_tool_use),
  * `stop_sequences`, `thinking` (enabled / disabled: the template's
  * enable_thinking) and the sampling fields map onto the chat request;
- * images, documents and Anthropic's server tools are refused naming what
+ * images go on as chat image_url parts (the model must have a vision
+ * tower); documents and Anthropic's server tools are refused naming what
  * was sent. The answer's content is a thinking block, a text block and
  * one tool_use block per call; stop_reason is end_turn, stop_sequence
  * (naming the one that matched), max_tokens or tool_use. usage counts the
@@ -44,10 +46,10 @@ static json_t *tool_result_msg(json_t *blk, const char *where, srv_error *e) {
         return srv_fail(e, 400, INVALID, "messages", NULL, "'%s' (tool_result) needs a string 'tool_use_id'", where), NULL;
     char inner[96];
     snprintf(inner, sizeof inner, "%s.content", where);
-    json_t *text = content && !json_is_null(content) ? srv_parts_text(content, TEXT_BLOCKS, inner, e) : json_string("");
+    json_t *text = content && !json_is_null(content) ? srv_parts_chat(content, TEXT_BLOCKS, inner, e) : json_string("");
     if (!text) return content && !json_is_null(content) ? NULL : (oom(e), NULL);
     /* chat templates have no error flag: the result says it in words */
-    if (json_is_true(json_object_get(blk, "is_error"))) {
+    if (json_is_true(json_object_get(blk, "is_error")) && json_is_string(text)) {
         size_t n = json_string_length(text);
         char *s = malloc(n + 8);
         if (s) memcpy(s, "Error: ", 7), memcpy(s + 7, json_string_value(text), n);
@@ -61,23 +63,45 @@ static json_t *tool_result_msg(json_t *blk, const char *where, srv_error *e) {
 }
 
 /* Text gathered from consecutive text blocks, pushed as one message of
- * `role` (the blocks joined by SRV_TEXT_PART_SEP). */
+ * `role` (the blocks joined by SRV_TEXT_PART_SEP). With an image among
+ * them, the run is pushed as chat parts instead (text and image_url, the
+ * chat parser joins the text the same way). */
 typedef struct text_run {
     srv_buf buf;
     bool any;
+    json_t *parts; /* the run's blocks as chat parts, once an image is in it */
+    json_t *texts; /* its text blocks so far (borrowed), to make parts from */
 } text_run;
 
 static bool run_add(text_run *t, json_t *text, srv_error *e) {
+    if (t->parts) return !json_array_append_new(t->parts, json_pack("{s:s, s:O}", "type", "text", "text", text)) || oom(e);
     if (t->any && !srv_buf_append(&t->buf, SRV_TEXT_PART_SEP, strlen(SRV_TEXT_PART_SEP))) return oom(e);
     t->any = true;
+    if ((!t->texts && !(t->texts = json_array())) || json_array_append(t->texts, text)) return oom(e);
     return srv_buf_append(&t->buf, json_string_value(text), json_string_length(text)) || oom(e);
 }
 
+/* An image block joins the run: from here on it is a parts array. */
+static bool run_add_image(text_run *t, json_t *part, srv_error *e) {
+    if (!t->parts) {
+        if (!(t->parts = json_array())) return json_decref(part), oom(e);
+        size_t k;
+        json_t *x;
+        json_array_foreach(t->texts, k, x)
+            if (json_array_append_new(t->parts, json_pack("{s:s, s:O}", "type", "text", "text", x)))
+                return json_decref(part), oom(e);
+        t->any = true;
+    }
+    return !json_array_append_new(t->parts, part) || oom(e);
+}
+
 static bool run_flush(text_run *t, json_t *msgs, const char *role, srv_error *e) {
+    json_array_clear(t->texts);
     if (!t->any) return true;
     t->any = false;
-    json_t *m = json_pack("{s:s, s:s%}", "role", role, "content", t->buf.data ? t->buf.data : "", t->buf.len);
-    t->buf.len = 0;
+    json_t *m = t->parts ? json_pack("{s:s, s:o}", "role", role, "content", t->parts)
+                         : json_pack("{s:s, s:s%}", "role", role, "content", t->buf.data ? t->buf.data : "", t->buf.len);
+    t->parts = NULL, t->buf.len = 0;
     return push(msgs, m, e);
 }
 
@@ -93,21 +117,30 @@ static bool add_user_blocks(json_t *msgs, json_t *blocks, size_t i, srv_error *e
         snprintf(where, sizeof where, "messages[%zu].content[%zu]", i, k);
         const char *type = json_string_value(json_object_get(b, "type"));
         json_t *t = json_object_get(b, "text");
-        if (type && !strcmp(type, "text") && json_is_string(t)) {
+        bool bad = false;
+        char base[48];
+        snprintf(base, sizeof base, "messages[%zu].content", i);
+        json_t *img = srv_image_part(b, base, k, &bad, e);
+        if (bad) {
+            ok = false;
+        } else if (img) {
+            ok = run_add_image(&run, img, e);
+        } else if (type && !strcmp(type, "text") && json_is_string(t)) {
             ok = run_add(&run, t, e);
         } else if (type && !strcmp(type, "tool_result")) {
             json_t *m = (ok = run_flush(&run, msgs, "user", e)) ? tool_result_msg(b, where, e) : NULL;
             ok = m && push(msgs, m, e);
         } else {
             ok = srv_fail(e, 400, INVALID, "messages", "unsupported_content",
-                          "'%s' is a block of type '%.40s'; kettle serves text models and takes text, tool_use, "
-                          "tool_result and thinking blocks",
+                          "'%s' is a block of type '%.40s'; kettle takes text, image, tool_use, tool_result and "
+                          "thinking blocks",
                           where, type ? type : "(none)");
         }
         if (!ok) break;
     }
     if (ok) ok = run_flush(&run, msgs, "user", e);
     srv_buf_free(&run.buf);
+    json_decref(run.parts), json_decref(run.texts);
     return ok;
 }
 

@@ -92,7 +92,7 @@ void srv_class_release(srv_conn *c) {
 }
 
 srv_model_info srv_class_info(const srv_class *k) {
-    return (srv_model_info){.n_vocab = kt_model_describe(k->model)->n_vocab};
+    return (srv_model_info){.n_vocab = kt_model_describe(k->model)->n_vocab, .vision = k->cfg.vision != NULL};
 }
 
 const char *srv_reply_name(const srv_class *k, json_t *body) {

@@ -132,6 +132,80 @@ json_t *srv_parts_text(json_t *content, const char *const *types, const char *wh
     return s;
 }
 
+/* An image part of any of the three APIs as an OpenAI chat image_url
+ * part (new reference); NULL if p is not an image part. Anthropic's
+ * {"type": "image", "source": {"type": "base64", "media_type", "data"}}
+ * (or a "url" source), the Responses API's {"type": "input_image",
+ * "image_url": "..."} and chat's own {"type": "image_url", ...}. *bad
+ * is set (with e) when p is an image part that cannot be taken. */
+json_t *srv_image_part(json_t *p, const char *where, size_t i, bool *bad, srv_error *e) {
+    const char *t = json_string_value(json_object_get(p, "type"));
+    *bad = false;
+    if (!t) return NULL;
+    if (!strcmp(t, "image_url")) return json_incref(p);
+    if (!strcmp(t, "input_image")) {
+        json_t *u = json_object_get(p, "image_url");
+        if (json_is_string(u)) return json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", u);
+        *bad = true;
+        srv_fail(e, 400, "invalid_request_error", where, "unsupported_content", "'%s[%zu]' (input_image) needs an "
+                 "'image_url' (a data: URL); kettle keeps no files, so 'file_id' cannot name one", where, i);
+        return NULL;
+    }
+    if (strcmp(t, "image")) return NULL;
+    json_t *src = json_object_get(p, "source");
+    const char *st = json_string_value(json_object_get(src, "type"));
+    json_t *mt = json_object_get(src, "media_type"), *data = json_object_get(src, "data");
+    if (st && !strcmp(st, "base64") && json_is_string(mt) && json_is_string(data)) {
+        char *url = malloc(json_string_length(mt) + json_string_length(data) + 16);
+        if (!url) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), *bad = true, NULL;
+        int n = sprintf(url, "data:%s;base64,", json_string_value(mt));
+        memcpy(url + n, json_string_value(data), json_string_length(data));
+        json_t *part = json_pack("{s:s, s:{s:s%}}", "type", "image_url", "image_url", "url", url,
+                                 (size_t)n + json_string_length(data));
+        free(url);
+        if (!part) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), *bad = true;
+        return part;
+    }
+    if (st && !strcmp(st, "url") && json_is_string(json_object_get(src, "url")))
+        return json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", json_object_get(src, "url"));
+    *bad = true;
+    srv_fail(e, 400, "invalid_request_error", where, "unsupported_content", "'%s[%zu]' (image) needs a source "
+             "{\"type\": \"base64\", \"media_type\", \"data\"}", where, i);
+    return NULL;
+}
+
+json_t *srv_parts_chat(json_t *content, const char *const *types, const char *where, srv_error *e) {
+    bool any_image = false, bad = false;
+    size_t i;
+    json_t *p;
+    json_array_foreach(content, i, p) {
+        json_t *img = json_is_array(content) ? srv_image_part(p, where, i, &bad, e) : NULL;
+        if (bad) return NULL;
+        any_image |= img != NULL;
+        json_decref(img);
+    }
+    if (!any_image) return srv_parts_text(content, types, where, e);
+    json_t *parts = json_array();
+    json_array_foreach(content, i, p) {
+        const char *t = json_string_value(json_object_get(p, "type"));
+        json_t *text = json_object_get(p, "text");
+        json_t *part = srv_image_part(p, where, i, &bad, e);
+        if (!part && !bad && type_in(t, types) && json_is_string(text))
+            part = json_pack("{s:s, s:O}", "type", "text", "text", text);
+        else if (!part && !bad)
+            srv_fail(e, 400, "invalid_request_error", where, "unsupported_content",
+                     "'%s[%zu]' is a part of type '%.40s'; only text and image parts are supported", where, i,
+                     t ? t : "(none)");
+        if (!part || !parts || json_array_append_new(parts, part)) {
+            if (part && !parts) json_decref(part);
+            if (!parts || (part && !bad)) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            json_decref(parts);
+            return NULL;
+        }
+    }
+    return parts;
+}
+
 json_t *srv_args_object(const char *s, size_t n, bool *oom) {
     json_error_t je;
     json_t *j = kt_json_loadb(s, n, JSON_DECODE_ANY, &je);

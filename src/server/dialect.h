@@ -114,6 +114,11 @@ bool srv_copy_field(json_t *chat, json_t *body, const char *key);
  * (NULL-terminated), joined; a string stays itself. NULL with e filled
  * (naming `where`) for another part type or shape. */
 json_t *srv_parts_text(json_t *content, const char *const *types, const char *where, srv_error *e);
+/* As srv_parts_text, but image parts (srv_image_part) are taken too: then
+ * the content stays an array of OpenAI chat parts (text and image_url),
+ * which the chat parser turns into the prompt's images. */
+json_t *srv_parts_chat(json_t *content, const char *const *types, const char *where, srv_error *e);
+json_t *srv_image_part(json_t *p, const char *where, size_t i, bool *bad, srv_error *e);
 /* A call's arguments text parsed as JSON (the object a tool_use block
  * carries). NULL if it is not a JSON object (a call cut short), or when
  * out of memory (*oom). */

@@ -404,6 +404,7 @@ static void context_error(const srv_conn *c, kt_gen_field field, int n_prompt, i
 static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     srv_server *s = c->s;
     kt_gen_params p = gen_params(&c->gen, ids, n, c->link);
+    p.images = c->gen.images, p.n_images = c->gen.n_images;
     kt_error err = {0};
     kt_gen_field field = KT_FIELD_NONE;
     int n_ctx = 0;
@@ -412,6 +413,8 @@ static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
                              : kt_error_set(&err, KT_ERR_BUSY, "the server is shutting down");
     if (c->cls->engine) n_ctx = kt_engine_get_params(c->cls->engine)->n_ctx;
     pthread_mutex_unlock(&s->engine_mu);
+    if (c->cls->engine) /* submit took the images' pixels, also when it failed */
+        for (int i = 0; i < c->gen.n_images; i++) c->gen.images[i].prep = NULL;
     if (st == KT_OK) return true;
     if (st == KT_ERR_CONTEXT && n_ctx > 0) context_error(c, field, n, n_ctx, e);
     else srv_submit_error(&err, field, c->gen.kind, e);
@@ -471,10 +474,10 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     if (c->dialect && c->gen.n_choices != 1)
         return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
-    int n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &ids, e);
+    int n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &k->vis, &ids, e);
     if (n < 0) return false;
     c->n_prompt = n;
-    if (k->results && srv_result_cacheable(&c->gen)) {
+    if (k->results && srv_result_cacheable(&c->gen) && !c->gen.n_images) { /* image tokens are placeholders in ids */
         c->result_key = srv_result_key_of(&c->gen, ids, n);
         c->result_hit = srv_results_get(k->results, c->result_key, &c->result);
         c->result_cacheable = !c->result_hit;
@@ -605,7 +608,7 @@ enum MHD_Result srv_count_tokens(srv_conn *c) {
         const srv_class *k = c->cls;
         c->have_gen = true;
         c->gen.notes = &c->notes;
-        n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &ids, &e);
+        n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &k->vis, &ids, &e);
     }
     free(ids);
     if (n < 0) return srv_respond_error(c, &e);

@@ -31,6 +31,7 @@
 #include "server/webui.h"
 
 #define DEFAULT_MAX_BODY (8u << 20)
+#define DEFAULT_MAX_BODY_IMAGES (128u << 20) /* a model that takes images */
 #define DEFAULT_HTTP_TIMEOUT_S 60
 #define DEFAULT_MAX_CONNECTIONS 4096
 
@@ -523,8 +524,11 @@ static struct MHD_Daemon *start_daemon(srv_server *s, kt_error *err) {
 }
 
 /* A class's own parts: its engine, memories and fallback (false with err). */
-static bool class_init(srv_class *k, const srv_class_config *cfg, kt_error *err) {
+static bool class_init(srv_server *s, srv_class *k, const srv_class_config *cfg, kt_error *err) {
     k->cfg = *cfg, k->engine = cfg->engine, k->model = cfg->model; /* srv_classes_start decides their state */
+    k->vis = (srv_vision_env){.vision = cfg->vision, .limits = s->cfg.image_limits};
+    /* screenshots in an agent's history: base64 images make bodies of tens of MB */
+    if (cfg->vision && s->max_body_default) s->cfg.max_body = DEFAULT_MAX_BODY_IMAGES;
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
     bool ok = (k->sampled = srv_sampled_new(1u << 20)) &&
               (cfg->result_cache <= 0 || (k->results = srv_results_new(cfg->result_cache)));
@@ -556,7 +560,8 @@ srv_server *srv_open(const srv_config *cfg, kt_error *err) {
         return NULL;
     }
     s->cfg = *cfg, s->started = (long long)time(NULL), s->state = SRV_LOADING;
-    if (!s->cfg.max_body) s->cfg.max_body = DEFAULT_MAX_BODY;
+    if ((s->max_body_default = !s->cfg.max_body)) s->cfg.max_body = DEFAULT_MAX_BODY;
+    if (!s->cfg.image_limits.max_bytes) kt_image_limits_default(&s->cfg.image_limits);
     if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
     if (s->cfg.http_timeout_s <= 0) s->cfg.http_timeout_s = DEFAULT_HTTP_TIMEOUT_S;
     if (s->cfg.max_connections <= 0) s->cfg.max_connections = DEFAULT_MAX_CONNECTIONS;
@@ -585,7 +590,7 @@ bool srv_ready_classes(srv_server *s, const srv_class_config *classes, int n, kt
     ok = ok && names_unique(classes, n, err);
     pthread_mutex_lock(&s->engine_mu);
     for (int i = 0; ok && i < n; i++) {
-        ok = class_init(&s->classes[i], &classes[i], err);
+        ok = class_init(s, &s->classes[i], &classes[i], err);
         s->n_classes = i + 1;
     }
     pthread_mutex_unlock(&s->engine_mu);

@@ -15,6 +15,7 @@
 #include <stddef.h>
 
 #include "engine/engine.h"
+#include "image/image.h"
 #include "kettle.h"
 #include "server/fallback.h"
 #include "server/reqlog.h"
@@ -44,6 +45,8 @@ typedef struct srv_class_config {
     size_t load_bytes;         /* what a load takes besides the KV cache (the weights), for srv_config.mem_budget */
     size_t kv_bytes;           /* the KV budget a load asks for (an explicit kv-mb); 0: what is left */
     srv_fallback fallback;     /* its own fallback upstream (fallback.h); url NULL: the server's */
+    struct kt_vision *vision;  /* its vision tower (the caller's, outlives the server; its engines were given
+                                * it): chat requests may carry images; NULL: they may not */
 } srv_class_config;
 
 typedef struct srv_config {
@@ -61,7 +64,8 @@ typedef struct srv_config {
     bool strict_model_names;   /* a `model` naming no class is a 404 (default: with one class
                                 * served, any name is that class, as clients configured for another
                                 * server expect; with several, an unknown name is always a 404) */
-    size_t max_body;           /* request bodies above this get 413; 0: 8 MiB */
+    size_t max_body;           /* request bodies above this get 413; 0: 8 MiB (128 MiB with a vision tower) */
+    kt_image_limits image_limits; /* what one image may be (max_bytes 0: kt_image_limits_default) */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     int http_timeout_s;        /* a request must arrive whole within this many seconds of its connection opening
                                 * or the previous answer ending, and an idle connection closes after it

@@ -68,6 +68,7 @@ typedef struct srv_class {
     struct srv_sampled *sampled; /* recent replies' sampled ids (sampled.h): token ids are the class's */
     struct srv_fb_state *fallback; /* its own fallback upstream, or NULL: the server's */
     srv_results *results;   /* its result cache (results.h), or NULL */
+    srv_vision_env vis;     /* its vision tower (cfg.vision) and the server's image limits */
 } srv_class;
 
 struct srv_server {
@@ -81,6 +82,7 @@ struct srv_server {
     bool stopping;          /* under engine_mu: srv_stop began */
     int state;              /* srv_state (atomic): the classes are set before it becomes SRV_READY */
     srv_config cfg;
+    bool max_body_default;  /* cfg.max_body was not given: a class with a vision tower raises it */
     struct MHD_Daemon *daemon;
     int port;
     long long started;      /* unix time, for /v1/models */

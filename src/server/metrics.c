@@ -152,8 +152,10 @@ GET(kv_block_tokens) GET(kv_blocks_cached) GET(cache_evicted_blocks) GET(disk_ca
 GET(disk_bytes) GET(disk_writes) GET(disk_reads) GET(disk_rejected) GET(disk_removed)
 GET(spec_proposed) GET(spec_accepted) GET(spec_passes)
 GET(state_snapshots) GET(state_snapshots_max) GET(state_snapshots_taken) GET(state_snapshots_evicted)
-GET(state_snapshot_hits)
+GET(state_snapshot_hits) GET(image_encodes) GET(image_cache_hits) GET(image_cache_bytes) GET(image_cache_entries)
 #undef GET
+
+static double get_image_encode_seconds(const srv_class_stats *c) { return c->engine.image_encode_ms / 1e3; }
 
 static const scalar_def SCALARS[] = {
     {"kettle_prompt_tokens_total", "counter", "prompt tokens prefilled (computed)", get_prompt_tokens},
@@ -165,6 +167,9 @@ static const scalar_def SCALARS[] = {
     {"kettle_spec_accepted_tokens_total", "counter", "speculative decoding: proposed tokens kept", get_spec_accepted},
     {"kettle_spec_passes_total", "counter", "speculative decoding: choices' steps that verified proposals",
      get_spec_passes},
+    {"kettle_image_encodes_total", "counter", "images run through the vision tower", get_image_encodes},
+    {"kettle_image_encode_seconds_total", "counter", "time the vision tower took", get_image_encode_seconds},
+    {"kettle_image_cache_hits_total", "counter", "images whose embeddings the encoder cache had", get_image_cache_hits},
 };
 static const scalar_def GAUGES[] = {
     {"kettle_queue_depth", "gauge", "requests waiting for admission", get_queue_depth},
@@ -197,6 +202,8 @@ static const scalar_def GAUGES[] = {
     {"kettle_cache_disk_rejected_total", "counter", "files skipped and removed: another model, truncated, corrupt",
      get_disk_rejected},
     {"kettle_cache_disk_removed_total", "counter", "files removed to stay under --cache-disk-mb", get_disk_removed},
+    {"kettle_image_cache_bytes", "gauge", "bytes of image embeddings the encoder cache holds", get_image_cache_bytes},
+    {"kettle_image_cache_entries", "gauge", "images the encoder cache holds", get_image_cache_entries},
 };
 
 static double get_loaded(const srv_class_stats *c) { return c->loaded; }

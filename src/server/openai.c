@@ -120,20 +120,34 @@ static bool parse_model(json_t *body, srv_error *e) {
     return true;
 }
 
+/* An image part's URL ({"type": "image_url", "image_url": {"url": ...}}
+ * or "image_url": "..."), or NULL when the part is not one. */
+static json_t *image_part_url(json_t *p) {
+    json_t *type = json_object_get(p, "type"), *iu = json_object_get(p, "image_url");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "image_url")) return NULL;
+    json_t *url = json_is_object(iu) ? json_object_get(iu, "url") : iu;
+    return json_is_string(url) ? url : NULL;
+}
+
 /* OpenAI content parts ([{"type":"text","text":...}]) joined into one
- * string, which is what chat templates expect. NULL if not text parts,
- * or (*oom) when out of memory. */
-static json_t *join_text_parts(json_t *parts, bool *oom) {
+ * string, which is what chat templates expect. With `images` (the model
+ * has a vision tower), an image part becomes SRV_IMAGE_MARKER in the text
+ * and its URL is appended to images. NULL if a part is neither, or
+ * (*oom) when out of memory. */
+static json_t *join_text_parts(json_t *parts, json_t *images, bool *oom) {
     srv_buf b = {0};
     size_t i;
     json_t *p;
     *oom = false;
     json_array_foreach(parts, i, p) {
         json_t *type = json_object_get(p, "type"), *text = json_object_get(p, "text");
+        json_t *url = images ? image_part_url(p) : NULL;
         const bool is_text = json_is_string(type) && !strcmp(json_string_value(type), "text") && json_is_string(text);
-        if (!is_text || (i && !srv_buf_append(&b, SRV_TEXT_PART_SEP, strlen(SRV_TEXT_PART_SEP))) ||
-            !srv_buf_append(&b, json_string_value(text), json_string_length(text))) {
-            *oom = is_text;
+        const char *piece = url ? SRV_IMAGE_MARKER : json_string_value(text);
+        const size_t len = url ? strlen(SRV_IMAGE_MARKER) : json_string_length(text);
+        if ((!is_text && !url) || (i && !srv_buf_append(&b, SRV_TEXT_PART_SEP, strlen(SRV_TEXT_PART_SEP))) ||
+            !srv_buf_append(&b, piece, len) || (url && json_array_append(images, url))) {
+            *oom = is_text || url;
             srv_buf_free(&b);
             return NULL;
         }
@@ -144,7 +158,7 @@ static json_t *join_text_parts(json_t *parts, bool *oom) {
     return s;
 }
 
-static bool check_message(json_t *msg, size_t i, srv_error *e) {
+static bool check_message(json_t *msg, size_t i, const srv_model_info *mi, srv_gen_req *r, srv_error *e) {
     if (!json_is_object(msg))
         return srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu]' must be an object", i);
     json_t *role = json_object_get(msg, "role"), *content = json_object_get(msg, "content");
@@ -162,19 +176,31 @@ static bool check_message(json_t *msg, size_t i, srv_error *e) {
     if (content && !json_is_null(content) && !json_is_string(content) && !json_is_array(content))
         return srv_fail(e, 400, INVALID, "messages", NULL,
                         "'messages[%zu].content' must be a string or an array of text parts", i);
+    if (json_is_string(content) && mi->vision && strstr(json_string_value(content), SRV_IMAGE_MARKER))
+        return srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu].content' has the text " SRV_IMAGE_MARKER
+                        ", which stands for an image here: send images as image_url parts", i);
     if (json_is_array(content)) {
         bool oom;
-        json_t *joined = join_text_parts(content, &oom);
-        if (!joined && !oom)
+        if (mi->vision && !r->image_urls && !(r->image_urls = json_array()))
+            return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        json_t *joined = join_text_parts(content, r->image_urls, &oom);
+        if (!joined && !oom) {
+            size_t k;
+            json_t *p;
+            json_array_foreach(content, k, p) if (image_part_url(p) || json_is_string(json_object_get(p, "image_url")))
+                return srv_fail(e, 400, INVALID, "messages", NULL, "'messages[%zu].content[%zu]': the model takes no "
+                                "images (start kettle with --mmproj FILE, the model's vision projector)", i, k);
             return srv_fail(e, 400, INVALID, "messages", NULL,
-                            "'messages[%zu].content': only parts of type \"text\" are supported", i);
+                            "'messages[%zu].content': only parts of type \"text\"%s are supported", i,
+                            mi->vision ? " and \"image_url\"" : "");
+        }
         if (!joined || json_object_set_new(msg, "content", joined))
             return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     return true;
 }
 
-static bool parse_messages(json_t *body, srv_gen_req *r, srv_error *e) {
+static bool parse_messages(json_t *body, const srv_model_info *mi, srv_gen_req *r, srv_error *e) {
     json_t *v = field(body, "messages");
     if (!v) return srv_fail(e, 400, INVALID, "messages", NULL, "'messages' is required");
     if (!json_is_array(v) || json_array_size(v) == 0)
@@ -184,7 +210,10 @@ static bool parse_messages(json_t *body, srv_gen_req *r, srv_error *e) {
                         json_array_size(v), SRV_MAX_MESSAGES);
     size_t i;
     json_t *msg;
-    json_array_foreach(v, i, msg) if (!check_message(msg, i, e)) return false;
+    json_array_foreach(v, i, msg) if (!check_message(msg, i, mi, r, e)) return false;
+    if (json_array_size(r->image_urls) > KT_MAX_IMAGES)
+        return srv_fail(e, 400, INVALID, "messages", NULL, "the messages have %zu images; at most %d are allowed",
+                        json_array_size(r->image_urls), KT_MAX_IMAGES);
     r->messages = v;
     return true;
 }
@@ -589,7 +618,7 @@ bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64
     *out = (srv_gen_req){.kind = kind};
     if (!json_is_object(body)) return srv_fail(e, 400, INVALID, NULL, NULL, "the request body must be a JSON object");
     bool ok = check_params(body, kind, e) && parse_model(body, e) &&
-              (kind == SRV_CHAT ? parse_messages(body, out, e) && parse_tools(body, out, e) &&
+              (kind == SRV_CHAT ? parse_messages(body, mi, out, e) && parse_tools(body, out, e) &&
                                       parse_reasoning(body, out, e)
                                 : parse_prompt(body, out, e)) &&
               parse_lengths(body, out, e) && parse_sampling(body, random_seed, out, e) &&
@@ -600,6 +629,9 @@ bool srv_parse_gen(json_t *body, srv_kind kind, const srv_model_info *mi, uint64
 }
 
 void srv_gen_req_free(srv_gen_req *r) {
+    json_decref(r->image_urls);
+    r->image_urls = NULL;
+    srv_images_free(r);
     free(r->logit_bias);
     r->logit_bias = NULL;
     r->n_logit_bias = 0;
@@ -744,6 +776,61 @@ static bool tools_grammar(const kt_model *m, srv_gen_req *r, srv_error *e) {
     return true;
 }
 
+/* The text piece [from, upto) of the rendered prompt appended to ids, with
+ * remembered replies spliced in where it has them. */
+static bool add_text_piece(const kt_model *m, srv_sampled *mem, json_t *messages, const char *from, size_t len,
+                           int add_bos, int32_t **ids, int *n, srv_error *e) {
+    char *piece = malloc(len + 1);
+    if (!piece) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    memcpy(piece, from, len), piece[len] = 0;
+    int32_t *got = NULL;
+    int k = splice_replies(m, mem, messages, piece, add_bos, &got, e);
+    if (k == 0) k = len ? tokenize_alloc(m, piece, add_bos, true, &got, e) : 0;
+    free(piece);
+    const bool ok = k >= 0 && (k == 0 || ids_add(m, ids, n, NULL, 0, 0, got, k, e));
+    free(got);
+    return ok;
+}
+
+/* A prompt with images: the rendered text tokenized between the image
+ * markers, and at each one the image's start token, a placeholder per
+ * image token (submit writes the image's keys) and its end token; each
+ * image's `at` set. Returns the count or -1. */
+static int image_prompt(const kt_model *m, srv_sampled *mem, srv_gen_req *r, const char *text, int add_bos,
+                        int32_t **ids, srv_error *e) {
+    static const char START[] = "<|vision_start|>", END[] = "<|vision_end|>";
+    const int32_t start = kt_token_control_id(m, START, strlen(START)), end = kt_token_control_id(m, END, strlen(END));
+    if (start < 0 || end < 0)
+        return srv_fail(e, 400, INVALID, "messages", NULL, "the model's vocabulary has no %s / %s tokens to hold an "
+                        "image", START, END), -1;
+    int n = 0, i = 0;
+    const char *at = text, *mark;
+    *ids = NULL;
+    while ((mark = strstr(at, SRV_IMAGE_MARKER)) && i < r->n_images) {
+        kt_prompt_image *im = &r->images[i++];
+        if (!add_text_piece(m, mem, r->messages, at, (size_t)(mark - at), at == text ? add_bos : 0, ids, &n, e) ||
+            !ids_add(m, ids, &n, NULL, 0, 0, &start, 1, e))
+            goto fail;
+        im->at = n;
+        for (int t = 0; t < im->grid_x * im->grid_y; t++) {
+            const int32_t zero = 0; /* submit writes the image's key ids here */
+            if (!ids_add(m, ids, &n, NULL, 0, 0, &zero, 1, e)) goto fail;
+        }
+        if (!ids_add(m, ids, &n, NULL, 0, 0, &end, 1, e)) goto fail;
+        at = mark + strlen(SRV_IMAGE_MARKER);
+    }
+    if (i < r->n_images || strstr(at, SRV_IMAGE_MARKER)) {
+        srv_fail(e, 400, INVALID, "messages", NULL, "the chat template left %d of the %d images in the prompt (it "
+                 "drops or repeats message content)", i, r->n_images);
+        goto fail;
+    }
+    if (!add_text_piece(m, mem, r->messages, at, strlen(at), at == text ? add_bos : 0, ids, &n, e)) goto fail;
+    return n;
+fail:
+    free(*ids), *ids = NULL;
+    return -1;
+}
+
 /* As `kettle chat` does: the template writes BOS itself when it wants one. */
 static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, srv_gen_req *r, int32_t **ids,
                        srv_error *e) {
@@ -761,15 +848,16 @@ static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, sr
     int bos_id = kt_model_describe(m)->bos_id;
     if (bos_id >= 0) kt_token_text(m, bos_id, bos, sizeof bos);
     int add_bos = bos[0] && strncmp(text, bos, strlen(bos)) == 0 ? 0 : -1;
-    int n = splice_replies(m, mem, r->messages, text, add_bos, ids, e);
+    int n = r->n_images ? image_prompt(m, mem, r, text, add_bos, ids, e) : splice_replies(m, mem, r->messages, text, add_bos, ids, e);
     if (n == 0) n = tokenize_alloc(m, text, add_bos, true, ids, e);
     free(text);
     return n;
 }
 
 int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled *sampled, srv_gen_req *r,
-                      int32_t **ids, srv_error *e) {
+                      const srv_vision_env *vis, int32_t **ids, srv_error *e) {
     *ids = NULL;
+    if (r->image_urls && !srv_images_load(r, vis ? vis->vision : NULL, vis ? &vis->limits : NULL, e)) return -1;
     int n = r->kind == SRV_CHAT ? chat_tokens(m, template_text, sampled, r, ids, e)
                                 : tokenize_alloc(m, r->prompt, -1, false, ids, e);
     if (n == 0) {

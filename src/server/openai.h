@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "image/image.h"
 #include "kettle.h"
 #include "toolcall/toolcall.h"
 
@@ -68,6 +69,9 @@ int srv_json_depth(const char *s, size_t n);
  * text blocks, the Responses API's input_text parts): a paragraph break,
  * so two parts never run together into one word ("Hello" + "World"). */
 #define SRV_TEXT_PART_SEP "\n\n"
+/* Where an image part was, in the joined text the template renders (as
+ * llama.cpp's libmtmd marks media); the prompt's image tokens go there. */
+#define SRV_IMAGE_MARKER "<__media__>"
 
 /* A growable byte buffer (srv_buf_append). */
 typedef struct srv_buf {
@@ -116,12 +120,19 @@ typedef struct srv_gen_req {
     kt_tool_think think;       /* where the prompt left the thinking block */
     kt_tool_grammar tools_grammar; /* what keeps calls valid (empty without tools) */
     srv_notes *notes;          /* where to say what was left out (the connection's); NULL: nowhere */
+    /* images (a model with a vision tower): their URLs in the order the
+     * parts came (owned), then, with the prompt, each decoded and
+     * preprocessed (images.c; preps owned until submit takes them) */
+    json_t *image_urls;
+    kt_prompt_image *images;
+    int n_images;
 } srv_gen_req;
 
 /* What the parser needs to know about the model a request goes to (its
  * name was matched by the server's routing, classes.c). */
 typedef struct srv_model_info {
     int n_vocab; /* logit_bias keys are token ids below it */
+    bool vision; /* the model takes images (--mmproj) */
 } srv_model_info;
 
 /* Validates a chat / completion body. `random_seed` is used when the
@@ -142,8 +153,19 @@ struct srv_sampled;
  * becomes the ids that were sampled for it rather than its re-tokenized
  * text. Returns the count (>= 1) and a malloc'ed array, or -1 with e
  * filled. */
+/* A model's vision tower and the images it may be sent (NULL: no images). */
+typedef struct srv_vision_env {
+    struct kt_vision *vision;
+    kt_image_limits limits;
+} srv_vision_env;
+
 int srv_prompt_tokens(const kt_model *m, const char *template_text, struct srv_sampled *sampled,
-                      srv_gen_req *r, int32_t **ids, srv_error *e);
+                      srv_gen_req *r, const srv_vision_env *vis, int32_t **ids, srv_error *e);
+
+/* images.c: r's image URLs decoded and preprocessed for the tower into
+ * r->images (400 naming the image and its fault); and their release. */
+bool srv_images_load(srv_gen_req *r, struct kt_vision *v, const kt_image_limits *lim, srv_error *e);
+void srv_images_free(srv_gen_req *r);
 
 /* The engine must show control tokens as text: the family's markers are
  * control tokens and the reply is parsed for calls or reasoning. */

@@ -176,7 +176,8 @@ static bool add_message(conv *cv, json_t *item, size_t i, srv_error *e) {
                   strcmp(role, "developer")))
         return srv_fail(e, 400, INVALID, "input", NULL,
                         "'input[%zu].role' must be \"user\", \"assistant\", \"system\" or \"developer\"", i);
-    json_t *text = srv_parts_text(json_object_get(item, "content"), TEXT_PARTS, where, e);
+    json_t *text = !strcmp(role, "user") ? srv_parts_chat(json_object_get(item, "content"), TEXT_PARTS, where, e)
+                                         : srv_parts_text(json_object_get(item, "content"), TEXT_PARTS, where, e);
     if (!text) return false;
     /* chat templates know "system"; a developer message is the same instruction */
     json_t *m = json_pack("{s:s, s:o}", "role", strcmp(role, "developer") ? role : "system", "content", text);
@@ -230,7 +231,7 @@ static bool add_call_output(conv *cv, json_t *item, size_t i, const char *type, 
     json_t *id = json_object_get(item, "call_id");
     if (!json_is_string(id))
         return srv_fail(e, 400, INVALID, "input", NULL, "'input[%zu]' (%s) needs a string 'call_id'", i, type);
-    json_t *text = srv_parts_text(json_object_get(item, "output"), TEXT_PARTS, where, e);
+    json_t *text = srv_parts_chat(json_object_get(item, "output"), TEXT_PARTS, where, e);
     if (!text) return false;
     json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", text);
     json_t *name = call_name(cv->messages, json_string_value(id));

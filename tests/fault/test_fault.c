@@ -1030,7 +1030,7 @@ static void serve_one(srv_ctx *x, kt_engine *e, srv_sampled *sampled, srv_result
         goto error;
     have_gen = true;
     q.include_usage = q.g.include_usage;
-    int n = srv_prompt_tokens(x->m, x->template_text, sampled, &q.g, &ids, &er);
+    int n = srv_prompt_tokens(x->m, x->template_text, sampled, &q.g, NULL, &ids, &er);
     if (n < 0) goto error;
     const bool cacheable = srv_result_cacheable(&q.g);
     srv_result_key key = {0};
