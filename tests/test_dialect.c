@@ -103,8 +103,13 @@ static void test_responses_refusals(void **state) {
     expect_refused(d, "{\"input\":\"q\",\"tool_choice\":{\"type\":\"frobnicate\"}}", 400, "'tool_choice' must be");
     expect_refused(d, "{\"input\":\"q\",\"text\":{\"format\":{\"type\":\"yaml\"}}}", 400, "text.format.type");
     expect_refused(d, "{\"input\":\"q\",\"max_output_tokens\":\"9\"}", 400, "'max_output_tokens' must be an integer");
-    expect_refused(d, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}", 400,
-                   "'input_image'");
+    expect_refused(d, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"file_id\":\"f\"}]}]}", 400,
+                   "'file_id' cannot name one");
+    /* an image goes on as a chat image_url part (the chat parser takes it, or refuses it without a tower) */
+    expect_chat(d, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"q\"},"
+                   "{\"type\":\"input_image\",\"image_url\":\"data:image/png;base64,AA==\"}]}]}",
+                "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"q\"},{\"type\":\"image_url\","
+                "\"image_url\":{\"url\":\"data:image/png;base64,AA==\"}}]}]}");
     expect_refused(d, "{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", 400, "item_reference");
     expect_refused(d, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}", 400, "call_id");
     expect_refused(d, "{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "role");
@@ -245,7 +250,7 @@ static void test_messages_refusals(void **state) {
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"wizard\",\"content\":\"q\"}]}", 400, "role");
     expect_refused(d,
                    "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",
-                   400, "'image'");
+                   400, "(image) needs a source");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":"
                       "\"bash_20250124\",\"name\":\"bash\"}],\"tool_choice\":{\"type\":\"tool\",\"name\":\"bash\"}}",
                    400, "Anthropic's own tools");
@@ -348,7 +353,7 @@ static void test_messages_claude_code_fields(void **state) {
                    400, "content");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
                       "\"tool_use_id\":\"t\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}]}",
-                   400, "'image'");
+                   400, "(image) needs a source");
     expect_refused(d, "{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
                       "\"content\":\"r\"}]}]}",
                    400, "tool_use_id");

@@ -293,7 +293,7 @@ static void test_request_counts(void **state) {
                       "'stop' has 9 strings; at most 8 are allowed");
     expect_chat_error("\"n\":17", 400, "'n' is 17; it must be between 1 and 16");
     expect_chat_error("\"logprobs\":true,\"top_logprobs\":21", 400, "'top_logprobs' is 21; it must be between 0 and 20");
-    expect_chat_error("\"max_tokens\":1073741825", 400, "'max_tokens' is 1073741825; it must be between 1 and 1073741824");
+    expect_chat_error("\"max_tokens\":1073741825", 400, "'max_tokens' is 1073741825; it must be between 0 and 1073741824");
 }
 
 static void test_logit_bias_limit(void **state) {

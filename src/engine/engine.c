@@ -805,6 +805,8 @@ static kt_status check_gen_params(kt_engine *e, const kt_gen_params *p, int *max
                             "the prompt has %d tokens but the context holds %d, and at least one "
                             "must be left to generate",
                             p->n_prompt, n_ctx);
+    if (p->prefill_only && (p->embed || p->n_choices != 1))
+        return kt_error_set(err, KT_ERR_ARG, "a prefill-only request has one choice and no embedding");
     if (p->n_images && p->embed)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "an embedding request cannot have images");
     if (p->n_images && !(e->llm->cfg.rope_sections[0] + e->llm->cfg.rope_sections[1] + e->llm->cfg.rope_sections[2]))
@@ -1509,6 +1511,12 @@ static int build_batch(kt_engine *e, int *n_prefill) {
 
 /* The prompt is in: fork the choices and sample each one's first token. */
 static void prompt_done(kt_engine *e, kt_request *r, const float *logits) {
+    if (r->prefill_only) { /* in the cache now (retire indexes it, a hybrid's state with it): done */
+        r->state = REQ_DECODE;
+        r->choices[0].finish = KT_FINISH_LENGTH; /* no token was allowed */
+        finish_only_event(r, 0, KT_FINISH_LENGTH, NULL);
+        return;
+    }
     for (int i = 0; i < r->n_choices; i++)
         if (!start_choice(e, r, i)) {
             fail_request(r, "out of memory starting a choice");

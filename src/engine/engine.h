@@ -169,6 +169,11 @@ typedef struct kt_gen_params {
     int n_prompt;
     const kt_prompt_image *images; /* in prompt order, not overlapping; NULL: none */
     int n_images;
+    /* Only read the prompt into the cache: no token is generated; the
+     * request ends (length: no token allowed) once its KV (and a hybrid's state) is indexed,
+     * so a request sent next with this prompt as its prefix starts after
+     * it. One choice. The prepared step of an agent loop. */
+    bool prefill_only;
     int max_tokens;         /* generated tokens per choice; <= 0: until the context is full */
     int n_choices;          /* 1..KT_MAX_CHOICES, sharing the prompt's KV blocks */
     kt_sampler_params sampling; /* choice i samples with seed + i; penalties

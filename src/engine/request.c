@@ -51,6 +51,7 @@ kt_request *req_new(const kt_gen_params *p, kt_error *err) {
     r->priority = p->priority;
     r->sampling = p->sampling;
     r->ignore_eos = p->ignore_eos;
+    r->prefill_only = p->prefill_only;
     r->embed = p->embed;
     r->notify = p->notify;
     r->client_gone = p->client_gone;

@@ -74,6 +74,7 @@ struct kt_request {
     kt_logit_bias *bias;
     int n_bias;
     bool ignore_eos;
+    bool prefill_only;    /* kt_gen_params.prefill_only */
     kt_grammar *grammar;  /* NULL: unconstrained */
     eng_triggers triggers; /* lazy grammars (n == 0: none) */
     bool special_text;

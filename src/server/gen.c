@@ -350,6 +350,7 @@ static kt_gen_params gen_params(const srv_gen_req *g, const int32_t *ids, int n,
     p.stop = g->stop, p.n_stop = g->n_stop, p.top_logprobs = g->top_logprobs;
     p.logit_bias = g->logit_bias, p.n_logit_bias = g->n_logit_bias, p.priority = g->priority;
     p.ignore_eos = g->ignore_eos;
+    p.prefill_only = g->prefill_only;
     p.grammar = g->grammar, p.grammar_len = g->grammar ? strlen(g->grammar) : 0;
     const kt_tool_grammar *tg = &g->tools_grammar;
     if (tg->n_triggers) { /* tools: their grammar (with response_format's inside it under auto) */

@@ -521,10 +521,17 @@ static bool parse_sampling(json_t *body, uint64_t random_seed, srv_gen_req *r, s
 
 static bool parse_lengths(json_t *body, srv_gen_req *r, srv_error *e) {
     long long max = r->kind == SRV_COMPLETION ? 16 : -1, n = 1, prio = 0;
-    if (!read_int(body, "max_tokens", 1, 1 << 30, &max, e) ||
-        !read_int(body, "max_completion_tokens", 1, 1 << 30, &max, e) ||
+    if (!read_int(body, "max_tokens", 0, 1 << 30, &max, e) ||
+        !read_int(body, "max_completion_tokens", 0, 1 << 30, &max, e) ||
         !read_int(body, "n", 1, KT_MAX_CHOICES, &n, e) || !read_int(body, "priority", -1000000, 1000000, &prio, e))
         return false;
+    /* max_tokens 0: the prepared step of an agent loop. The prompt is read
+     * into the prefix cache and the answer is empty (finish_reason
+     * "length"), so the request the agent sends next with it as prefix
+     * starts after it: send the history while the agent acts */
+    r->prefill_only = max == 0;
+    if (r->prefill_only && n != 1)
+        return srv_fail(e, 400, INVALID, "n", NULL, "max_tokens 0 (prefill only) takes one choice");
     r->max_tokens = (int)max, r->n_choices = (int)n, r->priority = (int)prio;
     /* kettle's extension (as llama.cpp's server): generate past end-of-turn
      * tokens, for benchmarks that need exactly max_tokens */

@@ -96,7 +96,8 @@ typedef struct srv_gen_req {
     bool stream, include_usage;
     const char *prompt;        /* completions: the raw prompt */
     json_t *messages, *tools;  /* chat: borrowed from the body */
-    int max_tokens;            /* <= 0: until the context is full */
+    int max_tokens;            /* < 0: until the context is full */
+    bool prefill_only;         /* max_tokens 0: the prompt into the cache, no output */
     int n_choices;
     kt_sampler_params sampling;
     bool seed_given;           /* the request named its seed (else a fresh one) */
