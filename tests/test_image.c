@@ -758,6 +758,30 @@ static void test_exif_png_jpeg_webp(void **state) {
         kt_image_free(&img);
         free(m.p);
     }
+    /* hostile EXIF in the files: IFD0 out of range, a directory that runs
+     * past the block, IFD0 pointing at the header: upright as stored */
+    for (int k = 0; k < 3; k++) {
+        size_t n = make_exif(exif + 0, 1, 6, 0);
+        if (k == 0) exif[4] = 0x40;
+        if (k == 1) exif[8] = 0x7f, n = 30;
+        if (k == 2) exif[7] = 0;
+        png_spec s = {.w = w, .h = h, .color_type = PNG_COLOR_TYPE_RGB, .bit_depth = 8, .data = rgb};
+        s.exif = exif;
+        s.n_exif = (int)n;
+        membuf m = png_encode(&s);
+        kt_image img = decode_ok(&m, "PNG with hostile eXIf");
+        check_corners(&img, w, h, 1, 0, "PNG hostile eXIf");
+        kt_image_free(&img);
+        free(m.p);
+        uint8_t app1[90];
+        memcpy(app1, "Exif\0\0", 6);
+        memcpy(app1 + 6, exif, n);
+        m = jpeg_encode(rgb, w, h, 3, 95, 0, app1, n + 6);
+        img = decode_ok(&m, "JPEG with hostile Exif");
+        check_corners(&img, w, h, 1, 12, "JPEG hostile Exif");
+        kt_image_free(&img);
+        free(m.p);
+    }
     /* WebP: an extended (VP8X) file with an EXIF chunk around a lossless
      * bitstream */
     membuf simple = webp_lossless_rgb(rgb, w, h);
