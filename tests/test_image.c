@@ -90,6 +90,10 @@ static membuf png_rgb(const uint8_t *rgb, int w, int h, int interlace) {
     return png_encode(&s);
 }
 
+/* a scan script for the next jpeg_encode (NULL: the default) */
+static const jpeg_scan_info *g_scans;
+static int g_n_scans;
+
 /* comps 1 (gray), 3 (RGB) or 4 (CMYK); app1 an APP1 payload or NULL */
 static membuf jpeg_encode(const uint8_t *px, int w, int h, int comps, int quality, int progressive,
                           const uint8_t *app1, size_t n_app1) {
@@ -107,6 +111,10 @@ static membuf jpeg_encode(const uint8_t *px, int w, int h, int comps, int qualit
     jpeg_set_defaults(&c);
     jpeg_set_quality(&c, quality, TRUE);
     if (progressive) jpeg_simple_progression(&c);
+    if (g_scans) {
+        c.scan_info = g_scans;
+        c.num_scans = g_n_scans;
+    }
     jpeg_start_compress(&c, TRUE);
     if (app1) jpeg_write_marker(&c, JPEG_APP0 + 1, app1, (unsigned)n_app1);
     while (c.next_scanline < c.image_height) {
@@ -130,6 +138,9 @@ static membuf webp_lossless_rgb(const uint8_t *rgb, int w, int h) {
     WebPFree(out);
     return m;
 }
+
+static void expect_refusal(const membuf *m, const kt_image_limits *lim, kt_status want, const char *needle,
+                           const char *what);
 
 static kt_image decode_ok(const membuf *m, const char *what) {
     kt_image img;
@@ -569,6 +580,43 @@ static void test_jpeg_variants(void **state) {
     free(rgb);
 }
 
+/* A valid progressive file of 1 + 3 x 63 x 10 scans (each AC coefficient
+ * alone, in 10 successive-approximation steps): every scan is a pass over
+ * the image, so such files are refused past 1000 scans. */
+static void test_jpeg_too_many_scans(void **state) {
+    (void)state;
+    enum { N_SCANS = 1 + 3 * 63 * 10 };
+    jpeg_scan_info *scans = tu_xmalloc(sizeof *scans * N_SCANS);
+    int n = 0;
+    scans[n++] = (jpeg_scan_info){3, {0, 1, 2, 0}, 0, 0, 0, 0};
+    for (int al = 9; al >= 0; al--)
+        for (int comp = 0; comp < 3; comp++)
+            for (int k = 1; k <= 63; k++)
+                scans[n++] = (jpeg_scan_info){1, {comp, 0, 0, 0}, k, k, al == 9 ? 0 : al + 1, al};
+    assert_int_equal(n, N_SCANS);
+    uint8_t *rgb = pattern_rgb(8, 8, 4);
+    g_scans = scans;
+    g_n_scans = n;
+    membuf m = jpeg_encode(rgb, 8, 8, 3, 90, 0, NULL, 0);
+    g_scans = NULL;
+    expect_refusal(&m, NULL, KT_ERR_FORMAT, "more than 1000 progressive scans", "JPEG with 1891 scans");
+    free(m.p);
+    /* 1 + 3 x 63 scans (no refinement) are fine */
+    n = 1;
+    for (int comp = 0; comp < 3; comp++)
+        for (int k = 1; k <= 63; k++) scans[n++] = (jpeg_scan_info){1, {comp, 0, 0, 0}, k, k, 0, 0};
+    g_scans = scans;
+    g_n_scans = n;
+    m = jpeg_encode(rgb, 8, 8, 3, 90, 0, NULL, 0);
+    g_scans = NULL;
+    kt_image img = decode_ok(&m, "JPEG with 190 scans");
+    assert_int_equal(img.width, 8);
+    kt_image_free(&img);
+    free(m.p);
+    free(scans);
+    free(rgb);
+}
+
 static void test_webp(void **state) {
     (void)state;
     /* the tiny test PNG's pixels, lossless WebP round trip */
@@ -997,6 +1045,7 @@ int main(void) {
         cmocka_unit_test(test_png_alpha_over_white),
         cmocka_unit_test(test_png_16bit_gray_palette),
         cmocka_unit_test(test_jpeg_variants),
+        cmocka_unit_test(test_jpeg_too_many_scans),
         cmocka_unit_test(test_webp),
         cmocka_unit_test(test_exif_parser),
         cmocka_unit_test(test_exif_png_jpeg_webp),
