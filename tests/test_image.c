@@ -345,36 +345,65 @@ static void test_photo_jpeg_close_to_stb(void **state) {
 
 /* ---- preprocessing geometry without goldens ---- */
 
+static void expect_geometry(const kt_image *img, const kt_image_prep_params *p, int w, int h, int cw, int ch,
+                            int ox, int oy) {
+    kt_image_prep prep;
+    kt_error err = {0};
+    if (kt_image_preprocess(img, p, &prep, &err) != KT_OK) fail_msg("%s", err.msg);
+    if (prep.width != w || prep.height != h || prep.content_w != cw || prep.content_h != ch || prep.off_x != ox ||
+        prep.off_y != oy)
+        fail_msg("%dx%d: canvas %dx%d content %dx%d at (%d, %d); want %dx%d, %dx%d at (%d, %d)", img->width,
+                 img->height, prep.width, prep.height, prep.content_w, prep.content_h, prep.off_x, prep.off_y, w, h, cw,
+                 ch, ox, oy);
+    int a = p->patch_size * p->merge_size;
+    assert_int_equal(prep.grid_x, w / a);
+    assert_int_equal(prep.grid_y, h / a);
+    kt_image_prep_free(&prep);
+}
+
+/* Sizes worked out by hand from calc_size_preserved_ratio's steps. */
 static void test_preprocess_geometry(void **state) {
     (void)state;
     kt_image_prep_params p = {16, 2, 8 * 32 * 32, 4096 * 32 * 32, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}};
-    /* a 1 x 1 image: upscaled to the minimum (8 tokens) */
+    /* 1 x 1: 32 x 32 after rounding up, under min_pixels (8192): beta =
+     * sqrt(8192) = 90.5, each side ceil(90.5 / 32) 32 = 96 */
     uint8_t px[3] = {255, 0, 128};
     kt_image one = {1, 1, px};
     kt_image_prep prep;
     kt_error err = {0};
     assert_int_equal(kt_image_preprocess(&one, &p, &prep, &err), KT_OK);
-    assert_true((int64_t)prep.width * prep.height >= p.min_pixels);
-    assert_int_equal(prep.width % 32, 0);
-    assert_int_equal(prep.height % 32, 0);
-    assert_true(prep.grid_x * prep.grid_y >= 8);
-    /* uniform colour stays uniform through the bicubic (weights sum to 1) */
-    for (int y = 0; y < prep.content_h; y++)
-        for (int x = 0; x < prep.content_w; x++)
-            assert_memory_equal(prep.canvas_rgb + (((size_t)(y + prep.off_y) * prep.width) + x + prep.off_x) * 3,
-                                px, 3);
-    assert_true(prep.pixels[0] == (255.0f / 255.0f - 0.5f) / 0.5f ||
-                prep.off_x > 0 || prep.off_y > 0); /* corner may be padding */
+    assert_int_equal(prep.width, 96);
+    assert_int_equal(prep.height, 96);
+    assert_int_equal(prep.content_w, 96);
+    assert_int_equal(prep.off_x, 0);
+    /* a uniform colour stays uniform through the bicubic (weights sum to 1) */
+    for (int i = 0; i < 96 * 96; i++) assert_memory_equal(prep.canvas_rgb + 3 * i, px, 3);
+    size_t plane = (size_t)96 * 96;
+    assert_true(prep.pixels[0] == 1.0f);
+    assert_true(prep.pixels[plane] == -1.0f);
+    assert_true(prep.pixels[2 * plane + 5] == (128.0f / 255.0f - 0.5f) / 0.5f);
     kt_image_prep_free(&prep);
-    /* a very long strip: capped at max_pixels */
-    int w = 8000, h = 20;
-    uint8_t *big = pattern_rgb(w, h, 3);
-    kt_image strip = {w, h, big};
-    assert_int_equal(kt_image_preprocess(&strip, &p, &prep, &err), KT_OK);
-    assert_true((int64_t)prep.width * prep.height <= p.max_pixels);
-    assert_true(prep.content_w <= prep.width && prep.content_h <= prep.height);
-    kt_image_prep_free(&prep);
-    free(big);
+    /* over max_pixels (here 64 tokens, 65536): 400 x 300 rounds to 416 x
+     * 288; beta = sqrt(120000 / 65536) = 1.353, sides floor(300 / beta / 32)
+     * 32 = 192 and floor(400 / beta / 32) 32 = 288; s = min(0.72, 0.64):
+     * content 256 x 192 at x 16 */
+    kt_image_prep_params small = p;
+    small.max_pixels = 64 * 32 * 32;
+    uint8_t *rgb = pattern_rgb(400, 300, 2);
+    kt_image mid = {400, 300, rgb};
+    expect_geometry(&mid, &small, 288, 192, 256, 192, 16, 0);
+    free(rgb);
+    /* a strip: the max(A, ...) floor keeps the height at 32, so the canvas
+     * (5120 x 32) ends above max_pixels, as llama.cpp's does; s = 0.64,
+     * content 5120 x ceil(12.8) = 13 at y (32 - 13) / 2 = 9 */
+    rgb = pattern_rgb(8000, 20, 3);
+    kt_image strip = {8000, 20, rgb};
+    expect_geometry(&strip, &small, 5120, 32, 5120, 13, 0, 9);
+    /* rounding half away from zero: 80 / 32 = 2.5 -> 3 -> 96, 720 / 32 =
+     * 22.5 -> 23 -> 736; s = min(1.2, 1.0222): content ceil(81.8) = 82 x
+     * min(ceil(736.0), 736) at x (96 - 82) / 2 = 7 */
+    expect_geometry(&(kt_image){80, 720, rgb}, &p, 96, 736, 82, 736, 7, 0);
+    free(rgb);
     /* bad parameters are refused */
     kt_image_prep_params bad = p;
     bad.std[1] = 0.0f;
@@ -382,9 +411,13 @@ static void test_preprocess_geometry(void **state) {
     bad = p;
     bad.patch_size = 0;
     assert_int_equal(kt_image_preprocess(&one, &bad, &prep, &err), KT_ERR_ARG);
+    bad = p;
+    bad.min_pixels = bad.max_pixels + 1;
+    assert_int_equal(kt_image_preprocess(&one, &bad, &prep, &err), KT_ERR_ARG);
     kt_image empty = {0};
     assert_int_equal(kt_image_preprocess(&empty, &p, &prep, &err), KT_ERR_ARG);
     assert_null(prep.pixels);
+    assert_null(prep.canvas_rgb);
 }
 
 /* ---- formats ---- */
