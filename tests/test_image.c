@@ -677,6 +677,30 @@ static void test_webp(void **state) {
     kt_image_free(&tiny);
 }
 
+/* An animated WebP (VP8X with the animation flag, ANIM, one ANMF frame) is
+ * refused as unsupported, naming why. */
+static void test_webp_animated(void **state) {
+    (void)state;
+    uint8_t rgb[4 * 4 * 3] = {0};
+    membuf simple = webp_lossless_rgb(rgb, 4, 4);
+    membuf m = {0};
+    uint8_t hdr[30] = "RIFF\0\0\0\0WEBPVP8X\x0a\0\0\0";
+    hdr[20] = 0x02; /* animation */
+    hdr[24] = 3, hdr[27] = 3;
+    mb_append(&m, hdr, 30);
+    mb_append(&m, "ANIM\x06\0\0\0\0\0\0\0\0\0", 14);
+    uint32_t frame = 16 + (uint32_t)(simple.n - 12);
+    uint8_t anmf[24] = {'A', 'N', 'M', 'F', (uint8_t)frame, (uint8_t)(frame >> 8), 0, 0};
+    anmf[8 + 6] = 3, anmf[8 + 9] = 3, anmf[8 + 12] = 100; /* 4 x 4, 100 ms */
+    mb_append(&m, anmf, 24);
+    mb_append(&m, simple.p + 12, simple.n - 12);
+    uint32_t riff = (uint32_t)m.n - 8;
+    for (int k = 0; k < 4; k++) m.p[4 + k] = (uint8_t)(riff >> (8 * k));
+    expect_refusal(&m, NULL, KT_ERR_UNSUPPORTED, "animated WebP", "animated WebP");
+    free(m.p);
+    free(simple.p);
+}
+
 /* ---- EXIF orientation ---- */
 
 /* A TIFF block with two other tags around the orientation, either byte
@@ -1080,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_jpeg_variants),
         cmocka_unit_test(test_jpeg_too_many_scans),
         cmocka_unit_test(test_webp),
+        cmocka_unit_test(test_webp_animated),
         cmocka_unit_test(test_exif_parser),
         cmocka_unit_test(test_exif_png_jpeg_webp),
         cmocka_unit_test(test_limits),
