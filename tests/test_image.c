@@ -7,14 +7,16 @@
  * (the encoders of the same libraries), so every case says exactly which
  * pixels went in.
  */
+#include <setjmp.h>
+#include <stddef.h>
+#include <stdio.h> /* before jpeglib.h, which needs FILE and size_t */
+#include <stdlib.h>
+#include <string.h>
+
 #include <jansson.h>
 #include <jpeglib.h>
 #include <nettle/sha2.h>
 #include <png.h>
-#include <setjmp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <webp/encode.h>
 
 #include "testutil.h"
@@ -88,6 +90,10 @@ static membuf png_rgb(const uint8_t *rgb, int w, int h, int interlace) {
     return png_encode(&s);
 }
 
+/* a scan script for the next jpeg_encode (NULL: the default) */
+static const jpeg_scan_info *g_scans;
+static int g_n_scans;
+
 /* comps 1 (gray), 3 (RGB) or 4 (CMYK); app1 an APP1 payload or NULL */
 static membuf jpeg_encode(const uint8_t *px, int w, int h, int comps, int quality, int progressive,
                           const uint8_t *app1, size_t n_app1) {
@@ -105,6 +111,10 @@ static membuf jpeg_encode(const uint8_t *px, int w, int h, int comps, int qualit
     jpeg_set_defaults(&c);
     jpeg_set_quality(&c, quality, TRUE);
     if (progressive) jpeg_simple_progression(&c);
+    if (g_scans) {
+        c.scan_info = g_scans;
+        c.num_scans = g_n_scans;
+    }
     jpeg_start_compress(&c, TRUE);
     if (app1) jpeg_write_marker(&c, JPEG_APP0 + 1, app1, (unsigned)n_app1);
     while (c.next_scanline < c.image_height) {
@@ -128,6 +138,9 @@ static membuf webp_lossless_rgb(const uint8_t *rgb, int w, int h) {
     WebPFree(out);
     return m;
 }
+
+static void expect_refusal(const membuf *m, const kt_image_limits *lim, kt_status want, const char *needle,
+                           const char *what);
 
 static kt_image decode_ok(const membuf *m, const char *what) {
     kt_image img;
@@ -271,7 +284,8 @@ static void check_golden(const char *tower, const char *img_name, int patch, con
     kt_image canvas = decode_file(tu_shared(rel));
     char what[160];
     snprintf(what, sizeof what, "%s %s canvas", tower, img_name);
-    assert_rgb_equal(&canvas, prep.canvas_rgb, prep.width, prep.height, what);
+    kt_image ours = {prep.width, prep.height, prep.canvas_rgb};
+    assert_rgb_equal(&ours, canvas.rgb, canvas.width, canvas.height, what);
 
     size_t n_floats = (size_t)3 * prep.width * prep.height;
     char *sha = sha256_hex(prep.pixels, n_floats * sizeof(float));
@@ -331,36 +345,65 @@ static void test_photo_jpeg_close_to_stb(void **state) {
 
 /* ---- preprocessing geometry without goldens ---- */
 
+static void expect_geometry(const kt_image *img, const kt_image_prep_params *p, int w, int h, int cw, int ch,
+                            int ox, int oy) {
+    kt_image_prep prep;
+    kt_error err = {0};
+    if (kt_image_preprocess(img, p, &prep, &err) != KT_OK) fail_msg("%s", err.msg);
+    if (prep.width != w || prep.height != h || prep.content_w != cw || prep.content_h != ch || prep.off_x != ox ||
+        prep.off_y != oy)
+        fail_msg("%dx%d: canvas %dx%d content %dx%d at (%d, %d); want %dx%d, %dx%d at (%d, %d)", img->width,
+                 img->height, prep.width, prep.height, prep.content_w, prep.content_h, prep.off_x, prep.off_y, w, h, cw,
+                 ch, ox, oy);
+    int a = p->patch_size * p->merge_size;
+    assert_int_equal(prep.grid_x, w / a);
+    assert_int_equal(prep.grid_y, h / a);
+    kt_image_prep_free(&prep);
+}
+
+/* Sizes worked out by hand from calc_size_preserved_ratio's steps. */
 static void test_preprocess_geometry(void **state) {
     (void)state;
     kt_image_prep_params p = {16, 2, 8 * 32 * 32, 4096 * 32 * 32, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}};
-    /* a 1 x 1 image: upscaled to the minimum (8 tokens) */
+    /* 1 x 1: 32 x 32 after rounding up, under min_pixels (8192): beta =
+     * sqrt(8192) = 90.5, each side ceil(90.5 / 32) 32 = 96 */
     uint8_t px[3] = {255, 0, 128};
     kt_image one = {1, 1, px};
     kt_image_prep prep;
     kt_error err = {0};
     assert_int_equal(kt_image_preprocess(&one, &p, &prep, &err), KT_OK);
-    assert_true((int64_t)prep.width * prep.height >= p.min_pixels);
-    assert_int_equal(prep.width % 32, 0);
-    assert_int_equal(prep.height % 32, 0);
-    assert_true(prep.grid_x * prep.grid_y >= 8);
-    /* uniform colour stays uniform through the bicubic (weights sum to 1) */
-    for (int y = 0; y < prep.content_h; y++)
-        for (int x = 0; x < prep.content_w; x++)
-            assert_memory_equal(prep.canvas_rgb + (((size_t)(y + prep.off_y) * prep.width) + x + prep.off_x) * 3,
-                                px, 3);
-    assert_true(prep.pixels[0] == (255.0f / 255.0f - 0.5f) / 0.5f ||
-                prep.off_x > 0 || prep.off_y > 0); /* corner may be padding */
+    assert_int_equal(prep.width, 96);
+    assert_int_equal(prep.height, 96);
+    assert_int_equal(prep.content_w, 96);
+    assert_int_equal(prep.off_x, 0);
+    /* a uniform colour stays uniform through the bicubic (weights sum to 1) */
+    for (int i = 0; i < 96 * 96; i++) assert_memory_equal(prep.canvas_rgb + 3 * i, px, 3);
+    size_t plane = (size_t)96 * 96;
+    assert_true(prep.pixels[0] == 1.0f);
+    assert_true(prep.pixels[plane] == -1.0f);
+    assert_true(prep.pixels[2 * plane + 5] == (128.0f / 255.0f - 0.5f) / 0.5f);
     kt_image_prep_free(&prep);
-    /* a very long strip: capped at max_pixels */
-    int w = 8000, h = 20;
-    uint8_t *big = pattern_rgb(w, h, 3);
-    kt_image strip = {w, h, big};
-    assert_int_equal(kt_image_preprocess(&strip, &p, &prep, &err), KT_OK);
-    assert_true((int64_t)prep.width * prep.height <= p.max_pixels);
-    assert_true(prep.content_w <= prep.width && prep.content_h <= prep.height);
-    kt_image_prep_free(&prep);
-    free(big);
+    /* over max_pixels (here 64 tokens, 65536): 400 x 300 rounds to 416 x
+     * 288; beta = sqrt(120000 / 65536) = 1.353, sides floor(300 / beta / 32)
+     * 32 = 192 and floor(400 / beta / 32) 32 = 288; s = min(0.72, 0.64):
+     * content 256 x 192 at x 16 */
+    kt_image_prep_params small = p;
+    small.max_pixels = 64 * 32 * 32;
+    uint8_t *rgb = pattern_rgb(400, 300, 2);
+    kt_image mid = {400, 300, rgb};
+    expect_geometry(&mid, &small, 288, 192, 256, 192, 16, 0);
+    free(rgb);
+    /* a strip: the max(A, ...) floor keeps the height at 32, so the canvas
+     * (5120 x 32) ends above max_pixels, as llama.cpp's does; s = 0.64,
+     * content 5120 x ceil(12.8) = 13 at y (32 - 13) / 2 = 9 */
+    rgb = pattern_rgb(8000, 20, 3);
+    kt_image strip = {8000, 20, rgb};
+    expect_geometry(&strip, &small, 5120, 32, 5120, 13, 0, 9);
+    /* rounding half away from zero: 80 / 32 = 2.5 -> 3 -> 96, 720 / 32 =
+     * 22.5 -> 23 -> 736; s = min(1.2, 1.0222): content ceil(81.8) = 82 x
+     * min(ceil(736.0), 736) at x (96 - 82) / 2 = 7 */
+    expect_geometry(&(kt_image){80, 720, rgb}, &p, 96, 736, 82, 736, 7, 0);
+    free(rgb);
     /* bad parameters are refused */
     kt_image_prep_params bad = p;
     bad.std[1] = 0.0f;
@@ -368,9 +411,13 @@ static void test_preprocess_geometry(void **state) {
     bad = p;
     bad.patch_size = 0;
     assert_int_equal(kt_image_preprocess(&one, &bad, &prep, &err), KT_ERR_ARG);
+    bad = p;
+    bad.min_pixels = bad.max_pixels + 1;
+    assert_int_equal(kt_image_preprocess(&one, &bad, &prep, &err), KT_ERR_ARG);
     kt_image empty = {0};
     assert_int_equal(kt_image_preprocess(&empty, &p, &prep, &err), KT_ERR_ARG);
     assert_null(prep.pixels);
+    assert_null(prep.canvas_rgb);
 }
 
 /* ---- formats ---- */
@@ -566,6 +613,43 @@ static void test_jpeg_variants(void **state) {
     free(rgb);
 }
 
+/* A valid progressive file of 1 + 3 x 63 x 10 scans (each AC coefficient
+ * alone, in 10 successive-approximation steps): every scan is a pass over
+ * the image, so such files are refused past 1000 scans. */
+static void test_jpeg_too_many_scans(void **state) {
+    (void)state;
+    enum { N_SCANS = 1 + 3 * 63 * 10 };
+    jpeg_scan_info *scans = tu_xmalloc(sizeof *scans * N_SCANS);
+    int n = 0;
+    scans[n++] = (jpeg_scan_info){3, {0, 1, 2, 0}, 0, 0, 0, 0};
+    for (int al = 9; al >= 0; al--)
+        for (int comp = 0; comp < 3; comp++)
+            for (int k = 1; k <= 63; k++)
+                scans[n++] = (jpeg_scan_info){1, {comp, 0, 0, 0}, k, k, al == 9 ? 0 : al + 1, al};
+    assert_int_equal(n, N_SCANS);
+    uint8_t *rgb = pattern_rgb(8, 8, 4);
+    g_scans = scans;
+    g_n_scans = n;
+    membuf m = jpeg_encode(rgb, 8, 8, 3, 90, 0, NULL, 0);
+    g_scans = NULL;
+    expect_refusal(&m, NULL, KT_ERR_FORMAT, "more than 1000 progressive scans", "JPEG with 1891 scans");
+    free(m.p);
+    /* 1 + 3 x 63 scans (no refinement) are fine */
+    n = 1;
+    for (int comp = 0; comp < 3; comp++)
+        for (int k = 1; k <= 63; k++) scans[n++] = (jpeg_scan_info){1, {comp, 0, 0, 0}, k, k, 0, 0};
+    g_scans = scans;
+    g_n_scans = n;
+    m = jpeg_encode(rgb, 8, 8, 3, 90, 0, NULL, 0);
+    g_scans = NULL;
+    kt_image img = decode_ok(&m, "JPEG with 190 scans");
+    assert_int_equal(img.width, 8);
+    kt_image_free(&img);
+    free(m.p);
+    free(scans);
+    free(rgb);
+}
+
 static void test_webp(void **state) {
     (void)state;
     /* the tiny test PNG's pixels, lossless WebP round trip */
@@ -591,6 +675,30 @@ static void test_webp(void **state) {
     kt_image_free(&img);
     free(lm.p);
     kt_image_free(&tiny);
+}
+
+/* An animated WebP (VP8X with the animation flag, ANIM, one ANMF frame) is
+ * refused as unsupported, naming why. */
+static void test_webp_animated(void **state) {
+    (void)state;
+    uint8_t rgb[4 * 4 * 3] = {0};
+    membuf simple = webp_lossless_rgb(rgb, 4, 4);
+    membuf m = {0};
+    uint8_t hdr[30] = "RIFF\0\0\0\0WEBPVP8X\x0a\0\0\0";
+    hdr[20] = 0x02; /* animation */
+    hdr[24] = 3, hdr[27] = 3;
+    mb_append(&m, hdr, 30);
+    mb_append(&m, "ANIM\x06\0\0\0\0\0\0\0\0\0", 14);
+    uint32_t frame = 16 + (uint32_t)(simple.n - 12);
+    uint8_t anmf[24] = {'A', 'N', 'M', 'F', (uint8_t)frame, (uint8_t)(frame >> 8), 0, 0};
+    anmf[8 + 6] = 3, anmf[8 + 9] = 3, anmf[8 + 12] = 100; /* 4 x 4, 100 ms */
+    mb_append(&m, anmf, 24);
+    mb_append(&m, simple.p + 12, simple.n - 12);
+    uint32_t riff = (uint32_t)m.n - 8;
+    for (int k = 0; k < 4; k++) m.p[4 + k] = (uint8_t)(riff >> (8 * k));
+    expect_refusal(&m, NULL, KT_ERR_UNSUPPORTED, "animated WebP", "animated WebP");
+    free(m.p);
+    free(simple.p);
 }
 
 /* ---- EXIF orientation ---- */
@@ -755,6 +863,30 @@ static void test_exif_png_jpeg_webp(void **state) {
         kt_image_free(&img);
         free(m.p);
     }
+    /* hostile EXIF in the files: IFD0 out of range, a directory that runs
+     * past the block, IFD0 pointing at the header: upright as stored */
+    for (int k = 0; k < 3; k++) {
+        size_t n = make_exif(exif + 0, 1, 6, 0);
+        if (k == 0) exif[4] = 0x40;
+        if (k == 1) exif[8] = 0x7f, n = 30;
+        if (k == 2) exif[7] = 0;
+        png_spec s = {.w = w, .h = h, .color_type = PNG_COLOR_TYPE_RGB, .bit_depth = 8, .data = rgb};
+        s.exif = exif;
+        s.n_exif = (int)n;
+        membuf m = png_encode(&s);
+        kt_image img = decode_ok(&m, "PNG with hostile eXIf");
+        check_corners(&img, w, h, 1, 0, "PNG hostile eXIf");
+        kt_image_free(&img);
+        free(m.p);
+        uint8_t app1[90];
+        memcpy(app1, "Exif\0\0", 6);
+        memcpy(app1 + 6, exif, n);
+        m = jpeg_encode(rgb, w, h, 3, 95, 0, app1, n + 6);
+        img = decode_ok(&m, "JPEG with hostile Exif");
+        check_corners(&img, w, h, 1, 12, "JPEG hostile Exif");
+        kt_image_free(&img);
+        free(m.p);
+    }
     /* WebP: an extended (VP8X) file with an EXIF chunk around a lossless
      * bitstream */
     membuf simple = webp_lossless_rgb(rgb, w, h);
@@ -895,7 +1027,7 @@ static void test_truncations(void **state) {
     (void)state;
     int w = 24, h = 20;
     uint8_t *rgb = pattern_rgb(w, h, 7);
-    size_t stride = TU_SANITIZED ? 3 : 1;
+    size_t stride = 1; /* every length: fast enough under ASan too */
     membuf m = png_rgb(rgb, w, h, 1);
     truncations(&m, stride, "interlaced PNG");
     free(m.p);
@@ -927,7 +1059,7 @@ static void test_garbage(void **state) {
     static const char *const heads[3] = {"\x89PNG\r\n\x1a\n", "\xff\xd8\xff", "RIFF\xf0\0\0\0WEBP"};
     static const size_t head_n[3] = {8, 3, 12};
     uint8_t buf[600];
-    int iters = TU_SANITIZED ? 150 : 500;
+    int iters = 500;
     for (int f = 0; f < 3; f++)
         for (int it = 0; it < iters; it++) {
             size_t n = head_n[f] + kt_rng_u64(&rng) % 512;
@@ -970,7 +1102,9 @@ int main(void) {
         cmocka_unit_test(test_png_alpha_over_white),
         cmocka_unit_test(test_png_16bit_gray_palette),
         cmocka_unit_test(test_jpeg_variants),
+        cmocka_unit_test(test_jpeg_too_many_scans),
         cmocka_unit_test(test_webp),
+        cmocka_unit_test(test_webp_animated),
         cmocka_unit_test(test_exif_parser),
         cmocka_unit_test(test_exif_png_jpeg_webp),
         cmocka_unit_test(test_limits),

@@ -93,6 +93,11 @@ kt_status kt_image_check_dims(int64_t width, int64_t height, const kt_image_limi
     return KT_OK;
 }
 
+/* Alpha over white: a transparent region then looks as an image viewer or
+ * a browser shows it (a logo's background white, not whatever colour the
+ * encoder left under alpha 0, often black). llama.cpp's stb_image load
+ * drops alpha instead; fully opaque images, which is what the goldens
+ * have, come out the same either way (a = 255 gives c exactly). */
 void kt_image_rgba_to_rgb(uint8_t *px, size_t n_pixels) {
     for (size_t i = 0; i < n_pixels; i++) {
         const uint8_t *s = px + 4 * i;

@@ -2,10 +2,10 @@
  * decode_png.c - PNG through libpng, to 8-bit RGB.
  *
  * libpng reports errors by longjmp: the error handler copies the message
- * and jumps back to the setjmp in png_decode, which frees what was made
- * (the state that changes under the setjmp lives in a heap png_ctx, not
- * in locals, whose values a longjmp leaves indeterminate). Warnings are dropped: a
- * library must not print. libpng's transforms do the conversions: palette
+ * and jumps back to the setjmp in kt_image_decode_png, which frees what
+ * was made (the state that changes under the setjmp lives in a heap
+ * png_ctx, not in locals, whose values a longjmp leaves indeterminate).
+ * Warnings are dropped: a library must not print. libpng's transforms do the conversions: palette
  * and low bit depths expanded, tRNS to alpha, 16 bits to 8 by dropping the
  * low byte (png_set_strip_16, as stb_image, which llama.cpp's goldens
  * decode with, does), gray to RGB, Adam7 deinterlaced; alpha is then
@@ -23,8 +23,8 @@
 typedef struct png_ctx {
     const uint8_t *data;
     size_t n_bytes, pos;
-    char msg[160];        /* libpng's error text */
-    uint8_t *px;          /* the pixels being decoded */
+    char msg[160]; /* libpng's error text */
+    uint8_t *px;   /* the pixels being decoded */
     png_bytep *rows;
 } png_ctx;
 
