@@ -13,13 +13,16 @@
 // sent through each API give the same prompt token count and the same
 // text at temperature 0 as chat completions; the screenshot's 920 tokens
 // (a 40 x 23 grid of merged patches) are in the count; sent again, they
-// come from the prefix cache and the tower is not run again (/metrics);
+// come from the prefix cache and the tower is not run again (/metrics),
+// also after a kill -9 and a restart on the same --cache-dir; max_tokens 0
+// prefills the prompt and answers nothing;
 // an image one pixel apart is encoded anew and shares no block past the
 // text before it; a truncated image, an http URL and an image sent to a
 // model without a projector are 400s that say why.
 // Prints one line per check; exits 0 only if every check passed.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import zlib from 'node:zlib';
@@ -45,7 +48,7 @@ const MODEL = path.join(ARCH, 'qwen35-F16.gguf');
 const MMPROJ = path.join(ARCH, 'mmproj-qwen3vl-F32.gguf');
 const STORIES = path.resolve(HERE, '../../models/stories260K.gguf');
 
-const { startServer, check, run } = harness({ bin: BIN, model: MODEL, globalTimeoutMs: 280_000 });
+const { startServer, stopServer, check, run } = harness({ bin: BIN, model: MODEL, globalTimeoutMs: 280_000 });
 
 const SYSTEM = 'You are a computer-use agent. You see the screen and decide the next action.';
 const ASK = 'Find the Settings button in this screenshot and describe what you see around it.';
@@ -180,6 +183,35 @@ await run(async () => {
     await expectError(openai.chat.completions.create({ model: 'kettle', max_tokens: 4, messages: [{ role: 'user', content: [
       { type: 'image_url', image_url: { url: 'https://example.com/a.png' } }] }] }), 400, /data: URL/);
     await expectError(chatImage(openai, Buffer.from('GIF89a not an image at all')), 400, /PNG, JPEG or WebP/);
+  });
+
+  await check('max_tokens 0 prefills; the screenshot\'s KV survives a kill -9 in --cache-dir, the tower not run again', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'kettle-vision-'));
+    try {
+      const args = ['--mmproj', MMPROJ, '--ctx', '4096', '--parallel', '2', '--cache-dir', dir];
+      let s = await startServer(args);
+      let o = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'none', maxRetries: 0 });
+      const pre = await chatImage(o, SCREENSHOT, { max_tokens: 0 });
+      assert.equal(pre.choices[0].message.content, '');
+      assert.equal(pre.choices[0].finish_reason, 'length');
+      assert.equal(pre.usage.completion_tokens, 0);
+      assert.equal(pre.usage.prompt_tokens, ref.prompt);
+      const after = await chatImage(o, SCREENSHOT);
+      assert.equal(after.choices[0].message.content, ref.text);
+      assert.ok(after.usage.prompt_tokens_details.cached_tokens >= ref.prompt - 16);
+      s.proc.kill('SIGKILL');
+      await s.exitedPromise;
+      s = await startServer(args);
+      o = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'none', maxRetries: 0 });
+      const back = await chatImage(o, SCREENSHOT);
+      assert.equal(back.choices[0].message.content, ref.text);
+      assert.ok(back.usage.prompt_tokens_details.cached_tokens >= SCREEN_TOKENS,
+        `cached after the restart: ${back.usage.prompt_tokens_details.cached_tokens}`);
+      assert.equal(await metric(`http://127.0.0.1:${s.port}`, 'kettle_image_encodes_total'), 0);
+      await stopServer(s);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   const plain = await startServer([], { model: STORIES });
