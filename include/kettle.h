@@ -191,6 +191,16 @@ void kt_session_truncate(kt_session *s, int n_keep);
 kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n,
                           float *logits, bool all_logits, kt_error *err);
 
+/* Appends an image: its grid_x * grid_y embedding rows of the model's
+ * n_embd floats (a vision tower's output, one row per merged patch group,
+ * row-major), on the M-RoPE grid positions of Qwen-VL text models; the
+ * tokens after it take the positions that layout gives them. `logits`
+ * as for kt_session_eval's last token. KT_ERR_UNSUPPORTED for a model
+ * without M-RoPE sections; KT_ERR_CONTEXT when it does not fit. A
+ * session with images cannot be saved (kt_session_save refuses it). */
+kt_status kt_session_eval_image(kt_session *s, const float *embd, int grid_x, int grid_y, float *logits,
+                                kt_error *err);
+
 /* Writes the KV of the first n positions (n <= kt_session_n_past), the
  * token ids that filled them and a caller's note (e.g. the conversation
  * as JSON; may be NULL) to path: marked with the model's fingerprint,

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/timing.h"
+#include "cli/cli_images.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/model_store.h"
@@ -27,6 +28,10 @@ typedef struct run_opts {
     kt_model *draft_model;
     int draft_max;   /* --draft-max K: most tokens proposed per step (0: 8) */
     bool spec_fixed; /* --spec-fixed: always verify what the lookup finds (no adaptive k) */
+    const char *mmproj; /* --mmproj PATH: the vision tower */
+    const char *images[CLI_MAX_IMAGES]; /* --image FILE, in prompt order */
+    int n_images;
+    kt_vision *vision;
 } run_opts;
 
 static void run_usage(FILE *out) {
@@ -43,6 +48,9 @@ static void run_usage(FILE *out) {
             "      --draft PATH      the draft model (implies --spec draft)\n"
             "      --draft-max K     most tokens proposed per step (default 8; k adapts to the measured\n"
             "                        acceptance and cost unless --spec-fixed)\n"
+            "      --mmproj PATH     the model's vision projector (llama.cpp's mmproj GGUF)\n"
+            "      --image FILE      a PNG, JPEG or WebP image (repeatable, with --mmproj): it goes where the\n"
+            "                        prompt says " CLI_IMAGE_MARKER ", or before the prompt\n"
             "%s",
             cli_gen_usage());
 }
@@ -65,6 +73,13 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         } else if ((r = cli_opt("run", argc, argv, &i, "--draft", &v))) {
             if (r < 0) return 2;
             o->draft = v;
+        } else if ((r = cli_opt("run", argc, argv, &i, "--mmproj", &v))) {
+            if (r < 0) return 2;
+            o->mmproj = v;
+        } else if ((r = cli_opt("run", argc, argv, &i, "--image", &v))) {
+            if (r < 0) return 2;
+            if (o->n_images == CLI_MAX_IMAGES) return cli_usage_error("run", "at most %d --image files", CLI_MAX_IMAGES);
+            o->images[o->n_images++] = v;
         } else if ((r = cli_opt("run", argc, argv, &i, "--draft-max", &v))) {
             if (r < 0) return 2;
             if (!cli_parse_int(v, 1, 32, &o->draft_max)) return cli_usage_error("run", "invalid --draft-max '%s' (1..32)", v);
@@ -88,6 +103,8 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     if (o->draft && strcmp(spec_kind, "draft")) return cli_usage_error("run", "--draft goes with --spec draft");
     if ((o->draft_max || o->spec_fixed) && !o->spec)
         return cli_usage_error("run", "--draft-max and --spec-fixed need --spec ngram or draft");
+    if (o->n_images && !o->mmproj) return cli_usage_error("run", "--image needs the model's vision projector (--mmproj PATH)");
+    if (o->n_images && o->spec) return cli_usage_error("run", "--spec does not go with --image yet");
     return 0;
 }
 
@@ -105,8 +122,8 @@ static int tokenize_prompt(const kt_model *m, const char *text, size_t len, int 
 }
 
 typedef struct run_stats {
-    double load_ms, prefill_ms, ttft_ms, decode_ms;
-    int n_prompt, n_gen;
+    double load_ms, prefill_ms, ttft_ms, decode_ms, encode_ms;
+    int n_prompt, n_gen, n_image_tokens;
     bool spec;
     kt_spec_stats spec_stats;
 } run_stats;
@@ -114,6 +131,8 @@ typedef struct run_stats {
 static void print_stats(const run_stats *st) {
     fprintf(stderr, "\n\nload time:     %8.1f ms\n", st->load_ms);
     fprintf(stderr, "prompt tokens: %8d\n", st->n_prompt);
+    if (st->n_image_tokens)
+        fprintf(stderr, "image tokens:  %8d (the vision tower took %.1f ms)\n", st->n_image_tokens, st->encode_ms);
     fprintf(stderr, "TTFT:          %8.1f ms\n", st->ttft_ms);
     fprintf(stderr, "prefill:       %8.2f tok/s (%d tokens in %.1f ms)\n",
             st->prefill_ms > 0 ? st->n_prompt * 1e3 / st->prefill_ms : 0.0, st->n_prompt, st->prefill_ms);
@@ -226,6 +245,18 @@ static int run_model(kt_model *m, const run_opts *o, const char *text, size_t le
     kt_sampler *smp = s ? kt_sampler_new(&o->g.sp, d->n_vocab, &err) : NULL;
     int rc = 1;
     if (!logits || !s || !smp) goto done;
+    if (o->n_images) {
+        cli_image_stats is;
+        double t_img = kt_time_ms();
+        if (cli_images_eval(m, s, o->vision, o->g.n_threads, o->images, o->n_images, text, len, o->no_bos ? 0 : -1,
+                            logits, &is, &err))
+            goto done;
+        st->n_prompt = is.n_tokens, st->prefill_ms = kt_time_ms() - t_img - is.encode_ms, st->encode_ms = is.encode_ms;
+        st->n_image_tokens = is.n_image_tokens;
+        rc = generate(m, s, smp, o, logits, t_img, st);
+        err.msg[0] = 0;
+        goto done;
+    }
     st->n_prompt = tokenize_prompt(m, text, len, o->no_bos ? 0 : -1, &ids, &err);
     if (st->n_prompt < 0) goto done;
     if (st->n_prompt == 0) {
@@ -276,6 +307,12 @@ int cmd_run(int argc, char **argv) {
         free(file_text);
         return 1;
     }
+    if (o.mmproj && !(o.vision = kt_vision_load(o.mmproj, &err))) {
+        fprintf(stderr, "kettle run: the vision projector %s: %s\n", o.mmproj, err.msg);
+        kt_model_free(m);
+        free(file_text);
+        return 1;
+    }
     if (o.draft && !(o.draft_model = cli_load_model(o.draft, o.g.load, &err))) {
         fprintf(stderr, "kettle run: the draft model %s: %s\n", o.draft, err.msg);
         kt_model_free(m);
@@ -287,6 +324,7 @@ int cmd_run(int argc, char **argv) {
     if (rc == 0 && o.g.sp.temperature > 0) /* what repeats this run */
         fprintf(stderr, "seed:          %llu%s\n", (unsigned long long)o.g.sp.seed, o.g.seed_given ? "" : " (drawn; --seed repeats it)");
     kt_model_free(o.draft_model);
+    kt_vision_free(o.vision);
     kt_model_free(m);
     free(file_text);
     return rc;

@@ -333,6 +333,7 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
 
 void kt_session_free(kt_session *s) {
     if (!s) return;
+    req_images_release(&s->images, NULL);
     kv_seq_free(s->seq);
     kv_pool_free(s->kv);
     llm_work_free(s->work);
@@ -349,18 +350,25 @@ int kt_session_n_past(const kt_session *s) {
 }
 
 void kt_session_truncate(kt_session *s, int n_keep) {
-    if (n_keep >= 0 && kv_seq_truncate(s->seq, n_keep, NULL) != KT_OK)
+    /* an image is kept whole or not at all: cut before one n_keep splits */
+    while (s->images.n && n_keep >= 0 && n_keep < s->images.v[s->images.n - 1].at + s->images.v[s->images.n - 1].n_tokens)
+        n_keep = n_keep < s->images.v[s->images.n - 1].at ? n_keep : s->images.v[s->images.n - 1].at, s->images.n--;
+    if (n_keep >= 0 && kv_seq_truncate(s->seq, n_keep, NULL) != KT_OK) {
         kv_seq_truncate(s->seq, 0, NULL); /* the window layers gave back what n_keep attends: start over */
+        s->images.n = 0;
+    }
 }
 
 /* Tokens [0, n) appended to the sequence and run, LLM_MAX_BATCH at a
  * time (so that window layers give back what each chunk no longer
  * attends before the next is appended). */
-static kt_status session_forward(kt_session *s, const int32_t *tokens, int n, float *logits,
+static kt_status session_forward(kt_session *s, const int32_t *tokens, const float *embd, int n, float *logits,
                                  bool all_logits, kt_error *err) {
-    int pos[LLM_MAX_BATCH];
+    int pos[LLM_MAX_BATCH], pos4[4 * LLM_MAX_BATCH];
     kv_seq *seqs[LLM_MAX_BATCH];
     bool want[LLM_MAX_BATCH];
+    const float *rows[LLM_MAX_BATCH];
+    const int n_embd = s->model->llm->cfg.n_embd;
     size_t n_vocab = (size_t)s->model->llm->cfg.n_vocab;
     for (int done = 0; done < n;) {
         int chunk = n - done < LLM_MAX_BATCH ? n - done : LLM_MAX_BATCH;
@@ -370,8 +378,11 @@ static kt_status session_forward(kt_session *s, const int32_t *tokens, int n, fl
             pos[i] = pos0 + i;
             seqs[i] = s->seq;
             want[i] = logits && (all_logits || done + i == n - 1);
+            rows[i] = embd ? embd + (size_t)(done + i) * (size_t)n_embd : NULL;
+            req_images_pos4(&s->images, pos[i], pos4 + 4 * i);
         }
-        llm_batch b = {.n_tokens = chunk, .tokens = tokens + done, .pos = pos, .seq = seqs, .logits = want};
+        llm_batch b = {.n_tokens = chunk, .tokens = tokens + done, .pos = pos, .seq = seqs, .logits = want,
+                       .pos_mrope = s->images.n ? pos4 : NULL, .embd = embd ? rows : NULL};
         llm_forward(s->model->llm, s->work, s->pool, &b,
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
         done += chunk;
@@ -392,7 +403,30 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *lo
             return kt_error_set(err, KT_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
                                 tokens[i], i, n_vocab);
     if (n == 0) return KT_OK;
-    return session_forward(s, tokens, n, logits, all_logits, err);
+    return session_forward(s, tokens, NULL, n, logits, all_logits, err);
+}
+
+kt_status kt_session_eval_image(kt_session *s, const float *embd, int grid_x, int grid_y, float *logits,
+                                kt_error *err) {
+    const llm_config *c = &s->model->llm->cfg;
+    if (!(c->rope_sections[0] + c->rope_sections[1] + c->rope_sections[2]))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "the model (%s) takes no images", c->arch);
+    if (!embd || grid_x < 1 || grid_y < 1 || grid_x > 4096 || grid_y > 4096)
+        return kt_error_set(err, KT_ERR_ARG, "an image needs its embeddings and a grid (%dx%d given)", grid_x, grid_y);
+    const int n = grid_x * grid_y, n_past = s->seq->len;
+    if (n > s->n_ctx - n_past)
+        return kt_error_set(err, KT_ERR_CONTEXT, "an image of %d tokens does not fit: %d of the %d-token context are "
+                            "used (%d free)", n, n_past, s->n_ctx, s->n_ctx - n_past);
+    req_image *v = realloc(s->images.v, sizeof *v * (size_t)(s->images.n + 1));
+    int32_t *zeros = calloc((size_t)n, sizeof *zeros); /* ids stand in only: the rows are the image's */
+    if (v) s->images.v = v;
+    if (!v || !zeros) return free(zeros), kt_error_set(err, KT_ERR_NOMEM, "out of memory for an image");
+    s->images.v[s->images.n++] = (req_image){.at = n_past, .n_tokens = n, .grid_x = grid_x, .grid_y = grid_y,
+                                             .n_pos = grid_x > grid_y ? grid_x : grid_y};
+    kt_status st = session_forward(s, zeros, embd, n, logits, false, err);
+    free(zeros);
+    if (st) kt_session_truncate(s, n_past);
+    return st;
 }
 
 uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_tokens, int n_ctx) {

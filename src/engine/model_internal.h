@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "ops/pool.h"
 #include "text/vocab.h"
+#include "engine/images.h"
 
 #define KT_MAX_EOG 16
 
@@ -36,6 +37,7 @@ struct kt_session {
     llm_work *work;
     kt_pool *pool;
     int n_ctx;
+    req_images images; /* the images in the sequence (kt_session_eval_image): their positions' layout */
 };
 
 /* What the KV a model computes depends on, hashed: every tensor's name,

@@ -73,6 +73,9 @@ kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *
     if (n < 0 || n > s->seq->len)
         return kt_error_set(err, KT_ERR_ARG, "session save: %d positions, the session holds %d", n,
                             s->seq->len);
+    if (s->images.n) /* its file keeps token ids; an image's rows and layout are not ids */
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "session save: the session holds images, which a session file "
+                            "does not keep");
     if (kv_pool_has_state(s->kv) && n != s->seq->len)
         return kt_error_set(err, KT_ERR_ARG, "session save: %s is a hybrid model, whose recurrent state is the one after "
                             "all %d positions: save them all, not %d", s->model->llm->cfg.arch, s->seq->len, n);

@@ -1,0 +1,106 @@
+/*
+ * cli_images.c - see cli_images.h.
+ */
+#include "cli/cli_images.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/timing.h"
+#include "cli/cli_util.h"
+#include "image/image.h"
+
+/* The tower's output for one image file: grid_x * grid_y rows of the
+ * model's n_embd (DeepStack outputs dropped: not injected yet). */
+static float *encode_file(kt_vision *v, kt_pool *pool, const char *path, int *gx, int *gy, double *ms, kt_error *err) {
+    size_t n = 0;
+    char *bytes = cli_read_file(path, &n);
+    if (!bytes) return kt_error_set(err, KT_ERR_IO, "cannot read image %s", path), NULL;
+    kt_image img = {0};
+    kt_image_prep prep = {0};
+    kt_image_prep_params pp;
+    kt_vision_prep_params(v, &pp);
+    kt_status st = kt_image_decode(bytes, n, NULL, &img, err);
+    free(bytes);
+    if (!st) st = kt_image_preprocess(&img, &pp, &prep, err);
+    kt_image_free(&img);
+    const kt_vision_info *vi = kt_vision_get_info(v);
+    const size_t row = (size_t)vi->n_embd * (size_t)(1 + vi->n_deepstack), n_tok = (size_t)prep.grid_x * prep.grid_y;
+    float *out = st ? NULL : malloc(sizeof(float) * row * (n_tok ? n_tok : 1));
+    if (!st && !out) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding %s", path);
+    const double t0 = kt_time_ms();
+    if (!st) st = kt_vision_encode(v, pool, &prep, out, err);
+    *ms += kt_time_ms() - t0;
+    for (size_t t = 0; !st && vi->n_deepstack && t < n_tok; t++)
+        memmove(out + t * (size_t)vi->n_embd, out + t * row, sizeof(float) * (size_t)vi->n_embd);
+    *gx = prep.grid_x, *gy = prep.grid_y;
+    kt_image_prep_free(&prep);
+    if (st) {
+        free(out);
+        kt_error_wrap(err, "image %s", path);
+        return NULL;
+    }
+    return out;
+}
+
+/* The first marker in text[0, len), or NULL. */
+static const char *find_marker(const char *text, size_t len) {
+    const size_t m = strlen(CLI_IMAGE_MARKER);
+    for (size_t i = 0; i + m <= len; i++)
+        if (!memcmp(text + i, CLI_IMAGE_MARKER, m)) return text + i;
+    return NULL;
+}
+
+static kt_status eval_text(kt_model *m, kt_session *s, const char *text, size_t len, int bos, float *logits,
+                           cli_image_stats *st, kt_error *err) {
+    if (len == 0 && bos == 0) return KT_OK;
+    int n = kt_tokenize(m, text, len, NULL, 0, bos, err);
+    int32_t *ids = n >= 0 ? malloc(sizeof *ids * ((size_t)n + 1)) : NULL;
+    if (n < 0) return err->status;
+    if (!ids) return kt_error_set(err, KT_ERR_NOMEM, "out of memory for %d prompt tokens", n);
+    kt_status rc = kt_tokenize(m, text, len, ids, n, bos, err) == n ? kt_session_eval(s, ids, n, logits, false, err)
+                                                                    : err->status;
+    free(ids);
+    st->n_tokens += n;
+    return rc;
+}
+
+static kt_status eval_marker(kt_model *m, kt_session *s, const char *name, float *logits, cli_image_stats *st,
+                             kt_error *err) {
+    const int32_t id = kt_token_control_id(m, name, strlen(name));
+    if (id < 0) return kt_error_set(err, KT_ERR_UNSUPPORTED, "the model's vocabulary has no %s token to hold an image", name);
+    st->n_tokens++;
+    return kt_session_eval(s, &id, 1, logits, false, err);
+}
+
+kt_status cli_images_eval(kt_model *m, kt_session *s, kt_vision *v, int n_threads, const char *const *paths,
+                          int n_paths, const char *text, size_t len, int bos, float *logits, cli_image_stats *st,
+                          kt_error *err) {
+    memset(st, 0, sizeof *st);
+    kt_pool *pool = kt_pool_new(n_threads, err);
+    if (!pool) return err->status;
+    kt_status rc = KT_OK;
+    size_t at = 0;
+    for (int i = 0; i < n_paths && !rc; i++) {
+        const char *mark = find_marker(text + at, len - at);
+        const size_t upto = mark ? (size_t)(mark - text) : at; /* no marker: the images first */
+        int gx = 0, gy = 0;
+        float *embd = encode_file(v, pool, paths[i], &gx, &gy, &st->encode_ms, err);
+        if (!embd) rc = err->status;
+        if (!rc) rc = eval_text(m, s, text + at, upto - at, at == 0 ? bos : 0, logits, st, err);
+        if (!rc) rc = eval_marker(m, s, "<|vision_start|>", logits, st, err);
+        if (!rc) rc = kt_session_eval_image(s, embd, gx, gy, logits, err);
+        if (!rc) rc = eval_marker(m, s, "<|vision_end|>", logits, st, err);
+        if (!rc) st->n_tokens += gx * gy, st->n_image_tokens += gx * gy;
+        free(embd);
+        if (mark) at = upto + strlen(CLI_IMAGE_MARKER);
+        if (!mark && i == 0) bos = 0; /* the BOS went before the first image */
+    }
+    if (!rc && find_marker(text + at, len - at))
+        rc = kt_error_set(err, KT_ERR_ARG, "the prompt has more %s markers than --image files (%d)", CLI_IMAGE_MARKER,
+                          n_paths);
+    if (!rc) rc = eval_text(m, s, text + at, len - at, at == 0 ? bos : 0, logits, st, err);
+    kt_pool_free(pool);
+    return rc;
+}
