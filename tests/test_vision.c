@@ -10,11 +10,14 @@
  *    max |d| <= 1.5e-3 * max |golden|; the errors are printed. Under ASan
  *    (~7x slower) the screenshot (3680 / 4784 patches) is left out, saying
  *    so; the tiny and photo images run there.
- *  - qwen2vl_merger has no golden: a file is made from the qwen2.5vl one
- *    (LayerNorm with biases, a plain MLP, quick GELU, no windows) and the
- *    encoder is compared with a float64 reference written here from
- *    llama.cpp's graph, the same reference that is first checked against
- *    the goldens of the other two projectors.
+ *  - a float64 reference written here from llama.cpp's graphs, checked
+ *    against the goldens of both projectors (F32 and F16 files, tiny
+ *    image), then used where there is no golden: DeepStack (the qwen3vl
+ *    file with random DeepStack mergers added after blocks 0 and 2: its
+ *    main embedding must still match llama.cpp's) and qwen2vl_merger (a
+ *    file made from the qwen2.5vl one: LayerNorm with biases, a plain MLP,
+ *    quick GELU, no windows; the photo image, the tiny one under ASan).
+ *  - `kettle info` on an mmproj file prints the tower.
  *  - refusals: another projector type (KT_ERR_UNSUPPORTED naming it), a
  *    missing tensor, a tensor of the wrong shape and a missing key
  *    (KT_ERR_FORMAT naming them), each in a file written here.
@@ -141,9 +144,46 @@ static bool ref_same_window(const ref_model *m, int yi, int xi, int yj, int xj) 
     return (yi / 2) / gw == (yj / 2) / gw && (xi / 2) / gw == (xj / 2) / gw;
 }
 
-/* the whole tower on `img`; returns [n_tokens][proj_dim] in merged-grid
- * row-major order (no DeepStack: the test files have none) */
-static double *ref_encode(const ref_model *m, const kt_image_prep *img) {
+/* merge groups: token (gy, gx) concatenates patches (2gy+dy, 2gx+dx), the
+ * patches in raster order [py][px][w] */
+static double *ref_merge_groups(const double *x, int px, int py, int w) {
+    int T = px * py / 4, gx = px / 2;
+    double *cat = tu_xmalloc((size_t)T * 4 * w * sizeof *cat);
+    for (int t = 0; t < T; t++)
+        for (int u = 0; u < 4; u++) {
+            int y = (t / gx) * 2 + u / 2, xx = (t % gx) * 2 + u % 2;
+            memcpy(cat + ((size_t)t * 4 + u) * w, x + ((size_t)y * px + xx) * w, (size_t)w * sizeof *cat);
+        }
+    return cat;
+}
+
+/* [T][4w] -> (norm) -> fc1 -> GELU -> fc2 into out[t * stride + col] */
+static void ref_project(const ref_model *m, const double *cat, int T, int w, const char *norm_w, const char *norm_b,
+                        const char *fc1_w, const char *fc1_b, const char *fc2_w, const char *fc2_b, int il,
+                        double *out, int stride, int col) {
+    double *in = tu_xmalloc((size_t)T * 4 * w * sizeof *in);
+    memcpy(in, cat, (size_t)T * 4 * w * sizeof *in);
+    if (norm_w) { /* DeepStack's LayerNorm (qwen3vl's norm type) over the group */
+        double *g = ref_tensor(m, norm_w, il, NULL), *b = ref_tensor(m, norm_b, il, NULL);
+        ref_norm(m, in, cat, g, b, T, 4 * w);
+        free(g), free(b);
+    }
+    int64_t hid = 0;
+    double *W0 = ref_tensor(m, fc1_w, il, &hid), *b0 = ref_tensor(m, fc1_b, il, NULL);
+    double *W2 = ref_tensor(m, fc2_w, il, NULL), *b2 = ref_tensor(m, fc2_b, il, NULL);
+    double *h1 = tu_xmalloc((size_t)T * hid * sizeof *h1), *o = tu_xmalloc((size_t)T * m->proj_dim * sizeof *o);
+    ref_linear(h1, W0, b0, in, 4 * w, (int)hid, T);
+    for (size_t i = 0; i < (size_t)T * hid; i++) h1[i] = ref_gelu(h1[i]);
+    ref_linear(o, W2, b2, h1, (int)hid, m->proj_dim, T);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < m->proj_dim; i++) out[(size_t)t * stride + col + i] = o[(size_t)t * m->proj_dim + i];
+    free(W0), free(b0), free(W2), free(b2), free(h1), free(o), free(in);
+}
+
+/* the whole tower on `img`; returns [n_tokens][proj_dim * (1 + n_ds)] in
+ * merged-grid row-major order: the main embedding, then each DeepStack
+ * output (n_ds: blocks with v.deepstack.N.fc1.weight) */
+static double *ref_encode(const ref_model *m, const kt_image_prep *img, int *n_ds_out) {
     int p = m->patch, px = img->width / p, py = img->height / p, P = px * py, w = m->w, d = m->d;
     int n_in = 3 * p * p;
     double *x = calloc((size_t)P * w, sizeof *x), *xn = calloc((size_t)P * w, sizeof *x);
@@ -151,6 +191,14 @@ static double *ref_encode(const ref_model *m, const kt_image_prep *img) {
     double *v = calloc((size_t)P * w, sizeof *x), *o = calloc((size_t)P * w, sizeof *x);
     double *col = calloc((size_t)P * n_in, sizeof *x), *s = calloc((size_t)P, sizeof *x);
     assert_non_null(x && xn && q && k && v && o && col && s);
+    int n_ds = 0, T = P / 4;
+    for (int il = 0; il < m->layers; il++) {
+        char name[64];
+        snprintf(name, sizeof name, "v.deepstack.%d.fc1.weight", il);
+        n_ds += gguf_tensor_find(m->f, name) != NULL;
+    }
+    int stride = m->proj_dim * (1 + n_ds), ds = 0;
+    double *out = tu_xmalloc((size_t)T * stride * sizeof *out);
     /* patches in raster order: conv of both temporal slices */
     for (int t = 0; t < P; t++)
         for (int c = 0; c < 3; c++)
@@ -255,27 +303,24 @@ static double *ref_encode(const ref_model *m, const kt_image_prep *img) {
         ref_linear(q, Wd, bd, up, (int)n_ff, w, P);
         for (size_t i = 0; i < (size_t)P * w; i++) x[i] += q[i];
         free(Wu), free(bu), free(Wg), free(bg), free(Wd), free(bd), free(up), free(gt);
+        char fc1[64];
+        snprintf(fc1, sizeof fc1, "v.deepstack.%d.fc1.weight", il);
+        if (gguf_tensor_find(m->f, fc1)) {
+            double *cat = ref_merge_groups(x, px, py, w);
+            ref_project(m, cat, T, w, "v.deepstack.%d.norm.weight", "v.deepstack.%d.norm.bias",
+                        "v.deepstack.%d.fc1.weight", "v.deepstack.%d.fc1.bias", "v.deepstack.%d.fc2.weight",
+                        "v.deepstack.%d.fc2.bias", il, out, stride, m->proj_dim * (1 + ds++));
+            free(cat);
+        }
     }
     double *gp = ref_tensor(m, "v.post_ln.weight", 0, NULL), *bp = ref_tensor(m, "v.post_ln.bias", 0, NULL);
     ref_norm(m, xn, x, gp, bp, P, w);
     free(gp), free(bp);
-    /* merge groups: token (gy, gx) concatenates patches (2gy+dy, 2gx+dx) */
-    int T = P / 4, gx = px / 2;
-    double *cat = tu_xmalloc((size_t)T * 4 * w * sizeof *cat);
-    for (int t = 0; t < T; t++)
-        for (int u = 0; u < 4; u++) {
-            int y = (t / gx) * 2 + u / 2, xx = (t % gx) * 2 + u % 2;
-            memcpy(cat + ((size_t)t * 4 + u) * w, xn + ((size_t)y * px + xx) * w, (size_t)w * sizeof *cat);
-        }
-    int64_t hid = 0;
-    double *W0 = ref_tensor(m, "mm.0.weight", 0, &hid), *b0 = ref_tensor(m, "mm.0.bias", 0, NULL);
-    double *W2 = ref_tensor(m, "mm.2.weight", 0, NULL), *b2 = ref_tensor(m, "mm.2.bias", 0, NULL);
-    double *h1 = tu_xmalloc((size_t)T * hid * sizeof *h1), *out = tu_xmalloc((size_t)T * m->proj_dim * sizeof *out);
-    ref_linear(h1, W0, b0, cat, 4 * w, (int)hid, T);
-    for (size_t i = 0; i < (size_t)T * hid; i++) h1[i] = ref_gelu(h1[i]);
-    ref_linear(out, W2, b2, h1, (int)hid, m->proj_dim, T);
-    free(W0), free(b0), free(W2), free(b2), free(h1), free(cat);
+    double *cat = ref_merge_groups(xn, px, py, w);
+    ref_project(m, cat, T, w, NULL, NULL, "mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias", 0, out, stride, 0);
+    free(cat);
     free(x), free(xn), free(q), free(k), free(v), free(o), free(col), free(s);
+    *n_ds_out = n_ds;
     return out;
 }
 
@@ -421,6 +466,7 @@ typedef struct variant {
     const char *drop_keys[4];
     const char *drop_tensor, *drop_containing, *halve_tensor;
     bool add_ln_biases;
+    int deepstack_mask; /* bit il: add random DeepStack tensors after block il (qwen3vl) */
 } variant;
 
 static bool dropped(const variant *x, const char *name) {
@@ -479,6 +525,31 @@ static void write_variant(const char *src, const char *dst, const variant *x) {
         }
         assert_true(n < 510);
     }
+    int64_t width = 0, proj = 0;
+    gguf_get_i64(f, "clip.vision.embedding_length", 0, &width);
+    gguf_get_i64(f, "clip.vision.projection_dim", 0, &proj);
+    for (int il = 0; il < 16; il++) {
+        if (!(x->deepstack_mask >> il & 1)) continue;
+        const struct {
+            const char *suffix;
+            int64_t d0, d1;
+            float std, mean;
+        } ds[] = {{"norm.weight", 4 * width, 1, 0.1f, 1.0f}, {"norm.bias", 4 * width, 1, 0.1f, 0},
+                  {"fc1.weight", 4 * width, 4 * width, 0.06f, 0}, {"fc1.bias", 4 * width, 1, 0.1f, 0},
+                  {"fc2.weight", 4 * width, proj, 0.06f, 0},      {"fc2.bias", proj, 1, 0.1f, 0}};
+        for (int j = 0; j < 6; j++) {
+            char name[96];
+            snprintf(name, sizeof name, "v.deepstack.%d.%s", il, ds[j].suffix);
+            if (dropped(x, name)) continue;
+            int64_t dims[4] = {ds[j].d0, ds[j].d1, 1, 1};
+            assert_int_equal(gguf_writer_add_tensor(w, name, KT_F32, ds[j].d1 > 1 ? 2 : 1, dims, &err), KT_OK);
+            size_t ne = (size_t)(ds[j].d0 * ds[j].d1);
+            owned[n] = tu_xmalloc(ne * sizeof(float));
+            tu_fill_normal(owned[n], ne, ds[j].std, 8000 + (uint64_t)n);
+            for (size_t e = 0; e < ne; e++) owned[n][e] += ds[j].mean;
+            data[n] = owned[n], sizes[n++] = ne * sizeof(float);
+        }
+    }
     if (gguf_writer_begin(w, dst, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < n; i++) assert_int_equal(gguf_writer_write_tensor(w, data[i], sizes[i], &err), KT_OK);
     assert_int_equal(gguf_writer_finish(w, &err), KT_OK);
@@ -533,10 +604,12 @@ static void test_refusals(void **state) {
     expect_refused(tu_shared("golden/arch/qwen2vl-F16.gguf"), KT_ERR_FORMAT, "general.architecture");
 }
 
-/* the encoder against the float64 reference on the tiny image; returns
- * max |d| / max |ref| */
-static double check_reference(kt_pool *pool, const char *mmproj, const char *canvas_png, const float *golden_embd,
-                              const char *label) {
+/* the encoder against the float64 reference on one canvas (all of each
+ * token's outputs, DeepStack included); with golden_embd, also the
+ * reference's and kettle's main embedding (the first n_embd of each
+ * token) against llama.cpp's */
+static void check_reference(kt_pool *pool, const char *mmproj, const char *canvas_png, const float *golden_embd,
+                            const char *label) {
     kt_error err = {0};
     kt_vision *v = kt_vision_load(mmproj, &err);
     if (!v) fail_msg("%s: %s", mmproj, err.msg);
@@ -548,33 +621,48 @@ static double check_reference(kt_pool *pool, const char *mmproj, const char *can
     kt_image_prep prep;
     make_prep(&pp, rgb, w, h, &prep);
     free(rgb);
-    int n_embd = kt_vision_get_info(v)->n_embd;
-    size_t n = (size_t)prep.grid_x * prep.grid_y * n_embd;
+    const kt_vision_info *info = kt_vision_get_info(v);
+    int n_embd = info->n_embd, stride = n_embd * (1 + info->n_deepstack), T = prep.grid_x * prep.grid_y;
+    size_t n = (size_t)T * stride;
     float *got = tu_xmalloc(n * sizeof *got), *ref = tu_xmalloc(n * sizeof *ref);
+    for (size_t i = 0; i < n; i++) got[i] = NAN;
     if (kt_vision_encode(v, pool, &prep, got, &err)) fail_msg("encode: %s", err.msg);
     ref_model m;
     ref_open(&m, mmproj);
-    double *r64 = ref_encode(&m, &prep);
+    int n_ds = -1;
+    double *r64 = ref_encode(&m, &prep, &n_ds);
+    assert_int_equal(n_ds, info->n_deepstack);
     for (size_t i = 0; i < n; i++) ref[i] = (float)r64[i];
-    diff d = compare(got, ref, n);
-    printf("  %-28s kettle vs float64 reference: max|d| %.3g, max|ref| %.3g, ratio %.3g, rms %.3g\n", label,
-           d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.rms);
-    if (golden_embd) { /* the reference itself against llama.cpp */
-        diff g = compare(ref, golden_embd, n);
-        printf("  %-28s reference vs llama.cpp golden: ratio %.3g (README: 4.1e-4 - 5.2e-4)\n", label,
-               g.max_abs / g.max_ref);
-        if (!(g.max_abs <= 1.5e-3 * g.max_ref)) fail_msg("%s: the reference is off the golden: %g", label, g.max_abs);
+    /* each output (main, DeepStack 1, ...) on its own scale */
+    for (int part = 0; part <= n_ds; part++) {
+        float *g1 = tu_xmalloc((size_t)T * n_embd * sizeof *g1), *r1 = tu_xmalloc((size_t)T * n_embd * sizeof *r1);
+        for (int t = 0; t < T; t++) {
+            memcpy(g1 + (size_t)t * n_embd, got + (size_t)t * stride + part * n_embd, (size_t)n_embd * sizeof *g1);
+            memcpy(r1 + (size_t)t * n_embd, ref + (size_t)t * stride + part * n_embd, (size_t)n_embd * sizeof *r1);
+        }
+        diff d = compare(g1, r1, (size_t)T * n_embd);
+        printf("  %-26s %s %d: kettle vs float64 reference: max|d| %.3g, max|ref| %.3g, ratio %.3g, rms %.3g\n",
+               label, part ? "deepstack" : "main", part, d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.rms);
+        assert_true(d.max_ref > 0.1);
+        if (!(d.max_abs <= 1.5e-3 * d.max_ref))
+            fail_msg("%s output %d: max |d| %g over %g", label, part, d.max_abs, 1.5e-3 * d.max_ref);
+        if (part == 0 && golden_embd) { /* the reference itself, and kettle, against llama.cpp */
+            diff g = compare(r1, golden_embd, (size_t)T * n_embd), k = compare(g1, golden_embd, (size_t)T * n_embd);
+            printf("  %-26s reference vs llama.cpp golden: ratio %.3g (README: 4e-4 - 7e-4); kettle %.3g\n", label,
+                   g.max_abs / g.max_ref, k.max_abs / k.max_ref);
+            if (!(g.max_abs <= 1.5e-3 * g.max_ref))
+                fail_msg("%s: the reference is off the golden: %g", label, g.max_abs);
+            if (!(k.max_abs <= 1.5e-3 * k.max_ref)) fail_msg("%s: kettle is off the golden: %g", label, k.max_abs);
+        }
+        free(g1);
+        free(r1);
     }
-    assert_true(d.max_ref > 0.1);
-    if (!(d.max_abs <= 1.5e-3 * d.max_ref)) fail_msg("%s: max |d| %g over %g", label, d.max_abs, 1.5e-3 * d.max_ref);
-    double ratio = d.max_abs / d.max_ref;
     free(r64);
     free(got);
     free(ref);
     free(prep.pixels);
     gguf_close(m.f);
     kt_vision_free(v);
-    return ratio;
 }
 
 static void test_reference(void **state) {
@@ -596,6 +684,25 @@ static void test_reference(void **state) {
             check_reference(pool, mm, png, g, label);
             free(g);
         }
+    /* DeepStack (Qwen3-VL): the qwen3vl test file with random DeepStack
+     * mergers after blocks 0 and 2; the main embedding must still be
+     * llama.cpp's, the DeepStack outputs the reference's */
+    snprintf(mm, sizeof mm, "%s", tu_shared("golden/arch/mmproj-qwen3vl-F32.gguf"));
+    char ds_path[512];
+    snprintf(ds_path, sizeof ds_path, "%s", tu_tmp("vision-deepstack.gguf"));
+    write_variant(mm, ds_path, &(variant){.deepstack_mask = 5});
+    kt_vision *v = kt_vision_load(ds_path, &err);
+    if (!v) fail_msg("%s", err.msg);
+    assert_int_equal(kt_vision_get_info(v)->n_deepstack, 2);
+    kt_vision_free(v);
+    size_t nb = 0;
+    float *g3 = (float *)tu_read_file(tu_shared("golden/arch/vision-qwen3vl-F32-tiny.embd.f32"), &nb);
+    assert_non_null(g3);
+    check_reference(pool, ds_path, tu_shared("golden/arch/vision-qwen3vl-tiny.preproc.png"), g3, "qwen3vl F32 + deepstack");
+    free(g3);
+    write_variant(mm, ds_path, &(variant){.deepstack_mask = 5, .drop_tensor = "v.deepstack.2.fc2.bias"});
+    expect_refused(ds_path, KT_ERR_FORMAT, "'v.deepstack.2.fc2.bias'");
+
     /* qwen2vl_merger: the qwen2.5vl test file turned into Qwen2-VL's form
      * (LayerNorm with biases, fc1 -> quick GELU -> fc2, no windows) */
     snprintf(mm, sizeof mm, "%s", tu_shared("golden/arch/mmproj-qwen25vl-F32.gguf"));
@@ -607,7 +714,7 @@ static void test_reference(void **state) {
                              .drop_keys = {"clip.use_silu", "clip.vision.n_wa_pattern"},
                              .drop_containing = "ffn_gate",
                              .add_ln_biases = true});
-    kt_vision *v = kt_vision_load(q2path, &err);
+    v = kt_vision_load(q2path, &err);
     if (!v) fail_msg("%s", err.msg);
     const kt_vision_info *info = kt_vision_get_info(v);
     assert_string_equal(info->projector, "qwen2vl_merger");
@@ -621,11 +728,25 @@ static void test_reference(void **state) {
     kt_pool_free(pool);
 }
 
+/* `kettle info` on an mmproj file adds what the tower loader makes of it */
+static void test_info_cli(void **state) {
+    (void)state;
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s info %s", KT_BIN, tu_shared("golden/arch/mmproj-qwen25vl-F16.gguf"));
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    assert_non_null(out);
+    if (!strstr(out, "vision tower: qwen2.5vl_merger, 4 blocks, width 64, 4 heads, 315840 params") ||
+        !strstr(out, "6272 to 3211264 pixels (8 to 4096 tokens)"))
+        fail_msg("kettle info printed:\n%s", out);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_goldens),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_reference),
+        cmocka_unit_test(test_info_cli),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }
