@@ -96,11 +96,12 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     r->n_patches = r->px * r->py;
     r->n_tokens = r->n_patches / 4;
     size_t P = (size_t)r->n_patches, w = (size_t)v->width;
-    size_t wide = (size_t)v->n_ff;
-    if ((size_t)v->mm0_w.n_out > wide) wide = (size_t)v->mm0_w.n_out;
-    for (int il = 0; il < v->n_layers; il++)
-        if (v->layers[il].deepstack && (size_t)v->layers[il].ds_fc1_w.n_out > wide)
-            wide = (size_t)v->layers[il].ds_fc1_w.n_out;
+    size_t wide = (size_t)v->mm0_w.n_out; /* the widest MLP, merger or DeepStack hidden layer */
+    for (int il = 0; il < v->n_layers; il++) {
+        const vt_layer *l = &v->layers[il];
+        if ((size_t)l->up_w.n_out > wide) wide = (size_t)l->up_w.n_out;
+        if (l->deepstack && (size_t)l->ds_fc1_w.n_out > wide) wide = (size_t)l->ds_fc1_w.n_out;
+    }
     int gw = v->window_px / v->patch / 2;
     size_t n_win = gw > 0 ? (size_t)((r->px / 2 + gw - 1) / gw) * ((r->py / 2 + gw - 1) / gw) : 1;
     bool ok = true;

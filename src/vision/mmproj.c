@@ -199,7 +199,7 @@ static kt_status load_mlp(kt_vision *v, int il, vt_layer *l, kt_error *err) {
     snprintf(name, sizeof name, "v.blk.%d.%s", il, suffix);
     int n_ff;
     if ((st = out_width(f, name, w, &n_ff, err))) return st;
-    if (il == 0) v->n_ff = n_ff;
+    if (n_ff > v->n_ff) v->n_ff = n_ff; /* the widest block's (the key may be 0 in old conversions) */
     BIND(up_w, suffix, w, n_ff, false);
     snprintf(suffix, sizeof suffix, "%s.bias", up);
     BIND(up_b, suffix, n_ff, 0, true);
