@@ -263,15 +263,19 @@ static kt_status read_projector(kt_vision *v, kt_error *err) {
             return kt_error_set(err, KT_ERR_FORMAT,
                                 "missing metadata key 'clip.projector_type' (or 'clip.vision.projector_type')");
     }
-    if (strcmp(proj, "qwen2vl_merger") == 0) v->proj = VT_QWEN2VL;
-    else if (strcmp(proj, "qwen2.5vl_merger") == 0) v->proj = VT_QWEN25VL;
-    else if (strcmp(proj, "qwen3vl_merger") == 0) v->proj = VT_QWEN3VL;
-    else
+    static const struct {
+        const char *name;
+        vt_projector proj;
+    } known[] = {{"qwen2vl_merger", VT_QWEN2VL}, {"qwen2.5vl_merger", VT_QWEN25VL}, {"qwen3vl_merger", VT_QWEN3VL}};
+    size_t k = 0;
+    while (k < 3 && strcmp(proj, known[k].name) != 0) k++;
+    if (k == 3)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "projector type '%s' (%s) is not supported: kettle runs qwen3vl_merger, "
                             "qwen2.5vl_merger and qwen2vl_merger",
                             proj, key);
-    snprintf(v->info.projector, sizeof v->info.projector, "%s", proj);
+    v->proj = known[k].proj;
+    memcpy(v->info.projector, known[k].name, strlen(known[k].name) + 1); /* each < 32 bytes */
     bool has_vision = true;
     int64_t i = gguf_find_key(f, "clip.has_vision_encoder");
     if (i >= 0 && (!gguf_kv_get_bool(f, i, &has_vision) || !has_vision))
