@@ -244,10 +244,10 @@ static void mlp(const kt_vision *v, kt_pool *pool, const vt_layer *l, vt_run *r)
     float *h = r->up;
     if (l->gate_w.data) { /* act(gate) * up, clip.cpp's swiglu / geglu split */
         linear(pool, r, r->gate, &l->gate_w, &l->gate_b, r->xn, P);
-        vt_glu(v->act, r->gate, r->up, (long)P * n_ff);
+        vt_glu(pool, v->act, r->gate, r->up, (long)P * n_ff);
         h = r->gate;
     } else {
-        vt_act_inplace(v->act, r->up, (long)P * n_ff);
+        vt_act_inplace(pool, v->act, r->up, (long)P * n_ff);
     }
     linear(pool, r, r->tmp, &l->down_w, &l->down_b, h, P);
     vt_add(r->x, r->tmp, (long)P * w);
@@ -268,7 +268,7 @@ static void project(const kt_vision *v, kt_pool *pool, vt_run *r, const float *i
         in = r->xn;
     }
     linear(pool, r, r->up, fc1_w, fc1_b, in, T);
-    vt_gelu(r->up, (long)T * fc1_w->n_out);
+    vt_act_inplace(pool, VT_ACT_GELU, r->up, (long)T * fc1_w->n_out);
     linear(pool, r, r->merged, fc2_w, fc2_b, r->up, T);
     for (int t = 0; t < T; t++)
         memcpy(embd + (size_t)t * out_stride + col, r->merged + (size_t)t * v->proj_dim,

@@ -78,13 +78,12 @@ void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const f
 void vt_add_bias(float *x, const float *b, int n_rows, int n);
 /* y[i] += x[i] */
 void vt_add(float *y, const float *x, long n);
-/* ggml's CPU GELU (tanh form looked up through its F16 table) in place */
-void vt_gelu(float *x, long n);
-/* ggml's CPU quick GELU x * sigmoid(1.702 x) (also through its F16 table) */
-void vt_gelu_quick(float *x, long n);
-/* gate[i] = act(gate[i]) * up[i] (act = SiLU, GELU, quick GELU) */
-void vt_glu(vt_act act, float *gate, const float *up, long n);
-void vt_act_inplace(vt_act act, float *x, long n);
+/* x[i] = act(x[i]) in place: GELU as ggml's CPU computes it (tanh form
+ * looked up through its F16 table), quick GELU x * sigmoid(1.702 x) (also
+ * through its F16 table), SiLU */
+void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n);
+/* gate[i] = act(gate[i]) * up[i] */
+void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n);
 /* Rounds each value to the nearest F16 (llama.cpp's F16 im2col). */
 void vt_round_f16(float *x, long n);
 
