@@ -17,6 +17,8 @@
  *    main embedding must still match llama.cpp's) and qwen2vl_merger (a
  *    file made from the qwen2.5vl one: LayerNorm with biases, a plain MLP,
  *    quick GELU, no windows; the photo image, the tiny one under ASan).
+ *  - one thread and two give the same numbers; encode refuses an image
+ *    whose size or grid is wrong.
  *  - `kettle info` on an mmproj file prints the tower.
  *  - refusals: another projector type (KT_ERR_UNSUPPORTED naming it), a
  *    missing tensor, a tensor of the wrong shape and a missing key
@@ -728,6 +730,51 @@ static void test_reference(void **state) {
     kt_pool_free(pool);
 }
 
+/* The same image with no pool and with 2 threads: the same numbers (each
+ * thread's share of every kernel is computed as a single thread would);
+ * and encode's argument checks. */
+static void test_threads_and_args(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_vision *v = kt_vision_load(tu_shared("golden/arch/mmproj-qwen25vl-F16.gguf"), &err);
+    if (!v) fail_msg("%s", err.msg);
+    kt_image_prep_params pp;
+    kt_vision_prep_params(v, &pp);
+    int w = 0, h = 0;
+    uint8_t *rgb = read_png_rgb(tu_shared("golden/arch/vision-qwen25vl-photo.preproc.png"), &w, &h);
+    assert_non_null(rgb);
+    kt_image_prep prep;
+    make_prep(&pp, rgb, w, h, &prep);
+    free(rgb);
+    size_t n = (size_t)prep.grid_x * prep.grid_y * kt_vision_get_info(v)->n_embd;
+    float *a = tu_xmalloc(n * sizeof *a), *b = tu_xmalloc(n * sizeof *b);
+    kt_pool *pool = kt_pool_new(2, &err);
+    assert_non_null(pool);
+    assert_int_equal(kt_vision_encode(v, NULL, &prep, a, &err), KT_OK);
+    assert_int_equal(kt_vision_encode(v, pool, &prep, b, &err), KT_OK);
+    diff d = compare(a, b, n);
+    printf("  1 thread vs 2: max|d| %.3g\n", d.max_abs);
+    assert_true(d.max_abs == 0);
+
+    kt_image_prep bad = prep;
+    bad.grid_x++;
+    assert_int_equal(kt_vision_encode(v, pool, &bad, a, &err), KT_ERR_ARG);
+    printf("  refused: %s\n", err.msg);
+    bad = prep;
+    bad.width -= 14; /* not a multiple of 28 */
+    assert_int_equal(kt_vision_encode(v, pool, &bad, a, &err), KT_ERR_ARG);
+    assert_non_null(strstr(err.msg, "multiple of 28"));
+    bad = prep;
+    bad.pixels = NULL;
+    assert_int_equal(kt_vision_encode(v, pool, &bad, a, &err), KT_ERR_ARG);
+    assert_int_equal(kt_vision_encode(v, pool, NULL, a, &err), KT_ERR_ARG);
+    kt_pool_free(pool);
+    free(a);
+    free(b);
+    free(prep.pixels);
+    kt_vision_free(v);
+}
+
 /* `kettle info` on an mmproj file adds what the tower loader makes of it */
 static void test_info_cli(void **state) {
     (void)state;
@@ -746,6 +793,7 @@ int main(void) {
         cmocka_unit_test(test_goldens),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_reference),
+        cmocka_unit_test(test_threads_and_args),
         cmocka_unit_test(test_info_cli),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
