@@ -41,7 +41,7 @@ typedef struct vt_run {
     float *qkv;   /* [n_patches][3 width] */
     float *att;   /* [n_patches][width] */
     float *tmp;   /* [n_patches][width] */
-    float *up, *gate; /* [n_patches][max(n_ff, merger and DeepStack widths)] */
+    float *up, *gate; /* [n_patches][max(n_ff, merger and DeepStack widths)]; gate: gated MLPs only */
     float *xh;        /* [n_patches][max(width, the above)]: a GEMM's input rounded to F16 */
     float *merged; /* [n_tokens][proj_dim] */
 } vt_run;
@@ -97,10 +97,12 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     r->n_tokens = r->n_patches / 4;
     size_t P = (size_t)r->n_patches, w = (size_t)v->width;
     size_t wide = (size_t)v->mm0_w.n_out; /* the widest MLP, merger or DeepStack hidden layer */
+    bool gated = false;
     for (int il = 0; il < v->n_layers; il++) {
         const vt_layer *l = &v->layers[il];
         if ((size_t)l->up_w.n_out > wide) wide = (size_t)l->up_w.n_out;
         if (l->deepstack && (size_t)l->ds_fc1_w.n_out > wide) wide = (size_t)l->ds_fc1_w.n_out;
+        gated |= l->gate_w.data != NULL;
     }
     int gw = v->window_px / v->patch / 2;
     size_t n_win = gw > 0 ? (size_t)((r->px / 2 + gw - 1) / gw) * ((r->py / 2 + gw - 1) / gw) : 1;
@@ -119,7 +121,7 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     r->att = alloc_floats(P, w, &ok);
     r->tmp = alloc_floats(P, w, &ok);
     r->up = alloc_floats(P, wide, &ok);
-    r->gate = alloc_floats(P, wide, &ok);
+    r->gate = gated ? alloc_floats(P, wide, &ok) : NULL;
     r->xh = alloc_floats(P, wide > w ? wide : w, &ok);
     r->merged = alloc_floats((size_t)r->n_tokens, (size_t)v->proj_dim, &ok);
     if (!ok)
