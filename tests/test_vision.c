@@ -161,8 +161,8 @@ static double *ref_merge_groups(const double *x, int px, int py, int w) {
 
 /* [T][4w] -> (norm) -> fc1 -> GELU -> fc2 into out[t * stride + col] */
 static void ref_project(const ref_model *m, const double *cat, int T, int w, const char *norm_w, const char *norm_b,
-                        const char *fc1_w, const char *fc1_b, const char *fc2_w, const char *fc2_b, int il,
-                        double *out, int stride, int col) {
+                        const char *fc1_w, const char *fc1_b, const char *fc2_w, const char *fc2_b, int il, double *out,
+                        int stride, int col) {
     double *in = tu_xmalloc((size_t)T * 4 * w * sizeof *in);
     memcpy(in, cat, (size_t)T * 4 * w * sizeof *in);
     if (norm_w) { /* DeepStack's LayerNorm (qwen3vl's norm type) over the group */
@@ -219,7 +219,8 @@ static double *ref_encode(const ref_model *m, const kt_image_prep *img, int *n_d
         int n = (int)lround(sqrt((double)n_pos));
         for (int t = 0; t < P; t++) {
             double fy = (double)(t / px) * (n - 1) / (py - 1), fx = (double)(t % px) * (n - 1) / (px - 1);
-            int y0 = (int)floor(fy), x0 = (int)floor(fx), y1 = y0 + 1 < n ? y0 + 1 : n - 1, x1 = x0 + 1 < n ? x0 + 1 : n - 1;
+            int y0 = (int)floor(fy), x0 = (int)floor(fx), y1 = y0 + 1 < n ? y0 + 1 : n - 1,
+                x1 = x0 + 1 < n ? x0 + 1 : n - 1;
             double dy = fy - y0, dx = fx - x0;
             for (int i = 0; i < w; i++)
                 x[(size_t)t * w + i] += pe[((size_t)y0 * n + x0) * w + i] * (1 - dx) * (1 - dy) +
@@ -283,7 +284,8 @@ static double *ref_encode(const ref_model *m, const kt_image_prep *img, int *n_d
                     o[(size_t)i * w + h * d + c] = acc;
                 }
             }
-        double *Wo = ref_tensor(m, "v.blk.%d.attn_out.weight", il, NULL), *bo = ref_tensor(m, "v.blk.%d.attn_out.bias", il, NULL);
+        double *Wo = ref_tensor(m, "v.blk.%d.attn_out.weight", il, NULL),
+               *bo = ref_tensor(m, "v.blk.%d.attn_out.bias", il, NULL);
         ref_linear(q, Wo, bo, o, w, w, P);
         free(Wo), free(bo);
         for (size_t i = 0; i < (size_t)P * w; i++) x[i] += q[i];
@@ -291,9 +293,12 @@ static double *ref_encode(const ref_model *m, const kt_image_prep *img, int *n_d
         ref_norm(m, xn, x, g2, b2, P, w);
         free(g2), free(b2);
         int64_t n_ff = 0;
-        double *Wu = ref_tensor(m, "v.blk.%d.ffn_up.weight", il, &n_ff), *bu = ref_tensor(m, "v.blk.%d.ffn_up.bias", il, NULL);
-        double *Wg = ref_tensor(m, "v.blk.%d.ffn_gate.weight", il, NULL), *bg = ref_tensor(m, "v.blk.%d.ffn_gate.bias", il, NULL);
-        double *Wd = ref_tensor(m, "v.blk.%d.ffn_down.weight", il, NULL), *bd = ref_tensor(m, "v.blk.%d.ffn_down.bias", il, NULL);
+        double *Wu = ref_tensor(m, "v.blk.%d.ffn_up.weight", il, &n_ff),
+               *bu = ref_tensor(m, "v.blk.%d.ffn_up.bias", il, NULL);
+        double *Wg = ref_tensor(m, "v.blk.%d.ffn_gate.weight", il, NULL),
+               *bg = ref_tensor(m, "v.blk.%d.ffn_gate.bias", il, NULL);
+        double *Wd = ref_tensor(m, "v.blk.%d.ffn_down.weight", il, NULL),
+               *bd = ref_tensor(m, "v.blk.%d.ffn_down.bias", il, NULL);
         double *up = tu_xmalloc((size_t)P * n_ff * sizeof *up), *gt = tu_xmalloc((size_t)P * n_ff * sizeof *gt);
         ref_linear(up, Wu, bu, xn, w, (int)n_ff, P);
         if (Wg) {
@@ -334,9 +339,10 @@ static void ref_open(ref_model *m, const char *path) {
     int64_t i;
     assert_true(gguf_get_str(m->f, "clip.projector_type", m->proj, sizeof m->proj));
     int64_t vals[7];
-    const char *keys[7] = {"clip.vision.embedding_length", "clip.vision.attention.head_count",
-                           "clip.vision.block_count", "clip.vision.patch_size", "clip.vision.projection_dim",
-                           "clip.vision.n_wa_pattern", "clip.vision.spatial_merge_size"};
+    const char *keys[7] = {"clip.vision.embedding_length",  "clip.vision.attention.head_count",
+                           "clip.vision.block_count",       "clip.vision.patch_size",
+                           "clip.vision.projection_dim",    "clip.vision.n_wa_pattern",
+                           "clip.vision.spatial_merge_size"};
     for (int j = 0; j < 7; j++) gguf_get_i64(m->f, keys[j], 0, &vals[j]);
     m->w = (int)vals[0], m->heads = (int)vals[1], m->layers = (int)vals[2], m->patch = (int)vals[3];
     m->proj_dim = (int)vals[4], m->d = m->w / m->heads;
@@ -448,8 +454,7 @@ static void test_goldens(void **state) {
     const char *precs[2] = {"F32", "F16"};
     const char *images[3] = {"tiny", "photo", "screenshot"};
     int n_images = TU_SANITIZED ? 2 : 3;
-    if (TU_SANITIZED)
-        printf("  (ASan build: the screenshot images are left out, tiny and photo run)\n");
+    if (TU_SANITIZED) printf("  (ASan build: the screenshot images are left out, tiny and photo run)\n");
     for (int t = 0; t < 2; t++)
         for (int p = 0; p < 2; p++)
             for (int i = 0; i < n_images; i++) check_golden(pool, towers[t][0], precs[p], images[i], towers[t][1]);
@@ -536,7 +541,7 @@ static void write_variant(const char *src, const char *dst, const variant *x) {
             const char *suffix;
             int64_t d0, d1;
             float std, mean;
-        } ds[] = {{"norm.weight", 4 * width, 1, 0.1f, 1.0f}, {"norm.bias", 4 * width, 1, 0.1f, 0},
+        } ds[] = {{"norm.weight", 4 * width, 1, 0.1f, 1.0f},      {"norm.bias", 4 * width, 1, 0.1f, 0},
                   {"fc1.weight", 4 * width, 4 * width, 0.06f, 0}, {"fc1.bias", 4 * width, 1, 0.1f, 0},
                   {"fc2.weight", 4 * width, proj, 0.06f, 0},      {"fc2.bias", proj, 1, 0.1f, 0}};
         for (int j = 0; j < 6; j++) {
@@ -643,8 +648,8 @@ static void check_reference(kt_pool *pool, const char *mmproj, const char *canva
             memcpy(r1 + (size_t)t * n_embd, ref + (size_t)t * stride + part * n_embd, (size_t)n_embd * sizeof *r1);
         }
         diff d = compare(g1, r1, (size_t)T * n_embd);
-        printf("  %-26s %s %d: kettle vs float64 reference: max|d| %.3g, max|ref| %.3g, ratio %.3g, rms %.3g\n",
-               label, part ? "deepstack" : "main", part, d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.rms);
+        printf("  %-26s %s %d: kettle vs float64 reference: max|d| %.3g, max|ref| %.3g, ratio %.3g, rms %.3g\n", label,
+               part ? "deepstack" : "main", part, d.max_abs, d.max_ref, d.max_abs / d.max_ref, d.rms);
         assert_true(d.max_ref > 0.1);
         if (!(d.max_abs <= 1.5e-3 * d.max_ref))
             fail_msg("%s output %d: max |d| %g over %g", label, part, d.max_abs, 1.5e-3 * d.max_ref);
@@ -679,7 +684,8 @@ static void test_reference(void **state) {
             snprintf(mm, sizeof mm, "%s", golden("golden/arch/mmproj-%s-%s.gguf%s", towers[t], precs[p], ""));
             snprintf(png, sizeof png, "%s", golden("golden/arch/vision-%s-%s.preproc.png", towers[t], "tiny", ""));
             size_t nb = 0;
-            float *g = (float *)tu_read_file(golden("golden/arch/vision-%s-%s-%s.embd.f32", towers[t], precs[p], "tiny"), &nb);
+            float *g =
+                (float *)tu_read_file(golden("golden/arch/vision-%s-%s-%s.embd.f32", towers[t], precs[p], "tiny"), &nb);
             assert_non_null(g);
             char label[64];
             snprintf(label, sizeof label, "%s %s", towers[t], precs[p]);
@@ -700,7 +706,8 @@ static void test_reference(void **state) {
     size_t nb = 0;
     float *g3 = (float *)tu_read_file(tu_shared("golden/arch/vision-qwen3vl-F32-tiny.embd.f32"), &nb);
     assert_non_null(g3);
-    check_reference(pool, ds_path, tu_shared("golden/arch/vision-qwen3vl-tiny.preproc.png"), g3, "qwen3vl F32 + deepstack");
+    check_reference(pool, ds_path, tu_shared("golden/arch/vision-qwen3vl-tiny.preproc.png"), g3,
+                    "qwen3vl F32 + deepstack");
     free(g3);
     write_variant(mm, ds_path, &(variant){.deepstack_mask = 5, .drop_tensor = "v.deepstack.2.fc2.bias"});
     expect_refused(ds_path, KT_ERR_FORMAT, "'v.deepstack.2.fc2.bias'");
@@ -790,11 +797,8 @@ static void test_info_cli(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_goldens),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_reference),
-        cmocka_unit_test(test_threads_and_args),
-        cmocka_unit_test(test_info_cli),
+        cmocka_unit_test(test_goldens),          cmocka_unit_test(test_refusals), cmocka_unit_test(test_reference),
+        cmocka_unit_test(test_threads_and_args), cmocka_unit_test(test_info_cli),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -30,20 +30,20 @@
 
 /* One image's sizes and buffers (floats unless said). */
 typedef struct vt_run {
-    int n_patches, n_tokens;  /* patches; merged tokens = n_patches / 4 */
-    int px, py;               /* patches per row / column */
-    int *pos_y, *pos_x;       /* each patch's row and column, merge order */
+    int n_patches, n_tokens; /* patches; merged tokens = n_patches / 4 */
+    int px, py;              /* patches per row / column */
+    int *pos_y, *pos_x;      /* each patch's row and column, merge order */
     int *full_start, *full_members, *win_start, *win_members;
     int n_win;
-    float *col;   /* [n_patches][3 p p]: the im2col */
-    float *x;     /* [n_patches][width]: the residual stream */
-    float *xn;    /* [n_patches][width]: normed */
-    float *qkv;   /* [n_patches][3 width] */
-    float *att;   /* [n_patches][width] */
-    float *tmp;   /* [n_patches][width] */
+    float *col;       /* [n_patches][3 p p]: the im2col */
+    float *x;         /* [n_patches][width]: the residual stream */
+    float *xn;        /* [n_patches][width]: normed */
+    float *qkv;       /* [n_patches][3 width] */
+    float *att;       /* [n_patches][width] */
+    float *tmp;       /* [n_patches][width] */
     float *up, *gate; /* [n_patches][max(n_ff, merger and DeepStack widths)]; gate: gated MLPs only */
     float *xh;        /* [n_patches][max(width, the above)]: a GEMM's input rounded to F16 */
-    float *merged; /* [n_tokens][proj_dim] */
+    float *merged;    /* [n_tokens][proj_dim] */
 } vt_run;
 
 static void run_free(vt_run *r) {
@@ -150,8 +150,8 @@ static void build_patches(const kt_vision *v, const kt_image_prep *img, const vt
         float *row = r->col + (size_t)t * 3 * p * p;
         for (int c = 0; c < 3; c++)
             for (int ky = 0; ky < p; ky++) {
-                const float *src = img->pixels + ((size_t)c * H + (size_t)r->pos_y[t] * p + ky) * W +
-                                   (size_t)r->pos_x[t] * p;
+                const float *src =
+                    img->pixels + ((size_t)c * H + (size_t)r->pos_y[t] * p + ky) * W + (size_t)r->pos_x[t] * p;
                 memcpy(row + (c * p + ky) * p, src, (size_t)p * sizeof *row);
             }
     }
@@ -191,8 +191,7 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
     vt_add(r->x, r->tmp, (long)P * w);
     vt_add_bias(r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
-    if (v->pre_ln_w.data)
-        vt_norm_rows(pool, v->norm, r->x, r->x, v->pre_ln_w.data, v->pre_ln_b.data, P, w, v->eps);
+    if (v->pre_ln_w.data) vt_norm_rows(pool, v->norm, r->x, r->x, v->pre_ln_w.data, v->pre_ln_b.data, P, w, v->eps);
 }
 
 /* ---- blocks ---- */
@@ -230,9 +229,9 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
     vt_rope_2d(pool, q, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
     vt_rope_2d(pool, k, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
     bool full = l->full_attn || r->n_win <= 1;
-    kt_status st = vt_attention(pool, r->att, q, k, vv, stride, v->n_heads, v->d_head,
-                                full ? r->full_start : r->win_start, full ? r->full_members : r->win_members,
-                                full ? 1 : r->n_win, err);
+    kt_status st =
+        vt_attention(pool, r->att, q, k, vv, stride, v->n_heads, v->d_head, full ? r->full_start : r->win_start,
+                     full ? r->full_members : r->win_members, full ? 1 : r->n_win, err);
     if (st) return st;
     linear(pool, r, r->tmp, &l->o_w, &l->o_b, r->att, P);
     vt_add(r->x, r->tmp, (long)P * w);
@@ -284,8 +283,8 @@ static kt_status check_image(const kt_vision *v, const kt_image_prep *img, kt_er
         return kt_error_set(err, KT_ERR_ARG, "vision encoder: image %dx%d is not a multiple of %d pixels a side",
                             img->width, img->height, side);
     if (img->grid_x != img->width / side || img->grid_y != img->height / side)
-        return kt_error_set(err, KT_ERR_ARG, "vision encoder: grid %dx%d does not match the image %dx%d",
-                            img->grid_x, img->grid_y, img->width, img->height);
+        return kt_error_set(err, KT_ERR_ARG, "vision encoder: grid %dx%d does not match the image %dx%d", img->grid_x,
+                            img->grid_y, img->width, img->height);
     /* beyond 4x the llama.cpp maximum (4096 tokens): a caller's mistake, and
      * keeps every size below in int range */
     if ((int64_t)img->grid_x * img->grid_y > 4 * 4096)
