@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/model_store.h"
 #include "gguf/gguf.h"
+#include "vision/vision.h"
 
 #define STR_MAX_CHARS 64   /* scalar strings: characters shown */
 #define ELEM_STR_CHARS 24  /* strings inside arrays */
@@ -274,6 +275,32 @@ static void print_totals(const gguf_file *f) {
     }
 }
 
+/* An mmproj file (arch clip): what the vision tower loader makes of it,
+ * or why it refuses it (the command still succeeds: the file is readable). */
+static void print_vision(const gguf_file *f, const char *path) {
+    char arch[32] = "";
+    if (!gguf_get_str(f, "general.architecture", arch, sizeof arch) || strcmp(arch, "clip") != 0) return;
+    kt_error err = {0};
+    kt_vision *v = kt_vision_load(path, &err);
+    if (!v) {
+        printf("\nvision tower: not loadable: %s\n", err.msg);
+        return;
+    }
+    const kt_vision_info *in = kt_vision_get_info(v);
+    kt_image_prep_params pp;
+    kt_vision_prep_params(v, &pp);
+    printf("\nvision tower: %s, %d blocks, width %d, %d heads, %" PRId64 " params\n", in->projector, in->n_layers,
+           in->width, in->n_heads, in->n_params);
+    printf("  output      %d per image token (x %d with %d DeepStack outputs)\n", in->n_embd, 1 + in->n_deepstack,
+           in->n_deepstack);
+    printf("  patches     %d px, merged %dx%d; %" PRId64 " to %" PRId64 " pixels (%" PRId64 " to %" PRId64
+           " tokens)\n",
+           pp.patch_size, pp.merge_size, pp.merge_size, pp.min_pixels, pp.max_pixels,
+           pp.min_pixels / ((int64_t)pp.patch_size * pp.patch_size * pp.merge_size * pp.merge_size),
+           pp.max_pixels / ((int64_t)pp.patch_size * pp.patch_size * pp.merge_size * pp.merge_size));
+    kt_vision_free(v);
+}
+
 int cmd_info(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
@@ -292,6 +319,7 @@ int cmd_info(int argc, char **argv) {
     print_metadata(f);
     print_tensors(f);
     print_totals(f);
+    print_vision(f, model);
     gguf_close(f);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         kt_error_set(&err, KT_ERR_IO, "writing the output failed");

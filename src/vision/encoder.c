@@ -30,19 +30,20 @@
 
 /* One image's sizes and buffers (floats unless said). */
 typedef struct vt_run {
-    int n_patches, n_tokens;  /* patches; merged tokens = n_patches / 4 */
-    int px, py;               /* patches per row / column */
-    int *pos_y, *pos_x;       /* each patch's row and column, merge order */
+    int n_patches, n_tokens; /* patches; merged tokens = n_patches / 4 */
+    int px, py;              /* patches per row / column */
+    int *pos_y, *pos_x;      /* each patch's row and column, merge order */
     int *full_start, *full_members, *win_start, *win_members;
     int n_win;
-    float *col;   /* [n_patches][3 p p]: the im2col */
-    float *x;     /* [n_patches][width]: the residual stream */
-    float *xn;    /* [n_patches][width]: normed */
-    float *qkv;   /* [n_patches][3 width] */
-    float *att;   /* [n_patches][width] */
-    float *tmp;   /* [n_patches][width] */
-    float *up, *gate; /* [n_patches][max(n_ff, merger and DeepStack widths)] */
-    float *merged; /* [n_tokens][proj_dim] */
+    float *col;       /* [n_patches][3 p p]: the im2col */
+    float *x;         /* [n_patches][width]: the residual stream */
+    float *xn;        /* [n_patches][width]: normed */
+    float *qkv;       /* [n_patches][3 width] */
+    float *att;       /* [n_patches][width] */
+    float *tmp;       /* [n_patches][width] */
+    float *up, *gate; /* [n_patches][max(n_ff, merger and DeepStack widths)]; gate: gated MLPs only */
+    float *xh;        /* [n_patches][max(width, the above)]: a GEMM's input rounded to F16 */
+    float *merged;    /* [n_tokens][proj_dim] */
 } vt_run;
 
 static void run_free(vt_run *r) {
@@ -60,6 +61,7 @@ static void run_free(vt_run *r) {
     free(r->tmp);
     free(r->up);
     free(r->gate);
+    free(r->xh);
     free(r->merged);
 }
 
@@ -94,11 +96,14 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     r->n_patches = r->px * r->py;
     r->n_tokens = r->n_patches / 4;
     size_t P = (size_t)r->n_patches, w = (size_t)v->width;
-    size_t wide = (size_t)v->n_ff;
-    if ((size_t)v->mm0_w.n_out > wide) wide = (size_t)v->mm0_w.n_out;
-    for (int il = 0; il < v->n_layers; il++)
-        if (v->layers[il].deepstack && (size_t)v->layers[il].ds_fc1_w.n_out > wide)
-            wide = (size_t)v->layers[il].ds_fc1_w.n_out;
+    size_t wide = (size_t)v->mm0_w.n_out; /* the widest MLP, merger or DeepStack hidden layer */
+    bool gated = false;
+    for (int il = 0; il < v->n_layers; il++) {
+        const vt_layer *l = &v->layers[il];
+        if ((size_t)l->up_w.n_out > wide) wide = (size_t)l->up_w.n_out;
+        if (l->deepstack && (size_t)l->ds_fc1_w.n_out > wide) wide = (size_t)l->ds_fc1_w.n_out;
+        gated |= l->gate_w.data != NULL;
+    }
     int gw = v->window_px / v->patch / 2;
     size_t n_win = gw > 0 ? (size_t)((r->px / 2 + gw - 1) / gw) * ((r->py / 2 + gw - 1) / gw) : 1;
     bool ok = true;
@@ -116,7 +121,8 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     r->att = alloc_floats(P, w, &ok);
     r->tmp = alloc_floats(P, w, &ok);
     r->up = alloc_floats(P, wide, &ok);
-    r->gate = alloc_floats(P, wide, &ok);
+    r->gate = gated ? alloc_floats(P, wide, &ok) : NULL;
+    r->xh = alloc_floats(P, wide > w ? wide : w, &ok);
     r->merged = alloc_floats((size_t)r->n_tokens, (size_t)v->proj_dim, &ok);
     if (!ok)
         return kt_error_set(err, KT_ERR_NOMEM, "vision encoder: out of memory for %d patches of width %d", r->n_patches,
@@ -144,8 +150,8 @@ static void build_patches(const kt_vision *v, const kt_image_prep *img, const vt
         float *row = r->col + (size_t)t * 3 * p * p;
         for (int c = 0; c < 3; c++)
             for (int ky = 0; ky < p; ky++) {
-                const float *src = img->pixels + ((size_t)c * H + (size_t)r->pos_y[t] * p + ky) * W +
-                                   (size_t)r->pos_x[t] * p;
+                const float *src =
+                    img->pixels + ((size_t)c * H + (size_t)r->pos_y[t] * p + ky) * W + (size_t)r->pos_x[t] * p;
                 memcpy(row + (c * p + ky) * p, src, (size_t)p * sizeof *row);
             }
     }
@@ -185,14 +191,24 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
     vt_add(r->x, r->tmp, (long)P * w);
     vt_add_bias(r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
-    if (v->pre_ln_w.data)
-        vt_norm_rows(pool, v->norm, r->x, r->x, v->pre_ln_w.data, v->pre_ln_b.data, P, w, v->eps);
+    if (v->pre_ln_w.data) vt_norm_rows(pool, v->norm, r->x, r->x, v->pre_ln_w.data, v->pre_ln_b.data, P, w, v->eps);
 }
 
 /* ---- blocks ---- */
 
-/* out[t] = W x[t] + b for every row (b may be absent) */
-static void linear(kt_pool *pool, float *out, const vt_weight *wt, const vt_weight *b, const float *x, int n_rows) {
+/* out[t] = W x[t] + b for every row (b may be absent). With F16 weights
+ * ggml's CPU mul_mat converts the activations to F16 (F16's vec_dot_type;
+ * on x86 tinyBLAS too takes F16 x F16 only), so they are rounded to F16
+ * here alike (on the F16 goldens this lowers the rms difference from
+ * llama.cpp's embeddings by 15-35%; the max stays ~5e-4 relative). */
+static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, const vt_weight *b, const float *x,
+                   int n_rows) {
+    if (wt->type == KT_F16) {
+        size_t n = (size_t)n_rows * wt->n_in;
+        memcpy(r->xh, x, n * sizeof *x);
+        vt_round_f16(r->xh, (long)n);
+        x = r->xh;
+    }
     kt_matmul(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
     vt_add_bias(out, b->data, n_rows, wt->n_out);
 }
@@ -202,22 +218,22 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
     float *q, *k, *vv;
     vt_norm_rows(pool, v->norm, r->xn, r->x, l->ln1_w.data, l->ln1_b.data, P, w, v->eps);
     if (l->qkv_w.data) { /* fused: each row q | k | v */
-        linear(pool, r->qkv, &l->qkv_w, &l->qkv_b, r->xn, P);
+        linear(pool, r, r->qkv, &l->qkv_w, &l->qkv_b, r->xn, P);
         q = r->qkv, k = r->qkv + w, vv = r->qkv + 2 * w, stride = 3 * w;
     } else {
         q = r->qkv, k = r->qkv + (size_t)P * w, vv = r->qkv + (size_t)2 * P * w, stride = w;
-        linear(pool, q, &l->q_w, &l->q_b, r->xn, P);
-        linear(pool, k, &l->k_w, &l->k_b, r->xn, P);
-        linear(pool, vv, &l->v_w, &l->v_b, r->xn, P);
+        linear(pool, r, q, &l->q_w, &l->q_b, r->xn, P);
+        linear(pool, r, k, &l->k_w, &l->k_b, r->xn, P);
+        linear(pool, r, vv, &l->v_w, &l->v_b, r->xn, P);
     }
     vt_rope_2d(pool, q, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
     vt_rope_2d(pool, k, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
     bool full = l->full_attn || r->n_win <= 1;
-    kt_status st = vt_attention(pool, r->att, q, k, vv, stride, v->n_heads, v->d_head,
-                                full ? r->full_start : r->win_start, full ? r->full_members : r->win_members,
-                                full ? 1 : r->n_win, err);
+    kt_status st =
+        vt_attention(pool, r->att, q, k, vv, stride, v->n_heads, v->d_head, full ? r->full_start : r->win_start,
+                     full ? r->full_members : r->win_members, full ? 1 : r->n_win, err);
     if (st) return st;
-    linear(pool, r->tmp, &l->o_w, &l->o_b, r->att, P);
+    linear(pool, r, r->tmp, &l->o_w, &l->o_b, r->att, P);
     vt_add(r->x, r->tmp, (long)P * w);
     return KT_OK;
 }
@@ -225,16 +241,16 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
 static void mlp(const kt_vision *v, kt_pool *pool, const vt_layer *l, vt_run *r) {
     int P = r->n_patches, w = v->width, n_ff = l->up_w.n_out;
     vt_norm_rows(pool, v->norm, r->xn, r->x, l->ln2_w.data, l->ln2_b.data, P, w, v->eps);
-    linear(pool, r->up, &l->up_w, &l->up_b, r->xn, P);
+    linear(pool, r, r->up, &l->up_w, &l->up_b, r->xn, P);
     float *h = r->up;
     if (l->gate_w.data) { /* act(gate) * up, clip.cpp's swiglu / geglu split */
-        linear(pool, r->gate, &l->gate_w, &l->gate_b, r->xn, P);
-        vt_glu(v->act, r->gate, r->up, (long)P * n_ff);
+        linear(pool, r, r->gate, &l->gate_w, &l->gate_b, r->xn, P);
+        vt_glu(pool, v->act, r->gate, r->up, (long)P * n_ff);
         h = r->gate;
     } else {
-        vt_act_inplace(v->act, r->up, (long)P * n_ff);
+        vt_act_inplace(pool, v->act, r->up, (long)P * n_ff);
     }
-    linear(pool, r->tmp, &l->down_w, &l->down_b, h, P);
+    linear(pool, r, r->tmp, &l->down_w, &l->down_b, h, P);
     vt_add(r->x, r->tmp, (long)P * w);
 }
 
@@ -252,9 +268,9 @@ static void project(const kt_vision *v, kt_pool *pool, vt_run *r, const float *i
         vt_norm_rows(pool, v->norm, r->xn, in, norm_w->data, norm_b->data, T, 4 * v->width, v->eps);
         in = r->xn;
     }
-    linear(pool, r->up, fc1_w, fc1_b, in, T);
-    vt_gelu(r->up, (long)T * fc1_w->n_out);
-    linear(pool, r->merged, fc2_w, fc2_b, r->up, T);
+    linear(pool, r, r->up, fc1_w, fc1_b, in, T);
+    vt_act_inplace(pool, VT_ACT_GELU, r->up, (long)T * fc1_w->n_out);
+    linear(pool, r, r->merged, fc2_w, fc2_b, r->up, T);
     for (int t = 0; t < T; t++)
         memcpy(embd + (size_t)t * out_stride + col, r->merged + (size_t)t * v->proj_dim,
                (size_t)v->proj_dim * sizeof *embd);
@@ -267,8 +283,8 @@ static kt_status check_image(const kt_vision *v, const kt_image_prep *img, kt_er
         return kt_error_set(err, KT_ERR_ARG, "vision encoder: image %dx%d is not a multiple of %d pixels a side",
                             img->width, img->height, side);
     if (img->grid_x != img->width / side || img->grid_y != img->height / side)
-        return kt_error_set(err, KT_ERR_ARG, "vision encoder: grid %dx%d does not match the image %dx%d",
-                            img->grid_x, img->grid_y, img->width, img->height);
+        return kt_error_set(err, KT_ERR_ARG, "vision encoder: grid %dx%d does not match the image %dx%d", img->grid_x,
+                            img->grid_y, img->width, img->height);
     /* beyond 4x the llama.cpp maximum (4096 tokens): a caller's mistake, and
      * keeps every size below in int range */
     if ((int64_t)img->grid_x * img->grid_y > 4 * 4096)

@@ -76,9 +76,9 @@ static kt_status bind(const gguf_file *f, const char *name, int n_in, int n_out,
     bool vector = n_out == 0;
     bool shape_ok = g->dims[0] == n_in && (vector ? g->n_dims == 1 : g->n_dims == 2 && g->dims[1] == n_out);
     if (!shape_ok)
-        return kt_error_set(err, KT_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, %d] (%d dims)",
-                            name, (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in, vector ? 1 : n_out,
-                            vector ? 1 : 2);
+        return kt_error_set(
+            err, KT_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, %d] (%d dims)", name,
+            (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in, vector ? 1 : n_out, vector ? 1 : 2);
     if (vector ? g->type != KT_F32 : !kt_matmul_supported(g->type))
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kettle cannot %s", name,
                             kt_dtype_name(g->type), vector ? "use for a norm or bias (needs F32)" : "multiply");
@@ -95,8 +95,9 @@ static kt_status out_width(const gguf_file *f, const char *name, int n_in, int *
     const gguf_tensor *g = gguf_tensor_find(f, name);
     if (!g) return kt_error_set(err, KT_ERR_FORMAT, "missing tensor '%s'", name);
     if (g->n_dims != 2 || g->dims[0] != n_in || g->dims[1] > (1 << 20))
-        return kt_error_set(err, KT_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, N] (2 dims)",
-                            name, (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in);
+        return kt_error_set(err, KT_ERR_FORMAT,
+                            "tensor '%s' has shape [%lld, %lld] (%u dims), expected [%d, N] (2 dims)", name,
+                            (long long)g->dims[0], (long long)g->dims[1], g->n_dims, n_in);
     *n_out = (int)g->dims[1];
     return KT_OK;
 }
@@ -108,10 +109,11 @@ static kt_status bind_patch(kt_vision *v, const char *name, uint16_t **out, kt_e
     if (!g) return kt_error_set(err, KT_ERR_FORMAT, "missing tensor '%s'", name);
     int p = v->patch;
     if (g->n_dims != 4 || g->dims[0] != p || g->dims[1] != p || g->dims[2] != 3 || g->dims[3] != v->width)
-        return kt_error_set(err, KT_ERR_FORMAT,
-                            "tensor '%s' has shape [%lld, %lld, %lld, %lld] (%u dims), expected [%d, %d, 3, %d] (4 dims)",
-                            name, (long long)g->dims[0], (long long)g->dims[1], (long long)g->dims[2],
-                            (long long)g->dims[3], g->n_dims, p, p, v->width);
+        return kt_error_set(
+            err, KT_ERR_FORMAT,
+            "tensor '%s' has shape [%lld, %lld, %lld, %lld] (%u dims), expected [%d, %d, 3, %d] (4 dims)", name,
+            (long long)g->dims[0], (long long)g->dims[1], (long long)g->dims[2], (long long)g->dims[3], g->n_dims, p, p,
+            v->width);
     if (g->type != KT_F32 && g->type != KT_F16)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s (the patch embedding must be F32 or F16)",
                             name, kt_dtype_name(g->type));
@@ -145,10 +147,10 @@ static kt_status bind_pos_embd(kt_vision *v, kt_error *err) {
 
 /* ---- one block ---- */
 
-#define BIND(field, suffix, n_in, n_out, optional)                                                   \
-    do {                                                                                             \
-        snprintf(name, sizeof name, "v.blk.%d.%s", il, suffix);                                      \
-        if ((st = bind(f, name, n_in, n_out, optional, &l->field, err))) return st;                  \
+#define BIND(field, suffix, n_in, n_out, optional)                                                                     \
+    do {                                                                                                               \
+        snprintf(name, sizeof name, "v.blk.%d.%s", il, suffix);                                                        \
+        if ((st = bind(f, name, n_in, n_out, optional, &l->field, err))) return st;                                    \
     } while (0)
 
 static kt_status load_attention(kt_vision *v, int il, vt_layer *l, kt_error *err) {
@@ -199,7 +201,7 @@ static kt_status load_mlp(kt_vision *v, int il, vt_layer *l, kt_error *err) {
     snprintf(name, sizeof name, "v.blk.%d.%s", il, suffix);
     int n_ff;
     if ((st = out_width(f, name, w, &n_ff, err))) return st;
-    if (il == 0) v->n_ff = n_ff;
+    if (n_ff > v->n_ff) v->n_ff = n_ff; /* the widest block's (the key may be 0 in old conversions) */
     BIND(up_w, suffix, w, n_ff, false);
     snprintf(suffix, sizeof suffix, "%s.bias", up);
     BIND(up_b, suffix, n_ff, 0, true);
@@ -231,9 +233,12 @@ static kt_status load_deepstack(kt_vision *v, int il, vt_layer *l, kt_error *err
         const char *suffix;
         int n_in, n_out;
     } parts[] = {
-        {&l->ds_norm_w, "norm.weight", w4, 0},     {&l->ds_norm_b, "norm.bias", w4, 0},
-        {&l->ds_fc1_w, "fc1.weight", w4, hidden},  {&l->ds_fc1_b, "fc1.bias", hidden, 0},
-        {&l->ds_fc2_w, "fc2.weight", hidden, v->proj_dim}, {&l->ds_fc2_b, "fc2.bias", v->proj_dim, 0},
+        {&l->ds_norm_w, "norm.weight", w4, 0},
+        {&l->ds_norm_b, "norm.bias", w4, 0},
+        {&l->ds_fc1_w, "fc1.weight", w4, hidden},
+        {&l->ds_fc1_b, "fc1.bias", hidden, 0},
+        {&l->ds_fc2_w, "fc2.weight", hidden, v->proj_dim},
+        {&l->ds_fc2_b, "fc2.bias", v->proj_dim, 0},
     };
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         snprintf(name, sizeof name, "v.deepstack.%d.%s", il, parts[i].suffix);
@@ -263,15 +268,19 @@ static kt_status read_projector(kt_vision *v, kt_error *err) {
             return kt_error_set(err, KT_ERR_FORMAT,
                                 "missing metadata key 'clip.projector_type' (or 'clip.vision.projector_type')");
     }
-    if (strcmp(proj, "qwen2vl_merger") == 0) v->proj = VT_QWEN2VL;
-    else if (strcmp(proj, "qwen2.5vl_merger") == 0) v->proj = VT_QWEN25VL;
-    else if (strcmp(proj, "qwen3vl_merger") == 0) v->proj = VT_QWEN3VL;
-    else
+    static const struct {
+        const char *name;
+        vt_projector proj;
+    } known[] = {{"qwen2vl_merger", VT_QWEN2VL}, {"qwen2.5vl_merger", VT_QWEN25VL}, {"qwen3vl_merger", VT_QWEN3VL}};
+    size_t k = 0;
+    while (k < 3 && strcmp(proj, known[k].name) != 0) k++;
+    if (k == 3)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "projector type '%s' (%s) is not supported: kettle runs qwen3vl_merger, "
                             "qwen2.5vl_merger and qwen2vl_merger",
                             proj, key);
-    snprintf(v->info.projector, sizeof v->info.projector, "%s", proj);
+    v->proj = known[k].proj;
+    memcpy(v->info.projector, known[k].name, strlen(known[k].name) + 1); /* each < 32 bytes */
     bool has_vision = true;
     int64_t i = gguf_find_key(f, "clip.has_vision_encoder");
     if (i >= 0 && (!gguf_kv_get_bool(f, i, &has_vision) || !has_vision))
@@ -290,8 +299,8 @@ static kt_status read_hparams(kt_vision *v, kt_error *err) {
         (st = read_int(f, "clip.vision.image_size", -1, 0, 8192, &v->image_size, err)) ||
         (st = read_int(f, "clip.vision.patch_size", -1, 1, 1024, &v->patch, err)) ||
         (st = read_int(f, "clip.vision.spatial_merge_size", 2, 1, 65535, &v->merge, err)) ||
-        (st = read_int(f, "clip.vision.attention.head_dim", v->width / v->n_heads, 4, VT_MAX_HEAD_DIM,
-                       &v->d_head, err)))
+        (st =
+             read_int(f, "clip.vision.attention.head_dim", v->width / v->n_heads, 4, VT_MAX_HEAD_DIM, &v->d_head, err)))
         return st;
     if (v->d_head * v->n_heads != v->width || v->d_head % 4 != 0)
         return kt_error_set(err, KT_ERR_FORMAT,
@@ -314,16 +323,13 @@ static kt_status read_hparams(kt_vision *v, kt_error *err) {
     bool use_gelu, use_silu;
     if ((st = read_bool(f, "clip.use_gelu", &use_gelu, err)) || (st = read_bool(f, "clip.use_silu", &use_silu, err)))
         return st;
-    if (use_gelu && use_silu)
-        return kt_error_set(err, KT_ERR_FORMAT, "clip.use_gelu and clip.use_silu are both true");
+    if (use_gelu && use_silu) return kt_error_set(err, KT_ERR_FORMAT, "clip.use_gelu and clip.use_silu are both true");
     v->act = use_gelu ? VT_ACT_GELU : use_silu ? VT_ACT_SILU : VT_ACT_GELU_QUICK;
     v->norm = v->proj == VT_QWEN25VL ? VT_NORM_RMS : VT_NORM_LAYER;
     /* window attention is qwen2.5vl's alone; clip.cpp requires the key there
      * and uses a 112-pixel window (attn_window_size is not read for it) */
     int n_wa = 0;
-    if (v->proj == VT_QWEN25VL &&
-        (st = read_int(f, "clip.vision.n_wa_pattern", -1, 0, 1024, &n_wa, err)))
-        return st;
+    if (v->proj == VT_QWEN25VL && (st = read_int(f, "clip.vision.n_wa_pattern", -1, 0, 1024, &n_wa, err))) return st;
     v->window_px = 112;
     if (n_wa > 0 && v->window_px / v->patch / v->merge < 1)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "patch size %d is too large for the 112-pixel attention window",
@@ -346,7 +352,8 @@ static kt_status load_tensors(kt_vision *v, kt_error *err) {
         if ((st = bind(f, "v.patch_embd.bias", w, 0, false, &v->patch_b, err)) || (st = bind_pos_embd(v, err)))
             return st;
     } else if (gguf_tensor_find(f, "v.patch_embd.bias")) {
-        return kt_error_set(err, KT_ERR_FORMAT, "tensor 'v.patch_embd.bias' is unexpected in a %s file (qwen2vl.cpp has no patch bias)",
+        return kt_error_set(err, KT_ERR_FORMAT,
+                            "tensor 'v.patch_embd.bias' is unexpected in a %s file (qwen2vl.cpp has no patch bias)",
                             v->info.projector);
     }
     if ((st = bind(f, "v.pre_ln.weight", w, 0, true, &v->pre_ln_w, err)) ||

@@ -34,13 +34,13 @@ typedef enum vt_norm { VT_NORM_LAYER, VT_NORM_RMS } vt_norm;
 typedef enum vt_act { VT_ACT_GELU, VT_ACT_SILU, VT_ACT_GELU_QUICK } vt_act;
 
 typedef struct vt_layer {
-    vt_weight ln1_w, ln1_b, ln2_w, ln2_b;  /* biases absent for RMSNorm */
-    vt_weight qkv_w, qkv_b;                /* qwen3vl: fused, rows q | k | v */
+    vt_weight ln1_w, ln1_b, ln2_w, ln2_b;   /* biases absent for RMSNorm */
+    vt_weight qkv_w, qkv_b;                 /* qwen3vl: fused, rows q | k | v */
     vt_weight q_w, q_b, k_w, k_b, v_w, v_b; /* qwen2vl / qwen2.5vl */
     vt_weight o_w, o_b;
     vt_weight up_w, up_b, gate_w, gate_b, down_w, down_b; /* gate absent: plain MLP */
-    bool full_attn;                        /* false: window attention (qwen2.5vl) */
-    bool deepstack;                        /* qwen3vl DeepStack merger after this block */
+    bool full_attn;                                       /* false: window attention (qwen2.5vl) */
+    bool deepstack;                                       /* qwen3vl DeepStack merger after this block */
     vt_weight ds_norm_w, ds_norm_b, ds_fc1_w, ds_fc1_b, ds_fc2_w, ds_fc2_b;
 } vt_layer;
 
@@ -52,7 +52,7 @@ struct kt_vision {
     vt_act act;
     int width, n_heads, d_head, n_ff, n_layers;
     int patch, merge, proj_dim, image_size;
-    int window_px;   /* qwen2.5vl: window side in pixels (112, hard-coded in clip.cpp) */
+    int window_px; /* qwen2.5vl: window side in pixels (112, hard-coded in clip.cpp) */
     float eps;
     float mean[3], std[3];
     /* the two temporal slices of the Conv3d patch embedding as F16 rows
@@ -60,8 +60,8 @@ struct kt_vision {
      * multiplies an F16 im2col by the kernel converted to F16, so an F32
      * file's kernel is rounded to F16 here once */
     uint16_t *patch_w16[2];
-    vt_weight patch_b;          /* qwen3vl */
-    vt_weight pos_embd;         /* qwen3vl: [width, side * side] */
+    vt_weight patch_b;  /* qwen3vl */
+    vt_weight pos_embd; /* qwen3vl: [width, side * side] */
     int pos_side;
     vt_weight pre_ln_w, pre_ln_b, post_ln_w, post_ln_b;
     vt_weight mm0_w, mm0_b, mm2_w, mm2_b;
@@ -72,19 +72,18 @@ struct kt_vision {
 
 /* LayerNorm or RMSNorm of each of n_rows rows of n values, times w, plus
  * b (either may be NULL), into y (may equal x); ggml_norm / ggml_rms_norm. */
-void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b,
-                  int n_rows, int n, float eps);
+void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b, int n_rows,
+                  int n, float eps);
 /* x[r][i] += b[i] */
 void vt_add_bias(float *x, const float *b, int n_rows, int n);
 /* y[i] += x[i] */
 void vt_add(float *y, const float *x, long n);
-/* ggml's CPU GELU (tanh form looked up through its F16 table) in place */
-void vt_gelu(float *x, long n);
-/* ggml's CPU quick GELU x * sigmoid(1.702 x) (also through its F16 table) */
-void vt_gelu_quick(float *x, long n);
-/* gate[i] = act(gate[i]) * up[i] (act = SiLU, GELU, quick GELU) */
-void vt_glu(vt_act act, float *gate, const float *up, long n);
-void vt_act_inplace(vt_act act, float *x, long n);
+/* x[i] = act(x[i]) in place: GELU as ggml's CPU computes it (tanh form
+ * looked up through its F16 table), quick GELU x * sigmoid(1.702 x) (also
+ * through its F16 table), SiLU */
+void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n);
+/* gate[i] = act(gate[i]) * up[i] */
+void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n);
 /* Rounds each value to the nearest F16 (llama.cpp's F16 im2col). */
 void vt_round_f16(float *x, long n);
 
@@ -92,8 +91,8 @@ void vt_round_f16(float *x, long n);
  * every patch t and head, pair (j, j + d/2) rotates by
  * pos_y[t] * base^(-4j/d) for j < d/4 and by pos_x[t] * base^(-4(j - d/4)/d)
  * for j >= d/4. x rows of `stride` floats, heads at h * d. */
-void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens,
-                int n_heads, int d_head);
+void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens, int n_heads,
+                int d_head);
 
 /* Bidirectional attention within groups of tokens: win_start[w] ..
  * win_start[w + 1] indexes members[], the tokens of group w (every token in
@@ -101,7 +100,6 @@ void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int
  * rows of `stride` floats, head h at h * d; out rows of n_heads * d.
  * Scratch per thread is allocated here (KT_ERR_NOMEM if it fails). */
 kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
-                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
-                       kt_error *err);
+                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows, kt_error *err);
 
 #endif

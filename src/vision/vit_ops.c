@@ -64,8 +64,8 @@ static void norm_worker(void *ctx, int ith, int nth) {
     for (long r = lo; r < hi; r++) norm_row(j, j->y + r * j->n, j->x + r * j->n);
 }
 
-void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b,
-                  int n_rows, int n, float eps) {
+void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b, int n_rows,
+                  int n, float eps) {
     norm_job j = {kind, y, x, w, b, n_rows, n, eps};
     kt_pool_run(pool, norm_worker, &j);
 }
@@ -108,27 +108,44 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 static float act1(vt_act act, float x) {
     switch (act) {
-    case VT_ACT_GELU: return gelu_ggml(x);
-    case VT_ACT_SILU: return silu(x);
-    case VT_ACT_GELU_QUICK: return gelu_quick_ggml(x);
+    case VT_ACT_GELU:
+        return gelu_ggml(x);
+    case VT_ACT_SILU:
+        return silu(x);
+    case VT_ACT_GELU_QUICK:
+        return gelu_quick_ggml(x);
     }
     return x;
 }
 
-void vt_gelu(float *x, long n) {
-    for (long i = 0; i < n; i++) x[i] = gelu_ggml(x[i]);
+/* x[i] = act(x[i]) (* up[i] when up is given), split over the pool: with
+ * a real tower's MLP (3680 patches x 4304) the tanh and the F16 rounding
+ * cost as much as a GEMM's share per thread */
+typedef struct act_job {
+    vt_act act;
+    float *x;
+    const float *up;
+    long n;
+} act_job;
+
+static void act_worker(void *ctx, int ith, int nth) {
+    const act_job *j = ctx;
+    long lo, hi;
+    kt_split_range(j->n, ith, nth, &lo, &hi);
+    if (j->up)
+        for (long i = lo; i < hi; i++) j->x[i] = act1(j->act, j->x[i]) * j->up[i];
+    else
+        for (long i = lo; i < hi; i++) j->x[i] = act1(j->act, j->x[i]);
 }
 
-void vt_gelu_quick(float *x, long n) {
-    for (long i = 0; i < n; i++) x[i] = gelu_quick_ggml(x[i]);
+void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n) {
+    act_job j = {act, x, NULL, n};
+    kt_pool_run(pool, act_worker, &j);
 }
 
-void vt_act_inplace(vt_act act, float *x, long n) {
-    for (long i = 0; i < n; i++) x[i] = act1(act, x[i]);
-}
-
-void vt_glu(vt_act act, float *gate, const float *up, long n) {
-    for (long i = 0; i < n; i++) gate[i] = act1(act, gate[i]) * up[i];
+void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n) {
+    act_job j = {act, gate, up, n};
+    kt_pool_run(pool, act_worker, &j);
 }
 
 void vt_round_f16(float *x, long n) {
@@ -180,8 +197,8 @@ static void rope_worker(void *ctx, int ith, int nth) {
     }
 }
 
-void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens,
-                int n_heads, int d_head) {
+void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens, int n_heads,
+                int d_head) {
     rope_job r = {x, stride, pos_y, pos_x, n_tokens, n_heads, d_head};
     kt_pool_run(pool, rope_worker, &r);
 }
@@ -278,7 +295,8 @@ kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k
     for (int w = 0; w < n_windows; w++)
         if (win_start[w + 1] - win_start[w] > max_win) max_win = win_start[w + 1] - win_start[w];
     long *task_start = malloc(((size_t)n_windows + 1) * sizeof *task_start);
-    if (!task_start) return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
+    if (!task_start)
+        return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
     task_start[0] = 0;
     for (int w = 0; w < n_windows; w++) {
         long n = win_start[w + 1] - win_start[w];
@@ -293,8 +311,9 @@ kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k
         return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d threads x %d keys", nth,
                             max_win);
     }
-    attn_job a = {out,      q,        k,       v,         stride,     n_heads,    d_head,
-                  win_start, members, n_windows, task_start[n_windows], task_start, scratch, per, max_win};
+    attn_job a = {
+        out,        q,       k,   v,      stride, n_heads, d_head, win_start, members, n_windows, task_start[n_windows],
+        task_start, scratch, per, max_win};
     kt_pool_run(pool, attn_worker, &a);
     free(scratch);
     free(task_start);
