@@ -415,12 +415,53 @@ static void test_engine_images_refused(void **state) {
     free(v.embd);
 }
 
+/* ---- the whole way: files in, llama.cpp's greedy text out ---- */
+
+/* `kettle run --mmproj --image` on the golden's prompt: kettle's decoder,
+ * preprocessing, tower and text model together give llama.cpp's 16
+ * greedy tokens (the embeddings differ from llama.cpp's by ~2e-4 of their
+ * size; the text's top-1 gaps here are far wider). */
+static void check_run_golden(const char *img_file, const char *golden) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "golden/arch/%s", golden);
+    json_error_t jerr;
+    json_t *g = json_load_file(tu_shared(rel), 0, &jerr);
+    if (!g) fail_msg("%s: %s", rel, jerr.text);
+    const char *prompt = json_string_value(json_object_get(g, "prompt"));
+    char prompt_path[512];
+    snprintf(prompt_path, sizeof prompt_path, "%s", tu_tmp("vision_prompt.txt"));
+    assert_int_equal(tu_write_file(prompt_path, prompt, strlen(prompt)), 0);
+    char cmd[4096], model[1024], mmproj[1024], image[1024];
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen35-F16.gguf"));
+    snprintf(mmproj, sizeof mmproj, "%s", tu_shared("golden/arch/mmproj-qwen3vl-F32.gguf"));
+    snprintf(image, sizeof image, "%s", tu_shared(img_file));
+    snprintf(cmd, sizeof cmd, "%s run -m %s --mmproj %s --image %s -f %s -n 16 --temp 0 -t 2", KT_BIN, model, mmproj,
+             image, prompt_path);
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != 0) fail_msg("%s\n-> %d\n%s", cmd, rc, err);
+    const char *want = json_string_value(json_object_get(g, "gen_text"));
+    if (strcmp(out, want)) fail_msg("%s: kettle run wrote\n  '%s'\nllama.cpp\n  '%s'", img_file, out, want);
+    printf("  kettle run --image %s: llama.cpp's 16 greedy tokens\n", img_file);
+    free(out), free(err);
+    json_decref(g);
+}
+
+static void test_run_image_golden(void **state) {
+    (void)state;
+    check_run_golden("golden/arch/image-photo.decoded.png", "vision-qwen3vl-F32-photo.json");
+    if (TU_SANITIZED) /* the 3680-patch tower takes ~30 s there */
+        printf("  (the screenshot in the optimized build only)\n");
+    else
+        check_run_golden("golden/arch/image-screenshot.png", "vision-qwen3vl-F32-screenshot.json");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2vl_keeps_file_eps), cmocka_unit_test(test_qwen2vl_text),
         cmocka_unit_test(test_qwen35_with_images),     cmocka_unit_test(test_qwen2vl_with_images),
         cmocka_unit_test(test_flat_positions_fail),    cmocka_unit_test(test_engine_images),
-        cmocka_unit_test(test_engine_images_refused),
+        cmocka_unit_test(test_engine_images_refused),  cmocka_unit_test(test_run_image_golden),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -55,11 +55,12 @@ static const char *find_marker(const char *text, size_t len) {
 static kt_status eval_text(kt_model *m, kt_session *s, const char *text, size_t len, int bos, float *logits,
                            cli_image_stats *st, kt_error *err) {
     if (len == 0 && bos == 0) return KT_OK;
-    int n = kt_tokenize(m, text, len, NULL, 0, bos, err);
+    /* a prompt with images is chat-shaped: its control tokens (<|im_start|>) are read as such */
+    int n = kt_tokenize_ex(m, text, len, NULL, 0, bos, true, err);
     int32_t *ids = n >= 0 ? malloc(sizeof *ids * ((size_t)n + 1)) : NULL;
     if (n < 0) return err->status;
     if (!ids) return kt_error_set(err, KT_ERR_NOMEM, "out of memory for %d prompt tokens", n);
-    kt_status rc = kt_tokenize(m, text, len, ids, n, bos, err) == n ? kt_session_eval(s, ids, n, logits, false, err)
+    kt_status rc = kt_tokenize_ex(m, text, len, ids, n, bos, true, err) == n ? kt_session_eval(s, ids, n, logits, false, err)
                                                                     : err->status;
     free(ids);
     st->n_tokens += n;

@@ -50,7 +50,8 @@ static void run_usage(FILE *out) {
             "                        acceptance and cost unless --spec-fixed)\n"
             "      --mmproj PATH     the model's vision projector (llama.cpp's mmproj GGUF)\n"
             "      --image FILE      a PNG, JPEG or WebP image (repeatable, with --mmproj): it goes where the\n"
-            "                        prompt says " CLI_IMAGE_MARKER ", or before the prompt\n"
+            "                        prompt says " CLI_IMAGE_MARKER ", or before the prompt; the prompt's control\n"
+            "                        tokens (<|im_start|>) are then read as such\n"
             "%s",
             cli_gen_usage());
 }
