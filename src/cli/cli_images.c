@@ -12,7 +12,7 @@
 #include "image/image.h"
 
 /* The tower's output for one image file: grid_x * grid_y rows of the
- * model's n_embd (DeepStack outputs dropped: not injected yet). */
+ * model's n_embd (a tower with DeepStack outputs is refused). */
 static float *encode_file(kt_vision *v, kt_pool *pool, const char *path, int *gx, int *gy, double *ms, kt_error *err) {
     size_t n = 0;
     char *bytes = cli_read_file(path, &n);
@@ -26,6 +26,9 @@ static float *encode_file(kt_vision *v, kt_pool *pool, const char *path, int *gx
     if (!st) st = kt_image_preprocess(&img, &pp, &prep, err);
     kt_image_free(&img);
     const kt_vision_info *vi = kt_vision_get_info(v);
+    if (!st && vi->n_deepstack)
+        st = kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has DeepStack outputs (Qwen3-VL), which go into a "
+                          "qwen3vl text model's early layers; kettle runs the qwen2vl and qwen35 text models");
     const size_t row = (size_t)vi->n_embd * (size_t)(1 + vi->n_deepstack), n_tok = (size_t)prep.grid_x * prep.grid_y;
     float *out = st ? NULL : malloc(sizeof(float) * row * (n_tok ? n_tok : 1));
     if (!st && !out) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding %s", path);

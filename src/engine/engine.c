@@ -279,6 +279,10 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.vision && !(e->llm->cfg.rope_sections[0] + e->llm->cfg.rope_sections[1] + e->llm->cfg.rope_sections[2]))
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "the model (%s) has no M-RoPE sections: kettle places images "
                             "in Qwen-VL text models (qwen2vl, qwen35, qwen35moe)", e->llm->cfg.arch);
+    if (p.vision && kt_vision_get_info(p.vision)->n_deepstack)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has DeepStack outputs (Qwen3-VL), which go into "
+                            "the early layers of a qwen3vl text model; kettle runs the qwen2vl and qwen35 text models, "
+                            "whose towers have none");
     if (p.image_cache_bytes == 0) p.image_cache_bytes = (size_t)512 << 20;
     e->p = p;
     return KT_OK;

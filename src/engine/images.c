@@ -134,10 +134,8 @@ static kt_status make_embd(req_image *im, int i, kt_vision *vision, kt_pool *poo
     if (cache && (im->embd = kt_embd_cache_get(cache, im->hash, n_floats))) {
         im->pinned = true;
     } else {
-        const kt_vision_info *info = kt_vision_get_info(vision);
-        /* the tower writes its DeepStack outputs after each main row */
-        const size_t row = (size_t)info->n_embd * (size_t)(1 + info->n_deepstack);
-        float *out = malloc(sizeof(float) * row * (size_t)im->n_tokens);
+        /* rows of n_embd: the engine refuses a tower with DeepStack outputs */
+        float *out = malloc(sizeof(float) * n_floats);
         if (!out) return kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding image %d", i);
         const double t0 = now_ms();
         kt_status st = kt_vision_encode(vision, pool, im->prep, out, err);
@@ -147,9 +145,6 @@ static kt_status make_embd(req_image *im, int i, kt_vision *vision, kt_pool *poo
             free(out);
             return kt_error_wrap(err, "image %d", i);
         }
-        if (info->n_deepstack) /* only the main rows enter the model (DeepStack injection: not yet) */
-            for (int t = 0; t < im->n_tokens; t++)
-                memmove(out + (size_t)t * n_embd, out + (size_t)t * row, sizeof(float) * (size_t)n_embd);
         if (cache && (im->embd = kt_embd_cache_put(cache, im->hash, out, n_floats))) {
             im->pinned = true;
         } else if (!cache) {
