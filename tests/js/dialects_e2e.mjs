@@ -254,7 +254,7 @@ async function responsesChecks(openai, ref) {
 
   await check('responses: what kettle does not do is a 400 (or 404) the SDK raises', async () => {
     await expectError(openai.responses.create({ ...base, previous_response_id: 'resp_1' }), OpenAI.BadRequestError, 400, /whole conversation in 'input'/);
-    await expectError(openai.responses.create({ ...base, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] }), OpenAI.BadRequestError, 400, /input_image/);
+    await expectError(openai.responses.create({ ...base, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] }), OpenAI.BadRequestError, 400, /--mmproj/);
     // a hosted tool is left out under tool_choice auto, refused when forced
     await expectError(openai.responses.create({ ...base, tools: [{ type: 'web_search' }], tool_choice: { type: 'web_search' } }), OpenAI.BadRequestError, 400, /web_search/);
     await expectError(openai.responses.create({ ...base, include: ['message.output_text.logprobs'] }), OpenAI.BadRequestError, 400, /logprobs/);

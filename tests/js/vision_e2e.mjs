@@ -199,6 +199,15 @@ await run(async () => {
       const after = await chatImage(o, SCREENSHOT);
       assert.equal(after.choices[0].message.content, ref.text);
       assert.ok(after.usage.prompt_tokens_details.cached_tokens >= ref.prompt - 16);
+      // the disk tier writes behind the requests: kill once it has gone quiet
+      const base1 = `http://127.0.0.1:${s.port}`;
+      let writes = -1, same = 0;
+      for (let t = 0; t < 200 && same < 5; t++) {
+        await new Promise((r) => setTimeout(r, 100));
+        const w = await metric(base1, 'kettle_cache_disk_writes_total');
+        same = w > 0 && w === writes ? same + 1 : 0, writes = w;
+      }
+      assert.ok(same >= 5, 'the disk tier did not go quiet in 20 s');
       s.proc.kill('SIGKILL');
       await s.exitedPromise;
       s = await startServer(args);

@@ -36,6 +36,7 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const BIN = process.argv[2] || process.env.KT_BIN;
 const MODEL = path.resolve(HERE, '../../models/stories260K.gguf'); // shipped in the repository
 const CHROMIUM = process.env.KETTLE_CHROMIUM || '/usr/bin/chromium';
+const IMAGE = path.resolve(HERE, '../../docs/webui.png'); // any PNG of the repository
 const KEY = 'webui-test-key';
 const N = 24;         // max_tokens of the compared answers
 const LONG = 1500;    // max_tokens of the reply that is stopped (ctx 2048, with the history)
@@ -260,6 +261,35 @@ async function session(browser, root, model) {
     const r = await sendAndWait(page, 'Hello?', 4);
     assert.equal(r.state, 'error');
     assert.match(r.error ?? '', /HTTP 401: missing or wrong API key/);
+  });
+
+  await check('an attached image goes as an image_url part; a model without a tower answers 400 naming --mmproj', async () => {
+    await page.click('#new-chat');
+    await setField(page, 'api_key', KEY);
+    let body = null;
+    const onRequest = (req) => {
+      if (req.url().endsWith('/v1/chat/completions')) body = JSON.parse(req.postData());
+      req.continue();
+    };
+    await page.setRequestInterception(true);
+    page.on('request', onRequest);
+    try {
+      await (await page.$('#attach-file')).uploadFile(IMAGE);
+      await page.waitForFunction(() => !document.getElementById('attached').hidden);
+      const r = await sendAndWait(page, 'What is on the screen?', 1);
+      const user = body.messages[body.messages.length - 1];
+      assert.equal(user.content[0].type, 'image_url');
+      assert.match(user.content[0].image_url.url, /^data:image\/png;base64,iVBORw0KGgo/);
+      assert.deepEqual(user.content[1], { type: 'text', text: 'What is on the screen?' });
+      assert.equal(r.state, 'error');
+      assert.match(r.error ?? '', /--mmproj/);
+      assert.equal(await page.$$eval('.msg.user img.shot', (a) => a.length), 1);
+      assert.equal(await page.$eval('#attached', (e) => e.hidden), true);
+    } finally {
+      page.off('request', onRequest);
+      await page.setRequestInterception(false);
+      await setField(page, 'api_key', 'wrong-key'); // as the checks after the wrong key's expect
+    }
   });
 
   await check('reasoning, tool calls, markup and a mid-stream error (canned streams) are shown as they should', async () => {

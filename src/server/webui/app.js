@@ -301,14 +301,46 @@
     $('stop').hidden = !busy;
   }
 
+  // The image to send with the next message (a data: URL), or null.
+  let attached = null;
+
+  function attach(file) {
+    if (!file) return;
+    const r = new FileReader();
+    r.onload = () => {
+      attached = r.result;
+      $('attached-img').src = attached;
+      $('attached').hidden = false;
+    };
+    r.readAsDataURL(file);
+  }
+
+  function detach() {
+    attached = null;
+    $('attached').hidden = true;
+    $('attach-file').value = '';
+  }
+
   async function send() {
     const input = $('input');
     const text = input.value.trim();
-    if (!text || controller) return;
+    if ((!text && !attached) || controller) return;
     input.value = '';
     autosize();
-    addMessage('user', text);
-    history.push({ role: 'user', content: text });
+    const shown = addMessage('user', text);
+    if (attached) {
+      const img = el('img', 'shot');
+      img.src = attached;
+      img.alt = 'attached image';
+      shown.insertBefore(img, shown.querySelector('.content'));
+      // OpenAI's content parts: the image, then the text
+      const content = [{ type: 'image_url', image_url: { url: attached } }];
+      if (text) content.push({ type: 'text', text });
+      history.push({ role: 'user', content });
+      detach();
+    } else {
+      history.push({ role: 'user', content: text });
+    }
     const reply = new Reply();
     const myChat = chatId;
     controller = new AbortController();
@@ -390,6 +422,9 @@
     for (const [id] of FIELDS) $(id).addEventListener('input', saveSettings);
     $('api_key').addEventListener('change', loadModels);
     $('send').addEventListener('click', send);
+    $('attach').addEventListener('click', () => $('attach-file').click());
+    $('attach-file').addEventListener('change', (e) => attach(e.target.files[0]));
+    $('detach').addEventListener('click', detach);
     $('stop').addEventListener('click', stop);
     $('new-chat').addEventListener('click', newChat);
     $('toggle-settings').addEventListener('click', () => toggleSettings());
