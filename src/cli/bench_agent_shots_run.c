@@ -14,7 +14,8 @@
  * The vision encoder's work per step is read from the target's /metrics
  * around each request (kettle_image_encode_seconds_total and
  * kettle_image_encodes_total); a server without those (llama-server) gets
- * "-", never a guess. With --prepare every target also runs with the
+ * "-", never a guess (they are the server's counters: a target serving
+ * other clients' images meanwhile would count those too). With --prepare every target also runs with the
  * prepared step: while the action "executes", the history with the reply
  * just parsed goes out as a max_tokens 0 request so the server prefills it
  * then; the next capture waits for that request to end (how often it
@@ -27,14 +28,16 @@
  * server's message and skipped from then on; the exit status is then 1.
  */
 #include <curl/curl.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <time.h>
 
 #include "base/timing.h"
 #include "cli/bench_agent_shots.h"
 #include "cli/bench_http.h"
 #include "cli/bench_screens.h"
+#include "cli/bench_soak.h" /* sk_metric_sum: a metric summed over its label sets */
 
 #define CMD "bench agent"
 #define MAX_TARGETS 8
@@ -53,22 +56,6 @@ typedef struct enc_counters {
     double seconds, encodes, hits;
 } enc_counters;
 
-/* The sum over label sets of one metric's samples in a /metrics text. */
-static bool metric_sum(const char *text, const char *name, double *out) {
-    size_t n = strlen(name);
-    bool found = false;
-    *out = 0;
-    for (const char *line = text; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
-        if (strncmp(line, name, n) || (line[n] != ' ' && line[n] != '{')) continue;
-        const char *v = line + n;
-        if (*v == '{' && !(v = strstr(v, "} "))) continue;
-        char *end;
-        double x = strtod(v + 1, &end);
-        if (end != v + 1) *out += x, found = true;
-    }
-    return found;
-}
-
 /* The encoder's counters now; false if the target does not give them. */
 static bool read_counters(const bh_conn *conn, enc_counters *c) {
     bh_req r = {.plain = true, .keep_body = true};
@@ -78,9 +65,9 @@ static bool read_counters(const bh_conn *conn, enc_counters *c) {
         curl_easy_setopt(r.h, CURLOPT_TIMEOUT_MS, METRICS_TIMEOUT_MS);
         long status = 0;
         ok = curl_easy_perform(r.h) == CURLE_OK && !curl_easy_getinfo(r.h, CURLINFO_RESPONSE_CODE, &status) &&
-             status == 200 && r.resp.p && metric_sum(r.resp.p, "kettle_image_encode_seconds_total", &c->seconds) &&
-             metric_sum(r.resp.p, "kettle_image_encodes_total", &c->encodes);
-        if (ok && !metric_sum(r.resp.p, "kettle_image_cache_hits_total", &c->hits)) c->hits = -1;
+             status == 200 && r.resp.p && sk_metric_sum(r.resp.p, "kettle_image_encode_seconds_total", &c->seconds) &&
+             sk_metric_sum(r.resp.p, "kettle_image_encodes_total", &c->encodes);
+        if (ok && !sk_metric_sum(r.resp.p, "kettle_image_cache_hits_total", &c->hits)) c->hits = -1;
     }
     bh_req_free(&r);
     return ok;
@@ -152,13 +139,16 @@ static void record_counters(const enc_counters *a, const enc_counters *b, ba_ste
     x->encoder_hits = a->hits >= 0 && b->hits >= 0 ? (int)(b->hits - a->hits + 0.5) : -1;
 }
 
-static void record_step(const bh_req *r, double parsed_ms, ba_step_rec *x, const ba_shots_opts *o) {
+/* The step's answer: its action parsed (and checked) first, so the step
+ * time ends when an agent would have its action. */
+static void record_step(const bh_req *r, ba_step_rec *x, const ba_shots_opts *o) {
     const bs_sse *e = &r->sse;
+    x->action_valid = ba_action_valid(e->text, o->screen_w, o->screen_h);
+    x->action_ms = kt_time_ms() - r->start_ms;
     double first = e->n_tok ? e->tok_ms[0] : r->end_ms; /* nothing came: the whole request was the wait */
     x->prompt_tokens = e->prompt_tokens, x->cached_tokens = e->cached_tokens;
     x->completion_tokens = e->completion_tokens >= 0 ? e->completion_tokens : e->n_tok;
-    x->ttft_ms = first - r->start_ms, x->action_ms = parsed_ms - r->start_ms;
-    x->action_valid = ba_action_valid(e->text, o->screen_w, o->screen_h);
+    x->ttft_ms = first - r->start_ms;
     snprintf(x->reply, sizeof x->reply, "%s", e->text ? e->text : "");
     snprintf(x->finish, sizeof x->finish, "%s", e->finish);
     x->done = true;
@@ -177,7 +167,7 @@ static bool ask_action(sess_ctx *s) {
     char msg[800];
     bool ok = post(s->t->conn, body, &r, msg, sizeof msg);
     if (ok) {
-        record_step(&r, kt_time_ms(), x, s->o); /* the action is parsed (checked) in record_step */
+        record_step(&r, x, s->o);
         if (counted && read_counters(s->t->conn, &after)) record_counters(&before, &after, x);
         ok = ba_shots_add_reply(s->history, r.sse.text) || (snprintf(msg, sizeof msg, "out of memory"), false);
     }
@@ -207,13 +197,20 @@ static bool prepare_next(sess_ctx *s) {
     return ok || sess_fail(s, ", the prepared request (max_tokens 0)", msg);
 }
 
+static void sleep_ms(double ms) {
+    long long us = (long long)(ms * 1e3);
+    struct timespec t = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
+    while (nanosleep(&t, &t) && errno == EINTR) {
+    }
+}
+
 /* The agent executes the action: --action-ms, with the prepared request
  * sent meanwhile under --prepare. */
 static bool act(sess_ctx *s) {
     double t0 = kt_time_ms();
     if (s->res->prepare && !prepare_next(s)) return false;
     double left_ms = s->o->action_ms - (kt_time_ms() - t0);
-    if (left_ms > 0) usleep((useconds_t)(left_ms * 1e3));
+    if (left_ms > 0) sleep_ms(left_ms);
     else if (s->res->prepare) s->rec->steps[s->step].prep_wait_ms = -left_ms;
     return true;
 }
