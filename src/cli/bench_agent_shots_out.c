@@ -29,6 +29,10 @@ static void md_steps(FILE *f, const ba_shots_summary *s) {
                "step p50 ms | p95 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int t = 0; t < s->n_steps; t++) {
         const ba_step_stats *st = &s->per_step[t];
+        if (!st->n) { /* a failed target's steps never run */
+            fprintf(f, "| %d | 0 | - | - | - | - | - | - | - | - | - |\n", t + 1);
+            continue;
+        }
         char cached[32] = "-", enc[32] = "-", encodes[32] = "-";
         if (st->n_cached) snprintf(cached, sizeof cached, "%.0f", st->cached_mean);
         if (st->n_encode) {
@@ -52,7 +56,7 @@ static void md_figures(FILE *f, const ba_shots_result *res, const ba_shots_summa
     md_pcts(f, "TTFT p50 / p95, every step", &s->ttft_ms);
     md_pcts(f, res->prepare ? "TTFT p50 / p95, steps >= 2 (after a prepared step)" : "TTFT p50 / p95, steps >= 2",
             &s->ttft_later_ms);
-    if (s->encode_ms.n) md_pcts(f, "image encode p50 / p95 per step (/metrics)", &s->encode_ms);
+    if (s->encode_ms.n || !s->n_steps_done) md_pcts(f, "image encode p50 / p95 per step (/metrics)", &s->encode_ms);
     else fprintf(f, "| image encode per step | - (no kettle_image_encode_seconds_total in /metrics) |\n");
     if (res->prepare) {
         md_pcts(f, "prepared request (max_tokens 0) p50 / p95", &s->prep_ms);
