@@ -75,9 +75,12 @@ static bool read_counters(const bh_conn *conn, enc_counters *c) {
 
 /* ---- one request ---- */
 
+/* Every request the same but for max_tokens (0: the prepared step), so
+ * the prepared one is what the next step's request starts with, even on a
+ * server that would put the schema into the prompt. */
 static char *request_body(const ba_shots_opts *o, json_t *msgs, int max_tokens) {
-    json_t *rf = max_tokens ? ba_shots_response_format(o->screen_w, o->screen_h) : NULL;
-    json_t *b = json_pack("{s:O, s:i, s:i, s:b, s:{s:b}, s:o*, s:s*}", "messages", msgs, "max_tokens", max_tokens,
+    json_t *rf = ba_shots_response_format(o->screen_w, o->screen_h);
+    json_t *b = json_pack("{s:O, s:i, s:i, s:b, s:{s:b}, s:o, s:s*}", "messages", msgs, "max_tokens", max_tokens,
                           "temperature", 0, "stream", 1, "stream_options", "include_usage", 1, "response_format", rf,
                           "model", o->model_name);
     char *text = b ? json_dumps(b, JSON_COMPACT) : NULL;
@@ -263,6 +266,12 @@ static bool report(const ba_shots_opts *o, bs_fmt fmt, const ba_shots_result *re
     while (made < n && ba_shots_summarize(&res[made], &sums[made])) made++;
     ba_shots_report r = {.o = o, .results = res, .sums = sums, .n_targets = n};
     bool ok = made == n && ba_shots_print(stdout, fmt, &r);
+    for (int i = 1; ok && fmt == BS_CSV && i < n; i++) { /* CSV has no room for them */
+        double action, later, task;
+        ba_shots_ratios(&r, i, &action, &later, &task);
+        fprintf(stderr, "kettle %s: ratio %c/A: step time p50 x%.3f, later-step TTFT p50 x%.3f, task time p50 x%.3f\n",
+                CMD, 'A' + i, action, later, task);
+    }
     for (int i = 0; i < made; i++) ba_shots_summary_free(&sums[i]);
     if (!ok) fprintf(stderr, "kettle %s: out of memory\n", CMD);
     return ok;
