@@ -271,7 +271,9 @@ static kt_status read_projector(kt_vision *v, kt_error *err) {
                             "projector type '%s' (%s) is not supported: kettle runs qwen3vl_merger, "
                             "qwen2.5vl_merger and qwen2vl_merger",
                             proj, key);
-    snprintf(v->info.projector, sizeof v->info.projector, "%s", proj);
+    /* one of the three names above, all shorter than the field; the bound
+     * tells GCC so (-Wformat-truncation fails the Debug build otherwise) */
+    snprintf(v->info.projector, sizeof v->info.projector, "%.*s", (int)sizeof v->info.projector - 1, proj);
     bool has_vision = true;
     int64_t i = gguf_find_key(f, "clip.has_vision_encoder");
     if (i >= 0 && (!gguf_kv_get_bool(f, i, &has_vision) || !has_vision))
