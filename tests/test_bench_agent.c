@@ -16,6 +16,17 @@
  * (unreachable, HTTP 400, a malformed stream, one cut short, one that
  * stalls past --timeout, bad options) give a message naming the session
  * and turn and exit status 1 (2 for usage). No speed is asserted.
+ *
+ * --screenshots (the computer-use loop): its screens are deterministic,
+ * decode losslessly with kettle's own decoder at the asked size and change
+ * a little from step to step; the history drops old screenshots as
+ * --keep-screens says; the action check and the figures agree with
+ * hand-made records; runs against `kettle serve` with golden/arch's
+ * random-weight Qwen 3.5 and its qwen3vl projector count one encode per
+ * step from /metrics, find the earlier history in the prefix cache, and
+ * with --prepare the next step finds the prepared prompt there; a
+ * llama-server-like fake (no /metrics, max_tokens 0 refused) gives "not
+ * known" figures and a failed prepared run with the server's message.
  */
 #include <jansson.h>
 #include <math.h>

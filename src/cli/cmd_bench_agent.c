@@ -25,6 +25,10 @@
  * Every failure (unreachable server, non-200, a malformed stream, one that
  * ends before [DONE], nothing received for --timeout seconds) names the
  * server, the session and the turn, and makes the exit status 1.
+ *
+ * --screenshots is another workload, the loop of a computer-use agent,
+ * with its own driver (bench_agent_shots_run.c): this file parses its
+ * options and hands it the servers.
  */
 #include <curl/curl.h>
 #include <errno.h>
