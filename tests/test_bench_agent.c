@@ -16,6 +16,17 @@
  * (unreachable, HTTP 400, a malformed stream, one cut short, one that
  * stalls past --timeout, bad options) give a message naming the session
  * and turn and exit status 1 (2 for usage). No speed is asserted.
+ *
+ * --screenshots (the computer-use loop): its screens are deterministic,
+ * decode losslessly with kettle's own decoder at the asked size and change
+ * a little from step to step; the history drops old screenshots as
+ * --keep-screens says; the action check and the figures agree with
+ * hand-made records; runs against `kettle serve` with golden/arch's
+ * random-weight Qwen 3.5 and its qwen3vl projector count one encode per
+ * step from /metrics, find the earlier history in the prefix cache, and
+ * with --prepare the next step finds the prepared prompt there; a
+ * llama-server-like fake (no /metrics, max_tokens 0 refused) gives "not
+ * known" figures and a failed prepared run with the server's message.
  */
 #include <jansson.h>
 #include <math.h>
@@ -27,6 +38,9 @@
 #include <unistd.h>
 
 #include "cli/bench_agent.h"
+#include "cli/bench_agent_shots.h"
+#include "cli/bench_screens.h"
+#include "image/image.h"
 #include "fake_server.h"
 #include "testutil.h"
 
@@ -602,6 +616,218 @@ static void test_end_to_end_replay(void **state) {
     json_decref(doc);
 }
 
+/* ---- --screenshots: the screens ---- */
+
+/* Pixels that differ between two w x h RGB pictures. */
+static long pixels_apart(const uint8_t *a, const uint8_t *b, int w, int h) {
+    long n = 0;
+    for (size_t i = 0; i < (size_t)w * (size_t)h; i++) n += memcmp(a + 3 * i, b + 3 * i, 3) != 0;
+    return n;
+}
+
+/* The same seed and step give the same bytes; the PNG decodes with
+ * kettle's own decoder to the asked size and exactly the drawn pixels
+ * (PNG is lossless, so the tower sees what was drawn). */
+static void check_screen_png(int w, int h) {
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    char err[256];
+    assert_true(ba_screen_png(9, 2, w, h, &a, &na, err, sizeof err));
+    assert_true(ba_screen_png(9, 2, w, h, &b, &nb, err, sizeof err));
+    assert_true(na == nb && na > 100 && !memcmp(a, b, na));
+    kt_image_limits lim;
+    kt_image_limits_default(&lim);
+    kt_image img = {0};
+    kt_error e = {0};
+    assert_int_equal(kt_image_decode(a, na, &lim, &img, &e), KT_OK);
+    assert_int_equal(img.width, w);
+    assert_int_equal(img.height, h);
+    uint8_t *px = ba_screen_pixels(9, 2, w, h);
+    assert_non_null(px);
+    assert_int_equal(pixels_apart(px, img.rgb, w, h), 0);
+    printf("  %dx%d: a %zu-byte PNG\n", w, h, na);
+    free(px), kt_image_free(&img), free(a), free(b);
+}
+
+/* Consecutive steps differ a little (a new row of text, another button
+ * lit, the pointer moved), not wholly; another seed is another desktop. */
+static void test_screens(void **state) {
+    (void)state;
+    check_screen_png(1280, 720);
+    check_screen_png(320, 200);
+    check_screen_png(BA_SCREEN_MIN_W, BA_SCREEN_MIN_H);
+    const int w = 1280, h = 720;
+    uint8_t *s0 = ba_screen_pixels(1, 0, w, h), *s1 = ba_screen_pixels(1, 1, w, h);
+    uint8_t *s1b = ba_screen_pixels(1, 1, w, h), *o1 = ba_screen_pixels(2, 1, w, h);
+    assert_true(s0 && s1 && s1b && o1);
+    long step = pixels_apart(s0, s1, w, h), seed = pixels_apart(s1, o1, w, h), all = (long)w * h;
+    printf("  1280x720: %ld pixels change from step 1 to 2, %ld between two seeds\n", step, seed);
+    assert_int_equal(pixels_apart(s1, s1b, w, h), 0);
+    assert_true(step > 500 && step < all / 10);
+    assert_true(seed > all / 5); /* the wallpaper's colours and the rows' words are the seed's, the window is not */
+    free(s0), free(s1), free(s1b), free(o1);
+}
+
+static void test_base64(void **state) {
+    (void)state;
+    static const char *const CASES[][2] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
+                                           {"foo", "Zm9v"},  {"foob", "Zm9vYg=="},  {"fooba", "Zm9vYmE="},
+                                           {"foobar", "Zm9vYmFy"}};
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char *b = ba_base64((const uint8_t *)CASES[i][0], strlen(CASES[i][0]));
+        assert_non_null(b);
+        assert_string_equal(b, CASES[i][1]);
+        free(b);
+    }
+}
+
+/* ---- --screenshots: the conversation ---- */
+
+static int omitted_in(json_t *msgs) {
+    char *text = json_dumps(msgs, JSON_COMPACT);
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, BA_SHOT_OMITTED)); p++) n++;
+    free(text);
+    return n;
+}
+
+static void test_shots_history(void **state) {
+    (void)state;
+    json_t *h = ba_shots_history_new();
+    assert_non_null(h);
+    char url[64];
+    for (int k = 0; k < 4; k++) {
+        snprintf(url, sizeof url, "data:image/png;base64,STEP%d", k);
+        assert_true(ba_shots_add_screen(h, k, url));
+        if (k < 3) assert_true(ba_shots_add_reply(h, "{\"action\":\"done\",\"x\":0,\"y\":0}"));
+    }
+    assert_int_equal(json_array_size(h), 1 + 4 + 3); /* system, 4 screens, 3 replies */
+    assert_string_equal(role_of(h, 0), "system");
+    assert_string_equal(role_of(h, 2), "assistant");
+    int n_img;
+    json_t *all = ba_shots_messages(h, 0, 0, &n_img); /* keep all: the history as it is */
+    assert_int_equal(n_img, 4);
+    assert_true(json_equal(all, h));
+    json_t *two = ba_shots_messages(h, 2, 0, &n_img);
+    assert_int_equal(n_img, 2);
+    assert_int_equal(omitted_in(two), 2);
+    char *text = json_dumps(two, JSON_COMPACT);
+    assert_true(!strstr(text, "STEP0") && !strstr(text, "STEP1") && strstr(text, "STEP2") && strstr(text, "STEP3"));
+    free(text);
+    assert_true(json_equal(json_array_get(two, 7), json_array_get(h, 7))); /* the newest untouched */
+    /* the prepared step counts the screenshot to come: one more dropped already */
+    json_t *prep = ba_shots_messages(h, 2, 1, &n_img);
+    assert_int_equal(n_img, 1);
+    assert_int_equal(omitted_in(prep), 3);
+    assert_int_equal(omitted_in(h), 0); /* the history itself keeps every screenshot */
+    json_decref(all), json_decref(two), json_decref(prep), json_decref(h);
+    /* the response_format: the action schema, x and y on the screen */
+    json_t *rf = ba_shots_response_format(320, 200);
+    json_t *schema = json_object_get(json_object_get(rf, "json_schema"), "schema");
+    assert_string_equal(json_string_value(json_object_get(rf, "type")), "json_schema");
+    assert_true(json_is_false(json_object_get(schema, "additionalProperties")));
+    assert_int_equal(json_array_size(json_object_get(schema, "required")), 3);
+    json_t *x = json_object_get(json_object_get(schema, "properties"), "x");
+    assert_int_equal(json_integer_value(json_object_get(x, "maximum")), 319);
+    json_decref(rf);
+}
+
+static void test_action_valid(void **state) {
+    (void)state;
+    static const struct { const char *text; bool ok; } CASES[] = {
+        {"{\"action\":\"click\",\"x\":10,\"y\":20}", true},
+        {" {\"action\": \"type\", \"x\": 0, \"y\": 199, \"text\": \"hello\"}\n", true},
+        {"{\"action\":\"done\",\"x\":319,\"y\":0,\"text\":\"0123456789012345678901234567890123456789\"}", true},
+        {"{\"action\":\"done\",\"x\":319,\"y\":0,\"text\":\"01234567890123456789012345678901234567890\"}", false},
+        {"{\"action\":\"drag\",\"x\":1,\"y\":2}", false},           /* not in the enum */
+        {"{\"action\":\"click\",\"x\":1}", false},                  /* y missing */
+        {"{\"action\":\"click\",\"x\":320,\"y\":2}", false},        /* off the screen */
+        {"{\"action\":\"click\",\"x\":1.5,\"y\":2}", false},        /* not an integer */
+        {"{\"action\":\"click\",\"x\":1,\"y\":2,\"why\":\"\"}", false}, /* another key */
+        {"{\"action\":\"click\",\"x\":1,\"y\":", false},            /* cut at max_tokens */
+        {"", false},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        if (ba_action_valid(CASES[i].text, 320, 200) != CASES[i].ok) fail_msg("case %zu: %s", i, CASES[i].text);
+    assert_false(ba_action_valid(NULL, 320, 200));
+}
+
+/* ---- --screenshots: figures and reports on made-up records ---- */
+
+static ba_step_rec fake_step(int k, bool metrics) {
+    return (ba_step_rec){.done = true, .images = k + 1, .prompt_tokens = 100 * (k + 1), .cached_tokens = 100 * k,
+                         .completion_tokens = 10, .ttft_ms = 50.0 + k, .action_ms = 200.0 + 10 * k,
+                         .action_valid = k != 1, .encode_ms = metrics ? 20.0 + k : -1, .encodes = metrics ? 1 : -1,
+                         .encoder_hits = metrics ? 0 : -1, .prep_encodes = -1};
+}
+
+static void test_shots_stats_reports(void **state) {
+    (void)state;
+    ba_shots_result r[2];
+    assert_true(ba_shots_result_init(&r[0], "http://a", false, 2, 3));
+    assert_true(ba_shots_result_init(&r[1], "http://b +prepare", true, 2, 3));
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 2; k++) {
+            for (int t = 0; t < 3; t++) {
+                ba_step_rec x = fake_step(t, i == 0);
+                x.ttft_ms *= i + 1, x.action_ms *= i + 1, x.ttft_ms += k;
+                if (i == 1 && t < 2) x.prepared = true, x.prep_ms = 30, x.prep_wait_ms = t == 1 ? 5 : 0;
+                r[i].sess[k].steps[t] = x;
+            }
+            r[i].sess[k].task_ms = 1000.0 * (i + 1) + k;
+        }
+    ba_shots_summary s[2];
+    for (int i = 0; i < 2; i++) assert_true(ba_shots_summarize(&r[i], &s[i]));
+    assert_int_equal(s[0].n_steps, 3);
+    assert_int_equal(s[0].n_steps_done, 6);
+    assert_int_equal(s[0].n_valid, 4);
+    assert_true(s[0].per_step[2].images_mean == 3 && s[0].per_step[2].encodes_mean == 1);
+    assert_true(s[0].per_step[1].ttft_ms.p50 == 51 && s[0].per_step[1].ttft_ms.p95 == 52);
+    assert_int_equal(s[0].ttft_later_ms.n, 4);
+    assert_int_equal(s[0].encode_ms.n, 6);
+    assert_int_equal(s[1].encode_ms.n, 0); /* no /metrics: nothing assumed */
+    assert_int_equal(s[1].prep_ms.n, 4);
+    assert_int_equal(s[1].n_prep_waits, 2);
+    assert_true(s[0].task_ms.p50 == 1000 && s[1].task_ms.p50 == 2000);
+    assert_int_equal(s[0].cached_tokens, 2 * (0 + 100 + 200));
+    ba_shots_opts o = {.steps = 3, .sessions = 2, .screen_w = 320, .screen_h = 200, .action_ms = 300, .gen_tokens = 48};
+    ba_shots_report rep = {.o = &o, .results = r, .sums = s, .n_targets = 2};
+    double action, later, task;
+    ba_shots_ratios(&rep, 1, &action, &later, &task);
+    assert_true(fabs(action - 2) < 1e-9 && fabs(task - 2) < 1e-3);
+    /* Markdown: the tables, '-' for what the target does not give */
+    char *md = NULL;
+    size_t md_len = 0;
+    FILE *f = open_memstream(&md, &md_len);
+    assert_true(ba_shots_print(f, BS_MD, &rep));
+    fclose(f);
+    assert_non_null(strstr(md, "| 3 | 2 | 3.0 | 300 | 200 | 22.0 | 1 | 52.0 | 53.0 | 220.0 | 220.0 |"));
+    assert_non_null(strstr(md, "| 3 | 2 | 3.0 | 300 | 200 | - | - |"));
+    assert_non_null(strstr(md, "### B: http://b +prepare (with the prepared step)"));
+    assert_non_null(strstr(md, "prepared requests that outlasted the action | 2 |"));
+    assert_non_null(strstr(md, "ratio B/A (B: http://b +prepare, A: http://a): step time p50 x2.000"));
+    free(md);
+    /* JSON: null where unknown, a failed target's message */
+    snprintf(r[1].error, sizeof r[1].error, "session 2, step 1/3: HTTP 400: no");
+    char *js = NULL;
+    size_t js_len = 0;
+    f = open_memstream(&js, &js_len);
+    assert_true(ba_shots_print(f, BS_JSON, &rep));
+    fclose(f);
+    json_t *doc = json_loads(js, 0, NULL);
+    assert_non_null(doc);
+    json_t *tb = json_array_get(json_object_get(doc, "targets"), 1);
+    assert_string_equal(json_string_value(json_object_get(tb, "failed")), "session 2, step 1/3: HTTP 400: no");
+    assert_true(json_is_null(json_object_get(tb, "encode_ms")));
+    json_t *st = json_array_get(json_object_get(json_array_get(json_object_get(tb, "sessions"), 0), "steps"), 0);
+    assert_true(json_is_null(json_object_get(st, "encode_ms")));
+    assert_true(num(json_object_get(st, "prepared"), "ms") == 30);
+    assert_int_equal(json_array_size(json_object_get(doc, "ratios")), 0); /* none with a failed target */
+    json_decref(doc);
+    free(js);
+    for (int i = 0; i < 2; i++) ba_shots_summary_free(&s[i]), ba_shots_result_free(&r[i]);
+}
+
 /* ---- failures ---- */
 
 static void expect_failure(const char *args, int want_rc, const char *msg1, const char *msg2) {
@@ -758,6 +984,213 @@ static void test_calls_valid(void **state) {
     json_decref(tools);
 }
 
+/* ---- --screenshots end to end ---- */
+
+/* The JSON of `kettle bench agent ARGS --json` (args name the server),
+ * exiting want_rc; *wall_ms: the command's time by the test's clock. */
+static json_t *shots_json(const char *args, int want_rc, double *wall_ms) {
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench agent %s --screenshots --json", KT_BIN, args);
+    double t0 = tu_now_ms();
+    int rc = tu_run(cmd, &out, &err);
+    *wall_ms = tu_now_ms() - t0;
+    if (rc != want_rc) fprintf(stderr, "%s\n-> %d\n%s\n%s\n", cmd, rc, out, err);
+    assert_int_equal(rc, want_rc);
+    json_t *doc = json_loads(out, 0, NULL);
+    if (!doc) fprintf(stderr, "not JSON:\n%s\n%s\n", out, err);
+    assert_non_null(doc);
+    free(out), free(err);
+    return doc;
+}
+
+/* "-m TEXT --mmproj MMPROJ ..." for golden/arch's random-weight Qwen 3.5
+ * with its qwen3vl projector. */
+static void vision_server_args(char *buf, size_t cap, const char *more) {
+    char model[1024];
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen35-F16.gguf"));
+    snprintf(buf, cap, "-m '%s' --mmproj '%s' --chat-template chatml -t 2 --ctx 4096 %s", model,
+             tu_shared("golden/arch/mmproj-qwen3vl-F32.gguf"), more);
+}
+
+static json_t *step_of(json_t *target, int session, int step) {
+    json_t *s = json_array_get(json_object_get(target, "sessions"), (size_t)session);
+    return json_array_get(json_object_get(s, "steps"), (size_t)step);
+}
+
+/* Every step of a target's one session: all screenshots kept as images,
+ * exactly the new one encoded (kettle's /metrics), the encoder's time
+ * inside the wait for the first token, TTFT within the step time within
+ * the command's time, the prompt growing, and the earlier history (the
+ * last step's whole prompt) served from the prefix cache. */
+static void check_shots_steps(json_t *tg, int n_steps, int action_ms, double wall_ms) {
+    double sum = 0;
+    for (int t = 0; t < n_steps; t++) {
+        json_t *x = step_of(tg, 0, t), *prev = t ? step_of(tg, 0, t - 1) : NULL;
+        double ttft = num(x, "ttft_ms"), ms = num(x, "step_ms"), enc = num(x, "encode_ms");
+        double prompt = num(x, "prompt_tokens"), cached = num(x, "cached_tokens");
+        printf("  %s step %d: %.0f prompt tokens, %.0f cached, encode %.1f ms, TTFT %.1f ms, step %.1f ms\n",
+               json_string_value(json_object_get(tg, "target")), t + 1, prompt, cached, enc, ttft, ms);
+        assert_int_equal(json_integer_value(json_object_get(x, "step")), t + 1);
+        assert_int_equal(json_integer_value(json_object_get(x, "images")), t + 1);
+        assert_int_equal(json_integer_value(json_object_get(x, "encodes")), 1);
+        assert_true(json_is_integer(json_object_get(x, "cached_tokens")));
+        assert_true(enc > 0 && enc <= ttft);
+        assert_true(ttft > 0 && ttft <= ms && ms <= wall_ms);
+        if (prev && prompt <= num(prev, "prompt_tokens")) fail_msg("step %d: the prompt did not grow", t + 1);
+        if (prev && cached < num(prev, "prompt_tokens"))
+            fail_msg("step %d: %.0f tokens cached; step %d's %.0f should all be", t + 1, cached, t,
+                     num(prev, "prompt_tokens"));
+        sum += ms;
+    }
+    json_t *per = json_object_get(tg, "per_step");
+    assert_int_equal(json_array_size(per), (size_t)n_steps);
+    assert_true(num(json_array_get(per, (size_t)n_steps - 1), "encodes_mean") == 1);
+    assert_int_equal(json_integer_value(json_object_get(tg, "steps_done")), n_steps);
+    double task = num(json_array_get(json_object_get(tg, "sessions"), 0), "task_ms");
+    assert_true(task >= sum + (n_steps - 1) * action_ms && task <= wall_ms); /* steps and actions in turn */
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(tg, "step_ms"), "samples")), n_steps);
+}
+
+/* The prepared step: after each step but the last, a max_tokens 0 request
+ * of the history with the reply just given; it encodes nothing (every
+ * screenshot in it was seen), and the next step finds that prompt in the
+ * prefix cache but for its tail: the generation prompt the next step does
+ * not have (<|im_start|>assistant\n, 3 tokens) and the cache's last
+ * partial block (16 tokens). */
+static void check_prepared(json_t *tg, int n_steps) {
+    assert_true(json_is_true(json_object_get(tg, "prepare")));
+    for (int t = 0; t < n_steps; t++) {
+        json_t *x = step_of(tg, 0, t), *p = json_object_get(x, "prepared");
+        if (t == n_steps - 1) {
+            assert_true(json_is_null(p));
+            continue;
+        }
+        double pp = num(p, "prompt_tokens"), next_cached = num(step_of(tg, 0, t + 1), "cached_tokens");
+        printf("  prepared after step %d: %.1f ms, %.0f prompt tokens; step %d then had %.0f cached\n", t + 1,
+               num(p, "ms"), pp, t + 2, next_cached);
+        assert_true(num(p, "ms") > 0);
+        assert_int_equal(json_integer_value(json_object_get(p, "encodes")), 0);
+        assert_true(pp > num(x, "prompt_tokens"));
+        assert_true(next_cached >= pp - 3 - 16);
+    }
+    json_t *later = json_object_get(tg, "ttft_later_ms"), *prep = json_object_get(tg, "prepare_ms");
+    assert_int_equal(json_integer_value(json_object_get(later, "samples")), n_steps - 1);
+    assert_int_equal(json_integer_value(json_object_get(prep, "samples")), n_steps - 1);
+    assert_true(num(later, "p50") > 0);
+}
+
+static void test_shots_end_to_end(void **state) {
+    (void)state;
+    char args[4096];
+    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --prepare --action-ms 50");
+    double wall;
+    json_t *doc = shots_json(args, 0, &wall);
+    assert_string_equal(json_string_value(json_object_get(doc, "mode")), "screenshots");
+    json_t *tgs = json_object_get(doc, "targets");
+    assert_int_equal(json_array_size(tgs), 2); /* plain, then with the prepared step */
+    for (size_t i = 0; i < 2; i++) {
+        json_t *tg = json_array_get(tgs, i);
+        assert_true(json_is_null(json_object_get(tg, "failed")));
+        check_shots_steps(tg, 3, 50, wall);
+    }
+    assert_true(json_is_false(json_object_get(json_array_get(tgs, 0), "prepare")));
+    check_prepared(json_array_get(tgs, 1), 3);
+    assert_int_equal(json_array_size(json_object_get(doc, "ratios")), 1);
+    json_decref(doc);
+    /* --keep-screens 1: one image per request, the older ones as text; the
+     * history after a dropped screenshot is no longer a prefix the cache
+     * has, unless the prepared step sent it, dropped, during the action */
+    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --keep-screens 1 --action-ms 0 --prepare");
+    doc = shots_json(args, 0, &wall);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *tg = json_array_get(json_object_get(doc, "targets"), i);
+        for (int t = 0; t < 3; t++) {
+            json_t *x = step_of(tg, 0, t), *p = json_object_get(x, "prepared");
+            assert_int_equal(json_integer_value(json_object_get(x, "images")), 1);
+            assert_int_equal(json_integer_value(json_object_get(x, "encodes")), 1);
+            if (i == 0 || t == 2) continue;
+            assert_int_equal(json_integer_value(json_object_get(p, "encodes")), 0);
+            double next_cached = num(step_of(tg, 0, t + 1), "cached_tokens");
+            printf("  --keep-screens 1: prepared after step %d, %.0f prompt tokens; step %d then had %.0f cached\n",
+                   t + 1, num(p, "prompt_tokens"), t + 2, next_cached);
+            assert_true(next_cached >= num(p, "prompt_tokens") - 3 - 16);
+        }
+        if (i == 0) assert_true(num(step_of(tg, 0, 2), "cached_tokens") < num(step_of(tg, 0, 1), "prompt_tokens"));
+    }
+    json_decref(doc);
+}
+
+/* A llama-server-like fake: no /metrics, and max_tokens 0 refused; a
+ * request with a kettle-only field is refused too, so the test sees it. */
+static void fake_shots(int c, const char *req, void *arg) {
+    (void)arg;
+    static const char HEAD[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+    static const char ACTION[] = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+                                 "\"{\\\"action\\\":\\\"click\\\",\\\"x\\\":5,\\\"y\\\":6}\"}}]}\n\n"
+                                 "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+                                 "data: [DONE]\n\n";
+    const char *body = strstr(req, "\r\n\r\n"), *refusal = NULL;
+    if (strstr(req, "GET /metrics")) refusal = "404 Not Found";
+    else if (body && (strstr(body, "ignore_eos") || strstr(body, "cache_prompt") || strstr(body, "kettle")))
+        refusal = "400 Bad Request";
+    else if (body && strstr(body, "\"max_tokens\":0")) refusal = "400 Bad Request";
+    if (!refusal) {
+        (void)!write(c, HEAD, sizeof HEAD - 1);
+        (void)!write(c, ACTION, sizeof ACTION - 1);
+        return;
+    }
+    char out[512];
+    const char *msg = strstr(refusal, "404") ? "" : strstr(body, "\"max_tokens\":0") ?
+        "{\"error\":{\"message\":\"max_tokens must be at least 1\"}}" : "{\"error\":{\"message\":\"unknown field\"}}";
+    int n = snprintf(out, sizeof out, "HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n%s", refusal, strlen(msg), msg);
+    (void)!write(c, out, (size_t)n);
+}
+
+static void test_shots_other_server(void **state) {
+    (void)state;
+    int port;
+    pid_t pid = tu_fake_server_start(fake_shots, NULL, false, &port);
+    char args[512];
+    snprintf(args, sizeof args, "--url http://127.0.0.1:%d --steps 2 --screen 160x120 --prepare --action-ms 0", port);
+    double wall;
+    json_t *doc = shots_json(args, 1, &wall); /* the prepared run failed: status 1, and the report */
+    tu_fake_server_stop(pid);
+    json_t *a = json_array_get(json_object_get(doc, "targets"), 0), *b = json_array_get(json_object_get(doc, "targets"), 1);
+    assert_true(json_is_null(json_object_get(a, "failed")));
+    assert_int_equal(json_integer_value(json_object_get(a, "steps_done")), 2);
+    assert_int_equal(json_integer_value(json_object_get(a, "valid_actions")), 2);
+    assert_true(json_is_null(json_object_get(a, "encode_ms"))); /* no /metrics: not known, not 0 */
+    assert_true(json_is_null(json_object_get(step_of(a, 0, 0), "encode_ms")));
+    assert_true(json_is_null(json_object_get(step_of(a, 0, 0), "cached_tokens")));
+    const char *why = json_string_value(json_object_get(b, "failed"));
+    assert_non_null(why);
+    assert_non_null(strstr(why, "session 1, step 1/2, the prepared request (max_tokens 0): HTTP 400"));
+    assert_non_null(strstr(why, "max_tokens must be at least 1"));
+    json_decref(doc);
+}
+
+static void test_shots_failures(void **state) {
+    (void)state;
+    char args[4096];
+    /* a server without a vision projector: the step's 400, named */
+    snprintf(args, sizeof args, "-m '%s' -t 2 --screenshots --steps 2 --screen 160x120 --action-ms 0",
+             tu_shared("models/stories260K.gguf"));
+    expect_failure(args, 1, "FAILED: session 1, step 1/2: HTTP 400", NULL);
+    expect_failure("--url http://x --steps 3", 2, "--steps needs --screenshots", NULL);
+    expect_failure("--url http://x --prepare", 2, "--prepare needs --screenshots", NULL);
+    expect_failure("--url http://x --screenshots --turns 3", 2, "--turns is not for --screenshots", NULL);
+    expect_failure("--url http://x --screenshots --screen 100x100", 2, "--screen takes WIDTHxHEIGHT", NULL);
+    expect_failure("--url http://x --screenshots --screen 1280x720x3", 2, "--screen takes WIDTHxHEIGHT", NULL);
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s bench agent --help", KT_BIN);
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    const char *opts[] = {"--screenshots", "--steps", "--screen", "--keep-screens", "--action-ms", "--prepare",
+                          "--mmproj"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) assert_non_null(strstr(out, opts[i]));
+    free(out);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN); /* the fake server writes to clients that may have gone */
     const struct CMUnitTest tests[] = {
@@ -777,6 +1210,14 @@ int main(void) {
         cmocka_unit_test(test_end_to_end_replay),
         cmocka_unit_test(test_failures),
         cmocka_unit_test(test_timing_units),
+        cmocka_unit_test(test_screens),
+        cmocka_unit_test(test_base64),
+        cmocka_unit_test(test_shots_history),
+        cmocka_unit_test(test_action_valid),
+        cmocka_unit_test(test_shots_stats_reports),
+        cmocka_unit_test(test_shots_end_to_end),
+        cmocka_unit_test(test_shots_other_server),
+        cmocka_unit_test(test_shots_failures),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

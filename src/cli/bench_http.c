@@ -29,12 +29,14 @@
 static const char *const SERVER_OPTS[] = {
     "-t",           "--threads", "--ctx",         "--parallel",      "--kv-mb",        "--batch-tokens",
     "--queue",      "--kv-type", "--http-threads", "--load",         "--itl-stretch",  "--chat-template",
-    "--prefix-cache", "--cache-dir", "--cache-disk-mb", "--max-stall-ms", "--state-cache-mb"};
+    "--prefix-cache", "--cache-dir", "--cache-disk-mb", "--max-stall-ms", "--state-cache-mb",
+    "--mmproj"};
 
 const char BH_SERVER_OPTS_USAGE[] =
     "                       passed on to it: -t/--threads, --ctx, --parallel, --kv-mb, --batch-tokens,\n"
     "                       --queue, --kv-type, --http-threads, --load, --itl-stretch, --chat-template,\n"
-    "                       --prefix-cache, --cache-dir, --cache-disk-mb, --max-stall-ms, --state-cache-mb\n";
+    "                       --prefix-cache, --cache-dir, --cache-disk-mb, --max-stall-ms, --state-cache-mb,\n"
+    "                       --mmproj\n";
 
 int bh_take_server_opt(const char *cmd, int argc, char **argv, int *i, const char **args, int *n_args) {
     for (size_t k = 0; k < sizeof SERVER_OPTS / sizeof SERVER_OPTS[0]; k++) {

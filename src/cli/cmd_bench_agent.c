@@ -25,6 +25,10 @@
  * Every failure (unreachable server, non-200, a malformed stream, one that
  * ends before [DONE], nothing received for --timeout seconds) names the
  * server, the session and the turn, and makes the exit status 1.
+ *
+ * --screenshots is another workload, the loop of a computer-use agent,
+ * with its own driver (bench_agent_shots_run.c): this file parses its
+ * options and hands it the servers.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -34,6 +38,8 @@
 
 #include "base/timing.h"
 #include "cli/bench_agent.h"
+#include "cli/bench_agent_shots.h"
+#include "cli/bench_screens.h"
 #include "cli/bench_http.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -55,9 +61,20 @@ typedef struct ba_opts {
     int replay_limit, rounds, timeout_s, seed;
     bool native_tools, tools_in_system;
     const char *synth_only; /* the first option given that only the synthetic workload takes */
-    bool turns_set;
+    bool turns_set, gen_set, sessions_set;
+    /* --screenshots: the computer-use loop (bench_agent_shots.h) */
+    bool screenshots, prepare;
+    int steps, keep_screens, action_ms, screen_w, screen_h;
+    const char *shots_only; /* the first option given that only --screenshots takes */
+    const char *not_shots;  /* the first option given that --screenshots does not take */
     bs_fmt fmt;
 } ba_opts;
+
+/* The options --screenshots has no use for (its requests are its own). */
+static const char *const NOT_SHOTS[] = {"--turns", "--system-tokens", "--doc-tokens", "--tool-tokens",
+                                        "--tools-in-system", "--replay", "--replay-limit", "--replay-tools",
+                                        "--tool-format", "--tool-choice", "--logit-bias", "--rounds",
+                                        "--session-header", "--svg", "--concurrency"};
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -108,6 +125,24 @@ static void usage(FILE *out) {
             "  --timeout S          fail a turn that receives nothing for S seconds (default 120)\n"
             "  --md | --csv | --json  output (default md; csv: one row per turn measured)\n"
             "  --svg FILE           also plot TTFT p50/p95 and prompt/cached tokens per turn\n"
+            "computer-use screenshots (a server with a vision projector: kettle serve --mmproj, or -m with\n"
+            "--mmproj FILE; llama-server --mmproj):\n"
+            "  --screenshots        each step sends a new synthetic desktop screenshot (PNG, deterministic)\n"
+            "                       with the history of earlier screenshots and actions, and asks for one\n"
+            "                       action as JSON under a schema (click/type/key/scroll/done, x, y, text);\n"
+            "                       reports per step the screenshot-to-action time (request sent .. action\n"
+            "                       parsed), TTFT, image encode ms (the target's /metrics; '-' where it has\n"
+            "                       none), cached prompt tokens, and the task time, p50/p95\n"
+            "  --steps N            steps per session (default 10)\n"
+            "  --sessions N         sessions, one after another, each with its own screens (default 1)\n"
+            "  --screen WxH         screenshot size, e.g. 1280x720 (default) or 1920x1080 (160x120 .. 3840x2160)\n"
+            "  --keep-screens K     only the last K screenshots stay images in the history; older ones become\n"
+            "                       \"" BA_SHOT_OMITTED "\" (default: all kept)\n"
+            "  --action-ms MS       the agent executing an action before the next capture (default 300)\n"
+            "  --prepare            also run each server with the prepared step: during the action, the\n"
+            "                       conversation so far goes out as a max_tokens 0 request, so the next step\n"
+            "                       only prefills its new screenshot; reported as its own target (+prepare)\n"
+            "  --seed N, --gen-tokens N (default 48), --model-name, --api-key, --timeout, --md/--csv/--json\n"
             "Exit status 1 on any failed turn (the message names server, session and turn), 2 on usage.\n",
             BH_SERVER_OPTS_USAGE);
 }
@@ -131,7 +166,7 @@ typedef struct int_opt {
     const char *name;
     long lo, hi;
     int *dst;
-    bool synth_only, tokens;
+    bool synth_only, tokens, shots_only;
 } int_opt;
 
 static int take_int(int argc, char **argv, int *i, const int_opt *io, ba_opts *o) {
@@ -141,7 +176,30 @@ static int take_int(int argc, char **argv, int *i, const int_opt *io, ba_opts *o
     bool ok = io->tokens ? parse_tokens(v, io->lo, io->hi, io->dst) : cli_parse_int(v, io->lo, io->hi, io->dst);
     if (!ok) return cli_usage_error(CMD, "invalid value '%s' for %s (%ld..%ld)", v, io->name, io->lo, io->hi);
     if (io->synth_only && !o->synth_only) o->synth_only = io->name;
+    if (io->shots_only && !o->shots_only) o->shots_only = io->name;
     if (io->dst == &o->turns) o->turns_set = true;
+    if (io->dst == &o->gen_tokens) o->gen_set = true;
+    if (io->dst == &o->sessions) o->sessions_set = true;
+    return 1;
+}
+
+/* --screenshots, --prepare and --screen WxH. */
+static int take_shots_flag(int argc, char **argv, int *i, ba_opts *o) {
+    if (!strcmp(argv[*i], "--screenshots")) return o->screenshots = true, 1;
+    if (!strcmp(argv[*i], "--prepare")) {
+        o->prepare = true;
+        if (!o->shots_only) o->shots_only = "--prepare";
+        return 1;
+    }
+    const char *v = NULL;
+    int r = cli_opt(CMD, argc, argv, i, "--screen", &v);
+    if (r <= 0) return r < 0 ? 2 : 0;
+    char tail;
+    if (sscanf(v, "%dx%d%c", &o->screen_w, &o->screen_h, &tail) != 2 || o->screen_w < BA_SCREEN_MIN_W ||
+        o->screen_h < BA_SCREEN_MIN_H || o->screen_w > BA_SCREEN_MAX_W || o->screen_h > BA_SCREEN_MAX_H)
+        return cli_usage_error(CMD, "--screen takes WIDTHxHEIGHT, %dx%d .. %dx%d, like 1280x720", BA_SCREEN_MIN_W,
+                               BA_SCREEN_MIN_H, BA_SCREEN_MAX_W, BA_SCREEN_MAX_H);
+    if (!o->shots_only) o->shots_only = "--screen";
     return 1;
 }
 
@@ -165,6 +223,7 @@ static int take_string(int argc, char **argv, int *i, ba_opts *o) {
         if (!o->synth_only) o->synth_only = "--tools-in-system";
         return 1;
     }
+    if ((r = take_shots_flag(argc, argv, i, o))) return r;
     if ((r = cli_opt(CMD, argc, argv, i, "--tool-format", &v))) {
         if (r < 0) return 2;
         if (strcmp(v, "text") && strcmp(v, "native")) return cli_usage_error(CMD, "--tool-format is text or native");
@@ -177,17 +236,20 @@ static int take_string(int argc, char **argv, int *i, ba_opts *o) {
 /* An option of the bench itself: 1 taken, 0 unknown, 2 usage error. */
 static int take_bench_opt(int argc, char **argv, int *i, ba_opts *o) {
     const int_opt ints[] = {
-        {"--sessions", 1, 4096, &o->sessions, true, false},
-        {"--concurrency", 1, 4096, &o->concurrency, false, false},
-        {"--turns", 1, 10000, &o->turns, false, false},
-        {"--system-tokens", 1, 1 << 21, &o->system_tokens, true, true},
-        {"--doc-tokens", 1, 1 << 21, &o->doc_tokens, true, true},
-        {"--tool-tokens", 1, 1 << 21, &o->tool_tokens, true, true},
-        {"--gen-tokens", 1, 1 << 20, &o->gen_tokens, false, true},
-        {"--seed", 0, 1 << 30, &o->seed, true, false},
-        {"--replay-limit", 1, 1 << 20, &o->replay_limit, false, false},
-        {"--rounds", 1, 1000, &o->rounds, false, false},
-        {"--timeout", 1, 86400, &o->timeout_s, false, false}};
+        {"--sessions", 1, 4096, &o->sessions, true, false, false},
+        {"--concurrency", 1, 4096, &o->concurrency, false, false, false},
+        {"--turns", 1, 10000, &o->turns, false, false, false},
+        {"--system-tokens", 1, 1 << 21, &o->system_tokens, true, true, false},
+        {"--doc-tokens", 1, 1 << 21, &o->doc_tokens, true, true, false},
+        {"--tool-tokens", 1, 1 << 21, &o->tool_tokens, true, true, false},
+        {"--gen-tokens", 1, 1 << 20, &o->gen_tokens, false, true, false},
+        {"--seed", 0, 1 << 30, &o->seed, true, false, false},
+        {"--replay-limit", 1, 1 << 20, &o->replay_limit, false, false, false},
+        {"--rounds", 1, 1000, &o->rounds, false, false, false},
+        {"--timeout", 1, 86400, &o->timeout_s, false, false, false},
+        {"--steps", 1, 10000, &o->steps, false, false, true},
+        {"--keep-screens", 1, 10000, &o->keep_screens, false, false, true},
+        {"--action-ms", 0, 3600000, &o->action_ms, false, false, true}};
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
         int r = take_int(argc, argv, i, &ints[k], o);
         if (r) return r;
@@ -195,8 +257,20 @@ static int take_bench_opt(int argc, char **argv, int *i, ba_opts *o) {
     return take_string(argc, argv, i, o);
 }
 
+/* --screenshots takes its own options and a few of the others. */
+static int check_shots_opts(ba_opts *o) {
+    if (!o->screenshots && o->shots_only) return cli_usage_error(CMD, "%s needs --screenshots", o->shots_only);
+    if (!o->screenshots) return 0;
+    if (o->not_shots) return cli_usage_error(CMD, "%s is not for --screenshots", o->not_shots);
+    if (!o->gen_set) o->gen_tokens = 48; /* an action: ~25 tokens of JSON, with room */
+    if (!o->sessions_set) o->sessions = 1;
+    return 0;
+}
+
 static int check_opts(ba_opts *o) {
     if (!o->n_urls == !o->model) return cli_usage_error(CMD, "give either --url URL (up to %d) or -m MODEL", MAX_URLS);
+    int r = check_shots_opts(o);
+    if (r) return r;
     if (o->n_urls && o->n_srv_args) return cli_usage_error(CMD, "server options (%s) need -m MODEL", o->srv_args[0]);
     if (o->api_key && !o->api_key[0]) return cli_usage_error(CMD, "--api-key must not be empty");
     if (o->session_header && (!o->session_header[0] || strpbrk(o->session_header, ": \t\r\n")))
@@ -218,10 +292,13 @@ static int check_opts(ba_opts *o) {
 
 static int parse_opts(int argc, char **argv, ba_opts *o) {
     *o = (ba_opts){.sessions = 4, .turns = 4, .system_tokens = 1100, .doc_tokens = 1300, .tool_tokens = 280,
-                   .gen_tokens = 32, .rounds = 1, .timeout_s = 120, .seed = 1};
+                   .gen_tokens = 32, .rounds = 1, .timeout_s = 120, .seed = 1, .steps = 10, .action_ms = 300,
+                   .screen_w = 1280, .screen_h = 720};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r;
+        for (size_t k = 0; !o->not_shots && k < sizeof NOT_SHOTS / sizeof NOT_SHOTS[0]; k++)
+            if (!strcmp(a, NOT_SHOTS[k])) o->not_shots = NOT_SHOTS[k];
         if (!strcmp(a, "--md")) o->fmt = BS_MD;
         else if (!strcmp(a, "--csv")) o->fmt = BS_CSV;
         else if (!strcmp(a, "--json")) o->fmt = BS_JSON;
@@ -550,6 +627,16 @@ static void set_targets(run_ctx *c, const char *server_url) {
     }
 }
 
+/* --screenshots: bench_agent_shots_run.c's loop against the servers. */
+static int run_shots(const run_ctx *c) {
+    const ba_opts *o = c->o;
+    ba_shots_opts so = {.steps = o->steps, .sessions = o->sessions, .keep_screens = o->keep_screens,
+                        .screen_w = o->screen_w, .screen_h = o->screen_h, .action_ms = o->action_ms,
+                        .gen_tokens = o->gen_tokens, .prepare = o->prepare, .seed = (uint64_t)o->seed,
+                        .model_name = o->model_name};
+    return ba_shots_main(&so, o->fmt, c->conns, c->names, c->n);
+}
+
 /* bh_run_bench's run: url is the started server's (none with --url). */
 static int run(void *ctx, const char *url, const bh_child *child) {
     run_ctx *c = ctx;
@@ -562,8 +649,12 @@ static int run(void *ctx, const char *url, const bh_child *child) {
         fprintf(stderr, "kettle %s: curl_multi_init failed\n", CMD);
         rc = 1;
     }
-    if (!rc && !w->n && !build_workload(c->o, &c->conns[0], w)) rc = 1; /* synthetic: sized by the first server */
-    if (!rc) rc = run_all(c, w, m);
+    if (!rc && c->o->screenshots) {
+        rc = run_shots(c);
+    } else {
+        if (!rc && !w->n && !build_workload(c->o, &c->conns[0], w)) rc = 1; /* synthetic: sized by the first server */
+        if (!rc) rc = run_all(c, w, m);
+    }
     if (m) curl_multi_cleanup(m);
     return rc;
 }
