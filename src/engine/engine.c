@@ -1773,7 +1773,8 @@ void kt_engine_free(kt_engine *e) {
     kv_pool_free(e->kv);
     llm_work_free(e->work);
     kt_pool_free(e->pool);
-    free(e->b_tokens), free(e->b_pos), free(e->b_seq), free(e->b_logits), free(e->b_hidden), free(e->hidden);
+    free(e->b_tokens), free(e->b_pos), free(e->b_pos4), free(e->b_embd), free(e->b_seq), free(e->b_logits), free(e->b_hidden), free(e->hidden);
+    kt_embd_cache_free(e->embd_cache);
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
     free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
     free(e->prefill_order);

@@ -95,6 +95,12 @@ static bool run_add_image(text_run *t, json_t *part, srv_error *e) {
     return !json_array_append_new(t->parts, part) || oom(e);
 }
 
+static void run_free(text_run *t) {
+    srv_buf_free(&t->buf);
+    json_decref(t->parts), json_decref(t->texts);
+    t->parts = t->texts = NULL;
+}
+
 static bool run_flush(text_run *t, json_t *msgs, const char *role, srv_error *e) {
     json_array_clear(t->texts);
     if (!t->any) return true;
@@ -139,8 +145,7 @@ static bool add_user_blocks(json_t *msgs, json_t *blocks, size_t i, srv_error *e
         if (!ok) break;
     }
     if (ok) ok = run_flush(&run, msgs, "user", e);
-    srv_buf_free(&run.buf);
-    json_decref(run.parts), json_decref(run.texts);
+    run_free(&run);
     return ok;
 }
 
@@ -194,7 +199,7 @@ static bool add_assistant_blocks(json_t *msgs, json_t *blocks, size_t i, srv_err
     if (ok && m && json_array_size(calls) && json_object_set(m, "tool_calls", calls)) json_decref(m), m = NULL;
     if (ok) ok = push(msgs, m, e);
     json_decref(calls);
-    srv_buf_free(&text.buf), srv_buf_free(&thinking.buf);
+    run_free(&text), run_free(&thinking);
     return ok;
 }
 
