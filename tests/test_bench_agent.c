@@ -1082,7 +1082,7 @@ static void check_prepared(json_t *tg, int n_steps) {
 static void test_shots_end_to_end(void **state) {
     (void)state;
     char args[4096];
-    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --prepare --action-ms 50");
+    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --gen-tokens 12 --prepare --action-ms 50");
     double wall;
     json_t *doc = shots_json(args, 0, &wall);
     assert_string_equal(json_string_value(json_object_get(doc, "mode")), "screenshots");
@@ -1100,7 +1100,7 @@ static void test_shots_end_to_end(void **state) {
     /* --keep-screens 1: one image per request, the older ones as text; the
      * history after a dropped screenshot is no longer a prefix the cache
      * has, unless the prepared step sent it, dropped, during the action */
-    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --keep-screens 1 --action-ms 0 --prepare");
+    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --gen-tokens 12 --keep-screens 1 --action-ms 0 --prepare");
     doc = shots_json(args, 0, &wall);
     for (size_t i = 0; i < 2; i++) {
         json_t *tg = json_array_get(json_object_get(doc, "targets"), i);

@@ -333,7 +333,7 @@ static kt_engine *vision_engine(kt_model *m, int batch_tokens) {
  * one value different shares the blocks before the image only. */
 static void check_engine_images(const char *T, const char *model_file, bool eps0) {
     static vreq v, v2;
-    vreq_load(&v, T, "F32", "photo");
+    vreq_load(&v, T, "F32", TU_SANITIZED ? "tiny" : "photo"); /* a sanitized build: the 12-token image */
     kt_model *m = load_text_model(model_file, eps0);
     kt_engine *e = vision_engine(m, 64);
     static tu_eng_out alone, again, beside, text_alone, text_beside, other;
