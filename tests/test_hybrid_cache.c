@@ -15,11 +15,7 @@
 #include "engine/engine.h"
 #include "testutil.h"
 
-typedef struct out {
-    int32_t tokens[64];
-    float logprobs[64];
-    int n;
-} out;
+typedef tu_eng_out out;
 
 static kt_model *g_f32, *g_q4;
 
@@ -75,21 +71,9 @@ static kt_request *submit(kt_engine *e, const int32_t *ids, int n, int max_token
     return r;
 }
 
+/* Every token of r (one choice) into o: testutil's engine drain. */
 static kt_request_usage drain(kt_request *r, out *o) {
-    memset(o, 0, sizeof *o);
-    kt_event ev;
-    int rc;
-    while ((rc = kt_request_wait(r, &ev, 60000)) == 1) {
-        if (ev.finish == KT_FINISH_ERROR) fail_msg("engine error: %s", ev.error);
-        if (ev.token < 0) continue;
-        assert_true(o->n < 64);
-        o->logprobs[o->n] = ev.logprob.logprob;
-        o->tokens[o->n++] = ev.token;
-    }
-    assert_int_equal(rc, -1);
-    kt_request_usage u = kt_request_get_usage(r);
-    kt_request_free(r);
-    return u;
+    return tu_eng_drain(r, o, 1);
 }
 
 static kt_request_usage run(kt_engine *e, const int32_t *ids, int n, int max_tokens, float temperature, out *o) {
