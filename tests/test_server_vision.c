@@ -169,6 +169,15 @@ static void test_bad_images(void **state) {
     expect_error(&S, "/v1/chat/completions",
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"look: <__media__>\"}],\"max_tokens\":2}", 400,
                  "stands for an image");
+    /* more image tokens than the context holds: refused before the rest are decoded */
+    char *photo = data_url("golden/arch/image-photo.jpg", 0);
+    json_t *parts = json_array();
+    for (int i = 0; i < 14; i++) /* 160 tokens each, 2048 in the context */
+        json_array_append_new(parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", photo));
+    json_t *many = json_pack("{s:[{s:s, s:o}], s:i}", "messages", "role", "user", "content", parts, "max_tokens", 2);
+    char *mb = json_dumps(many, JSON_COMPACT);
+    expect_error(&S, "/v1/chat/completions", mb, 400, "the context holds 2048");
+    json_decref(many), free(mb), free(photo);
     reply r = get(&S, "/health");
     assert_int_equal(r.status, 200);
     free(r.body);

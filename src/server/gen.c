@@ -458,6 +458,14 @@ static enum MHD_Result start_stream(srv_conn *c) {
     return q;
 }
 
+/* The class's tower and image limits, the images of a request bounded by
+ * its engine's context (the class is loaded: its engine is there). */
+static srv_vision_env class_vision(const srv_class *k) {
+    srv_vision_env v = k->vis;
+    if (k->engine) v.max_tokens = kt_engine_get_params(k->engine)->n_ctx;
+    return v;
+}
+
 /* Translate, validate, tokenize, submit (the body parsed and routed, the
  * class loaded); on success the connection owns a request. */
 static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
@@ -475,7 +483,8 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     if (c->dialect && c->gen.n_choices != 1)
         return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
-    int n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &k->vis, &ids, e);
+    const srv_vision_env vis = class_vision(k);
+    int n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &vis, &ids, e);
     if (n < 0) return false;
     c->n_prompt = n;
     if (k->results && srv_result_cacheable(&c->gen) && !c->gen.n_images) { /* image tokens are placeholders in ids */
@@ -609,7 +618,8 @@ enum MHD_Result srv_count_tokens(srv_conn *c) {
         const srv_class *k = c->cls;
         c->have_gen = true;
         c->gen.notes = &c->notes;
-        n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &k->vis, &ids, &e);
+        const srv_vision_env vis = class_vision(k);
+        n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &vis, &ids, &e);
     }
     free(ids);
     if (n < 0) return srv_respond_error(c, &e);

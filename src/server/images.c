@@ -88,17 +88,23 @@ static bool load_one(const char *url, size_t url_len, int i, kt_vision *v, const
     return true;
 }
 
-bool srv_images_load(srv_gen_req *r, kt_vision *v, const kt_image_limits *lim, srv_error *e) {
+bool srv_images_load(srv_gen_req *r, kt_vision *v, const kt_image_limits *lim, int max_tokens, srv_error *e) {
     const size_t n = json_array_size(r->image_urls);
     if (n == 0) return true;
     if (!v) /* the parser collects URLs only for a model with a tower */
         return srv_fail(e, 400, INVALID, "messages", NULL, "the model takes no images (start kettle with --mmproj FILE)");
+    long tokens = 0;
     if (!(r->images = calloc(n, sizeof *r->images)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *u = json_array_get(r->image_urls, i);
         if (!load_one(json_string_value(u), json_string_length(u), (int)i, v, lim, &r->images[i], e)) return false;
         r->n_images = (int)i + 1;
+        /* the images' pixels wait for the engine: bounded by what a context can hold */
+        tokens += (long)r->images[i].grid_x * r->images[i].grid_y;
+        if (max_tokens > 0 && tokens > max_tokens)
+            return srv_fail(e, 400, INVALID, "messages", "context_length_exceeded", "the images up to image %zu take "
+                            "%ld tokens; the context holds %d", i, tokens, max_tokens);
     }
     return true;
 }
