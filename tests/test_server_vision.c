@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "fake_server.h"
 #include "server_util.h"
 #include "testutil.h"
 
@@ -183,12 +185,60 @@ static void test_bad_images(void **state) {
     free(r.body);
 }
 
+/* --allow-image-urls: an http URL is fetched (the same tokens as its data:
+ * URL), a missing one and one over the byte limit are 400s naming why;
+ * without the flag the URL is refused naming it. */
+static void serve_png(int fd, const char *req, void *arg) {
+    (void)arg;
+    size_t n;
+    char *png = tu_read_file(tu_shared("golden/arch/image-tiny.png"), &n);
+    char head[256];
+    const bool big = strstr(req, "GET /big") != NULL, found = big || strstr(req, "GET /tiny.png") != NULL;
+    const size_t len = big ? 64 * 1024 : n;
+    int k = snprintf(head, sizeof head, "HTTP/1.1 %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                     found ? "200 OK" : "404 Not Found", found ? len : 0);
+    if (write(fd, head, (size_t)k) != k) return;
+    for (size_t sent = 0; found && sent < len; sent += n)
+        if (write(fd, png, n < len - sent ? n : len - sent) < 0) break;
+    free(png);
+}
+
+static void test_image_urls(void **state) {
+    (void)state;
+    int port;
+    pid_t fake = tu_fake_server_start(serve_png, NULL, true, &port);
+    char args[2048], model[1024], url[128];
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen35-F16.gguf"));
+    snprintf(args, sizeof args, "--mmproj '%s' --chat-template chatml --ctx 2048 --parallel 2 --allow-image-urls "
+             "--image-max-bytes 32768", tu_shared("golden/arch/mmproj-qwen3vl-F32.gguf"));
+    server f = start_server_model("server_vision_urls", model, args);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/tiny.png", port);
+    char *body = chat_body(url, NULL), *ref = chat_body(image_url, NULL);
+    json_t *a = post_ok(&f, "/v1/chat/completions", body), *b = post_ok(&S, "/v1/chat/completions", ref);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(a, "usage"), "prompt_tokens")),
+                     json_integer_value(json_object_get(json_object_get(b, "usage"), "prompt_tokens")));
+    assert_string_equal(content_of(a), content_of(b));
+    expect_error(&S, "/v1/chat/completions", body, 400, "--allow-image-urls");
+    free(body), json_decref(a), json_decref(b);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/missing.png", port);
+    body = chat_body(url, NULL);
+    expect_error(&f, "/v1/chat/completions", body, 400, "fetching");
+    free(body);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/big", port);
+    body = chat_body(url, NULL);
+    expect_error(&f, "/v1/chat/completions", body, 400, "over 32768 bytes");
+    free(body), free(ref);
+    stop_server(&f);
+    tu_fake_server_stop(fake);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_image_counted_and_cached),
         cmocka_unit_test(test_prefill_only),
         cmocka_unit_test(test_dialects),
         cmocka_unit_test(test_bad_images),
+        cmocka_unit_test(test_image_urls),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

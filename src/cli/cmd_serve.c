@@ -57,6 +57,7 @@ typedef struct serve_opts {
     const char *draft;      /* --draft PATH */
     const char *mmproj;     /* --mmproj PATH */
     int image_max_bytes, image_max_side, image_max_pixels; /* --image-max-*: 0 the defaults */
+    bool allow_image_urls;  /* --allow-image-urls */
     int draft_max;          /* --draft-max K */
     bool spec_fixed;        /* --spec-fixed */
     serve_class classes[SERVE_MAX_CLASSES]; /* --model NAME=PATH,... and --config's, then -m's one */
@@ -198,6 +199,8 @@ static void usage(FILE *out) {
             "      --image-max-bytes N, --image-max-side N, --image-max-pixels N\n"
             "                          what one image may be: encoded bytes (default 20 MiB), width and\n"
             "                          height (16384), decoded pixels (40 million); beyond, a 400 naming it\n"
+            "      --allow-image-urls  fetch http(s) image URLs (at most --image-max-bytes, 10 s, 3\n"
+            "                          redirects; default: only data: URLs are taken)\n"
             "      --spec-fixed        verify every proposal found (no adaptive k; for benchmarks)\n"
             "      --embeddings[=P]    answer /v1/embeddings with a generative model too: its last\n"
             "                          hidden states pooled by P, mean (default), last or cls. A file\n"
@@ -288,6 +291,7 @@ static int take_option(int argc, char **argv, int *i, serve_opts *o) {
     if (!strcmp(argv[*i], "--no-webui")) return o->no_webui = true, 1;
     if (!strcmp(argv[*i], "--strict-max-tokens")) return o->strict_max_tokens = true, 1;
     if (!strcmp(argv[*i], "--spec-fixed")) return o->spec_fixed = true, 1;
+    if (!strcmp(argv[*i], "--allow-image-urls")) return o->allow_image_urls = true, 1;
     if (!strcmp(argv[*i], "--embeddings")) return o->embeddings = "", 1;
     if (!strncmp(argv[*i], "--embeddings=", 13)) {
         o->embeddings = argv[*i] + 13;
@@ -545,6 +549,7 @@ static srv_config server_config(const serve_opts *o) {
     if (o->image_max_side) lim.max_side = o->image_max_side;
     if (o->image_max_pixels) lim.max_pixels = o->image_max_pixels;
     return (srv_config){.host = o->host, .port = o->port, .api_key = o->api_key, .image_limits = lim,
+                        .allow_image_urls = o->allow_image_urls,
                         .strict_model_names = o->strict_model_names, .http_threads = o->http_threads,
                         .http_timeout_s = o->http_timeout_s, .max_connections = o->max_connections,
                         .sse_keepalive_ms = o->sse_keepalive_ms, .log_format = o->log_format, .no_webui = o->no_webui};

@@ -66,6 +66,7 @@ typedef struct srv_config {
                                 * server expect; with several, an unknown name is always a 404) */
     size_t max_body;           /* request bodies above this get 413; 0: 8 MiB (128 MiB with a vision tower) */
     kt_image_limits image_limits; /* what one image may be (max_bytes 0: kt_image_limits_default) */
+    bool allow_image_urls;     /* http(s) image URLs are fetched (10 s, the byte limit, 3 redirects) */
     int http_threads;          /* MHD worker threads; <= 0: 4 */
     int http_timeout_s;        /* a request must arrive whole within this many seconds of its connection opening
                                 * or the previous answer ending, and an idle connection closes after it

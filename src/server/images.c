@@ -13,6 +13,7 @@
  * libmtmd lays out a Qwen-VL prompt. Every failure is a 400 naming the
  * image and what is wrong with it.
  */
+#include <curl/curl.h>
 #include <nettle/base64.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 #include "vision/vision.h"
 
 #define INVALID "invalid_request_error"
+#define SRV_IMAGE_FETCH_S 10 /* --allow-image-urls: one image's fetch, redirects included */
 
 void srv_images_free(srv_gen_req *r) {
     for (int i = 0; i < r->n_images; i++)
@@ -32,12 +34,67 @@ void srv_images_free(srv_gen_req *r) {
     r->images = NULL, r->n_images = 0;
 }
 
-/* The bytes of a base64 data: URL (malloc'd), or NULL with e filled. */
-static uint8_t *data_url_bytes(const char *url, size_t url_len, int i, const kt_image_limits *lim, size_t *n,
-                               srv_error *e) {
-    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))
-        return srv_fail(e, 400, INVALID, "messages", NULL, "image %d: kettle does not fetch image URLs; send the "
-                        "image as a data: URL (data:image/png;base64,...)", i), NULL;
+/* A fetch's body, cut off past its cap. */
+typedef struct fetch_buf {
+    uint8_t *data;
+    size_t len, cap;
+    bool too_big;
+} fetch_buf;
+
+static size_t fetch_write(char *p, size_t size, size_t n, void *user) {
+    fetch_buf *b = user;
+    const size_t add = size * n;
+    if (add > b->cap - b->len) return b->too_big = true, 0; /* aborts the transfer */
+    if (!b->data && !(b->data = malloc(b->cap ? b->cap : 1))) return 0;
+    memcpy(b->data + b->len, p, add);
+    b->len += add;
+    return add;
+}
+
+/* An http(s) image URL fetched (--allow-image-urls): at most the image
+ * byte limit, SRV_IMAGE_FETCH_S seconds, 3 redirects, http and https
+ * only. NULL with e filled, naming what failed. */
+static uint8_t *fetch_url(const char *url, int i, const kt_image_limits *lim, size_t *n, srv_error *e) {
+    CURL *h = curl_easy_init();
+    fetch_buf b = {.cap = lim->max_bytes};
+    long status = 0;
+    if (!h) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(h, CURLOPT_MAXREDIRS, 3L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, (long)SRV_IMAGE_FETCH_S);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, fetch_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    CURLcode rc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(h);
+    if (b.too_big) {
+        free(b.data);
+        return srv_fail(e, 400, INVALID, "messages", NULL, "image %d: %.200s is over %zu bytes (--image-max-bytes)", i,
+                        url, lim->max_bytes), NULL;
+    }
+    if (rc != CURLE_OK || status != 200) {
+        free(b.data);
+        return srv_fail(e, 400, INVALID, "messages", NULL, "image %d: fetching %.200s failed: %s", i, url,
+                        rc != CURLE_OK ? curl_easy_strerror(rc) : status ? "the server answered an error status"
+                                                                        : "no answer"), NULL;
+    }
+    *n = b.len;
+    return b.data ? b.data : calloc(1, 1);
+}
+
+/* The bytes of a base64 data: URL (malloc'd), or of a fetched http(s) URL
+ * where the server allows it; NULL with e filled. */
+static uint8_t *data_url_bytes(const char *url, size_t url_len, int i, const kt_image_limits *lim, bool fetch,
+                               size_t *n, srv_error *e) {
+    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
+        if (fetch && strlen(url) == url_len) return fetch_url(url, i, lim, n, e);
+        return srv_fail(e, 400, INVALID, "messages", NULL, "image %d: kettle fetches no image URLs unless started with "
+                        "--allow-image-urls; send the image as a data: URL (data:image/png;base64,...)", i), NULL;
+    }
     const char *comma = strncmp(url, "data:", 5) ? NULL : memchr(url, ',', url_len);
     if (!comma)
         return srv_fail(e, 400, INVALID, "messages", NULL, "image %d: the URL is not a data: URL "
@@ -63,10 +120,12 @@ static uint8_t *data_url_bytes(const char *url, size_t url_len, int i, const kt_
 }
 
 /* Image i: decoded, preprocessed for the tower, hashed. */
-static bool load_one(const char *url, size_t url_len, int i, kt_vision *v, const kt_image_limits *lim,
-                     kt_prompt_image *out, srv_error *e) {
+static bool load_one(const char *url, size_t url_len, int i, const srv_vision_env *env, kt_prompt_image *out,
+                     srv_error *e) {
     size_t n = 0;
-    uint8_t *bytes = data_url_bytes(url, url_len, i, lim, &n, e);
+    kt_vision *v = env->vision;
+    const kt_image_limits *lim = &env->limits;
+    uint8_t *bytes = data_url_bytes(url, url_len, i, lim, env->fetch_urls, &n, e);
     if (!bytes) return false;
     kt_image img = {0};
     kt_error err = {0};
@@ -88,17 +147,18 @@ static bool load_one(const char *url, size_t url_len, int i, kt_vision *v, const
     return true;
 }
 
-bool srv_images_load(srv_gen_req *r, kt_vision *v, const kt_image_limits *lim, int max_tokens, srv_error *e) {
+bool srv_images_load(srv_gen_req *r, const srv_vision_env *env, srv_error *e) {
     const size_t n = json_array_size(r->image_urls);
+    const int max_tokens = env ? env->max_tokens : 0;
     if (n == 0) return true;
-    if (!v) /* the parser collects URLs only for a model with a tower */
+    if (!env || !env->vision) /* the parser collects URLs only for a model with a tower */
         return srv_fail(e, 400, INVALID, "messages", NULL, "the model takes no images (start kettle with --mmproj FILE)");
     long tokens = 0;
     if (!(r->images = calloc(n, sizeof *r->images)))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *u = json_array_get(r->image_urls, i);
-        if (!load_one(json_string_value(u), json_string_length(u), (int)i, v, lim, &r->images[i], e)) return false;
+        if (!load_one(json_string_value(u), json_string_length(u), (int)i, env, &r->images[i], e)) return false;
         r->n_images = (int)i + 1;
         /* the images' pixels wait for the engine: bounded by what a context can hold */
         tokens += (long)r->images[i].grid_x * r->images[i].grid_y;

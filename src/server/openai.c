@@ -864,8 +864,7 @@ static int chat_tokens(const kt_model *m, const char *tmpl, srv_sampled *mem, sr
 int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled *sampled, srv_gen_req *r,
                       const srv_vision_env *vis, int32_t **ids, srv_error *e) {
     *ids = NULL;
-    if (r->image_urls && !srv_images_load(r, vis ? vis->vision : NULL, vis ? &vis->limits : NULL, vis ? vis->max_tokens : 0, e))
-        return -1;
+    if (r->image_urls && !srv_images_load(r, vis, e)) return -1;
     int n = r->kind == SRV_CHAT ? chat_tokens(m, template_text, sampled, r, ids, e)
                                 : tokenize_alloc(m, r->prompt, -1, false, ids, e);
     if (n == 0) {

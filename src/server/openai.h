@@ -159,6 +159,7 @@ typedef struct srv_vision_env {
     struct kt_vision *vision;
     kt_image_limits limits;
     int max_tokens; /* a request's images together: the context (0: no bound) */
+    bool fetch_urls; /* --allow-image-urls: http(s) image URLs are fetched (bounded) */
 } srv_vision_env;
 
 int srv_prompt_tokens(const kt_model *m, const char *template_text, struct srv_sampled *sampled,
@@ -166,7 +167,7 @@ int srv_prompt_tokens(const kt_model *m, const char *template_text, struct srv_s
 
 /* images.c: r's image URLs decoded and preprocessed for the tower into
  * r->images (400 naming the image and its fault); and their release. */
-bool srv_images_load(srv_gen_req *r, struct kt_vision *v, const kt_image_limits *lim, int max_tokens, srv_error *e);
+bool srv_images_load(srv_gen_req *r, const srv_vision_env *env, srv_error *e);
 void srv_images_free(srv_gen_req *r);
 
 /* The engine must show control tokens as text: the family's markers are
