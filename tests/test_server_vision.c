@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fake_server.h"
@@ -232,6 +234,67 @@ static void test_image_urls(void **state) {
     tu_fake_server_stop(fake);
 }
 
+/* The encoder cache's disk tier: after a kill -9 and a restart on the
+ * same --cache-dir, the same image behind another system prompt (no KV
+ * hit before it) is read back, not encoded; a corrupt file is refused and
+ * the image encoded again. */
+static long long counter(const server *s, const char *name) {
+    reply r = get(s, "/metrics");
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *at = r.body ? strstr(r.body, key) : NULL;
+    long long v = at ? atoll(at + strlen(key)) : -1;
+    free(r.body);
+    if (v < 0) fail_msg("%s is not in /metrics", name);
+    return v;
+}
+
+static void test_embeddings_on_disk(void **state) {
+    (void)state;
+    char dir[512], args[2048], model[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmp("vision_cache"));
+    char rm[600];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    assert_int_equal(system(rm), 0);
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen35-F16.gguf"));
+    snprintf(args, sizeof args, "--mmproj '%s' --chat-template chatml --ctx 2048 --parallel 2 --cache-dir '%s'",
+             tu_shared("golden/arch/mmproj-qwen3vl-F32.gguf"), dir);
+    server a = start_server_model("server_vision_disk", model, args);
+    char *body = chat_body(image_url, NULL);
+    json_t *r = post_ok(&a, "/v1/chat/completions", body);
+    json_decref(r);
+    assert_int_equal(counter(&a, "kettle_image_encodes_total"), 1);
+    kill(a.pid, SIGKILL); /* the embeddings' file is written before the step goes on */
+    waitpid(a.pid, NULL, 0);
+    a = start_server_model("server_vision_disk", model, args);
+    /* another system line: the image's KV is not cached before it */
+    json_t *o = parse(body);
+    json_object_set_new(json_array_get(json_object_get(o, "messages"), 0), "content", json_string("Another agent."));
+    char *other = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    r = post_ok(&a, "/v1/chat/completions", other);
+    json_decref(r);
+    assert_int_equal(counter(&a, "kettle_image_encodes_total"), 0);
+    assert_int_equal(counter(&a, "kettle_image_disk_hits_total"), 1);
+    stop_server(&a);
+    /* every embedding file cut short: refused, the image encoded again */
+    char cut[700];
+    snprintf(cut, sizeof cut, "for f in '%s'/images-*/*.kve; do truncate -s 100 \"$f\"; done", dir);
+    assert_int_equal(system(cut), 0);
+    a = start_server_model("server_vision_disk", model, args);
+    o = parse(body);
+    json_object_set_new(json_array_get(json_object_get(o, "messages"), 0), "content", json_string("A third agent."));
+    char *third = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    r = post_ok(&a, "/v1/chat/completions", third);
+    json_decref(r);
+    assert_int_equal(counter(&a, "kettle_image_disk_hits_total"), 0);
+    assert_int_equal(counter(&a, "kettle_image_encodes_total"), 1);
+    printf("  after kill -9: the image's embeddings read back from --cache-dir, not encoded; cut short: encoded\n");
+    stop_server(&a);
+    free(body), free(other), free(third);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_image_counted_and_cached),
@@ -239,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_dialects),
         cmocka_unit_test(test_bad_images),
         cmocka_unit_test(test_image_urls),
+        cmocka_unit_test(test_embeddings_on_disk),
     };
     return tu_result(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -133,6 +133,7 @@ struct kt_engine {
     const float **b_embd; /* per batch token: an image's embedding row, or NULL */
     bool b_images;      /* this step's batch has a token of a request with images */
     kt_embd_cache *embd_cache; /* the vision tower's outputs by image hash; NULL: no tower */
+    kt_embd_disk *embd_disk;   /* their disk tier under cache_dir; NULL: none */
     kv_seq **b_seq;
     bool *b_logits;
     bool *b_hidden;     /* per batch token: an embedding wants its hidden state */
@@ -463,6 +464,12 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
         kt_error_set(err, KT_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    /* a quarter of the disk budget for the tower's outputs, beside the KV's */
+    if (e->p.vision && e->p.cache_dir &&
+        !(e->embd_disk = kt_embd_disk_open(e->p.cache_dir, e->p.vision, (e->p.cache_disk_bytes ? e->p.cache_disk_bytes
+                                                                                             : (size_t)10 << 30) / 4,
+                                           err)))
+        goto fail;
     publish_counts_locked(e); /* no thread yet: no lock needed */
     if (!alloc_batch(e)) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory allocating the engine's batch");
@@ -1423,13 +1430,13 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
  * request failed. */
 static bool images_ready(kt_engine *e, kt_request *r, int chunk) {
     kt_error err = {0};
-    double ms = 0;
-    int n_encoded = 0;
-    kt_status st = req_images_ready(&r->images, r->n_prefilled, chunk, e->p.vision, e->pool, e->embd_cache,
-                                    e->llm->cfg.n_embd, &ms, &n_encoded, &err);
+    eng_encoder enc = {.vision = e->p.vision, .pool = e->pool, .cache = e->embd_cache, .disk = e->embd_disk,
+                       .n_embd = e->llm->cfg.n_embd};
+    kt_status st = req_images_ready(&r->images, r->n_prefilled, chunk, &enc, &err);
     pthread_mutex_lock(&e->mu);
-    e->stats.image_encodes += (uint64_t)n_encoded;
-    e->stats.image_encode_ms += ms;
+    e->stats.image_encodes += (uint64_t)enc.n_encoded;
+    e->stats.image_encode_ms += enc.encode_ms;
+    e->stats.image_disk_hits += (uint64_t)enc.n_disk_hits;
     if (e->embd_cache) {
         const kt_embd_cache_stats cs = kt_embd_cache_get_stats(e->embd_cache);
         e->stats.image_cache_hits = cs.hits, e->stats.image_cache_bytes = cs.bytes;
@@ -1775,6 +1782,7 @@ void kt_engine_free(kt_engine *e) {
     kt_pool_free(e->pool);
     free(e->b_tokens), free(e->b_pos), free(e->b_pos4), free(e->b_embd), free(e->b_seq), free(e->b_logits), free(e->b_hidden), free(e->hidden);
     kt_embd_cache_free(e->embd_cache);
+    kt_embd_disk_close(e->embd_disk);
     free(e->b_req), free(e->b_choice), free(e->logits), free(e->row);
     free(e->active), free(e->waiting), free(e->t_decode_ms), free(e->seq_tokens), free(e->hit_blocks);
     free(e->prefill_order);

@@ -369,7 +369,7 @@ typedef struct kt_engine_stats {
     uint64_t spec_proposed, spec_accepted, spec_passes;
     /* images: encodes by the vision tower and their time, the encoder
      * cache's hits and what it holds */
-    uint64_t image_encodes, image_cache_hits;
+    uint64_t image_encodes, image_cache_hits, image_disk_hits;
     double image_encode_ms;
     size_t image_cache_bytes, image_cache_entries;
     kt_latency_hist ttft;   /* submit -> first token */

@@ -127,24 +127,35 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* Image im's embeddings: the cache's, else the tower's (then cached). */
-static kt_status make_embd(req_image *im, int i, kt_vision *vision, kt_pool *pool, kt_embd_cache *cache, int n_embd,
-                           double *encoded_ms, int *n_encoded, kt_error *err) {
-    const size_t n_floats = (size_t)im->n_tokens * (size_t)n_embd;
+/* Image im's embeddings from the tower (rows of n_embd: the engine
+ * refuses a tower with DeepStack outputs), malloc'd; NULL with err. */
+static float *encode(req_image *im, int i, eng_encoder *enc, size_t n_floats, kt_error *err) {
+    float *out = malloc(sizeof(float) * n_floats);
+    if (!out) return kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding image %d", i), NULL;
+    const double t0 = now_ms();
+    kt_status st = kt_vision_encode(enc->vision, enc->pool, im->prep, out, err);
+    enc->encode_ms += now_ms() - t0;
+    enc->n_encoded++;
+    if (st) {
+        free(out);
+        kt_error_wrap(err, "image %d", i);
+        return NULL;
+    }
+    if (enc->disk) kt_embd_disk_put(enc->disk, im->hash, out, n_floats);
+    return out;
+}
+
+/* Image im's embeddings: the cache's, else its disk tier's, else the
+ * tower's (then cached). */
+static kt_status make_embd(req_image *im, int i, eng_encoder *enc, kt_error *err) {
+    const size_t n_floats = (size_t)im->n_tokens * (size_t)enc->n_embd;
+    kt_embd_cache *cache = enc->cache;
     if (cache && (im->embd = kt_embd_cache_get(cache, im->hash, n_floats))) {
         im->pinned = true;
     } else {
-        /* rows of n_embd: the engine refuses a tower with DeepStack outputs */
-        float *out = malloc(sizeof(float) * n_floats);
-        if (!out) return kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding image %d", i);
-        const double t0 = now_ms();
-        kt_status st = kt_vision_encode(vision, pool, im->prep, out, err);
-        *encoded_ms += now_ms() - t0;
-        (*n_encoded)++;
-        if (st) {
-            free(out);
-            return kt_error_wrap(err, "image %d", i);
-        }
+        float *out = enc->disk ? kt_embd_disk_get(enc->disk, im->hash, n_floats) : NULL;
+        if (out) enc->n_disk_hits++;
+        else if (!(out = encode(im, i, enc, n_floats, err))) return err->status;
         if (cache && (im->embd = kt_embd_cache_put(cache, im->hash, out, n_floats))) {
             im->pinned = true;
         } else if (!cache) {
@@ -158,15 +169,14 @@ static kt_status make_embd(req_image *im, int i, kt_vision *vision, kt_pool *poo
     return KT_OK;
 }
 
-kt_status req_images_ready(req_images *ri, int k0, int n, kt_vision *vision, kt_pool *pool, kt_embd_cache *cache,
-                           int n_embd, double *encoded_ms, int *n_encoded, kt_error *err) {
+kt_status req_images_ready(req_images *ri, int k0, int n, eng_encoder *enc, kt_error *err) {
     for (int i = 0; i < ri->n; i++) {
         req_image *im = &ri->v[i];
         if (im->at >= k0 + n) break;
         if (im->embd || im->at + im->n_tokens <= k0) continue;
-        if (!im->prep || !vision)
+        if (!im->prep || !enc->vision)
             return kt_error_set(err, KT_ERR_INTERNAL, "image %d has no pixels to encode", i);
-        kt_status st = make_embd(im, i, vision, pool, cache, n_embd, encoded_ms, n_encoded, err);
+        kt_status st = make_embd(im, i, enc, err);
         if (st) return st;
     }
     return KT_OK;

@@ -18,7 +18,8 @@
  * stays its index in the sequence; only its rotary position moves.
  *
  * Embeddings come from the engine's vision tower when the image's tokens
- * are first prefilled, through the encoder cache (vision/embd_cache.h),
+ * are first prefilled, through the encoder cache (vision/embd_cache.h,
+ * and its disk tier vision/embd_disk.h),
  * or from the caller (kt_prompt_image.embd). Engine thread only, but for
  * req_images_copy, which submit calls.
  */
@@ -31,6 +32,7 @@
 #include "engine/engine.h"
 #include "ops/pool.h"
 #include "vision/embd_cache.h"
+#include "vision/embd_disk.h"
 #include "vision/vision.h"
 
 typedef struct req_image {
@@ -71,8 +73,18 @@ void req_images_pos4(const req_images *ri, int k, int *p4);
 /* Makes sure the images that overlap prompt indices [k0, k0 + n) have
  * their embeddings: from the cache, else encoded now (the pool's threads)
  * and cached. *encoded_ms adds the time spent encoding. */
-kt_status req_images_ready(req_images *ri, int k0, int n, kt_vision *vision, kt_pool *pool, kt_embd_cache *cache,
-                           int n_embd, double *encoded_ms, int *n_encoded, kt_error *err);
+typedef struct eng_encoder {
+    kt_vision *vision;
+    kt_pool *pool;
+    kt_embd_cache *cache;  /* NULL: none */
+    kt_embd_disk *disk;    /* the cache's disk tier; NULL: none */
+    int n_embd;
+    /* what req_images_ready did, added up */
+    double encode_ms;
+    int n_encoded, n_disk_hits;
+} eng_encoder;
+
+kt_status req_images_ready(req_images *ri, int k0, int n, eng_encoder *enc, kt_error *err);
 
 /* The embedding row that stands for prompt index k, or NULL (a token). */
 const float *req_images_row(const req_images *ri, int k, int n_embd);

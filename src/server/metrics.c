@@ -152,7 +152,7 @@ GET(kv_block_tokens) GET(kv_blocks_cached) GET(cache_evicted_blocks) GET(disk_ca
 GET(disk_bytes) GET(disk_writes) GET(disk_reads) GET(disk_rejected) GET(disk_removed)
 GET(spec_proposed) GET(spec_accepted) GET(spec_passes)
 GET(state_snapshots) GET(state_snapshots_max) GET(state_snapshots_taken) GET(state_snapshots_evicted)
-GET(state_snapshot_hits) GET(image_encodes) GET(image_cache_hits) GET(image_cache_bytes) GET(image_cache_entries)
+GET(state_snapshot_hits) GET(image_encodes) GET(image_cache_hits) GET(image_disk_hits) GET(image_cache_bytes) GET(image_cache_entries)
 #undef GET
 
 static double get_image_encode_seconds(const srv_class_stats *c) { return c->engine.image_encode_ms / 1e3; }
@@ -170,6 +170,8 @@ static const scalar_def SCALARS[] = {
     {"kettle_image_encodes_total", "counter", "images run through the vision tower", get_image_encodes},
     {"kettle_image_encode_seconds_total", "counter", "time the vision tower took", get_image_encode_seconds},
     {"kettle_image_cache_hits_total", "counter", "images whose embeddings the encoder cache had", get_image_cache_hits},
+    {"kettle_image_disk_hits_total", "counter", "images whose embeddings the encoder cache's disk tier had",
+     get_image_disk_hits},
 };
 static const scalar_def GAUGES[] = {
     {"kettle_queue_depth", "gauge", "requests waiting for admission", get_queue_depth},

@@ -11,7 +11,8 @@
  * The layout is fixed and small: 4 positions, 2 layers (the second one
  * windowed), 8-byte rows. With bit 1 of the first byte set, the bytes are
  * a hybrid model's state file instead (kv_disk_check_state, 64 bytes of
- * state).
+ * state). With bit 2 set, an image-embedding file of the encoder
+ * cache's disk tier (kt_embd_disk_check, 8 floats).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include <xxhash.h>
 
 #include "kv/disk_cache.h"
+#include "vision/embd_disk.h"
 
 #define BLOCK_TOKENS 4
 #define N_LAYER 2
@@ -45,8 +47,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                               .key = kv_disk_chain(kv_disk_root(), IDS, BLOCK_TOKENS), .parent = kv_disk_root(),
                               .ids = IDS};
     bool windows;
-    volatile bool ok = data[0] & 2 ? kv_disk_check_state(buf, n, x.fingerprint, kv_disk_state_key(x.key), 64)
-                                   : kv_disk_check_block(buf, n, &x, &windows);
+    volatile bool ok = data[0] & 4   ? kt_embd_disk_check(buf, n, x.fingerprint, 0x696d616765ull, 8)
+                       : data[0] & 2 ? kv_disk_check_state(buf, n, x.fingerprint, kv_disk_state_key(x.key), 64)
+                                     : kv_disk_check_block(buf, n, &x, &windows);
     (void)ok;
     free(buf);
     return 0;
