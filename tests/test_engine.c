@@ -209,16 +209,16 @@ static void test_engine_matches_session(void **state) {
 }
 
 /* 16 concurrent greedy requests give each request's tokens and logprobs
- * alone, bit for bit (F16 KV, chunked prefill on). */
-static void check_batch_invariance_16(kt_model *m) {
+ * alone, bit for bit (F16 KV, chunked prefill on), each n_gen tokens. */
+static void check_batch_invariance_16(kt_model *m, int n_gen) {
     kt_engine *e = engine_on(m, 16, 48, KT_KV_F16, 1.8f);
     static output alone[16], together[16];
-    for (int i = 0; i < 16; i++) run_alone(e, PROMPTS[i], 48, &alone[i]);
+    for (int i = 0; i < 16; i++) run_alone(e, PROMPTS[i], n_gen, &alone[i]);
     kt_request *r[16];
     memset(together, 0, sizeof together);
     /* all 16 wait before the first step, so they run together */
     kt_engine_hold(e, true);
-    for (int i = 0; i < 16; i++) r[i] = submit(e, PROMPTS[i], 48, 1);
+    for (int i = 0; i < 16; i++) r[i] = submit(e, PROMPTS[i], n_gen, 1);
     kt_engine_hold(e, false);
     for (int i = 0; i < 16; i++) drain(r[i], &together[i]);
     int distinct = 0;
@@ -238,17 +238,19 @@ static void check_batch_invariance_16(kt_model *m) {
     assert_true(st.ttft.n >= 32 && st.itl.n > 0);
     /* and they really ran together: steps decoded all 16 at once */
     assert_int_equal(st.max_step_seqs, 16);
-    assert_true(st.steps_multi_seq >= 40);
+    assert_true(st.steps_multi_seq >= (uint64_t)(n_gen * 5 / 6)); /* 40 of 48 */
     kt_engine_free(e);
 }
 
 static void test_batch_invariance_16(void **state) {
     (void)state;
-    check_batch_invariance_16(g_model);
+    check_batch_invariance_16(g_model, 48);
 }
 
 /* The same with Q4_0 weights: activations are quantized per token row,
- * and the GEMM tiles tokens, yet nothing leaks between rows. */
+ * and the GEMM tiles tokens, yet nothing leaks between rows. Under
+ * AddressSanitizer 24 tokens a request instead of 48 (the same 16-row
+ * steps, fewer of them; the F32 case above keeps 48), said on stdout. */
 static void test_batch_invariance_16_q4_0(void **state) {
     (void)state;
     SKIP_UNDER_TSAN();
@@ -256,7 +258,8 @@ static void test_batch_invariance_16_q4_0(void **state) {
     kt_model *m = kt_model_load(tu_shared("models/test-tiny-Q4_0.gguf"), &err);
     assert_non_null(m);
     g_tok = m;
-    check_batch_invariance_16(m);
+    if (TU_SANITIZED) printf("  (ASan build: 24 tokens a request, not 48)\n");
+    check_batch_invariance_16(m, TU_SANITIZED ? 24 : 48);
     g_tok = NULL;
     kt_model_free(m);
 }
@@ -722,8 +725,9 @@ static void assert_same_output(const output *a, const output *b) {
 }
 
 /* A prompt served from the cache gives the cold engine's tokens and
- * logprob bits: greedy and sampled with n = 3, whole and chunked prefill. */
-static void check_cache_exact(kt_model *m) {
+ * logprob bits: greedy and sampled with n = 3 (from `first`: 1, sampled
+ * only), whole and chunked prefill. */
+static void check_cache_exact(kt_model *m, int first) {
     g_tok = m;
     g_no_cache = true;
     kt_engine *cold = engine_on(m, 4, 64, KT_KV_F16, 0.0f);
@@ -732,7 +736,7 @@ static void check_cache_exact(kt_model *m) {
     int32_t ids[120];
     int n = story_ids(ids, 100, 1);
     const run_opts opts[2] = {{24, 1, 0.0f}, {24, 3, 1.0f}};
-    for (int k = 0; k < 2; k++) {
+    for (int k = first; k < 2; k++) {
         static output ref[3], out[3];
         kt_request_usage u = run_ids(cold, ids, n, opts[k], ref);
         assert_int_equal(u.cached_tokens, 0);
@@ -747,7 +751,7 @@ static void check_cache_exact(kt_model *m) {
         }
     }
     kt_engine_stats st = stats_of(warm);
-    assert_true(st.cached_prompt_tokens >= 3 * 99);
+    assert_true(st.cached_prompt_tokens >= (uint64_t)((first ? 1 : 3) * 99)); /* each round hits; the second also the first's */
     assert_true(st.kv_blocks_cached > 0);
     assert_int_equal(st.kv_blocks_used, 0);
     kt_engine_free(cold), kt_engine_free(warm), kt_engine_free(chunked);
@@ -756,7 +760,7 @@ static void check_cache_exact(kt_model *m) {
 
 static void test_cache_exact(void **state) {
     (void)state;
-    check_cache_exact(g_model);
+    check_cache_exact(g_model, 0);
 }
 
 static void test_cache_exact_q4_0(void **state) {
@@ -765,7 +769,10 @@ static void test_cache_exact_q4_0(void **state) {
     kt_error err = {0};
     kt_model *m = kt_model_load(tu_shared("models/test-tiny-Q4_0.gguf"), &err);
     assert_non_null(m);
-    check_cache_exact(m);
+    /* under AddressSanitizer the sampled n = 3 round only: the greedy one
+     * repeats its model paths (the F32 case above runs both) */
+    if (TU_SANITIZED) printf("  (ASan build: the sampled n = 3 round only)\n");
+    check_cache_exact(m, TU_SANITIZED ? 1 : 0);
     kt_model_free(m);
 }
 
