@@ -440,15 +440,7 @@ uint64_t kt_model_kv_fingerprint(const kt_model *m, int kv_type, int block_token
         const int32_t long_factors = n_ctx > c->n_ctx_orig;
         XXH3_64bits_update(st, &long_factors, sizeof long_factors);
     }
-    for (int64_t i = 0; i < gguf_n_tensors(m->file); i++) {
-        const gguf_tensor *t = gguf_tensor_at(m->file, i);
-        const uint64_t sample = 4096, n = t->n_bytes;
-        XXH3_64bits_update(st, t->name.ptr, t->name.len);
-        XXH3_64bits_update(st, &t->type, sizeof t->type);
-        XXH3_64bits_update(st, t->dims, sizeof t->dims);
-        XXH3_64bits_update(st, t->data, n < sample ? n : sample);
-        if (n > sample) XXH3_64bits_update(st, (const uint8_t *)t->data + n - sample, sample);
-    }
+    gguf_hash_tensors(m->file, st);
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return h;

@@ -853,3 +853,15 @@ const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name) {
     int64_t i = index_find(&f->tensor_index, name);
     return i >= 0 ? &f->tensors[i] : NULL;
 }
+
+void gguf_hash_tensors(const gguf_file *f, XXH3_state_t *st) {
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        const uint64_t sample = 4096, n = t->n_bytes;
+        XXH3_64bits_update(st, t->name.ptr, t->name.len);
+        XXH3_64bits_update(st, &t->type, sizeof t->type);
+        XXH3_64bits_update(st, t->dims, sizeof t->dims);
+        XXH3_64bits_update(st, t->data, n < sample ? n : sample);
+        if (n > sample) XXH3_64bits_update(st, (const uint8_t *)t->data + n - sample, sample);
+    }
+}

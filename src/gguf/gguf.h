@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <xxhash.h>
+
 #include "base/dtype.h"
 #include "kettle.h"
 
@@ -149,6 +151,11 @@ bool gguf_str_eq(gguf_str s, const char *cstr);
 
 /* ---- tensors ---- */
 int64_t gguf_n_tensors(const gguf_file *f);
+/* Every tensor's name, type, shape and samples of its data (its first
+ * and last 4 KiB) into st: what tells two files' weights apart in a
+ * fingerprint (another file of the same shapes differs) without reading
+ * gigabytes. */
+void gguf_hash_tensors(const gguf_file *f, XXH3_state_t *st);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i);
 /* NULL if absent. */
 const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name);

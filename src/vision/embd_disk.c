@@ -37,15 +37,7 @@ uint64_t kt_vision_fingerprint(const kt_vision *v) {
     XXH3_state_t *st = XXH3_createState();
     if (!st) return 0;
     XXH3_64bits_reset(st);
-    for (int64_t i = 0; i < gguf_n_tensors(v->file); i++) {
-        const gguf_tensor *t = gguf_tensor_at(v->file, i);
-        const uint64_t sample = 4096, n = t->n_bytes;
-        XXH3_64bits_update(st, t->name.ptr, t->name.len);
-        XXH3_64bits_update(st, &t->type, sizeof t->type);
-        XXH3_64bits_update(st, t->dims, sizeof t->dims);
-        XXH3_64bits_update(st, t->data, n < sample ? n : sample);
-        if (n > sample) XXH3_64bits_update(st, (const uint8_t *)t->data + n - sample, sample);
-    }
+    gguf_hash_tensors(v->file, st);
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return h;
