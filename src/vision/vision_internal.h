@@ -101,5 +101,11 @@ void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int
  * Scratch per thread is allocated here (KT_ERR_NOMEM if it fails). */
 kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
                        int n_heads, int d_head, const int *win_start, const int *members, int n_windows, kt_error *err);
+/* The same in plain loops, one query at a time (the scalar reference the
+ * GEMM path is tested against; vt_attention falls back to it when the
+ * head dim is not a multiple of 16). */
+kt_status vt_attention_ref(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                           int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                           kt_error *err);
 
 #endif

@@ -19,6 +19,8 @@
 
 #include "base/error.h"
 #include "base/fp16.h"
+#include "ops/matmul.h"
+#include "ops/repack.h"
 #include "vision/vision_internal.h"
 
 /* ---- norms ---- */
@@ -288,9 +290,9 @@ static void attn_worker(void *ctx, int ith, int nth) {
     }
 }
 
-kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
-                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
-                       kt_error *err) {
+kt_status vt_attention_ref(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                           int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                           kt_error *err) {
     int max_win = 0;
     for (int w = 0; w < n_windows; w++)
         if (win_start[w + 1] - win_start[w] > max_win) max_win = win_start[w + 1] - win_start[w];
@@ -315,6 +317,147 @@ kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k
         out,        q,       k,   v,      stride, n_heads, d_head, win_start, members, n_windows, task_start[n_windows],
         task_start, scratch, per, max_win};
     kt_pool_run(pool, attn_worker, &a);
+    free(scratch);
+    free(task_start);
+    return KT_OK;
+}
+
+/* ---- attention through the GEMM ----
+ *
+ * The same softmax(q K^T / sqrt(d)) V, with both products as kt_matmul
+ * over the F32x16 layout (ops/repack.h), which runs near the FMA peak:
+ * for one window and head, K is the "weight" of Q K^T (rows = keys, 16
+ * keys side by side) and V^T that of P V (rows = head dims, 16 side by
+ * side); a block of VT_QUERY_BLOCK queries is the activations. The keys
+ * are padded to a multiple of 16 with zero rows, whose scores are dropped
+ * before the softmax and whose probabilities are 0. Threads take (window,
+ * head, query block) tasks; each gathers its window's K and V once per
+ * (window, head) and calls kt_matmul single-threaded. Softmax as the plain
+ * version's. The sums run in another order (one fma chain per score and
+ * per output, not the plain loops'), so results differ in the last bits. */
+
+#define VT_QUERY_BLOCK 48 /* queries per GEMM: 8 tiles of 6 (the AVX2 x16 tile); S is 48 x n floats */
+
+typedef struct fattn_job {
+    float *out;
+    const float *q, *k, *v;
+    int stride, n_heads, d;
+    const int *win_start, *members;
+    long n_tasks;
+    const long *task_start; /* first task of each window, n_windows + 1 */
+    float *scratch;         /* per thread: scratch_floats */
+    size_t scratch_floats;
+    int max_pad; /* the largest window's keys rounded up to 16 */
+} fattn_job;
+
+static int pad16(int n) { return (n + KT_X16_ROWS - 1) / KT_X16_ROWS * KT_X16_ROWS; }
+
+/* K of window w, head h, as F32x16 rows of d (group g: for each c, keys
+ * 16g .. 16g+15), and V^T as F32x16 rows of n_pad (group g: for each key
+ * j, dims 16g .. 16g+15); padded keys are zero. */
+static void gather_kv_x16(const fattn_job *a, int w, int h, int n_pad, float *kx, float *vx) {
+    int ws = a->win_start[w], n = a->win_start[w + 1] - ws, d = a->d;
+    for (int j = 0; j < n_pad; j++) {
+        float *kg = kx + (size_t)(j / KT_X16_ROWS) * KT_X16_ROWS * d + j % KT_X16_ROWS;
+        if (j >= n) {
+            for (int c = 0; c < d; c++) kg[(size_t)c * KT_X16_ROWS] = 0.0f;
+            for (int c = 0; c < d; c++) vx[((size_t)(c / KT_X16_ROWS) * n_pad + j) * KT_X16_ROWS + c % KT_X16_ROWS] = 0;
+            continue;
+        }
+        long t = a->members[ws + j];
+        const float *kr = a->k + t * a->stride + (long)h * d, *vr = a->v + t * a->stride + (long)h * d;
+        for (int c = 0; c < d; c++) kg[(size_t)c * KT_X16_ROWS] = kr[c];
+        for (int g = 0; g < d / KT_X16_ROWS; g++)
+            memcpy(vx + ((size_t)g * n_pad + j) * KT_X16_ROWS, vr + g * KT_X16_ROWS, KT_X16_ROWS * sizeof *vx);
+    }
+}
+
+/* row of n scores (n_pad long) to probabilities, as attend_one does; the
+ * padding to 0 */
+static void softmax_row(float *s, int n, int n_pad, float scale) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] *= scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int j = 0; j < n; j++) s[j] *= inv;
+    for (int j = n; j < n_pad; j++) s[j] = 0.0f;
+}
+
+/* queries i0 .. i1 - 1 of window w, head h, against the gathered K, V */
+static void attend_block(const fattn_job *a, int w, int h, int i0, int i1, const float *kx, const float *vx,
+                         float *qb, float *sb, float *ob) {
+    int ws = a->win_start[w], n = a->win_start[w + 1] - ws, n_pad = pad16(n), d = a->d, B = i1 - i0;
+    for (int i = 0; i < B; i++)
+        memcpy(qb + (size_t)i * d, a->q + (long)a->members[ws + i0 + i] * a->stride + (long)h * d,
+               (size_t)d * sizeof *qb);
+    kt_matmul(NULL, sb, kx, KT_F32_X16, qb, d, n_pad, B);
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < B; i++) softmax_row(sb + (size_t)i * n_pad, n, n_pad, scale);
+    kt_matmul(NULL, ob, vx, KT_F32_X16, sb, n_pad, d, B);
+    for (int i = 0; i < B; i++)
+        memcpy(a->out + (long)a->members[ws + i0 + i] * a->n_heads * d + (long)h * d, ob + (size_t)i * d,
+               (size_t)d * sizeof *ob);
+}
+
+static void fattn_worker(void *ctx, int ith, int nth) {
+    const fattn_job *a = ctx;
+    size_t kv = (size_t)a->max_pad * a->d;
+    float *kx = a->scratch + (size_t)ith * a->scratch_floats, *vx = kx + kv;
+    float *qb = vx + kv, *ob = qb + (size_t)VT_QUERY_BLOCK * a->d, *sb = ob + (size_t)VT_QUERY_BLOCK * a->d;
+    int have_w = -1, have_h = -1, w = 0;
+    /* contiguous ranges of tasks: a thread's tasks share (window, head) */
+    long lo, hi;
+    kt_split_range(a->n_tasks, ith, nth, &lo, &hi);
+    for (long task = lo; task < hi; task++) {
+        while (task >= a->task_start[w + 1]) w++;
+        int n = a->win_start[w + 1] - a->win_start[w];
+        long n_blocks = (n + VT_QUERY_BLOCK - 1) / VT_QUERY_BLOCK, local = task - a->task_start[w];
+        int h = (int)(local / n_blocks), blk = (int)(local % n_blocks);
+        if (w != have_w || h != have_h) {
+            gather_kv_x16(a, w, h, pad16(n), kx, vx);
+            have_w = w;
+            have_h = h;
+        }
+        int i0 = blk * VT_QUERY_BLOCK, i1 = i0 + VT_QUERY_BLOCK < n ? i0 + VT_QUERY_BLOCK : n;
+        attend_block(a, w, h, i0, i1, kx, vx, qb, sb, ob);
+    }
+}
+
+kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                       kt_error *err) {
+    if (d_head % KT_X16_ROWS) /* V^T's rows are the head dims: x16 needs 16 of them */
+        return vt_attention_ref(pool, out, q, k, v, stride, n_heads, d_head, win_start, members, n_windows, err);
+    int max_pad = 0;
+    for (int w = 0; w < n_windows; w++)
+        if (pad16(win_start[w + 1] - win_start[w]) > max_pad) max_pad = pad16(win_start[w + 1] - win_start[w]);
+    long *task_start = malloc(((size_t)n_windows + 1) * sizeof *task_start);
+    if (!task_start)
+        return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
+    task_start[0] = 0;
+    for (int w = 0; w < n_windows; w++) {
+        long n = win_start[w + 1] - win_start[w];
+        task_start[w + 1] = task_start[w] + (long)n_heads * ((n + VT_QUERY_BLOCK - 1) / VT_QUERY_BLOCK);
+    }
+    int nth = pool ? kt_pool_size(pool) : 1;
+    size_t per = 2 * (size_t)max_pad * d_head + 2 * (size_t)VT_QUERY_BLOCK * d_head + (size_t)VT_QUERY_BLOCK * max_pad;
+    per = (per + 15) & ~(size_t)15; /* threads' scratch on separate cache lines */
+    float *scratch = malloc((size_t)nth * per * sizeof *scratch);
+    if (!scratch) {
+        free(task_start);
+        return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d threads x %d keys", nth,
+                            max_pad);
+    }
+    fattn_job a = {out,        q,       k,   v,      stride, n_heads, d_head, win_start, members, task_start[n_windows],
+                   task_start, scratch, per, max_pad};
+    kt_pool_run(pool, fattn_worker, &a);
     free(scratch);
     free(task_start);
     return KT_OK;

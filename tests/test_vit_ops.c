@@ -1,0 +1,105 @@
+/*
+ * test_vit_ops.c - the vision tower's kernels (src/vision/vit_ops.c)
+ * against their plain twins:
+ *
+ *  - attention through kt_matmul (vt_attention) against the plain
+ *    per-query loops (vt_attention_ref): full attention over 3680-like
+ *    and odd key counts, windows of uneven sizes (qwen2.5vl's partial
+ *    windows), head dims 16 and 64, one thread and two; max |d| printed.
+ *    A head dim that is not a multiple of 16 takes the plain path (same
+ *    bits).
+ *  - gen-model's tower shape loads in kettle (`kettle info`).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#include "ops/pool.h"
+#include "vision/vision_internal.h"
+
+typedef struct att_case {
+    int n_tokens, n_heads, d, win; /* win 0: full attention; else windows of `win` tokens, the last partial */
+} att_case;
+
+static double max_abs_diff(const float *a, const float *b, size_t n, double *max_ref) {
+    double m = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m)) m = d; /* NaN counts */
+        if (fabs(b[i]) > r) r = fabs(b[i]);
+    }
+    *max_ref = r;
+    return m;
+}
+
+static void run_case(const att_case *c, kt_pool *pool) {
+    int T = c->n_tokens, w = c->n_heads * c->d, stride = 3 * w;
+    float *qkv = tu_xmalloc((size_t)T * stride * sizeof(float));
+    float *out = tu_xmalloc((size_t)T * w * sizeof(float)), *ref = tu_xmalloc((size_t)T * w * sizeof(float));
+    /* scores of a real tower span several units: q and k of std 1.5 */
+    tu_fill_normal(qkv, (size_t)T * stride, 1.5f, 1000 + (uint64_t)T * 7 + (uint64_t)c->d);
+    int n_win = c->win ? (T + c->win - 1) / c->win : 1;
+    int *start = tu_xmalloc(((size_t)n_win + 1) * sizeof(int)), *members = tu_xmalloc((size_t)T * sizeof(int));
+    for (int i = 0; i <= n_win; i++) start[i] = c->win ? (i * c->win < T ? i * c->win : T) : (i ? T : 0);
+    /* members out of order, as windows gather tokens across rows */
+    for (int t = 0; t < T; t++) members[t] = (int)(((long)t * 7919) % T);
+    kt_error err = {0};
+    assert_int_equal(vt_attention(pool, out, qkv, qkv + w, qkv + 2 * w, stride, c->n_heads, c->d, start, members,
+                                  n_win, &err),
+                     KT_OK);
+    assert_int_equal(vt_attention_ref(NULL, ref, qkv, qkv + w, qkv + 2 * w, stride, c->n_heads, c->d, start,
+                                      members, n_win, &err),
+                     KT_OK);
+    double mref, m = max_abs_diff(out, ref, (size_t)T * w, &mref);
+    printf("  attention %5d tokens, %2d heads of %2d, %s: max |d| %.2e (max |ref| %.2f)\n", T, c->n_heads, c->d,
+           c->win ? "windows" : "full   ", m, mref);
+    /* different summation orders over up to 3680 keys, in float */
+    if (!(m <= 2e-5 * (mref > 1 ? mref : 1))) fail_msg("attention differs from the plain loops by %g", m);
+    if (c->d % 16 && m != 0) fail_msg("head dim %d must take the plain path exactly", c->d);
+    free(qkv);
+    free(out);
+    free(ref);
+    free(start);
+    free(members);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_pool *pool = kt_pool_new(2, &err);
+    assert_non_null(pool);
+    const att_case cases[] = {
+        {1000, 2, 64, 0}, {37, 3, 16, 0}, {1, 1, 16, 0}, {300, 2, 16, 64}, {250, 4, 64, 40}, {90, 2, 20, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_case(&cases[i], i % 2 ? NULL : pool);
+        run_case(&cases[i], i % 2 ? pool : NULL);
+    }
+    kt_pool_free(pool);
+}
+
+/* a tower as gen-model writes it is one kettle loads (and prints) */
+static void test_gen_model_tower(void **state) {
+    (void)state;
+    char cmd[1024], *out = NULL;
+    const char *path = tu_tmp("gen-tower-tiny.gguf");
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape mmproj-qwen3.5-tiny --type F16 -o %s", KT_BIN, path);
+    assert_int_equal(tu_run(cmd, NULL, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s info %s", KT_BIN, path);
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    if (!out || !strstr(out, "vision tower: qwen3vl_merger, 3 blocks, width 64, 4 heads"))
+        fail_msg("kettle info printed:\n%s", out ? out : "(nothing)");
+    free(out);
+    remove(path);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_gen_model_tower),
+    };
+    return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
+}
