@@ -26,6 +26,7 @@
 
 #include "base/error.h"
 #include "ops/matmul.h"
+#include "ops/repack.h"
 #include "vision/vision_internal.h"
 
 /* One image's sizes and buffers (floats unless said). */
@@ -186,8 +187,8 @@ static void add_pos_embd(const kt_vision *v, const vt_run *r) {
 static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, vt_run *r) {
     int n_in = 3 * v->patch * v->patch, w = v->width, P = r->n_patches;
     build_patches(v, img, r);
-    kt_matmul(pool, r->x, v->patch_w16[0], KT_F16, r->col, n_in, w, P);
-    kt_matmul(pool, r->tmp, v->patch_w16[1], KT_F16, r->col, n_in, w, P);
+    kt_matmul(pool, r->x, v->patch_w16[0], v->patch_type, r->col, n_in, w, P);
+    kt_matmul(pool, r->tmp, v->patch_w16[1], v->patch_type, r->col, n_in, w, P);
     vt_add(r->x, r->tmp, (long)P * w);
     vt_add_bias(r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
@@ -203,7 +204,7 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
  * llama.cpp's embeddings by 15-35%; the max stays ~5e-4 relative). */
 static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, const vt_weight *b, const float *x,
                    int n_rows) {
-    if (wt->type == KT_F16) {
+    if (kt_repack_plain(wt->type) == KT_F16) {
         size_t n = (size_t)n_rows * wt->n_in;
         memcpy(r->xh, x, n * sizeof *x);
         vt_round_f16(r->xh, (long)n);

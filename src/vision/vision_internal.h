@@ -60,12 +60,14 @@ struct kt_vision {
      * multiplies an F16 im2col by the kernel converted to F16, so an F32
      * file's kernel is rounded to F16 here once */
     uint16_t *patch_w16[2];
+    kt_dtype patch_type; /* KT_F16, or KT_F16_X16 where repacked (mmproj.c) */
     vt_weight patch_b;  /* qwen3vl */
     vt_weight pos_embd; /* qwen3vl: [width, side * side] */
     int pos_side;
     vt_weight pre_ln_w, pre_ln_b, post_ln_w, post_ln_b;
     vt_weight mm0_w, mm0_b, mm2_w, mm2_b;
     vt_layer *layers;
+    void *packed; /* owned: the matrices in their GEMM layouts (mmproj.c, repack_matrices) */
 };
 
 /* ---- vit_ops.c: the kernels written here (the GEMMs are kt_matmul) ---- */
