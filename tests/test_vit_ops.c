@@ -8,6 +8,10 @@
  *    windows), head dims 16 and 64, one thread and two; max |d| printed.
  *    A head dim that is not a multiple of 16 takes the plain path (same
  *    bits).
+ *  - the element-wise kernels with an AVX2 twin give their scalar twin's
+ *    bits: softmax rows (ggml's exp, sums in 8 double lanes), the GELU /
+ *    quick GELU tables (with and without the gate's up), F16 rounding; and
+ *    the tables hold ggml's formulas.
  *  - gen-model's tower shape loads in kettle (`kettle info`).
  */
 #include <math.h>
@@ -17,8 +21,11 @@
 
 #include "testutil.h"
 
+#include "base/fp16.h"
+#include "ops/cpu.h"
 #include "ops/pool.h"
 #include "vision/vision_internal.h"
+#include "vision/vit_simd.h"
 
 typedef struct att_case {
     int n_tokens, n_heads, d, win; /* win 0: full attention; else windows of `win` tokens, the last partial */
@@ -81,6 +88,87 @@ static void test_attention(void **state) {
     kt_pool_free(pool);
 }
 
+static bool same_bits(const float *a, const float *b, long n, long *at) {
+    for (long i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a)) {
+            *at = i;
+            return false;
+        }
+    return true;
+}
+
+static void test_softmax_twins(void **state) {
+    (void)state;
+    if (!kt_cpu_has_avx2()) tu_skip("no AVX2 on this CPU: only the scalar softmax runs");
+    const int sizes[] = {1, 7, 8, 9, 64, 100, 3680};
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        int n = sizes[c], n_pad = (n + 15) / 16 * 16;
+        float *a = tu_xmalloc((size_t)n_pad * sizeof *a), *b = tu_xmalloc((size_t)n_pad * sizeof *b);
+        tu_fill_normal(a, (size_t)n_pad, 12.0f, 77 + (uint64_t)n); /* a spread reaching the exp clamp */
+        memcpy(b, a, (size_t)n_pad * sizeof *a);
+        vt_softmax_row_avx2(a, n, n_pad, 0.125f);
+        vt_softmax_row_c(b, n, n_pad, 0.125f);
+        long at;
+        if (!same_bits(a, b, n_pad, &at)) fail_msg("softmax n=%d differs at %ld: %g vs %g", n, at, a[at], b[at]);
+        double sum = 0;
+        for (int j = 0; j < n; j++) sum += a[j];
+        assert_true(fabs(sum - 1) < 1e-5);
+        free(a);
+        free(b);
+    }
+    /* the exp itself: within 2 ulp-ish of libm's over [-87, 0] */
+    for (float x = -87.0f; x <= 0; x += 0.37f) {
+        float e = vt_expf_neg(x), r = expf(x);
+        if (!(fabsf(e - r) <= 3e-7f * r)) fail_msg("exp(%g) = %g, libm %g", x, e, r);
+    }
+}
+
+static float gelu_tanh_ref(float x) {
+    const float coef_a = 0.044715f, sqrt_2_over_pi = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+static float f16r(float x) { return kt_fp16_to_fp32(kt_fp32_to_fp16(x)); }
+
+static void test_act_twins(void **state) {
+    (void)state;
+    const long n = 10007;
+    float *x = tu_xmalloc(n * sizeof *x), *up = tu_xmalloc(n * sizeof *up);
+    float *a = tu_xmalloc(n * sizeof *a), *b = tu_xmalloc(n * sizeof *b);
+    tu_fill_normal(x, (size_t)n, 5.0f, 5); /* past +-10 now and then */
+    tu_fill_normal(up, (size_t)n, 1.0f, 6);
+    const float *gelu = vt_gelu_table(false), *quick = vt_gelu_table(true);
+    for (long i = 0; i < n; i++) { /* ggml's formulas (ggml_vec_gelu_f32 / _quick_f32 with the F16 tables) */
+        float g = x[i] <= -10.0f ? 0.0f : x[i] >= 10.0f ? x[i] : f16r(gelu_tanh_ref(f16r(x[i])));
+        float h = f16r(x[i]), q = f16r(h * (1.0f / (1.0f + expf(-1.702f * h))));
+        assert_true(vt_act_table1(gelu, true, x[i]) == g);
+        assert_true(vt_act_table1(quick, false, x[i]) == q);
+    }
+    if (!kt_cpu_has_avx2()) tu_skip("no AVX2 on this CPU: the tables were checked, not the SIMD twins");
+    for (int variant = 0; variant < 4; variant++) {
+        const float *table = variant & 1 ? quick : gelu;
+        const float *u = variant & 2 ? up : NULL;
+        memcpy(a, x, n * sizeof *a);
+        memcpy(b, x, n * sizeof *b);
+        vt_act_table_avx2(table, !(variant & 1), a, u, n);
+        kt_cpu_force_scalar(true);
+        vt_act_table(table, !(variant & 1), b, u, n);
+        kt_cpu_force_scalar(false);
+        long at;
+        if (!same_bits(a, b, n, &at)) fail_msg("activation %d differs at %ld: %g vs %g", variant, at, a[at], b[at]);
+    }
+    memcpy(a, x, n * sizeof *a);
+    memcpy(b, x, n * sizeof *b);
+    vt_round_f16_avx2(a, n);
+    vt_round_f16_ref(b, n);
+    long at;
+    if (!same_bits(a, b, n, &at)) fail_msg("F16 rounding differs at %ld", at);
+    free(x);
+    free(up);
+    free(a);
+    free(b);
+}
+
 /* a tower as gen-model writes it is one kettle loads (and prints) */
 static void test_gen_model_tower(void **state) {
     (void)state;
@@ -99,6 +187,8 @@ static void test_gen_model_tower(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_softmax_twins),
+        cmocka_unit_test(test_act_twins),
         cmocka_unit_test(test_gen_model_tower),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));

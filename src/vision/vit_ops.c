@@ -19,9 +19,13 @@
 
 #include "base/error.h"
 #include "base/fp16.h"
+#include "ops/cpu.h"
 #include "ops/matmul.h"
 #include "ops/repack.h"
 #include "vision/vision_internal.h"
+#include "vision/vit_simd.h"
+
+#include <pthread.h>
 
 /* ---- norms ---- */
 
@@ -92,37 +96,27 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
 
-/* ggml_vec_gelu_f32 under GGML_GELU_FP16: the table holds
- * fp16(gelu(fp16 argument)); beyond +-10 it is skipped */
-static float gelu_ggml(float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    return f16_round(gelu_tanh(f16_round(x)));
-}
-
-/* ggml_vec_gelu_quick_f32 under GGML_GELU_QUICK_FP16 (no clamp) */
-static float gelu_quick_ggml(float x) {
-    float h = f16_round(x);
-    return f16_round(h * (1.0f / (1.0f + expf(-1.702f * h))));
-}
-
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-static float act1(vt_act act, float x) {
-    switch (act) {
-    case VT_ACT_GELU:
-        return gelu_ggml(x);
-    case VT_ACT_SILU:
-        return silu(x);
-    case VT_ACT_GELU_QUICK:
-        return gelu_quick_ggml(x);
+/* GELU and quick GELU as ggml's CPU computes them are functions of the
+ * F16 value of their argument: tables of all 65536 (fp16 bits -> the
+ * result), made once, as ggml_cpu_init makes its own. A lookup is a
+ * conversion and a gather instead of a tanh or exp (they took ~15% of a
+ * 4B tower's time). */
+static float g_gelu_tab[65536], g_gelu_quick_tab[65536];
+static pthread_once_t g_tabs_once = PTHREAD_ONCE_INIT;
+
+static void make_tables(void) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        float x = kt_fp16_to_fp32((uint16_t)h);
+        g_gelu_tab[h] = f16_round(gelu_tanh(x));
+        g_gelu_quick_tab[h] = f16_round(x * (1.0f / (1.0f + expf(-1.702f * x))));
     }
-    return x;
 }
 
 /* x[i] = act(x[i]) (* up[i] when up is given), split over the pool: with
- * a real tower's MLP (3680 patches x 4304) the tanh and the F16 rounding
- * cost as much as a GEMM's share per thread */
+ * a real tower's MLP (3680 patches x 4304) the activation costs as much as
+ * a GEMM's share per thread */
 typedef struct act_job {
     vt_act act;
     float *x;
@@ -130,28 +124,56 @@ typedef struct act_job {
     long n;
 } act_job;
 
+/* the scalar twin of vt_act_table_avx2 */
+static void act_table_c(const float *table, bool clamp10, float *x, const float *up, long n) {
+    for (long i = 0; i < n; i++) {
+        float y = vt_act_table1(table, clamp10, x[i]);
+        x[i] = up ? y * up[i] : y;
+    }
+}
+
+void vt_act_table(const float *table, bool clamp10, float *x, const float *up, long n) {
+    if (kt_cpu_has_avx2()) vt_act_table_avx2(table, clamp10, x, up, n);
+    else act_table_c(table, clamp10, x, up, n);
+}
+
 static void act_worker(void *ctx, int ith, int nth) {
     const act_job *j = ctx;
     long lo, hi;
     kt_split_range(j->n, ith, nth, &lo, &hi);
-    if (j->up)
-        for (long i = lo; i < hi; i++) j->x[i] = act1(j->act, j->x[i]) * j->up[i];
-    else
-        for (long i = lo; i < hi; i++) j->x[i] = act1(j->act, j->x[i]);
+    const float *up = j->up ? j->up + lo : NULL;
+    if (j->act == VT_ACT_SILU) {
+        for (long i = lo; i < hi; i++) j->x[i] = silu(j->x[i]) * (j->up ? j->up[i] : 1.0f);
+        return;
+    }
+    bool gelu = j->act == VT_ACT_GELU;
+    vt_act_table(gelu ? g_gelu_tab : g_gelu_quick_tab, gelu, j->x + lo, up, hi - lo);
+}
+
+const float *vt_gelu_table(bool quick) {
+    pthread_once(&g_tabs_once, make_tables);
+    return quick ? g_gelu_quick_tab : g_gelu_tab;
 }
 
 void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n) {
+    pthread_once(&g_tabs_once, make_tables);
     act_job j = {act, x, NULL, n};
     kt_pool_run(pool, act_worker, &j);
 }
 
 void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n) {
+    pthread_once(&g_tabs_once, make_tables);
     act_job j = {act, gate, up, n};
     kt_pool_run(pool, act_worker, &j);
 }
 
-void vt_round_f16(float *x, long n) {
+void vt_round_f16_ref(float *x, long n) {
     for (long i = 0; i < n; i++) x[i] = f16_round(x[i]);
+}
+
+void vt_round_f16(float *x, long n) {
+    if (kt_cpu_has_avx2()) vt_round_f16_avx2(x, n);
+    else vt_round_f16_ref(x, n);
 }
 
 /* ---- 2-D rotary ---- */
@@ -372,22 +394,33 @@ static void gather_kv_x16(const fattn_job *a, int w, int h, int n_pad, float *kx
     }
 }
 
-/* row of n scores (n_pad long) to probabilities, as attend_one does; the
- * padding to 0 */
-static void softmax_row(float *s, int n, int n_pad, float scale) {
+/* row of n scores (n_pad long) to probabilities (the padding to 0), as
+ * ggml's soft_max: the scalar twin of vt_softmax_row_avx2 (vit_simd.h) */
+void vt_softmax_row_c(float *s, int n, int n_pad, float scale) {
+    const int n8 = n & ~7;
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) {
         s[j] *= scale;
-        if (s[j] > mx) mx = s[j];
+        mx = s[j] > mx ? s[j] : mx;
     }
-    double sum = 0;
-    for (int j = 0; j < n; j++) {
-        s[j] = expf(s[j] - mx);
+    double lanes[8] = {0}, sum = 0;
+    for (int j = 0; j < n8; j++) {
+        s[j] = vt_expf_neg(s[j] - mx);
+        lanes[j % 8] += (double)s[j];
+    }
+    for (int k = 0; k < 8; k++) sum += lanes[k];
+    for (int j = n8; j < n; j++) {
+        s[j] = vt_expf_neg(s[j] - mx);
         sum += s[j];
     }
     const float inv = (float)(1.0 / sum);
     for (int j = 0; j < n; j++) s[j] *= inv;
     for (int j = n; j < n_pad; j++) s[j] = 0.0f;
+}
+
+void vt_softmax_row(float *s, int n, int n_pad, float scale) {
+    if (kt_cpu_has_avx2()) vt_softmax_row_avx2(s, n, n_pad, scale);
+    else vt_softmax_row_c(s, n, n_pad, scale);
 }
 
 /* queries i0 .. i1 - 1 of window w, head h, against the gathered K, V */
@@ -399,7 +432,7 @@ static void attend_block(const fattn_job *a, int w, int h, int i0, int i1, const
                (size_t)d * sizeof *qb);
     kt_matmul(NULL, sb, kx, KT_F32_X16, qb, d, n_pad, B);
     const float scale = 1.0f / sqrtf((float)d);
-    for (int i = 0; i < B; i++) softmax_row(sb + (size_t)i * n_pad, n, n_pad, scale);
+    for (int i = 0; i < B; i++) vt_softmax_row(sb + (size_t)i * n_pad, n, n_pad, scale);
     kt_matmul(NULL, ob, vx, KT_F32_X16, sb, n_pad, d, B);
     for (int i = 0; i < B; i++)
         memcpy(a->out + (long)a->members[ws + i0 + i] * a->n_heads * d + (long)h * d, ob + (size_t)i * d,
