@@ -145,7 +145,7 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
 /* The im2col of llama.cpp's conv_2d, in merge order: patch t's row holds
  * its 3 x p x p pixels (channel, row, column), rounded to F16 as ggml's
  * F16 im2col does. */
-static void build_patches(const kt_vision *v, const kt_image_prep *img, const vt_run *r) {
+static void build_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, const vt_run *r) {
     int p = v->patch, W = img->width, H = img->height;
     for (int t = 0; t < r->n_patches; t++) {
         float *row = r->col + (size_t)t * 3 * p * p;
@@ -156,7 +156,7 @@ static void build_patches(const kt_vision *v, const kt_image_prep *img, const vt
                 memcpy(row + (c * p + ky) * p, src, (size_t)p * sizeof *row);
             }
     }
-    vt_round_f16(r->col, (long)r->n_patches * 3 * p * p);
+    vt_round_f16(pool, r->col, r->col, (long)r->n_patches * 3 * p * p);
 }
 
 /* ggml_interpolate(BILINEAR | ALIGN_CORNERS) of the side x side learned
@@ -186,11 +186,11 @@ static void add_pos_embd(const kt_vision *v, const vt_run *r) {
 
 static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, vt_run *r) {
     int n_in = 3 * v->patch * v->patch, w = v->width, P = r->n_patches;
-    build_patches(v, img, r);
+    build_patches(v, pool, img, r);
     kt_matmul(pool, r->x, v->patch_w16[0], v->patch_type, r->col, n_in, w, P);
     kt_matmul(pool, r->tmp, v->patch_w16[1], v->patch_type, r->col, n_in, w, P);
-    vt_add(r->x, r->tmp, (long)P * w);
-    vt_add_bias(r->x, v->patch_b.data, P, w);
+    vt_add(pool, r->x, r->tmp, (long)P * w);
+    vt_add_bias(pool, r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
     if (v->pre_ln_w.data) vt_norm_rows(pool, v->norm, r->x, r->x, v->pre_ln_w.data, v->pre_ln_b.data, P, w, v->eps);
 }
@@ -205,13 +205,11 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
 static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, const vt_weight *b, const float *x,
                    int n_rows) {
     if (kt_repack_plain(wt->type) == KT_F16) {
-        size_t n = (size_t)n_rows * wt->n_in;
-        memcpy(r->xh, x, n * sizeof *x);
-        vt_round_f16(r->xh, (long)n);
+        vt_round_f16(pool, r->xh, x, (long)n_rows * wt->n_in);
         x = r->xh;
     }
     kt_matmul(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
-    vt_add_bias(out, b->data, n_rows, wt->n_out);
+    vt_add_bias(pool, out, b->data, n_rows, wt->n_out);
 }
 
 static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l, vt_run *r, kt_error *err) {
@@ -235,7 +233,7 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
                      full ? r->full_members : r->win_members, full ? 1 : r->n_win, err);
     if (st) return st;
     linear(pool, r, r->tmp, &l->o_w, &l->o_b, r->att, P);
-    vt_add(r->x, r->tmp, (long)P * w);
+    vt_add(pool, r->x, r->tmp, (long)P * w);
     return KT_OK;
 }
 
@@ -252,7 +250,7 @@ static void mlp(const kt_vision *v, kt_pool *pool, const vt_layer *l, vt_run *r)
         vt_act_inplace(pool, v->act, r->up, (long)P * n_ff);
     }
     linear(pool, r, r->tmp, &l->down_w, &l->down_b, h, P);
-    vt_add(r->x, r->tmp, (long)P * w);
+    vt_add(pool, r->x, r->tmp, (long)P * w);
 }
 
 /* ---- outputs ---- */

@@ -76,20 +76,22 @@ struct kt_vision {
  * b (either may be NULL), into y (may equal x); ggml_norm / ggml_rms_norm. */
 void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b, int n_rows,
                   int n, float eps);
-/* x[r][i] += b[i] */
-void vt_add_bias(float *x, const float *b, int n_rows, int n);
-/* y[i] += x[i] */
-void vt_add(float *y, const float *x, long n);
+/* x[r][i] += b[i] (b NULL: nothing), split over the pool */
+void vt_add_bias(kt_pool *pool, float *x, const float *b, int n_rows, int n);
+/* y[i] += x[i], split over the pool */
+void vt_add(kt_pool *pool, float *y, const float *x, long n);
 /* x[i] = act(x[i]) in place: GELU as ggml's CPU computes it (tanh form
  * looked up through its F16 table), quick GELU x * sigmoid(1.702 x) (also
  * through its F16 table), SiLU */
 void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n);
 /* gate[i] = act(gate[i]) * up[i] */
 void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n);
-/* Rounds each value to the nearest F16 (llama.cpp's F16 im2col); _ref:
- * the scalar twin of the F16C path. */
-void vt_round_f16(float *x, long n);
-void vt_round_f16_ref(float *x, long n);
+/* y[i] = x[i] rounded to the nearest F16 (llama.cpp's F16 im2col, and
+ * the activations of F16 GEMMs); y may be x. vt_round_f16 splits it over
+ * the pool; _to is one thread, F16C or its scalar twin _ref. */
+void vt_round_f16(kt_pool *pool, float *y, const float *x, long n);
+void vt_round_f16_to(float *y, const float *x, long n);
+void vt_round_f16_ref(float *y, const float *x, long n);
 /* The GELU (tanh form) or quick GELU table: fp16 bits -> ggml's result. */
 const float *vt_gelu_table(bool quick);
 /* x[i] = table[fp16(x[i])] (0 at or below -10 and x at or above 10 with

@@ -94,11 +94,11 @@ void vt_act_table_avx2(const float *table, bool clamp10, float *x, const float *
     }
 }
 
-void vt_round_f16_avx2(float *x, long n) {
+void vt_round_f16_avx2(float *y, const float *x, long n) {
     long i = 0;
     for (; i + 8 <= n; i += 8) {
         __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(h));
     }
-    for (; i < n; i++) x[i] = vt_round_f16_1(x[i]);
+    for (; i < n; i++) y[i] = vt_round_f16_1(x[i]);
 }

@@ -50,6 +50,6 @@ static inline float vt_act_table1(const float *table, bool clamp10, float x) {
 void vt_softmax_row_avx2(float *s, int n, int n_pad, float scale);
 /* x[i] = table1(x[i]) (* up[i] when up is given) */
 void vt_act_table_avx2(const float *table, bool clamp10, float *x, const float *up, long n);
-void vt_round_f16_avx2(float *x, long n);
+void vt_round_f16_avx2(float *y, const float *x, long n);
 
 #endif
