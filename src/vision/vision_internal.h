@@ -97,10 +97,11 @@ const float *vt_gelu_table(bool quick);
 /* x[i] = table[fp16(x[i])] (0 at or below -10 and x at or above 10 with
  * clamp10: ggml's GELU), times up[i] when up is given; SIMD or scalar. */
 void vt_act_table(const float *table, bool clamp10, float *x, const float *up, long n);
-/* Softmax of one row of n scores times scale, in place, s[n .. n_pad) set
- * to 0 (vit_simd.h says the order); _c: the scalar twin. */
-void vt_softmax_row(float *s, int n, int n_pad, float scale);
-void vt_softmax_row_c(float *s, int n, int n_pad, float scale);
+/* Softmax of one row of n scores times scale, in place, not normalized,
+ * s[n .. n_pad) set to 0; returns the normalizing factor 1 / sum
+ * (vit_simd.h says the order); _c: the scalar twin. */
+float vt_softmax_row(float *s, int n, int n_pad, float scale);
+float vt_softmax_row_c(float *s, int n, int n_pad, float scale);
 
 /* 2-D rotary (ggml_rope_multi, GGML_ROPE_TYPE_VISION, base 10000): for
  * every patch t and head, pair (j, j + d/2) rotates by

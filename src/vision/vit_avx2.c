@@ -29,26 +29,19 @@ static inline __m256 expf_neg8(__m256 x) {
     return _mm256_fmadd_ps(j, k, k);
 }
 
-void vt_softmax_row_avx2(float *s, int n, int n_pad, float scale) {
+float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale) {
     const int n8 = n & ~7;
-    const __m256 vs = _mm256_set1_ps(scale);
     __m256 vmax = _mm256_set1_ps(-INFINITY);
-    for (int j = 0; j < n8; j += 8) {
-        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(s + j), vs);
-        _mm256_storeu_ps(s + j, y);
-        vmax = _mm256_max_ps(vmax, y);
-    }
+    for (int j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
     float lanes[8], mx = -INFINITY;
     _mm256_storeu_ps(lanes, vmax);
     for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
-    for (int j = n8; j < n; j++) {
-        s[j] *= scale;
-        mx = s[j] > mx ? s[j] : mx;
-    }
-    const __m256 vm = _mm256_set1_ps(mx);
+    for (int j = n8; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const float ms = mx * scale;
+    const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(-ms);
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     for (int j = 0; j < n8; j += 8) {
-        __m256 e = expf_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        __m256 e = expf_neg8(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vm));
         _mm256_storeu_ps(s + j, e);
         lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
@@ -59,14 +52,11 @@ void vt_softmax_row_avx2(float *s, int n, int n_pad, float scale) {
     double sum = 0;
     for (int k = 0; k < 8; k++) sum += dl[k];
     for (int j = n8; j < n; j++) {
-        s[j] = vt_expf_neg(s[j] - mx);
+        s[j] = vt_expf_neg(fmaf(s[j], scale, -ms));
         sum += s[j];
     }
-    const float inv = (float)(1.0 / sum);
-    const __m256 vi = _mm256_set1_ps(inv);
-    for (int j = 0; j < n8; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), vi));
-    for (int j = n8; j < n; j++) s[j] *= inv;
     for (int j = n; j < n_pad; j++) s[j] = 0.0f;
+    return (float)(1.0 / sum);
 }
 
 /* table[fp16(x)] for 8 values: F16C rounds to nearest even, as

@@ -388,13 +388,17 @@ kt_status vt_attention_ref(kt_pool *pool, float *out, const float *q, const floa
  * keys side by side) and V^T that of P V (rows = head dims, 16 side by
  * side); a block of VT_QUERY_BLOCK queries is the activations. The keys
  * are padded to a multiple of 16 with zero rows, whose scores are dropped
- * before the softmax and whose probabilities are 0. Threads take (window,
+ * before the softmax and whose probabilities are 0. The softmax is
+ * normalized after P V (d values a query, not n: one pass over the
+ * scores less). Threads take (window,
  * head, query block) tasks; each gathers its window's K and V once per
  * (window, head) and calls kt_matmul single-threaded. Softmax as the plain
  * version's. The sums run in another order (one fma chain per score and
  * per output, not the plain loops'), so results differ in the last bits. */
 
+#ifndef VT_QUERY_BLOCK
 #define VT_QUERY_BLOCK 48 /* queries per GEMM: 8 tiles of 6 (the AVX2 x16 tile); S is 48 x n floats */
+#endif
 
 typedef struct fattn_job {
     float *out;
@@ -430,33 +434,29 @@ static void gather_kv_x16(const fattn_job *a, int w, int h, int n_pad, float *kx
     }
 }
 
-/* row of n scores (n_pad long) to probabilities (the padding to 0), as
- * ggml's soft_max: the scalar twin of vt_softmax_row_avx2 (vit_simd.h) */
-void vt_softmax_row_c(float *s, int n, int n_pad, float scale) {
+/* softmax of a row of scores, as ggml's soft_max but normalized after
+ * P V (vit_simd.h): the scalar twin of vt_softmax_row_avx2 */
+float vt_softmax_row_c(float *s, int n, int n_pad, float scale) {
     const int n8 = n & ~7;
     float mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        s[j] *= scale;
-        mx = s[j] > mx ? s[j] : mx;
-    }
+    for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const float ms = mx * scale;
     double lanes[8] = {0}, sum = 0;
     for (int j = 0; j < n8; j++) {
-        s[j] = vt_expf_neg(s[j] - mx);
+        s[j] = vt_expf_neg(fmaf(s[j], scale, -ms));
         lanes[j % 8] += (double)s[j];
     }
     for (int k = 0; k < 8; k++) sum += lanes[k];
     for (int j = n8; j < n; j++) {
-        s[j] = vt_expf_neg(s[j] - mx);
+        s[j] = vt_expf_neg(fmaf(s[j], scale, -ms));
         sum += s[j];
     }
-    const float inv = (float)(1.0 / sum);
-    for (int j = 0; j < n; j++) s[j] *= inv;
     for (int j = n; j < n_pad; j++) s[j] = 0.0f;
+    return (float)(1.0 / sum);
 }
 
-void vt_softmax_row(float *s, int n, int n_pad, float scale) {
-    if (kt_cpu_has_avx2()) vt_softmax_row_avx2(s, n, n_pad, scale);
-    else vt_softmax_row_c(s, n, n_pad, scale);
+float vt_softmax_row(float *s, int n, int n_pad, float scale) {
+    return kt_cpu_has_avx2() ? vt_softmax_row_avx2(s, n, n_pad, scale) : vt_softmax_row_c(s, n, n_pad, scale);
 }
 
 /* queries i0 .. i1 - 1 of window w, head h, against the gathered K, V */
@@ -468,11 +468,13 @@ static void attend_block(const fattn_job *a, int w, int h, int i0, int i1, const
                (size_t)d * sizeof *qb);
     kt_matmul(NULL, sb, kx, KT_F32_X16, qb, d, n_pad, B);
     const float scale = 1.0f / sqrtf((float)d);
-    for (int i = 0; i < B; i++) vt_softmax_row(sb + (size_t)i * n_pad, n, n_pad, scale);
+    float inv[VT_QUERY_BLOCK];
+    for (int i = 0; i < B; i++) inv[i] = vt_softmax_row(sb + (size_t)i * n_pad, n, n_pad, scale);
     kt_matmul(NULL, ob, vx, KT_F32_X16, sb, n_pad, d, B);
-    for (int i = 0; i < B; i++)
-        memcpy(a->out + (long)a->members[ws + i0 + i] * a->n_heads * d + (long)h * d, ob + (size_t)i * d,
-               (size_t)d * sizeof *ob);
+    for (int i = 0; i < B; i++) {
+        float *o = a->out + (long)a->members[ws + i0 + i] * a->n_heads * d + (long)h * d;
+        for (int c = 0; c < d; c++) o[c] = ob[(size_t)i * d + c] * inv[i];
+    }
 }
 
 static void fattn_worker(void *ctx, int ith, int nth) {

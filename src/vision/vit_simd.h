@@ -43,11 +43,14 @@ static inline float vt_act_table1(const float *table, bool clamp10, float x) {
     return table[kt_fp32_to_fp16(x)];
 }
 
-/* softmax of s[0 .. n) in place, scores times scale first, s[n .. n_pad)
- * set to 0: max, then e = vt_expf_neg(y - max), summed in double in 8
- * lanes (lane k: the e of j = k mod 8 below n & ~7; then the lanes in
- * order, then the tail in order), times (float)(1 / sum) */
-void vt_softmax_row_avx2(float *s, int n, int n_pad, float scale);
+/* softmax of the scores s[0 .. n) times scale, in place but not
+ * normalized, s[n .. n_pad) set to 0; returns the factor that normalizes
+ * it, (float)(1 / sum), which the caller applies to P V's output rows (d
+ * values, not n). ms = max(s) * scale (the max of the scaled scores: a
+ * positive scale keeps the order); e = vt_expf_neg(fma(s, scale, -ms));
+ * the sum in double in 8 lanes (lane k: the e of j = k mod 8 below
+ * n & ~7; then the lanes in order, then the tail in order). */
+float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale);
 /* x[i] = table1(x[i]) (* up[i] when up is given) */
 void vt_act_table_avx2(const float *table, bool clamp10, float *x, const float *up, long n);
 void vt_round_f16_avx2(float *y, const float *x, long n);
