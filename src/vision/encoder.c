@@ -21,6 +21,7 @@
  * here (vt_attention over groups of tokens).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,6 +141,43 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     return KT_OK;
 }
 
+/* ---- GEMMs ---- */
+
+/* The tower's GEMMs in chunks of tokens that the pool's threads take as
+ * they come (kt_matmul single-threaded on each), not kt_matmul's fixed
+ * halves: on a machine where another process holds part of a core, a
+ * fixed split leaves the other thread waiting (ggml's mul_mat takes its
+ * chunks the same way). The x16 kernels give each output one fma chain
+ * whatever the chunk (matmul.c), so the bits do not change. */
+#define VT_GEMM_TOKENS 64
+
+typedef struct gemm_job {
+    float *out;
+    const void *w;
+    kt_dtype type;
+    const float *x;
+    int n_in, n_out, n_rows;
+    atomic_int next;
+} gemm_job;
+
+static void gemm_worker(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    gemm_job *j = ctx;
+    for (;;) {
+        int t0 = atomic_fetch_add(&j->next, 1) * VT_GEMM_TOKENS;
+        if (t0 >= j->n_rows) return;
+        int nt = j->n_rows - t0 < VT_GEMM_TOKENS ? j->n_rows - t0 : VT_GEMM_TOKENS;
+        kt_matmul(NULL, j->out + (size_t)t0 * j->n_out, j->w, j->type, j->x + (size_t)t0 * j->n_in, j->n_in,
+                  j->n_out, nt);
+    }
+}
+
+static void gemm(kt_pool *pool, float *out, const void *w, kt_dtype type, const float *x, int n_in, int n_out,
+                 int n_rows) {
+    gemm_job j = {out, w, type, x, n_in, n_out, n_rows, 0};
+    kt_pool_run(pool, gemm_worker, &j);
+}
+
 /* ---- input ---- */
 
 /* The im2col of llama.cpp's conv_2d, in merge order: patch t's row holds
@@ -187,8 +225,8 @@ static void add_pos_embd(const kt_vision *v, const vt_run *r) {
 static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, vt_run *r) {
     int n_in = 3 * v->patch * v->patch, w = v->width, P = r->n_patches;
     build_patches(v, pool, img, r);
-    kt_matmul(pool, r->x, v->patch_w16[0], v->patch_type, r->col, n_in, w, P);
-    kt_matmul(pool, r->tmp, v->patch_w16[1], v->patch_type, r->col, n_in, w, P);
+    gemm(pool, r->x, v->patch_w16[0], v->patch_type, r->col, n_in, w, P);
+    gemm(pool, r->tmp, v->patch_w16[1], v->patch_type, r->col, n_in, w, P);
     vt_add(pool, r->x, r->tmp, (long)P * w);
     vt_add_bias(pool, r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
@@ -208,7 +246,7 @@ static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, co
         vt_round_f16(pool, r->xh, x, (long)n_rows * wt->n_in);
         x = r->xh;
     }
-    kt_matmul(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
+    gemm(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
     vt_add_bias(pool, out, b->data, n_rows, wt->n_out);
 }
 

@@ -14,6 +14,7 @@
  * -ffast-math.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -410,6 +411,7 @@ typedef struct fattn_job {
     float *scratch;         /* per thread: scratch_floats */
     size_t scratch_floats;
     int max_pad; /* the largest window's keys rounded up to 16 */
+    atomic_long next; /* the next task to take */
 } fattn_job;
 
 static int pad16(int n) { return (n + KT_X16_ROWS - 1) / KT_X16_ROWS * KT_X16_ROWS; }
@@ -478,15 +480,18 @@ static void attend_block(const fattn_job *a, int w, int h, int i0, int i1, const
 }
 
 static void fattn_worker(void *ctx, int ith, int nth) {
-    const fattn_job *a = ctx;
+    (void)nth;
+    fattn_job *a = ctx;
     size_t kv = (size_t)a->max_pad * a->d;
     float *kx = a->scratch + (size_t)ith * a->scratch_floats, *vx = kx + kv;
     float *qb = vx + kv, *ob = qb + (size_t)VT_QUERY_BLOCK * a->d, *sb = ob + (size_t)VT_QUERY_BLOCK * a->d;
     int have_w = -1, have_h = -1, w = 0;
-    /* contiguous ranges of tasks: a thread's tasks share (window, head) */
-    long lo, hi;
-    kt_split_range(a->n_tasks, ith, nth, &lo, &hi);
-    for (long task = lo; task < hi; task++) {
+    /* tasks taken as they come (a thread that shares its core with
+     * another process takes fewer); they ascend, so w only moves forward
+     * and consecutive tasks mostly share (window, head) and its K and V */
+    for (;;) {
+        long task = atomic_fetch_add(&a->next, 1);
+        if (task >= a->n_tasks) return;
         while (task >= a->task_start[w + 1]) w++;
         int n = a->win_start[w + 1] - a->win_start[w];
         long n_blocks = (n + VT_QUERY_BLOCK - 1) / VT_QUERY_BLOCK, local = task - a->task_start[w];
@@ -527,7 +532,7 @@ kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k
                             max_pad);
     }
     fattn_job a = {out,        q,       k,   v,      stride, n_heads, d_head, win_start, members, task_start[n_windows],
-                   task_start, scratch, per, max_pad};
+                   task_start, scratch, per, max_pad, 0};
     kt_pool_run(pool, fattn_worker, &a);
     free(scratch);
     free(task_start);
