@@ -5,7 +5,9 @@
  * Qwen 3 30B-A3B's mixture of experts cut to 12 layers and its dense twin,
  * Gemma 3 1B, Phi-3 mini, Qwen 3.5 0.8B / 4B / 9B / 35B-A3B, tiny test
  * shapes) filled with deterministic random weights; --layers writes only the
- * first N layers of one (the 35B-A3B is about 19 GB in Q4_0).
+ * first N layers of one (the 35B-A3B is about 19 GB in Q4_0). Shapes named
+ * mmproj-* are vision towers (llama.cpp's mmproj files, no --vocab): see
+ * "vision towers" below.
  *
  * Why: benchmarks and memory/speed tests need full-size models, and real
  * weights cannot be downloaded here. The weights are small (about N(0,
