@@ -5,7 +5,9 @@
  * Qwen 3 30B-A3B's mixture of experts cut to 12 layers and its dense twin,
  * Gemma 3 1B, Phi-3 mini, Qwen 3.5 0.8B / 4B / 9B / 35B-A3B, tiny test
  * shapes) filled with deterministic random weights; --layers writes only the
- * first N layers of one (the 35B-A3B is about 19 GB in Q4_0).
+ * first N layers of one (the 35B-A3B is about 19 GB in Q4_0). Shapes named
+ * mmproj-* are vision towers (llama.cpp's mmproj files, no --vocab): see
+ * "vision towers" below.
  *
  * Why: benchmarks and memory/speed tests need full-size models, and real
  * weights cannot be downloaded here. The weights are small (about N(0,
@@ -109,6 +111,21 @@ static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama";
 static int64_t head_dim_of(const shape *s) { return s->head_dim ? s->head_dim : s->dim / s->n_heads; }
 #define N_SHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
+/* vision towers: see "vision towers" below for the sources */
+typedef struct tower_shape {
+    const char *name;
+    int64_t width, n_layers, n_heads, ffn, patch, pos_side, proj_dim;
+    int deepstack[4], n_deepstack; /* block indexes with a DeepStack merger */
+} tower_shape;
+
+static const tower_shape TOWERS[] = {
+    {"mmproj-qwen3.5-4b", 1024, 24, 16, 4096, 16, 48, 2560, {0}, 0},
+    {"mmproj-qwen3vl-4b", 1024, 24, 16, 4096, 16, 48, 2560, {5, 11, 17}, 3},
+    /* the test goldens' tower (mmproj-qwen3vl-*.gguf) in shape: for tests */
+    {"mmproj-qwen3.5-tiny", 64, 3, 4, 160, 16, 48, 64, {0}, 0},
+};
+#define N_TOWERS (sizeof TOWERS / sizeof TOWERS[0])
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
@@ -120,6 +137,8 @@ static void usage(FILE *out) {
             "\n"
             "  --shape NAME     ");
     for (size_t i = 0; i < N_SHAPES; i++) fprintf(out, "%s%s", i ? ", " : "", SHAPES[i].name);
+    fprintf(out, "\n                   vision towers (mmproj files; no --vocab): ");
+    for (size_t i = 0; i < N_TOWERS; i++) fprintf(out, "%s%s", i ? ", " : "", TOWERS[i].name);
     fprintf(out,
             "\n"
             "  --type TYPE      type of the 2-D weights: %s (norms stay F32)\n"
@@ -138,8 +157,9 @@ static void usage(FILE *out) {
 typedef struct gen_tensor {
     char name[64];
     uint32_t n_dims;
-    int64_t dims[3]; /* rows of dims[0]: dims[1] x dims[2] of them */
+    int64_t dims[4]; /* rows of dims[0]: dims[1] x dims[2] x dims[3] of them */
     kt_dtype type;
+    bool zero; /* a 1-D tensor of zeros (a tower's biases) instead of ones */
 } gen_tensor;
 
 typedef struct gen_plan {
@@ -154,7 +174,9 @@ static void add3(gen_plan *p, const char *name, int64_t d0, int64_t d1, int64_t 
     t->dims[0] = d0;
     t->dims[1] = d1 ? d1 : 1;
     t->dims[2] = d2 ? d2 : 1;
+    t->dims[3] = 1;
     t->type = d1 ? type : KT_F32;
+    t->zero = false;
 }
 
 static void add(gen_plan *p, const char *name, int64_t d0, int64_t d1, kt_dtype type) {
@@ -256,7 +278,7 @@ static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtyp
     return KT_OK;
 }
 
-static int64_t n_rows(const gen_tensor *t) { return t->dims[1] * t->dims[2]; }
+static int64_t n_rows(const gen_tensor *t) { return t->dims[1] * t->dims[2] * t->dims[3]; }
 
 static size_t tensor_bytes(const gen_tensor *t) {
     return kt_dtype_row_bytes(t->type, t->dims[0]) * (size_t)n_rows(t);
@@ -304,7 +326,8 @@ static void gen_rows(void *ctx, int ith, int nth) {
     /* a DeltaNet's decay ssm_a holds -exp(A_log): -1 (ones would make every
      * state grow without bound) */
     const size_t name_len = strlen(j->t->name);
-    const float one = name_len >= 6 && !strcmp(j->t->name + name_len - 6, ".ssm_a") ? -1.0f : 1.0f;
+    float one = name_len >= 6 && !strcmp(j->t->name + name_len - 6, ".ssm_a") ? -1.0f : 1.0f;
+    if (j->t->zero) one = 0.0f;
     kt_split_range(n_rows(j->t), ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         if (ones) {
@@ -406,12 +429,138 @@ static kt_status copy_tokenizer(gguf_writer *w, const gguf_file *v, kt_error *er
     return KT_OK;
 }
 
+/* ---- vision towers (mmproj files) ----
+ *
+ * A Qwen-VL vision tower as llama.cpp's converter writes it
+ * (conversion/qwen3vl.py, Qwen3VLVisionModel, over MmprojModel in
+ * conversion/base.py) and tools/mtmd/clip.cpp reads it: arch `clip`,
+ * projector `qwen3vl_merger`, the Conv3d patch embedding split into two
+ * [p, p, 3, width] slices (F16 in an F16 file, else F32: the converter's
+ * tensor_force_quant), a learned position embedding (always F32:
+ * V_ENC_EMBD_POS), blocks of LayerNorm (weight and bias) -> fused QKV with
+ * bias -> out -> LayerNorm -> up -> GELU-tanh -> down (biases), the merger
+ * (post_ln over the width, mm.0 [4w, 4w], GELU, mm.2 to the text model's
+ * n_embd) and, for Qwen3-VL, DeepStack mergers after some blocks.
+ *
+ * Where the numbers come from: the models' config.json vision_config
+ * (depth, hidden_size, intermediate_size, num_heads, patch_size 16,
+ * spatial_merge_size 2, temporal_patch_size 2, num_position_embeddings
+ * 2304 = 48 x 48, out_hidden_size, deepstack_visual_indexes), image mean
+ * and std 0.5 (preprocessor_config.json), the layer-norm epsilon the
+ * converter takes from text_config.rms_norm_eps (1e-6). Uncertain, from
+ * memory of the Hugging Face configs (no network here): that Qwen 3.5 4B's
+ * vision_config equals Qwen3-VL-4B's (24 x 1024, 16 heads, FFN 4096, out
+ * 2560) with no DeepStack indexes, and Qwen3-VL-4B's indexes [5, 11, 17].
+ * The arithmetic per patch is what counts for speed, and that does not
+ * depend on the values. Weights are N(0, 0.02) as above, norm weights 1,
+ * biases 0. */
+
+static bool tower_has_deepstack(const tower_shape *s, int64_t il) {
+    for (int i = 0; i < s->n_deepstack; i++)
+        if (s->deepstack[i] == il) return true;
+    return false;
+}
+
+/* a 1-D tensor of zeros: the tower's biases */
+static void add_bias(gen_plan *p, const char *name, int64_t n) {
+    add(p, name, n, 0, KT_F32);
+    p->t[p->n - 1].zero = true;
+}
+
+static void add_tower_block(gen_plan *p, const tower_shape *s, int64_t il, kt_dtype type) {
+    const int64_t w = s->width;
+    char n[64];
+#define BLK(suffix) (snprintf(n, sizeof n, "v.blk.%" PRId64 "." suffix, il), n)
+    add(p, BLK("attn_qkv.weight"), w, 3 * w, type);
+    add_bias(p, BLK("attn_qkv.bias"), 3 * w);
+    add(p, BLK("attn_out.weight"), w, w, type);
+    add_bias(p, BLK("attn_out.bias"), w);
+    add(p, BLK("ln1.weight"), w, 0, type);
+    add(p, BLK("ln2.weight"), w, 0, type);
+    add_bias(p, BLK("ln1.bias"), w);
+    add_bias(p, BLK("ln2.bias"), w);
+    add(p, BLK("ffn_up.weight"), w, s->ffn, type);
+    add_bias(p, BLK("ffn_up.bias"), s->ffn);
+    add(p, BLK("ffn_down.weight"), s->ffn, w, type);
+    add_bias(p, BLK("ffn_down.bias"), w);
+#undef BLK
+    if (!tower_has_deepstack(s, il)) return;
+#define DS(suffix) (snprintf(n, sizeof n, "v.deepstack.%" PRId64 "." suffix, il), n)
+    add(p, DS("norm.weight"), 4 * w, 0, type);
+    add_bias(p, DS("norm.bias"), 4 * w);
+    add(p, DS("fc1.weight"), 4 * w, 4 * w, type);
+    add_bias(p, DS("fc1.bias"), 4 * w);
+    add(p, DS("fc2.weight"), 4 * w, s->proj_dim, type);
+    add_bias(p, DS("fc2.bias"), s->proj_dim);
+#undef DS
+}
+
+static kt_status make_tower_plan(gen_plan *p, const tower_shape *s, kt_dtype type, kt_error *err) {
+    const int64_t w = s->width, pp = s->patch;
+    /* the converter keeps the patch embedding F16 only in F16 files */
+    const kt_dtype patch_type = type == KT_F16 ? KT_F16 : KT_F32;
+    p->n = 0;
+    p->t = calloc((size_t)(18 * s->n_layers + 10), sizeof *p->t);
+    if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < 2; k++) {
+        add3(p, k ? "v.patch_embd.weight.1" : "v.patch_embd.weight", pp, pp, 3, patch_type);
+        gen_tensor *t = &p->t[p->n - 1];
+        t->n_dims = 4;
+        t->dims[3] = w;
+    }
+    add_bias(p, "v.patch_embd.bias", w);
+    add(p, "v.position_embd.weight", w, s->pos_side * s->pos_side, KT_F32);
+    for (int64_t il = 0; il < s->n_layers; il++) add_tower_block(p, s, il, type);
+    add(p, "v.post_ln.weight", w, 0, type);
+    add_bias(p, "v.post_ln.bias", w);
+    add(p, "mm.0.weight", 4 * w, 4 * w, type);
+    add_bias(p, "mm.0.bias", 4 * w);
+    add(p, "mm.2.weight", 4 * w, s->proj_dim, type);
+    add_bias(p, "mm.2.bias", s->proj_dim);
+    return KT_OK;
+}
+
+/* The keys the converter writes for a Qwen3-VL / Qwen 3.5 mmproj (the
+ * test goldens' mmproj-qwen3vl files have exactly these). */
+static kt_status set_tower_metadata(gguf_writer *w, const tower_shape *s, kt_dtype type, kt_error *err) {
+    kt_status st;
+    const float half[3] = {0.5f, 0.5f, 0.5f};
+    bool ds[1024] = {false};
+    for (int i = 0; i < s->n_deepstack; i++)
+        if (s->deepstack[i] < s->n_layers) ds[s->deepstack[i]] = true;
+#define TRY(call) do { if ((st = (call)) != KT_OK) return st; } while (0)
+    TRY(gguf_writer_set_str(w, "general.architecture", "clip", err));
+    TRY(gguf_writer_set_str(w, "general.name", s->name, err));
+    TRY(gguf_writer_set_u32(w, "general.file_type", cli_llama_ftype(type), err));
+    TRY(gguf_writer_set_str(w, "general.type", "mmproj", err));
+    TRY(gguf_writer_set_bool(w, "clip.has_vision_encoder", true, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)s->proj_dim, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.image_size", (uint32_t)(s->pos_side * s->patch), err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.patch_size", (uint32_t)s->patch, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.embedding_length", (uint32_t)s->width, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.feed_forward_length", (uint32_t)s->ffn, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)s->n_layers, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.attention.head_count", (uint32_t)s->n_heads, err));
+    TRY(gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_F32, half, 3, err));
+    TRY(gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_F32, half, 3, err));
+    TRY(gguf_writer_set_str(w, "clip.projector_type", "qwen3vl_merger", err));
+    TRY(gguf_writer_set_bool(w, "clip.use_gelu", true, err));
+    TRY(gguf_writer_set_u32(w, "clip.vision.spatial_merge_size", 2, err));
+    TRY(gguf_writer_set_f32(w, "clip.vision.attention.layer_norm_epsilon", 1e-6f, err));
+    TRY(gguf_writer_set_arr(w, "clip.vision.is_deepstack_layers", GGUF_BOOL, ds, (uint64_t)s->n_layers, err));
+#undef TRY
+    return KT_OK;
+}
+
+
 /* ---- writing ---- */
 
 typedef struct gen_args {
     const char *shape_name, *type_name, *vocab, *out, *seed_str, *ctx_str, *layers_str;
     const shape *shape;
     shape custom; /* the shape with --ctx-train's context, --layers' layer count */
+    const tower_shape *tower; /* a vision tower instead (shapes named mmproj-*) */
+    tower_shape tower_custom; /* the tower with --layers' block count */
     kt_dtype type;
     uint64_t seed;
 } gen_args;
@@ -478,7 +627,25 @@ static kt_status write_model(const gen_args *a, const gguf_file *v, int64_t n_vo
     return st;
 }
 
+
+static kt_status write_tower(const gen_args *a, kt_error *err) {
+    gen_plan p = {0};
+    gguf_writer *w = gguf_writer_new(err);
+    if (!w) return err ? err->status : KT_ERR_NOMEM;
+    kt_status st = set_tower_metadata(w, a->tower, a->type, err);
+    if (st == KT_OK) st = make_tower_plan(&p, a->tower, a->type, err);
+    for (int64_t i = 0; st == KT_OK && i < p.n; i++)
+        st = gguf_writer_add_tensor(w, p.t[i].name, p.t[i].type, p.t[i].n_dims, p.t[i].dims, err);
+    if (st == KT_OK) st = gguf_writer_begin(w, a->out, err);
+    if (st == KT_OK) st = write_tensors(w, &p, a->seed, err);
+    if (st == KT_OK) st = gguf_writer_finish(w, err);
+    gguf_writer_free(w);
+    free(p.t);
+    return st;
+}
+
 static kt_status run_gen(const gen_args *a, kt_error *err) {
+    if (a->tower) return write_tower(a, err); /* a tower has no tokenizer */
     int64_t n_vocab = 0;
     gguf_file *v = gguf_open(a->vocab, err);
     if (!v) return err ? err->status : KT_ERR_IO;
@@ -511,21 +678,41 @@ static int parse_opts(int argc, char **argv, gen_args *a) {
     return 0;
 }
 
+/* A tower shape (mmproj-*): no vocabulary; --layers cuts its blocks (the
+ * DeepStack indexes beyond them are dropped), --ctx-train does not apply. */
+static int check_tower_args(gen_args *a) {
+    if (a->ctx_str) return cli_usage_error(CMD, "--ctx-train does not apply to a vision tower");
+    uint64_t layers = 0;
+    if (a->layers_str &&
+        (!cli_parse_u64(a->layers_str, &layers) || layers < 1 || layers > (uint64_t)a->tower->n_layers))
+        return cli_usage_error(CMD, "invalid --layers '%s' (expected 1 to %" PRId64 ", the blocks of %s)",
+                               a->layers_str, a->tower->n_layers, a->tower->name);
+    if (a->layers_str) {
+        a->tower_custom = *a->tower;
+        a->tower_custom.n_layers = (int64_t)layers;
+        a->tower = &a->tower_custom;
+    }
+    return 0;
+}
+
+static int unknown_shape(const char *name) {
+    char names[768] = "";
+    for (size_t i = 0; i < N_SHAPES; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", SHAPES[i].name);
+    for (size_t i = 0; i < N_TOWERS; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), ", %s", TOWERS[i].name);
+    return cli_usage_error(CMD, "unknown shape '%s' (expected one of %s)", name, names);
+}
+
 static int check_args(gen_args *a) {
     if (!a->shape_name) return cli_usage_error(CMD, "missing --shape NAME");
     if (!a->type_name) return cli_usage_error(CMD, "missing --type TYPE");
-    if (!a->vocab) return cli_usage_error(CMD, "missing --vocab VOCAB.gguf");
     if (!a->out) return cli_usage_error(CMD, "missing -o OUT.gguf");
     for (size_t i = 0; i < N_SHAPES; i++)
         if (!strcmp(a->shape_name, SHAPES[i].name)) a->shape = &SHAPES[i];
-    if (!a->shape) {
-        char names[512] = "";
-        for (size_t i = 0; i < N_SHAPES; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-                     i ? ", " : "", SHAPES[i].name);
-        return cli_usage_error(CMD, "unknown shape '%s' (expected one of %s)", a->shape_name,
-                               names);
-    }
+    for (size_t i = 0; i < N_TOWERS; i++)
+        if (!strcmp(a->shape_name, TOWERS[i].name)) a->tower = &TOWERS[i];
+    if (!a->shape && !a->tower) return unknown_shape(a->shape_name);
     int t = cli_parse_out_type(a->type_name);
     if (t < 0)
         return cli_usage_error(CMD, "unknown type '%s' (expected one of %s)", a->type_name,
@@ -534,6 +721,8 @@ static int check_args(gen_args *a) {
     if (a->seed_str && !cli_parse_u64(a->seed_str, &a->seed))
         return cli_usage_error(CMD, "invalid seed '%s' (expected a non-negative integer)",
                                a->seed_str);
+    if (a->tower) return check_tower_args(a);
+    if (!a->vocab) return cli_usage_error(CMD, "missing --vocab VOCAB.gguf");
     uint64_t ctx = 0;
     if (a->ctx_str && (!cli_parse_u64(a->ctx_str, &ctx) || ctx < 1 || ctx > UINT32_MAX))
         return cli_usage_error(CMD, "invalid --ctx-train '%s' (expected 1 to %u positions)", a->ctx_str, UINT32_MAX);
@@ -564,7 +753,7 @@ int cmd_gen_model(int argc, char **argv) {
     kt_error err = {0};
     double t0 = kt_time_ms();
     if (run_gen(&a, &err) != KT_OK) return cli_fail(CMD, &err);
-    fprintf(stderr, "kettle gen-model: wrote %s (%s, %s) in %.1f s\n", a.out, a.shape->name,
+    fprintf(stderr, "kettle gen-model: wrote %s (%s, %s) in %.1f s\n", a.out, a.tower ? a.tower->name : a.shape->name,
             kt_dtype_name(a.type), (kt_time_ms() - t0) / 1e3);
     return 0;
 }

@@ -21,11 +21,13 @@
  * here (vt_attention over groups of tokens).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "ops/matmul.h"
+#include "ops/repack.h"
 #include "vision/vision_internal.h"
 
 /* One image's sizes and buffers (floats unless said). */
@@ -139,12 +141,49 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     return KT_OK;
 }
 
+/* ---- GEMMs ---- */
+
+/* The tower's GEMMs in chunks of tokens that the pool's threads take as
+ * they come (kt_matmul single-threaded on each), not kt_matmul's fixed
+ * halves: on a machine where another process holds part of a core, a
+ * fixed split leaves the other thread waiting (ggml's mul_mat takes its
+ * chunks the same way). The x16 kernels give each output one fma chain
+ * whatever the chunk (matmul.c), so the bits do not change. */
+#define VT_GEMM_TOKENS 64
+
+typedef struct gemm_job {
+    float *out;
+    const void *w;
+    kt_dtype type;
+    const float *x;
+    int n_in, n_out, n_rows;
+    atomic_int next;
+} gemm_job;
+
+static void gemm_worker(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    gemm_job *j = ctx;
+    for (;;) {
+        int t0 = atomic_fetch_add(&j->next, 1) * VT_GEMM_TOKENS;
+        if (t0 >= j->n_rows) return;
+        int nt = j->n_rows - t0 < VT_GEMM_TOKENS ? j->n_rows - t0 : VT_GEMM_TOKENS;
+        kt_matmul(NULL, j->out + (size_t)t0 * j->n_out, j->w, j->type, j->x + (size_t)t0 * j->n_in, j->n_in,
+                  j->n_out, nt);
+    }
+}
+
+static void gemm(kt_pool *pool, float *out, const void *w, kt_dtype type, const float *x, int n_in, int n_out,
+                 int n_rows) {
+    gemm_job j = {out, w, type, x, n_in, n_out, n_rows, 0};
+    kt_pool_run(pool, gemm_worker, &j);
+}
+
 /* ---- input ---- */
 
 /* The im2col of llama.cpp's conv_2d, in merge order: patch t's row holds
  * its 3 x p x p pixels (channel, row, column), rounded to F16 as ggml's
  * F16 im2col does. */
-static void build_patches(const kt_vision *v, const kt_image_prep *img, const vt_run *r) {
+static void build_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, const vt_run *r) {
     int p = v->patch, W = img->width, H = img->height;
     for (int t = 0; t < r->n_patches; t++) {
         float *row = r->col + (size_t)t * 3 * p * p;
@@ -155,7 +194,7 @@ static void build_patches(const kt_vision *v, const kt_image_prep *img, const vt
                 memcpy(row + (c * p + ky) * p, src, (size_t)p * sizeof *row);
             }
     }
-    vt_round_f16(r->col, (long)r->n_patches * 3 * p * p);
+    vt_round_f16(pool, r->col, r->col, (long)r->n_patches * 3 * p * p);
 }
 
 /* ggml_interpolate(BILINEAR | ALIGN_CORNERS) of the side x side learned
@@ -185,11 +224,11 @@ static void add_pos_embd(const kt_vision *v, const vt_run *r) {
 
 static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, vt_run *r) {
     int n_in = 3 * v->patch * v->patch, w = v->width, P = r->n_patches;
-    build_patches(v, img, r);
-    kt_matmul(pool, r->x, v->patch_w16[0], KT_F16, r->col, n_in, w, P);
-    kt_matmul(pool, r->tmp, v->patch_w16[1], KT_F16, r->col, n_in, w, P);
-    vt_add(r->x, r->tmp, (long)P * w);
-    vt_add_bias(r->x, v->patch_b.data, P, w);
+    build_patches(v, pool, img, r);
+    gemm(pool, r->x, v->patch_w16[0], v->patch_type, r->col, n_in, w, P);
+    gemm(pool, r->tmp, v->patch_w16[1], v->patch_type, r->col, n_in, w, P);
+    vt_add(pool, r->x, r->tmp, (long)P * w);
+    vt_add_bias(pool, r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
     if (v->pre_ln_w.data) vt_norm_rows(pool, v->norm, r->x, r->x, v->pre_ln_w.data, v->pre_ln_b.data, P, w, v->eps);
 }
@@ -203,14 +242,12 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
  * llama.cpp's embeddings by 15-35%; the max stays ~5e-4 relative). */
 static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, const vt_weight *b, const float *x,
                    int n_rows) {
-    if (wt->type == KT_F16) {
-        size_t n = (size_t)n_rows * wt->n_in;
-        memcpy(r->xh, x, n * sizeof *x);
-        vt_round_f16(r->xh, (long)n);
+    if (kt_repack_plain(wt->type) == KT_F16) {
+        vt_round_f16(pool, r->xh, x, (long)n_rows * wt->n_in);
         x = r->xh;
     }
-    kt_matmul(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
-    vt_add_bias(out, b->data, n_rows, wt->n_out);
+    gemm(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
+    vt_add_bias(pool, out, b->data, n_rows, wt->n_out);
 }
 
 static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l, vt_run *r, kt_error *err) {
@@ -234,7 +271,7 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
                      full ? r->full_members : r->win_members, full ? 1 : r->n_win, err);
     if (st) return st;
     linear(pool, r, r->tmp, &l->o_w, &l->o_b, r->att, P);
-    vt_add(r->x, r->tmp, (long)P * w);
+    vt_add(pool, r->x, r->tmp, (long)P * w);
     return KT_OK;
 }
 
@@ -251,7 +288,7 @@ static void mlp(const kt_vision *v, kt_pool *pool, const vt_layer *l, vt_run *r)
         vt_act_inplace(pool, v->act, r->up, (long)P * n_ff);
     }
     linear(pool, r, r->tmp, &l->down_w, &l->down_b, h, P);
-    vt_add(r->x, r->tmp, (long)P * w);
+    vt_add(pool, r->x, r->tmp, (long)P * w);
 }
 
 /* ---- outputs ---- */

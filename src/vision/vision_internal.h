@@ -60,12 +60,14 @@ struct kt_vision {
      * multiplies an F16 im2col by the kernel converted to F16, so an F32
      * file's kernel is rounded to F16 here once */
     uint16_t *patch_w16[2];
+    kt_dtype patch_type; /* KT_F16, or KT_F16_X16 where repacked (mmproj.c) */
     vt_weight patch_b;  /* qwen3vl */
     vt_weight pos_embd; /* qwen3vl: [width, side * side] */
     int pos_side;
     vt_weight pre_ln_w, pre_ln_b, post_ln_w, post_ln_b;
     vt_weight mm0_w, mm0_b, mm2_w, mm2_b;
     vt_layer *layers;
+    void *packed; /* owned: the matrices in their GEMM layouts (mmproj.c, repack_matrices) */
 };
 
 /* ---- vit_ops.c: the kernels written here (the GEMMs are kt_matmul) ---- */
@@ -74,18 +76,32 @@ struct kt_vision {
  * b (either may be NULL), into y (may equal x); ggml_norm / ggml_rms_norm. */
 void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const float *w, const float *b, int n_rows,
                   int n, float eps);
-/* x[r][i] += b[i] */
-void vt_add_bias(float *x, const float *b, int n_rows, int n);
-/* y[i] += x[i] */
-void vt_add(float *y, const float *x, long n);
+/* x[r][i] += b[i] (b NULL: nothing), split over the pool */
+void vt_add_bias(kt_pool *pool, float *x, const float *b, int n_rows, int n);
+/* y[i] += x[i], split over the pool */
+void vt_add(kt_pool *pool, float *y, const float *x, long n);
 /* x[i] = act(x[i]) in place: GELU as ggml's CPU computes it (tanh form
  * looked up through its F16 table), quick GELU x * sigmoid(1.702 x) (also
  * through its F16 table), SiLU */
 void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n);
 /* gate[i] = act(gate[i]) * up[i] */
 void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n);
-/* Rounds each value to the nearest F16 (llama.cpp's F16 im2col). */
-void vt_round_f16(float *x, long n);
+/* y[i] = x[i] rounded to the nearest F16 (llama.cpp's F16 im2col, and
+ * the activations of F16 GEMMs); y may be x. vt_round_f16 splits it over
+ * the pool; _to is one thread, F16C or its scalar twin _ref. */
+void vt_round_f16(kt_pool *pool, float *y, const float *x, long n);
+void vt_round_f16_to(float *y, const float *x, long n);
+void vt_round_f16_ref(float *y, const float *x, long n);
+/* The GELU (tanh form) or quick GELU table: fp16 bits -> ggml's result. */
+const float *vt_gelu_table(bool quick);
+/* x[i] = table[fp16(x[i])] (0 at or below -10 and x at or above 10 with
+ * clamp10: ggml's GELU), times up[i] when up is given; SIMD or scalar. */
+void vt_act_table(const float *table, bool clamp10, float *x, const float *up, long n);
+/* Softmax of one row of n scores times scale, in place, not normalized,
+ * s[n .. n_pad) set to 0; returns the normalizing factor 1 / sum
+ * (vit_simd.h says the order); _c: the scalar twin. */
+float vt_softmax_row(float *s, int n, int n_pad, float scale);
+float vt_softmax_row_c(float *s, int n, int n_pad, float scale);
 
 /* 2-D rotary (ggml_rope_multi, GGML_ROPE_TYPE_VISION, base 10000): for
  * every patch t and head, pair (j, j + d/2) rotates by
@@ -101,5 +117,11 @@ void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int
  * Scratch per thread is allocated here (KT_ERR_NOMEM if it fails). */
 kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
                        int n_heads, int d_head, const int *win_start, const int *members, int n_windows, kt_error *err);
+/* The same in plain loops, one query at a time (the scalar reference the
+ * GEMM path is tested against; vt_attention falls back to it when the
+ * head dim is not a multiple of 16). */
+kt_status vt_attention_ref(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                           int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                           kt_error *err);
 
 #endif

@@ -14,12 +14,19 @@
  * -ffast-math.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "base/fp16.h"
+#include "ops/cpu.h"
+#include "ops/matmul.h"
+#include "ops/repack.h"
 #include "vision/vision_internal.h"
+#include "vision/vit_simd.h"
+
+#include <pthread.h>
 
 /* ---- norms ---- */
 
@@ -72,15 +79,51 @@ void vt_norm_rows(kt_pool *pool, vt_norm kind, float *y, const float *x, const f
 
 /* ---- element-wise ---- */
 
-void vt_add_bias(float *x, const float *b, int n_rows, int n) {
-    if (!b) return;
-    for (long r = 0; r < n_rows; r++)
-        for (int i = 0; i < n; i++) x[r * n + i] += b[i];
+/* The element-wise passes over whole activations (60 MB at 3680 patches
+ * x 4096), split over the pool: one thread alone left the other idle for
+ * a few % of a 4B tower's time. */
+typedef enum ew_op { EW_ADD, EW_BIAS, EW_ROUND } ew_op;
+
+typedef struct ew_job {
+    ew_op op;
+    float *y;
+    const float *x;
+    long n_rows;
+    int n;
+} ew_job;
+
+static void ew_worker(void *ctx, int ith, int nth) {
+    const ew_job *j = ctx;
+    long lo, hi;
+    kt_split_range(j->n_rows, ith, nth, &lo, &hi);
+    float *y = j->y + lo * j->n;
+    const float *x = j->x + (j->op == EW_BIAS ? 0 : lo * j->n);
+    long len = (hi - lo) * j->n;
+    if (j->op == EW_ADD)
+        for (long i = 0; i < len; i++) y[i] += x[i];
+    else if (j->op == EW_ROUND)
+        vt_round_f16_to(y, x, len);
+    else
+        for (long r = 0; r < hi - lo; r++)
+            for (int i = 0; i < j->n; i++) y[r * j->n + i] += x[i];
 }
 
-void vt_add(float *y, const float *x, long n) {
-    for (long i = 0; i < n; i++) y[i] += x[i];
+/* rows of 1024 values (whole cache lines per thread) unless n is small */
+static void ew_run(kt_pool *pool, ew_op op, float *y, const float *x, long n) {
+    int row = n % 1024 == 0 ? 1024 : 1;
+    ew_job j = {op, y, x, n / row, row};
+    kt_pool_run(pool, ew_worker, &j);
 }
+
+void vt_add_bias(kt_pool *pool, float *x, const float *b, int n_rows, int n) {
+    if (!b) return;
+    ew_job j = {EW_BIAS, x, b, n_rows, n};
+    kt_pool_run(pool, ew_worker, &j);
+}
+
+void vt_add(kt_pool *pool, float *y, const float *x, long n) { ew_run(pool, EW_ADD, y, x, n); }
+
+void vt_round_f16(kt_pool *pool, float *y, const float *x, long n) { ew_run(pool, EW_ROUND, y, x, n); }
 
 static float f16_round(float x) { return kt_fp16_to_fp32(kt_fp32_to_fp16(x)); }
 
@@ -90,37 +133,27 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
 
-/* ggml_vec_gelu_f32 under GGML_GELU_FP16: the table holds
- * fp16(gelu(fp16 argument)); beyond +-10 it is skipped */
-static float gelu_ggml(float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    return f16_round(gelu_tanh(f16_round(x)));
-}
-
-/* ggml_vec_gelu_quick_f32 under GGML_GELU_QUICK_FP16 (no clamp) */
-static float gelu_quick_ggml(float x) {
-    float h = f16_round(x);
-    return f16_round(h * (1.0f / (1.0f + expf(-1.702f * h))));
-}
-
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-static float act1(vt_act act, float x) {
-    switch (act) {
-    case VT_ACT_GELU:
-        return gelu_ggml(x);
-    case VT_ACT_SILU:
-        return silu(x);
-    case VT_ACT_GELU_QUICK:
-        return gelu_quick_ggml(x);
+/* GELU and quick GELU as ggml's CPU computes them are functions of the
+ * F16 value of their argument: tables of all 65536 (fp16 bits -> the
+ * result), made once, as ggml_cpu_init makes its own. A lookup is a
+ * conversion and a gather instead of a tanh or exp (they took ~15% of a
+ * 4B tower's time). */
+static float g_gelu_tab[65536], g_gelu_quick_tab[65536];
+static pthread_once_t g_tabs_once = PTHREAD_ONCE_INIT;
+
+static void make_tables(void) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        float x = kt_fp16_to_fp32((uint16_t)h);
+        g_gelu_tab[h] = f16_round(gelu_tanh(x));
+        g_gelu_quick_tab[h] = f16_round(x * (1.0f / (1.0f + expf(-1.702f * x))));
     }
-    return x;
 }
 
 /* x[i] = act(x[i]) (* up[i] when up is given), split over the pool: with
- * a real tower's MLP (3680 patches x 4304) the tanh and the F16 rounding
- * cost as much as a GEMM's share per thread */
+ * a real tower's MLP (3680 patches x 4304) the activation costs as much as
+ * a GEMM's share per thread */
 typedef struct act_job {
     vt_act act;
     float *x;
@@ -128,28 +161,56 @@ typedef struct act_job {
     long n;
 } act_job;
 
+/* the scalar twin of vt_act_table_avx2 */
+static void act_table_c(const float *table, bool clamp10, float *x, const float *up, long n) {
+    for (long i = 0; i < n; i++) {
+        float y = vt_act_table1(table, clamp10, x[i]);
+        x[i] = up ? y * up[i] : y;
+    }
+}
+
+void vt_act_table(const float *table, bool clamp10, float *x, const float *up, long n) {
+    if (kt_cpu_has_avx2()) vt_act_table_avx2(table, clamp10, x, up, n);
+    else act_table_c(table, clamp10, x, up, n);
+}
+
 static void act_worker(void *ctx, int ith, int nth) {
     const act_job *j = ctx;
     long lo, hi;
     kt_split_range(j->n, ith, nth, &lo, &hi);
-    if (j->up)
-        for (long i = lo; i < hi; i++) j->x[i] = act1(j->act, j->x[i]) * j->up[i];
-    else
-        for (long i = lo; i < hi; i++) j->x[i] = act1(j->act, j->x[i]);
+    const float *up = j->up ? j->up + lo : NULL;
+    if (j->act == VT_ACT_SILU) {
+        for (long i = lo; i < hi; i++) j->x[i] = silu(j->x[i]) * (j->up ? j->up[i] : 1.0f);
+        return;
+    }
+    bool gelu = j->act == VT_ACT_GELU;
+    vt_act_table(gelu ? g_gelu_tab : g_gelu_quick_tab, gelu, j->x + lo, up, hi - lo);
+}
+
+const float *vt_gelu_table(bool quick) {
+    pthread_once(&g_tabs_once, make_tables);
+    return quick ? g_gelu_quick_tab : g_gelu_tab;
 }
 
 void vt_act_inplace(kt_pool *pool, vt_act act, float *x, long n) {
+    pthread_once(&g_tabs_once, make_tables);
     act_job j = {act, x, NULL, n};
     kt_pool_run(pool, act_worker, &j);
 }
 
 void vt_glu(kt_pool *pool, vt_act act, float *gate, const float *up, long n) {
+    pthread_once(&g_tabs_once, make_tables);
     act_job j = {act, gate, up, n};
     kt_pool_run(pool, act_worker, &j);
 }
 
-void vt_round_f16(float *x, long n) {
-    for (long i = 0; i < n; i++) x[i] = f16_round(x[i]);
+void vt_round_f16_ref(float *y, const float *x, long n) {
+    for (long i = 0; i < n; i++) y[i] = f16_round(x[i]);
+}
+
+void vt_round_f16_to(float *y, const float *x, long n) {
+    if (kt_cpu_has_avx2()) vt_round_f16_avx2(y, x, n);
+    else vt_round_f16_ref(y, x, n);
 }
 
 /* ---- 2-D rotary ---- */
@@ -288,9 +349,9 @@ static void attn_worker(void *ctx, int ith, int nth) {
     }
 }
 
-kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
-                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
-                       kt_error *err) {
+kt_status vt_attention_ref(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                           int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                           kt_error *err) {
     int max_win = 0;
     for (int w = 0; w < n_windows; w++)
         if (win_start[w + 1] - win_start[w] > max_win) max_win = win_start[w + 1] - win_start[w];
@@ -315,6 +376,164 @@ kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k
         out,        q,       k,   v,      stride, n_heads, d_head, win_start, members, n_windows, task_start[n_windows],
         task_start, scratch, per, max_win};
     kt_pool_run(pool, attn_worker, &a);
+    free(scratch);
+    free(task_start);
+    return KT_OK;
+}
+
+/* ---- attention through the GEMM ----
+ *
+ * The same softmax(q K^T / sqrt(d)) V, with both products as kt_matmul
+ * over the F32x16 layout (ops/repack.h), which runs near the FMA peak:
+ * for one window and head, K is the "weight" of Q K^T (rows = keys, 16
+ * keys side by side) and V^T that of P V (rows = head dims, 16 side by
+ * side); a block of VT_QUERY_BLOCK queries is the activations. The keys
+ * are padded to a multiple of 16 with zero rows, whose scores are dropped
+ * before the softmax and whose probabilities are 0. The softmax is
+ * normalized after P V (d values a query, not n: one pass over the
+ * scores less). Threads take (window,
+ * head, query block) tasks; each gathers its window's K and V once per
+ * (window, head) and calls kt_matmul single-threaded. Softmax as the plain
+ * version's. The sums run in another order (one fma chain per score and
+ * per output, not the plain loops'), so results differ in the last bits. */
+
+#ifndef VT_QUERY_BLOCK
+#define VT_QUERY_BLOCK 48 /* queries per GEMM: 8 tiles of 6 (the AVX2 x16 tile); S is 48 x n floats */
+#endif
+
+typedef struct fattn_job {
+    float *out;
+    const float *q, *k, *v;
+    int stride, n_heads, d;
+    const int *win_start, *members;
+    long n_tasks;
+    const long *task_start; /* first task of each window, n_windows + 1 */
+    float *scratch;         /* per thread: scratch_floats */
+    size_t scratch_floats;
+    int max_pad; /* the largest window's keys rounded up to 16 */
+    atomic_long next; /* the next task to take */
+} fattn_job;
+
+static int pad16(int n) { return (n + KT_X16_ROWS - 1) / KT_X16_ROWS * KT_X16_ROWS; }
+
+/* K of window w, head h, as F32x16 rows of d (group g: for each c, keys
+ * 16g .. 16g+15), and V^T as F32x16 rows of n_pad (group g: for each key
+ * j, dims 16g .. 16g+15); padded keys are zero. */
+static void gather_kv_x16(const fattn_job *a, int w, int h, int n_pad, float *kx, float *vx) {
+    int ws = a->win_start[w], n = a->win_start[w + 1] - ws, d = a->d;
+    for (int j = 0; j < n_pad; j++) {
+        float *kg = kx + (size_t)(j / KT_X16_ROWS) * KT_X16_ROWS * d + j % KT_X16_ROWS;
+        if (j >= n) {
+            for (int c = 0; c < d; c++) kg[(size_t)c * KT_X16_ROWS] = 0.0f;
+            for (int c = 0; c < d; c++) vx[((size_t)(c / KT_X16_ROWS) * n_pad + j) * KT_X16_ROWS + c % KT_X16_ROWS] = 0;
+            continue;
+        }
+        long t = a->members[ws + j];
+        const float *kr = a->k + t * a->stride + (long)h * d, *vr = a->v + t * a->stride + (long)h * d;
+        for (int c = 0; c < d; c++) kg[(size_t)c * KT_X16_ROWS] = kr[c];
+        for (int g = 0; g < d / KT_X16_ROWS; g++)
+            memcpy(vx + ((size_t)g * n_pad + j) * KT_X16_ROWS, vr + g * KT_X16_ROWS, KT_X16_ROWS * sizeof *vx);
+    }
+}
+
+/* softmax of a row of scores, as ggml's soft_max but normalized after
+ * P V (vit_simd.h): the scalar twin of vt_softmax_row_avx2 */
+float vt_softmax_row_c(float *s, int n, int n_pad, float scale) {
+    const int n8 = n & ~7;
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const float ms = mx * scale;
+    double lanes[8] = {0}, sum = 0;
+    for (int j = 0; j < n8; j++) {
+        s[j] = vt_expf_neg(fmaf(s[j], scale, -ms));
+        lanes[j % 8] += (double)s[j];
+    }
+    for (int k = 0; k < 8; k++) sum += lanes[k];
+    for (int j = n8; j < n; j++) {
+        s[j] = vt_expf_neg(fmaf(s[j], scale, -ms));
+        sum += s[j];
+    }
+    for (int j = n; j < n_pad; j++) s[j] = 0.0f;
+    return (float)(1.0 / sum);
+}
+
+float vt_softmax_row(float *s, int n, int n_pad, float scale) {
+    return kt_cpu_has_avx2() ? vt_softmax_row_avx2(s, n, n_pad, scale) : vt_softmax_row_c(s, n, n_pad, scale);
+}
+
+/* queries i0 .. i1 - 1 of window w, head h, against the gathered K, V */
+static void attend_block(const fattn_job *a, int w, int h, int i0, int i1, const float *kx, const float *vx,
+                         float *qb, float *sb, float *ob) {
+    int ws = a->win_start[w], n = a->win_start[w + 1] - ws, n_pad = pad16(n), d = a->d, B = i1 - i0;
+    for (int i = 0; i < B; i++)
+        memcpy(qb + (size_t)i * d, a->q + (long)a->members[ws + i0 + i] * a->stride + (long)h * d,
+               (size_t)d * sizeof *qb);
+    kt_matmul(NULL, sb, kx, KT_F32_X16, qb, d, n_pad, B);
+    const float scale = 1.0f / sqrtf((float)d);
+    float inv[VT_QUERY_BLOCK];
+    for (int i = 0; i < B; i++) inv[i] = vt_softmax_row(sb + (size_t)i * n_pad, n, n_pad, scale);
+    kt_matmul(NULL, ob, vx, KT_F32_X16, sb, n_pad, d, B);
+    for (int i = 0; i < B; i++) {
+        float *o = a->out + (long)a->members[ws + i0 + i] * a->n_heads * d + (long)h * d;
+        for (int c = 0; c < d; c++) o[c] = ob[(size_t)i * d + c] * inv[i];
+    }
+}
+
+static void fattn_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    fattn_job *a = ctx;
+    size_t kv = (size_t)a->max_pad * a->d;
+    float *kx = a->scratch + (size_t)ith * a->scratch_floats, *vx = kx + kv;
+    float *qb = vx + kv, *ob = qb + (size_t)VT_QUERY_BLOCK * a->d, *sb = ob + (size_t)VT_QUERY_BLOCK * a->d;
+    int have_w = -1, have_h = -1, w = 0;
+    /* tasks taken as they come (a thread that shares its core with
+     * another process takes fewer); they ascend, so w only moves forward
+     * and consecutive tasks mostly share (window, head) and its K and V */
+    for (;;) {
+        long task = atomic_fetch_add(&a->next, 1);
+        if (task >= a->n_tasks) return;
+        while (task >= a->task_start[w + 1]) w++;
+        int n = a->win_start[w + 1] - a->win_start[w];
+        long n_blocks = (n + VT_QUERY_BLOCK - 1) / VT_QUERY_BLOCK, local = task - a->task_start[w];
+        int h = (int)(local / n_blocks), blk = (int)(local % n_blocks);
+        if (w != have_w || h != have_h) {
+            gather_kv_x16(a, w, h, pad16(n), kx, vx);
+            have_w = w;
+            have_h = h;
+        }
+        int i0 = blk * VT_QUERY_BLOCK, i1 = i0 + VT_QUERY_BLOCK < n ? i0 + VT_QUERY_BLOCK : n;
+        attend_block(a, w, h, i0, i1, kx, vx, qb, sb, ob);
+    }
+}
+
+kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                       int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                       kt_error *err) {
+    if (d_head % KT_X16_ROWS) /* V^T's rows are the head dims: x16 needs 16 of them */
+        return vt_attention_ref(pool, out, q, k, v, stride, n_heads, d_head, win_start, members, n_windows, err);
+    int max_pad = 0;
+    for (int w = 0; w < n_windows; w++)
+        if (pad16(win_start[w + 1] - win_start[w]) > max_pad) max_pad = pad16(win_start[w + 1] - win_start[w]);
+    long *task_start = malloc(((size_t)n_windows + 1) * sizeof *task_start);
+    if (!task_start)
+        return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
+    task_start[0] = 0;
+    for (int w = 0; w < n_windows; w++) {
+        long n = win_start[w + 1] - win_start[w];
+        task_start[w + 1] = task_start[w] + (long)n_heads * ((n + VT_QUERY_BLOCK - 1) / VT_QUERY_BLOCK);
+    }
+    int nth = pool ? kt_pool_size(pool) : 1;
+    size_t per = 2 * (size_t)max_pad * d_head + 2 * (size_t)VT_QUERY_BLOCK * d_head + (size_t)VT_QUERY_BLOCK * max_pad;
+    per = (per + 15) & ~(size_t)15; /* threads' scratch on separate cache lines */
+    float *scratch = malloc((size_t)nth * per * sizeof *scratch);
+    if (!scratch) {
+        free(task_start);
+        return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d threads x %d keys", nth,
+                            max_pad);
+    }
+    fattn_job a = {out,        q,       k,   v,      stride, n_heads, d_head, win_start, members, task_start[n_windows],
+                   task_start, scratch, per, max_pad, 0};
+    kt_pool_run(pool, fattn_worker, &a);
     free(scratch);
     free(task_start);
     return KT_OK;
