@@ -459,10 +459,13 @@ static enum MHD_Result start_stream(srv_conn *c) {
 }
 
 /* The class's tower and image limits, the images of a request bounded by
- * its engine's context (the class is loaded: its engine is there). */
-static srv_vision_env class_vision(const srv_class *k) {
+ * its engine's context (read under engine_mu: srv_stop clears the
+ * engines under it). */
+static srv_vision_env class_vision(srv_server *s, const srv_class *k) {
     srv_vision_env v = k->vis;
+    pthread_mutex_lock(&s->engine_mu);
     if (k->engine) v.max_tokens = kt_engine_get_params(k->engine)->n_ctx;
+    pthread_mutex_unlock(&s->engine_mu);
     return v;
 }
 
@@ -483,7 +486,7 @@ static bool prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     if (c->dialect && c->gen.n_choices != 1)
         return srv_fail(e, 400, "invalid_request_error", "n", NULL, "%s answers one choice", c->dialect->path);
     int32_t *ids = NULL;
-    const srv_vision_env vis = class_vision(k);
+    const srv_vision_env vis = class_vision(s, k);
     int n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &vis, &ids, e);
     if (n < 0) return false;
     c->n_prompt = n;
@@ -618,7 +621,7 @@ enum MHD_Result srv_count_tokens(srv_conn *c) {
         const srv_class *k = c->cls;
         c->have_gen = true;
         c->gen.notes = &c->notes;
-        const srv_vision_env vis = class_vision(k);
+        const srv_vision_env vis = class_vision(c->s, k);
         n = srv_prompt_tokens(k->model, k->cfg.template_text, k->sampled, &c->gen, &vis, &ids, &e);
     }
     free(ids);
