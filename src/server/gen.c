@@ -412,10 +412,10 @@ static bool submit(srv_conn *c, const int32_t *ids, int n, srv_error *e) {
     pthread_mutex_lock(&s->engine_mu); /* srv_stop clears the engines under it */
     kt_status st = c->cls->engine ? kt_engine_submit_ex(c->cls->engine, &p, &c->req, &err, &field)
                              : kt_error_set(&err, KT_ERR_BUSY, "the server is shutting down");
-    if (c->cls->engine) n_ctx = kt_engine_get_params(c->cls->engine)->n_ctx;
+    const bool submitted = c->cls->engine != NULL; /* submit took the images' pixels, also when it failed */
+    if (submitted) n_ctx = kt_engine_get_params(c->cls->engine)->n_ctx;
     pthread_mutex_unlock(&s->engine_mu);
-    if (c->cls->engine) /* submit took the images' pixels, also when it failed */
-        for (int i = 0; i < c->gen.n_images; i++) c->gen.images[i].prep = NULL;
+    for (int i = 0; submitted && i < c->gen.n_images; i++) c->gen.images[i].prep = NULL;
     if (st == KT_OK) return true;
     if (st == KT_ERR_CONTEXT && n_ctx > 0) context_error(c, field, n, n_ctx, e);
     else srv_submit_error(&err, field, c->gen.kind, e);
