@@ -608,6 +608,19 @@ static kt_status write_tensors(gguf_writer *w, const gen_plan *p, uint64_t seed,
     return st;
 }
 
+/* The planned tensors declared, the file begun, filled and finished
+ * (st: the setup's status so far); frees the writer and the plan. */
+static kt_status write_plan(gguf_writer *w, gen_plan *p, const gen_args *a, kt_status st, kt_error *err) {
+    for (int64_t i = 0; st == KT_OK && i < p->n; i++)
+        st = gguf_writer_add_tensor(w, p->t[i].name, p->t[i].type, p->t[i].n_dims, p->t[i].dims, err);
+    if (st == KT_OK) st = gguf_writer_begin(w, a->out, err);
+    if (st == KT_OK) st = write_tensors(w, p, a->seed, err);
+    if (st == KT_OK) st = gguf_writer_finish(w, err);
+    gguf_writer_free(w);
+    free(p->t);
+    return st;
+}
+
 static kt_status write_model(const gen_args *a, const gguf_file *v, int64_t n_vocab,
                              kt_error *err) {
     gen_plan p = {0};
@@ -616,15 +629,7 @@ static kt_status write_model(const gen_args *a, const gguf_file *v, int64_t n_vo
     kt_status st = set_metadata(w, a->shape, n_vocab, a->type, err);
     if (st == KT_OK) st = copy_tokenizer(w, v, err);
     if (st == KT_OK) st = make_plan(&p, a->shape, n_vocab, a->type, err);
-    for (int64_t i = 0; st == KT_OK && i < p.n; i++)
-        st = gguf_writer_add_tensor(w, p.t[i].name, p.t[i].type, p.t[i].n_dims,
-                                    p.t[i].dims, err);
-    if (st == KT_OK) st = gguf_writer_begin(w, a->out, err);
-    if (st == KT_OK) st = write_tensors(w, &p, a->seed, err);
-    if (st == KT_OK) st = gguf_writer_finish(w, err);
-    gguf_writer_free(w);
-    free(p.t);
-    return st;
+    return write_plan(w, &p, a, st, err);
 }
 
 
@@ -634,14 +639,7 @@ static kt_status write_tower(const gen_args *a, kt_error *err) {
     if (!w) return err ? err->status : KT_ERR_NOMEM;
     kt_status st = set_tower_metadata(w, a->tower, a->type, err);
     if (st == KT_OK) st = make_tower_plan(&p, a->tower, a->type, err);
-    for (int64_t i = 0; st == KT_OK && i < p.n; i++)
-        st = gguf_writer_add_tensor(w, p.t[i].name, p.t[i].type, p.t[i].n_dims, p.t[i].dims, err);
-    if (st == KT_OK) st = gguf_writer_begin(w, a->out, err);
-    if (st == KT_OK) st = write_tensors(w, &p, a->seed, err);
-    if (st == KT_OK) st = gguf_writer_finish(w, err);
-    gguf_writer_free(w);
-    free(p.t);
-    return st;
+    return write_plan(w, &p, a, st, err);
 }
 
 static kt_status run_gen(const gen_args *a, kt_error *err) {

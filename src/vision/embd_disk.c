@@ -116,8 +116,11 @@ float *kt_embd_disk_get(kt_embd_disk *d, uint64_t hash, size_t n_floats) {
     return out;
 }
 
-/* Removes the oldest files while over budget. */
+/* Removes the oldest files while over budget. The folder is listed only
+ * then: puts keep the byte count (a file replaced under the same name is
+ * counted twice until the next listing, which only trims early). */
 static void trim(kt_embd_disk *d) {
+    if (d->st.bytes <= d->max_bytes) return;
     char oldest[4400];
     for (scan(d, oldest, sizeof oldest); d->st.bytes > d->max_bytes && oldest[0]; scan(d, oldest, sizeof oldest)) {
         if (unlink(oldest)) return;
@@ -139,6 +142,7 @@ void kt_embd_disk_put(kt_embd_disk *d, uint64_t hash, const float *embd, size_t 
         return;
     }
     d->st.writes++;
+    d->st.bytes += sizeof h + n_floats * sizeof(float), d->st.files++;
     trim(d);
 }
 
