@@ -196,8 +196,9 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n,
  * row-major), on the M-RoPE grid positions of Qwen-VL text models; the
  * tokens after it take the positions that layout gives them. `logits`
  * as for kt_session_eval's last token. KT_ERR_UNSUPPORTED for a model
- * without M-RoPE sections; KT_ERR_CONTEXT when it does not fit. A
- * session with images cannot be saved (kt_session_save refuses it). */
+ * without M-RoPE sections; KT_ERR_CONTEXT when it does not fit.
+ * kt_session_save keeps an image's rows and its grid; the caller's token
+ * ids for its positions are whatever stand-ins it chose. */
 kt_status kt_session_eval_image(kt_session *s, const float *embd, int grid_x, int grid_y, float *logits,
                                 kt_error *err);
 
@@ -205,7 +206,8 @@ kt_status kt_session_eval_image(kt_session *s, const float *embd, int grid_x, in
  * token ids that filled them and a caller's note (e.g. the conversation
  * as JSON; may be NULL) to path: marked with the model's fingerprint,
  * checksummed, and written atomically (a temporary, then a rename), so a
- * crash leaves the old file or the new one. */
+ * crash leaves the old file or the new one. n may not fall inside an
+ * image (KT_ERR_ARG). */
 kt_status kt_session_save(const kt_session *s, const char *path, const int32_t *tokens, int n,
                           const char *note, kt_error *err);
 /* Restores a file of kt_session_save into s: *tokens (malloc'ed, *n of

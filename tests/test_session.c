@@ -294,7 +294,7 @@ static void test_window_layers(void **state) {
     /* the 5 window layers keep positions 512..699 (position 700's window
      * from 637, and a block of slack), the global layer all 700; a row is
      * 2 KV heads x 64 F32 values */
-    assert_int_equal(size, 40 + 4 * (size_t)n + 2 * (size_t)(700 + 5 * 188) * 512 + 8);
+    assert_int_equal(size, 44 + 4 * (size_t)n + 2 * (size_t)(700 + 5 * 188) * 512 + 8);
     int32_t *saved = NULL;
     char *note = NULL;
     int n_saved = 0;

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "engine/engine.h"
@@ -415,6 +416,56 @@ static void test_engine_images_refused(void **state) {
     free(v.embd);
 }
 
+/* kt_session_save / _load with an image in the session: a restored
+ * session gives the same logits, bit for bit, for the tokens after the
+ * image as the one that evaluated it (the image's rows and its grid, which
+ * the positions after it depend on, come back); a save that would cut an
+ * image is refused. Attention (qwen2vl) and hybrid (qwen35) models. */
+static void check_session_file_images(const char *T, const char *model_file) {
+    vreq v;
+    vreq_load(&v, T, "F16", "photo");
+    kt_error err = {0};
+    kt_model *m = kt_model_load(tu_shared(model_file), &err);
+    if (!m) fail_msg("%s", err.msg);
+    const kt_session_params sp = {.n_ctx = 1024, .n_threads = 2};
+    kt_session *a = kt_session_new(m, &sp, &err), *b = kt_session_new(m, &sp, &err);
+    assert_non_null(a), assert_non_null(b);
+    const int n_vocab = kt_model_describe(m)->n_vocab, at = v.image.at, n_img = v.image.grid_x * v.image.grid_y;
+    float *la = malloc(sizeof(float) * (size_t)n_vocab), *lb = malloc(sizeof(float) * (size_t)n_vocab);
+    assert_int_equal(kt_session_eval(a, v.ids, at, la, false, &err), KT_OK);
+    assert_int_equal(kt_session_eval_image(a, v.embd, v.image.grid_x, v.image.grid_y, la, &err), KT_OK);
+    const int n_after = v.n - at - n_img;
+    assert_int_equal(kt_session_eval(a, v.ids + at + n_img, n_after - 1, la, false, &err), KT_OK);
+    const char *path = tu_tmp("vision.session");
+    if (!strcmp(T, "qwen25vl")) /* attention only: a prefix may be saved */
+        assert_int_equal(kt_session_save(a, path, v.ids, at + 3, NULL, &err), KT_ERR_ARG); /* inside the image */
+    assert_int_equal(kt_session_save(a, path, v.ids, v.n - 1, "n", &err), KT_OK);
+    int32_t *toks = NULL;
+    char *note = NULL;
+    int n = 0;
+    if (kt_session_load(b, path, &toks, &n, &note, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(n, v.n - 1);
+    assert_memory_equal(toks, v.ids, sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < 4; i++) { /* the last prompt token, then the golden's first three */
+        const int32_t t = i ? v.gen[i - 1] : v.ids[v.n - 1];
+        assert_int_equal(kt_session_eval(a, &t, 1, la, false, &err), KT_OK);
+        assert_int_equal(kt_session_eval(b, &t, 1, lb, false, &err), KT_OK);
+        assert_memory_equal(la, lb, sizeof(float) * (size_t)n_vocab);
+    }
+    printf("  %s: a session with a %dx%d image saved at %d positions and restored: the same logits after it\n",
+           model_file, v.image.grid_x, v.image.grid_y, n);
+    unlink(path);
+    free(toks), free(note), free(la), free(lb), free(v.embd);
+    kt_session_free(a), kt_session_free(b);
+    kt_model_free(m);
+}
+
+static void test_session_file_images(void **state) {
+    (void)state;
+    check_session_file_images("qwen25vl", "golden/arch/qwen2vl-F16.gguf");
+    check_session_file_images("qwen3vl", "golden/arch/qwen35-F16.gguf");
+}
+
 /* ---- the whole way: files in, llama.cpp's greedy text out ---- */
 
 /* `kettle run --mmproj --image` on the golden's prompt: kettle's decoder,
@@ -456,12 +507,102 @@ static void test_run_image_golden(void **state) {
         check_run_golden("golden/arch/image-screenshot.png", "vision-qwen3vl-F32-screenshot.json");
 }
 
+/* `kettle chat --mmproj --image` on the golden's conversation (qwen35):
+ * the reply is llama.cpp's 16 greedy tokens, so the chat template renders
+ * the golden's prompt and the image goes where llama.cpp puts it. */
+static void test_chat_image_golden(void **state) {
+    (void)state;
+    json_error_t jerr;
+    json_t *g = json_load_file(tu_shared("golden/arch/vision-qwen3vl-F32-photo.json"), 0, &jerr);
+    if (!g) fail_msg("vision-qwen3vl-F32-photo.json: %s", jerr.text);
+    char input[512], cmd[8192], model[1024], mmproj[1024], photo[1024];
+    snprintf(input, sizeof input, "%s", tu_tmp("chat_image_input.txt"));
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen35-F16.gguf"));
+    snprintf(mmproj, sizeof mmproj, "%s", tu_shared("golden/arch/mmproj-qwen3vl-F32.gguf"));
+    snprintf(photo, sizeof photo, "%s", tu_shared("golden/arch/image-photo.decoded.png"));
+    const char *line = "Find the Settings button in this screenshot and describe what you see around it.\n";
+    assert_int_equal(tu_write_file(input, line, strlen(line)), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s chat -m %s --mmproj %s --image %s --system 'You are a computer-use agent. You see the screen and "
+             "decide the next action.' -n 16 --temp 0 -t 2 < %s",
+             KT_BIN, model, mmproj, photo, input);
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != 0) fail_msg("%s\n-> %d\n%s", cmd, rc, err);
+    const char *want = json_string_value(json_object_get(g, "gen_text"));
+    if (strncmp(out, want, strlen(want))) fail_msg("kettle chat's reply\n  '%s'\nllama.cpp's\n  '%s'", out, want);
+    printf("  kettle chat --image: llama.cpp's 16 greedy tokens\n");
+    free(out), free(err);
+    json_decref(g);
+}
+
+/* The "[prompt N tokens: R reused" of turn k (0-based) in a chat's stderr. */
+static void turn_reuse(const char *err, int k, int *n, int *reused) {
+    const char *p = err;
+    for (int i = 0; i <= k; i++)
+        if (!(p = strstr(i ? p + 1 : p, "[prompt "))) fail_msg("no turn %d:\n%s", k, err);
+    if (sscanf(p, "[prompt %d tokens: %d reused", n, reused) != 2) fail_msg("unreadable: %s", p);
+}
+
+/* kettle chat with images over turns (qwen2vl, the chatml template): a
+ * second turn with another image (/image) reuses the whole first prompt
+ * from the KV cache and encodes nothing again; --session keeps the
+ * images (paths in the conversation, rows and grids in the KV), so the
+ * next run reuses both turns. */
+static void test_chat_image_turns(void **state) {
+    (void)state;
+    char input[512], session[512], cmd[8192], model[1024], mmproj[1024], photo[1024], tiny[1024];
+    snprintf(input, sizeof input, "%s", tu_tmp("chat_turns_input.txt"));
+    snprintf(session, sizeof session, "%s", tu_tmp("chat_image.session"));
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen2vl-F16.gguf"));
+    snprintf(mmproj, sizeof mmproj, "%s", tu_shared("golden/arch/mmproj-qwen25vl-F16.gguf"));
+    snprintf(photo, sizeof photo, "%s", tu_shared("golden/arch/image-photo.decoded.png"));
+    snprintf(tiny, sizeof tiny, "%s", tu_shared("golden/arch/image-tiny.png"));
+    char script[2048];
+    snprintf(script, sizeof script, "What is this?\n/image %s\nAnd this one?\n", tiny);
+    assert_int_equal(tu_write_file(input, script, strlen(script)), 0);
+    unlink(session);
+    snprintf(cmd, sizeof cmd, "%s chat -m %s --chat-template chatml --mmproj %s --image %s -n 8 --temp 0 -t 2 "
+             "--session %s < %s", KT_BIN, model, mmproj, photo, session, input);
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != 0) fail_msg("%s\n-> %d\n%s", cmd, rc, err);
+    int n[2], reused[2];
+    turn_reuse(err, 0, &n[0], &reused[0]), turn_reuse(err, 1, &n[1], &reused[1]);
+    const char *second = strstr(strstr(err, "[prompt ") + 1, "[prompt ");
+    if (strstr(second, "images encoded")) fail_msg("the second turn encoded an image again:\n%s", err);
+    if (reused[1] < n[0]) fail_msg("the second turn reused %d tokens of the first's %d:\n%s", reused[1], n[0], err);
+    int saved = -1;
+    const char *sv = strstr(err, "[saved ");
+    if (!sv || sscanf(sv, "[saved %*d messages and %d tokens", &saved) != 1 || saved < n[1])
+        fail_msg("the KV of both turns (%d tokens) was not saved:\n%s", n[1], err);
+    printf("  turn 2 reused %d of %d tokens; %d tokens of KV saved\n", reused[1], n[1], saved);
+    free(out), free(err);
+    /* the next run starts from them */
+    assert_int_equal(tu_write_file(input, "Again?\n", 7), 0);
+    snprintf(cmd, sizeof cmd, "%s chat -m %s --chat-template chatml --mmproj %s -n 4 --temp 0 -t 2 --session %s < %s",
+             KT_BIN, model, mmproj, session, input);
+    if ((rc = tu_run(cmd, &out, &err)) != 0) fail_msg("%s\n-> %d\n%s", cmd, rc, err);
+    int restored = -1, n0, reused0;
+    const char *r = strstr(err, "[restored ");
+    if (!r || sscanf(r, "[restored %*d messages and %d tokens", &restored) != 1) fail_msg("%s:\n%s", cmd, err);
+    turn_reuse(err, 0, &n0, &reused0);
+    if (restored != saved || reused0 < n[1])
+        fail_msg("restored %d of the %d saved tokens and reused %d (want >= %d):\n%s", restored, saved, reused0, n[1],
+                 err);
+    printf("  restored: %d tokens reused of %d, the images encoded again from their files\n", reused0, n0);
+    free(out), free(err);
+    unlink(session);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2vl_keeps_file_eps), cmocka_unit_test(test_qwen2vl_text),
         cmocka_unit_test(test_qwen35_with_images),     cmocka_unit_test(test_qwen2vl_with_images),
         cmocka_unit_test(test_flat_positions_fail),    cmocka_unit_test(test_engine_images),
         cmocka_unit_test(test_engine_images_refused),  cmocka_unit_test(test_run_image_golden),
+        cmocka_unit_test(test_session_file_images),    cmocka_unit_test(test_chat_image_golden),
+        cmocka_unit_test(test_chat_image_turns),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

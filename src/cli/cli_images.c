@@ -5,50 +5,65 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "base/error.h"
 #include "base/timing.h"
 #include "cli/cli_util.h"
 #include "image/image.h"
 
-/* The tower's output for one image file: grid_x * grid_y rows of the
- * model's n_embd (a tower with DeepStack outputs is refused). */
-static float *encode_file(kt_vision *v, kt_pool *pool, const char *path, int *gx, int *gy, double *ms, kt_error *err) {
+kt_vision *cli_vision_load(const char *path, const kt_model *m, kt_error *err) {
+    kt_vision *v = kt_vision_load(path, err);
+    if (!v) return NULL;
+    const kt_vision_info *vi = kt_vision_get_info(v);
+    const kt_model_desc *d = kt_model_describe(m);
+    if (vi->n_embd != d->n_embd)
+        kt_error_set(err, KT_ERR_ARG, "the vision projector's images are %d wide and the model's embeddings %d: the "
+                     "projector is for another model", vi->n_embd, d->n_embd);
+    else if (vi->n_deepstack)
+        kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has DeepStack outputs (Qwen3-VL), which go into a "
+                     "qwen3vl text model's early layers; kettle runs the qwen2vl and qwen35 text models");
+    else return v;
+    kt_vision_free(v);
+    return NULL;
+}
+
+void cli_image_free(cli_image *im) {
+    free(im->embd);
+    *im = (cli_image){0};
+}
+
+kt_status cli_image_encode(kt_vision *v, kt_pool *pool, const char *path, cli_image *im, double *ms, kt_error *err) {
+    *im = (cli_image){0};
     size_t n = 0;
     char *bytes = cli_read_file(path, &n);
-    if (!bytes) return kt_error_set(err, KT_ERR_IO, "cannot read image %s", path), NULL;
+    if (!bytes) return kt_error_set(err, KT_ERR_IO, "cannot read image %s", path);
+    im->hash = XXH3_64bits(bytes, n);
     kt_image img = {0};
     kt_image_prep prep = {0};
     kt_image_prep_params pp;
     kt_vision_prep_params(v, &pp);
     kt_status st = kt_image_decode(bytes, n, NULL, &img, err);
     free(bytes);
+    im->width = img.width, im->height = img.height;
     if (!st) st = kt_image_preprocess(&img, &pp, &prep, err);
     kt_image_free(&img);
-    const kt_vision_info *vi = kt_vision_get_info(v);
-    if (!st && vi->n_deepstack)
-        st = kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has DeepStack outputs (Qwen3-VL), which go into a "
-                          "qwen3vl text model's early layers; kettle runs the qwen2vl and qwen35 text models");
-    const size_t row = (size_t)vi->n_embd * (size_t)(1 + vi->n_deepstack), n_tok = (size_t)prep.grid_x * prep.grid_y;
-    float *out = st ? NULL : malloc(sizeof(float) * row * (n_tok ? n_tok : 1));
-    if (!st && !out) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding %s", path);
+    const size_t n_tok = (size_t)prep.grid_x * (size_t)prep.grid_y;
+    if (!st && !(im->embd = malloc(sizeof(float) * (size_t)kt_vision_get_info(v)->n_embd * (n_tok ? n_tok : 1))))
+        st = kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding %s", path);
     const double t0 = kt_time_ms();
-    if (!st) st = kt_vision_encode(v, pool, &prep, out, err);
+    if (!st) st = kt_vision_encode(v, pool, &prep, im->embd, err);
     *ms += kt_time_ms() - t0;
-    for (size_t t = 0; !st && vi->n_deepstack && t < n_tok; t++)
-        memmove(out + t * (size_t)vi->n_embd, out + t * row, sizeof(float) * (size_t)vi->n_embd);
-    *gx = prep.grid_x, *gy = prep.grid_y;
+    im->grid_x = prep.grid_x, im->grid_y = prep.grid_y;
     kt_image_prep_free(&prep);
     if (st) {
-        free(out);
+        cli_image_free(im);
         kt_error_wrap(err, "image %s", path);
-        return NULL;
     }
-    return out;
+    return st;
 }
 
-/* The first marker in text[0, len), or NULL. */
-static const char *find_marker(const char *text, size_t len) {
+const char *cli_find_marker(const char *text, size_t len) {
     const size_t m = strlen(CLI_IMAGE_MARKER);
     for (size_t i = 0; i + m <= len; i++)
         if (!memcmp(text + i, CLI_IMAGE_MARKER, m)) return text + i;
@@ -87,21 +102,21 @@ kt_status cli_images_eval(kt_model *m, kt_session *s, kt_vision *v, int n_thread
     kt_status rc = KT_OK;
     size_t at = 0;
     for (int i = 0; i < n_paths && !rc; i++) {
-        const char *mark = find_marker(text + at, len - at);
+        const char *mark = cli_find_marker(text + at, len - at);
         const size_t upto = mark ? (size_t)(mark - text) : at; /* no marker: the images first */
-        int gx = 0, gy = 0;
-        float *embd = encode_file(v, pool, paths[i], &gx, &gy, &st->encode_ms, err);
-        if (!embd) rc = err->status;
+        cli_image im;
+        rc = cli_image_encode(v, pool, paths[i], &im, &st->encode_ms, err);
+        const int gx = im.grid_x, gy = im.grid_y;
         if (!rc) rc = eval_text(m, s, text + at, upto - at, at == 0 ? bos : 0, logits, st, err);
         if (!rc) rc = eval_marker(m, s, "<|vision_start|>", logits, st, err);
-        if (!rc) rc = kt_session_eval_image(s, embd, gx, gy, logits, err);
+        if (!rc) rc = kt_session_eval_image(s, im.embd, gx, gy, logits, err);
         if (!rc) rc = eval_marker(m, s, "<|vision_end|>", logits, st, err);
         if (!rc) st->n_tokens += gx * gy, st->n_image_tokens += gx * gy;
-        free(embd);
+        cli_image_free(&im);
         if (mark) at = upto + strlen(CLI_IMAGE_MARKER);
         if (!mark && i == 0) bos = 0; /* the BOS went before the first image */
     }
-    if (!rc && find_marker(text + at, len - at))
+    if (!rc && cli_find_marker(text + at, len - at))
         rc = kt_error_set(err, KT_ERR_ARG, "the prompt has more %s markers than --image files (%d)", CLI_IMAGE_MARKER,
                           n_paths);
     if (!rc) rc = eval_text(m, s, text + at, len - at, at == 0 ? bos : 0, logits, st, err);

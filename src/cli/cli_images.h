@@ -1,6 +1,7 @@
 /*
- * cli_images.h - images for `kettle run` (--mmproj, --image): a prompt
- * with images evaluated into a session.
+ * cli_images.h - images for `kettle run` and `kettle chat` (--mmproj,
+ * --image): image files encoded by the vision tower and evaluated into a
+ * session.
  *
  * The prompt text marks where each image goes with <__media__> (as
  * llama.cpp's tools do); without a marker the images come first. Each
@@ -16,6 +17,28 @@
 
 #define CLI_MAX_IMAGES 16
 #define CLI_IMAGE_MARKER "<__media__>"
+
+/* One encoded image file. */
+typedef struct cli_image {
+    uint64_t hash;       /* of the file's bytes: what the image is known by */
+    float *embd;         /* grid_x * grid_y rows of the text model's n_embd */
+    int grid_x, grid_y;  /* merged tokens across and down */
+    int width, height;   /* the file's pixels, upright */
+} cli_image;
+
+/* The tower at path, checked against the text model it feeds: its output
+ * width must be the model's n_embd, it must have no DeepStack outputs
+ * (they go into a qwen3vl text model's layers, which kettle does not
+ * run). NULL with err set. */
+kt_vision *cli_vision_load(const char *path, const kt_model *m, kt_error *err);
+
+/* Decodes, preprocesses and encodes the image file at path into im.
+ * *ms adds the tower's time. */
+kt_status cli_image_encode(kt_vision *v, kt_pool *pool, const char *path, cli_image *im, double *ms, kt_error *err);
+void cli_image_free(cli_image *im);
+
+/* The marker at or after text[0, len), or NULL. */
+const char *cli_find_marker(const char *text, size_t len);
 
 typedef struct cli_image_stats {
     int n_tokens;       /* the prompt's, images included */

@@ -26,7 +26,13 @@
  * it exists, and saved to it on the way out (kt_session_save: checksummed,
  * fingerprinted, written atomically), so the next run's first turn
  * prefills only its new message. A file of another model, or a damaged
- * one, is refused with a message and left as it is.
+ * one, is refused with a message and left as it is. Images are kept as
+ * their files' paths in the conversation and their rows in the KV.
+ *
+ * --mmproj FILE (the model's vision tower): --image FILE and the /image
+ * FILE command attach images to the next message (chat_images.h); each is
+ * encoded when attached, and an image already in the conversation is
+ * reused from the KV cache like the text around it.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -36,7 +42,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "base/timing.h"
+#include "cli/chat_images.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/model_store.h"
@@ -45,6 +53,9 @@
 typedef struct chat_opts {
     cli_gen_opts g;
     const char *template_arg, *system, *session_path;
+    const char *mmproj;                 /* --mmproj PATH: the vision tower */
+    const char *images[CLI_MAX_IMAGES]; /* --image FILE: with the first message */
+    int n_images;
 } chat_opts;
 
 typedef struct chat {
@@ -57,6 +68,11 @@ typedef struct chat {
     int n_kv, cap_kv;
     float *logits;
     const chat_opts *opts;
+    kt_vision *vision;   /* NULL: no --mmproj */
+    chat_images *images; /* the conversation's images, encoded */
+    json_t *pending;     /* image files for the next message */
+    chat_span *spans;    /* the last rendered prompt's images */
+    int n_spans;
 } chat;
 
 /* Set by SIGINT; cleared by whoever acts on it (the reply loop, the prompt). */
@@ -75,6 +91,9 @@ static void usage(FILE *out) {
             "      --system TEXT      a system message to start with\n"
             "      --session FILE     restore the conversation and its KV cache from FILE if it\n"
             "                         exists, and save them there when the chat ends\n"
+            "      --mmproj PATH      the model's vision projector (llama.cpp's mmproj GGUF)\n"
+            "      --image FILE       a PNG, JPEG or WebP image for the first message (repeatable,\n"
+            "                         with --mmproj; /image FILE attaches one to the next message)\n"
             "%s"
             "A reply runs to the end of the model's turn or of the context unless -n is given.\n"
             "Type a message per line; /help lists the commands. Ctrl-C stops a reply; Ctrl-C\n"
@@ -84,6 +103,7 @@ static void usage(FILE *out) {
 
 static int parse_opts(int argc, char **argv, chat_opts *o) {
     *o = (chat_opts){0};
+    const char *v;
     cli_gen_defaults(&o->g);
     o->g.n_predict = -1; /* a reply ends at the end of the turn */
     for (int i = 1; i < argc; i++) {
@@ -92,13 +112,19 @@ static int parse_opts(int argc, char **argv, chat_opts *o) {
             if (r != 1) return r;
         } else if ((r = cli_opt("chat", argc, argv, &i, "--chat-template", &o->template_arg)) ||
                    (r = cli_opt("chat", argc, argv, &i, "--system", &o->system)) ||
-                   (r = cli_opt("chat", argc, argv, &i, "--session", &o->session_path))) {
+                   (r = cli_opt("chat", argc, argv, &i, "--session", &o->session_path)) ||
+                   (r = cli_opt("chat", argc, argv, &i, "--mmproj", &o->mmproj))) {
             if (r < 0) return 2;
+        } else if ((r = cli_opt("chat", argc, argv, &i, "--image", &v))) {
+            if (r < 0) return 2;
+            if (o->n_images == CLI_MAX_IMAGES) return cli_usage_error("chat", "at most %d --image files", CLI_MAX_IMAGES);
+            o->images[o->n_images++] = v;
         } else {
             return cli_usage_error("chat", "unknown option '%s'", argv[i]);
         }
     }
     if (!o->g.model) return cli_usage_error("chat", "need -m MODEL");
+    if (o->n_images && !o->mmproj) return cli_usage_error("chat", "--image needs the model's vision projector (--mmproj PATH)");
     return 0;
 }
 
@@ -108,8 +134,32 @@ static bool add_message(json_t *messages, const char *role, const char *content)
     return json_array_append_new(messages, json_pack("{s:s, s:s}", "role", role, "content", content)) == 0;
 }
 
+/* A user message with the pending images: a marker for each, then a
+ * newline and the text (as a Qwen-VL prompt lays them out), their files
+ * in "images". */
+static bool add_user_message(chat *c, const char *line) {
+    const size_t n = json_array_size(c->pending), mlen = strlen(CLI_IMAGE_MARKER), len = strlen(line);
+    if (!n) return add_message(c->messages, "user", line);
+    char *content = malloc(n * mlen + 1 + len + 1);
+    json_t *msg = content ? json_pack("{s:s}", "role", "user") : NULL;
+    bool ok = msg != NULL;
+    if (ok) {
+        for (size_t i = 0; i < n; i++) memcpy(content + i * mlen, CLI_IMAGE_MARKER, mlen);
+        content[n * mlen] = '\n';
+        memcpy(content + n * mlen + 1, line, len + 1);
+        ok = !json_object_set_new(msg, "content", json_string(content)) &&
+             !json_object_set_new(msg, "images", json_deep_copy(c->pending)) &&
+             !json_array_append(c->messages, msg);
+    }
+    json_decref(msg);
+    free(content);
+    if (ok) json_array_clear(c->pending);
+    return ok;
+}
+
 static void reset(chat *c) {
     json_array_clear(c->messages);
+    json_array_clear(c->pending);
     if (c->opts->system) add_message(c->messages, "system", c->opts->system);
     kt_session_truncate(c->session, 0);
     c->n_kv = 0;
@@ -138,6 +188,12 @@ static int render_prompt(chat *c, int32_t **toks, kt_error *err) {
     if (bos_id >= 0) kt_token_text(c->model, bos_id, bos, sizeof bos);
     int add_bos = bos[0] && strncmp(text, bos, strlen(bos)) == 0 ? 0 : -1;
     size_t len = strlen(text);
+    if (c->images) {
+        free(c->spans), c->spans = NULL, c->n_spans = 0;
+        int n = chat_images_tokenize(c->images, c->model, text, add_bos, c->messages, toks, &c->spans, &c->n_spans, err);
+        free(text);
+        return n;
+    }
     int n = kt_tokenize_ex(c->model, text, len, NULL, 0, add_bos, true, err);
     *toks = n >= 0 ? malloc(sizeof(int32_t) * ((size_t)n + 1)) : NULL;
     if (n >= 0 && *toks) n = kt_tokenize_ex(c->model, text, len, *toks, n, add_bos, true, err);
@@ -146,19 +202,38 @@ static int render_prompt(chat *c, int32_t **toks, kt_error *err) {
     return n;
 }
 
+/* Runs toks[at, to) (text) into the session and the chat's record. */
+static bool eval_text(chat *c, const int32_t *toks, int at, int to, kt_error *err) {
+    if (to <= at) return true;
+    if (kt_session_eval(c->session, toks + at, to - at, c->logits, false, err)) return false;
+    for (int i = at; i < to; i++)
+        if (!kv_push(c, toks[i])) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), false;
+    return true;
+}
+
 /* Brings the KV cache to `toks` (minus what it already holds) and leaves
- * the logits of the last token. Returns the tokens reused, or -1. */
+ * the logits of the last token; the images among them (c->spans) go in as
+ * their embeddings. Returns the tokens reused, or -1. */
 static int prefill(chat *c, const int32_t *toks, int n, kt_error *err) {
     int common = 0;
     while (common < n && common < c->n_kv && toks[common] == c->kv[common]) common++;
     if (common == n) common = n - 1; /* re-run the last token for its logits */
     kt_session_truncate(c->session, common);
-    common = kt_session_n_past(c->session); /* less where sliding-window layers gave positions back */
+    /* less where sliding-window layers gave positions back, or where common
+     * fell inside an image (an image is kept whole or not at all) */
+    common = kt_session_n_past(c->session);
     c->n_kv = common;
-    if (kt_session_eval(c->session, toks + common, n - common, c->logits, false, err)) return -1;
-    for (int i = common; i < n; i++)
-        if (!kv_push(c, toks[i])) return -1;
-    return common;
+    int at = common;
+    for (int k = 0; k < c->n_spans; k++) {
+        const chat_span *sp = &c->spans[k];
+        if (sp->at + sp->n <= at) continue; /* in the cache */
+        if (!eval_text(c, toks, at, sp->at, err)) return -1;
+        if (kt_session_eval_image(c->session, sp->im->embd, sp->im->grid_x, sp->im->grid_y, c->logits, err)) return -1;
+        for (int i = sp->at; i < sp->at + sp->n; i++)
+            if (!kv_push(c, toks[i])) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), -1;
+        at = sp->at + sp->n;
+    }
+    return eval_text(c, toks, at, n, err) ? common : -1;
 }
 
 /* Samples and streams a reply; returns it (malloc'ed) or NULL. */
@@ -213,15 +288,22 @@ fail:
 static bool turn(chat *c, const char *line) {
     kt_error err = {0};
     int32_t *toks = NULL;
-    if (!add_message(c->messages, "user", line)) return false;
-    double t0 = kt_time_ms();
+    if (strstr(line, CLI_IMAGE_MARKER)) { /* it would stand for an image */
+        fprintf(stderr, "kettle chat: a message cannot hold the text %s (attach images with /image FILE)\n",
+                CLI_IMAGE_MARKER);
+        return true;
+    }
+    const size_t n_attached = json_array_size(c->pending);
+    if (!add_user_message(c, line)) return false;
+    const double t0 = kt_time_ms(), encoded0 = c->images ? chat_images_encode_ms(c->images) : 0;
     int n = render_prompt(c, &toks, &err), reused = n > 0 ? prefill(c, toks, n, &err) : -1;
     free(toks);
-    if (reused < 0) { /* e.g. the conversation no longer fits: drop the message */
-        fprintf(stderr, "kettle chat: %s\n", err.msg);
+    if (reused < 0) { /* e.g. the conversation no longer fits: drop the message (its images too) */
+        fprintf(stderr, "kettle chat: %s%s\n", err.msg, n_attached ? " (the message and its images are dropped)" : "");
         json_array_remove(c->messages, json_array_size(c->messages) - 1);
         return err.status != KT_ERR_NOMEM;
     }
+    const double encoded_ms = c->images ? chat_images_encode_ms(c->images) - encoded0 : 0;
     double t_prefill = kt_time_ms() - t0;
     int n_gen;
     char *reply = generate(c, &n_gen, &err);
@@ -229,8 +311,9 @@ static bool turn(chat *c, const char *line) {
     if (!reply) return false;
     add_message(c->messages, "assistant", reply);
     free(reply);
-    fprintf(stderr, "\n[prompt %d tokens: %d reused, %d prefilled in %.0f ms; reply %d tokens, %.1f tok/s]\n", n,
-            reused, n - reused, t_prefill, n_gen, t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
+    fprintf(stderr, "\n[prompt %d tokens: %d reused, %d prefilled in %.0f ms", n, reused, n - reused, t_prefill);
+    if (encoded_ms > 0) fprintf(stderr, " (images encoded in %.0f ms)", encoded_ms);
+    fprintf(stderr, "; reply %d tokens, %.1f tok/s]\n", n_gen, t_gen > 0 ? n_gen * 1e3 / t_gen : 0.0);
     return true;
 }
 
@@ -242,6 +325,7 @@ static void help(void) {
                     "  /clear        start a new conversation (--system kept; /reset is the same)\n"
                     "  /save FILE    write the conversation to FILE as JSON messages\n"
                     "  /load FILE    replace the conversation with FILE's messages (as /save writes them)\n"
+                    "  /image FILE   attach an image to the next message (with --mmproj)\n"
                     "  /exit         quit (so do Ctrl-D and Ctrl-C twice at the prompt)\n"
                     "Ctrl-C during a reply stops it.\n");
 }
@@ -307,6 +391,20 @@ static const char *command_arg(const char *line, const char *cmd) {
     return a;
 }
 
+/* /image FILE: encoded now, so a bad file is known before the message. */
+static void attach_image(chat *c, const char *path) {
+    kt_error err = {0};
+    const cli_image *im;
+    if (!c->images) fprintf(stderr, "kettle chat: /image needs the model's vision projector (--mmproj PATH)\n");
+    else if (!*path) fprintf(stderr, "kettle chat: /image needs a file name\n");
+    else if (json_array_size(c->pending) == CLI_MAX_IMAGES)
+        fprintf(stderr, "kettle chat: at most %d images go with one message\n", CLI_MAX_IMAGES);
+    else if (!(im = chat_images_get(c->images, path, &err))) fprintf(stderr, "kettle chat: %s\n", err.msg);
+    else if (json_array_append_new(c->pending, json_string(path))) fprintf(stderr, "kettle chat: out of memory\n");
+    else fprintf(stderr, "[image %s: %dx%d, %d tokens; it goes with the next message]\n", path, im->width, im->height,
+                 im->grid_x * im->grid_y);
+}
+
 typedef enum line_action { LINE_DONE, LINE_QUIT, LINE_MESSAGE } line_action;
 
 /* A line starting with '/': runs the command. */
@@ -324,6 +422,8 @@ static line_action run_command(chat *c, const char *line) {
     } else if ((arg = command_arg(line, "/load"))) {
         if (!*arg) fprintf(stderr, "kettle chat: /load needs a file name\n");
         else load_messages(c, arg);
+    } else if ((arg = command_arg(line, "/image"))) {
+        attach_image(c, arg);
     } else {
         fprintf(stderr, "kettle chat: unknown command %s (/help lists them; start a message with a space "
                         "to send it as text)\n", line);
@@ -420,6 +520,21 @@ static bool save_session(chat *c, kt_error *err) {
 
 /* ---- set-up ---- */
 
+/* --image: the images of the first message, encoded before the chat
+ * starts, so a bad file stops it there. */
+static bool attach_first_images(chat *c, kt_error *err) {
+    reset(c);
+    for (int i = 0; i < c->opts->n_images; i++) {
+        const cli_image *im = chat_images_get(c->images, c->opts->images[i], err);
+        if (!im) return false;
+        if (json_array_append_new(c->pending, json_string(c->opts->images[i])))
+            return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), false;
+        fprintf(stderr, "[image %s: %dx%d, %d tokens; it goes with the first message]\n", c->opts->images[i], im->width,
+                im->height, im->grid_x * im->grid_y);
+    }
+    return true;
+}
+
 /* What the user talks to and how to get help, once, on stderr. */
 static void banner(const chat *c) {
     const char *name = strrchr(c->opts->g.model, '/');
@@ -448,7 +563,7 @@ int cmd_chat(int argc, char **argv) {
     char model_path[MS_PATH_MAX]; /* -m OWNER/REPO:QUANT: the pulled file */
     if (ms_resolve_opt("chat", &o.g.model, model_path, sizeof model_path)) return 1;
     kt_error err = {0};
-    chat c = {.opts = &o, .messages = json_array()};
+    chat c = {.opts = &o, .messages = json_array(), .pending = json_array()};
     char *tmpl = o.template_arg ? cli_load_template(o.template_arg, &err) : NULL;
     if ((!o.template_arg || tmpl) && (c.model = cli_load_model(o.g.model, o.g.load, &err))) {
         const kt_model_desc *d = kt_model_describe(c.model);
@@ -457,8 +572,10 @@ int cmd_chat(int argc, char **argv) {
             snprintf(err.msg, sizeof err.msg, "%s has no chat template: name one with --chat-template", o.g.model);
         else if ((cli_warn_ctx("chat", c.model, o.g.n_ctx), true) && (c.session = kt_session_new(c.model, &(kt_session_params){.n_ctx = o.g.n_ctx, .n_threads = o.g.n_threads}, &err)) &&
                  (c.sampler = kt_sampler_new(&o.g.sp, d->n_vocab, &err)) &&
-                 (c.logits = malloc(sizeof(float) * (size_t)d->n_vocab)) && c.messages) {
-            reset(&c);
+                 (c.logits = malloc(sizeof(float) * (size_t)d->n_vocab)) && c.messages && c.pending &&
+                 (!o.mmproj || ((c.vision = cli_vision_load(o.mmproj, c.model, &err)) &&
+                                (c.images = chat_images_new(c.vision, o.g.n_threads, &err)))) &&
+                 attach_first_images(&c, &err)) {
             err.msg[0] = 0;
             if (o.g.sp.temperature > 0 && !o.g.seed_given)
                 fprintf(stderr, "[seed %llu: --seed repeats this conversation]\n", (unsigned long long)o.g.sp.seed);
@@ -471,8 +588,11 @@ int cmd_chat(int argc, char **argv) {
         }
     }
     rc = err.msg[0] ? cli_fail("chat", &err) : 0;
-    free(c.logits), free(c.kv), free(tmpl);
+    free(c.logits), free(c.kv), free(tmpl), free(c.spans);
     json_decref(c.messages);
+    json_decref(c.pending);
+    chat_images_free(c.images);
+    kt_vision_free(c.vision);
     kt_sampler_free(c.sampler);
     kt_session_free(c.session);
     kt_model_free(c.model);

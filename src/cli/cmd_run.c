@@ -308,7 +308,7 @@ int cmd_run(int argc, char **argv) {
         free(file_text);
         return 1;
     }
-    if (o.mmproj && !(o.vision = kt_vision_load(o.mmproj, &err))) {
+    if (o.mmproj && !(o.vision = cli_vision_load(o.mmproj, m, &err))) {
         fprintf(stderr, "kettle run: the vision projector %s: %s\n", o.mmproj, err.msg);
         kt_model_free(m);
         free(file_text);
