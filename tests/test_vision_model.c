@@ -536,6 +536,21 @@ static void test_chat_image_golden(void **state) {
     json_decref(g);
 }
 
+/* A tower for another model (64-wide images, a 128-wide model) is
+ * refused by run and chat before anything runs (run read past the
+ * image's rows). */
+static void test_cli_tower_mismatch(void **state) {
+    (void)state;
+    char cmd[4096], model[1024], mmproj[1024], tiny[1024];
+    snprintf(model, sizeof model, "%s", tu_shared("golden/arch/qwen2vl-F16.gguf"));
+    snprintf(mmproj, sizeof mmproj, "%s", tu_shared("golden/arch/mmproj-qwen3vl-F16.gguf"));
+    snprintf(tiny, sizeof tiny, "%s", tu_shared("golden/arch/image-tiny.png"));
+    snprintf(cmd, sizeof cmd, "%s run -m %s --mmproj %s --image %s -p '<__media__> hi' -n 2", KT_BIN, model, mmproj, tiny);
+    tu_expect_run(cmd, 1, "images are 64 wide and the model's embeddings 128", "the projector is for another model");
+    snprintf(cmd, sizeof cmd, "%s chat -m %s --chat-template chatml --mmproj %s < /dev/null", KT_BIN, model, mmproj);
+    tu_expect_run(cmd, 1, "images are 64 wide and the model's embeddings 128", NULL);
+}
+
 /* The "[prompt N tokens: R reused" of turn k (0-based) in a chat's stderr. */
 static void turn_reuse(const char *err, int k, int *n, int *reused) {
     const char *p = err;
@@ -602,7 +617,7 @@ int main(void) {
         cmocka_unit_test(test_flat_positions_fail),    cmocka_unit_test(test_engine_images),
         cmocka_unit_test(test_engine_images_refused),  cmocka_unit_test(test_run_image_golden),
         cmocka_unit_test(test_session_file_images),    cmocka_unit_test(test_chat_image_golden),
-        cmocka_unit_test(test_chat_image_turns),
+        cmocka_unit_test(test_chat_image_turns),       cmocka_unit_test(test_cli_tower_mismatch),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }
