@@ -23,7 +23,8 @@
  * --keep-screens says; the action check and the figures agree with
  * hand-made records; runs against `kettle serve` with golden/arch's
  * random-weight Qwen 3.5 and its qwen3vl projector count one encode per
- * step from /metrics, find the earlier history in the prefix cache, and
+ * step from /metrics over 10 steps (a history of 10 screenshots), find
+ * the earlier history in the prefix cache, and
  * with --prepare the next step finds the prepared prompt there; a
  * llama-server-like fake (no /metrics, max_tokens 0 refused) gives "not
  * known" figures and a failed prepared run with the server's message.
@@ -1079,10 +1080,14 @@ static void check_prepared(json_t *tg, int n_steps) {
     assert_true(num(later, "p50") > 0);
 }
 
+/* 10 steps, as an agent's history of 10 screenshots: each step encodes
+ * only its new one and finds the rest in the prefix cache. */
+#define SHOT_STEPS 10
+
 static void test_shots_end_to_end(void **state) {
     (void)state;
     char args[4096];
-    vision_server_args(args, sizeof args, "--steps 3 --screen 320x200 --gen-tokens 12 --prepare --action-ms 50");
+    vision_server_args(args, sizeof args, "--steps 10 --screen 224x160 --gen-tokens 12 --prepare --action-ms 50");
     double wall;
     json_t *doc = shots_json(args, 0, &wall);
     assert_string_equal(json_string_value(json_object_get(doc, "mode")), "screenshots");
@@ -1091,10 +1096,10 @@ static void test_shots_end_to_end(void **state) {
     for (size_t i = 0; i < 2; i++) {
         json_t *tg = json_array_get(tgs, i);
         assert_true(json_is_null(json_object_get(tg, "failed")));
-        check_shots_steps(tg, 3, 50, wall);
+        check_shots_steps(tg, SHOT_STEPS, 50, wall);
     }
     assert_true(json_is_false(json_object_get(json_array_get(tgs, 0), "prepare")));
-    check_prepared(json_array_get(tgs, 1), 3);
+    check_prepared(json_array_get(tgs, 1), SHOT_STEPS);
     assert_int_equal(json_array_size(json_object_get(doc, "ratios")), 1);
     json_decref(doc);
     /* --keep-screens 1: one image per request, the older ones as text; the
