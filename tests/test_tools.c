@@ -437,7 +437,7 @@ static void test_quantize_types_listed(void **state) {
         if (rc != 1 || !e2 || strstr(e2, "unknown type")) fail_msg("%s: exit %d, %s", type, rc, e2 ? e2 : "");
         free(e2);
     }
-    assert_int_equal(n, 19); /* 11 plain types and 8 of llama.cpp's mixes */
+    assert_int_equal(n, 20); /* 11 plain types and 9 of llama.cpp's mixes */
     free(err), free(help);
 }
 
@@ -750,6 +750,12 @@ static void test_quantize_legacy_types(void **state) {
 
 /* ---- quantize: Qwen 3.5 ---- */
 
+static bool name_has_exps(gguf_str s) {
+    static const char needle[] = "_exps.weight";
+    const size_t n = sizeof needle - 1;
+    return s.len >= n && !memcmp(s.ptr + s.len - n, needle, n);
+}
+
 /* llama.cpp's own --pure Q8_0 of the qwen35 / qwen35moe goldens
  * (golden/arch/README.md: `llama-quantize --pure NAME-F16.gguf
  * NAME-Q8_0.gguf Q8_0`, llama.cpp de3ff81): kettle must pick the same type
@@ -773,6 +779,37 @@ static void quantize_matches_arch(const char *name) {
     assert_int_equal(gguf_n_tensors(got), gguf_n_tensors(r));
     assert_int_equal(expect_same_tensors(got, r, NULL), gguf_n_tensors(r));
     assert_int_equal(get_i64(got, "general.file_type"), 7);
+    gguf_close(got);
+    gguf_close(r);
+    free(in), free(ref), free(outp);
+}
+
+/* llama.cpp's MXFP4_MOE of the gpt-oss golden (golden/arch/README.md:
+ * `llama-quantize gpt-oss-F16.gguf gpt-oss-MXFP4.gguf MXFP4_MOE`, not
+ * --pure, llama.cpp de3ff81): the experts (ffn_*_exps, 3-D) MXFP4, every
+ * other matrix Q8_0 (output.weight included), norms, biases, sinks and
+ * the router as they were -- kettle must give each tensor that type and
+ * the same bytes (MXFP4 through ggml's quantize_row_mxfp4_ref), and
+ * record LLAMA_FTYPE_MOSTLY_MXFP4_MOE (38). */
+static void test_quantize_mxfp4_moe(void **state) {
+    (void)state;
+    char args[8192], *in = shared("golden/arch/gpt-oss-F16.gguf"), *ref = shared("golden/arch/gpt-oss-MXFP4.gguf");
+    char *outp = tmp("quant-gpt-oss-MXFP4.gguf");
+    snprintf(args, sizeof args, "quantize %s %s MXFP4_MOE", in, outp);
+    expect_ok(args);
+    gguf_file *got = open_ok(outp), *r = open_ok(ref);
+    assert_int_equal(gguf_n_tensors(got), gguf_n_tensors(r));
+    assert_int_equal(expect_same_tensors(got, r, NULL), gguf_n_tensors(r));
+    int n_mxfp4 = 0, n_q8 = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(got); i++) {
+        const gguf_tensor *t = gguf_tensor_at(got, i);
+        n_mxfp4 += t->type == KT_MXFP4;
+        n_q8 += t->type == KT_Q8_0;
+        if (t->type == KT_MXFP4 && !name_has_exps(t->name)) fail_msg("MXFP4 on a tensor that is not an expert");
+    }
+    assert_int_equal(n_mxfp4, 12); /* 4 layers x gate, up, down */
+    assert_true(n_q8 > 0);
+    assert_int_equal(get_i64(got, "general.file_type"), 38);
     gguf_close(got);
     gguf_close(r);
     free(in), free(ref), free(outp);
@@ -1205,6 +1242,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_errors),
         cmocka_unit_test(test_quantize_types_listed),
         cmocka_unit_test(test_quantize_qwen35),
+        cmocka_unit_test(test_quantize_mxfp4_moe),
         cmocka_unit_test(test_quantize_f16_fallback),
         cmocka_unit_test(test_gen_model_deterministic),
         cmocka_unit_test(test_gen_model_values),

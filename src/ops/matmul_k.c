@@ -129,6 +129,14 @@ int32_t kt_iq4_nl_idot(const void *row, int b, const int8_t *xq) {
     return s;
 }
 
+int32_t kt_mxfp4_idot(const void *row, int b, const int8_t *xq) {
+    const block_mxfp4 *blk = (const block_mxfp4 *)row + b;
+    int32_t s = 0;
+    for (int l = 0; l < 16; l++)
+        s += KT_MXFP4_VALUES[blk->qs[l] & 0xF] * xq[l] + KT_MXFP4_VALUES[blk->qs[l] >> 4] * xq[16 + l];
+    return s;
+}
+
 float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, float dx,
                        const int16_t *bs, float acc) {
     uint8_t lv[QK_K];
