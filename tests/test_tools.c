@@ -790,7 +790,8 @@ static void quantize_matches_arch(const char *name) {
  * other matrix Q8_0 (output.weight included), norms, biases, sinks and
  * the router as they were -- kettle must give each tensor that type and
  * the same bytes (MXFP4 through ggml's quantize_row_mxfp4_ref), and
- * record LLAMA_FTYPE_MOSTLY_MXFP4_MOE (38). */
+ * record LLAMA_FTYPE_MOSTLY_MXFP4_MOE (38). With the same tensor order and
+ * metadata the whole file is llama-quantize's, byte for byte. */
 static void test_quantize_mxfp4_moe(void **state) {
     (void)state;
     char args[8192], *in = shared("golden/arch/gpt-oss-F16.gguf"), *ref = shared("golden/arch/gpt-oss-MXFP4.gguf");
@@ -812,6 +813,7 @@ static void test_quantize_mxfp4_moe(void **state) {
     assert_int_equal(get_i64(got, "general.file_type"), 38);
     gguf_close(got);
     gguf_close(r);
+    assert_true(files_equal(outp, ref));
     free(in), free(ref), free(outp);
 }
 
