@@ -1,7 +1,7 @@
 /*
  * matmul_k.c - the scalar specification of the K-quant dot products
- * (Q2_K .. Q6_K and IQ4_XS weights times Q8_K activations; IQ4_NL's
- * integer block dot with Q8_0 activations) and the layout of the Q8_K
+ * (Q2_K .. Q6_K and IQ4_XS weights times Q8_K activations; IQ4_NL's and
+ * MXFP4's integer block dots with Q8_0 activations) and the layout of the Q8_K
  * activation buffer; see internal.h for the exact operations.
  *
  * Integer parts are exact, so only the two float steps per block are
