@@ -18,12 +18,12 @@
 #include "ops/repack.h"
 #include "testutil.h"
 
-/* The weight types added with Q2_K, Q3_K, IQ4_NL and IQ4_XS: on the tier
+/* The weight types added with Q2_K, Q3_K, IQ4_NL and IQ4_XS, and MXFP4: on the tier
  * under test (the higher ones switched off by the caller), kt_matmul
  * gives kt_matmul_ref's bits for one token (GEMV) and six (GEMM), with an
  * n_out that leaves a partial group of rows. */
 static void check_new_types_on_tier(const char *tier) {
-    static const kt_dtype types[] = {KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+    static const kt_dtype types[] = {KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS, KT_MXFP4};
     enum { N_IN = 512, N_OUT = 19, NT = 6 };
     float *x = tu_xmalloc(sizeof(float) * NT * N_IN);
     float want[NT * N_OUT], got[NT * N_OUT];

@@ -9,6 +9,9 @@
  *     just above the measured values (Q4_K 0.0715 -> < 0.074, Q5_K 0.0362
  *     -> < 0.038, Q6_K 0.0179 -> < 0.019; measured on this test's data), and
  *     an all-zero block giving zeros;
+ *   - MXFP4 (E2M1 values, E8M0 scales): dequantization against the
+ *     E2M1 definition, its quantizer's bytes against llama.cpp's, edges
+ *     (subnormal and huge blocks) included;
  *   - quantize(dequantize(q)) reproduces q's values: RMSE / std of the two
  *     dequantizations < 1e-4 for Q4_K and Q6_K (measured 0), < 0.002 for
  *     Q5_K (measured 0.0013);
@@ -31,6 +34,7 @@
 
 #include "base/fp16.h"
 #include "base/rng.h"
+#include "gguf/gguf.h"
 #include "ops/cpu.h"
 #include "ops/internal.h"
 #include "ops/kquant.h"
@@ -41,13 +45,14 @@
 static const kt_dtype K_TYPES[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
 #define N_K_TYPES 3
 /* the types added after them: Q2_K, Q3_K (Q8_K activations), IQ4_NL (Q8_0
- * activations), IQ4_XS (Q8_K) */
-static const kt_dtype NEW_TYPES[] = {KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
-#define N_NEW_TYPES 4
+ * activations), IQ4_XS (Q8_K), MXFP4 (Q8_0) */
+static const kt_dtype NEW_TYPES[] = {KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS, KT_MXFP4};
+#define N_NEW_TYPES 5
 #define BOUND_Q2_K 0.31 /* measured 0.2986 */
 #define BOUND_Q3_K 0.16 /* 0.1518 */
 #define BOUND_IQ4_NL 0.079 /* 0.0760 */
 #define BOUND_IQ4_XS 0.079 /* 0.0766 */
+#define BOUND_MXFP4 0.12 /* 0.1149 */
 
 /* ---- formats -------------------------------------------------------- */
 
@@ -390,6 +395,78 @@ static void test_dequant_iq4_nl_known(void **state) {
     }
 }
 
+/* ggml's kvalues_mxfp4 (E2M1 doubled), written out again */
+static const int8_t FP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* E8M0 byte e: 2^(e - 127); MXFP4 halves it against the doubled table.
+ * The exponent byte first, then the nibbles, low nibbles values 0-15. */
+static void test_dequant_mxfp4_known(void **state) {
+    (void)state;
+    assert_memory_equal(KT_MXFP4_VALUES, FP4, 16);
+    assert_true(kt_e8m0_half(127) == 0.5f);
+    assert_true(kt_e8m0_half(128) == 1.0f);
+    assert_true(kt_e8m0_half(2) == ldexpf(1.0f, -126)); /* the smallest normal */
+    assert_true(kt_e8m0_half(1) == ldexpf(1.0f, -127)); /* subnormals */
+    assert_true(kt_e8m0_half(0) == ldexpf(1.0f, -128));
+    assert_true(kt_e8m0_half(255) == ldexpf(1.0f, 127));
+    for (int e = 0; e < 256; e++) assert_true(kt_e8m0_half((uint8_t)e) == ldexpf(1.0f, e - 128));
+    block_mxfp4 b[2];
+    b[0].e = 127; /* 2^0 / 2 */
+    b[1].e = 130; /* 2^3 / 2 = 4 */
+    for (int i = 0; i < 16; i++) b[0].qs[i] = (uint8_t)(i | (15 - i) << 4);
+    for (int i = 0; i < 16; i++) b[1].qs[i] = (uint8_t)(i * 37 + 9);
+    const uint8_t *bytes = (const uint8_t *)b; /* e is byte 0, qs 1-16 */
+    assert_int_equal(sizeof b, 34);
+    assert_int_equal(bytes[17], 130);
+    assert_int_equal(bytes[18], 9);
+    float out[64];
+    kt_dequantize_row(KT_MXFP4, b, out, 64);
+    /* E2M1: code s eem, value (-1)^s 2^(ee-1) (1 + m/2), ee = 0 subnormal m / 2 */
+    static const float E2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    for (int j = 0; j < 16; j++) {
+        const float lo = (j & 8 ? -1.0f : 1.0f) * E2M1[j & 7], hi = ((15 - j) & 8 ? -1.0f : 1.0f) * E2M1[(15 - j) & 7];
+        assert_true(out[j] == lo);       /* low nibbles: values 0-15 */
+        assert_true(out[16 + j] == hi);  /* high nibbles: 16-31 */
+        const int ql = b[1].qs[j] & 15, qh = b[1].qs[j] >> 4;
+        assert_true(out[32 + j] == 8.0f * (ql & 8 ? -1.0f : 1.0f) * E2M1[ql & 7]);
+        assert_true(out[48 + j] == 8.0f * (qh & 8 ? -1.0f : 1.0f) * E2M1[qh & 7]);
+    }
+}
+
+/* MXFP4's quantizer at its edges against llama.cpp's bytes (the same
+ * throwaway program as REF_HEX): a block of subnormals (e 0), one of
+ * +-3e38 (e 252, clipped to 6), quarter steps, all ones (a power of two:
+ * e = 125, level 8 x 0.125), alternating signs, and a block whose top
+ * value 6 sits exactly on the largest level. */
+static void test_mxfp4_quantizer_edges(void **state) {
+    (void)state;
+    float e[32 * 6];
+    for (int i = 0; i < 32; i++) {
+        e[i] = 1e-39f * (float)(i + 1);
+        e[32 + i] = 3e38f * (float)((i % 3) - 1);
+        e[64 + i] = (float)(i - 16) * 0.25f;
+        e[96 + i] = 1.0f;
+        e[128 + i] = (i % 2 ? -1.0f : 1.0f) * (0.25f * (float)i);
+        e[160 + i] = i == 0 ? 6.0f : (float)i * 0.125f;
+    }
+    static const char *want_hex =
+        "0050515151626262636363646464747575fc0f70f70f70f70f70f70f70f70f70f70f7f0e0e1d1d2d2d3c3c4c4b4b5a5a"
+        "5959607d666666666666666666666666666666667f60e061e962fa73fb74fc74fd75fd75fe7f47404041415151525252"
+        "525353636364";
+    uint8_t q[6 * 17];
+    kt_quantize_row(KT_MXFP4, e, q, 32 * 6);
+    assert_int_equal(strlen(want_hex), 2 * sizeof q);
+    for (size_t i = 0; i < sizeof q; i++) {
+        unsigned v;
+        sscanf(want_hex + 2 * i, "%2x", &v);
+        if (q[i] != v) fail_msg("MXFP4 edge byte %zu (block %zu): %02x, llama.cpp %02x", i, i / 17, q[i], v);
+    }
+    /* all zeros: e 0, every nibble 0 */
+    float z[32] = {0};
+    kt_quantize_row(KT_MXFP4, z, q, 32);
+    for (int i = 0; i < 17; i++) assert_int_equal(q[i], 0);
+}
+
 static void test_dequant_iq4_xs_known(void **state) {
     (void)state;
     block_iq4_xs b;
@@ -423,8 +500,8 @@ static void test_dequant_iq4_xs_known(void **state) {
 
 static void test_new_types_supported(void **state) {
     (void)state;
-    static const int bytes[N_NEW_TYPES] = {84, 110, 18, 136}, values[N_NEW_TYPES] = {256, 256, 32, 256};
-    static const int ids[N_NEW_TYPES] = {10, 11, 20, 23}; /* GGUF's ids */
+    static const int bytes[N_NEW_TYPES] = {84, 110, 18, 136, 17}, values[N_NEW_TYPES] = {256, 256, 32, 256, 32};
+    static const int ids[N_NEW_TYPES] = {10, 11, 20, 23, 39}; /* GGUF's ids */
     for (int i = 0; i < N_NEW_TYPES; i++) {
         assert_int_equal(NEW_TYPES[i], ids[i]);
         assert_true(kt_dtype_known(ids[i]));
@@ -438,6 +515,10 @@ static void test_new_types_supported(void **state) {
     assert_int_equal(kt_dtype_parse("IQ4_NL"), KT_IQ4_NL);
     assert_int_equal(kt_dtype_row_bytes(KT_IQ4_NL, 96), 54);
     assert_int_equal(kt_dtype_row_bytes(KT_IQ4_XS, 96), 0);
+    assert_int_equal(kt_dtype_parse("mxfp4"), KT_MXFP4);
+    assert_string_equal(kt_dtype_name(KT_MXFP4), "MXFP4");
+    assert_int_equal(kt_dtype_row_bytes(KT_MXFP4, 96), 51);
+    assert_int_equal(kt_dtype_row_bytes(KT_MXFP4, 80), 0);
 }
 
 /* quantize -> dequantize of Gaussian data, RMSE / std under bounds just
@@ -446,7 +527,7 @@ static void test_new_types_supported(void **state) {
 static void test_new_roundtrip_error(void **state) {
     (void)state;
     enum { N = 256 * 256 };
-    static const double bound[N_NEW_TYPES] = {BOUND_Q2_K, BOUND_Q3_K, BOUND_IQ4_NL, BOUND_IQ4_XS};
+    static const double bound[N_NEW_TYPES] = {BOUND_Q2_K, BOUND_Q3_K, BOUND_IQ4_NL, BOUND_IQ4_XS, BOUND_MXFP4};
     float *x = tu_xmalloc(sizeof(float) * N), *y = tu_xmalloc(sizeof(float) * N);
     void *q = tu_xmalloc(kt_dtype_row_bytes(KT_IQ4_NL, N));
     tu_fill_normal(x, N, 1.0f, 7);
@@ -522,8 +603,17 @@ static const char *const REF_HEX[N_NEW_TYPES] = {
     "5499522d0f4bdc3094d0e4c7b7d4ddd858972b4cb796b4575c9caab5e0b4c8798bea964a6ca1ae0db56142eb3e3dd5a2"
     "a0a4ab49c6aaa6d5a3646793683385d1b55bf7530c77f559942791399b8d05555e739de0f8b2a4af735527d7b99eb95a"
     "48527b75ce5733bfc50dee54bcbd3f8e85a4b5ea57b6d5aacd9f8d8d77e9b805",
+    /* MXFP4: 272 bytes (quantize_row_mxfp4_ref through ggml_quantize_chunk,
+     * libggml-base.a of llama.cpp de3ff81) */
+    "6cc241062030434bc6e1aadee0129194d06cb11ce095d3934d6ac950459939a0d2976c2149cffb0107570a6ea59e942544"
+    "c0e3710000000000000000000000000000000e6cbeb5404c1dda104043b10bd253ea05596c15e30de6d9abe0c3d54722a5"
+    "30c15a4d6c7d0a02d1359ba1ba341bbad9699ba4c06c90cebfbc71b0c25b20a5001e5de293c16cbc11bdd5f6c354ce1c5f"
+    "5c49395c55506cb02ae4c5491b4db9c515224c6f4d40926c03521ab2942e26e43aaebd53c5c44b2d6ca7a4bb59d2bab3d3"
+    "b5243195305504d66c3bb360bdf4906bb12ce91ed11405fbbb6c3d149dd7e0b5a4ae142351d1b99eb92a6cc0ad939a45a9"
+    "cd364bf555ac3435d6056c04b5c3eb41b2d4bbceaf0d0d11e9c074",
 };
-static const uint64_t REF_HASH[N_NEW_TYPES] = {0xdadef949dbf56f90ull, 0x9283f9d6683a4851ull, 0xadf34f866c0398c9ull, 0x526a90399ac76302ull};
+static const uint64_t REF_HASH[N_NEW_TYPES] = {0xdadef949dbf56f90ull, 0x9283f9d6683a4851ull, 0xadf34f866c0398c9ull, 0x526a90399ac76302ull,
+                                               0x52746e2bb01e78b0ull};
 
 static void test_new_quantizers_are_llamacpp(void **state) {
     (void)state;
@@ -552,6 +642,80 @@ static void test_new_quantizers_are_llamacpp(void **state) {
             fail_msg("%s: hash of %d rows %016llx, llama.cpp's %016llx", kt_dtype_name(NEW_TYPES[t]), ROWS,
                      (unsigned long long)h, (unsigned long long)REF_HASH[t]);
     }
+}
+
+/* ---- the golden MXFP4 file -----------------------------------------------
+ *
+ * golden/arch/gpt-oss-MXFP4.gguf is `llama-quantize gpt-oss-F16.gguf ...
+ * MXFP4_MOE` (llama.cpp de3ff81), whose MXFP4 path is quantize_mxfp4 ->
+ * quantize_row_mxfp4_ref whatever the importance matrix. So every MXFP4
+ * tensor of that file must read back with GGUF type 39 and its shape, and
+ * equal, byte for byte, kettle's quantizer applied to the F16 file's
+ * tensor of the same name; and kettle's dequantization of it must give,
+ * value for value, the E2M1 definition decoded here independently
+ * (sign, exponent, mantissa bits; ldexp of the E8M0 byte), and stay within
+ * MXFP4's rounding of the F16 values: at most 2^(e-126) per value with
+ * scale 2^(e-127) (the block's largest |x| is 4 to 8 scales and the top
+ * level is 6, so it may clip by up to 2 scales; elsewhere the error is
+ * half a step, at most 1). */
+static float e2m1_decode(int code, int e8m0) {
+    const int s = code >> 3, ex = (code >> 1) & 3, m = code & 1;
+    const float mag = ex == 0 ? 0.5f * (float)m : ldexpf(1.0f + 0.5f * (float)m, ex - 1);
+    return (s ? -mag : mag) * ldexpf(1.0f, e8m0 - 127);
+}
+
+static void test_mxfp4_golden_file(void **state) {
+    (void)state;
+    kt_error err = {0};
+    char mx_path[4096];
+    snprintf(mx_path, sizeof mx_path, "%s", tu_shared("golden/arch/gpt-oss-MXFP4.gguf"));
+    gguf_file *mx = gguf_open(mx_path, &err), *f16 = gguf_open(tu_shared("golden/arch/gpt-oss-F16.gguf"), &err);
+    if (!mx || !f16) fail_msg("golden files: %s", err.msg);
+    int n_mxfp4 = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(mx); i++) {
+        const gguf_tensor *t = gguf_tensor_at(mx, i);
+        if (t->type != KT_MXFP4) continue;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        /* only the experts: blk.N.ffn_{gate,up,down}_exps.weight, 3-D */
+        if (!strstr(name, "_exps.weight") || t->n_dims != 3) fail_msg("%s: MXFP4 but not an expert tensor", name);
+        const gguf_tensor *src = gguf_tensor_find(f16, name);
+        assert_non_null(src);
+        assert_int_equal(src->type, KT_F16);
+        for (int d = 0; d < 3; d++) assert_int_equal(src->dims[d], t->dims[d]);
+        const int64_t n0 = t->dims[0], rows = t->dims[1] * t->dims[2];
+        const size_t rb = kt_dtype_row_bytes(KT_MXFP4, n0);
+        assert_int_equal(t->n_bytes, rb * (size_t)rows);
+        float *x = tu_xmalloc(sizeof(float) * (size_t)n0), *y = tu_xmalloc(sizeof(float) * (size_t)n0);
+        uint8_t *q = tu_xmalloc(rb);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *file_row = (const uint8_t *)t->data + (size_t)r * rb;
+            kt_dequantize_row(KT_F16, (const uint16_t *)src->data + (size_t)r * (size_t)n0, x, n0);
+            kt_quantize_row(KT_MXFP4, x, q, n0);
+            if (memcmp(q, file_row, rb) != 0) {
+                size_t k = 0;
+                while (q[k] == file_row[k]) k++;
+                fail_msg("%s row %lld byte %zu: kettle %02x, llama-quantize %02x", name, (long long)r, k, q[k],
+                         file_row[k]);
+            }
+            kt_dequantize_row(KT_MXFP4, file_row, y, n0);
+            for (int64_t j = 0; j < n0; j++) {
+                const block_mxfp4 *blk = (const block_mxfp4 *)file_row + j / 32;
+                const int l = (int)(j % 32), code = l < 16 ? blk->qs[l] & 15 : blk->qs[l - 16] >> 4;
+                if (y[j] != e2m1_decode(code, blk->e))
+                    fail_msg("%s row %lld value %lld: %g, E2M1 says %g", name, (long long)r, (long long)j, y[j],
+                             e2m1_decode(code, blk->e));
+                if (!(fabsf(y[j] - x[j]) <= ldexpf(1.0f, blk->e - 126)))
+                    fail_msg("%s row %lld value %lld: %g from %g", name, (long long)r, (long long)j, y[j], x[j]);
+            }
+        }
+        free(x), free(y), free(q);
+        n_mxfp4++;
+    }
+    /* gpt-oss golden: 4 layers x (gate, up, down) experts */
+    assert_int_equal(n_mxfp4, 12);
+    gguf_close(mx);
+    gguf_close(f16);
 }
 
 /* ---- matmul --------------------------------------------------------- */
@@ -604,6 +768,8 @@ static void kq_simd_vs_ref_all(void) {
     for (int ti = 0; ti < N_NEW_TYPES; ti++) check_simd_vs_ref(NEW_TYPES[ti], 16384, 20, 30, pool, 6);
     check_simd_vs_ref(KT_IQ4_NL, 224, 13, 3, pool, 7);
     check_simd_vs_ref(KT_IQ4_NL, 512, 9, 70, pool, 8);
+    check_simd_vs_ref(KT_MXFP4, 224, 13, 3, pool, 9);
+    check_simd_vs_ref(KT_MXFP4, 512, 9, 70, pool, 10);
     kt_pool_free(pool);
 }
 
@@ -640,7 +806,7 @@ static void test_kq_matmul_scalar_is_ref(void **state) {
 static void test_kq_matmul_vs_float(void **state) {
     (void)state;
     const int n_in = 1024, n_out = 9, nt = 3;
-    static const kt_dtype types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+    static const kt_dtype types[] = {KT_Q4_K, KT_Q5_K, KT_Q6_K, KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS, KT_MXFP4};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         void *w = tu_make_weights(types[ti], n_in, n_out, 17, 0.0f);
         float x[3 * 1024], got[27], row[1024];
@@ -688,6 +854,9 @@ int main(void) {
         cmocka_unit_test(test_dequant_q3_K_known),
         cmocka_unit_test(test_dequant_iq4_nl_known),
         cmocka_unit_test(test_dequant_iq4_xs_known),
+        cmocka_unit_test(test_dequant_mxfp4_known),
+        cmocka_unit_test(test_mxfp4_quantizer_edges),
+        cmocka_unit_test(test_mxfp4_golden_file),
         cmocka_unit_test(test_new_types_supported),
         cmocka_unit_test(test_new_roundtrip_error),
         cmocka_unit_test(test_new_quantizers_are_llamacpp),

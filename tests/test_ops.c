@@ -825,7 +825,7 @@ static void test_matmul_scalar_is_ref(void **state) {
 /* Every matmul type, K-quants included (rows of 768: three super-blocks). */
 static const kt_dtype INV_TYPES[] = {KT_F32, KT_F16, KT_BF16, KT_Q8_0, KT_Q4_0, KT_Q4_1,
                                      KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q5_K, KT_Q6_K,
-                                     KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+                                     KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS, KT_MXFP4};
 
 static void check_batch_invariance(bool scalar) {
     kt_pool *pools[3] = {NULL, kt_pool_new(2, NULL), kt_pool_new(3, NULL)};
@@ -882,6 +882,7 @@ static void test_matmul_many(void **state) {
     (void)state;
     static const kt_dtype sets[][3] = {{KT_Q4_K, KT_Q4_K, KT_Q6_K}, {KT_Q5_0, KT_Q5_0, KT_Q8_0},
                                        {KT_Q4_0, KT_Q4_1, KT_Q5_1}, {KT_F16, KT_F16, KT_F32},
+                                       {KT_MXFP4, KT_MXFP4, KT_Q8_0},
                                        {KT_Q4_0, KT_F16, KT_Q6_K}};
     static const int heights[3] = {64, 24, 40};
     const int n_in = 512;
@@ -959,6 +960,12 @@ static void test_repack_layout(void **state) {
     check_layout(KT_Q2_K, 512, 16);
     check_layout(KT_Q3_K, 512, 16);
     check_layout(KT_IQ4_XS, 512, 16);
+    check_layout(KT_MXFP4, 96, 24);
+    assert_int_equal(kt_repack_type(KT_MXFP4, 64, 8), KT_MXFP4_X8);
+    assert_int_equal(kt_repack_type(KT_MXFP4, 64, 12), KT_MXFP4);
+    assert_false(kt_dtype_known(KT_MXFP4_X8));
+    assert_int_equal(kt_repack_plain(KT_MXFP4_X8), KT_MXFP4);
+    assert_int_equal(kt_dtype_row_bytes(KT_MXFP4_X8, 96), kt_dtype_row_bytes(KT_MXFP4, 96));
     assert_int_equal(kt_repack_type(KT_Q2_K, 512, 16), KT_Q2_K_X8);
     assert_int_equal(kt_repack_type(KT_Q3_K, 512, 16), KT_Q3_K_X8);
     assert_int_equal(kt_repack_type(KT_IQ4_XS, 512, 16), KT_IQ4_XS_X8);
@@ -1055,6 +1062,7 @@ static void check_repacked_matmul(bool unused) {
     check_repacked_type(KT_Q2_K);
     check_repacked_type(KT_Q3_K);
     check_repacked_type(KT_IQ4_XS);
+    check_repacked_type(KT_MXFP4);
 }
 
 static void test_repacked_matmul(void **state) {
@@ -1176,6 +1184,111 @@ static void test_iq4_nl_extremes(void **state) {
     on_every_int8_tier(check_iq4_nl_extremes, false);
 }
 
+/* MXFP4 over its whole exponent range and at its extreme levels, plain
+ * and x8, against the reference: blocks whose E8M0 bytes run through
+ * 0 .. 255 (subnormal scales 0 and 1, the top ones near float's limit,
+ * where d_w * d_x and the sums overflow to infinity on every path alike:
+ * the SIMD scales are built from bits, kt_e8m0_half from the same bits),
+ * then every nibble 7 (+12) or 15 (-12) against activations at +-1 (a
+ * sum of 12 x 127 x 32 per block). */
+static void check_mxfp4_scales_extremes(bool unused) {
+    (void)unused;
+    static const int n_toks[] = {1, 2, 5, 9, 17};
+    enum { N_IN = 256, N_OUT = 32, NB = N_IN / QK_MXFP4 };
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    block_mxfp4 *w = tu_make_weights(KT_MXFP4, N_IN, N_OUT, 5, 0.0f);
+    for (int fill = 0; fill < 3; fill++) {
+        for (int b = 0; b < NB * N_OUT; b++) {
+            if (fill == 0) w[b].e = (uint8_t)((b * 37) % 256); /* every byte: 37 is odd */
+            else {
+                w[b].e = 127;
+                memset(w[b].qs, fill == 1 ? 0x77 : 0xFF, sizeof w[b].qs);
+            }
+        }
+        void *x8 = repacked_copy(w, KT_MXFP4, N_IN, N_OUT);
+        for (int c = 0; c < 5; c++) {
+            const int nt = n_toks[c];
+            float *x = tu_xmalloc(sizeof(float) * nt * N_IN), *want = tu_xmalloc(sizeof(float) * nt * N_OUT),
+                  *got = tu_xmalloc(sizeof(float) * nt * N_OUT);
+            if (fill == 0) tu_fill_normal(x, (size_t)nt * N_IN, 1.0f, (uint64_t)c);
+            else
+                for (int i = 0; i < nt * N_IN; i++) x[i] = c % 2 ? -1.0f : 1.0f;
+            kt_matmul_ref(want, w, KT_MXFP4, x, N_IN, N_OUT, nt);
+            if (fill) { /* the sums really are at the extremes: +-6 x 256 x (+-1) */
+                const float level = fill == 1 ? 6.0f : -6.0f, sign = c % 2 ? -1.0f : 1.0f;
+                assert_true(fabsf(want[0] - level * sign * N_IN) < 1e-3f * N_IN * 6.0f);
+            }
+            for (int packed = 0; packed < 2; packed++) {
+                kt_matmul(c % 2 ? pool : NULL, got, packed ? x8 : (void *)w, packed ? KT_MXFP4_X8 : KT_MXFP4, x, N_IN,
+                          N_OUT, nt);
+                if (memcmp(got, want, sizeof(float) * nt * N_OUT) != 0)
+                    fail_msg("%s, fill %d, %d tokens: %.9g, reference %.9g", packed ? "MXFP4x8" : "MXFP4", fill, nt,
+                             got[0], want[0]);
+            }
+            free(x), free(want), free(got);
+        }
+        free(x8);
+    }
+    free(w);
+    kt_pool_free(pool);
+}
+
+static void test_mxfp4_scales_extremes(void **state) {
+    (void)state;
+    on_every_int8_tier(check_mxfp4_scales_extremes, false);
+}
+
+/* MoE experts: a merged [n_in, n_out, n_expert] MXFP4 tensor is used as
+ * n_expert matrices, expert e the e-th slab of n_out rows (model.c's
+ * bind_experts): its rows are not aligned (17-byte blocks) and the
+ * kernels read it as any matrix. Each expert's product, plain and
+ * repacked (as llm_model_repack does it per slab), is the reference's on
+ * a copy of that expert alone, and the expert's own (not a neighbour's:
+ * the experts differ). */
+static void test_mxfp4_expert_views(void **state) {
+    (void)state;
+    enum { N_IN = 96, N_OUT = 24, N_EXP = 3, NT = 5 };
+    const size_t slab = kt_dtype_row_bytes(KT_MXFP4, N_IN) * N_OUT;
+    /* rows of 51 bytes, and the tensor itself at an odd address: no load
+     * may assume alignment */
+    uint8_t *made = tu_make_weights(KT_MXFP4, N_IN, N_OUT * N_EXP, 77, 0.0f);
+    uint8_t *buf = tu_xmalloc(slab * N_EXP + 1), *merged = buf + 1;
+    memcpy(merged, made, slab * N_EXP);
+    free(made);
+    float x[NT * N_IN], want[NT * N_OUT], got[NT * N_OUT], prev[NT * N_OUT];
+    tu_fill_normal(x, NT * N_IN, 1.0f, 8);
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    uint8_t *tmp = tu_xmalloc(kt_repack_tmp_bytes(KT_MXFP4, N_IN));
+    for (int e = 0; e < N_EXP; e++) {
+        uint8_t *view = merged + slab * (size_t)e, *alone = tu_xmalloc(slab);
+        memcpy(alone, view, slab);
+        for (int nt = 1; nt <= NT; nt += NT - 1) {
+            kt_matmul_ref(want, alone, KT_MXFP4, x, N_IN, N_OUT, nt);
+            kt_matmul(pool, got, view, KT_MXFP4, x, N_IN, N_OUT, nt);
+            assert_memory_equal(got, want, sizeof(float) * nt * N_OUT);
+            if (e > 0 && nt == NT) assert_true(memcmp(got, prev, sizeof got) != 0);
+        }
+        memcpy(prev, got, sizeof got);
+        free(alone);
+    }
+    /* repacked in place slab by slab, each expert still its own product */
+    uint8_t *orig = tu_xmalloc(slab * N_EXP);
+    memcpy(orig, merged, slab * N_EXP);
+    for (int e = 0; e < N_EXP; e++) {
+        assert_true(kt_repack_supported(KT_MXFP4, N_IN, N_OUT));
+        kt_repack(merged + slab * (size_t)e, KT_MXFP4, N_IN, N_OUT, tmp);
+    }
+    for (int e = 0; e < N_EXP; e++) {
+        kt_matmul_ref(want, orig + slab * (size_t)e, KT_MXFP4, x, N_IN, N_OUT, NT);
+        kt_matmul(pool, got, merged + slab * (size_t)e, KT_MXFP4_X8, x, N_IN, N_OUT, NT);
+        assert_memory_equal(got, want, sizeof got);
+    }
+    free(orig), free(tmp), free(buf);
+    kt_pool_free(pool);
+}
+
 /* ---- the x16 layouts (float weights) ---------------------------------- */
 
 /* A float matrix repacked to x16 keeps every value where kt_x16_at says
@@ -1214,7 +1327,7 @@ static void check_row_f32(kt_dtype type, int n_in, int n_out) {
 static void test_repacked_rows(void **state) {
     (void)state;
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_1, KT_Q5_0, KT_Q5_1, KT_Q4_K, KT_Q6_K, KT_F16, KT_BF16, KT_F32,
-                                     KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_IQ4_XS};
+                                     KT_IQ4_NL, KT_Q2_K, KT_Q3_K, KT_IQ4_XS, KT_MXFP4};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         check_row_f32(types[i], kt_dtype_get(types[i])->block_size == 256 ? 512 : 96, 48);
     assert_int_equal(kt_repack_plain(KT_Q8_0), KT_Q8_0);
@@ -2151,7 +2264,7 @@ static void run_bench(const char *only) {
     static const kt_dtype types[] = {KT_Q4_0, KT_Q4_0_X8, KT_Q4_1, KT_Q4_1_X8, KT_Q5_0, KT_Q5_0_X8, KT_Q5_1,
                                      KT_Q5_1_X8, KT_Q4_K, KT_Q4_K_X8, KT_Q5_K, KT_Q5_K_X8, KT_Q6_K, KT_Q6_K_X8, KT_Q8_0, KT_F16,
                                      KT_F16_X16, KT_BF16, KT_BF16_X16, KT_F32, KT_F32_X16,
-                                     KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS};
+                                     KT_Q2_K, KT_Q3_K, KT_IQ4_NL, KT_IQ4_XS, KT_MXFP4, KT_MXFP4_X8};
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++) {
         if (only && strcmp(only, kt_dtype_name(types[i])) != 0) continue;
         const kt_dtype plain = kt_repack_plain(types[i]);
@@ -2301,6 +2414,8 @@ int main(void) {
         cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_kquant_extremes),
         cmocka_unit_test(test_iq4_nl_extremes),
+        cmocka_unit_test(test_mxfp4_scales_extremes),
+        cmocka_unit_test(test_mxfp4_expert_views),
         cmocka_unit_test(test_x16_layout),
         cmocka_unit_test(test_repacked_rows),
         cmocka_unit_test(test_x16_matmul),

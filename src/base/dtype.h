@@ -35,7 +35,8 @@ typedef enum kt_dtype {
     KT_I64 = 27,
     KT_F64 = 28,
     KT_BF16 = 30,
-    KT_DTYPE_COUNT = 31,
+    KT_MXFP4 = 39, /* 32 values: E8M0 exponent byte, 16 bytes of E2M1 nibbles (OCP MX) */
+    KT_DTYPE_COUNT = 40,
     /* kettle's in-memory layouts: never read from or written to a file
      * (past KT_DTYPE_COUNT, so kt_dtype_known() rejects them in a GGUF
      * header), but kt_dtype_get/name/row_bytes describe them */
@@ -52,7 +53,8 @@ typedef enum kt_dtype {
     KT_IQ4_NL_X8 = 74, /* IQ4_NL likewise (Q4_0x8's layout) */
     KT_Q2_K_X8 = 75,   /* Q2_K repacked by groups of 8 rows (ops/repack.h) */
     KT_Q3_K_X8 = 76,   /* Q3_K likewise */
-    KT_IQ4_XS_X8 = 77  /* IQ4_XS likewise */
+    KT_IQ4_XS_X8 = 77, /* IQ4_XS likewise */
+    KT_MXFP4_X8 = 78   /* MXFP4 likewise (Q4_0x8's nibbles, then 8 exponent bytes) */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

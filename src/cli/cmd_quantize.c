@@ -2,7 +2,7 @@
  * cmd_quantize.c - `kettle quantize IN.gguf OUT.gguf TYPE`: rewrites a
  * model with its weight matrices in another element type (Q8_0, Q4_0,
  * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16 or F32), or in llama.cpp's
- * Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS, Q4_K_M and Q5_K_M mixes.
+ * Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS, Q4_K_M, Q5_K_M and MXFP4_MOE mixes.
  *
  * Which tensors change follows llama.cpp's `llama-quantize --pure`: every
  * tensor whose name ends in "weight" with at least two dimensions, except
@@ -47,6 +47,12 @@
  * Q8_0 for Q6_K), and the tool says how many. Plain K types (TYPE Q4_K,
  * Q5_K, Q6_K) are --pure: every tensor the base type, with the same
  * fallback.
+ *
+ * MXFP4_MOE (gpt-oss's format) follows the same function's MXFP4_MOE
+ * branches: the output matrix (or a tied embedding table) Q8_0, every
+ * quantizable tensor whose third dimension is more than 1 (the merged
+ * experts, ffn_*_exps) MXFP4, every other quantizable tensor Q8_0; 1-D
+ * tensors, biases, norms and the router stay as they are.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -86,7 +92,8 @@ static void usage(FILE *out) {
             "llama-quantize --pure). A TYPE of llama.cpp's mixes,\n"
             "  %s (Q3_K: Q3_K_M),\n"
             "writes the mix of that name instead (the output, and\n"
-            "some attn_v, attn_output and ffn_down tensors with more bits);\n"
+            "some attn_v, attn_output and ffn_down tensors with more bits;\n"
+            "MXFP4_MOE: the experts MXFP4, the other matrices Q8_0);\n"
             "--pure gives every tensor the base type. Tensors whose rows are\n"
             "not a multiple of a type's block get llama.cpp's fallback types\n"
             "(Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
@@ -179,7 +186,7 @@ typedef struct mix_state {
 /* llama.cpp's LLAMA_FTYPE values of the mixes */
 enum {
     FT_Q2_K = 10, FT_Q3_K_S = 11, FT_Q3_K_M = 12, FT_Q3_K_L = 13, FT_Q4_K_S = 14, FT_Q4_K_M = 15,
-    FT_Q5_K_M = 17, FT_IQ4_NL = 25, FT_IQ4_XS = 30,
+    FT_Q5_K_M = 17, FT_IQ4_NL = 25, FT_IQ4_XS = 30, FT_MXFP4_MOE = 38,
 };
 
 static bool is_iq4(uint32_t ft) { return ft == FT_IQ4_NL || ft == FT_IQ4_XS; }
@@ -222,6 +229,11 @@ static kt_dtype mix_attn_output(uint32_t ft, kt_dtype base, const mix_state *m) 
  * llama.cpp's llama_tensor_get_type_impl for these file types. */
 static kt_dtype mix_type(const gguf_tensor *t, const recipe *r, mix_state *m) {
     const uint32_t ft = r->ftype;
+    if (ft == FT_MXFP4_MOE) /* llama.cpp: output (and tied embedding) Q8_0, then ne[2] > 1 -> MXFP4 */
+        return gguf_str_eq(t->name, "output.weight") || (!m->has_output && gguf_str_eq(t->name, "token_embd.weight")) ||
+                       t->n_dims < 3 || t->dims[2] <= 1
+                   ? KT_Q8_0
+                   : r->base;
     if (gguf_str_eq(t->name, "output.weight") || (!m->has_output && gguf_str_eq(t->name, "token_embd.weight")))
         return t->dims[0] % kt_dtype_get(r->base)->block_size ? KT_Q8_0 : r->base == KT_Q8_0 ? KT_Q8_0 : KT_Q6_K;
     if (is_attn_v_like(t->name)) {
@@ -601,6 +613,7 @@ static const struct {
     {"IQ4_XS", KT_IQ4_XS, true, FT_IQ4_XS, false},
     {"Q4_K_M", KT_Q4_K, true, 15, false}, /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
     {"Q5_K_M", KT_Q5_K, true, 17, false}, /* LLAMA_FTYPE_MOSTLY_Q5_K_M */
+    {"MXFP4_MOE", KT_MXFP4, true, FT_MXFP4_MOE, false},
 };
 #define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
 

@@ -94,6 +94,10 @@ float kt_kq_block_step(kt_dtype t, const void *row, int b, const int8_t *xq, flo
  * step: acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc), block after
  * block, isum_b = sum_l KT_IQ4NL_VALUES[q[l]] * xq[l] (matmul_k.c). */
 int32_t kt_iq4_nl_idot(const void *row, int b, const int8_t *xq);
+/* MXFP4 likewise (the scalar twin of its kernels): isum_b = sum_l
+ * KT_MXFP4_VALUES[q[l]] * xq[l] (ggml's sumi1 + sumi2), and the step
+ * acc = fmaf((float)isum_b, kt_e8m0_half(e[b]) * d_x[b], acc). */
+int32_t kt_mxfp4_idot(const void *row, int b, const int8_t *xq);
 
 /* ---- AVX2 kernels (the *_avx2.c files) --------------------------------- */
 
@@ -144,6 +148,9 @@ void kt_matmul_kq_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8k_a
  * activations), bit-identical to the reference (matmul_k_avx2.c). */
 void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                            int n_tokens, int r0, int r1);
+/* The same for MXFP4 weights (matmul_k_avx2.c). */
+void kt_matmul_mxfp4_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                          int n_tokens, int r0, int r1);
 void kt_matmul_float_avx2(float *out, const void *w, kt_dtype wtype, const float *xf,
                           int n_in, int n_out, int n_tokens, int r0, int r1);
 /* Float weights in an x16 layout (repack.h) whose plain type is plain

@@ -737,6 +737,62 @@ void kt_dequantize_row_iq4_xs(const block_iq4_xs *y, float *x, int64_t n) {
     }
 }
 
+/* ---- MXFP4 ---------------------------------------------------------------
+ * ggml's quantize_row_mxfp4_ref: per 32 values, amax = max |x|; the
+ * exponent e = floor(log2(amax)) - 2 + 127 (so amax / 2^(e-127) is in
+ * [4, 8): the largest E2M1 value is 6, so the top of the range clips to
+ * 6, as ggml's does), 0 for an all-zero block; each value to the nearest
+ * of the 16 doubled values times d = 2^(e - 128) by a linear search (the
+ * first on a tie, so +0 before -0 and the lower index otherwise).
+ */
+const int8_t KT_MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ggml's best_index_mxfp4 */
+static int best_index_mxfp4(float x, float d) {
+    int best = 0;
+    float best_err = fabsf(KT_MXFP4_VALUES[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf(KT_MXFP4_VALUES[i] * d - x);
+        if (err < best_err) best = i, best_err = err;
+    }
+    return best;
+}
+
+/* ggml's (uint8_t)(floorf(log2f(amax)) - 2 + 127). The float is an integer
+ * in [-24, 253] for any finite amax > 0; where it is negative (amax under
+ * 2^-125) C leaves the conversion to uint8_t undefined, and ggml's x86
+ * build truncates through int32 (cvttss2si), which this does on purpose. */
+static uint8_t mxfp4_exponent(float amax) {
+    if (!(amax > 0.0f)) return 0;
+    const float e = floorf(log2f(amax)) - 2 + 127;
+    if (!(e < 2147483648.0f)) return 0; /* amax infinite: cvttss2si's 0x80000000 */
+    return (uint8_t)(uint32_t)(int32_t)e;
+}
+
+void kt_quantize_row_mxfp4(const float *x, block_mxfp4 *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        const float *xb = x + i * QK_MXFP4;
+        float amax = 0.0f;
+        for (int j = 0; j < QK_MXFP4; j++)
+            if (amax < fabsf(xb[j])) amax = fabsf(xb[j]);
+        const uint8_t e = mxfp4_exponent(amax);
+        const float d = kt_e8m0_half(e);
+        y[i].e = e;
+        for (int j = 0; j < QK_MXFP4 / 2; j++)
+            y[i].qs[j] = (uint8_t)(best_index_mxfp4(xb[j], d) | best_index_mxfp4(xb[QK_MXFP4 / 2 + j], d) << 4);
+    }
+}
+
+void kt_dequantize_row_mxfp4(const block_mxfp4 *y, float *x, int64_t n) {
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        const float d = kt_e8m0_half(y[i].e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            x[i * QK_MXFP4 + j] = KT_MXFP4_VALUES[y[i].qs[j] & 0xF] * d;
+            x[i * QK_MXFP4 + QK_MXFP4 / 2 + j] = KT_MXFP4_VALUES[y[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
 /* ---- Q8_K ---------------------------------------------------------------
  *   max = the x of largest |x| (sign kept); iscale = -127 / max;
  *   q = MIN(127, nearest_int(iscale * x)); d = 1 / iscale

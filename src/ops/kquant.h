@@ -26,6 +26,12 @@
  *   IQ4_XS (136 bytes): fp16 d, uint16 scales_h (top 2 bits of 8 six-bit
  *        scales), 4 bytes scales_l (their low nibbles), 128 bytes of
  *        nibbles as IQ4_NL's.  value = d * (ls[j] - 32) * KT_IQ4NL_VALUES[q]
+ *   MXFP4 (17 bytes, 32 values; OCP microscaling FP4): one E8M0 byte e,
+ *        16 bytes of nibbles as IQ4_NL's, each an E2M1 code (sign, 2-bit
+ *        exponent, 1-bit mantissa) read through KT_MXFP4_VALUES, which
+ *        holds the E2M1 values doubled (so they are integers).
+ *        value = 2^(e - 128) * KT_MXFP4_VALUES[q]  (2^(e-127) / 2: the
+ *        halved scale undoes the doubling; kt_e8m0_half)
  *
  * The quantizers are ggml's reference ones (no importance matrix), written
  * again operation for operation so `kettle quantize` can reproduce
@@ -37,6 +43,7 @@
 #define KT_OPS_KQUANT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define QK_K 256
 #define K_SCALE_SIZE 12
@@ -116,10 +123,34 @@ typedef struct block_iq4_xs {
 /* The 16 levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
 extern const int8_t KT_IQ4NL_VALUES[16];
 
+#define QK_MXFP4 32
+
+/* MXFP4 (GGUF type 39). Byte layout: e, qs[0..15]; value j < 16 is the
+ * low nibble of qs[j], value 16 + j its high nibble (as IQ4_NL). */
+typedef struct block_mxfp4 {
+    uint8_t e; /* E8M0: the block's scale is 2^(e - 127) */
+    uint8_t qs[QK_MXFP4 / 2];
+} block_mxfp4;
+
+/* The 16 E2M1 values, doubled (ggml's kvalues_mxfp4): codes 0-7 are
+ * 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2, codes 8-15 the same negated. */
+extern const int8_t KT_MXFP4_VALUES[16];
+
+/* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), built from its bits (e < 2
+ * a subnormal). Exact, a power of two, so a product with it (the matmul's
+ * d_w * d_x) is exact too unless it underflows. */
+static inline float kt_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 _Static_assert(sizeof(block_q2_K) == 84, "block_q2_K is 84 bytes");
 _Static_assert(sizeof(block_q3_K) == 110, "block_q3_K is 110 bytes");
 _Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl is 18 bytes");
 _Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs is 136 bytes");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 is 17 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K is 210 bytes");
@@ -148,6 +179,11 @@ void kt_quantize_row_iq4_nl(const float *x, block_iq4_nl *y, int64_t n);
 void kt_quantize_row_iq4_xs(const float *x, block_iq4_xs *y, int64_t n);
 void kt_dequantize_row_iq4_nl(const block_iq4_nl *y, float *x, int64_t n);
 void kt_dequantize_row_iq4_xs(const block_iq4_xs *y, float *x, int64_t n);
+/* MXFP4, n a multiple of 32: ggml's quantize_row_mxfp4_ref (what
+ * llama-quantize writes: MXFP4 has no importance-matrix variant) and
+ * dequantize_row_mxfp4. */
+void kt_quantize_row_mxfp4(const float *x, block_mxfp4 *y, int64_t n);
+void kt_dequantize_row_mxfp4(const block_mxfp4 *y, float *x, int64_t n);
 
 /* Group g's 6-bit scale (0..63, stored + 32) of a Q3_K scales array, and
  * sub-block j's (0..63) of an IQ4_XS block. */

@@ -22,6 +22,10 @@
  *             m_w * s_x, s_x = fp16(d_x * sum x_q); kettle reads the exact
  *             sum x_q from the Q8_0 activations' c8 / 8 instead.)
  *       IQ4_NL: as Q4_0, isum_b = sum KT_IQ4NL_VALUES[q] * x_q (kquant.h)
+ *       MXFP4: as IQ4_NL, isum_b = sum KT_MXFP4_VALUES[q] * x_q and d_w =
+ *             kt_e8m0_half(e) (ggml's ggml_vec_dot_mxfp4_q8_0: the block's
+ *             integer dot times the product of the scales; ggml sums the
+ *             blocks in other lanes, so within rounding of llama.cpp)
  *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS);
  *     Q8_0 models match llama.cpp's golden logits to 0.0108, not closer,
  *     because that build rounds Q8_0 activations as x / (amax/127), half
@@ -110,7 +114,7 @@ static bool is_kquant_x8(kt_dtype t) {
 bool kt_matmul_supported(kt_dtype wtype) {
     return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
-           wtype == KT_IQ4_NL_X8 ||
+           wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4 || wtype == KT_MXFP4_X8 ||
            wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_Q4_K || wtype == KT_Q5_K ||
            wtype == KT_Q6_K || wtype == KT_IQ4_XS || is_kquant_x8(wtype);
 }
@@ -127,7 +131,7 @@ static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
     return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL ||
-           t == KT_IQ4_NL_X8;
+           t == KT_IQ4_NL_X8 || t == KT_MXFP4 || t == KT_MXFP4_X8;
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
@@ -183,24 +187,26 @@ static float block_scale(const void *row, kt_dtype t, int b) {
     return kt_fp16_to_fp32(d);
 }
 
-/* Q4_0 (and IQ4_NL): adds one block's term, fmaf((float)isum, d_w * d_x,
- * acc). */
+/* Q4_0 (and IQ4_NL, MXFP4): adds one block's term, fmaf((float)isum,
+ * d_w * d_x, acc). */
 static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, float dx,
                         float acc) {
+    if (t == KT_MXFP4)
+        return fmaf((float)kt_mxfp4_idot(row, b, xq), kt_e8m0_half(((const block_mxfp4 *)row)[b].e) * dx, acc);
     if (t == KT_IQ4_NL)
         return fmaf((float)kt_iq4_nl_idot(row, b, xq),
                     kt_fp16_to_fp32(((const block_iq4_nl *)row)[b].d) * dx, acc);
     return fmaf((float)idot_block(row, t, b, xq), block_scale(row, t, b) * dx, acc);
 }
 
-/* Q8_0, Q4_0, IQ4_NL, Q4_0x8 and IQ4_NLx8: block step for block b of row r
- * of w (an x8 block read back in its plain form, so both layouts take the
- * same operations). */
+/* Q8_0, Q4_0, IQ4_NL, MXFP4 and their x8 forms: block step for block b
+ * of row r of w (an x8 block read back in its plain form, so both layouts
+ * take the same operations). */
 static float row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                             float dx, float acc) {
-    if (t != KT_Q4_0_X8 && t != KT_IQ4_NL_X8)
+    if (t != KT_Q4_0_X8 && t != KT_IQ4_NL_X8 && t != KT_MXFP4_X8)
         return block_step((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, acc);
-    union { block_q4_0 q4_0; block_iq4_nl iq4_nl; } blk;
+    union { block_q4_0 q4_0; block_iq4_nl iq4_nl; block_mxfp4 mxfp4; } blk;
     kt_x8_block(w, kt_repack_plain(t), n_in, r, b, &blk);
     return block_step(&blk, kt_repack_plain(t), 0, xq, dx, acc);
 }
@@ -360,7 +366,8 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
                     block_step_lanes(row, b, xa->qs + k * QK8_0, xa->d[k], lanes);
                 }
                 sum = sum_lanes(lanes);
-            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || wtype == KT_IQ4_NL || wtype == KT_IQ4_NL_X8) {
+            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || wtype == KT_IQ4_NL || wtype == KT_IQ4_NL_X8 ||
+                       wtype == KT_MXFP4 || wtype == KT_MXFP4_X8) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
                     sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
@@ -430,6 +437,7 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_Q4_0_X8:
     case KT_IQ4_NL_X8:
+    case KT_MXFP4_X8:
     case KT_Q4_1_X8:
     case KT_Q5_0_X8:
     case KT_Q5_1_X8:
@@ -462,6 +470,9 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         break;
     case KT_IQ4_NL:
         kt_matmul_iq4_nl_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
+    case KT_MXFP4:
+        kt_matmul_mxfp4_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
         break;
     case KT_Q2_K:
     case KT_Q3_K:

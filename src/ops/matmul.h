@@ -8,7 +8,7 @@
  * n_tokens == 1 this is the decode GEMV (memory-bound); with more it is the
  * prefill GEMM (compute-bound, rows x tokens tiled).
  *
- * For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL weights the activations are
+ * For Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 weights the activations are
  * quantized once to Q8_0 blocks, for the K-quants (Q2_K .. Q6_K) and
  * IQ4_XS to Q8_K blocks, and the inner loop is an integer dot product. F16/BF16 weights are
  * converted on the fly and multiplied in fp32.

@@ -124,20 +124,26 @@ typedef struct legacy_fmt {
     int qh_off;   /* offset of the 4 fifth-bit bytes; -1 for 4-bit levels */
     int m_off;    /* offset of the fp16 minimum; -1 for Q4_0/Q5_0 */
     int c8_mul;   /* isum -= c8_mul * c8 (the level offset) */
-    bool nl;      /* IQ4_NL: levels through the table (below) */
+    bool nl;      /* IQ4_NL, MXFP4: levels through the table (below) */
+    const int8_t *table; /* nl: the 16 levels */
+    bool e8m0;    /* MXFP4: the x8 scales are 8 E8M0 bytes, not 8 fp16 */
 } legacy_fmt;
 
-static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1, false};
-static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0, false};
-static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2, false};
-static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0, false};
+static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1, false, NULL, false};
+static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0, false, NULL, false};
+static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2, false, NULL, false};
+static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0, false, NULL, false};
 /* IQ4_NL (x8 layout only): a nibble n stands for KT_IQ4NL_VALUES[n], in
  * -127..113. maddubs and vpdpbusd want the weights unsigned, so the
  * tiles look up u = value + 128 (1..241) and the step takes off 128 sum x
  * = 16 c8: sum u x - 16 c8 = sum value x, exactly. (The AVX2 tile cannot
  * use u: a pair 2 * 241 * 127 saturates maddubs' int16. It goes back to
  * the signed value and the sign trick, see q4_tile_avx2.) */
-static const legacy_fmt FMT_IQ4_NL = {sizeof(block_iq4_nl), 2, -1, -1, 16, true};
+static const legacy_fmt FMT_IQ4_NL = {sizeof(block_iq4_nl), 2, -1, -1, 16, true, KT_IQ4NL_VALUES, false};
+/* MXFP4 (x8 layout only): the same with KT_MXFP4_VALUES (-12..12, so u =
+ * value + 128 is 116..140) and per block 8 exponent bytes where IQ4_NL
+ * has 8 fp16 scales (repack.h). */
+static const legacy_fmt FMT_MXFP4 = {sizeof(block_mxfp4), 1, -1, -1, 16, true, KT_MXFP4_VALUES, true};
 
 /* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set: byte j/8 of h is
  * shuffled to byte j, tested against bit j%8. */
@@ -808,9 +814,9 @@ INL void q4_vecs(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const
         const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * KT_X8_QS_BYTES + 32 * v));
         *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
         *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
-        if (f->nl) { /* u = level + 128 (FMT_IQ4_NL), a byte shuffle */
+        if (f->nl) { /* u = level + 128 (FMT_IQ4_NL, FMT_MXFP4), a byte shuffle */
             const __m256i tab = _mm256_xor_si256(
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES)), _mm256_set1_epi8((char)0x80));
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->table)), _mm256_set1_epi8((char)0x80));
             *lo = _mm256_shuffle_epi8(tab, *lo);
             *hi = _mm256_shuffle_epi8(tab, *hi);
         }
@@ -827,6 +833,11 @@ INL void q4_vecs(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const
 
 /* The 8 rows' scales of block b. */
 INL __m256 q4_scales(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const float *panel_d, int b) {
+    if (grp && f->e8m0) {
+        uint64_t e8;
+        memcpy(&e8, grp + x8_scales_at(f, a->x->nb) + (size_t)b * 8, 8);
+        return e8m0_half8(e8);
+    }
     if (grp) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + x8_scales_at(f, a->x->nb) + (size_t)b * 16)));
     return _mm256_load_ps(panel_d + (size_t)b * Q4_ROWS);
 }
@@ -849,7 +860,8 @@ INL void x8_prefetch(const q_args *a, const legacy_fmt *f, const uint8_t *grp, s
     _mm_prefetch((const char *)next + (size_t)b * KT_X8_QS_BYTES, _MM_HINT_T1);
     _mm_prefetch((const char *)next + (size_t)b * KT_X8_QS_BYTES + 64, _MM_HINT_T1);
     if (f->qh_off >= 0 && (b & 1) == 0) _mm_prefetch((const char *)x8_mask(a, next, b, 0), _MM_HINT_T1);
-    if ((b & 3) == 0) _mm_prefetch((const char *)next + x8_scales_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T1);
+    if ((b & (f->e8m0 ? 7 : 3)) == 0) /* a line of scales: 4 blocks' fp16, 8 blocks' E8M0 */
+        _mm_prefetch((const char *)next + x8_scales_at(f, a->x->nb) + (size_t)b * (f->e8m0 ? 8 : 16), _MM_HINT_T1);
     if (f->m_off >= 0 && (b & 3) == 0) _mm_prefetch((const char *)next + x8_mins_at(f, a->x->nb) + (size_t)b * 16, _MM_HINT_T1);
 }
 
@@ -989,9 +1001,9 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
                     _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * KT_X8_QS_BYTES + 32 * v)), 1);
                 lo = _mm512_and_si512(p, low);
                 hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-                if (f->nl) { /* u = level + 128 (FMT_IQ4_NL) */
+                if (f->nl) { /* u = level + 128 (FMT_IQ4_NL, FMT_MXFP4) */
                     const __m512i tab = _mm512_xor_si512(
-                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES)), _mm512_set1_epi8((char)0x80));
+                        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)f->table)), _mm512_set1_epi8((char)0x80));
                     lo = _mm512_shuffle_epi8(tab, lo);
                     hi = _mm512_shuffle_epi8(tab, hi);
                 }
@@ -1139,6 +1151,7 @@ X8_KIND(X8_Q4_1, FMT_Q4_1)
 X8_KIND(X8_Q5_0, FMT_Q5_0)
 X8_KIND(X8_Q5_1, FMT_Q5_1)
 X8_KIND(X8_IQ4_NL, FMT_IQ4_NL)
+X8_KIND(X8_MXFP4, FMT_MXFP4)
 
 typedef struct panel_kind {
     const legacy_fmt *f;
@@ -1271,7 +1284,7 @@ void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_ac
     const kt_dtype plain = kt_repack_plain(wtype);
     const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(plain, n_in), .x = x, .out = out, .n_out = n_out};
     const x8_kind *k = plain == KT_Q4_1 ? &X8_Q4_1 : plain == KT_Q5_0 ? &X8_Q5_0 : plain == KT_Q5_1 ? &X8_Q5_1
-                       : plain == KT_IQ4_NL ? &X8_IQ4_NL : &X8_Q4_0;
+                       : plain == KT_IQ4_NL ? &X8_IQ4_NL : plain == KT_MXFP4 ? &X8_MXFP4 : &X8_Q4_0;
     const bool wide = kt_cpu_has_avx512_vnni();
     const q4_tile8_fn *tile = kt_cpu_has_avx_vnni() ? k->vnni : k->avx2;
     const int chunk = token_chunk(n_in, 1);

@@ -1,7 +1,7 @@
 /*
  * matmul_k.c - the scalar specification of the K-quant dot products
- * (Q2_K .. Q6_K and IQ4_XS weights times Q8_K activations; IQ4_NL's
- * integer block dot with Q8_0 activations) and the layout of the Q8_K
+ * (Q2_K .. Q6_K and IQ4_XS weights times Q8_K activations; IQ4_NL's and
+ * MXFP4's integer block dots with Q8_0 activations) and the layout of the Q8_K
  * activation buffer; see internal.h for the exact operations.
  *
  * Integer parts are exact, so only the two float steps per block are
@@ -126,6 +126,14 @@ int32_t kt_iq4_nl_idot(const void *row, int b, const int8_t *xq) {
     int32_t s = 0;
     for (int l = 0; l < 16; l++)
         s += KT_IQ4NL_VALUES[blk->qs[l] & 0xF] * xq[l] + KT_IQ4NL_VALUES[blk->qs[l] >> 4] * xq[16 + l];
+    return s;
+}
+
+int32_t kt_mxfp4_idot(const void *row, int b, const int8_t *xq) {
+    const block_mxfp4 *blk = (const block_mxfp4 *)row + b;
+    int32_t s = 0;
+    for (int l = 0; l < 16; l++)
+        s += KT_MXFP4_VALUES[blk->qs[l] & 0xF] * xq[l] + KT_MXFP4_VALUES[blk->qs[l] >> 4] * xq[16 + l];
     return s;
 }
 

@@ -1402,7 +1402,7 @@ void kt_matmul_q6_K_x8_avx2(float *out, const void *w, const kt_q8k_act *x, int 
         for (int t = 0; t < n_tokens; t++) tile(&a, r, t);
 }
 
-/* ---- IQ4_NL: 8 rows at a time against Q8_0 activations -----------------
+/* ---- IQ4_NL and MXFP4: 8 rows at a time against Q8_0 activations -------
  *
  * The specification is Q4_0's (internal.h): per 32-value block, in order,
  * acc = fmaf((float)isum, d_w * d_x, acc). A row's block is 16 bytes: the
@@ -1428,8 +1428,20 @@ INL __m256i hsum8_rows(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-INL void iq4_nl_group(const kq_args *a, const kt_q8_act *x, int r, int nr, int tok) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KT_IQ4NL_VALUES));
+/* The two 16-entry-table formats on this path: IQ4_NL (fp16 d at 0, qs
+ * at 2) and MXFP4 (E8M0 e at 0, qs at 1; its values at most 12, the same
+ * maddubs with room to spare). `f` is a constant in each caller. */
+typedef struct nl_fmt {
+    const int8_t *table;
+    size_t bb, qs_off;
+    bool e8m0; /* scale: kt_e8m0_half of byte 0, else the fp16 at 0 */
+} nl_fmt;
+
+static const nl_fmt NL_IQ4_NL = {KT_IQ4NL_VALUES, sizeof(block_iq4_nl), offsetof(block_iq4_nl, qs), false};
+static const nl_fmt NL_MXFP4 = {KT_MXFP4_VALUES, sizeof(block_mxfp4), offsetof(block_mxfp4, qs), true};
+
+INL void nl_group(const nl_fmt *f, const kq_args *a, const kt_q8_act *x, int r, int nr, int tok) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)f->table));
     const __m128i low = _mm_set1_epi8(0x0F);
     const char *rows[NL_ROWS];
 #pragma GCC unroll 8
@@ -1442,15 +1454,15 @@ INL void iq4_nl_group(const kq_args *a, const kt_q8_act *x, int r, int nr, int t
         __m256i s[NL_ROWS];
 #pragma GCC unroll 8
         for (int i = 0; i < NL_ROWS; i++) {
-            const block_iq4_nl *blk = (const block_iq4_nl *)rows[i] + b;
-            _mm_prefetch((const char *)blk + PF_BYTES, _MM_HINT_T0);
-            const __m128i q = _mm_loadu_si128((const __m128i *)blk->qs);
+            const char *blk = rows[i] + (size_t)b * f->bb;
+            _mm_prefetch(blk + PF_BYTES, _MM_HINT_T0);
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + f->qs_off));
             const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
             const __m256i wv = _mm256_shuffle_epi8(table, idx);
             const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
             s[i] = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
         }
-        const __m256 dw = halves8(rows, sizeof(block_iq4_nl), offsetof(block_iq4_nl, d), b);
+        const __m256 dw = f->e8m0 ? e8m0_half8(bytes8(rows, f->bb, 0, b)) : halves8(rows, f->bb, 0, b);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_rows(s)), _mm256_mul_ps(dw, _mm256_set1_ps(x->d[k])), acc);
     }
     float o[NL_ROWS];
@@ -1458,14 +1470,27 @@ INL void iq4_nl_group(const kq_args *a, const kt_q8_act *x, int r, int nr, int t
     for (int i = 0; i < nr; i++) a->out[(size_t)tok * a->n_out + r + i] = o[i];
 }
 
-void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
-                           int n_tokens, int r0, int r1) {
-    const kq_args a = {w, kt_dtype_row_bytes(KT_IQ4_NL, n_in), sizeof(block_iq4_nl), NULL, out, n_out};
+INL void nl_rows(const nl_fmt *f, const void *w, const kt_q8_act *x, int n_in, int n_out, int n_tokens,
+                 float *out, int r0, int r1) {
+    const kq_args a = {w, (size_t)(n_in / 32) * f->bb, f->bb, NULL, out, n_out};
     for (int c0 = 0; c0 < n_tokens; c0 += NL_CHUNK) {
         const int c1 = c0 + NL_CHUNK < n_tokens ? c0 + NL_CHUNK : n_tokens;
         for (int r = r0; r < r1; r += NL_ROWS)
-            for (int tok = c0; tok < c1; tok++) iq4_nl_group(&a, x, r, r1 - r < NL_ROWS ? r1 - r : NL_ROWS, tok);
+            for (int tok = c0; tok < c1; tok++) nl_group(f, &a, x, r, r1 - r < NL_ROWS ? r1 - r : NL_ROWS, tok);
     }
+}
+
+void kt_matmul_iq4_nl_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                           int n_tokens, int r0, int r1) {
+    nl_rows(&NL_IQ4_NL, w, x, n_in, n_out, n_tokens, out, r0, r1);
+}
+
+/* MXFP4 (ggml's ggml_vec_dot_mxfp4_q8_0 does the same lookup and maddubs,
+ * one row at a time): the scales are powers of two, 8 exponent bytes made
+ * floats by shifting them into place (e8m0_half8). */
+void kt_matmul_mxfp4_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
+                          int n_tokens, int r0, int r1) {
+    nl_rows(&NL_MXFP4, w, x, n_in, n_out, n_tokens, out, r0, r1);
 }
 
 /* ---- Q2_Kx8, Q3_Kx8, IQ4_XSx8: decode on the repacked groups -------------

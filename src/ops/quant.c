@@ -28,7 +28,7 @@ bool kt_quantize_supported(kt_dtype type) {
     return type == KT_F32 || type == KT_F16 || type == KT_BF16 || type == KT_Q8_0 ||
            type == KT_Q4_0 || type == KT_Q4_1 || type == KT_Q5_0 || type == KT_Q5_1 ||
            type == KT_Q2_K || type == KT_Q3_K || type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K ||
-           type == KT_IQ4_NL || type == KT_IQ4_XS;
+           type == KT_IQ4_NL || type == KT_IQ4_XS || type == KT_MXFP4;
 }
 
 bool kt_dequantize_supported(kt_dtype type) {
@@ -323,6 +323,9 @@ void kt_quantize_row(kt_dtype type, const float *x, void *out, int64_t n) {
     case KT_IQ4_XS:
         kt_quantize_row_iq4_xs(x, out, n);
         break;
+    case KT_MXFP4:
+        kt_quantize_row_mxfp4(x, out, n);
+        break;
     default:
         break; /* unsupported: callers check kt_quantize_supported() */
     }
@@ -378,6 +381,9 @@ void kt_dequantize_row(kt_dtype type, const void *in, float *out, int64_t n) {
         break;
     case KT_IQ4_XS:
         kt_dequantize_row_iq4_xs(in, out, n);
+        break;
+    case KT_MXFP4:
+        kt_dequantize_row_mxfp4(in, out, n);
         break;
     default:
         break; /* unsupported: callers check kt_dequantize_supported() */

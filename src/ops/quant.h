@@ -62,7 +62,8 @@ _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 is 18 bytes");
 
 /* Types kt_quantize_row can produce: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, the K-quants Q2_K .. Q6_K and IQ4_NL, IQ4_XS (kquant.h). */
+ * Q5_0, Q5_1, the K-quants Q2_K .. Q6_K and IQ4_NL, IQ4_XS, MXFP4
+ * (kquant.h). */
 bool kt_quantize_supported(kt_dtype type);
 /* Types kt_dequantize_row can read: the same. */
 bool kt_dequantize_supported(kt_dtype type);

@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* A part of a block: n units of width bytes (4: a word of packed values,
- * 2: an fp16) at offset off of the plain block; unit v of row r sits in
+ * 2: an fp16, 1: MXFP4's exponent) at offset off of the plain block; unit v of row r sits in
  * the group at  nb * per_nb + b * per_b + at + 8 * width * v + width * r. */
 typedef struct x8_part {
     size_t off;
@@ -44,6 +44,10 @@ static const x8_layout LAYOUTS[] = {
     /* IQ4_NL's block is Q4_0's (fp16 d, 16 bytes of nibbles): the same moves */
     {KT_IQ4_NL, KT_IQ4_NL_X8, 2, {{offsetof(block_iq4_nl, qs), 4, 4, 0, Q4_0_QS, 0},
                                   {offsetof(block_iq4_nl, d), 1, 2, Q4_0_QS, 2 * KT_X8_ROWS, 0}}, 0, 0, 0},
+    /* MXFP4: Q4_0's nibble moves from offset 1, then per block the 8 rows'
+     * exponent bytes (8 x 17 = 128 + 8 bytes: in place) */
+    {KT_MXFP4, KT_MXFP4_X8, 2, {{offsetof(block_mxfp4, qs), 4, 4, 0, Q4_0_QS, 0},
+                                {offsetof(block_mxfp4, e), 1, 1, Q4_0_QS, KT_X8_ROWS, 0}}, 0, 0, 0},
     {KT_Q5_0, KT_Q5_0_X8, 2, {{offsetof(block_q5_0, qs), 4, 4, 0, Q4_0_QS, 0},
                               {offsetof(block_q5_0, d), 1, 2, Q4_0_QS + Q5_0_QH, 2 * KT_X8_ROWS, 0}},
      offsetof(block_q5_0, qh), Q4_0_QS, Q5_0_QH},
@@ -143,7 +147,8 @@ static void move_block(const x8_layout *l, uint8_t *grp, int nb, int b, int r, u
         const x8_part *q = &l->parts[p];
         uint8_t *at = grp + (size_t)nb * q->per_nb + (size_t)b * q->per_b + q->at + (size_t)q->width * r;
         if (q->width == 4) move_units(at, blk + q->off, q->n, 4, to_group);
-        else move_units(at, blk + q->off, q->n, 2, to_group);
+        else if (q->width == 2) move_units(at, blk + q->off, q->n, 2, to_group);
+        else move_units(at, blk + q->off, q->n, 1, to_group);
     }
 }
 

@@ -1,5 +1,5 @@
 /*
- * repack.h - Q4_0, IQ4_NL, Q4_1, Q2_K, Q3_K, IQ4_XS, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
+ * repack.h - Q4_0, IQ4_NL, MXFP4, Q4_1, Q2_K, Q3_K, IQ4_XS, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
  * rewritten at load into the layout the SIMD kernels read fastest
  * (KT_Q4_0_X8, KT_IQ4_NL_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
  * with kt_load_mode KT_LOAD_REPACK (the CLI's default).
@@ -21,7 +21,11 @@
  * Same size as the Q4_0 matrix (8 x 18 = 128 + 16 bytes per block of 8
  * rows), so it is rewritten in place. IQ4_NLx8 is the same layout for
  * IQ4_NL, whose block is byte for byte Q4_0's (only the nibbles' levels
- * differ: KT_IQ4NL_VALUES[n] instead of n - 8).
+ * differ: KT_IQ4NL_VALUES[n] instead of n - 8). MXFP4x8 is that layout
+ * for MXFP4 (its 16 nibble bytes come from offset 1 of its 17-byte
+ * block), with the scales region holding per block the 8 rows' E8M0
+ * exponent bytes in row order (nb x 8 bytes at nb * 128 + b * 8): 8 x
+ * 17 = 128 + 8 bytes, in place.
  *
  * Q4_Kx8 does the same for Q4_K (super-blocks of 256 values): group g at
  * g * 8 * row_bytes holds, per block b, 1152 bytes at b * 1152:

@@ -70,4 +70,22 @@ INL __m256 halves8(const char *const *rows, size_t bb, size_t off, int b) {
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
 }
 
+/* 8 E8M0 bytes (byte r of e8: row r) as kt_e8m0_half's floats, 2^(e-128):
+ * the bits (e - 1) << 23, or for e < 2 the subnormal 0x00200000 << e. */
+INL __m256 e8m0_half8(uint64_t e8) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e8));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+}
+
+/* Byte off of block b (bb bytes a block) of 8 rows, as e8m0_half8 wants. */
+INL uint64_t bytes8(const char *const *rows, size_t bb, size_t off, int b) {
+    uint64_t v = 0;
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) v |= (uint64_t)(uint8_t)rows[r][(size_t)b * bb + off] << (8 * r);
+    return v;
+}
+
 #endif
