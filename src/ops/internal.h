@@ -234,7 +234,7 @@ void kt_attention_heads_avx512(const kt_attn_args *a, int t, int h0, int nh, flo
  * kt_attention_group_avx2. */
 size_t kt_attn_decode_thread_floats(int n_pos);
 void kt_attn_decode_scores_avx2(const kt_attn_args *a, int p0, int p1, float *S, size_t s_row, float *scratch);
-void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, float *inv);
+void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, const float *sinks, float *inv);
 void kt_attn_decode_values_avx2(const kt_attn_args *a, int kvh, int d0, const float *S, size_t s_row,
                                 const float *inv, float *scratch);
 size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max);

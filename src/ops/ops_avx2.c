@@ -584,9 +584,12 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
         for (int p = 1; p < n_pos; p++) max = s[h][p] > max ? s[h][p] : max;
+        const float sink = a->sinks ? a->sinks[h0 + h] : -INFINITY;
+        max = sink > max ? sink : max;
         exp_sub_sum(s[h], n_pos, max);
         double sum = 0.0;
         for (int p = 0; p < n_pos; p++) sum += (double)s[h][p];
+        if (a->sinks) sum += (double)expf(sink - max); /* the reference's expf, after the positions */
         float *o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + h) * hd;
         const float inv = (float)(1.0 / sum);
         const int d0 = wide ? hd / 64 * 64 : 0;
@@ -653,34 +656,41 @@ static float row_max(const float *s, int n) {
     return max;
 }
 
-/* inv[k] = (float)(1 / sum of row k in double, in position order) for K
- * rows side by side: each sum is one chain of adds, so K run at once. */
-INL void sum_rows_t(float *const *r, int n, float *inv, const int K) {
+/* inv[k] = (float)(1 / (sum of row k in double, in position order, then
+ * + sink[k])) for K rows side by side: each sum is one chain of adds, so
+ * K run at once. sink: each row's sink term (0 without sinks: + 0 leaves
+ * a positive sum's bits as they are). */
+INL void sum_rows_t(float *const *r, int n, const double *sink, float *inv, const int K) {
     double sum[8] = {0};
     for (int p = 0; p < n; p++)
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++) sum[k] += (double)r[k][p];
 #pragma GCC unroll 8
-    for (int k = 0; k < K; k++) inv[k] = (float)(1.0 / sum[k]);
+    for (int k = 0; k < K; k++) inv[k] = (float)(1.0 / (sum[k] + sink[k]));
 }
 
 /* Heads h0 .. h0 + nh - 1 (nh <= 8; rows of s_row in S): the scores into
- * exps in place, and inv[h] = (float)(1 / their sum). */
-void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, float *inv) {
+ * exps in place, and inv[h] = (float)(1 / their sum), with each head's
+ * sink (sinks non-NULL) in the max and the sum as the reference has it. */
+void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, const float *sinks, float *inv) {
     float *r[8];
+    double sink[8] = {0};
     for (int k = 0; k < nh; k++) {
         r[k] = S + (size_t)(h0 + k) * s_row;
-        exp_sub_sum(r[k], n_pos, row_max(r[k], n_pos));
+        float max = row_max(r[k], n_pos);
+        if (sinks) max = sinks[h0 + k] > max ? sinks[h0 + k] : max;
+        exp_sub_sum(r[k], n_pos, max);
+        if (sinks) sink[k] = (double)expf(sinks[h0 + k] - max);
     }
     switch (nh) {
-    case 1: sum_rows_t(r, n_pos, inv + h0, 1); break;
-    case 2: sum_rows_t(r, n_pos, inv + h0, 2); break;
-    case 3: sum_rows_t(r, n_pos, inv + h0, 3); break;
-    case 4: sum_rows_t(r, n_pos, inv + h0, 4); break;
-    case 5: sum_rows_t(r, n_pos, inv + h0, 5); break;
-    case 6: sum_rows_t(r, n_pos, inv + h0, 6); break;
-    case 7: sum_rows_t(r, n_pos, inv + h0, 7); break;
-    default: sum_rows_t(r, n_pos, inv + h0, 8); break;
+    case 1: sum_rows_t(r, n_pos, sink, inv + h0, 1); break;
+    case 2: sum_rows_t(r, n_pos, sink, inv + h0, 2); break;
+    case 3: sum_rows_t(r, n_pos, sink, inv + h0, 3); break;
+    case 4: sum_rows_t(r, n_pos, sink, inv + h0, 4); break;
+    case 5: sum_rows_t(r, n_pos, sink, inv + h0, 5); break;
+    case 6: sum_rows_t(r, n_pos, sink, inv + h0, 6); break;
+    case 7: sum_rows_t(r, n_pos, sink, inv + h0, 7); break;
+    default: sum_rows_t(r, n_pos, sink, inv + h0, 8); break;
     }
 }
 
