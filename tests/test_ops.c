@@ -1511,6 +1511,27 @@ static void test_geglu(void **state) {
     assert_true(fabsf(b[0]) < 1e-30f && b[1] == 1e4f && b[2] == 0.0f);
 }
 
+/* gpt-oss's SwiGLU-OAI against its definition in double: the gate
+ * clamped above at the limit (not below), up clamped both ways, + 1 on
+ * up; in place (out aliasing gate). Values around and past +-limit. */
+static void test_swiglu_oai(void **state) {
+    (void)state;
+    enum { N = 203 };
+    float g[N], u[N], out[N];
+    for (int i = 0; i < N; i++) g[i] = -12.0f + 24.0f * (float)i / N, u[i] = 11.0f - 0.1f * (float)i;
+    float g2[N];
+    memcpy(g2, g, sizeof g);
+    kt_swiglu_oai(out, g, u, N, 1.702f, 7.0f);
+    kt_swiglu_oai(g2, g2, u, N, 1.702f, 7.0f);
+    for (int i = 0; i < N; i++) {
+        const double x = g[i] < 7.0 ? g[i] : 7.0, y = u[i] < -7.0 ? -7.0 : u[i] > 7.0 ? 7.0 : u[i];
+        const double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+        if (!(fabs(out[i] - want) <= 1e-5 * (1.0 + fabs(want))))
+            fail_msg("elem %d (gate %g, up %g): %.9g, definition %.9g", i, g[i], u[i], out[i], want);
+        assert_true(out[i] == g2[i]);
+    }
+}
+
 static void test_swiglu(void **state) {
     (void)state;
     for (int s = 0; s < 7; s++) {
@@ -2365,6 +2386,7 @@ int main(void) {
         cmocka_unit_test(test_rope_angles_apply),
         cmocka_unit_test(test_exp_tiers_agree),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),
+        cmocka_unit_test(test_swiglu_oai),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_future_inf),
         cmocka_unit_test(test_attention_paged),
