@@ -896,16 +896,18 @@ static void test_run_converted_llama2c(void **state) {
 /* ---- gpt-oss ---- */
 
 /* The engine (paged KV with the window layers' own planes, prefill in
- * chunks of 64, the prefix cache on) on model_path: the greedy tokens
- * of prompt (want: the golden's, or NULL), and the same request again
+ * chunks of 64, the prefix cache on; spec: with the n-gram lookup's
+ * speculation, which must propose) on model_path: the greedy tokens of
+ * prompt (want: the golden's, or NULL), and the same request again
  * served from the prefix cache with the same tokens and logprob bits. */
 static void check_engine_prefix(const char *what, const char *model_path, const int32_t *prompt, int n_prompt,
-                                int n_gen, const int32_t *want) {
+                                int n_gen, const int32_t *want, bool spec) {
     kt_error err = {0};
     kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
     if (!m) fail_msg("%s: %s", model_path, err.msg);
     kt_engine_params ep = kt_engine_defaults();
     ep.n_ctx = 512, ep.n_parallel = 2, ep.batch_tokens = 64, ep.n_threads = 2, ep.kv_type = KT_KV_F32;
+    if (spec) ep.spec = KT_SPEC_NGRAM, ep.spec_fixed_k = true; /* proposals verified, rollbacks in the window layers */
     kt_engine *e = kt_engine_new(m, &ep, &err);
     if (!e) fail_msg("%s", err.msg);
     assert_true(kt_engine_get_params(e)->prefix_cache);
@@ -921,6 +923,13 @@ static void check_engine_prefix(const char *what, const char *model_path, const 
            u2.cached_tokens, n_prompt, u1.cached_tokens);
     assert_int_equal(u1.cached_tokens, 0);
     assert_true(u2.cached_tokens >= n_prompt / 2); /* the window layers' rows of the prompt's end were kept */
+    if (spec) {
+        kt_engine_stats st;
+        kt_engine_get_stats(e, &st);
+        printf("  %s with the n-gram lookup's speculation: %llu proposals verified, %llu kept\n", what,
+               (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted);
+        assert_true(st.spec_proposed > 0);
+    }
     kt_engine_free(e), kt_model_free(m);
 }
 
@@ -958,7 +967,8 @@ static void test_arch_gpt_oss(void **state) {
     check_moe_one_by_one("gpt-oss-Q8_0.gguf", KT_LOAD_REPACK);
     static f16_golden fg;
     f16_golden_load("gpt-oss", &fg);
-    check_engine_prefix("gpt-oss-F16", fg.model_path, fg.prompt, fg.n_prompt, fg.n_gen, fg.gen);
+    check_engine_prefix("gpt-oss-F16", fg.model_path, fg.prompt, fg.n_prompt, fg.n_gen, fg.gen, false);
+    check_engine_prefix("gpt-oss-F16", fg.model_path, fg.prompt, fg.n_prompt, fg.n_gen, fg.gen, true);
     f16_golden_free(&fg);
 }
 
@@ -1006,7 +1016,7 @@ static void test_gen_model_gpt_oss(void **state) {
         free(err);
         int32_t prompt[100];
         for (int j = 0; j < 100; j++) prompt[j] = (int32_t)(1 + (j * 37 + 11) % 500);
-        check_engine_prefix(types[i], path, prompt, 100, 24, NULL);
+        check_engine_prefix(types[i], path, prompt, 100, 24, NULL, false);
     }
 }
 
