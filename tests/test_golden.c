@@ -965,6 +965,19 @@ static void test_arch_gpt_oss(void **state) {
     check_greedy("gpt-oss");
     check_moe_one_by_one("gpt-oss-F16.gguf", KT_LOAD_MMAP);
     check_moe_one_by_one("gpt-oss-Q8_0.gguf", KT_LOAD_REPACK);
+    /* YaRN as llama.cpp computes it for this file (README: corr dims
+     * [4, 9] from 4.05 / 8.70, mscale 1 + 0.1 ln 32), the window on the
+     * even layers only */
+    kt_error err = {0};
+    snprintf(model_path, sizeof model_path, "%s/golden/arch/gpt-oss-F16.gguf", KT_SHARED_DIR);
+    kt_model *m = kt_model_load_ex(model_path, KT_LOAD_MMAP, &err);
+    assert_non_null(m);
+    const llm_config *c = &m->llm->cfg;
+    assert_true(c->rope_scaled && c->rope_scaling.corr_lo == 4.0f && c->rope_scaling.corr_hi == 9.0f);
+    assert_true(fabsf(c->rope_scaling.mscale - (1.0f + 0.1f * logf(32.0f))) < 1e-6f && c->rope_scaling.freq_scale == 1.0f / 32);
+    assert_true(c->n_swa == 64 && m->llm->layers[0].swa && !m->llm->layers[1].swa && m->llm->layers[2].swa &&
+                !m->llm->layers[3].swa);
+    kt_model_free(m);
     static f16_golden fg;
     f16_golden_load("gpt-oss", &fg);
     check_engine_prefix("gpt-oss-F16", fg.model_path, fg.prompt, fg.n_prompt, fg.n_gen, fg.gen, false);
@@ -992,6 +1005,10 @@ static void test_arch_gpt_oss_refused(void **state) {
         snprintf(want, sizeof want, "missing tensor '%s'", tensors[i]);
         expect_refused(rewritten(g, NULL, 0, NULL, tensors[i]), want);
     }
+    /* llama.cpp's gpt-oss reads no YaRN beta: another in the file changes nothing */
+    char json_path[4096];
+    snprintf(json_path, sizeof json_path, "%s/golden/arch/gpt-oss-F16.json", KT_SHARED_DIR);
+    check_golden(json_path, rewritten(g, "gpt-oss.rope.scaling.yarn_beta_fast", 'f', "16", NULL), 6e-3, 2, KT_LOAD_MMAP);
     /* the controls: the window key rewritten to the same value loads */
     kt_error err = {0};
     kt_model *m = kt_model_load_ex(rewritten(g, "gpt-oss.attention.sliding_window", 'u', "64", NULL), KT_LOAD_MMAP, &err);

@@ -79,6 +79,9 @@ static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *
         (st = read_float(f, a, "rope.scaling.yarn_ext_factor", 1, 0, 1e3, &ext, err)) ||
         (st = read_int(f, a, "rope.scaling.original_context_length", c->n_ctx_train, 1, 1 << 24, &n_ctx_orig, err)))
         return st;
+    /* llama.cpp's gpt-oss reads none of the YaRN keys (its converter
+     * writes beta_fast / beta_slow): its defaults whatever the file says */
+    if (c->moe_oai) beta_fast = 32, beta_slow = 1, ext = 1;
     snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", a);
     if (gguf_find_key(f, key) >= 0)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "'%s' (DeepSeek's YaRN magnitude) is not supported yet", key);
