@@ -1511,24 +1511,36 @@ static void test_geglu(void **state) {
     assert_true(fabsf(b[0]) < 1e-30f && b[1] == 1e4f && b[2] == 0.0f);
 }
 
-/* gpt-oss's SwiGLU-OAI against its definition in double: the gate
- * clamped above at the limit (not below), up clamped both ways, + 1 on
- * up; in place (out aliasing gate). Values around and past +-limit. */
+/* gpt-oss's SwiGLU-OAI: the reference against its definition in double
+ * (the gate clamped above at the limit, not below; up clamped both
+ * ways, + 1 on up), the dispatched (AVX2) one against the reference
+ * within exp256's few ulp, in place (out aliasing gate) with the same
+ * bits, odd lengths for the tails, NaN kept as ggml keeps it. Values
+ * around and past +-limit. */
 static void test_swiglu_oai(void **state) {
     (void)state;
     enum { N = 203 };
-    float g[N], u[N], out[N];
+    float g[N], u[N], ref[N], out[N], g2[N];
     for (int i = 0; i < N; i++) g[i] = -12.0f + 24.0f * (float)i / N, u[i] = 11.0f - 0.1f * (float)i;
-    float g2[N];
-    memcpy(g2, g, sizeof g);
-    kt_swiglu_oai(out, g, u, N, 1.702f, 7.0f);
-    kt_swiglu_oai(g2, g2, u, N, 1.702f, 7.0f);
-    for (int i = 0; i < N; i++) {
-        const double x = g[i] < 7.0 ? g[i] : 7.0, y = u[i] < -7.0 ? -7.0 : u[i] > 7.0 ? 7.0 : u[i];
-        const double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
-        if (!(fabs(out[i] - want) <= 1e-5 * (1.0 + fabs(want))))
-            fail_msg("elem %d (gate %g, up %g): %.9g, definition %.9g", i, g[i], u[i], out[i], want);
-        assert_true(out[i] == g2[i]);
+    g[17] = NAN;
+    kt_swiglu_oai_ref(ref, g, u, N, 1.702f, 7.0f);
+    for (int n = N; n > N - 9; n--) {
+        memcpy(g2, g, sizeof g);
+        kt_swiglu_oai(out, g, u, n, 1.702f, 7.0f);
+        kt_swiglu_oai(g2, g2, u, n, 1.702f, 7.0f);
+        for (int i = 0; i < n; i++) {
+            if (i == 17) {
+                assert_true(isnan(ref[i]) && isnan(out[i]));
+                continue;
+            }
+            const double x = g[i] < 7.0 ? g[i] : 7.0, y = u[i] < -7.0 ? -7.0 : u[i] > 7.0 ? 7.0 : u[i];
+            const double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+            if (!(fabs(ref[i] - want) <= 1e-5 * (1.0 + fabs(want))))
+                fail_msg("elem %d (gate %g, up %g): reference %.9g, definition %.9g", i, g[i], u[i], ref[i], want);
+            if (!(fabsf(out[i] - ref[i]) <= 4 * FLT_EPSILON * (1.0f + fabsf(ref[i]))))
+                fail_msg("elem %d of %d: %.9g, reference %.9g", i, n, out[i], ref[i]);
+            assert_true(out[i] == g2[i]);
+        }
     }
 }
 

@@ -615,6 +615,18 @@ static void moe_decode(const llm_model *m, llm_work *w, kt_pool *pool, int il) {
     moe_sum(w, 1, K, D);
 }
 
+/* gpt-oss's biased SwiGLU-OAI over an expert's rows, split by rows */
+typedef struct oai_glu_ctx {
+    const llm_layer *l;
+    int e, F;
+    float *gate, *up;
+} oai_glu_ctx;
+
+static void oai_glu_some(void *p, int t0, int t1) {
+    const oai_glu_ctx *g = p;
+    llm_oai_glu(g->l, g->e, g->gate + (size_t)t0 * g->F, g->up + (size_t)t0 * g->F, t1 - t0, g->F);
+}
+
 /* The mixture of experts in place of the FFN: each expert runs once, as
  * matmuls over only the tokens routed to it (decode reads the chosen
  * experts' weights only); each token's output is its slots' outputs
@@ -642,7 +654,8 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
         const llm_tensor *g = &l->experts[3 * e], *u = &l->experts[3 * e + 1], *d = &l->experts[3 * e + 2];
         const kt_matmul_part gate_up[] = {{w->gate, g->data, g->type, F}, {w->up, u->data, u->type, F}};
         kt_matmul_many(pool, gate_up, 2, w->moe_x, D, cnt);
-        if (c->moe_oai) llm_oai_glu(l, e, w->gate, w->up, cnt, F);
+        oai_glu_ctx gc = {l, e, F, w->gate, w->up};
+        if (c->moe_oai) over_tokens(pool, cnt, oai_glu_some, &gc);
         else gated_rows(pool, false, w->gate, w->up, cnt, F);
         matmul(pool, w->moe_out, d, w->gate, cnt);
         if (c->moe_oai) llm_oai_down_bias(l, e, w->moe_out, cnt, D);

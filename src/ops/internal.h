@@ -170,6 +170,7 @@ void kt_exp_rows_avx2(const float *x, float *out, int n);
 void kt_exp_rows_avx512(const float *x, float *out, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
 void kt_geglu_avx2(float *out, const float *gate, const float *up, int n);
+void kt_swiglu_oai_avx2(float *out, const float *gate, const float *up, int n, float alpha, float limit);
 
 /* Gemma 2's score cap in place: s = cap * tanh(s / cap), the reference
  * and the group kernel both (tanhf, so both give the same bits). */

@@ -218,12 +218,17 @@ void kt_swiglu_ref(float *out, const float *gate, const float *up, int n) {
     }
 }
 
-void kt_swiglu_oai(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
+void kt_swiglu_oai_ref(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
     for (int i = 0; i < n; i++) {
-        const float x = gate[i] < limit ? gate[i] : limit; /* a NaN gate stays NaN, as in ggml's std::min */
+        const float x = limit < gate[i] ? limit : gate[i]; /* std::min(gate, limit): a NaN gate stays NaN */
         const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
         out[i] = x / (1.0f + expf(alpha * (-x))) * (u + 1.0f);
     }
+}
+
+void kt_swiglu_oai(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
+    if (kt_cpu_has_avx2()) kt_swiglu_oai_avx2(out, gate, up, n, alpha, limit);
+    else kt_swiglu_oai_ref(out, gate, up, n, alpha, limit);
 }
 
 void kt_swiglu(float *out, const float *gate, const float *up, int n) {

@@ -87,10 +87,11 @@ void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
 
 /* gpt-oss's clamped SwiGLU, ggml's swiglu_oai: with x = min(gate, limit)
  * and u = clamp(up, -limit, limit), out = x * sigmoid(alpha x) * (u + 1),
- * computed as x / (1 + exp(alpha * -x)) * (u + 1) in ggml's order.
- * Scalar only (a few thousand per token, beside the experts' matmuls).
- * out may alias gate. */
+ * computed as x / (1 + exp(alpha * -x)) * (u + 1) in ggml's order (a
+ * NaN gate or up stays NaN, as with ggml's std::min / std::clamp). out
+ * may alias gate. */
 void kt_swiglu_oai(float *out, const float *gate, const float *up, int n, float alpha, float limit);
+void kt_swiglu_oai_ref(float *out, const float *gate, const float *up, int n, float alpha, float limit);
 
 /* Gemma's GeGLU: out[i] = gelu(gate[i]) * up[i] with the tanh GELU,
  * gelu(g) = g/2 (1 + tanh(c (g + 0.044715 g^3))), c = sqrt(2/pi), computed

@@ -251,6 +251,29 @@ void kt_geglu_avx2(float *out, const float *gate, const float *up, int n) {
         store_partial(out + i, geglu8(load_partial(gate + i, n - i, 0.0f), load_partial(up + i, n - i, 0.0f)), n - i);
 }
 
+/* ---- swiglu-oai (gpt-oss) ------------------------------------------- */
+
+/* kt_swiglu_oai_ref's operations in its order, 8 at a time: min and max
+ * with the limit in the operand order that keeps a NaN input, as
+ * std::min / std::clamp do; only exp differs (exp256). */
+INL __m256 swiglu_oai8(__m256 g, __m256 u, __m256 lim, __m256 nlim, __m256 alpha) {
+    const __m256 x = _mm256_min_ps(lim, g);                      /* lim < g ? lim : g */
+    const __m256 y = _mm256_max_ps(nlim, _mm256_min_ps(lim, u)); /* clamp(u, -lim, lim) */
+    const __m256 e = exp256(_mm256_mul_ps(alpha, _mm256_sub_ps(_mm256_setzero_ps(), x)));
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                         _mm256_add_ps(y, _mm256_set1_ps(1.0f)));
+}
+
+void kt_swiglu_oai_avx2(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
+    const __m256 lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit), va = _mm256_set1_ps(alpha);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, swiglu_oai8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i), lim, nlim, va));
+    if (i < n)
+        store_partial(out + i, swiglu_oai8(load_partial(gate + i, n - i, 0.0f), load_partial(up + i, n - i, 0.0f), lim,
+                                           nlim, va), n - i);
+}
+
 /* ---- attention ------------------------------------------------------ */
 
 /* Transposes 8 rows of 8 floats in place: r[j] lane i <-> r[i] lane j. */
