@@ -146,10 +146,9 @@ static void usage(FILE *out) {
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
             "                        [--seed S] [--ctx-train N] [--layers N]\n"
             "\n"
-            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35, qwen35moe, gpt-oss) with\n"
-            "deterministic "
-            "random weights\n"
-            "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35, qwen35moe, gpt-oss)\n"
+            "with deterministic random weights (about N(0, 0.02); norms 1; gpt-oss's 1-D biases 0 and sinks 1):\n"
+            "the same seed gives the same file bytes.\n"
             "\n"
             "  --shape NAME     ");
     for (size_t i = 0; i < N_SHAPES; i++) fprintf(out, "%s%s", i ? ", " : "", SHAPES[i].name);
