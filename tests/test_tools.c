@@ -906,6 +906,7 @@ static void test_quantize_qwen35(void **state) {
     (void)state;
     quantize_matches_arch("qwen35");
     quantize_matches_arch("qwen35moe");
+    quantize_matches_arch("gpt-oss"); /* its biases (2-D experts' too) and sinks kept F32, the router kept */
     quantize_qwen35_shape("qwen3.5-tiny", false);
     quantize_qwen35_shape("qwen3.5moe-tiny", true);
 }
