@@ -1624,6 +1624,39 @@ static void test_geglu(void **state) {
     assert_true(fabsf(b[0]) < 1e-30f && b[1] == 1e4f && b[2] == 0.0f);
 }
 
+/* gpt-oss's SwiGLU-OAI: the reference against its definition in double
+ * (the gate clamped above at the limit, not below; up clamped both
+ * ways, + 1 on up), the dispatched (AVX2) one against the reference
+ * within exp256's few ulp, in place (out aliasing gate) with the same
+ * bits, odd lengths for the tails, NaN kept as ggml keeps it. Values
+ * around and past +-limit. */
+static void test_swiglu_oai(void **state) {
+    (void)state;
+    enum { N = 203 };
+    float g[N], u[N], ref[N], out[N], g2[N];
+    for (int i = 0; i < N; i++) g[i] = -12.0f + 24.0f * (float)i / N, u[i] = 11.0f - 0.1f * (float)i;
+    g[17] = NAN;
+    kt_swiglu_oai_ref(ref, g, u, N, 1.702f, 7.0f);
+    for (int n = N; n > N - 9; n--) {
+        memcpy(g2, g, sizeof g);
+        kt_swiglu_oai(out, g, u, n, 1.702f, 7.0f);
+        kt_swiglu_oai(g2, g2, u, n, 1.702f, 7.0f);
+        for (int i = 0; i < n; i++) {
+            if (i == 17) {
+                assert_true(isnan(ref[i]) && isnan(out[i]));
+                continue;
+            }
+            const double x = g[i] < 7.0 ? g[i] : 7.0, y = u[i] < -7.0 ? -7.0 : u[i] > 7.0 ? 7.0 : u[i];
+            const double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+            if (!(fabs(ref[i] - want) <= 1e-5 * (1.0 + fabs(want))))
+                fail_msg("elem %d (gate %g, up %g): reference %.9g, definition %.9g", i, g[i], u[i], ref[i], want);
+            if (!(fabsf(out[i] - ref[i]) <= 4 * FLT_EPSILON * (1.0f + fabsf(ref[i]))))
+                fail_msg("elem %d of %d: %.9g, reference %.9g", i, n, out[i], ref[i]);
+            assert_true(out[i] == g2[i]);
+        }
+    }
+}
+
 static void test_swiglu(void **state) {
     (void)state;
     for (int s = 0; s < 7; s++) {
@@ -1975,7 +2008,8 @@ static void test_attention_decode_long(void **state) {
 
 /* Attention as Gemma's layers ask for it, in double precision: each
  * token over the last `window` of its positions (0: all), scores capped
- * at cap * tanh(s / cap) (cap 0: not). Contiguous F32 rows. */
+ * at cap * tanh(s / cap) (cap 0: not), each head's sink (gpt-oss; NULL:
+ * none) one more term of the softmax's sum. Contiguous F32 rows. */
 static void attention_naive(const kt_attn_args *a, const float *k, const float *v, float *out) {
     const int hd = a->head_dim, group = a->n_head / a->n_head_kv;
     for (int t = 0; t < a->n_tokens; t++) {
@@ -1993,6 +2027,7 @@ static void attention_naive(const kt_attn_args *a, const float *k, const float *
                 max = d > max ? d : max;
             }
             for (int p = first; p < end; p++) sum += s[p - first] = exp(s[p - first] - max);
+            if (a->sinks) sum += exp((double)a->sinks[h] - max); /* a logit with no value */
             for (int p = first; p < end; p++)
                 for (int i = 0; i < hd; i++) o[i] += s[p - first] * v[(size_t)p * a->kv_stride + kvh * hd + i];
             for (int i = 0; i < hd; i++) out[(size_t)t * a->out_stride + h * hd + i] = (float)(o[i] / sum);
@@ -2000,7 +2035,8 @@ static void attention_naive(const kt_attn_args *a, const float *k, const float *
     }
 }
 
-/* Sliding windows and soft-capped scores (Gemma 2 / 3): the reference
+/* Sliding windows and soft-capped scores (Gemma 2 / 3) and attention
+ * sinks (gpt-oss): the reference
  * against the double-precision definition, and every SIMD path (prefill
  * blocks, the heads kernel, the group kernel, the long-decode passes)
  * against the reference, each token alone giving the same bits as in its
@@ -2010,14 +2046,25 @@ static void attention_naive(const kt_attn_args *a, const float *k, const float *
 static void test_attention_window_softcap(void **state) {
     (void)state;
     enum { BT = 16, NPOS = 700, NB = (NPOS + BT - 1) / BT };
-    static const struct { int n_tokens, last, n_head, n_head_kv, head_dim, window; float cap; } cases[] = {
-        {40, 100, 4, 2, 64, 24, 0},   /* prefill: a window, not a block */
-        {40, 100, 4, 2, 64, 0, 10},   /* prefill: capped */
-        {20, 60, 8, 1, 64, 37, 5},    /* the heads kernel's group, both */
-        {3, 50, 4, 2, 32, 200, 0},    /* a window longer than the sequence */
-        {1, 700, 4, 2, 64, 600, 0},   /* decode over the long-context passes, from position 100 */
-        {1, 700, 4, 2, 64, 600, 10},  /* the same capped: the group kernel */
-        {1, 700, 8, 1, 128, 650, 0},  /* the heads kernel at a long context */
+    static const struct { int n_tokens, last, n_head, n_head_kv, head_dim, window; float cap; bool sinks; } cases[] = {
+        {40, 100, 4, 2, 64, 24, 0, false},   /* prefill: a window, not a block */
+        {40, 100, 4, 2, 64, 0, 10, false},   /* prefill: capped */
+        {20, 60, 8, 1, 64, 37, 5, false},    /* the heads kernel's group, both */
+        {3, 50, 4, 2, 32, 200, 0, false},    /* a window longer than the sequence */
+        {1, 700, 4, 2, 64, 600, 0, false},   /* decode over the long-context passes, from position 100 */
+        {1, 700, 4, 2, 64, 600, 10, false},  /* the same capped: the group kernel */
+        {1, 700, 8, 1, 128, 650, 0, false},  /* the heads kernel at a long context */
+        /* gpt-oss's sinks: prefill blocks with and without a window, the
+         * heads kernel (one token's heads in the lanes), the group
+         * kernel (head size 40: no block kernel), the long-decode passes */
+        {40, 100, 4, 2, 64, 24, 0, true},
+        {40, 130, 8, 2, 64, 0, 0, true},
+        {20, 60, 8, 1, 64, 37, 0, true},
+        {5, 60, 6, 2, 40, 0, 0, true},
+        {1, 700, 4, 2, 64, 600, 0, true},
+        {1, 700, 4, 2, 64, 0, 0, true},
+        {1, 700, 8, 1, 128, 650, 0, true},
+        {1, 90, 4, 2, 64, 0, 0, true},
     };
     kt_pool *pool = kt_pool_new(2, NULL);
     assert_non_null(pool);
@@ -2045,6 +2092,11 @@ static void test_attention_window_softcap(void **state) {
                           .q_stride = q_dim, .kv_stride = kv_dim, .out_stride = q_dim, .kv_type = KT_F32,
                           .blocks = blocks, .block_tokens = BT, .row_bytes = row_bytes, .block_bytes = block_bytes,
                           .n_pos = n_pos, .softcap = cases[ci].cap, .window = cases[ci].window};
+        /* sinks around the scores' range (q 2, k 1.5: scores of a few
+         * units), one far above them (the sink takes the max), one far below */
+        float sinks[16];
+        for (int h = 0; h < nh; h++) sinks[h] = h == 1 ? 30.0f : h == 2 ? -40.0f : 0.7f * (float)h - 1.0f;
+        if (cases[ci].sinks) a.sinks = sinks;
         float *naive = tu_xmalloc(sizeof(float) * nt * q_dim), *ref = tu_xmalloc(sizeof(float) * nt * q_dim);
         float *fast = tu_xmalloc(sizeof(float) * nt * q_dim), *one = tu_xmalloc(sizeof(float) * q_dim);
         attention_naive(&a, ck, cv, naive);
@@ -2063,6 +2115,38 @@ static void test_attention_window_softcap(void **state) {
             a1.q = q + (size_t)t * q_dim, a1.out = one, a1.n_tokens = 1, a1.blocks = blocks + t, a1.n_pos = n_pos + t;
             kt_attention(pool, &a1);
             assert_memory_equal(one, fast + (size_t)t * q_dim, sizeof(float) * q_dim);
+        }
+        if (cases[ci].sinks) {
+            /* the AVX2 forms too where the machine has AVX-512 */
+            float *narrow = tu_xmalloc(sizeof(float) * nt * q_dim);
+            kt_cpu_force_no_avx512(true);
+            a.out = narrow;
+            kt_attention(pool, &a);
+            kt_cpu_force_no_avx512(false);
+            for (int i = 0; i < nt * q_dim; i++)
+                if (!(fabsf(narrow[i] - ref[i]) <= 1e-5f * 5.0f))
+                    fail_msg("case %zu elem %d, AVX-512 off: %.9g vs reference %.9g", ci, i, narrow[i], ref[i]);
+            free(narrow);
+            /* the sink is live: without it the outputs move */
+            kt_attn_args a0 = a;
+            a0.sinks = NULL, a0.out = one, a0.n_tokens = 1, a0.q = q + (size_t)(nt - 1) * q_dim;
+            a0.blocks = blocks + nt - 1, a0.n_pos = n_pos + nt - 1;
+            kt_attention(pool, &a0);
+            assert_true(memcmp(one, fast + (size_t)(nt - 1) * q_dim, sizeof(float) * q_dim) != 0);
+            /* the contiguous cache (kt_attention's other addressing) gives the paged bits */
+            if (!cases[ci].window) {
+                kt_attn_args c = a;
+                c.k = ck, c.v = cv, c.blocks = NULL, c.block_tokens = 0, c.row_bytes = c.block_bytes = 0;
+                c.n_pos = NULL, c.pos0 = n_pos[0] - 1;
+                float *cont = tu_xmalloc(sizeof(float) * nt * q_dim);
+                c.out = cont;
+                kt_attention(pool, &c);
+                assert_memory_equal(cont, fast, sizeof(float) * nt * q_dim);
+                c.out = one, c.n_tokens = 1, c.q = q + (size_t)(nt - 1) * q_dim, c.pos0 = n_pos[nt - 1] - 1;
+                kt_attention_ref(&c);
+                assert_memory_equal(one, ref + (size_t)(nt - 1) * q_dim, sizeof(float) * q_dim);
+                free(cont);
+            }
         }
         free(ck), free(cv), free(k), free(v), free(q), free(naive), free(ref), free(fast), free(one);
     }
@@ -2429,6 +2513,7 @@ int main(void) {
         cmocka_unit_test(test_rope_angles_apply),
         cmocka_unit_test(test_exp_tiers_agree),
         cmocka_unit_test(test_rope_matches_ggml_recurrence),
+        cmocka_unit_test(test_swiglu_oai),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_future_inf),
         cmocka_unit_test(test_attention_paged),
@@ -2442,5 +2527,6 @@ int main(void) {
         run_bench(strcmp(bench, "1") == 0 ? NULL : bench);
         return 0;
     }
+    if (getenv("KT_TEST_FILTER")) cmocka_set_test_filter(getenv("KT_TEST_FILTER")); /* e.g. test_attention* */
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -999,6 +999,7 @@ static void test_quantize_qwen35(void **state) {
     (void)state;
     quantize_matches_arch("qwen35");
     quantize_matches_arch("qwen35moe");
+    quantize_matches_arch("gpt-oss"); /* its biases (2-D experts' too) and sinks kept F32, the router kept */
     quantize_qwen35_shape("qwen3.5-tiny", false);
     quantize_qwen35_shape("qwen3.5moe-tiny", true);
 }
@@ -1249,6 +1250,48 @@ static void test_gen_model_gemma_phi(void **state) {
     free(out), free(vocab), free(p);
 }
 
+/* gpt-oss (gpt-oss-tiny: gpt-oss-20b's layout in small matrices): the
+ * keys llama.cpp reads (window, expert sizes, YaRN as its converter
+ * writes it, no rope.freq_base_swa), the biases (1-D zeros; the experts'
+ * [n_out, n_expert] F32), the sinks, post_attention_norm, an untied
+ * output; it runs past its window of 16. gpt-oss-20b's layers bound
+ * --layers (a layer of it is 0.8 G parameters: too large to write here). */
+static void test_gen_model_gpt_oss(void **state) {
+    (void)state;
+    char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-gpt-oss.gguf");
+    snprintf(args, sizeof args, "gen-model --shape gpt-oss-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_ok(args);
+    gguf_file *f = open_ok(p);
+    assert_int_equal(get_i64(f, "gpt-oss.block_count"), 4);
+    assert_int_equal(get_i64(f, "gpt-oss.attention.sliding_window"), 16);
+    assert_int_equal(get_i64(f, "gpt-oss.expert_count"), 8);
+    assert_int_equal(get_i64(f, "gpt-oss.expert_used_count"), 2);
+    assert_int_equal(get_i64(f, "gpt-oss.expert_feed_forward_length"), 128);
+    assert_int_equal(get_i64(f, "gpt-oss.attention.key_length"), 32);
+    assert_int_equal(get_i64(f, "gpt-oss.rope.scaling.original_context_length"), 256);
+    assert_true(has_key(f, "gpt-oss.rope.scaling.factor") && has_key(f, "gpt-oss.rope.scaling.type"));
+    assert_false(has_key(f, "gpt-oss.rope.freq_base_swa"));
+    const gguf_tensor *b = gguf_tensor_find(f, "blk.2.ffn_down_exps.bias");
+    assert_true(b && b->n_dims == 2 && b->dims[0] == 256 && b->dims[1] == 8 && b->type == KT_F32);
+    const gguf_tensor *sk = gguf_tensor_find(f, "blk.3.attn_sinks.weight");
+    assert_true(sk && sk->n_dims == 1 && sk->dims[0] == 8 && sk->type == KT_F32);
+    const gguf_tensor *qb = gguf_tensor_find(f, "blk.0.attn_q.bias");
+    assert_true(qb && qb->dims[0] == 8 * 32 && ((const float *)qb->data)[5] == 0.0f);
+    assert_non_null(gguf_tensor_find(f, "blk.1.attn_output.bias"));
+    assert_non_null(gguf_tensor_find(f, "blk.1.ffn_gate_inp.bias"));
+    assert_non_null(gguf_tensor_find(f, "blk.1.post_attention_norm.weight"));
+    assert_null(gguf_tensor_find(f, "blk.1.ffn_norm.weight"));
+    assert_non_null(gguf_tensor_find(f, "output.weight"));
+    gguf_close(f);
+    char *out = NULL;
+    snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 24 --temp 0 -t 2", p);
+    assert_int_equal(kettle(args, &out, NULL), 0);
+    free(out);
+    snprintf(args, sizeof args, "gen-model --shape gpt-oss-20b --layers 25 --type Q4_0 --vocab %s -o %s", vocab, p);
+    expect_fail(args, 2, "invalid --layers '25' (expected 1 to 24, the layers of gpt-oss-20b)");
+    free(vocab), free(p);
+}
+
 static void test_gen_model_errors(void **state) {
     (void)state;
     char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *outp = tmp("gen-bad.gguf");
@@ -1307,7 +1350,9 @@ int main(void) {
         cmocka_unit_test(test_gen_model_qwen35),
         cmocka_unit_test(test_gen_model_qwen35moe),
         cmocka_unit_test(test_gen_model_gemma_phi),
+        cmocka_unit_test(test_gen_model_gpt_oss),
         cmocka_unit_test(test_gen_model_errors),
     };
+    if (getenv("KT_TEST_FILTER")) cmocka_set_test_filter(getenv("KT_TEST_FILTER")); /* e.g. test_attention* */
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -3,7 +3,7 @@
  * VOCAB.gguf -o OUT.gguf [--seed S] [--layers N]`: writes a model of a real
  * model's shape (TinyLlama 1.1B, SmolLM 135M, Llama 3.2 1B, Qwen 3 0.6B,
  * Qwen 3 30B-A3B's mixture of experts cut to 12 layers and its dense twin,
- * Gemma 3 1B, Phi-3 mini, Qwen 3.5 0.8B / 4B / 9B / 35B-A3B, tiny test
+ * Gemma 3 1B, Phi-3 mini, Qwen 3.5 0.8B / 4B / 9B / 35B-A3B, gpt-oss-20b, tiny test
  * shapes) filled with deterministic random weights; --layers writes only the
  * first N layers of one (the 35B-A3B is about 19 GB in Q4_0). Shapes named
  * mmproj-* are vision towers (llama.cpp's mmproj files, no --vocab): see
@@ -59,6 +59,7 @@ typedef struct shape {
      * of the head) */
     int64_t ssm_k_heads, ssm_v_heads, ssm_head;
     int64_t ffn_shexp; /* qwen35moe: the gated shared expert's FFN width */
+    float yarn_factor; int64_t yarn_orig_ctx; /* gpt-oss: YaRN over the original context (0: no scaling) */
 } shape;
 
 /* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
@@ -71,26 +72,26 @@ typedef struct shape {
  * a dense FFN of 8 x 768: the dense model with the MoE's active
  * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0},
-    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0},
-    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0},
-    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0, 0, 0},
+    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* Qwen 3.5's 0.8B and 4B (their config.json: head size 256, linear
      * attention 16 key heads, 16 / 32 value heads of 128, kernel 4, rope
      * base 1e7 on a quarter of the head; the real vocabulary has 248,320
      * tokens); qwen3.5-tiny their layout in small matrices, for tests */
-    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0},
-    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0},
-    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0},
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0, 0, 0},
+    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0},
+    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0, 0, 0},
     /* Qwen 3.5 9B (its config.json: hidden 4096, 32 layers, attention 16
      * heads / 4 KV of 256, linear attention 16 key / 32 value heads of 128,
      * FFN 12288; output not tied to the embedding) and 35B-A3B (hidden
@@ -102,9 +103,23 @@ static const shape SHAPES[] = {
      * attention, rope base 1e7 on a quarter of the head, 262,144 positions.
      * The real vocabulary has 248,320 tokens; their MTP layer is not
      * written. qwen3.5moe-tiny is the 35B-A3B's layout in small matrices. */
-    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0},
-    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512},
-    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128},
+    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0},
+    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512, 0, 0},
+    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128, 0, 0},
+    /* gpt-oss-20b (its config.json: hidden 2880, 24 layers, 64 heads / 8
+     * KV of 64, 32 experts, top 4, expert FFN 2880 (intermediate_size,
+     * which the converter also writes as feed_forward_length), sliding
+     * window 128 on the even layers, rope base 150000, YaRN factor 32 over
+     * 4096 positions (beta 32 / 1, llama.cpp's defaults), 131072
+     * positions, rms eps 1e-5, output untied; the real o200k vocabulary
+     * has 201088 tokens). Uncertain: nothing in the shape, but the weights
+     * here are all of gen-model's --type, where the published file has
+     * MXFP4 experts (`kettle quantize ... MXFP4_MOE` makes those), and its
+     * biases and sinks are learned where these are 0 and 1.
+     * gpt-oss-tiny is its layout in small matrices, for tests (YaRN over
+     * 256 positions so that short prompts cross the ramp). */
+    {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 131072, 150000.0f, 1e-5f, false, "gpt-oss", 64, 32, 4, 2880, 128, 0, 0, 0, 0, 0, 32.0f, 4096},
+    {"gpt-oss-tiny", 256, 4, 8, 2, 128, 8192, 150000.0f, 1e-5f, false, "gpt-oss", 32, 8, 2, 128, 16, 0, 0, 0, 0, 0, 32.0f, 256},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -131,9 +146,9 @@ static void usage(FILE *out) {
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
             "                        [--seed S] [--ctx-train N] [--layers N]\n"
             "\n"
-            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35, qwen35moe) with deterministic\n"
-            "random weights\n"
-            "(about N(0, 0.02); norms 1): the same seed gives the same file bytes.\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35, qwen35moe, gpt-oss)\n"
+            "with deterministic random weights (about N(0, 0.02); norms 1; gpt-oss's 1-D biases 0 and sinks 1):\n"
+            "the same seed gives the same file bytes.\n"
             "\n"
             "  --shape NAME     ");
     for (size_t i = 0; i < N_SHAPES; i++) fprintf(out, "%s%s", i ? ", " : "", SHAPES[i].name);
@@ -183,6 +198,14 @@ static void add(gen_plan *p, const char *name, int64_t d0, int64_t d1, kt_dtype 
     add3(p, name, d0, d1, 0, type);
 }
 
+/* layer i's 1-D tensor `suffix` of n zeros (gpt-oss's biases) */
+static void add_zero_bias(gen_plan *p, int64_t i, const char *suffix, int64_t n) {
+    char name[64];
+    snprintf(name, sizeof name, "blk.%" PRId64 ".%s", i, suffix);
+    add3(p, name, n, 0, 0, KT_F32);
+    p->t[p->n - 1].zero = true;
+}
+
 static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
     const int64_t hd = head_dim_of(s), q = hd * s->n_heads, kv = hd * s->n_kv_heads, E = s->n_expert;
     const char *a = arch_of(s);
@@ -195,6 +218,32 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
         add3(p, n, d0, d1, d2, type);                                \
     } while (0)
     LAYER("attn_norm.weight", s->dim, 0, 0);
+    if (!strcmp(a, "gpt-oss")) { /* llama.cpp's openai-moe tensors; biases 0, sinks 1 */
+        LAYER("attn_q.weight", s->dim, q, 0);
+        add_zero_bias(p, i, "attn_q.bias", q);
+        LAYER("attn_k.weight", s->dim, kv, 0);
+        add_zero_bias(p, i, "attn_k.bias", kv);
+        LAYER("attn_v.weight", s->dim, kv, 0);
+        add_zero_bias(p, i, "attn_v.bias", kv);
+        LAYER("attn_output.weight", q, s->dim, 0);
+        add_zero_bias(p, i, "attn_output.bias", s->dim);
+        LAYER("attn_sinks.weight", s->n_heads, 0, 0);
+        LAYER("post_attention_norm.weight", s->dim, 0, 0);
+        LAYER("ffn_gate_inp.weight", s->dim, E, 0);
+        add_zero_bias(p, i, "ffn_gate_inp.bias", E);
+        /* the experts' biases are [n_out, n_expert] F32 matrices: random
+         * (std 0.02) like the weights, so each expert's differ */
+        LAYER("ffn_gate_exps.weight", s->dim, s->ffn_exp, E);
+        LAYER("ffn_gate_exps.bias", s->ffn_exp, E, 0);
+        p->t[p->n - 1].type = KT_F32;
+        LAYER("ffn_up_exps.weight", s->dim, s->ffn_exp, E);
+        LAYER("ffn_up_exps.bias", s->ffn_exp, E, 0);
+        p->t[p->n - 1].type = KT_F32;
+        LAYER("ffn_down_exps.weight", s->ffn_exp, s->dim, E);
+        LAYER("ffn_down_exps.bias", s->dim, E, 0);
+        p->t[p->n - 1].type = KT_F32;
+        return;
+    }
     if (s->ssm_head) { /* qwen35 */
         const int64_t hk = s->ssm_k_heads * s->ssm_head, inner = s->ssm_v_heads * s->ssm_head;
         if ((i + 1) % 4) {
@@ -269,7 +318,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
 static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtype type,
                            kt_error *err) {
     p->n = 0;
-    p->t = calloc((size_t)(24 * s->n_layers + 3), sizeof *p->t); /* qwen35moe: 19 a layer */
+    p->t = calloc((size_t)(24 * s->n_layers + 3), sizeof *p->t); /* qwen35moe: 19 a layer, gpt-oss 20 */
     if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     add(p, "token_embd.weight", s->dim, n_vocab, type);
     for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, type);
@@ -387,9 +436,15 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
     }
     TRY(F32("attention.layer_norm_rms_epsilon", s->eps));
     TRY(F32("rope.freq_base", s->rope_base));
-    if (s->n_swa) {
-        TRY(U32("attention.sliding_window", s->n_swa));
-        TRY(F32("rope.freq_base_swa", s->rope_base_swa));
+    if (s->n_swa) TRY(U32("attention.sliding_window", s->n_swa));
+    if (s->rope_base_swa > 0) TRY(F32("rope.freq_base_swa", s->rope_base_swa)); /* gpt-oss: none, as its converter */
+    if (s->yarn_factor > 0) { /* as llama.cpp's converter writes gpt-oss's rope_scaling */
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        TRY(gguf_writer_set_str(w, key, "yarn", err));
+        TRY(F32("rope.scaling.factor", s->yarn_factor));
+        TRY(U32("rope.scaling.original_context_length", s->yarn_orig_ctx));
+        TRY(F32("rope.scaling.yarn_beta_fast", 32.0f));
+        TRY(F32("rope.scaling.yarn_beta_slow", 1.0f));
     }
     TRY(U32("vocab_size", n_vocab));
 #undef U32

@@ -7,7 +7,9 @@
  * Gemma scales the embedding, norms each block's output before its add,
  * gates with GELU, and may cap scores and logits and attend a window on
  * some layers (with their own rope angles); a mixture of experts replaces
- * the FFN by the routed experts' FFNs, weighted.
+ * the FFN by the routed experts' FFNs, weighted (gpt-oss's routing and
+ * clamped, biased experts: model/moe_oai.c); gpt-oss adds biases to the
+ * attention's output and a sink logit per head to its softmax.
  * Only the tokens that want logits go past the last layer's K and V: the
  * others' last outputs reach nothing (in a pp512 that is 511 tokens' Q,
  * attention, Wo and FFN of one layer, 1/n_layer of the work).
@@ -28,6 +30,7 @@
 
 #include "base/error.h"
 #include "model/deltanet.h"
+#include "model/moe_oai.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
 #include "ops/repack.h"
@@ -437,12 +440,13 @@ static void attend(const llm_model *m, llm_work *w, kt_pool *pool, const kv_pool
         .q_stride = q_dim, .out_stride = q_dim,
         .kv_type = kv_type_dtype(kp->type), .blocks = by_slot ? w->slots : w->blocks, .block_tokens = kp->block_tokens,
         .row_bytes = kv_pool_row_bytes(kv), .block_bytes = kv_pool_block_bytes(kv), .n_pos = w->n_pos,
-        .softcap = c->attn_softcap, .window = m->layers[il].swa ? c->n_swa : 0,
+        .softcap = c->attn_softcap, .window = m->layers[il].swa ? c->n_swa : 0, .sinks = m->layers[il].sinks.data,
     };
     kt_attention(pool, &a);
     if (m->layers[il].attn_gated) /* Qwen 3.5: attention * sigmoid(gate) */
         for (size_t i = 0; i < (size_t)n * q_dim; i++) w->att[i] *= 1.0f / (1.0f + expf(-w->qgate[i]));
     matmul(pool, w->xn, &m->layers[il].wo, w->att, n);
+    add_bias(w->xn, &m->layers[il].bo, n); /* gpt-oss */
 }
 
 /* Q (with_q), K and V of the chunk's n tokens from norm(x) in xn, with
@@ -602,10 +606,25 @@ static void moe_decode(const llm_model *m, llm_work *w, kt_pool *pool, int il) {
         kt_matmul_many(pool, gu, 2, w->xn, D, 1);
     }
     for (int j = 0; j < K; j++) {
-        kt_swiglu(w->gate + (size_t)j * F, w->gate + (size_t)j * F, w->up + (size_t)j * F, F);
-        matmul(pool, w->moe_y + (size_t)j * D, &l->experts[3 * w->moe_e[j] + 2], w->gate + (size_t)j * F, 1);
+        const int e = w->moe_e[j];
+        if (c->moe_oai) llm_oai_glu(l, e, w->gate + (size_t)j * F, w->up + (size_t)j * F, 1, F);
+        else kt_swiglu(w->gate + (size_t)j * F, w->gate + (size_t)j * F, w->up + (size_t)j * F, F);
+        matmul(pool, w->moe_y + (size_t)j * D, &l->experts[3 * e + 2], w->gate + (size_t)j * F, 1);
+        if (c->moe_oai) llm_oai_down_bias(l, e, w->moe_y + (size_t)j * D, 1, D);
     }
     moe_sum(w, 1, K, D);
+}
+
+/* gpt-oss's biased SwiGLU-OAI over an expert's rows, split by rows */
+typedef struct oai_glu_ctx {
+    const llm_layer *l;
+    int e, F;
+    float *gate, *up;
+} oai_glu_ctx;
+
+static void oai_glu_some(void *p, int t0, int t1) {
+    const oai_glu_ctx *g = p;
+    llm_oai_glu(g->l, g->e, g->gate + (size_t)t0 * g->F, g->up + (size_t)t0 * g->F, t1 - t0, g->F);
 }
 
 /* The mixture of experts in place of the FFN: each expert runs once, as
@@ -617,7 +636,9 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
     const llm_layer *l = &m->layers[il];
     const int E = c->n_expert, K = c->n_expert_used, D = c->n_embd, F = c->n_ff_exp;
     matmul(pool, w->router, &l->router, w->xn, n);
-    for (int t = 0; t < n; t++) route(w->router + (size_t)t * E, E, K, w->moe_e + t * K, w->moe_w + t * K);
+    add_bias(w->router, &l->router_bias, n); /* gpt-oss */
+    for (int t = 0; t < n; t++)
+        (c->moe_oai ? llm_oai_route : route)(w->router + (size_t)t * E, E, K, w->moe_e + t * K, w->moe_w + t * K);
     if (n == 1) {
         moe_decode(m, w, pool, il);
         return;
@@ -633,8 +654,11 @@ static void moe_block(const llm_model *m, llm_work *w, kt_pool *pool, int il, in
         const llm_tensor *g = &l->experts[3 * e], *u = &l->experts[3 * e + 1], *d = &l->experts[3 * e + 2];
         const kt_matmul_part gate_up[] = {{w->gate, g->data, g->type, F}, {w->up, u->data, u->type, F}};
         kt_matmul_many(pool, gate_up, 2, w->moe_x, D, cnt);
-        gated_rows(pool, false, w->gate, w->up, cnt, F);
+        oai_glu_ctx gc = {l, e, F, w->gate, w->up};
+        if (c->moe_oai) over_tokens(pool, cnt, oai_glu_some, &gc);
+        else gated_rows(pool, false, w->gate, w->up, cnt, F);
         matmul(pool, w->moe_out, d, w->gate, cnt);
+        if (c->moe_oai) llm_oai_down_bias(l, e, w->moe_out, cnt, D);
         for (int i = 0; i < cnt; i++)
             memcpy(w->moe_y + (size_t)w->moe_rows[i] * D, w->moe_out + (size_t)i * D, sizeof(float) * (size_t)D);
     }

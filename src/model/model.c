@@ -79,6 +79,9 @@ static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *
         (st = read_float(f, a, "rope.scaling.yarn_ext_factor", 1, 0, 1e3, &ext, err)) ||
         (st = read_int(f, a, "rope.scaling.original_context_length", c->n_ctx_train, 1, 1 << 24, &n_ctx_orig, err)))
         return st;
+    /* llama.cpp's gpt-oss reads none of the YaRN keys (its converter
+     * writes beta_fast / beta_slow): its defaults whatever the file says */
+    if (c->moe_oai) beta_fast = 32, beta_slow = 1, ext = 1;
     snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", a);
     if (gguf_find_key(f, key) >= 0)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "'%s' (DeepSeek's YaRN magnitude) is not supported yet", key);
@@ -116,18 +119,21 @@ static kt_status read_rope_scaling(const gguf_file *f, llm_config *c, kt_error *
 static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) {
     const char *a = c->arch;
     kt_status st;
+    int gating = 1, shared = 0;
     if ((st = read_int(f, a, "expert_count", 0, 0, 4096, &c->n_expert, err))) return st;
     if (!c->n_expert) {
         if (!strcmp(a, "qwen3moe")) return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen3moe.expert_count'");
         return KT_OK;
     }
     if ((st = read_int(f, a, "expert_used_count", -1, 1, c->n_expert, &c->n_expert_used, err)) ||
-        (st = read_int(f, a, "expert_feed_forward_length", c->n_ff ? c->n_ff : -1, 1, 1 << 20, &c->n_ff_exp, err)))
+        /* gpt-oss: required (llama.cpp reads no other width for its experts) */
+        (st = read_int(f, a, "expert_feed_forward_length", c->n_ff && !c->moe_oai ? c->n_ff : -1, 1, 1 << 20,
+                       &c->n_ff_exp, err)))
         return st;
-    int gating = 1, shared = 0;
     if ((st = read_int(f, a, "expert_gating_func", 1, 0, 16, &gating, err)) ||
         (st = read_int(f, a, "expert_shared_count", 0, 0, 4096, &shared, err)))
         return st;
+    if (c->moe_oai) gating = 1; /* llama.cpp's gpt-oss reads no gating key: SOFTMAX_WEIGHT (moe_oai) always */
     if (gating != 1)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.expert_gating_func %d: kettle routes experts by softmax (1) only",
                             a, gating);
@@ -142,6 +148,25 @@ static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) 
     snprintf(key, sizeof key, "%s.expert_weights_scale", a);
     if (gguf_find_key(f, key) >= 0) return kt_error_set(err, KT_ERR_UNSUPPORTED, "'%s' is not supported yet", key);
     return KT_OK;
+}
+
+/* Which layers attend through the window, as llama.cpp's
+ * load_swa_pattern: attention.sliding_window_pattern as an array of a
+ * boolean per layer, or as a period (every layer but each period-th;
+ * 0: every layer), else the architecture's period. */
+static kt_status read_swa_pattern(const gguf_file *f, llm_config *c, int period, kt_error *err) {
+    const char *a = c->arch;
+    c->swa_period = period;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    const int64_t i = gguf_find_key(f, key);
+    if (i >= 0 && gguf_kv_type(f, i) == GGUF_ARRAY) {
+        if (gguf_kv_arr_type(f, i) != GGUF_BOOL || gguf_kv_arr_n(f, i) != (uint64_t)c->n_layer)
+            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of %d booleans", key, c->n_layer);
+        c->swa_flags = gguf_kv_arr_data(f, i);
+        return KT_OK;
+    }
+    return i >= 0 ? read_int(f, a, "attention.sliding_window_pattern", 0, 0, 4096, &c->swa_period, err) : KT_OK;
 }
 
 /* Gemma 2 and 3 as llama.cpp runs them (src/models/gemma2.cpp,
@@ -172,18 +197,26 @@ static kt_status read_gemma(const gguf_file *f, llm_config *c, kt_error *err) {
     c->swa_rope_plain = !g2; /* llama.cpp: gemma3's local layers keep rope unscaled (freq scale 1) */
     if (!g2 && c->attn_softcap > 0)
         return kt_error_set(err, KT_ERR_FORMAT, "gemma3.attn_logit_softcapping: Gemma 3 has no attention soft-cap");
-    c->swa_period = g2 ? 2 : 6;
-    char key[128];
-    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
-    const int64_t i = gguf_find_key(f, key);
-    if (i >= 0 && gguf_kv_type(f, i) == GGUF_ARRAY) {
-        if (gguf_kv_arr_type(f, i) != GGUF_BOOL || gguf_kv_arr_n(f, i) != (uint64_t)c->n_layer)
-            return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' is not an array of %d booleans", key, c->n_layer);
-        c->swa_flags = gguf_kv_arr_data(f, i);
-    } else if (i >= 0 && (st = read_int(f, a, "attention.sliding_window_pattern", 0, 0, 4096, &c->swa_period, err))) {
+    return read_swa_pattern(f, c, g2 ? 2 : 6, err);
+}
+
+/* gpt-oss as llama.cpp reads it (src/models/openai-moe.cpp): the window
+ * attention.sliding_window (required), on the layers load_swa_pattern(2)
+ * picks (even layers, unless attention.sliding_window_pattern says
+ * otherwise), rope.freq_base_swa for them (optional: rope.freq_base),
+ * the same rope scaling on every layer; experts sized by
+ * expert_feed_forward_length and routed by SOFTMAX_WEIGHT whatever
+ * expert_gating_func says (llama.cpp hard-codes it). */
+static kt_status read_gpt_oss(const gguf_file *f, llm_config *c, kt_error *err) {
+    const char *a = c->arch;
+    kt_status st;
+    if ((st = read_int(f, a, "attention.sliding_window", -1, 1, 1 << 24, &c->n_swa, err)) ||
+        (st = read_float(f, a, "rope.freq_base_swa", c->rope_freq_base, 1.0, 1e12, &c->rope_freq_base_swa, err)))
         return st;
-    }
-    return KT_OK;
+    if (gguf_find_key(f, "gpt-oss.expert_count") < 0)
+        return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'gpt-oss.expert_count'");
+    c->moe_oai = true;
+    return read_swa_pattern(f, c, 2, err);
 }
 
 /* Whether layer il attends through a sliding window: llama.cpp's
@@ -294,18 +327,19 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
     static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen2vl", "qwen3", "qwen3moe", "phi3", "gemma2",
-                                        "gemma3", "qwen35", "qwen35moe"};
+                                        "gemma3", "qwen35", "qwen35moe", "gpt-oss"};
     bool known = false;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
     if (!known)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen2vl, qwen3, "
-                            "qwen3moe, phi3, gemma2, gemma3, qwen35, qwen35moe)", a);
+                            "qwen3moe, phi3, gemma2, gemma3, qwen35, qwen35moe, gpt-oss)", a);
     const int64_t big = 1 << 20;
     /* qwen35moe has no dense FFN: llama.cpp's converter writes
      * feed_forward_length only when the HF config has intermediate_size,
      * and Qwen 3.5's MoE configs have none (llama.cpp reads it as optional) */
-    const bool no_dense_ffn = !strcmp(a, "qwen35moe");
+    const bool no_dense_ffn = !strcmp(a, "qwen35moe") || !strcmp(a, "gpt-oss"); /* gpt-oss: llama.cpp reads only
+                                                                                  expert_feed_forward_length */
     kt_status st;
     if ((st = read_int(f, a, "embedding_length", -1, 1, big, &c->n_embd, err)) ||
         (st = read_int(f, a, "block_count", -1, 1, 4096, &c->n_layer, err)) ||
@@ -344,6 +378,7 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
             return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen35moe.expert_count'");
     }
     if (!strcmp(a, "qwen2vl") && (st = read_rope_sections(f, c, true, err))) return st;
+    if (!strcmp(a, "gpt-oss") && (st = read_gpt_oss(f, c, err))) return st;
     if ((st = read_experts(f, c, err))) return st;
     return read_rope_scaling(f, c, err);
 }
@@ -565,9 +600,55 @@ static kt_status bind_hybrid_layer(const gguf_file *f, const llm_config *c, int 
     return bind_specs(f, il, sh, sizeof sh / sizeof sh[0], err);
 }
 
+/* A matrix of per-expert F32 bias rows, [n, n_expert] (gpt-oss's
+ * ffn_*_exps.bias). */
+static kt_status bind_expert_bias(const gguf_file *f, const llm_config *c, int il, const char *part, int n,
+                                  llm_tensor *t, kt_error *err) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s.bias", il, part);
+    kt_status st = bind(f, name, n, c->n_expert, false, t, err);
+    if (!st && t->type != KT_F32)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s (kettle needs F32 biases)", name,
+                            kt_dtype_name(t->type));
+    return st;
+}
+
+/* A layer of gpt-oss (llama.cpp's openai-moe.cpp): biased Q, K, V and
+ * output, a sink per head, post_attention_norm as the FFN's input norm,
+ * the biased router and experts. Every tensor is required (llama.cpp
+ * reads the Q/K/V biases as optional, but its converter always writes
+ * them: a file without them is not gpt-oss as trained). */
+static kt_status bind_gpt_oss_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l, kt_error *err) {
+    const int E = c->n_embd, q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
+    l->swa = layer_is_swa(c, il);
+    const tensor_spec specs[] = {
+        {"attn_norm.weight", E, 0, false, &l->attn_norm},
+        {"attn_q.weight", E, q_dim, false, &l->wq},
+        {"attn_k.weight", E, kv_dim, false, &l->wk},
+        {"attn_v.weight", E, kv_dim, false, &l->wv},
+        {"attn_output.weight", q_dim, E, false, &l->wo},
+        {"attn_q.bias", q_dim, 0, false, &l->bq},
+        {"attn_k.bias", kv_dim, 0, false, &l->bk},
+        {"attn_v.bias", kv_dim, 0, false, &l->bv},
+        {"attn_output.bias", E, 0, false, &l->bo},
+        {"attn_sinks.weight", c->n_head, 0, false, &l->sinks},
+        {"post_attention_norm.weight", E, 0, false, &l->ffn_norm},
+        {"ffn_gate_inp.bias", c->n_expert, 0, false, &l->router_bias},
+    };
+    kt_status st;
+    if ((st = bind_specs(f, il, specs, sizeof specs / sizeof specs[0], err)) ||
+        (st = bind_experts(f, c, il, l, err)) ||
+        (st = bind_expert_bias(f, c, il, "ffn_gate_exps", c->n_ff_exp, &l->exp_bias[0], err)) ||
+        (st = bind_expert_bias(f, c, il, "ffn_up_exps", c->n_ff_exp, &l->exp_bias[1], err)) ||
+        (st = bind_expert_bias(f, c, il, "ffn_down_exps", E, &l->exp_bias[2], err)))
+        return st;
+    return KT_OK;
+}
+
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
     if (c->hybrid) return bind_hybrid_layer(f, c, il, l, err);
+    if (c->moe_oai) return bind_gpt_oss_layer(f, c, il, l, err);
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     bool biased = !strcmp(c->arch, "qwen2") || !strcmp(c->arch, "qwen2vl"),
          qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe") || !strcmp(c->arch, "gemma3");
@@ -620,6 +701,8 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         (st = bind(f, "output_norm.weight", c->n_embd, 0, false, &m->output_norm, err)) ||
         (st = bind(f, "output.weight", c->n_embd, c->n_vocab, true, &m->output, err)))
         return st;
+    if (!m->output.data && c->moe_oai) /* llama.cpp requires it: gpt-oss is never tied */
+        return kt_error_set(err, KT_ERR_FORMAT, "missing tensor 'output.weight' (gpt-oss's output matrix is not tied)");
     if (!m->output.data || !strcmp(c->arch, "gemma2")) m->output = m->tok_embd; /* tied (gemma2 always is) */
     if ((st = bind_rope_factors(f, c, err))) return st;
     c->n_kv_layer = 0;

@@ -16,7 +16,12 @@
  * gate/up), `gemma2` and `gemma3` (embedding scale, GeGLU, norms after
  * attention and FFN, soft-capping, sliding-window layers), `qwen35` and
  * `qwen35moe` (Qwen 3.5's hybrid: Gated DeltaNet layers with recurrent
- * state, model/deltanet.c, beside gated attention layers). Rope may be
+ * state, model/deltanet.c, beside gated attention layers), `gpt-oss`
+ * (OpenAI's: Q/K/V and output biases, a learned sink logit per head in
+ * the attention softmax, sliding-window layers alternating with full
+ * ones, experts with biases routed by the top-k router logits and
+ * weighted by their softmax, the clamped SwiGLU-OAI, model/moe_oai.c;
+ * YaRN rope). Rope may be
  * scaled (cfg.rope_scaling): linear or YaRN from rope.scaling.*, or by
  * per-pair factors: Llama 3.1's rope_freqs.weight, Phi-3's LongRoPE
  * rope_factors_long / _short.
@@ -64,6 +69,11 @@ typedef struct llm_layer {
     int kv_layer;  /* an attention layer's layer in the KV pool (== its index but in hybrid models,
                       whose recurrent layers keep no KV) */
     llm_tensor ssm_qkv, ssm_z, ssm_conv, ssm_dt_bias, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
+    /* gpt-oss (NULL otherwise): attn_output's bias, the sinks (n_head
+     * F32 logits), the router's bias (n_expert), and the experts' gate,
+     * up and down biases, F32 [n_out, n_expert]: expert e's at
+     * data + e * n_out (exp_bias[0 / 1 / 2]) */
+    llm_tensor bo, sinks, router_bias, exp_bias[3];
 } llm_layer;
 
 typedef struct llm_config {
@@ -108,6 +118,9 @@ typedef struct llm_config {
     int rope_sections[4]; /* M-RoPE (rope.dimension_sections; all 0: none) */
     bool rope_sections_interleaved; /* Qwen 3.5's IMROPE; else qwen2vl's MROPE, sections in a row */
     int n_ff_shexp;       /* the shared expert's width (0: none) */
+    /* gpt-oss's experts: the top-k by router logit (+ bias) weighted by
+     * the softmax of those k logits, biased, SwiGLU-OAI (model/moe_oai.c) */
+    bool moe_oai;
     int n_kv_layer;       /* layers with KV (attention layers): n_layer - n_recurrent */
 } llm_config;
 

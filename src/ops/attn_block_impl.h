@@ -214,7 +214,29 @@ typedef struct AB_NAME(lanes) {
     size_t q_lane, out_lane;
     int n_lanes, nh, t_kv, kvh;
     int32_t lo[AB_W], np[AB_W];
+    /* the heads' sinks (kt_attn_args.sinks from the first head), or NULL;
+     * sink_by_lane: lane i's head is the i-th (one token's heads in the
+     * lanes), else head h's is the h-th (tokens in the lanes) */
+    const float *sink;
+    bool sink_by_lane;
 } AB_NAME(lanes);
+
+/* The sinks into each head's lane maxima (vmax), and their exps against
+ * the new maxima into e (AB_W floats a head), computed with the
+ * reference's expf, so each lane's sum gets the reference's term. */
+AB_TARGET static void AB_NAME(sink_lanes)(const AB_NAME(lanes) *L, AB_F *vmax, float *e) {
+    for (int h = 0; h < L->nh; h++) {
+        float m[AB_W];
+        ab_storeu(m, vmax[h]);
+        for (int i = 0; i < AB_W; i++) {
+            /* lanes past n_lanes are written nowhere: any finite sink will do */
+            const float s = L->sink_by_lane ? (i < L->n_lanes ? L->sink[i] : 0.0f) : L->sink[h];
+            m[i] = s > m[i] ? s : m[i];
+            e[(size_t)h * AB_W + i] = expf(s - m[i]);
+        }
+        vmax[h] = ab_loadu(m);
+    }
+}
 
 AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME(lanes) *L, float *scratch) {
     const int hd = a->head_dim, nh = L->nh, nt = L->n_lanes;
@@ -254,6 +276,8 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
     for (int h = 0; h < nh; h++) vmax[h] = ab_set1(-INFINITY), sum_lo[h] = sum_hi[h] = ab_dzero();
     AB_NAME(block_scores)(qt, nh, hd, &kv, np_pad, lo, np, 1.0f / sqrtf((float)hd), kbuf, S, vmax);
     if (a->softcap > 0) AB_NAME(cap_scores)(S, nh, np_pad, lo, np, a->softcap, vmax);
+    float sink_e[ATTN_MAX_GROUP * AB_W];
+    if (L->sink) AB_NAME(sink_lanes)(L, vmax, sink_e);
 
     for (int c0 = 0; c0 < np_max; c0 += AB_CHUNK) {
         const int c1 = c0 + AB_CHUNK < np_max ? c0 + AB_CHUNK : np_max;
@@ -265,6 +289,11 @@ AB_TARGET static void AB_NAME(attend_lanes)(const kt_attn_args *a, const AB_NAME
         AB_NAME(block_values)(S, np_pad, hd, nh, c0, c1, live_lo, live_hi, lo, np, vbuf, acc);
     }
     float inv[ATTN_MAX_GROUP * AB_W];
+    if (L->sink) /* after the positions', as the reference adds it */
+        for (int h = 0; h < nh; h++) {
+            const AB_F e = ab_loadu(sink_e + (size_t)h * AB_W);
+            sum_lo[h] = ab_dadd(sum_lo[h], ab_dlo(e)), sum_hi[h] = ab_dadd(sum_hi[h], ab_dhi(e));
+        }
     for (int h = 0; h < nh; h++) ab_storeu(inv + (size_t)h * AB_W, ab_inv(sum_lo[h], sum_hi[h]));
     /* out = acc x inv, the lanes back into their rows */
     for (int h = 0; h < nh; h++) {
@@ -287,7 +316,7 @@ AB_TARGET void AB_NAME(kt_attention_block)(const kt_attn_args *a, int t0, int nt
     AB_NAME(lanes) L = {a->q + (size_t)t0 * a->q_stride + (size_t)h0 * a->head_dim,
                         a->out + (size_t)t0 * a->out_stride + (size_t)h0 * a->head_dim,
                         a->q_stride, a->out_stride, nt, nh, t0, /* one sequence: one block table */
-                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}, {0}};
+                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}, {0}, a->sinks ? a->sinks + h0 : NULL, false};
     /* the view starts at t0's first position, the earliest of the block's
      * (its tokens are consecutive positions: later ones' windows start
      * later) */
@@ -305,7 +334,7 @@ AB_TARGET void AB_NAME(kt_attention_heads)(const kt_attn_args *a, int t, int h0,
     AB_NAME(lanes) L = {a->q + (size_t)t * a->q_stride + (size_t)h0 * a->head_dim,
                         a->out + (size_t)t * a->out_stride + (size_t)h0 * a->head_dim,
                         (size_t)a->head_dim, (size_t)a->head_dim, nh, 1, t,
-                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}, {0}};
+                        (int)((long)h0 * a->n_head_kv / a->n_head), {0}, {0}, a->sinks ? a->sinks + h0 : NULL, true};
     for (int i = 0; i < nh; i++) L.np[i] = kt_attn_n_pos(a, t);
     AB_NAME(attend_lanes)(a, &L, scratch);
 }

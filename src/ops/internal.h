@@ -177,6 +177,7 @@ void kt_exp_rows_avx2(const float *x, float *out, int n);
 void kt_exp_rows_avx512(const float *x, float *out, int n);
 void kt_swiglu_avx2(float *out, const float *gate, const float *up, int n);
 void kt_geglu_avx2(float *out, const float *gate, const float *up, int n);
+void kt_swiglu_oai_avx2(float *out, const float *gate, const float *up, int n, float alpha, float limit);
 
 /* Gemma 2's score cap in place: s = cap * tanh(s / cap), the reference
  * and the group kernel both (tanhf, so both give the same bits). */
@@ -241,7 +242,7 @@ void kt_attention_heads_avx512(const kt_attn_args *a, int t, int h0, int nh, flo
  * kt_attention_group_avx2. */
 size_t kt_attn_decode_thread_floats(int n_pos);
 void kt_attn_decode_scores_avx2(const kt_attn_args *a, int p0, int p1, float *S, size_t s_row, float *scratch);
-void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, float *inv);
+void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, const float *sinks, float *inv);
 void kt_attn_decode_values_avx2(const kt_attn_args *a, int kvh, int d0, const float *S, size_t s_row,
                                 const float *inv, float *scratch);
 size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max);

@@ -218,6 +218,19 @@ void kt_swiglu_ref(float *out, const float *gate, const float *up, int n) {
     }
 }
 
+void kt_swiglu_oai_ref(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
+    for (int i = 0; i < n; i++) {
+        const float x = limit < gate[i] ? limit : gate[i]; /* std::min(gate, limit): a NaN gate stays NaN */
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        out[i] = x / (1.0f + expf(alpha * (-x))) * (u + 1.0f);
+    }
+}
+
+void kt_swiglu_oai(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
+    if (kt_cpu_has_avx2()) kt_swiglu_oai_avx2(out, gate, up, n, alpha, limit);
+    else kt_swiglu_oai_ref(out, gate, up, n, alpha, limit);
+}
+
 void kt_swiglu(float *out, const float *gate, const float *up, int n) {
     if (kt_cpu_has_avx2()) kt_swiglu_avx2(out, gate, up, n);
     else kt_swiglu_ref(out, gate, up, n);
@@ -270,7 +283,8 @@ static float score_ref(const kt_attn_args *a, const float *q, int t, int kvh, in
 
 /* One (token, head), the specification: scores s_p = (q . k_p) * scale,
  * each dot summed in element order; e_p = exp(s_p - max); their sum in
- * double; o = (sum_p e_p * v_p, in position order) * (float)(1 / sum).
+ * double (then a sink's exp, where the head has one); o = (sum_p e_p *
+ * v_p, in position order) * (float)(1 / sum).
  * Three passes over the positions (the scores are recomputed), nothing
  * stored. Every sum runs in a fixed order that does not depend on the
  * batch, and this order reproduces llama.cpp's logits where others flip a
@@ -288,8 +302,10 @@ static void attention_head_ref(const kt_attn_args *a, int t, int h) {
         float s = score_ref(a, q, t, kvh, p, scale);
         max = s > max ? s : max;
     }
+    if (a->sinks) max = a->sinks[h] > max ? a->sinks[h] : max;
     double sum = 0.0;
     for (int p = 0; p < n_pos; p++) sum += (double)expf(score_ref(a, q, t, kvh, p, scale) - max);
+    if (a->sinks) sum += (double)expf(a->sinks[h] - max); /* llama.cpp's order: after the positions */
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
     for (int p = 0; p < n_pos; p++) {
         const float e = expf(score_ref(a, q, t, kvh, p, scale) - max);
@@ -458,7 +474,8 @@ static void decode_softmax_task(void *ctx, int ith, int nth) {
     per = per > 8 ? 8 : per;
     for (long u; (u = claim_unit(&j->taken[1], (n_head + per - 1) / per)) >= 0;) {
         const int h0 = (int)u * per;
-        kt_attn_decode_softmax_avx2(j->S, j->s_row, h0, n_head - h0 < per ? n_head - h0 : per, j->n_pos, j->inv);
+        kt_attn_decode_softmax_avx2(j->S, j->s_row, h0, n_head - h0 < per ? n_head - h0 : per, j->n_pos,
+                                    j->a->sinks, j->inv);
     }
 }
 

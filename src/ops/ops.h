@@ -85,6 +85,14 @@ void kt_softmax_ref(float *x, int n);
 void kt_swiglu(float *out, const float *gate, const float *up, int n);
 void kt_swiglu_ref(float *out, const float *gate, const float *up, int n);
 
+/* gpt-oss's clamped SwiGLU, ggml's swiglu_oai: with x = min(gate, limit)
+ * and u = clamp(up, -limit, limit), out = x * sigmoid(alpha x) * (u + 1),
+ * computed as x / (1 + exp(alpha * -x)) * (u + 1) in ggml's order (a
+ * NaN gate or up stays NaN, as with ggml's std::min / std::clamp). out
+ * may alias gate. */
+void kt_swiglu_oai(float *out, const float *gate, const float *up, int n, float alpha, float limit);
+void kt_swiglu_oai_ref(float *out, const float *gate, const float *up, int n, float alpha, float limit);
+
 /* Gemma's GeGLU: out[i] = gelu(gate[i]) * up[i] with the tanh GELU,
  * gelu(g) = g/2 (1 + tanh(c (g + 0.044715 g^3))), c = sqrt(2/pi), computed
  * as g / (1 + exp(-2 c (g + 0.044715 g^3))) (the same function: 1 + tanh u
@@ -113,7 +121,11 @@ void kt_geglu_ref(float *out, const float *gate, const float *up, int n);
  * capped: s = softcap * tanh(s / softcap). window > 0 (a sliding-window
  * layer): token t attends only the last `window` of its positions,
  * [max(0, n_pos[t] - window), n_pos[t]), itself included, as llama.cpp's
- * standard SWA mask does. The work is split over the pool by
+ * standard SWA mask does. sinks (gpt-oss) non-NULL: per query head h one
+ * more logit sinks[h] in the softmax's denominator, as llama.cpp's
+ * soft_max with sinks computes it (the max taken over the scores and the
+ * sink, exp(sink - max) added to the sum after the positions'), with no
+ * value of its own: the weights sum to less than 1. The work is split over the pool by
  * (token, KV group) units; each unit's arithmetic depends only on its own
  * token's query and KV rows, never on the rest of the batch. */
 typedef struct kt_attn_args {
@@ -130,6 +142,7 @@ typedef struct kt_attn_args {
     const int *n_pos;             /* per token; NULL: pos0 + t + 1 */
     float softcap;                /* 0: none */
     int window;                   /* 0: every position */
+    const float *sinks;           /* n_head extra logits (gpt-oss), or NULL: none */
 } kt_attn_args;
 
 void kt_attention(kt_pool *pool, const kt_attn_args *a);

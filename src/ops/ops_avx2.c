@@ -251,6 +251,29 @@ void kt_geglu_avx2(float *out, const float *gate, const float *up, int n) {
         store_partial(out + i, geglu8(load_partial(gate + i, n - i, 0.0f), load_partial(up + i, n - i, 0.0f)), n - i);
 }
 
+/* ---- swiglu-oai (gpt-oss) ------------------------------------------- */
+
+/* kt_swiglu_oai_ref's operations in its order, 8 at a time: min and max
+ * with the limit in the operand order that keeps a NaN input, as
+ * std::min / std::clamp do; only exp differs (exp256). */
+INL __m256 swiglu_oai8(__m256 g, __m256 u, __m256 lim, __m256 nlim, __m256 alpha) {
+    const __m256 x = _mm256_min_ps(lim, g);                      /* lim < g ? lim : g */
+    const __m256 y = _mm256_max_ps(nlim, _mm256_min_ps(lim, u)); /* clamp(u, -lim, lim) */
+    const __m256 e = exp256(_mm256_mul_ps(alpha, _mm256_sub_ps(_mm256_setzero_ps(), x)));
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                         _mm256_add_ps(y, _mm256_set1_ps(1.0f)));
+}
+
+void kt_swiglu_oai_avx2(float *out, const float *gate, const float *up, int n, float alpha, float limit) {
+    const __m256 lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit), va = _mm256_set1_ps(alpha);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, swiglu_oai8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i), lim, nlim, va));
+    if (i < n)
+        store_partial(out + i, swiglu_oai8(load_partial(gate + i, n - i, 0.0f), load_partial(up + i, n - i, 0.0f), lim,
+                                           nlim, va), n - i);
+}
+
 /* ---- attention ------------------------------------------------------ */
 
 /* Transposes 8 rows of 8 floats in place: r[j] lane i <-> r[i] lane j. */
@@ -584,9 +607,12 @@ void kt_attention_group_avx2(const kt_attn_args *a, int t, int h0, int h1, float
     for (int h = 0; h < nh; h++) {
         float max = s[h][0];
         for (int p = 1; p < n_pos; p++) max = s[h][p] > max ? s[h][p] : max;
+        const float sink = a->sinks ? a->sinks[h0 + h] : -INFINITY;
+        max = sink > max ? sink : max;
         exp_sub_sum(s[h], n_pos, max);
         double sum = 0.0;
         for (int p = 0; p < n_pos; p++) sum += (double)s[h][p];
+        if (a->sinks) sum += (double)expf(sink - max); /* the reference's expf, after the positions */
         float *o = a->out + (size_t)t * a->out_stride + (size_t)(h0 + h) * hd;
         const float inv = (float)(1.0 / sum);
         const int d0 = wide ? hd / 64 * 64 : 0;
@@ -653,34 +679,41 @@ static float row_max(const float *s, int n) {
     return max;
 }
 
-/* inv[k] = (float)(1 / sum of row k in double, in position order) for K
- * rows side by side: each sum is one chain of adds, so K run at once. */
-INL void sum_rows_t(float *const *r, int n, float *inv, const int K) {
+/* inv[k] = (float)(1 / (sum of row k in double, in position order, then
+ * + sink[k])) for K rows side by side: each sum is one chain of adds, so
+ * K run at once. sink: each row's sink term (0 without sinks: + 0 leaves
+ * a positive sum's bits as they are). */
+INL void sum_rows_t(float *const *r, int n, const double *sink, float *inv, const int K) {
     double sum[8] = {0};
     for (int p = 0; p < n; p++)
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++) sum[k] += (double)r[k][p];
 #pragma GCC unroll 8
-    for (int k = 0; k < K; k++) inv[k] = (float)(1.0 / sum[k]);
+    for (int k = 0; k < K; k++) inv[k] = (float)(1.0 / (sum[k] + sink[k]));
 }
 
 /* Heads h0 .. h0 + nh - 1 (nh <= 8; rows of s_row in S): the scores into
- * exps in place, and inv[h] = (float)(1 / their sum). */
-void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, float *inv) {
+ * exps in place, and inv[h] = (float)(1 / their sum), with each head's
+ * sink (sinks non-NULL) in the max and the sum as the reference has it. */
+void kt_attn_decode_softmax_avx2(float *S, size_t s_row, int h0, int nh, int n_pos, const float *sinks, float *inv) {
     float *r[8];
+    double sink[8] = {0};
     for (int k = 0; k < nh; k++) {
         r[k] = S + (size_t)(h0 + k) * s_row;
-        exp_sub_sum(r[k], n_pos, row_max(r[k], n_pos));
+        float max = row_max(r[k], n_pos);
+        if (sinks) max = sinks[h0 + k] > max ? sinks[h0 + k] : max;
+        exp_sub_sum(r[k], n_pos, max);
+        if (sinks) sink[k] = (double)expf(sinks[h0 + k] - max);
     }
     switch (nh) {
-    case 1: sum_rows_t(r, n_pos, inv + h0, 1); break;
-    case 2: sum_rows_t(r, n_pos, inv + h0, 2); break;
-    case 3: sum_rows_t(r, n_pos, inv + h0, 3); break;
-    case 4: sum_rows_t(r, n_pos, inv + h0, 4); break;
-    case 5: sum_rows_t(r, n_pos, inv + h0, 5); break;
-    case 6: sum_rows_t(r, n_pos, inv + h0, 6); break;
-    case 7: sum_rows_t(r, n_pos, inv + h0, 7); break;
-    default: sum_rows_t(r, n_pos, inv + h0, 8); break;
+    case 1: sum_rows_t(r, n_pos, sink, inv + h0, 1); break;
+    case 2: sum_rows_t(r, n_pos, sink, inv + h0, 2); break;
+    case 3: sum_rows_t(r, n_pos, sink, inv + h0, 3); break;
+    case 4: sum_rows_t(r, n_pos, sink, inv + h0, 4); break;
+    case 5: sum_rows_t(r, n_pos, sink, inv + h0, 5); break;
+    case 6: sum_rows_t(r, n_pos, sink, inv + h0, 6); break;
+    case 7: sum_rows_t(r, n_pos, sink, inv + h0, 7); break;
+    default: sum_rows_t(r, n_pos, sink, inv + h0, 8); break;
     }
 }
 
