@@ -69,12 +69,30 @@ static bool fix_arguments(json_t *fn, bool as_string) {
     return true;
 }
 
+/* gpt-oss's template reads an assistant turn's analysis channel from
+ * `thinking`, and renders it before a call (the one place its chain of
+ * thought stays in the prompt, as the model was trained); clients send it
+ * back as reasoning_content (kettle's own replies, the Responses API's
+ * reasoning items, Anthropic's thinking blocks). Not beside text content
+ * in a call's turn: the template refuses both there, and renders the
+ * content as the analysis itself. False: out of memory. */
+static bool harmony_thinking(const kt_tool_format *f, json_t *msg) {
+    json_t *r = json_object_get(msg, "reasoning_content");
+    if (f->shape != SHAPE_HARMONY || !is_role(msg, "assistant") || !json_string_length(r) ||
+        json_object_get(msg, "thinking"))
+        return true;
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    if (json_object_get(msg, "tool_calls") && content && content[0]) return true;
+    return !json_object_set(msg, "thinking", r);
+}
+
 static bool fix_message(const kt_tool_format *f, json_t *msg, bool as_string) {
     json_t *calls = json_object_get(msg, "tool_calls");
     if (is_role(msg, "assistant") && json_is_null(json_object_get(msg, "content")) &&
         json_object_set_new(msg, "content", json_string("")))
         return false;
     if (json_is_array(calls) && !json_array_size(calls)) json_object_del(msg, "tool_calls"), calls = NULL;
+    if (!harmony_thinking(f, msg)) return false;
     size_t i;
     json_t *c;
     json_array_foreach(calls, i, c) {
@@ -362,19 +380,25 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
     char *out = NULL;
     kt_error first = {0};
     json_t *described = NULL;
-    for (int attempt = 0; attempt < 5 && !out; attempt++) {
+    /* rungs: as sent, described, late system messages merged, the system
+     * message folded; on each, arguments as objects before strings (a
+     * template that serializes them, as gpt-oss's `|tojson`, would write
+     * a string's JSON twice-quoted, so strings come only where objects
+     * failed on that rung) */
+    for (int attempt = 0; attempt < 8 && !out; attempt++) {
+        const int rung = attempt / 2;
         kt_error e = {0};
         json_t *t = NULL;
         if (attempt == 2 && tools && !(described = with_descriptions(tools))) {
             kt_error_set(&first, KT_ERR_NOMEM, "out of memory");
             break;
         }
-        json_t *msgs = kt_tool_prepare(f, template_text, messages, attempt >= 2 && described ? described : tools,
-                                       attempt >= 1, &t, &e);
-        if (msgs && attempt >= 3 && !merge_late_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
-        else if (msgs && attempt == 4 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        json_t *msgs = kt_tool_prepare(f, template_text, messages, rung >= 1 && described ? described : tools,
+                                       attempt % 2, &t, &e);
+        if (msgs && rung >= 2 && !merge_late_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        else if (msgs && rung == 3 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
         else if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
-        if (out && attempt < 3 && !systems_rendered(msgs, out)) { /* the next rungs merge them */
+        if (out && rung < 2 && !systems_rendered(msgs, out)) { /* the next rungs merge them */
             free(out), out = NULL;
             kt_error_set(&e, KT_ERR_FORMAT, "the template dropped a system message after the first turn");
         }
