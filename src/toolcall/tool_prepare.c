@@ -224,6 +224,66 @@ static json_t *without_tools(json_t *msgs, const json_t *tools) {
     return out;
 }
 
+/* The tool result of msgs[from, to) for call `id` (the first unused one
+ * with that tool_call_id, else the first unused one whose id names none of
+ * `calls`), or -1. */
+static long result_for(json_t *msgs, size_t from, size_t to, const bool *used, const char *id, json_t *calls) {
+    long any = -1;
+    for (size_t k = from; k < to; k++) {
+        if (used[k - from]) continue;
+        const char *tid = json_string_value(json_object_get(json_array_get(msgs, k), "tool_call_id"));
+        if (tid && id && !strcmp(tid, id)) return (long)k;
+        bool names_one = false;
+        size_t c;
+        json_t *call;
+        json_array_foreach(calls, c, call) {
+            const char *cid = json_string_value(json_object_get(call, "id"));
+            names_one |= tid && cid && !strcmp(tid, cid);
+        }
+        if (!names_one && any < 0) any = (long)k;
+    }
+    return any;
+}
+
+/* gpt-oss's template renders an assistant message's first call only (in
+ * harmony each call is a message of its own) and names each tool result
+ * after the latest call. A message with several calls (from a client's
+ * history, another model's) becomes one message per call, each followed
+ * by its result (by tool_call_id, else in order), as gpt-oss writes and
+ * reads them; its text and analysis stay with the first. False: out of
+ * memory. */
+static bool harmony_one_call_each(json_t *msgs) {
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i), *calls = json_object_get(m, "tool_calls");
+        if (!is_role(m, "assistant") || json_array_size(calls) < 2) continue;
+        size_t end = i + 1;
+        while (end < json_array_size(msgs) && is_role(json_array_get(msgs, end), "tool")) end++;
+        bool *used = calloc(end - i, sizeof *used);
+        json_t *out = json_array();
+        bool ok = used && out;
+        size_t c;
+        json_t *call;
+        json_array_foreach(calls, c, call) {
+            json_t *one = ok ? json_copy(m) : NULL;
+            ok = one && !json_array_append_new(out, one) && !json_object_set_new(one, "tool_calls", json_pack("[O]", call));
+            if (ok && c) { /* the text and the analysis went with the first call */
+                json_object_del(one, "thinking"), json_object_del(one, "reasoning_content");
+                ok = !json_object_set_new(one, "content", json_string(""));
+            }
+            long r = ok ? result_for(msgs, i + 1, end, used, json_string_value(json_object_get(call, "id")), calls) : -1;
+            if (r >= 0) used[r - (long)(i + 1)] = true, ok = !json_array_append(out, json_array_get(msgs, (size_t)r));
+        }
+        for (size_t k = i + 1; ok && k < end; k++) /* results no call claimed: after the last call */
+            if (!used[k - i - 1]) ok = !json_array_append(out, json_array_get(msgs, k));
+        for (size_t k = i; ok && k < end; k++) json_array_remove(msgs, i);
+        for (size_t k = 0; ok && k < json_array_size(out); k++) ok = !json_array_insert(msgs, i + k, json_array_get(out, k));
+        if (ok) i += json_array_size(out) - 1;
+        free(used), json_decref(out);
+        if (!ok) return false;
+    }
+    return true;
+}
+
 json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, const json_t *messages,
                         const json_t *tools, bool arguments_as_strings, json_t **tools_out, kt_error *err) {
     *tools_out = NULL;
@@ -247,6 +307,11 @@ json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, cons
         }
     }
     if (kt_tool_template_has_tools(template_text)) {
+        if (f->shape == SHAPE_HARMONY && !harmony_one_call_each(msgs)) {
+            json_decref(msgs);
+            kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
         *tools_out = tools ? json_incref((json_t *)tools) : NULL;
         return msgs;
     }
