@@ -265,7 +265,8 @@ static bool harmony_one_call_each(json_t *msgs) {
         json_t *call;
         json_array_foreach(calls, c, call) {
             json_t *one = ok ? json_copy(m) : NULL;
-            ok = one && !json_array_append_new(out, one) && !json_object_set_new(one, "tool_calls", json_pack("[O]", call));
+            ok = one && !json_array_append_new(out, one) &&
+                 !json_object_set_new(one, "tool_calls", json_pack("[O]", call));
             if (ok && c) { /* the text and the analysis went with the first call */
                 json_object_del(one, "thinking"), json_object_del(one, "reasoning_content");
                 ok = !json_object_set_new(one, "content", json_string(""));
