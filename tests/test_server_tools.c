@@ -7,7 +7,8 @@
  * opens <think>), functionary v3.2 (the prompt ends with `>>>`: the
  * reply is constrained from its first token, under auto too) and kettle's
  * plain chatml built-in (the generic format, tools in the system
- * message); Llama 3.1's built-in tools called in Python.
+ * message), gpt-oss's harmony (analysis / commentary / final channels);
+ * Llama 3.1's built-in tools called in Python.
  *
  * A random model writes nothing sensible, so what is checked is what
  * kettle guarantees whatever the model: under tool_choice required or a
@@ -51,6 +52,20 @@
     "\"properties\":{},\"additionalProperties\":false}}}]"
 #define ASK "\"messages\":[{\"role\":\"user\",\"content\":\"What is the weather in Paris?\"}]"
 
+/* Under required, harmony's grammar lets the reply open with the analysis
+ * channel before its call, as gpt-oss does; a random model in there writes
+ * until max_tokens, never the channel's end. GPTOSS_BIAS keeps it on the
+ * commentary channel, so the calls are what these tests see: the 7
+ * tokens of Llama 3's vocabulary that can follow "<|channel|>" into
+ * "analysis" ("a", "an", "ana", "anal", "analy", "analysis", ">a") made
+ * e^50 times less likely (not forbidden: elsewhere the grammar may need
+ * one). GPTOSS_ANALYSIS does the same to the 6 into "commentary" ("c",
+ * "co", "com", "comm", "comment", ">c") for the analysis branch's test. */
+#define GPTOSS_BIAS                                                                                                    \
+    ",\"logit_bias\":{\"64\":-50,\"276\":-50,\"3444\":-50,\"49921\":-50,\"44803\":-50,\"35584\":-50,\"44975\":-50}"
+#define GPTOSS_ANALYSIS                                                                                                \
+    ",\"logit_bias\":{\"66\":-50,\"1030\":-50,\"884\":-50,\"3705\":-50,\"6313\":-50,\"57446\":-50}"
+
 typedef struct family {
     const char *name, *vocab, *template, *extra; /* extra: request fields for this family */
     server s;
@@ -70,6 +85,15 @@ static family FAMILIES[] = {
     /* the prompt ends with `>>>`: the whole reply is constrained, under auto too */
     {"functionary-v3.2", "ggml-vocab-llama-bpe.gguf", KT_TEST_DATA "/functionary-v3.2.jinja", "", {0}, NULL},
     {"generic", "ggml-vocab-llama-spm.gguf", NULL, "", {0}, NULL},
+    /* gpt-oss's harmony channels. Its o200k vocabulary is not in
+     * shared/vocab: Llama 3's byte-level BPE is the nearest (128k tokens,
+     * cl100k's merges, the tiktoken lineage o200k continues, digits and
+     * punctuation split alike), and with it the markers (<|channel|>...)
+     * are text, matched as text as the family's row says. A llama-
+     * architecture test-tiny until gen-model makes the gpt-oss architecture:
+     * then the last field becomes "gpt-oss-tiny", the one change.
+     * GPTOSS_BIAS: see there. */
+    {"gpt-oss", "ggml-vocab-llama-bpe.gguf", "templates/openai-gpt-oss-120b.jinja", GPTOSS_BIAS, {0}, NULL},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 
@@ -220,6 +244,21 @@ static void test_parallel(void **state) {
     for (size_t i = 0; i < N_FAMILIES; i++) {
         const family *f = &FAMILIES[i];
         if (!strcmp(f->name, "llama3")) continue; /* Llama 3 writes one call per reply */
+        if (!strcmp(f->name, "gpt-oss")) { /* one call per reply (its template renders an assistant
+                                              message's first call only): parallel allowed, still one */
+            for (int seed = 1; seed <= (TU_SANITIZED ? 1 : 3); seed++) {
+                char fields[160];
+                snprintf(fields, sizeof fields, ",\"tool_choice\":\"required\",\"temperature\":1,\"seed\":%d,"
+                                                "\"max_tokens\":%d,\"parallel_tool_calls\":true", seed, max_tokens);
+                json_t *r = chat(f, fields);
+                const char *finish;
+                json_t *calls = json_object_get(message_of(r, &finish), "tool_calls");
+                if (json_array_size(calls) != 1 || strcmp(finish, "tool_calls")) fail_msg("%s: %s", f->name, json_dumps(r, 0));
+                expect_valid_call(f->name, json_array_get(calls, 0));
+                json_decref(r);
+            }
+            continue;
+        }
         size_t most = 0;
         for (int seed = 1; seed <= 8 && most < 2; seed++) {
             char fields[160];
@@ -336,6 +375,15 @@ static void test_llama_builtin_tools(void **state) {
     if (!code_form) fail_msg("no seed of 16 wrote python's code after <|python_tag|>");
 }
 
+/* gpt-oss's channel markers: never in content or reasoning_content. */
+static bool has_harmony_marker(const char *s) {
+    static const char *const M[] = {"<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|call|>", "<|constrain|>",
+                                    "<|return|>"};
+    for (size_t i = 0; i < sizeof M / sizeof M[0]; i++)
+        if (strstr(s, M[i])) return true;
+    return false;
+}
+
 /* The stream of a reply with calls, against the same reply whole. */
 static void check_stream(const family *f, const char *fields) {
     char body[4096];
@@ -348,6 +396,8 @@ static void check_stream(const family *f, const char *fields) {
     const char *finish_whole;
     json_t *want = json_object_get(message_of(whole, &finish_whole), "tool_calls");
     int roles = 0, finishes = 0;
+    static char reasoning[8192];
+    reasoning[0] = 0;
     enum { MAXC = 64 };
     static char names[MAXC][64], args[MAXC][2048];
     bool have[MAXC] = {0};
@@ -360,9 +410,12 @@ static void check_stream(const family *f, const char *fields) {
         json_t *d = json_object_get(c, "delta");
         if (jstr(c, "finish_reason", NULL)) finishes++, finish = jstr(c, "finish_reason", NULL);
         if (json_object_get(d, "role")) roles++;
-        const char *content = jstr(d, "content", NULL);
-        if (content && (strstr(content, "<tool_call") || strstr(content, "[TOOL_CALLS]") || strstr(content, "<function")))
+        const char *content = jstr(d, "content", NULL), *thought = jstr(d, "reasoning_content", NULL);
+        if (content && (strstr(content, "<tool_call") || strstr(content, "[TOOL_CALLS]") || strstr(content, "<function") ||
+                        has_harmony_marker(content)))
             fail_msg("%s: a marker in content: %s", f->name, content);
+        if (thought && has_harmony_marker(thought)) fail_msg("%s: a marker in reasoning_content: %s", f->name, thought);
+        if (thought) assert_true(strlen(reasoning) + strlen(thought) < sizeof reasoning), strcat(reasoning, thought);
         size_t k;
         json_t *tc;
         json_array_foreach(json_object_get(d, "tool_calls"), k, tc) {
@@ -386,6 +439,8 @@ static void check_stream(const family *f, const char *fields) {
     assert_int_equal(roles, 1);
     assert_int_equal(finishes, 1);
     assert_string_equal(finish, finish_whole);
+    const char *whole_reasoning = jstr(message_of(whole, &finish_whole), "reasoning_content", NULL);
+    assert_string_equal(reasoning, whole_reasoning ? whole_reasoning : "");
     size_t n_have = 0;
     for (int k = 0; k < MAXC; k++) n_have += have[k];
     assert_int_equal(json_array_size(want), n_have);
@@ -466,6 +521,193 @@ static void test_reasoning_split(void **state) {
     json_decref(events);
 }
 
+/* ---- gpt-oss (harmony) ---- */
+
+static const family *family_named(const char *name) {
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(FAMILIES[i].name, name)) return &FAMILIES[i];
+    fail_msg("no family %s", name);
+    return NULL;
+}
+
+/* s is two words of a-z joined by one space (what HARMONY_GBNF lets the
+ * model write in each channel). */
+static bool two_words(const char *s) {
+    if (!s) return false;
+    size_t a = strspn(s, "abcdefghijklmnopqrstuvwxyz");
+    if (a < 1 || s[a] != ' ') return false;
+    size_t b = strspn(s + a + 1, "abcdefghijklmnopqrstuvwxyz");
+    return b >= 1 && s[a + 1 + b] == 0;
+}
+
+/* A harmony reply of an analysis message and a final one: the grammar
+ * writes the markers, the model the words. */
+#define HARMONY_GBNF                                                                                                   \
+    "root ::= \"<|channel|>analysis<|message|>\" w \" \" w \"<|end|><|start|>assistant<|channel|>final<|message|>\" " \
+    "w \" \" w\nw ::= [a-z] [a-z]? [a-z]? [a-z]? [a-z]? [a-z]? [a-z]? [a-z]?\n"
+
+static json_t *post_json(const server *s, json_t *body) {
+    char *text = json_dumps(body, 0);
+    json_decref(body);
+    json_t *r = post_ok(s, "/v1/chat/completions", text);
+    free(text);
+    return r;
+}
+
+/* The stream of body (given without "stream"): its reasoning and content
+ * deltas joined, and the number of finish_reasons. */
+static void stream_pieces(const server *s, json_t *body, char *reasoning, char *content, size_t cap, int *finishes) {
+    json_object_set_new(body, "stream", json_true());
+    char *text = json_dumps(body, 0);
+    json_decref(body);
+    reply rs = post(s, "/v1/chat/completions", text);
+    free(text);
+    assert_int_equal(rs.status, 200);
+    json_t *events = sse_events(rs.body);
+    free(rs.body);
+    reasoning[0] = content[0] = 0, *finishes = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(events, i, ev) {
+        json_t *c = json_array_get(json_object_get(ev, "choices"), 0), *d = json_object_get(c, "delta");
+        const char *r = jstr(d, "reasoning_content", NULL), *t = jstr(d, "content", NULL);
+        if (r) assert_true(strlen(reasoning) + strlen(r) < cap), strcat(reasoning, r);
+        if (t) assert_true(strlen(content) + strlen(t) < cap), strcat(content, t);
+        if (json_object_get(d, "tool_calls")) fail_msg("a call in a reply without tools: %s", json_dumps(ev, 0));
+        *finishes += jstr(c, "finish_reason", NULL) != NULL;
+    }
+    json_decref(events);
+}
+
+/* The analysis channel is reasoning_content, the final channel content,
+ * whole and streamed (the same pieces); with reasoning_format "none" the
+ * reply stays as written. Under required the grammar lets the reply open
+ * with analysis (GPTOSS_ANALYSIS takes that branch): what the model
+ * thinks there is reasoning, never a call or content. */
+static void test_harmony_channels(void **state) {
+    (void)state;
+    const family *f = family_named("gpt-oss");
+    for (int seed = 1; seed <= (TU_SANITIZED ? 1 : 3); seed++) {
+        json_t *body = json_pack("{s:[{s:s, s:s}], s:s, s:i, s:f, s:i}", "messages", "role", "user", "content", "Hi",
+                                 "grammar", HARMONY_GBNF, "max_tokens", 120, "temperature", 1.0, "seed", seed);
+        json_t *r = post_json(&f->s, json_deep_copy(body));
+        const char *finish;
+        json_t *m = message_of(r, &finish);
+        const char *reasoning = jstr(m, "reasoning_content", NULL), *content = jstr(m, "content", NULL);
+        if (!two_words(reasoning) || !two_words(content) || strcmp(finish, "stop"))
+            fail_msg("seed %d: the channels are not split: %s", seed, json_dumps(r, 0));
+        char sr[1024], sc[1024];
+        int finishes;
+        stream_pieces(&f->s, json_deep_copy(body), sr, sc, sizeof sr, &finishes);
+        assert_string_equal(sr, reasoning);
+        assert_string_equal(sc, content);
+        assert_int_equal(finishes, 1);
+        json_object_set_new(body, "reasoning_format", json_string("none"));
+        json_t *raw = post_json(&f->s, body);
+        m = message_of(raw, &finish);
+        assert_null(json_object_get(m, "reasoning_content"));
+        char want[512];
+        snprintf(want, sizeof want, "<|channel|>analysis<|message|>%s<|end|>", reasoning);
+        if (!jstr(m, "content", NULL) || !strstr(jstr(m, "content", NULL), want))
+            fail_msg("reasoning_format none: %s", json_dumps(raw, 0));
+        json_decref(raw), json_decref(r);
+    }
+    /* required, the analysis branch taken: reasoning until max_tokens */
+    char body[4096];
+    snprintf(body, sizeof body, "{" ASK ",\"tools\":" TOOLS ",\"tool_choice\":\"required\",\"max_tokens\":24,"
+                                "\"temperature\":1,\"seed\":3" GPTOSS_ANALYSIS "}");
+    json_t *r = post_ok(&f->s, "/v1/chat/completions", body);
+    const char *finish;
+    json_t *m = message_of(r, &finish);
+    const char *reasoning = jstr(m, "reasoning_content", NULL);
+    if (!reasoning || !reasoning[0] || has_harmony_marker(reasoning) || json_object_get(m, "tool_calls") ||
+        json_string_length(json_object_get(m, "content")) || strcmp(finish, "length"))
+        fail_msg("required, in analysis: %s", json_dumps(r, 0));
+    char sr[4096], sc[4096];
+    int finishes;
+    json_t *b = json_loads(body, 0, NULL);
+    stream_pieces(&f->s, b, sr, sc, sizeof sr, &finishes);
+    assert_string_equal(sr, reasoning);
+    assert_string_equal(sc, "");
+    json_decref(r);
+}
+
+static int cached_tokens(json_t *r) {
+    json_t *u = json_object_get(r, "usage");
+    return (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+}
+
+/* reasoning_effort is the "Reasoning: LEVEL" line of gpt-oss's system
+ * message. The prompt's text is not shown over HTTP, and the three
+ * levels are one token each here, so the prefix cache tells: the same
+ * level again is read from the cache past that line, a level never sent
+ * before is computed from it on (it is 50 tokens into a prompt of 188).
+ * No level is "medium", the template's default. A value
+ * gpt-oss does not know is a 400 naming its levels. */
+static void test_harmony_effort(void **state) {
+    (void)state;
+    const family *f = family_named("gpt-oss");
+    /* no level first (as the other tests send): "medium" is then the
+     * same prompt; "low" and "high" are sent by no other test */
+    const char *order[] = {NULL, "medium", "low", "low", "high"};
+    const bool seen[] = {true, true, false, true, false};
+    for (int i = 0; i < 5; i++) {
+        char body[4096], effort[64] = "";
+        if (order[i]) snprintf(effort, sizeof effort, ",\"reasoning_effort\":\"%s\"", order[i]);
+        snprintf(body, sizeof body, "{" ASK ",\"tools\":" TOOLS ",\"max_tokens\":1,\"temperature\":0%s}", effort);
+        json_t *r = post_ok(&f->s, "/v1/chat/completions", body);
+        int n = (int)json_integer_value(json_object_get(json_object_get(r, "usage"), "prompt_tokens"));
+        int cached = cached_tokens(r);
+        assert_true(n > 150); /* 188: the tools, and the system message of 50 before the level */
+        if (i > 0 && (seen[i] ? cached < n / 2 : cached > n / 2))
+            fail_msg("reasoning_effort %s (%s before): %d of %d prompt tokens cached", order[i] ? order[i] : "absent",
+                     seen[i] ? "seen" : "never seen", cached, n);
+        json_decref(r);
+    }
+    static const char *const bad[] = {"max", "minimal", "none", "xhigh"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" ASK ",\"max_tokens\":1,\"reasoning_effort\":\"%s\"}", bad[i]);
+        expect_error(&f->s, "/v1/chat/completions", body, 400, "gpt-oss's levels");
+    }
+    expect_error(&f->s, "/v1/chat/completions", "{" ASK ",\"reasoning_effort\":\"banana\"}", 400, "reasoning_effort");
+    /* chat_template_kwargs win: the template sees "high" */
+    json_decref(post_ok(&f->s, "/v1/chat/completions",
+                        "{" ASK ",\"max_tokens\":1,\"reasoning_effort\":\"max\","
+                        "\"chat_template_kwargs\":{\"reasoning_effort\":\"high\"}}"));
+    /* other templates take every level */
+    json_decref(post_ok(&FAMILIES[0].s, "/v1/chat/completions", "{" ASK ",\"max_tokens\":1,\"reasoning_effort\":\"max\"}"));
+}
+
+/* The tool loop's second turn: the analysis the reply carried, sent back
+ * as reasoning_content, is rendered before the call (gpt-oss's template
+ * reads it as `thinking`); beside text content the content is that
+ * analysis (the template refuses both). */
+static void test_harmony_thinking_round_trip(void **state) {
+    (void)state;
+    const family *f = family_named("gpt-oss");
+    int tokens[3];
+    static const char *const extra[] = {
+        ",\"content\":null",
+        ",\"content\":null,\"reasoning_content\":\"The user wants the weather in Paris, so I call get_weather.\"",
+        ",\"content\":\"Checking.\",\"reasoning_content\":\"The user wants the weather.\""};
+    for (int i = 0; i < 3; i++) {
+        char body[4096];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+                 "{\"role\":\"assistant\"%s,\"tool_calls\":[{\"id\":\"call_x1y2z3w4v5u6\",\"type\":"
+                 "\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                 "{\"role\":\"tool\",\"tool_call_id\":\"call_x1y2z3w4v5u6\",\"content\":\"21 C, sunny\"}],"
+                 "\"tools\":" TOOLS ",\"max_tokens\":1,\"temperature\":0}", extra[i]);
+        json_t *r = post_ok(&f->s, "/v1/chat/completions", body);
+        tokens[i] = (int)json_integer_value(json_object_get(json_object_get(r, "usage"), "prompt_tokens"));
+        json_decref(r);
+    }
+    if (tokens[1] < tokens[0] + 12 || tokens[2] < tokens[0] + 4)
+        fail_msg("the analysis is not in the prompt: %d tokens without, %d with reasoning_content, %d with content",
+                 tokens[0], tokens[1], tokens[2]);
+}
+
 /* What kettle does not implement is a 400 naming it. */
 static void test_refused_parameters(void **state) {
     (void)state;
@@ -497,6 +739,9 @@ int main(void) {
         cmocka_unit_test(test_stream_rules),
         cmocka_unit_test(test_tool_result_round_trip),
         cmocka_unit_test(test_reasoning_split),
+        cmocka_unit_test(test_harmony_channels),
+        cmocka_unit_test(test_harmony_effort),
+        cmocka_unit_test(test_harmony_thinking_round_trip),
         cmocka_unit_test(test_refused_parameters),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -784,6 +784,86 @@ static void test_render_v32_and_builtins(void **state) {
     json_decref(m2), json_decref(vars), json_decref(tools), json_decref(msgs);
 }
 
+/* gpt-oss: the analysis a client sends back as reasoning_content (a
+ * reply's own, the Responses API's reasoning item, Anthropic's thinking
+ * block) is the template's `thinking`, rendered before the call as the
+ * model wrote it; a later final answer drops it (the template's rule).
+ * Before, it vanished from the prompt. The tools lack descriptions, which
+ * the template prints: on that rung of kt_tool_render the arguments were
+ * strings, which its `|tojson` wrote as a JSON string of JSON. */
+static void test_render_harmony_thinking(void **state) {
+    (void)state;
+    char path[1400];
+    snprintf(path, sizeof path, "%s/openai-gpt-oss-120b.jinja", tu_shared("templates"));
+    char *t = tu_read_file(path, NULL);
+    assert_non_null(t);
+    const kt_tool_format *f = kt_tool_format_detect(t);
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL), *vars = json_object();
+    json_t *msgs = json_loads(
+        "[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"Need-the-weather.\",\"tool_calls\":[{\"id\":"
+        "\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny-21\"}]",
+        0, NULL);
+    assert_non_null(msgs);
+    kt_error err = {0};
+    char *out = kt_tool_render(f, t, msgs, tools, vars, 1721952000, &err);
+    if (!out) fail_msg("gpt-oss: %s", err.msg);
+    if (!strstr(out, "<|start|>assistant<|channel|>analysis<|message|>Need-the-weather.<|end|>"
+                     "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+                     "{\"city\": \"Paris\"}<|call|>"))
+        fail_msg("the analysis before the call is not in the prompt:\n%s", out);
+    free(out);
+    /* a final answer after it: the analysis is dropped, as in training */
+    json_array_append_new(msgs, json_pack("{s:s, s:s, s:s}", "role", "assistant", "content", "Sunny.",
+                                          "reasoning_content", "Say-it."));
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", "Thanks"));
+    out = kt_tool_render(f, t, msgs, tools, vars, 1721952000, &err);
+    if (!out) fail_msg("gpt-oss: %s", err.msg);
+    if (strstr(out, "Need-the-weather.") || strstr(out, "Say-it.") ||
+        !strstr(out, "<|start|>assistant<|channel|>final<|message|>Sunny.<|end|>"))
+        fail_msg("the analysis of earlier turns is in the prompt:\n%s", out);
+    free(out), free(t);
+    json_decref(vars), json_decref(tools), json_decref(msgs);
+}
+
+/* gpt-oss: an assistant message with two calls (a client's history,
+ * another model's) is two harmony messages, each followed by its own
+ * result (here sent in the other order), named after its call. Before,
+ * the template rendered the first call only and named both results after
+ * it. */
+static void test_render_harmony_two_calls(void **state) {
+    (void)state;
+    char path[1400];
+    snprintf(path, sizeof path, "%s/openai-gpt-oss-120b.jinja", tu_shared("templates"));
+    char *t = tu_read_file(path, NULL);
+    assert_non_null(t);
+    json_t *tools = json_loads(TOOLS_JSON, 0, NULL), *vars = json_object();
+    json_t *msgs = json_loads(
+        "[{\"role\":\"user\",\"content\":\"Weather and time?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"Two-things.\",\"tool_calls\":["
+        "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}},"
+        "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"noon-12\"},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny-21\"},"
+        "{\"role\":\"user\",\"content\":\"And?\"}]",
+        0, NULL);
+    assert_non_null(msgs);
+    kt_error err = {0};
+    char *out = kt_tool_render(kt_tool_format_detect(t), t, msgs, tools, vars, 1721952000, &err);
+    if (!out) fail_msg("gpt-oss: %s", err.msg);
+    if (!strstr(out, "<|start|>user<|message|>Weather and time?<|end|>"
+                     "<|start|>assistant<|channel|>analysis<|message|>Two-things.<|end|>"
+                     "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>"
+                     "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny-21\"<|end|>"
+                     "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>"
+                     "<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>\"noon-12\"<|end|>"
+                     "<|start|>user<|message|>And?<|end|>"))
+        fail_msg("two calls are not two harmony messages with their results:\n%s", out);
+    free(out), free(t);
+    json_decref(vars), json_decref(tools), json_decref(msgs);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parsers_whole),
@@ -798,6 +878,8 @@ int main(void) {
         cmocka_unit_test(test_detect_templates),
         cmocka_unit_test(test_prepare),
         cmocka_unit_test(test_render_tool_loop_everywhere),
+        cmocka_unit_test(test_render_harmony_thinking),
+        cmocka_unit_test(test_render_harmony_two_calls),
         cmocka_unit_test(test_render_v32_and_builtins),
         cmocka_unit_test(test_render_developer_and_late_system),
         cmocka_unit_test(test_grammar_relaxed),

@@ -290,7 +290,7 @@ static bool default_kwarg(json_t *kw, const char *key, json_t *v) {
  * true otherwise; and the value itself as the variable reasoning_effort,
  * which gpt-oss's template reads. chat_template_kwargs, when it sets
  * either, wins. *kw may be made here (inside the body, which owns it). */
-static bool parse_effort(json_t *body, json_t **kw, srv_error *e) {
+static bool parse_effort(json_t *body, json_t **kw, srv_gen_req *r, srv_error *e) {
     static const char *const EFFORTS[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max", NULL};
     json_t *v = field(body, "reasoning_effort");
     if (!v) return true;
@@ -301,6 +301,7 @@ static bool parse_effort(json_t *body, json_t **kw, srv_error *e) {
                         "'reasoning_effort' must be one of \"none\", \"minimal\", \"low\", \"medium\", \"high\", "
                         "\"xhigh\", \"max\"");
     const char *s = json_string_value(v);
+    r->effort = s;
     if (!*kw && (json_object_set_new(body, "chat_template_kwargs", json_object()) ||
                  !(*kw = json_object_get(body, "chat_template_kwargs"))))
         return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -326,7 +327,7 @@ static bool parse_reasoning(json_t *body, srv_gen_req *r, srv_error *e) {
     }
     if (kw && !json_is_object(kw))
         return srv_fail(e, 400, INVALID, "chat_template_kwargs", NULL, "'chat_template_kwargs' must be an object");
-    if (!parse_effort(body, &kw, e)) return false;
+    if (!parse_effort(body, &kw, r, e)) return false;
     r->template_kwargs = kw;
     return true;
 }
@@ -750,6 +751,15 @@ static char *render_chat(const kt_model *m, const char *tmpl, srv_gen_req *r, sr
     if (!text)
         return srv_fail(e, 400, INVALID, "messages", NULL, "the model has no chat template; start the server with "
                         "--chat-template (a Jinja file, or a built-in)"), NULL;
+    /* gpt-oss's system message says "Reasoning: <effort>", and the model
+     * knows three levels (it cannot stop reasoning): another value would
+     * reach it as text it was never trained on */
+    const char *effort = json_string_value(json_object_get(r->template_kwargs, "reasoning_effort"));
+    if (r->effort && effort && !strcmp(effort, r->effort) && !strcmp(kt_tool_format_name(r->format), "gpt-oss") &&
+        strcmp(effort, "low") && strcmp(effort, "medium") && strcmp(effort, "high"))
+        return srv_fail(e, 400, INVALID, "reasoning_effort", NULL,
+                        "the reasoning effort \"%.20s\" is not one of gpt-oss's levels: \"low\", \"medium\", \"high\"",
+                        r->effort), NULL;
     char *ctx = kt_chat_context_json(m);
     json_t *vars = ctx ? kt_json_loads(ctx, 0, NULL) : NULL;
     free(ctx);

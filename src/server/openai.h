@@ -116,6 +116,7 @@ typedef struct srv_gen_req {
     bool parallel_tool_calls;  /* default true */
     bool reasoning_split;      /* thinking goes to reasoning_content (reasoning_format "none": no) */
     json_t *template_kwargs;   /* chat_template_kwargs: extra template variables, borrowed */
+    const char *effort;        /* reasoning_effort as the request gave it (NULL: none), borrowed */
     /* worked out with the prompt (srv_prompt_tokens) */
     const kt_tool_format *format; /* the template's family; NULL: completions */
     kt_tool_think think;       /* where the prompt left the thinking block */

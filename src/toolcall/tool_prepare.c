@@ -69,12 +69,30 @@ static bool fix_arguments(json_t *fn, bool as_string) {
     return true;
 }
 
+/* gpt-oss's template reads an assistant turn's analysis channel from
+ * `thinking`, and renders it before a call (the one place its chain of
+ * thought stays in the prompt, as the model was trained); clients send it
+ * back as reasoning_content (kettle's own replies, the Responses API's
+ * reasoning items, Anthropic's thinking blocks). Not beside text content
+ * in a call's turn: the template refuses both there, and renders the
+ * content as the analysis itself. False: out of memory. */
+static bool harmony_thinking(const kt_tool_format *f, json_t *msg) {
+    json_t *r = json_object_get(msg, "reasoning_content");
+    if (f->shape != SHAPE_HARMONY || !is_role(msg, "assistant") || !json_string_length(r) ||
+        json_object_get(msg, "thinking"))
+        return true;
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    if (json_object_get(msg, "tool_calls") && content && content[0]) return true;
+    return !json_object_set(msg, "thinking", r);
+}
+
 static bool fix_message(const kt_tool_format *f, json_t *msg, bool as_string) {
     json_t *calls = json_object_get(msg, "tool_calls");
     if (is_role(msg, "assistant") && json_is_null(json_object_get(msg, "content")) &&
         json_object_set_new(msg, "content", json_string("")))
         return false;
     if (json_is_array(calls) && !json_array_size(calls)) json_object_del(msg, "tool_calls"), calls = NULL;
+    if (!harmony_thinking(f, msg)) return false;
     size_t i;
     json_t *c;
     json_array_foreach(calls, i, c) {
@@ -206,6 +224,67 @@ static json_t *without_tools(json_t *msgs, const json_t *tools) {
     return out;
 }
 
+/* The tool result of msgs[from, to) for call `id` (the first unused one
+ * with that tool_call_id, else the first unused one whose id names none of
+ * `calls`), or -1. */
+static long result_for(json_t *msgs, size_t from, size_t to, const bool *used, const char *id, json_t *calls) {
+    long any = -1;
+    for (size_t k = from; k < to; k++) {
+        if (used[k - from]) continue;
+        const char *tid = json_string_value(json_object_get(json_array_get(msgs, k), "tool_call_id"));
+        if (tid && id && !strcmp(tid, id)) return (long)k;
+        bool names_one = false;
+        size_t c;
+        json_t *call;
+        json_array_foreach(calls, c, call) {
+            const char *cid = json_string_value(json_object_get(call, "id"));
+            names_one |= tid && cid && !strcmp(tid, cid);
+        }
+        if (!names_one && any < 0) any = (long)k;
+    }
+    return any;
+}
+
+/* gpt-oss's template renders an assistant message's first call only (in
+ * harmony each call is a message of its own) and names each tool result
+ * after the latest call. A message with several calls (from a client's
+ * history, another model's) becomes one message per call, each followed
+ * by its result (by tool_call_id, else in order), as gpt-oss writes and
+ * reads them; its text and analysis stay with the first. False: out of
+ * memory. */
+static bool harmony_one_call_each(json_t *msgs) {
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i), *calls = json_object_get(m, "tool_calls");
+        if (!is_role(m, "assistant") || json_array_size(calls) < 2) continue;
+        size_t end = i + 1;
+        while (end < json_array_size(msgs) && is_role(json_array_get(msgs, end), "tool")) end++;
+        bool *used = calloc(end - i, sizeof *used);
+        json_t *out = json_array();
+        bool ok = used && out;
+        size_t c;
+        json_t *call;
+        json_array_foreach(calls, c, call) {
+            json_t *one = ok ? json_copy(m) : NULL;
+            ok = one && !json_array_append_new(out, one) &&
+                 !json_object_set_new(one, "tool_calls", json_pack("[O]", call));
+            if (ok && c) { /* the text and the analysis went with the first call */
+                json_object_del(one, "thinking"), json_object_del(one, "reasoning_content");
+                ok = !json_object_set_new(one, "content", json_string(""));
+            }
+            long r = ok ? result_for(msgs, i + 1, end, used, json_string_value(json_object_get(call, "id")), calls) : -1;
+            if (r >= 0) used[r - (long)(i + 1)] = true, ok = !json_array_append(out, json_array_get(msgs, (size_t)r));
+        }
+        for (size_t k = i + 1; ok && k < end; k++) /* results no call claimed: after the last call */
+            if (!used[k - i - 1]) ok = !json_array_append(out, json_array_get(msgs, k));
+        for (size_t k = i; ok && k < end; k++) json_array_remove(msgs, i);
+        for (size_t k = 0; ok && k < json_array_size(out); k++) ok = !json_array_insert(msgs, i + k, json_array_get(out, k));
+        if (ok) i += json_array_size(out) - 1;
+        free(used), json_decref(out);
+        if (!ok) return false;
+    }
+    return true;
+}
+
 json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, const json_t *messages,
                         const json_t *tools, bool arguments_as_strings, json_t **tools_out, kt_error *err) {
     *tools_out = NULL;
@@ -229,6 +308,11 @@ json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, cons
         }
     }
     if (kt_tool_template_has_tools(template_text)) {
+        if (f->shape == SHAPE_HARMONY && !harmony_one_call_each(msgs)) {
+            json_decref(msgs);
+            kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+            return NULL;
+        }
         *tools_out = tools ? json_incref((json_t *)tools) : NULL;
         return msgs;
     }
@@ -362,19 +446,25 @@ char *kt_tool_render(const kt_tool_format *f, const char *template_text, const j
     char *out = NULL;
     kt_error first = {0};
     json_t *described = NULL;
-    for (int attempt = 0; attempt < 5 && !out; attempt++) {
+    /* rungs: as sent, described, late system messages merged, the system
+     * message folded; on each, arguments as objects before strings (a
+     * template that serializes them, as gpt-oss's `|tojson`, would write
+     * a string's JSON twice-quoted, so strings come only where objects
+     * failed on that rung) */
+    for (int attempt = 0; attempt < 8 && !out; attempt++) {
+        const int rung = attempt / 2;
         kt_error e = {0};
         json_t *t = NULL;
         if (attempt == 2 && tools && !(described = with_descriptions(tools))) {
             kt_error_set(&first, KT_ERR_NOMEM, "out of memory");
             break;
         }
-        json_t *msgs = kt_tool_prepare(f, template_text, messages, attempt >= 2 && described ? described : tools,
-                                       attempt >= 1, &t, &e);
-        if (msgs && attempt >= 3 && !merge_late_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
-        else if (msgs && attempt == 4 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        json_t *msgs = kt_tool_prepare(f, template_text, messages, rung >= 1 && described ? described : tools,
+                                       attempt % 2, &t, &e);
+        if (msgs && rung >= 2 && !merge_late_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
+        else if (msgs && rung == 3 && !fold_system(msgs)) kt_error_set(&e, KT_ERR_NOMEM, "out of memory");
         else if (msgs) out = kt_chat_render_at(template_text, msgs, t, true, vars, now, &e);
-        if (out && attempt < 3 && !systems_rendered(msgs, out)) { /* the next rungs merge them */
+        if (out && rung < 2 && !systems_rendered(msgs, out)) { /* the next rungs merge them */
             free(out), out = NULL;
             kt_error_set(&e, KT_ERR_FORMAT, "the template dropped a system message after the first turn");
         }

@@ -85,12 +85,13 @@ const char *kt_tool_format_think_close(const kt_tool_format *f);
 json_t *kt_tool_prepare(const kt_tool_format *f, const char *template_text, const json_t *messages,
                         const json_t *tools, bool arguments_as_strings, json_t **tools_out, kt_error *err);
 /* The conversation rendered by the template (Jinja text) for a reply:
- * kt_tool_prepare's copy with arguments as objects or, when the template
- * fails on those, as the JSON strings some templates concatenate, then
- * with an empty description on every function and parameter that has
- * none (templates that print them unconditionally), then with the system
- * message folded into the first user turn (templates that refuse the
- * system role); the first failure is the one reported. `vars`: the template's variables
+ * kt_tool_prepare's copy as sent, then with an empty description on every
+ * function and parameter that has none (templates that print them
+ * unconditionally), then with late system messages merged into the first
+ * and then folded into the first user turn (templates that refuse the
+ * system role); each with arguments as objects or, when the template
+ * fails on those, as the JSON strings some templates concatenate; the
+ * first failure is the one reported. `vars`: the template's variables
  * (bos_token, ..., chat_template_kwargs); `now` as kt_chat_render_at. */
 char *kt_tool_render(const kt_tool_format *f, const char *template_text, const json_t *messages, const json_t *tools,
                      const json_t *vars, int64_t now, kt_error *err);
