@@ -89,11 +89,10 @@ static family FAMILIES[] = {
      * shared/vocab: Llama 3's byte-level BPE is the nearest (128k tokens,
      * cl100k's merges, the tiktoken lineage o200k continues, digits and
      * punctuation split alike), and with it the markers (<|channel|>...)
-     * are text, matched as text as the family's row says. A llama-
-     * architecture test-tiny until gen-model makes the gpt-oss architecture:
-     * then the last field becomes "gpt-oss-tiny", the one change.
-     * GPTOSS_BIAS: see there. */
-    {"gpt-oss", "ggml-vocab-llama-bpe.gguf", "templates/openai-gpt-oss-120b.jinja", GPTOSS_BIAS, {0}, NULL},
+     * are text, matched as text as the family's row says. The model is
+     * gen-model's gpt-oss-tiny (sinks, alternating windows, the biased
+     * MoE). GPTOSS_BIAS: see there. */
+    {"gpt-oss", "ggml-vocab-llama-bpe.gguf", "templates/openai-gpt-oss-120b.jinja", GPTOSS_BIAS, {0}, "gpt-oss-tiny"},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
 

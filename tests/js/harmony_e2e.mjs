@@ -6,9 +6,8 @@
 //   node tests/js/harmony_e2e.mjs [KETTLE_BIN]      (or env KT_BIN)
 //   env KT_SHARED_DIR: the shared folder (default ../shared beside the repository)
 //
-// The model is a random-weight test-tiny file (a llama-architecture one until
-// gen-model makes gpt-oss's: then its --shape is gpt-oss-tiny, MODEL_SHAPE
-// below) with Llama 3's vocabulary (gpt-oss's o200k is not in shared/vocab;
+// The model is a random-weight gpt-oss-tiny file (gen-model: the gpt-oss
+// architecture, MODEL_SHAPE below) with Llama 3's vocabulary (gpt-oss's o200k is not in shared/vocab;
 // Llama 3's byte-level BPE is its nearest kin, and the markers are text in
 // it) and gpt-oss's real template. Three classes of it:
 //   oss        as it is: free text, reasoning_effort;
@@ -54,7 +53,7 @@ process.on('exit', () => rmSync(TMP, { recursive: true, force: true }));
 
 const { startServer, check, run } = harness({ bin: BIN, model: '', globalTimeoutMs: 240_000 });
 
-const MODEL_SHAPE = 'test-tiny'; // gpt-oss-tiny once gen-model has the architecture
+const MODEL_SHAPE = 'gpt-oss-tiny';
 const TEMPLATE = path.join(SHARED, 'templates/openai-gpt-oss-120b.jinja');
 const City = z.object({ city: z.enum(['Paris', 'Oslo', 'Lima']) }).strict();
 const CITY_SCHEMA = z.toJSONSchema(City);
