@@ -34,8 +34,8 @@ static kt_model *g_mtp, *g_plain;
 static kt_model *make_model(const char *name, const char *extra) {
     char cmd[8192], path[4096];
     snprintf(path, sizeof path, "%s", tu_tmp(name));
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type F32 --vocab %s %s -o %s", KT_BIN,
-             tu_shared("models/test-tiny-F16.gguf"), extra, path);
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type %s --vocab %s %s -o %s", KT_BIN,
+             strstr(name, "Q4_0") ? "Q4_0" : "F32", tu_shared("models/test-tiny-F16.gguf"), extra, path);
     tu_expect_run(cmd, 0, "wrote", NULL);
     kt_error err = {0};
     kt_model *m = kt_model_load(path, &err);
@@ -225,12 +225,187 @@ static void test_mtp_end_to_end_vs_llama(void **state) {
     assert_true(md <= 2 * trunk);
 }
 
+/* ---- the proposer ---- */
+
+enum { N_PROMPT = 12, N_GEN = 40, N_MAX = N_GEN + 8 };
+
+static void prompt_ids(int32_t *ids) {
+    ids[0] = 1;
+    for (int i = 1; i < N_PROMPT; i++) ids[i] = 100 + (i * 977) % 31000;
+}
+
+static kt_sampler *sampler(float temp) {
+    kt_sampler_params sp = kt_sampler_defaults();
+    sp.temperature = temp, sp.seed = 42;
+    kt_sampler *smp = kt_sampler_new(&sp, 32000, NULL);
+    assert_non_null(smp);
+    return smp;
+}
+
+/* Plain decoding: the prompt, then n tokens one pass each, into out
+ * (the first sampled after the prompt, then the rest); the session holds
+ * the prompt and all but the last token. */
+static kt_session *plain(kt_model *m, float temp, bool mtp, int n, int32_t *out) {
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = 128, .n_threads = 2, .mtp = mtp}, NULL);
+    assert_non_null(s);
+    int32_t ids[N_PROMPT];
+    prompt_ids(ids);
+    float *l = tu_xmalloc(sizeof(float) * 32000);
+    kt_sampler *smp = sampler(temp);
+    assert_int_equal(kt_session_eval(s, ids, N_PROMPT, l, false, NULL), KT_OK);
+    for (int i = 0; i < n; i++) {
+        out[i] = kt_sampler_sample(smp, l);
+        kt_sampler_accept(smp, out[i]);
+        if (i + 1 < n) assert_int_equal(kt_session_eval(s, &out[i], 1, l, false, NULL), KT_OK);
+    }
+    kt_sampler_free(smp);
+    free(l);
+    return s;
+}
+
+typedef struct script { /* a proposer that knows the answer: the first `good` right, then wrong ones */
+    const int32_t *ref;
+    int calls;
+} script;
+
+static int scripted(void *ctx, const int32_t *tokens, int n, int k, int32_t *out) {
+    (void)tokens;
+    script *sc = ctx;
+    const int good = sc->calls++ % 4; /* 0, 1, 2, 3 right, then wrong */
+    for (int i = 0; i < k; i++) {
+        const int at = n - N_PROMPT + i; /* the index in ref of the token after tokens[n - 1 + i] */
+        out[i] = i < good && at < N_MAX ? sc->ref[at] : 7 + i;
+    }
+    return k;
+}
+
+/* Speculative decoding through kt_spec_step until N_GEN tokens or more
+ * (*n_out; the session holds the prompt and all but the last). */
+static kt_session *speculate(kt_model *m, float temp, const kt_spec_params *p, int32_t *out, int *n_out,
+                             kt_spec_stats *stats) {
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = 128, .n_threads = 2, .mtp = true}, NULL);
+    assert_non_null(s);
+    kt_error err = {0};
+    kt_spec *sp = kt_spec_new(m, p, &err);
+    if (!sp) fail_msg("%s", err.msg);
+    int32_t ctx[N_PROMPT + N_MAX + 40], step[40];
+    prompt_ids(ctx);
+    float *l = tu_xmalloc(sizeof(float) * 32000);
+    kt_sampler *smp = sampler(temp);
+    assert_int_equal(kt_session_eval(s, ctx, N_PROMPT, l, false, NULL), KT_OK);
+    int n = N_PROMPT, got = 0;
+    out[got++] = ctx[n++] = kt_sampler_sample(smp, l);
+    kt_sampler_accept(smp, out[0]);
+    while (got < N_GEN) {
+        const int r = kt_spec_step(sp, s, smp, ctx, n, step, &err);
+        if (r < 0) fail_msg("%s", err.msg);
+        for (int i = 0; i < r; i++) out[got++] = ctx[n++] = step[i];
+    }
+    *n_out = got;
+    *stats = kt_spec_get_stats(sp);
+    kt_spec_free(sp);
+    kt_sampler_free(smp);
+    free(l);
+    return s;
+}
+
+/* The two sessions hold the same state: the next pass's logits are the
+ * same bits, and the MTP block guesses the same from them. */
+static void same_state(kt_session *a, kt_session *b, int32_t pending) {
+    float *la = tu_xmalloc(sizeof(float) * 32000), *lb = tu_xmalloc(sizeof(float) * 32000);
+    int32_t ga[3], gb[3];
+    assert_int_equal(kt_session_n_past(a), kt_session_n_past(b));
+    assert_int_equal(kt_session_mtp_draft(a, pending, 3, ga, NULL), 3);
+    assert_int_equal(kt_session_mtp_draft(b, pending, 3, gb, NULL), 3);
+    assert_memory_equal(ga, gb, sizeof ga);
+    assert_int_equal(kt_session_eval(a, &pending, 1, la, false, NULL), KT_OK);
+    assert_int_equal(kt_session_eval(b, &pending, 1, lb, false, NULL), KT_OK);
+    assert_memory_equal(la, lb, sizeof(float) * 32000);
+    free(la), free(lb);
+}
+
+/* --spec mtp is plain decoding, token for token, at temperature 0 and
+ * with seeded sampling, on F32 and Q4_0 weights and a mixture of experts,
+ * k = 1 and chained k = 4 (fixed: every step verifies, nearly every
+ * proposal of these random weights is rejected and rolled back); the
+ * session's recurrent state and MTP rows end as plain decoding's. */
+static void test_spec_mtp_exact(void **state) {
+    (void)state;
+    kt_model *q4 = make_model("mtp-qwen35-tiny-Q4_0.gguf", "");
+    kt_model *moe = NULL;
+    {
+        char cmd[8192], path[4096];
+        snprintf(path, sizeof path, "%s", tu_tmp("mtp-qwen35moe-tiny-F32.gguf"));
+        snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5moe-tiny --type F32 --vocab %s -o %s", KT_BIN,
+                 tu_shared("models/test-tiny-F16.gguf"), path);
+        tu_expect_run(cmd, 0, "wrote", NULL);
+        moe = kt_model_load(path, NULL);
+        assert_non_null(moe);
+    }
+    kt_model *models[] = {g_mtp, q4, moe};
+    for (int mi = 0; mi < 3; mi++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int ki = 0; ki < 2; ki++) {
+                const float temp = ti ? 0.9f : 0.0f;
+                int32_t want[N_MAX], got[N_MAX];
+                int n;
+                kt_spec_stats st;
+                kt_spec_params p = {.k_max = ki ? 4 : 1, .fixed_k = true, .mtp = true};
+                kt_session *b = speculate(models[mi], temp, &p, got, &n, &st);
+                kt_session *a = plain(models[mi], temp, true, n, want);
+                assert_memory_equal(want, got, sizeof(int32_t) * (size_t)n);
+                assert_true(st.proposed > 0);
+                same_state(a, b, want[n - 1]);
+                kt_session_free(a), kt_session_free(b);
+            }
+    kt_model_free(q4), kt_model_free(moe);
+}
+
+/* A hybrid model's rollback after partial acceptance: a proposer that is
+ * right for 0..3 tokens then wrong; the tokens are plain decoding's and
+ * the state (recurrent, KV, the MTP's rows and hidden state) ends as
+ * plain decoding's, bit for bit. */
+static void test_spec_hybrid_partial(void **state) {
+    (void)state;
+    for (int ti = 0; ti < 2; ti++) {
+        const float temp = ti ? 0.9f : 0.0f;
+        int32_t want[N_MAX], got[N_MAX], ref[N_MAX];
+        int n;
+        kt_session_free(plain(g_mtp, temp, false, N_MAX, ref)); /* what the proposer knows */
+        script sc = {ref, 0};
+        kt_spec_stats st;
+        kt_spec_params p = {.k_max = 5, .fixed_k = true, .propose = scripted, .propose_ctx = &sc};
+        kt_session *b = speculate(g_mtp, temp, &p, got, &n, &st);
+        kt_session *a = plain(g_mtp, temp, true, n, want);
+        assert_memory_equal(want, got, sizeof(int32_t) * (size_t)n);
+        print_message("scripted proposals at temperature %.1f: %llu passes, %llu proposed, %llu kept\n", temp,
+                      (unsigned long long)st.steps, (unsigned long long)st.proposed, (unsigned long long)st.accepted);
+        assert_true(st.accepted > 0 && st.accepted < st.proposed);
+        same_state(a, b, want[n - 1]);
+        kt_session_free(a), kt_session_free(b);
+    }
+}
+
+/* --spec mtp on a model without the block is refused, naming it. */
+static void test_spec_mtp_refused(void **state) {
+    (void)state;
+    kt_error err = {0};
+    assert_false(kt_model_has_mtp(g_plain));
+    assert_null(kt_spec_new(g_plain, &(kt_spec_params){.mtp = true}, &err));
+    assert_non_null(strstr(err.msg, "multi-token-prediction"));
+    assert_null(kt_session_new(g_plain, &(kt_session_params){.n_ctx = 64, .mtp = true}, &err));
+    assert_non_null(strstr(err.msg, "multi-token-prediction"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load),
         cmocka_unit_test(test_load_cut_trunk),
         cmocka_unit_test(test_mtp_block_vs_llama),
         cmocka_unit_test(test_mtp_end_to_end_vs_llama),
+        cmocka_unit_test(test_spec_mtp_exact),
+        cmocka_unit_test(test_spec_hybrid_partial),
+        cmocka_unit_test(test_spec_mtp_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
