@@ -27,6 +27,7 @@
 #include "model/mtp.h"
 #include "testutil.h"
 
+enum { N_PROMPT_R = 16 };
 #define TOL_BLOCK 1e-5 /* MTP_PRINT=1: print every row's difference, fail none */
 
 static kt_model *g_mtp, *g_plain;
@@ -225,6 +226,36 @@ static void test_mtp_end_to_end_vs_llama(void **state) {
     assert_true(md <= 2 * trunk);
 }
 
+/* Repacked at load (the CLI's default), the MTP block's matrices are
+ * rewritten with the trunk's (eh_proj its own, the head the output's, whose
+ * type the MTP's copy follows) and it guesses what the mapped file does. */
+static void test_mtp_repacked(void **state) {
+    (void)state;
+    kt_model_free(make_model("mtp-qwen35-tiny-Q4_0.gguf", "")); /* written */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", tu_tmp("mtp-qwen35-tiny-Q4_0.gguf"));
+    kt_error err = {0};
+    kt_model *mm = kt_model_load_ex(path, KT_LOAD_MMAP, &err), *rp = kt_model_load_ex(path, KT_LOAD_REPACK, &err);
+    if (!mm || !rp) fail_msg("%s", err.msg);
+    const llm_model *r = rp->llm;
+    assert_int_not_equal(r->mtp.eh_proj.type, mm->llm->mtp.eh_proj.type); /* Q4_0 -> Q4_0x8 */
+    assert_int_equal(r->mtp.head.type, r->output.type);
+    assert_int_equal(r->mtp.embed_tokens.type, r->tok_embd.type);
+    int32_t ids[N_PROMPT_R];
+    for (int i = 0; i < N_PROMPT_R; i++) ids[i] = 1 + (i * 577) % 31000;
+    int32_t g[2][4];
+    kt_model *ms[2] = {mm, rp};
+    for (int k = 0; k < 2; k++) {
+        kt_session *s = kt_session_new(ms[k], &(kt_session_params){.n_ctx = 64, .n_threads = 2, .mtp = true}, &err);
+        if (!s) fail_msg("%s", err.msg);
+        assert_int_equal(kt_session_eval(s, ids, N_PROMPT_R, NULL, false, NULL), KT_OK);
+        assert_int_equal(kt_session_mtp_draft(s, 4242, 4, g[k], NULL), 4);
+        kt_session_free(s);
+    }
+    assert_memory_equal(g[0], g[1], sizeof g[0]);
+    kt_model_free(mm), kt_model_free(rp);
+}
+
 /* ---- the proposer ---- */
 
 enum { N_PROMPT = 12, N_GEN = 40, N_MAX = N_GEN + 8 };
@@ -403,6 +434,7 @@ int main(void) {
         cmocka_unit_test(test_load_cut_trunk),
         cmocka_unit_test(test_mtp_block_vs_llama),
         cmocka_unit_test(test_mtp_end_to_end_vs_llama),
+        cmocka_unit_test(test_mtp_repacked),
         cmocka_unit_test(test_spec_mtp_exact),
         cmocka_unit_test(test_spec_hybrid_partial),
         cmocka_unit_test(test_spec_mtp_refused),
