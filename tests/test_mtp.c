@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/model_internal.h"
 #include "model/mtp.h"
 #include "testutil.h"
@@ -428,6 +429,65 @@ static void test_spec_mtp_refused(void **state) {
     assert_non_null(strstr(err.msg, "multi-token-prediction"));
 }
 
+/* ---- the engine ---- */
+
+static kt_engine *engine_of(kt_model *m, kt_spec_kind spec) {
+    kt_engine_params p = kt_engine_defaults();
+    p.n_ctx = 256, p.n_parallel = 4, p.batch_tokens = 24, p.n_threads = 2, p.kv_type = KT_KV_F32;
+    p.spec = spec, p.spec_k_max = 3, p.spec_fixed_k = true; /* every step verifies: rejections and rollbacks */
+    kt_error err = {0};
+    kt_engine *e = kt_engine_new(m, &p, &err);
+    if (!e) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* Three requests at once (prompts of 40 tokens in chunks of the 24-token
+ * step budget, beside each other's decoding), greedy, seeded at 0.9 with
+ * two choices: the engine with --spec mtp gives plain decoding's tokens
+ * and logprob bits. */
+static void run_engine(kt_engine *e, tu_eng_out out[3][2]) {
+    kt_request *rq[3];
+    for (int i = 0; i < 3; i++) {
+        int32_t ids[40];
+        ids[0] = 1;
+        for (int j = 1; j < 40; j++) ids[j] = 50 + (j * 131 + i * 7919) % 31000;
+        kt_gen_params p = kt_gen_defaults();
+        p.prompt = ids, p.n_prompt = 40, p.max_tokens = 24, p.ignore_eos = true, p.top_logprobs = 0;
+        p.n_choices = i == 2 ? 2 : 1;
+        p.sampling.temperature = i == 0 ? 0.0f : 0.9f, p.sampling.seed = 99 + (uint64_t)i;
+        kt_error err = {0};
+        if (kt_engine_submit(e, &p, &rq[i], &err) != KT_OK) fail_msg("%s", err.msg);
+    }
+    for (int i = 0; i < 3; i++) tu_eng_drain(rq[i], out[i], i == 2 ? 2 : 1);
+}
+
+static void test_engine_mtp_exact(void **state) {
+    (void)state;
+    tu_eng_out plain_out[3][2], mtp_out[3][2];
+    kt_engine *e = engine_of(g_mtp, KT_SPEC_OFF);
+    run_engine(e, plain_out);
+    kt_engine_free(e);
+    e = engine_of(g_mtp, KT_SPEC_MTP);
+    run_engine(e, mtp_out);
+    kt_engine_stats st;
+    kt_engine_get_stats(e, &st);
+    kt_engine_free(e);
+    for (int i = 0; i < 3; i++)
+        for (int c = 0; c < (i == 2 ? 2 : 1); c++) {
+            assert_int_equal(plain_out[i][c].n, 24);
+            tu_assert_same_out(&plain_out[i][c], &mtp_out[i][c], "engine --spec mtp");
+        }
+    print_message("engine --spec mtp: %llu passes verified %llu proposals, %llu kept\n",
+                  (unsigned long long)st.spec_passes, (unsigned long long)st.spec_proposed,
+                  (unsigned long long)st.spec_accepted);
+    assert_true(st.spec_proposed > 0);
+    kt_error err = {0};
+    kt_engine_params p = kt_engine_defaults();
+    p.spec = KT_SPEC_MTP;
+    assert_null(kt_engine_new(g_plain, &p, &err));
+    assert_non_null(strstr(err.msg, "multi-token-prediction"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load),
@@ -438,6 +498,7 @@ int main(void) {
         cmocka_unit_test(test_spec_mtp_exact),
         cmocka_unit_test(test_spec_hybrid_partial),
         cmocka_unit_test(test_spec_mtp_refused),
+        cmocka_unit_test(test_engine_mtp_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -95,7 +95,8 @@ typedef struct kt_engine_params {
      * penalties, stop strings and n > 1; only fewer passes produce it. k is
      * chosen per choice and step against measured pass costs (policy.h),
      * down to 0. */
-    kt_spec_kind spec;        /* KT_SPEC_OFF (default), KT_SPEC_NGRAM or KT_SPEC_DRAFT */
+    kt_spec_kind spec;        /* KT_SPEC_OFF (default), KT_SPEC_NGRAM, KT_SPEC_DRAFT or KT_SPEC_MTP (the
+                                 model's own MTP block: its KV layer in the pool, engine/mtp_engine.c) */
     /* KT_SPEC_DRAFT: the draft model (the same vocabulary, checked; it must
      * outlive the engine). Its KV is a pool of its own (draft.h). */
     const kt_model *spec_draft;
