@@ -481,6 +481,13 @@ static void test_engine_mtp_exact(void **state) {
                   (unsigned long long)st.spec_passes, (unsigned long long)st.spec_proposed,
                   (unsigned long long)st.spec_accepted);
     assert_true(st.spec_proposed > 0);
+    /* every MTP row had the target's hidden state before it but each prompt's first (position 0),
+     * every guess too (the second choice forks from the first's end) */
+    print_message("MTP rows %llu, without the hidden state before them %llu, guesses without it %llu\n",
+                  (unsigned long long)st.mtp_rows, (unsigned long long)st.mtp_rows_blind,
+                  (unsigned long long)st.mtp_guesses_blind);
+    assert_int_equal(st.mtp_rows_blind, 3);
+    assert_int_equal(st.mtp_guesses_blind, 0);
     kt_error err = {0};
     kt_engine_params p = kt_engine_defaults();
     p.spec = KT_SPEC_MTP;

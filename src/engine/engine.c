@@ -1446,6 +1446,8 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
     spec_accept_note(&c->accept, k, kept);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
+    e->stats.mtp_rows = e->mtp.rows, e->stats.mtp_rows_blind = e->mtp.rows_blind;
+    e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
     pthread_mutex_unlock(&e->mu);
     c->n_prop = 0;
     return j + 1;

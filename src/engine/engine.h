@@ -368,6 +368,11 @@ typedef struct kt_engine_stats {
     /* speculation: proposed tokens verified, of them kept, passes of a
      * choice that verified any */
     uint64_t spec_proposed, spec_accepted, spec_passes;
+    /* KT_SPEC_MTP: MTP rows run, and of them those without the target's
+     * hidden state before them (a sequence's first position, the first
+     * after a prefix-cache hit); guesses made without it (0 unless the
+     * rows' bookkeeping is wrong) */
+    uint64_t mtp_rows, mtp_rows_blind, mtp_guesses_blind;
     /* images: encodes by the vision tower and their time, the encoder
      * cache's hits and what it holds */
     uint64_t image_encodes, image_cache_hits, image_disk_hits;

@@ -46,13 +46,16 @@ void eng_mtp_fork(eng_mtp *mt, int from, int to) {
     mt->h_pos[to] = mt->h_pos[from];
 }
 
-/* The hidden state before position pos of the sequence in slot, or zeros. */
-static void h_before(const eng_mtp *mt, int slot, int pos, float *out) {
+/* The hidden state before position pos of the sequence in slot, or zeros
+ * (false). */
+static bool h_before(const eng_mtp *mt, int slot, int pos, float *out) {
     const size_t E = (size_t)mt->llm->cfg.n_embd;
-    if (slot >= 0 && slot < mt->n_slots && pos > 0 && mt->h_pos[slot] == pos - 1)
+    if (slot >= 0 && slot < mt->n_slots && pos > 0 && mt->h_pos[slot] == pos - 1) {
         memcpy(out, mt->h + (size_t)slot * E, sizeof(float) * E);
-    else
-        memset(out, 0, sizeof(float) * E);
+        return true;
+    }
+    memset(out, 0, sizeof(float) * E);
+    return false;
 }
 
 kt_status eng_mtp_pass(eng_mtp *mt, llm_work *w, kt_pool *pool, const llm_batch *b, kt_error *err) {
@@ -62,8 +65,9 @@ kt_status eng_mtp_pass(eng_mtp *mt, llm_work *w, kt_pool *pool, const llm_batch 
         if (t > 0 && b->seq[t] == b->seq[t - 1]) /* a sequence's tokens are contiguous, in position order */
             memcpy(row, mt->hid + (size_t)(t - 1) * E, sizeof(float) * E);
         else
-            h_before(mt, b->seq[t]->state_slot, b->pos[t], row);
+            mt->rows_blind += !h_before(mt, b->seq[t]->state_slot, b->pos[t], row);
     }
+    mt->rows += (uint64_t)b->n_tokens;
     llm_batch mb = {.n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
     return llm_mtp_forward(mt->llm, w, pool, &mb, mt->in, NULL, NULL, err);
 }
@@ -86,7 +90,7 @@ int eng_mtp_propose(eng_mtp *mt, llm_work *w, kt_pool *pool, kv_seq *seq, int32_
     if (k <= 0 || kv_seq_append(seq, k, NULL) != KT_OK) return 0; /* no room: no guesses */
     const double t0 = kt_time_ms();
     float *h = mt->in, *h_next = mt->in + E; /* the pass's inputs are free between steps */
-    h_before(mt, seq->state_slot, len, h);
+    mt->guesses_blind += !h_before(mt, seq->state_slot, len, h);
     int32_t tok = pending;
     kt_status st = KT_OK;
     for (int i = 0; i < k && st == KT_OK; i++) {

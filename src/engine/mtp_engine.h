@@ -32,6 +32,7 @@ typedef struct eng_mtp {
     float *in;      /* [cap][n_embd]: the MTP pass's hidden inputs */
     float *logits;  /* [n_vocab]: a guess's */
     double guess_ms; /* one guess, smoothed (0: not measured) */
+    uint64_t rows, rows_blind, guesses_blind; /* kt_engine_stats' mtp_* */
 } eng_mtp;
 
 /* For llm (which must have an MTP block), n_slots state slots, batches of cap. */
