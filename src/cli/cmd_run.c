@@ -133,6 +133,7 @@ typedef struct run_stats {
     double load_ms, prefill_ms, ttft_ms, decode_ms, encode_ms;
     int n_prompt, n_gen, n_image_tokens;
     bool spec;
+    const char *spec_source; /* what proposed: "prompt lookup", "the draft model", "the MTP block" */
     kt_spec_stats spec_stats;
 } run_stats;
 
@@ -149,9 +150,9 @@ static void print_stats(const run_stats *st) {
             st->decode_ms > 0 ? n_decoded * 1e3 / st->decode_ms : 0.0, n_decoded, st->decode_ms);
     if (!st->spec) return;
     const kt_spec_stats *ss = &st->spec_stats;
-    fprintf(stderr, "speculation:   %8llu passes, %llu tokens proposed, %llu accepted (%.1f%%)\n",
+    fprintf(stderr, "speculation:   %8llu passes, %llu tokens proposed, %llu accepted (%.1f%%) by %s\n",
             (unsigned long long)ss->steps, (unsigned long long)ss->proposed, (unsigned long long)ss->accepted,
-            ss->proposed ? 100.0 * (double)ss->accepted / (double)ss->proposed : 0.0);
+            ss->proposed ? 100.0 * (double)ss->accepted / (double)ss->proposed : 0.0, st->spec_source);
 }
 
 /* Emits one token; false when it ends the reply (EOS, or -n reached). */
@@ -201,6 +202,7 @@ static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_
     }
     st->decode_ms = kt_time_ms() - t_decode;
     st->spec = true, st->spec_stats = kt_spec_get_stats(sp);
+    st->spec_source = o->mtp ? "the MTP block" : o->draft_model ? "the draft model" : "prompt lookup";
     fputs(kt_detok_flush(dt), stdout);
     fflush(stdout);
 done:

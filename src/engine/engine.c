@@ -430,6 +430,8 @@ static bool open_disk_tier(kt_engine *e, kt_error *err) {
     if (!e->cache) return kt_error_set(err, KT_ERR_ARG, "--cache-dir needs the prefix cache (--prefix-cache on)"), false;
     const kv_pool_params *layout = kv_pool_get_params(e->kv);
     uint64_t fp = kt_model_kv_fingerprint(e->model, (int)layout->type, layout->block_tokens, e->p.n_ctx);
+    /* blocks with the MTP block's KV layer are other files: a folder of their own (other engines' unchanged) */
+    if (e->mtp.llm || e->p.spec == KT_SPEC_MTP) fp = fp * 0x9E3779B97F4A7C15ull + (uint64_t)layout->n_layer;
     size_t limit = e->p.cache_disk_bytes ? e->p.cache_disk_bytes : (size_t)10 << 30;
     if (!(e->disk = kv_disk_open(e->p.cache_dir, limit, fp, layout, err))) return false;
     kv_cache_set_disk(e->cache, e->disk);
