@@ -301,6 +301,8 @@ typedef struct kt_spec_stats {
     uint64_t steps;     /* forward passes */
     uint64_t proposed;  /* tokens verified beyond the pending one */
     uint64_t accepted;  /* of them, kept */
+    /* with mtp: how many of those prompt lookup proposed, and kept (the rest are the MTP block's) */
+    uint64_t lookup_proposed, lookup_accepted;
 } kt_spec_stats;
 
 typedef struct kt_spec kt_spec;

@@ -393,6 +393,26 @@ static void test_spec_mtp_exact(void **state) {
     kt_model_free(q4), kt_model_free(moe);
 }
 
+/* MTP with prompt lookup beside it (k adapting, not fixed): where the
+ * context repeats (this random model's greedy output does), the lookup's
+ * runs are taken and kept; the tokens are still plain decoding's. */
+static void test_spec_mtp_with_lookup(void **state) {
+    (void)state;
+    int32_t want[N_MAX], got[N_MAX];
+    int n;
+    kt_spec_stats st;
+    kt_spec_params p = {.k_max = 4, .mtp = true};
+    kt_session *b = speculate(g_mtp, 0.0f, &p, got, &n, &st);
+    kt_session *a = plain(g_mtp, 0.0f, true, n, want);
+    assert_memory_equal(want, got, sizeof(int32_t) * (size_t)n);
+    print_message("MTP + lookup: %llu passes, %llu proposed (%llu by lookup), %llu kept (%llu by lookup)\n",
+                  (unsigned long long)st.steps, (unsigned long long)st.proposed, (unsigned long long)st.lookup_proposed,
+                  (unsigned long long)st.accepted, (unsigned long long)st.lookup_accepted);
+    assert_true(st.lookup_accepted > 0);
+    same_state(a, b, want[n - 1]);
+    kt_session_free(a), kt_session_free(b);
+}
+
 /* A hybrid model's rollback after partial acceptance: a proposer that is
  * right for 0..3 tokens then wrong; the tokens are plain decoding's and
  * the state (recurrent, KV, the MTP's rows and hidden state) ends as
@@ -503,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_mtp_end_to_end_vs_llama),
         cmocka_unit_test(test_mtp_repacked),
         cmocka_unit_test(test_spec_mtp_exact),
+        cmocka_unit_test(test_spec_mtp_with_lookup),
         cmocka_unit_test(test_spec_hybrid_partial),
         cmocka_unit_test(test_spec_mtp_refused),
         cmocka_unit_test(test_engine_mtp_exact),

@@ -153,6 +153,11 @@ static void print_stats(const run_stats *st) {
     fprintf(stderr, "speculation:   %8llu passes, %llu tokens proposed, %llu accepted (%.1f%%) by %s\n",
             (unsigned long long)ss->steps, (unsigned long long)ss->proposed, (unsigned long long)ss->accepted,
             ss->proposed ? 100.0 * (double)ss->accepted / (double)ss->proposed : 0.0, st->spec_source);
+    if (ss->lookup_proposed) /* MTP with prompt lookup beside it: each source's share */
+        fprintf(stderr, "               of them by prompt lookup: %llu proposed, %llu accepted; by the MTP block: %llu, "
+                "%llu\n", (unsigned long long)ss->lookup_proposed, (unsigned long long)ss->lookup_accepted,
+                (unsigned long long)(ss->proposed - ss->lookup_proposed),
+                (unsigned long long)(ss->accepted - ss->lookup_accepted));
 }
 
 /* Emits one token; false when it ends the reply (EOS, or -n reached). */
@@ -202,7 +207,7 @@ static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_
     }
     st->decode_ms = kt_time_ms() - t_decode;
     st->spec = true, st->spec_stats = kt_spec_get_stats(sp);
-    st->spec_source = o->mtp ? "the MTP block" : o->draft_model ? "the draft model" : "prompt lookup";
+    st->spec_source = o->mtp ? "the MTP block with prompt lookup" : o->draft_model ? "the draft model" : "prompt lookup";
     fputs(kt_detok_flush(dt), stdout);
     fflush(stdout);
 done:

@@ -992,6 +992,7 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     c->detok = kt_detok_new_ex(e->model, r->special_text);
     c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
     spec_accept_init(&c->accept);
+    spec_accept_init(&c->accept_lookup);
     return c->sampler && c->detok && c->generated;
 }
 
@@ -1374,7 +1375,7 @@ static void mtp_proposals(kt_engine *e) {
         for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
             gen_choice *c = &r->choices[i];
             if (r->images.n) c->n_prop = 0; /* an image's rows are no tokens the MTP block can embed */
-            if (c->n_prop == 0 || c->finish != KT_FINISH_NONE) continue;
+            if (c->n_prop == 0 || c->finish != KT_FINISH_NONE || c->prop_lookup) continue;
             kt_error err;
             const int got = eng_mtp_propose(&e->mtp, e->work, e->pool, c->seq, c->next_token, c->n_prop, c->prop, &err);
             if (got < 0) fail_request(r, err.msg);
@@ -1410,14 +1411,23 @@ static void plan_speculation(kt_engine *e) {
             if (limit > budget) limit = budget;
             if (c->finish != KT_FINISH_NONE || limit <= 0) continue;
             /* a draft or the MTP block guesses after the choice of k (its guesses cost a pass each); a lookup before */
-            const bool guessed = e->draft || (e->mtp.llm && !e->p.spec_propose);
-            const int avail = guessed ? limit : propose(e, r, c, limit);
-            const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : guessed ? e->mtp.guess_ms : 0.0;
-            const int k = spec_choose_k_paid(&c->accept, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k,
-                                             ms_per_k);
+            const bool mtp = e->mtp.llm && !e->p.spec_propose, guessed = e->draft || mtp;
+            int avail = guessed ? limit : propose(e, r, c, limit);
+            /* with the MTP block, prompt lookup is tried too: its run is taken where its measured acceptance
+             * expects as many tokens from it as the MTP block's from a full k (quoted code, tool results
+             * read back), and costs no guessing passes */
+            c->prop_lookup = false;
+            if (mtp) {
+                const int n_look = propose(e, r, c, limit);
+                if (n_look > 0 && spec_accept_expected(&c->accept_lookup, n_look) >= spec_accept_expected(&c->accept, limit))
+                    c->prop_lookup = true, avail = n_look;
+            }
+            spec_accept *acc = c->prop_lookup ? &c->accept_lookup : &c->accept;
+            const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : mtp && !c->prop_lookup ? e->mtp.guess_ms : 0.0;
+            const int k = spec_choose_k_paid(acc, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k, ms_per_k);
             c->n_prop = k;
             n_tokens += k, budget -= k;
-            expected += spec_accept_expected(&c->accept, k) - 1.0;
+            expected += spec_accept_expected(acc, k) - 1.0;
         }
     }
     if (e->draft) draft_proposals(e);
@@ -1445,7 +1455,7 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
                              : kv_seq_truncate(c->seq, len_before + 1 + j, &err);
     if (st != KT_OK) fail_request(r, err.msg);
     eng_draft_keep(c->draft_seq, c->seq->len); /* the draft's guesses that stood stay read */
-    spec_accept_note(&c->accept, k, kept);
+    spec_accept_note(c->prop_lookup ? &c->accept_lookup : &c->accept, k, kept);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
     e->stats.mtp_rows = e->mtp.rows, e->stats.mtp_rows_blind = e->mtp.rows_blind;

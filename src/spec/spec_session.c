@@ -27,7 +27,9 @@
  * MTP (p.mtp): the target's own MTP block guesses, chained on its own
  * hidden state (kt_session_mtp_draft); its KV lives in the session's pool
  * beside the target's, run by every pass of the session, so it is cut back
- * with it. Each guess costs an MTP pass, weighed like a draft's.
+ * with it. Each guess costs an MTP pass, weighed like a draft's. Prompt
+ * lookup is tried first: its run is verified instead where its own measured
+ * acceptance expects as many tokens from it as the MTP's from a full k.
  *
  * Hybrid models (recurrent layers): the verify pass goes through
  * kt_session_spec_eval / _keep, which roll the recurrent state back to
@@ -63,6 +65,8 @@ struct kt_spec {
     kt_spec_stats stats;
     spec_draft d;    /* with p.draft */
     double mtp_ms;   /* with p.mtp: one MTP guess, smoothed */
+    spec_accept accept_lookup; /* with p.mtp: prompt lookup's acceptance beside the MTP block's (accept) */
+    bool lookup;               /* this step's proposals are the lookup's */
 };
 
 kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) {
@@ -81,6 +85,7 @@ kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) 
     }
     sp->costs = (spec_costs){sp->cost_ms, SPEC_K_MAX + 1};
     spec_accept_init(&sp->accept);
+    spec_accept_init(&sp->accept_lookup);
     const int rows = sp->p.k_max + 1;
     sp->rows = malloc(sizeof *sp->rows * (size_t)sp->n_vocab * (size_t)rows);
     sp->batch = malloc(sizeof *sp->batch * (size_t)rows);
@@ -165,7 +170,14 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
     const int room = kt_session_n_ctx(s) - n; /* proposals that fit after the pending token */
     const int limit = room < sp->p.k_max ? room : sp->p.k_max;
     int k;
-    if (sp->p.mtp && !sp->p.propose) { /* the MTP block guesses after the choice of k: each guess costs a pass */
+    sp->lookup = false;
+    int n_look = 0;
+    if (sp->p.mtp && !sp->p.propose) /* prompt lookup too: its run where it expects as many tokens as the MTP's k */
+        n_look = propose(sp, ctx, n, limit, sp->batch + 1);
+    if (n_look > 0 && spec_accept_expected(&sp->accept_lookup, n_look) >= spec_accept_expected(&sp->accept, limit)) {
+        sp->lookup = true;
+        k = spec_choose_k(&sp->accept_lookup, &sp->costs, n_look, 1, 1.0, sp->p.fixed_k);
+    } else if (sp->p.mtp && !sp->p.propose) { /* the MTP block guesses after the choice of k: each costs a pass */
         k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->mtp_ms);
         const double t0 = kt_time_ms();
         if (k > 0 && (k = kt_session_mtp_draft(s, ctx[n - 1], k, sp->batch + 1, err)) < 0) return -1;
@@ -196,6 +208,7 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
     if (kt_session_spec_keep(s, a + 1, err) != KT_OK) return -1;
     sp->stats.steps++;
     sp->stats.proposed += (uint64_t)k, sp->stats.accepted += (uint64_t)a;
-    spec_accept_note(&sp->accept, k, a);
+    if (sp->lookup) sp->stats.lookup_proposed += (uint64_t)k, sp->stats.lookup_accepted += (uint64_t)a;
+    spec_accept_note(sp->lookup ? &sp->accept_lookup : &sp->accept, k, a);
     return a + 1;
 }
