@@ -461,29 +461,31 @@ static kt_engine *engine_of(kt_model *m, kt_spec_kind spec) {
     return e;
 }
 
-/* Three requests at once (prompts of 40 tokens in chunks of the 24-token
+/* Four requests at once (prompts of 40 tokens in chunks of the 24-token
  * step budget, beside each other's decoding), greedy, seeded at 0.9 with
- * two choices: the engine with --spec mtp gives plain decoding's tokens
- * and logprob bits. */
-static void run_engine(kt_engine *e, tu_eng_out out[3][2]) {
-    kt_request *rq[3];
-    for (int i = 0; i < 3; i++) {
+ * two choices, greedy under a grammar: the engine with --spec mtp gives
+ * plain decoding's tokens and logprob bits. */
+static void run_engine(kt_engine *e, tu_eng_out out[4][2]) {
+    kt_request *rq[4];
+    static const char grammar[] = "root ::= [a-z ]+"; /* the fourth: under a grammar (proposals cut where it refuses) */
+    for (int i = 0; i < 4; i++) {
         int32_t ids[40];
         ids[0] = 1;
         for (int j = 1; j < 40; j++) ids[j] = 50 + (j * 131 + i * 7919) % 31000;
         kt_gen_params p = kt_gen_defaults();
         p.prompt = ids, p.n_prompt = 40, p.max_tokens = 24, p.ignore_eos = true, p.top_logprobs = 0;
         p.n_choices = i == 2 ? 2 : 1;
-        p.sampling.temperature = i == 0 ? 0.0f : 0.9f, p.sampling.seed = 99 + (uint64_t)i;
+        p.sampling.temperature = i == 0 || i == 3 ? 0.0f : 0.9f, p.sampling.seed = 99 + (uint64_t)i;
+        if (i == 3) p.grammar = grammar, p.grammar_len = strlen(grammar);
         kt_error err = {0};
         if (kt_engine_submit(e, &p, &rq[i], &err) != KT_OK) fail_msg("%s", err.msg);
     }
-    for (int i = 0; i < 3; i++) tu_eng_drain(rq[i], out[i], i == 2 ? 2 : 1);
+    for (int i = 0; i < 4; i++) tu_eng_drain(rq[i], out[i], i == 2 ? 2 : 1);
 }
 
 static void test_engine_mtp_exact(void **state) {
     (void)state;
-    tu_eng_out plain_out[3][2], mtp_out[3][2];
+    tu_eng_out plain_out[4][2], mtp_out[4][2];
     kt_engine *e = engine_of(g_mtp, KT_SPEC_OFF);
     run_engine(e, plain_out);
     kt_engine_free(e);
@@ -492,9 +494,10 @@ static void test_engine_mtp_exact(void **state) {
     kt_engine_stats st;
     kt_engine_get_stats(e, &st);
     kt_engine_free(e);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         for (int c = 0; c < (i == 2 ? 2 : 1); c++) {
-            assert_int_equal(plain_out[i][c].n, 24);
+            if (i < 3) assert_int_equal(plain_out[i][c].n, 24);
+            assert_true(plain_out[i][c].n > 0);
             tu_assert_same_out(&plain_out[i][c], &mtp_out[i][c], "engine --spec mtp");
         }
     print_message("engine --spec mtp: %llu passes verified %llu proposals, %llu kept\n",
@@ -506,7 +509,7 @@ static void test_engine_mtp_exact(void **state) {
     print_message("MTP rows %llu, without the hidden state before them %llu, guesses without it %llu\n",
                   (unsigned long long)st.mtp_rows, (unsigned long long)st.mtp_rows_blind,
                   (unsigned long long)st.mtp_guesses_blind);
-    assert_int_equal(st.mtp_rows_blind, 3);
+    assert_int_equal(st.mtp_rows_blind, 4);
     assert_int_equal(st.mtp_guesses_blind, 0);
     kt_error err = {0};
     kt_engine_params p = kt_engine_defaults();
