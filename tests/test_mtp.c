@@ -511,6 +511,9 @@ static void test_engine_mtp_exact(void **state) {
                   (unsigned long long)st.mtp_guesses_blind);
     assert_int_equal(st.mtp_rows_blind, 4);
     assert_int_equal(st.mtp_guesses_blind, 0);
+    assert_true(st.spec_lookup_proposed <= st.spec_proposed && st.spec_lookup_accepted <= st.spec_accepted);
+    print_message("of them prompt lookup's: %llu proposed, %llu kept\n", (unsigned long long)st.spec_lookup_proposed,
+                  (unsigned long long)st.spec_lookup_accepted);
     kt_error err = {0};
     kt_engine_params p = kt_engine_defaults();
     p.spec = KT_SPEC_MTP;

@@ -1458,8 +1458,7 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
     spec_accept_note(c->prop_lookup ? &c->accept_lookup : &c->accept, k, kept);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
-    e->stats.mtp_rows = e->mtp.rows, e->stats.mtp_rows_blind = e->mtp.rows_blind;
-    e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
+    if (c->prop_lookup) e->stats.spec_lookup_proposed += (uint64_t)k, e->stats.spec_lookup_accepted += (uint64_t)kept;
     pthread_mutex_unlock(&e->mu);
     c->n_prop = 0;
     return j + 1;
@@ -1742,7 +1741,13 @@ static void engine_step(kt_engine *e) {
         if (e->mtp.llm) eng_mtp_note(&e->mtp, &b);
         consume_logits(e, n);
         consume_hidden(e, n);
-        if (e->mtp.llm) eng_mtp_note(&e->mtp, &b);
+        if (e->mtp.llm) {
+            eng_mtp_note(&e->mtp, &b);
+            pthread_mutex_lock(&e->mu);
+            e->stats.mtp_rows = e->mtp.rows, e->stats.mtp_rows_blind = e->mtp.rows_blind;
+            e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
+            pthread_mutex_unlock(&e->mu);
+        }
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
         if (e->trace)
             fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f)\n",

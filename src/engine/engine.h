@@ -373,6 +373,8 @@ typedef struct kt_engine_stats {
      * after a prefix-cache hit); guesses made without it (0 unless the
      * rows' bookkeeping is wrong) */
     uint64_t mtp_rows, mtp_rows_blind, mtp_guesses_blind;
+    /* KT_SPEC_MTP: of spec_proposed / spec_accepted, prompt lookup's (the rest are the MTP block's) */
+    uint64_t spec_lookup_proposed, spec_lookup_accepted;
     /* images: encodes by the vision tower and their time, the encoder
      * cache's hits and what it holds */
     uint64_t image_encodes, image_cache_hits, image_disk_hits;
