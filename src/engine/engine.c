@@ -1380,6 +1380,7 @@ static void mtp_proposals(kt_engine *e) {
             const int got = eng_mtp_propose(&e->mtp, e->work, e->pool, c->seq, c->next_token, c->n_prop, c->prop, &err);
             if (got < 0) fail_request(r, err.msg);
             c->n_prop = got > 0 ? cut_proposals(e, c, got) : 0;
+            if (c->n_prop && e->p.spec_propose) c->n_prop = propose(e, r, c, c->n_prop); /* the caller's replace them */
         }
     }
 }
@@ -1411,13 +1412,15 @@ static void plan_speculation(kt_engine *e) {
             if (limit > budget) limit = budget;
             if (c->finish != KT_FINISH_NONE || limit <= 0) continue;
             /* a draft or the MTP block guesses after the choice of k (its guesses cost a pass each); a lookup before */
-            const bool mtp = e->mtp.llm && !e->p.spec_propose, guessed = e->draft || mtp;
+            /* with a caller's proposer too (benchmarks), the MTP block still guesses (and costs), then
+             * the caller's proposals replace its guesses (mtp_proposals) */
+            const bool mtp = e->mtp.llm != NULL, guessed = e->draft || mtp;
             int avail = guessed ? limit : propose(e, r, c, limit);
             /* with the MTP block, prompt lookup is tried too: its run is taken where its measured acceptance
              * expects as many tokens from it as the MTP block's from a full k (quoted code, tool results
              * read back), and costs no guessing passes */
             c->prop_lookup = false;
-            if (mtp) {
+            if (mtp && !e->p.spec_propose) {
                 const int n_look = propose(e, r, c, limit);
                 if (n_look > 0 && spec_accept_expected(&c->accept_lookup, n_look) >= spec_accept_expected(&c->accept, limit))
                     c->prop_lookup = true, avail = n_look;
@@ -1431,7 +1434,7 @@ static void plan_speculation(kt_engine *e) {
         }
     }
     if (e->draft) draft_proposals(e);
-    if (e->mtp.llm && !e->p.spec_propose) mtp_proposals(e);
+    if (e->mtp.llm) mtp_proposals(e);
 }
 
 /* Samples choice i's rows in order (rows[j]: after its pending token for

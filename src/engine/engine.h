@@ -107,7 +107,9 @@ typedef struct kt_engine_params {
     bool spec_fixed_k;        /* verify every proposal found, up to spec_k_max (benchmarks) */
     int spec_table_tokens;    /* the cross-request n-gram table's size (table.h); 0: 65536; < 0: none */
     /* Proposals from the caller instead of the lookup or the draft (benchmarks that
-     * force an acceptance rate, tests); NULL: spec's own. Engine thread. */
+     * force an acceptance rate, tests); NULL: spec's own. With KT_SPEC_MTP the
+     * MTP block still guesses (its cost paid), then these replace its guesses.
+     * Engine thread. */
     kt_spec_propose_fn spec_propose;
     void *spec_propose_ctx;
     /* A vision-language model's tower (src/vision/, borrowed; outlives the
