@@ -17,9 +17,14 @@
 #include "base/error.h"
 #include "engine/model_internal.h"
 #include "model/mtp.h"
+#include "spec/policy.h"
+
+/* A verify pass holds the pending token and at most SPEC_K_MAX proposals:
+ * the logs are sized for that (Qwen 3.5 4B: ~0.8 MB of log a token). */
+#define VERIFY_MAX (SPEC_K_MAX + 1)
 
 kt_status kt_session_spec_eval(kt_session *s, const int32_t *tokens, int n, float *logits, kt_error *err) {
-    if (n < 1 || n > LLM_MAX_BATCH) return kt_error_set(err, KT_ERR_ARG, "a verify pass of %d tokens (1..%d)", n, LLM_MAX_BATCH);
+    if (n < 1 || n > VERIFY_MAX) return kt_error_set(err, KT_ERR_ARG, "a verify pass of %d tokens (1..%d)", n, VERIFY_MAX);
     if (n > s->n_ctx - s->seq->len)
         return kt_error_set(err, KT_ERR_CONTEXT, "%d tokens do not fit: %d of the %d-token context are used", n,
                             s->seq->len, s->n_ctx);
@@ -27,12 +32,12 @@ kt_status kt_session_spec_eval(kt_session *s, const int32_t *tokens, int n, floa
     if (llm_state_bytes(s->model->llm)) { /* a hybrid model: the state before the pass, the tokens' logs */
         if (!s->rw) {
             if (!(s->rw = calloc(1, sizeof *s->rw))) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
-            if (eng_rewind_init(s->rw, s->model->llm, 1, LLM_MAX_BATCH, LLM_MAX_BATCH, err) != KT_OK) {
+            if (eng_rewind_init(s->rw, s->model->llm, 1, VERIFY_MAX, VERIFY_MAX, err) != KT_OK) {
                 free(s->rw), s->rw = NULL;
                 return err->status;
             }
         }
-        eng_rewind_begin(s->rw, LLM_MAX_BATCH);
+        eng_rewind_begin(s->rw, VERIFY_MAX);
         if (!eng_rewind_plan(s->rw, s->seq, 0, n))
             return kt_error_set(err, KT_ERR_NOMEM, "out of memory for speculation's state rollback");
         log = s->rw->b_log;
