@@ -392,6 +392,7 @@ void kt_session_mtp_cut(kt_session *s, int n_keep) {
     const int row = n_keep - 1 - s->mtp_base;
     if (n_keep > 0 && row >= 0 && row < s->mtp_n) memcpy(s->mtp_h, s->mtp_rows + (size_t)row * E, sizeof(float) * E);
     else memset(s->mtp_h, 0, sizeof(float) * E); /* not known: the MTP guesses without it */
+    if (n_keep == 0) s->mtp_n = 0; /* a new start (or a restored file): the last pass's rows are another sequence's */
 }
 
 /* The MTP block over a pass's chunk (positions pos0..), its tokens' hidden
