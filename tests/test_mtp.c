@@ -483,37 +483,43 @@ static void run_engine(kt_engine *e, tu_eng_out out[4][2]) {
     for (int i = 0; i < 4; i++) tu_eng_drain(rq[i], out[i], i == 2 ? 2 : 1);
 }
 
+/* On F32 weights mapped and on Q4_0 repacked at load (the CLI's way). */
 static void test_engine_mtp_exact(void **state) {
     (void)state;
-    tu_eng_out plain_out[4][2], mtp_out[4][2];
-    kt_engine *e = engine_of(g_mtp, KT_SPEC_OFF);
-    run_engine(e, plain_out);
-    kt_engine_free(e);
-    e = engine_of(g_mtp, KT_SPEC_MTP);
-    run_engine(e, mtp_out);
-    kt_engine_stats st;
-    kt_engine_get_stats(e, &st);
-    kt_engine_free(e);
-    for (int i = 0; i < 4; i++)
-        for (int c = 0; c < (i == 2 ? 2 : 1); c++) {
-            if (i < 3) assert_int_equal(plain_out[i][c].n, 24);
-            assert_true(plain_out[i][c].n > 0);
-            tu_assert_same_out(&plain_out[i][c], &mtp_out[i][c], "engine --spec mtp");
-        }
-    print_message("engine --spec mtp: %llu passes verified %llu proposals, %llu kept\n",
-                  (unsigned long long)st.spec_passes, (unsigned long long)st.spec_proposed,
-                  (unsigned long long)st.spec_accepted);
-    assert_true(st.spec_proposed > 0);
-    /* every MTP row had the target's hidden state before it but each prompt's first (position 0),
-     * every guess too (the second choice forks from the first's end) */
-    print_message("MTP rows %llu, without the hidden state before them %llu, guesses without it %llu\n",
-                  (unsigned long long)st.mtp_rows, (unsigned long long)st.mtp_rows_blind,
-                  (unsigned long long)st.mtp_guesses_blind);
-    assert_int_equal(st.mtp_rows_blind, 4);
-    assert_int_equal(st.mtp_guesses_blind, 0);
-    assert_true(st.spec_lookup_proposed <= st.spec_proposed && st.spec_lookup_accepted <= st.spec_accepted);
-    print_message("of them prompt lookup's: %llu proposed, %llu kept\n", (unsigned long long)st.spec_lookup_proposed,
-                  (unsigned long long)st.spec_lookup_accepted);
+    kt_model_free(make_model("mtp-qwen35-tiny-Q4_0.gguf", "")); /* written */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", tu_tmp("mtp-qwen35-tiny-Q4_0.gguf"));
+    kt_model *q4 = kt_model_load_ex(path, KT_LOAD_REPACK, NULL);
+    assert_non_null(q4);
+    kt_model *models[2] = {g_mtp, q4};
+    for (int mi = 0; mi < 2; mi++) {
+        tu_eng_out plain_out[4][2], mtp_out[4][2];
+        kt_engine *e = engine_of(models[mi], KT_SPEC_OFF);
+        run_engine(e, plain_out);
+        kt_engine_free(e);
+        e = engine_of(models[mi], KT_SPEC_MTP);
+        run_engine(e, mtp_out);
+        kt_engine_stats st;
+        kt_engine_get_stats(e, &st);
+        kt_engine_free(e);
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < (i == 2 ? 2 : 1); c++) {
+                if (i < 3) assert_int_equal(plain_out[i][c].n, 24);
+                assert_true(plain_out[i][c].n > 0);
+                tu_assert_same_out(&plain_out[i][c], &mtp_out[i][c], "engine --spec mtp");
+            }
+        print_message("engine --spec mtp (%s): %llu passes verified %llu proposals, %llu kept (%llu of %llu by lookup)\n",
+                      mi ? "Q4_0 repacked" : "F32", (unsigned long long)st.spec_passes,
+                      (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted,
+                      (unsigned long long)st.spec_lookup_accepted, (unsigned long long)st.spec_lookup_proposed);
+        assert_true(st.spec_proposed > 0);
+        assert_true(st.spec_lookup_proposed <= st.spec_proposed && st.spec_lookup_accepted <= st.spec_accepted);
+        /* every MTP row had the target's hidden state before it but each prompt's first (position 0),
+         * every guess too (the second choice forks from the first's end) */
+        assert_int_equal(st.mtp_rows_blind, 4);
+        assert_int_equal(st.mtp_guesses_blind, 0);
+    }
+    kt_model_free(q4);
     kt_error err = {0};
     kt_engine_params p = kt_engine_defaults();
     p.spec = KT_SPEC_MTP;
