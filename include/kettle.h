@@ -164,10 +164,19 @@ typedef struct kt_session kt_session;
  * cache) and F16 for the server (half the memory, what llama.cpp keeps). */
 typedef enum kt_kv_type { KT_KV_DEFAULT = 0, KT_KV_F16, KT_KV_F32, KT_KV_Q8_0 } kt_kv_type;
 
+/* Whether the model has a multi-token-prediction block (Qwen 3.5's MTP):
+ * what kt_session_params.mtp and kt_spec_params.mtp need. */
+bool kt_model_has_mtp(const kt_model *m);
+
 typedef struct kt_session_params {
     int n_ctx;          /* context length in tokens; 0 = min(model, 4096) */
     int n_threads;      /* 0 = number of CPUs */
     kt_kv_type kv_type; /* KT_KV_DEFAULT: F32 */
+    /* Run the model's multi-token-prediction block (Qwen 3.5's MTP) beside
+     * every pass, keeping its KV, so a kt_spec with mtp can draft from it
+     * (costs one more decoder block a token). KT_ERR_UNSUPPORTED where the
+     * model has none. */
+    bool mtp;
 } kt_session_params;
 
 kt_session *kt_session_new(kt_model *model, const kt_session_params *params,
@@ -261,6 +270,7 @@ typedef enum kt_spec_kind {
     KT_SPEC_OFF = 0,
     KT_SPEC_NGRAM, /* prompt lookup: the sequence's own context, then earlier requests' (kettle serve) */
     KT_SPEC_DRAFT, /* a draft model's greedy guesses (kettle serve --draft) */
+    KT_SPEC_MTP,   /* the model's own multi-token-prediction block (Qwen 3.5) */
 } kt_spec_kind;
 
 /* A proposer of one's own (benchmarks forcing an acceptance rate, tests):
@@ -282,12 +292,17 @@ typedef struct kt_spec_params {
      * from a session of its own kept in step with the target's. */
     kt_model *draft;
     int draft_threads;  /* the draft session's threads (0: as kt_session_params) */
+    /* The target's own MTP block's greedy guesses, chained on its own
+     * hidden state (the session must be made with kt_session_params.mtp). */
+    bool mtp;
 } kt_spec_params;
 
 typedef struct kt_spec_stats {
     uint64_t steps;     /* forward passes */
     uint64_t proposed;  /* tokens verified beyond the pending one */
     uint64_t accepted;  /* of them, kept */
+    /* with mtp: how many of those prompt lookup proposed, and kept (the rest are the MTP block's) */
+    uint64_t lookup_proposed, lookup_accepted;
 } kt_spec_stats;
 
 typedef struct kt_spec kt_spec;

@@ -1158,16 +1158,22 @@ static bool has_key(const gguf_file *f, const char *key) { return gguf_find_key(
  * small matrices): the expert keys, no feed_forward_length (no dense FFN:
  * llama.cpp's converter writes none for these configs), merged 3-D expert
  * tensors and router, the gated shared expert with its [n_embd] gate
- * vector, an untied output; it loads and generates. --layers writes the
- * first N layers of a shape (the 9B and 35B-A3B are too large for tests:
- * their layer counts bound --layers). */
+ * vector, an untied output, and the MTP block after the 8 layers (counted
+ * in block_count, nextn_predict_layers 1, as the converter writes the real
+ * files); it loads and generates. --layers writes the first N layers of a
+ * shape (the 9B and 35B-A3B are too large for tests: their layer counts
+ * bound --layers), the MTP block after them; --no-mtp leaves it out. */
 static void test_gen_model_qwen35moe(void **state) {
     (void)state;
     char args[8192], *vocab = shared("models/test-tiny-F16.gguf"), *p = tmp("gen-qwen35moe.gguf");
     snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --type Q8_0 --vocab %s -o %s", vocab, p);
     expect_ok(args);
     gguf_file *f = open_ok(p);
-    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 8);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 9);
+    assert_int_equal(get_i64(f, "qwen35moe.nextn_predict_layers"), 1);
+    assert_non_null(gguf_tensor_find(f, "blk.8.nextn.eh_proj.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.8.ffn_gate_exps.weight")); /* the MTP block's FFN: the model's experts */
+    assert_non_null(gguf_tensor_find(f, "blk.8.attn_q.weight"));       /* full attention, not a DeltaNet */
     assert_int_equal(get_i64(f, "qwen35moe.expert_count"), 8);
     assert_int_equal(get_i64(f, "qwen35moe.expert_used_count"), 2);
     assert_int_equal(get_i64(f, "qwen35moe.expert_feed_forward_length"), 128);
@@ -1201,10 +1207,21 @@ static void test_gen_model_qwen35moe(void **state) {
     snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --layers 4 --type Q8_0 --vocab %s -o %s", vocab, p);
     expect_ok(args);
     f = open_ok(p);
-    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 4);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 5);
     assert_non_null(gguf_tensor_find(f, "blk.3.attn_q.weight"));
+    assert_non_null(gguf_tensor_find(f, "blk.4.nextn.eh_proj.weight"));
+    assert_null(gguf_tensor_find(f, "blk.5.attn_norm.weight"));
+    gguf_close(f);
+    snprintf(args, sizeof args, "gen-model --shape qwen3.5moe-tiny --layers 4 --no-mtp --type Q8_0 --vocab %s -o %s",
+             vocab, p);
+    expect_ok(args);
+    f = open_ok(p);
+    assert_int_equal(get_i64(f, "qwen35moe.block_count"), 4);
+    assert_false(has_key(f, "qwen35moe.nextn_predict_layers"));
     assert_null(gguf_tensor_find(f, "blk.4.attn_norm.weight"));
     gguf_close(f);
+    snprintf(args, sizeof args, "gen-model --shape smollm-135m --no-mtp --type Q8_0 --vocab %s -o %s", vocab, p);
+    expect_fail(args, 2, "--no-mtp: smollm-135m has no MTP block");
     snprintf(args, sizeof args, "run -m %s -p 'Once upon a time' -n 8 --temp 0 -t 2", p);
     assert_int_equal(kettle(args, &out, NULL), 0);
     free(out);

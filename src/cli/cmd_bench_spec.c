@@ -14,7 +14,11 @@
  *         round(A x k) of each, carried over so the rate is exact), which
  *         makes the acceptance of an agent turn that reproduces its
  *         context measurable on a random-weight model;
- *   --ngram  the engine's own proposers (prompt lookup, the table).
+ *   --ngram  the engine's own proposers (prompt lookup, the table);
+ *   --mtp    the model's MTP block (Qwen 3.5), with prompt lookup beside
+ *         it; with --accept, the forced modes run with the MTP block too:
+ *         its rows every step and its guesses made (and paid for), then
+ *         replaced by the oracle's, so the rates carry the MTP's cost.
  *
  * Every run's outputs are compared with plain decoding's ("identical").
  * Each run gets a fresh engine (the table starts empty); the modes take
@@ -43,7 +47,7 @@ typedef struct bs_opts {
     int streams[MAX_LIST], n_streams;
     float accept[MAX_LIST];
     int n_accept;
-    bool ngram, fixed;
+    bool ngram, fixed, mtp;
 } bs_opts;
 
 /* One run's streams. */
@@ -73,6 +77,8 @@ static void usage(FILE *out) {
             "      --accept LIST    forced acceptance rates in [0, 1], comma-separated: proposals from\n"
             "                       plain decoding's own output, that fraction of them right\n"
             "      --ngram          the engine's own proposers (prompt lookup, cross-request table)\n"
+            "      --mtp            the model's multi-token-prediction block (Qwen 3.5); with --accept the\n"
+            "                       forced modes pay for its rows and guesses as --spec mtp would\n"
             "      --draft-max K    most proposals per stream and step (default 8)\n"
             "      --spec-fixed     verify every proposal (no adaptive k)\n"
             "  -t, --threads N      forward-pass threads (default: all CPUs)\n"
@@ -96,6 +102,7 @@ static int parse(int argc, char **argv, bs_opts *o) {
         const char *v = NULL;
         int r;
         if (!strcmp(argv[i], "--ngram")) o->ngram = true;
+        else if (!strcmp(argv[i], "--mtp")) o->mtp = true;
         else if (!strcmp(argv[i], "--spec-fixed")) o->fixed = true;
         else if ((r = cli_opt("bench spec", argc, argv, &i, "-m", &v)) || (r = cli_opt("bench spec", argc, argv, &i, "--model", &v))) {
             if (r < 0) return 2;
@@ -128,7 +135,8 @@ static int parse(int argc, char **argv, bs_opts *o) {
         }
     }
     if (!o->model) return cli_usage_error("bench spec", "need -m MODEL");
-    if (!o->n_accept && !o->ngram) return cli_usage_error("bench spec", "need --accept LIST or --ngram (what to compare with plain decoding)");
+    if (!o->n_accept && !o->ngram && !o->mtp)
+        return cli_usage_error("bench spec", "need --accept LIST, --ngram or --mtp (what to compare with plain decoding)");
     return 0;
 }
 
@@ -249,10 +257,11 @@ static int bench_streams(kt_model *m, const bs_opts *o, int S, int32_t *const *p
     modes[n_modes++] = (bs_mode){.name = "plain", .spec = KT_SPEC_OFF, .rate = -1};
     for (int a = 0; a < o->n_accept; a++) {
         bs_mode *md = &modes[n_modes++];
-        *md = (bs_mode){.spec = KT_SPEC_NGRAM, .rate = o->accept[a]};
-        snprintf(md->name, sizeof md->name, "forced %.0f%%", 100.0 * o->accept[a]);
+        *md = (bs_mode){.spec = o->mtp ? KT_SPEC_MTP : KT_SPEC_NGRAM, .rate = o->accept[a]};
+        snprintf(md->name, sizeof md->name, "forced %.0f%%%s", 100.0 * o->accept[a], o->mtp ? " (mtp)" : "");
     }
     if (o->ngram) modes[n_modes++] = (bs_mode){.name = "ngram", .spec = KT_SPEC_NGRAM, .rate = -1};
+    if (o->mtp) modes[n_modes++] = (bs_mode){.name = "mtp", .spec = KT_SPEC_MTP, .rate = -1};
     kt_error err = {0};
     if (run_streams(m, o, S, prompts, n_prompt, KT_SPEC_OFF, NULL, ref, &err)) return cli_fail("bench spec", &err);
     bs_oracle oracle = {.n_prompt = n_prompt, .plain = ref, .n_streams = S, .n_vocab = kt_model_describe(m)->n_vocab};

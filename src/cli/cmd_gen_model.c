@@ -60,6 +60,12 @@ typedef struct shape {
     int64_t ssm_k_heads, ssm_v_heads, ssm_head;
     int64_t ffn_shexp; /* qwen35moe: the gated shared expert's FFN width */
     float yarn_factor; int64_t yarn_orig_ctx; /* gpt-oss: YaRN over the original context (0: no scaling) */
+    /* Qwen 3.5's multi-token-prediction blocks (nextn_predict_layers):
+     * every Qwen 3.5 file llama.cpp's converter writes from the released
+     * checkpoints carries one (their config.json's mtp_num_hidden_layers
+     * is 1; llama.cpp conversion/qwen.py, _QwenMtpMixin, counts it into
+     * block_count), so the shapes do too; --no-mtp leaves it out */
+    int64_t n_mtp;
 } shape;
 
 /* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
@@ -72,26 +78,26 @@ typedef struct shape {
  * a dense FFN of 8 x 768: the dense model with the MoE's active
  * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0, 0, 0},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0, 0, 0},
-    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0, 0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0, 0, 0, 0},
+    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* Qwen 3.5's 0.8B and 4B (their config.json: head size 256, linear
      * attention 16 key heads, 16 / 32 value heads of 128, kernel 4, rope
      * base 1e7 on a quarter of the head; the real vocabulary has 248,320
      * tokens); qwen3.5-tiny their layout in small matrices, for tests */
-    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0, 0, 0},
-    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0},
-    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0, 0, 0},
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0, 0, 0, 1},
+    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0, 1},
+    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0, 0, 0, 1},
     /* Qwen 3.5 9B (its config.json: hidden 4096, 32 layers, attention 16
      * heads / 4 KV of 256, linear attention 16 key / 32 value heads of 128,
      * FFN 12288; output not tied to the embedding) and 35B-A3B (hidden
@@ -101,11 +107,11 @@ static const shape SHAPES[] = {
      * feed_forward_length only when the config has intermediate_size, the
      * file has none; untied). Both: kernel 4, every 4th layer full
      * attention, rope base 1e7 on a quarter of the head, 262,144 positions.
-     * The real vocabulary has 248,320 tokens; their MTP layer is not
-     * written. qwen3.5moe-tiny is the 35B-A3B's layout in small matrices. */
-    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0},
-    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512, 0, 0},
-    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128, 0, 0},
+     * The real vocabulary has 248,320 tokens. qwen3.5moe-tiny is the
+     * 35B-A3B's layout in small matrices. */
+    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0, 1},
+    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512, 0, 0, 1},
+    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128, 0, 0, 1},
     /* gpt-oss-20b (its config.json: hidden 2880, 24 layers, 64 heads / 8
      * KV of 64, 32 experts, top 4, expert FFN 2880 (intermediate_size,
      * which the converter also writes as feed_forward_length), sliding
@@ -118,8 +124,8 @@ static const shape SHAPES[] = {
      * biases and sinks are learned where these are 0 and 1.
      * gpt-oss-tiny is its layout in small matrices, for tests (YaRN over
      * 256 positions so that short prompts cross the ramp). */
-    {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 131072, 150000.0f, 1e-5f, false, "gpt-oss", 64, 32, 4, 2880, 128, 0, 0, 0, 0, 0, 32.0f, 4096},
-    {"gpt-oss-tiny", 256, 4, 8, 2, 128, 8192, 150000.0f, 1e-5f, false, "gpt-oss", 32, 8, 2, 128, 16, 0, 0, 0, 0, 0, 32.0f, 256},
+    {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 131072, 150000.0f, 1e-5f, false, "gpt-oss", 64, 32, 4, 2880, 128, 0, 0, 0, 0, 0, 32.0f, 4096, 0},
+    {"gpt-oss-tiny", 256, 4, 8, 2, 128, 8192, 150000.0f, 1e-5f, false, "gpt-oss", 32, 8, 2, 128, 16, 0, 0, 0, 0, 0, 32.0f, 256, 0},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -163,7 +169,10 @@ static void usage(FILE *out) {
             "  --seed S         random seed (default 0)\n"
             "  --ctx-train N    the training context written in the metadata (default: the shape's)\n"
             "  --layers N       write only the first N layers (default: the shape's count), to test\n"
-            "                   a shape too large to write in full\n",
+            "                   a shape too large to write in full (a Qwen 3.5 shape's MTP block\n"
+            "                   follows them)\n"
+            "  --no-mtp         a Qwen 3.5 shape without its multi-token-prediction block (which\n"
+            "                   the real files carry: one, counted in block_count)\n",
             cli_out_type_list());
 }
 
@@ -206,7 +215,8 @@ static void add_zero_bias(gen_plan *p, int64_t i, const char *suffix, int64_t n)
     p->t[p->n - 1].zero = true;
 }
 
-static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
+/* Layer i; mtp: the MTP block after the trunk (always full attention). */
+static void add_layer(gen_plan *p, const shape *s, int64_t i, bool mtp, kt_dtype type) {
     const int64_t hd = head_dim_of(s), q = hd * s->n_heads, kv = hd * s->n_kv_heads, E = s->n_expert;
     const char *a = arch_of(s);
     const bool qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe") || !strcmp(a, "gemma3");
@@ -246,7 +256,7 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
     }
     if (s->ssm_head) { /* qwen35 */
         const int64_t hk = s->ssm_k_heads * s->ssm_head, inner = s->ssm_v_heads * s->ssm_head;
-        if ((i + 1) % 4) {
+        if ((i + 1) % 4 && !mtp) {
             LAYER("attn_qkv.weight", s->dim, 2 * hk + inner, 0);
             LAYER("attn_gate.weight", s->dim, inner, 0);
             LAYER("ssm_conv1d.weight", 4, 2 * hk + inner, 0);
@@ -314,16 +324,36 @@ static void add_layer(gen_plan *p, const shape *s, int64_t i, kt_dtype type) {
 #undef LAYER
 }
 
-/* Same order as llama.cpp's converters write them. */
+/* The MTP block (llama.cpp's load_block_mtp): a full-attention layer,
+ * then the nextn tensors a converted Qwen 3.5 checkpoint has (mtp.fc ->
+ * eh_proj, pre_fc_norm_embedding -> enorm, pre_fc_norm_hidden -> hnorm,
+ * norm -> shared_head_norm; no embed_tokens or shared_head_head: the
+ * embedding and the output are shared). */
+static void add_mtp(gen_plan *p, const shape *s, int64_t il, kt_dtype type) {
+    char n[64];
+    add_layer(p, s, il, true, type);
+    snprintf(n, sizeof n, "blk.%" PRId64 ".nextn.eh_proj.weight", il);
+    add(p, n, 2 * s->dim, s->dim, type);
+    static const char *const norms[] = {"enorm", "hnorm", "shared_head_norm"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(n, sizeof n, "blk.%" PRId64 ".nextn.%s.weight", il, norms[k]);
+        add(p, n, s->dim, 0, type);
+    }
+}
+
+/* Same order as llama.cpp's converters write them, but for the MTP
+ * block, written last: the trunk's tensors keep their places, and so
+ * their random values, with or without it. */
 static kt_status make_plan(gen_plan *p, const shape *s, int64_t n_vocab, kt_dtype type,
                            kt_error *err) {
     p->n = 0;
-    p->t = calloc((size_t)(24 * s->n_layers + 3), sizeof *p->t); /* qwen35moe: 19 a layer, gpt-oss 20 */
+    p->t = calloc((size_t)(24 * (s->n_layers + s->n_mtp) + 3 + 4 * s->n_mtp), sizeof *p->t); /* qwen35moe: 19 a layer, gpt-oss 20 */
     if (!p->t) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
     add(p, "token_embd.weight", s->dim, n_vocab, type);
-    for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, type);
+    for (int64_t i = 0; i < s->n_layers; i++) add_layer(p, s, i, false, type);
     add(p, "output_norm.weight", s->dim, 0, type);
     if (!s->tied) add(p, "output.weight", s->dim, n_vocab, type);
+    for (int64_t i = 0; i < s->n_mtp; i++) add_mtp(p, s, s->n_layers + i, type);
     return KT_OK;
 }
 
@@ -406,7 +436,8 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
     TRY(gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err));
     TRY(U32("context_length", s->ctx));
     TRY(U32("embedding_length", s->dim));
-    TRY(U32("block_count", s->n_layers));
+    TRY(U32("block_count", s->n_layers + s->n_mtp)); /* the MTP blocks counted in, as the converter does */
+    if (s->n_mtp) TRY(U32("nextn_predict_layers", s->n_mtp));
     if (s->ffn) TRY(U32("feed_forward_length", s->ffn)); /* qwen35moe: none, as llama.cpp's converter writes it */
     TRY(U32("rope.dimension_count", s->ssm_head ? head_dim_of(s) / 4 : head_dim_of(s)));
     if (s->ssm_head) {
@@ -612,6 +643,7 @@ static kt_status set_tower_metadata(gguf_writer *w, const tower_shape *s, kt_dty
 
 typedef struct gen_args {
     const char *shape_name, *type_name, *vocab, *out, *seed_str, *ctx_str, *layers_str;
+    bool no_mtp; /* --no-mtp: a Qwen 3.5 shape without its MTP block */
     const shape *shape;
     shape custom; /* the shape with --ctx-train's context, --layers' layer count */
     const tower_shape *tower; /* a vision tower instead (shapes named mmproj-*) */
@@ -722,6 +754,8 @@ static int parse_opts(int argc, char **argv, gen_args *a) {
             (r = cli_opt(CMD, argc, argv, &i, "-o", &a->out)) ||
             (r = cli_opt(CMD, argc, argv, &i, "--output", &a->out))) {
             if (r < 0) return 2;
+        } else if (!strcmp(argv[i], "--no-mtp")) {
+            a->no_mtp = true;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_usage_error(CMD, "unknown option '%s'", argv[i]);
         } else {
@@ -783,8 +817,11 @@ static int check_args(gen_args *a) {
     if (a->layers_str && (!cli_parse_u64(a->layers_str, &layers) || layers < 1 || layers > (uint64_t)a->shape->n_layers))
         return cli_usage_error(CMD, "invalid --layers '%s' (expected 1 to %" PRId64 ", the layers of %s)",
                                a->layers_str, a->shape->n_layers, a->shape->name);
-    if (a->ctx_str || a->layers_str) {
+    if (a->no_mtp && !a->shape->n_mtp)
+        return cli_usage_error(CMD, "--no-mtp: %s has no MTP block (only the Qwen 3.5 shapes do)", a->shape->name);
+    if (a->ctx_str || a->layers_str || a->no_mtp) {
         a->custom = *a->shape;
+        if (a->no_mtp) a->custom.n_mtp = 0;
         /* files of real models say 131072 and more: --ctx-train tests their defaults */
         if (a->ctx_str) a->custom.ctx = (int64_t)ctx;
         /* the first N layers of a model too large to write here (block_count says N) */

@@ -23,7 +23,9 @@ typedef struct run_opts {
     cli_gen_opts g;
     const char *prompt, *prompt_file;
     bool no_bos;
-    bool spec;       /* --spec ngram|draft: speculative decoding */
+    bool spec;       /* --spec ngram|draft|mtp: speculative decoding */
+    bool mtp;        /* --spec mtp: the model's own MTP block proposes */
+    bool spec_auto;  /* --spec auto without --draft: mtp if the model has the block, else ngram */
     const char *draft; /* --draft PATH: the draft model (--spec draft) */
     kt_model *draft_model;
     int draft_max;   /* --draft-max K: most tokens proposed per step (0: 8) */
@@ -40,11 +42,13 @@ static void run_usage(FILE *out) {
             "  -p, --prompt TEXT     prompt text\n"
             "  -f, --file FILE       read the prompt from a file ('-': standard input)\n"
             "      --no-bos          do not add the beginning-of-sequence token\n"
-            "      --spec off|ngram|draft|auto  speculative decoding: ngram verifies what the\n"
+            "      --spec off|ngram|draft|mtp|auto  speculative decoding: ngram verifies what the\n"
             "                        context predicts (prompt lookup) in one pass; draft: what a smaller\n"
-            "                        model of the same vocabulary (--draft PATH) guesses; auto: draft\n"
-            "                        with --draft, else ngram; the output is the same, token for token,\n"
-            "                        at any temperature (default off here; kettle serve's is auto)\n"
+            "                        model of the same vocabulary (--draft PATH) guesses; mtp: what the\n"
+            "                        model's own multi-token-prediction block guesses (Qwen 3.5); auto:\n"
+            "                        draft with --draft, else mtp where the model has the block, else\n"
+            "                        ngram; the output is the same, token for token, at any temperature\n"
+            "                        (default off here; kettle serve's is auto)\n"
             "      --draft PATH      the draft model (implies --spec draft)\n"
             "      --draft-max K     most tokens proposed per step (default 8; k adapts to the measured\n"
             "                        acceptance and cost unless --spec-fixed)\n"
@@ -68,8 +72,8 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         else if (!strcmp(argv[i], "--spec-fixed")) o->spec_fixed = true;
         else if ((r = cli_opt("run", argc, argv, &i, "--spec", &v))) {
             if (r < 0) return 2;
-            if (strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "auto"))
-                return cli_usage_error("run", "invalid --spec '%s' (off, ngram, draft, auto)", v);
+            if (strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "mtp") && strcmp(v, "auto"))
+                return cli_usage_error("run", "invalid --spec '%s' (off, ngram, draft, mtp, auto)", v);
             o->spec = strcmp(v, "off") != 0, spec_kind = v;
         } else if ((r = cli_opt("run", argc, argv, &i, "--draft", &v))) {
             if (r < 0) return 2;
@@ -99,11 +103,14 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
     if (!o->g.model || (!o->prompt == !o->prompt_file))
         return cli_usage_error("run", "need -m MODEL and one of -p PROMPT or -f FILE");
     if (o->draft && !spec_kind) spec_kind = "draft", o->spec = true;
-    if (spec_kind && !strcmp(spec_kind, "auto")) spec_kind = o->draft ? "draft" : "ngram"; /* as kettle serve's */
+    /* auto without --draft: mtp where the model has the block, decided once it is loaded (run_main) */
+    if (spec_kind && !strcmp(spec_kind, "auto")) spec_kind = o->draft ? "draft" : "auto";
+    o->mtp = spec_kind && !strcmp(spec_kind, "mtp");
+    o->spec_auto = spec_kind && !strcmp(spec_kind, "auto");
     if (spec_kind && !strcmp(spec_kind, "draft") && !o->draft) return cli_usage_error("run", "--spec draft needs --draft PATH");
     if (o->draft && strcmp(spec_kind, "draft")) return cli_usage_error("run", "--draft goes with --spec draft");
     if ((o->draft_max || o->spec_fixed) && !o->spec)
-        return cli_usage_error("run", "--draft-max and --spec-fixed need --spec ngram or draft");
+        return cli_usage_error("run", "--draft-max and --spec-fixed need --spec ngram, draft or mtp");
     if (o->n_images && !o->mmproj) return cli_usage_error("run", "--image needs the model's vision projector (--mmproj PATH)");
     if (o->n_images && o->spec) return cli_usage_error("run", "--spec does not go with --image yet");
     return 0;
@@ -126,6 +133,7 @@ typedef struct run_stats {
     double load_ms, prefill_ms, ttft_ms, decode_ms, encode_ms;
     int n_prompt, n_gen, n_image_tokens;
     bool spec;
+    const char *spec_source; /* what proposed: "prompt lookup", "the draft model", "the MTP block" */
     kt_spec_stats spec_stats;
 } run_stats;
 
@@ -142,9 +150,14 @@ static void print_stats(const run_stats *st) {
             st->decode_ms > 0 ? n_decoded * 1e3 / st->decode_ms : 0.0, n_decoded, st->decode_ms);
     if (!st->spec) return;
     const kt_spec_stats *ss = &st->spec_stats;
-    fprintf(stderr, "speculation:   %8llu passes, %llu tokens proposed, %llu accepted (%.1f%%)\n",
+    fprintf(stderr, "speculation:   %8llu passes, %llu tokens proposed, %llu accepted (%.1f%%) by %s\n",
             (unsigned long long)ss->steps, (unsigned long long)ss->proposed, (unsigned long long)ss->accepted,
-            ss->proposed ? 100.0 * (double)ss->accepted / (double)ss->proposed : 0.0);
+            ss->proposed ? 100.0 * (double)ss->accepted / (double)ss->proposed : 0.0, st->spec_source);
+    if (ss->lookup_proposed) /* MTP with prompt lookup beside it: each source's share */
+        fprintf(stderr, "               of them by prompt lookup: %llu proposed, %llu accepted; by the MTP block: %llu, "
+                "%llu\n", (unsigned long long)ss->lookup_proposed, (unsigned long long)ss->lookup_accepted,
+                (unsigned long long)(ss->proposed - ss->lookup_proposed),
+                (unsigned long long)(ss->accepted - ss->lookup_accepted));
 }
 
 /* Emits one token; false when it ends the reply (EOS, or -n reached). */
@@ -167,7 +180,8 @@ static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_
     kt_detok *dt = kt_detok_new(m);
     kt_error err = {0};
     kt_spec *sp = ctx && dt ? kt_spec_new(m, &(kt_spec_params){.k_max = o->draft_max, .fixed_k = o->spec_fixed,
-                                                                  .draft = o->draft_model, .draft_threads = o->g.n_threads}, &err)
+                                                                  .draft = o->draft_model, .draft_threads = o->g.n_threads,
+                                                                  .mtp = o->mtp}, &err)
                             : NULL;
     int rc = 0;
     if (!sp) {
@@ -193,6 +207,7 @@ static int generate_spec(kt_model *m, kt_session *s, kt_sampler *smp, const run_
     }
     st->decode_ms = kt_time_ms() - t_decode;
     st->spec = true, st->spec_stats = kt_spec_get_stats(sp);
+    st->spec_source = o->mtp ? "the MTP block with prompt lookup" : o->draft_model ? "the draft model" : "prompt lookup";
     fputs(kt_detok_flush(dt), stdout);
     fflush(stdout);
 done:
@@ -242,7 +257,11 @@ static int run_model(kt_model *m, const run_opts *o, const char *text, size_t le
     int32_t *ids = NULL;
     float *logits = malloc((size_t)d->n_vocab * sizeof(float));
     cli_warn_ctx("run", m, o->g.n_ctx);
-    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = o->g.n_ctx, .n_threads = o->g.n_threads}, &err);
+    run_opts local = *o; /* --spec auto: mtp where the model has the block */
+    if (local.spec_auto) local.mtp = kt_model_has_mtp(m);
+    o = &local;
+    kt_session *s = kt_session_new(m, &(kt_session_params){.n_ctx = o->g.n_ctx, .n_threads = o->g.n_threads, .mtp = o->mtp},
+                                   &err);
     kt_sampler *smp = s ? kt_sampler_new(&o->g.sp, d->n_vocab, &err) : NULL;
     int rc = 1;
     if (!logits || !s || !smp) goto done;

@@ -53,7 +53,7 @@ typedef struct serve_opts {
     bool has_stretch, has_max_stall, no_webui, strict_max_tokens;
     const char *embeddings; /* --embeddings [POOLING]: NULL off, "" the file's pooling or mean */
     const char *config;     /* --config FILE */
-    const char *spec;       /* --spec off|ngram|draft */
+    const char *spec;       /* --spec off|ngram|draft|mtp|auto */
     const char *draft;      /* --draft PATH */
     const char *mmproj;     /* --mmproj PATH */
     int image_max_bytes, image_max_side, image_max_pixels; /* --image-max-*: 0 the defaults */
@@ -183,13 +183,15 @@ static void usage(FILE *out) {
             "      --fallback-timeout-s N  connect, and a stream's first byte, within N s, else 504\n"
             "                          (default 10)\n"
             "      --fallback-max-s N  a whole forwarded request within N s (default 600)\n"
-            "      --spec off|ngram|draft|auto  speculative decoding: ngram verifies, with each decode step,\n"
+            "      --spec off|ngram|draft|mtp|auto  speculative decoding: ngram verifies, with each decode step,\n"
             "                          the tokens the request's context (or an earlier request's\n"
             "                          output) predicts next; the output is exactly plain\n"
             "                          decoding's; k adapts to the measured acceptance and cost,\n"
             "                          down to 0; draft: a smaller model of the same family\n"
             "                          (--draft PATH, the same vocabulary, checked) guesses them\n"
-            "                          instead; auto (the default): draft with --draft, else ngram\n"
+            "                          instead; mtp: the model's own multi-token-prediction block\n"
+            "                          (Qwen 3.5 files carry one); auto (the default): draft with\n"
+            "                          --draft, else mtp where the model has the block, else ngram\n"
             "      --draft PATH        the -m model's draft model (implies --spec draft; with several\n"
             "                          models a class gives its own: draft=PATH)\n"
             "      --draft-max K       most tokens proposed per sequence and step (default 8, at most 32)\n"
@@ -357,7 +359,8 @@ static int class_fallback(const serve_class *c, const srv_fallback *global, srv_
 
 /* Each class's proposer: its spec= or --spec, auto when neither says; a
  * draft model is a class's draft= (--draft is the one -m model's); auto
- * is the draft where a class has one, else prompt lookup. Returns 0, or
+ * is the draft where a class has one, else the MTP block where its model
+ * has one (known once it is loaded: engine_params), else prompt lookup. Returns 0, or
  * 2 after a usage error. */
 static int check_spec(serve_opts *o) {
     if (o->draft && o->spec && strcmp(o->spec, "draft") && strcmp(o->spec, "auto"))
@@ -378,7 +381,7 @@ static int check_spec(serve_opts *o) {
          * unless asked off because it changes no token (the same draws from
          * the same rows) and adaptive k keeps it at plain decoding's speed
          * where nothing is kept (docs/PERFORMANCE.md) */
-        if (!spec || !strcmp(spec, "auto")) spec = c->draft ? "draft" : "ngram";
+        if (!spec || !strcmp(spec, "auto")) spec = c->draft ? "draft" : "auto";
         if (spec && !strcmp(spec, "draft") && !c->draft && !c->spec && o->n_classes == 1)
             return cli_usage_error("serve", "--spec draft needs --draft PATH");
         if (spec && !strcmp(spec, "draft") && !c->draft)
@@ -390,7 +393,7 @@ static int check_spec(serve_opts *o) {
         any_on = any_on || (spec && strcmp(spec, "off"));
     }
     if ((o->draft_max || o->spec_fixed) && !any_on)
-        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram or draft");
+        return cli_usage_error("serve", "--draft-max and --spec-fixed need --spec ngram, draft or mtp");
     return 0;
 }
 
@@ -441,8 +444,9 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
         return cli_usage_error("serve", "invalid --kv-type '%s' (f16, q8_0, f32)", o->kv_type);
     if (o->prefix_cache && strcmp(o->prefix_cache, "on") && strcmp(o->prefix_cache, "off"))
         return cli_usage_error("serve", "invalid --prefix-cache '%s' (on, off)", o->prefix_cache);
-    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram") && strcmp(o->spec, "draft") && strcmp(o->spec, "auto"))
-        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram, draft, auto)", o->spec);
+    if (o->spec && strcmp(o->spec, "off") && strcmp(o->spec, "ngram") && strcmp(o->spec, "draft") &&
+        strcmp(o->spec, "mtp") && strcmp(o->spec, "auto"))
+        return cli_usage_error("serve", "invalid --spec '%s' (off, ngram, draft, mtp, auto)", o->spec);
     return check_spec(o);
 }
 
@@ -460,8 +464,9 @@ static void print_fallback(const srv_fallback *fb, const char *class_name) {
             key && key[0] ? "API key from" : "no API key: unset", env);
 }
 
-/* The engine of class c: its own settings, else the command line's. */
-static kt_engine_params engine_params(const serve_opts *o, const serve_class *c) {
+/* The engine of class c (model m, loaded: auto's choice of the MTP block
+ * needs it): its own settings, else the command line's. */
+static kt_engine_params engine_params(const serve_opts *o, const serve_class *c, const kt_model *m) {
     kt_engine_params p = kt_engine_defaults();
     const int n_ctx = c->n_ctx ? c->n_ctx : o->n_ctx, n_parallel = c->n_parallel ? c->n_parallel : o->n_parallel;
     const int kv_mb = c->kv_mb ? c->kv_mb : o->kv_mb;
@@ -481,7 +486,11 @@ static kt_engine_params engine_params(const serve_opts *o, const serve_class *c)
     p.state_cache_bytes = (size_t)o->state_cache_mb << 20;
     if (kv_type) p.kv_type = !strcmp(kv_type, "f32") ? KT_KV_F32 : !strcmp(kv_type, "q8_0") ? KT_KV_Q8_0 : KT_KV_F16;
     const char *spec = c->spec ? c->spec : o->spec;
-    if (spec) p.spec = !strcmp(spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(spec, "draft") ? KT_SPEC_DRAFT : KT_SPEC_OFF;
+    if (spec)
+        p.spec = !strcmp(spec, "ngram") ? KT_SPEC_NGRAM : !strcmp(spec, "draft") ? KT_SPEC_DRAFT
+               : !strcmp(spec, "mtp")   ? KT_SPEC_MTP
+               : !strcmp(spec, "auto")  ? (kt_model_has_mtp(m) ? KT_SPEC_MTP : KT_SPEC_NGRAM)
+                                        : KT_SPEC_OFF;
     if (o->draft_max) p.spec_k_max = o->draft_max;
     if (c->draft_max) p.spec_k_max = c->draft_max;
     p.spec_fixed_k = o->spec_fixed;
@@ -595,7 +604,9 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
                 "KV cache's memory\n", st.state_slots, (double)st.state_slot_bytes / 1048576.0);
     if (ap->spec != KT_SPEC_OFF)
         fprintf(stderr, "kettle serve: speculative decoding: %s, up to %d tokens a step, %s\n",
-                ap->spec == KT_SPEC_DRAFT ? "a draft model" : "prompt lookup and earlier requests' outputs",
+                ap->spec == KT_SPEC_DRAFT ? "a draft model"
+                : ap->spec == KT_SPEC_MTP ? "the model's multi-token-prediction block"
+                                          : "prompt lookup and earlier requests' outputs",
                 ap->spec_k_max, ap->spec_fixed_k ? "all verified (--spec-fixed)" : "k adapting to acceptance and cost");
     if (st.kv_wanted_bytes)
         fprintf(stderr, "kettle serve: the default KV pool (%d x %d positions, at least one context) would take %.0f MiB, "
@@ -677,9 +688,9 @@ static int load_classes(serve_opts *o, loaded_class *lc) {
  * the first time, for a lazy one), its KV pool within kv_limit. */
 static kt_status load_one(void *ctx, size_t kv_limit, kt_model **model, kt_engine **engine, kt_error *err) {
     const loaded_class *lc = ctx;
-    kt_engine_params p = engine_params(lc->o, lc->c);
-    p.mem_limit = kv_limit;
     if (!(*model = cli_load_model(lc->c->path, lc->o->load, err))) return err->status;
+    kt_engine_params p = engine_params(lc->o, lc->c, *model);
+    p.mem_limit = kv_limit;
     kt_model *draft = lc->c->draft ? load_draft(lc->c, lc->o->load, err) : NULL;
     p.spec_draft = draft, p.spec_draft_owned = draft != NULL;
     p.vision = lc->vision;
@@ -722,7 +733,7 @@ static int make_engines(const serve_opts *o, loaded_class *lc, srv_class_config 
             continue;
         }
         weights += k[i].load_bytes;
-        kt_engine_params p = engine_params(o, c);
+        kt_engine_params p = engine_params(o, c, lc[i].model);
         p.mem_limit = left ? left : 1; /* nothing left: every pool is refused, naming the flag */
         p.spec_draft = lc[i].draft, p.spec_draft_owned = lc[i].draft != NULL;
         p.vision = lc[i].vision;

@@ -50,7 +50,7 @@ static const class_key KEYS[] = {
 const char *serve_class_keys_help(void) {
     return "ctx=N, parallel=N, kv-mb=N, kv-type=f16|q8_0|f32, chat-template=FILE|NAME, alias=NAME (repeatable),\n"
            "embeddings[=mean|last|cls], lazy (load on first use), keep-alive=S (unload after S idle seconds),\n"
-           "fallback=URL and fallback-on=LIST (its own upstream and triggers), spec=off|ngram|draft|auto, draft=PATH\n"
+           "fallback=URL and fallback-on=LIST (its own upstream and triggers), spec=off|ngram|draft|mtp|auto, draft=PATH\n"
            "(its own draft model, the same vocabulary) and draft-max=K (speculative decoding), mmproj=PATH\n"
            "(its vision projector: chat requests may carry images),\n"
            "and request defaults temperature=, top_p=, top_k=, min_p=, max_tokens=, seed=\n"
@@ -93,8 +93,9 @@ static int set_key(serve_class *c, const class_key *k, const char *v, const char
         if (!v || !v[0]) return cli_usage_error(CMD, "%s: %s needs a value", where, k->name);
         if (!strcmp(k->name, "kv-type") && strcmp(v, "f16") && strcmp(v, "q8_0") && strcmp(v, "f32"))
             return cli_usage_error(CMD, "%s: kv-type=%s (f16, q8_0, f32)", where, v);
-        if (!strcmp(k->name, "spec") && strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "auto"))
-            return cli_usage_error(CMD, "%s: spec=%s (off, ngram, draft, auto)", where, v);
+        if (!strcmp(k->name, "spec") && strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "draft") &&
+            strcmp(v, "mtp") && strcmp(v, "auto"))
+            return cli_usage_error(CMD, "%s: spec=%s (off, ngram, draft, mtp, auto)", where, v);
         *(!strcmp(k->name, "kv-type")       ? &c->kv_type
           : !strcmp(k->name, "spec")        ? &c->spec
           : !strcmp(k->name, "draft")       ? &c->draft

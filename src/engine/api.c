@@ -20,6 +20,7 @@
 #include "kettle.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "model/mtp.h"
 #include "ops/pool.h"
 #include "text/chat.h"
 #include "text/chat_builtin.h"
@@ -283,6 +284,10 @@ void kt_detok_free(kt_detok *d) {
     free(d);
 }
 
+bool kt_model_has_mtp(const kt_model *m) {
+    return m->llm->cfg.n_mtp > 0;
+}
+
 /* A session's pool: one block of the whole context (every position of a
  * layer in a row), unless the model has sliding-window layers and the
  * context is more than twice their span: then blocks of
@@ -315,6 +320,25 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
     s->model = m;
     s->n_ctx = n_ctx;
     kv_pool_params kp = session_kv_params(m->llm, n_ctx, type);
+    if (p && p->mtp) {
+        if (!m->llm->cfg.n_mtp) {
+            kt_error_set(err, KT_ERR_UNSUPPORTED, "the model (%s) has no multi-token-prediction block (Qwen 3.5 files "
+                         "carry one unless converted without it)", m->llm->cfg.arch);
+            kt_session_free(s);
+            return NULL;
+        }
+        llm_mtp_kv_params(m->llm, &kp); /* its KV layer after the trunk's */
+        const size_t E = (size_t)m->llm->cfg.n_embd;
+        s->mtp = true;
+        s->mtp_h = calloc(E, sizeof(float));
+        s->mtp_rows = malloc(sizeof(float) * E * LLM_MAX_BATCH);
+        s->mtp_in = malloc(sizeof(float) * E * LLM_MAX_BATCH);
+        if (!s->mtp_h || !s->mtp_rows || !s->mtp_in) {
+            kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+            kt_session_free(s);
+            return NULL;
+        }
+    }
     const size_t kv_bytes = kv_params_bytes(&kp), avail = kt_mem_budget();
     if (avail && kv_bytes > avail) {
         kt_error_set(err, KT_ERR_NOMEM, "a context of %d positions needs %zu MiB of KV cache but %zu MiB of memory are "
@@ -334,6 +358,8 @@ kt_session *kt_session_new(kt_model *m, const kt_session_params *p, kt_error *er
 void kt_session_free(kt_session *s) {
     if (!s) return;
     req_images_release(&s->images, NULL);
+    free(s->mtp_h), free(s->mtp_rows), free(s->mtp_in);
+    if (s->rw) eng_rewind_free(s->rw), free(s->rw);
     kv_seq_free(s->seq);
     kv_pool_free(s->kv);
     llm_work_free(s->work);
@@ -357,16 +383,41 @@ void kt_session_truncate(kt_session *s, int n_keep) {
         kv_seq_truncate(s->seq, 0, NULL); /* the window layers gave back what n_keep attends: start over */
         s->images.n = 0;
     }
+    kt_session_mtp_cut(s, s->seq->len);
+}
+
+void kt_session_mtp_cut(kt_session *s, int n_keep) {
+    if (!s->mtp) return;
+    const size_t E = (size_t)s->model->llm->cfg.n_embd;
+    const int row = n_keep - 1 - s->mtp_base;
+    if (n_keep > 0 && row >= 0 && row < s->mtp_n) memcpy(s->mtp_h, s->mtp_rows + (size_t)row * E, sizeof(float) * E);
+    else memset(s->mtp_h, 0, sizeof(float) * E); /* not known: the MTP guesses without it */
+    if (n_keep == 0) s->mtp_n = 0; /* a new start (or a restored file): the last pass's rows are another sequence's */
+}
+
+/* The MTP block over a pass's chunk (positions pos0..), its tokens' hidden
+ * states in mtp_rows: row i on token i and the hidden state before it. */
+static kt_status session_mtp_pass(kt_session *s, const int32_t *tokens, const int *pos, kv_seq **seqs, int n,
+                                  kt_error *err) {
+    const size_t E = (size_t)s->model->llm->cfg.n_embd;
+    memcpy(s->mtp_in, s->mtp_h, sizeof(float) * E);
+    memcpy(s->mtp_in + E, s->mtp_rows, sizeof(float) * E * (size_t)(n - 1));
+    llm_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq = seqs};
+    kt_status st = llm_mtp_forward(s->model->llm, s->work, s->pool, &b, s->mtp_in, NULL, NULL, err);
+    s->mtp_base = pos[0], s->mtp_n = n;
+    memcpy(s->mtp_h, s->mtp_rows + (size_t)(n - 1) * E, sizeof(float) * E);
+    return st;
 }
 
 /* Tokens [0, n) appended to the sequence and run, LLM_MAX_BATCH at a
  * time (so that window layers give back what each chunk no longer
- * attends before the next is appended). */
-static kt_status session_forward(kt_session *s, const int32_t *tokens, const float *embd, int n, float *logits,
-                                 bool all_logits, kt_error *err) {
+ * attends before the next is appended); with mtp, the MTP block after
+ * each chunk. */
+kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *embd, int n, float *logits,
+                             bool all_logits, float *const *rec_log, kt_error *err) {
     int pos[LLM_MAX_BATCH], pos4[4 * LLM_MAX_BATCH];
     kv_seq *seqs[LLM_MAX_BATCH];
-    bool want[LLM_MAX_BATCH];
+    bool want[LLM_MAX_BATCH], every[LLM_MAX_BATCH];
     const float *rows[LLM_MAX_BATCH];
     const int n_embd = s->model->llm->cfg.n_embd;
     size_t n_vocab = (size_t)s->model->llm->cfg.n_vocab;
@@ -381,10 +432,15 @@ static kt_status session_forward(kt_session *s, const int32_t *tokens, const flo
             rows[i] = embd ? embd + (size_t)(done + i) * (size_t)n_embd : NULL;
             req_images_pos4(&s->images, pos[i], pos4 + 4 * i);
         }
+        for (int i = 0; i < chunk; i++) every[i] = true;
         llm_batch b = {.n_tokens = chunk, .tokens = tokens + done, .pos = pos, .seq = seqs, .logits = want,
-                       .pos_mrope = s->images.n ? pos4 : NULL, .embd = embd ? rows : NULL};
+                       .pos_mrope = s->images.n ? pos4 : NULL, .embd = embd ? rows : NULL,
+                       .rec_log = rec_log ? rec_log + done : NULL,
+                       /* the MTP reads every token's hidden state */
+                       .hidden = s->mtp ? every : NULL, .hidden_out = s->mtp ? s->mtp_rows : NULL};
         llm_forward(s->model->llm, s->work, s->pool, &b,
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
+        if (s->mtp && session_mtp_pass(s, tokens + done, pos, seqs, chunk, err) != KT_OK) return err->status;
         done += chunk;
     }
     return KT_OK;
@@ -403,7 +459,7 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n, float *lo
             return kt_error_set(err, KT_ERR_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
                                 tokens[i], i, n_vocab);
     if (n == 0) return KT_OK;
-    return session_forward(s, tokens, NULL, n, logits, all_logits, err);
+    return kt_session_forward(s, tokens, NULL, n, logits, all_logits, NULL, err);
 }
 
 kt_status kt_session_eval_image(kt_session *s, const float *embd, int grid_x, int grid_y, float *logits,
@@ -423,7 +479,7 @@ kt_status kt_session_eval_image(kt_session *s, const float *embd, int grid_x, in
     if (!v || !zeros) return free(zeros), kt_error_set(err, KT_ERR_NOMEM, "out of memory for an image");
     s->images.v[s->images.n++] = (req_image){.at = n_past, .n_tokens = n, .grid_x = grid_x, .grid_y = grid_y,
                                              .n_pos = grid_x > grid_y ? grid_x : grid_y};
-    kt_status st = session_forward(s, zeros, embd, n, logits, false, err);
+    kt_status st = kt_session_forward(s, zeros, embd, n, logits, false, NULL, err);
     free(zeros);
     if (st) kt_session_truncate(s, n_past);
     return st;

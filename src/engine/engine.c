@@ -78,6 +78,8 @@
 #include "kv/state_pool.h"
 #include "kv/prefix_cache.h"
 #include "engine/rewind.h"
+#include "engine/mtp_engine.h"
+#include "model/mtp.h"
 #include "engine/snapshots.h"
 #include "model/forward.h"
 #include "ops/pool.h"
@@ -101,6 +103,7 @@ struct kt_engine {
     kv_disk *disk;          /* NULL without params.cache_dir */
     eng_snaps snaps;        /* a hybrid model's state snapshots (inert otherwise) */
     eng_rewind rewind;      /* a hybrid model's speculative rollback (inert otherwise) */
+    eng_mtp mtp;            /* KT_SPEC_MTP: the MTP block's rows and guesses (inert otherwise) */
     eng_grammar gram;       /* token trie and mask classes, made at the first grammar */
     int32_t *seq_tokens;    /* [n_ctx]: a sequence's ids, for the cache */
     int32_t *hit_blocks;    /* [blocks of n_ctx]: a lookup's result */
@@ -270,6 +273,9 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec_table_tokens == 0) p.spec_table_tokens = 65536;
     if (p.spec == KT_SPEC_DRAFT && !p.spec_draft && !p.spec_propose)
         return kt_error_set(err, KT_ERR_ARG, "speculation with a draft model needs the draft model (--draft PATH)");
+    if (p.spec == KT_SPEC_MTP && !e->llm->cfg.n_mtp)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "--spec mtp: the model (%s) has no multi-token-prediction block",
+                            e->llm->cfg.arch);
     if (p.spec == KT_SPEC_DRAFT && p.spec_draft && llm_state_bytes(p.spec_draft->llm))
         return kt_error_set(err, KT_ERR_ARG, "the draft model is a hybrid model (recurrent layers): a draft's "
                             "state cannot roll back; use --spec ngram or a transformer draft model");
@@ -328,6 +334,7 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
     kv_type type;
     if (llm_kv_type(e->llm, p->kv_type, KV_F16, &type, err) != KT_OK) return NULL;
     kv_pool_params kp = llm_kv_params(e->llm, 1, KV_BLOCK_TOKENS, type);
+    if (p->spec == KT_SPEC_MTP) llm_mtp_kv_params(e->llm, &kp); /* the MTP block's KV layer, cut with the rest */
     const size_t one_ctx = (size_t)((p->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     /* n_parallel sequences of up to KT_POOL_POSITIONS_PER_SEQ each, and at
      * least one whole context: a long context then costs one context's
@@ -423,6 +430,8 @@ static bool open_disk_tier(kt_engine *e, kt_error *err) {
     if (!e->cache) return kt_error_set(err, KT_ERR_ARG, "--cache-dir needs the prefix cache (--prefix-cache on)"), false;
     const kv_pool_params *layout = kv_pool_get_params(e->kv);
     uint64_t fp = kt_model_kv_fingerprint(e->model, (int)layout->type, layout->block_tokens, e->p.n_ctx);
+    /* blocks with the MTP block's KV layer are other files: a folder of their own (other engines' unchanged) */
+    if (e->mtp.llm || e->p.spec == KT_SPEC_MTP) fp = fp * 0x9E3779B97F4A7C15ull + (uint64_t)layout->n_layer;
     size_t limit = e->p.cache_disk_bytes ? e->p.cache_disk_bytes : (size_t)10 << 30;
     if (!(e->disk = kv_disk_open(e->p.cache_dir, limit, fp, layout, err))) return false;
     kv_cache_set_disk(e->cache, e->disk);
@@ -455,7 +464,8 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
                        KV_BLOCK_TOKENS, e->p.batch_tokens, err) != KT_OK ||
         eng_rewind_init(&e->rewind, e->llm, e->p.n_parallel, e->p.batch_tokens,
                         e->p.spec ? spec_max_tokens(&e->p) + e->p.n_parallel : 0, err) != KT_OK ||
-        !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)))
+        !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)) ||
+        (e->p.spec == KT_SPEC_MTP && eng_mtp_init(&e->mtp, e->llm, e->p.n_parallel, e->p.batch_tokens, err) != KT_OK))
         goto fail;
     if (e->p.spec == KT_SPEC_DRAFT && !e->p.spec_propose &&
         !(e->draft = eng_draft_new(model, e->p.spec_draft, e->p.n_parallel, e->p.n_ctx, e->p.spec_k_max, err)))
@@ -707,6 +717,7 @@ static bool start_request(kt_engine *e, kt_request *r) {
     gen_choice *c0 = &r->choices[0];
     r->state = REQ_PREFILL; /* admitted: retire gives its reservation back, also when it fails here */
     if (!(c0->seq = kv_seq_new(e->kv, &err))) return false;
+    eng_mtp_forget(&e->mtp, c0->seq->state_slot);
     /* an embedding needs every token's hidden state: it computes them all */
     r->n_prefilled = r->n_cached = r->embed ? 0 : take_cached_prefix(e, r, c0->seq);
     note_cached(e, r, 0);
@@ -975,11 +986,13 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     sp.seed += (uint64_t)i;
     sp.penalty_last_n = r->max_tokens; /* penalties see the whole output (OpenAI's rule) */
     if (i > 0 && !(c->seq = kv_seq_fork(r->choices[0].seq, &err))) return false;
+    if (i > 0) eng_mtp_fork(&e->mtp, r->choices[0].seq->state_slot, c->seq->state_slot);
     c->sampler = kt_sampler_new(&sp, e->llm->cfg.n_vocab, &err);
     if (r->grammar && !(c->constraint = eng_grammar_start(&e->gram, e->model, r->grammar, &err))) return false;
     c->detok = kt_detok_new_ex(e->model, r->special_text);
     c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
     spec_accept_init(&c->accept);
+    spec_accept_init(&c->accept_lookup);
     return c->sampler && c->detok && c->generated;
 }
 
@@ -1354,6 +1367,24 @@ static void draft_proposals(kt_engine *e) {
     }
 }
 
+/* The MTP block's guesses for the choices that chose k > 0 (their
+ * n_prop, which becomes what it gave, cut like any proposals). */
+static void mtp_proposals(kt_engine *e) {
+    for (int a = 0; a < e->n_active; a++) {
+        kt_request *r = e->active[a];
+        for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
+            gen_choice *c = &r->choices[i];
+            if (r->images.n) c->n_prop = 0; /* an image's rows are no tokens the MTP block can embed */
+            if (c->n_prop == 0 || c->finish != KT_FINISH_NONE || c->prop_lookup) continue;
+            kt_error err;
+            const int got = eng_mtp_propose(&e->mtp, e->work, e->pool, c->seq, c->next_token, c->n_prop, c->prop, &err);
+            if (got < 0) fail_request(r, err.msg);
+            c->n_prop = got > 0 ? cut_proposals(e, c, got) : 0;
+            if (c->n_prop && e->p.spec_propose) c->n_prop = propose(e, r, c, c->n_prop); /* the caller's replace them */
+        }
+    }
+}
+
 /* How many proposals each decoding choice feeds this step (c->n_prop):
  * every choice counts its one token first, then each choice in turn
  * takes the k that maximises the step's expected tokens per measured
@@ -1380,17 +1411,30 @@ static void plan_speculation(kt_engine *e) {
             if (limit > e->p.spec_k_max) limit = e->p.spec_k_max;
             if (limit > budget) limit = budget;
             if (c->finish != KT_FINISH_NONE || limit <= 0) continue;
-            /* a draft guesses after the choice of k (its guesses cost a pass each); a lookup before */
-            const int avail = e->draft ? limit : propose(e, r, c, limit);
-            const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : 0.0;
-            const int k = spec_choose_k_paid(&c->accept, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k,
-                                             ms_per_k);
+            /* a draft or the MTP block guesses after the choice of k (its guesses cost a pass each); a lookup before */
+            /* with a caller's proposer too (benchmarks), the MTP block still guesses (and costs), then
+             * the caller's proposals replace its guesses (mtp_proposals) */
+            const bool mtp = e->mtp.llm != NULL, guessed = e->draft || mtp;
+            int avail = guessed ? limit : propose(e, r, c, limit);
+            /* with the MTP block, prompt lookup is tried too: its run is taken where its measured acceptance
+             * expects as many tokens from it as the MTP block's from a full k (quoted code, tool results
+             * read back), and costs no guessing passes */
+            c->prop_lookup = false;
+            if (mtp && !e->p.spec_propose) {
+                const int n_look = propose(e, r, c, limit);
+                if (n_look > 0 && spec_accept_expected(&c->accept_lookup, n_look) >= spec_accept_expected(&c->accept, limit))
+                    c->prop_lookup = true, avail = n_look;
+            }
+            spec_accept *acc = c->prop_lookup ? &c->accept_lookup : &c->accept;
+            const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : mtp && !c->prop_lookup ? e->mtp.guess_ms : 0.0;
+            const int k = spec_choose_k_paid(acc, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k, ms_per_k);
             c->n_prop = k;
             n_tokens += k, budget -= k;
-            expected += spec_accept_expected(&c->accept, k) - 1.0;
+            expected += spec_accept_expected(acc, k) - 1.0;
         }
     }
     if (e->draft) draft_proposals(e);
+    if (e->mtp.llm) mtp_proposals(e);
 }
 
 /* Samples choice i's rows in order (rows[j]: after its pending token for
@@ -1414,9 +1458,10 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
                              : kv_seq_truncate(c->seq, len_before + 1 + j, &err);
     if (st != KT_OK) fail_request(r, err.msg);
     eng_draft_keep(c->draft_seq, c->seq->len); /* the draft's guesses that stood stay read */
-    spec_accept_note(&c->accept, k, kept);
+    spec_accept_note(c->prop_lookup ? &c->accept_lookup : &c->accept, k, kept);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
+    if (c->prop_lookup) e->stats.spec_lookup_proposed += (uint64_t)k, e->stats.spec_lookup_accepted += (uint64_t)kept;
     pthread_mutex_unlock(&e->mu);
     c->n_prop = 0;
     return j + 1;
@@ -1578,7 +1623,8 @@ static void consume_hidden(kt_engine *e, int n) {
     int row = 0;
     for (int t = 0; t < n; t++) {
         if (!e->b_hidden[t]) continue;
-        const float *h = e->hidden + (size_t)row++ * (size_t)n_embd;
+        /* with the MTP block every token's row came out, in batch order */
+        const float *h = e->mtp.llm ? e->mtp.hid + (size_t)t * (size_t)n_embd : e->hidden + (size_t)row++ * (size_t)n_embd;
         kt_request *r = e->b_req[t];
         for (int i = 0; i < n_embd; i++) r->embd[i] += h[i];
     }
@@ -1681,16 +1727,30 @@ static void engine_step(kt_engine *e) {
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
         llm_batch b = {.n_tokens = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .logits = e->b_logits,
-                       .hidden = embeds ? e->b_hidden : NULL, .hidden_out = e->hidden,
+                       .hidden = e->mtp.llm ? e->mtp.all : embeds ? e->b_hidden : NULL,
+                       .hidden_out = e->mtp.llm ? e->mtp.hid : e->hidden,
                        .pos_mrope = e->b_images ? e->b_pos4 : NULL, .embd = e->b_images ? e->b_embd : NULL,
                        .state_snap = e->snaps.n_pending ? e->snaps.b_snap : NULL,
                        .rec_log = e->rewind.n_log ? e->rewind.b_log : NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
+        kt_error merr;
+        if (e->mtp.llm && eng_mtp_pass(&e->mtp, e->work, e->pool, &b, &merr) != KT_OK) /* before its blocks are cached */
+            for (int t = 0; t < n; t++) fail_request(e->b_req[t], merr.msg);
         const double ms = now_ns() / 1e6 - t0;
         cache_prefills(e);
         eng_snaps_hang(&e->snaps);
+        /* where each sequence ends: before the draws for prompts (choices fork from the prompt's end
+         * inside consume_logits), again after them for what the draws kept */
+        if (e->mtp.llm) eng_mtp_note(&e->mtp, &b);
         consume_logits(e, n);
         consume_hidden(e, n);
+        if (e->mtp.llm) {
+            eng_mtp_note(&e->mtp, &b);
+            pthread_mutex_lock(&e->mu);
+            e->stats.mtp_rows = e->mtp.rows, e->stats.mtp_rows_blind = e->mtp.rows_blind;
+            e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
+            pthread_mutex_unlock(&e->mu);
+        }
         update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
         if (e->trace)
             fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f)\n",
@@ -1775,6 +1835,7 @@ void kt_engine_free(kt_engine *e) {
     kv_disk_close(e->disk); /* its queued writes are finished first */
     eng_snaps_free(&e->snaps);
     eng_rewind_free(&e->rewind);
+    eng_mtp_free(&e->mtp);
     kv_cache_free(e->cache);
     eng_grammar_free(&e->gram);
     kv_pool_free(e->kv);

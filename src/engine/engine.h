@@ -95,7 +95,8 @@ typedef struct kt_engine_params {
      * penalties, stop strings and n > 1; only fewer passes produce it. k is
      * chosen per choice and step against measured pass costs (policy.h),
      * down to 0. */
-    kt_spec_kind spec;        /* KT_SPEC_OFF (default), KT_SPEC_NGRAM or KT_SPEC_DRAFT */
+    kt_spec_kind spec;        /* KT_SPEC_OFF (default), KT_SPEC_NGRAM, KT_SPEC_DRAFT or KT_SPEC_MTP (the
+                                 model's own MTP block: its KV layer in the pool, engine/mtp_engine.c) */
     /* KT_SPEC_DRAFT: the draft model (the same vocabulary, checked; it must
      * outlive the engine). Its KV is a pool of its own (draft.h). */
     const kt_model *spec_draft;
@@ -106,7 +107,9 @@ typedef struct kt_engine_params {
     bool spec_fixed_k;        /* verify every proposal found, up to spec_k_max (benchmarks) */
     int spec_table_tokens;    /* the cross-request n-gram table's size (table.h); 0: 65536; < 0: none */
     /* Proposals from the caller instead of the lookup or the draft (benchmarks that
-     * force an acceptance rate, tests); NULL: spec's own. Engine thread. */
+     * force an acceptance rate, tests); NULL: spec's own. With KT_SPEC_MTP the
+     * MTP block still guesses (its cost paid), then these replace its guesses.
+     * Engine thread. */
     kt_spec_propose_fn spec_propose;
     void *spec_propose_ctx;
     /* A vision-language model's tower (src/vision/, borrowed; outlives the
@@ -367,6 +370,13 @@ typedef struct kt_engine_stats {
     /* speculation: proposed tokens verified, of them kept, passes of a
      * choice that verified any */
     uint64_t spec_proposed, spec_accepted, spec_passes;
+    /* KT_SPEC_MTP: MTP rows run, and of them those without the target's
+     * hidden state before them (a sequence's first position, the first
+     * after a prefix-cache hit); guesses made without it (0 unless the
+     * rows' bookkeeping is wrong) */
+    uint64_t mtp_rows, mtp_rows_blind, mtp_guesses_blind;
+    /* KT_SPEC_MTP: of spec_proposed / spec_accepted, prompt lookup's (the rest are the MTP block's) */
+    uint64_t spec_lookup_proposed, spec_lookup_accepted;
     /* images: encodes by the vision tower and their time, the encoder
      * cache's hits and what it holds */
     uint64_t image_encodes, image_cache_hits, image_disk_hits;

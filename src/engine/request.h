@@ -53,6 +53,10 @@ typedef struct gen_choice {
     int n_prop;
     kv_seq *draft_seq;   /* the draft model's sequence (draft.h), or NULL */
     spec_accept accept;
+    /* KT_SPEC_MTP: prompt lookup's own acceptance beside the MTP block's
+     * (accept), and whether this step's proposals are the lookup's */
+    spec_accept accept_lookup;
+    bool prop_lookup;
 } gen_choice;
 
 typedef enum req_state { REQ_WAITING, REQ_PREFILL, REQ_DECODE, REQ_DONE } req_state;

@@ -714,12 +714,39 @@ static int take_hidden_rows(const llm_config *c, llm_work *w, const llm_batch *b
     for (int t = 0; t < n_chunk && j < n_kept; t++) {
         if (!wants_output(b, t0 + t, out)) continue;
         const float *row = w->xn + (size_t)j++ * embd;
-        if (b->hidden && b->hidden[t0 + t])
-            memcpy(hidden_out + (size_t)(*n_hidden)++ * embd, row, embd * sizeof(float));
-        else
+        const bool hid = b->hidden && b->hidden[t0 + t];
+        if (hid) memcpy(hidden_out + (size_t)(*n_hidden)++ * embd, row, embd * sizeof(float));
+        if (!hid || (out && b->logits && b->logits[t0 + t])) /* both: the MTP reads h beside the logits */
             memmove(w->xn + (size_t)n_logits++ * embd, row, embd * sizeof(float));
     }
     return n_logits;
+}
+
+/* The chunk's per-token attention inputs: block tables, lengths, rope angles. */
+static void begin_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int t0, int n) {
+    for (int t = 0; t < n; t++) {
+        w->blocks[t] = b->seq[t0 + t]->blocks;
+        w->slots[t] = b->seq[t0 + t]->slots;
+        w->n_pos[t] = b->pos[t0 + t] + 1;
+    }
+    angles_ctx ac = {&m->cfg, b, t0, w};
+    over_tokens(pool, n, rope_angles_some, &ac);
+}
+
+void llm_forward_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int il, const float *x,
+                       const llm_tensor *out_norm, float *h_out) {
+    const llm_config *c = &m->cfg;
+    const llm_layer *l = &m->layers[il];
+    const int n = b->n_tokens;
+    const size_t bytes = sizeof(float) * (size_t)n * (size_t)c->n_embd;
+    begin_chunk(m, w, pool, b, 0, n);
+    memcpy(w->x, x, bytes);
+    rmsnorm_rows(pool, w->xn, w->x, &l->attn_norm, n, c->n_embd, c->rms_eps);
+    attention_block(m, w, pool, b, il, 0, n);
+    add_norm_rows(pool, w->x, w->xn, &l->ffn_norm, n, c->n_embd, c->rms_eps);
+    ffn_block(m, w, pool, il, n);
+    add_norm_rows(pool, w->x, w->xn, out_norm, n, c->n_embd, c->rms_eps);
+    memcpy(h_out, w->xn, bytes);
 }
 
 /* Runs the chunk's tokens through every layer; returns how many logits
@@ -730,15 +757,9 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
     const int n_chunk = n;
     *n_hidden = 0;
     const llm_config *c = &m->cfg;
-    for (int t = 0; t < n; t++) {
-        w->blocks[t] = b->seq[t0 + t]->blocks;
-        w->slots[t] = b->seq[t0 + t]->slots;
-        w->n_pos[t] = b->pos[t0 + t] + 1;
-    }
+    begin_chunk(m, w, pool, b, t0, n);
     embed(m, b->tokens + t0, b->embd ? b->embd + t0 : NULL, n, w->x);
     if (c->embd_scale != 1) scale_rows(w->x, c->embd_scale, n, c->n_embd);
-    angles_ctx ac = {c, b, t0, w};
-    over_tokens(pool, n, rope_angles_some, &ac);
     rmsnorm_rows(pool, w->xn, w->x, &m->layers[0].attn_norm, n, c->n_embd, c->rms_eps);
     for (int il = 0; il < c->n_layer; il++) {
         /* each block takes norm(x) in xn and leaves its output there */

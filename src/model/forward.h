@@ -39,7 +39,8 @@ typedef struct llm_batch {
     /* which tokens want their last hidden state instead (embeddings): the
      * output norm of the last layer's output, n_embd floats each, written
      * one after another in batch order to hidden_out; NULL: none. A token
-     * wants one or the other, never both. */
+     * may want both (the MTP head reads the target's hidden state beside
+     * its logits). */
     const bool *hidden;
     float *hidden_out;
     /* M-RoPE (models with rope.dimension_sections: Qwen 3.5): each token's
@@ -90,5 +91,12 @@ kt_status llm_kv_type(const llm_model *m, kt_kv_type asked, kv_type dflt, kv_typ
 void llm_state_replay(const llm_model *m, llm_work *w, kt_pool *pool, kv_seq *seq, const float *const *log, int n);
 void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b,
                  float *logits);
+
+/* One decoder block outside the trunk (the MTP head's, model/mtp.c):
+ * b's n_tokens (<= LLM_MAX_BATCH; tokens unused) with their residual rows
+ * x (n x n_embd) through layer il (m->layers[il]: its attention, its K and
+ * V into its kv_layer, its FFN), then out_norm: those rows to h_out. */
+void llm_forward_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int il, const float *x,
+                       const llm_tensor *out_norm, float *h_out);
 
 #endif

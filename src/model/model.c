@@ -286,7 +286,8 @@ static kt_status read_hybrid(const gguf_file *f, llm_config *c, const uint8_t **
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.ssm.inner_size %d / ssm.time_step_rank %d: a value head of %d "
                             "(kettle's DeltaNet takes up to 1024)", a, inner, c->ssm_n_v_heads, c->ssm_d_v);
     c->ssm_conv_dim = 2 * c->ssm_n_k_heads * c->ssm_d_k + inner;
-    c->n_layer -= nextn; /* the MTP layers: kept in the file, not run */
+    c->n_layer -= nextn; /* the MTP layers: not in the trunk; bound apart (bind_mtp) */
+    c->n_nextn = nextn;
     char key[128];
     snprintf(key, sizeof key, "%s.attention.recurrent_layers", a);
     int64_t i = gguf_find_key(f, key);
@@ -551,7 +552,7 @@ static kt_status bind_hybrid_layer(const gguf_file *f, const llm_config *c, int 
     const int E = c->n_embd, q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     const int Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
     const bool moe = c->n_expert > 0;
-    l->recurrent = layer_is_recurrent(c, il);
+    l->recurrent = il < c->n_layer && layer_is_recurrent(c, il); /* an MTP block is full attention */
     l->attn_gated = !l->recurrent;
     kt_status st;
     const tensor_spec common[] = {
@@ -645,6 +646,40 @@ static kt_status bind_gpt_oss_layer(const gguf_file *f, const llm_config *c, int
     return KT_OK;
 }
 
+/* Qwen 3.5's first MTP block, blk.{n_layer} (the tensors llama.cpp's
+ * load_block_mtp reads; real files carry one: the HF configs'
+ * mtp_num_hidden_layers is 1, and llama.cpp runs one). A file whose
+ * nextn_predict_layers is 0, or that lacks the block's eh_proj (a
+ * converter told to leave the MTP out), loads without it: cfg.n_mtp 0.
+ * A block that is there is checked like any layer. Further MTP blocks
+ * are left in the file, as llama.cpp leaves them. */
+static kt_status bind_mtp(const gguf_file *f, llm_model *m, kt_error *err) {
+    llm_config *c = &m->cfg;
+    const int il = c->n_layer, E = c->n_embd;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.nextn.eh_proj.weight", il);
+    if (!c->n_nextn || !gguf_tensor_find(f, name)) return KT_OK;
+    llm_layer *l = &m->layers[il];
+    llm_mtp *t = &m->mtp;
+    kt_status st = bind_hybrid_layer(f, c, il, l, err);
+    if (st) return st;
+    const tensor_spec nextn[] = {
+        {"nextn.eh_proj.weight", 2 * E, E, false, &t->eh_proj},
+        {"nextn.enorm.weight", E, 0, false, &t->enorm},
+        {"nextn.hnorm.weight", E, 0, false, &t->hnorm},
+        {"nextn.embed_tokens.weight", E, c->n_vocab, true, &t->embed_tokens},
+        {"nextn.shared_head_head.weight", E, c->n_vocab, true, &t->head},
+        {"nextn.shared_head_norm.weight", E, 0, true, &t->head_norm},
+    };
+    if ((st = bind_specs(f, il, nextn, sizeof nextn / sizeof nextn[0], err))) return st;
+    if (!t->embed_tokens.data) t->embed_tokens = m->tok_embd;
+    if (!t->head.data) t->head = m->output;
+    if (!t->head_norm.data) t->head_norm = m->output_norm;
+    l->kv_layer = c->n_kv_layer; /* a KV layer after the trunk's, in pools made for it */
+    c->n_mtp = 1;
+    return KT_OK;
+}
+
 static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm_layer *l,
                             kt_error *err) {
     if (c->hybrid) return bind_hybrid_layer(f, c, il, l, err);
@@ -711,6 +746,7 @@ static kt_status bind_weights(const gguf_file *f, llm_model *m, kt_error *err) {
         if (m->layers[il].recurrent) m->layers[il].rec_index = rec++;
         else m->layers[il].kv_layer = c->n_kv_layer++;
     }
+    if (c->hybrid && (st = bind_mtp(f, m, err))) return st;
     uint64_t expert_bytes = 0;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
@@ -736,8 +772,9 @@ llm_model *llm_model_load(const gguf_file *f, kt_error *err) {
         return NULL;
     }
     if (read_config(f, &m->cfg, err)) goto fail;
-    m->layers = calloc((size_t)m->cfg.n_layer, sizeof *m->layers);
-    m->kv_windowed = calloc((size_t)m->cfg.n_layer, 1);
+    /* + 1: room for an MTP block and its KV layer (bind_mtp) */
+    m->layers = calloc((size_t)m->cfg.n_layer + 1, sizeof *m->layers);
+    m->kv_windowed = calloc((size_t)m->cfg.n_layer + 1, 1);
     if (!m->layers || !m->kv_windowed) {
         kt_error_set(err, KT_ERR_NOMEM, "out of memory loading the model");
         goto fail;
@@ -756,7 +793,7 @@ fail:
  * rows the lookup then reads back through kt_repack_row_f32. */
 static int matmul_weights(llm_model *m, llm_tensor **out) {
     int n = 0;
-    for (int il = 0; il < m->cfg.n_layer; il++) {
+    for (int il = 0; il < m->cfg.n_layer + m->cfg.n_mtp; il++) {
         llm_layer *l = &m->layers[il];
         llm_tensor *ts[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down,
                             &l->ssm_qkv, &l->ssm_z, &l->ssm_beta, &l->ssm_alpha, &l->ssm_out,
@@ -765,11 +802,15 @@ static int matmul_weights(llm_model *m, llm_tensor **out) {
         for (int e = 0; l->experts && e < 3 * m->cfg.n_expert; e++) out[n++] = &l->experts[e];
     }
     out[n++] = &m->output;
+    if (m->cfg.n_mtp) { /* the MTP head's matrices of its own (shared ones are the output, above) */
+        out[n++] = &m->mtp.eh_proj;
+        if (m->mtp.head.data != m->output.data) out[n++] = &m->mtp.head;
+    }
     return n;
 }
 
 int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error *err) {
-    llm_tensor **ts = malloc(sizeof *ts * ((size_t)m->cfg.n_layer * (15 + 3 * (size_t)m->cfg.n_expert) + 1));
+    llm_tensor **ts = malloc(sizeof *ts * ((size_t)(m->cfg.n_layer + m->cfg.n_mtp) * (15 + 3 * (size_t)m->cfg.n_expert) + 3));
     if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the weights"), -1;
     const int n = matmul_weights(m, ts);
     size_t tmp_bytes = 0;
@@ -795,6 +836,9 @@ int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error
         repacked++;
     }
     if (progress && n) progress(user, "repacking", (uint64_t)n, (uint64_t)n); /* the last ones may not repack */
+    /* the MTP head's fallbacks are copies of the trunk's tensors: same data, now retyped */
+    if (m->mtp.head.data == m->output.data) m->mtp.head = m->output;
+    if (m->mtp.embed_tokens.data == m->tok_embd.data) m->mtp.embed_tokens = m->tok_embd;
     free(tmp);
     free(ts);
     return repacked;
@@ -802,7 +846,7 @@ int llm_model_repack(llm_model *m, kt_progress_fn progress, void *user, kt_error
 
 void llm_model_free(llm_model *m) {
     if (!m) return;
-    for (int il = 0; m->layers && il < m->cfg.n_layer; il++) free(m->layers[il].experts);
+    for (int il = 0; m->layers && il < m->cfg.n_layer + m->cfg.n_mtp; il++) free(m->layers[il].experts);
     free(m->layers);
     free(m->kv_windowed);
     free(m);

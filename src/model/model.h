@@ -122,12 +122,31 @@ typedef struct llm_config {
      * the softmax of those k logits, biased, SwiGLU-OAI (model/moe_oai.c) */
     bool moe_oai;
     int n_kv_layer;       /* layers with KV (attention layers): n_layer - n_recurrent */
+    /* multi-token prediction (Qwen 3.5's MTP, "nextn" in GGUF): the file's
+     * nextn_predict_layers (counted in its block_count, not in n_layer) and
+     * how many of them are bound (llm_model.mtp; 0: the file has none) */
+    int n_nextn, n_mtp;
 } llm_config;
+
+/* Qwen 3.5's multi-token-prediction head (llama.cpp's qwen35.cpp graph_mtp,
+ * HF's mtp.*): h' = eh_proj [enorm(embed(token)) | hnorm(h)], then one
+ * gated full-attention decoder block (llm_model.layers[cfg.n_layer], its
+ * KV in the pool's layer cfg.n_kv_layer), then head_norm and head. h is
+ * the target's last hidden state after its output norm. Optional tensors
+ * absent fall back as llama.cpp's do: embed_tokens -> tok_embd,
+ * shared_head_head -> output, shared_head_norm -> output_norm. */
+typedef struct llm_mtp {
+    llm_tensor eh_proj;          /* [2 n_embd -> n_embd] */
+    llm_tensor enorm, hnorm;     /* RMSNorm weights of the embedding and of h */
+    llm_tensor embed_tokens;     /* the model's tok_embd unless the file has its own */
+    llm_tensor head_norm, head;  /* output_norm / output unless the file has shared_head_* */
+} llm_mtp;
 
 typedef struct llm_model {
     llm_config cfg;
     llm_tensor tok_embd, output_norm, output; /* output may be tok_embd */
-    llm_layer *layers;                        /* cfg.n_layer of them */
+    llm_layer *layers;                        /* cfg.n_layer of them, then cfg.n_mtp MTP blocks */
+    llm_mtp mtp;                              /* with cfg.n_mtp */
     uint8_t *kv_windowed;                     /* per layer: llm_layer.swa, as the KV pool takes it */
     uint64_t weight_bytes, n_params;
     uint64_t active_bytes; /* weight_bytes less the experts a token does not use and an untied embedding table (one row) */

@@ -23,6 +23,17 @@
  * draft has read it, then its guesses. Each step cuts it back to where it
  * still agrees with the sequence (kept guesses stay: their KV is the
  * sequence's), reads the rest, and guesses one token per pass.
+ *
+ * MTP (p.mtp): the target's own MTP block guesses, chained on its own
+ * hidden state (kt_session_mtp_draft); its KV lives in the session's pool
+ * beside the target's, run by every pass of the session, so it is cut back
+ * with it. Each guess costs an MTP pass, weighed like a draft's. Prompt
+ * lookup is tried first: its run is verified instead where its own measured
+ * acceptance expects as many tokens from it as the MTP's from a full k.
+ *
+ * Hybrid models (recurrent layers): the verify pass goes through
+ * kt_session_spec_eval / _keep, which roll the recurrent state back to
+ * the kept tokens exactly (engine/rewind.c's copy and replay).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +64,9 @@ struct kt_spec {
     spec_accept accept;
     kt_spec_stats stats;
     spec_draft d;    /* with p.draft */
-    bool off;        /* a hybrid model: no proposals (plain decoding) */
+    double mtp_ms;   /* with p.mtp: one MTP guess, smoothed */
+    spec_accept accept_lookup; /* with p.mtp: prompt lookup's acceptance beside the MTP block's (accept) */
+    bool lookup;               /* this step's proposals are the lookup's */
 };
 
 kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) {
@@ -65,13 +78,14 @@ kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) 
     if (sp->p.min_match <= 0) sp->p.min_match = 2;
     if (sp->p.max_match < sp->p.min_match) sp->p.max_match = sp->p.min_match > 4 ? sp->p.min_match : 4;
     sp->n_vocab = kt_model_describe(m)->n_vocab;
-    if (m->llm->cfg.hybrid) { /* rejected proposals could not be rolled back: plain decoding */
-        fprintf(stderr, "kettle: %s is a hybrid model (recurrent layers): speculative decoding off (its state cannot "
-                "roll back yet)\n", m->llm->cfg.arch);
-        sp->off = true;
+    if (sp->p.mtp && !m->llm->cfg.n_mtp) {
+        kt_spec_free(sp);
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "--spec mtp: the model (%s) has no multi-token-prediction block",
+                            m->llm->cfg.arch), NULL;
     }
     sp->costs = (spec_costs){sp->cost_ms, SPEC_K_MAX + 1};
     spec_accept_init(&sp->accept);
+    spec_accept_init(&sp->accept_lookup);
     const int rows = sp->p.k_max + 1;
     sp->rows = malloc(sizeof *sp->rows * (size_t)sp->n_vocab * (size_t)rows);
     sp->batch = malloc(sizeof *sp->batch * (size_t)rows);
@@ -156,8 +170,21 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
     const int room = kt_session_n_ctx(s) - n; /* proposals that fit after the pending token */
     const int limit = room < sp->p.k_max ? room : sp->p.k_max;
     int k;
-    if (sp->off) {
-        k = 0;
+    sp->lookup = false;
+    int n_look = 0;
+    if (sp->p.mtp && !sp->p.propose) /* prompt lookup too: its run where it expects as many tokens as the MTP's k */
+        n_look = propose(sp, ctx, n, limit, sp->batch + 1);
+    if (n_look > 0 && spec_accept_expected(&sp->accept_lookup, n_look) >= spec_accept_expected(&sp->accept, limit)) {
+        sp->lookup = true;
+        k = spec_choose_k(&sp->accept_lookup, &sp->costs, n_look, 1, 1.0, sp->p.fixed_k);
+    } else if (sp->p.mtp && !sp->p.propose) { /* the MTP block guesses after the choice of k: each costs a pass */
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->mtp_ms);
+        const double t0 = kt_time_ms();
+        if (k > 0 && (k = kt_session_mtp_draft(s, ctx[n - 1], k, sp->batch + 1, err)) < 0) return -1;
+        if (k > 0) {
+            const double ms = (kt_time_ms() - t0) / k;
+            sp->mtp_ms = sp->mtp_ms > 0 ? 0.8 * sp->mtp_ms + 0.2 * ms : ms;
+        }
     } else if (sp->p.draft && !sp->p.propose) { /* a draft guesses after the choice of k: each guess costs a pass */
         if (draft_open(&sp->d, &sp->p, kt_session_n_ctx(s), err) != KT_OK) return -1;
         k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms);
@@ -168,7 +195,7 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
     }
     sp->batch[0] = ctx[n - 1];
     const double t0 = kt_time_ms();
-    if (kt_session_eval(s, sp->batch, k + 1, sp->rows, true, err) != KT_OK) return -1;
+    if (kt_session_spec_eval(s, sp->batch, k + 1, sp->rows, err) != KT_OK) return -1;
     spec_cost_note(&sp->costs, k + 1, kt_time_ms() - t0);
     int a = 0;
     for (;; a++) { /* draw from row a; keep the proposal it equals */
@@ -177,9 +204,11 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
         out[a] = x;
         if (a == k || x != sp->batch[a + 1]) break;
     }
-    kt_session_truncate(s, n + a); /* the pending token and the accepted proposals */
+    /* the pending token and the accepted proposals (a hybrid model's state rolled back to them) */
+    if (kt_session_spec_keep(s, a + 1, err) != KT_OK) return -1;
     sp->stats.steps++;
     sp->stats.proposed += (uint64_t)k, sp->stats.accepted += (uint64_t)a;
-    spec_accept_note(&sp->accept, k, a);
+    if (sp->lookup) sp->stats.lookup_proposed += (uint64_t)k, sp->stats.lookup_accepted += (uint64_t)a;
+    spec_accept_note(sp->lookup ? &sp->accept_lookup : &sp->accept, k, a);
     return a + 1;
 }

@@ -210,7 +210,7 @@ def test_usage():
         (["--model", f"a={STORIES},ctx=x"], "ctx=x is not an integer"),
         (["--model", f"a={STORIES},kv-type=q4"], "kv-type=q4"),
         (["--model", f"a={STORIES},grammar=x"], "grammar is a JSON value: give it in a --config file"),
-        (["--model", f"a={STORIES},spec=fast"], "spec=fast (off, ngram, draft, auto)"),
+        (["--model", f"a={STORIES},spec=fast"], "spec=fast (off, ngram, draft, mtp, auto)"),
         (["--model", f"a={STORIES},spec=draft"], "model 'a': spec=draft needs draft=PATH"),
         (["--model", f"a={STORIES},spec=ngram,draft={STORIES}"], "a draft model goes with spec=draft (it has spec=ngram)"),
         (["--model", f"a={STORIES}", "--model", f"b={STORIES}", "--draft", STORIES], "give each its own draft=PATH"),
