@@ -733,6 +733,27 @@ static void test_shots_history(void **state) {
     json_decref(rf);
 }
 
+/* The reply's start kept for the report is cut at a character boundary:
+ * a cut inside a UTF-8 sequence made the JSON report fail (jansson
+ * refuses invalid UTF-8) after a whole run against llama-server. */
+static void test_reply_start(void **state) {
+    (void)state;
+    char text[256], dst[128];
+    memset(text, 'a', 126);
+    strcpy(text + 126, "\xe2\x82\xac tail"); /* a 3-byte character across the cut at 127 */
+    ba_reply_start(dst, sizeof dst, text);
+    assert_int_equal(strlen(dst), 126);
+    json_t *j = json_string(dst);
+    assert_non_null(j);
+    json_decref(j);
+    memset(text, 'a', 127);
+    strcpy(text + 127, "\xc3\xa9"); /* a 2-byte character just past the cut */
+    ba_reply_start(dst, sizeof dst, text);
+    assert_int_equal(strlen(dst), 127);
+    ba_reply_start(dst, sizeof dst, "{\"action\":\"click\"} \xc3\xa9");
+    assert_string_equal(dst, "{\"action\":\"click\"} \xc3\xa9");
+}
+
 static void test_action_valid(void **state) {
     (void)state;
     static const struct { const char *text; bool ok; } CASES[] = {
@@ -1218,7 +1239,7 @@ int main(void) {
         cmocka_unit_test(test_screens),
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_shots_history),
-        cmocka_unit_test(test_action_valid),
+        cmocka_unit_test(test_action_valid),         cmocka_unit_test(test_reply_start),
         cmocka_unit_test(test_shots_stats_reports),
         cmocka_unit_test(test_shots_end_to_end),
         cmocka_unit_test(test_shots_other_server),

@@ -106,6 +106,18 @@ static bool in_range(const json_t *v, int hi) {
     return json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= hi;
 }
 
+void ba_reply_start(char *dst, size_t cap, const char *text) {
+    size_t n = strlen(text);
+    if (n >= cap) { /* back to the start of the character the cut falls in, if it does */
+        n = cap - 1;
+        size_t lead = n;
+        while (lead > 0 && ((unsigned char)text[lead] & 0xC0) == 0x80) lead--;
+        n = lead;
+    }
+    memcpy(dst, text, n);
+    dst[n] = 0;
+}
+
 bool ba_action_valid(const char *text, int w, int h) {
     static const char *const ACTIONS[] = {"click", "type", "key", "scroll", "done"};
     json_t *a = text ? json_loads(text, 0, NULL) : NULL;

@@ -69,6 +69,10 @@ json_t *ba_shots_messages(json_t *history, int keep, int coming, int *n_images);
  * and nothing else (the response_format's schema). */
 bool ba_action_valid(const char *text, int w, int h);
 
+/* The start of text in dst[cap], cut at a character boundary: a cut
+ * inside a UTF-8 sequence would make the JSON report unwritable. */
+void ba_reply_start(char *dst, size_t cap, const char *text);
+
 /* ---- measurements ---- */
 
 typedef struct ba_step_rec {

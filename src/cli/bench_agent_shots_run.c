@@ -152,7 +152,7 @@ static void record_step(const bh_req *r, ba_step_rec *x, const ba_shots_opts *o)
     x->prompt_tokens = e->prompt_tokens, x->cached_tokens = e->cached_tokens;
     x->completion_tokens = e->completion_tokens >= 0 ? e->completion_tokens : e->n_tok;
     x->ttft_ms = first - r->start_ms;
-    snprintf(x->reply, sizeof x->reply, "%s", e->text ? e->text : "");
+    ba_reply_start(x->reply, sizeof x->reply, e->text ? e->text : "");
     snprintf(x->finish, sizeof x->finish, "%s", e->finish);
     x->done = true;
 }
@@ -273,7 +273,8 @@ static bool report(const ba_shots_opts *o, bs_fmt fmt, const ba_shots_result *re
                 CMD, 'A' + i, action, later, task);
     }
     for (int i = 0; i < made; i++) ba_shots_summary_free(&sums[i]);
-    if (!ok) fprintf(stderr, "kettle %s: out of memory\n", CMD);
+    if (made < n) fprintf(stderr, "kettle %s: out of memory\n", CMD);
+    else if (!ok) fprintf(stderr, "kettle %s: the report could not be written (out of memory, or stdout failed)\n", CMD);
     return ok;
 }
 
