@@ -97,7 +97,7 @@ static int image_paths(json_t *messages, const char **paths, int cap) {
     int n = 0;
     json_array_foreach(messages, i, msg) {
         json_array_foreach(json_object_get(msg, "images"), j, p) {
-            if (n < cap && json_is_string(p)) paths[n] = json_string_value(p);
+            if (n < cap) paths[n] = json_string_value(p); /* NULL: not a string (a hand-edited /load file) */
             n++;
         }
     }
@@ -122,7 +122,9 @@ int chat_images_tokenize(chat_images *ci, kt_model *m, const char *text, int add
                               n_paths);
             break;
         }
-        const cli_image *im = chat_images_get(ci, paths[k], err);
+        const cli_image *im = paths[k] ? chat_images_get(ci, paths[k], err) : NULL;
+        if (!paths[k]) kt_error_set(err, KT_ERR_ARG, "image %d of the conversation is not a file name (a message's "
+                                    "\"images\" holds strings)", k + 1);
         st = im ? push_text(&e, m, text + at, upto - at, at == 0 ? add_bos : 0, err) : err->status;
         if (!st) st = push_control(&e, m, "<|vision_start|>", err);
         const int n_img = im ? im->grid_x * im->grid_y : 0;
