@@ -20,17 +20,10 @@ typedef tu_eng_out out;
 static kt_model *g_f32, *g_q4;
 
 static kt_model *make_model(const char *type) {
-    char name[64], cmd[8192];
+    char name[64], args[4096];
     snprintf(name, sizeof name, "hybrid-cache-%s.gguf", type);
-    const char *vocab = tu_shared("models/test-tiny-F16.gguf");
-    char path[4096];
-    snprintf(path, sizeof path, "%s", tu_tmp(name));
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type %s --vocab %s -o %s", KT_BIN, type, vocab, path);
-    tu_expect_run(cmd, 0, "wrote", NULL);
-    kt_error err = {0};
-    kt_model *m = kt_model_load(path, &err);
-    if (!m) fail_msg("%s", err.msg);
-    return m;
+    snprintf(args, sizeof args, "--shape qwen3.5-tiny --type %s --vocab %s", type, tu_shared("models/test-tiny-F16.gguf"));
+    return tu_gen_model(KT_BIN, name, args);
 }
 
 static int setup(void **state) {

@@ -34,15 +34,10 @@ enum { N_PROMPT_R = 16 };
 static kt_model *g_mtp, *g_plain;
 
 static kt_model *make_model(const char *name, const char *extra) {
-    char cmd[8192], path[4096];
-    snprintf(path, sizeof path, "%s", tu_tmp(name));
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type %s --vocab %s %s -o %s", KT_BIN,
-             strstr(name, "Q4_0") ? "Q4_0" : "F32", tu_shared("models/test-tiny-F16.gguf"), extra, path);
-    tu_expect_run(cmd, 0, "wrote", NULL);
-    kt_error err = {0};
-    kt_model *m = kt_model_load(path, &err);
-    if (!m) fail_msg("%s", err.msg);
-    return m;
+    char args[4096];
+    snprintf(args, sizeof args, "--shape qwen3.5-tiny --type %s --vocab %s %s", strstr(name, "Q4_0") ? "Q4_0" : "F32",
+             tu_shared("models/test-tiny-F16.gguf"), extra);
+    return tu_gen_model(KT_BIN, name, args);
 }
 
 static int setup(void **state) {
@@ -93,14 +88,7 @@ static void test_load(void **state) {
 /* A trunk cut by --layers keeps its MTP block after the layers written. */
 static void test_load_cut_trunk(void **state) {
     (void)state;
-    char cmd[8192], path[4096];
-    snprintf(path, sizeof path, "%s", tu_tmp("mtp-qwen35-tiny-7l.gguf"));
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type F32 --layers 7 --vocab %s -o %s", KT_BIN,
-             tu_shared("models/test-tiny-F16.gguf"), path);
-    tu_expect_run(cmd, 0, "wrote", NULL);
-    kt_error err = {0};
-    kt_model *m = kt_model_load(path, &err);
-    if (!m) fail_msg("%s", err.msg);
+    kt_model *m = make_model("mtp-qwen35-tiny-7l.gguf", "--layers 7");
     assert_int_equal(m->llm->cfg.n_layer, 7);
     assert_int_equal(m->llm->cfg.n_mtp, 1);
     kt_model_free(m);
@@ -364,16 +352,9 @@ static void same_state(kt_session *a, kt_session *b, int32_t pending) {
 static void test_spec_mtp_exact(void **state) {
     (void)state;
     kt_model *q4 = make_model("mtp-qwen35-tiny-Q4_0.gguf", "");
-    kt_model *moe = NULL;
-    {
-        char cmd[8192], path[4096];
-        snprintf(path, sizeof path, "%s", tu_tmp("mtp-qwen35moe-tiny-F32.gguf"));
-        snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5moe-tiny --type F32 --vocab %s -o %s", KT_BIN,
-                 tu_shared("models/test-tiny-F16.gguf"), path);
-        tu_expect_run(cmd, 0, "wrote", NULL);
-        moe = kt_model_load(path, NULL);
-        assert_non_null(moe);
-    }
+    char args[4096];
+    snprintf(args, sizeof args, "--shape qwen3.5moe-tiny --type F32 --vocab %s", tu_shared("models/test-tiny-F16.gguf"));
+    kt_model *moe = tu_gen_model(KT_BIN, "mtp-qwen35moe-tiny-F32.gguf", args);
     kt_model *models[] = {g_mtp, q4, moe};
     for (int mi = 0; mi < 3; mi++)
         for (int ti = 0; ti < 2; ti++)

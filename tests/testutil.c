@@ -106,6 +106,17 @@ void tu_expect_run(const char *cmd, int want_rc, const char *msg1, const char *m
     free(out), free(err);
 }
 
+kt_model *tu_gen_model(const char *bin, const char *file, const char *args) {
+    char cmd[8192], path[4096];
+    snprintf(path, sizeof path, "%s", tu_tmp(file));
+    snprintf(cmd, sizeof cmd, "%s gen-model %s -o '%s'", bin, args, path);
+    tu_expect_run(cmd, 0, "wrote", NULL);
+    kt_error err = {0};
+    kt_model *m = kt_model_load(path, &err);
+    if (!m) fail_msg("%s: %s", path, err.msg);
+    return m;
+}
+
 void tu_fill_normal(float *x, size_t n, float std, uint64_t seed) {
     kt_rng r;
     kt_rng_seed(&r, seed);

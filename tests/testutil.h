@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "base/dtype.h"
+#include "kettle.h"
 
 /* 1 in a build under AddressSanitizer. Such a build looks for memory
  * errors, not for wrong answers, and runs ~7x slower: tests that repeat
@@ -48,6 +49,10 @@ int tu_run(const char *cmd, char **out, char **err_out);
  * unless NULL, on stderr; prints the command and its stderr first when
  * not, so a failure shows what the program said. */
 void tu_expect_run(const char *cmd, int want_rc, const char *msg1, const char *msg2);
+
+/* Runs `bin gen-model ARGS -o tu_tmp(file)` (args: --shape, --type,
+ * --vocab ...) and loads what it wrote; the test fails if either fails. */
+kt_model *tu_gen_model(const char *bin, const char *file, const char *args);
 
 /* x[i] = std * normal, from a seeded generator: the same numbers on every
  * run. */
