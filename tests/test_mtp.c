@@ -215,6 +215,48 @@ static void test_mtp_end_to_end_vs_llama(void **state) {
     assert_true(md <= 2 * trunk);
 }
 
+/* The K and V rows the engine and sessions write for every prompt and
+ * verified token (llm_mtp_kv) are the bits the whole block
+ * (llm_mtp_forward) writes: two sequences of one pool, the same tokens and
+ * hidden rows, one through each. */
+static void test_mtp_kv_rows_same_bits(void **state) {
+    (void)state;
+    const llm_model *m = g_mtp->llm;
+    const int E = m->cfg.n_embd, n = 40, layer = m->cfg.n_kv_layer;
+    kt_error err = {0};
+    kv_pool_params kp = llm_kv_params(m, 2, 64, KV_F32);
+    kp.n_state_slots = 2;
+    llm_mtp_kv_params(m, &kp);
+    kv_pool *kv = kv_pool_new(&kp, &err);
+    kv_seq *sa = kv ? kv_seq_new(kv, &err) : NULL, *sb = kv ? kv_seq_new(kv, &err) : NULL;
+    llm_work *w = llm_work_new(m, 64, &err);
+    kt_pool *pool = kt_pool_new(2, &err);
+    if (!sa || !sb || !w || !pool) fail_msg("%s", err.msg);
+    int32_t ids[40];
+    int pos[40];
+    kv_seq *qa[40], *qb[40];
+    float *h = tu_xmalloc(sizeof(float) * (size_t)n * E);
+    for (int i = 0; i < n; i++) ids[i] = 1 + (i * 7919) % 31000, pos[i] = i, qa[i] = sa, qb[i] = sb;
+    for (size_t i = 0; i < (size_t)n * E; i++) h[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    assert_int_equal(kv_seq_append(sa, n, &err), KT_OK);
+    assert_int_equal(kv_seq_append(sb, n, &err), KT_OK);
+    llm_batch ba = {.n_tokens = n, .tokens = ids, .pos = pos, .seq = qa}, bb = ba;
+    bb.seq = qb;
+    if (llm_mtp_forward(m, w, pool, &ba, h, NULL, NULL, &err) != KT_OK) fail_msg("%s", err.msg);
+    if (llm_mtp_kv(m, w, pool, &bb, h, &err) != KT_OK) fail_msg("%s", err.msg);
+    const size_t row = kv_pool_row_bytes(kv);
+    int nonzero = 0;
+    for (int p = 0; p < n; p++)
+        for (int kind = 0; kind < 2; kind++) {
+            const float *a = kv_seq_row(sa, layer, (kv_kind)kind, p), *b = kv_seq_row(sb, layer, (kv_kind)kind, p);
+            assert_memory_equal(a, b, row);
+            nonzero += a[0] != 0.0f;
+        }
+    assert_true(nonzero > n); /* rows were written, not two untouched planes */
+    free(h);
+    kt_pool_free(pool), llm_work_free(w), kv_seq_free(sa), kv_seq_free(sb), kv_pool_free(kv);
+}
+
 /* Repacked at load (the CLI's default), the MTP block's matrices are
  * rewritten with the trunk's (eh_proj its own, the head the output's, whose
  * type the MTP's copy follows) and it guesses what the mapped file does. */
@@ -516,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_load_cut_trunk),
         cmocka_unit_test(test_mtp_block_vs_llama),
         cmocka_unit_test(test_mtp_end_to_end_vs_llama),
+        cmocka_unit_test(test_mtp_kv_rows_same_bits),
         cmocka_unit_test(test_mtp_repacked),
         cmocka_unit_test(test_spec_mtp_exact),
         cmocka_unit_test(test_spec_mtp_with_lookup),

@@ -403,7 +403,7 @@ static kt_status session_mtp_pass(kt_session *s, const int32_t *tokens, const in
     memcpy(s->mtp_in, s->mtp_h, sizeof(float) * E);
     memcpy(s->mtp_in + E, s->mtp_rows, sizeof(float) * E * (size_t)(n - 1));
     llm_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq = seqs};
-    kt_status st = llm_mtp_forward(s->model->llm, s->work, s->pool, &b, s->mtp_in, NULL, NULL, err);
+    kt_status st = llm_mtp_kv(s->model->llm, s->work, s->pool, &b, s->mtp_in, err);
     s->mtp_base = pos[0], s->mtp_n = n;
     memcpy(s->mtp_h, s->mtp_rows + (size_t)(n - 1) * E, sizeof(float) * E);
     return st;

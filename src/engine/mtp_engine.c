@@ -69,7 +69,7 @@ kt_status eng_mtp_pass(eng_mtp *mt, llm_work *w, kt_pool *pool, const llm_batch 
     }
     mt->rows += (uint64_t)b->n_tokens;
     llm_batch mb = {.n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
-    return llm_mtp_forward(mt->llm, w, pool, &mb, mt->in, NULL, NULL, err);
+    return llm_mtp_kv(mt->llm, w, pool, &mb, mt->in, err);
 }
 
 void eng_mtp_note(eng_mtp *mt, const llm_batch *b) {

@@ -42,8 +42,9 @@ void eng_mtp_free(eng_mtp *mt);
 void eng_mtp_forget(eng_mtp *mt, int slot);
 /* A fork: slot `to` starts where `from` is. */
 void eng_mtp_fork(eng_mtp *mt, int from, int to);
-/* After the step's forward (its hidden rows in mt->hid): the MTP block
- * over the batch's tokens, each on the hidden state before it. */
+/* After the step's forward (its hidden rows in mt->hid): the MTP block's
+ * K and V rows for the batch's tokens, each on the hidden state before it
+ * (llm_mtp_kv: what later guesses attend; nothing else of the block). */
 kt_status eng_mtp_pass(eng_mtp *mt, llm_work *w, kt_pool *pool, const llm_batch *b, kt_error *err);
 /* After the step's draws and rollbacks: each sequence whose last position
  * this step computed keeps that position's hidden state. */

@@ -749,6 +749,16 @@ void llm_forward_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm
     memcpy(h_out, w->xn, bytes);
 }
 
+void llm_forward_block_kv(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int il,
+                          const float *x) {
+    const llm_config *c = &m->cfg;
+    const int n = b->n_tokens;
+    begin_chunk(m, w, pool, b, 0, n);
+    memcpy(w->x, x, sizeof(float) * (size_t)n * (size_t)c->n_embd);
+    rmsnorm_rows(pool, w->xn, w->x, &m->layers[il].attn_norm, n, c->n_embd, c->rms_eps);
+    project_and_store(m, w, pool, b, il, 0, n, false); /* K and V only: the rows' outputs reach nothing */
+}
+
 /* Runs the chunk's tokens through every layer; returns how many logits
  * rows it wrote to out (the tokens with b->logits set, in batch order);
  * the hidden states asked for go to hidden_out (*n_hidden rows). */

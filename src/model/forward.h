@@ -98,5 +98,9 @@ void llm_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch
  * V into its kv_layer, its FFN), then out_norm: those rows to h_out. */
 void llm_forward_block(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int il, const float *x,
                        const llm_tensor *out_norm, float *h_out);
+/* Only the K and V rows of llm_forward_block (the same bits): for rows
+ * whose output nothing reads, only whose cache rows later tokens attend. */
+void llm_forward_block_kv(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, int il,
+                          const float *x);
 
 #endif

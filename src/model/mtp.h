@@ -36,4 +36,12 @@ void llm_mtp_kv_params(const llm_model *m, kv_pool_params *p);
 kt_status llm_mtp_forward(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, const float *h_in,
                           float *logits, float *h_out, kt_error *err);
 
+/* Only the K and V rows llm_mtp_forward would write for b's tokens (the
+ * same bits): what the block's later rows attend. A row's K and V depend
+ * on its own inputs alone (the block is one layer), so rows that only
+ * keep the cache whole (every prompt and verified token's) skip the
+ * attention, the FFN and the head: ~15% of the block. */
+kt_status llm_mtp_kv(const llm_model *m, llm_work *w, kt_pool *pool, const llm_batch *b, const float *h_in,
+                     kt_error *err);
+
 #endif
