@@ -25,6 +25,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_internal.h"
+#include "engine/mtp_engine.h"
 #include "model/mtp.h"
 #include "testutil.h"
 
@@ -255,6 +256,62 @@ static void test_mtp_kv_rows_same_bits(void **state) {
     assert_true(nonzero > n); /* rows were written, not two untouched planes */
     free(h);
     kt_pool_free(pool), llm_work_free(w), kv_seq_free(sa), kv_seq_free(sb), kv_pool_free(kv);
+}
+
+/* The engine's guesses for several sequences at once (one pass of the
+ * block per depth for all of them) are each sequence's guesses alone,
+ * and leave every sequence as long as it was. */
+static void test_mtp_guesses_batched(void **state) {
+    (void)state;
+    const llm_model *m = g_mtp->llm;
+    const int E = m->cfg.n_embd, n = 24;
+    kt_error err = {0};
+    kv_pool_params kp = llm_kv_params(m, 8, 64, KV_F32);
+    kp.n_state_slots = 3;
+    llm_mtp_kv_params(m, &kp);
+    kv_pool *kv = kv_pool_new(&kp, &err);
+    kv_seq *sq[3] = {0};
+    for (int i = 0; kv && i < 3; i++) sq[i] = kv_seq_new(kv, &err);
+    llm_work *w = llm_work_new(m, 64, &err);
+    kt_pool *pool = kt_pool_new(2, &err);
+    eng_mtp mt;
+    if (!sq[2] || !w || !pool || eng_mtp_init(&mt, m, 3, 64, &err) != KT_OK) fail_msg("%s", err.msg);
+    float *h = tu_xmalloc(sizeof(float) * (size_t)n * E);
+    for (int s = 0; s < 3; s++) { /* three prompts, their MTP rows on made-up hidden states */
+        int32_t ids[24];
+        int pos[24];
+        kv_seq *qs[24];
+        for (int i = 0; i < n; i++) ids[i] = 1 + (i * 7919 + s * 104729) % 31000, pos[i] = i, qs[i] = sq[s];
+        for (size_t i = 0; i < (size_t)n * E; i++) h[i] = (float)((i * 2654435761u + (size_t)s) % 2001) / 1000.0f - 1.0f;
+        assert_int_equal(kv_seq_append(sq[s], n, &err), KT_OK);
+        llm_batch b = {.n_tokens = n, .tokens = ids, .pos = pos, .seq = qs};
+        if (llm_mtp_kv(m, w, pool, &b, h, &err) != KT_OK) fail_msg("%s", err.msg);
+        memcpy(mt.h + (size_t)sq[s]->state_slot * E, h + (size_t)(n - 1) * E, sizeof(float) * E);
+        mt.h_pos[sq[s]->state_slot] = n - 1;
+    }
+    const int k[3] = {4, 2, 3};
+    int32_t alone[3][4], together[3][4];
+    for (int s = 0; s < 3; s++) {
+        eng_mtp_job j = {.seq = sq[s], .pending = 500 + s, .k = k[s], .out = alone[s]};
+        if (eng_mtp_propose(&mt, w, pool, &j, 1, &err) != KT_OK) fail_msg("%s", err.msg);
+        assert_int_equal(j.got, k[s]);
+        assert_int_equal(sq[s]->len, n);
+    }
+    eng_mtp_job jobs[3];
+    for (int s = 0; s < 3; s++) jobs[s] = (eng_mtp_job){.seq = sq[s], .pending = 500 + s, .k = k[s], .out = together[s]};
+    if (eng_mtp_propose(&mt, w, pool, jobs, 3, &err) != KT_OK) fail_msg("%s", err.msg);
+    for (int s = 0; s < 3; s++) {
+        assert_int_equal(jobs[s].got, k[s]);
+        assert_int_equal(sq[s]->len, n);
+        assert_memory_equal(alone[s], together[s], sizeof(int32_t) * (size_t)k[s]);
+    }
+    assert_int_equal(mt.guesses_blind, 0);
+    assert_false(alone[0][0] == alone[1][0] && alone[1][0] == alone[2][0] && alone[0][1] == alone[1][1]); /* not one answer */
+    free(h);
+    eng_mtp_free(&mt);
+    kt_pool_free(pool), llm_work_free(w);
+    for (int s = 0; s < 3; s++) kv_seq_free(sq[s]);
+    kv_pool_free(kv);
 }
 
 /* Repacked at load (the CLI's default), the MTP block's matrices are
@@ -559,6 +616,7 @@ int main(void) {
         cmocka_unit_test(test_mtp_block_vs_llama),
         cmocka_unit_test(test_mtp_end_to_end_vs_llama),
         cmocka_unit_test(test_mtp_kv_rows_same_bits),
+        cmocka_unit_test(test_mtp_guesses_batched),
         cmocka_unit_test(test_mtp_repacked),
         cmocka_unit_test(test_spec_mtp_exact),
         cmocka_unit_test(test_spec_mtp_with_lookup),

@@ -1368,21 +1368,37 @@ static void draft_proposals(kt_engine *e) {
 }
 
 /* The MTP block's guesses for the choices that chose k > 0 (their
- * n_prop, which becomes what it gave, cut like any proposals). */
+ * n_prop, which becomes what it gave, cut like any proposals), up to
+ * e->mtp.group choices at a time. */
+static void mtp_guess_group(kt_engine *e, eng_mtp_job *jobs, kt_request **reqs, gen_choice **chs, int n) {
+    kt_error err;
+    if (!n) return;
+    if (eng_mtp_propose(&e->mtp, e->work, e->pool, jobs, n, &err) != KT_OK)
+        for (int j = 0; j < n; j++) fail_request(reqs[j], err.msg);
+    for (int j = 0; j < n; j++) {
+        gen_choice *c = chs[j];
+        c->n_prop = jobs[j].got > 0 ? cut_proposals(e, c, jobs[j].got) : 0;
+        if (c->n_prop && e->p.spec_propose) c->n_prop = propose(e, reqs[j], c, c->n_prop); /* the caller's replace them */
+    }
+}
+
 static void mtp_proposals(kt_engine *e) {
+    eng_mtp_job jobs[EMTP_GROUP];
+    kt_request *reqs[EMTP_GROUP];
+    gen_choice *chs[EMTP_GROUP];
+    int n = 0;
     for (int a = 0; a < e->n_active; a++) {
         kt_request *r = e->active[a];
         for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
             gen_choice *c = &r->choices[i];
             if (r->images.n) c->n_prop = 0; /* an image's rows are no tokens the MTP block can embed */
             if (c->n_prop == 0 || c->finish != KT_FINISH_NONE || c->prop_lookup) continue;
-            kt_error err;
-            const int got = eng_mtp_propose(&e->mtp, e->work, e->pool, c->seq, c->next_token, c->n_prop, c->prop, &err);
-            if (got < 0) fail_request(r, err.msg);
-            c->n_prop = got > 0 ? cut_proposals(e, c, got) : 0;
-            if (c->n_prop && e->p.spec_propose) c->n_prop = propose(e, r, c, c->n_prop); /* the caller's replace them */
+            jobs[n] = (eng_mtp_job){.seq = c->seq, .pending = c->next_token, .k = c->n_prop, .out = c->prop};
+            reqs[n] = r, chs[n++] = c;
+            if (n == e->mtp.group) mtp_guess_group(e, jobs, reqs, chs, n), n = 0;
         }
     }
+    mtp_guess_group(e, jobs, reqs, chs, n);
 }
 
 /* How many proposals each decoding choice feeds this step (c->n_prop):

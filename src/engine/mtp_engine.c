@@ -17,10 +17,14 @@ kt_status eng_mtp_init(eng_mtp *mt, const llm_model *llm, int n_slots, int cap, 
     mt->h = calloc((size_t)n_slots * E, sizeof(float));
     mt->h_pos = malloc(sizeof *mt->h_pos * (size_t)n_slots);
     mt->hid = malloc(sizeof(float) * E * (size_t)cap);
-    mt->in = malloc(sizeof(float) * E * (size_t)cap);
     mt->all = malloc(sizeof *mt->all * (size_t)cap);
-    mt->logits = malloc(sizeof(float) * (size_t)llm->cfg.n_vocab);
-    if (!mt->h || !mt->h_pos || !mt->hid || !mt->in || !mt->all || !mt->logits) {
+    /* the guesses' pass: EMTP_GROUP rows in and out, their logits and each job's hidden row */
+    const size_t in_rows = (size_t)cap > 2 * EMTP_GROUP ? (size_t)cap : 2 * EMTP_GROUP;
+    mt->in = malloc(sizeof(float) * E * in_rows);
+    mt->group = n_slots < EMTP_GROUP ? n_slots : EMTP_GROUP; /* a sequence a slot: no more jobs at once */
+    mt->logits = malloc(sizeof(float) * (size_t)llm->cfg.n_vocab * (size_t)mt->group);
+    mt->guess_h = malloc(sizeof(float) * E * (size_t)mt->group);
+    if (!mt->h || !mt->h_pos || !mt->hid || !mt->in || !mt->all || !mt->logits || !mt->guess_h) {
         eng_mtp_free(mt);
         return kt_error_set(err, KT_ERR_NOMEM, "out of memory for the MTP block's rows");
     }
@@ -31,7 +35,7 @@ kt_status eng_mtp_init(eng_mtp *mt, const llm_model *llm, int n_slots, int cap, 
 }
 
 void eng_mtp_free(eng_mtp *mt) {
-    free(mt->h), free(mt->h_pos), free(mt->hid), free(mt->in), free(mt->all), free(mt->logits);
+    free(mt->h), free(mt->h_pos), free(mt->hid), free(mt->in), free(mt->all), free(mt->logits), free(mt->guess_h);
     memset(mt, 0, sizeof *mt);
 }
 
@@ -83,30 +87,65 @@ void eng_mtp_note(eng_mtp *mt, const llm_batch *b) {
     }
 }
 
-int eng_mtp_propose(eng_mtp *mt, llm_work *w, kt_pool *pool, kv_seq *seq, int32_t pending, int k, int32_t *out,
-                    kt_error *err) {
+/* Depth i of the jobs with k > i, one row each, through the block at once:
+ * every row reads the weights of the same pass. hs: each job's hidden row
+ * in (its last guess's, or the target's), replaced by the block's own. */
+static kt_status guess_depth(eng_mtp *mt, llm_work *w, kt_pool *pool, eng_mtp_job *jobs, int n, int i, float *hs,
+                             kt_error *err) {
     const llm_model *m = mt->llm;
-    const int len = seq->len, E = m->cfg.n_embd, nv = m->cfg.n_vocab;
-    if (k <= 0 || kv_seq_append(seq, k, NULL) != KT_OK) return 0; /* no room: no guesses */
-    const double t0 = kt_time_ms();
-    float *h = mt->in, *h_next = mt->in + E; /* the pass's inputs are free between steps */
-    mt->guesses_blind += !h_before(mt, seq->state_slot, len, h);
-    int32_t tok = pending;
-    kt_status st = KT_OK;
-    for (int i = 0; i < k && st == KT_OK; i++) {
-        const int pos = len + i;
-        llm_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
-        st = llm_mtp_forward(m, w, pool, &b, h, mt->logits, h_next, err);
-        memcpy(h, h_next, sizeof(float) * (size_t)E); /* a chained guess reads the MTP's own hidden state */
-        int32_t best = 0;
-        for (int v = 1; v < nv; v++)
-            if (mt->logits[v] > mt->logits[best]) best = v;
-        out[i] = tok = best;
+    const size_t E = (size_t)m->cfg.n_embd, V = (size_t)m->cfg.n_vocab;
+    int32_t tok[EMTP_GROUP];
+    int pos[EMTP_GROUP], row_job[EMTP_GROUP], n_rows = 0;
+    kv_seq *seqs[EMTP_GROUP];
+    for (int j = 0; j < n; j++) {
+        if (jobs[j].got <= i) continue;
+        tok[n_rows] = i ? jobs[j].out[i - 1] : jobs[j].pending;
+        pos[n_rows] = jobs[j].seq->len - jobs[j].got + i; /* the sequence holds its k guess rows */
+        seqs[n_rows] = jobs[j].seq;
+        memcpy(mt->in + (size_t)n_rows * E, hs + (size_t)j * E, sizeof(float) * E);
+        row_job[n_rows++] = j;
     }
-    /* the recurrent state was not touched: only MTP rows past len were written */
-    const kt_status st2 = kv_seq_truncate_rewound(seq, len, st ? NULL : err);
-    if (st || st2) return -1;
-    const double ms = (kt_time_ms() - t0) / k;
-    mt->guess_ms = mt->guess_ms > 0 ? 0.8 * mt->guess_ms + 0.2 * ms : ms;
-    return k;
+    if (!n_rows) return KT_OK;
+    llm_batch b = {.n_tokens = n_rows, .tokens = tok, .pos = pos, .seq = seqs};
+    float *h_out = mt->in + (size_t)EMTP_GROUP * E;
+    if (llm_mtp_forward(m, w, pool, &b, mt->in, mt->logits, h_out, err) != KT_OK) return err->status;
+    for (int r = 0; r < n_rows; r++) {
+        const float *l = mt->logits + (size_t)r * V;
+        int32_t best = 0;
+        for (int32_t v = 1; v < (int32_t)V; v++)
+            if (l[v] > l[best]) best = v;
+        jobs[row_job[r]].out[i] = best;
+        memcpy(hs + (size_t)row_job[r] * E, h_out + (size_t)r * E, sizeof(float) * E); /* a chained guess reads the MTP's own */
+    }
+    return KT_OK;
+}
+
+kt_status eng_mtp_propose(eng_mtp *mt, llm_work *w, kt_pool *pool, eng_mtp_job *jobs, int n, kt_error *err) {
+    const size_t E = (size_t)mt->llm->cfg.n_embd;
+    if (n > mt->group) return kt_error_set(err, KT_ERR_ARG, "%d MTP jobs at once (at most %d)", n, mt->group);
+    const double t0 = kt_time_ms();
+    int k_max = 0, n_guesses = 0;
+    for (int j = 0; j < n; j++) { /* each sequence takes its guesses' rows; no room: no guesses */
+        eng_mtp_job *jb = &jobs[j];
+        jb->got = jb->k > 0 && kv_seq_append(jb->seq, jb->k, NULL) == KT_OK ? jb->k : 0;
+        if (!jb->got) continue;
+        mt->guesses_blind += !h_before(mt, jb->seq->state_slot, jb->seq->len - jb->got, mt->guess_h + (size_t)j * E);
+        k_max = jb->got > k_max ? jb->got : k_max;
+        n_guesses += jb->got;
+    }
+    kt_status st = KT_OK;
+    for (int i = 0; i < k_max && st == KT_OK; i++) st = guess_depth(mt, w, pool, jobs, n, i, mt->guess_h, err);
+    /* the recurrent state was not touched: only MTP rows past each sequence's end were written */
+    for (int j = 0; j < n; j++) {
+        if (!jobs[j].got) continue;
+        const kt_status st2 = kv_seq_truncate_rewound(jobs[j].seq, jobs[j].seq->len - jobs[j].got, st ? NULL : err);
+        if (st2 && !st) st = st2;
+        if (st) jobs[j].got = 0;
+    }
+    if (st) return st;
+    if (n_guesses) {
+        const double ms = (kt_time_ms() - t0) / n_guesses;
+        mt->guess_ms = mt->guess_ms > 0 ? 0.8 * mt->guess_ms + 0.2 * ms : ms;
+    }
+    return KT_OK;
 }

@@ -24,13 +24,14 @@
 
 typedef struct eng_mtp {
     const llm_model *llm; /* NULL: off */
-    int n_slots, cap;
+    int n_slots, cap, group; /* group: most jobs a call of eng_mtp_propose takes */
     float *h;       /* [n_slots][n_embd]: per slot, the target's hidden state at position h_pos */
     int *h_pos;     /* -1: none */
     float *hid;     /* [cap][n_embd]: the step's tokens' hidden states (the forward's hidden_out) */
     bool *all;      /* [cap], all true: the forward's hidden flags */
     float *in;      /* [cap][n_embd]: the MTP pass's hidden inputs */
-    float *logits;  /* [n_vocab]: a guess's */
+    float *logits;  /* [group][n_vocab]: a depth's guesses' */
+    float *guess_h; /* [group][n_embd]: each job's hidden row between depths */
     double guess_ms; /* one guess, smoothed (0: not measured) */
     uint64_t rows, rows_blind, guesses_blind; /* kt_engine_stats' mtp_* */
 } eng_mtp;
@@ -49,11 +50,24 @@ kt_status eng_mtp_pass(eng_mtp *mt, llm_work *w, kt_pool *pool, const llm_batch 
 /* After the step's draws and rollbacks: each sequence whose last position
  * this step computed keeps that position's hidden state. */
 void eng_mtp_note(eng_mtp *mt, const llm_batch *b);
-/* Up to k greedy guesses (chained on the MTP's own hidden state) of what
- * follows `pending` for seq (pending at position seq->len); the MTP rows
- * they write past seq->len are dropped again. Returns how many (0 where
- * the blocks are not there), or -1 with err. */
-int eng_mtp_propose(eng_mtp *mt, llm_work *w, kt_pool *pool, kv_seq *seq, int32_t pending, int k, int32_t *out,
-                    kt_error *err);
+/* One sequence's guesses: up to k greedy guesses of what follows
+ * `pending` (at position seq->len), chained on the MTP's own hidden state;
+ * got: how many it made (0 where the sequence has no room for their rows). */
+typedef struct eng_mtp_job {
+    kv_seq *seq;
+    int32_t pending;
+    int k, got;
+    int32_t *out; /* [k] */
+} eng_mtp_job;
+
+/* Most jobs one call takes: each depth's rows go through the block in one
+ * pass, so n sequences' guesses read its weights (the head is the model's
+ * output matrix) once a depth, not n times. */
+#define EMTP_GROUP 16
+
+/* The guesses of n <= mt->group jobs (distinct sequences); the MTP rows
+ * they write past each sequence's end are dropped again. KT_OK, or err
+ * (every job's got 0). */
+kt_status eng_mtp_propose(eng_mtp *mt, llm_work *w, kt_pool *pool, eng_mtp_job *jobs, int n, kt_error *err);
 
 #endif
