@@ -21,6 +21,8 @@
 //     $LLAMA_DIR/build/ggml/src/libggml.a $LLAMA_DIR/build/ggml/src/libggml-cpu.a \
 //     $LLAMA_DIR/build/ggml/src/libggml-base.a -fopenmp -lpthread -o qwen3vl_dump
 // Run: qwen3vl_dump MODEL.gguf MMPROJ.gguf IMAGE PROMPT OUT.json
+// (with QWEN3VL_EMBD_OUT=FILE also the image's rows as libmtmd hands them to
+// the text model: float32 [n_tokens][n_embd * (1 + n_deepstack)])
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -98,6 +100,11 @@ int main(int argc, char **argv) {
     const llama_pos p_img = n_past;
     if (mtmd_encode_chunk(mctx, ci)) return fprintf(stderr, "encode failed\n"), 1;
     float *embd = mtmd_get_output_embd(mctx);
+    if (const char *ep = getenv("QWEN3VL_EMBD_OUT")) { // the image's rows, float32 [n_tokens][n_embd_inp]
+        FILE *fe = fopen(ep, "wb");
+        const size_t n = (size_t)llama_model_n_embd_inp(model) * mtmd_input_chunk_get_n_tokens(ci);
+        if (!fe || fwrite(embd, sizeof(float), n, fe) != n || fclose(fe)) return fprintf(stderr, "cannot write %s\n", ep), 1;
+    }
     if (mtmd_helper_decode_image_chunk(mctx, ctx, ci, embd, n_past, 0, 1024, &n_past, nullptr, nullptr))
         return fprintf(stderr, "decode failed (image)\n"), 1;
     const mtmd_image_tokens *it = mtmd_input_chunk_get_tokens_image(ci);
