@@ -206,7 +206,8 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n,
  * n_embd floats (a vision tower's output, one row per merged patch group,
  * row-major; Qwen3-VL models with DeepStack layers, qwen3vl and
  * qwen3vlmoe: n_embd * (1 + n_deepstack) floats, the tower's DeepStack
- * outputs after the main one, as kt_vision_encode writes them), on the M-RoPE grid positions of Qwen-VL text models; the
+ * outputs after the main one, as kt_vision_encode writes them; kt_model_desc's
+ * n_deepstack), on the M-RoPE grid positions of Qwen-VL text models; the
  * tokens after it take the positions that layout gives them. `logits`
  * as for kt_session_eval's last token. KT_ERR_UNSUPPORTED for a model
  * without M-RoPE sections; KT_ERR_CONTEXT when it does not fit.
