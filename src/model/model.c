@@ -344,8 +344,8 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    static const char *const ARCHS[] = {"llama",  "mistral", "qwen2",  "qwen2vl", "qwen3",     "qwen3moe", "qwen3vl",
-                                        "qwen3vlmoe", "phi3", "gemma2", "gemma3", "qwen35", "qwen35moe", "gpt-oss"};
+    static const char *const ARCHS[] = {"llama",      "mistral", "qwen2",  "qwen2vl", "qwen3",  "qwen3moe",  "qwen3vl",
+                                        "qwen3vlmoe", "phi3",    "gemma2", "gemma3",  "qwen35", "qwen35moe", "gpt-oss"};
     bool known = false;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
     if (!known)
