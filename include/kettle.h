@@ -56,6 +56,8 @@ typedef struct kt_model_desc {
     int pooling_type;      /* the file's pooling for embeddings (GGUF: 0 none (a generator), 1 mean,
                               2 cls, 3 last, 4 rank); 0 when it declares none */
     int n_repacked;        /* matrices rewritten at load (KT_LOAD_REPACK) */
+    int n_deepstack;       /* Qwen3-VL (qwen3vl, qwen3vlmoe): DeepStack layers, whose image rows carry
+                              n_embd * (1 + n_deepstack) floats; 0 otherwise */
 } kt_model_desc;
 
 /* Memory-maps the file (zero-copy; pages load on first use). */
@@ -202,7 +204,10 @@ kt_status kt_session_eval(kt_session *s, const int32_t *tokens, int n,
 
 /* Appends an image: its grid_x * grid_y embedding rows of the model's
  * n_embd floats (a vision tower's output, one row per merged patch group,
- * row-major), on the M-RoPE grid positions of Qwen-VL text models; the
+ * row-major; Qwen3-VL models with DeepStack layers, qwen3vl and
+ * qwen3vlmoe: n_embd * (1 + n_deepstack) floats, the tower's DeepStack
+ * outputs after the main one, as kt_vision_encode writes them; kt_model_desc's
+ * n_deepstack), on the M-RoPE grid positions of Qwen-VL text models; the
  * tokens after it take the positions that layout gives them. `logits`
  * as for kt_session_eval's last token. KT_ERR_UNSUPPORTED for a model
  * without M-RoPE sections; KT_ERR_CONTEXT when it does not fit.

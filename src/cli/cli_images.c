@@ -17,13 +17,7 @@ kt_vision *cli_vision_load(const char *path, const kt_model *m, kt_error *err) {
     if (!v) return NULL;
     const kt_vision_info *vi = kt_vision_get_info(v);
     const kt_model_desc *d = kt_model_describe(m);
-    if (vi->n_embd != d->n_embd)
-        kt_error_set(err, KT_ERR_ARG, "the vision projector's images are %d wide and the model's embeddings %d: the "
-                     "projector is for another model", vi->n_embd, d->n_embd);
-    else if (vi->n_deepstack)
-        kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has DeepStack outputs (Qwen3-VL), which go into a "
-                     "qwen3vl text model's early layers; kettle runs the qwen2vl and qwen35 text models");
-    else return v;
+    if (kt_vision_check_text(vi, d->arch, d->n_embd, d->n_deepstack, err) == KT_OK) return v;
     kt_vision_free(v);
     return NULL;
 }
@@ -49,7 +43,9 @@ kt_status cli_image_encode(kt_vision *v, kt_pool *pool, const char *path, cli_im
     if (!st) st = kt_image_preprocess(&img, &pp, &prep, err);
     kt_image_free(&img);
     const size_t n_tok = (size_t)prep.grid_x * (size_t)prep.grid_y;
-    if (!st && !(im->embd = malloc(sizeof(float) * (size_t)kt_vision_get_info(v)->n_embd * (n_tok ? n_tok : 1))))
+    const kt_vision_info *vi = kt_vision_get_info(v);
+    const size_t row = (size_t)vi->n_embd * (size_t)(1 + vi->n_deepstack); /* with Qwen3-VL's DeepStack outputs */
+    if (!st && !(im->embd = malloc(sizeof(float) * row * (n_tok ? n_tok : 1))))
         st = kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding %s", path);
     const double t0 = kt_time_ms();
     if (!st) st = kt_vision_encode(v, pool, &prep, im->embd, err);

@@ -21,15 +21,16 @@
 /* One encoded image file. */
 typedef struct cli_image {
     uint64_t hash;       /* of the file's bytes: what the image is known by */
-    float *embd;         /* grid_x * grid_y rows of the text model's n_embd */
+    float *embd;         /* grid_x * grid_y rows of the text model's n_embd (* (1 + n_deepstack): Qwen3-VL) */
     int grid_x, grid_y;  /* merged tokens across and down */
     int width, height;   /* the file's pixels, upright */
 } cli_image;
 
-/* The tower at path, checked against the text model it feeds: its output
- * width must be the model's n_embd, it must have no DeepStack outputs
- * (they go into a qwen3vl text model's layers, which kettle does not
- * run). NULL with err set. */
+/* The tower at path, checked against the text model it feeds
+ * (kt_vision_check_text): its output width must be the model's n_embd,
+ * and its DeepStack outputs (Qwen3-VL) as many as the model's DeepStack
+ * layers (a qwen3vl / qwen3vlmoe model; none for any other). NULL with
+ * err set. */
 kt_vision *cli_vision_load(const char *path, const kt_model *m, kt_error *err);
 
 /* Decodes, preprocesses and encodes the image file at path into im.

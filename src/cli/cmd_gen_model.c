@@ -66,6 +66,10 @@ typedef struct shape {
      * is 1; llama.cpp conversion/qwen.py, _QwenMtpMixin, counts it into
      * block_count), so the shapes do too; --no-mtp leaves it out */
     int64_t n_mtp;
+    /* Qwen3-VL (qwen3vl, qwen3vlmoe): n_deepstack_layers, the DeepStack
+     * mergers of the tower the model is made for; interleaved M-RoPE
+     * sections in Qwen3-VL's proportions [24, 20, 20] of the rotated pairs */
+    int64_t n_deepstack;
 } shape;
 
 /* gemma3-1b is Gemma 3 1B's (head size 256, one KV head, 5 local layers
@@ -78,26 +82,26 @@ typedef struct shape {
  * a dense FFN of 8 x 768: the dense model with the MoE's active
  * parameters, its decode speed's yardstick. */
 static const shape SHAPES[] = {
-    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0, 0, 0, 0},
-    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0, 0, 0, 0},
-    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, 10000.0f, 1e-5f, false, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"smollm-135m", 576, 30, 9, 3, 1536, 2048, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"test-tiny", 256, 4, 8, 2, 704, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 40960, 1e6f, 1e-6f, true, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3moe", 128, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-dense-a3b-12l", 2048, 12, 32, 4, 6144, 40960, 1e6f, 1e-6f, false, "qwen3", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3moe-tiny", 256, 4, 8, 2, 704, 512, 1e6f, 1e-6f, true, "qwen3moe", 32, 8, 2, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-1b", 1152, 26, 4, 1, 6912, 32768, 1e6f, 1e-6f, true, "gemma3", 256, 0, 0, 0, 512, 10000.0f, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"phi3-mini", 3072, 32, 32, 32, 8192, 4096, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma3-tiny", 256, 6, 4, 1, 512, 512, 1e6f, 1e-6f, true, "gemma3", 64, 0, 0, 0, 8, 10000.0f, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"phi3-tiny", 256, 4, 8, 8, 512, 512, 10000.0f, 1e-5f, false, "phi3", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-80l-tiny", 256, 80, 8, 2, 256, 512, 10000.0f, 1e-5f, true, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* Qwen 3.5's 0.8B and 4B (their config.json: head size 256, linear
      * attention 16 key heads, 16 / 32 value heads of 128, kernel 4, rope
      * base 1e7 on a quarter of the head; the real vocabulary has 248,320
      * tokens); qwen3.5-tiny their layout in small matrices, for tests */
-    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0, 0, 0, 1},
-    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0, 1},
-    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0, 0, 0, 1},
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 16, 128, 0, 0, 0, 1, 0},
+    {"qwen3.5-4b", 2560, 32, 16, 4, 9216, 262144, 1e7f, 1e-6f, true, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0, 1, 0},
+    {"qwen3.5-tiny", 256, 8, 4, 2, 512, 512, 1e7f, 1e-6f, true, "qwen35", 64, 0, 0, 0, 0, 0, 2, 4, 32, 0, 0, 0, 1, 0},
     /* Qwen 3.5 9B (its config.json: hidden 4096, 32 layers, attention 16
      * heads / 4 KV of 256, linear attention 16 key / 32 value heads of 128,
      * FFN 12288; output not tied to the embedding) and 35B-A3B (hidden
@@ -109,9 +113,9 @@ static const shape SHAPES[] = {
      * attention, rope base 1e7 on a quarter of the head, 262,144 positions.
      * The real vocabulary has 248,320 tokens. qwen3.5moe-tiny is the
      * 35B-A3B's layout in small matrices. */
-    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0, 1},
-    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512, 0, 0, 1},
-    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128, 0, 0, 1},
+    {"qwen3.5-9b", 4096, 32, 16, 4, 12288, 262144, 1e7f, 1e-6f, false, "qwen35", 256, 0, 0, 0, 0, 0, 16, 32, 128, 0, 0, 0, 1, 0},
+    {"qwen3.5-35b-a3b", 2048, 40, 16, 2, 0, 262144, 1e7f, 1e-6f, false, "qwen35moe", 256, 256, 8, 512, 0, 0, 16, 32, 128, 512, 0, 0, 1, 0},
+    {"qwen3.5moe-tiny", 256, 8, 4, 2, 0, 512, 1e7f, 1e-6f, false, "qwen35moe", 64, 8, 2, 128, 0, 0, 2, 4, 32, 128, 0, 0, 1, 0},
     /* gpt-oss-20b (its config.json: hidden 2880, 24 layers, 64 heads / 8
      * KV of 64, 32 experts, top 4, expert FFN 2880 (intermediate_size,
      * which the converter also writes as feed_forward_length), sliding
@@ -124,8 +128,19 @@ static const shape SHAPES[] = {
      * biases and sinks are learned where these are 0 and 1.
      * gpt-oss-tiny is its layout in small matrices, for tests (YaRN over
      * 256 positions so that short prompts cross the ramp). */
-    {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 131072, 150000.0f, 1e-5f, false, "gpt-oss", 64, 32, 4, 2880, 128, 0, 0, 0, 0, 0, 32.0f, 4096, 0},
-    {"gpt-oss-tiny", 256, 4, 8, 2, 128, 8192, 150000.0f, 1e-5f, false, "gpt-oss", 32, 8, 2, 128, 16, 0, 0, 0, 0, 0, 32.0f, 256, 0},
+    {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 131072, 150000.0f, 1e-5f, false, "gpt-oss", 64, 32, 4, 2880, 128, 0, 0, 0, 0, 0, 32.0f, 4096, 0, 0},
+    {"gpt-oss-tiny", 256, 4, 8, 2, 128, 8192, 150000.0f, 1e-5f, false, "gpt-oss", 32, 8, 2, 128, 16, 0, 0, 0, 0, 0, 32.0f, 256, 0, 0},
+    /* Qwen3-VL-4B-Instruct's text model (its config.json text_config:
+     * hidden 2560, 36 layers, 32 heads / 8 KV of 128, intermediate 9728,
+     * rope_theta 5e6, mrope_section [24, 20, 20] interleaved, 262144
+     * positions, rms eps 1e-6, tied embeddings; vision_config's
+     * deepstack_visual_indexes [5, 11, 17]: 3 DeepStack layers; the real
+     * vocabulary has 151,936 tokens). qwen3vl-tiny and qwen3vlmoe-tiny
+     * are its layout in small matrices for tests, n_embd 64 with 3
+     * DeepStack layers to take mmproj-qwen3vl-tiny's images. */
+    {"qwen3vl-4b", 2560, 36, 32, 8, 9728, 262144, 5e6f, 1e-6f, true, "qwen3vl", 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
+    {"qwen3vl-tiny", 64, 4, 4, 2, 192, 4096, 5e6f, 1e-6f, true, "qwen3vl", 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
+    {"qwen3vlmoe-tiny", 64, 4, 4, 2, 192, 4096, 5e6f, 1e-6f, true, "qwen3vlmoe", 32, 8, 2, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
 };
 
 static const char *arch_of(const shape *s) { return s->arch ? s->arch : "llama"; }
@@ -142,8 +157,11 @@ typedef struct tower_shape {
 static const tower_shape TOWERS[] = {
     {"mmproj-qwen3.5-4b", 1024, 24, 16, 4096, 16, 48, 2560, {0}, 0},
     {"mmproj-qwen3vl-4b", 1024, 24, 16, 4096, 16, 48, 2560, {5, 11, 17}, 3},
-    /* the test goldens' tower (mmproj-qwen3vl-*.gguf) in shape: for tests */
+    /* the test goldens' tower (mmproj-qwen3vl-*.gguf) in shape: for tests;
+     * and with a fourth block and DeepStack mergers after blocks 0-2, for
+     * qwen3vl-tiny */
     {"mmproj-qwen3.5-tiny", 64, 3, 4, 160, 16, 48, 64, {0}, 0},
+    {"mmproj-qwen3vl-tiny", 64, 4, 4, 160, 16, 48, 64, {0, 1, 2}, 3},
 };
 #define N_TOWERS (sizeof TOWERS / sizeof TOWERS[0])
 
@@ -152,7 +170,8 @@ static void usage(FILE *out) {
             "usage: kettle gen-model --shape NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf\n"
             "                        [--seed S] [--ctx-train N] [--layers N]\n"
             "\n"
-            "Writes a model of a real shape (llama, qwen3, qwen3moe, gemma3, phi3, qwen35, qwen35moe, gpt-oss)\n"
+            "Writes a model of a real shape (llama, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, gemma3, phi3, qwen35,\n"
+            "qwen35moe, gpt-oss)\n"
             "with deterministic random weights (about N(0, 0.02); norms 1; gpt-oss's 1-D biases 0 and sinks 1):\n"
             "the same seed gives the same file bytes.\n"
             "\n"
@@ -219,7 +238,7 @@ static void add_zero_bias(gen_plan *p, int64_t i, const char *suffix, int64_t n)
 static void add_layer(gen_plan *p, const shape *s, int64_t i, bool mtp, kt_dtype type) {
     const int64_t hd = head_dim_of(s), q = hd * s->n_heads, kv = hd * s->n_kv_heads, E = s->n_expert;
     const char *a = arch_of(s);
-    const bool qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe") || !strcmp(a, "gemma3");
+    const bool qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe") || !strncmp(a, "qwen3vl", 7) || !strcmp(a, "gemma3");
     const bool gemma = !strcmp(a, "gemma3"), fused = !strcmp(a, "phi3");
     char n[64];
 #define LAYER(suffix, d0, d1, d2)                                    \
@@ -452,6 +471,13 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
         TRY(U32("full_attention_interval", 4));
         snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
         TRY(gguf_writer_set_arr(w, key, GGUF_I32, sections, 4, err));
+    }
+    if (!strncmp(a, "qwen3vl", 7)) { /* as llama.cpp's converter writes Qwen3-VL's text model */
+        const int32_t pairs = (int32_t)(head_dim_of(s) / 2), s0 = pairs * 24 / 64, s1 = pairs * 20 / 64;
+        const int32_t sections[4] = {s0, s1, pairs - s0 - s1, 0};
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+        TRY(gguf_writer_set_arr(w, key, GGUF_I32, sections, 4, err));
+        TRY(U32("n_deepstack_layers", s->n_deepstack));
     }
     TRY(U32("attention.head_count", s->n_heads));
     TRY(U32("attention.head_count_kv", s->n_kv_heads));
@@ -783,7 +809,7 @@ static int check_tower_args(gen_args *a) {
 }
 
 static int unknown_shape(const char *name) {
-    char names[768] = "";
+    char names[1024] = "";
     for (size_t i = 0; i < N_SHAPES; i++)
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", SHAPES[i].name);
     for (size_t i = 0; i < N_TOWERS; i++)
@@ -826,6 +852,8 @@ static int check_args(gen_args *a) {
         if (a->ctx_str) a->custom.ctx = (int64_t)ctx;
         /* the first N layers of a model too large to write here (block_count says N) */
         if (a->layers_str) a->custom.n_layers = (int64_t)layers;
+        if (a->custom.n_deepstack >= a->custom.n_layers) /* DeepStack adds before the last layer */
+            a->custom.n_deepstack = a->custom.n_layers - 1;
         a->shape = &a->custom;
     }
     return 0;

@@ -18,6 +18,7 @@
 #include "base/json_safe.h"
 #include "gguf/gguf.h"
 #include "kettle.h"
+#include "model/deepstack.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/mtp.h"
@@ -44,7 +45,7 @@ static void describe(kt_model *m) {
         .rope_freq_base = c->rope_freq_base, .rms_eps = c->rms_eps,
         .weight_bytes = m->llm->weight_bytes, .active_bytes = m->llm->active_bytes, .n_params = m->llm->n_params,
         .bos_id = kt_vocab_bos(m->vocab), .eos_id = kt_vocab_eos(m->vocab),
-        .n_repacked = m->n_repacked, .pooling_type = c->pooling_type,
+        .n_repacked = m->n_repacked, .pooling_type = c->pooling_type, .n_deepstack = c->n_deepstack,
     };
 }
 
@@ -419,7 +420,7 @@ kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *
     kv_seq *seqs[LLM_MAX_BATCH];
     bool want[LLM_MAX_BATCH], every[LLM_MAX_BATCH];
     const float *rows[LLM_MAX_BATCH];
-    const int n_embd = s->model->llm->cfg.n_embd;
+    const size_t n_row = llm_embd_row_floats(&s->model->llm->cfg); /* an image row: n_embd, + DeepStack's */
     size_t n_vocab = (size_t)s->model->llm->cfg.n_vocab;
     for (int done = 0; done < n;) {
         int chunk = n - done < LLM_MAX_BATCH ? n - done : LLM_MAX_BATCH;
@@ -429,7 +430,7 @@ kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *
             pos[i] = pos0 + i;
             seqs[i] = s->seq;
             want[i] = logits && (all_logits || done + i == n - 1);
-            rows[i] = embd ? embd + (size_t)(done + i) * (size_t)n_embd : NULL;
+            rows[i] = embd ? embd + (size_t)(done + i) * n_row : NULL;
             req_images_pos4(&s->images, pos[i], pos4 + 4 * i);
         }
         for (int i = 0; i < chunk; i++) every[i] = true;

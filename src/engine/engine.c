@@ -79,6 +79,7 @@
 #include "kv/prefix_cache.h"
 #include "engine/rewind.h"
 #include "engine/mtp_engine.h"
+#include "model/deepstack.h"
 #include "model/mtp.h"
 #include "engine/snapshots.h"
 #include "model/forward.h"
@@ -279,17 +280,12 @@ static kt_status fill_params(kt_engine *e, const kt_engine_params *in, kt_error 
     if (p.spec == KT_SPEC_DRAFT && p.spec_draft && llm_state_bytes(p.spec_draft->llm))
         return kt_error_set(err, KT_ERR_ARG, "the draft model is a hybrid model (recurrent layers): a draft's "
                             "state cannot roll back; use --spec ngram or a transformer draft model");
-    if (p.vision && kt_vision_get_info(p.vision)->n_embd != e->llm->cfg.n_embd)
-        return kt_error_set(err, KT_ERR_ARG, "the vision tower's output width %d is not the model's embedding width "
-                            "%d: the projector is for another model", kt_vision_get_info(p.vision)->n_embd,
-                            e->llm->cfg.n_embd);
+    kt_status st;
+    if (p.vision && (st = kt_vision_check_text(kt_vision_get_info(p.vision), c->arch, c->n_embd, c->n_deepstack, err)))
+        return st;
     if (p.vision && !(e->llm->cfg.rope_sections[0] + e->llm->cfg.rope_sections[1] + e->llm->cfg.rope_sections[2]))
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "the model (%s) has no M-RoPE sections: kettle places images "
-                            "in Qwen-VL text models (qwen2vl, qwen35, qwen35moe)", e->llm->cfg.arch);
-    if (p.vision && kt_vision_get_info(p.vision)->n_deepstack)
-        return kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has DeepStack outputs (Qwen3-VL), which go into "
-                            "the early layers of a qwen3vl text model; kettle runs the qwen2vl and qwen35 text models, "
-                            "whose towers have none");
+                            "in Qwen-VL text models (qwen2vl, qwen3vl, qwen3vlmoe, qwen35, qwen35moe)", e->llm->cfg.arch);
     if (p.image_cache_bytes == 0) p.image_cache_bytes = (size_t)512 << 20;
     e->p = p;
     return KT_OK;
@@ -943,7 +939,8 @@ kt_status kt_engine_submit_ex(kt_engine *e, const kt_gen_params *p, kt_request *
     kt_request *r = req_new(p, err);
     if (!r) return kt_grammar_free(g), eng_triggers_free(&trig), eng_images_free_given(p), KT_ERR_NOMEM;
     *field = KT_FIELD_PROMPT;
-    if ((st = req_images_copy(&r->images, p, r->prompt, e->llm->cfg.n_embd, e->p.vision != NULL, err)) != KT_OK) {
+    if ((st = req_images_copy(&r->images, p, r->prompt, (int)llm_embd_row_floats(&e->llm->cfg), e->p.vision != NULL,
+                              err)) != KT_OK) {
         kt_grammar_free(g), eng_triggers_free(&trig);
         req_release(r), req_release(r);
         return st;
@@ -1492,7 +1489,7 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
 static bool images_ready(kt_engine *e, kt_request *r, int chunk) {
     kt_error err = {0};
     eng_encoder enc = {.vision = e->p.vision, .pool = e->pool, .cache = e->embd_cache, .disk = e->embd_disk,
-                       .n_embd = e->llm->cfg.n_embd};
+                       .n_row = (int)llm_embd_row_floats(&e->llm->cfg)};
     kt_status st = req_images_ready(&r->images, r->n_prefilled, chunk, &enc, &err);
     pthread_mutex_lock(&e->mu);
     e->stats.image_encodes += (uint64_t)enc.n_encoded;
@@ -1561,7 +1558,7 @@ static int build_batch(kt_engine *e, int *n_prefill) {
         eng_snaps_plan(&e->snaps, r, r->n_prefilled, chunk, n, r->snap_extra);
         for (int j = 0; j < chunk; j++) {
             int k = r->n_prefilled + j;
-            const float *row = r->images.n ? req_images_row(&r->images, k, e->llm->cfg.n_embd) : NULL;
+            const float *row = r->images.n ? req_images_row(&r->images, k, (int)llm_embd_row_floats(&e->llm->cfg)) : NULL;
             e->b_tokens[n] = row ? 0 : r->prompt[k]; /* an image's row: its key id is no token */
             e->b_embd[n] = row;
             e->b_pos[n] = k;

@@ -155,7 +155,8 @@ typedef enum kt_pooling {
 /* An image in a prompt (engine/images.h): its grid_x * grid_y tokens take
  * prompt indices [at, at + grid_x * grid_y), whose values submit replaces
  * by the image's key ids. Its embeddings are given (embd: that many rows
- * of the model's n_embd floats, copied) or made by the engine's vision
+ * of the model's n_embd floats, or n_embd * (1 + n_deepstack) in
+ * Qwen3-VL models, copied) or made by the engine's vision
  * tower from prep (taken by submit, also when it fails; hash from
  * eng_image_hash). */
 typedef struct kt_prompt_image {

@@ -36,7 +36,7 @@ void eng_images_free_given(const kt_gen_params *p) {
     free_given_preps(p, 0);
 }
 
-static kt_status copy_one(req_image *im, const kt_prompt_image *pi, int i, int32_t *prompt, int n_prompt, int n_embd,
+static kt_status copy_one(req_image *im, const kt_prompt_image *pi, int i, int32_t *prompt, int n_prompt, int n_row,
                           bool have_vision, kt_error *err) {
     if (pi->grid_x < 1 || pi->grid_y < 1 || pi->grid_x > 4096 || pi->grid_y > 4096)
         return kt_error_set(err, KT_ERR_ARG, "image %d has a %dx%d grid", i, pi->grid_x, pi->grid_y);
@@ -51,7 +51,7 @@ static kt_status copy_one(req_image *im, const kt_prompt_image *pi, int i, int32
                       .n_pos = pi->grid_x > pi->grid_y ? pi->grid_x : pi->grid_y, .hash = pi->hash,
                       .prep = pi->prep};
     if (pi->embd) {
-        const size_t n_floats = (size_t)n_tokens * (size_t)n_embd;
+        const size_t n_floats = (size_t)n_tokens * (size_t)n_row;
         if (!(im->own_embd = malloc(sizeof(float) * n_floats)))
             return kt_error_set(err, KT_ERR_NOMEM, "out of memory copying image %d's embeddings", i);
         memcpy(im->own_embd, pi->embd, sizeof(float) * n_floats);
@@ -67,7 +67,7 @@ static kt_status copy_one(req_image *im, const kt_prompt_image *pi, int i, int32
     return KT_OK;
 }
 
-kt_status req_images_copy(req_images *ri, const kt_gen_params *p, int32_t *prompt, int n_embd, bool have_vision,
+kt_status req_images_copy(req_images *ri, const kt_gen_params *p, int32_t *prompt, int n_row, bool have_vision,
                           kt_error *err) {
     memset(ri, 0, sizeof *ri);
     if (p->n_images <= 0) return KT_OK;
@@ -81,7 +81,7 @@ kt_status req_images_copy(req_images *ri, const kt_gen_params *p, int32_t *promp
         return kt_error_set(err, KT_ERR_NOMEM, "out of memory queuing a request's images");
     }
     for (int i = 0; i < p->n_images; i++) {
-        kt_status st = copy_one(&ri->v[i], &p->images[i], i, prompt, p->n_prompt, n_embd, have_vision, err);
+        kt_status st = copy_one(&ri->v[i], &p->images[i], i, prompt, p->n_prompt, n_row, have_vision, err);
         ri->n = i + 1; /* the request owns image i's prep from here on */
         if (!st && i && p->images[i].at < ri->v[i - 1].at + ri->v[i - 1].n_tokens)
             st = kt_error_set(err, KT_ERR_ARG, "image %d (at %d) overlaps or precedes image %d", i, p->images[i].at,
@@ -127,8 +127,9 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* Image im's embeddings from the tower (rows of n_embd: the engine
- * refuses a tower with DeepStack outputs), malloc'd; NULL with err. */
+/* Image im's embeddings from the tower (rows of n_row: the engine
+ * checks the tower's DeepStack outputs are the model's), malloc'd; NULL
+ * with err. */
 static float *encode(req_image *im, int i, eng_encoder *enc, size_t n_floats, kt_error *err) {
     float *out = malloc(sizeof(float) * n_floats);
     if (!out) return kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding image %d", i), NULL;
@@ -148,7 +149,7 @@ static float *encode(req_image *im, int i, eng_encoder *enc, size_t n_floats, kt
 /* Image im's embeddings: the cache's, else its disk tier's, else the
  * tower's (then cached). */
 static kt_status make_embd(req_image *im, int i, eng_encoder *enc, kt_error *err) {
-    const size_t n_floats = (size_t)im->n_tokens * (size_t)enc->n_embd;
+    const size_t n_floats = (size_t)im->n_tokens * (size_t)enc->n_row;
     kt_embd_cache *cache = enc->cache;
     if (cache && (im->embd = kt_embd_cache_get(cache, im->hash, n_floats))) {
         im->pinned = true;
@@ -182,11 +183,11 @@ kt_status req_images_ready(req_images *ri, int k0, int n, eng_encoder *enc, kt_e
     return KT_OK;
 }
 
-const float *req_images_row(const req_images *ri, int k, int n_embd) {
+const float *req_images_row(const req_images *ri, int k, int n_row) {
     for (int i = 0; i < ri->n; i++) {
         const req_image *im = &ri->v[i];
         if (k < im->at) return NULL;
-        if (k < im->at + im->n_tokens) return im->embd + (size_t)(k - im->at) * (size_t)n_embd;
+        if (k < im->at + im->n_tokens) return im->embd + (size_t)(k - im->at) * (size_t)n_row;
     }
     return NULL;
 }

@@ -40,7 +40,8 @@ typedef struct req_image {
     uint64_t hash;
     kt_image_prep *prep;  /* owned; NULL once encoded or when given embd */
     float *own_embd;      /* given by the caller (copied) */
-    const float *embd;    /* n_tokens rows of n_embd floats, once known */
+    const float *embd;    /* n_tokens rows of n_row floats (llm_embd_row_floats: n_embd, or with
+                             Qwen3-VL's DeepStack slices after it), once known */
     bool pinned;          /* embd is pinned in the encoder cache */
 } req_image;
 
@@ -59,9 +60,9 @@ int32_t eng_image_key_id(uint64_t hash, int i);
 /* Copies p's images into ri and writes their key ids into prompt; checks
  * they are in order, inside the prompt, not overlapping, and have
  * embeddings or pixels to make them from (need_vision: the engine has a
- * vision tower whose output width is n_embd). Takes ownership of every
+ * vision tower whose rows are n_row floats wide). Takes ownership of every
  * image's prep, also on failure. */
-kt_status req_images_copy(req_images *ri, const kt_gen_params *p, int32_t *prompt, int n_embd, bool have_vision,
+kt_status req_images_copy(req_images *ri, const kt_gen_params *p, int32_t *prompt, int n_row, bool have_vision,
                           kt_error *err);
 void req_images_release(req_images *ri, kt_embd_cache *cache);
 /* Frees the preps of p's images (submit failed before taking them). */
@@ -78,7 +79,7 @@ typedef struct eng_encoder {
     kt_pool *pool;
     kt_embd_cache *cache;  /* NULL: none */
     kt_embd_disk *disk;    /* the cache's disk tier; NULL: none */
-    int n_embd;
+    int n_row; /* floats in an image token's row (llm_embd_row_floats) */
     /* what req_images_ready did, added up */
     double encode_ms;
     int n_encoded, n_disk_hits;
@@ -87,6 +88,6 @@ typedef struct eng_encoder {
 kt_status req_images_ready(req_images *ri, int k0, int n, eng_encoder *enc, kt_error *err);
 
 /* The embedding row that stands for prompt index k, or NULL (a token). */
-const float *req_images_row(const req_images *ri, int k, int n_embd);
+const float *req_images_row(const req_images *ri, int k, int n_row);
 
 #endif

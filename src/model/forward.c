@@ -9,7 +9,9 @@
  * some layers (with their own rope angles); a mixture of experts replaces
  * the FFN by the routed experts' FFNs, weighted (gpt-oss's routing and
  * clamped, biased experts: model/moe_oai.c); gpt-oss adds biases to the
- * attention's output and a sink logit per head to its softmax.
+ * attention's output and a sink logit per head to its softmax; Qwen3-VL
+ * adds an image token's DeepStack rows after its first layers
+ * (model/deepstack.c).
  * Only the tokens that want logits go past the last layer's K and V: the
  * others' last outputs reach nothing (in a pp512 that is 511 tokens' Q,
  * attention, Wo and FFN of one layer, 1/n_layer of the work).
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "model/deepstack.h"
 #include "model/deltanet.h"
 #include "model/moe_oai.h"
 #include "ops/matmul.h"
@@ -788,6 +791,7 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         add_norm_rows(pool, w->x, w->xn, &l->ffn_norm, n, c->n_embd, c->rms_eps);
         ffn_block(m, w, pool, il, n);
         if (l->post_ffn_norm.data) rmsnorm_rows(pool, w->xn, w->xn, &l->post_ffn_norm, n, c->n_embd, c->rms_eps);
+        llm_deepstack_add(c, b->embd ? b->embd + t0 : NULL, n, il, w->xn); /* Qwen3-VL: before the last layer only */
         /* after the last layer, xn = the output norm of x: the classifier's input */
         add_norm_rows(pool, w->x, w->xn, last ? &m->output_norm : &m->layers[il + 1].attn_norm, n, c->n_embd,
                       c->rms_eps);

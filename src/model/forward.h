@@ -57,8 +57,9 @@ typedef struct llm_batch {
      * so a speculative rollback can replay the tokens it keeps. */
     float *const *rec_log;
     /* per token, NULL or the n_embd floats that stand for it instead of
-     * its token's embedding row (an image's embeddings, src/vision/);
-     * NULL: every token is its id. */
+     * its token's embedding row (an image's embeddings, src/vision/),
+     * followed by n_deepstack more slices of n_embd in Qwen3-VL models
+     * (llm_embd_row_floats, model/deepstack.h); NULL: every token is its id. */
     const float *const *embd;
 } llm_batch;
 

@@ -122,7 +122,8 @@ static kt_status read_experts(const gguf_file *f, llm_config *c, kt_error *err) 
     int gating = 1, shared = 0;
     if ((st = read_int(f, a, "expert_count", 0, 0, 4096, &c->n_expert, err))) return st;
     if (!c->n_expert) {
-        if (!strcmp(a, "qwen3moe")) return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen3moe.expert_count'");
+        if (!strcmp(a, "qwen3moe") || !strcmp(a, "qwen3vlmoe"))
+            return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key '%s.expert_count'", a);
         return KT_OK;
     }
     if ((st = read_int(f, a, "expert_used_count", -1, 1, c->n_expert, &c->n_expert_used, err)) ||
@@ -229,14 +230,15 @@ static bool layer_is_swa(const llm_config *c, int il) {
 
 /* M-RoPE's sections (rope.dimension_sections: how many rotated pairs take
  * the temporal, height, width and extra position components), for the
- * Qwen-VL text models (qwen2vl: required) and Qwen 3.5 (optional; text
- * alone reduces to plain rope). qwen2vl takes the sections one after
- * another (ggml's MROPE), Qwen 3.5 interleaves them (IMROPE). */
+ * Qwen-VL text models (qwen2vl, qwen3vl, qwen3vlmoe: required) and Qwen
+ * 3.5 (optional; text alone reduces to plain rope). qwen2vl takes the
+ * sections one after another (ggml's MROPE), Qwen 3.5 and Qwen3-VL
+ * interleave them (IMROPE; llama_model_rope_type). */
 static kt_status read_rope_sections(const gguf_file *f, llm_config *c, bool required, kt_error *err) {
     const char *a = c->arch;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
-    c->rope_sections_interleaved = !strncmp(a, "qwen35", 6);
+    c->rope_sections_interleaved = !strncmp(a, "qwen35", 6) || !strncmp(a, "qwen3vl", 7);
     int64_t i = gguf_find_key(f, key);
     if (i < 0)
         return required ? kt_error_set(err, KT_ERR_FORMAT, "missing metadata key '%s' (M-RoPE sections)", key) : KT_OK;
@@ -255,6 +257,21 @@ static kt_status read_rope_sections(const gguf_file *f, llm_config *c, bool requ
         c->rope_sections[j] = v, sum += v;
     }
     if (sum == 0) return kt_error_set(err, KT_ERR_FORMAT, "metadata key '%s' has no non-zero section", key);
+    return KT_OK;
+}
+
+/* Qwen3-VL's text models as llama.cpp reads them (qwen3vl.cpp,
+ * qwen3vlmoe.cpp): rope.dimension_sections required (interleaved),
+ * n_deepstack_layers optional (0). DeepStack adds after layers [0, n), so
+ * n must leave the last layer out (its rows are cut to the outputs). */
+static kt_status read_qwen3vl(const gguf_file *f, llm_config *c, kt_error *err) {
+    kt_status st;
+    if ((st = read_rope_sections(f, c, true, err)) ||
+        (st = read_int(f, c->arch, "n_deepstack_layers", 0, 0, 64, &c->n_deepstack, err)))
+        return st;
+    if (c->n_deepstack >= c->n_layer)
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "%s.n_deepstack_layers %d: kettle adds DeepStack rows after "
+                            "layers before the last (the model has %d)", c->arch, c->n_deepstack, c->n_layer);
     return KT_OK;
 }
 
@@ -327,14 +344,14 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
     if (!gguf_get_str(f, "general.architecture", c->arch, sizeof c->arch))
         return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'general.architecture'");
     const char *a = c->arch;
-    static const char *const ARCHS[] = {"llama", "mistral", "qwen2", "qwen2vl", "qwen3", "qwen3moe", "phi3", "gemma2",
-                                        "gemma3", "qwen35", "qwen35moe", "gpt-oss"};
+    static const char *const ARCHS[] = {"llama",      "mistral", "qwen2",  "qwen2vl", "qwen3",  "qwen3moe",  "qwen3vl",
+                                        "qwen3vlmoe", "phi3",    "gemma2", "gemma3",  "qwen35", "qwen35moe", "gpt-oss"};
     bool known = false;
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) known |= !strcmp(a, ARCHS[i]);
     if (!known)
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
                             "architecture '%s' is not supported (kettle runs llama, mistral, qwen2, qwen2vl, qwen3, "
-                            "qwen3moe, phi3, gemma2, gemma3, qwen35, qwen35moe, gpt-oss)", a);
+                            "qwen3moe, qwen3vl, qwen3vlmoe, phi3, gemma2, gemma3, qwen35, qwen35moe, gpt-oss)", a);
     const int64_t big = 1 << 20;
     /* qwen35moe has no dense FFN: llama.cpp's converter writes
      * feed_forward_length only when the HF config has intermediate_size,
@@ -379,6 +396,7 @@ static kt_status read_config(const gguf_file *f, llm_config *c, kt_error *err) {
             return kt_error_set(err, KT_ERR_FORMAT, "missing metadata key 'qwen35moe.expert_count'");
     }
     if (!strcmp(a, "qwen2vl") && (st = read_rope_sections(f, c, true, err))) return st;
+    if (!strncmp(a, "qwen3vl", 7) && (st = read_qwen3vl(f, c, err))) return st;
     if (!strcmp(a, "gpt-oss") && (st = read_gpt_oss(f, c, err))) return st;
     if ((st = read_experts(f, c, err))) return st;
     return read_rope_scaling(f, c, err);
@@ -686,7 +704,8 @@ static kt_status bind_layer(const gguf_file *f, const llm_config *c, int il, llm
     if (c->moe_oai) return bind_gpt_oss_layer(f, c, il, l, err);
     int q_dim = c->n_head * c->head_dim, kv_dim = c->n_head_kv * c->head_dim;
     bool biased = !strcmp(c->arch, "qwen2") || !strcmp(c->arch, "qwen2vl"),
-         qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe") || !strcmp(c->arch, "gemma3");
+         qk_normed = !strcmp(c->arch, "qwen3") || !strcmp(c->arch, "qwen3moe") || !strncmp(c->arch, "qwen3vl", 7) ||
+                     !strcmp(c->arch, "gemma3");
     const bool post_normed = !strncmp(c->arch, "gemma", 5);
     const bool fused = strcmp(c->arch, "phi3") == 0; /* attn_qkv and ffn_up (gate | up), split below */
     const bool moe = c->n_expert > 0;               /* no dense FFN: experts, bound below */

@@ -10,7 +10,9 @@
  * Architectures: `llama` (and `mistral`-style files, which use it),
  * `mistral`, `qwen2` (NeoX RoPE, biases on Q, K and V), `qwen2vl`
  * (Qwen2.5-VL's text model: qwen2 with M-RoPE sections) and `qwen3` (NeoX
- * RoPE, an RMSNorm of each head of Q and K before it), `qwen3moe` and
+ * RoPE, an RMSNorm of each head of Q and K before it), `qwen3vl` and
+ * `qwen3vlmoe` (Qwen3-VL's text models: qwen3 / qwen3moe with interleaved
+ * M-RoPE sections and DeepStack image rows), `qwen3moe` and
  * Mixtral-style `llama` files (a mixture of experts in place of the FFN:
  * softmax router, top-k, weights renormalized), `phi3` (fused QKV and
  * gate/up), `gemma2` and `gemma3` (embedding scale, GeGLU, norms after
@@ -116,7 +118,12 @@ typedef struct llm_config {
     int full_attn_interval;
     int ssm_conv_kernel, ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v, ssm_conv_dim;
     int rope_sections[4]; /* M-RoPE (rope.dimension_sections; all 0: none) */
-    bool rope_sections_interleaved; /* Qwen 3.5's IMROPE; else qwen2vl's MROPE, sections in a row */
+    bool rope_sections_interleaved; /* Qwen 3.5's and Qwen3-VL's IMROPE; else qwen2vl's MROPE, sections in a row */
+    /* Qwen3-VL (qwen3vl, qwen3vlmoe): DeepStack layers (n_deepstack_layers;
+     * 0: none). An image token's embedding row is then n_embd * (1 +
+     * n_deepstack) wide, and slice il + 1 is added to its hidden state
+     * after layer il < n_deepstack (model/deepstack.c). */
+    int n_deepstack;
     int n_ff_shexp;       /* the shared expert's width (0: none) */
     /* gpt-oss's experts: the top-k by router logit (+ bias) weighted by
      * the softmax of those k logits, biased, SwiGLU-OAI (model/moe_oai.c) */

@@ -488,6 +488,22 @@ void kt_vision_free(kt_vision *v) {
 
 const kt_vision_info *kt_vision_get_info(const kt_vision *v) { return &v->info; }
 
+kt_status kt_vision_check_text(const kt_vision_info *vi, const char *arch, int n_embd, int n_deepstack,
+                               kt_error *err) {
+    if (vi->n_embd != n_embd)
+        return kt_error_set(err, KT_ERR_ARG, "the vision tower's images are %d wide and the model's embeddings %d: "
+                            "the projector is for another model", vi->n_embd, n_embd);
+    if (vi->n_deepstack && strncmp(arch, "qwen3vl", 7))
+        return kt_error_set(err, KT_ERR_UNSUPPORTED, "the vision tower has %d DeepStack outputs (Qwen3-VL's), which "
+                            "only a qwen3vl or qwen3vlmoe text model takes; the model is %s: the projector is for "
+                            "another model", vi->n_deepstack, arch);
+    if (vi->n_deepstack != n_deepstack)
+        return kt_error_set(err, KT_ERR_ARG, "the vision tower has %d DeepStack outputs and the model (%s) has %d "
+                            "DeepStack layers (%s.n_deepstack_layers): the projector is for another model",
+                            vi->n_deepstack, arch, n_deepstack, arch);
+    return KT_OK;
+}
+
 /* clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL projectors:
  * 8 to 4096 merged tokens, each (patch x merge)^2 pixels. */
 void kt_vision_prep_params(const kt_vision *v, kt_image_prep_params *p) {

@@ -35,6 +35,14 @@ void kt_vision_free(kt_vision *v);
 
 const kt_vision_info *kt_vision_get_info(const kt_vision *v);
 
+/* Whether the tower feeds a text model of this architecture, embedding
+ * width and DeepStack layers (kt_model_desc's): the widths must be equal,
+ * and DeepStack outputs go only to a qwen3vl / qwen3vlmoe model with as
+ * many DeepStack layers (n_deepstack_layers). KT_OK, or an error that
+ * says which. */
+kt_status kt_vision_check_text(const kt_vision_info *vi, const char *arch, int n_embd, int n_deepstack,
+                               kt_error *err);
+
 /* The preprocessing this tower wants (patch, merge, min / max pixels as
  * llama.cpp sets them for the projector, mean / std from the file). */
 void kt_vision_prep_params(const kt_vision *v, kt_image_prep_params *p);
