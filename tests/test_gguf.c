@@ -654,21 +654,32 @@ static void test_writer_arg_errors(void **state) {
     expect_arg(gguf_writer_add_tensor(w, long_name, KT_F32, 1, d4, &err), &err, "longer");
     assert_int_equal(gguf_writer_add_tensor(w, "t", KT_F32, 1, d4, &err), KT_OK);
     expect_arg(gguf_writer_add_tensor(w, "t", KT_F32, 1, d4, &err), &err, "duplicate");
+    assert_int_equal(gguf_writer_add_tensor(w, "p", KT_F32, 2, d4, &err), KT_OK); /* written in parts */
     assert_int_equal(gguf_writer_finish(w, &err), KT_ERR_ARG);
 
     const char *path = tu_tmp("args.gguf");
     assert_int_equal(gguf_writer_begin(w, path, &err), KT_OK);
     expect_arg(gguf_writer_set_u32(w, "late", 1, &err), &err, "after gguf_writer_begin");
     expect_arg(gguf_writer_add_tensor(w, "u", KT_F32, 1, d4, &err), &err, "after");
-    expect_arg(gguf_writer_finish(w, &err), &err, "only 0 of 1 tensors");
-    float data[32] = {0};
+    expect_arg(gguf_writer_finish(w, &err), &err, "only 0 of 2 tensors");
+    float data[32] = {0}, parts[64];
+    for (int i = 0; i < 64; i++) parts[i] = (float)i;
     expect_arg(gguf_writer_write_tensor(w, data, 100, &err), &err, "expected 128");
     assert_int_equal(gguf_writer_write_tensor(w, data, sizeof data, &err), KT_OK);
-    expect_arg(gguf_writer_write_tensor(w, data, sizeof data, &err), &err, "already written");
+    /* "p" (256 bytes) in parts: 100, then 156; a whole write or too many
+     * bytes in the middle refused, finish refused until the last part */
+    assert_int_equal(gguf_writer_write_part(w, parts, 100, &err), KT_OK);
+    expect_arg(gguf_writer_write_tensor(w, parts, sizeof parts, &err), &err, "given by write_part");
+    expect_arg(gguf_writer_write_part(w, parts, 157, &err), &err, "157 more bytes given after 100");
+    expect_arg(gguf_writer_finish(w, &err), &err, "only 1 of 2 tensors");
+    assert_int_equal(gguf_writer_write_part(w, (const char *)parts + 100, 156, &err), KT_OK);
+    expect_arg(gguf_writer_write_part(w, data, 4, &err), &err, "already written");
     assert_int_equal(gguf_writer_finish(w, &err), KT_OK);
     gguf_writer_free(w);
     gguf_file *f = open_ok(path);
-    assert_int_equal(gguf_n_tensors(f), 1);
+    assert_int_equal(gguf_n_tensors(f), 2);
+    const gguf_tensor *pt = gguf_tensor_find(f, "p");
+    assert_true(pt && pt->n_bytes == sizeof parts && memcmp(pt->data, parts, sizeof parts) == 0);
     gguf_close(f);
     unlink(path);
 }

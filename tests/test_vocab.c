@@ -10,6 +10,8 @@
  *   Gemma 4 texts must also decode back to themselves.
  * - models/tok512.bin and stories260K.gguf: the same 512-token vocabulary
  *   in llama2.c's and GGUF form; both must give the same ids for any text.
+ * - tests/data/vocab-gpt-4o: llama.cpp's ids for the pre-tokenizer "gpt-4o"
+ *   (gpt-oss's o200k) on llama-bpe's vocabulary (test_vocab_gpt4o).
  * - golden/NAME.json: llama.cpp's prompt ids and greedy text; the prompt must
  *   encode to prompt_ids and gen_ids must detokenize to gen_text exactly.
  * It also measures encode throughput on ~1 MB of text (printed). With
@@ -203,14 +205,14 @@ static int parse_line(const char *line, size_t len, int32_t *ids, int cap) {
     return n;
 }
 
-/* Runs one .inp/.out pair; returns the number of texts (all must match). */
-static int run_pair(const kt_vocab *v, const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s%s.inp", tu_shared("vocab/"), name);
-    char *inp = tu_read_file(path, NULL);
+/* Runs the texts of inp_path against the ids of out_path (one line a
+ * text); returns the number of texts (all must match). */
+static int run_files(const kt_vocab *v, const char *name, const char *inp_path, const char *out_path) {
+    char *inp = tu_read_file(inp_path, NULL);
+    if (!inp) fprintf(stderr, "cannot read %s\n", inp_path);
     assert_non_null(inp);
-    snprintf(path, sizeof path, "%s%s.out", tu_shared("vocab/"), name);
-    char *out = tu_read_file(path, NULL);
+    char *out = tu_read_file(out_path, NULL);
+    if (!out) fprintf(stderr, "cannot read %s\n", out_path);
     assert_non_null(out);
 
     char **texts;
@@ -247,6 +249,14 @@ static int run_pair(const kt_vocab *v, const char *name) {
     return n_texts;
 }
 
+/* Runs one shared .inp/.out pair (vocab/NAME.inp, vocab/NAME.out). */
+static int run_pair(const kt_vocab *v, const char *name) {
+    char inp[4096], out[4096];
+    snprintf(inp, sizeof inp, "%s%s.inp", tu_shared("vocab/"), name);
+    snprintf(out, sizeof out, "%s%s.out", tu_shared("vocab/"), name);
+    return run_files(v, name, inp, out);
+}
+
 /* Every pair in shared/vocab must load and match: a tokenizer model or
  * pre-tokenizer that kettle does not support is a failure, not a skip. */
 static void test_vocab_vectors(void **state) {
@@ -274,6 +284,69 @@ static void test_vocab_vectors(void **state) {
     }
     printf("vocab test vectors: all %d pairs match (%d texts)\n", n_files, texts);
     free_list(files, n_files);
+}
+
+/* gpt-oss's o200k tokenizer (tokenizer.ggml.pre "gpt-4o": llama.cpp's
+ * LLAMA_VOCAB_PRE_TYPE_GPT4O regex, which splits CamelCase words, keeps
+ * "/" and newlines after punctuation, ...). There is no o200k vocabulary
+ * here, so llama-bpe's vocabulary is written again (kettle's GGUF writer,
+ * every key copied) with pre "gpt-4o", and the texts of the shared vocab
+ * tests plus tests/data/vocab-gpt-4o/extra.inp must give the ids
+ * llama.cpp's llama-tokenize gives for that same vocabulary
+ * (tests/data/vocab-gpt-4o/README.md says how they were made). The same
+ * text through llama-bpe's own pre-tokenizer must differ, or the check
+ * would not see which regex ran. */
+static void test_vocab_gpt4o(void **state) {
+    (void)state;
+    kt_error err = { 0 };
+    gguf_file *src = gguf_open(tu_shared("vocab/ggml-vocab-llama-bpe.gguf"), &err);
+    assert_non_null(src);
+    gguf_writer *w = gguf_writer_new(&err);
+    assert_non_null(w);
+    for (int64_t i = 0; i < gguf_n_kv(src); i++)
+        if (!gguf_str_eq(gguf_kv_key(src, i), "tokenizer.ggml.pre"))
+            assert_int_equal(gguf_writer_copy_kv(w, src, i, &err), KT_OK);
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-4o", &err), KT_OK);
+    const char *path = tu_tmp("vocab-llama-bpe-gpt-4o.gguf");
+    assert_int_equal(gguf_writer_begin(w, path, &err), KT_OK);
+    assert_int_equal(gguf_writer_finish(w, &err), KT_OK);
+    gguf_writer_free(w);
+    kt_vocab *bpe = kt_vocab_from_gguf(src, &err);
+    assert_non_null(bpe);
+    gguf_close(src);
+    kt_vocab *v = load_gguf_vocab(path);
+    static const char *const files[][2] = {
+        { "ggml-vocab-gpt-2.gguf.inp", "gpt-2.out" },     { "ggml-vocab-llama-bpe.gguf.inp", "llama-bpe.out" },
+        { "ggml-vocab-gemma-4.gguf.inp", "gemma-4.out" }, { "ggml-vocab-qwen35.gguf.inp", "qwen35.out" },
+        { NULL, "extra.out" },
+    };
+    int texts = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char inp[4096], out[4096];
+        if (files[i][0]) snprintf(inp, sizeof inp, "%s%s", tu_shared("vocab/"), files[i][0]);
+        else snprintf(inp, sizeof inp, "%s/vocab-gpt-4o/extra.inp", KT_TEST_DATA);
+        snprintf(out, sizeof out, "%s/vocab-gpt-4o/%s", KT_TEST_DATA, files[i][1]);
+        texts += run_files(v, files[i][1], inp, out);
+    }
+    printf("gpt-4o pre-tokenizer: %d texts match llama.cpp\n", texts);
+    char inp[4096], **tx;
+    size_t *lens;
+    snprintf(inp, sizeof inp, "%s/vocab-gpt-4o/extra.inp", KT_TEST_DATA);
+    char *raw = tu_read_file(inp, NULL);
+    assert_non_null(raw);
+    int n_tx = split_inp(raw, &tx, &lens), n_differ = 0;
+    for (int t = 0; t < n_tx; t++) {
+        int n4o, nbpe;
+        int32_t *a = encode(v, tx[t], lens[t], false, &n4o), *b = encode(bpe, tx[t], lens[t], false, &nbpe);
+        n_differ += !ids_equal(a, n4o, b, nbpe);
+        free(a), free(b);
+    }
+    printf("gpt-4o vs llama-bpe's pre-tokenizer: %d of %d extra texts differ\n", n_differ, n_tx);
+    assert_true(n_differ >= 3);
+    free(tx), free(lens), free(raw);
+    kt_vocab_free(v);
+    kt_vocab_free(bpe);
+    remove(path);
 }
 
 /* Every text of the .inp file of a lossless pair (byte-level BPE, Gemma
@@ -1590,6 +1663,7 @@ static int run_bench(void) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vocab_vectors),
+        cmocka_unit_test(test_vocab_gpt4o),
         cmocka_unit_test(test_llama2c_matches_gguf),
         cmocka_unit_test(test_matches_naive),
         cmocka_unit_test(test_golden),

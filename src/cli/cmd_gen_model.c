@@ -23,8 +23,15 @@
  * from one 64-bit draw (Irwin-Hall: mean 0, the right variance, tails cut
  * at 3.5 sigma), computed in integers so every machine gives the same
  * floats, and about 20x faster than Box-Muller. Tensors are generated and
- * written one at a time, so memory stays at one tensor (the 1.1B model in
- * F16 is 2.2 GB on disk).
+ * written one at a time, in parts of about 16 MB of whole rows, so memory
+ * stays small whatever the model (gpt-oss-20b in MXFP4_MOE is 12 GB).
+ *
+ * Mixes (--type MXFP4_MOE, Q4_K_M, ...): each tensor gets the type
+ * `kettle quantize` gives it in that mix (quant_mix.c: the same rules and
+ * fallbacks), tensors come in llama.cpp's order and the file-type keys
+ * last, as quantize writes them, so the file is byte for byte the one
+ * `gen-model --type F32` then `kettle quantize ... MIX` gives with the same
+ * seed, without the F32 file (42 GB for gpt-oss-20b) ever existing.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -38,6 +45,7 @@
 #include "cli/cli_util.h"
 #include "ops/pool.h"
 #include "cli/commands.h"
+#include "cli/quant_mix.h"
 #include "gguf/gguf.h"
 #include "ops/quant.h"
 
@@ -122,9 +130,8 @@ static const shape SHAPES[] = {
      * window 128 on the even layers, rope base 150000, YaRN factor 32 over
      * 4096 positions (beta 32 / 1, llama.cpp's defaults), 131072
      * positions, rms eps 1e-5, output untied; the real o200k vocabulary
-     * has 201088 tokens). Uncertain: nothing in the shape, but the weights
-     * here are all of gen-model's --type, where the published file has
-     * MXFP4 experts (`kettle quantize ... MXFP4_MOE` makes those), and its
+     * has 201088 tokens). Uncertain: nothing in the shape; the published
+     * file's MXFP4 experts and Q8_0 rest are --type MXFP4_MOE, and its
      * biases and sinks are learned where these are 0 and 1.
      * gpt-oss-tiny is its layout in small matrices, for tests (YaRN over
      * 256 positions so that short prompts cross the ramp). */
@@ -181,7 +188,11 @@ static void usage(FILE *out) {
     for (size_t i = 0; i < N_TOWERS; i++) fprintf(out, "%s%s", i ? ", " : "", TOWERS[i].name);
     fprintf(out,
             "\n"
-            "  --type TYPE      type of the 2-D weights: %s (norms stay F32)\n"
+            "  --type TYPE      type of the 2-D weights: %s (norms stay F32),\n"
+            "                   or one of llama.cpp's mixes, with the types `kettle quantize`\n"
+            "                   gives each tensor (and the same bytes as quantizing --type F32):\n"
+            "                   %s\n"
+            "                   (MXFP4_MOE: gpt-oss's experts MXFP4, the other matrices Q8_0)\n"
             "  --vocab FILE     a GGUF whose tokenizer.* keys are copied; the vocabulary\n"
             "                   size is its token count\n"
             "  -o, --output OUT the file to write\n"
@@ -192,7 +203,7 @@ static void usage(FILE *out) {
             "                   follows them)\n"
             "  --no-mtp         a Qwen 3.5 shape without its multi-token-prediction block (which\n"
             "                   the real files carry: one, counted in block_count)\n",
-            cli_out_type_list());
+            cli_out_type_list(), cmd_quantize_types(true));
 }
 
 /* ---- the tensor list ---- */
@@ -410,9 +421,10 @@ static void fill_normal(kt_rng *r, float *x, int64_t n) {
 typedef struct gen_job {
     const gen_tensor *t;
     uint64_t seed, index;
-    unsigned char *out;
+    unsigned char *out; /* rows row0 .. row0 + n - 1 */
     float *scratch; /* CLI_MAX_THREADS rows */
     size_t row_bytes;
+    int64_t row0, n;
 } gen_job;
 
 static void gen_rows(void *ctx, int ith, int nth) {
@@ -426,13 +438,13 @@ static void gen_rows(void *ctx, int ith, int nth) {
     const size_t name_len = strlen(j->t->name);
     float one = name_len >= 6 && !strcmp(j->t->name + name_len - 6, ".ssm_a") ? -1.0f : 1.0f;
     if (j->t->zero) one = 0.0f;
-    kt_split_range(n_rows(j->t), ith, nth, &lo, &hi);
+    kt_split_range(j->n, ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++) {
         if (ones) {
             for (int64_t k = 0; k < n; k++) row[k] = one;
         } else {
             kt_rng rng;
-            kt_rng_seed(&rng, row_seed(j->seed, j->index, (uint64_t)r));
+            kt_rng_seed(&rng, row_seed(j->seed, j->index, (uint64_t)(j->row0 + r)));
             fill_normal(&rng, row, n);
         }
         kt_quantize_row(j->t->type, row, j->out + (size_t)r * j->row_bytes, n);
@@ -441,8 +453,12 @@ static void gen_rows(void *ctx, int ith, int nth) {
 
 /* ---- metadata ---- */
 
+/* ftype: general.file_type. Its keys come first for a plain type; a mix
+ * (ftype_last) has them written after the tokenizer by write_model, where
+ * `kettle quantize` puts them, so that the file equals quantize's of the
+ * same weights in F32. */
 static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
-                              kt_dtype type, kt_error *err) {
+                              uint32_t ftype, bool ftype_last, kt_error *err) {
     kt_status st;
 #define TRY(call) do { if ((st = (call)) != KT_OK) return st; } while (0)
     const char *a = arch_of(s);
@@ -451,8 +467,10 @@ static kt_status set_metadata(gguf_writer *w, const shape *s, int64_t n_vocab,
 #define F32(suffix, v) (snprintf(key, sizeof key, "%s." suffix, a), gguf_writer_set_f32(w, key, (v), err))
     TRY(gguf_writer_set_str(w, "general.architecture", a, err));
     TRY(gguf_writer_set_str(w, "general.name", s->name, err));
-    TRY(gguf_writer_set_u32(w, "general.file_type", cli_llama_ftype(type), err));
-    TRY(gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err));
+    if (!ftype_last) {
+        TRY(gguf_writer_set_u32(w, "general.file_type", ftype, err));
+        TRY(gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err));
+    }
     TRY(U32("context_length", s->ctx));
     TRY(U32("embedding_length", s->dim));
     TRY(U32("block_count", s->n_layers + s->n_mtp)); /* the MTP blocks counted in, as the converter does */
@@ -674,9 +692,15 @@ typedef struct gen_args {
     shape custom; /* the shape with --ctx-train's context, --layers' layer count */
     const tower_shape *tower; /* a vision tower instead (shapes named mmproj-*) */
     tower_shape tower_custom; /* the tower with --layers' block count */
-    kt_dtype type;
+    kt_dtype type;      /* a plain type: every 2-D weight's; a mix: its base type */
+    quant_recipe mix;   /* --type of one of quantize's mixes (mix.mix set): the types per tensor */
     uint64_t seed;
 } gen_args;
+
+/* Bytes generated at a time: a tensor is written in parts of about this
+ * size, so memory stays small whatever the model (gpt-oss-20b's token
+ * embedding is 615 MB in Q8_0). */
+#define PART_BYTES ((size_t)16 << 20)
 
 static kt_status check_plan(const gen_plan *p, size_t *max_bytes, int64_t *max_row,
                             kt_error *err) {
@@ -684,18 +708,24 @@ static kt_status check_plan(const gen_plan *p, size_t *max_bytes, int64_t *max_r
     *max_row = 1;
     for (int64_t i = 0; i < p->n; i++) {
         const gen_tensor *t = &p->t[i];
-        if (kt_dtype_row_bytes(t->type, t->dims[0]) == 0)
+        const size_t row = kt_dtype_row_bytes(t->type, t->dims[0]);
+        if (row == 0)
             return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s': row of %" PRId64
                                 " values is not a multiple of the %s block", t->name,
                                 t->dims[0], kt_dtype_name(t->type));
-        if (tensor_bytes(t) > *max_bytes) *max_bytes = tensor_bytes(t);
+        const int64_t per_part = PART_BYTES / row > 0 ? (int64_t)(PART_BYTES / row) : 1;
+        const size_t part = row * (size_t)(n_rows(t) < per_part ? n_rows(t) : per_part);
+        if (part > *max_bytes) *max_bytes = part; /* the buffer: one part */
         if (t->dims[0] > *max_row) *max_row = t->dims[0];
     }
     return KT_OK;
 }
 
-static kt_status write_tensors(gguf_writer *w, const gen_plan *p, uint64_t seed,
-                               kt_error *err) {
+/* Generates and writes the tensors in the order given (their random
+ * values follow their index in the plan, not the order), each in parts
+ * of whole rows. */
+static kt_status write_tensors(gguf_writer *w, const gen_plan *p, const int64_t *order,
+                               uint64_t seed, kt_error *err) {
     size_t max_bytes;
     int64_t max_row;
     kt_status st = check_plan(p, &max_bytes, &max_row, err);
@@ -703,16 +733,22 @@ static kt_status write_tensors(gguf_writer *w, const gen_plan *p, uint64_t seed,
     unsigned char *buf = malloc(max_bytes);
     float *scratch = malloc((size_t)max_row * CLI_MAX_THREADS * sizeof(float));
     if (!buf || !scratch) st = kt_error_set(err, KT_ERR_NOMEM, "out of memory (%zu bytes "
-                                            "for one tensor)", max_bytes);
+                                            "for a part of a tensor)", max_bytes);
     cli_progress prog;
     uint64_t total = 0;
     for (int64_t i = 0; i < p->n; i++) total += tensor_bytes(&p->t[i]);
     cli_progress_start(&prog, total);
-    for (int64_t i = 0; i < p->n && st == KT_OK; i++) {
+    for (int64_t k = 0; k < p->n && st == KT_OK; k++) {
+        const int64_t i = order ? order[k] : k;
         const gen_tensor *t = &p->t[i];
-        gen_job j = {t, seed, (uint64_t)i, buf, scratch, kt_dtype_row_bytes(t->type, t->dims[0])};
-        cli_parallel(n_rows(t), gen_rows, &j);
-        st = gguf_writer_write_tensor(w, buf, tensor_bytes(t), err);
+        const size_t row = kt_dtype_row_bytes(t->type, t->dims[0]);
+        const int64_t per_part = max_bytes / row > 0 ? (int64_t)(max_bytes / row) : 1;
+        for (int64_t r0 = 0; r0 < n_rows(t) && st == KT_OK; r0 += per_part) {
+            const int64_t n = n_rows(t) - r0 < per_part ? n_rows(t) - r0 : per_part;
+            gen_job j = {t, seed, (uint64_t)i, buf, scratch, row, r0, n};
+            cli_parallel(n, gen_rows, &j);
+            st = gguf_writer_write_part(w, buf, row * (size_t)n, err);
+        }
         cli_progress_add(&prog, tensor_bytes(t), t->name);
     }
     cli_progress_end(&prog);
@@ -721,28 +757,73 @@ static kt_status write_tensors(gguf_writer *w, const gen_plan *p, uint64_t seed,
     return st;
 }
 
-/* The planned tensors declared, the file begun, filled and finished
- * (st: the setup's status so far); frees the writer and the plan. */
-static kt_status write_plan(gguf_writer *w, gen_plan *p, const gen_args *a, kt_status st, kt_error *err) {
-    for (int64_t i = 0; st == KT_OK && i < p->n; i++)
-        st = gguf_writer_add_tensor(w, p->t[i].name, p->t[i].type, p->t[i].n_dims, p->t[i].dims, err);
+/* The planned tensors declared (in `order`, NULL: the plan's), the file
+ * begun, filled and finished (st: the setup's status so far); frees the
+ * writer and the plan. */
+static kt_status write_plan(gguf_writer *w, gen_plan *p, const int64_t *order, const gen_args *a,
+                            kt_status st, kt_error *err) {
+    for (int64_t k = 0; st == KT_OK && k < p->n; k++) {
+        const gen_tensor *t = &p->t[order ? order[k] : k];
+        st = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->dims, err);
+    }
     if (st == KT_OK) st = gguf_writer_begin(w, a->out, err);
-    if (st == KT_OK) st = write_tensors(w, p, a->seed, err);
+    if (st == KT_OK) st = write_tensors(w, p, order, a->seed, err);
     if (st == KT_OK) st = gguf_writer_finish(w, err);
     gguf_writer_free(w);
     free(p->t);
     return st;
 }
 
+/* A mix (--type MXFP4_MOE, Q4_K_M, ...): the plan made in F32, then each
+ * tensor given the type `kettle quantize` would give it (quant_mix.c, the
+ * same rules and fallbacks), and *order set to llama.cpp's tensor order,
+ * which quantize writes. Generating a row and quantizing it is what
+ * quantize does to the F32 file's row, so the bytes are the same. */
+static kt_status plan_mix(gen_plan *p, const shape *s, const quant_recipe *r, int64_t **order,
+                          kt_error *err) {
+    gguf_tensor *ts = calloc((size_t)(p->n ? p->n : 1), sizeof *ts);
+    if (!ts) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < p->n; i++) {
+        ts[i].name = (gguf_str){p->t[i].name, strlen(p->t[i].name)};
+        ts[i].n_dims = p->t[i].n_dims;
+        for (int d = 0; d < GGUF_MAX_DIMS; d++) ts[i].dims[d] = d < 4 ? p->t[i].dims[d] : 1;
+        ts[i].type = p->t[i].type;
+    }
+    quant_hparams hp = {.n_layer = s->n_layers + s->n_mtp, .n_head = s->n_heads,
+                        .n_head_kv = s->n_kv_heads, .n_expert = s->n_expert};
+    snprintf(hp.arch, sizeof hp.arch, "%s", arch_of(s));
+    int n_fallback[2];
+    *order = quant_tensor_order(ts, p->n);
+    kt_dtype *types = *order ? quant_plan_types(ts, p->n, *order, r, &hp, n_fallback) : NULL;
+    free(ts);
+    if (!types) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < p->n; i++) p->t[i].type = types[i];
+    free(types);
+    if (n_fallback[0] || n_fallback[1])
+        fprintf(stderr, "kettle gen-model: %d tensor(s) in llama.cpp's fallback types and %d in F16 "
+                "(rows not a multiple of the block), as `kettle quantize` writes them\n",
+                n_fallback[0], n_fallback[1]);
+    return KT_OK;
+}
+
 static kt_status write_model(const gen_args *a, const gguf_file *v, int64_t n_vocab,
                              kt_error *err) {
     gen_plan p = {0};
+    int64_t *order = NULL;
+    const bool mix = a->mix.mix;
     gguf_writer *w = gguf_writer_new(err);
     if (!w) return err ? err->status : KT_ERR_NOMEM;
-    kt_status st = set_metadata(w, a->shape, n_vocab, a->type, err);
+    const uint32_t ftype = mix ? a->mix.ftype : cli_llama_ftype(a->type);
+    kt_status st = set_metadata(w, a->shape, n_vocab, ftype, mix, err);
     if (st == KT_OK) st = copy_tokenizer(w, v, err);
-    if (st == KT_OK) st = make_plan(&p, a->shape, n_vocab, a->type, err);
-    return write_plan(w, &p, a, st, err);
+    if (st == KT_OK && mix) /* where quantize writes them: after every other key */
+        st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION, err);
+    if (st == KT_OK && mix) st = gguf_writer_set_u32(w, "general.file_type", ftype, err);
+    if (st == KT_OK) st = make_plan(&p, a->shape, n_vocab, mix ? KT_F32 : a->type, err);
+    if (st == KT_OK && mix) st = plan_mix(&p, a->shape, &a->mix, &order, err);
+    st = write_plan(w, &p, order, a, st, err);
+    free(order);
+    return st;
 }
 
 
@@ -752,7 +833,7 @@ static kt_status write_tower(const gen_args *a, kt_error *err) {
     if (!w) return err ? err->status : KT_ERR_NOMEM;
     kt_status st = set_tower_metadata(w, a->tower, a->type, err);
     if (st == KT_OK) st = make_tower_plan(&p, a->tower, a->type, err);
-    return write_plan(w, &p, a, st, err);
+    return write_plan(w, &p, NULL, a, st, err);
 }
 
 static kt_status run_gen(const gen_args *a, kt_error *err) {
@@ -827,13 +908,18 @@ static int check_args(gen_args *a) {
         if (!strcmp(a->shape_name, TOWERS[i].name)) a->tower = &TOWERS[i];
     if (!a->shape && !a->tower) return unknown_shape(a->shape_name);
     int t = cli_parse_out_type(a->type_name);
+    if (t < 0 && quant_recipe_is_mix(a->type_name) && quant_recipe_parse(a->type_name, &a->mix))
+        t = (int)a->mix.base;
     if (t < 0)
-        return cli_usage_error(CMD, "unknown type '%s' (expected one of %s)", a->type_name,
-                               cli_out_type_list());
+        return cli_usage_error(CMD, "unknown type '%s' (expected one of %s, or a mix: %s)", a->type_name,
+                               cli_out_type_list(), cmd_quantize_types(true));
     a->type = (kt_dtype)t;
     if (a->seed_str && !cli_parse_u64(a->seed_str, &a->seed))
         return cli_usage_error(CMD, "invalid seed '%s' (expected a non-negative integer)",
                                a->seed_str);
+    if (a->tower && a->mix.mix)
+        return cli_usage_error(CMD, "--type %s: a mix is for language models; a vision tower takes one "
+                               "type (%s)", a->type_name, cli_out_type_list());
     if (a->tower) return check_tower_args(a);
     if (!a->vocab) return cli_usage_error(CMD, "missing --vocab VOCAB.gguf");
     uint64_t ctx = 0;
@@ -872,6 +958,6 @@ int cmd_gen_model(int argc, char **argv) {
     double t0 = kt_time_ms();
     if (run_gen(&a, &err) != KT_OK) return cli_fail(CMD, &err);
     fprintf(stderr, "kettle gen-model: wrote %s (%s, %s) in %.1f s\n", a.out, a.tower ? a.tower->name : a.shape->name,
-            kt_dtype_name(a.type), (kt_time_ms() - t0) / 1e3);
+            a.mix.mix ? a.type_name : kt_dtype_name(a.type), (kt_time_ms() - t0) / 1e3);
     return 0;
 }

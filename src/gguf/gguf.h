@@ -206,6 +206,11 @@ kt_status gguf_writer_begin(gguf_writer *w, const char *path, kt_error *err);
 /* Writes the next tensor's bytes (exactly its size) and the padding. */
 kt_status gguf_writer_write_tensor(gguf_writer *w, const void *data, size_t n_bytes,
                                    kt_error *err);
+/* Writes the next n_bytes of the next tensor: a tensor given in parts
+ * (their sizes adding up to its size) is padded and done after its last
+ * part, so a writer of a large tensor holds only a part in memory. */
+kt_status gguf_writer_write_part(gguf_writer *w, const void *data, size_t n_bytes,
+                                 kt_error *err);
 /* Checks every tensor was written, flushes and closes the file. */
 kt_status gguf_writer_finish(gguf_writer *w, kt_error *err);
 

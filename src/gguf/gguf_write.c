@@ -61,6 +61,7 @@ struct gguf_writer {
     uint64_t pos;      /* bytes written so far */
     uint64_t end;      /* the size the finished file must have */
     int64_t next;      /* index of the next tensor to write */
+    uint64_t part;     /* bytes of that tensor written so far (gguf_writer_write_part) */
     int io_errno;      /* errno of the first failed write */
 };
 
@@ -464,17 +465,33 @@ kt_status gguf_writer_begin(gguf_writer *w, const char *path, kt_error *err) {
 
 kt_status gguf_writer_write_tensor(gguf_writer *w, const void *data, size_t n_bytes,
                                    kt_error *err) {
+    if (w->state == W_WRITE && w->part)
+        return kt_error_set(err, KT_ERR_ARG, "%s: tensor '%s': write_tensor after %" PRIu64
+                            " bytes of it given by write_part", w->path, w->tensors[w->next].name, w->part);
+    if (w->state == W_WRITE && w->next < w->n_tensors && n_bytes != w->tensors[w->next].n_bytes)
+        return kt_error_set(err, KT_ERR_ARG,
+                            "%s: tensor '%s': %zu bytes given, expected %" PRIu64, w->path,
+                            w->tensors[w->next].name, n_bytes, w->tensors[w->next].n_bytes);
+    return gguf_writer_write_part(w, data, n_bytes, err);
+}
+
+kt_status gguf_writer_write_part(gguf_writer *w, const void *data, size_t n_bytes,
+                                 kt_error *err) {
     if (w->state != W_WRITE)
         return kt_error_set(err, KT_ERR_ARG, WHO ": write_tensor outside begin/finish");
     if (w->next >= w->n_tensors)
         return kt_error_set(err, KT_ERR_ARG, "%s: all %" PRId64 " tensors already written",
                             w->path, w->n_tensors);
     const wtensor *t = &w->tensors[w->next];
-    if (n_bytes != t->n_bytes || (!data && n_bytes))
+    if (n_bytes > t->n_bytes - w->part || (!data && n_bytes))
         return kt_error_set(err, KT_ERR_ARG,
-                            "%s: tensor '%s': %zu bytes given, expected %" PRIu64, w->path,
-                            t->name, n_bytes, t->n_bytes);
-    if (!wr(w, data, n_bytes) || !wr_pad(w)) return io_fail(w, "write failed", err);
+                            "%s: tensor '%s': %zu more bytes given after %" PRIu64 ", expected %" PRIu64
+                            " in all", w->path, t->name, n_bytes, w->part, t->n_bytes);
+    if (!wr(w, data, n_bytes)) return io_fail(w, "write failed", err);
+    w->part += n_bytes;
+    if (w->part < t->n_bytes) return KT_OK;
+    if (!wr_pad(w)) return io_fail(w, "write failed", err);
+    w->part = 0;
     w->next++;
     return KT_OK;
 }

@@ -887,7 +887,12 @@ int srv_prompt_tokens(const kt_model *m, const char *template_text, srv_sampled 
 
 bool srv_gen_special_text(const srv_gen_req *r) {
     if (!r->format || !kt_tool_format_special_text(r->format)) return false;
-    return r->tools_grammar.n_triggers > 0 || (r->reasoning_split && !strcmp(kt_tool_format_name(r->format), "gpt-oss"));
+    /* gpt-oss always: its reply is all channels, parsed into reasoning and
+     * content, or with reasoning_format "none" returned as written, which
+     * without the markers (<|channel|>, <|message|>, <|end|>, ... are
+     * control tokens in o200k) would be the channel names run into the
+     * text ("analysisThe user...finalHi") */
+    return r->tools_grammar.n_triggers > 0 || !strcmp(kt_tool_format_name(r->format), "gpt-oss");
 }
 
 /* The request's name for a kt_gen_params field. */

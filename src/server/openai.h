@@ -172,7 +172,9 @@ bool srv_images_load(srv_gen_req *r, const srv_vision_env *env, srv_error *e);
 void srv_images_free(srv_gen_req *r);
 
 /* The engine must show control tokens as text: the family's markers are
- * control tokens and the reply is parsed for calls or reasoning. */
+ * control tokens and the reply is parsed for calls or reasoning, or is
+ * gpt-oss's (harmony: channels, parsed or, with reasoning_format "none",
+ * returned raw). */
 bool srv_gen_special_text(const srv_gen_req *r);
 
 /* Maps a failed kt_engine_submit_ex to the answer: KT_ERR_ARG 400 naming
