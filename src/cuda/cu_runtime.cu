@@ -35,17 +35,27 @@ int kt_cu_device_props(int dev, char *name, size_t cap, int *major, int *minor, 
     return 0;
 }
 
+/* Both below look at device dev and leave the current device as it was,
+ * so the probe of a machine with several GPUs leaves GPU 0 current. */
 int kt_cu_device_mem(int dev, size_t *free_bytes, size_t *total_bytes) {
-    cudaError_t e = cudaSetDevice(dev);
+    int prev = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess) e = cudaSetDevice(dev);
     if (e != cudaSuccess) return (int)e;
-    return (int)cudaMemGetInfo(free_bytes, total_bytes);
+    e = cudaMemGetInfo(free_bytes, total_bytes);
+    cudaSetDevice(prev);
+    return (int)e;
 }
 
 int kt_cu_kernel_image(int dev) {
-    cudaError_t e = cudaSetDevice(dev);
+    int prev = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess) e = cudaSetDevice(dev);
     if (e != cudaSuccess) return (int)e;
     cudaFuncAttributes a;
-    return (int)cudaFuncGetAttributes(&a, kt_k_probe);
+    e = cudaFuncGetAttributes(&a, kt_k_probe);
+    cudaSetDevice(prev);
+    return (int)e;
 }
 
 int kt_cu_malloc(void **p, size_t bytes) { return (int)cudaMalloc(p, bytes); }
