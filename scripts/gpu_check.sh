@@ -37,6 +37,7 @@ if [ -z "$NVCC" ]; then
   exit 1
 fi
 "$NVCC" --version | tail -2
+ls "$(dirname "$NVCC")"/../lib64/libcudart_static.a 2>&1 || true
 cmake --version | head -1
 cc --version | head -1
 git log -1 --format='commit %h %s' 2>/dev/null || true
