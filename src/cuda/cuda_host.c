@@ -61,6 +61,13 @@ static kt_status cu_fail(kt_error *err, int e, const char *what) {
 
 /* ---- the probe ------------------------------------------------------ */
 
+/* A probe that fails says "no usable GPU" whatever the CUDA error was. */
+static kt_status probe_fail(kt_error *err, int e, const char *what) {
+    cu_fail(err, e, what);
+    if (err) err->status = KT_ERR_UNSUPPORTED;
+    return KT_ERR_UNSUPPORTED;
+}
+
 static void version_str(char *buf, size_t cap, int v) { snprintf(buf, cap, "%d.%d", v / 1000, (v % 1000) / 10); }
 
 kt_status kt_cuda_probe(kt_cuda_info *info, kt_error *err) {
@@ -100,7 +107,7 @@ kt_status kt_cuda_probe(kt_cuda_info *info, kt_error *err) {
                             "nvidia-smi%s%s%s",
                             drv, vis ? " and CUDA_VISIBLE_DEVICES (now '" : "", vis ? vis : "", vis ? "')" : "");
     }
-    if (e != 0) return cu_fail(err, e, "listing the devices (cudaGetDeviceCount)");
+    if (e != 0) return probe_fail(err, e, "listing the devices (cudaGetDeviceCount)");
     info->n_devices = n;
     for (int i = 0; i < n && i < KT_CUDA_MAX_DEVICES; i++) {
         kt_cuda_device *d = &info->dev[i];
@@ -109,7 +116,7 @@ kt_status kt_cuda_probe(kt_cuda_info *info, kt_error *err) {
         if (pe != 0) {
             char what[64];
             snprintf(what, sizeof what, "reading GPU %d's properties", i);
-            return cu_fail(err, pe, what);
+            return probe_fail(err, pe, what);
         }
         size_t total = 0;
         if (kt_cu_device_mem(i, &d->mem_free_bytes, &total) != 0) d->mem_free_bytes = 0;
