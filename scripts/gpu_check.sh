@@ -11,7 +11,8 @@
 #   3. test_cuda with KT_CUDA_REQUIRE=1: every kernel against its CPU twin
 #      (a missing GPU fails instead of skipping), then the matmul speed table;
 #   4. where compute-sanitizer is there, test_cuda again under its memcheck
-#      without the timing (time-boxed; not finishing is reported, not failed).
+#      without the timing (time-boxed; not finishing is reported, not
+#      failed), also after a failure in 3, which it may explain.
 # Everything goes to stdout; the exit status is non-zero on any failure.
 #
 #   scripts/gpu_check.sh                      # sm_90
@@ -51,7 +52,12 @@ cmake -S . -B build-gpu $gen -DCMAKE_BUILD_TYPE=Release -DKT_DEVICE_CHECK=ON -DK
 cmake --build build-gpu -j"$jobs" --target test_cuda
 
 step "test_cuda: every kernel against its CPU twin, then the matmul speed"
+# a failure does not stop the script: memcheck below is what explains a crash
+set +e
 KT_CUDA_REQUIRE=1 ./build-gpu/test_cuda
+test_rc=$?
+set -e
+[ "$test_rc" -ne 0 ] && echo "gpu_check: test_cuda failed (exit $test_rc)"
 
 CS=$(command -v compute-sanitizer 2>/dev/null || true)
 [ -z "$CS" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && CS=/usr/local/cuda/bin/compute-sanitizer
@@ -64,10 +70,14 @@ if [ -n "$CS" ]; then
   if [ "$rc" -eq 124 ]; then
     echo "gpu_check: memcheck did not finish in 150 s: inconclusive, not a failure"
   elif [ "$rc" -ne 0 ]; then
-    echo "gpu_check: memcheck run failed (exit $rc)" >&2
-    exit 1
+    echo "gpu_check: memcheck run failed (exit $rc)"
+    test_rc=1
   fi
 else
   echo "gpu_check: no compute-sanitizer: memcheck skipped"
+fi
+if [ "$test_rc" -ne 0 ]; then
+  step "done: FAILED (see above)"
+  exit 1
 fi
 step "done: every check passed"
