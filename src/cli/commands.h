@@ -33,5 +33,6 @@ int cmd_version(int argc, char **argv); /* also `kettle --version` */
 int cmd_pull(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
+int cmd_devices(int argc, char **argv); /* the GPUs the CUDA backend sees (src/cuda) */
 
 #endif

@@ -27,6 +27,7 @@ static const command COMMANDS[] = {
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"quantize", cmd_quantize, "convert a GGUF model's weights to another TYPE (below)"},
     {"gen-model", cmd_gen_model, "write a random-weight model of a real shape"},
+    {"devices", cmd_devices, "list the GPUs the CUDA backend sees, or say why none is usable"},
     {"version", cmd_version, "print the version, the git commit and the CPU kernels in use"},
 };
 

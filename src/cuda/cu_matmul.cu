@@ -1,0 +1,182 @@
+/*
+ * cu_matmul.cu - decode and small-batch matmul over weights in their GGUF
+ * block layouts: out[t][r] = sum_i W[r][i] x[t][i] for 1..8 tokens.
+ *
+ * One warp per output row, 4 rows per thread block; every token's
+ * activations (F32) are read against one read of the row, so a step of up
+ * to 8 sequences reads the weights once. Q4_0 / Q8_0: the warp copies 32
+ * blocks of its row at a time into shared memory with 16-byte loads
+ * (coalesced: consecutive lanes, consecutive 16 bytes; a row of n_in % 256
+ * == 0 values is a multiple of 16 bytes), then each lane dequantizes one
+ * block (q, unscaled), dots it with the tokens' 32 activations and adds
+ * d * sum. F16: each lane reads 8 halves (16 bytes) at a time. Rows whose
+ * bytes are not a multiple of 16 take the same kernels with narrower
+ * loads. The scalar twin is kt_cuda_matmul_twin (cuda_twin.c).
+ * Not yet: activations quantized to int8 with dp4a, the K-quants, several
+ * loads in flight per lane (the issue's bandwidth target).
+ */
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+#include "cuda/cuda_launch.h"
+
+#define KT_MM_WARPS 4
+#define KT_MM_CHUNK 32 /* blocks a warp stages at a time: one per lane */
+
+struct kt_q4_0 {
+    static constexpr int BYTES = 18;
+    /* values q - 8, j < 16 from the low nibbles, j + 16 from the high */
+    __device__ static void unpack(const uint8_t *b, float *q) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int v = b[2 + j];
+            q[j] = (float)((v & 15) - 8);
+            q[j + 16] = (float)((v >> 4) - 8);
+        }
+    }
+};
+
+struct kt_q8_0 {
+    static constexpr int BYTES = 34;
+    __device__ static void unpack(const uint8_t *b, float *q) {
+#pragma unroll
+        for (int j = 0; j < 32; j++) q[j] = (float)(int8_t)b[2 + j];
+    }
+};
+
+__device__ __forceinline__ float kt_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* 32 activations from x (16-byte aligned), dotted with q */
+__device__ __forceinline__ float kt_dot32(const float *x, const float *q) {
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float4 v = __ldg(x4 + j);
+        s += q[4 * j] * v.x + q[4 * j + 1] * v.y + q[4 * j + 2] * v.z + q[4 * j + 3] * v.w;
+    }
+    return s;
+}
+
+template <class T, int NT, bool VEC>
+__global__ void __launch_bounds__(KT_MM_WARPS * 32)
+    kt_k_mm_quant(float *out, const uint8_t *w, const float *x, int n_in, int n_out, int nt) {
+    __shared__ __align__(16) uint8_t stage[KT_MM_WARPS][KT_MM_CHUNK * T::BYTES];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * KT_MM_WARPS + warp;
+    if (row >= n_out) return; /* the whole warp: only __syncwarp below */
+    const int nb = n_in / 32;
+    const uint8_t *wr = w + (size_t)row * nb * T::BYTES;
+    uint8_t *s = stage[warp];
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += KT_MM_CHUNK) {
+        const int nbc = min(KT_MM_CHUNK, nb - b0);
+        const uint8_t *src = wr + (size_t)b0 * T::BYTES;
+        const int bytes = nbc * T::BYTES;
+        __syncwarp();
+        if (VEC) {
+            /* bytes is a multiple of 16 here (see the top comment) */
+            const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
+            for (int i = lane; i < bytes / 16; i += 32) reinterpret_cast<uint4 *>(s)[i] = __ldg(s4 + i);
+        } else {
+            for (int i = lane; i < bytes; i += 32) s[i] = src[i];
+        }
+        __syncwarp();
+        if (lane < nbc) {
+            const uint8_t *bb = s + lane * T::BYTES;
+            const float d = __half2float(__ushort_as_half((unsigned short)(bb[0] | (bb[1] << 8))));
+            float q[32];
+            T::unpack(bb, q);
+            const size_t xo = (size_t)(b0 + lane) * 32;
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t < nt) acc[t] += d * kt_dot32(x + (size_t)t * n_in + xo, q);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float v = kt_warp_sum(acc[t]);
+        if (lane == 0) out[(size_t)t * n_out + row] = v;
+    }
+}
+
+template <int NT, bool VEC>
+__global__ void __launch_bounds__(KT_MM_WARPS * 32)
+    kt_k_mm_f16(float *out, const __half *w, const float *x, int n_in, int n_out, int nt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * KT_MM_WARPS + warp;
+    if (row >= n_out) return;
+    const __half *wr = w + (size_t)row * n_in;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    if (VEC) {
+        for (int i = lane * 8; i < n_in; i += 32 * 8) {
+            const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(wr + i));
+            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+            float wf[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 f = __half22float2(h[j]);
+                wf[2 * j] = f.x;
+                wf[2 * j + 1] = f.y;
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    const float4 *x4 = reinterpret_cast<const float4 *>(x + (size_t)t * n_in + i);
+                    const float4 a = __ldg(x4), b = __ldg(x4 + 1);
+                    acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                              wf[6] * b.z + wf[7] * b.w;
+                }
+            }
+        }
+    } else {
+        for (int i = lane; i < n_in; i += 32) {
+            const float wf = __half2float(wr[i]);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t < nt) acc[t] += wf * x[(size_t)t * n_in + i];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float v = kt_warp_sum(acc[t]);
+        if (lane == 0) out[(size_t)t * n_out + row] = v;
+    }
+}
+
+template <int NT>
+static void kt_mm_launch(float *out, const void *w, int wtype, const float *x, int n_in, int n_out, int nt) {
+    const dim3 grid((unsigned)((n_out + KT_MM_WARPS - 1) / KT_MM_WARPS)), block(KT_MM_WARPS * 32);
+    const bool w16 = ((uintptr_t)w & 15) == 0;
+    const uint8_t *wb = static_cast<const uint8_t *>(w);
+    if (wtype == KT_Q4_0) {
+        if (w16 && (n_in / 32) % 8 == 0) kt_k_mm_quant<kt_q4_0, NT, true><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
+        else kt_k_mm_quant<kt_q4_0, NT, false><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
+    } else if (wtype == KT_Q8_0) {
+        if (w16 && (n_in / 32) % 8 == 0) kt_k_mm_quant<kt_q8_0, NT, true><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
+        else kt_k_mm_quant<kt_q8_0, NT, false><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
+    } else {
+        const __half *wh = static_cast<const __half *>(w);
+        if (w16 && n_in % 8 == 0) kt_k_mm_f16<NT, true><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+        else kt_k_mm_f16<NT, false><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+    }
+}
+
+int kt_cu_matmul(float *out, const void *w, int wtype, const float *x, int n_in, int n_out, int n_tokens) {
+    if (n_tokens <= 1) kt_mm_launch<1>(out, w, wtype, x, n_in, n_out, n_tokens);
+    else if (n_tokens <= 2) kt_mm_launch<2>(out, w, wtype, x, n_in, n_out, n_tokens);
+    else if (n_tokens <= 4) kt_mm_launch<4>(out, w, wtype, x, n_in, n_out, n_tokens);
+    else kt_mm_launch<8>(out, w, wtype, x, n_in, n_out, n_tokens);
+    return (int)cudaGetLastError();
+}

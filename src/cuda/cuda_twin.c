@@ -1,0 +1,44 @@
+/*
+ * cuda_twin.c - the CPU twins of the CUDA kernels that src/ops has no
+ * reference for: the matmul with F32 activations and weights dequantized
+ * block by block (the GPU kernel's arithmetic, summed here in double, so
+ * the twin is the exact value up to one final rounding). The other
+ * kernels' twins are src/ops's own references (kt_rmsnorm_ref, kt_rope,
+ * kt_swiglu_ref, kt_attention_ref).
+ */
+#include "base/fp16.h"
+#include "cuda/kt_cuda.h"
+#include "ops/quant.h"
+
+static double dot_block(const void *blk, kt_dtype wtype, const float *x) {
+    double s = 0.0;
+    if (wtype == KT_Q4_0) {
+        const block_q4_0 *b = blk;
+        for (int j = 0; j < 16; j++)
+            s += (double)((b->qs[j] & 15) - 8) * x[j] + (double)((b->qs[j] >> 4) - 8) * x[j + 16];
+        return s * kt_fp16_to_fp32(b->d);
+    }
+    const block_q8_0 *b = blk;
+    for (int j = 0; j < 32; j++) s += (double)b->qs[j] * x[j];
+    return s * kt_fp16_to_fp32(b->d);
+}
+
+void kt_cuda_matmul_twin(float *out, const void *w, kt_dtype wtype, const float *x, int n_in, int n_out,
+                         int n_tokens) {
+    const size_t row_bytes = kt_dtype_row_bytes(wtype, n_in);
+    for (int t = 0; t < n_tokens; t++) {
+        const float *xt = x + (size_t)t * n_in;
+        for (int r = 0; r < n_out; r++) {
+            const unsigned char *wr = (const unsigned char *)w + (size_t)r * row_bytes;
+            double acc = 0.0;
+            if (wtype == KT_F16) {
+                const uint16_t *h = (const uint16_t *)wr;
+                for (int i = 0; i < n_in; i++) acc += (double)kt_fp16_to_fp32(h[i]) * xt[i];
+            } else {
+                const size_t bb = wtype == KT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+                for (int b = 0; b < n_in / 32; b++) acc += dot_block(wr + (size_t)b * bb, wtype, xt + (size_t)b * 32);
+            }
+            out[(size_t)t * n_out + r] = (float)acc;
+        }
+    }
+}
