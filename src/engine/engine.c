@@ -160,6 +160,7 @@ struct kt_engine {
     bool costs_fixed;   /* kt_engine_fix_costs: the costs are not measured */
     bool step_has_whole; /* this step's prefill went past the chunk budget (a whole prompt) */
     bool trace;         /* KT_ENGINE_TRACE=1: one line per step on stderr */
+    double step_guess_ms; /* this step's draft or MTP guesses (plan_speculation), not in its cost */
 };
 
 static uint64_t now_ns(void) {
@@ -1450,8 +1451,13 @@ static void plan_speculation(kt_engine *e) {
             expected += spec_accept_expected(acc, k) - 1.0;
         }
     }
+    /* the guesses' time is weighed per guess (ms_per_k above), so it is
+     * kept out of the step's cost that update_costs notes: counted in both,
+     * a guess would weigh double and the policy would speculate too little */
+    const double t0 = now_ns() / 1e6;
     if (e->draft) draft_proposals(e);
     if (e->mtp.llm) mtp_proposals(e);
+    e->step_guess_ms = now_ns() / 1e6 - t0;
 }
 
 /* Samples choice i's rows in order (rows[j]: after its pending token for
@@ -1727,8 +1733,11 @@ static void engine_step(kt_engine *e) {
     /* A step's cost, as speculation weighs it, is all of it: proposing,
      * the pass, sampling every verified row. On a model this small that
      * the pass is tens of microseconds, the rest is a real share, and a
-     * cost of the pass alone made extra rows look cheaper than they are. */
+     * cost of the pass alone made extra rows look cheaper than they are.
+     * All but a draft's or the MTP block's guesses, which the policy
+     * weighs per guess (step_guess_ms). */
     const double t_step = now_ns() / 1e6;
+    e->step_guess_ms = 0;
     int n_prefill = 0, n = build_batch(e, &n_prefill);
     if (n > 0) {
         const int seqs = batch_seqs(e, n);
@@ -1768,7 +1777,7 @@ static void engine_step(kt_engine *e) {
             e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
             pthread_mutex_unlock(&e->mu);
         }
-        update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step);
+        update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step - e->step_guess_ms);
         if (e->trace)
             fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f)\n",
                     n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->t_whole_token_ms);

@@ -17,6 +17,9 @@
 void spec_accept_init(spec_accept *a) {
     memset(a, 0, sizeof *a);
     a->probe_every = SPEC_PROBE_EVERY;
+    /* the first chance is a probe: a new sequence learns what its proposals
+     * are worth at once, not after a wait; the waits start after it */
+    a->idle_steps = SPEC_PROBE_EVERY - 1;
 }
 
 void spec_accept_note(spec_accept *a, int k, int accepted) {

@@ -69,7 +69,7 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * per decoding sequence, plus what earlier sequences' proposals are
  * expected to add): the k maximising (expected - 1 + E(k)) / cost(n_tokens
  * + k). While that is 0, a probe still verifies SPEC_PROBE_K now and
- * then (after SPEC_PROBE_EVERY calls, the wait doubling after each probe
+ * then (at the first call, then after SPEC_PROBE_EVERY calls, the wait doubling after each probe
  * while plain decoding stays the better choice, back to the shortest
  * once speculation pays), so a sequence that starts to repeat its
  * context is noticed and one that never does costs almost nothing; no
