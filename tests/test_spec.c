@@ -84,6 +84,29 @@ static void test_table(void **state) {
 
 /* ---- the choice of k ---- */
 
+/* A new sequence's tracker: with nothing seen, its first chance is a
+ * probe (no wait to learn); after other sequences' verify results, it
+ * starts from them, with the usual wait before a probe. */
+static void test_policy_inherit(void **state) {
+    (void)state;
+    double ms[40] = {0};
+    spec_costs c = {ms, 39};
+    spec_cost_note(&c, 1, 100.0), spec_cost_note(&c, 2, 180.0); /* one proposal pays only if kept ~3 times in 4 */
+    spec_accept seen, a;
+    spec_accept_init(&seen);
+    spec_accept_inherit(&a, &seen);
+    assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), SPEC_PROBE_K);
+    assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), 0); /* then the wait */
+    for (int i = 0; i < 20; i++) spec_accept_note(&seen, 4, 4);
+    spec_accept_inherit(&a, &seen);
+    assert_true(spec_accept_expected(&a, 4) > 4.0);
+    assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), 1); /* kept every time: it pays at once */
+    for (int i = 0; i < 40; i++) spec_accept_note(&seen, 1, 0);
+    spec_accept_inherit(&a, &seen);
+    for (int i = 0; i < SPEC_PROBE_EVERY - 1; i++) assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), 0);
+    assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), SPEC_PROBE_K); /* never kept: probes after the wait */
+}
+
 static void test_policy(void **state) {
     (void)state;
     double ms[40] = {0};
@@ -472,6 +495,7 @@ int main(void) {
         cmocka_unit_test(test_ngram),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_policy_inherit),
         cmocka_unit_test(test_rule_statistics),
         cmocka_unit_test(test_exact_greedy_and_sampled),
         cmocka_unit_test(test_exact_q4_0_and_full_context),

@@ -149,6 +149,10 @@ struct kt_engine {
     double *t_decode_ms; /* [batch_tokens + 1]: measured cost of a decode-only step
                             by its number of tokens, proposals included (EMA; 0: unknown) */
     spec_costs costs;   /* a view of t_decode_ms for spec/policy.h */
+    /* every choice's verify results, fading, per source (the guesser's, the
+     * lookup's): a new choice starts from them, so an agent's next turn
+     * speculates at the k its last turns earned instead of learning anew */
+    spec_accept seen_guess, seen_lookup;
     int spec_max_tokens; /* proposals one step may carry (logits rows for them) */
     spec_table *spec_table; /* earlier requests' outputs; NULL: none */
     eng_draft *draft;       /* KT_SPEC_DRAFT's model; NULL: none */
@@ -452,6 +456,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
     e->model = model;
     e->llm = model->llm;
     e->trace = getenv("KT_ENGINE_TRACE") && strcmp(getenv("KT_ENGINE_TRACE"), "0") != 0;
+    spec_accept_init(&e->seen_guess), spec_accept_init(&e->seen_lookup);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->cv_step, NULL);
@@ -989,8 +994,8 @@ static bool start_choice(kt_engine *e, kt_request *r, int i) {
     if (r->grammar && !(c->constraint = eng_grammar_start(&e->gram, e->model, r->grammar, &err))) return false;
     c->detok = kt_detok_new_ex(e->model, r->special_text);
     c->generated = malloc(sizeof *c->generated * (size_t)r->max_tokens);
-    spec_accept_init(&c->accept);
-    spec_accept_init(&c->accept_lookup);
+    spec_accept_inherit(&c->accept, &e->seen_guess);
+    spec_accept_inherit(&c->accept_lookup, &e->seen_lookup);
     return c->sampler && c->detok && c->generated;
 }
 
@@ -1482,6 +1487,7 @@ static int verify_choice(kt_engine *e, kt_request *r, int i, const float *rows) 
     if (st != KT_OK) fail_request(r, err.msg);
     eng_draft_keep(c->draft_seq, c->seq->len); /* the draft's guesses that stood stay read */
     spec_accept_note(c->prop_lookup ? &c->accept_lookup : &c->accept, k, kept);
+    spec_accept_note(c->prop_lookup ? &e->seen_lookup : &e->seen_guess, k, kept);
     pthread_mutex_lock(&e->mu);
     e->stats.spec_proposed += (uint64_t)k, e->stats.spec_accepted += (uint64_t)kept, e->stats.spec_passes++;
     if (c->prop_lookup) e->stats.spec_lookup_proposed += (uint64_t)k, e->stats.spec_lookup_accepted += (uint64_t)kept;

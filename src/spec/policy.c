@@ -22,6 +22,13 @@ void spec_accept_init(spec_accept *a) {
     a->idle_steps = SPEC_PROBE_EVERY - 1;
 }
 
+void spec_accept_inherit(spec_accept *a, const spec_accept *seen) {
+    spec_accept_init(a);
+    memcpy(a->kept, seen->kept, sizeof a->kept);
+    memcpy(a->tried, seen->tried, sizeof a->tried);
+    if (a->tried[0] > 0) a->idle_steps = 0; /* evidence already: the usual wait before a probe */
+}
+
 void spec_accept_note(spec_accept *a, int k, int accepted) {
     if (k <= 0) return;
     a->idle_steps = 0;

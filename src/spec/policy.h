@@ -39,6 +39,10 @@ typedef struct spec_accept {
 } spec_accept;
 
 void spec_accept_init(spec_accept *a);
+/* A new sequence's tracker starting from what earlier ones saw (seen: a
+ * tracker every verify result was also noted to): their fading counts, a
+ * fresh probe wait (its first chance a probe only where seen is empty). */
+void spec_accept_inherit(spec_accept *a, const spec_accept *seen);
 /* A pass verified k proposals and kept the first `accepted` of them. */
 void spec_accept_note(spec_accept *a, int k, int accepted);
 /* E(k): the expected tokens a pass with k proposals emits (>= 1). */
