@@ -136,8 +136,9 @@ static flow run_flow(const srv_dialect *d, const char *body_text, const char *re
     }
     const size_t len = strlen(reply);
     int n_out = 0;
+    assert_true(step >= 1 && step < 128);
     for (size_t at = 0;; at += step) {
-        char piece[64];
+        char piece[128]; /* step bytes and the terminator */
         const size_t k = at >= len ? 0 : len - at < step ? len - at : step;
         memcpy(piece, reply + at, k);
         piece[k] = 0;
