@@ -916,6 +916,7 @@ static void test_window_layers(void **state) {
     (void)state;
     check_window_layers("golden/arch/gemma3-F16.gguf", true);
     check_window_layers("golden/arch/gemma2-F16.gguf", false); /* its soft-caps through the paged pool */
+    check_window_layers("golden/arch/gpt-oss-F16.gguf", true); /* alternating 64-token windows, sinks, YaRN */
 }
 
 /* Four requests that share a 96-token prefix, admitted in one step: the

@@ -277,8 +277,9 @@ static void expect_same_one(const choice_out *a, const choice_out *b, const char
  * ~0.1 ms either way, and the costs it would weigh are timer noise.) */
 static void test_own_proposers(void **state) {
     (void)state;
-    const char *files[2] = {"models/stories260K.gguf", "models/test-tiny-Q4_0.gguf"};
-    for (int f = 0; f < 2; f++) {
+    /* gpt-oss: verified rows through alternating 64-token windows and sinks, rolled back */
+    const char *files[3] = {"models/stories260K.gguf", "models/test-tiny-Q4_0.gguf", "golden/arch/gpt-oss-F16.gguf"};
+    for (int f = 0; f < 3; f++) {
         kt_model *m = load(files[f]);
         int32_t ids[64];
         int n = tokenize(m, "Once upon a time", ids, 64);
