@@ -944,8 +944,8 @@ static void check_layout(kt_dtype type, int n_in, int n_out) {
     free(w), free(x8);
 }
 
-/* Repacking keeps every block and the matrix size; only Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K and Q6_K with rows in multiples of 8 qualify, and the
+/* Repacking keeps every block and the matrix size; only the types with an
+ * x8 layout (ops/repack.h), with rows in multiples of 8, qualify, and the
  * in-memory types never count as file types. */
 static void test_repack_layout(void **state) {
     (void)state;
@@ -957,6 +957,7 @@ static void test_repack_layout(void **state) {
     check_layout(KT_Q4_1, 96, 24);
     check_layout(KT_Q5_1, 96, 24);
     check_layout(KT_IQ4_NL, 96, 24);
+    check_layout(KT_Q8_0, 96, 24);
     check_layout(KT_Q2_K, 512, 16);
     check_layout(KT_Q3_K, 512, 16);
     check_layout(KT_IQ4_XS, 512, 16);
@@ -993,7 +994,11 @@ static void test_repack_layout(void **state) {
     assert_false(kt_dtype_known(KT_Q5_1_X8));
     assert_true(kt_repack_supported(KT_Q4_0, 64, 8));
     assert_false(kt_repack_supported(KT_Q4_0, 64, 12));
-    assert_false(kt_repack_supported(KT_Q8_0, 64, 8));
+    assert_int_equal(kt_repack_type(KT_Q8_0, 64, 8), KT_Q8_0_X8);
+    assert_false(kt_repack_supported(KT_Q8_0, 64, 12));
+    assert_false(kt_dtype_known(KT_Q8_0_X8));
+    assert_int_equal(kt_repack_plain(KT_Q8_0_X8), KT_Q8_0);
+    assert_int_equal(kt_dtype_row_bytes(KT_Q8_0_X8, 96), kt_dtype_row_bytes(KT_Q8_0, 96));
     assert_false(kt_repack_supported(KT_Q4_0, 48, 8));
     assert_false(kt_dtype_known(KT_Q4_0_X8)); /* never accepted from a file */
     assert_string_equal(kt_dtype_name(KT_Q4_0_X8), "Q4_0x8");
@@ -1063,6 +1068,7 @@ static void check_repacked_matmul(bool unused) {
     check_repacked_type(KT_Q3_K);
     check_repacked_type(KT_IQ4_XS);
     check_repacked_type(KT_MXFP4);
+    check_repacked_type(KT_Q8_0);
 }
 
 static void test_repacked_matmul(void **state) {
@@ -1182,6 +1188,53 @@ static void check_iq4_nl_extremes(bool unused) {
 static void test_iq4_nl_extremes(void **state) {
     (void)state;
     on_every_int8_tier(check_iq4_nl_extremes, false);
+}
+
+/* Q8_0 plain and x8 at its extreme values (every byte -128, which a file
+ * may hold though kettle's quantizer writes -127..127; every byte 127)
+ * against activations all at +-127: the AVX2 sign trick's maddubs pairs
+ * reach 2 x 128 x 127, 255 short of int16's limit, and the VNNI tiles'
+ * u = value + 128 is 0 or 255. Against the reference. */
+static void check_q8_0_x8_extremes(bool unused) {
+    (void)unused;
+    static const int n_toks[] = {1, 2, 5, 9, 17};
+    enum { N_IN = 256, N_OUT = 32 };
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    const size_t n_blocks = (size_t)N_OUT * N_IN / QK8_0;
+    block_q8_0 *w = tu_xmalloc(sizeof(block_q8_0) * n_blocks);
+    for (int fill = 0; fill < 2; fill++) {
+        for (size_t b = 0; b < n_blocks; b++) {
+            w[b].d = 0x3C00; /* fp16 1.0 */
+            memset(w[b].qs, fill ? 0x7F : 0x80, sizeof w[b].qs);
+        }
+        void *x8 = repacked_copy(w, KT_Q8_0, N_IN, N_OUT);
+        for (int c = 0; c < 5; c++) {
+            const int nt = n_toks[c];
+            float *x = tu_xmalloc(sizeof(float) * nt * N_IN), *want = tu_xmalloc(sizeof(float) * nt * N_OUT),
+                  *got = tu_xmalloc(sizeof(float) * nt * N_OUT);
+            for (int i = 0; i < nt * N_IN; i++) x[i] = c % 2 ? -1.0f : 1.0f;
+            kt_matmul_ref(want, w, KT_Q8_0, x, N_IN, N_OUT, nt);
+            /* the sums really are at the extremes: value x 256 x (+-1) */
+            const float value = fill ? 127.0f : -128.0f, sign = c % 2 ? -1.0f : 1.0f;
+            assert_true(fabsf(want[0] - value * sign * N_IN) < 1e-3f * N_IN * 128.0f);
+            for (int packed = 0; packed < 2; packed++) {
+                kt_matmul(pool, got, packed ? x8 : (void *)w, packed ? KT_Q8_0_X8 : KT_Q8_0, x, N_IN, N_OUT, nt);
+                if (memcmp(got, want, sizeof(float) * nt * N_OUT) != 0)
+                    fail_msg("%s, fill %d, %d tokens at the extremes: %.9g, reference %.9g", packed ? "Q8_0x8" : "Q8_0",
+                             fill, nt, got[0], want[0]);
+            }
+            free(x), free(want), free(got);
+        }
+        free(x8);
+    }
+    free(w);
+    kt_pool_free(pool);
+}
+
+static void test_q8_0_x8_extremes(void **state) {
+    (void)state;
+    on_every_int8_tier(check_q8_0_x8_extremes, false);
 }
 
 /* MXFP4 over its whole exponent range and at its extreme levels, plain
@@ -2498,6 +2551,7 @@ int main(void) {
         cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_kquant_extremes),
         cmocka_unit_test(test_iq4_nl_extremes),
+        cmocka_unit_test(test_q8_0_x8_extremes),
         cmocka_unit_test(test_mxfp4_scales_extremes),
         cmocka_unit_test(test_mxfp4_expert_views),
         cmocka_unit_test(test_x16_layout),

@@ -569,14 +569,15 @@ static void test_quantize_q4_k_m(void **state) {
     }
     /* repacked at load (Q4_K: 5 a layer, attn_v in layers 0, 1; Q6_K:
      * attn_v in layers 2, 3; Q5_0: the ffn_down of 704 values in the two
-     * layers that do not get more bits; the tied Q6_K embedding, which
-     * is also the output matrix): the same bits, embedding lookups
+     * layers that do not get more bits; Q8_0 (Q6_K's fallback): the
+     * ffn_down of the two that do; the tied Q6_K embedding, which is
+     * also the output matrix): the same bits, embedding lookups
      * included */
     {
         int nv2, n_repacked;
         float *plain = model_logits(outp, tokens, N, &nv2);
         float *packed = model_logits_mode(outp, KT_LOAD_REPACK, tokens, N, &nv2, &n_repacked);
-        assert_int_equal(n_repacked, 4 * 5 + 2 + 2 + 2 + 1);
+        assert_int_equal(n_repacked, 4 * 5 + 2 + 2 + 2 + 2 + 1);
         assert_memory_equal(plain, packed, sizeof(float) * (size_t)N * nv2);
         free(plain), free(packed);
     }
@@ -846,7 +847,8 @@ static void test_mxfp4_moe_model(void **state) {
     float *plain = model_logits(outp, tokens, N, &nv);
     float *packed = model_logits_mode(outp, KT_LOAD_REPACK, tokens, N, &nv2, &n_repacked);
     assert_int_equal(nv, nv2);
-    assert_int_equal(n_repacked, 4 * 4 * 3); /* the expert slabs; Q8_0 has no x8 form */
+    /* the expert slabs; Q8_0: 4 attention matrices a layer, the tied embedding */
+    assert_int_equal(n_repacked, 4 * 4 * 3 + 4 * 4 + 1);
     assert_memory_equal(plain, packed, sizeof(float) * (size_t)N * nv);
     float *deq = model_logits(twin, tokens, N, &nv2), *ref = model_logits(in, tokens, N, &nv2);
     double d_deq = 0, d_f16 = 0, range = 0;

@@ -44,6 +44,7 @@ static const kt_dtype_info Q2_K_X8 = {"Q2_Kx8", 256, 84}; /* per row: Q2_K's */
 static const kt_dtype_info Q3_K_X8 = {"Q3_Kx8", 256, 110}; /* per row: Q3_K's */
 static const kt_dtype_info IQ4_XS_X8 = {"IQ4_XSx8", 256, 136}; /* per row: IQ4_XS's */
 static const kt_dtype_info MXFP4_X8 = {"MXFP4x8", 32, 17}; /* per row: MXFP4's */
+static const kt_dtype_info Q8_0_X8 = {"Q8_0x8", 32, 34}; /* per row: Q8_0's */
 static const kt_dtype_info F32_X16 = {"F32x16", 1, 4};
 static const kt_dtype_info F16_X16 = {"F16x16", 1, 2};
 static const kt_dtype_info BF16_X16 = {"BF16x16", 1, 2};
@@ -65,6 +66,7 @@ const kt_dtype_info *kt_dtype_get(uint32_t id) {
     if (id == KT_Q3_K_X8) return &Q3_K_X8;
     if (id == KT_IQ4_XS_X8) return &IQ4_XS_X8;
     if (id == KT_MXFP4_X8) return &MXFP4_X8;
+    if (id == KT_Q8_0_X8) return &Q8_0_X8;
     if (id == KT_F32_X16) return &F32_X16;
     if (id == KT_F16_X16) return &F16_X16;
     if (id == KT_BF16_X16) return &BF16_X16;

@@ -54,7 +54,8 @@ typedef enum kt_dtype {
     KT_Q2_K_X8 = 75,   /* Q2_K repacked by groups of 8 rows (ops/repack.h) */
     KT_Q3_K_X8 = 76,   /* Q3_K likewise */
     KT_IQ4_XS_X8 = 77, /* IQ4_XS likewise */
-    KT_MXFP4_X8 = 78   /* MXFP4 likewise (Q4_0x8's nibbles, then 8 exponent bytes) */
+    KT_MXFP4_X8 = 78,  /* MXFP4 likewise (Q4_0x8's nibbles, then 8 exponent bytes) */
+    KT_Q8_0_X8 = 79    /* Q8_0 likewise (8 vectors of 8 rows' bytes a block, then the scales) */
 } kt_dtype;
 
 typedef struct kt_dtype_info {

@@ -105,17 +105,16 @@ void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, in
 /* kt_quantize_act_q8_K (kquant.h), bit for bit. */
 void kt_quantize_act_q8_K_avx2(const float *x, int64_t n, int8_t *qs, float *d, int16_t *bsums);
 
-/* Bytes of the per-thread work area the Q4_0/Q4_1/Q5_0/Q5_1 GEMM needs
- * for n_in (transposed copies of 16 weight rows; a 64-byte multiple),
- * enough for the Q8_0 GEMM's panel too (4 rows' quants, their absolute
- * values and scales). */
+/* Bytes of the per-thread work area the Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 GEMM
+ * needs for n_in (transposed copies of 16 weight rows; a 64-byte
+ * multiple). */
 size_t kt_matmul_panel_bytes(int n_in);
 
 /* Rows [r0, r1) of out for every token: out[t * n_out + r]. For Q8_0 and
  * Q4_0 weights x is the quantized activations; panel is the calling
  * thread's own kt_matmul_panel_bytes(n_in) bytes, 64-byte aligned, used by
- * Q4_0 (and the other 32-value formats) with n_tokens > 1 (NULL: one GEMV
- * per token instead; Q8_0: the tiles without a panel). For float weights
+ * Q4_0, Q8_0 (and the other 32-value formats) with n_tokens > 1 (NULL: one GEMV
+ * per token instead). For float weights
  * xf. */
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in,
                          int n_out, int n_tokens, int r0, int r1, void *panel);

@@ -8,11 +8,8 @@
  *   - Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 weights: each activation row is quantized
  *     to Q8_0 blocks with the reference quantizer (quant.c); the integer
  *     dot products are exact, and the float steps are fixed:
- *       Q4_0: acc = 0; per block b in order:
+ *       Q4_0, Q8_0: acc = 0; per block b in order:
  *               acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc)
- *       Q8_0: 8 lanes, lane k summing products 4k..4k+3 of each block:
- *               acc_k = fmaf((float)isum_b_k, d_w[b] * d_x[b], acc_k),
- *             then ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
  *       Q5_0: as Q4_0, with isum_b = sum (q - 16) * x_q over the block
  *       Q4_1, Q5_1: acc = 0; per block b in order, with isum_b =
  *             sum q * x_q (q the unsigned levels) and sx_b = sum x_q:
@@ -26,13 +23,15 @@
  *             kt_e8m0_half(e) (ggml's ggml_vec_dot_mxfp4_q8_0: the block's
  *             integer dot times the product of the scales; ggml sums the
  *             blocks in other lanes, so within rounding of llama.cpp)
- *     The Q8_0 order is ggml's (AVX2 ggml_vec_dot_q8_0_q8_0, tinyBLAS);
- *     Q8_0 models match llama.cpp's golden logits to 0.0108, not closer,
- *     because that build rounds Q8_0 activations as x / (amax/127), half
- *     away from zero, and kettle's one quantizer rounds as Q4_0's path
- *     does (x * 127/amax, ties to even: 5e-7); the Q4_0 order is that of
- *     ggml's repacked Q4_0 kernels and lets the AVX2 GEMM keep one output
- *     per lane. The AVX2 kernels (matmul_avx2.c) do exactly these
+ *     The order is that of ggml's repacked Q4_0 kernels and lets the
+ *     GEMMs keep one output per lane, so Q8_0 runs on the 32-value
+ *     formats' tiles (until 2026-12 Q8_0 kept ggml's 8 lanes per output,
+ *     AVX2 ggml_vec_dot_q8_0_q8_0's order, which cost a conversion and an
+ *     fma per 4 products: 0.4x Q4_0's prefill on AVX-512). Q8_0 models
+ *     match llama.cpp's golden logits to about 0.01, not closer, because
+ *     that build rounds Q8_0 activations as x / (amax/127), half away
+ *     from zero, and kettle's one quantizer rounds as Q4_0's path does
+ *     (x * 127/amax, ties to even: 5e-7). The AVX2 kernels (matmul_avx2.c) do exactly these
  *     operations, so for the quantized types SIMD, scalar fallback and
  *     reference agree bit for bit.
  *   - Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS weights: each activation row is
@@ -43,7 +42,7 @@
  *     (matmul_k_avx2.c) apply the same steps: bit-identical as well. The
  *     activation quantizer is the scalar one on every path.
  *
- * The x8 layouts (ops/repack.h: Q4_0x8, IQ4_NLx8, Q4_Kx8, Q2_Kx8, ...)
+ * The x8 layouts (ops/repack.h: Q4_0x8, Q8_0x8, IQ4_NLx8, Q4_Kx8, Q2_Kx8, ...)
  * are the plain types with 8 rows' blocks interleaved at load; the reference reads their blocks back and
  * applies the plain type's steps, and the SIMD kernels must (and do, per
  * the tests) give the same bits from either layout.
@@ -112,7 +111,7 @@ static bool is_kquant_x8(kt_dtype t) {
 }
 
 bool kt_matmul_supported(kt_dtype wtype) {
-    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
+    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 || wtype == KT_Q8_0_X8 ||
            wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
            wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4 || wtype == KT_MXFP4_X8 ||
            wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_Q4_K || wtype == KT_Q5_K ||
@@ -130,7 +129,7 @@ static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
 
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL ||
+    return t == KT_Q8_0 || t == KT_Q8_0_X8 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL ||
            t == KT_IQ4_NL_X8 || t == KT_MXFP4 || t == KT_MXFP4_X8;
 }
 
@@ -204,9 +203,9 @@ static float block_step(const void *row, kt_dtype t, int b, const int8_t *xq, fl
  * take the same operations). */
 static float row_block_step(const void *w, kt_dtype t, int n_in, int r, int b, const int8_t *xq,
                             float dx, float acc) {
-    if (t != KT_Q4_0_X8 && t != KT_IQ4_NL_X8 && t != KT_MXFP4_X8)
+    if (t != KT_Q4_0_X8 && t != KT_Q8_0_X8 && t != KT_IQ4_NL_X8 && t != KT_MXFP4_X8)
         return block_step((const char *)w + (size_t)r * kt_dtype_row_bytes(t, n_in), t, b, xq, dx, acc);
-    union { block_q4_0 q4_0; block_iq4_nl iq4_nl; block_mxfp4 mxfp4; } blk;
+    union { block_q4_0 q4_0; block_q8_0 q8_0; block_iq4_nl iq4_nl; block_mxfp4 mxfp4; } blk;
     kt_x8_block(w, kt_repack_plain(t), n_in, r, b, &blk);
     return block_step(&blk, kt_repack_plain(t), 0, xq, dx, acc);
 }
@@ -255,23 +254,6 @@ static float row_block_step_legacy(const void *w, kt_dtype t, int n_in, int r, i
     union { block_q4_1 q4_1; block_q5_0 q5_0; block_q5_1 q5_1; } blk; /* aligned for each */
     kt_x8_block(w, kt_repack_plain(t), n_in, r, b, &blk);
     return block_step_legacy(&blk, kt_repack_plain(t), 0, xq, dx, sx, acc);
-}
-
-/* Q8_0: adds one block to the 8 lane accumulators (lane k: products
- * 4k..4k+3). */
-static void block_step_lanes(const void *row, int b, const int8_t *xq, float dx, float *acc) {
-    const block_q8_0 *blk = (const block_q8_0 *)row + b;
-    const float scale = kt_fp16_to_fp32(blk->d) * dx;
-    for (int k = 0; k < 8; k++) {
-        int32_t s = 0;
-        for (int j = 4 * k; j < 4 * k + 4; j++) s += blk->qs[j] * xq[j];
-        acc[k] = fmaf((float)s, scale, acc[k]);
-    }
-}
-
-/* The lanes' sum in the fixed order of the AVX2 horizontal add. */
-static float sum_lanes(const float *acc) {
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
 /* K-quant block step for block b of row r of w (a repacked block read
@@ -332,19 +314,16 @@ void kt_matmul_ref(float *out, const void *w, kt_dtype wtype, const float *x, in
         /* Quantized: per row, one activation block at a time (quantized
          * again for each row: slow, but the reference needs no heap). */
         for (int r = 0; r < n_out; r++) {
-            const void *row = (const char *)w + r * row_bytes;
-            float acc = 0.0f, lanes[8] = {0};
+            float acc = 0.0f;
             for (int b = 0; b < n_in / QK8_0; b++) {
                 int8_t xq[QK8_0];
                 float dx;
                 int32_t c8;
                 kt_quantize_act_q8_ref(xt + b * QK8_0, QK8_0, xq, &dx, &c8);
-                if (wtype == KT_Q8_0) block_step_lanes(row, b, xq, dx, lanes);
-                else if (is_legacy_any(wtype))
-                    acc = row_block_step_legacy(w, wtype, n_in, r, b, xq, dx, c8 / 8, acc);
+                if (is_legacy_any(wtype)) acc = row_block_step_legacy(w, wtype, n_in, r, b, xq, dx, c8 / 8, acc);
                 else acc = row_block_step(w, wtype, n_in, r, b, xq, dx, acc);
             }
-            ot[r] = wtype == KT_Q8_0 ? sum_lanes(lanes) : acc;
+            ot[r] = acc;
         }
     }
 }
@@ -359,15 +338,8 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
         for (int r = r0; r < r1; r++) {
             const void *row = (const char *)w + r * row_bytes;
             float sum = 0.0f;
-            if (wtype == KT_Q8_0) {
-                float lanes[8] = {0};
-                for (int b = 0; b < xa->nb; b++) {
-                    size_t k = (size_t)t * xa->nb + b;
-                    block_step_lanes(row, b, xa->qs + k * QK8_0, xa->d[k], lanes);
-                }
-                sum = sum_lanes(lanes);
-            } else if (wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || wtype == KT_IQ4_NL || wtype == KT_IQ4_NL_X8 ||
-                       wtype == KT_MXFP4 || wtype == KT_MXFP4_X8) {
+            if (wtype == KT_Q8_0 || wtype == KT_Q8_0_X8 || wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 ||
+                wtype == KT_IQ4_NL || wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4 || wtype == KT_MXFP4_X8) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
                     sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
@@ -436,6 +408,7 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
         kt_matmul_q4_0_avx2(j->out, j->w, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
         break;
     case KT_Q4_0_X8:
+    case KT_Q8_0_X8:
     case KT_IQ4_NL_X8:
     case KT_MXFP4_X8:
     case KT_Q4_1_X8:

@@ -7,10 +7,7 @@
  * Every output element (row r, token t) is computed the same way in every
  * path, so results are batch-invariant (see matmul.c):
  *
- *   Q8_0 weights:   8 float lanes per output, lane k holding products
- *                   4k..4k+3 of each block: acc_k = fma(float(isum_k),
- *                   d_w * d_x, acc_k); out = hsum8(acc)  -- ggml's order
- *   Q4_0 weights:   one float lane per output:
+ *   Q4_0, Q8_0:     one float lane per output:
  *                   acc = fma(float(isum), d_w * d_x, acc) per block
  *   Q4_1, Q5_0, Q5_1: the same, plus for Q4_1/Q5_1 per block
  *                   acc = fma(float(sum x), m_w * d_x, acc)
@@ -101,16 +98,11 @@ void kt_quantize_act_q8_avx2(const float *x, int64_t n, int8_t *qs, float *d, in
 
 /* ---- quantized weights: shared pieces ------------------------------- */
 
-/* Q8_0 weight block b of a row: 32 signed bytes in element order. */
-INL __m256i load_q8_0(const char *row, int b) {
-    const block_q8_0 *blk = (const block_q8_0 *)row + b;
-    return _mm256_loadu_si256((const __m256i *)blk->qs);
-}
-
-/* ---- the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1 ---------------
+/* ---- the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 ---------
  *
  * A block holds 32 unsigned levels q (4 bits; Q5_0/Q5_1 add a fifth bit
- * from a 32-bit word), a scale d and, for Q4_1/Q5_1, a minimum m. Per
+ * from a 32-bit word; Q8_0's bytes are taken as 8-bit levels, below), a
+ * scale d and, for Q4_1/Q5_1, a minimum m. Per
  * block the reference's float steps (matmul.c) are
  *   acc = fma(float(isum), d_w * d_x, acc)
  *   acc = fma(float(sum x), m_w * d_x, acc)         (Q4_1, Q5_1 only)
@@ -127,23 +119,33 @@ typedef struct legacy_fmt {
     bool nl;      /* IQ4_NL, MXFP4: levels through the table (below) */
     const int8_t *table; /* nl: the 16 levels */
     bool e8m0;    /* MXFP4: the x8 scales are 8 E8M0 bytes, not 8 fp16 */
+    bool q8;      /* Q8_0: the values are the block's signed bytes (below) */
 } legacy_fmt;
 
-static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1, false, NULL, false};
-static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0, false, NULL, false};
-static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2, false, NULL, false};
-static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0, false, NULL, false};
+static const legacy_fmt FMT_Q4_0 = {sizeof(block_q4_0), 2, -1, -1, 1, false, NULL, false, false};
+static const legacy_fmt FMT_Q4_1 = {sizeof(block_q4_1), 4, -1, 2, 0, false, NULL, false, false};
+static const legacy_fmt FMT_Q5_0 = {sizeof(block_q5_0), 6, 2, -1, 2, false, NULL, false, false};
+static const legacy_fmt FMT_Q5_1 = {sizeof(block_q5_1), 8, 4, 2, 0, false, NULL, false, false};
 /* IQ4_NL (x8 layout only): a nibble n stands for KT_IQ4NL_VALUES[n], in
  * -127..113. maddubs and vpdpbusd want the weights unsigned, so the
  * tiles look up u = value + 128 (1..241) and the step takes off 128 sum x
  * = 16 c8: sum u x - 16 c8 = sum value x, exactly. (The AVX2 tile cannot
  * use u: a pair 2 * 241 * 127 saturates maddubs' int16. It goes back to
  * the signed value and the sign trick, see q4_tile_avx2.) */
-static const legacy_fmt FMT_IQ4_NL = {sizeof(block_iq4_nl), 2, -1, -1, 16, true, KT_IQ4NL_VALUES, false};
+static const legacy_fmt FMT_IQ4_NL = {sizeof(block_iq4_nl), 2, -1, -1, 16, true, KT_IQ4NL_VALUES, false, false};
 /* MXFP4 (x8 layout only): the same with KT_MXFP4_VALUES (-12..12, so u =
  * value + 128 is 116..140) and per block 8 exponent bytes where IQ4_NL
  * has 8 fp16 scales (repack.h). */
-static const legacy_fmt FMT_MXFP4 = {sizeof(block_mxfp4), 1, -1, -1, 16, true, KT_MXFP4_VALUES, true};
+static const legacy_fmt FMT_MXFP4 = {sizeof(block_mxfp4), 1, -1, -1, 16, true, KT_MXFP4_VALUES, true, false};
+/* Q8_0: the levels are the 32 value bytes themselves, -128..127, taken as
+ * u = value + 128 (value ^ 0x80) as for IQ4_NL, with the same 16 c8
+ * taken off in the step (and the same sign trick in the AVX2 tile). */
+static const legacy_fmt FMT_Q8_0 = {sizeof(block_q8_0), 2, -1, -1, 16, false, NULL, false, true};
+
+/* Levels past 15 (u = value + 128): an AVX2 maddubs pair of two of them
+ * times activations can saturate int16, so the AVX2 paths multiply the
+ * signed values with the sign trick instead. */
+INL bool u8_levels(const legacy_fmt *f) { return f->nl || f->q8; }
 
 /* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set: byte j/8 of h is
  * shuffled to byte j, tested against bit j%8. */
@@ -158,12 +160,14 @@ INL __m256i fifth_bits(const uint8_t *qh) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* The 32 levels (0..15 or 0..31) of block b of a row, in element order:
+/* The 32 levels (0..15 or 0..31; Q8_0: u) of block b of a row, in element order:
  * the 16 nibble bytes broadcast to both halves, the high half shifted
  * right by 4, the mask keeping low nibbles (elements 0..15) then high
  * nibbles (16..31); then the fifth bits. */
 INL __m256i load_levels(const legacy_fmt *f, const char *row, int b) {
     const uint8_t *blk = (const uint8_t *)row + (size_t)b * f->bb;
+    if (f->q8)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + f->qs_off)), _mm256_set1_epi8((char)0x80));
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + f->qs_off)));
     v = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
     v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
@@ -221,425 +225,8 @@ INL void tile_x_init(tile_x *x, const q_args *a, int t0, int nt, const int T) {
     }
 }
 
-/* ---- Q8_0 weights: ggml's order ------------------------------------------
- *
- * Each output keeps 8 float lanes, lane k holding products 4k..4k+3 of
- * every block:  acc_k = fma(float(isum_k), d_w * d_x, acc_k), then the
- * fixed hsum8. This is the order of ggml's AVX2 ggml_vec_dot_q8_0_q8_0
- * and of llamafile's tinyBLAS, so kettle's Q8_0 logits match llama.cpp's
- * to ~1e-6 (a different order flips an activation rounding in the golden
- * test and moves logits by 0.04). matmul.c's reference does the same.
- *
- * Integer products (the sign trick): maddubs multiplies unsigned by signed
- * bytes, so it gets |w| and x with w's sign moved onto it; |w| <= 128 and
- * |x| <= 127, so the int16 pair sums cannot saturate; madd with ones then
- * adds pairs into the 8 int32 lanes.
- *
- * Tiles: Q8_GEMV_ROWS rows for one token (sharing each activation load);
- * Q8_ROWS x Q8_TOKENS outputs for many (each weight block unpacked once per
- * Q8_TOKENS tokens).
- */
-
-#define Q8_GEMV_ROWS 4
-#define Q8_ROWS 4
-#define Q8_TOKENS 3
-
-INL __m256i idot_q8(__m256i aw, __m256i w, __m256i x) {
-    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-/* Outputs (r0 .. r0+R-1) x (t0 .. t0+T-1); R, T <= 4 are constants after
- * inlining, so acc lives in registers. The scale products d_w * d_x go
- * through a small array so that each is one broadcast load. */
-INL void q8_tile(const q_args *a, const int R, const int T, int r0, int t0) {
-    const int nb = a->x->nb;
-    const size_t bb = sizeof(block_q8_0);
-    const char *rows[4];
-    tile_x x;
-    tile_x_init(&x, a, t0, T, T);
-    __m256 acc[4][4];
-    float sc[4][4] __attribute__((aligned(16))); /* sc[t][r] = d_w[r] * d_x[t] */
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-
-    for (int b = 0; b < nb; b++) {
-        if (T == 1) prefetch_rows_ahead(rows, R, a->row_bytes, bb, b);
-        uint64_t h = 0;
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) h |= half_bits(rows[r] + (size_t)b * bb) << (16 * r);
-        const __m128 dw = _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h));
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(x.d[t][b])));
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const __m256i w = load_q8_0(rows[r], b);
-            const __m256i aw = _mm256_sign_epi8(w, w);
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(idot_q8(aw, w, xv)),
-                                            _mm256_broadcast_ss(&sc[t][r]), acc[r][t]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            a->out[(size_t)(t0 + t) * a->n_out + r0 + r] = hsum8(acc[r][t]);
-}
-
-static void q8_gemv(const q_args *a, int r0, int t0) { q8_tile(a, Q8_GEMV_ROWS, 1, r0, t0); }
-static void q8_one(const q_args *a, int r0, int t0) { q8_tile(a, 1, 1, r0, t0); }
-static void q8_full(const q_args *a, int r0, int t0) { q8_tile(a, Q8_ROWS, Q8_TOKENS, r0, t0); }
-static void q8_rows1(const q_args *a, int r0, int t0) { q8_tile(a, Q8_ROWS, 1, r0, t0); }
-static void q8_tokens1(const q_args *a, int r0, int t0) { q8_tile(a, 1, Q8_TOKENS, r0, t0); }
-
-static void q8_rows(const q_args *a, int n_tokens, int r0, int r1) {
-    if (n_tokens == 1) {
-        int r = r0;
-        for (; r + Q8_GEMV_ROWS <= r1; r += Q8_GEMV_ROWS) q8_gemv(a, r, 0);
-        for (; r < r1; r++) q8_one(a, r, 0);
-        return;
-    }
-    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
-    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
-        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        int r = r0;
-        for (; r + Q8_ROWS <= r1; r += Q8_ROWS) {
-            int t = c0;
-            for (; t + Q8_TOKENS <= c1; t += Q8_TOKENS) q8_full(a, r, t);
-            for (; t < c1; t++) q8_rows1(a, r, t);
-        }
-        for (; r < r1; r++) {
-            int t = c0;
-            for (; t + Q8_TOKENS <= c1; t += Q8_TOKENS) q8_tokens1(a, r, t);
-            for (; t < c1; t++) q8_one(a, r, t);
-        }
-    }
-}
-
-/* ---- Q8_0 prefill over a panel (AVX2) --------------------------------------
- *
- * The order above fixes the float steps per output and block (a
- * conversion of the 8 lane sums and an fma); how the lane sums are formed
- * is free, integer sums being exact. Per group of Q8P_ROWS rows and chunk
- * of tokens the rows' blocks are copied once into a panel in the
- * thread's scratch, 32-byte aligned, per block: each row's quants widened
- * to int16 in two vectors, its even-indexed values (wl) and its odd ones
- * (wh), and the rows' scales as floats. A token's block is widened the
- * same way in registers (two shifts for xl, one for xh), and then
- *   madd(xl, wl) + madd(xh, wh)
- * has in int32 lane k products 4k, 4k+2 plus 4k+1, 4k+3: lane k's sum,
- * exactly (no saturation in int16 x int16 pairs of bytes). Per output and
- * block that is two madds and an add where the sign trick takes a sign,
- * a maddubs and a madd: the add runs on any of Zen 3's four vector pipes,
- * the sign only on the two the fmas use (measured here: a sign and an
- * fma issue 2 per cycle together, an add and an fma 4). The products
- * d_w * d_x of a token and the four rows are one multiply per block;
- * each output's is spread over the 8 lanes by an in-lane permute, not a
- * broadcast load.
- * The tile is Q8P_ROWS x Q8P_TOKENS = 4 x 2, a token at a time: 8
- * accumulators and the token's xl, xh and products in registers, the
- * weights memory operands of the madds (4 x 3 spills). Kernel, one
- * thread, Zen 3 (load 3-4 from other jobs), best of 9 / 11 alternating
- * against the sign-trick 4 x 3 tile this replaces, two sittings:
- * 2048 x 1024 by 120 tokens 77 / 72 -> 85 / 81 GFLOP/s (+10% / +13%),
- * 5632 x 512 by 120 tokens 76 / 70 -> 76 / 74 (+1% / +7%; its panel,
- * 50 KB, does not fit L1). Every output gets q8_tile's float operations
- * on the same integers: the same bits.
- */
-
-#define Q8P_ROWS 4
-#define Q8P_TOKENS 2 /* q8_panel_rows takes a last odd token alone */
-#define Q8P_BLOCK (Q8P_ROWS * 64 + 32) /* panel bytes per block: wl, wh, 4 scales (padded to 32) */
-#define Q8P_MIN_GEMM 2                  /* fewer tokens: q8_rows, no panel */
-
-/* int16 lanes j of a block of 32 bytes: byte 2j (lo) or byte 2j+1 (hi),
- * sign-extended. */
-INL __m256i widen_even(__m256i v) { return _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8); }
-INL __m256i widen_odd(__m256i v) { return _mm256_srai_epi16(v, 8); }
-
-/* The panel of rows r0 .. r0+nr-1 (nr <= Q8P_ROWS; missing rows repeat
- * the last one, computed and not stored); the next group's rows are
- * fetched into L2 meanwhile, as by the GEMV. */
-static void q8_panel_build(const q_args *a, int r0, int nr) {
-    const int nb = a->x->nb;
-    const char *rows[Q8P_ROWS];
-#pragma GCC unroll 4
-    for (int r = 0; r < Q8P_ROWS; r++) rows[r] = a->w + (size_t)(r0 + (r < nr ? r : nr - 1)) * a->row_bytes;
-    for (int b = 0; b < nb; b++) {
-        prefetch_rows_ahead(rows, Q8P_ROWS, a->row_bytes, sizeof(block_q8_0), b);
-        int8_t *p = a->panel + (size_t)b * Q8P_BLOCK;
-        uint64_t h = 0;
-#pragma GCC unroll 4
-        for (int r = 0; r < Q8P_ROWS; r++) {
-            const __m256i w = load_q8_0(rows[r], b);
-            _mm256_store_si256((__m256i *)(p + 32 * r), widen_even(w));
-            _mm256_store_si256((__m256i *)(p + 32 * (Q8P_ROWS + r)), widen_odd(w));
-            h |= half_bits(rows[r] + (size_t)b * sizeof(block_q8_0)) << (16 * r);
-        }
-        _mm_store_ps((float *)(p + 64 * Q8P_ROWS), _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h)));
-    }
-}
-
-/* Lane r of each 128-bit half in all four of its lanes. _mm256_permute_ps
- * wants an immediate: the switch folds away once r is unrolled, and
- * keeps an unoptimized (-O0, sanitizer) build compiling. */
-INL __m256 q8p_scale_of(__m256 sc, int r) {
-    switch (r) {
-    case 0: return _mm256_permute_ps(sc, 0x00);
-    case 1: return _mm256_permute_ps(sc, 0x55);
-    case 2: return _mm256_permute_ps(sc, 0xaa);
-    default: return _mm256_permute_ps(sc, 0xff);
-    }
-}
-
-/* Rows r0 .. r0+nr-1 x tokens t0 .. t0+nt-1 over the panel; T (<=
- * Q8P_TOKENS) a constant in each caller, tokens past nt repeat the last
- * one and are not stored. */
-INL void q8p_tile(const q_args *a, const int T, int r0, int nr, int t0, int nt) {
-    const int nb = a->x->nb;
-    tile_x x;
-    tile_x_init(&x, a, t0, nt, T);
-    __m256 acc[Q8P_ROWS][Q8P_TOKENS];
-#pragma GCC unroll 4
-    for (int r = 0; r < Q8P_ROWS; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    const int8_t *p = a->panel;
-    for (int b = 0; b < nb; b++, p += Q8P_BLOCK) {
-        /* the 4 rows' scales in both halves: sc lane 4h + r = d_w[r] * d_x[t] */
-        const __m256 dw = _mm256_broadcast_ps((const __m128 *)(p + 64 * Q8P_ROWS));
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
-            const __m256i xl = widen_even(xv), xh = widen_odd(xv);
-            const __m256 sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(x.d[t] + b));
-#pragma GCC unroll 4
-            for (int r = 0; r < Q8P_ROWS; r++) {
-                const __m256i wl = _mm256_load_si256((const __m256i *)(p + 32 * r));
-                const __m256i wh = _mm256_load_si256((const __m256i *)(p + 32 * (Q8P_ROWS + r)));
-                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(xl, wl), _mm256_madd_epi16(xh, wh));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), q8p_scale_of(sc, r), acc[r][t]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < Q8P_ROWS; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            if (r < nr && t < nt) a->out[(size_t)(t0 + t) * a->n_out + r0 + r] = hsum8(acc[r][t]);
-}
-
-static void q8p_full(const q_args *a, int r0, int nr, int t0) { q8p_tile(a, Q8P_TOKENS, r0, nr, t0, Q8P_TOKENS); }
-static void q8p_one(const q_args *a, int r0, int nr, int t0) { q8p_tile(a, 1, r0, nr, t0, 1); }
-
-/* Rows [r0, r1) of n_tokens tokens: per chunk of tokens and group of
- * Q8P_ROWS rows, a panel, then every token tile of the chunk against it
- * (the rows are read from memory once per chunk, as by q8_rows). */
-static void q8_panel_rows(q_args *a, int n_tokens, int r0, int r1) {
-    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
-    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
-        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        for (int r = r0; r < r1; r += Q8P_ROWS) {
-            const int nr = r1 - r < Q8P_ROWS ? r1 - r : Q8P_ROWS;
-            q8_panel_build(a, r, nr);
-            int t = c0;
-            for (; t + Q8P_TOKENS <= c1; t += Q8P_TOKENS) q8p_full(a, r, nr, t);
-            if (t < c1) q8p_one(a, r, nr, t); /* Q8P_TOKENS is 2: one token left at most */
-        }
-    }
-}
-
-/* The VNNI tiles get the same per-lane integers without the sign trick:
- * with x' = x + 128 (x ^ 0x80, unsigned) and corr = -128 * sum w over a
- * lane's 4 weights,  vpdpbusd(corr, x', w) = corr + sum x' w = sum x w,
- * exactly (no int32 overflow: |sum| < 2^17). corr is formed once per
- * weight block and reused for every token; each output then costs one
- * vpdpbusd, a conversion and its fma. The float steps are unchanged, so
- * every tile gives the reference's bits. */
-
+/* AVX-VNNI's vpdpbusd in 256-bit vectors (the AVX-512 tiles use TARGET_512) */
 #define TARGET_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-
-#define Q8V_ROWS 4   /* AVX-VNNI tile: 4 x 2 leaves registers for x' and corr */
-#define Q8V_TOKENS 2
-
-/* Outputs (r0 .. r0+3) x (t0 .. t0+T-1), T <= 2 a constant in each
- * caller; tokens past nt repeat the last one and are not stored. */
-TARGET_VNNI INL void q8_tile_vnni(const q_args *a, const int T, int r0, int t0, int nt) {
-    const int nb = a->x->nb;
-    const size_t bb = sizeof(block_q8_0);
-    const __m256i c80 = _mm256_set1_epi8((char)0x80);
-    const char *rows[Q8V_ROWS];
-    tile_x x;
-    tile_x_init(&x, a, t0, nt, T);
-    __m256 acc[Q8V_ROWS][Q8V_TOKENS];
-    float sc[Q8V_TOKENS][4] __attribute__((aligned(16)));
-#pragma GCC unroll 4
-    for (int r = 0; r < Q8V_ROWS; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
-#pragma GCC unroll 4
-    for (int r = 0; r < Q8V_ROWS; r++)
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-
-    for (int b = 0; b < nb; b++) {
-        if (T == 1) prefetch_rows_ahead(rows, Q8V_ROWS, a->row_bytes, bb, b);
-        uint64_t h = 0;
-#pragma GCC unroll 4
-        for (int r = 0; r < Q8V_ROWS; r++) h |= half_bits(rows[r] + (size_t)b * bb) << (16 * r);
-        const __m128 dw = _mm_cvtph_ps(_mm_set_epi64x(0, (long long)h));
-        __m256i xu[Q8V_TOKENS];
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) {
-            _mm_store_ps(sc[t], _mm_mul_ps(dw, _mm_set1_ps(x.d[t][b])));
-            xu[t] = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0)), c80);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < Q8V_ROWS; r++) {
-            const __m256i w = load_q8_0(rows[r], b);
-            const __m256i corr = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                  _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), c80, w));
-#pragma GCC unroll 2
-            for (int t = 0; t < T; t++)
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(corr, xu[t], w)),
-                                            _mm256_broadcast_ss(&sc[t][r]), acc[r][t]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < Q8V_ROWS; r++)
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++)
-            if (t < nt) a->out[(size_t)(t0 + t) * a->n_out + r0 + r] = hsum8(acc[r][t]);
-}
-
-/* AVX-512 VNNI: two outputs per 512-bit vector, each keeping its own 8
- * lanes (lanes 0-7: row 2p, lanes 8-15: row 2p+1, same token), so one
- * vpdpbusd, conversion, scale product and fma serve two outputs with
- * every lane's operations unchanged. P row pairs x T tokens (constants in
- * each caller); tokens past nt repeat the last one and are not stored. */
-#define Q8W_PAIRS_MAX 4 /* the GEMV's 8 rows */
-#define Q8W_PAIRS 2      /* GEMM: 2 pairs x 8 tokens, 16 accumulators (at 1 thread */
-#define Q8W_TOKENS 8     /* 207 GFLOP/s against 2x6 198, 3x4 200, 4x4 ~170, 4x3 ~160) */
-
-TARGET_512 INL void q8_tile_512(const q_args *a, const int P, const int T, int r0, int t0, int nt) {
-    const int nb = a->x->nb;
-    const size_t bb = sizeof(block_q8_0);
-    const __m512i c80 = _mm512_set1_epi8((char)0x80);
-    const char *rows[2 * Q8W_PAIRS_MAX];
-    tile_x x;
-    tile_x_init(&x, a, t0, nt, T);
-    __m512 acc[Q8W_PAIRS_MAX][Q8W_TOKENS];
-    /* lane i of pair p takes row 2p's scale (i < 8) or row 2p+1's */
-    __m512i pick[Q8W_PAIRS_MAX];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; p++)
-        pick[p] = _mm512_add_epi32(_mm512_set1_epi32(2 * p),
-                                   _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-#pragma GCC unroll 8
-    for (int r = 0; r < 2 * P; r++) rows[r] = a->w + (size_t)(r0 + r) * a->row_bytes;
-#pragma GCC unroll 4
-    for (int p = 0; p < P; p++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
-
-    for (int b = 0; b < nb; b++) {
-        if (T == 1) prefetch_rows_ahead(rows, 2 * P, a->row_bytes, bb, b);
-        uint64_t h0 = 0, h1 = 0;
-#pragma GCC unroll 8
-        for (int r = 0; r < 2 * P; r++) {
-            const uint64_t h = half_bits(rows[r] + (size_t)b * bb);
-            if (r < 4) h0 |= h << (16 * r);
-            else h1 |= h << (16 * (r - 4));
-        }
-        const __m512 dw = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_set_epi64x((long long)h1, (long long)h0)));
-        __m512i w[Q8W_PAIRS_MAX], corr[Q8W_PAIRS_MAX];
-        __m512 dwp[Q8W_PAIRS_MAX];
-#pragma GCC unroll 4
-        for (int p = 0; p < P; p++) {
-            w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(load_q8_0(rows[2 * p], b)),
-                                      load_q8_0(rows[2 * p + 1], b), 1);
-            corr[p] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w[p]));
-            dwp[p] = _mm512_permutexvar_ps(pick[p], dw);
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const __m512i xu = _mm512_xor_si512(
-                _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0))), c80);
-            const __m512 dx = _mm512_set1_ps(x.d[t][b]);
-#pragma GCC unroll 4
-            for (int p = 0; p < P; p++)
-                acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr[p], xu, w[p])),
-                                            _mm512_mul_ps(dwp[p], dx), acc[p][t]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int p = 0; p < P; p++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            if (t >= nt) continue;
-            float *o = a->out + (size_t)(t0 + t) * a->n_out + r0 + 2 * p;
-            o[0] = hsum8(_mm512_castps512_ps256(acc[p][t]));
-            o[1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][t]), 1)));
-        }
-}
-
-/* decode: 8 rows of one token, the next 8 prefetched */
-TARGET_512 static void q8_gemv_512(const q_args *a, int r0, int t0) { q8_tile_512(a, 4, 1, r0, t0, 1); }
-TARGET_512 static void q8_gemv4_512(const q_args *a, int r0, int t0) { q8_tile_512(a, 2, 1, r0, t0, 1); }
-TARGET_512 static void q8_gemm_512(const q_args *a, int r0, int t0, int nt) {
-    q8_tile_512(a, Q8W_PAIRS, Q8W_TOKENS, r0, t0, nt);
-}
-TARGET_512 static void q8_gemm_512x4(const q_args *a, int r0, int t0, int nt) {
-    q8_tile_512(a, Q8W_PAIRS, 4, r0, t0, nt);
-}
-TARGET_512 static void q8_gemm_512x2(const q_args *a, int r0, int t0, int nt) {
-    q8_tile_512(a, Q8W_PAIRS, 2, r0, t0, nt);
-}
-TARGET_VNNI static void q8_gemv_vnni(const q_args *a, int r0, int t0) { q8_tile_vnni(a, 1, r0, t0, 1); }
-TARGET_VNNI static void q8_gemm_vnni(const q_args *a, int r0, int t0, int nt) {
-    q8_tile_vnni(a, Q8V_TOKENS, r0, t0, nt);
-}
-
-/* Rows [r0, r1) of every token on the VNNI tiles: rows in groups of 4 (8
- * for the AVX-512 GEMV); the few rows left over take the AVX2 tiles,
- * which give the same bits. */
-static void q8_rows_vnni(const q_args *a, int n_tokens, int r0, int r1) {
-    const bool wide = kt_cpu_has_avx512_vnni();
-    int r = r0;
-    if (n_tokens == 1) {
-        if (wide)
-            for (; r + 8 <= r1; r += 8) q8_gemv_512(a, r, 0);
-        for (; r + Q8V_ROWS <= r1; r += Q8V_ROWS) wide ? q8_gemv4_512(a, r, 0) : q8_gemv_vnni(a, r, 0);
-        for (; r < r1; r++) q8_one(a, r, 0);
-        return;
-    }
-    const int chunk = token_chunk(a->x->nb * QK8_0, 1);
-    for (int c0 = 0; c0 < n_tokens; c0 += chunk) {
-        const int c1 = c0 + chunk < n_tokens ? c0 + chunk : n_tokens;
-        for (r = r0; r + Q8V_ROWS <= r1; r += Q8V_ROWS) { /* 4 rows: both tiers' height */
-            int t = c0;
-            if (wide) {
-                for (; t + Q8W_TOKENS <= c1; t += Q8W_TOKENS) q8_gemm_512(a, r, t, Q8W_TOKENS);
-                if (t + 4 <= c1) q8_gemm_512x4(a, r, t, 4), t += 4;
-                for (; t < c1; t += 2) q8_gemm_512x2(a, r, t, c1 - t < 2 ? 1 : 2);
-            } else {
-                for (; t < c1; t += Q8V_TOKENS) q8_gemm_vnni(a, r, t, c1 - t < Q8V_TOKENS ? c1 - t : Q8V_TOKENS);
-            }
-        }
-        for (; r < r1; r++) {
-            int t = c0;
-            for (; t + Q8_TOKENS <= c1; t += Q8_TOKENS) q8_tokens1(a, r, t);
-            for (; t < c1; t++) q8_one(a, r, t);
-        }
-    }
-}
 
 /* ---- the 32-value formats: one output per lane ------------------------
  *
@@ -788,11 +375,14 @@ INL const uint8_t *x8_group(const q_args *a, int r0) {
     return (const uint8_t *)a->w + (size_t)r0 * a->row_bytes;
 }
 
-/* A group's regions (repack.h): nb x 128 bytes of nibbles, (Q5_0x8,
- * Q5_1x8) nb x 32 bytes of fifth-bit masks, nb x 16 bytes of scales,
- * (Q4_1x8, Q5_1x8) nb x 16 bytes of minima. */
+/* A group's regions (repack.h): nb x 128 bytes of nibbles (Q8_0x8: nb x
+ * 256 bytes of values), (Q5_0x8, Q5_1x8) nb x 32 bytes of fifth-bit
+ * masks, nb x 16 bytes of scales, (Q4_1x8, Q5_1x8) nb x 16 bytes of
+ * minima. */
+INL size_t x8_qs_bytes(const legacy_fmt *f) { return f->q8 ? KT_Q8X8_QS_BYTES : KT_X8_QS_BYTES; }
+
 INL size_t x8_scales_at(const legacy_fmt *f, int nb) {
-    return (size_t)nb * (KT_X8_QS_BYTES + (f->qh_off >= 0 ? KT_X8_QH_BYTES : 0));
+    return (size_t)nb * (x8_qs_bytes(f) + (f->qh_off >= 0 ? KT_X8_QH_BYTES : 0));
 }
 
 INL size_t x8_mins_at(const legacy_fmt *f, int nb) {
@@ -810,7 +400,11 @@ INL const uint8_t *x8_mask(const q_args *a, const uint8_t *grp, int b, int v) {
  * one row per 32-bit lane. */
 INL void q4_vecs(const q_args *a, const legacy_fmt *f, const uint8_t *grp, const int8_t *panel, int b, int v,
                  __m256i *lo, __m256i *hi) {
-    if (grp) {
+    if (grp && f->q8) { /* Q8_0x8: vectors v and v + 4 as they are, u = value ^ 0x80 */
+        const uint8_t *p = grp + (size_t)b * KT_Q8X8_QS_BYTES + 32 * v;
+        *lo = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80));
+        *hi = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 128)), _mm256_set1_epi8((char)0x80));
+    } else if (grp) {
         const __m256i p = _mm256_loadu_si256((const __m256i *)(grp + (size_t)b * KT_X8_QS_BYTES + 32 * v));
         *lo = _mm256_and_si256(p, _mm256_set1_epi8(0x0F));
         *hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), _mm256_set1_epi8(0x0F));
@@ -857,8 +451,8 @@ INL __m256 q4_mins(const q_args *a, const legacy_fmt *f, const uint8_t *grp, con
  * tinyllama, Qwen 3, Gemma 3 and Phi-3 shapes, docs/PERFORMANCE.md). */
 INL void x8_prefetch(const q_args *a, const legacy_fmt *f, const uint8_t *grp, size_t ahead, int b) {
     const uint8_t *next = grp + ahead;
-    _mm_prefetch((const char *)next + (size_t)b * KT_X8_QS_BYTES, _MM_HINT_T1);
-    _mm_prefetch((const char *)next + (size_t)b * KT_X8_QS_BYTES + 64, _MM_HINT_T1);
+    const size_t qs = x8_qs_bytes(f);
+    for (size_t line = 0; line < qs; line += 64) _mm_prefetch((const char *)next + (size_t)b * qs + line, _MM_HINT_T1);
     if (f->qh_off >= 0 && (b & 1) == 0) _mm_prefetch((const char *)x8_mask(a, next, b, 0), _MM_HINT_T1);
     if ((b & (f->e8m0 ? 7 : 3)) == 0) /* a line of scales: 4 blocks' fp16, 8 blocks' E8M0 */
         _mm_prefetch((const char *)next + x8_scales_at(f, a->x->nb) + (size_t)b * (f->e8m0 ? 8 : 16), _MM_HINT_T1);
@@ -887,7 +481,7 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
         for (int v = 0; v < 4; v++) {
             __m256i lo, hi;
             q4_vecs(a, f, grp, a->panel, b, v, &lo, &hi);
-            if (f->nl) { /* the signed levels, |w| x sign(x, w): a pair <= 2 * 127 * 127 */
+            if (u8_levels(f)) { /* the signed levels, |w| x sign(x, w): a pair <= 2 * 128 * 127 */
                 const __m256i wl = _mm256_xor_si256(lo, _mm256_set1_epi8((char)0x80));
                 const __m256i wh = _mm256_xor_si256(hi, _mm256_set1_epi8((char)0x80));
                 const __m256i al = _mm256_sign_epi8(wl, wl), ah = _mm256_sign_epi8(wh, wh);
@@ -913,8 +507,8 @@ INL void q4_tile_avx2(const q_args *a, const legacy_fmt *f, const bool packed, c
         const __m256 dw = q4_scales(a, f, grp, a->panel_d, b), mw = q4_mins(a, f, grp, a->panel_m, b);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            /* IQ4_NL: these sums have no +128 offset for the step to take off */
-            if (f->nl) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(f->c8_mul * x.c8[t][b]));
+            /* IQ4_NL, Q8_0: these sums have no +128 offset for the step to take off */
+            if (u8_levels(f)) isum[t] = _mm256_add_epi32(isum[t], _mm256_set1_epi32(f->c8_mul * x.c8[t][b]));
             acc[t] = q4_block_step(f, acc[t], isum[t], dw, mw, &x, t, b);
         }
     }
@@ -995,7 +589,15 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             __m512i lo, hi;
-            if (packed) { /* both groups' packed vectors, unpacked at once */
+            if (packed && f->q8) { /* both groups' vectors v and v + 4, u = value ^ 0x80 */
+                const uint8_t *p0 = g0 + (size_t)b * KT_Q8X8_QS_BYTES + 32 * v, *p1 = g1 + (size_t)b * KT_Q8X8_QS_BYTES + 32 * v;
+                lo = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                                                         _mm256_loadu_si256((const __m256i *)p1), 1),
+                                      _mm512_set1_epi8((char)0x80));
+                hi = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 128))),
+                                                         _mm256_loadu_si256((const __m256i *)(p1 + 128)), 1),
+                                      _mm512_set1_epi8((char)0x80));
+            } else if (packed) { /* both groups' packed vectors, unpacked at once */
                 const __m512i p = _mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * KT_X8_QS_BYTES + 32 * v))),
                     _mm256_loadu_si256((const __m256i *)(g1 + (size_t)b * KT_X8_QS_BYTES + 32 * v)), 1);
@@ -1053,12 +655,20 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
 #define LEGACY_TOKENS 4 /* tokens per tile: each block unpacked once for them */
 
 /* Lane r = sum q x over the levels lv[r] of row r's block, in int32
- * throughout. */
-INL __m256i legacy_dot8(const __m256i *lv, __m256i x) {
+ * throughout; Q8_0: sum value x (the sign trick: u would saturate
+ * maddubs), without u's offset. */
+INL __m256i legacy_dot8(const legacy_fmt *f, const __m256i *lv, __m256i x) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i m[Q4_ROWS];
 #pragma GCC unroll 8
-    for (int r = 0; r < Q4_ROWS; r++) m[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(lv[r], x), ones);
+    for (int r = 0; r < Q4_ROWS; r++) {
+        if (f->q8) {
+            const __m256i w = _mm256_xor_si256(lv[r], _mm256_set1_epi8((char)0x80));
+            m[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones);
+        } else {
+            m[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(lv[r], x), ones);
+        }
+    }
     /* per 128-bit half: lanes 0..3 = rows 0..3 (h0) or 4..7 (h1) */
     __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
     __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(m[4], m[5]), _mm256_hadd_epi32(m[6], m[7]));
@@ -1088,7 +698,9 @@ INL void legacy_tile(const legacy_fmt *f, const q_args *a, int r0, int nr, int t
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
-            acc[t] = q4_block_step(f, acc[t], legacy_dot8(lv, xv), dw, mw, &x, t, b);
+            __m256i isum = legacy_dot8(f, lv, xv);
+            if (f->q8) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(f->c8_mul * x.c8[t][b])); /* the step takes it off */
+            acc[t] = q4_block_step(f, acc[t], isum, dw, mw, &x, t, b);
         }
     }
 #pragma GCC unroll 4
@@ -1152,6 +764,7 @@ X8_KIND(X8_Q5_0, FMT_Q5_0)
 X8_KIND(X8_Q5_1, FMT_Q5_1)
 X8_KIND(X8_IQ4_NL, FMT_IQ4_NL)
 X8_KIND(X8_MXFP4, FMT_MXFP4)
+X8_KIND(X8_Q8_0, FMT_Q8_0)
 
 typedef struct panel_kind {
     const legacy_fmt *f;
@@ -1185,17 +798,16 @@ typedef struct panel_kind {
 LEGACY_PATHS(q4_1, FMT_Q4_1)
 LEGACY_PATHS(q5_0, FMT_Q5_0)
 LEGACY_PATHS(q5_1, FMT_Q5_1)
+LEGACY_PATHS(q8_0, FMT_Q8_0)
 PANEL_KIND(q4_0, FMT_Q4_0, q4_few, q4_gemv)
 PANEL_KIND(q4_1, FMT_Q4_1, q4_1_few, q4_1_one)
 PANEL_KIND(q5_0, FMT_Q5_0, q5_0_few, q5_0_one)
 PANEL_KIND(q5_1, FMT_Q5_1, q5_1_few, q5_1_one)
+PANEL_KIND(q8_0, FMT_Q8_0, q8_0_few, q8_0_one)
 
 /* One panel: levels, scales, minima; two of them (the AVX-512 tiles'
  * 16 rows). */
 static size_t panel_one_bytes(int nb) { return (size_t)nb * Q4_ROWS * (32 + 2 * sizeof(float)); }
-
-/* The Q8_0 GEMM borrows this work area for its panel (q8_panel_build). */
-_Static_assert(Q8P_BLOCK <= 2 * Q4_ROWS * (32 + 2 * sizeof(float)), "the Q8_0 panel fits the work area");
 
 size_t kt_matmul_panel_bytes(int n_in) {
     return 2 * panel_one_bytes(n_in / QK8_0); /* a multiple of 64 */
@@ -1252,14 +864,7 @@ static void panel_rows(q_args *a, const panel_kind *k, int n_tokens, int r0, int
 void kt_matmul_q8_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
                          int n_tokens, int r0, int r1, void *panel) {
     q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(KT_Q8_0, n_in), .x = x, .out = out, .n_out = n_out};
-    /* The AVX-512 tiles need AVX-512 VNNI, not AVX-VNNI (cpu.c): some
-     * hypervisors show Zen 4 / 5 with the first and not the second, and
-     * gated on AVX-VNNI, Q8_0 took the AVX2 tiles there. */
-    if (kt_cpu_has_avx_vnni() || kt_cpu_has_avx512_vnni()) q8_rows_vnni(&a, n_tokens, r0, r1);
-    else if (panel && n_tokens >= Q8P_MIN_GEMM) {
-        a.panel = panel;
-        q8_panel_rows(&a, n_tokens, r0, r1);
-    } else q8_rows(&a, n_tokens, r0, r1);
+    panel_rows(&a, &PANEL_q8_0, n_tokens, r0, r1, panel);
 }
 
 void kt_matmul_q4_0_avx2(float *out, const void *w, const kt_q8_act *x, int n_in, int n_out,
@@ -1284,7 +889,8 @@ void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_ac
     const kt_dtype plain = kt_repack_plain(wtype);
     const q_args a = {.w = w, .row_bytes = kt_dtype_row_bytes(plain, n_in), .x = x, .out = out, .n_out = n_out};
     const x8_kind *k = plain == KT_Q4_1 ? &X8_Q4_1 : plain == KT_Q5_0 ? &X8_Q5_0 : plain == KT_Q5_1 ? &X8_Q5_1
-                       : plain == KT_IQ4_NL ? &X8_IQ4_NL : plain == KT_MXFP4 ? &X8_MXFP4 : &X8_Q4_0;
+                       : plain == KT_IQ4_NL ? &X8_IQ4_NL : plain == KT_MXFP4 ? &X8_MXFP4
+                       : plain == KT_Q8_0 ? &X8_Q8_0 : &X8_Q4_0;
     const bool wide = kt_cpu_has_avx512_vnni();
     const q4_tile8_fn *tile = kt_cpu_has_avx_vnni() ? k->vnni : k->avx2;
     const int chunk = token_chunk(n_in, 1);

@@ -48,6 +48,10 @@ static const x8_layout LAYOUTS[] = {
      * exponent bytes (8 x 17 = 128 + 8 bytes: in place) */
     {KT_MXFP4, KT_MXFP4_X8, 2, {{offsetof(block_mxfp4, qs), 4, 4, 0, Q4_0_QS, 0},
                                 {offsetof(block_mxfp4, e), 1, 1, Q4_0_QS, KT_X8_ROWS, 0}}, 0, 0, 0},
+    /* Q8_0: 8 words of bytes a block, the same interleave (8 x 34 = 256 +
+     * 16 bytes: in place) */
+    {KT_Q8_0, KT_Q8_0_X8, 2, {{offsetof(block_q8_0, qs), 8, 4, 0, KT_Q8X8_QS_BYTES, 0},
+                              {offsetof(block_q8_0, d), 1, 2, KT_Q8X8_QS_BYTES, 2 * KT_X8_ROWS, 0}}, 0, 0, 0},
     {KT_Q5_0, KT_Q5_0_X8, 2, {{offsetof(block_q5_0, qs), 4, 4, 0, Q4_0_QS, 0},
                               {offsetof(block_q5_0, d), 1, 2, Q4_0_QS + Q5_0_QH, 2 * KT_X8_ROWS, 0}},
      offsetof(block_q5_0, qh), Q4_0_QS, Q5_0_QH},

@@ -1,7 +1,7 @@
 /*
- * repack.h - Q4_0, IQ4_NL, MXFP4, Q4_1, Q2_K, Q3_K, IQ4_XS, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
+ * repack.h - Q4_0, Q8_0, IQ4_NL, MXFP4, Q4_1, Q2_K, Q3_K, IQ4_XS, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and float weights
  * rewritten at load into the layout the SIMD kernels read fastest
- * (KT_Q4_0_X8, KT_IQ4_NL_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
+ * (KT_Q4_0_X8, KT_Q8_0_X8, KT_IQ4_NL_X8, ..., KT_Q5_K_X8, KT_F32_X16, KT_F16_X16, KT_BF16_X16),
  * with kt_load_mode KT_LOAD_REPACK (the CLI's default).
  *
  * A GGUF Q4_0 matrix stores each row's blocks one after another (an fp16
@@ -69,6 +69,13 @@
  * per block: in place too. Q4_1x8 and Q5_1x8 are Q4_0x8 and Q5_0x8 with
  * nb x 16 bytes of the 8 rows' fp16 minima after the scales (8 x 20 and
  * 8 x 24 bytes per block).
+ *
+ * Q8_0x8 is the same interleave for Q8_0, whose 32 values are bytes:
+ * group g holds nb x 256 bytes of values, block b at b * 256, eight
+ * 32-byte vectors (vector v, bytes 4r .. 4r+3 = qs[4v .. 4v+3] of row
+ * 8g+r: values 4v .. 4v+3 of each row in its lane, as the Q4_0x8 vectors
+ * give once unpacked), then nb x 16 bytes of the 8 rows' fp16 d. 8 x 34
+ * = 256 + 16 bytes: in place.
  *
  * Matrices whose row count is not a multiple of 8 keep their type. The
  * values are the same; every kernel computes the same bits from either
@@ -140,6 +147,8 @@ static inline const void *kt_x16_at(const void *w, int esz, int n_in, int r, int
  * nibbles, and (Q5_0x8, Q5_1x8) their fifth-bit masks. */
 #define KT_X8_QS_BYTES (KT_X8_ROWS * QK4_0 / 2)
 #define KT_X8_QH_BYTES (KT_X8_ROWS * 4)
+/* Q8_0x8: 8 rows' 32 bytes of values a block */
+#define KT_Q8X8_QS_BYTES (KT_X8_ROWS * QK8_0)
 
 /* Bytes of one block of a Q4_Kx8 / Q5_Kx8 / Q6_Kx8 group, and the
  * offsets in it. */

@@ -65,16 +65,18 @@ PARALLEL = 16        # requests in flight = sequences the server decodes at once
 # engine's batches are invariant (the same with 8 or 16 in flight) and
 # its kernels give the same bits on every SIMD tier; the refusals depend
 # on the converter alone. Measured (2 cores, -t 2, the settings above):
-# of the 193 schemas 42 are refused, 103 finish (all validate) and 48 run
-# out of tokens on all six seeds, in 40-45 s; 62 of the 103 are an empty
+# of the 193 schemas 42 are refused, 99 finish (all validate) and 52 run
+# out of tokens on all six seeds, in 35-45 s; 63 of the 99 are an empty
 # {} or [] (where nothing is required, "}" is often the walk's first
-# step), which proves little, so the non-empty ones are pinned too: 41.
+# step), which proves little, so the non-empty ones are pinned too: 36.
+# (103 / 41 / 48 until Q8_0 took Q4_0's summation order, 2026-12-07: the
+# model is Q8_0 and its logits moved in the last bits.)
 # Any move fails: a floor would let half the schemas regress unseen (newly
 # refused, or grammars the walk can no longer finish), and a rise is a
 # change of kettle's grammars or sampler that wants a look too. When such
 # a change is meant, check the lists this test prints and pin the new
 # counts here.
-EXPECTED = {"refused": 42, "finished": 103, "nonempty": 41, "length": 48}
+EXPECTED = {"refused": 42, "finished": 99, "nonempty": 36, "length": 52}
 # The judge is checked too: it must accept the benchmark's own valid
 # instances and reject its invalid ones (measured: 277 of 277 accepted, 530
 # of 530 rejected; without the date-time checker below, 3 got through), so
