@@ -1147,82 +1147,41 @@ static void test_kquant_extremes(void **state) {
     on_every_int8_tier(check_kquant_extremes, false);
 }
 
-/* IQ4_NLx8 at its extreme levels (every nibble 0: -127; every nibble 15:
- * 113) against activations all at +-127: the AVX2 tile's maddubs pairs
- * reach 2 x 127 x 127, one short of int16's limit, and the VNNI tiles'
- * +128 levels 241 x 127 per product. Against the reference. */
-static void check_iq4_nl_extremes(bool unused) {
-    (void)unused;
+/* A 32-value type whose block is an fp16 d then its value bytes (IQ4_NL,
+ * Q8_0), every block filled with one byte (fills[k]: every value
+ * levels[k]), d = 1, against activations all at +-1 (quantized to
+ * +-127): the largest integer sums the tiles form. Plain and x8, against
+ * the reference. */
+static void check_level_extremes(kt_dtype type, const uint8_t fills[2], const float levels[2]) {
     static const int n_toks[] = {1, 2, 5, 9, 17};
     enum { N_IN = 256, N_OUT = 32 };
     kt_pool *pool = kt_pool_new(2, NULL);
     assert_non_null(pool);
-    const size_t n_blocks = (size_t)N_OUT * N_IN / QK4_NL;
-    block_iq4_nl *w = tu_xmalloc(sizeof(block_iq4_nl) * n_blocks);
+    const size_t bb = kt_dtype_get(type)->block_bytes, n_blocks = (size_t)N_OUT * N_IN / 32;
+    const kt_dtype x8_type = kt_repack_type(type, N_IN, N_OUT);
+    assert_int_not_equal(x8_type, type);
+    uint8_t *w = tu_xmalloc(bb * n_blocks);
     for (int fill = 0; fill < 2; fill++) {
         for (size_t b = 0; b < n_blocks; b++) {
-            w[b].d = 0x3C00; /* fp16 1.0 */
-            memset(w[b].qs, fill ? 0xFF : 0x00, sizeof w[b].qs);
+            const uint16_t one = 0x3C00; /* fp16 1.0 */
+            memcpy(w + b * bb, &one, 2);
+            memset(w + b * bb + 2, fills[fill], bb - 2);
         }
-        void *x8 = repacked_copy(w, KT_IQ4_NL, N_IN, N_OUT);
+        void *x8 = repacked_copy(w, type, N_IN, N_OUT);
         for (int c = 0; c < 5; c++) {
             const int nt = n_toks[c];
             float *x = tu_xmalloc(sizeof(float) * nt * N_IN), *want = tu_xmalloc(sizeof(float) * nt * N_OUT),
                   *got = tu_xmalloc(sizeof(float) * nt * N_OUT);
             for (int i = 0; i < nt * N_IN; i++) x[i] = c % 2 ? -1.0f : 1.0f;
-            kt_matmul_ref(want, w, KT_IQ4_NL, x, N_IN, N_OUT, nt);
+            kt_matmul_ref(want, w, type, x, N_IN, N_OUT, nt);
             /* the sums really are at the extremes: level x 256 x (+-1) */
-            const float level = fill ? 113.0f : -127.0f, sign = c % 2 ? -1.0f : 1.0f;
-            assert_true(fabsf(want[0] - level * sign * N_IN) < 1e-3f * N_IN * 127.0f);
-            kt_matmul(pool, got, x8, KT_IQ4_NL_X8, x, N_IN, N_OUT, nt);
-            if (memcmp(got, want, sizeof(float) * nt * N_OUT) != 0)
-                fail_msg("IQ4_NLx8, fill %d, %d tokens at the extremes: %.9g, reference %.9g", fill, nt, got[0], want[0]);
-            free(x), free(want), free(got);
-        }
-        free(x8);
-    }
-    free(w);
-    kt_pool_free(pool);
-}
-
-static void test_iq4_nl_extremes(void **state) {
-    (void)state;
-    on_every_int8_tier(check_iq4_nl_extremes, false);
-}
-
-/* Q8_0 plain and x8 at its extreme values (every byte -128, which a file
- * may hold though kettle's quantizer writes -127..127; every byte 127)
- * against activations all at +-127: the AVX2 sign trick's maddubs pairs
- * reach 2 x 128 x 127, 255 short of int16's limit, and the VNNI tiles'
- * u = value + 128 is 0 or 255. Against the reference. */
-static void check_q8_0_x8_extremes(bool unused) {
-    (void)unused;
-    static const int n_toks[] = {1, 2, 5, 9, 17};
-    enum { N_IN = 256, N_OUT = 32 };
-    kt_pool *pool = kt_pool_new(2, NULL);
-    assert_non_null(pool);
-    const size_t n_blocks = (size_t)N_OUT * N_IN / QK8_0;
-    block_q8_0 *w = tu_xmalloc(sizeof(block_q8_0) * n_blocks);
-    for (int fill = 0; fill < 2; fill++) {
-        for (size_t b = 0; b < n_blocks; b++) {
-            w[b].d = 0x3C00; /* fp16 1.0 */
-            memset(w[b].qs, fill ? 0x7F : 0x80, sizeof w[b].qs);
-        }
-        void *x8 = repacked_copy(w, KT_Q8_0, N_IN, N_OUT);
-        for (int c = 0; c < 5; c++) {
-            const int nt = n_toks[c];
-            float *x = tu_xmalloc(sizeof(float) * nt * N_IN), *want = tu_xmalloc(sizeof(float) * nt * N_OUT),
-                  *got = tu_xmalloc(sizeof(float) * nt * N_OUT);
-            for (int i = 0; i < nt * N_IN; i++) x[i] = c % 2 ? -1.0f : 1.0f;
-            kt_matmul_ref(want, w, KT_Q8_0, x, N_IN, N_OUT, nt);
-            /* the sums really are at the extremes: value x 256 x (+-1) */
-            const float value = fill ? 127.0f : -128.0f, sign = c % 2 ? -1.0f : 1.0f;
-            assert_true(fabsf(want[0] - value * sign * N_IN) < 1e-3f * N_IN * 128.0f);
+            const float sign = c % 2 ? -1.0f : 1.0f;
+            assert_true(fabsf(want[0] - levels[fill] * sign * N_IN) < 1e-3f * N_IN * 128.0f);
             for (int packed = 0; packed < 2; packed++) {
-                kt_matmul(pool, got, packed ? x8 : (void *)w, packed ? KT_Q8_0_X8 : KT_Q8_0, x, N_IN, N_OUT, nt);
+                kt_matmul(pool, got, packed ? x8 : (void *)w, packed ? x8_type : type, x, N_IN, N_OUT, nt);
                 if (memcmp(got, want, sizeof(float) * nt * N_OUT) != 0)
-                    fail_msg("%s, fill %d, %d tokens at the extremes: %.9g, reference %.9g", packed ? "Q8_0x8" : "Q8_0",
-                             fill, nt, got[0], want[0]);
+                    fail_msg("%s, fill %d, %d tokens at the extremes: %.9g, reference %.9g",
+                             kt_dtype_name(packed ? x8_type : type), fill, nt, got[0], want[0]);
             }
             free(x), free(want), free(got);
         }
@@ -1230,6 +1189,28 @@ static void check_q8_0_x8_extremes(bool unused) {
     }
     free(w);
     kt_pool_free(pool);
+}
+
+/* IQ4_NL at its extreme levels (every nibble 0: -127; every nibble 15:
+ * 113): the AVX2 tile's maddubs pairs reach 2 x 127 x 127, one short of
+ * int16's limit, and the VNNI tiles' +128 levels 241 x 127 per product. */
+static void check_iq4_nl_extremes(bool unused) {
+    (void)unused;
+    check_level_extremes(KT_IQ4_NL, (const uint8_t[2]){0x00, 0xFF}, (const float[2]){-127.0f, 113.0f});
+}
+
+static void test_iq4_nl_extremes(void **state) {
+    (void)state;
+    on_every_int8_tier(check_iq4_nl_extremes, false);
+}
+
+/* Q8_0 at its extreme values (every byte -128, which a file may hold
+ * though kettle's quantizer writes -127..127; every byte 127): the AVX2
+ * sign trick's maddubs pairs reach 2 x 128 x 127, 255 short of int16's
+ * limit, and the VNNI tiles' u = value + 128 is 0 or 255. */
+static void check_q8_0_x8_extremes(bool unused) {
+    (void)unused;
+    check_level_extremes(KT_Q8_0, (const uint8_t[2]){0x80, 0x7F}, (const float[2]){-128.0f, 127.0f});
 }
 
 static void test_q8_0_x8_extremes(void **state) {

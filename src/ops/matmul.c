@@ -25,13 +25,12 @@
  *             blocks in other lanes, so within rounding of llama.cpp)
  *     The order is that of ggml's repacked Q4_0 kernels and lets the
  *     GEMMs keep one output per lane, so Q8_0 runs on the 32-value
- *     formats' tiles (until 2026-12 Q8_0 kept ggml's 8 lanes per output,
- *     AVX2 ggml_vec_dot_q8_0_q8_0's order, which cost a conversion and an
- *     fma per 4 products: 0.4x Q4_0's prefill on AVX-512). Q8_0 models
- *     match llama.cpp's golden logits to about 0.01, not closer, because
- *     that build rounds Q8_0 activations as x / (amax/127), half away
- *     from zero, and kettle's one quantizer rounds as Q4_0's path does
- *     (x * 127/amax, ties to even: 5e-7). The AVX2 kernels (matmul_avx2.c) do exactly these
+ *     formats' tiles. Until 2026-12-07 Q8_0 kept ggml's AVX2 order (8
+ *     float lanes per output, ggml_vec_dot_q8_0_q8_0's), which costs a
+ *     conversion and an fma per 4 products (0.4x Q4_0's prefill on
+ *     AVX-512) and matched llama.cpp's golden Q8_0 logits to 0.0108; in
+ *     this order they are 0.0282 off (tests/test_golden.c says why).
+ *     The AVX2 kernels (matmul_avx2.c) do exactly these
  *     operations, so for the quantized types SIMD, scalar fallback and
  *     reference agree bit for bit.
  *   - Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_XS weights: each activation row is
@@ -111,8 +110,8 @@ static bool is_kquant_x8(kt_dtype t) {
 }
 
 bool kt_matmul_supported(kt_dtype wtype) {
-    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 || wtype == KT_Q8_0_X8 ||
-           wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
+    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
+           wtype == KT_Q8_0_X8 || wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
            wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4 || wtype == KT_MXFP4_X8 ||
            wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_Q4_K || wtype == KT_Q5_K ||
            wtype == KT_Q6_K || wtype == KT_IQ4_XS || is_kquant_x8(wtype);
@@ -129,8 +128,8 @@ static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
 
 /* weights whose activations are quantized to Q8_0 blocks */
 static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q8_0_X8 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) || t == KT_IQ4_NL ||
-           t == KT_IQ4_NL_X8 || t == KT_MXFP4 || t == KT_MXFP4_X8;
+    return t == KT_Q8_0 || t == KT_Q8_0_X8 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) ||
+           t == KT_IQ4_NL || t == KT_IQ4_NL_X8 || t == KT_MXFP4 || t == KT_MXFP4_X8;
 }
 
 /* K-quant weights: activations quantized to Q8_K (matmul_k.c) */

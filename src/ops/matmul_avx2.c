@@ -568,6 +568,15 @@ TARGET_512 INL __m512 join_ps(__m256 lo, __m256 hi) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
+/* Q8_0x8: vector v of block b of groups g0 (lanes 0-7) and g1 (8-15) as
+ * u = value ^ 0x80. */
+TARGET_512 INL __m512i q8_pair512(const uint8_t *g0, const uint8_t *g1, int b, int v) {
+    const size_t at = (size_t)b * KT_Q8X8_QS_BYTES + 32 * (size_t)v;
+    const __m512i p = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + at))),
+                                         _mm256_loadu_si256((const __m256i *)(g1 + at)), 1);
+    return _mm512_xor_si512(p, _mm512_set1_epi8((char)0x80));
+}
+
 TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool packed, const int T, int r0,
                                 int t0, int nt) {
     tile_x x;
@@ -589,14 +598,9 @@ TARGET_512 INL void q4_tile_512(const q_args *a, const legacy_fmt *f, const bool
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             __m512i lo, hi;
-            if (packed && f->q8) { /* both groups' vectors v and v + 4, u = value ^ 0x80 */
-                const uint8_t *p0 = g0 + (size_t)b * KT_Q8X8_QS_BYTES + 32 * v, *p1 = g1 + (size_t)b * KT_Q8X8_QS_BYTES + 32 * v;
-                lo = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
-                                                         _mm256_loadu_si256((const __m256i *)p1), 1),
-                                      _mm512_set1_epi8((char)0x80));
-                hi = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 128))),
-                                                         _mm256_loadu_si256((const __m256i *)(p1 + 128)), 1),
-                                      _mm512_set1_epi8((char)0x80));
+            if (packed && f->q8) { /* both groups' vectors v and v + 4 */
+                lo = q8_pair512(g0, g1, b, v);
+                hi = q8_pair512(g0, g1, b, v + 4);
             } else if (packed) { /* both groups' packed vectors, unpacked at once */
                 const __m512i p = _mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g0 + (size_t)b * KT_X8_QS_BYTES + 32 * v))),
@@ -699,7 +703,8 @@ INL void legacy_tile(const legacy_fmt *f, const q_args *a, int r0, int nr, int t
         for (int t = 0; t < T; t++) {
             const __m256i xv = _mm256_load_si256((const __m256i *)(x.q[t] + (size_t)b * QK8_0));
             __m256i isum = legacy_dot8(f, lv, xv);
-            if (f->q8) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(f->c8_mul * x.c8[t][b])); /* the step takes it off */
+            if (f->q8) /* u's offset, which the step takes off */
+                isum = _mm256_add_epi32(isum, _mm256_set1_epi32(f->c8_mul * x.c8[t][b]));
             acc[t] = q4_block_step(f, acc[t], isum, dw, mw, &x, t, b);
         }
     }
