@@ -107,6 +107,31 @@ static void test_policy_inherit(void **state) {
     assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), SPEC_PROBE_K); /* never kept: probes after the wait */
 }
 
+/* A fixed cost of any k > 0 (a hybrid model's state saved and restored)
+ * is weighed with the rest: a first chance is no probe, and no probe
+ * ever comes, where even every proposal kept could not pay for it; and
+ * proposals that pay against the pass alone are dropped when the copies
+ * eat their gain. */
+static void test_policy_fixed_cost(void **state) {
+    (void)state;
+    double ms[40] = {0};
+    spec_costs c = {ms, 39};
+    for (int n = 1; n <= 39; n++) spec_cost_note(&c, n, 100.0 + 10.0 * n);
+    spec_accept seen, a, b;
+    spec_accept_init(&seen);
+    spec_accept_inherit(&a, &seen);
+    spec_accept_inherit(&b, &seen);
+    assert_true(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 0.0) > 0);
+    /* 4 tokens for 130 + 400 ms against 1 for 110: never */
+    for (int i = 0; i < 4 * SPEC_PROBE_MAX; i++) assert_int_equal(spec_choose_k_paid(&b, &c, 3, 1, 1.0, false, 0.0, 400.0), 0);
+    /* kept every time: 3 pay against the pass alone (3.9 tokens for 140 ms against 1 for 110) and against
+     * 20 ms of copies more, not against 200 */
+    for (int i = 0; i < 20; i++) spec_accept_note(&a, 3, 3);
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 0.0), 3);
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 20.0), 3);
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 400.0), 0);
+}
+
 static void test_policy(void **state) {
     (void)state;
     double ms[40] = {0};
@@ -496,6 +521,7 @@ int main(void) {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_policy),
         cmocka_unit_test(test_policy_inherit),
+        cmocka_unit_test(test_policy_fixed_cost),
         cmocka_unit_test(test_rule_statistics),
         cmocka_unit_test(test_exact_greedy_and_sampled),
         cmocka_unit_test(test_exact_q4_0_and_full_context),

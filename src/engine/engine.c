@@ -1446,11 +1446,14 @@ static void plan_speculation(kt_engine *e) {
             }
             spec_accept *acc = c->prop_lookup ? &c->accept_lookup : &c->accept;
             const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : mtp && !c->prop_lookup ? e->mtp.guess_ms : 0.0;
-            const int k = spec_choose_k_paid(acc, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k, ms_per_k);
+            /* a hybrid model's state saved before the pass, and restored on a rejection */
+            const double ms_fixed = e->rewind.llm ? 2.0 * e->rewind.copy_ms : 0.0;
+            const int k = spec_choose_k_paid(acc, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k, ms_per_k,
+                                             ms_fixed);
             if (e->trace)
-                fprintf(stderr, "kettle engine: k %d of %d (E %.2f, pass %.1f ms for %d, %.1f for %d, guess %.1f ms)\n",
+                fprintf(stderr, "kettle engine: k %d of %d (E %.2f, pass %.1f ms for %d, %.1f for %d, guess %.1f ms, state %.1f ms)\n",
                         k, avail, spec_accept_expected(acc, k), spec_cost(&e->costs, n_tokens), n_tokens,
-                        spec_cost(&e->costs, n_tokens + (k ? k : 1)), n_tokens + (k ? k : 1), ms_per_k);
+                        spec_cost(&e->costs, n_tokens + (k ? k : 1)), n_tokens + (k ? k : 1), ms_per_k, ms_fixed);
             c->n_prop = k;
             n_tokens += k, budget -= k;
             expected += spec_accept_expected(acc, k) - 1.0;

@@ -13,9 +13,11 @@
  * state has the bits plain decoding would have given it.
  *
  * Cost: one state copy per verifying choice and step (for Qwen3.5-4B
- * ~50 MB, a few ms against a decode pass of ~100 ms on two cores) and,
- * on a rejection, the kept tokens' state updates again (no matmuls).
- * Engine thread only.
+ * 48 MB, 5-10 ms against a decode pass of ~90-150 ms on two cores) and,
+ * on a rejection, a copy back and the kept tokens' state updates again
+ * (no matmuls). copy_ms says what a copy costs here, so the policy can
+ * weigh it before it speculates (docs/PERFORMANCE.md: eight sequences
+ * probing in one step moved ~800 MB). Engine thread only.
  */
 #ifndef KT_ENGINE_REWIND_H
 #define KT_ENGINE_REWIND_H
@@ -35,6 +37,7 @@ typedef struct eng_rewind {
     float *log_mem;         /* log_cap logs of log_floats */
     int log_cap, n_log;
     float **b_log;          /* per batch token: its log, or NULL */
+    double copy_ms;         /* one state copy: timed at init, then a running mean of the real ones */
 } eng_rewind;
 
 /* For llm (no-op unless it has recurrent state): n_slots state slots, a

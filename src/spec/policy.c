@@ -77,11 +77,11 @@ static double guess_cost(const spec_costs *c, int n, int n_base, double base_cos
 }
 
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed) {
-    return spec_choose_k_paid(a, c, avail, n_tokens, expected, fixed, 0.0);
+    return spec_choose_k_paid(a, c, avail, n_tokens, expected, fixed, 0.0, 0.0);
 }
 
 int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed,
-                       double ms_per_k) {
+                       double ms_per_k, double ms_fixed) {
     if (avail > SPEC_K_MAX) avail = SPEC_K_MAX;
     if (avail <= 0 || fixed) return avail > 0 ? avail : 0;
     const double base_cost = spec_cost(c, n_tokens);
@@ -96,7 +96,7 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     bool could_pay = false; /* were every proposal kept, some k would beat plain decoding */
     for (int k = 1; k <= avail; k++) {
         const double e = spec_accept_expected(a, k);
-        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound) + k * ms_per_k;
+        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound) + k * ms_per_k + ms_fixed;
         const double rate = (expected - 1.0 + e) / cost;
         if (rate > best_rate) best = k, best_rate = rate;
         could_pay = could_pay || (expected + k) / cost > plain_rate;

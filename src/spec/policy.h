@@ -84,8 +84,10 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * measured gains. fixed: all of avail. */
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed);
 /* The same when each proposal also costs ms_per_k to make (a draft
- * model's pass). */
+ * model's pass) and any k > 0 costs ms_fixed more (a hybrid model's
+ * recurrent state saved before the pass and restored on a rejection,
+ * engine/rewind.h), probes included. */
 int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed,
-                       double ms_per_k);
+                       double ms_per_k, double ms_fixed);
 
 #endif
