@@ -1193,29 +1193,20 @@ static void check_level_extremes(kt_dtype type, const uint8_t fills[2], const fl
 
 /* IQ4_NL at its extreme levels (every nibble 0: -127; every nibble 15:
  * 113): the AVX2 tile's maddubs pairs reach 2 x 127 x 127, one short of
- * int16's limit, and the VNNI tiles' +128 levels 241 x 127 per product. */
-static void check_iq4_nl_extremes(bool unused) {
+ * int16's limit, and the VNNI tiles' +128 levels 241 x 127 per product.
+ * Q8_0 at its extreme values (every byte -128, which a file may hold
+ * though kettle's quantizer writes -127..127; every byte 127): the AVX2
+ * sign trick's pairs reach 2 x 128 x 127, 255 short of int16's limit, and
+ * the VNNI tiles' u = value + 128 is 0 or 255. */
+static void check_byte_level_extremes(bool unused) {
     (void)unused;
     check_level_extremes(KT_IQ4_NL, (const uint8_t[2]){0x00, 0xFF}, (const float[2]){-127.0f, 113.0f});
-}
-
-static void test_iq4_nl_extremes(void **state) {
-    (void)state;
-    on_every_int8_tier(check_iq4_nl_extremes, false);
-}
-
-/* Q8_0 at its extreme values (every byte -128, which a file may hold
- * though kettle's quantizer writes -127..127; every byte 127): the AVX2
- * sign trick's maddubs pairs reach 2 x 128 x 127, 255 short of int16's
- * limit, and the VNNI tiles' u = value + 128 is 0 or 255. */
-static void check_q8_0_x8_extremes(bool unused) {
-    (void)unused;
     check_level_extremes(KT_Q8_0, (const uint8_t[2]){0x80, 0x7F}, (const float[2]){-128.0f, 127.0f});
 }
 
-static void test_q8_0_x8_extremes(void **state) {
+static void test_byte_level_extremes(void **state) {
     (void)state;
-    on_every_int8_tier(check_q8_0_x8_extremes, false);
+    on_every_int8_tier(check_byte_level_extremes, false);
 }
 
 /* MXFP4 over its whole exponent range and at its extreme levels, plain
@@ -2531,8 +2522,7 @@ int main(void) {
         cmocka_unit_test(test_repack_layout),
         cmocka_unit_test(test_repacked_matmul),
         cmocka_unit_test(test_kquant_extremes),
-        cmocka_unit_test(test_iq4_nl_extremes),
-        cmocka_unit_test(test_q8_0_x8_extremes),
+        cmocka_unit_test(test_byte_level_extremes),
         cmocka_unit_test(test_mxfp4_scales_extremes),
         cmocka_unit_test(test_mxfp4_expert_views),
         cmocka_unit_test(test_x16_layout),

@@ -109,12 +109,27 @@ static bool is_kquant_x8(kt_dtype t) {
            t == KT_IQ4_XS_X8;
 }
 
+/* Q8_0, Q4_0, IQ4_NL, MXFP4 and their x8 forms: one exact integer sum
+ * per block, then one step (block_step) */
+static bool is_block_step(kt_dtype t) {
+    return t == KT_Q8_0 || t == KT_Q8_0_X8 || t == KT_Q4_0 || t == KT_Q4_0_X8 || t == KT_IQ4_NL ||
+           t == KT_IQ4_NL_X8 || t == KT_MXFP4 || t == KT_MXFP4_X8;
+}
+
+/* weights whose activations are quantized to Q8_0 blocks */
+static bool is_quant(kt_dtype t) {
+    return is_block_step(t) || is_legacy_any(t);
+}
+
+/* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
+static bool is_kquant(kt_dtype t) {
+    return t == KT_Q2_K || t == KT_Q3_K || t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K ||
+           t == KT_IQ4_XS || is_kquant_x8(t);
+}
+
 bool kt_matmul_supported(kt_dtype wtype) {
-    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || wtype == KT_Q8_0 ||
-           wtype == KT_Q8_0_X8 || wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 || is_legacy_any(wtype) || wtype == KT_IQ4_NL ||
-           wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4 || wtype == KT_MXFP4_X8 ||
-           wtype == KT_Q2_K || wtype == KT_Q3_K || wtype == KT_Q4_K || wtype == KT_Q5_K ||
-           wtype == KT_Q6_K || wtype == KT_IQ4_XS || is_kquant_x8(wtype);
+    return wtype == KT_F32 || wtype == KT_F16 || wtype == KT_BF16 || is_x16(wtype) || is_quant(wtype) ||
+           is_kquant(wtype);
 }
 
 /* A matrix kt_matmul can multiply: a supported type, whole blocks a row,
@@ -124,18 +139,6 @@ bool kt_matmul_supported(kt_dtype wtype) {
 static bool shape_ok(kt_dtype wtype, int n_in, int n_out) {
     return kt_matmul_supported(wtype) && kt_dtype_row_bytes(wtype, n_in) != 0 &&
            (!is_x16(wtype) || n_out % KT_X16_ROWS == 0);
-}
-
-/* weights whose activations are quantized to Q8_0 blocks */
-static bool is_quant(kt_dtype t) {
-    return t == KT_Q8_0 || t == KT_Q8_0_X8 || t == KT_Q4_0 || t == KT_Q4_0_X8 || is_legacy_any(t) ||
-           t == KT_IQ4_NL || t == KT_IQ4_NL_X8 || t == KT_MXFP4 || t == KT_MXFP4_X8;
-}
-
-/* K-quant weights: activations quantized to Q8_K (matmul_k.c) */
-static bool is_kquant(kt_dtype t) {
-    return t == KT_Q2_K || t == KT_Q3_K || t == KT_Q4_K || t == KT_Q5_K || t == KT_Q6_K ||
-           t == KT_IQ4_XS || is_kquant_x8(t);
 }
 
 /* ---- scalar building blocks (shared by the reference and the fallback) */
@@ -337,8 +340,7 @@ static void rows_scalar(float *out, const void *w, kt_dtype wtype, const float *
         for (int r = r0; r < r1; r++) {
             const void *row = (const char *)w + r * row_bytes;
             float sum = 0.0f;
-            if (wtype == KT_Q8_0 || wtype == KT_Q8_0_X8 || wtype == KT_Q4_0 || wtype == KT_Q4_0_X8 ||
-                wtype == KT_IQ4_NL || wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4 || wtype == KT_MXFP4_X8) {
+            if (is_block_step(wtype)) {
                 for (int b = 0; b < xa->nb; b++) {
                     size_t k = (size_t)t * xa->nb + b;
                     sum = row_block_step(w, wtype, n_in, r, b, xa->qs + k * QK8_0, xa->d[k], sum);
