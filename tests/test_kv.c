@@ -628,6 +628,44 @@ static void test_state_slots(void **state) {
     kv_pool_free(pool);
 }
 
+/* Spares (speculation's verify passes): none until made; then a flip
+ * makes the spare the slot's state and back, and what reads the slot's
+ * state (fork, truncation to 0, kv_state_data) follows the flip. */
+static void test_state_spares(void **state) {
+    (void)state;
+    kv_pool_params p = {8, 4, 2, 4, KV_F32, 0, NULL, 0, 3 * sizeof(float), 2};
+    kt_error err = {0};
+    kv_pool *pool = kv_pool_new(&p, &err);
+    assert_non_null(pool);
+    kv_seq *a = kv_seq_new(pool, &err);
+    assert_non_null(a);
+    assert_null(kv_seq_state_spare(a));
+    kv_seq_state_flip(a); /* no spares: a no-op */
+    assert_ptr_equal(a->state, kv_state_data(kv_pool_state(pool), a->state_slot));
+    assert_int_equal(kv_state_make_spares(kv_pool_state(pool), &err), KT_OK);
+    assert_int_equal(kv_state_make_spares(kv_pool_state(pool), &err), KT_OK); /* once */
+    float *before = a->state, *spare = kv_seq_state_spare(a);
+    assert_non_null(spare);
+    assert_ptr_not_equal(spare, before);
+    assert_true(spare[0] == 0 && spare[1] == 0 && spare[2] == 0); /* faulted in as zeros */
+    before[0] = 1, spare[0] = 2;
+    kv_seq_state_flip(a);
+    assert_ptr_equal(a->state, spare);
+    assert_ptr_equal(kv_seq_state_spare(a), before);
+    assert_ptr_equal(kv_state_data(kv_pool_state(pool), a->state_slot), spare);
+    assert_int_equal(kv_seq_append(a, 5, &err), KT_OK);
+    kv_seq *f = kv_seq_fork(a, &err); /* copies the flipped-to state */
+    assert_non_null(f);
+    assert_true(f->state[0] == 2);
+    assert_int_equal(kv_seq_truncate(a, 0, &err), KT_OK); /* zeroes the current state only */
+    assert_true(a->state[0] == 0 && before[0] == 1);
+    kv_seq_state_flip(a);
+    assert_ptr_equal(a->state, before);
+    assert_true(a->state[0] == 1);
+    kv_seq_free(a), kv_seq_free(f);
+    kv_pool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout),
@@ -640,6 +678,7 @@ int main(void) {
         cmocka_unit_test(test_stress_f16),
         cmocka_unit_test(test_stress_window),
         cmocka_unit_test(test_state_slots),
+        cmocka_unit_test(test_state_spares),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

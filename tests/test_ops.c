@@ -1540,6 +1540,9 @@ static void test_delta_rule(void **state) {
         double *Sd = tu_xmalloc(sizeof(double) * dk * dv);
         float *q = tu_xmalloc(sizeof(float) * dk), *k = tu_xmalloc(sizeof(float) * dk), *v = tu_xmalloc(sizeof(float) * dv);
         float *o0 = tu_xmalloc(sizeof(float) * dv), *o1 = tu_xmalloc(sizeof(float) * dv), *u = tu_xmalloc(sizeof(float) * dv);
+        float *S2 = tu_xmalloc(sizeof(float) * dk * dv), *S3 = tu_xmalloc(sizeof(float) * dk * dv);
+        float *Sin = tu_xmalloc(sizeof(float) * dk * dv), *Sref = tu_xmalloc(sizeof(float) * dk * dv);
+        float *o2 = tu_xmalloc(sizeof(float) * dv), *o3 = tu_xmalloc(sizeof(float) * dv);
         tu_fill_normal(S0, dk * dv, 0.5f, 7 + s);
         memcpy(S1, S0, sizeof(float) * dk * dv);
         for (int i = 0; i < dk * dv; i++) Sd[i] = S0[i];
@@ -1547,10 +1550,19 @@ static void test_delta_rule(void **state) {
             tu_fill_normal(q, dk, 0.3f, 100 * s + 3 * t), tu_fill_normal(k, dk, 0.3f, 100 * s + 3 * t + 1);
             tu_fill_normal(v, dv, 1.0f, 100 * s + 3 * t + 2);
             const float decay = 0.5f + 0.05f * t, beta = 0.9f - 0.07f * t;
-            kt_delta_rule_ref(S0, q, k, v, decay, beta, dk, dv, o0, u);
-            kt_delta_rule(S1, q, k, v, decay, beta, dk, dv, o1, u);
+            /* out of place (a verify pass's first token): the same bits, the state read left as it was */
+            memcpy(Sin, S1, sizeof(float) * dk * dv), memcpy(Sref, S1, sizeof(float) * dk * dv);
+            kt_delta_rule(S2, Sin, q, k, v, decay, beta, dk, dv, o2, u);
+            kt_delta_rule_ref(S3, Sin, q, k, v, decay, beta, dk, dv, o3, u);
+            kt_delta_rule_ref(S0, S0, q, k, v, decay, beta, dk, dv, o0, u);
+            kt_delta_rule(S1, S1, q, k, v, decay, beta, dk, dv, o1, u);
             if (memcmp(S0, S1, sizeof(float) * dk * dv) != 0 || memcmp(o0, o1, sizeof(float) * dv) != 0)
                 fail_msg("delta rule %d x %d, token %d: the SIMD state or output differs from the reference", dk, dv, t);
+            if (memcmp(S2, S1, sizeof(float) * dk * dv) != 0 || memcmp(o2, o1, sizeof(float) * dv) != 0 ||
+                memcmp(S3, S0, sizeof(float) * dk * dv) != 0 || memcmp(o3, o0, sizeof(float) * dv) != 0)
+                fail_msg("delta rule %d x %d, token %d: out of place differs from in place", dk, dv, t);
+            if (memcmp(Sin, Sref, sizeof(float) * dk * dv) != 0)
+                fail_msg("delta rule %d x %d, token %d: out of place wrote the state it read", dk, dv, t);
             for (int c = 0; c < dv; c++) { /* the definition in double */
                 double kv = 0, oc = 0;
                 for (int r = 0; r < dk; r++) kv += Sd[(size_t)r * dv + c] * decay * k[r];
@@ -1564,6 +1576,7 @@ static void test_delta_rule(void **state) {
             }
         }
         free(S0), free(S1), free(Sd), free(q), free(k), free(v), free(o0), free(o1), free(u);
+        free(S2), free(S3), free(Sin), free(Sref), free(o2), free(o3);
     }
 }
 

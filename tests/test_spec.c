@@ -107,11 +107,10 @@ static void test_policy_inherit(void **state) {
     assert_int_equal(spec_choose_k(&a, &c, 1, 1, 1.0, false), SPEC_PROBE_K); /* never kept: probes after the wait */
 }
 
-/* A fixed cost of any k > 0 (a hybrid model's state saved and restored)
- * is weighed with the rest: a first chance is no probe, and no probe
- * ever comes, where even every proposal kept could not pay for it; and
- * proposals that pay against the pass alone are dropped when the copies
- * eat their gain. */
+/* The cost of a rejection (a hybrid model's rollback) is weighed by its
+ * chance: proposals kept half the time that pay against the pass alone
+ * are dropped when the rollbacks eat their gain, and ones always kept
+ * still pay against a dear rollback. */
 static void test_policy_fixed_cost(void **state) {
     (void)state;
     double ms[40] = {0};
@@ -121,15 +120,38 @@ static void test_policy_fixed_cost(void **state) {
     spec_accept_init(&seen);
     spec_accept_inherit(&a, &seen);
     spec_accept_inherit(&b, &seen);
-    assert_true(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 0.0) > 0);
-    /* 4 tokens for 130 + 400 ms against 1 for 110: never */
-    for (int i = 0; i < 4 * SPEC_PROBE_MAX; i++) assert_int_equal(spec_choose_k_paid(&b, &c, 3, 1, 1.0, false, 0.0, 400.0), 0);
-    /* kept every time: 3 pay against the pass alone (3.9 tokens for 140 ms against 1 for 110) and against
-     * 20 ms of copies more, not against 200 */
+    assert_true(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 0.0, NULL) > 0);
+    /* half kept (1.5 tokens for 120 ms, or 1.875 for 140) against 1 for 110 pays alone, not with 200 ms
+     * paid on each rejection (half or more of the passes) */
+    for (int i = 0; i < 20; i++) spec_accept_note(&b, 1, i % 2);
+    assert_true(spec_choose_k_paid(&b, &c, 3, 1, 1.0, false, 0.0, 0.0, NULL) > 0);
+    for (int i = 0; i < 4; i++) assert_int_equal(spec_choose_k_paid(&b, &c, 3, 1, 1.0, false, 0.0, 200.0, NULL), 0);
+    /* kept every time: 3 pay (3.9 tokens for 140 ms against 1 for 110) even with 400 ms a rejection,
+     * which is rare */
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 3, 3);
-    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 0.0), 3);
-    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 20.0), 3);
-    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 400.0), 0);
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 0.0, NULL), 3);
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 1, 1.0, false, 0.0, 400.0, NULL), 3);
+}
+
+/* One probe a step: two new sequences at their first chance in one
+ * step, the second waits for the next step (acceptance is not in yet). */
+static void test_policy_one_probe_a_step(void **state) {
+    (void)state;
+    double ms[40] = {0};
+    spec_costs c = {ms, 39};
+    spec_cost_note(&c, 1, 100.0), spec_cost_note(&c, 2, 101.0), spec_cost_note(&c, 3, 130.0);
+    spec_accept seen, a, b;
+    spec_accept_init(&seen);
+    spec_accept_inherit(&a, &seen), spec_accept_inherit(&b, &seen);
+    /* no evidence: neither pays on its rate (prior 1/2 a depth), both could were all kept */
+    spec_cost_note(&c, 4, 160.0), spec_cost_note(&c, 5, 170.0);
+    bool may = true;
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 2, 2.0, false, 0.0, 0.0, &may), SPEC_PROBE_K);
+    assert_false(may);
+    assert_int_equal(spec_choose_k_paid(&b, &c, 3, 3, 3.0, false, 0.0, 0.0, &may), 0);
+    may = true; /* the next step */
+    assert_int_equal(spec_choose_k_paid(&b, &c, 3, 2, 2.0, false, 0.0, 0.0, &may), SPEC_PROBE_K);
+    assert_false(may);
 }
 
 static void test_policy(void **state) {
@@ -203,6 +225,11 @@ static void test_policy(void **state) {
     assert_true(spec_cost(&c2, 5) == 12.0); /* 8 + 2 x (8 - 4) / 2 */
     spec_cost_note(&c2, 4, 7.0);            /* cheaper than 3 (noise): flat */
     assert_true(spec_cost(&c2, 9) == 7.0);
+    /* between two measured sizes: the line between them (a kernel tile's step, 4 -> 8, shows) */
+    spec_cost_note(&c2, 8, 19.0);
+    assert_true(spec_cost(&c2, 6) == 13.0 && spec_cost(&c2, 9) == 22.0); /* past 8: the line through 4 and 8 */
+    spec_cost_note(&c2, 12, 10.0); /* a larger one measured cheaper (noise): not a line between */
+    assert_true(spec_cost(&c2, 10) == 25.0);
     /* a model whose extra rows cost a whole token each (2 tokens 2.3x one:
      * per-row work is the pass) and a lookup that keeps about half: the
      * line says no larger pass pays, so none is tried */
@@ -522,6 +549,7 @@ int main(void) {
         cmocka_unit_test(test_policy),
         cmocka_unit_test(test_policy_inherit),
         cmocka_unit_test(test_policy_fixed_cost),
+        cmocka_unit_test(test_policy_one_probe_a_step),
         cmocka_unit_test(test_rule_statistics),
         cmocka_unit_test(test_exact_greedy_and_sampled),
         cmocka_unit_test(test_exact_q4_0_and_full_context),

@@ -415,7 +415,9 @@ static kt_status session_mtp_pass(kt_session *s, const int32_t *tokens, const in
  * attends before the next is appended); with mtp, the MTP block after
  * each chunk. */
 kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *embd, int n, float *logits,
-                             bool all_logits, float *const *rec_log, kt_error *err) {
+                             bool all_logits, eng_rewind *rw, kt_error *err) {
+    if (rw && n > LLM_MAX_BATCH)
+        return kt_error_set(err, KT_ERR_INTERNAL, "a verify pass of %d tokens (at most %d)", n, LLM_MAX_BATCH);
     int pos[LLM_MAX_BATCH], pos4[4 * LLM_MAX_BATCH];
     kv_seq *seqs[LLM_MAX_BATCH];
     bool want[LLM_MAX_BATCH], every[LLM_MAX_BATCH];
@@ -436,11 +438,13 @@ kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *
         for (int i = 0; i < chunk; i++) every[i] = true;
         llm_batch b = {.n_tokens = chunk, .tokens = tokens + done, .pos = pos, .seq = seqs, .logits = want,
                        .pos_mrope = s->images.n ? pos4 : NULL, .embd = embd ? rows : NULL,
-                       .rec_log = rec_log ? rec_log + done : NULL,
+                       .rec_log = rw ? rw->b_log : NULL, .rec_from = rw ? rw->b_from : NULL,
+                       .rec_to = rw ? rw->b_to : NULL,
                        /* the MTP reads every token's hidden state */
                        .hidden = s->mtp ? every : NULL, .hidden_out = s->mtp ? s->mtp_rows : NULL};
         llm_forward(s->model->llm, s->work, s->pool, &b,
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
+        if (rw) eng_rewind_passed(rw);
         if (s->mtp && session_mtp_pass(s, tokens + done, pos, seqs, chunk, err) != KT_OK) return err->status;
         done += chunk;
     }

@@ -351,13 +351,16 @@ static kv_pool *make_kv_pool(kt_engine *e, kt_error *err) {
         return NULL;
     }
     /* a hybrid model: every sequence that may run at once (--parallel)
-     * owns a recurrent-state slot beside its blocks, paid before them */
+     * owns a recurrent-state slot beside its blocks, paid before them, and
+     * with speculation a spare state for its verify passes (engine/rewind.h) */
     kp.n_state_slots = p->n_parallel;
-    const size_t state_total = kp.state_bytes * (size_t)p->n_parallel;
+    const int states_per_seq = p->spec ? 2 : 1;
+    const size_t state_total = kp.state_bytes * (size_t)p->n_parallel * (size_t)states_per_seq;
     if (state_total && limit && state_total >= limit) {
-        kt_error_set(err, KT_ERR_NOMEM, "the recurrent state of --parallel %d sequences needs %.0f MiB (%.1f MiB each) "
+        kt_error_set(err, KT_ERR_NOMEM, "the recurrent state of --parallel %d sequences needs %.0f MiB (%.1f MiB each%s) "
                      "but %zu MiB of memory are available now: lower --parallel", p->n_parallel,
-                     (double)state_total / mib, (double)kp.state_bytes / mib, limit / mib);
+                     (double)state_total / mib, (double)kp.state_bytes * states_per_seq / mib,
+                     states_per_seq > 1 ? ", a spare for speculation included" : "", limit / mib);
         return NULL;
     }
     split_budget(&kp, p->kv_bytes, ctx_blocks, max_slots);
@@ -464,7 +467,7 @@ kt_engine *kt_engine_new(kt_model *model, const kt_engine_params *params, kt_err
         (e->p.prefix_cache && !(e->cache = kv_cache_new(e->kv, err))) || !open_disk_tier(e, err) ||
         eng_snaps_init(&e->snaps, e->cache, llm_state_bytes(e->llm), state_cache_budget(&e->p), e->p.n_ctx,
                        KV_BLOCK_TOKENS, e->p.batch_tokens, err) != KT_OK ||
-        eng_rewind_init(&e->rewind, e->llm, e->p.n_parallel, e->p.batch_tokens,
+        eng_rewind_init(&e->rewind, e->llm, e->kv, e->p.n_parallel, e->p.batch_tokens,
                         e->p.spec ? spec_max_tokens(&e->p) + e->p.n_parallel : 0, err) != KT_OK ||
         !(e->work = llm_work_new(e->llm, e->p.n_ctx, err)) || !(e->pool = kt_pool_new(e->p.n_threads, err)) ||
         (e->p.spec == KT_SPEC_MTP && eng_mtp_init(&e->mtp, e->llm, e->p.n_parallel, e->p.batch_tokens, err) != KT_OK))
@@ -1422,6 +1425,7 @@ static void plan_speculation(kt_engine *e) {
     if (!e->spec_max_tokens) return;
     double expected = n_tokens;
     int budget = e->spec_max_tokens;
+    bool may_probe = true; /* one probe a step (spec/policy.h) */
     for (int a = 0; a < e->n_active && budget > 0; a++) {
         kt_request *r = e->active[a];
         for (int i = 0; r->state == REQ_DECODE && i < r->n_choices && budget > 0; i++) {
@@ -1446,14 +1450,14 @@ static void plan_speculation(kt_engine *e) {
             }
             spec_accept *acc = c->prop_lookup ? &c->accept_lookup : &c->accept;
             const double ms_per_k = e->draft ? eng_draft_pass_ms(e->draft) : mtp && !c->prop_lookup ? e->mtp.guess_ms : 0.0;
-            /* a hybrid model's state saved before the pass, and restored on a rejection */
-            const double ms_fixed = e->rewind.llm ? 2.0 * e->rewind.copy_ms : 0.0;
+            /* a hybrid model's rollback on a rejection: the state updates replayed (engine/rewind.h) */
+            const double ms_reject = e->rewind.llm ? e->rewind.replay_ms : 0.0;
             const int k = spec_choose_k_paid(acc, &e->costs, avail, n_tokens, expected, e->p.spec_fixed_k, ms_per_k,
-                                             ms_fixed);
+                                             ms_reject, &may_probe);
             if (e->trace)
-                fprintf(stderr, "kettle engine: k %d of %d (E %.2f, pass %.1f ms for %d, %.1f for %d, guess %.1f ms, state %.1f ms)\n",
+                fprintf(stderr, "kettle engine: k %d of %d (E %.2f, pass %.1f ms for %d, %.1f for %d, guess %.1f ms, rollback %.1f ms)\n",
                         k, avail, spec_accept_expected(acc, k), spec_cost(&e->costs, n_tokens), n_tokens,
-                        spec_cost(&e->costs, n_tokens + (k ? k : 1)), n_tokens + (k ? k : 1), ms_per_k, ms_fixed);
+                        spec_cost(&e->costs, n_tokens + (k ? k : 1)), n_tokens + (k ? k : 1), ms_per_k, ms_reject);
             c->n_prop = k;
             n_tokens += k, budget -= k;
             expected += spec_accept_expected(acc, k) - 1.0;
@@ -1705,13 +1709,17 @@ static void retire_finished(kt_engine *e) {
  * very first step also pays for first touches of memory (24-64 ms a token
  * cold there, against 10-19 warm), and kept alone that guess sized chunks
  * at one token a step. */
-static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms) {
+static void update_costs(kt_engine *e, int n_decode, int n_prefill, double ms, bool snapped) {
     const double alpha = 0.25;
     const int k = n_decode < e->p.batch_tokens ? n_decode : e->p.batch_tokens;
     const double t_decode = n_decode > 0 ? decode_step_ms(e, k) : 0.0;
     if (e->costs_fixed) return;
     if (n_prefill == 0) {
-        if (n_decode > 0) spec_cost_note(&e->costs, k, ms);
+        /* a step that took state snapshots (a generation's end, on a hybrid
+         * model) also copied tens of MB and faulted snapshot memory in: its
+         * time is no pass size's cost (a 7-token step at 2x an 8-token one
+         * made speculating look cheap, docs/PERFORMANCE.md) */
+        if (n_decode > 0 && !snapped) spec_cost_note(&e->costs, k, ms);
         return;
     }
     if (n_decode > 0 && t_decode <= 0.0) return; /* the prefill's share is unknown */
@@ -1759,15 +1767,19 @@ static void engine_step(kt_engine *e) {
         publish_counts_locked(e);
         pthread_mutex_unlock(&e->mu);
         double t0 = now_ns() / 1e6;
+        const bool snapped = e->snaps.n_pending > 0; /* this pass copies state snapshots */
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
         llm_batch b = {.n_tokens = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .logits = e->b_logits,
                        .hidden = e->mtp.llm ? e->mtp.all : embeds ? e->b_hidden : NULL,
                        .hidden_out = e->mtp.llm ? e->mtp.hid : e->hidden,
                        .pos_mrope = e->b_images ? e->b_pos4 : NULL, .embd = e->b_images ? e->b_embd : NULL,
-                       .state_snap = e->snaps.n_pending ? e->snaps.b_snap : NULL,
-                       .rec_log = e->rewind.n_log ? e->rewind.b_log : NULL};
+                       .state_snap = snapped ? e->snaps.b_snap : NULL,
+                       .rec_log = e->rewind.n_log ? e->rewind.b_log : NULL,
+                       .rec_from = e->rewind.n_log ? e->rewind.b_from : NULL,
+                       .rec_to = e->rewind.n_log ? e->rewind.b_to : NULL};
         llm_forward(e->llm, e->work, e->pool, &b, e->logits);
+        eng_rewind_passed(&e->rewind); /* before anything reads a verifying sequence's state */
         kt_error merr;
         if (e->mtp.llm && eng_mtp_pass(&e->mtp, e->work, e->pool, &b, &merr) != KT_OK) /* before its blocks are cached */
             for (int t = 0; t < n; t++) fail_request(e->b_req[t], merr.msg);
@@ -1786,7 +1798,7 @@ static void engine_step(kt_engine *e) {
             e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
             pthread_mutex_unlock(&e->mu);
         }
-        update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step - e->step_guess_ms);
+        update_costs(e, n - n_prefill, n_prefill, now_ns() / 1e6 - t_step - e->step_guess_ms, snapped);
         if (e->trace)
             fprintf(stderr, "kettle engine: step %d decode + %d prefill tokens, pass %.3f ms, step %.3f ms (prefill token ~%.2f ms, in whole prompts ~%.2f)\n",
                     n - n_prefill, n_prefill, ms, now_ns() / 1e6 - t_step, e->t_token_ms, e->t_whole_token_ms);

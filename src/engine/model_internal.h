@@ -56,10 +56,10 @@ struct kt_session {
 };
 
 /* Tokens [0, n) (or embedding rows) appended and run, as kt_session_eval
- * does; rec_log: per token, NULL or where its recurrent updates' inputs
- * are logged (llm_batch.rec_log) for a rollback. */
+ * does; rw (NULL: none): a verify pass of n <= LLM_MAX_BATCH tokens that
+ * rw planned, which may be rolled back (engine/rewind.h). */
 kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *embd, int n, float *logits,
-                             bool all_logits, float *const *rec_log, kt_error *err);
+                             bool all_logits, eng_rewind *rw, kt_error *err);
 /* Sets mtp_h to the hidden state after n_keep positions, where the last
  * pass holds it (zeros otherwise). */
 void kt_session_mtp_cut(kt_session *s, int n_keep);

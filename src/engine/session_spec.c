@@ -5,8 +5,9 @@
  *
  * Why here: a hybrid model's recurrent state cannot be truncated, so a
  * rejected proposal would leave it wrong; the engine solves that with
- * engine/rewind.c (a copy of the state before the pass, each token's
- * recurrent inputs logged, the kept tokens replayed), and a session is
+ * engine/rewind.c (the pass moves the state on in a spare, the state
+ * before it kept, each token's recurrent inputs logged, the kept tokens
+ * replayed), and a session is
  * one sequence of the same pool kind, so it uses the same rollback with
  * one slot. The replay runs the same operations on the same inputs as the
  * pass did, so the state has plain decoding's bits.
@@ -28,22 +29,22 @@ kt_status kt_session_spec_eval(kt_session *s, const int32_t *tokens, int n, floa
     if (n > s->n_ctx - s->seq->len)
         return kt_error_set(err, KT_ERR_CONTEXT, "%d tokens do not fit: %d of the %d-token context are used", n,
                             s->seq->len, s->n_ctx);
-    float *const *log = NULL;
+    eng_rewind *rw = NULL;
     if (llm_state_bytes(s->model->llm)) { /* a hybrid model: the state before the pass, the tokens' logs */
         if (!s->rw) {
             if (!(s->rw = calloc(1, sizeof *s->rw))) return kt_error_set(err, KT_ERR_NOMEM, "out of memory");
-            if (eng_rewind_init(s->rw, s->model->llm, 1, VERIFY_MAX, VERIFY_MAX, err) != KT_OK) {
+            if (eng_rewind_init(s->rw, s->model->llm, s->kv, 1, VERIFY_MAX, VERIFY_MAX, err) != KT_OK) {
                 free(s->rw), s->rw = NULL;
                 return err->status;
             }
         }
         eng_rewind_begin(s->rw, VERIFY_MAX);
         if (!eng_rewind_plan(s->rw, s->seq, 0, n))
-            return kt_error_set(err, KT_ERR_NOMEM, "out of memory for speculation's state rollback");
-        log = s->rw->b_log;
+            return kt_error_set(err, KT_ERR_INTERNAL, "speculation: a verify pass of %d tokens cannot be planned", n);
+        rw = s->rw;
     }
     s->spec_len0 = s->seq->len, s->spec_n = n;
-    kt_status st = kt_session_forward(s, tokens, NULL, n, logits, true, log, err);
+    kt_status st = kt_session_forward(s, tokens, NULL, n, logits, true, rw, err);
     if (st) s->spec_n = 0;
     return st;
 }

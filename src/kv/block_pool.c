@@ -676,6 +676,14 @@ kt_status kv_seq_truncate_rewound(kv_seq *s, int n, kt_error *err) {
     return KT_OK;
 }
 
+void kv_seq_state_flip(kv_seq *s) {
+    if (!s->state) return;
+    kv_state_flip(s->pool->state, s->state_slot);
+    s->state = kv_state_data(s->pool->state, s->state_slot);
+}
+
+float *kv_seq_state_spare(const kv_seq *s) { return s->state ? kv_state_spare(s->pool->state, s->state_slot) : NULL; }
+
 kv_seq *kv_seq_fork(const kv_seq *s, kt_error *err) {
     kv_seq *f = kv_seq_new(s->pool, err);
     if (!f) return NULL;

@@ -286,6 +286,11 @@ kt_status kv_seq_truncate(kv_seq *seq, int n, kt_error *err);
  * that has already set the sequence's state to the one after n positions
  * (a speculative rollback that replayed the kept tokens). */
 kt_status kv_seq_truncate_rewound(kv_seq *seq, int n, kt_error *err);
+/* The sequence's state slot takes its spare as its state (kv_state_flip):
+ * seq->state follows. No-op without state or spares. */
+void kv_seq_state_flip(kv_seq *seq);
+/* The spare buffer of seq's state slot (NULL: no state, or no spares). */
+float *kv_seq_state_spare(const kv_seq *seq);
 /* A new sequence sharing every block of seq (each retained once more); the
  * next write to a shared block copies it. NULL with err on failure. */
 kv_seq *kv_seq_fork(const kv_seq *seq, kt_error *err);

@@ -16,7 +16,20 @@ struct kv_state_pool {
     size_t mem_bytes;
     int *free_stack; /* n_free of them */
     uint8_t *used;   /* per slot */
+    /* spares (kv_state_make_spares): per slot two buffers, buf[2 slot] in
+     * mem and buf[2 slot + 1] in spare_mem; cur[slot] says which is the
+     * slot's state. Without spares buf is NULL and a slot's state is in mem. */
+    uint8_t *spare_mem;
+    size_t spare_mem_bytes;
+    uint8_t **buf;
+    uint8_t *cur;
 };
+
+/* The slot's state, or with which = 1 its spare. */
+static uint8_t *slot_buf(const kv_state_pool *sp, int slot, int which) {
+    if (!sp->buf) return which ? NULL : sp->mem + sp->slot_bytes * (size_t)slot;
+    return sp->buf[2 * (size_t)slot + (sp->cur[slot] ^ which)];
+}
 
 kv_state_pool *kv_state_pool_new(int n_slots, size_t slot_bytes, kt_error *err) {
     if (n_slots < 1 || slot_bytes == 0 || slot_bytes % sizeof(float)) {
@@ -53,6 +66,8 @@ kv_state_pool *kv_state_pool_new(int n_slots, size_t slot_bytes, kt_error *err) 
 void kv_state_pool_free(kv_state_pool *sp) {
     if (!sp) return;
     if (sp->mem) kt_huge_free(sp->mem, sp->mem_bytes);
+    if (sp->spare_mem) kt_huge_free(sp->spare_mem, sp->spare_mem_bytes);
+    free(sp->buf), free(sp->cur);
     free(sp->free_stack);
     free(sp->used);
     free(sp);
@@ -81,14 +96,40 @@ void kv_state_release(kv_state_pool *sp, int slot) {
     sp->free_stack[sp->n_free++] = slot;
 }
 
-float *kv_state_data(const kv_state_pool *sp, int slot) {
-    return (float *)(void *)(sp->mem + sp->slot_bytes * (size_t)slot);
-}
+float *kv_state_data(const kv_state_pool *sp, int slot) { return (float *)(void *)slot_buf(sp, slot, 0); }
 
-void kv_state_zero(kv_state_pool *sp, int slot) {
-    memset(sp->mem + sp->slot_bytes * (size_t)slot, 0, sp->slot_bytes);
-}
+void kv_state_zero(kv_state_pool *sp, int slot) { memset(slot_buf(sp, slot, 0), 0, sp->slot_bytes); }
 
 void kv_state_copy(kv_state_pool *sp, int dst, int src) {
-    if (dst != src) memcpy(sp->mem + sp->slot_bytes * (size_t)dst, sp->mem + sp->slot_bytes * (size_t)src, sp->slot_bytes);
+    if (dst != src) memcpy(slot_buf(sp, dst, 0), slot_buf(sp, src, 0), sp->slot_bytes);
+}
+
+kt_status kv_state_make_spares(kv_state_pool *sp, kt_error *err) {
+    if (sp->buf) return KT_OK;
+    const size_t n = (size_t)sp->n_slots;
+    sp->spare_mem = kt_huge_alloc(sp->slot_bytes * n, &sp->spare_mem_bytes);
+    sp->buf = malloc(sizeof *sp->buf * 2 * n);
+    sp->cur = calloc(n, 1);
+    if (!sp->spare_mem || !sp->buf || !sp->cur) {
+        if (sp->spare_mem) kt_huge_free(sp->spare_mem, sp->spare_mem_bytes);
+        free(sp->buf), free(sp->cur);
+        sp->spare_mem = NULL, sp->buf = NULL, sp->cur = NULL;
+        return kt_error_set(err, KT_ERR_NOMEM,
+                            "speculation on a hybrid model keeps a second recurrent state per sequence: %.1f MiB "
+                            "for %d sequences is not there (lower --parallel or turn --spec off)",
+                            (double)sp->slot_bytes * (double)n / 1048576.0, sp->n_slots);
+    }
+    /* faulted in now: a first verify pass must not pay for its pages */
+    memset(sp->spare_mem, 0, sp->slot_bytes * n);
+    for (size_t i = 0; i < n; i++) {
+        sp->buf[2 * i] = sp->mem + sp->slot_bytes * i;
+        sp->buf[2 * i + 1] = sp->spare_mem + sp->slot_bytes * i;
+    }
+    return KT_OK;
+}
+
+float *kv_state_spare(const kv_state_pool *sp, int slot) { return (float *)(void *)slot_buf(sp, slot, 1); }
+
+void kv_state_flip(kv_state_pool *sp, int slot) {
+    if (sp->buf) sp->cur[slot] ^= 1;
 }

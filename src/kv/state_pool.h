@@ -17,6 +17,13 @@
  * blocks into a sequence): a caller that gets KV without its state would
  * compute wrong results, silently.
  *
+ * Spares (speculation): a verify pass moves a sequence's state on by
+ * tokens that may be rejected, so it writes the state after them into the
+ * slot's spare buffer and leaves the state before them untouched; then
+ * kv_state_flip makes the spare the slot's state (a pointer swap, no
+ * copy), and a rollback flips back and replays the kept tokens (see
+ * engine/rewind.h).
+ *
  * Not thread-safe: one engine thread owns it (as the block pool).
  */
 #ifndef KT_KV_STATE_POOL_H
@@ -46,5 +53,14 @@ void kv_state_release(kv_state_pool *sp, int slot);
 float *kv_state_data(const kv_state_pool *sp, int slot);
 void kv_state_zero(kv_state_pool *sp, int slot);
 void kv_state_copy(kv_state_pool *sp, int dst, int src);
+
+/* A spare buffer for every slot, its pages faulted in (once; KT_ERR_NOMEM
+ * naming the bytes when they are not there). */
+kt_status kv_state_make_spares(kv_state_pool *sp, kt_error *err);
+/* The slot's spare (slot_bytes, contents undefined), NULL without spares. */
+float *kv_state_spare(const kv_state_pool *sp, int slot);
+/* The spare becomes the slot's state and the state its spare (callers
+ * holding kv_state_data's pointer take it again: kv_seq_state_flip). */
+void kv_state_flip(kv_state_pool *sp, int slot);
 
 #endif

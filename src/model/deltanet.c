@@ -74,30 +74,44 @@ typedef struct dn_job {
     const llm_config *c;
     const llm_layer *l;
     kv_seq *const *seqs;
-    float *const *snap; /* per token: its state's copy after it, or NULL */
+    llm_rec_io io;
     llm_dn_work *dw;
     int n, phase;
     size_t layer_floats;
     bool state_only; /* a replay: the states move on, no output */
 } dn_job;
 
+/* This layer's part of the state token t reads, and of the one it writes
+ * (the same buffer but for a verify pass's first token). */
+static const float *state_in(const dn_job *j, int t) {
+    const float *s = j->io.from && j->io.from[t] ? j->io.from[t] : j->seqs[t]->state;
+    return s + j->layer_floats * (size_t)j->l->rec_index;
+}
+static float *state_out(const dn_job *j, int t) {
+    float *s = j->io.to && j->io.to[t] ? j->io.to[t] : j->seqs[t]->state;
+    return s + j->layer_floats * (size_t)j->l->rec_index;
+}
+
 static void dn_conv(const dn_job *j, int c0, int c1) {
     const llm_config *c = j->c;
     const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
     const float *w = j->l->ssm_conv.data;
     for (int t = 0; t < j->n; t++) {
-        float *cs = j->seqs[t]->state + j->layer_floats * (size_t)j->l->rec_index; /* [K - 1][C], oldest first */
+        /* [K - 1][C], oldest first; in and out may be one buffer: each
+         * entry is read before it is written */
+        const float *ci = state_in(j, t);
+        float *cs = state_out(j, t);
         float *x = j->dw->qkv + (size_t)t * C;
         for (int ch = c0; ch < c1; ch++) {
             float sum = 0;
-            for (int k = 0; k < K - 1; k++) sum += cs[(size_t)k * C + ch] * w[(size_t)ch * K + k];
+            for (int k = 0; k < K - 1; k++) sum += ci[(size_t)k * C + ch] * w[(size_t)ch * K + k];
             sum += x[ch] * w[(size_t)ch * K + K - 1];
-            for (int k = 0; k < K - 2; k++) cs[(size_t)k * C + ch] = cs[(size_t)(k + 1) * C + ch];
+            for (int k = 0; k < K - 2; k++) cs[(size_t)k * C + ch] = ci[(size_t)(k + 1) * C + ch];
             cs[(size_t)(K - 2) * C + ch] = x[ch];
             x[ch] = silu(sum);
         }
-        if (j->snap && j->snap[t]) {
-            float *d = j->snap[t] + j->layer_floats * (size_t)j->l->rec_index;
+        if (j->io.snap && j->io.snap[t]) {
+            float *d = j->io.snap[t] + j->layer_floats * (size_t)j->l->rec_index;
             for (int k = 0; k < K - 1; k++)
                 memcpy(d + (size_t)k * C + c0, cs + (size_t)k * C + c0, sizeof(float) * (size_t)(c1 - c0));
         }
@@ -129,19 +143,19 @@ static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
     for (int h = h0; h < h1; h++) {
         const int kh = h % Hk; /* ggml's tiled broadcast */
         for (int t = 0; t < j->n; t++) {
-            float *S = j->seqs[t]->state + j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C;
+            const size_t at = (size_t)(K - 1) * C + (size_t)h * dk * dv;
+            const float *S_in = state_in(j, t) + at;
+            float *S = state_out(j, t) + at;
             const float *x = j->dw->qkv + (size_t)t * C, *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
             const float g = a[h] * softplus(j->dw->alpha[(size_t)t * Hv + h] + dt_bias[h]);
             const float beta = 1.0f / (1.0f + expf(-j->dw->beta[(size_t)t * Hv + h]));
             const float *z = j->dw->z + (size_t)t * inner + (size_t)h * dv;
             float *oh = j->dw->o + (size_t)t * inner + (size_t)h * dv;
-            kt_delta_rule(S + (size_t)h * dk * dv, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, expf(g),
-                          beta, dk, dv, oh, u);
+            kt_delta_rule(S, S_in, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, expf(g), beta, dk, dv,
+                          oh, u);
             if (j->state_only) continue;
-            if (j->snap && j->snap[t]) {
-                const size_t off = j->layer_floats * (size_t)l->rec_index + (size_t)(K - 1) * C + (size_t)h * dk * dv;
-                memcpy(j->snap[t] + off, S + (size_t)h * dk * dv, sizeof(float) * (size_t)dk * dv);
-            }
+            if (j->io.snap && j->io.snap[t])
+                memcpy(j->io.snap[t] + j->layer_floats * (size_t)l->rec_index + at, S, sizeof(float) * (size_t)dk * dv);
             kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps); /* the gated RMSNorm */
             for (int i = 0; i < dv; i++) oh[i] *= silu(z[i]);
         }
@@ -195,7 +209,7 @@ static void run_phases(kt_pool *pool, dn_job *j) {
 }
 
 void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs,
-                        float *const *snap, float *const *log, int n, llm_dn_work *dw) {
+                        const llm_rec_io *io, int n, llm_dn_work *dw) {
     const llm_config *c = &m->cfg;
     const int E = c->n_embd, C = c->ssm_conv_dim, Hv = c->ssm_n_v_heads, inner = Hv * c->ssm_d_v;
     const kt_matmul_part parts[] = {{dw->qkv, l->ssm_qkv.data, l->ssm_qkv.type, C},
@@ -203,8 +217,8 @@ void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, f
                                     {dw->beta, l->ssm_beta.data, l->ssm_beta.type, Hv},
                                     {dw->alpha, l->ssm_alpha.data, l->ssm_alpha.type, Hv}};
     kt_matmul_many(pool, parts, 4, xn, E, n);
-    if (log) log_inputs(c, l, log, n, dw, true);
-    dn_job j = {c, l, seqs, snap, dw, n, 0, llm_state_layer_floats(c), false};
+    if (io->log) log_inputs(c, l, io->log, n, dw, true);
+    dn_job j = {c, l, seqs, *io, dw, n, 0, llm_state_layer_floats(c), false};
     run_phases(pool, &j);
     kt_matmul(pool, xn, l->ssm_out.data, l->ssm_out.type, dw->o, inner, E, n);
 }
@@ -216,7 +230,7 @@ void llm_deltanet_replay(const llm_model *m, const llm_layer *l, kt_pool *pool, 
         const int nb = n - done < 64 ? n - done : 64;
         for (int t = 0; t < nb; t++) seqs[t] = seq;
         log_inputs(&m->cfg, l, (float *const *)(log + done), nb, dw, false);
-        dn_job j = {&m->cfg, l, seqs, NULL, dw, nb, 0, llm_state_layer_floats(&m->cfg), true};
+        dn_job j = {&m->cfg, l, seqs, {0}, dw, nb, 0, llm_state_layer_floats(&m->cfg), true};
         run_phases(pool, &j);
     }
 }

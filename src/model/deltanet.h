@@ -22,16 +22,26 @@ typedef struct llm_dn_work {
 kt_status llm_dn_work_init(llm_dn_work *dw, const llm_config *c, int n_max, kt_error *err);
 void llm_dn_work_free(llm_dn_work *dw);
 
+/* What a recurrent layer's update of each token of a chunk touches
+ * besides its sequence's state (kv_seq.state), indexed by the chunk's
+ * tokens; an array NULL: nothing for any token, an entry NULL: nothing
+ * for that token. Each buffer has a whole slot's layout (llm_state_bytes). */
+typedef struct llm_rec_io {
+    float *const *snap; /* copy the state as it stands after the token here (prefix-cache snapshots) */
+    float *const *log;  /* log what the update reads here (llm_rec_log_floats; a speculative rollback) */
+    /* read the state before the token from / write the state after it to
+     * these instead of kv_seq.state: a verify pass's tokens move the state
+     * on in the slot's spare, and the state before them stays untouched */
+    float *const *from, *const *to;
+} llm_rec_io;
+
 /* Layer l (recurrent) over n tokens: xn holds their norm(x) rows
  * [n][n_embd] and gets the layer's output. Token t belongs to seqs[t]
- * and moves that sequence's state (kv_seq.state) on by one position:
- * a sequence's tokens come in position order, each right after the
- * positions its state holds. snap (NULL: none) names, per token, where
- * to copy this layer's part of its sequence's state as it stands after
- * that token (a whole slot's layout, llm_state_bytes), or NULL: the
- * prefix cache's snapshots, taken inside a chunk. */
+ * and moves that sequence's state on by one position (io: where it reads
+ * and writes it, and what else it leaves): a sequence's tokens come in
+ * position order, each right after the positions its state holds. */
 void llm_deltanet_block(const llm_model *m, const llm_layer *l, kt_pool *pool, float *xn, kv_seq *const *seqs,
-                        float *const *snap, float *const *log, int n, llm_dn_work *dw);
+                        const llm_rec_io *io, int n, llm_dn_work *dw);
 
 /* Speculative rollback: log (NULL: none) names, per token, where the
  * layer keeps what the token's state update read (its projections qkv,

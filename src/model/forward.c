@@ -779,8 +779,9 @@ static int forward_chunk(const llm_model *m, llm_work *w, kt_pool *pool, const l
         const bool last = il == c->n_layer - 1;
         const llm_layer *l = &m->layers[il];
         if (l->recurrent) { /* every token moves its sequence's state on, wanted or not */
-            llm_deltanet_block(m, l, pool, w->xn, b->seq + t0, b->state_snap ? b->state_snap + t0 : NULL,
-                               b->rec_log ? b->rec_log + t0 : NULL, n, &w->dn);
+            const llm_rec_io io = {b->state_snap ? b->state_snap + t0 : NULL, b->rec_log ? b->rec_log + t0 : NULL,
+                                   b->rec_from ? b->rec_from + t0 : NULL, b->rec_to ? b->rec_to + t0 : NULL};
+            llm_deltanet_block(m, l, pool, w->xn, b->seq + t0, &io, n, &w->dn);
             if (last && !(n = keep_output_rows(c, w, b, t0, n, out))) return 0;
         } else if (!last) {
             attention_block(m, w, pool, b, il, t0, n);

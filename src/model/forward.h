@@ -56,6 +56,12 @@ typedef struct llm_batch {
      * layers' state updates read (llm_rec_log_floats, model/deltanet.h),
      * so a speculative rollback can replay the tokens it keeps. */
     float *const *rec_log;
+    /* hybrid models: per token, NULL or the buffer its recurrent layers
+     * read the state before it from (rec_from) and write the state after
+     * it to (rec_to) instead of its sequence's state; NULL: none. A verify
+     * pass moves a sequence's state on in its slot's spare, so the state
+     * before the pass stays (model/deltanet.h llm_rec_io). */
+    float *const *rec_from, *const *rec_to;
     /* per token, NULL or the n_embd floats that stand for it instead of
      * its token's embedding row (an image's embeddings, src/vision/),
      * followed by n_deepstack more slices of n_embd in Qwen3-VL models

@@ -52,28 +52,29 @@ void kt_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
 
 /* ---- the gated delta rule ------------------------------------------- */
 
-void kt_delta_rule_ref(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk,
-                       int dv, float *o, float *u) {
+void kt_delta_rule_ref(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay,
+                       float beta, int dk, int dv, float *o, float *u) {
     for (int c = 0; c < dv; c++) u[c] = 0;
     for (int r = 0; r < dk; r++) {
-        const float *row = S + (size_t)r * dv;
+        const float *row = S_in + (size_t)r * dv;
         for (int c = 0; c < dv; c++) u[c] = fmaf(row[c], k[r], u[c]);
     }
     for (int c = 0; c < dv; c++) u[c] = (v[c] - decay * u[c]) * beta;
     for (int c = 0; c < dv; c++) o[c] = 0;
     for (int r = 0; r < dk; r++) {
+        const float *in = S_in + (size_t)r * dv;
         float *row = S + (size_t)r * dv;
         for (int c = 0; c < dv; c++) {
-            row[c] = fmaf(k[r], u[c], row[c] * decay);
+            row[c] = fmaf(k[r], u[c], in[c] * decay);
             o[c] = fmaf(row[c], q[r], o[c]);
         }
     }
 }
 
-void kt_delta_rule(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk, int dv,
-                   float *o, float *u) {
-    if (dv % 8 == 0 && kt_cpu_has_avx2()) kt_delta_rule_avx2(S, q, k, v, decay, beta, dk, dv, o, u);
-    else kt_delta_rule_ref(S, q, k, v, decay, beta, dk, dv, o, u);
+void kt_delta_rule(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay, float beta,
+                   int dk, int dv, float *o, float *u) {
+    if (dv % 8 == 0 && kt_cpu_has_avx2()) kt_delta_rule_avx2(S, S_in, q, k, v, decay, beta, dk, dv, o, u);
+    else kt_delta_rule_ref(S, S_in, q, k, v, decay, beta, dk, dv, o, u);
 }
 
 /* ---- rope ----------------------------------------------------------- */

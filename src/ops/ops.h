@@ -29,11 +29,13 @@ void kt_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps
  * version (dv a multiple of 8) gives the reference's bits, and a token's
  * result does not depend on how tokens were split into steps: prefill,
  * decode and a prefix-cache resume compute the same state. u: dv floats
- * of scratch. */
-void kt_delta_rule(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk, int dv,
-                   float *o, float *u);
-void kt_delta_rule_ref(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk,
-                       int dv, float *o, float *u);
+ * of scratch. S_in: the state before the token, read; S: the state
+ * after it, written (S_in == S: in place; a verify pass writes a copy and
+ * leaves the state before it untouched, kv/state_pool.h). */
+void kt_delta_rule(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay, float beta,
+                   int dk, int dv, float *o, float *u);
+void kt_delta_rule_ref(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay,
+                       float beta, int dk, int dv, float *o, float *u);
 
 typedef enum kt_rope_style {
     KT_ROPE_ADJACENT, /* llama, mistral: rotate (x[2i], x[2i+1]) */

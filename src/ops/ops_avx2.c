@@ -153,14 +153,14 @@ void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float ep
 
 /* kt_delta_rule_ref's sums, 32 columns at a time: that slice of u (or of
  * u and o) stays in registers while r walks down S. */
-void kt_delta_rule_avx2(float *S, const float *q, const float *k, const float *v, float decay, float beta, int dk,
-                        int dv, float *o, float *u) {
+void kt_delta_rule_avx2(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay,
+                        float beta, int dk, int dv, float *o, float *u) {
     const __m256 vdec = _mm256_set1_ps(decay), vbeta = _mm256_set1_ps(beta);
     for (int c0 = 0; c0 < dv; c0 += 32) {
         const int nv = dv - c0 < 32 ? (dv - c0) / 8 : 4;
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int r = 0; r < dk; r++) {
-            const float *row = S + (size_t)r * dv + c0;
+            const float *row = S_in + (size_t)r * dv + c0;
             const __m256 kr = _mm256_set1_ps(k[r]);
             for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(row + 8 * i), kr, acc[i]);
         }
@@ -171,10 +171,11 @@ void kt_delta_rule_avx2(float *S, const float *q, const float *k, const float *v
         }
         __m256 out[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int r = 0; r < dk; r++) {
+            const float *in = S_in + (size_t)r * dv + c0;
             float *row = S + (size_t)r * dv + c0;
             const __m256 kr = _mm256_set1_ps(k[r]), qr = _mm256_set1_ps(q[r]);
             for (int i = 0; i < nv; i++) {
-                const __m256 s = _mm256_fmadd_ps(kr, acc[i], _mm256_mul_ps(_mm256_loadu_ps(row + 8 * i), vdec));
+                const __m256 s = _mm256_fmadd_ps(kr, acc[i], _mm256_mul_ps(_mm256_loadu_ps(in + 8 * i), vdec));
                 _mm256_storeu_ps(row + 8 * i, s);
                 out[i] = _mm256_fmadd_ps(s, qr, out[i]);
             }

@@ -38,14 +38,18 @@ void spec_accept_note(spec_accept *a, int k, int accepted) {
     /* depths past it were not tried: no evidence */
 }
 
-double spec_accept_expected(const spec_accept *a, int k) {
+/* E(k), and in *all the chance that all k are kept. */
+static double expected_and_all(const spec_accept *a, int k, double *all) {
     double e = 1.0, run = 1.0, p = PRIOR_P;
     for (int i = 0; i < k && i < SPEC_K_MAX; i++) {
         p = (a->kept[i] + p) / (a->tried[i] + 1.0); /* one pseudo-trial at the depth before's rate */
         run *= p, e += run;
     }
+    if (all) *all = run;
     return e;
 }
+
+double spec_accept_expected(const spec_accept *a, int k) { return expected_and_all(a, k, NULL); }
 
 double spec_cost(const spec_costs *c, int n) {
     if (n > c->n_max) n = c->n_max;
@@ -53,6 +57,9 @@ double spec_cost(const spec_costs *c, int n) {
     while (m >= 1 && c->ms[m] <= 0) m--;
     if (m < 1) return 0;
     if (m == n) return c->ms[n];
+    int hi = n + 1; /* between two measured sizes: the line through them (a tile's step shows in both) */
+    while (hi <= c->n_max && c->ms[hi] <= 0) hi++;
+    if (hi <= c->n_max && c->ms[hi] >= c->ms[m]) return c->ms[m] + (c->ms[hi] - c->ms[m]) * (n - m) / (hi - m);
     int m2 = m - 1;
     while (m2 >= 1 && c->ms[m2] <= 0) m2--;
     double slope = m2 >= 1 ? (c->ms[m] - c->ms[m2]) / (m - m2) : 0.25 * c->ms[m];
@@ -77,11 +84,11 @@ static double guess_cost(const spec_costs *c, int n, int n_base, double base_cos
 }
 
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed) {
-    return spec_choose_k_paid(a, c, avail, n_tokens, expected, fixed, 0.0, 0.0);
+    return spec_choose_k_paid(a, c, avail, n_tokens, expected, fixed, 0.0, 0.0, NULL);
 }
 
 int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed,
-                       double ms_per_k, double ms_fixed) {
+                       double ms_per_k, double ms_reject, bool *may_probe) {
     if (avail > SPEC_K_MAX) avail = SPEC_K_MAX;
     if (avail <= 0 || fixed) return avail > 0 ? avail : 0;
     const double base_cost = spec_cost(c, n_tokens);
@@ -95,11 +102,12 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
     double best_rate = plain_rate;
     bool could_pay = false; /* were every proposal kept, some k would beat plain decoding */
     for (int k = 1; k <= avail; k++) {
-        const double e = spec_accept_expected(a, k);
-        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound) + k * ms_per_k + ms_fixed;
-        const double rate = (expected - 1.0 + e) / cost;
+        double all;
+        const double e = expected_and_all(a, k, &all);
+        const double cost = guess_cost(c, n_tokens + k, n_tokens, base_cost, bound) + k * ms_per_k;
+        const double rate = (expected - 1.0 + e) / (cost + (1.0 - all) * ms_reject);
         if (rate > best_rate) best = k, best_rate = rate;
-        could_pay = could_pay || (expected + k) / cost > plain_rate;
+        could_pay = could_pay || (expected + k) / cost > plain_rate; /* all kept: no rejection to pay for */
     }
     /* A probe looks for acceptance rising; where even all kept could not
      * pay (a pass whose every extra row costs a whole token's work: a
@@ -110,11 +118,12 @@ int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tok
          * chosen on a cost reading alone, a pass timed in a quiet spell
          * against plain decoding's in a busy one, is no such reason) */
         if (spec_accept_expected(a, best) >= PAYS_E) a->probe_every = SPEC_PROBE_EVERY;
-    } else if (!bound && could_pay && ++a->idle_steps >= a->probe_every) {
+    } else if (!bound && could_pay && ++a->idle_steps >= a->probe_every && (!may_probe || *may_probe)) {
         /* each probe that leaves plain decoding the better choice makes the
          * next wait longer, a kept one too: near the break-even point a
          * probe is kept now and then without ever paying for itself */
         a->idle_steps = 0;
+        if (may_probe) *may_probe = false;
         if (a->probe_every < SPEC_PROBE_MAX) a->probe_every *= 2;
         return avail < SPEC_PROBE_K ? avail : SPEC_PROBE_K;
     }

@@ -56,7 +56,9 @@ typedef struct spec_costs {
 } spec_costs;
 
 /* The cost of a pass of n tokens: measured, or, not yet measured, the
- * line through the two largest measured smaller passes carried on to n
+ * line between the measured sizes either side of it (where a larger one
+ * costs no less), or the line through the two largest measured smaller
+ * passes carried on to n
  * (flat at worst), or from the only one, m: C(m) (1 + (n - m) / 4), a
  * CPU's usual slope while the weights' reads dominate. A guess a size
  * must beat once to be tried, and then it is known: where passes grow by
@@ -84,10 +86,16 @@ void spec_cost_note(spec_costs *c, int n, double ms);
  * measured gains. fixed: all of avail. */
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed);
 /* The same when each proposal also costs ms_per_k to make (a draft
- * model's pass) and any k > 0 costs ms_fixed more (a hybrid model's
- * recurrent state saved before the pass and restored on a rejection,
- * engine/rewind.h), probes included. */
+ * model's pass) and a rejection costs ms_reject (a hybrid model's
+ * rollback, which replays the kept tokens' state updates, engine/rewind.h),
+ * weighed by the chance that not all k are kept. may_probe (NULL: always)
+ * says whether a probe may be taken now, and is cleared when one is:
+ * one probe a step is enough to learn from (acceptance is shared, and
+ * the pass size it tries is then measured), where eight new streams
+ * probing at their first chance made a pass of 16 tokens that cost every
+ * stream of the batch (docs/PERFORMANCE.md); a sequence whose probe is
+ * due and refused takes it at its next chance. */
 int spec_choose_k_paid(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed,
-                       double ms_per_k, double ms_fixed);
+                       double ms_per_k, double ms_reject, bool *may_probe);
 
 #endif

@@ -178,7 +178,7 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
         sp->lookup = true;
         k = spec_choose_k(&sp->accept_lookup, &sp->costs, n_look, 1, 1.0, sp->p.fixed_k);
     } else if (sp->p.mtp && !sp->p.propose) { /* the MTP block guesses after the choice of k: each costs a pass */
-        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->mtp_ms, 0.0);
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->mtp_ms, 0.0, NULL);
         const double t0 = kt_time_ms();
         if (k > 0 && (k = kt_session_mtp_draft(s, ctx[n - 1], k, sp->batch + 1, err)) < 0) return -1;
         if (k > 0) {
@@ -187,7 +187,7 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
         }
     } else if (sp->p.draft && !sp->p.propose) { /* a draft guesses after the choice of k: each guess costs a pass */
         if (draft_open(&sp->d, &sp->p, kt_session_n_ctx(s), err) != KT_OK) return -1;
-        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms, 0.0);
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms, 0.0, NULL);
         if (k > 0 && draft_guess(&sp->d, sp->n_vocab, ctx, n, k, sp->batch + 1, err) < 0) return -1;
     } else {
         k = propose(sp, ctx, n, limit, sp->batch + 1);
