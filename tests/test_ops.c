@@ -1528,56 +1528,77 @@ static void expect_rel(const float *got, const float *want, int n, float rel, fl
     }
 }
 
-/* The delta rule: the AVX2 version gives the reference's bits (same fmaf
- * sums, per column), token after token on a state it keeps updating, and
+/* The delta rule: a run of tokens through each SIMD kernel gives the
+ * reference's bits token after token (in place, and with the first token
+ * reading a state it leaves untouched), whatever the run's length; and
  * the reference is the definition (double) within float rounding. */
-static void test_delta_rule(void **state) {
-    (void)state;
+static void check_delta_rule(void) {
     const int shapes[][2] = {{128, 128}, {32, 8}, {16, 40}, {64, 24}, {7, 16}};
+    const int runs[] = {1, 3, 1, 5}; /* 10 tokens in runs of these lengths */
+    enum { N_TOK = 10 };
     for (int s = 0; s < 5; s++) {
-        const int dk = shapes[s][0], dv = shapes[s][1], n_tok = 9;
-        float *S0 = tu_xmalloc(sizeof(float) * dk * dv), *S1 = tu_xmalloc(sizeof(float) * dk * dv);
-        double *Sd = tu_xmalloc(sizeof(double) * dk * dv);
-        float *q = tu_xmalloc(sizeof(float) * dk), *k = tu_xmalloc(sizeof(float) * dk), *v = tu_xmalloc(sizeof(float) * dv);
-        float *o0 = tu_xmalloc(sizeof(float) * dv), *o1 = tu_xmalloc(sizeof(float) * dv), *u = tu_xmalloc(sizeof(float) * dv);
-        float *S2 = tu_xmalloc(sizeof(float) * dk * dv), *S3 = tu_xmalloc(sizeof(float) * dk * dv);
-        float *Sin = tu_xmalloc(sizeof(float) * dk * dv), *Sref = tu_xmalloc(sizeof(float) * dk * dv);
-        float *o2 = tu_xmalloc(sizeof(float) * dv), *o3 = tu_xmalloc(sizeof(float) * dv);
-        tu_fill_normal(S0, dk * dv, 0.5f, 7 + s);
-        memcpy(S1, S0, sizeof(float) * dk * dv);
-        for (int i = 0; i < dk * dv; i++) Sd[i] = S0[i];
-        for (int t = 0; t < n_tok; t++) {
-            tu_fill_normal(q, dk, 0.3f, 100 * s + 3 * t), tu_fill_normal(k, dk, 0.3f, 100 * s + 3 * t + 1);
-            tu_fill_normal(v, dv, 1.0f, 100 * s + 3 * t + 2);
-            const float decay = 0.5f + 0.05f * t, beta = 0.9f - 0.07f * t;
-            /* out of place (a verify pass's first token): the same bits, the state read left as it was */
-            memcpy(Sin, S1, sizeof(float) * dk * dv), memcpy(Sref, S1, sizeof(float) * dk * dv);
-            kt_delta_rule(S2, Sin, q, k, v, decay, beta, dk, dv, o2, u);
-            kt_delta_rule_ref(S3, Sin, q, k, v, decay, beta, dk, dv, o3, u);
-            kt_delta_rule_ref(S0, S0, q, k, v, decay, beta, dk, dv, o0, u);
-            kt_delta_rule(S1, S1, q, k, v, decay, beta, dk, dv, o1, u);
-            if (memcmp(S0, S1, sizeof(float) * dk * dv) != 0 || memcmp(o0, o1, sizeof(float) * dv) != 0)
-                fail_msg("delta rule %d x %d, token %d: the SIMD state or output differs from the reference", dk, dv, t);
-            if (memcmp(S2, S1, sizeof(float) * dk * dv) != 0 || memcmp(o2, o1, sizeof(float) * dv) != 0 ||
-                memcmp(S3, S0, sizeof(float) * dk * dv) != 0 || memcmp(o3, o0, sizeof(float) * dv) != 0)
-                fail_msg("delta rule %d x %d, token %d: out of place differs from in place", dk, dv, t);
-            if (memcmp(Sin, Sref, sizeof(float) * dk * dv) != 0)
-                fail_msg("delta rule %d x %d, token %d: out of place wrote the state it read", dk, dv, t);
-            for (int c = 0; c < dv; c++) { /* the definition in double */
+        const int dk = shapes[s][0], dv = shapes[s][1];
+        const size_t n_s = (size_t)dk * dv;
+        float *S0 = tu_xmalloc(sizeof(float) * n_s), *S1 = tu_xmalloc(sizeof(float) * n_s);
+        float *Sin = tu_xmalloc(sizeof(float) * n_s), *Sref = tu_xmalloc(sizeof(float) * n_s);
+        double *Sd = tu_xmalloc(sizeof(double) * n_s);
+        float *q = tu_xmalloc(sizeof(float) * dk * N_TOK), *k = tu_xmalloc(sizeof(float) * dk * N_TOK);
+        float *v = tu_xmalloc(sizeof(float) * dv * N_TOK), *u = tu_xmalloc(sizeof(float) * dv);
+        float *o0 = tu_xmalloc(sizeof(float) * dv * N_TOK), *o1 = tu_xmalloc(sizeof(float) * dv * N_TOK);
+        float decay[N_TOK], beta[N_TOK];
+        const float *qp[N_TOK], *kp[N_TOK], *vp[N_TOK];
+        float *op0[N_TOK], *op1[N_TOK];
+        for (int t = 0; t < N_TOK; t++) {
+            tu_fill_normal(q + t * dk, dk, 0.3f, 100 * s + 3 * t), tu_fill_normal(k + t * dk, dk, 0.3f, 100 * s + 3 * t + 1);
+            tu_fill_normal(v + t * dv, dv, 1.0f, 100 * s + 3 * t + 2);
+            decay[t] = 0.5f + 0.05f * t, beta[t] = 0.9f - 0.07f * t;
+            qp[t] = q + t * dk, kp[t] = k + t * dk, vp[t] = v + t * dv, op0[t] = o0 + t * dv, op1[t] = o1 + t * dv;
+        }
+        tu_fill_normal(S0, (int)n_s, 0.5f, 7 + s);
+        memcpy(S1, S0, sizeof(float) * n_s);
+        for (size_t i = 0; i < n_s; i++) Sd[i] = S0[i];
+        for (int r = 0, t0 = 0; r < 4; t0 += runs[r++]) {
+            const kt_delta_run run0 = {runs[r], qp + t0, kp + t0, vp + t0, decay + t0, beta + t0, op0 + t0};
+            const kt_delta_run run1 = {runs[r], qp + t0, kp + t0, vp + t0, decay + t0, beta + t0, op1 + t0};
+            kt_delta_rule_run_ref(S0, S0, &run0, dk, dv, u);
+            if (r % 2) { /* out of place: S1 moves on from a copy it must not write */
+                memcpy(Sin, S1, sizeof(float) * n_s), memcpy(Sref, S1, sizeof(float) * n_s);
+                tu_fill_normal(S1, (int)n_s, 9.0f, 1); /* garbage where the run writes */
+                kt_delta_rule_run(S1, Sin, &run1, dk, dv, u);
+                if (memcmp(Sin, Sref, sizeof(float) * n_s) != 0)
+                    fail_msg("delta rule %d x %d, run %d: out of place wrote the state it read", dk, dv, r);
+            } else {
+                kt_delta_rule_run(S1, S1, &run1, dk, dv, u);
+            }
+            if (memcmp(S0, S1, sizeof(float) * n_s) != 0 ||
+                memcmp(o0 + t0 * dv, o1 + t0 * dv, sizeof(float) * dv * runs[r]) != 0)
+                fail_msg("delta rule %d x %d, run %d of %d tokens: the SIMD state or output differs from the reference",
+                         dk, dv, r, runs[r]);
+        }
+        for (int t = 0; t < N_TOK; t++) { /* the definition in double */
+            for (int c = 0; c < dv; c++) {
                 double kv = 0, oc = 0;
-                for (int r = 0; r < dk; r++) kv += Sd[(size_t)r * dv + c] * decay * k[r];
-                const double uc = (v[c] - kv) * beta;
+                for (int r = 0; r < dk; r++) kv += Sd[(size_t)r * dv + c] * decay[t] * k[t * dk + r];
+                const double uc = (v[t * dv + c] - kv) * beta[t];
                 for (int r = 0; r < dk; r++) {
-                    Sd[(size_t)r * dv + c] = Sd[(size_t)r * dv + c] * decay + k[r] * uc;
-                    oc += Sd[(size_t)r * dv + c] * q[r];
+                    Sd[(size_t)r * dv + c] = Sd[(size_t)r * dv + c] * decay[t] + k[t * dk + r] * uc;
+                    oc += Sd[(size_t)r * dv + c] * q[t * dk + r];
                 }
-                if (!(fabs(o0[c] - oc) <= 1e-4 * (1 + fabs(oc))))
-                    fail_msg("delta rule %d x %d, token %d, column %d: %.9g vs %.9g in double", dk, dv, t, c, o0[c], oc);
+                if (!(fabs(o0[t * dv + c] - oc) <= 1e-4 * (1 + fabs(oc))))
+                    fail_msg("delta rule %d x %d, token %d, column %d: %.9g vs %.9g in double", dk, dv, t, c,
+                             o0[t * dv + c], oc);
             }
         }
-        free(S0), free(S1), free(Sd), free(q), free(k), free(v), free(o0), free(o1), free(u);
-        free(S2), free(S3), free(Sin), free(Sref), free(o2), free(o3);
+        free(S0), free(S1), free(Sin), free(Sref), free(Sd), free(q), free(k), free(v), free(u), free(o0), free(o1);
     }
+}
+
+static void test_delta_rule(void **state) {
+    (void)state;
+    check_delta_rule(); /* the widest tier this CPU has */
+    kt_cpu_force_no_avx512(true); /* and AVX2 where that was AVX-512 */
+    check_delta_rule();
+    kt_cpu_force_no_avx512(false);
 }
 
 /* SIMD within 1e-5 relative: only the sum of squares is ordered

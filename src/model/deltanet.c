@@ -13,7 +13,8 @@
  *   out = ssm_out [RMSNorm(o_j) * ssm_norm * silu(z_j)]_j
  * The matmuls run over the whole chunk; the recurrence runs token after
  * token (each token touches only its own sequence's state), split
- * between threads by channels and value heads.
+ * between threads by channels and value heads, a sequence's tokens in a
+ * row through a head together (kt_delta_rule_run: the same bits).
  *
  * Prefill runs the recurrence token by token too, not the chunked (WY)
  * form: the per-token form makes a token's result independent of how the
@@ -132,32 +133,58 @@ static void dn_norm(const dn_job *j, int t0, int t1) {
     }
 }
 
-/* Heads outer, tokens inner: a head's state (d_k x d_v floats, 64 KiB
- * for Qwen 3.5) stays in the core's cache across a chunk's tokens. */
+#define LLM_DN_RUN_MAX 64 /* tokens a head's run takes at once (dn_heads' arrays) */
+
+/* Where the run of tokens that starts at t0 ends: the tokens of one
+ * sequence in a row, each reading the state the one before wrote (a
+ * verify pass's first token starts a run of its own: it reads the state
+ * and writes the spare), ending at a token whose state is snapshotted
+ * (the run's state is only whole at its end). */
+static int run_end(const dn_job *j, int t0) {
+    int t = t0 + 1;
+    while (t < j->n && j->seqs[t] == j->seqs[t0] && state_in(j, t) == state_out(j, t - 1) &&
+           !(j->io.snap && j->io.snap[t - 1]))
+        t++;
+    return t;
+}
+
+/* Heads outer, runs of a sequence's tokens inner: a head's state (d_k x
+ * d_v floats, 64 KiB for Qwen 3.5) is worked a column block at a time
+ * across the run (kt_delta_rule_run), then each token's output gated. */
 static void dn_heads(const dn_job *j, int h0, int h1, float *u) {
     const llm_config *c = j->c;
     const llm_layer *l = j->l;
     const int C = c->ssm_conv_dim, K = c->ssm_conv_kernel;
     const int Hk = c->ssm_n_k_heads, Hv = c->ssm_n_v_heads, dk = c->ssm_d_k, dv = c->ssm_d_v, inner = Hv * dv;
     const float *dt_bias = l->ssm_dt_bias.data, *a = l->ssm_a.data;
+    const float *q[LLM_DN_RUN_MAX], *k[LLM_DN_RUN_MAX], *v[LLM_DN_RUN_MAX];
+    float decay[LLM_DN_RUN_MAX], beta[LLM_DN_RUN_MAX], *o[LLM_DN_RUN_MAX];
     for (int h = h0; h < h1; h++) {
         const int kh = h % Hk; /* ggml's tiled broadcast */
-        for (int t = 0; t < j->n; t++) {
-            const size_t at = (size_t)(K - 1) * C + (size_t)h * dk * dv;
-            const float *S_in = state_in(j, t) + at;
-            float *S = state_out(j, t) + at;
-            const float *x = j->dw->qkv + (size_t)t * C, *q = x, *k = x + (size_t)Hk * dk, *v = x + 2 * (size_t)Hk * dk;
-            const float g = a[h] * softplus(j->dw->alpha[(size_t)t * Hv + h] + dt_bias[h]);
-            const float beta = 1.0f / (1.0f + expf(-j->dw->beta[(size_t)t * Hv + h]));
-            const float *z = j->dw->z + (size_t)t * inner + (size_t)h * dv;
-            float *oh = j->dw->o + (size_t)t * inner + (size_t)h * dv;
-            kt_delta_rule(S, S_in, q + (size_t)kh * dk, k + (size_t)kh * dk, v + (size_t)h * dv, expf(g), beta, dk, dv,
-                          oh, u);
+        const size_t at = (size_t)(K - 1) * C + (size_t)h * dk * dv;
+        for (int t0 = 0, t1; t0 < j->n; t0 = t1) {
+            t1 = run_end(j, t0);
+            if (t1 - t0 > LLM_DN_RUN_MAX) t1 = t0 + LLM_DN_RUN_MAX;
+            for (int t = t0; t < t1; t++) {
+                const float *x = j->dw->qkv + (size_t)t * C;
+                const int i = t - t0;
+                q[i] = x + (size_t)kh * dk, k[i] = x + (size_t)(Hk + kh) * dk, v[i] = x + 2 * (size_t)Hk * dk + (size_t)h * dv;
+                decay[i] = expf(a[h] * softplus(j->dw->alpha[(size_t)t * Hv + h] + dt_bias[h]));
+                beta[i] = 1.0f / (1.0f + expf(-j->dw->beta[(size_t)t * Hv + h]));
+                o[i] = j->dw->o + (size_t)t * inner + (size_t)h * dv;
+            }
+            const kt_delta_run run = {t1 - t0, q, k, v, decay, beta, o};
+            float *S = state_out(j, t1 - 1) + at;
+            kt_delta_rule_run(S, state_in(j, t0) + at, &run, dk, dv, u);
             if (j->state_only) continue;
-            if (j->io.snap && j->io.snap[t])
-                memcpy(j->io.snap[t] + j->layer_floats * (size_t)l->rec_index + at, S, sizeof(float) * (size_t)dk * dv);
-            kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps); /* the gated RMSNorm */
-            for (int i = 0; i < dv; i++) oh[i] *= silu(z[i]);
+            if (j->io.snap && j->io.snap[t1 - 1])
+                memcpy(j->io.snap[t1 - 1] + j->layer_floats * (size_t)l->rec_index + at, S, sizeof(float) * (size_t)dk * dv);
+            for (int t = t0; t < t1; t++) { /* the gated RMSNorm */
+                float *oh = o[t - t0];
+                const float *z = j->dw->z + (size_t)t * inner + (size_t)h * dv;
+                kt_rmsnorm(oh, oh, l->ssm_norm.data, dv, c->rms_eps);
+                for (int i = 0; i < dv; i++) oh[i] *= silu(z[i]);
+            }
         }
     }
 }

@@ -166,8 +166,8 @@ void kt_rope_turn_ref(float *x, int n_heads, int head_dim, int n_pairs, int p0, 
 void kt_rope_turn_avx2(float *x, int n_heads, int head_dim, int n_pairs, int p0, int nc, const float *cs,
                        const float *sn, kt_rope_style style);
 void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
-void kt_delta_rule_avx2(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay,
-                        float beta, int dk, int dv, float *o, float *u);
+void kt_delta_rule_run_avx2(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv);
+void kt_delta_rule_run_avx512(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv);
 void kt_softmax_avx2(float *x, int n);
 /* The attention kernels' exp, 8 and 16 lanes at a time (n a multiple of
  * 16): the same bits, which the kernels' agreement across tiers relies on

@@ -71,10 +71,16 @@ void kt_delta_rule_ref(float *S, const float *S_in, const float *q, const float 
     }
 }
 
-void kt_delta_rule(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay, float beta,
-                   int dk, int dv, float *o, float *u) {
-    if (dv % 8 == 0 && kt_cpu_has_avx2()) kt_delta_rule_avx2(S, S_in, q, k, v, decay, beta, dk, dv, o, u);
-    else kt_delta_rule_ref(S, S_in, q, k, v, decay, beta, dk, dv, o, u);
+void kt_delta_rule_run_ref(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv, float *u) {
+    for (int t = 0; t < run->n; t++)
+        kt_delta_rule_ref(S, t == 0 ? S_in : S, run->q[t], run->k[t], run->v[t], run->decay[t], run->beta[t], dk, dv,
+                          run->o[t], u);
+}
+
+void kt_delta_rule_run(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv, float *u) {
+    if (dv % 16 == 0 && kt_cpu_has_avx512_vnni()) kt_delta_rule_run_avx512(S, S_in, run, dk, dv);
+    else if (dv % 8 == 0 && kt_cpu_has_avx2()) kt_delta_rule_run_avx2(S, S_in, run, dk, dv);
+    else kt_delta_rule_run_ref(S, S_in, run, dk, dv, u);
 }
 
 /* ---- rope ----------------------------------------------------------- */

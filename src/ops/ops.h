@@ -25,17 +25,33 @@ void kt_rmsnorm_ref(float *out, const float *x, const float *w, int n, float eps
  *   S  = decay S + k u^T;  o = S^T q
  * which is ggml's order with the decay folded into the two passes over S
  * (decay S^T k for (decay S)^T k), so S is read twice per token, not
- * three times. Every sum runs over r in order with fmaf, so the AVX2
+ * three times. Every sum runs over r in order with fmaf, so the SIMD
  * version (dv a multiple of 8) gives the reference's bits, and a token's
  * result does not depend on how tokens were split into steps: prefill,
  * decode and a prefix-cache resume compute the same state. u: dv floats
  * of scratch. S_in: the state before the token, read; S: the state
  * after it, written (S_in == S: in place; a verify pass writes a copy and
  * leaves the state before it untouched, kv/state_pool.h). */
-void kt_delta_rule(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay, float beta,
-                   int dk, int dv, float *o, float *u);
 void kt_delta_rule_ref(float *S, const float *S_in, const float *q, const float *k, const float *v, float decay,
                        float beta, int dk, int dv, float *o, float *u);
+
+/* A run of n tokens of one sequence through one head, in order. */
+typedef struct kt_delta_run {
+    int n;
+    const float *const *q, *const *k, *const *v; /* per token: dk, dk and dv floats */
+    const float *decay, *beta;                   /* per token */
+    float *const *o;                             /* per token: dv floats, written */
+} kt_delta_run;
+
+/* The run's tokens as n calls of kt_delta_rule_ref, the first reading
+ * S_in and writing S, the others in place on S: the same bits. Each
+ * column of S (a value dim) is a recurrence of its own, so the SIMD
+ * versions (AVX2, AVX-512: the same lane arithmetic) take a block of 32
+ * or 64 columns (16 or 32 KiB of a 128 x 128 state) and
+ * runs every token of the run over it while it sits in L1, instead of
+ * streaming the whole state through L2 twice a token. u: dv floats. */
+void kt_delta_rule_run(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv, float *u);
+void kt_delta_rule_run_ref(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv, float *u);
 
 typedef enum kt_rope_style {
     KT_ROPE_ADJACENT, /* llama, mistral: rotate (x[2i], x[2i+1]) */
