@@ -600,8 +600,9 @@ static void print_banner(const srv_class_config *k, const kt_engine *engine, con
             st.kv_blocks_total, st.kv_block_tokens, (double)st.kv_pool_bytes / 1048576.0,
             st.kv_blocks_total * st.kv_block_tokens, ap->prefix_cache ? "on" : "off");
     if (st.state_slots)
-        fprintf(stderr, "kettle serve: recurrent state (a hybrid model) %d x %.1f MiB, one per running sequence, in the "
-                "KV cache's memory\n", st.state_slots, (double)st.state_slot_bytes / 1048576.0);
+        fprintf(stderr, "kettle serve: recurrent state (a hybrid model) %d x %.1f MiB, one per running sequence%s, in the "
+                "KV cache's memory\n", st.state_slots * (st.state_spares ? 2 : 1), (double)st.state_slot_bytes / 1048576.0,
+                st.state_spares ? " and a spare for its verify passes" : "");
     if (ap->spec != KT_SPEC_OFF)
         fprintf(stderr, "kettle serve: speculative decoding: %s, up to %d tokens a step, %s\n",
                 ap->spec == KT_SPEC_DRAFT ? "a draft model"

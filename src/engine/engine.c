@@ -250,6 +250,7 @@ void kt_engine_get_stats(kt_engine *e, kt_engine_stats *out) {
     const kv_state_pool *sp = kv_pool_state(e->kv);
     out->state_slots = sp ? kv_state_n_slots(sp) : 0;
     out->state_slot_bytes = sp ? kv_state_slot_bytes(sp) : 0;
+    out->state_spares = sp && kv_state_spare(sp, 0);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -355,6 +355,7 @@ typedef struct kt_engine_stats {
                                (and a hybrid model's recurrent-state slots) */
     int state_slots;        /* a hybrid model's recurrent-state slots (one per --parallel sequence; 0: none) */
     size_t state_slot_bytes; /* bytes of one */
+    bool state_spares;       /* and as many spares again (speculation's verify passes, engine/rewind.h) */
     /* the prefix cache's snapshots of that state (kv/prefix_cache.h) */
     int state_snapshots, state_snapshots_max;
     size_t state_snapshot_bytes; /* of one (state_slot_bytes); 0: no snapshots */
