@@ -65,6 +65,7 @@ struct kt_spec {
     kt_spec_stats stats;
     spec_draft d;    /* with p.draft */
     double mtp_ms;   /* with p.mtp: one MTP guess, smoothed */
+    double reject_ms; /* cutting a pass back after a rejection (a hybrid model's rollback replays), smoothed */
     spec_accept accept_lookup; /* with p.mtp: prompt lookup's acceptance beside the MTP block's (accept) */
     bool lookup;               /* this step's proposals are the lookup's */
 };
@@ -176,9 +177,9 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
         n_look = propose(sp, ctx, n, limit, sp->batch + 1);
     if (n_look > 0 && spec_accept_expected(&sp->accept_lookup, n_look) >= spec_accept_expected(&sp->accept, limit)) {
         sp->lookup = true;
-        k = spec_choose_k(&sp->accept_lookup, &sp->costs, n_look, 1, 1.0, sp->p.fixed_k);
+        k = spec_choose_k_paid(&sp->accept_lookup, &sp->costs, n_look, 1, 1.0, sp->p.fixed_k, 0.0, sp->reject_ms, NULL);
     } else if (sp->p.mtp && !sp->p.propose) { /* the MTP block guesses after the choice of k: each costs a pass */
-        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->mtp_ms, 0.0, NULL);
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->mtp_ms, sp->reject_ms, NULL);
         const double t0 = kt_time_ms();
         if (k > 0 && (k = kt_session_mtp_draft(s, ctx[n - 1], k, sp->batch + 1, err)) < 0) return -1;
         if (k > 0) {
@@ -187,11 +188,11 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
         }
     } else if (sp->p.draft && !sp->p.propose) { /* a draft guesses after the choice of k: each guess costs a pass */
         if (draft_open(&sp->d, &sp->p, kt_session_n_ctx(s), err) != KT_OK) return -1;
-        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms, 0.0, NULL);
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, limit, 1, 1.0, sp->p.fixed_k, sp->d.pass_ms, sp->reject_ms, NULL);
         if (k > 0 && draft_guess(&sp->d, sp->n_vocab, ctx, n, k, sp->batch + 1, err) < 0) return -1;
     } else {
         k = propose(sp, ctx, n, limit, sp->batch + 1);
-        k = spec_choose_k(&sp->accept, &sp->costs, k, 1, 1.0, sp->p.fixed_k);
+        k = spec_choose_k_paid(&sp->accept, &sp->costs, k, 1, 1.0, sp->p.fixed_k, 0.0, sp->reject_ms, NULL);
     }
     sp->batch[0] = ctx[n - 1];
     const double t0 = kt_time_ms();
@@ -205,7 +206,9 @@ int kt_spec_step(kt_spec *sp, kt_session *s, kt_sampler *smp, const int32_t *ctx
         if (a == k || x != sp->batch[a + 1]) break;
     }
     /* the pending token and the accepted proposals (a hybrid model's state rolled back to them) */
+    const double t_keep = kt_time_ms();
     if (kt_session_spec_keep(s, a + 1, err) != KT_OK) return -1;
+    if (a < k) sp->reject_ms = 0.75 * sp->reject_ms + 0.25 * (kt_time_ms() - t_keep);
     sp->stats.steps++;
     sp->stats.proposed += (uint64_t)k, sp->stats.accepted += (uint64_t)a;
     if (sp->lookup) sp->stats.lookup_proposed += (uint64_t)k, sp->stats.lookup_accepted += (uint64_t)a;
