@@ -90,7 +90,7 @@ static void test_table(void **state) {
 static void test_policy_inherit(void **state) {
     (void)state;
     double ms[40] = {0};
-    spec_costs c = {ms, 39};
+    spec_costs c = {ms, 39, 0.0};
     spec_cost_note(&c, 1, 100.0), spec_cost_note(&c, 2, 180.0); /* one proposal pays only if kept ~3 times in 4 */
     spec_accept seen, a;
     spec_accept_init(&seen);
@@ -114,7 +114,7 @@ static void test_policy_inherit(void **state) {
 static void test_policy_fixed_cost(void **state) {
     (void)state;
     double ms[40] = {0};
-    spec_costs c = {ms, 39};
+    spec_costs c = {ms, 39, 0.0};
     for (int n = 1; n <= 39; n++) spec_cost_note(&c, n, 100.0 + 10.0 * n);
     spec_accept seen, a, b;
     spec_accept_init(&seen);
@@ -138,7 +138,7 @@ static void test_policy_fixed_cost(void **state) {
 static void test_policy_one_probe_a_step(void **state) {
     (void)state;
     double ms[40] = {0};
-    spec_costs c = {ms, 39};
+    spec_costs c = {ms, 39, 0.0};
     spec_cost_note(&c, 1, 100.0), spec_cost_note(&c, 2, 101.0), spec_cost_note(&c, 3, 130.0);
     spec_accept seen, a, b;
     spec_accept_init(&seen);
@@ -154,10 +154,30 @@ static void test_policy_one_probe_a_step(void **state) {
     assert_false(may);
 }
 
+/* A pass past the largest measured one, where a prefill token's cost is
+ * known, is guessed at no less than that a token more: beside 8 streams
+ * (163 ms, 127 for one) a 9-token probe is not worth it at 15 ms a token,
+ * where the line through 1 and 8 (5 ms a token) would try it; a lone
+ * stream still tries proposals. */
+static void test_policy_token_floor(void **state) {
+    (void)state;
+    double ms[40] = {0};
+    spec_costs c = {ms, 39, 0.0};
+    spec_cost_note(&c, 1, 127.0), spec_cost_note(&c, 8, 163.0);
+    spec_accept seen, a, b;
+    spec_accept_init(&seen);
+    spec_accept_inherit(&a, &seen), spec_accept_inherit(&b, &seen);
+    assert_int_equal(spec_choose_k_paid(&a, &c, 3, 8, 8.0, false, 5.0, 0.0, NULL), SPEC_PROBE_K); /* the line */
+    c.ms_token = 15.0;
+    for (int i = 0; i < 4 * SPEC_PROBE_MAX; i++) assert_int_equal(spec_choose_k_paid(&b, &c, 3, 8, 8.0, false, 5.0, 0.0, NULL), 0);
+    spec_accept_init(&b);
+    assert_true(spec_choose_k_paid(&b, &c, 3, 1, 1.0, false, 5.0, 0.0, NULL) > 0);
+}
+
 static void test_policy(void **state) {
     (void)state;
     double ms[40] = {0};
-    spec_costs c = {ms, 39};
+    spec_costs c = {ms, 39, 0.0};
     spec_accept a;
     spec_accept_init(&a);
     assert_int_equal(spec_choose_k(&a, &c, 8, 1, 1.0, false), 0); /* plain decoding's cost first */
@@ -217,7 +237,7 @@ static void test_policy(void **state) {
     assert_int_equal(spec_choose_k(&a, &c, 8, 16, 16.0, true), 8); /* fixed: all */
     /* unmeasured sizes: the largest measured smaller one, a quarter more per token */
     double ms2[40] = {0};
-    spec_costs c2 = {ms2, 39};
+    spec_costs c2 = {ms2, 39, 0.0};
     spec_cost_note(&c2, 3, 8.0);
     assert_true(spec_cost(&c2, 3) == 8.0 && spec_cost(&c2, 7) == 16.0 && spec_cost(&c2, 2) == 0.0);
     /* two measured: the line through the two largest below, flat at worst */
@@ -234,7 +254,7 @@ static void test_policy(void **state) {
      * per-row work is the pass) and a lookup that keeps about half: the
      * line says no larger pass pays, so none is tried */
     double ms3[40] = {0};
-    spec_costs c3 = {ms3, 39};
+    spec_costs c3 = {ms3, 39, 0.0};
     spec_cost_note(&c3, 1, 10.0), spec_cost_note(&c3, 2, 23.0);
     spec_accept_init(&a);
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 8, 0), spec_accept_note(&a, 8, 1);
@@ -244,7 +264,7 @@ static void test_policy(void **state) {
     for (int i = 0; i < 4 * SPEC_PROBE_MAX; i++) assert_int_equal(spec_choose_k(&a, &c3, 8, 1, 1.0, false), 0);
     /* the same line where the pass is flat (bandwidth-bound) and proposals are kept: all 8 tried */
     double ms4[40] = {0};
-    spec_costs c4 = {ms4, 39};
+    spec_costs c4 = {ms4, 39, 0.0};
     spec_cost_note(&c4, 1, 30.0), spec_cost_note(&c4, 2, 31.0);
     spec_accept_init(&a);
     for (int i = 0; i < 20; i++) spec_accept_note(&a, 1, 1);
@@ -550,6 +570,7 @@ int main(void) {
         cmocka_unit_test(test_policy_inherit),
         cmocka_unit_test(test_policy_fixed_cost),
         cmocka_unit_test(test_policy_one_probe_a_step),
+        cmocka_unit_test(test_policy_token_floor),
         cmocka_unit_test(test_rule_statistics),
         cmocka_unit_test(test_exact_greedy_and_sampled),
         cmocka_unit_test(test_exact_q4_0_and_full_context),

@@ -413,7 +413,7 @@ static bool alloc_batch(kt_engine *e) {
     e->prefill_order = malloc(sizeof *e->prefill_order * (size_t)e->p.n_parallel);
     e->waiting = malloc(sizeof *e->waiting * (size_t)e->p.queue_max);
     e->t_decode_ms = calloc((size_t)e->p.batch_tokens + 1, sizeof *e->t_decode_ms);
-    e->costs = (spec_costs){e->t_decode_ms, e->p.batch_tokens};
+    e->costs = (spec_costs){e->t_decode_ms, e->p.batch_tokens, 0.0};
     if (e->p.spec == KT_SPEC_NGRAM && e->p.spec_table_tokens > 0 && !e->p.spec_propose &&
         !(e->spec_table = spec_table_new((size_t)e->p.spec_table_tokens)))
         return false;
@@ -1427,6 +1427,7 @@ static void plan_speculation(kt_engine *e) {
     double expected = n_tokens;
     int budget = e->spec_max_tokens;
     bool may_probe = true; /* one probe a step (spec/policy.h) */
+    e->costs.ms_token = whole_token_ms(e);
     for (int a = 0; a < e->n_active && budget > 0; a++) {
         kt_request *r = e->active[a];
         for (int i = 0; r->state == REQ_DECODE && i < r->n_choices && budget > 0; i++) {

@@ -78,9 +78,18 @@ void spec_cost_note(spec_costs *c, int n, double ms) {
  * costs every sequence of the batch a slower step. */
 static double guess_cost(const spec_costs *c, int n, int n_base, double base_cost, bool bound) {
     const double line = spec_cost(c, n);
-    if (!bound || (n <= c->n_max && c->ms[n] > 0)) return line;
-    const double share = base_cost * n / n_base;
-    return line > share ? line : share;
+    if (n > c->n_max || c->ms[n] > 0) return line;
+    if (bound) {
+        const double share = base_cost * n / n_base;
+        return line > share ? line : share;
+    }
+    /* past the largest measured size m: at least ms_token a token more */
+    int m = n;
+    while (m >= 1 && c->ms[m] <= 0) m--;
+    for (int hi = n + 1; hi <= c->n_max; hi++)
+        if (c->ms[hi] > 0) return line; /* between measured sizes: the line between them */
+    const double floor = m >= 1 && c->ms_token > 0 ? c->ms[m] + (n - m) * c->ms_token : 0;
+    return line > floor ? line : floor;
 }
 
 int spec_choose_k(spec_accept *a, const spec_costs *c, int avail, int n_tokens, double expected, bool fixed) {

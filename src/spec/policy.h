@@ -53,6 +53,11 @@ double spec_accept_expected(const spec_accept *a, int k);
 typedef struct spec_costs {
     double *ms;
     int n_max;
+    /* a prefill token's measured cost (0: unknown): a pass larger than any
+     * measured is guessed at no less than this a token more, since the
+     * line from small passes cannot see a kernel tile's end (the 9th
+     * token of an 8-token tile costs ~4x the 8th, docs/PERFORMANCE.md) */
+    double ms_token;
 } spec_costs;
 
 /* The cost of a pass of n tokens: measured, or, not yet measured, the

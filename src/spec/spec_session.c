@@ -84,7 +84,7 @@ kt_spec *kt_spec_new(const kt_model *m, const kt_spec_params *p, kt_error *err) 
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "--spec mtp: the model (%s) has no multi-token-prediction block",
                             m->llm->cfg.arch), NULL;
     }
-    sp->costs = (spec_costs){sp->cost_ms, SPEC_K_MAX + 1};
+    sp->costs = (spec_costs){sp->cost_ms, SPEC_K_MAX + 1, 0.0};
     spec_accept_init(&sp->accept);
     spec_accept_init(&sp->accept_lookup);
     const int rows = sp->p.k_max + 1;
