@@ -590,18 +590,27 @@ static void test_stress_window(void **state) {
     run_stress(KV_F32, 7, 1, 12);
 }
 
+/* 8 blocks of 4 positions, 2 layers, kv_dim 4, and 2 recurrent-state
+ * slots of 3 floats. */
+static const kv_pool_params STATE_POOL = {8, 4, 2, 4, KV_F32, 0, NULL, 0, 3 * sizeof(float), 2};
+
+static kv_pool *state_pool_new(void) {
+    kt_error err = {0};
+    kv_pool *pool = kv_pool_new(&STATE_POOL, &err);
+    if (!pool) fail_msg("state pool: %s", err.msg);
+    return pool;
+}
+
 /* A pool with recurrent state (a hybrid model): every sequence gets a
  * zeroed slot until they run out (refused, naming --parallel), the slot
  * comes back with the sequence, a fork copies it, truncation goes back
  * only to 0 (zeroing it) and a non-empty prefix cannot be shared. */
 static void test_state_slots(void **state) {
     (void)state;
-    kv_pool_params p = {8, 4, 2, 4, KV_F32, 0, NULL, 0, 3 * sizeof(float), 2};
     kt_error err = {0};
-    kv_pool *pool = kv_pool_new(&p, &err);
-    assert_non_null(pool);
+    kv_pool *pool = state_pool_new();
     assert_true(kv_pool_has_state(pool));
-    assert_int_equal(kv_params_bytes(&p), 8 * 2 * 2 * 4 * 4 * 4 + 2 * 3 * 4); /* KV + the slots */
+    assert_int_equal(kv_params_bytes(&STATE_POOL), 8 * 2 * 2 * 4 * 4 * 4 + 2 * 3 * 4); /* KV + the slots */
     kv_seq *a = kv_seq_new(pool, &err), *b = kv_seq_new(pool, &err);
     assert_true(a && b && a->state && b->state && a->state != b->state);
     for (int i = 0; i < 3; i++) assert_true(a->state[i] == 0.0f && b->state[i] == 0.0f);
@@ -633,10 +642,8 @@ static void test_state_slots(void **state) {
  * state (fork, truncation to 0, kv_state_data) follows the flip. */
 static void test_state_spares(void **state) {
     (void)state;
-    kv_pool_params p = {8, 4, 2, 4, KV_F32, 0, NULL, 0, 3 * sizeof(float), 2};
     kt_error err = {0};
-    kv_pool *pool = kv_pool_new(&p, &err);
-    assert_non_null(pool);
+    kv_pool *pool = state_pool_new();
     kv_seq *a = kv_seq_new(pool, &err);
     assert_non_null(a);
     assert_null(kv_seq_state_spare(a));

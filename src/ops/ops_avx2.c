@@ -151,73 +151,8 @@ void kt_rmsnorm_avx2(float *out, const float *x, const float *w, int n, float ep
 
 /* ---- the gated delta rule ------------------------------------------- */
 
-/* kt_delta_rule_ref's sums, 32 columns at a time: that slice of u (then
- * of o) stays in registers while r walks down S, and the slice of S
- * (dk x 32 floats) stays in L1 while the run's tokens go over it. */
-void kt_delta_rule_run_avx2(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv) {
-    for (int c0 = 0; c0 < dv; c0 += 32) {
-        const int nv = dv - c0 < 32 ? (dv - c0) / 8 : 4;
-        for (int t = 0; t < run->n; t++) {
-            const float *in0 = t == 0 ? S_in : S, *k = run->k[t], *q = run->q[t], *v = run->v[t];
-            const __m256 vdec = _mm256_set1_ps(run->decay[t]), vbeta = _mm256_set1_ps(run->beta[t]);
-            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int r = 0; r < dk; r++) {
-                const float *row = in0 + (size_t)r * dv + c0;
-                const __m256 kr = _mm256_set1_ps(k[r]);
-                for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(row + 8 * i), kr, acc[i]);
-            }
-            for (int i = 0; i < nv; i++) {
-                const __m256 vv = _mm256_loadu_ps(v + c0 + 8 * i);
-                acc[i] = _mm256_mul_ps(_mm256_sub_ps(vv, _mm256_mul_ps(vdec, acc[i])), vbeta);
-            }
-            __m256 out[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int r = 0; r < dk; r++) {
-                const float *in = in0 + (size_t)r * dv + c0;
-                float *row = S + (size_t)r * dv + c0;
-                const __m256 kr = _mm256_set1_ps(k[r]), qr = _mm256_set1_ps(q[r]);
-                for (int i = 0; i < nv; i++) {
-                    const __m256 s = _mm256_fmadd_ps(kr, acc[i], _mm256_mul_ps(_mm256_loadu_ps(in + 8 * i), vdec));
-                    _mm256_storeu_ps(row + 8 * i, s);
-                    out[i] = _mm256_fmadd_ps(s, qr, out[i]);
-                }
-            }
-            for (int i = 0; i < nv; i++) _mm256_storeu_ps(run->o[t] + c0 + 8 * i, out[i]);
-        }
-    }
-}
-
-/* The same with 16 lanes, 64 columns at a time (dv a multiple of 16). */
-TARGET_512 void kt_delta_rule_run_avx512(float *S, const float *S_in, const kt_delta_run *run, int dk, int dv) {
-    for (int c0 = 0; c0 < dv; c0 += 64) {
-        const int nv = dv - c0 < 64 ? (dv - c0) / 16 : 4;
-        for (int t = 0; t < run->n; t++) {
-            const float *in0 = t == 0 ? S_in : S, *k = run->k[t], *q = run->q[t], *v = run->v[t];
-            const __m512 vdec = _mm512_set1_ps(run->decay[t]), vbeta = _mm512_set1_ps(run->beta[t]);
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (int r = 0; r < dk; r++) {
-                const float *row = in0 + (size_t)r * dv + c0;
-                const __m512 kr = _mm512_set1_ps(k[r]);
-                for (int i = 0; i < nv; i++) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(row + 16 * i), kr, acc[i]);
-            }
-            for (int i = 0; i < nv; i++) {
-                const __m512 vv = _mm512_loadu_ps(v + c0 + 16 * i);
-                acc[i] = _mm512_mul_ps(_mm512_sub_ps(vv, _mm512_mul_ps(vdec, acc[i])), vbeta);
-            }
-            __m512 out[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (int r = 0; r < dk; r++) {
-                const float *in = in0 + (size_t)r * dv + c0;
-                float *row = S + (size_t)r * dv + c0;
-                const __m512 kr = _mm512_set1_ps(k[r]), qr = _mm512_set1_ps(q[r]);
-                for (int i = 0; i < nv; i++) {
-                    const __m512 s = _mm512_fmadd_ps(kr, acc[i], _mm512_mul_ps(_mm512_loadu_ps(in + 16 * i), vdec));
-                    _mm512_storeu_ps(row + 16 * i, s);
-                    out[i] = _mm512_fmadd_ps(s, qr, out[i]);
-                }
-            }
-            for (int i = 0; i < nv; i++) _mm512_storeu_ps(run->o[t] + c0 + 16 * i, out[i]);
-        }
-    }
-}
+/* kt_delta_rule_run_avx2 / _avx512: delta_run_impl.h, included with the
+ * attention block's vector vocabulary at the end of this file. */
 
 /* x[i] = exp(x[i] - max) in place for i < n; returns their sum. The tail
  * is loaded with -inf padding, whose lanes give exp = 0. */
@@ -970,6 +905,9 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define ab_dadd _mm256_add_pd
 #define ab_inv(lo, hi) _mm256_set_m128(_mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), hi)), \
                                        _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), lo)))
+#define ab_fmadd _mm256_fmadd_ps
+#include "ops/delta_run_impl.h"
+#undef ab_fmadd
 #include "ops/attn_block_impl.h"
 
 /* 16 lanes, AVX-512. */
@@ -1005,4 +943,7 @@ size_t kt_attention_block_floats(int head_dim, int heads, int n_pos_max) {
 #define ab_inv(lo, hi) _mm512_castpd_ps(_mm512_insertf64x4(                                                   \
     _mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), lo)))),        \
     _mm256_castps_pd(_mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), hi))), 1))
+#define ab_fmadd _mm512_fmadd_ps
+#include "ops/delta_run_impl.h"
+#undef ab_fmadd
 #include "ops/attn_block_impl.h"

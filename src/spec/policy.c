@@ -51,17 +51,26 @@ static double expected_and_all(const spec_accept *a, int k, double *all) {
 
 double spec_accept_expected(const spec_accept *a, int k) { return expected_and_all(a, k, NULL); }
 
+/* The largest measured size <= n (0: none), the smallest measured > n
+ * (n_max + 1: none). */
+static int measured_at_most(const spec_costs *c, int n) {
+    while (n >= 1 && c->ms[n] <= 0) n--;
+    return n;
+}
+static int measured_above(const spec_costs *c, int n) {
+    int hi = n + 1;
+    while (hi <= c->n_max && c->ms[hi] <= 0) hi++;
+    return hi;
+}
+
 double spec_cost(const spec_costs *c, int n) {
     if (n > c->n_max) n = c->n_max;
-    int m = n;
-    while (m >= 1 && c->ms[m] <= 0) m--;
+    const int m = measured_at_most(c, n), hi = measured_above(c, n);
     if (m < 1) return 0;
     if (m == n) return c->ms[n];
-    int hi = n + 1; /* between two measured sizes: the line through them (a tile's step shows in both) */
-    while (hi <= c->n_max && c->ms[hi] <= 0) hi++;
+    /* between two measured sizes: the line through them (a tile's step shows in both) */
     if (hi <= c->n_max && c->ms[hi] >= c->ms[m]) return c->ms[m] + (c->ms[hi] - c->ms[m]) * (n - m) / (hi - m);
-    int m2 = m - 1;
-    while (m2 >= 1 && c->ms[m2] <= 0) m2--;
+    const int m2 = measured_at_most(c, m - 1);
     double slope = m2 >= 1 ? (c->ms[m] - c->ms[m2]) / (m - m2) : 0.25 * c->ms[m];
     if (slope < 0) slope = 0; /* timer noise: flat at worst, and the size, once tried, is known */
     return c->ms[m] + slope * (n - m);
@@ -83,12 +92,11 @@ static double guess_cost(const spec_costs *c, int n, int n_base, double base_cos
         const double share = base_cost * n / n_base;
         return line > share ? line : share;
     }
-    /* past the largest measured size m: at least ms_token a token more */
-    int m = n;
-    while (m >= 1 && c->ms[m] <= 0) m--;
-    for (int hi = n + 1; hi <= c->n_max; hi++)
-        if (c->ms[hi] > 0) return line; /* between measured sizes: the line between them */
-    const double floor = m >= 1 && c->ms_token > 0 ? c->ms[m] + (n - m) * c->ms_token : 0;
+    /* past the largest measured size m: at least ms_token a token more
+     * (between measured sizes the line between them stands) */
+    const int m = measured_at_most(c, n);
+    if (m < 1 || c->ms_token <= 0 || measured_above(c, n) <= c->n_max) return line;
+    const double floor = c->ms[m] + (n - m) * c->ms_token;
     return line > floor ? line : floor;
 }
 
