@@ -37,7 +37,9 @@
 
 #include "base/fp16.h"
 #include "gguf/gguf.h"
+#include "ops/cpu.h"
 #include "ops/pool.h"
+#include "vision/embd_disk.h"
 #include "vision/vision.h"
 
 /* ---- inputs --------------------------------------------------------------- */
@@ -458,6 +460,27 @@ static void test_goldens(void **state) {
     for (int t = 0; t < 2; t++)
         for (int p = 0; p < 2; p++)
             for (int i = 0; i < n_images; i++) check_golden(pool, towers[t][0], precs[p], images[i], towers[t][1]);
+    if (kt_cpu_has_amx_bf16()) {
+        /* the towers above ran on the AMX tiles: the FMA kernels, as on a
+         * CPU without them, against the same goldens; the two are other
+         * towers to the caches (their fingerprints differ) */
+        char path[512];
+        snprintf(path, sizeof path, "%s", golden("golden/arch/mmproj-%s-%s.gguf%s", "qwen3vl", "F16", ""));
+        kt_vision *amx = kt_vision_load(path, &err);
+        kt_cpu_force_no_amx(true);
+        kt_vision *fma = kt_vision_load(path, &err);
+        assert_non_null(amx), assert_non_null(fma);
+        assert_true(kt_vision_uses_amx(amx) && !kt_vision_uses_amx(fma));
+        assert_true(kt_vision_fingerprint(amx) != kt_vision_fingerprint(fma));
+        kt_vision_free(amx), kt_vision_free(fma);
+        printf("  again with AMX off (the FMA kernels):\n");
+        for (int t = 0; t < 2; t++)
+            for (int p = 0; p < 2; p++)
+                for (int i = 0; i < n_images; i++) check_golden(pool, towers[t][0], precs[p], images[i], towers[t][1]);
+        kt_cpu_force_no_amx(false);
+    } else {
+        printf("  (no AMX-BF16 here, %s: the FMA kernels only)\n", kt_cpu_features());
+    }
     kt_pool_free(pool);
 }
 

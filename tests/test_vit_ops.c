@@ -7,9 +7,11 @@
  *    and odd key counts, windows of uneven sizes (qwen2.5vl's partial
  *    windows), head dims 16 and 64, one thread and two; max |d| printed.
  *    A head dim that is not a multiple of 16 takes the plain path (same
- *    bits).
+ *    bits). Where the CPU has AMX, the tiles' attention (vt_attention_amx)
+ *    against the same loops, within its bf16 split's error.
  *  - the element-wise kernels with an AVX2 twin give their scalar twin's
- *    bits: softmax rows (ggml's exp, sums in 8 double lanes), the GELU /
+ *    bits: softmax rows (ggml's exp, sums in 8 double lanes; and written
+ *    split for the AMX tiles, vt_softmax_split_row), the GELU /
  *    quick GELU tables (with and without the gate's up), F16 rounding; and
  *    the tables hold ggml's formulas.
  *  - gen-model's tower shape loads in kettle (`kettle info`).
@@ -22,6 +24,7 @@
 #include "testutil.h"
 
 #include "base/fp16.h"
+#include "ops/amx.h"
 #include "ops/cpu.h"
 #include "ops/pool.h"
 #include "vision/vision_internal.h"
@@ -41,6 +44,12 @@ static double max_abs_diff(const float *a, const float *b, size_t n, double *max
     *max_ref = r;
     return m;
 }
+
+/* the AMX attention's bound: its products carry ~2^-16 of relative error
+ * (ops/amx.h), the scores (sums over d of q k, std 1.5 each) so much of
+ * the sum of |q k|, and a probability moves by that times its score's
+ * spread; measured 1.5e-5 - 8.4e-5 on these cases (max |ref| 2.7 - 5.3) */
+#define AMX_TOL 1e-4
 
 static void run_case(const att_case *c, kt_pool *pool) {
     int T = c->n_tokens, w = c->n_heads * c->d, stride = 3 * w;
@@ -66,6 +75,15 @@ static void run_case(const att_case *c, kt_pool *pool) {
     /* different summation orders over up to 3680 keys, in float */
     if (!(m <= 2e-5 * (mref > 1 ? mref : 1))) fail_msg("attention differs from the plain loops by %g", m);
     if (c->d % 16 && m != 0) fail_msg("head dim %d must take the plain path exactly", c->d);
+    if (kt_cpu_has_amx_bf16()) { /* the AMX tiles: products through bf16 hi + lo, ~2^-16 each */
+        assert_int_equal(vt_attention_amx(pool, out, qkv, qkv + w, qkv + 2 * w, stride, c->n_heads, c->d, start,
+                                          members, n_win, &err),
+                         KT_OK);
+        m = max_abs_diff(out, ref, (size_t)T * w, &mref);
+        printf("  AMX attention %5d tokens, %2d heads of %2d, %s: max |d| %.2e\n", T, c->n_heads, c->d,
+               c->win ? "windows" : "full   ", m);
+        if (!(m <= AMX_TOL * (mref > 1 ? mref : 1))) fail_msg("AMX attention differs from the plain loops by %g", m);
+    }
     free(qkv);
     free(out);
     free(ref);
@@ -100,13 +118,35 @@ static bool same_bits(const float *a, const float *b, long n, long *at) {
 static void test_softmax_twins(void **state) {
     (void)state;
     if (!kt_cpu_has_avx2()) tu_skip("no AVX2 on this CPU: only the scalar softmax runs");
-    const int sizes[] = {1, 7, 8, 9, 64, 100, 3680};
+    const int sizes[] = {1, 7, 8, 9, 24, 64, 100, 3680};
     for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
         int n = sizes[c], n_pad = (n + 15) / 16 * 16;
         float *a = tu_xmalloc((size_t)n_pad * sizeof *a), *b = tu_xmalloc((size_t)n_pad * sizeof *b);
         tu_fill_normal(a, (size_t)n_pad, 12.0f, 77 + (uint64_t)n); /* a spread reaching the exp clamp */
         memcpy(b, a, (size_t)n_pad * sizeof *a);
+        /* the split form (for the AMX tiles) from the same scores, both twins */
+        const int k_pad = kt_amx_k_pad(n);
+        const size_t n_split = (size_t)(k_pad / 32) * VT_SPLIT_BLOCK;
+        uint16_t *sc = tu_xmalloc(n_split * sizeof *sc), *sa = tu_xmalloc(n_split * sizeof *sa);
+        memset(sc, 0xab, n_split * sizeof *sc), memset(sa, 0xab, n_split * sizeof *sa);
+        float fc = vt_softmax_split_row_c(a, n, 0.125f, sc, k_pad), fa = vt_softmax_split_row_avx2(a, n, 0.125f, sa, k_pad);
+        assert_memory_equal(sc, sa, n_split * sizeof *sc);
+        float f512 = fc;
+        if (kt_cpu_has_amx_bf16()) { /* the AVX-512 twin, used beside the tiles */
+            memset(sa, 0xab, n_split * sizeof *sa);
+            f512 = vt_softmax_split_row_avx512(a, n, 0.125f, sa, k_pad);
+            assert_memory_equal(sc, sa, n_split * sizeof *sc);
+        }
         float ia = vt_softmax_row_avx2(a, n, n_pad, 0.125f), ib = vt_softmax_row_c(b, n, n_pad, 0.125f);
+        assert_true(memcmp(&fc, &ib, sizeof fc) == 0 && memcmp(&fa, &ib, sizeof fa) == 0);
+        assert_true(memcmp(&f512, &ib, sizeof f512) == 0);
+        for (int j = 0; j < k_pad; j++) { /* vt_softmax_row's values, split as kt_amx_split_rows_c splits */
+            const float e = j < n ? b[j] : 0.0f;
+            const uint16_t h = kt_fp32_to_bf16(e), l = kt_fp32_to_bf16(e - kt_bf16_to_fp32(h));
+            if (sc[VT_SPLIT_AT(j)] != h || sc[VT_SPLIT_AT(j) + VT_SPLIT_LO] != l) fail_msg("split n=%d at %d", n, j);
+        }
+        free(sc);
+        free(sa);
         long at;
         if (!same_bits(a, b, n_pad, &at)) fail_msg("softmax n=%d differs at %ld: %g vs %g", n, at, a[at], b[at]);
         assert_true(memcmp(&ia, &ib, sizeof ia) == 0);

@@ -437,6 +437,9 @@ static bool open_disk_tier(kt_engine *e, kt_error *err) {
     uint64_t fp = kt_model_kv_fingerprint(e->model, (int)layout->type, layout->block_tokens, e->p.n_ctx);
     /* blocks with the MTP block's KV layer are other files: a folder of their own (other engines' unchanged) */
     if (e->mtp.llm || e->p.spec == KT_SPEC_MTP) fp = fp * 0x9E3779B97F4A7C15ull + (uint64_t)layout->n_layer;
+    /* an image's KV is the tower's output, so another tower (or the same on
+     * other kernels) is another folder: block keys name an image by its pixels */
+    if (e->p.vision) fp = fp * 0x9E3779B97F4A7C15ull + kt_vision_fingerprint(e->p.vision);
     size_t limit = e->p.cache_disk_bytes ? e->p.cache_disk_bytes : (size_t)10 << 30;
     if (!(e->disk = kv_disk_open(e->p.cache_dir, limit, fp, layout, err))) return false;
     kv_cache_set_disk(e->cache, e->disk);

@@ -19,9 +19,18 @@
 #include <cpuid.h>
 #define KT_X86 1
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KT_AMX_LINUX 1
+#endif
+#ifndef KT_AMX_BUILT /* CMakeLists.txt: 1 where matmul_amx.c is compiled for AMX */
+#define KT_AMX_BUILT 0
+#endif
 
 typedef struct cpu_info {
     bool avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avx_vnni, os_ymm, os_zmm;
+    bool amx_tile, amx_bf16, os_amx;
 } cpu_info;
 
 static cpu_info detect(void) {
@@ -39,6 +48,7 @@ static cpu_info detect(void) {
         __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
         c.os_ymm = (lo & 6u) == 6u;
         c.os_zmm = (lo & 0xe6u) == 0xe6u; /* + opmask, ZMM0-15 upper, ZMM16-31 */
+        c.os_amx = (lo & 0x60000u) == 0x60000u; /* XTILECFG (bit 17), XTILEDATA (bit 18) */
     }
     if (__get_cpuid_count(7, 0, &a, &b, &cx, &d)) {
         c.avx2 = (b >> 5) & 1;
@@ -46,6 +56,8 @@ static cpu_info detect(void) {
         c.avx512bw = (b >> 30) & 1;
         c.avx512vl = (b >> 31) & 1;
         c.avx512vnni = (cx >> 11) & 1;
+        c.amx_bf16 = (d >> 22) & 1;
+        c.amx_tile = (d >> 24) & 1;
     }
     if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) c.avx_vnni = (a >> 4) & 1; /* leaf 7.1 EAX bit 4 */
 #endif
@@ -141,6 +153,37 @@ void kt_cpu_force_no_avx512(bool on) {
     atomic_store(&g_forced_no_avx512, on ? 1 : 0);
 }
 
+static _Atomic int g_has_amx = -1;
+static _Atomic int g_forced_no_amx = 0;
+
+/* Linux hands out the 8 KiB of tile data per process only on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without it the
+ * first tile instruction faults. */
+static bool amx_permitted(void) {
+#ifdef KT_AMX_LINUX
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return false;
+#endif
+}
+
+bool kt_cpu_has_amx_bf16(void) {
+    if (!kt_cpu_has_avx2() || atomic_load_explicit(&g_forced_no_amx, memory_order_relaxed)) return false;
+    int v = atomic_load_explicit(&g_has_amx, memory_order_relaxed);
+    if (v < 0) { /* racing first callers ask the kernel twice: it grants the same */
+        cpu_info c = detect();
+        const char *env = getenv("KETTLE_NO_AMX");
+        v = c.amx_tile && c.amx_bf16 && c.os_amx && c.avx512f && c.os_zmm && !(env && *env && strcmp(env, "0") != 0) && KT_AMX_BUILT &&
+            amx_permitted();
+        atomic_store_explicit(&g_has_amx, v, memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+void kt_cpu_force_no_amx(bool on) {
+    atomic_store(&g_forced_no_amx, on ? 1 : 0);
+}
+
 static char g_features[128];
 static pthread_once_t g_features_once = PTHREAD_ONCE_INIT;
 
@@ -150,10 +193,11 @@ static void describe(void) {
                        : kt_cpu_has_avx_vnni()  ? "(AVX-VNNI kernels)"
                        : kt_cpu_has_avx2()      ? "(AVX2 kernels)"
                                                 : "(scalar kernels)";
-    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
+    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
              c.avx2 ? "AVX2 " : "", c.fma ? "FMA " : "", c.f16c ? "F16C " : "",
              c.avx_vnni ? "AVX-VNNI " : "", c.avx512f ? "AVX512F " : "",
-             c.avx512f && c.avx512bw && c.avx512vl && c.avx512vnni ? "AVX512-VNNI " : "", tier);
+             c.avx512f && c.avx512bw && c.avx512vl && c.avx512vnni ? "AVX512-VNNI " : "",
+             kt_cpu_has_amx_bf16() ? "AMX-BF16 " : "", tier);
 }
 
 const char *kt_cpu_features(void) {

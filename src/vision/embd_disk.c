@@ -38,6 +38,7 @@ uint64_t kt_vision_fingerprint(const kt_vision *v) {
     if (!st) return 0;
     XXH3_64bits_reset(st);
     gguf_hash_tensors(v->file, st);
+    if (kt_vision_uses_amx(v)) XXH3_64bits_update(st, "amx-bf16x3", 10); /* other towers keep their folders */
     uint64_t h = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     return h;

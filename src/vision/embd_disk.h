@@ -40,7 +40,10 @@ void kt_embd_disk_put(kt_embd_disk *d, uint64_t hash, const float *embd, size_t 
 kt_embd_disk_stats kt_embd_disk_get_stats(const kt_embd_disk *d);
 
 /* A tower's fingerprint: its tensors' names, types, shapes and samples of
- * their data (another file of the same shapes is another tower). */
+ * their data (another file of the same shapes is another tower), and
+ * whether it runs on the AMX tiles (ops/amx.h: other bits than the FMA
+ * kernels', so their embeddings, and the KV made from them, are kept
+ * apart). */
 uint64_t kt_vision_fingerprint(const kt_vision *v);
 
 /* Checks a .kve file's bytes (the fuzz target's entry): true when they

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "ops/amx.h"
 #include "ops/matmul.h"
 #include "ops/repack.h"
 #include "vision/vision_internal.h"
@@ -46,6 +47,8 @@ typedef struct vt_run {
     float *up, *gate; /* [n_patches][max(n_ff, merger and DeepStack widths)]; gate: gated MLPs only */
     float *xh;        /* [n_patches][max(width, the above)]: a GEMM's input rounded to F16 */
     float *merged;    /* [n_tokens][proj_dim] */
+    uint16_t *xa;     /* AMX towers: a GEMM's input split for the tiles (ops/amx.h) */
+    float *panels;    /* AMX towers: each thread's output panel, KT_AMX_PANEL_FLOATS */
 } vt_run;
 
 static void run_free(vt_run *r) {
@@ -65,6 +68,8 @@ static void run_free(vt_run *r) {
     free(r->gate);
     free(r->xh);
     free(r->merged);
+    free(r->xa);
+    free(r->panels);
 }
 
 static void *alloc_floats(size_t rows, size_t cols, bool *ok) {
@@ -91,13 +96,15 @@ static void make_windows(const kt_vision *v, vt_run *r) {
     r->n_win = n;
 }
 
-static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run *r, kt_error *err) {
+/* The buffers GEMMs write have rows for kt_amx_rows_pad(P) patches (the
+ * AMX kernel writes whole row pairs); q, k and v are that far apart. */
+static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, int n_threads, vt_run *r, kt_error *err) {
     memset(r, 0, sizeof *r);
     r->px = img->width / v->patch;
     r->py = img->height / v->patch;
     r->n_patches = r->px * r->py;
     r->n_tokens = r->n_patches / 4;
-    size_t P = (size_t)r->n_patches, w = (size_t)v->width;
+    size_t P = (size_t)kt_amx_rows_pad(r->n_patches), w = (size_t)v->width;
     size_t wide = (size_t)v->mm0_w.n_out; /* the widest MLP, merger or DeepStack hidden layer */
     bool gated = false;
     for (int il = 0; il < v->n_layers; il++) {
@@ -125,7 +132,12 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, vt_run 
     r->up = alloc_floats(P, wide, &ok);
     r->gate = gated ? alloc_floats(P, wide, &ok) : NULL;
     r->xh = alloc_floats(P, wide > w ? wide : w, &ok);
-    r->merged = alloc_floats((size_t)r->n_tokens, (size_t)v->proj_dim, &ok);
+    r->merged = alloc_floats((size_t)kt_amx_rows_pad(r->n_tokens), (size_t)v->proj_dim, &ok);
+    if (v->amx_k_max) {
+        r->xa = aligned_alloc(64, kt_amx_act_bytes(v->amx_k_max, r->n_patches));
+        r->panels = aligned_alloc(64, (size_t)n_threads * KT_AMX_PANEL_FLOATS * sizeof(float));
+        ok = ok && r->xa && r->panels;
+    }
     if (!ok)
         return kt_error_set(err, KT_ERR_NOMEM, "vision encoder: out of memory for %d patches of width %d", r->n_patches,
                             v->width);
@@ -178,6 +190,48 @@ static void gemm(kt_pool *pool, float *out, const void *w, kt_dtype type, const 
     kt_pool_run(pool, gemm_worker, &j);
 }
 
+/* The same on the AMX tiles (ops/amx.h): the input split once (threads
+ * over rows), then chunks of at most KT_AMX_MAX_ROWS rows, as many for
+ * each thread (the weights are read once a chunk), taken as they come. */
+typedef struct amx_job {
+    float *out;
+    const uint16_t *w;
+    uint16_t *a;
+    const float *x;
+    float *panels;
+    int n_in, n_out, n_rows, rows_pad, chunk;
+    atomic_int next;
+} amx_job;
+
+static void amx_split_worker(void *ctx, int ith, int nth) {
+    amx_job *j = ctx;
+    long lo, hi;
+    kt_split_range(j->rows_pad / 16, ith, nth, &lo, &hi);
+    kt_amx_split_rows(j->a, j->x, j->n_in, j->n_rows, (int)lo * 16, (int)hi * 16);
+}
+
+static void amx_gemm_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    amx_job *j = ctx;
+    for (;;) {
+        int r0 = atomic_fetch_add(&j->next, 1) * j->chunk;
+        if (r0 >= j->rows_pad) return;
+        int r1 = r0 + j->chunk < j->rows_pad ? r0 + j->chunk : j->rows_pad;
+        kt_amx_matmul(j->out, j->w, j->a, j->n_in, j->n_out, j->n_rows, r0, r1, j->panels + ith * KT_AMX_PANEL_FLOATS);
+    }
+}
+
+static void gemm_amx(kt_pool *pool, vt_run *r, float *out, const uint16_t *w, const float *x, int n_in, int n_out,
+                     int n_rows) {
+    const int nth = pool ? kt_pool_size(pool) : 1, rows_pad = kt_amx_rows_pad(n_rows);
+    int n_chunks = (rows_pad + KT_AMX_MAX_ROWS - 1) / KT_AMX_MAX_ROWS;
+    n_chunks = (n_chunks + nth - 1) / nth * nth;
+    const int chunk = kt_amx_rows_pad((rows_pad + n_chunks - 1) / n_chunks);
+    amx_job j = {out, w, r->xa, x, r->panels, n_in, n_out, n_rows, rows_pad, chunk, 0};
+    kt_pool_run(pool, amx_split_worker, &j);
+    kt_pool_run(pool, amx_gemm_worker, &j);
+}
+
 /* ---- input ---- */
 
 /* The im2col of llama.cpp's conv_2d, in merge order: patch t's row holds
@@ -225,8 +279,13 @@ static void add_pos_embd(const kt_vision *v, const vt_run *r) {
 static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep *img, vt_run *r) {
     int n_in = 3 * v->patch * v->patch, w = v->width, P = r->n_patches;
     build_patches(v, pool, img, r);
-    gemm(pool, r->x, v->patch_w16[0], v->patch_type, r->col, n_in, w, P);
-    gemm(pool, r->tmp, v->patch_w16[1], v->patch_type, r->col, n_in, w, P);
+    for (int k = 0; k < 2; k++) {
+        float *out = k ? r->tmp : r->x;
+        if (v->patch_amx[k])
+            gemm_amx(pool, r, out, v->patch_amx[k], r->col, n_in, w, P);
+        else
+            gemm(pool, out, v->patch_w16[k], v->patch_type, r->col, n_in, w, P);
+    }
     vt_add(pool, r->x, r->tmp, (long)P * w);
     vt_add_bias(pool, r->x, v->patch_b.data, P, w);
     if (v->pos_embd.data) add_pos_embd(v, r);
@@ -246,7 +305,10 @@ static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, co
         vt_round_f16(pool, r->xh, x, (long)n_rows * wt->n_in);
         x = r->xh;
     }
-    gemm(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
+    if (wt->amx)
+        gemm_amx(pool, r, out, wt->amx, x, wt->n_in, wt->n_out, n_rows);
+    else
+        gemm(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
     vt_add_bias(pool, out, b->data, n_rows, wt->n_out);
 }
 
@@ -258,7 +320,8 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
         linear(pool, r, r->qkv, &l->qkv_w, &l->qkv_b, r->xn, P);
         q = r->qkv, k = r->qkv + w, vv = r->qkv + 2 * w, stride = 3 * w;
     } else {
-        q = r->qkv, k = r->qkv + (size_t)P * w, vv = r->qkv + (size_t)2 * P * w, stride = w;
+        const size_t Pp = (size_t)kt_amx_rows_pad(P); /* the GEMMs' rows (run_alloc) */
+        q = r->qkv, k = r->qkv + Pp * w, vv = r->qkv + 2 * Pp * w, stride = w;
         linear(pool, r, q, &l->q_w, &l->q_b, r->xn, P);
         linear(pool, r, k, &l->k_w, &l->k_b, r->xn, P);
         linear(pool, r, vv, &l->v_w, &l->v_b, r->xn, P);
@@ -266,9 +329,10 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
     vt_rope_2d(pool, q, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
     vt_rope_2d(pool, k, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
     bool full = l->full_attn || r->n_win <= 1;
-    kt_status st =
-        vt_attention(pool, r->att, q, k, vv, stride, v->n_heads, v->d_head, full ? r->full_start : r->win_start,
-                     full ? r->full_members : r->win_members, full ? 1 : r->n_win, err);
+    kt_status (*attend)(kt_pool *, float *, const float *, const float *, const float *, int, int, int, const int *,
+                        const int *, int, kt_error *) = v->amx_k_max ? vt_attention_amx : vt_attention;
+    kt_status st = attend(pool, r->att, q, k, vv, stride, v->n_heads, v->d_head, full ? r->full_start : r->win_start,
+                          full ? r->full_members : r->win_members, full ? 1 : r->n_win, err);
     if (st) return st;
     linear(pool, r, r->tmp, &l->o_w, &l->o_b, r->att, P);
     vt_add(pool, r->x, r->tmp, (long)P * w);
@@ -333,7 +397,7 @@ kt_status kt_vision_encode(kt_vision *v, kt_pool *pool, const kt_image_prep *img
     kt_status st = check_image(v, img, err);
     if (st) return st;
     vt_run r;
-    if ((st = run_alloc(v, img, &r, err))) {
+    if ((st = run_alloc(v, img, pool ? kt_pool_size(pool) : 1, &r, err))) {
         run_free(&r);
         return st;
     }

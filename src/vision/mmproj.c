@@ -18,6 +18,8 @@
 
 #include "base/error.h"
 #include "base/fp16.h"
+#include "ops/amx.h"
+#include "ops/cpu.h"
 #include "ops/matmul.h"
 #include "ops/repack.h"
 #include "vision/vision_internal.h"
@@ -141,7 +143,7 @@ static kt_status bind_pos_embd(kt_vision *v, kt_error *err) {
     if (g->type != KT_F32)
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "tensor '%s' has type %s (must be F32)", name,
                             kt_dtype_name(g->type));
-    v->pos_embd = (vt_weight){g->data, g->type, v->width, (int)g->dims[1]};
+    v->pos_embd = (vt_weight){g->data, g->type, v->width, (int)g->dims[1], NULL};
     v->pos_side = side;
     return KT_OK;
 }
@@ -394,24 +396,40 @@ static int list_matrices(kt_vision *v, vt_weight **out) {
     return n;
 }
 
+/* Where the CPU has AMX (ops/amx.h), every F16 matrix is packed for its
+ * tiles instead: bf16 hi + lo pairs, 4 bytes a weight (twice the F16
+ * file's), the GEMMs ~2.9x the F16x16 kernel's speed on machine C. The
+ * choice is made here, once: a tower loaded with AMX runs on it. */
+static bool use_amx(const vt_weight *w) {
+    return kt_repack_plain(w->type) == KT_F16 && w->type == KT_F16 && kt_cpu_has_amx_bf16();
+}
+
 /* Every matrix the GEMM has a faster layout for (ops/repack.h: F16 ->
- * F16x16, F32 -> F32x16, Q8_0 -> Q8_0x8 ...) is copied out of the
- * read-only mapping into one owned block, in that layout, as the text
- * model's loader does by default: the float x16 GEMM runs near the FMA
- * peak, the plain one at about 60% of it (matmul_x16_avx2.c). The x16
- * kernels sum in another order: results move in the last bits. */
+ * F16x16, F32 -> F32x16, Q8_0 -> Q8_0x8 ...; F16 -> AMX tiles above) is
+ * copied out of the read-only mapping into one owned block, in that
+ * layout, as the text model's loader does by default: the float x16 GEMM
+ * runs near the FMA peak, the plain one at about 60% of it
+ * (matmul_x16_avx2.c). The x16 and AMX kernels sum in other orders:
+ * results move in the last bits. */
 static kt_status repack_matrices(kt_vision *v, kt_error *err) {
     vt_weight **m = malloc(((size_t)v->n_layers * 10 + 2) * sizeof *m);
     if (!m) return kt_error_set(err, KT_ERR_NOMEM, "out of memory repacking the vision tower");
     int n = list_matrices(v, m);
+    const int patch_in = 3 * v->patch * v->patch;
+    const bool patch_amx = kt_cpu_has_amx_bf16();
     size_t total = 0, tmp_bytes = 0;
     for (int i = 0; i < n; i++) {
+        if (use_amx(m[i])) {
+            total += (kt_amx_packed_bytes(m[i]->n_in, m[i]->n_out) + 63) / 64 * 64;
+            continue;
+        }
         if (!kt_repack_supported(m[i]->type, m[i]->n_in, m[i]->n_out)) continue;
         total += (kt_dtype_row_bytes(m[i]->type, m[i]->n_in) * (size_t)m[i]->n_out + 63) / 64 * 64;
         size_t t = kt_repack_tmp_bytes(m[i]->type, m[i]->n_in);
         if (t > tmp_bytes) tmp_bytes = t;
     }
-    size_t t_patch = kt_repack_tmp_bytes(KT_F16, 3 * v->patch * v->patch); /* the owned patch embedding */
+    if (patch_amx) total += 2 * ((kt_amx_packed_bytes(patch_in, v->width) + 63) / 64 * 64);
+    size_t t_patch = kt_repack_tmp_bytes(KT_F16, patch_in); /* the owned patch embedding */
     if (t_patch > tmp_bytes) tmp_bytes = t_patch;
     void *tmp = malloc(tmp_bytes);
     v->packed = total ? aligned_alloc(64, total) : NULL;
@@ -423,6 +441,13 @@ static kt_status repack_matrices(kt_vision *v, kt_error *err) {
     char *at = v->packed;
     for (int i = 0; i < n; i++) {
         vt_weight *w = m[i];
+        if (use_amx(w)) {
+            kt_amx_pack_f16((uint16_t *)at, w->data, w->n_in, w->n_out);
+            w->amx = (const uint16_t *)at;
+            if (w->n_in > v->amx_k_max) v->amx_k_max = w->n_in;
+            at += (kt_amx_packed_bytes(w->n_in, w->n_out) + 63) / 64 * 64;
+            continue;
+        }
         if (!kt_repack_supported(w->type, w->n_in, w->n_out)) continue;
         size_t bytes = kt_dtype_row_bytes(w->type, w->n_in) * (size_t)w->n_out;
         memcpy(at, w->data, bytes);
@@ -431,9 +456,15 @@ static kt_status repack_matrices(kt_vision *v, kt_error *err) {
         w->data = at;
         at += (bytes + 63) / 64 * 64;
     }
-    v->patch_type = kt_repack_type(KT_F16, 3 * v->patch * v->patch, v->width);
+    for (int k = 0; k < 2 && patch_amx; k++) {
+        kt_amx_pack_f16((uint16_t *)at, v->patch_w16[k], patch_in, v->width);
+        v->patch_amx[k] = (const uint16_t *)at;
+        at += (kt_amx_packed_bytes(patch_in, v->width) + 63) / 64 * 64;
+    }
+    if (patch_amx && patch_in > v->amx_k_max) v->amx_k_max = patch_in;
+    v->patch_type = kt_repack_type(KT_F16, patch_in, v->width);
     for (int k = 0; k < 2 && v->patch_type != KT_F16; k++)
-        kt_repack(v->patch_w16[k], KT_F16, 3 * v->patch * v->patch, v->width, tmp);
+        kt_repack(v->patch_w16[k], KT_F16, patch_in, v->width, tmp);
     free(tmp);
     free(m);
     return KT_OK;
@@ -487,6 +518,8 @@ void kt_vision_free(kt_vision *v) {
 }
 
 const kt_vision_info *kt_vision_get_info(const kt_vision *v) { return &v->info; }
+
+bool kt_vision_uses_amx(const kt_vision *v) { return v->amx_k_max > 0; }
 
 kt_status kt_vision_check_text(const kt_vision_info *vi, const char *arch, int n_embd, int n_deepstack,
                                kt_error *err) {

@@ -34,6 +34,9 @@ kt_vision *kt_vision_load(const char *mmproj_path, kt_error *err);
 void kt_vision_free(kt_vision *v);
 
 const kt_vision_info *kt_vision_get_info(const kt_vision *v);
+/* Whether its GEMMs and attention run on AMX tiles (chosen at load where
+ * the CPU has AMX-BF16: ops/amx.h). */
+bool kt_vision_uses_amx(const kt_vision *v);
 
 /* Whether the tower feeds a text model of this architecture, embedding
  * width and DeepStack layers (kt_model_desc's): the widths must be equal,

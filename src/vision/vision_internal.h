@@ -25,6 +25,7 @@ typedef struct vt_weight {
     const void *data;
     kt_dtype type;
     int n_in, n_out;
+    const uint16_t *amx; /* F16 weights packed for the AMX tiles (ops/amx.h), or NULL: then data and type */
 } vt_weight;
 
 typedef enum vt_projector { VT_QWEN2VL, VT_QWEN25VL, VT_QWEN3VL } vt_projector;
@@ -61,6 +62,7 @@ struct kt_vision {
      * file's kernel is rounded to F16 here once */
     uint16_t *patch_w16[2];
     kt_dtype patch_type; /* KT_F16, or KT_F16_X16 where repacked (mmproj.c) */
+    const uint16_t *patch_amx[2]; /* the same packed for the AMX tiles, or NULL */
     vt_weight patch_b;  /* qwen3vl */
     vt_weight pos_embd; /* qwen3vl: [width, side * side] */
     int pos_side;
@@ -68,6 +70,7 @@ struct kt_vision {
     vt_weight mm0_w, mm0_b, mm2_w, mm2_b;
     vt_layer *layers;
     void *packed; /* owned: the matrices in their GEMM layouts (mmproj.c, repack_matrices) */
+    int amx_k_max;  /* the longest row among the AMX-packed matrices (0: none) */
 };
 
 /* ---- vit_ops.c: the kernels written here (the GEMMs are kt_matmul) ---- */
@@ -102,6 +105,10 @@ void vt_act_table(const float *table, bool clamp10, float *x, const float *up, l
  * (vit_simd.h says the order); _c: the scalar twin. */
 float vt_softmax_row(float *s, int n, int n_pad, float scale);
 float vt_softmax_row_c(float *s, int n, int n_pad, float scale);
+/* The same written split for the AMX tiles (vit_simd.h says how), s kept;
+ * _c: the scalar twin. */
+float vt_softmax_split_row(const float *s, int n, float scale, uint16_t *dst, int k_pad);
+float vt_softmax_split_row_c(const float *s, int n, float scale, uint16_t *dst, int k_pad);
 
 /* 2-D rotary (ggml_rope_multi, GGML_ROPE_TYPE_VISION, base 10000): for
  * every patch t and head, pair (j, j + d/2) rotates by
@@ -117,6 +124,11 @@ void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int
  * Scratch per thread is allocated here (KT_ERR_NOMEM if it fails). */
 kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
                        int n_heads, int d_head, const int *win_start, const int *members, int n_windows, kt_error *err);
+/* The same on AMX tiles (vit_attention_amx.c; needs kt_cpu_has_amx_bf16()):
+ * the products through bf16 hi + lo splits, ~2^-16 relative error each. */
+kt_status vt_attention_amx(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
+                           int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
+                           kt_error *err);
 /* The same in plain loops, one query at a time (the scalar reference the
  * GEMM path is tested against; vt_attention falls back to it when the
  * head dim is not a multiple of 16). */

@@ -59,6 +59,127 @@ float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale) {
     return (float)(1.0 / sum);
 }
 
+/* kt_fp32_to_bf16 on 8 lanes, packed to 8 uint16 */
+static inline __m128i to_bf16_8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))),
+        16);
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i h = _mm256_blendv_epi8(rounded, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64)), nan);
+    const __m256i packed = _mm256_packus_epi32(h, h); /* per 128-bit half: 4 values, twice */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)); /* halves' first 4 values, in order */
+}
+
+float vt_softmax_split_row_avx2(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
+    const int n8 = n & ~7;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+    for (int j = n8; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const float ms = mx * scale;
+    const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(-ms);
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    for (int j = 0; j < n8; j += 8) {
+        const __m256 e = expf_neg8(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vm));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        const __m128i eh = to_bf16_8(e);
+        const __m256 rest = _mm256_sub_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(eh), 16)));
+        uint16_t *at = dst + VT_SPLIT_AT(j);
+        _mm_storeu_si128((__m128i *)at, eh);
+        _mm_storeu_si128((__m128i *)(at + VT_SPLIT_LO), to_bf16_8(rest));
+    }
+    double dl[8];
+    _mm256_storeu_pd(dl, lo);
+    _mm256_storeu_pd(dl + 4, hi);
+    double sum = 0;
+    for (int k = 0; k < 8; k++) sum += dl[k];
+    for (int j = n8; j < n; j++) {
+        const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
+        sum += e;
+        vt_split_store(dst, j, e);
+    }
+    for (int j = n; j < k_pad; j++) dst[VT_SPLIT_AT(j)] = dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = 0;
+    return (float)(1.0 / sum);
+}
+
+/* The same on 16 lanes (AVX-512F, which every AMX CPU has): the exp's
+ * steps as expf_neg8's, the split as to_bf16_8's, and the sum in one
+ * accumulator of 8 doubles fed each 16 values' halves in order, so lane k
+ * sums the values j = k mod 8 in the order the twins do. */
+#define TARGET_512F __attribute__((target("avx2,fma,f16c,avx512f")))
+
+TARGET_512F static inline __m512 expf_neg16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(VT_EXP_MIN));
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b =
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(z), 23);
+    const __m512 k = _mm512_castsi512_ps(_mm512_add_epi32(e, _mm512_castps_si512(_mm512_set1_ps(1))));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_mul_ps(_mm512_set1_ps(0x1.ffffecp-1f), b));
+    return _mm512_fmadd_ps(j, k, k);
+}
+
+TARGET_512F static inline __m512i to_bf16_16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
+        16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(64)));
+}
+
+TARGET_512F float vt_softmax_split_row_avx512(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
+    const int n8 = n & ~7, n16 = n & ~15;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < n16; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    float mx = _mm512_reduce_max_ps(vmax); /* max is exact in any order */
+    for (int j = n16; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const float ms = mx * scale;
+    const __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(-ms);
+    __m512d acc = _mm512_setzero_pd();
+    int j = 0;
+    for (; j + 16 <= n8; j += 16) {
+        const __m512 e = expf_neg16(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), vs, vm));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+        const __m512i eh = to_bf16_16(e);
+        const __m512 rest = _mm512_sub_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(eh, 16)));
+        uint16_t *at = dst + VT_SPLIT_AT(j);
+        _mm256_storeu_si256((__m256i *)at, _mm512_cvtepi32_epi16(eh));
+        _mm256_storeu_si256((__m256i *)(at + VT_SPLIT_LO), _mm512_cvtepi32_epi16(to_bf16_16(rest)));
+    }
+    double dl[8];
+    _mm512_storeu_pd(dl, acc);
+    for (; j < n8; j++) { /* 8 values left: lane j % 8 as the twins */
+        const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
+        dl[j % 8] += (double)e;
+        vt_split_store(dst, j, e);
+    }
+    double sum = 0;
+    for (int k = 0; k < 8; k++) sum += dl[k];
+    for (; j < n; j++) {
+        const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
+        sum += e;
+        vt_split_store(dst, j, e);
+    }
+    for (j = n; j < k_pad; j++) dst[VT_SPLIT_AT(j)] = dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = 0;
+    return (float)(1.0 / sum);
+}
+
 /* table[fp16(x)] for 8 values: F16C rounds to nearest even, as
  * kt_fp32_to_fp16 does */
 static inline __m256 lookup8(const float *table, __m256 x) {

@@ -472,6 +472,35 @@ float vt_softmax_row(float *s, int n, int n_pad, float scale) {
     return kt_cpu_has_avx2() ? vt_softmax_row_avx2(s, n, n_pad, scale) : vt_softmax_row_c(s, n, n_pad, scale);
 }
 
+/* vt_softmax_row_c's values and sum, written split (vit_simd.h) */
+float vt_softmax_split_row_c(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
+    const int n8 = n & ~7;
+    float mx = -INFINITY;
+    for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const float ms = mx * scale;
+    double lanes[8] = {0}, sum = 0;
+    for (int j = 0; j < n8; j++) {
+        const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
+        lanes[j % 8] += (double)e;
+        vt_split_store(dst, j, e);
+    }
+    for (int k = 0; k < 8; k++) sum += lanes[k];
+    for (int j = n8; j < n; j++) {
+        const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
+        sum += e;
+        vt_split_store(dst, j, e);
+    }
+    for (int j = n; j < k_pad; j++) dst[VT_SPLIT_AT(j)] = dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = 0;
+    return (float)(1.0 / sum);
+}
+
+float vt_softmax_split_row(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
+    /* AVX-512 where the tiles are (every AMX CPU has it) */
+    return kt_cpu_has_amx_bf16() ? vt_softmax_split_row_avx512(s, n, scale, dst, k_pad)
+           : kt_cpu_has_avx2()   ? vt_softmax_split_row_avx2(s, n, scale, dst, k_pad)
+                                 : vt_softmax_split_row_c(s, n, scale, dst, k_pad);
+}
+
 /* queries i0 .. i1 - 1 of window w, head h, against the gathered K, V */
 static void attend_block(const fattn_job *a, int w, int h, int i0, int i1, const float *kx, const float *vx,
                          float *qb, float *sb, float *ob) {

@@ -51,6 +51,22 @@ static inline float vt_act_table1(const float *table, bool clamp10, float x) {
  * the sum in double in 8 lanes (lane k: the e of j = k mod 8 below
  * n & ~7; then the lanes in order, then the tail in order). */
 float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale);
+/* The same softmax with its values written split for the AMX tiles
+ * (ops/amx.h) instead of in place: value j as bf16 hi + lo into one row of
+ * a split matrix, whose K blocks of 32 are VT_SPLIT_BLOCK uint16s apart
+ * (hi, then lo VT_SPLIT_LO further), zeros up to k_pad; s is only read.
+ * Returns the same factor, and the values are vt_softmax_row's, split
+ * (kt_amx_split_rows_c's bits). dst: the row's place in block 0's hi tile. */
+#define VT_SPLIT_BLOCK 1024
+#define VT_SPLIT_LO 512
+#define VT_SPLIT_AT(j) ((size_t)((j) / 32) * VT_SPLIT_BLOCK + (size_t)((j) % 32))
+static inline void vt_split_store(uint16_t *dst, int j, float e) {
+    const uint16_t h = kt_fp32_to_bf16(e);
+    dst[VT_SPLIT_AT(j)] = h;
+    dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = kt_fp32_to_bf16(e - kt_bf16_to_fp32(h));
+}
+float vt_softmax_split_row_avx2(const float *s, int n, float scale, uint16_t *dst, int k_pad);
+float vt_softmax_split_row_avx512(const float *s, int n, float scale, uint16_t *dst, int k_pad); /* AVX-512F */
 /* x[i] = table1(x[i]) (* up[i] when up is given) */
 void vt_act_table_avx2(const float *table, bool clamp10, float *x, const float *up, long n);
 void vt_round_f16_avx2(float *y, const float *x, long n);
