@@ -133,6 +133,37 @@ static void test_split_exact(void **state) {
     free(a), free(b);
 }
 
+/* the float packer's twins: the same bits, rows or columns, with tails */
+static void test_pack_f32_twins(void **state) {
+    (void)state;
+    const int shapes[][2] = {{64, 3600}, {16, 37}, {100, 40}, {3616, 64}, {20, 90}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n_in = shapes[s][0], n_out = shapes[s][1];
+        float *w = malloc((size_t)n_in * n_out * sizeof *w);
+        size_t bytes = kt_amx_packed_bytes(n_in, n_out);
+        uint16_t *rows = aligned_alloc(64, bytes), *c = aligned_alloc(64, bytes), *v = aligned_alloc(64, bytes);
+        assert_non_null(w), assert_non_null(rows), assert_non_null(c), assert_non_null(v);
+        unsigned seed = 11u + (unsigned)s;
+        for (size_t i = 0; i < (size_t)n_in * n_out; i++) w[i] = rnd(&seed) * 30.0f;
+        w[0] = NAN, w[1] = INFINITY;
+        /* w as [n_in][n_out] (ld_out 1): the same matrix as its transpose read by rows */
+        float *wt = malloc((size_t)n_in * n_out * sizeof *wt);
+        assert_non_null(wt);
+        for (int o = 0; o < n_out; o++)
+            for (int i = 0; i < n_in; i++) wt[(size_t)o * n_in + i] = w[(size_t)i * n_out + o];
+        kt_amx_pack_f32_c(rows, wt, n_in, n_out, (size_t)n_in, 1);
+        kt_amx_pack_f32_c(c, w, n_in, n_out, 1, (size_t)n_out);
+        assert_memory_equal(rows, c, bytes);
+        if (kt_cpu_has_amx_bf16()) {
+            memset(v, 0x5a, bytes);
+            kt_amx_pack_f32_avx512(v, w, n_in, n_out, (size_t)n_out);
+            assert_memory_equal(c, v, bytes);
+        }
+        free(w), free(wt), free(rows), free(c), free(v);
+    }
+    if (!kt_cpu_has_amx_bf16()) printf("  the AVX-512 packer is not checked: no AMX-BF16 here\n");
+}
+
 static const int SHAPES[][3] = {
     /* n_in, n_out, rows */
     {100, 40, 37},   /* K tail, column tail (not a multiple of 32 or 16), row tail; one K panel: stored direct */
@@ -193,6 +224,7 @@ static void test_tiles_vs_ref(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_exact),
+        cmocka_unit_test(test_pack_f32_twins),
         cmocka_unit_test(test_ref_vs_exact),
         cmocka_unit_test(test_tiles_vs_ref),
     };

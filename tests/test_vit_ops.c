@@ -118,7 +118,7 @@ static bool same_bits(const float *a, const float *b, long n, long *at) {
 static void test_softmax_twins(void **state) {
     (void)state;
     if (!kt_cpu_has_avx2()) tu_skip("no AVX2 on this CPU: only the scalar softmax runs");
-    const int sizes[] = {1, 7, 8, 9, 24, 64, 100, 3680};
+    const int sizes[] = {1, 7, 8, 9, 16, 24, 40, 64, 100, 3680};
     for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
         int n = sizes[c], n_pad = (n + 15) / 16 * 16;
         float *a = tu_xmalloc((size_t)n_pad * sizeof *a), *b = tu_xmalloc((size_t)n_pad * sizeof *b);
@@ -138,8 +138,9 @@ static void test_softmax_twins(void **state) {
             assert_memory_equal(sc, sa, n_split * sizeof *sc);
         }
         float ia = vt_softmax_row_avx2(a, n, n_pad, 0.125f), ib = vt_softmax_row_c(b, n, n_pad, 0.125f);
-        assert_true(memcmp(&fc, &ib, sizeof fc) == 0 && memcmp(&fa, &ib, sizeof fa) == 0);
-        assert_true(memcmp(&f512, &ib, sizeof f512) == 0);
+        /* the twins' factors are one; against the in-place softmax's, another order of the same sum */
+        assert_true(memcmp(&fc, &fa, sizeof fc) == 0 && memcmp(&f512, &fc, sizeof fc) == 0);
+        assert_true(fabsf(fc - ib) <= 1e-6f * ib);
         for (int j = 0; j < k_pad; j++) { /* vt_softmax_row's values, split as kt_amx_split_rows_c splits */
             const float e = j < n ? b[j] : 0.0f;
             const uint16_t h = kt_fp32_to_bf16(e), l = kt_fp32_to_bf16(e - kt_bf16_to_fp32(h));

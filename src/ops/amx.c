@@ -58,6 +58,13 @@ void kt_amx_pack_f16(uint16_t *dst, const uint16_t *w, int n_in, int n_out) {
 }
 
 void kt_amx_pack_f32(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_out, size_t ld_in) {
+    if (ld_out == 1 && kt_cpu_has_amx_bf16())
+        kt_amx_pack_f32_avx512(dst, w, n_in, n_out, ld_in);
+    else
+        kt_amx_pack_f32_c(dst, w, n_in, n_out, ld_out, ld_in);
+}
+
+void kt_amx_pack_f32_c(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_out, size_t ld_in) {
     const int k_pad = kt_amx_k_pad(n_in), n_kb = k_pad / KT_AMX_K, n_nb = n_pad32(n_out) / 16;
     for (int nb = 0; nb < n_nb; nb++)
         for (int kb = 0; kb < n_kb; kb++) {

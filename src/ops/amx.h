@@ -69,6 +69,10 @@ void kt_amx_pack_f16(uint16_t *dst, const uint16_t *w, int n_in, int n_out);
  * with more than 16 significant bits loses the rest (2^-17 of it), so
  * their products carry ~2^-16 of relative error, not F16's exactness. */
 void kt_amx_pack_f32(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_out, size_t ld_in);
+/* Its scalar form, and the AVX-512 twin of the ld_out == 1 case (the same
+ * bits; needs kt_cpu_has_amx_bf16()). */
+void kt_amx_pack_f32_c(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_out, size_t ld_in);
+void kt_amx_pack_f32_avx512(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_in);
 
 /* Bytes of n_rows split activation rows of n_in values. */
 size_t kt_amx_act_bytes(int n_in, int n_rows);

@@ -9,16 +9,17 @@
  * tile loads for twelve products.
  *
  * Blocking, for a core's caches (48 KiB L1, 2 MiB L2 where tuned): a
- * panel of KT_AMX_NC columns x 256 values of weights (256 KiB, split)
+ * panel of KT_AMX_NC columns x 128 values of weights (128 KiB, split)
  * stays in L2 while every row pair of the call runs over it; a row pair's
- * 256 values (32 KiB) stay in L1 while the panel's column pairs go by.
+ * 128 values (16 KiB) stay in L1 while the panel's column pairs go by.
  * The outputs accumulate in the caller's panel buffer, 1 KiB tiles in a
  * row (the output rows, n_out floats apart, would fall in one L1 set),
  * and go to out once per column panel. The weights are read from memory
  * once per call, so callers give a few hundred rows at a time. Measured
- * on machine C (one core, 512 rows x 4096 x 1024): 2.9x the F16x16 FMA
- * kernel; the tile products run at ~40% of their peak there, bound by
- * the tiles' trips from L2.
+ * on machine C (one core, 960 rows x 1024 x 4096): ~2.8x the F16x16 FMA
+ * kernel, 440-540 GFLOP/s, the tile products at ~40% of their peak,
+ * bound by the tiles' trips from L2 (the same loop on L1-resident tiles
+ * runs at ~1.2 TFLOP/s of these three-product FLOPs).
  */
 #include "ops/amx.h"
 
@@ -29,7 +30,7 @@
 #include <string.h>
 
 #define TILE_VALUES 512
-#define KC_BLOCKS 8 /* K blocks (of 32) per panel: 256 values */
+#define KC_BLOCKS 4 /* K blocks (of 32) per panel: 128 values (8: ~15% slower on machine C) */
 
 typedef struct tile_config {
     uint8_t palette, start_row, reserved[14];
@@ -133,7 +134,7 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
     (void)n_rows;
     const int n_kb = kt_amx_k_pad(n_in) / KT_AMX_K, n_pad = kt_amx_rows_pad(n_out);
     config_tiles();
-    if (n_kb <= KC_BLOCKS) { /* one K panel (attention's q K^T): the tiles go straight to out */
+    if (n_kb <= KC_BLOCKS) { /* one K panel (attention's q K^T, d <= 128): the tiles go straight to out */
         direct(out, w, a, n_kb, n_out, row0, row1, panel);
         _tile_release();
         return;
@@ -203,7 +204,37 @@ void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows,
         }
 }
 
+/* kt_amx_pack_f32 for ld_out == 1 (an output's neighbours are the next
+ * floats): a tile row is, for 16 outputs, the pair (value 2r, value 2r +
+ * 1): two 16-float loads, split, the second's bf16 in the high halves. */
+void kt_amx_pack_f32_avx512(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_in) {
+    const int n_kb = kt_amx_k_pad(n_in) / KT_AMX_K, n_nb = kt_amx_rows_pad(n_out) / 16;
+    for (int nb = 0; nb < n_nb; nb++) {
+        const int left = n_out - 16 * nb;
+        const __mmask16 k = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+        for (int kb = 0; kb < n_kb; kb++) {
+            uint16_t *hi = dst + ((size_t)nb * n_kb + kb) * 2 * TILE_VALUES, *lo = hi + TILE_VALUES;
+            for (int r = 0; r < 16; r++) {
+                __m512i h[2], l[2];
+                for (int e = 0; e < 2; e++) {
+                    const int col = KT_AMX_K * kb + 2 * r + e;
+                    const __m512 v = col < n_in ? _mm512_maskz_loadu_ps(k, w + (size_t)col * ld_in + 16 * nb)
+                                                : _mm512_setzero_ps();
+                    h[e] = to_bf16_16(_mm512_castps_si512(v));
+                    l[e] = to_bf16_16(_mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h[e], 16)))));
+                }
+                _mm512_storeu_si512(hi + r * 32, _mm512_or_si512(h[0], _mm512_slli_epi32(h[1], 16)));
+                _mm512_storeu_si512(lo + r * 32, _mm512_or_si512(l[0], _mm512_slli_epi32(l[1], 16)));
+            }
+        }
+    }
+}
+
 #else
+
+void kt_amx_pack_f32_avx512(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_in) {
+    kt_amx_pack_f32_c(dst, w, n_in, n_out, 1, ld_in); /* never chosen: no AMX in this build */
+}
 
 void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1) {
     kt_amx_split_rows_c(a, x, n_in, n_rows, row0, row1); /* never chosen: no AMX in this build */

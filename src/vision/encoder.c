@@ -4,7 +4,9 @@
  * qwen3vl.cpp).
  *
  * All patches go through each step together: every GEMM is one kt_matmul
- * with n_tokens = the number of patches. The patches are kept in merge
+ * with n_tokens = the number of patches (one AMX tile GEMM, ops/amx.h,
+ * for a tower loaded onto the tiles, whose attention runs there too:
+ * vt_attention_amx). The patches are kept in merge
  * order (merged row, merged column, then (dy, dx) = (0,0), (0,1), (1,0),
  * (1,1)), so that the merger's "4 patches of a group" are 4 consecutive
  * rows and a [n_patches][width] buffer is already the merger's

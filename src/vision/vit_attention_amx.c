@@ -67,12 +67,16 @@ static size_t carve(char *base, int max_n, int d, amx_attn_bufs *b) {
     return off;
 }
 
-/* K and V^T of window w, head h, packed */
+/* K and V^T of window w, head h, packed; each gathered first so that an
+ * output's neighbours are the next floats (kt_amx_pack_f32's fast case):
+ * K transposed ([d][n]: the keys are its outputs), V as it is ([n][d]). */
 static void pack_kv(const amx_attn_job *a, int w, int h, const amx_attn_bufs *b) {
     const int ws = a->win_start[w], n = a->win_start[w + 1] - ws, d = a->d;
-    for (int j = 0; j < n; j++)
-        memcpy(b->kv + (size_t)j * d, a->k + (long)a->members[ws + j] * a->stride + (long)h * d, (size_t)d * sizeof(float));
-    kt_amx_pack_f32(b->bk, b->kv, d, n, (size_t)d, 1);
+    for (int j = 0; j < n; j++) {
+        const float *kr = a->k + (long)a->members[ws + j] * a->stride + (long)h * d;
+        for (int c = 0; c < d; c++) b->kv[(size_t)c * n + j] = kr[c];
+    }
+    kt_amx_pack_f32(b->bk, b->kv, d, n, 1, (size_t)n);
     for (int j = 0; j < n; j++)
         memcpy(b->kv + (size_t)j * d, a->v + (long)a->members[ws + j] * a->stride + (long)h * d, (size_t)d * sizeof(float));
     kt_amx_pack_f32(b->bv, b->kv, n, d, 1, (size_t)d);

@@ -74,32 +74,32 @@ static inline __m128i to_bf16_8(__m256 v) {
 }
 
 float vt_softmax_split_row_avx2(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
-    const int n8 = n & ~7;
+    const int n8 = n & ~7, n16 = n & ~15;
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     for (int j = 0; j < n8; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
     float lanes[8], mx = -INFINITY;
     _mm256_storeu_ps(lanes, vmax);
-    for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+    for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx; /* a max is exact in any order */
     for (int j = n8; j < n; j++) mx = s[j] > mx ? s[j] : mx;
     const float ms = mx * scale;
     const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(-ms);
-    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-    for (int j = 0; j < n8; j += 8) {
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (int j = 0; j < n16; j += 8) { /* acc[2h], acc[2h + 1]: lanes 8h .. 8h + 7 of vt_softmax_split_row_c */
         const __m256 e = expf_neg8(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vm));
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        const int h = (j / 8) % 2;
+        acc[2 * h] = _mm256_add_pd(acc[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        acc[2 * h + 1] = _mm256_add_pd(acc[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
         const __m128i eh = to_bf16_8(e);
         const __m256 rest = _mm256_sub_ps(e, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(eh), 16)));
         uint16_t *at = dst + VT_SPLIT_AT(j);
         _mm_storeu_si128((__m128i *)at, eh);
         _mm_storeu_si128((__m128i *)(at + VT_SPLIT_LO), to_bf16_8(rest));
     }
-    double dl[8];
-    _mm256_storeu_pd(dl, lo);
-    _mm256_storeu_pd(dl + 4, hi);
+    double dl[16];
+    for (int q = 0; q < 4; q++) _mm256_storeu_pd(dl + 4 * q, acc[q]);
     double sum = 0;
-    for (int k = 0; k < 8; k++) sum += dl[k];
-    for (int j = n8; j < n; j++) {
+    for (int k = 0; k < 16; k++) sum += dl[k];
+    for (int j = n16; j < n; j++) {
         const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
         sum += e;
         vt_split_store(dst, j, e);
@@ -109,9 +109,8 @@ float vt_softmax_split_row_avx2(const float *s, int n, float scale, uint16_t *ds
 }
 
 /* The same on 16 lanes (AVX-512F, which every AMX CPU has): the exp's
- * steps as expf_neg8's, the split as to_bf16_8's, and the sum in one
- * accumulator of 8 doubles fed each 16 values' halves in order, so lane k
- * sums the values j = k mod 8 in the order the twins do. */
+ * steps as expf_neg8's, the split as to_bf16_8's, the sums' lanes as the
+ * twins' (two accumulators of 8 doubles). */
 #define TARGET_512F __attribute__((target("avx2,fma,f16c,avx512f")))
 
 TARGET_512F static inline __m512 expf_neg16(__m512 x) {
@@ -143,40 +142,35 @@ TARGET_512F static inline __m512i to_bf16_16(__m512 v) {
 }
 
 TARGET_512F float vt_softmax_split_row_avx512(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
-    const int n8 = n & ~7, n16 = n & ~15;
+    const int n16 = n & ~15;
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int j = 0; j < n16; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
-    float mx = _mm512_reduce_max_ps(vmax); /* max is exact in any order */
+    float mx = _mm512_reduce_max_ps(vmax);
     for (int j = n16; j < n; j++) mx = s[j] > mx ? s[j] : mx;
     const float ms = mx * scale;
     const __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(-ms);
-    __m512d acc = _mm512_setzero_pd();
-    int j = 0;
-    for (; j + 16 <= n8; j += 16) {
+    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+    for (int j = 0; j < n16; j += 16) {
         const __m512 e = expf_neg16(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), vs, vm));
-        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+        lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
         const __m512i eh = to_bf16_16(e);
         const __m512 rest = _mm512_sub_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(eh, 16)));
         uint16_t *at = dst + VT_SPLIT_AT(j);
         _mm256_storeu_si256((__m256i *)at, _mm512_cvtepi32_epi16(eh));
         _mm256_storeu_si256((__m256i *)(at + VT_SPLIT_LO), _mm512_cvtepi32_epi16(to_bf16_16(rest)));
     }
-    double dl[8];
-    _mm512_storeu_pd(dl, acc);
-    for (; j < n8; j++) { /* 8 values left: lane j % 8 as the twins */
-        const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
-        dl[j % 8] += (double)e;
-        vt_split_store(dst, j, e);
-    }
+    double dl[16];
+    _mm512_storeu_pd(dl, lo);
+    _mm512_storeu_pd(dl + 8, hi);
     double sum = 0;
-    for (int k = 0; k < 8; k++) sum += dl[k];
-    for (; j < n; j++) {
+    for (int k = 0; k < 16; k++) sum += dl[k];
+    for (int j = n16; j < n; j++) {
         const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
         sum += e;
         vt_split_store(dst, j, e);
     }
-    for (j = n; j < k_pad; j++) dst[VT_SPLIT_AT(j)] = dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = 0;
+    for (int j = n; j < k_pad; j++) dst[VT_SPLIT_AT(j)] = dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = 0;
     return (float)(1.0 / sum);
 }
 

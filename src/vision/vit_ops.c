@@ -472,20 +472,23 @@ float vt_softmax_row(float *s, int n, int n_pad, float scale) {
     return kt_cpu_has_avx2() ? vt_softmax_row_avx2(s, n, n_pad, scale) : vt_softmax_row_c(s, n, n_pad, scale);
 }
 
-/* vt_softmax_row_c's values and sum, written split (vit_simd.h) */
+/* vt_softmax_row_c's values, written split (vit_simd.h); their sum in 16
+ * double lanes (lane k: the values j = k mod 16 below n & ~15, in order),
+ * then the lanes in order, then the tail: two independent chains in the
+ * AVX-512 twin, where one 8-lane chain was as slow as the exp itself */
 float vt_softmax_split_row_c(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
-    const int n8 = n & ~7;
+    const int n16 = n & ~15;
     float mx = -INFINITY;
     for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
     const float ms = mx * scale;
-    double lanes[8] = {0}, sum = 0;
-    for (int j = 0; j < n8; j++) {
+    double lanes[16] = {0}, sum = 0;
+    for (int j = 0; j < n16; j++) {
         const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
-        lanes[j % 8] += (double)e;
+        lanes[j % 16] += (double)e;
         vt_split_store(dst, j, e);
     }
-    for (int k = 0; k < 8; k++) sum += lanes[k];
-    for (int j = n8; j < n; j++) {
+    for (int k = 0; k < 16; k++) sum += lanes[k];
+    for (int j = n16; j < n; j++) {
         const float e = vt_expf_neg(fmaf(s[j], scale, -ms));
         sum += e;
         vt_split_store(dst, j, e);

@@ -55,8 +55,9 @@ float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale);
  * (ops/amx.h) instead of in place: value j as bf16 hi + lo into one row of
  * a split matrix, whose K blocks of 32 are VT_SPLIT_BLOCK uint16s apart
  * (hi, then lo VT_SPLIT_LO further), zeros up to k_pad; s is only read.
- * Returns the same factor, and the values are vt_softmax_row's, split
- * (kt_amx_split_rows_c's bits). dst: the row's place in block 0's hi tile. */
+ * The values are vt_softmax_row's, split (kt_amx_split_rows_c's bits);
+ * the factor sums them in another order (vt_softmax_split_row_c says
+ * which). dst: the row's place in block 0's hi tile. */
 #define VT_SPLIT_BLOCK 1024
 #define VT_SPLIT_LO 512
 #define VT_SPLIT_AT(j) ((size_t)((j) / 32) * VT_SPLIT_BLOCK + (size_t)((j) % 32))
