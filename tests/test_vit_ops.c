@@ -141,9 +141,9 @@ static void test_softmax_twins(void **state) {
         /* the twins' factors are one; against the in-place softmax's, another order of the same sum */
         assert_true(memcmp(&fc, &fa, sizeof fc) == 0 && memcmp(&f512, &fc, sizeof fc) == 0);
         assert_true(fabsf(fc - ib) <= 1e-6f * ib);
-        for (int j = 0; j < k_pad; j++) { /* vt_softmax_row's values, split as kt_amx_split_rows_c splits */
+        for (int j = 0; j < k_pad; j++) { /* vt_softmax_row's values, split (subnormals to zero) */
             const float e = j < n ? b[j] : 0.0f;
-            const uint16_t h = kt_fp32_to_bf16(e), l = kt_fp32_to_bf16(e - kt_bf16_to_fp32(h));
+            const uint16_t h = vt_bf16_daz(e), l = vt_bf16_daz(e - kt_bf16_to_fp32(h));
             if (sc[VT_SPLIT_AT(j)] != h || sc[VT_SPLIT_AT(j) + VT_SPLIT_LO] != l) fail_msg("split n=%d at %d", n, j);
         }
         free(sc);
@@ -156,6 +156,30 @@ static void test_softmax_twins(void **state) {
         assert_true(fabs(sum - 1) < 1e-5);
         free(a);
         free(b);
+    }
+    /* values whose lo part is subnormal (e near 2^-118): the twins flush it
+     * alike (VCVTNEPS2BF16's rule in the AVX-512 one) */
+    {
+        enum { N = 200 };
+        float sc_in[N];
+        uint64_t seed = 99;
+        tu_fill_normal(sc_in, N, 0.5f, seed);
+        for (int j = 0; j < N; j++) sc_in[j] = -656.0f + sc_in[j]; /* (s - max) / 8 near -82 */
+        sc_in[0] = 0.0f;
+        uint16_t c[7 * VT_SPLIT_BLOCK], a2[7 * VT_SPLIT_BLOCK], a5[7 * VT_SPLIT_BLOCK]; /* 224 values: 7 blocks */
+        memset(c, 0, sizeof c), memset(a2, 0, sizeof a2), memset(a5, 0, sizeof a5);
+        float fc = vt_softmax_split_row_c(sc_in, N, 0.125f, c, 224);
+        float f2 = vt_softmax_split_row_avx2(sc_in, N, 0.125f, a2, 224);
+        assert_memory_equal(c, a2, sizeof c);
+        assert_true(memcmp(&fc, &f2, sizeof fc) == 0);
+        int flushed = 0;
+        for (int j = 1; j < N; j++) flushed += c[VT_SPLIT_AT(j) + VT_SPLIT_LO] == 0;
+        assert_true(flushed > 0); /* the case was reached */
+        if (kt_cpu_has_amx_bf16()) {
+            float f5 = vt_softmax_split_row_avx512(sc_in, N, 0.125f, a5, 224);
+            assert_memory_equal(c, a5, sizeof c);
+            assert_true(memcmp(&fc, &f5, sizeof fc) == 0);
+        }
     }
     /* the exp itself: within 2 ulp-ish of libm's over [-87, 0] */
     for (float x = -87.0f; x <= 0; x += 0.37f) {

@@ -646,8 +646,9 @@ static kt_vision *load_vision(const serve_class *c, kt_error *err) {
         return NULL;
     }
     const kt_vision_info *vi = kt_vision_get_info(v);
-    fprintf(stderr, "kettle serve: %s: vision tower %s (%d blocks, width %d, %.0fM parameters) from %s\n", c->name,
-            vi->projector, vi->n_layers, vi->width, (double)vi->n_params / 1e6, c->mmproj);
+    fprintf(stderr, "kettle serve: %s: vision tower %s (%d blocks, width %d, %.0fM parameters%s) from %s\n", c->name,
+            vi->projector, vi->n_layers, vi->width, (double)vi->n_params / 1e6,
+            kt_vision_uses_amx(v) ? ", on AMX tiles" : "", c->mmproj);
     return v;
 }
 

@@ -30,7 +30,7 @@
 
 typedef struct cpu_info {
     bool avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avx_vnni, os_ymm, os_zmm;
-    bool amx_tile, amx_bf16, os_amx;
+    bool amx_tile, amx_bf16, avx512_bf16, os_amx;
 } cpu_info;
 
 static cpu_info detect(void) {
@@ -59,7 +59,10 @@ static cpu_info detect(void) {
         c.amx_bf16 = (d >> 22) & 1;
         c.amx_tile = (d >> 24) & 1;
     }
-    if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) c.avx_vnni = (a >> 4) & 1; /* leaf 7.1 EAX bit 4 */
+    if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) {
+        c.avx_vnni = (a >> 4) & 1;    /* leaf 7.1 EAX bit 4 */
+        c.avx512_bf16 = (a >> 5) & 1; /* bit 5 */
+    }
 #endif
     return c;
 }
@@ -173,7 +176,7 @@ bool kt_cpu_has_amx_bf16(void) {
     if (v < 0) { /* racing first callers ask the kernel twice: it grants the same */
         cpu_info c = detect();
         const char *env = getenv("KETTLE_NO_AMX");
-        v = c.amx_tile && c.amx_bf16 && c.os_amx && c.avx512f && c.os_zmm && !(env && *env && strcmp(env, "0") != 0) && KT_AMX_BUILT &&
+        v = c.amx_tile && c.amx_bf16 && c.os_amx && c.avx512f && c.avx512_bf16 && c.os_zmm && !(env && *env && strcmp(env, "0") != 0) && KT_AMX_BUILT &&
             amx_permitted();
         atomic_store_explicit(&g_has_amx, v, memory_order_relaxed);
     }

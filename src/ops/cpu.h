@@ -30,9 +30,9 @@ void kt_cpu_force_no_avx512(bool on);
  * that the AVX-512 tiles still run there; same rules as
  * kt_cpu_force_scalar. */
 void kt_cpu_hide_avx_vnni(bool on);
-/* AMX-TILE + AMX-BF16 with the OS saving tile state and granting it to
- * this process, in a build whose compiler has them (ops/amx.h: the
- * vision tower's F16 GEMMs). KETTLE_NO_AMX=1 turns it off; so does
+/* AMX-TILE + AMX-BF16 (and the AVX-512 F and BF16 that come with them)
+ * with the OS saving tile state and granting it to this process, in a
+ * build whose compiler has them (ops/amx.h: the vision tower's F16 GEMMs). KETTLE_NO_AMX=1 turns it off; so does
  * anything that turns the SIMD kernels off. */
 bool kt_cpu_has_amx_bf16(void);
 /* Turns AMX off (on = true) or back on; same rules as kt_cpu_force_scalar. */

@@ -92,7 +92,9 @@ static void panel_out(float *out, const float *panel, int n_out, int nc, int nc_
         for (int n0 = nc; n0 < nc_end && n0 < n_out; n0 += 16) {
             const int p = (m - row0) / 32, q = (n0 - nc) / 32, t = ((m - row0) % 32) / 16 * 2 + (n0 - nc) % 32 / 16;
             const float *c = panel_block((float *)panel, p, q, n_pairs) + t * 256 + (m % 16) * 16;
-            memcpy(out + (size_t)m * n_out + n0, c, (size_t)(n_out - n0 < 16 ? n_out - n0 : 16) * sizeof(float));
+            const int left = n_out - n0;
+            const __mmask16 k = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            _mm512_mask_storeu_ps(out + (size_t)m * n_out + n0, k, _mm512_load_ps(c)); /* a tile row: 64 bytes */
         }
 }
 

@@ -59,9 +59,12 @@ float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale) {
     return (float)(1.0 / sum);
 }
 
-/* kt_fp32_to_bf16 on 8 lanes, packed to 8 uint16 */
+/* vt_bf16_daz on 8 lanes, packed to 8 uint16 */
 static inline __m128i to_bf16_8(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v);
+    const __m256i sub = _mm256_and_si256(
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256()),
+        _mm256_set1_epi32(0x7fffffff)); /* subnormals (and zeros): keep only the sign */
+    const __m256i u = _mm256_andnot_si256(sub, _mm256_castps_si256(v));
     const __m256i rounded = _mm256_srli_epi32(
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
                          _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))),
@@ -108,10 +111,11 @@ float vt_softmax_split_row_avx2(const float *s, int n, float scale, uint16_t *ds
     return (float)(1.0 / sum);
 }
 
-/* The same on 16 lanes (AVX-512F, which every AMX CPU has): the exp's
- * steps as expf_neg8's, the split as to_bf16_8's, the sums' lanes as the
- * twins' (two accumulators of 8 doubles). */
-#define TARGET_512F __attribute__((target("avx2,fma,f16c,avx512f")))
+/* The same on 16 lanes (AVX-512F and AVX512-BF16, which every AMX CPU
+ * has): the exp's steps as expf_neg8's, the split by VCVTNEPS2BF16 (what
+ * vt_bf16_daz computes), the sums' lanes as the twins' (two accumulators
+ * of 8 doubles). */
+#define TARGET_512F __attribute__((target("avx2,fma,f16c,avx512f,avx512bf16")))
 
 TARGET_512F static inline __m512 expf_neg16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(VT_EXP_MIN));
@@ -130,17 +134,6 @@ TARGET_512F static inline __m512 expf_neg16(__m512 x) {
     return _mm512_fmadd_ps(j, k, k);
 }
 
-TARGET_512F static inline __m512i to_bf16_16(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
-        16);
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(64)));
-}
-
 TARGET_512F float vt_softmax_split_row_avx512(const float *s, int n, float scale, uint16_t *dst, int k_pad) {
     const int n16 = n & ~15;
     __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -154,11 +147,11 @@ TARGET_512F float vt_softmax_split_row_avx512(const float *s, int n, float scale
         const __m512 e = expf_neg16(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), vs, vm));
         lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-        const __m512i eh = to_bf16_16(e);
-        const __m512 rest = _mm512_sub_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(eh, 16)));
+        const __m256i eh = (__m256i)_mm512_cvtneps_pbh(e);
+        const __m512 rest = _mm512_sub_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eh), 16)));
         uint16_t *at = dst + VT_SPLIT_AT(j);
-        _mm256_storeu_si256((__m256i *)at, _mm512_cvtepi32_epi16(eh));
-        _mm256_storeu_si256((__m256i *)(at + VT_SPLIT_LO), _mm512_cvtepi32_epi16(to_bf16_16(rest)));
+        _mm256_storeu_si256((__m256i *)at, eh);
+        _mm256_storeu_si256((__m256i *)(at + VT_SPLIT_LO), (__m256i)_mm512_cvtneps_pbh(rest));
     }
     double dl[16];
     _mm512_storeu_pd(dl, lo);

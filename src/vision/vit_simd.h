@@ -55,19 +55,28 @@ float vt_softmax_row_avx2(float *s, int n, int n_pad, float scale);
  * (ops/amx.h) instead of in place: value j as bf16 hi + lo into one row of
  * a split matrix, whose K blocks of 32 are VT_SPLIT_BLOCK uint16s apart
  * (hi, then lo VT_SPLIT_LO further), zeros up to k_pad; s is only read.
- * The values are vt_softmax_row's, split (kt_amx_split_rows_c's bits);
+ * The values are vt_softmax_row's, split (as kt_amx_split_rows_c splits,
+ * but for vt_bf16_daz's subnormals);
  * the factor sums them in another order (vt_softmax_split_row_c says
  * which). dst: the row's place in block 0's hi tile. */
 #define VT_SPLIT_BLOCK 1024
 #define VT_SPLIT_LO 512
 #define VT_SPLIT_AT(j) ((size_t)((j) / 32) * VT_SPLIT_BLOCK + (size_t)((j) % 32))
+/* fp32 -> bf16 as AVX512-BF16's VCVTNEPS2BF16 converts: nearest even, a
+ * NaN quieted, a subnormal to a zero of its sign (the AVX-512 twin uses
+ * the instruction; only a value below 2^-117, whose lo is subnormal,
+ * splits otherwise than kt_fp32_to_bf16 would split it) */
+static inline uint16_t vt_bf16_daz(float x) {
+    return kt_fp32_to_bf16(x != 0.0f && fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x);
+}
 static inline void vt_split_store(uint16_t *dst, int j, float e) {
-    const uint16_t h = kt_fp32_to_bf16(e);
+    const uint16_t h = vt_bf16_daz(e);
     dst[VT_SPLIT_AT(j)] = h;
-    dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = kt_fp32_to_bf16(e - kt_bf16_to_fp32(h));
+    dst[VT_SPLIT_AT(j) + VT_SPLIT_LO] = vt_bf16_daz(e - kt_bf16_to_fp32(h));
 }
 float vt_softmax_split_row_avx2(const float *s, int n, float scale, uint16_t *dst, int k_pad);
-float vt_softmax_split_row_avx512(const float *s, int n, float scale, uint16_t *dst, int k_pad); /* AVX-512F */
+/* AVX-512F + AVX512-BF16 (every AMX-BF16 CPU has both; kt_cpu_has_amx_bf16 checks) */
+float vt_softmax_split_row_avx512(const float *s, int n, float scale, uint16_t *dst, int k_pad);
 /* x[i] = table1(x[i]) (* up[i] when up is given) */
 void vt_act_table_avx2(const float *table, bool clamp10, float *x, const float *up, long n);
 void vt_round_f16_avx2(float *y, const float *x, long n);
