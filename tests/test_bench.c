@@ -12,6 +12,8 @@
 
 #include "testutil.h"
 
+#include "ops/cpu.h"
+
 static void test_bench_json(void **state) {
     (void)state;
     char cmd[8192], *out = NULL, *err = NULL;
@@ -145,6 +147,19 @@ static void test_bench_ceilings(void **state) {
     assert_true(rd >= own / 4 && rd <= own * 4);
     assert_true(triad >= rd / 4 && triad <= rd * 4);
     assert_true(fma > 0 && i8 >= fma && i8 <= 16 * fma);
+    /* AMX tiles where the CPU has them: a tile product is 512 fma-worths a
+     * lane, issued every ~16 cycles, so 2-32x the FMA peak; absent where
+     * it has none (this process asks the same question kettle does) */
+    p = strstr(err, "AMX bf16 tiles ");
+    if (kt_cpu_has_amx_bf16()) {
+        double amx = 0;
+        assert_non_null(p);
+        assert_int_equal(sscanf(p, "AMX bf16 tiles %lf GFLOP/s", &amx), 1);
+        printf("  AMX bf16 tiles %.1f GFLOP/s\n", amx);
+        assert_true(amx >= 2 * fma && amx <= 32 * fma);
+    } else {
+        assert_null(p);
+    }
     free(out);
     free(err);
 }

@@ -92,7 +92,8 @@ static void usage(FILE *out) {
             "      --kv-type T    KV cache element type: f16 (default, as kettle serve and llama-bench\n"
             "                     keep it), f32 or q8_0\n"
             "      --membw        measure memory bandwidth (read, triad)\n"
-            "      --peak         measure peak fp32 FMA and int8 multiply-add throughput\n"
+            "      --peak         measure peak fp32 FMA and int8 multiply-add throughput (and AMX\n"
+            "                     tile products where the CPU has them)\n"
             "      --svg FILE     also plot median t/s against the depth (-d): prefill and decode\n"
             "                     panels, a line per model, thread count and test length (at most 8)\n");
 }
@@ -382,10 +383,15 @@ static int bench_machine(const bench_opts *o) {
             fprintf(stderr, "memory bandwidth, %d threads: read %.1f GB/s, triad %.1f GB/s\n", threads,
                     bw.read_gbs, bw.triad_gbs);
         }
-        if (o->peak)
+        if (o->peak) {
             fprintf(stderr, "peak, %d threads: fp32 FMA %.1f GFLOP/s, int8 multiply-add %.1f GOP/s (%s)\n",
                     threads, kt_probe_peak_fma(pool), kt_probe_peak_int8(pool),
                     kt_cpu_has_avx512_vnni() ? "512-bit FMA, vpdpbusd" : "256-bit FMA, maddubs");
+            const double amx = kt_probe_peak_amx_bf16(pool);
+            if (amx > 0) /* the vision tower's split takes three products for one (ops/amx.h) */
+                fprintf(stderr, "peak, %d threads: AMX bf16 tiles %.1f GFLOP/s (%.1f of the vision tower's split)\n",
+                        threads, amx, amx / 3);
+        }
         kt_pool_free(pool);
     }
     return 0;

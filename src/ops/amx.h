@@ -99,4 +99,8 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
 void kt_amx_matmul_ref(float *out, const uint16_t *w, const uint16_t *a, int n_in, int n_out, int n_rows, int row0,
                        int row1);
 
+/* iters x 4 tile products on resident tiles (16 x 16 x 32 bf16 each), for
+ * `kettle bench --peak` (ops/probe.c); needs kt_cpu_has_amx_bf16(). */
+long kt_amx_probe_dp(long iters);
+
 #endif

@@ -174,6 +174,28 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
     _tile_release();
 }
 
+long kt_amx_probe_dp(long iters) {
+    config_tiles();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (long i = 0; i < iters; i++) { /* four independent accumulators, as row_pair keeps */
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float c[256];
+    _tile_stored(0, c, 64);
+    _tile_release();
+    return (long)c[0];
+}
+
 /* kt_amx_split_rows_c's to_bf16 on 16 lanes: nearest even, a NaN kept a
  * NaN; the 16-bit results in the low halves of the lanes */
 static inline __m512i to_bf16_16(__m512i u) {
@@ -233,6 +255,11 @@ void kt_amx_pack_f32_avx512(uint16_t *dst, const float *w, int n_in, int n_out, 
 }
 
 #else
+
+long kt_amx_probe_dp(long iters) {
+    (void)iters;
+    return 0; /* never called: no AMX in this build */
+}
 
 void kt_amx_pack_f32_avx512(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_in) {
     kt_amx_pack_f32_c(dst, w, n_in, n_out, 1, ld_in); /* never chosen: no AMX in this build */

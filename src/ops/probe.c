@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "ops/amx.h"
 #include "ops/cpu.h"
 #include "ops/probe_avx2.h"
 
@@ -103,6 +104,29 @@ static double peak(kt_pool *pool, bool int8) {
         double s = (kt_time_ms() - t0) / 1e3;
         double gops = per_iter * (double)j.iters * kt_pool_size(pool) / s / 1e9;
         if (gops > best) best = gops;
+    }
+    return best;
+}
+
+static void amx_task(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    peak_job *j = ctx;
+    j->sink += (int)kt_amx_probe_dp(j->iters);
+}
+
+double kt_probe_peak_amx_bf16(kt_pool *pool) {
+    if (!kt_cpu_has_amx_bf16()) return 0;
+    peak_job j = {.iters = 2000};
+    kt_pool_run(pool, amx_task, &j);
+    const double per_iter = 4.0 * 16 * 16 * 32 * 2; /* four products of 16 x 16 outputs, 32 deep, 2 flops each */
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        j.iters = 200000;
+        double t0 = kt_time_ms();
+        kt_pool_run(pool, amx_task, &j);
+        double s = (kt_time_ms() - t0) / 1e3;
+        double g = per_iter * (double)j.iters * kt_pool_size(pool) / s / 1e9;
+        if (g > best) best = g;
     }
     return best;
 }

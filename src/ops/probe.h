@@ -33,5 +33,8 @@ kt_status kt_probe_membw(kt_pool *pool, size_t bytes, int reps, kt_membw *out, k
 /* GFLOP/s of fp32 FMA and GOP/s of int8 maddubs over all pool threads. */
 double kt_probe_peak_fma(kt_pool *pool);
 double kt_probe_peak_int8(kt_pool *pool);
+/* GFLOP/s of AMX bf16 tile products (TDPBF16PS, 2 flops per product) over
+ * all pool threads; 0 where the CPU has no AMX-BF16. */
+double kt_probe_peak_amx_bf16(kt_pool *pool);
 
 #endif

@@ -21,6 +21,7 @@
 #include "base/error.h"
 #include "ops/amx.h"
 #include "vision/vision_internal.h"
+#include "vision/vit_simd.h"
 
 #define VT_AMX_QUERIES 64 /* queries per block: two row pairs of the tiles (32 and 128: the same speed) */
 
@@ -48,22 +49,25 @@ typedef struct amx_attn_bufs {
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* the next `bytes` of a thread's scratch (64-byte aligned pieces) */
+static char *take(char *base, size_t *off, size_t bytes) {
+    char *p = base ? base + *off : NULL;
+    *off += align64(bytes);
+    return p;
+}
+
 /* carves b from base (NULL: only counts); returns the bytes */
 static size_t carve(char *base, int max_n, int d, amx_attn_bufs *b) {
-    const size_t sizes[] = {
-        (size_t)max_n * d * sizeof(float),          kt_amx_packed_bytes(d, max_n),
-        kt_amx_packed_bytes(max_n, d),              kt_amx_act_bytes(d, VT_AMX_QUERIES),
-        kt_amx_act_bytes(max_n, VT_AMX_QUERIES),    (size_t)VT_AMX_QUERIES * d * sizeof(float),
-        (size_t)VT_AMX_QUERIES * max_n * sizeof(float), (size_t)VT_AMX_QUERIES * d * sizeof(float),
-        KT_AMX_PANEL_FLOATS * sizeof(float),
-    };
-    void **at[] = {(void **)&b->kv, (void **)&b->bk, (void **)&b->bv, (void **)&b->aq, (void **)&b->ap,
-                   (void **)&b->qb, (void **)&b->s,  (void **)&b->ob, (void **)&b->panel};
     size_t off = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        if (base) *at[i] = base + off;
-        off += align64(sizes[i]);
-    }
+    b->kv = (float *)take(base, &off, (size_t)max_n * d * sizeof(float));
+    b->bk = (uint16_t *)take(base, &off, kt_amx_packed_bytes(d, max_n));
+    b->bv = (uint16_t *)take(base, &off, kt_amx_packed_bytes(max_n, d));
+    b->aq = (uint16_t *)take(base, &off, kt_amx_act_bytes(d, VT_AMX_QUERIES));
+    b->ap = (uint16_t *)take(base, &off, kt_amx_act_bytes(max_n, VT_AMX_QUERIES));
+    b->qb = (float *)take(base, &off, (size_t)VT_AMX_QUERIES * d * sizeof(float));
+    b->s = (float *)take(base, &off, (size_t)VT_AMX_QUERIES * max_n * sizeof(float));
+    b->ob = (float *)take(base, &off, (size_t)VT_AMX_QUERIES * d * sizeof(float));
+    b->panel = (float *)take(base, &off, KT_AMX_PANEL_FLOATS * sizeof(float));
     return off;
 }
 
@@ -94,11 +98,15 @@ static void attend_block(const amx_attn_job *a, int w, int h, int i0, int i1, co
     float inv[VT_AMX_QUERIES];
     const int k_pad = kt_amx_k_pad(n), n_kb = k_pad / KT_AMX_K;
     for (int i = 0; i < rows; i++) { /* each row's probabilities straight into the split layout (amx.h) */
-        uint16_t *dst = b->ap + (size_t)(i / 16) * n_kb * 2 * 512 + (size_t)(i % 16) * KT_AMX_K;
-        if (i < B)
+        uint16_t *dst = b->ap + (size_t)(i / 16) * n_kb * VT_SPLIT_BLOCK + (size_t)(i % 16) * KT_AMX_K;
+        if (i < B) {
             inv[i] = vt_softmax_split_row(b->s + (size_t)i * n, n, scale, dst, k_pad);
-        else /* the padding rows: zeros */
-            for (int kb = 0; kb < n_kb; kb++) memset(dst + (size_t)kb * 1024, 0, 2 * KT_AMX_K), memset(dst + (size_t)kb * 1024 + 512, 0, 2 * KT_AMX_K);
+            continue;
+        }
+        for (int kb = 0; kb < n_kb; kb++) { /* a padding row: zeros */
+            memset(dst + (size_t)kb * VT_SPLIT_BLOCK, 0, KT_AMX_K * sizeof *dst);
+            memset(dst + (size_t)kb * VT_SPLIT_BLOCK + VT_SPLIT_LO, 0, KT_AMX_K * sizeof *dst);
+        }
     }
     kt_amx_matmul(b->ob, b->bv, b->ap, n, d, B, 0, rows, b->panel);
     for (int i = 0; i < B; i++) {
