@@ -76,29 +76,35 @@ kt_status kt_probe_membw(kt_pool *pool, size_t bytes, int reps, kt_membw *out, k
 
 /* ---- peak arithmetic ---- */
 
+typedef enum peak_kind { PEAK_FMA, PEAK_INT8, PEAK_AMX } peak_kind;
+
 typedef struct peak_job {
     long iters;
-    bool int8, wide; /* wide: the 512-bit loops (AVX-512 tier) */
+    peak_kind kind;
+    bool wide; /* wide: the 512-bit loops (AVX-512 tier) */
     volatile int sink;
 } peak_job;
 
 static void peak_task(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     peak_job *j = ctx;
-    if (j->int8) j->sink += j->wide ? kt_probe_dpbusd_512(j->iters) : kt_probe_maddubs_avx2(j->iters);
+    if (j->kind == PEAK_AMX) j->sink += (int)kt_amx_probe_dp(j->iters);
+    else if (j->kind == PEAK_INT8) j->sink += j->wide ? kt_probe_dpbusd_512(j->iters) : kt_probe_maddubs_avx2(j->iters);
     else j->sink += (int)(j->wide ? kt_probe_fma_512(j->iters) : kt_probe_fma_avx2(j->iters));
 }
 
 /* ops per iteration per thread: 12 chains x 8 (16) lanes x 2 (fp32 FMA),
- * or 12 chains x 32 (64) byte products x 2 (maddubs; vpdpbusd). The
- * widest tier the kernels use on this CPU is the ceiling they are held to. */
-static double peak(kt_pool *pool, bool int8) {
-    if (!kt_cpu_has_avx2()) return 0;
-    peak_job j = {.iters = 2000, .int8 = int8, .wide = kt_cpu_has_avx512_vnni()};
+ * or 12 chains x 32 (64) byte products x 2 (maddubs; vpdpbusd), or 4 tile
+ * products of 16 x 16 outputs 32 deep x 2 (AMX). The widest tier the
+ * kernels use on this CPU is the ceiling they are held to. */
+static double peak(kt_pool *pool, peak_kind kind) {
+    peak_job j = {.iters = 2000, .kind = kind, .wide = kt_cpu_has_avx512_vnni()};
     kt_pool_run(pool, peak_task, &j); /* warm-up (clocks, caches) */
-    double per_iter = KT_PROBE_CHAINS * (int8 ? 32 : 8) * (j.wide ? 2 : 1) * 2.0, best = 0;
+    const double per_iter = kind == PEAK_AMX ? 4.0 * 16 * 16 * 32 * 2
+                                             : KT_PROBE_CHAINS * (kind == PEAK_INT8 ? 32 : 8) * (j.wide ? 2 : 1) * 2.0;
+    double best = 0;
     for (int r = 0; r < 5; r++) {
-        j.iters = 2000000;
+        j.iters = kind == PEAK_AMX ? 200000 : 2000000;
         double t0 = kt_time_ms();
         kt_pool_run(pool, peak_task, &j);
         double s = (kt_time_ms() - t0) / 1e3;
@@ -108,33 +114,14 @@ static double peak(kt_pool *pool, bool int8) {
     return best;
 }
 
-static void amx_task(void *ctx, int ith, int nth) {
-    (void)ith, (void)nth;
-    peak_job *j = ctx;
-    j->sink += (int)kt_amx_probe_dp(j->iters);
-}
-
 double kt_probe_peak_amx_bf16(kt_pool *pool) {
-    if (!kt_cpu_has_amx_bf16()) return 0;
-    peak_job j = {.iters = 2000};
-    kt_pool_run(pool, amx_task, &j);
-    const double per_iter = 4.0 * 16 * 16 * 32 * 2; /* four products of 16 x 16 outputs, 32 deep, 2 flops each */
-    double best = 0;
-    for (int r = 0; r < 5; r++) {
-        j.iters = 200000;
-        double t0 = kt_time_ms();
-        kt_pool_run(pool, amx_task, &j);
-        double s = (kt_time_ms() - t0) / 1e3;
-        double g = per_iter * (double)j.iters * kt_pool_size(pool) / s / 1e9;
-        if (g > best) best = g;
-    }
-    return best;
+    return kt_cpu_has_amx_bf16() ? peak(pool, PEAK_AMX) : 0;
 }
 
 double kt_probe_peak_fma(kt_pool *pool) {
-    return peak(pool, false);
+    return kt_cpu_has_avx2() ? peak(pool, PEAK_FMA) : 0;
 }
 
 double kt_probe_peak_int8(kt_pool *pool) {
-    return peak(pool, true);
+    return kt_cpu_has_avx2() ? peak(pool, PEAK_INT8) : 0;
 }
