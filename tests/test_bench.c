@@ -148,15 +148,17 @@ static void test_bench_ceilings(void **state) {
     assert_true(triad >= rd / 4 && triad <= rd * 4);
     assert_true(fma > 0 && i8 >= fma && i8 <= 16 * fma);
     /* AMX tiles where the CPU has them: a tile product is 512 fma-worths a
-     * lane, issued every ~16 cycles, so 2-32x the FMA peak; absent where
-     * it has none (this process asks the same question kettle does) */
+     * lane, issued every ~16 cycles, so 2-32x the FMA peak (at least 2x
+     * under the sanitizers, whose FMA loop runs unoptimized while the tile
+     * instructions do not change); absent where it has none (this process
+     * asks the same question kettle does) */
     p = strstr(err, "AMX bf16 tiles ");
     if (kt_cpu_has_amx_bf16()) {
         double amx = 0;
         assert_non_null(p);
         assert_int_equal(sscanf(p, "AMX bf16 tiles %lf GFLOP/s", &amx), 1);
         printf("  AMX bf16 tiles %.1f GFLOP/s\n", amx);
-        assert_true(amx >= 2 * fma && amx <= 32 * fma);
+        assert_true(amx >= 2 * fma && (TU_SANITIZED || amx <= 32 * fma));
     } else {
         assert_null(p);
     }
