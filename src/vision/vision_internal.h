@@ -124,6 +124,10 @@ void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int
  * Scratch per thread is allocated here (KT_ERR_NOMEM if it fails). */
 kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
                        int n_heads, int d_head, const int *win_start, const int *members, int n_windows, kt_error *err);
+/* The attention's tasks (window, head, block of `block` queries), numbered
+ * window by window: entry w is window w's first, entry n_windows the
+ * count (malloc'd; NULL with err set). */
+long *vt_attention_tasks(const int *win_start, int n_windows, int n_heads, int block, kt_error *err);
 /* The same on AMX tiles (vit_attention_amx.c; needs kt_cpu_has_amx_bf16()):
  * the products through bf16 hi + lo splits, ~2^-16 relative error each. */
 kt_status vt_attention_amx(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,

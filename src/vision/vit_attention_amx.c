@@ -140,17 +140,12 @@ static void amx_attn_worker(void *ctx, int ith, int nth) {
 kt_status vt_attention_amx(kt_pool *pool, float *out, const float *q, const float *k, const float *v, int stride,
                            int n_heads, int d_head, const int *win_start, const int *members, int n_windows,
                            kt_error *err) {
+    long *task_start = vt_attention_tasks(win_start, n_windows, n_heads, VT_AMX_QUERIES, err);
+    if (!task_start) return err->status;
+    const long n_tasks = task_start[n_windows];
     int max_n = 0;
-    long n_tasks = 0;
-    long *task_start = malloc(((size_t)n_windows + 1) * sizeof *task_start);
-    if (!task_start) return kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
-    task_start[0] = 0;
-    for (int w = 0; w < n_windows; w++) {
-        int n = win_start[w + 1] - win_start[w];
-        if (n > max_n) max_n = n;
-        n_tasks += (long)n_heads * ((n + VT_AMX_QUERIES - 1) / VT_AMX_QUERIES);
-        task_start[w + 1] = n_tasks;
-    }
+    for (int w = 0; w < n_windows; w++)
+        if (win_start[w + 1] - win_start[w] > max_n) max_n = win_start[w + 1] - win_start[w];
     const int nth = pool ? kt_pool_size(pool) : 1;
     amx_attn_bufs unused;
     const size_t per = carve(NULL, max_n, d_head, &unused);

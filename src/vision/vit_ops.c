@@ -352,7 +352,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
 /* The first task of each window: a task is (window, head, block of
  * `block` queries), numbered window by window; entry n_windows is the
  * count. NULL with err set. */
-static long *attention_tasks(const int *win_start, int n_windows, int n_heads, int block, kt_error *err) {
+long *vt_attention_tasks(const int *win_start, int n_windows, int n_heads, int block, kt_error *err) {
     long *task_start = malloc(((size_t)n_windows + 1) * sizeof *task_start);
     if (!task_start) {
         kt_error_set(err, KT_ERR_NOMEM, "vision attention: out of memory for %d windows", n_windows);
@@ -372,7 +372,7 @@ kt_status vt_attention_ref(kt_pool *pool, float *out, const float *q, const floa
     int max_win = 0;
     for (int w = 0; w < n_windows; w++)
         if (win_start[w + 1] - win_start[w] > max_win) max_win = win_start[w + 1] - win_start[w];
-    long *task_start = attention_tasks(win_start, n_windows, n_heads, VT_QUERY_CHUNK, err);
+    long *task_start = vt_attention_tasks(win_start, n_windows, n_heads, VT_QUERY_CHUNK, err);
     if (!task_start) return err->status;
     int nth = pool ? kt_pool_size(pool) : 1;
     size_t per = 2 * (size_t)max_win * d_head + (size_t)max_win + (size_t)d_head;
@@ -557,7 +557,7 @@ kt_status vt_attention(kt_pool *pool, float *out, const float *q, const float *k
     int max_pad = 0;
     for (int w = 0; w < n_windows; w++)
         if (pad16(win_start[w + 1] - win_start[w]) > max_pad) max_pad = pad16(win_start[w + 1] - win_start[w]);
-    long *task_start = attention_tasks(win_start, n_windows, n_heads, VT_QUERY_BLOCK, err);
+    long *task_start = vt_attention_tasks(win_start, n_windows, n_heads, VT_QUERY_BLOCK, err);
     if (!task_start) return err->status;
     int nth = pool ? kt_pool_size(pool) : 1;
     size_t per = 2 * (size_t)max_pad * d_head + 2 * (size_t)VT_QUERY_BLOCK * d_head + (size_t)VT_QUERY_BLOCK * max_pad;
