@@ -6,6 +6,7 @@
 #include "ops/amx.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "base/fp16.h"
@@ -42,19 +43,29 @@ static inline void split1(float v, uint16_t *hi, uint16_t *lo) {
     *lo = to_bf16(v - from_bf16(*hi));
 }
 
-void kt_amx_pack_f16(uint16_t *dst, const uint16_t *w, int n_in, int n_out) {
+/* The packing of amx.h: value i of output o is w[o * ld_out + i * ld_in],
+ * F16 or float (f16: a loop-invariant branch) */
+static void pack(uint16_t *dst, const void *w, bool f16, int n_in, int n_out, size_t ld_out, size_t ld_in) {
     const int k_pad = kt_amx_k_pad(n_in), n_kb = k_pad / KT_AMX_K, n_nb = n_pad32(n_out) / 16;
     for (int nb = 0; nb < n_nb; nb++)
         for (int kb = 0; kb < n_kb; kb++) {
             uint16_t *hi = dst + ((size_t)nb * n_kb + kb) * 2 * TILE_VALUES, *lo = hi + TILE_VALUES;
-            for (int r = 0; r < 16; r++)
-                for (int n = 0; n < 16; n++)
-                    for (int e = 0; e < 2; e++) {
-                        const int row = 16 * nb + n, col = KT_AMX_K * kb + 2 * r + e;
-                        const float v = row < n_out && col < n_in ? kt_fp16_to_fp32(w[(size_t)row * n_in + col]) : 0.0f;
-                        split1(v, &hi[r * 32 + 2 * n + e], &lo[r * 32 + 2 * n + e]);
-                    }
+            for (int n = 0; n < 16; n++) {
+                const int row = 16 * nb + n;
+                for (int i = 0; i < KT_AMX_K; i++) { /* value i of the block: tile row i / 2, pair half i % 2 */
+                    const int col = KT_AMX_K * kb + i, at = (i / 2) * 32 + 2 * n + i % 2;
+                    const size_t src = (size_t)row * ld_out + (size_t)col * ld_in;
+                    const float v = row >= n_out || col >= n_in ? 0.0f
+                                    : f16                       ? kt_fp16_to_fp32(((const uint16_t *)w)[src])
+                                                                : ((const float *)w)[src];
+                    split1(v, &hi[at], &lo[at]);
+                }
+            }
         }
+}
+
+void kt_amx_pack_f16(uint16_t *dst, const uint16_t *w, int n_in, int n_out) {
+    pack(dst, w, true, n_in, n_out, (size_t)n_in, 1);
 }
 
 void kt_amx_pack_f32(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_out, size_t ld_in) {
@@ -65,19 +76,7 @@ void kt_amx_pack_f32(uint16_t *dst, const float *w, int n_in, int n_out, size_t 
 }
 
 void kt_amx_pack_f32_c(uint16_t *dst, const float *w, int n_in, int n_out, size_t ld_out, size_t ld_in) {
-    const int k_pad = kt_amx_k_pad(n_in), n_kb = k_pad / KT_AMX_K, n_nb = n_pad32(n_out) / 16;
-    for (int nb = 0; nb < n_nb; nb++)
-        for (int kb = 0; kb < n_kb; kb++) {
-            uint16_t *hi = dst + ((size_t)nb * n_kb + kb) * 2 * TILE_VALUES, *lo = hi + TILE_VALUES;
-            for (int n = 0; n < 16; n++) {
-                const int row = 16 * nb + n;
-                for (int i = 0; i < KT_AMX_K; i++) { /* value i of the block: tile row i / 2, pair half i % 2 */
-                    const int col = KT_AMX_K * kb + i, at = (i / 2) * 32 + 2 * n + i % 2;
-                    const float v = row < n_out && col < n_in ? w[(size_t)row * ld_out + (size_t)col * ld_in] : 0.0f;
-                    split1(v, &hi[at], &lo[at]);
-                }
-            }
-        }
+    pack(dst, w, false, n_in, n_out, ld_out, ld_in);
 }
 
 size_t kt_amx_act_bytes(int n_in, int n_rows) {

@@ -12,7 +12,7 @@
  * panel of KT_AMX_NC columns x 128 values of weights (128 KiB, split)
  * stays in L2 while every row pair of the call runs over it; a row pair's
  * 128 values (16 KiB) stay in L1 while the panel's column pairs go by.
- * The outputs accumulate in the caller's panel buffer, 1 KiB tiles in a
+ * The outputs accumulate in the caller's panel buffer, 4 KiB blocks in a
  * row (the output rows, n_out floats apart, would fall in one L1 set),
  * and go to out once per column panel. The weights are read from memory
  * once per call, so callers give a few hundred rows at a time. Measured
@@ -46,9 +46,38 @@ static void config_tiles(void) {
     _tile_loadconfig(&c);
 }
 
+/* tiles 0-3 += 4-5 times 6-7: the 2 x 2 block's four products */
+static inline void products(void) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
+/* tiles 0-3 from / to a 32 x 32 block (row tile-major) at c, ld floats a
+ * row: tile t at row 16 (t / 2), column 16 (t % 2) */
+static inline void block_zero(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+static inline void block_load(const float *c, size_t ld) {
+    _tile_loadd(0, c, ld * sizeof(float));
+    _tile_loadd(1, c + 16, ld * sizeof(float));
+    _tile_loadd(2, c + 16 * ld, ld * sizeof(float));
+    _tile_loadd(3, c + 16 * ld + 16, ld * sizeof(float));
+}
+static inline void block_store(float *c, size_t ld) {
+    _tile_stored(0, c, ld * sizeof(float));
+    _tile_stored(1, c + 16, ld * sizeof(float));
+    _tile_stored(2, c + 16 * ld, ld * sizeof(float));
+    _tile_stored(3, c + 16 * ld + 16, ld * sizeof(float));
+}
+
 /* tiles 0-3 += the row pair whose first row tile is at a0 (hi, lo of
  * each K block, the second row tile n_kb blocks further) times the column
- * pair b0, b1, over K blocks [kb0, kb1) */
+ * pair b0, b1, over K blocks [kb0, kb1): hi . hi, hi . lo, lo . hi */
 static inline void row_pair(const uint16_t *a0, int n_kb, const uint16_t *b0, const uint16_t *b1, int kb0, int kb1) {
     const uint16_t *a1 = a0 + (size_t)n_kb * 2 * TILE_VALUES;
     for (int kb = kb0; kb < kb1; kb++) {
@@ -58,29 +87,20 @@ static inline void row_pair(const uint16_t *a0, int n_kb, const uint16_t *b0, co
         _tile_loadd(5, ah1, 64);
         _tile_loadd(6, bh0, 64);
         _tile_loadd(7, bh1, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        products();
         _tile_loadd(6, bh0 + TILE_VALUES, 64);
         _tile_loadd(7, bh1 + TILE_VALUES, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        products();
         _tile_loadd(4, ah0 + TILE_VALUES, 64);
         _tile_loadd(5, ah1 + TILE_VALUES, 64);
         _tile_loadd(6, bh0, 64);
         _tile_loadd(7, bh1, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        products();
     }
 }
 
-/* the 32 x 32 outputs (four tiles of 16 x 16, row tile-major) of row
- * pair p, column pair q of a panel of n_pairs column pairs */
+/* the 32 x 32 outputs (row-major, 32 floats a row) of row pair p, column
+ * pair q of a panel of n_pairs column pairs */
 static inline float *panel_block(float *panel, int p, int q, int n_pairs) {
     return panel + ((size_t)p * n_pairs + q) * 1024;
 }
@@ -90,8 +110,8 @@ static void panel_out(float *out, const float *panel, int n_out, int nc, int nc_
     const int n_pairs = (nc_end - nc) / 32;
     for (int m = row0; m < row1; m++)
         for (int n0 = nc; n0 < nc_end && n0 < n_out; n0 += 16) {
-            const int p = (m - row0) / 32, q = (n0 - nc) / 32, t = ((m - row0) % 32) / 16 * 2 + (n0 - nc) % 32 / 16;
-            const float *c = panel_block((float *)panel, p, q, n_pairs) + t * 256 + (m % 16) * 16;
+            const int p = (m - row0) / 32, q = (n0 - nc) / 32;
+            const float *c = panel_block((float *)panel, p, q, n_pairs) + ((m - row0) % 32) * 32 + (n0 - nc) % 32;
             const int left = n_out - n0;
             const __mmask16 k = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
             _mm512_mask_storeu_ps(out + (size_t)m * n_out + n0, k, _mm512_load_ps(c)); /* a tile row: 64 bytes */
@@ -107,25 +127,13 @@ static void direct(float *out, const uint16_t *w, const uint16_t *a, int n_kb, i
         const uint16_t *b0 = w + (size_t)(n0 / 16) * n_kb * 2 * TILE_VALUES;
         const bool whole = n0 + 32 <= n_out;
         for (int m0 = row0; m0 < row1; m0 += 32) {
-            float *c = whole ? out + (size_t)m0 * n_out + n0 : panel_block(panel, (m0 - row0) / 32, 0, 1);
-            const size_t ld = whole ? (size_t)n_out : 16, ldb = ld * sizeof(float);
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            block_zero();
             row_pair(a + (size_t)(m0 / 16) * n_kb * 2 * TILE_VALUES, n_kb, b0, b0 + (size_t)n_kb * 2 * TILE_VALUES, 0,
                      n_kb);
-            if (whole) {
-                _tile_stored(0, c, ldb);
-                _tile_stored(1, c + 16, ldb);
-                _tile_stored(2, c + 16 * ld, ldb);
-                _tile_stored(3, c + 16 * ld + 16, ldb);
-            } else {
-                _tile_stored(0, c, 64);
-                _tile_stored(1, c + 256, 64);
-                _tile_stored(2, c + 512, 64);
-                _tile_stored(3, c + 768, 64);
-            }
+            if (whole)
+                block_store(out + (size_t)m0 * n_out + n0, (size_t)n_out);
+            else
+                block_store(panel_block(panel, (m0 - row0) / 32, 0, 1), 32);
         }
         if (!whole) panel_out(out, panel, n_out, n0, n0 + 32, row0, row1);
     }
@@ -149,23 +157,13 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
                 const uint16_t *am = a + (size_t)(m0 / 16) * n_kb * 2 * TILE_VALUES;
                 for (int n0 = nc; n0 < nc_end; n0 += 32) {
                     float *c = panel_block(panel, (m0 - row0) / 32, (n0 - nc) / 32, n_pairs);
-                    if (kb0 == 0) {
-                        _tile_zero(0);
-                        _tile_zero(1);
-                        _tile_zero(2);
-                        _tile_zero(3);
-                    } else {
-                        _tile_loadd(0, c, 64);
-                        _tile_loadd(1, c + 256, 64);
-                        _tile_loadd(2, c + 512, 64);
-                        _tile_loadd(3, c + 768, 64);
-                    }
+                    if (kb0 == 0)
+                        block_zero();
+                    else
+                        block_load(c, 32);
                     const uint16_t *b0 = w + (size_t)(n0 / 16) * n_kb * 2 * TILE_VALUES;
                     row_pair(am, n_kb, b0, b0 + (size_t)n_kb * 2 * TILE_VALUES, kb0, kb1);
-                    _tile_stored(0, c, 64);
-                    _tile_stored(1, c + 256, 64);
-                    _tile_stored(2, c + 512, 64);
-                    _tile_stored(3, c + 768, 64);
+                    block_store(c, 32);
                 }
             }
         }
@@ -176,20 +174,12 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
 
 long kt_amx_probe_dp(long iters) {
     config_tiles();
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    block_zero();
     _tile_zero(4);
     _tile_zero(5);
     _tile_zero(6);
     _tile_zero(7);
-    for (long i = 0; i < iters; i++) { /* four independent accumulators, as row_pair keeps */
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
+    for (long i = 0; i < iters; i++) products(); /* four independent accumulators, as row_pair keeps */
     float c[256];
     _tile_stored(0, c, 64);
     _tile_release();
