@@ -10,6 +10,10 @@
  *    column and row tails, one K panel and several, one column panel and
  *    several; and the same bits however the rows are split into calls.
  *    Skipped, visibly, where the CPU has no AMX.
+ *  - the AMX-INT8 prefill GEMM of the 32-value x8 formats (Q4_0, Q8_0,
+ *    IQ4_NL, MXFP4): the reference's bits, for token and row counts with
+ *    and without tails, one token chunk and several; the AVX-512 tier's
+ *    bits too. Skipped, visibly, where the CPU has no AMX-INT8.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +25,9 @@
 #include "base/fp16.h"
 #include "ops/amx.h"
 #include "ops/cpu.h"
+#include "ops/matmul.h"
+#include "ops/pool.h"
+#include "ops/repack.h"
 
 typedef struct gemm_case {
     int n_in, n_out, n_rows;
@@ -221,12 +228,57 @@ static void test_tiles_vs_ref(void **state) {
     }
 }
 
+/* x8 matrices through kt_matmul on the int8 tiles: the plain type's
+ * reference bits (the specification every tier keeps). Shapes: whole
+ * tiles only; row and token tails (to the AVX-512 tiles); a K of 8192
+ * whose 150 tokens span two token chunks of the tiles' pass. */
+static void test_int8_tiles_vs_ref(void **state) {
+    (void)state;
+    if (!kt_cpu_has_amx_int8()) {
+        tu_skip("this CPU (or build) has no AMX-INT8: %s", kt_cpu_features());
+        return;
+    }
+    static const kt_dtype types[] = {KT_Q4_0, KT_Q8_0, KT_IQ4_NL, KT_MXFP4};
+    static const int shapes[][3] = {{64, 16, 16}, {96, 40, 33}, {2080, 24, 47}, {8192, 32, 150}};
+    kt_pool *pool = kt_pool_new(2, NULL);
+    assert_non_null(pool);
+    for (int ti = 0; ti < 4; ti++)
+        for (int si = 0; si < 4; si++) {
+            const kt_dtype type = types[ti];
+            const int n_in = shapes[si][0], n_out = shapes[si][1], nt = shapes[si][2];
+            if (TU_SANITIZED && si == 3 && ti > 0) continue; /* the slow reference, once */
+            const kt_dtype x8_type = kt_repack_type(type, n_in, n_out);
+            assert_int_not_equal(x8_type, type);
+            void *w = tu_make_weights(type, n_in, n_out, (uint64_t)(ti * 10 + si), 0.0f);
+            const size_t bytes = kt_dtype_row_bytes(type, n_in) * (size_t)n_out;
+            void *x8 = tu_xmalloc(bytes), *tmp = tu_xmalloc(kt_repack_tmp_bytes(type, n_in));
+            memcpy(x8, w, bytes);
+            kt_repack(x8, type, n_in, n_out, tmp);
+            const size_t no = (size_t)nt * n_out;
+            float *x = tu_xmalloc(sizeof(float) * (size_t)nt * n_in);
+            float *want = tu_xmalloc(sizeof(float) * no), *got = tu_xmalloc(sizeof(float) * no);
+            tu_fill_normal(x, (size_t)nt * n_in, 1.0f, (uint64_t)(7 * ti + si));
+            kt_matmul_ref(want, w, type, x, n_in, n_out, nt);
+            kt_matmul(pool, got, x8, x8_type, x, n_in, n_out, nt);
+            if (memcmp(got, want, sizeof(float) * no) != 0)
+                fail_msg("%s on AMX-INT8, %d x %d x %d tokens: not the %s reference's bits", kt_dtype_name(x8_type), n_in,
+                         n_out, nt, kt_dtype_name(type));
+            kt_cpu_force_no_amx(true);
+            kt_matmul(NULL, got, x8, x8_type, x, n_in, n_out, nt);
+            kt_cpu_force_no_amx(false);
+            assert_memory_equal(got, want, sizeof(float) * no);
+            free(w), free(x8), free(tmp), free(x), free(want), free(got);
+        }
+    kt_pool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_exact),
         cmocka_unit_test(test_pack_f32_twins),
         cmocka_unit_test(test_ref_vs_exact),
         cmocka_unit_test(test_tiles_vs_ref),
+        cmocka_unit_test(test_int8_tiles_vs_ref),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

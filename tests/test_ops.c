@@ -670,6 +670,11 @@ static void check_simd_vs_ref(void) {
  * 256-bit VNNI tile would serve), AVX-VNNI alone, and plain AVX2. */
 static void on_every_int8_tier(void (*check)(bool), bool arg) {
     check(arg);
+    if (kt_cpu_has_amx_int8()) { /* the AVX-512 tier under it */
+        kt_cpu_force_no_amx(true);
+        check(arg);
+        kt_cpu_force_no_amx(false);
+    }
     if (kt_cpu_has_avx512_vnni()) {
         kt_cpu_force_no_avx512(true);
         check(arg);

@@ -27,10 +27,13 @@
 #ifndef KT_AMX_BUILT /* CMakeLists.txt: 1 where matmul_amx.c is compiled for AMX */
 #define KT_AMX_BUILT 0
 #endif
+#ifndef KT_AMX_INT8_BUILT /* CMakeLists.txt: 1 where matmul_amx_q8.c is compiled for AMX-INT8 */
+#define KT_AMX_INT8_BUILT 0
+#endif
 
 typedef struct cpu_info {
     bool avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512vnni, avx_vnni, os_ymm, os_zmm;
-    bool amx_tile, amx_bf16, avx512_bf16, os_amx;
+    bool amx_tile, amx_bf16, amx_int8, avx512_bf16, os_amx;
 } cpu_info;
 
 static cpu_info detect(void) {
@@ -58,6 +61,7 @@ static cpu_info detect(void) {
         c.avx512vnni = (cx >> 11) & 1;
         c.amx_bf16 = (d >> 22) & 1;
         c.amx_tile = (d >> 24) & 1;
+        c.amx_int8 = (d >> 25) & 1;
     }
     if (__get_cpuid_count(7, 1, &a, &b, &cx, &d)) {
         c.avx_vnni = (a >> 4) & 1;    /* leaf 7.1 EAX bit 4 */
@@ -157,7 +161,13 @@ void kt_cpu_force_no_avx512(bool on) {
 }
 
 static _Atomic int g_has_amx = -1;
+static _Atomic int g_has_amx_int8 = -1;
 static _Atomic int g_forced_no_amx = 0;
+
+static bool env_no_amx(void) {
+    const char *env = getenv("KETTLE_NO_AMX");
+    return env && *env && strcmp(env, "0") != 0;
+}
 
 /* Linux hands out the 8 KiB of tile data per process only on request
  * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without it the
@@ -175,10 +185,22 @@ bool kt_cpu_has_amx_bf16(void) {
     int v = atomic_load_explicit(&g_has_amx, memory_order_relaxed);
     if (v < 0) { /* racing first callers ask the kernel twice: it grants the same */
         cpu_info c = detect();
-        const char *env = getenv("KETTLE_NO_AMX");
-        v = c.amx_tile && c.amx_bf16 && c.os_amx && c.avx512f && c.avx512_bf16 && c.os_zmm && !(env && *env && strcmp(env, "0") != 0) && KT_AMX_BUILT &&
-            amx_permitted();
+        v = c.amx_tile && c.amx_bf16 && c.os_amx && c.avx512f && c.avx512_bf16 && c.os_zmm && !env_no_amx() &&
+            KT_AMX_BUILT && amx_permitted();
         atomic_store_explicit(&g_has_amx, v, memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+/* The int8 tiles post-process on AVX-512 (the AVX-512 tier's float
+ * steps), so they are a tier above it and go when it goes. */
+bool kt_cpu_has_amx_int8(void) {
+    if (!kt_cpu_has_avx512_vnni() || atomic_load_explicit(&g_forced_no_amx, memory_order_relaxed)) return false;
+    int v = atomic_load_explicit(&g_has_amx_int8, memory_order_relaxed);
+    if (v < 0) {
+        cpu_info c = detect();
+        v = c.amx_tile && c.amx_int8 && c.os_amx && !env_no_amx() && KT_AMX_INT8_BUILT && amx_permitted();
+        atomic_store_explicit(&g_has_amx_int8, v, memory_order_relaxed);
     }
     return v == 1;
 }
@@ -187,20 +209,21 @@ void kt_cpu_force_no_amx(bool on) {
     atomic_store(&g_forced_no_amx, on ? 1 : 0);
 }
 
-static char g_features[128];
+static char g_features[160];
 static pthread_once_t g_features_once = PTHREAD_ONCE_INIT;
 
 static void describe(void) {
     cpu_info c = detect();
-    const char *tier = kt_cpu_has_avx512_vnni() ? "(AVX-512 kernels)"
+    const char *tier = kt_cpu_has_amx_int8()    ? "(AMX-INT8 + AVX-512 kernels)"
+                       : kt_cpu_has_avx512_vnni() ? "(AVX-512 kernels)"
                        : kt_cpu_has_avx_vnni()  ? "(AVX-VNNI kernels)"
                        : kt_cpu_has_avx2()      ? "(AVX2 kernels)"
                                                 : "(scalar kernels)";
-    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
+    snprintf(g_features, sizeof g_features, "%s%s%s%s%s%s%s%s%s%s", c.avx && c.os_ymm ? "AVX " : "",
              c.avx2 ? "AVX2 " : "", c.fma ? "FMA " : "", c.f16c ? "F16C " : "",
              c.avx_vnni ? "AVX-VNNI " : "", c.avx512f ? "AVX512F " : "",
              c.avx512f && c.avx512bw && c.avx512vl && c.avx512vnni ? "AVX512-VNNI " : "",
-             kt_cpu_has_amx_bf16() ? "AMX-BF16 " : "", tier);
+             kt_cpu_has_amx_bf16() ? "AMX-BF16 " : "", kt_cpu_has_amx_int8() ? "AMX-INT8 " : "", tier);
 }
 
 const char *kt_cpu_features(void) {

@@ -35,6 +35,10 @@ void kt_cpu_hide_avx_vnni(bool on);
  * build whose compiler has them (ops/amx.h: the vision tower's F16 GEMMs). KETTLE_NO_AMX=1 turns it off; so does
  * anything that turns the SIMD kernels off. */
 bool kt_cpu_has_amx_bf16(void);
+/* AMX-TILE + AMX-INT8 on the same terms, a tier above AVX-512 VNNI (so
+ * false whenever that is): the prefill GEMMs of the 32-value x8 formats
+ * (kt_matmul_x8_amx, ops/internal.h). */
+bool kt_cpu_has_amx_int8(void);
 /* Turns AMX off (on = true) or back on; same rules as kt_cpu_force_scalar. */
 void kt_cpu_force_no_amx(bool on);
 /* Turns the SIMD kernels off (on = true) or back on, for the whole

@@ -135,6 +135,17 @@ void kt_matmul_lowbit_x8_avx2(float *out, const void *w, kt_dtype wtype, const k
  * of 8. */
 void kt_matmul_x8_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,
                        int n_tokens, int r0, int r1);
+/* The same on AMX-INT8 tiles (matmul_amx_q8.c), the same bits, for the
+ * 32-value x8 formats (Q4_0x8, Q8_0x8, IQ4_NLx8, MXFP4x8) where
+ * kt_matmul_x8_amx_takes says so; panel as for kt_matmul_q4_0_avx2 (the
+ * calling thread's kt_matmul_amx_panel_bytes(n_in)). Rows and tokens past the
+ * last whole tile of 16 go to kt_matmul_x8_avx2. */
+bool kt_matmul_x8_amx_takes(kt_dtype wtype, int n_tokens);
+/* Bytes of the per-thread work area kt_matmul_x8_amx needs for n_in (a
+ * 64-byte multiple). */
+size_t kt_matmul_amx_panel_bytes(int n_in);
+void kt_matmul_x8_amx(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x, int n_in, int n_out,
+                      int n_tokens, int r0, int r1, void *panel);
 /* Rows [r0, r1) of every token for Q4_1, Q5_0 or Q5_1 weights (x: the
  * Q8_0 activations), bit-identical to the reference; panel as for Q4_0. */
 void kt_matmul_legacy_avx2(float *out, const void *w, kt_dtype wtype, const kt_q8_act *x,

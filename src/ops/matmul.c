@@ -412,6 +412,12 @@ static void mm_rows(mm_job *j, int ith, int r0, int r1) {
     case KT_Q8_0_X8:
     case KT_IQ4_NL_X8:
     case KT_MXFP4_X8:
+        if (panel && kt_matmul_x8_amx_takes(j->wtype, j->n_tokens)) {
+            kt_matmul_x8_amx(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1, panel);
+            break;
+        }
+        kt_matmul_x8_avx2(j->out, j->w, j->wtype, &j->xa, j->n_in, j->n_out, j->n_tokens, r0, r1);
+        break;
     case KT_Q4_1_X8:
     case KT_Q5_0_X8:
     case KT_Q5_1_X8:
@@ -551,12 +557,16 @@ void kt_matmul_many(kt_pool *pool, const kt_matmul_part *parts, int n_parts, con
         /* scratch: the quantized activations, then (the SIMD GEMM of the
          * 32-value formats) one panel per thread */
         size_t act = (kt_q8_act_bytes(n_in, n_tokens) + 63) / 64 * 64;
-        bool panels = false;
-        for (int p = 0; p < n_parts; p++)
+        bool panels = false, amx = false;
+        for (int p = 0; p < n_parts; p++) {
             panels |= j.simd && n_tokens > 1 &&
                       (parts[p].wtype == KT_Q4_0 || parts[p].wtype == KT_Q8_0 || is_legacy(parts[p].wtype));
+            amx |= kt_matmul_x8_amx_takes(parts[p].wtype, n_tokens);
+        }
 #if defined(__x86_64__) || defined(__i386__)
         if (panels) j.panel_bytes = kt_matmul_panel_bytes(n_in);
+        if (amx && kt_matmul_amx_panel_bytes(n_in) > j.panel_bytes) j.panel_bytes = kt_matmul_amx_panel_bytes(n_in);
+        panels |= amx;
 #endif
         size_t need = act + 64 + (size_t)kt_pool_size(pool) * j.panel_bytes;
         void *buf = pool ? kt_pool_scratch(pool, need) : (owned = malloc(need));
