@@ -13,8 +13,9 @@
  * stays in L2 while every row pair of the call runs over it; a row pair's
  * 128 values (16 KiB) stay in L1 while the panel's column pairs go by.
  * The outputs accumulate in the caller's panel buffer, 4 KiB blocks in a
- * row (the output rows, n_out floats apart, would fall in one L1 set),
- * and go to out once per column panel. The weights are read from memory
+ * row (the output rows, n_out floats apart, would fall in one L1 set);
+ * after the last K panel a block goes straight to out (a column pair
+ * past n_out through the panel). The weights are read from memory
  * once per call, so callers give a few hundred rows at a time. Measured
  * on machine C (one core, 960 rows x 1024 x 4096): ~2.8x the F16x16 FMA
  * kernel, 440-540 GFLOP/s, the tile products at ~40% of their peak,
@@ -105,11 +106,12 @@ static inline float *panel_block(float *panel, int p, int q, int n_pairs) {
     return panel + ((size_t)p * n_pairs + q) * 1024;
 }
 
-/* out's columns [nc, nc_end) of rows [row0, row1), from the panel */
-static void panel_out(float *out, const float *panel, int n_out, int nc, int nc_end, int row0, int row1) {
+/* out's columns [from, nc_end) of rows [row0, row1), from the panel of
+ * columns [nc, nc_end) */
+static void panel_out(float *out, const float *panel, int n_out, int nc, int from, int nc_end, int row0, int row1) {
     const int n_pairs = (nc_end - nc) / 32;
     for (int m = row0; m < row1; m++)
-        for (int n0 = nc; n0 < nc_end && n0 < n_out; n0 += 16) {
+        for (int n0 = from; n0 < nc_end && n0 < n_out; n0 += 16) {
             const int p = (m - row0) / 32, q = (n0 - nc) / 32;
             const float *c = panel_block((float *)panel, p, q, n_pairs) + ((m - row0) % 32) * 32 + (n0 - nc) % 32;
             const int left = n_out - n0;
@@ -135,7 +137,7 @@ static void direct(float *out, const uint16_t *w, const uint16_t *a, int n_kb, i
             else
                 block_store(panel_block(panel, (m0 - row0) / 32, 0, 1), 32);
         }
-        if (!whole) panel_out(out, panel, n_out, n0, n0 + 32, row0, row1);
+        if (!whole) panel_out(out, panel, n_out, n0, n0, n0 + 32, row0, row1);
     }
 }
 
@@ -163,11 +165,15 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
                         block_load(c, 32);
                     const uint16_t *b0 = w + (size_t)(n0 / 16) * n_kb * 2 * TILE_VALUES;
                     row_pair(am, n_kb, b0, b0 + (size_t)n_kb * 2 * TILE_VALUES, kb0, kb1);
-                    block_store(c, 32);
+                    if (kb1 == n_kb && n0 + 32 <= n_out) /* done: where it goes */
+                        block_store(out + (size_t)m0 * n_out + n0, (size_t)n_out);
+                    else
+                        block_store(c, 32);
                 }
             }
         }
-        panel_out(out, panel, n_out, nc, nc_end, row0, row1);
+        const int whole_end = nc + (n_out - nc) / 32 * 32; /* the column pairs stored straight to out */
+        if (whole_end < nc_end) panel_out(out, panel, n_out, nc, whole_end < nc ? nc : whole_end, nc_end, row0, row1);
     }
     _tile_release();
 }

@@ -38,6 +38,7 @@ typedef struct vt_run {
     int n_patches, n_tokens; /* patches; merged tokens = n_patches / 4 */
     int px, py;              /* patches per row / column */
     int *pos_y, *pos_x;      /* each patch's row and column, merge order */
+    float *rope;             /* [n_patches][d_head]: their rotary cosines, sines (vt_rope_table) */
     int *full_start, *full_members, *win_start, *win_members;
     int n_win;
     float *col;       /* [n_patches][3 p p]: the im2col */
@@ -56,6 +57,7 @@ typedef struct vt_run {
 static void run_free(vt_run *r) {
     free(r->pos_y);
     free(r->pos_x);
+    free(r->rope);
     free(r->full_start);
     free(r->full_members);
     free(r->win_start);
@@ -135,6 +137,7 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, int n_t
     r->gate = gated ? alloc_floats(P, wide, &ok) : NULL;
     r->xh = alloc_floats(P, wide > w ? wide : w, &ok);
     r->merged = alloc_floats((size_t)kt_amx_rows_pad(r->n_tokens), (size_t)v->proj_dim, &ok);
+    r->rope = alloc_floats((size_t)r->n_patches, (size_t)v->d_head, &ok);
     if (v->amx_k_max) {
         r->xa = aligned_alloc(64, kt_amx_act_bytes(v->amx_k_max, r->n_patches));
         r->panels = aligned_alloc(64, (size_t)n_threads * KT_AMX_PANEL_FLOATS * sizeof(float));
@@ -149,6 +152,7 @@ static kt_status run_alloc(const kt_vision *v, const kt_image_prep *img, int n_t
         r->pos_x[t] = (g % gx) * 2 + t % 2;
         r->full_members[t] = t;
     }
+    vt_rope_table(r->rope, r->pos_y, r->pos_x, r->n_patches, v->d_head);
     r->full_start[0] = 0;
     r->full_start[1] = r->n_patches;
     if (gw > 0) make_windows(v, r);
@@ -328,8 +332,8 @@ static kt_status attention(const kt_vision *v, kt_pool *pool, const vt_layer *l,
         linear(pool, r, k, &l->k_w, &l->k_b, r->xn, P);
         linear(pool, r, vv, &l->v_w, &l->v_b, r->xn, P);
     }
-    vt_rope_2d(pool, q, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
-    vt_rope_2d(pool, k, stride, r->pos_y, r->pos_x, P, v->n_heads, v->d_head);
+    vt_rope_2d(pool, q, stride, r->rope, P, v->n_heads, v->d_head);
+    vt_rope_2d(pool, k, stride, r->rope, P, v->n_heads, v->d_head);
     bool full = l->full_attn || r->n_win <= 1;
     kt_status (*attend)(kt_pool *, float *, const float *, const float *, const float *, int, int, int, const int *,
                         const int *, int, kt_error *) = v->amx_k_max ? vt_attention_amx : vt_attention;

@@ -113,9 +113,11 @@ float vt_softmax_split_row_c(const float *s, int n, float scale, uint16_t *dst, 
 /* 2-D rotary (ggml_rope_multi, GGML_ROPE_TYPE_VISION, base 10000): for
  * every patch t and head, pair (j, j + d/2) rotates by
  * pos_y[t] * base^(-4j/d) for j < d/4 and by pos_x[t] * base^(-4(j - d/4)/d)
- * for j >= d/4. x rows of `stride` floats, heads at h * d. */
-void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens, int n_heads,
-                int d_head);
+ * for j >= d/4. vt_rope_table writes each patch's cosines then sines (d
+ * floats a patch) once an image, for every layer's q and k; vt_rope_2d
+ * turns x's rows (`stride` floats, heads at h * d) by them. */
+void vt_rope_table(float *table, const int *pos_y, const int *pos_x, int n_tokens, int d_head);
+void vt_rope_2d(kt_pool *pool, float *x, int stride, const float *table, int n_tokens, int n_heads, int d_head);
 
 /* Bidirectional attention within groups of tokens: win_start[w] ..
  * win_start[w + 1] indexes members[], the tokens of group w (every token in

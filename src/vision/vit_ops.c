@@ -218,7 +218,7 @@ void vt_round_f16_to(float *y, const float *x, long n) {
 typedef struct rope_job {
     float *x;
     int stride;
-    const int *pos_y, *pos_x;
+    const float *table;
     int n_tokens, n_heads, d;
 } rope_job;
 
@@ -239,14 +239,20 @@ static void rope_cache(int d, int pos_y, int pos_x, float *cs, float *sn) {
     }
 }
 
+void vt_rope_table(float *table, const int *pos_y, const int *pos_x, int n_tokens, int d_head) {
+    for (int t = 0; t < n_tokens; t++) {
+        float *cs = table + (size_t)t * d_head;
+        rope_cache(d_head, pos_y[t], pos_x[t], cs, cs + d_head / 2);
+    }
+}
+
 static void rope_worker(void *ctx, int ith, int nth) {
     const rope_job *r = ctx;
     int d = r->d, half = d / 2;
-    float cs[VT_MAX_HEAD_DIM / 2], sn[VT_MAX_HEAD_DIM / 2];
     long lo, hi;
     kt_split_range(r->n_tokens, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
-        rope_cache(d, r->pos_y[t], r->pos_x[t], cs, sn);
+        const float *cs = r->table + t * d, *sn = cs + half;
         for (int h = 0; h < r->n_heads; h++) {
             float *v = r->x + t * r->stride + (long)h * d;
             for (int j = 0; j < half; j++) {
@@ -258,9 +264,8 @@ static void rope_worker(void *ctx, int ith, int nth) {
     }
 }
 
-void vt_rope_2d(kt_pool *pool, float *x, int stride, const int *pos_y, const int *pos_x, int n_tokens, int n_heads,
-                int d_head) {
-    rope_job r = {x, stride, pos_y, pos_x, n_tokens, n_heads, d_head};
+void vt_rope_2d(kt_pool *pool, float *x, int stride, const float *table, int n_tokens, int n_heads, int d_head) {
+    rope_job r = {x, stride, table, n_tokens, n_heads, d_head};
     kt_pool_run(pool, rope_worker, &r);
 }
 
