@@ -66,7 +66,7 @@ static void case_make(gemm_case *c, int n_in, int n_out, int n_rows, unsigned se
             c->exact[(size_t)m * n_out + o] = s, c->mag[(size_t)m * n_out + o] = a;
         }
     kt_amx_pack_f16(c->packed, c->w, n_in, n_out);
-    kt_amx_split_rows(c->a, c->x, n_in, n_rows, 0, kt_amx_rows_pad(n_rows));
+    kt_amx_split_rows(c->a, c->x, n_in, n_rows, 0, kt_amx_rows_pad(n_rows), false);
 }
 
 static void case_free(gemm_case *c) {
@@ -104,7 +104,7 @@ static void test_split_exact(void **state) {
     size_t bytes = kt_amx_act_bytes(N_IN, rows_pad);
     uint16_t *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
     assert_non_null(a), assert_non_null(b);
-    kt_amx_split_rows_c(a, x, N_IN, n_rows, 0, rows_pad);
+    kt_amx_split_rows_c(a, x, N_IN, n_rows, 0, rows_pad, false);
     int bad = 0;
     for (int m = 0; m < n_rows; m++)
         for (int c = 0; c < N_IN; c++) {
@@ -130,10 +130,12 @@ static void test_split_exact(void **state) {
         for (int i = 0; i < 3 * N_IN; i++) odd[i] = rnd(&s) * 1e3f;
         odd[3] = NAN, odd[4] = INFINITY, odd[5] = -INFINITY, odd[6] = 1e-40f;
         memcpy(x, odd, sizeof odd);
-        memset(b, 0xff, bytes);
-        kt_amx_split_rows_c(a, x, N_IN, n_rows, 0, rows_pad);
-        kt_amx_split_rows_avx512(b, x, N_IN, n_rows, 0, rows_pad);
-        assert_memory_equal(a, b, bytes);
+        for (int f16 = 0; f16 < 2; f16++) { /* and rounded to F16 on the way */
+            memset(b, 0xff, bytes);
+            kt_amx_split_rows_c(a, x, N_IN, n_rows, 0, rows_pad, f16);
+            kt_amx_split_rows_avx512(b, x, N_IN, n_rows, 0, rows_pad, f16);
+            assert_memory_equal(a, b, bytes);
+        }
     } else {
         printf("  the AVX-512 split is not checked: no AMX-BF16 here (%s)\n", kt_cpu_features());
     }

@@ -88,14 +88,14 @@ static inline uint16_t *act_tile(uint16_t *a, int n_kb, int mt, int kb, int h) {
     return a + (((size_t)mt * n_kb + kb) * 2 + h) * TILE_VALUES;
 }
 
-void kt_amx_split_rows(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1) {
+void kt_amx_split_rows(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16) {
     if (kt_cpu_has_amx_bf16())
-        kt_amx_split_rows_avx512(a, x, n_in, n_rows, row0, row1);
+        kt_amx_split_rows_avx512(a, x, n_in, n_rows, row0, row1, round_f16);
     else
-        kt_amx_split_rows_c(a, x, n_in, n_rows, row0, row1);
+        kt_amx_split_rows_c(a, x, n_in, n_rows, row0, row1, round_f16);
 }
 
-void kt_amx_split_rows_c(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1) {
+void kt_amx_split_rows_c(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16) {
     const int n_kb = kt_amx_k_pad(n_in) / KT_AMX_K;
     for (int m = row0; m < row1; m++)
         for (int kb = 0; kb < n_kb; kb++) {
@@ -104,7 +104,7 @@ void kt_amx_split_rows_c(uint16_t *a, const float *x, int n_in, int n_rows, int 
             const int c0 = kb * KT_AMX_K, n = m >= n_rows ? 0 : n_in - c0 < KT_AMX_K ? n_in - c0 : KT_AMX_K;
             const float *xr = x + (size_t)m * n_in + c0;
             int c = 0;
-            for (; c < n; c++) split1(xr[c], &hi[c], &lo[c]);
+            for (; c < n; c++) split1(round_f16 ? kt_fp16_to_fp32(kt_fp32_to_fp16(xr[c])) : xr[c], &hi[c], &lo[c]);
             for (; c < KT_AMX_K; c++) hi[c] = lo[c] = 0;
         }
 }

@@ -45,6 +45,7 @@
 #ifndef KT_OPS_AMX_H
 #define KT_OPS_AMX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,12 +80,14 @@ size_t kt_amx_act_bytes(int n_in, int n_rows);
 /* Splits rows [row0, row1) of x[][n_in] into a (kt_amx_act_bytes for the
  * whole matrix, 64-byte aligned); rows from n_rows up to the padding must
  * be split too (x ignored there: zeros), so give row1 up to
- * kt_amx_rows_pad(n_rows). */
-void kt_amx_split_rows(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1);
+ * kt_amx_rows_pad(n_rows). round_f16: each value rounded to F16 first
+ * (nearest even, as kt_fp32_to_fp16), which an F16 weight's GEMM wants
+ * (the split is then exact), in the same pass. */
+void kt_amx_split_rows(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16);
 /* Its scalar form and its AVX-512 twin (the same bits; the twin needs
  * kt_cpu_has_amx_bf16(), which implies AVX-512). */
-void kt_amx_split_rows_c(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1);
-void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1);
+void kt_amx_split_rows_c(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16);
+void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16);
 
 /* out[m][0 .. n_out) for rows m in [row0, row1): the packed weights
  * times the split activations. row0 and row1 are multiples of KT_AMX_ROWS

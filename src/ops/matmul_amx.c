@@ -204,7 +204,7 @@ static inline __m512i to_bf16_16(__m512i u) {
     return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
 }
 
-void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1) {
+void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16) {
     const int n_kb = kt_amx_k_pad(n_in) / KT_AMX_K;
     for (int m = row0; m < row1; m++)
         for (int kb = 0; kb < n_kb; kb++) {
@@ -214,7 +214,8 @@ void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows,
             for (int h = 0; h < 2; h++) { /* two halves of 16 values */
                 const int left = n - 16 * h;
                 const __mmask16 k = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-                const __m512 v = _mm512_maskz_loadu_ps(k, x + (size_t)m * n_in + c0 + 16 * h);
+                __m512 v = _mm512_maskz_loadu_ps(k, x + (size_t)m * n_in + c0 + 16 * h);
+                if (round_f16) v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
                 const __m512i vh = to_bf16_16(_mm512_castps_si512(v));
                 const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(vh, 16)));
                 const __m512i vl = to_bf16_16(_mm512_castps_si512(rest));
@@ -261,8 +262,8 @@ void kt_amx_pack_f32_avx512(uint16_t *dst, const float *w, int n_in, int n_out, 
     kt_amx_pack_f32_c(dst, w, n_in, n_out, 1, ld_in); /* never chosen: no AMX in this build */
 }
 
-void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1) {
-    kt_amx_split_rows_c(a, x, n_in, n_rows, row0, row1); /* never chosen: no AMX in this build */
+void kt_amx_split_rows_avx512(uint16_t *a, const float *x, int n_in, int n_rows, int row0, int row1, bool round_f16) {
+    kt_amx_split_rows_c(a, x, n_in, n_rows, row0, row1, round_f16); /* never chosen: no AMX in this build */
 }
 
 void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, int n_out, int n_rows, int row0,

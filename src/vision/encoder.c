@@ -206,6 +206,7 @@ typedef struct amx_job {
     const float *x;
     float *panels;
     int n_in, n_out, n_rows, rows_pad, chunk;
+    bool round_f16; /* the input rounded to F16 as it is split */
     atomic_int next;
 } amx_job;
 
@@ -213,7 +214,7 @@ static void amx_split_worker(void *ctx, int ith, int nth) {
     amx_job *j = ctx;
     long lo, hi;
     kt_split_range(j->rows_pad / 16, ith, nth, &lo, &hi);
-    kt_amx_split_rows(j->a, j->x, j->n_in, j->n_rows, (int)lo * 16, (int)hi * 16);
+    kt_amx_split_rows(j->a, j->x, j->n_in, j->n_rows, (int)lo * 16, (int)hi * 16, j->round_f16);
 }
 
 static void amx_gemm_worker(void *ctx, int ith, int nth) {
@@ -228,12 +229,12 @@ static void amx_gemm_worker(void *ctx, int ith, int nth) {
 }
 
 static void gemm_amx(kt_pool *pool, vt_run *r, float *out, const uint16_t *w, const float *x, int n_in, int n_out,
-                     int n_rows) {
+                     int n_rows, bool round_f16) {
     const int nth = pool ? kt_pool_size(pool) : 1, rows_pad = kt_amx_rows_pad(n_rows);
     int n_chunks = (rows_pad + KT_AMX_MAX_ROWS - 1) / KT_AMX_MAX_ROWS;
     n_chunks = (n_chunks + nth - 1) / nth * nth;
     const int chunk = kt_amx_rows_pad((rows_pad + n_chunks - 1) / n_chunks);
-    amx_job j = {out, w, r->xa, x, r->panels, n_in, n_out, n_rows, rows_pad, chunk, 0};
+    amx_job j = {out, w, r->xa, x, r->panels, n_in, n_out, n_rows, rows_pad, chunk, round_f16, 0};
     kt_pool_run(pool, amx_split_worker, &j);
     kt_pool_run(pool, amx_gemm_worker, &j);
 }
@@ -288,7 +289,7 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
     for (int k = 0; k < 2; k++) {
         float *out = k ? r->tmp : r->x;
         if (v->patch_amx[k])
-            gemm_amx(pool, r, out, v->patch_amx[k], r->col, n_in, w, P);
+            gemm_amx(pool, r, out, v->patch_amx[k], r->col, n_in, w, P, false); /* r->col is F16 already */
         else
             gemm(pool, out, v->patch_w16[k], v->patch_type, r->col, n_in, w, P);
     }
@@ -307,14 +308,16 @@ static void embed_patches(const kt_vision *v, kt_pool *pool, const kt_image_prep
  * llama.cpp's embeddings by 15-35%; the max stays ~5e-4 relative). */
 static void linear(kt_pool *pool, vt_run *r, float *out, const vt_weight *wt, const vt_weight *b, const float *x,
                    int n_rows) {
-    if (kt_repack_plain(wt->type) == KT_F16) {
-        vt_round_f16(pool, r->xh, x, (long)n_rows * wt->n_in);
-        x = r->xh;
-    }
-    if (wt->amx)
-        gemm_amx(pool, r, out, wt->amx, x, wt->n_in, wt->n_out, n_rows);
-    else
+    const bool f16 = kt_repack_plain(wt->type) == KT_F16;
+    if (wt->amx) { /* the rounding done by the split */
+        gemm_amx(pool, r, out, wt->amx, x, wt->n_in, wt->n_out, n_rows, f16);
+    } else {
+        if (f16) {
+            vt_round_f16(pool, r->xh, x, (long)n_rows * wt->n_in);
+            x = r->xh;
+        }
         gemm(pool, out, wt->data, wt->type, x, wt->n_in, wt->n_out, n_rows);
+    }
     vt_add_bias(pool, out, b->data, n_rows, wt->n_out);
 }
 

@@ -92,7 +92,7 @@ static void attend_block(const amx_attn_job *a, int w, int h, int i0, int i1, co
     for (int i = 0; i < B; i++)
         memcpy(b->qb + (size_t)i * d, a->q + (long)a->members[ws + i0 + i] * a->stride + (long)h * d,
                (size_t)d * sizeof(float));
-    kt_amx_split_rows(b->aq, b->qb, d, B, 0, rows);
+    kt_amx_split_rows(b->aq, b->qb, d, B, 0, rows, false);
     kt_amx_matmul(b->s, b->bk, b->aq, d, n, B, 0, rows, b->panel);
     const float scale = 1.0f / sqrtf((float)d);
     float inv[VT_AMX_QUERIES];
