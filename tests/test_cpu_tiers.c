@@ -117,6 +117,23 @@ static void test_tier_avx512_vnni(void **state) {
     assert_true(kt_cpu_has_avx512_vnni());
 }
 
+/* AMX-INT8 (the prefill tiles of the 32-value x8 formats) sits above
+ * AVX-512 VNNI: the switches that drop that drop it too, and the AMX
+ * switch drops it alone. */
+static void test_tier_amx_int8(void **state) {
+    (void)state;
+    TIER(kt_cpu_has_amx_int8(), "AMX-INT8");
+    check_new_types_on_tier("AMX-INT8");
+    kt_cpu_force_no_avx512(true);
+    assert_false(kt_cpu_has_amx_int8());
+    kt_cpu_force_no_avx512(false);
+    kt_cpu_force_no_amx(true);
+    assert_false(kt_cpu_has_amx_int8());
+    assert_true(kt_cpu_has_avx512_vnni());
+    kt_cpu_force_no_amx(false);
+    assert_true(kt_cpu_has_amx_int8());
+}
+
 /* AVX-512 VNNI shown without AVX-VNNI, as some hypervisors show Zen 4 /
  * 5 (machine A on 2026-12-01): the AVX-512 tiles must still run, Q8_0's
  * included (issue 38: they were gated on AVX-VNNI), and give the
@@ -151,6 +168,7 @@ int main(void) {
         cmocka_unit_test(test_tier_avx_vnni),
         cmocka_unit_test(test_tier_avx512_vnni),
         cmocka_unit_test(test_tier_avx512_without_avx_vnni),
+        cmocka_unit_test(test_tier_amx_int8),
     };
     return tu_result(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -24,6 +24,7 @@
 /* The tier the matmul dispatch picks (ops/cpu.h), after the KETTLE_NO_*
  * switches, so the line says what will run, not only what the CPU has. */
 static const char *kernel_tier(void) {
+    if (kt_cpu_has_amx_int8()) return "AMX-INT8 + AVX-512 VNNI";
     if (kt_cpu_has_avx512_vnni()) return "AVX-512 VNNI";
     if (kt_cpu_has_avx_vnni()) return "AVX-VNNI";
     if (kt_cpu_has_avx2()) return "AVX2";

@@ -61,12 +61,14 @@ def test_version():
     lines = a.stdout.splitlines()
     check(len(lines) == 2 and re.fullmatch(r"kettle \d+\.\d+\.\d+ \(git \S+\)", lines[0]) is not None,
           "first line 'kettle X.Y.Z (git ...)'", a.stdout)
-    check(re.fullmatch(r"kernels: (AVX-512 VNNI|AVX-VNNI|AVX2|scalar) \(CPU: .*\)", lines[1]) is not None,
+    check(re.fullmatch(r"kernels: (AMX-INT8 \+ AVX-512 VNNI|AVX-512 VNNI|AVX-VNNI|AVX2|scalar) \(CPU: .*\)", lines[1]) is not None,
           "second line names the kernel tier", a.stdout)
     # the switches the dispatch obeys must show in the tier it reports
     env = dict(os.environ, KETTLE_NO_VNNI="1", KETTLE_NO_AVX512="1")
     off = run(["--version"], env=env).stdout.splitlines()[1]
     check(re.match(r"kernels: (AVX2|scalar) ", off) is not None, "KETTLE_NO_VNNI/AVX512 show in the tier", off)
+    off = run(["--version"], env=dict(os.environ, KETTLE_NO_AMX="1")).stdout.splitlines()[1]
+    check(not off.startswith("kernels: AMX"), "KETTLE_NO_AMX shows in the tier", off)
 
 
 # ---- serve ----
