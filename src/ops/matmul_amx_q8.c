@@ -32,12 +32,11 @@
  * chunk's token tiles go by; the chunk's activations stay in L2 too, and
  * their d_x are gathered 16 tokens a block so one pointer reaches them.
  *
- * Where the time goes (machine C, one core, 1024 x 4096 x 512 tokens):
- * ~290 GMAC/s against the AVX-512 tile's ~180. The tile products are
- * not the bound (alone they run at ~1.6 TMAC/s); the float steps are:
- * per block a conversion, a product and an fma per 16 outputs, the
+ * Where the time goes: not the tile products but the float steps (per
+ * block a conversion, a product and an fma per 16 outputs, the
  * specification's three operations, which the AVX-512 tile pays as well
- * beside its 8 vpdpbusd.
+ * beside its 8 vpdpbusd) and the tile stores that feed them; ~1.5x the
+ * AVX-512 tiles' prefill on a 4B model (docs/PERFORMANCE.md).
  */
 #include "ops/internal.h"
 
