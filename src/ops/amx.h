@@ -102,6 +102,21 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
 void kt_amx_matmul_ref(float *out, const uint16_t *w, const uint16_t *a, int n_in, int n_out, int n_rows, int row0,
                        int row1);
 
+/* LDTILECFG's 64-byte block, palette 1: tiles 0-7, each colsb[t] bytes
+ * a row and rows[t] rows (the AMX kernels' shapes: matmul_amx.c,
+ * matmul_amx_q8.c). */
+typedef struct kt_amx_tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} kt_amx_tile_config;
+
+static inline kt_amx_tile_config kt_amx_config(const uint16_t colsb[8], const uint8_t rows[8]) {
+    kt_amx_tile_config c = {.palette = 1};
+    for (int t = 0; t < 8; t++) c.colsb[t] = colsb[t], c.rows[t] = rows[t];
+    return c;
+}
+
 /* iters x 4 tile products on resident tiles (16 x 16 x 32 bf16 each), for
  * `kettle bench --peak` (ops/probe.c); needs kt_cpu_has_amx_bf16(). */
 long kt_amx_probe_dp(long iters);

@@ -33,17 +33,9 @@
 #define TILE_VALUES 512
 #define KC_BLOCKS 4 /* K blocks (of 32) per panel: 128 values (8: ~15% slower on machine C) */
 
-typedef struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-static void config_tiles(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+static void config_tiles(void) { /* every tile 16 rows of 64 bytes */
+    const kt_amx_tile_config c = kt_amx_config((const uint16_t[8]){64, 64, 64, 64, 64, 64, 64, 64},
+                                               (const uint8_t[8]){16, 16, 16, 16, 16, 16, 16, 16});
     _tile_loadconfig(&c);
 }
 

@@ -40,6 +40,7 @@
  */
 #include "ops/internal.h"
 
+#include "ops/amx.h"
 #include "ops/cpu.h"
 #include "ops/kquant.h"
 #include "ops/repack.h"
@@ -55,19 +56,11 @@
 #define BLOCK_BYTES (VALS_BYTES + ROWS * (int)sizeof(float))
 #define CHUNK_BYTES (1024 * 1024) /* activations per pass: half of a 2 MiB L2 */
 
-typedef struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
+/* tiles 0-3: sums, 16 tokens x 16 int32; 4-5: activations, 16 tokens x
+ * 32 bytes; 6-7: weights, 8 rows of 16 x 4 bytes */
 static void config_tiles(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 4; t++) c.colsb[t] = 64, c.rows[t] = TOK;      /* sums */
-    for (int t = 4; t < 6; t++) c.colsb[t] = QK8_0, c.rows[t] = TOK;   /* activations */
-    for (int t = 6; t < 8; t++) c.colsb[t] = 64, c.rows[t] = QK8_0 / 4; /* weights */
+    const kt_amx_tile_config c = kt_amx_config((const uint16_t[8]){64, 64, 64, 64, QK8_0, QK8_0, 64, 64},
+                                               (const uint8_t[8]){TOK, TOK, TOK, TOK, TOK, TOK, QK8_0 / 4, QK8_0 / 4});
     _tile_loadconfig(&c);
 }
 
