@@ -28,7 +28,6 @@
 
 #include <immintrin.h>
 #include <stdbool.h>
-#include <string.h>
 
 #define TILE_VALUES 512
 #define KC_BLOCKS 4 /* K blocks (of 32) per panel: 128 values (8: ~15% slower on machine C) */
@@ -164,8 +163,9 @@ void kt_amx_matmul(float *out, const uint16_t *w, const uint16_t *a, int n_in, i
                 }
             }
         }
-        const int whole_end = nc + (n_out - nc) / 32 * 32; /* the column pairs stored straight to out */
-        if (whole_end < nc_end) panel_out(out, panel, n_out, nc, whole_end < nc ? nc : whole_end, nc_end, row0, row1);
+        /* the column pairs past whole_end went to the panel (nc < n_pad < n_out + 32, so n_out - nc > -32) */
+        const int whole_end = nc + (n_out - nc) / 32 * 32;
+        if (whole_end < nc_end) panel_out(out, panel, n_out, nc, whole_end, nc_end, row0, row1);
     }
     _tile_release();
 }

@@ -45,13 +45,13 @@
 #include "ops/kquant.h"
 #include "ops/repack.h"
 
+#define TOK 16  /* tokens a tile: fewer never come here */
+#define ROWS 16 /* rows a tile: two x8 groups */
+
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 
 #include <immintrin.h>
-#include <string.h>
 
-#define TOK 16          /* tokens a tile */
-#define ROWS 16         /* rows a tile: two x8 groups */
 #define VALS_BYTES 512  /* a block's weight tile */
 #define BLOCK_BYTES (VALS_BYTES + ROWS * (int)sizeof(float))
 #define CHUNK_BYTES (1024 * 1024) /* activations per pass: half of a 2 MiB L2 */
@@ -253,7 +253,7 @@ void kt_matmul_x8_amx(float *out, const void *w, kt_dtype wtype, const kt_q8_act
 #endif
 
 bool kt_matmul_x8_amx_takes(kt_dtype wtype, int n_tokens) {
-    return n_tokens >= 16 &&
+    return n_tokens >= TOK &&
            (wtype == KT_Q4_0_X8 || wtype == KT_Q8_0_X8 || wtype == KT_IQ4_NL_X8 || wtype == KT_MXFP4_X8) &&
            kt_cpu_has_amx_int8();
 }
