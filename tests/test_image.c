@@ -420,6 +420,54 @@ static void test_preprocess_geometry(void **state) {
     assert_null(prep.canvas_rgb);
 }
 
+/* A deferred prep (image.h) realized is what decode + preprocess give,
+ * byte for byte; realizing again does nothing; a grid other than the
+ * bytes' is refused with the prep left deferred; bad arguments refused;
+ * an unrealized prep freed (ASan sees the kept bytes go). */
+static void test_deferred_prep(void **state) {
+    (void)state;
+    kt_image_prep_params p = {16, 2, 8 * 32 * 32, 4096 * 32 * 32, {0.48f, 0.46f, 0.41f}, {0.27f, 0.26f, 0.28f}};
+    kt_image_limits lim;
+    kt_image_limits_default(&lim);
+    uint8_t *rgb = pattern_rgb(300, 200, 7);
+    membuf m = png_rgb(rgb, 300, 200, 0);
+    kt_image img;
+    kt_image_prep now, later, wrong;
+    kt_error err = {0};
+    assert_int_equal(kt_image_decode(m.p, m.n, &lim, &img, &err), KT_OK);
+    assert_int_equal(kt_image_preprocess(&img, &p, &now, &err), KT_OK);
+    kt_image_free(&img);
+    assert_int_equal(kt_image_prep_defer(&later, m.p, m.n, &lim, &p, now.grid_x, now.grid_y, &err), KT_OK);
+    m.p[0] ^= 0xff; /* the prep keeps its own copy */
+    assert_true(kt_image_prep_deferred(&later));
+    assert_null(later.pixels);
+    assert_int_equal(later.grid_x, now.grid_x);
+    assert_int_equal(kt_image_prep_realize(&later, &err), KT_OK);
+    assert_false(kt_image_prep_deferred(&later));
+    assert_int_equal(later.width, now.width);
+    assert_int_equal(later.height, now.height);
+    assert_int_equal(later.off_x, now.off_x);
+    assert_memory_equal(later.pixels, now.pixels, sizeof(float) * 3 * (size_t)now.width * (size_t)now.height);
+    assert_memory_equal(later.canvas_rgb, now.canvas_rgb, 3 * (size_t)now.width * (size_t)now.height);
+    assert_int_equal(kt_image_prep_realize(&later, &err), KT_OK); /* not deferred: nothing to do */
+    m.p[0] ^= 0xff;
+    assert_int_equal(kt_image_prep_defer(&wrong, m.p, m.n, &lim, &p, now.grid_x + 1, now.grid_y, &err), KT_OK);
+    assert_int_equal(kt_image_prep_realize(&wrong, &err), KT_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "not the"));
+    assert_true(kt_image_prep_deferred(&wrong));
+    kt_image_prep_free(&wrong);
+    /* bytes that no longer decode (cut short): the decoder's error, still deferred */
+    assert_int_equal(kt_image_prep_defer(&wrong, m.p, m.n / 2, &lim, &p, now.grid_x, now.grid_y, &err), KT_OK);
+    assert_int_equal(kt_image_prep_realize(&wrong, &err), KT_ERR_FORMAT);
+    assert_true(kt_image_prep_deferred(&wrong));
+    kt_image_prep_free(&wrong);
+    assert_int_equal(kt_image_prep_defer(&wrong, m.p, 0, &lim, &p, 1, 1, &err), KT_ERR_ARG);
+    assert_int_equal(kt_image_prep_defer(&wrong, m.p, m.n, &lim, &p, 0, 1, &err), KT_ERR_ARG);
+    assert_false(kt_image_prep_deferred(&wrong));
+    kt_image_prep_free(&now), kt_image_prep_free(&later);
+    free(m.p), free(rgb);
+}
+
 /* ---- formats ---- */
 
 static void test_sniff(void **state) {
@@ -1111,6 +1159,7 @@ int main(void) {
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_preprocess_geometry),
+        cmocka_unit_test(test_deferred_prep),
         cmocka_unit_test(test_golden_qwen3vl),
         cmocka_unit_test(test_golden_qwen25vl),
         cmocka_unit_test(test_photo_jpeg_close_to_stb),

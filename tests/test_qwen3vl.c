@@ -149,34 +149,91 @@ static double session_diff(kt_model *m, const q3_ref *r, const float *rows, bool
     return maxdiff;
 }
 
-/* The engine with tower v: the reference's prompt, the image as pixels
- * (the engine encodes them); its greedy tokens are llama.cpp's. */
-static void engine_greedy(kt_model *m, kt_vision *v, const q3_ref *r) {
+/* image-tiny.png as a deferred prep (image/image.h): its bytes kept, the
+ * grid given, the pixels made by the engine when it encodes. */
+static kt_image_prep *tiny_deferred(kt_vision *v, int grid_x, int grid_y) {
+    size_t n = 0;
+    char *bytes = tu_read_file(tu_shared("golden/arch/image-tiny.png"), &n);
+    assert_non_null(bytes);
+    kt_image_prep *prep = tu_xmalloc(sizeof *prep);
+    kt_image_prep_params pp;
+    kt_vision_prep_params(v, &pp);
+    kt_image_limits lim;
+    kt_image_limits_default(&lim);
+    kt_error err = {0};
+    if (kt_image_prep_defer(prep, bytes, n, &lim, &pp, grid_x, grid_y, &err)) fail_msg("%s", err.msg);
+    assert_true(kt_image_prep_deferred(prep));
+    free(bytes);
+    return prep;
+}
+
+/* An engine with tower v. */
+static kt_engine *greedy_engine(kt_model *m, kt_vision *v) {
     kt_engine_params ep = kt_engine_defaults();
     ep.n_ctx = 256, ep.n_parallel = 2, ep.batch_tokens = 16, ep.n_threads = 2, ep.kv_type = KT_KV_F32;
     ep.vision = v;
     kt_error err = {0};
     kt_engine *e = kt_engine_new(m, &ep, &err);
     if (!e) fail_msg("%s", err.msg);
+    return e;
+}
+
+/* The reference's prompt with image im (placed here) through a fresh
+ * engine, nothing cached: its greedy tokens in out; false where the
+ * request ended in an error, its message in error. */
+static bool greedy_run(kt_model *m, kt_vision *v, const q3_ref *r, kt_prompt_image im, tu_eng_out *out,
+                       char *error, size_t error_cap) {
+    kt_engine *e = greedy_engine(m, v);
     const int n_img = r->grid_x * r->grid_y, n = r->n_before + n_img + r->n_after;
     int32_t *ids = tu_xmalloc(sizeof(int32_t) * (size_t)n);
     memcpy(ids, r->before, sizeof(int32_t) * (size_t)r->n_before);
     memset(ids + r->n_before, 0, sizeof(int32_t) * (size_t)n_img);
     memcpy(ids + r->n_before + n_img, r->after, sizeof(int32_t) * (size_t)r->n_after);
-    kt_image_prep *prep = tiny_prep(v);
-    kt_prompt_image im = {.at = r->n_before, .grid_x = r->grid_x, .grid_y = r->grid_y, .hash = eng_image_hash(prep),
-                          .prep = prep};
+    im.at = r->n_before, im.grid_x = r->grid_x, im.grid_y = r->grid_y;
     kt_gen_params p = kt_gen_defaults();
     p.prompt = ids, p.n_prompt = n, p.max_tokens = r->n_gen, p.n_choices = 1, p.top_logprobs = 0, p.ignore_eos = true;
     p.images = &im, p.n_images = 1;
     kt_request *req = NULL;
+    kt_error err = {0};
     if (kt_engine_submit(e, &p, &req, &err)) fail_msg("%s", err.msg);
-    static tu_eng_out out;
-    tu_eng_drain(req, &out, 1);
-    assert_int_equal(out.n, r->n_gen);
-    assert_memory_equal(out.tokens, r->gen, sizeof(int32_t) * (size_t)r->n_gen);
+    memset(out, 0, sizeof *out);
+    bool ok = true;
+    kt_event ev;
+    int rc;
+    while ((rc = kt_request_wait(req, &ev, 60000)) == 1) {
+        if (ev.finish == KT_FINISH_ERROR) ok = false, snprintf(error, error_cap, "%s", ev.error);
+        if (ev.token >= 0 && out->n < 64) out->tokens[out->n++] = ev.token;
+    }
+    assert_int_equal(rc, -1);
+    kt_request_free(req);
     kt_engine_free(e);
     free(ids);
+    return ok;
+}
+
+/* The engine with tower v: the reference's prompt, the image as pixels
+ * (the engine encodes them); its greedy tokens are llama.cpp's. The same
+ * with the image deferred (its bytes, decoded by the engine): the same
+ * tokens; deferred with a hash other than its pixels': refused, never
+ * taken for that other image. */
+static void engine_greedy(kt_model *m, kt_vision *v, const q3_ref *r) {
+    static tu_eng_out out;
+    char error[512] = "";
+    kt_image_prep *prep = tiny_prep(v);
+    const uint64_t hash = eng_image_hash(prep);
+    if (!greedy_run(m, v, r, (kt_prompt_image){.hash = hash, .prep = prep}, &out, error, sizeof error))
+        fail_msg("%s", error);
+    assert_int_equal(out.n, r->n_gen);
+    assert_memory_equal(out.tokens, r->gen, sizeof(int32_t) * (size_t)r->n_gen);
+    kt_image_prep *later = tiny_deferred(v, r->grid_x, r->grid_y);
+    if (!greedy_run(m, v, r, (kt_prompt_image){.hash = hash, .prep = later}, &out, error, sizeof error))
+        fail_msg("deferred: %s", error);
+    assert_int_equal(out.n, r->n_gen);
+    assert_memory_equal(out.tokens, r->gen, sizeof(int32_t) * (size_t)r->n_gen);
+    later = tiny_deferred(v, r->grid_x, r->grid_y);
+    assert_false(greedy_run(m, v, r, (kt_prompt_image){.hash = hash ^ 1, .prep = later}, &out, error, sizeof error));
+    assert_non_null(strstr(error, "do not match the hash"));
+    assert_int_equal(out.n, 0);
 }
 
 /* The rows libmtmd handed llama.cpp's text model (the README's
@@ -226,7 +283,7 @@ static void check_model(const char *shape, const char *ref_name) {
     assert_true(d_text <= TOL_TEXT && d <= TOL);
     assert_true(d0 > 20 * TOL);
     engine_greedy(m, v, &r);
-    printf("  %s through the engine (the tower on the pixels): llama.cpp's %d greedy tokens\n", shape, r.n_gen);
+    printf("  %s through the engine (the tower on the pixels, and on a deferred image's bytes): llama.cpp's %d greedy tokens; a deferred image whose pixels miss its hash refused\n", shape, r.n_gen);
     free(rows), free(ref_rows);
     kt_vision_free(v);
     kt_model_free(m);

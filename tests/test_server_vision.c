@@ -90,12 +90,14 @@ static double metric(const char *name) {
 }
 
 /* The image's tokens are counted; the same request again is served from
- * the prefix cache with the same text, the tower not run again. */
+ * the prefix cache with the same text, the image's bytes known (not
+ * decoded again) and the tower not run again. */
 static void test_image_counted_and_cached(void **state) {
     (void)state;
     char *body = chat_body(image_url, NULL);
     json_t *a = post_ok(&S, "/v1/chat/completions", body);
-    const double encodes = metric("kettle_image_encodes_total");
+    const double encodes = metric("kettle_image_encodes_total"), decodes = metric("kettle_image_decodes_total"),
+                 skipped = metric("kettle_image_decodes_skipped_total");
     json_t *b = post_ok(&S, "/v1/chat/completions", body);
     json_t *ua = json_object_get(a, "usage"), *ub = json_object_get(b, "usage");
     const long long prompt = json_integer_value(json_object_get(ua, "prompt_tokens"));
@@ -106,7 +108,11 @@ static void test_image_counted_and_cached(void **state) {
     assert_string_equal(content_of(a), content_of(b));
     assert_true(encodes >= 1);
     assert_true(metric("kettle_image_encodes_total") == encodes);
-    printf("  %lld prompt tokens (%d of the image); again: cached, the same text, no encode\n", prompt, TINY_TOKENS);
+    assert_true(decodes >= 1);
+    assert_true(metric("kettle_image_decodes_total") == decodes); /* the bytes were seen: not decoded again */
+    assert_true(metric("kettle_image_decodes_skipped_total") == skipped + 1);
+    printf("  %lld prompt tokens (%d of the image); again: cached, the same text, the image neither decoded nor "
+           "encoded\n", prompt, TINY_TOKENS);
     json_decref(a), json_decref(b);
     free(body);
 }

@@ -127,16 +127,32 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Image im's pixels: a deferred prep (image.h, sent by a caller that saw
+ * the same bytes before) decoded now, and its pixels checked against the
+ * hash its tokens are keyed by: a prefix-cache block of another image's
+ * KV must never be taken for this one's. err is not yet wrapped with the
+ * image's index. */
+static kt_status pixels_of(req_image *im, kt_error *err) {
+    if (!kt_image_prep_deferred(im->prep)) return KT_OK;
+    if (kt_image_prep_realize(im->prep, err) != KT_OK) return err->status;
+    if (eng_image_hash(im->prep) != im->hash)
+        return kt_error_set(err, KT_ERR_INTERNAL, "its pixels do not match the hash it was sent with");
+    return KT_OK;
+}
+
 /* Image im's embeddings from the tower (rows of n_row: the engine
  * checks the tower's DeepStack outputs are the model's), malloc'd; NULL
  * with err. */
 static float *encode(req_image *im, int i, eng_encoder *enc, size_t n_floats, kt_error *err) {
     float *out = malloc(sizeof(float) * n_floats);
     if (!out) return kt_error_set(err, KT_ERR_NOMEM, "out of memory encoding image %d", i), NULL;
-    const double t0 = now_ms();
-    kt_status st = kt_vision_encode(enc->vision, enc->pool, im->prep, out, err);
-    enc->encode_ms += now_ms() - t0;
-    enc->n_encoded++;
+    kt_status st = pixels_of(im, err);
+    if (st == KT_OK) {
+        const double t0 = now_ms();
+        st = kt_vision_encode(enc->vision, enc->pool, im->prep, out, err);
+        enc->encode_ms += now_ms() - t0;
+        enc->n_encoded++;
+    }
     if (st) {
         free(out);
         kt_error_wrap(err, "image %d", i);

@@ -59,6 +59,14 @@ typedef struct kt_image_prep_params {
     float mean[3], std[3];
 } kt_image_prep_params;
 
+/* What a deferred prep keeps to make its pixels later (kt_image_prep_defer). */
+typedef struct kt_image_later {
+    uint8_t *bytes; /* the compressed image, a copy */
+    size_t n_bytes;
+    kt_image_limits limits;
+    kt_image_prep_params params;
+} kt_image_later;
+
 /* A preprocessed image: what the encoder reads. */
 typedef struct kt_image_prep {
     int width, height;           /* the canvas, multiples of patch_size * merge_size */
@@ -67,10 +75,28 @@ typedef struct kt_image_prep {
     int grid_x, grid_y;          /* merged tokens: width / (patch * merge), height / (...) */
     float *pixels;               /* planar [3][height][width], (u8 / 255 - mean) / std */
     uint8_t *canvas_rgb;         /* the uint8 canvas the floats were made from, [height][width][3] */
+    kt_image_later *later;        /* deferred (kt_image_prep_defer): pixels and canvas NULL until realized */
 } kt_image_prep;
 
 kt_status kt_image_preprocess(const kt_image *img, const kt_image_prep_params *p, kt_image_prep *out,
                               kt_error *err);
 void kt_image_prep_free(kt_image_prep *prep);
+
+/* Deferred preprocessing (later.c). An agent sends the same screenshots
+ * back in its history step after step; their tokens are prefix-cache hits
+ * and their embeddings encoder-cache hits, so their pixels are almost
+ * never read again, yet decoding and resizing one costs 10-30 ms. A prep
+ * made by kt_image_prep_defer keeps a copy of the compressed bytes, the
+ * limits and the parameters, and only the grid the caller knows from an
+ * earlier decode of the same bytes; kt_image_prep_realize makes the
+ * pixels when they are needed (kt_image_decode + kt_image_preprocess,
+ * the same pixels), and refuses if the grid comes out other than the one
+ * given. */
+kt_status kt_image_prep_defer(kt_image_prep *out, const void *bytes, size_t n_bytes, const kt_image_limits *lim,
+                              const kt_image_prep_params *p, int grid_x, int grid_y, kt_error *err);
+static inline int kt_image_prep_deferred(const kt_image_prep *prep) { return prep->later != NULL; }
+/* A deferred prep's pixels made (KT_OK at once for one that is not); on
+ * failure the prep stays deferred and err says why. */
+kt_status kt_image_prep_realize(kt_image_prep *prep, kt_error *err);
 
 #endif

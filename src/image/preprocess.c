@@ -146,5 +146,6 @@ void kt_image_prep_free(kt_image_prep *prep) {
     if (!prep) return;
     free(prep->pixels);
     free(prep->canvas_rgb);
+    if (prep->later) free(prep->later->bytes), free(prep->later);
     memset(prep, 0, sizeof *prep);
 }

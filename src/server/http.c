@@ -26,6 +26,7 @@
 #include "base/error.h"
 #include "base/json_safe.h"
 #include "server/http_internal.h"
+#include "server/image_memo.h"
 #include "server/reqlog.h"
 #include "server/sampled.h"
 #include "server/webui.h"
@@ -261,6 +262,7 @@ static enum MHD_Result metrics(srv_conn *c) {
         if (k->engine) kt_engine_get_stats(k->engine, &cs[i].engine);
         cs[i].has_results = k->results != NULL;
         cs[i].result_hits = k->results ? srv_results_hits(k->results) : 0;
+        if (k->vis.memo) srv_image_memo_counts(k->vis.memo, &cs[i].image_decodes_skipped, &cs[i].image_decodes);
     }
     pthread_mutex_unlock(&s->engine_mu);
     char *text = srv_metrics_text(&s->metrics, cs, s->n_classes);
@@ -528,6 +530,7 @@ static bool class_init(srv_server *s, srv_class *k, const srv_class_config *cfg,
     k->cfg = *cfg, k->engine = cfg->engine, k->model = cfg->model; /* srv_classes_start decides their state */
     k->vis = (srv_vision_env){.vision = cfg->vision, .limits = s->cfg.image_limits,
                               .fetch_urls = s->cfg.allow_image_urls};
+    if (cfg->vision && !(k->vis.memo = srv_image_memo_new())) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), false;
     /* screenshots in an agent's history: base64 images make bodies of tens of MB */
     if (cfg->vision && s->max_body_default) s->cfg.max_body = DEFAULT_MAX_BODY_IMAGES;
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
@@ -665,7 +668,7 @@ void srv_stop(srv_server *s) {
     srv_links_free(s);
     for (int i = 0; i < s->n_classes; i++) {
         srv_class *k = &s->classes[i];
-        srv_sampled_free(k->sampled), srv_results_free(k->results);
+        srv_sampled_free(k->sampled), srv_results_free(k->results), srv_image_memo_free(k->vis.memo);
         if (k->cfg.load) kt_model_free(k->model); /* loaded on demand: the server's */
     }
     srv_metrics_destroy(&s->metrics);

@@ -21,6 +21,7 @@
 #include "engine/images.h"
 #include "image/image.h"
 #include "server/http_internal.h"
+#include "server/image_memo.h"
 #include "server/openai.h"
 #include "vision/vision.h"
 
@@ -119,7 +120,10 @@ static uint8_t *data_url_bytes(const char *url, size_t url_len, int i, const kt_
     return bytes;
 }
 
-/* Image i: decoded, preprocessed for the tower, hashed. */
+/* Image i from its bytes: seen before (the class's memo), a deferred prep
+ * with the hash and grid that decode gave (the engine makes its pixels
+ * only if its caches miss); else decoded, preprocessed for the tower,
+ * hashed, and remembered. */
 static bool load_one(const char *url, size_t url_len, int i, const srv_vision_env *env, kt_prompt_image *out,
                      srv_error *e) {
     size_t n = 0;
@@ -127,23 +131,32 @@ static bool load_one(const char *url, size_t url_len, int i, const srv_vision_en
     const kt_image_limits *lim = &env->limits;
     uint8_t *bytes = data_url_bytes(url, url_len, i, lim, env->fetch_urls, &n, e);
     if (!bytes) return false;
-    kt_image img = {0};
     kt_error err = {0};
     kt_image_prep_params pp;
     kt_vision_prep_params(v, &pp);
     kt_image_prep *prep = calloc(1, sizeof *prep);
-    kt_status st = prep ? kt_image_decode(bytes, n, lim, &img, &err) : KT_ERR_NOMEM;
+    const srv_image_key key = env->memo ? srv_image_memo_key(env->memo, bytes, n) : (srv_image_key){0};
+    srv_image_seen seen;
+    kt_status st = KT_ERR_NOMEM;
+    if (prep && env->memo && srv_image_memo_get(env->memo, key, &seen)) {
+        st = kt_image_prep_defer(prep, bytes, n, lim, &pp, seen.grid_x, seen.grid_y, &err);
+    } else if (prep) {
+        kt_image img = {0};
+        st = kt_image_decode(bytes, n, lim, &img, &err);
+        if (st == KT_OK) st = kt_image_preprocess(&img, &pp, prep, &err);
+        kt_image_free(&img);
+        seen = (srv_image_seen){.hash = st == KT_OK ? eng_image_hash(prep) : 0, .grid_x = prep->grid_x,
+                                .grid_y = prep->grid_y};
+        if (st == KT_OK && env->memo) srv_image_memo_put(env->memo, key, &seen);
+    }
     free(bytes);
-    if (st == KT_OK) st = kt_image_preprocess(&img, &pp, prep, &err);
-    kt_image_free(&img);
     if (st != KT_OK) {
         free(prep);
         const bool oom = st == KT_ERR_NOMEM;
         return srv_fail(e, oom ? 500 : 400, oom ? "server_error" : INVALID, oom ? NULL : "messages", NULL,
                         "image %d: %s", i, err.msg[0] ? err.msg : "out of memory");
     }
-    *out = (kt_prompt_image){.grid_x = prep->grid_x, .grid_y = prep->grid_y, .hash = eng_image_hash(prep),
-                             .prep = prep};
+    *out = (kt_prompt_image){.grid_x = seen.grid_x, .grid_y = seen.grid_y, .hash = seen.hash, .prep = prep};
     return true;
 }
 

@@ -157,6 +157,8 @@ GET(state_snapshot_hits) GET(image_encodes) GET(image_cache_hits) GET(image_disk
 #undef GET
 
 static double get_image_encode_seconds(const srv_class_stats *c) { return c->engine.image_encode_ms / 1e3; }
+static double get_image_decodes(const srv_class_stats *c) { return (double)c->image_decodes; }
+static double get_image_decodes_skipped(const srv_class_stats *c) { return (double)c->image_decodes_skipped; }
 
 static const scalar_def SCALARS[] = {
     {"kettle_prompt_tokens_total", "counter", "prompt tokens prefilled (computed)", get_prompt_tokens},
@@ -178,6 +180,10 @@ static const scalar_def SCALARS[] = {
      get_mtp_rows_blind},
     {"kettle_image_encodes_total", "counter", "images run through the vision tower", get_image_encodes},
     {"kettle_image_encode_seconds_total", "counter", "time the vision tower took", get_image_encode_seconds},
+    {"kettle_image_decodes_total", "counter", "request images decoded (their bytes not seen before)", get_image_decodes},
+    {"kettle_image_decodes_skipped_total", "counter",
+     "request images not decoded: the same bytes were seen before (their pixels made only if the caches miss)",
+     get_image_decodes_skipped},
     {"kettle_image_cache_hits_total", "counter", "images whose embeddings the encoder cache had", get_image_cache_hits},
     {"kettle_image_disk_hits_total", "counter", "images whose embeddings the encoder cache's disk tier had",
      get_image_disk_hits},

@@ -43,6 +43,8 @@ typedef struct srv_class_stats {
     kt_engine_stats engine;  /* one snapshot of its engine */
     bool has_results;        /* it keeps a result cache */
     unsigned long long result_hits;
+    /* images the server decoded, and those it knew from their bytes (server/image_memo.h) */
+    uint64_t image_decodes, image_decodes_skipped;
 } srv_class_stats;
 
 /* The Prometheus text exposition (malloc'ed), or NULL when out of memory.

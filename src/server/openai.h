@@ -161,6 +161,7 @@ typedef struct srv_vision_env {
     kt_image_limits limits;
     int max_tokens; /* a request's images together: the context (0: no bound) */
     bool fetch_urls; /* --allow-image-urls: http(s) image URLs are fetched (bounded) */
+    struct srv_image_memo *memo; /* the class's images already decoded (image_memo.h); NULL: none */
 } srv_vision_env;
 
 int srv_prompt_tokens(const kt_model *m, const char *template_text, struct srv_sampled *sampled,
