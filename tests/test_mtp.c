@@ -609,6 +609,68 @@ static void test_engine_mtp_exact(void **state) {
     assert_non_null(strstr(err.msg, "multi-token-prediction"));
 }
 
+/* The engine makes the block's rows only where a guess may read them
+ * (engine/mtp_engine.h). On these random weights its guesses are never
+ * kept, so once the policy has measured that (or stopped guessing), the
+ * prompts that come after make no rows: the last of five requests one
+ * after another skips its prompt's rows, and every request's tokens and
+ * logprob bits are plain decoding's. A request with an image (the
+ * caller's embeddings) makes none at all: the block takes no guesses for
+ * one. */
+static void test_engine_mtp_rows(void **state) {
+    (void)state;
+    enum { N_REQ = 5, N_GEN = 48 };
+    static tu_eng_out plain_out[N_REQ], mtp_out[N_REQ];
+    for (int spec = 0; spec < 2; spec++) {
+        kt_engine_params p = kt_engine_defaults();
+        p.n_ctx = 256, p.n_parallel = 1, p.batch_tokens = 64, p.n_threads = 2, p.kv_type = KT_KV_F32;
+        p.spec = spec ? KT_SPEC_MTP : KT_SPEC_OFF, p.spec_k_max = 3; /* the policy's k, not fixed */
+        kt_error err = {0};
+        kt_engine *e = kt_engine_new(g_mtp, &p, &err);
+        if (!e) fail_msg("%s", err.msg);
+        kt_engine_stats before = {0}, st;
+        for (int i = 0; i < N_REQ; i++) {
+            int32_t ids[40];
+            ids[0] = 1;
+            for (int j = 1; j < 40; j++) ids[j] = 50 + (j * 977 + i * 7919) % 31000; /* no prefix shared */
+            if (i == N_REQ - 1) kt_engine_get_stats(e, &before);
+            tu_eng_drain(tu_eng_submit(e, ids, 40, N_GEN, 1), spec ? &mtp_out[i] : &plain_out[i], 1);
+        }
+        kt_engine_get_stats(e, &st);
+        if (spec) {
+            for (int i = 0; i < N_REQ; i++) tu_assert_same_out(&plain_out[i], &mtp_out[i], "engine --spec mtp, policy's k");
+            print_message("MTP rows: %llu made, %llu skipped (the last request's prompt: %llu skipped); %llu proposed, "
+                          "%llu kept\n", (unsigned long long)st.mtp_rows, (unsigned long long)st.mtp_rows_skipped,
+                          (unsigned long long)(st.mtp_rows_skipped - before.mtp_rows_skipped),
+                          (unsigned long long)st.spec_proposed, (unsigned long long)st.spec_accepted);
+            /* its prompt's 39 tokens but the last (which wants logits) */
+            assert_int_equal(st.mtp_rows_skipped - before.mtp_rows_skipped, 39);
+            assert_int_equal(st.spec_accepted - st.spec_lookup_accepted, 0);
+            /* an image: its request makes no row */
+            const int n_embd = kt_model_describe(g_mtp)->n_embd;
+            float *embd = tu_xmalloc(sizeof(float) * 4 * (size_t)n_embd);
+            for (int k = 0; k < 4 * n_embd; k++) embd[k] = 0.01f * (float)(k % 97) - 0.4f;
+            int32_t ids[24];
+            for (int j = 0; j < 24; j++) ids[j] = 60 + j;
+            kt_prompt_image im = {.at = 8, .grid_x = 2, .grid_y = 2, .hash = 12345, .embd = embd};
+            kt_gen_params g = kt_gen_defaults();
+            g.prompt = ids, g.n_prompt = 24, g.max_tokens = 8, g.ignore_eos = true, g.top_logprobs = 0;
+            g.images = &im, g.n_images = 1;
+            kt_request *r = NULL;
+            if (kt_engine_submit(e, &g, &r, &err)) fail_msg("%s", err.msg);
+            static tu_eng_out img_out;
+            tu_eng_drain(r, &img_out, 1);
+            kt_engine_get_stats(e, &before);
+            assert_int_equal(before.mtp_rows, st.mtp_rows);
+            assert_true(before.mtp_rows_skipped >= st.mtp_rows_skipped + 24 + 7);
+            free(embd);
+        } else {
+            assert_int_equal(st.mtp_rows + st.mtp_rows_skipped, 0);
+        }
+        kt_engine_free(e);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load),
@@ -623,6 +685,7 @@ int main(void) {
         cmocka_unit_test(test_spec_hybrid_partial),
         cmocka_unit_test(test_spec_mtp_refused),
         cmocka_unit_test(test_engine_mtp_exact),
+        cmocka_unit_test(test_engine_mtp_rows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1377,6 +1377,22 @@ static void draft_proposals(kt_engine *e) {
     }
 }
 
+/* Which of the step's n tokens make MTP rows (engine/mtp_engine.h): those
+ * of requests without images, all while the block is in use, else (it is
+ * dormant) those that want logits; and any that wants an embedding, whose
+ * hidden state comes out beside them. Dormant: its guesses unused lately
+ * or measured useless, unless the caller fixes k (it speculates whatever
+ * the rate). */
+static void mtp_wants(kt_engine *e, int n) {
+    const bool dormant =
+        !e->p.spec_fixed_k && (eng_mtp_idle(&e->mtp) || spec_accept_useless(&e->seen_guess));
+    for (int t = 0; t < n; t++) {
+        const bool row = !e->b_req[t]->images.n && (!dormant || e->b_logits[t]);
+        e->mtp.want[t] = row || e->b_hidden[t];
+    }
+    eng_mtp_rows(&e->mtp, n);
+}
+
 /* The MTP block's guesses for the choices that chose k > 0 (their
  * n_prop, which becomes what it gave, cut like any proposals), up to
  * e->mtp.group choices at a time. */
@@ -1401,7 +1417,7 @@ static void mtp_proposals(kt_engine *e) {
         kt_request *r = e->active[a];
         for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
             gen_choice *c = &r->choices[i];
-            if (r->images.n) c->n_prop = 0; /* an image's rows are no tokens the MTP block can embed */
+            if (r->images.n) c->n_prop = 0; /* an image's rows are no tokens the MTP block can embed (mtp_wants) */
             if (c->n_prop == 0 || c->finish != KT_FINISH_NONE || c->prop_lookup) continue;
             jobs[n] = (eng_mtp_job){.seq = c->seq, .pending = c->next_token, .k = c->n_prop, .out = c->prop};
             reqs[n] = r, chs[n++] = c;
@@ -1409,6 +1425,20 @@ static void mtp_proposals(kt_engine *e) {
         }
     }
     mtp_guess_group(e, jobs, reqs, chs, n);
+}
+
+/* Whether a guess of the MTP block's goes to verification this step. */
+static void mtp_note_use(kt_engine *e) {
+    bool guessed = false, decoding = false;
+    for (int a = 0; a < e->n_active; a++) {
+        const kt_request *r = e->active[a];
+        for (int i = 0; r->state == REQ_DECODE && i < r->n_choices; i++) {
+            const gen_choice *c = &r->choices[i];
+            decoding |= c->finish == KT_FINISH_NONE;
+            guessed |= c->n_prop > 0 && !c->prop_lookup;
+        }
+    }
+    eng_mtp_used(&e->mtp, guessed, decoding);
 }
 
 /* How many proposals each decoding choice feeds this step (c->n_prop):
@@ -1473,7 +1503,10 @@ static void plan_speculation(kt_engine *e) {
      * a guess would weigh double and the policy would speculate too little */
     const double t0 = now_ns() / 1e6;
     if (e->draft) draft_proposals(e);
-    if (e->mtp.llm) mtp_proposals(e);
+    if (e->mtp.llm) {
+        mtp_proposals(e);
+        mtp_note_use(e);
+    }
     e->step_guess_ms = now_ns() / 1e6 - t0;
 }
 
@@ -1664,8 +1697,9 @@ static void consume_hidden(kt_engine *e, int n) {
     int row = 0;
     for (int t = 0; t < n; t++) {
         if (!e->b_hidden[t]) continue;
-        /* with the MTP block every token's row came out, in batch order */
-        const float *h = e->mtp.llm ? e->mtp.hid + (size_t)t * (size_t)n_embd : e->hidden + (size_t)row++ * (size_t)n_embd;
+        /* with the MTP block the wanted tokens' rows came out (an embedding's among them), in batch order */
+        const float *h = e->mtp.llm ? e->mtp.hid + (size_t)e->mtp.row[t] * (size_t)n_embd
+                                    : e->hidden + (size_t)row++ * (size_t)n_embd;
         kt_request *r = e->b_req[t];
         for (int i = 0; i < n_embd; i++) r->embd[i] += h[i];
     }
@@ -1775,8 +1809,9 @@ static void engine_step(kt_engine *e) {
         const bool snapped = e->snaps.n_pending > 0; /* this pass copies state snapshots */
         bool embeds = false; /* no embedding in the batch: the forward skips the hidden rows' pass */
         for (int t = 0; t < n && !embeds; t++) embeds = e->b_hidden[t];
+        if (e->mtp.llm) mtp_wants(e, n);
         llm_batch b = {.n_tokens = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .logits = e->b_logits,
-                       .hidden = e->mtp.llm ? e->mtp.all : embeds ? e->b_hidden : NULL,
+                       .hidden = e->mtp.llm ? e->mtp.want : embeds ? e->b_hidden : NULL,
                        .hidden_out = e->mtp.llm ? e->mtp.hid : e->hidden,
                        .pos_mrope = e->b_images ? e->b_pos4 : NULL, .embd = e->b_images ? e->b_embd : NULL,
                        .state_snap = snapped ? e->snaps.b_snap : NULL,
@@ -1800,6 +1835,7 @@ static void engine_step(kt_engine *e) {
             eng_mtp_note(&e->mtp, &b);
             pthread_mutex_lock(&e->mu);
             e->stats.mtp_rows = e->mtp.rows, e->stats.mtp_rows_blind = e->mtp.rows_blind;
+            e->stats.mtp_rows_skipped = e->mtp.rows_skipped;
             e->stats.mtp_guesses_blind = e->mtp.guesses_blind;
             pthread_mutex_unlock(&e->mu);
         }

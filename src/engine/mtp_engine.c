@@ -17,25 +17,31 @@ kt_status eng_mtp_init(eng_mtp *mt, const llm_model *llm, int n_slots, int cap, 
     mt->h = calloc((size_t)n_slots * E, sizeof(float));
     mt->h_pos = malloc(sizeof *mt->h_pos * (size_t)n_slots);
     mt->hid = malloc(sizeof(float) * E * (size_t)cap);
-    mt->all = malloc(sizeof *mt->all * (size_t)cap);
+    mt->want = malloc(sizeof *mt->want * (size_t)cap);
+    mt->row = malloc(sizeof *mt->row * (size_t)cap);
+    mt->sub_tok = malloc(sizeof *mt->sub_tok * (size_t)cap);
+    mt->sub_pos = malloc(sizeof *mt->sub_pos * (size_t)cap);
+    mt->sub_seq = malloc(sizeof *mt->sub_seq * (size_t)cap);
     /* the guesses' pass: EMTP_GROUP rows in and out, their logits and each job's hidden row */
     const size_t in_rows = (size_t)cap > 2 * EMTP_GROUP ? (size_t)cap : 2 * EMTP_GROUP;
     mt->in = malloc(sizeof(float) * E * in_rows);
     mt->group = n_slots < EMTP_GROUP ? n_slots : EMTP_GROUP; /* a sequence a slot: no more jobs at once */
     mt->logits = malloc(sizeof(float) * (size_t)llm->cfg.n_vocab * (size_t)mt->group);
     mt->guess_h = malloc(sizeof(float) * E * (size_t)mt->group);
-    if (!mt->h || !mt->h_pos || !mt->hid || !mt->in || !mt->all || !mt->logits || !mt->guess_h) {
+    if (!mt->h || !mt->h_pos || !mt->hid || !mt->in || !mt->want || !mt->row || !mt->sub_tok || !mt->sub_pos ||
+        !mt->sub_seq || !mt->logits || !mt->guess_h) {
         eng_mtp_free(mt);
         return kt_error_set(err, KT_ERR_NOMEM, "out of memory for the MTP block's rows");
     }
     for (int i = 0; i < n_slots; i++) mt->h_pos[i] = -1;
-    for (int t = 0; t < cap; t++) mt->all[t] = true;
     mt->llm = llm, mt->n_slots = n_slots, mt->cap = cap;
     return KT_OK;
 }
 
 void eng_mtp_free(eng_mtp *mt) {
-    free(mt->h), free(mt->h_pos), free(mt->hid), free(mt->in), free(mt->all), free(mt->logits), free(mt->guess_h);
+    free(mt->h), free(mt->h_pos), free(mt->hid), free(mt->in), free(mt->want), free(mt->row), free(mt->logits),
+        free(mt->guess_h);
+    free(mt->sub_tok), free(mt->sub_pos), free(mt->sub_seq);
     memset(mt, 0, sizeof *mt);
 }
 
@@ -62,17 +68,34 @@ static bool h_before(const eng_mtp *mt, int slot, int pos, float *out) {
     return false;
 }
 
+void eng_mtp_used(eng_mtp *mt, bool guessed, bool decoding) {
+    if (guessed) mt->idle_steps = 0;
+    else if (decoding && mt->idle_steps < EMTP_IDLE_STEPS) mt->idle_steps++;
+}
+
+void eng_mtp_rows(eng_mtp *mt, int n) {
+    int rows = 0;
+    for (int t = 0; t < n; t++) mt->row[t] = mt->want[t] ? rows++ : -1;
+}
+
 kt_status eng_mtp_pass(eng_mtp *mt, llm_work *w, kt_pool *pool, const llm_batch *b, kt_error *err) {
     const size_t E = (size_t)mt->llm->cfg.n_embd;
+    int n = 0; /* the wanted tokens: a sub-batch, in batch order */
     for (int t = 0; t < b->n_tokens; t++) {
-        float *row = mt->in + (size_t)t * E;
-        if (t > 0 && b->seq[t] == b->seq[t - 1]) /* a sequence's tokens are contiguous, in position order */
-            memcpy(row, mt->hid + (size_t)(t - 1) * E, sizeof(float) * E);
+        if (mt->row[t] < 0) continue;
+        float *in = mt->in + (size_t)n * E;
+        /* a sequence's tokens are contiguous, in position order: the one before, if its row came out */
+        if (t > 0 && b->seq[t] == b->seq[t - 1] && mt->row[t - 1] >= 0)
+            memcpy(in, mt->hid + (size_t)mt->row[t - 1] * E, sizeof(float) * E);
         else
-            mt->rows_blind += !h_before(mt, b->seq[t]->state_slot, b->pos[t], row);
+            mt->rows_blind += !h_before(mt, b->seq[t]->state_slot, b->pos[t], in);
+        mt->sub_tok[n] = b->tokens[t], mt->sub_pos[n] = b->pos[t], mt->sub_seq[n] = b->seq[t];
+        n++;
     }
-    mt->rows += (uint64_t)b->n_tokens;
-    llm_batch mb = {.n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .seq = b->seq};
+    mt->rows += (uint64_t)n;
+    mt->rows_skipped += (uint64_t)(b->n_tokens - n);
+    if (!n) return KT_OK;
+    llm_batch mb = {.n_tokens = n, .tokens = mt->sub_tok, .pos = mt->sub_pos, .seq = mt->sub_seq};
     return llm_mtp_kv(mt->llm, w, pool, &mb, mt->in, err);
 }
 
@@ -81,8 +104,8 @@ void eng_mtp_note(eng_mtp *mt, const llm_batch *b) {
     for (int t = 0; t < b->n_tokens; t++) {
         const kv_seq *s = b->seq[t];
         const int slot = s->state_slot;
-        if (slot < 0 || slot >= mt->n_slots || s->len != b->pos[t] + 1) continue; /* not its last kept position */
-        memcpy(mt->h + (size_t)slot * E, mt->hid + (size_t)t * E, sizeof(float) * E);
+        if (mt->row[t] < 0 || slot < 0 || slot >= mt->n_slots || s->len != b->pos[t] + 1) continue; /* not its last kept position */
+        memcpy(mt->h + (size_t)slot * E, mt->hid + (size_t)mt->row[t] * E, sizeof(float) * E);
         mt->h_pos[slot] = b->pos[t];
     }
 }

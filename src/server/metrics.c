@@ -151,7 +151,7 @@ GET(kv_blocks_used) GET(kv_blocks_free) GET(kv_blocks_total) GET(kv_window_slots
 GET(kv_block_tokens) GET(kv_blocks_cached) GET(cache_evicted_blocks) GET(disk_cached_prompt_tokens) GET(disk_files)
 GET(disk_bytes) GET(disk_writes) GET(disk_reads) GET(disk_rejected) GET(disk_removed)
 GET(spec_proposed) GET(spec_accepted) GET(spec_passes) GET(spec_lookup_proposed) GET(spec_lookup_accepted)
-GET(mtp_rows) GET(mtp_rows_blind)
+GET(mtp_rows) GET(mtp_rows_blind) GET(mtp_rows_skipped)
 GET(state_snapshots) GET(state_snapshots_max) GET(state_snapshots_taken) GET(state_snapshots_evicted)
 GET(state_snapshot_hits) GET(image_encodes) GET(image_cache_hits) GET(image_disk_hits) GET(image_cache_bytes) GET(image_cache_entries)
 #undef GET
@@ -175,6 +175,8 @@ static const scalar_def SCALARS[] = {
     {"kettle_spec_lookup_accepted_tokens_total", "counter",
      "speculative decoding with the MTP block: of the kept tokens, prompt lookup's", get_spec_lookup_accepted},
     {"kettle_mtp_rows_total", "counter", "MTP block rows run (one per token of every step, --spec mtp)", get_mtp_rows},
+    {"kettle_mtp_rows_skipped_total", "counter",
+     "MTP block rows not run: prompt tokens while its guesses are measured useless", get_mtp_rows_skipped},
     {"kettle_mtp_rows_blind_total", "counter",
      "MTP rows run without the target's hidden state before them (first positions, after cache hits)",
      get_mtp_rows_blind},

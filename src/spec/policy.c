@@ -51,6 +51,10 @@ static double expected_and_all(const spec_accept *a, int k, double *all) {
 
 double spec_accept_expected(const spec_accept *a, int k) { return expected_and_all(a, k, NULL); }
 
+bool spec_accept_useless(const spec_accept *a) {
+    return a->tried[0] >= SPEC_USELESS_TRIED && (a->kept[0] + PRIOR_P) / (a->tried[0] + 1.0) < SPEC_USELESS_P;
+}
+
 /* The largest measured size <= n (0: none), the smallest measured > n
  * (n_max + 1: none). */
 static int measured_at_most(const spec_costs *c, int n) {

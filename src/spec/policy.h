@@ -47,6 +47,15 @@ void spec_accept_inherit(spec_accept *a, const spec_accept *seen);
 void spec_accept_note(spec_accept *a, int k, int accepted);
 /* E(k): the expected tokens a pass with k proposals emits (>= 1). */
 double spec_accept_expected(const spec_accept *a, int k);
+/* Whether a's proposer is measured useless: SPEC_USELESS_TRIED first
+ * proposals or more tried (fading counts: four in a row) and the first
+ * kept at a rate under SPEC_USELESS_P (the pseudo-trial included; one
+ * kept lifts it back over). What keeps such a proposer ready to guess may
+ * rest until it is kept again (engine/mtp_engine.h: its rows for
+ * prompts). */
+#define SPEC_USELESS_TRIED 3.5f
+#define SPEC_USELESS_P 0.12
+bool spec_accept_useless(const spec_accept *a);
 
 /* Measured pass costs by tokens in the pass: cost_ms[n] for n in
  * [1, n_max] (0: not measured yet), an average of recent passes. */
