@@ -1427,7 +1427,8 @@ static void mtp_proposals(kt_engine *e) {
     mtp_guess_group(e, jobs, reqs, chs, n);
 }
 
-/* Whether a guess of the MTP block's goes to verification this step. */
+/* Tells the MTP block whether a guess of its goes to verification this
+ * step (eng_mtp_used: how long it has been idle). */
 static void mtp_note_use(kt_engine *e) {
     bool guessed = false, decoding = false;
     for (int a = 0; a < e->n_active; a++) {

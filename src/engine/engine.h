@@ -374,8 +374,9 @@ typedef struct kt_engine_stats {
     uint64_t spec_proposed, spec_accepted, spec_passes;
     /* KT_SPEC_MTP: MTP rows run, and of them those without the target's
      * hidden state before them (a sequence's first position, the first
-     * after a prefix-cache hit); prompt tokens' rows not run, the block
-     * dormant (engine/mtp_engine.h); guesses made without the hidden state
+     * after a prefix-cache hit); tokens that made none (a request with
+     * images; prompts while the block is dormant: engine/mtp_engine.h);
+     * guesses made without the hidden state
      * (0 unless the rows' bookkeeping is wrong) */
     uint64_t mtp_rows, mtp_rows_blind, mtp_rows_skipped, mtp_guesses_blind;
     /* KT_SPEC_MTP: of spec_proposed / spec_accepted, prompt lookup's (the rest are the MTP block's) */

@@ -104,7 +104,8 @@ void eng_mtp_note(eng_mtp *mt, const llm_batch *b) {
     for (int t = 0; t < b->n_tokens; t++) {
         const kv_seq *s = b->seq[t];
         const int slot = s->state_slot;
-        if (mt->row[t] < 0 || slot < 0 || slot >= mt->n_slots || s->len != b->pos[t] + 1) continue; /* not its last kept position */
+        if (mt->row[t] < 0 || slot < 0 || slot >= mt->n_slots) continue;
+        if (s->len != b->pos[t] + 1) continue; /* not its last kept position */
         memcpy(mt->h + (size_t)slot * E, mt->hid + (size_t)mt->row[t] * E, sizeof(float) * E);
         mt->h_pos[slot] = b->pos[t];
     }

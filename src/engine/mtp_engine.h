@@ -24,10 +24,10 @@
  * useless (spec_accept_useless: random weights, a fine-tune that left the
  * block behind) or unused for the last EMTP_IDLE_STEPS decoding steps
  * (the policy finds no k that pays, a batch too large, say); decode and
- * verify tokens and a prompt's last token make
- * theirs, so probes go on and the block wakes when a guess is taken. A
- * position without its row holds whatever its block held before, which
- * the block's attention reads: acceptance again, never exactness.
+ * verify tokens and a prompt's last token make theirs, so probes go on
+ * and the block wakes when a guess is taken. A position without its row
+ * holds whatever its block held before, which the block's attention
+ * reads: acceptance again, never exactness.
  * Engine thread only.
  */
 #ifndef KT_ENGINE_MTP_ENGINE_H

@@ -530,7 +530,8 @@ static bool class_init(srv_server *s, srv_class *k, const srv_class_config *cfg,
     k->cfg = *cfg, k->engine = cfg->engine, k->model = cfg->model; /* srv_classes_start decides their state */
     k->vis = (srv_vision_env){.vision = cfg->vision, .limits = s->cfg.image_limits,
                               .fetch_urls = s->cfg.allow_image_urls};
-    if (cfg->vision && !(k->vis.memo = srv_image_memo_new())) return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), false;
+    if (cfg->vision && !(k->vis.memo = srv_image_memo_new()))
+        return kt_error_set(err, KT_ERR_NOMEM, "out of memory"), false;
     /* screenshots in an agent's history: base64 images make bodies of tens of MB */
     if (cfg->vision && s->max_body_default) s->cfg.max_body = DEFAULT_MAX_BODY_IMAGES;
     /* 1M ids (4 MB): the replies of many sessions' recent turns */
