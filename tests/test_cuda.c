@@ -370,6 +370,17 @@ int main(void) {
         check_matmul(types[i], 896, 131, 8); /* Qwen2.5-0.5B's width: 28 blocks */
     }
     check_matmul(KT_F16, 100, 9, 2); /* F16 rows of 200 bytes */
+    const kt_dtype kquants[2] = {KT_Q4_K, KT_Q6_K};
+    for (int i = 0; i < 2; i++) {
+        /* whole chunks of 8 super-blocks (16-byte copies), a partial last
+         * chunk, and Q6_K rows of 9 super-blocks (1890 bytes: byte copies) */
+        check_matmul(kquants[i], 4096, 14336, 1);
+        check_matmul(kquants[i], 4096, 14336, KT_CUDA_MAX_TOKENS);
+        for (int nt = 2; nt < KT_CUDA_MAX_TOKENS; nt++) check_matmul(kquants[i], 4096, 512, nt);
+        check_matmul(kquants[i], 14336, 4096, 1);
+        check_matmul(kquants[i], 2304, 131, 3);
+        check_matmul(kquants[i], 256, 37, 8);
+    }
     check_rmsnorm(4096, 3);
     check_rmsnorm(896, 1);
     check_rope(32, 128, 128, 500000.0f, KT_ROPE_ADJACENT);
@@ -392,6 +403,7 @@ int main(void) {
     printf("| type  | n_in x n_out  | t | us/call  | GB/s    | of peak |\n");
     printf("|-------|---------------|---|----------|---------|---------|\n");
     for (int i = 0; i < 3; i++) time_matmul(types[i], 4096, 14336, peak);
+    for (int i = 0; i < 2; i++) time_matmul(kquants[i], 4096, 14336, peak);
     printf("\ntest_cuda: %d of %d checks failed\n", n_fail, n_checks);
     return n_fail ? 1 : 0;
 }

@@ -148,11 +148,12 @@ static void test_meta_refusals(void **state) {
 }
 
 /* The twin (F32 activations, double sums) against kettle's reference
- * (Q8_0-quantized activations for the block types): they differ by the
- * activations' rounding, at most |x - x'| <= 0.6 d per element with d =
- * amax / 127 of its block of 32 (half a step, plus the fp16 rounding of
- * d: 127 * 2^-11 d), so by sum |w_i| 0.6 d_i, plus float rounding in the
- * reference (1e-5 of sum |w x|). F16 weights: the reference is F32 too. */
+ * (activations quantized to Q8_0 for the block types, to Q8_K for the
+ * K-quants): they differ by the activations' rounding, at most |x - x'|
+ * <= 0.6 d per element with d = amax / 127 of its block of 32 (256 for
+ * Q8_K) (half a step, plus the fp16 rounding of Q8_0's d: 127 * 2^-11 d),
+ * so by sum |w_i| 0.6 d_i, plus float rounding in the reference (1e-5 of
+ * sum |w x|). F16 weights: the reference is F32 too. */
 static void check_twin(kt_dtype type, int n_in, int n_out, int nt) {
     void *w = tu_make_weights(type, n_in, n_out, 77, 0.0f);
     float *x = tu_xmalloc((size_t)n_in * nt * sizeof *x), *a = tu_xmalloc((size_t)n_out * nt * sizeof *a);
@@ -169,8 +170,9 @@ static void check_twin(kt_dtype type, int n_in, int n_out, int nt) {
             for (int i = 0; i < n_in; i++) {
                 mag += fabs((double)row[i] * xt[i]);
                 if (type != KT_F16) {
+                    const int qb = type == KT_Q4_K || type == KT_Q6_K ? 256 : 32;
                     float amax = 0;
-                    for (int j = i / 32 * 32; j < i / 32 * 32 + 32; j++) amax = fmaxf(amax, fabsf(xt[j]));
+                    for (int j = i / qb * qb; j < i / qb * qb + qb; j++) amax = fmaxf(amax, fabsf(xt[j]));
                     bound += fabs(row[i]) * 0.6 * amax / 127.0;
                 }
             }
@@ -191,8 +193,14 @@ static void test_matmul_twin(void **state) {
         check_twin(types[i], 512, 17, 8);
         check_twin(types[i], 896, 5, 1);
     }
+    const kt_dtype kquants[2] = {KT_Q4_K, KT_Q6_K};
+    for (int i = 0; i < 2; i++) {
+        check_twin(kquants[i], 256, 11, 3);
+        check_twin(kquants[i], 2304, 7, 8); /* 9 super-blocks: not a whole chunk of the kernel's 8 */
+    }
     assert_true(kt_cuda_matmul_supported(KT_Q4_0) && kt_cuda_matmul_supported(KT_F16));
-    assert_false(kt_cuda_matmul_supported(KT_Q4_K));
+    assert_true(kt_cuda_matmul_supported(KT_Q4_K) && kt_cuda_matmul_supported(KT_Q6_K));
+    assert_false(kt_cuda_matmul_supported(KT_Q5_K));
 }
 
 /* Without a usable GPU (CI, this project's machines): the probe says why

@@ -8,6 +8,7 @@
  */
 #include "base/fp16.h"
 #include "cuda/kt_cuda.h"
+#include "ops/kquant.h"
 #include "ops/quant.h"
 
 static double dot_block(const void *blk, kt_dtype wtype, const float *x) {
@@ -23,6 +24,19 @@ static double dot_block(const void *blk, kt_dtype wtype, const float *x) {
     return s * kt_fp16_to_fp32(b->d);
 }
 
+/* A K-quant row: each super-block dequantized as ggml does (the kernel
+ * rounds its values the same way), the products summed in double. */
+static double dot_kquant_row(const void *row, kt_dtype wtype, const float *x, int n_in) {
+    float y[QK_K];
+    double s = 0.0;
+    for (int b = 0; b < n_in / QK_K; b++) {
+        if (wtype == KT_Q4_K) kt_dequantize_row_q4_K((const block_q4_K *)row + b, y, QK_K);
+        else kt_dequantize_row_q6_K((const block_q6_K *)row + b, y, QK_K);
+        for (int i = 0; i < QK_K; i++) s += (double)y[i] * x[(size_t)b * QK_K + i];
+    }
+    return s;
+}
+
 void kt_cuda_matmul_twin(float *out, const void *w, kt_dtype wtype, const float *x, int n_in, int n_out,
                          int n_tokens) {
     const size_t row_bytes = kt_dtype_row_bytes(wtype, n_in);
@@ -34,6 +48,8 @@ void kt_cuda_matmul_twin(float *out, const void *w, kt_dtype wtype, const float 
             if (wtype == KT_F16) {
                 const uint16_t *h = (const uint16_t *)wr;
                 for (int i = 0; i < n_in; i++) acc += (double)kt_fp16_to_fp32(h[i]) * xt[i];
+            } else if (wtype == KT_Q4_K || wtype == KT_Q6_K) {
+                acc = dot_kquant_row(wr, wtype, xt, n_in);
             } else {
                 const size_t bb = wtype == KT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);
                 for (int b = 0; b < n_in / 32; b++) acc += dot_block(wr + (size_t)b * bb, wtype, xt + (size_t)b * 32);

@@ -87,11 +87,12 @@ kt_status kt_cuda_sync(kt_error *err);
 
 #define KT_CUDA_MAX_TOKENS 8 /* the small-batch matmul's tokens per weight read */
 
-/* Whether kt_cuda_matmul reads weights of this type (Q4_0, Q8_0, F16). */
+/* Whether kt_cuda_matmul reads weights of this type (Q4_0, Q8_0, Q4_K, Q6_K, F16). */
 bool kt_cuda_matmul_supported(kt_dtype wtype);
 /* out[t * n_out + r] = sum_i W[r][i] * x[t * n_in + i], t < n_tokens in
  * [1, KT_CUDA_MAX_TOKENS], W in its GGUF blocks (dequantized in the
- * kernel), x and out F32. Twin: kt_cuda_matmul_twin. */
+ * kernel), x and out F32; n_in a multiple of the type's block (32, 256 for
+ * the K-quants). Twin: kt_cuda_matmul_twin. */
 kt_status kt_cuda_matmul(float *out, const void *w, kt_dtype wtype, const float *x, int n_in, int n_out,
                          int n_tokens, kt_error *err);
 /* n_rows rows of n: kt_rmsnorm_ref on each (out may alias x). */
@@ -163,10 +164,10 @@ kt_status kt_cuda_attn_decode(const kt_cuda_attn_args *a, kt_error *err);
 /* ---- CPU twins (plain C, built and tested with or without CUDA) ------ */
 
 /* kt_cuda_matmul's scalar twin: each weight block dequantized exactly as
- * the kernel does (q * d), dotted with the F32 activations, summed in
- * double. Differs from kt_matmul_ref, which quantizes the activations to
- * Q8_0 first for the quantized types; tests/test_cuda_host.c bounds that
- * difference. */
+ * the kernel does (q * d; a K-quant super-block as ggml's dequantize_row
+ * does), dotted with the F32 activations, summed in double. Differs from
+ * kt_matmul_ref, which quantizes the activations to Q8_0 (Q8_K for the
+ * K-quants) first; tests/test_cuda_host.c bounds that difference. */
 void kt_cuda_matmul_twin(float *out, const void *w, kt_dtype wtype, const float *x, int n_in, int n_out,
                          int n_tokens);
 
