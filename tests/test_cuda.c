@@ -113,12 +113,15 @@ static void check_matmul(kt_dtype wtype, int n_in, int n_out, int n_tokens) {
      * `depth` roundings. The twin is exact but for its last rounding (1).
      * The kernel, Q4_0 / Q8_0: 32 products per block and d * sum (33), one
      * block sum per lane per 32 blocks (n_in / 1024), a 5-level warp tree;
-     * F16: each lane adds n_in / 32 products in turn, then the tree. So
+     * the K-quants: 32 products of dequantized values per sub-block (the
+     * CPU's values, rounded as it rounds them), one sub-block sum per lane
+     * per 32 sub-blocks, the tree; F16 / BF16: each lane adds n_in / 32
+     * products in turn, then the tree. So
      * 3.8e-6 of the sum of magnitudes for Q4_0 at n_in 4096, 1.2e-5 for
      * F16 (typical errors grow as sqrt(depth), not depth). One wrong weight
      * of a row is off by ~|w x| ~ 1 against a sum of magnitudes ~ 0.8 n_in
      * (~3e-4 of it at n_in 4096), far over either. */
-    const int depth = (wtype == KT_F16 ? (n_in + 31) / 32 : 33 + (n_in + 1023) / 1024) + 5 + 1;
+    const int depth = (wtype == KT_F16 || wtype == KT_BF16 ? (n_in + 31) / 32 : 33 + (n_in + 1023) / 1024) + 5 + 1;
     const double rel = 1.5 * depth * 5.9604644775390625e-8;
     float *row = xmalloc((size_t)n_in * sizeof *row);
     const size_t rb = kt_dtype_row_bytes(wtype, n_in);
@@ -358,8 +361,8 @@ int main(void) {
            d->name, d->cc_major, d->cc_minor, d->n_sm, (double)d->mem_total_bytes / (1 << 30),
            (double)d->mem_free_bytes / (1 << 30), info.runtime_version, info.driver_version, info.archs);
 
-    const kt_dtype types[3] = {KT_Q4_0, KT_Q8_0, KT_F16};
-    for (int i = 0; i < 3; i++) {
+    const kt_dtype types[4] = {KT_Q4_0, KT_Q8_0, KT_F16, KT_BF16};
+    for (int i = 0; i < 4; i++) {
         /* Llama-3-8B's FFN up (16-byte path), its down (many chunks), and
          * rows that are not a multiple of 16 bytes (the narrow loads) */
         check_matmul(types[i], 4096, 14336, 1);
@@ -370,8 +373,9 @@ int main(void) {
         check_matmul(types[i], 896, 131, 8); /* Qwen2.5-0.5B's width: 28 blocks */
     }
     check_matmul(KT_F16, 100, 9, 2); /* F16 rows of 200 bytes */
-    const kt_dtype kquants[2] = {KT_Q4_K, KT_Q6_K};
-    for (int i = 0; i < 2; i++) {
+    check_matmul(KT_BF16, 100, 9, 2);
+    const kt_dtype kquants[3] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
+    for (int i = 0; i < 3; i++) {
         /* whole chunks of 8 super-blocks (16-byte copies), a partial last
          * chunk, and Q6_K rows of 9 super-blocks (1890 bytes: byte copies) */
         check_matmul(kquants[i], 4096, 14336, 1);
@@ -402,8 +406,8 @@ int main(void) {
     printf("\nmatmul speed (weights read once per call, over copies larger than L2; %% of 3350 GB/s):\n");
     printf("| type  | n_in x n_out  | t | us/call  | GB/s    | of peak |\n");
     printf("|-------|---------------|---|----------|---------|---------|\n");
-    for (int i = 0; i < 3; i++) time_matmul(types[i], 4096, 14336, peak);
-    for (int i = 0; i < 2; i++) time_matmul(kquants[i], 4096, 14336, peak);
+    for (int i = 0; i < 4; i++) time_matmul(types[i], 4096, 14336, peak);
+    for (int i = 0; i < 3; i++) time_matmul(kquants[i], 4096, 14336, peak);
     printf("\ntest_cuda: %d of %d checks failed\n", n_fail, n_checks);
     return n_fail ? 1 : 0;
 }

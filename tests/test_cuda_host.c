@@ -153,7 +153,7 @@ static void test_meta_refusals(void **state) {
  * <= 0.6 d per element with d = amax / 127 of its block of 32 (256 for
  * Q8_K) (half a step, plus the fp16 rounding of Q8_0's d: 127 * 2^-11 d),
  * so by sum |w_i| 0.6 d_i, plus float rounding in the reference (1e-5 of
- * sum |w x|). F16 weights: the reference is F32 too. */
+ * sum |w x|). F16 and BF16 weights: the reference is F32 too. */
 static void check_twin(kt_dtype type, int n_in, int n_out, int nt) {
     void *w = tu_make_weights(type, n_in, n_out, 77, 0.0f);
     float *x = tu_xmalloc((size_t)n_in * nt * sizeof *x), *a = tu_xmalloc((size_t)n_out * nt * sizeof *a);
@@ -169,8 +169,8 @@ static void check_twin(kt_dtype type, int n_in, int n_out, int nt) {
             double bound = 0, mag = 0;
             for (int i = 0; i < n_in; i++) {
                 mag += fabs((double)row[i] * xt[i]);
-                if (type != KT_F16) {
-                    const int qb = type == KT_Q4_K || type == KT_Q6_K ? 256 : 32;
+                if (type != KT_F16 && type != KT_BF16) {
+                    const int qb = type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K ? 256 : 32;
                     float amax = 0;
                     for (int j = i / qb * qb; j < i / qb * qb + qb; j++) amax = fmaxf(amax, fabsf(xt[j]));
                     bound += fabs(row[i]) * 0.6 * amax / 127.0;
@@ -187,20 +187,21 @@ static void check_twin(kt_dtype type, int n_in, int n_out, int nt) {
 
 static void test_matmul_twin(void **state) {
     (void)state;
-    const kt_dtype types[3] = {KT_Q4_0, KT_Q8_0, KT_F16};
-    for (int i = 0; i < 3; i++) {
+    const kt_dtype types[4] = {KT_Q4_0, KT_Q8_0, KT_F16, KT_BF16};
+    for (int i = 0; i < 4; i++) {
         check_twin(types[i], 96, 13, 3);
         check_twin(types[i], 512, 17, 8);
         check_twin(types[i], 896, 5, 1);
     }
-    const kt_dtype kquants[2] = {KT_Q4_K, KT_Q6_K};
-    for (int i = 0; i < 2; i++) {
+    const kt_dtype kquants[3] = {KT_Q4_K, KT_Q5_K, KT_Q6_K};
+    for (int i = 0; i < 3; i++) {
         check_twin(kquants[i], 256, 11, 3);
         check_twin(kquants[i], 2304, 7, 8); /* 9 super-blocks: not a whole chunk of the kernel's 8 */
     }
     assert_true(kt_cuda_matmul_supported(KT_Q4_0) && kt_cuda_matmul_supported(KT_F16));
-    assert_true(kt_cuda_matmul_supported(KT_Q4_K) && kt_cuda_matmul_supported(KT_Q6_K));
-    assert_false(kt_cuda_matmul_supported(KT_Q5_K));
+    assert_true(kt_cuda_matmul_supported(KT_Q4_K) && kt_cuda_matmul_supported(KT_Q5_K) &&
+                kt_cuda_matmul_supported(KT_Q6_K) && kt_cuda_matmul_supported(KT_BF16));
+    assert_false(kt_cuda_matmul_supported(KT_Q3_K) || kt_cuda_matmul_supported(KT_IQ4_NL));
 }
 
 /* Without a usable GPU (CI, this project's machines): the probe says why

@@ -13,14 +13,16 @@
  * bytes are not a multiple of 16 take the same kernels with narrower
  * loads. The scalar twin is kt_cuda_matmul_twin (cuda_twin.c).
  *
- * Q4_K / Q6_K (super-blocks of 256 values): the warp stages 8 super-blocks
- * of its row at a time, and each lane takes 32-value sub-blocks of them
- * (two per chunk), dequantizing each value as ggml's dequantize_row_q4_K /
- * _q6_K does (d * sc * q - dmin * m; (d * sc) * q), rounded the same way
- * (__fmul_rn / __fsub_rn: nvcc would fuse them), so the kernel reads the
- * CPU's dequantized weights and differs from the twin by its sums only.
- * Not yet: activations quantized to int8 with dp4a, Q5_K, several loads
- * in flight per lane (the issue's bandwidth target).
+ * Q4_K / Q5_K / Q6_K (super-blocks of 256 values): the warp stages 8
+ * super-blocks of its row at a time, and each lane takes 32-value
+ * sub-blocks of them (two per chunk), dequantizing each value as ggml's
+ * dequantize_row_q4_K / _q5_K / _q6_K does (d * sc * q - dmin * m; (d *
+ * sc) * q), rounded the same way (__fmul_rn / __fsub_rn: nvcc would fuse
+ * them), so the kernel reads the CPU's dequantized weights and differs
+ * from the twin by its sums only. BF16 goes through the F16 kernel, its
+ * values widened by a shift.
+ * Not yet: activations quantized to int8 with dp4a, several loads in
+ * flight per lane (the issue's bandwidth target).
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -75,6 +77,24 @@ struct kt_q4_k {
         const int shift = 4 * (j & 1);
 #pragma unroll
         for (int l = 0; l < 32; l++) y[l] = __fsub_rn(__fmul_rn(d1, (float)((qs[l] >> shift) & 0xF)), m1);
+    }
+};
+
+struct kt_q5_k {
+    static constexpr int BYTES = 176; /* d, dmin (fp16), scales[12], qh[32] (fifth bits), qs[128] */
+    __device__ static void sub(const uint8_t *b, int j, float *y) {
+        const float d = __half2float(__ushort_as_half((unsigned short)(b[0] | (b[1] << 8))));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(b[2] | (b[3] << 8))));
+        int sc, m;
+        kt_q4_k::scale_min(j, b + 4, &sc, &m);
+        const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)m);
+        const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int q = ((qs[l] >> shift) & 0xF) + 16 * ((qh[l] >> j) & 1);
+            y[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+        }
     }
 };
 
@@ -202,27 +222,29 @@ __global__ void __launch_bounds__(KT_MM_WARPS * 32)
     }
 }
 
-template <int NT, bool VEC>
+/* a 16-bit float's value: F16, or BF16 (the top half of an F32) */
+template <bool BF>
+__device__ __forceinline__ float kt_h2f(uint16_t h) {
+    return BF ? __uint_as_float((uint32_t)h << 16) : __half2float(__ushort_as_half(h));
+}
+
+template <int NT, bool VEC, bool BF>
 __global__ void __launch_bounds__(KT_MM_WARPS * 32)
-    kt_k_mm_f16(float *out, const __half *w, const float *x, int n_in, int n_out, int nt) {
+    kt_k_mm_f16(float *out, const uint16_t *w, const float *x, int n_in, int n_out, int nt) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * KT_MM_WARPS + warp;
     if (row >= n_out) return;
-    const __half *wr = w + (size_t)row * n_in;
+    const uint16_t *wr = w + (size_t)row * n_in;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if (VEC) {
         for (int i = lane * 8; i < n_in; i += 32 * 8) {
             const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(wr + i));
-            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+            const uint16_t *h = reinterpret_cast<const uint16_t *>(&raw);
             float wf[8];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 f = __half22float2(h[j]);
-                wf[2 * j] = f.x;
-                wf[2 * j + 1] = f.y;
-            }
+            for (int j = 0; j < 8; j++) wf[j] = kt_h2f<BF>(h[j]);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t < nt) {
@@ -235,7 +257,7 @@ __global__ void __launch_bounds__(KT_MM_WARPS * 32)
         }
     } else {
         for (int i = lane; i < n_in; i += 32) {
-            const float wf = __half2float(wr[i]);
+            const float wf = kt_h2f<BF>(wr[i]);
 #pragma unroll
             for (int t = 0; t < NT; t++)
                 if (t < nt) acc[t] += wf * x[(size_t)t * n_in + i];
@@ -263,13 +285,22 @@ static void kt_mm_launch(float *out, const void *w, int wtype, const float *x, i
     } else if (wtype == KT_Q4_K) { /* 144-byte rows: whole 16-byte words */
         if (w16) kt_k_mm_kquant<kt_q4_k, NT, true><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
         else kt_k_mm_kquant<kt_q4_k, NT, false><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
+    } else if (wtype == KT_Q5_K) { /* 176-byte rows: whole 16-byte words */
+        if (w16) kt_k_mm_kquant<kt_q5_k, NT, true><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
+        else kt_k_mm_kquant<kt_q5_k, NT, false><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
     } else if (wtype == KT_Q6_K) { /* 210-byte super-blocks: rows of 8k of them are whole words */
         if (w16 && (n_in / 256) % 8 == 0) kt_k_mm_kquant<kt_q6_k, NT, true><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
         else kt_k_mm_kquant<kt_q6_k, NT, false><<<grid, block>>>(out, wb, x, n_in, n_out, nt);
     } else {
-        const __half *wh = static_cast<const __half *>(w);
-        if (w16 && n_in % 8 == 0) kt_k_mm_f16<NT, true><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
-        else kt_k_mm_f16<NT, false><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+        const uint16_t *wh = static_cast<const uint16_t *>(w);
+        const bool vec = w16 && n_in % 8 == 0;
+        if (wtype == KT_BF16) {
+            if (vec) kt_k_mm_f16<NT, true, true><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+            else kt_k_mm_f16<NT, false, true><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+        } else {
+            if (vec) kt_k_mm_f16<NT, true, false><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+            else kt_k_mm_f16<NT, false, false><<<grid, block>>>(out, wh, x, n_in, n_out, nt);
+        }
     }
 }
 

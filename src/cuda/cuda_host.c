@@ -178,7 +178,8 @@ kt_status kt_cuda_to_host(void *host, const kt_cuda_buf *b, size_t off_bytes, si
 }
 
 bool kt_cuda_matmul_supported(kt_dtype wtype) {
-    return wtype == KT_Q4_0 || wtype == KT_Q8_0 || wtype == KT_Q4_K || wtype == KT_Q6_K || wtype == KT_F16;
+    return wtype == KT_Q4_0 || wtype == KT_Q8_0 || wtype == KT_Q4_K || wtype == KT_Q5_K || wtype == KT_Q6_K ||
+           wtype == KT_F16 || wtype == KT_BF16;
 }
 
 kt_status kt_cuda_upload_weight(kt_cuda_buf *b, const void *host, kt_dtype wtype, int n_in, int n_out,
@@ -187,7 +188,8 @@ kt_status kt_cuda_upload_weight(kt_cuda_buf *b, const void *host, kt_dtype wtype
     b->bytes = 0;
     if (!kt_cuda_matmul_supported(wtype))
         return kt_error_set(err, KT_ERR_UNSUPPORTED,
-                            "tensor %s is %s: the CUDA backend reads Q4_0, Q8_0, Q4_K, Q6_K and F16 weights (so far)", name,
+                            "tensor %s is %s: the CUDA backend reads Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 weights",
+                            name,
                             kt_dtype_name(wtype) ? kt_dtype_name(wtype) : "an unknown type");
     const size_t row = n_in > 0 ? kt_dtype_row_bytes(wtype, n_in) : 0;
     if (row == 0 || n_out <= 0)
@@ -220,13 +222,14 @@ kt_status kt_cuda_matmul(float *out, const void *w, kt_dtype wtype, const float 
     if (!kt_cuda_in_build) return no_cuda(err);
     if (!kt_cuda_matmul_supported(wtype))
         return kt_error_set(err, KT_ERR_UNSUPPORTED, "CUDA matmul: weights of type %s are not supported (Q4_0, "
-                            "Q8_0, Q4_K, Q6_K, F16 are)", kt_dtype_name(wtype) ? kt_dtype_name(wtype) : "?");
-    const int block = wtype == KT_F16 ? 1 : wtype == KT_Q4_K || wtype == KT_Q6_K ? 256 : 32;
+                            "Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 are)", kt_dtype_name(wtype) ? kt_dtype_name(wtype) : "?");
+    const bool kquant = wtype == KT_Q4_K || wtype == KT_Q5_K || wtype == KT_Q6_K;
+    const int block = wtype == KT_F16 || wtype == KT_BF16 ? 1 : kquant ? 256 : 32;
     if (!out || !w || !x || n_out <= 0 || n_in <= 0 || n_tokens < 1 || n_tokens > KT_CUDA_MAX_TOKENS ||
         n_in % block != 0 || !aligned16(x))
         return kt_error_set(err, KT_ERR_ARG,
                             "CUDA matmul: bad arguments (n_in %d, n_out %d, n_tokens %d: tokens 1..%d, n_in a "
-                            "multiple of 32 for Q4_0 / Q8_0, of 256 for Q4_K / Q6_K, x 16-byte aligned)",
+                            "multiple of 32 for Q4_0 / Q8_0, of 256 for the K-quants, x 16-byte aligned)",
                             n_in, n_out, n_tokens, KT_CUDA_MAX_TOKENS);
     const int e = kt_cu_matmul(out, w, (int)wtype, x, n_in, n_out, n_tokens);
     return e ? cu_fail(err, e, "launching the matmul kernel") : KT_OK;

@@ -31,6 +31,7 @@ static double dot_kquant_row(const void *row, kt_dtype wtype, const float *x, in
     double s = 0.0;
     for (int b = 0; b < n_in / QK_K; b++) {
         if (wtype == KT_Q4_K) kt_dequantize_row_q4_K((const block_q4_K *)row + b, y, QK_K);
+        else if (wtype == KT_Q5_K) kt_dequantize_row_q5_K((const block_q5_K *)row + b, y, QK_K);
         else kt_dequantize_row_q6_K((const block_q6_K *)row + b, y, QK_K);
         for (int i = 0; i < QK_K; i++) s += (double)y[i] * x[(size_t)b * QK_K + i];
     }
@@ -45,10 +46,11 @@ void kt_cuda_matmul_twin(float *out, const void *w, kt_dtype wtype, const float 
         for (int r = 0; r < n_out; r++) {
             const unsigned char *wr = (const unsigned char *)w + (size_t)r * row_bytes;
             double acc = 0.0;
-            if (wtype == KT_F16) {
+            if (wtype == KT_F16 || wtype == KT_BF16) {
                 const uint16_t *h = (const uint16_t *)wr;
-                for (int i = 0; i < n_in; i++) acc += (double)kt_fp16_to_fp32(h[i]) * xt[i];
-            } else if (wtype == KT_Q4_K || wtype == KT_Q6_K) {
+                for (int i = 0; i < n_in; i++)
+                    acc += (double)(wtype == KT_F16 ? kt_fp16_to_fp32(h[i]) : kt_bf16_to_fp32(h[i])) * xt[i];
+            } else if (wtype == KT_Q4_K || wtype == KT_Q5_K || wtype == KT_Q6_K) {
                 acc = dot_kquant_row(wr, wtype, xt, n_in);
             } else {
                 const size_t bb = wtype == KT_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0);

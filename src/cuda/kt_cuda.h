@@ -87,7 +87,7 @@ kt_status kt_cuda_sync(kt_error *err);
 
 #define KT_CUDA_MAX_TOKENS 8 /* the small-batch matmul's tokens per weight read */
 
-/* Whether kt_cuda_matmul reads weights of this type (Q4_0, Q8_0, Q4_K, Q6_K, F16). */
+/* Whether kt_cuda_matmul reads weights of this type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16). */
 bool kt_cuda_matmul_supported(kt_dtype wtype);
 /* out[t * n_out + r] = sum_i W[r][i] * x[t * n_in + i], t < n_tokens in
  * [1, KT_CUDA_MAX_TOKENS], W in its GGUF blocks (dequantized in the
