@@ -609,6 +609,52 @@ static void test_engine_mtp_exact(void **state) {
     assert_non_null(strstr(err.msg, "multi-token-prediction"));
 }
 
+/* A kt_session with the MTP block makes no MTP rows for
+ * an image's rows, as the engine makes none for a request with images:
+ * the block's K rows at the image's positions stay as the fresh pool had
+ * them (zeros), the text's after it are written; the target's logits are
+ * a session's without the block, bit for bit, before, at and after the
+ * image. */
+static void test_session_mtp_image(void **state) {
+    (void)state;
+    kt_error err = {0};
+    kt_session *a = kt_session_new(g_mtp, &(kt_session_params){.n_ctx = 64, .n_threads = 2, .mtp = true}, &err);
+    kt_session *b = kt_session_new(g_mtp, &(kt_session_params){.n_ctx = 64, .n_threads = 2}, &err);
+    assert_non_null(a), assert_non_null(b);
+    const int n_vocab = kt_model_describe(g_mtp)->n_vocab, n_embd = kt_model_describe(g_mtp)->n_embd;
+    float *la = tu_xmalloc(sizeof(float) * (size_t)n_vocab), *lb = tu_xmalloc(sizeof(float) * (size_t)n_vocab);
+    float *embd = tu_xmalloc(sizeof(float) * 4 * (size_t)n_embd);
+    for (int k = 0; k < 4 * n_embd; k++) embd[k] = 0.01f * (float)(k % 89) - 0.4f;
+    int32_t text[8];
+    for (int j = 0; j < 8; j++) text[j] = 70 + 13 * j;
+    kt_session *s[2] = {a, b};
+    float *l[2] = {la, lb};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kt_session_eval(s[i], text, 8, l[i], false, &err), KT_OK);
+        if (i) assert_memory_equal(la, lb, sizeof(float) * (size_t)n_vocab);
+    }
+    for (int i = 0; i < 2; i++) assert_int_equal(kt_session_eval_image(s[i], embd, 2, 2, l[i], &err), KT_OK);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)n_vocab);
+    for (int i = 0; i < 2; i++) assert_int_equal(kt_session_eval(s[i], text, 8, l[i], false, &err), KT_OK);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)n_vocab);
+    const int mtp_layer = g_mtp->llm->cfg.n_kv_layer; /* the block's KV layer, after the trunk's */
+    const size_t row_bytes = kv_pool_row_bytes(a->kv);
+    int zero_rows[3] = {0}; /* text before, the image, text after */
+    for (int pos = 0; pos < 20; pos++) {
+        const unsigned char *r = kv_seq_row(a->seq, mtp_layer, KV_K, pos);
+        bool zero = true;
+        for (size_t k = 0; k < row_bytes && zero; k++) zero = r[k] == 0;
+        zero_rows[pos < 8 ? 0 : pos < 12 ? 1 : 2] += zero;
+    }
+    print_message("MTP K rows left zero: %d of 8 text, %d of 4 image, %d of 8 text after\n", zero_rows[0],
+                  zero_rows[1], zero_rows[2]);
+    assert_int_equal(zero_rows[0], 0);
+    assert_int_equal(zero_rows[1], 4);
+    assert_int_equal(zero_rows[2], 0);
+    free(la), free(lb), free(embd);
+    kt_session_free(a), kt_session_free(b);
+}
+
 /* The engine makes the block's rows only where a guess may read them
  * (engine/mtp_engine.h). On these random weights its guesses are never
  * kept, so once the policy has measured that (or stopped guessing), the
@@ -686,6 +732,7 @@ int main(void) {
         cmocka_unit_test(test_spec_mtp_refused),
         cmocka_unit_test(test_engine_mtp_exact),
         cmocka_unit_test(test_engine_mtp_rows),
+        cmocka_unit_test(test_session_mtp_image),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -413,7 +413,10 @@ static kt_status session_mtp_pass(kt_session *s, const int32_t *tokens, const in
 /* Tokens [0, n) appended to the sequence and run, LLM_MAX_BATCH at a
  * time (so that window layers give back what each chunk no longer
  * attends before the next is appended); with mtp, the MTP block after
- * each chunk. */
+ * each chunk of tokens. An image's rows (embd) make no MTP rows, as in
+ * the engine (engine/mtp_engine.h): they are no tokens the block can
+ * embed, and a row would cost each of them the last layer; the row after
+ * the image reads zeros for its hidden state. */
 kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *embd, int n, float *logits,
                              bool all_logits, eng_rewind *rw, kt_error *err) {
     if (rw && n > LLM_MAX_BATCH)
@@ -436,16 +439,21 @@ kt_status kt_session_forward(kt_session *s, const int32_t *tokens, const float *
             req_images_pos4(&s->images, pos[i], pos4 + 4 * i);
         }
         for (int i = 0; i < chunk; i++) every[i] = true;
+        const bool mtp_rows = s->mtp && !embd;
         llm_batch b = {.n_tokens = chunk, .tokens = tokens + done, .pos = pos, .seq = seqs, .logits = want,
                        .pos_mrope = s->images.n ? pos4 : NULL, .embd = embd ? rows : NULL,
                        .rec_log = rw ? rw->b_log : NULL, .rec_from = rw ? rw->b_from : NULL,
                        .rec_to = rw ? rw->b_to : NULL,
                        /* the MTP reads every token's hidden state */
-                       .hidden = s->mtp ? every : NULL, .hidden_out = s->mtp ? s->mtp_rows : NULL};
+                       .hidden = mtp_rows ? every : NULL, .hidden_out = mtp_rows ? s->mtp_rows : NULL};
         llm_forward(s->model->llm, s->work, s->pool, &b,
                     logits && all_logits ? logits + (size_t)done * n_vocab : logits);
         if (rw) eng_rewind_passed(rw);
-        if (s->mtp && session_mtp_pass(s, tokens + done, pos, seqs, chunk, err) != KT_OK) return err->status;
+        if (mtp_rows && session_mtp_pass(s, tokens + done, pos, seqs, chunk, err) != KT_OK) return err->status;
+        if (s->mtp && !mtp_rows) { /* no hidden state known past the image, no rows of this pass */
+            memset(s->mtp_h, 0, sizeof(float) * (size_t)s->model->llm->cfg.n_embd);
+            s->mtp_n = 0;
+        }
         done += chunk;
     }
     return KT_OK;
