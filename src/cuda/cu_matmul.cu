@@ -120,6 +120,17 @@ __device__ __forceinline__ float kt_warp_sum(float v) {
     return v;
 }
 
+/* Each token's row sum, the warp's lanes added, stored by lane 0. */
+template <int NT>
+__device__ __forceinline__ void kt_store_rows(float *out, const float *acc, int nt, int n_out, int row, int lane) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float v = kt_warp_sum(acc[t]);
+        if (lane == 0) out[(size_t)t * n_out + row] = v;
+    }
+}
+
 /* 32 activations from x (16-byte aligned), dotted with q */
 __device__ __forceinline__ float kt_dot32(const float *x, const float *q) {
     const float4 *x4 = reinterpret_cast<const float4 *>(x);
@@ -169,12 +180,7 @@ __global__ void __launch_bounds__(KT_MM_WARPS * 32)
                 if (t < nt) acc[t] += d * kt_dot32(x + (size_t)t * n_in + xo, q);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        const float v = kt_warp_sum(acc[t]);
-        if (lane == 0) out[(size_t)t * n_out + row] = v;
-    }
+    kt_store_rows<NT>(out, acc, nt, n_out, row, lane);
 }
 
 #define KT_MM_KCHUNK 8 /* super-blocks a warp stages at a time: 8 sub-blocks each, two per lane */
@@ -214,12 +220,7 @@ __global__ void __launch_bounds__(KT_MM_WARPS * 32)
                 if (t < nt) acc[t] += kt_dot32(x + (size_t)t * n_in + xo, y);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        const float v = kt_warp_sum(acc[t]);
-        if (lane == 0) out[(size_t)t * n_out + row] = v;
-    }
+    kt_store_rows<NT>(out, acc, nt, n_out, row, lane);
 }
 
 /* a 16-bit float's value: F16, or BF16 (the top half of an F32) */
@@ -263,12 +264,7 @@ __global__ void __launch_bounds__(KT_MM_WARPS * 32)
                 if (t < nt) acc[t] += wf * x[(size_t)t * n_in + i];
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        const float v = kt_warp_sum(acc[t]);
-        if (lane == 0) out[(size_t)t * n_out + row] = v;
-    }
+    kt_store_rows<NT>(out, acc, nt, n_out, row, lane);
 }
 
 template <int NT>
