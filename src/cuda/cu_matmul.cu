@@ -185,10 +185,10 @@ __global__ void __launch_bounds__(KT_MM_WARPS * 32)
 
 #define KT_MM_KCHUNK 8 /* super-blocks a warp stages at a time: 8 sub-blocks each, two per lane */
 
-/* The same over super-block formats (kt_q4_k, kt_q6_k). VEC: the row
- * starts 16-byte aligned and a chunk of 8 super-blocks is whole 16-byte
- * words (144 * 8, 210 * 8), so all but a last partial chunk's tail are
- * copied 16 bytes at a time. */
+/* The same over super-block formats (kt_q4_k, kt_q5_k, kt_q6_k). VEC:
+ * the row starts 16-byte aligned and a chunk of 8 super-blocks is whole
+ * 16-byte words (144, 176 or 210 bytes, times 8), so all but a last
+ * partial chunk's tail are copied 16 bytes at a time. */
 template <class T, int NT, bool VEC>
 __global__ void __launch_bounds__(KT_MM_WARPS * 32)
     kt_k_mm_kquant(float *out, const uint8_t *w, const float *x, int n_in, int n_out, int nt) {
