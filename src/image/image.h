@@ -19,6 +19,7 @@
 #ifndef KT_IMAGE_IMAGE_H
 #define KT_IMAGE_IMAGE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,7 +76,7 @@ typedef struct kt_image_prep {
     int grid_x, grid_y;          /* merged tokens: width / (patch * merge), height / (...) */
     float *pixels;               /* planar [3][height][width], (u8 / 255 - mean) / std */
     uint8_t *canvas_rgb;         /* the uint8 canvas the floats were made from, [height][width][3] */
-    kt_image_later *later;        /* deferred (kt_image_prep_defer): pixels and canvas NULL until realized */
+    kt_image_later *later;       /* deferred (kt_image_prep_defer): pixels and canvas NULL until realized */
 } kt_image_prep;
 
 kt_status kt_image_preprocess(const kt_image *img, const kt_image_prep_params *p, kt_image_prep *out,
@@ -94,7 +95,7 @@ void kt_image_prep_free(kt_image_prep *prep);
  * given. */
 kt_status kt_image_prep_defer(kt_image_prep *out, const void *bytes, size_t n_bytes, const kt_image_limits *lim,
                               const kt_image_prep_params *p, int grid_x, int grid_y, kt_error *err);
-static inline int kt_image_prep_deferred(const kt_image_prep *prep) { return prep->later != NULL; }
+static inline bool kt_image_prep_deferred(const kt_image_prep *prep) { return prep->later != NULL; }
 /* A deferred prep's pixels made (KT_OK at once for one that is not); on
  * failure the prep stays deferred and err says why. */
 kt_status kt_image_prep_realize(kt_image_prep *prep, kt_error *err);
