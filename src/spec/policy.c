@@ -51,8 +51,8 @@ static double expected_and_all(const spec_accept *a, int k, double *all) {
 
 double spec_accept_expected(const spec_accept *a, int k) { return expected_and_all(a, k, NULL); }
 
-bool spec_accept_useless(const spec_accept *a) {
-    return a->tried[0] >= SPEC_USELESS_TRIED && (a->kept[0] + PRIOR_P) / (a->tried[0] + 1.0) < SPEC_USELESS_P;
+bool spec_accept_useless(const spec_accept *a) { /* E(1) - 1: the first proposal's rate, as the policy sees it */
+    return a->tried[0] >= SPEC_USELESS_TRIED && spec_accept_expected(a, 1) - 1.0 < SPEC_USELESS_P;
 }
 
 /* The largest measured size <= n (0: none), the smallest measured > n
